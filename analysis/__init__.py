@@ -1,0 +1,1 @@
+"""Trace analysis (idle, overlap, stragglers, HTA) and the merged Perfetto trace."""

@@ -1,0 +1,1 @@
+"""The `fleetscope` command line: composes launcher, traces and analysis."""

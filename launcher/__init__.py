@@ -1,0 +1,1 @@
+"""Plans and submits jobs: local torchrun, Slurm via submitit or TorchX."""

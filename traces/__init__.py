@@ -1,0 +1,1 @@
+"""Run directory layout, atomic trace publishing, gather/verify and the manifest."""

@@ -1,0 +1,147 @@
+"""gather: verify every trace of a run directory and write manifest.json.
+
+Nothing is deleted or rewritten: a file that cannot be used is listed with the reason, a rank with
+no usable trace in a window is listed as missing, and everything valid is recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .kineto import TraceReadError, decode_trace, distributed_rank, profiler_steps, read_raw
+from .layout import TRACE_SUFFIX, WINDOW_RE, RunLayout, parse_trace_file_name
+from .manifest import Manifest, MissingRank, TraceProblem, TraceRecord, save_manifest
+
+_PARALLEL_THRESHOLD = 4
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    path: Path
+    relative: str
+    rank: int | None
+    host: str | None
+    window: int | None
+    attempt: int
+
+
+def gather(run_dir: str | Path, *, workers: int | None = None) -> Manifest:
+    """Build and write `manifest.json` for a run directory; returns the manifest."""
+    layout = RunLayout.at(run_dir)
+    if not layout.root.is_dir():
+        raise FileNotFoundError(f"{layout.root}: run directory does not exist")
+    manifest = build_manifest(layout, workers=workers)
+    save_manifest(manifest, layout)
+    return manifest
+
+
+def build_manifest(layout: RunLayout, *, workers: int | None = None) -> Manifest:
+    candidates, problems = _find_candidates(layout)
+    results = _inspect_all(candidates, workers)
+    traces = [r for r in results if isinstance(r, TraceRecord)]
+    problems += [r for r in results if isinstance(r, TraceProblem)]
+    world_size = _expected_world_size(layout, traces)
+    return Manifest(
+        run_dir=str(layout.root),
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        world_size=world_size,
+        traces=sorted(traces, key=lambda t: (t.window or 0, t.rank, t.attempt)),
+        problems=sorted(problems, key=lambda p: p.path),
+        missing=_missing_ranks(layout, traces, world_size),
+    )
+
+
+def _find_candidates(layout: RunLayout) -> tuple[list[_Candidate], list[TraceProblem]]:
+    candidates, problems = [], []
+    if not layout.traces_dir.is_dir():
+        return candidates, problems
+    for path in sorted(layout.traces_dir.rglob("*")):
+        if not path.is_file():
+            continue
+        relative = layout.relative(path)
+        window = _window_of(path.parent)
+        if path.name.startswith("."):
+            problems.append(TraceProblem(path=relative, window=window,
+                                         reason="unfinished publish (temporary file left behind)"))
+            continue
+        parsed = parse_trace_file_name(path.name)
+        if parsed is None:
+            if path.name.endswith((".json", ".json.gz")):
+                problems.append(TraceProblem(path=relative, window=window,
+                                             reason=f"file name does not match rank<R>.<host>{TRACE_SUFFIX}"))
+            continue
+        candidates.append(_Candidate(path, relative, parsed.rank, parsed.host, window, parsed.attempt))
+    return candidates, problems
+
+
+def _window_of(directory: Path) -> int | None:
+    match = WINDOW_RE.match(directory.name)
+    return int(match["index"]) if match else None
+
+
+def _inspect_all(candidates: list[_Candidate], workers: int | None) -> list[TraceRecord | TraceProblem]:
+    if len(candidates) < _PARALLEL_THRESHOLD:
+        return [_inspect(c) for c in candidates]
+    workers = workers or min(len(candidates), os.cpu_count() or 1)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(_inspect, candidates, chunksize=4))
+
+
+def _inspect(candidate: _Candidate) -> TraceRecord | TraceProblem:
+    try:
+        raw = read_raw(candidate.path)
+        document = decode_trace(raw, candidate.path)
+    except TraceReadError as error:
+        return TraceProblem(path=candidate.relative, rank=candidate.rank, window=candidate.window, reason=error.reason)
+    trace_rank, world_size = distributed_rank(document)
+    if trace_rank is not None and candidate.rank is not None and trace_rank != candidate.rank:
+        return TraceProblem(
+            path=candidate.relative, rank=candidate.rank, window=candidate.window,
+            reason=f"file name says rank {candidate.rank} but distributedInfo says rank {trace_rank}",
+        )
+    events = document["traceEvents"]
+    return TraceRecord(
+        path=candidate.relative,
+        rank=candidate.rank if candidate.rank is not None else (trace_rank or 0),
+        host=str(document.get("host_name") or candidate.host or "unknown-host"),
+        window=candidate.window,
+        attempt=candidate.attempt,
+        steps=profiler_steps(events),
+        bytes=len(raw),
+        sha256=hashlib.sha256(raw).hexdigest(),
+        world_size=world_size,
+        event_count=len(events),
+    )
+
+
+def _expected_world_size(layout: RunLayout, traces: list[TraceRecord]) -> int | None:
+    """The job's world size from job.json when the launcher wrote one, else what the traces say."""
+    try:
+        declared = json.loads(layout.job_file.read_text()).get("world_size")
+        if isinstance(declared, int) and declared > 0:
+            return declared
+    except (OSError, ValueError, AttributeError):
+        pass
+    sizes = [t.world_size for t in traces if t.world_size]
+    if sizes:
+        return max(sizes)
+    return max((t.rank for t in traces), default=-1) + 1 or None
+
+
+def _missing_ranks(layout: RunLayout, traces: list[TraceRecord], world_size: int | None) -> list[MissingRank]:
+    if not world_size:
+        return []
+    windows = sorted({t.window for t in traces if t.window is not None})
+    if not windows:
+        windows = sorted(_window_of(d) for d in layout.traces_dir.glob("window*") if _window_of(d) is not None)
+    missing = []
+    for window in windows or [None]:
+        present = {t.rank for t in traces if t.window == window}
+        missing += [MissingRank(rank=r, window=window) for r in range(world_size) if r not in present]
+    return missing

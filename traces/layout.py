@@ -1,0 +1,164 @@
+"""The run directory: the one contract between launcher, trainer, traces and analysis.
+
+Every path a writer or a reader uses is built here, so the two can never disagree.
+
+    <run_dir>/
+      job.json                 resolved job spec, launch plan, scheduler job id, status
+      manifest.json            every trace (rank, host, window, steps, bytes, sha256), missing ranks
+      metrics/rank<R>.jsonl    one JSON line per step
+      traces/<window>/rank<R>.<host>.pt.trace.json.gz
+      clock/rank<R>.json       this rank's clock offset to rank 0
+      logs/                    per-rank stdout/stderr
+      report/                  report.json, report.html, merged.perfetto-trace
+      checkpoints/
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+JOB_FILE = "job.json"
+MANIFEST_FILE = "manifest.json"
+METRICS_DIR = "metrics"
+TRACES_DIR = "traces"
+CLOCK_DIR = "clock"
+LOGS_DIR = "logs"
+REPORT_DIR = "report"
+CHECKPOINTS_DIR = "checkpoints"
+
+REPORT_JSON = "report.json"
+REPORT_HTML = "report.html"
+MERGED_TRACE = "merged.perfetto-trace"
+MERGED_JSON = "merged.trace.json.gz"
+
+TRACE_SUFFIX = ".pt.trace.json.gz"
+WINDOW_FORMAT = "window{index:03d}"
+TRACE_NAME_FORMAT = "rank{rank}.{host}{attempt}" + TRACE_SUFFIX
+
+# Host names end up in file names: keep them to a safe alphabet.
+_UNSAFE_HOST_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
+TRACE_NAME_RE = re.compile(
+    r"^rank(?P<rank>\d+)\.(?P<host>[A-Za-z0-9_.-]+?)(?:\.attempt(?P<attempt>\d+))?"
+    + re.escape(TRACE_SUFFIX)
+    + "$"
+)
+WINDOW_RE = re.compile(r"^window(?P<index>\d+)$")
+
+
+def safe_host(host: str) -> str:
+    """A host name usable inside a file name (no separators, no shell metacharacters)."""
+    cleaned = _UNSAFE_HOST_CHARS.sub("_", host).strip(".")
+    return cleaned or "unknown-host"
+
+
+def window_name(index: int) -> str:
+    if index < 0:
+        raise ValueError(f"window index must be >= 0, got {index}")
+    return WINDOW_FORMAT.format(index=index)
+
+
+def trace_file_name(rank: int, host: str, attempt: int = 0) -> str:
+    """`rank3.node7.pt.trace.json.gz`; a requeued attempt adds `.attempt1` so nothing is overwritten."""
+    suffix = f".attempt{attempt}" if attempt else ""
+    return TRACE_NAME_FORMAT.format(rank=rank, host=safe_host(host), attempt=suffix)
+
+
+@dataclass(frozen=True)
+class ParsedTraceName:
+    rank: int
+    host: str
+    attempt: int
+
+
+def parse_trace_file_name(name: str) -> ParsedTraceName | None:
+    match = TRACE_NAME_RE.match(name)
+    if match is None:
+        return None
+    return ParsedTraceName(
+        rank=int(match["rank"]), host=match["host"], attempt=int(match["attempt"] or 0)
+    )
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Paths inside one run directory. Pure: constructing it touches no file."""
+
+    root: Path
+
+    @classmethod
+    def at(cls, root: str | Path) -> "RunLayout":
+        return cls(Path(root).expanduser().absolute())
+
+    @property
+    def job_file(self) -> Path:
+        return self.root / JOB_FILE
+
+    @property
+    def manifest_file(self) -> Path:
+        return self.root / MANIFEST_FILE
+
+    @property
+    def metrics_dir(self) -> Path:
+        return self.root / METRICS_DIR
+
+    @property
+    def traces_dir(self) -> Path:
+        return self.root / TRACES_DIR
+
+    @property
+    def clock_dir(self) -> Path:
+        return self.root / CLOCK_DIR
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / LOGS_DIR
+
+    @property
+    def report_dir(self) -> Path:
+        return self.root / REPORT_DIR
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / CHECKPOINTS_DIR
+
+    @property
+    def report_json(self) -> Path:
+        return self.report_dir / REPORT_JSON
+
+    @property
+    def report_html(self) -> Path:
+        return self.report_dir / REPORT_HTML
+
+    @property
+    def merged_trace(self) -> Path:
+        return self.report_dir / MERGED_TRACE
+
+    @property
+    def merged_json(self) -> Path:
+        return self.report_dir / MERGED_JSON
+
+    def metrics_file(self, rank: int) -> Path:
+        return self.metrics_dir / f"rank{rank}.jsonl"
+
+    def clock_file(self, rank: int) -> Path:
+        return self.clock_dir / f"rank{rank}.json"
+
+    def window_dir(self, window: int) -> Path:
+        return self.traces_dir / window_name(window)
+
+    def trace_file(self, window: int, rank: int, host: str, attempt: int = 0) -> Path:
+        return self.window_dir(window) / trace_file_name(rank, host, attempt)
+
+    def is_run_dir(self) -> bool:
+        """A run directory has a job file, a manifest, or a traces/ folder."""
+        return (
+            self.job_file.is_file()
+            or self.manifest_file.is_file()
+            or self.traces_dir.is_dir()
+        )
+
+    def relative(self, path: Path) -> str:
+        """Manifest paths are relative to the run directory so the directory can move."""
+        return Path(path).absolute().relative_to(self.root).as_posix()

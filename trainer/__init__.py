@@ -1,0 +1,1 @@
+"""Per-rank MoE training with scheduled torch.profiler windows (`python -m fleetscope.trainer`)."""

@@ -1,0 +1,364 @@
+"""Typed configuration of one training run: what every rank runs.
+
+Torch-free on purpose: the launcher renders these into a command line (and `--dry-run` prints it)
+without importing torch. Every field has a docstring; `__post_init__` validation names the bad
+field. Any field can be set from the command line with `--set section.field=value`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .families import FAMILIES, PRESETS
+
+ParallelMode = Literal["ddp", "fsdp", "tp", "fsdp_tp"]
+PARALLEL_MODES: tuple[str, ...] = typing.get_args(ParallelMode)
+Device = Literal["auto", "cpu", "cuda"]
+Precision = Literal["fp32", "bf16"]
+CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+ActivationCheckpointing = Literal["none", "full", "selective"]
+DataSource = Literal["synthetic", "text", "tokens"]
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the field."""
+
+
+def _require(condition: bool, field_name: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"{field_name}: {message}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelConfig:
+    family: str = "qwen3_moe"
+    """Model family: mixtral, qwen3_moe, qwen2_moe, olmoe, deepseek_v3, gpt_oss."""
+    preset: str = "tiny"
+    """Size preset of the family: tiny (CPU tests), small, medium (one GPU)."""
+    path: str = ""
+    """Local directory with a transformers config.json (and weights, if `load_weights`); overrides preset."""
+    load_weights: bool = False
+    """Load weights from `path` with from_pretrained instead of random initialisation."""
+
+    def __post_init__(self) -> None:
+        _require(self.family in FAMILIES, "model.family",
+                 f"unknown family {self.family!r}; known: {', '.join(FAMILIES)}")
+        _require(self.preset in PRESETS, "model.preset", f"must be one of {', '.join(PRESETS)}, got {self.preset!r}")
+        _require(not self.load_weights or bool(self.path), "model.load_weights", "needs model.path")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelConfig:
+    mode: ParallelMode = "ddp"
+    """ddp (replicate), fsdp (FSDP2 fully_shard per block), tp (tensor parallel), fsdp_tp (2-D)."""
+    tp: int = 1
+    """Tensor-parallel degree (tp and fsdp_tp); the data-parallel degree is world_size / tp."""
+    bucket_cap_mb: float = 25.0
+    """DDP gradient bucket size in MiB."""
+    reshard_after_forward: bool = True
+    """FSDP2: free gathered parameters after forward (saves memory, re-gathers in backward)."""
+    cpu_offload: bool = False
+    """FSDP2: keep sharded parameters and optimizer state in host memory."""
+
+    def __post_init__(self) -> None:
+        _require(self.mode in PARALLEL_MODES, "parallel.mode", f"must be one of {PARALLEL_MODES}, got {self.mode!r}")
+        _require(self.tp >= 1, "parallel.tp", f"must be >= 1, got {self.tp}")
+        _require(self.mode in ("tp", "fsdp_tp") or self.tp == 1, "parallel.tp",
+                 f"is {self.tp} but parallel.mode {self.mode!r} has no tensor parallelism")
+        _require(self.bucket_cap_mb > 0, "parallel.bucket_cap_mb", "must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProfilerSchedule:
+    """torch.profiler schedule, in training steps. Each cycle: wait, warmup, active; `repeat` cycles."""
+
+    enabled: bool = True
+    """Profile at all."""
+    skip_first: int = 0
+    """Steps to skip before the first cycle."""
+    wait: int = 1
+    """Steps without profiling at the start of each cycle."""
+    warmup: int = 1
+    """Steps profiled but discarded (the profiler's own start-up cost lands here)."""
+    active: int = 2
+    """Steps recorded into the trace of each window."""
+    repeat: int = 1
+    """Number of cycles (windows); 0 means until training ends."""
+    record_shapes: bool = False
+    """Record operator input shapes."""
+    with_stack: bool = False
+    """Record Python stacks (large traces)."""
+    profile_memory: bool = False
+    """Record allocations."""
+
+    def __post_init__(self) -> None:
+        for name in ("skip_first", "wait", "warmup", "repeat"):
+            _require(getattr(self, name) >= 0, f"profiler.{name}", f"must be >= 0, got {getattr(self, name)}")
+        _require(self.active >= 1, "profiler.active", f"must be >= 1, got {self.active}")
+
+    @property
+    def cycle_steps(self) -> int:
+        return self.wait + self.warmup + self.active
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataConfig:
+    source: DataSource = "synthetic"
+    """synthetic random tokens, a local UTF-8 `text` file, or a `tokens` file (flat uint16/uint32 array)."""
+    path: str = ""
+    """File for the text and tokens sources."""
+    batch_size: int = 4
+    """Sequences per data-parallel rank per step."""
+    seq_len: int = 128
+    """Tokens per sequence."""
+    num_workers: int = 0
+    """DataLoader worker processes."""
+    pin_memory: bool = True
+    """Page-locked host batches (CUDA only) for asynchronous copies."""
+    persistent_workers: bool = False
+    """Keep DataLoader workers alive between epochs."""
+    prefetch_factor: int = 2
+    """Batches prefetched per worker (with num_workers > 0)."""
+    drop_last: bool = True
+    """Drop the last incomplete batch."""
+
+    def __post_init__(self) -> None:
+        _require(self.batch_size >= 1, "data.batch_size", f"must be >= 1, got {self.batch_size}")
+        _require(self.seq_len >= 2, "data.seq_len", f"must be >= 2, got {self.seq_len}")
+        _require(self.num_workers >= 0, "data.num_workers", "must be >= 0")
+        _require(self.prefetch_factor >= 1, "data.prefetch_factor", "must be >= 1")
+        _require(self.source == "synthetic" or bool(self.path), "data.path", f"is required for source {self.source!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OptimConfig:
+    lr: float = 3e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.1
+    """AdamW weight decay."""
+    fused: bool = True
+    """Fused AdamW kernel (CUDA; ignored on CPU)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables."""
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
+        _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        _require(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PerformanceConfig:
+    device: Device = "auto"
+    """cuda when available, else cpu."""
+    precision: Precision = "bf16"
+    """bf16 autocast on CUDA; fp32 always on CPU (bf16 CPU matmuls are slow and change numerics)."""
+    tf32: bool = True
+    """torch.set_float32_matmul_precision('high') on CUDA."""
+    compile: CompileMode = "none"
+    """torch.compile mode, applied per decoder block (regional compilation)."""
+    activation_checkpointing: ActivationCheckpointing = "none"
+    """Recompute activations in backward: every block (full) or every other block (selective)."""
+    alloc_conf: str = ""
+    """PYTORCH_ALLOC_CONF for every rank, e.g. expandable_segments:True."""
+
+    def __post_init__(self) -> None:
+        _require(self.device in typing.get_args(Device), "performance.device", f"unknown device {self.device!r}")
+        _require(self.precision in typing.get_args(Precision), "performance.precision",
+                 f"must be fp32 or bf16, got {self.precision!r}")
+        _require(self.compile in typing.get_args(CompileMode), "performance.compile",
+                 f"must be one of {typing.get_args(CompileMode)}, got {self.compile!r}")
+        _require(self.activation_checkpointing in typing.get_args(ActivationCheckpointing),
+                 "performance.activation_checkpointing", f"unknown value {self.activation_checkpointing!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointConfig:
+    every: int = 0
+    """Save a distributed checkpoint every N steps (0: never periodically)."""
+    at_exit: bool = False
+    """Save when training ends or is preempted."""
+    resume: bool = True
+    """Resume from the newest checkpoint in the run directory when one exists."""
+
+    def __post_init__(self) -> None:
+        _require(self.every >= 0, "checkpoint.every", f"must be >= 0, got {self.every}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    run_dir: str
+    """Run directory on shared storage (traces, metrics, clock, checkpoints go there)."""
+    steps: int = 10
+    """Training steps (in total, counting steps done before a resume)."""
+    seed: int = 0
+    """Seed for weights and synthetic data (same on every rank, so step-0 losses compare)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    profiler: ProfilerSchedule = field(default_factory=ProfilerSchedule)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    performance: PerformanceConfig = field(default_factory=PerformanceConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def __post_init__(self) -> None:
+        _require(bool(self.run_dir), "run_dir", "must not be empty")
+        _require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
+        _require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+
+
+# --- `section.field=value` overrides -------------------------------------------------------
+
+
+def apply_overrides(config: Any, assignments: list[str]) -> Any:
+    """Return `config` with `a.b=value` assignments applied (values parsed by field type).
+
+    All assignments are applied together, so their order never matters for validation
+    (`parallel.tp=2` and `parallel.mode=tp` in either order); a later one wins on the same key.
+    """
+    updates: dict[str, Any] = {}
+    for assignment in assignments:
+        key, sep, text = assignment.partition("=")
+        key = key.strip()
+        _require(bool(sep) and bool(key), assignment, "expected section.field=value")
+        path = key.split(".")
+        hint = _field_type(type(config), path, key)
+        _nested_set(updates, path, parse_value(text.strip(), hint, key))
+    return _replace_nested(config, updates)
+
+
+def _field_type(cls: type, path: list[str], key: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    _require(path[0] in names, key, f"unknown setting; known here: {', '.join(sorted(names))}")
+    hint = hints[path[0]]
+    is_section = dataclasses.is_dataclass(hint)
+    if len(path) == 1:
+        _require(not is_section, key, "is a section; set one of its fields")
+        return hint
+    _require(is_section, key, f"{path[0]} is not a section")
+    return _field_type(hint, path[1:], key)
+
+
+def _nested_set(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    for name in path[:-1]:
+        tree = tree.setdefault(name, {})
+    tree[path[-1]] = value
+
+
+def _replace_nested(config: Any, updates: dict[str, Any]) -> Any:
+    changes = {
+        name: _replace_nested(getattr(config, name), value) if isinstance(value, dict) else value
+        for name, value in updates.items()
+    }
+    return dataclasses.replace(config, **changes)
+
+
+def overrides_from_defaults(config: Any, *, skip: frozenset[str] = frozenset(), prefix: str = "") -> list[str]:
+    """The `a.b=value` assignments that turn a default config into `config` (round-trips with apply)."""
+    assignments = []
+    for spec in dataclasses.fields(config):
+        name = f"{prefix}{spec.name}"
+        value = getattr(config, spec.name)
+        if name in skip:
+            continue
+        if dataclasses.is_dataclass(value):
+            assignments += overrides_from_defaults(value, skip=skip, prefix=f"{name}.")
+        elif spec.default is dataclasses.MISSING or value != spec.default:
+            assignments.append(f"{name}={format_value(value)}")
+    return assignments
+
+
+def format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def parse_value(text: str, hint: Any, key: str) -> Any:
+    """Parse `text` as the annotated type (bool, int, float, str, Literal, optional)."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        _require(text in choices, key, f"must be one of {choices}, got {text!r}")
+        return text
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        if text.lower() in ("none", "null", ""):
+            return None
+        return parse_value(text, options[0], key)
+    if hint is bool:
+        lowered = text.lower()
+        _require(lowered in ("true", "false", "1", "0", "yes", "no"), key, f"expected true/false, got {text!r}")
+        return lowered in ("true", "1", "yes")
+    if hint in (int, float):
+        try:
+            return hint(text)
+        except ValueError:
+            raise ConfigError(f"{key}: expected {hint.__name__}, got {text!r}") from None
+    return text
+
+
+# --- command line of `python -m fleetscope.trainer` ----------------------------------------
+
+_SHORTCUTS = {
+    "model": "model.family",
+    "preset": "model.preset",
+    "parallel": "parallel.mode",
+    "tp": "parallel.tp",
+    "batch_size": "data.batch_size",
+    "seq_len": "data.seq_len",
+    "device": "performance.device",
+    "compile": "performance.compile",
+}
+
+
+def build_arg_parser() -> "argparse.ArgumentParser":
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m fleetscope.trainer",
+        description="One rank of a fleetscope training run (started by torchrun or srun).",
+    )
+    parser.add_argument("--run-dir", required=True, help="run directory on shared storage")
+    parser.add_argument("--steps", type=int, default=None, help="training steps")
+    for flag, key in _SHORTCUTS.items():
+        parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, default=None, help=f"same as --set {key}=...")
+    parser.add_argument("--profile", default=None, metavar="wait=1,warmup=1,active=2,repeat=1",
+                        help="profiler schedule fields, comma separated; 'off' disables profiling")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="any config field, e.g. --set performance.compile=default (repeatable)")
+    return parser
+
+
+def config_from_args(args: Any) -> TrainConfig:
+    """TrainConfig from parsed arguments; shortcuts first, then --profile, then --set in order."""
+    config = TrainConfig(run_dir=args.run_dir)
+    assignments = [f"steps={args.steps}"] if args.steps is not None else []
+    assignments += [f"{key}={getattr(args, flag)}" for flag, key in _SHORTCUTS.items()
+                    if getattr(args, flag) is not None]
+    assignments += profile_assignments(args.profile) if args.profile else []
+    return apply_overrides(config, assignments + list(args.overrides))
+
+
+def profile_assignments(text: str) -> list[str]:
+    """`wait=1,active=3` -> profiler.* assignments; `off` disables profiling."""
+    if text.strip().lower() in ("off", "none", "false"):
+        return ["profiler.enabled=false"]
+    return [f"profiler.{part.strip()}" for part in text.split(",") if part.strip()]
+
+
+def parse_train_args(argv: list[str]) -> TrainConfig:
+    return config_from_args(build_arg_parser().parse_args(argv))
+
+
+def train_argv(config: TrainConfig) -> list[str]:
+    """The trainer arguments that reproduce `config` exactly (what launchers put on the command line)."""
+    argv = ["--run-dir", config.run_dir, "--steps", str(config.steps)]
+    for assignment in overrides_from_defaults(config, skip=frozenset({"run_dir", "steps"})):
+        argv += ["--set", assignment]
+    return argv

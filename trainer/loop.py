@@ -1,0 +1,135 @@
+"""The training loop of one rank: model, parallelism, optimizer, data, profiling, metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from ..traces.layout import RunLayout
+from .config import TrainConfig
+from .data import build_loader, synthetic_plan
+from .metrics import MetricsWriter, PhaseTimer, StepMetrics
+from .models import build_model
+from .parallel import parallelize
+from .profiling import PublishedTrace, WindowedProfiler, plan_windows
+from .runtime import Runtime
+
+log = logging.getLogger("fleetscope.trainer")
+
+
+@dataclass
+class TrainState:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    vocab_size: int
+    step: int = 0
+
+
+def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
+    model = build_model(config.model, seed=config.seed).to(runtime.device)
+    vocab_size = model.config.vocab_size
+    model = parallelize(model, dims=runtime.dims, mesh=runtime.mesh, parallel=config.parallel,
+                        performance=config.performance, device=runtime.device)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.optim.lr, weight_decay=config.optim.weight_decay,
+        fused=config.optim.fused and runtime.use_cuda,
+    )
+    return TrainState(model=model, optimizer=optimizer, vocab_size=vocab_size)
+
+
+def autocast_context(config: TrainConfig, runtime: Runtime) -> contextlib.AbstractContextManager:
+    if runtime.use_cuda and config.performance.precision == "bf16":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def phase(name: str, runtime: Runtime) -> Iterator[None]:
+    """A named range in the trace (record_function) and, on CUDA, in NVTX."""
+    with torch.profiler.record_function(name):
+        if runtime.use_cuda:
+            torch.cuda.nvtx.range_push(name)
+        try:
+            yield
+        finally:
+            if runtime.use_cuda:
+                torch.cuda.nvtx.range_pop()
+
+
+def train_step(state: TrainState, batches: Iterator[torch.Tensor], config: TrainConfig, runtime: Runtime,
+               timer: PhaseTimer) -> torch.Tensor:
+    """One optimizer step; returns the loss (a tensor: reading it is the caller's sync point)."""
+    timer.mark("data")
+    input_ids = next(batches).to(runtime.device, non_blocking=True)
+    with phase("train_step", runtime):
+        timer.mark("forward")
+        with phase("forward", runtime), autocast_context(config, runtime):
+            loss = state.model(input_ids=input_ids, labels=input_ids).loss
+        timer.mark("backward")
+        with phase("backward", runtime):
+            loss.backward()
+        timer.mark("optimizer")
+        with phase("optimizer_step", runtime):
+            if config.optim.grad_clip:
+                torch.nn.utils.clip_grad_norm_(state.model.parameters(), config.optim.grad_clip)
+            state.optimizer.step()
+            state.optimizer.zero_grad(set_to_none=True)
+        timer.mark("end")
+    return loss.detach()
+
+
+def step_metrics(step: int, loss: torch.Tensor, spans: dict[str, float], config: TrainConfig,
+                 runtime: Runtime, profiled: bool) -> StepMetrics:
+    step_ms = sum(spans.values())
+    tokens = config.data.batch_size * config.data.seq_len
+    memory = torch.cuda.max_memory_allocated(runtime.device) / 2**20 if runtime.use_cuda else None
+    return StepMetrics(
+        step=step, rank=runtime.rank, loss=float(loss), step_time_ms=step_ms, data_ms=spans["data"],
+        forward_ms=spans["forward"], backward_ms=spans["backward"], optimizer_ms=spans["optimizer"],
+        tokens_per_s=tokens / (step_ms / 1e3) if step_ms > 0 else 0.0,
+        max_memory_allocated_mb=memory, profiled=profiled,
+    )
+
+
+def train(config: TrainConfig, runtime: Runtime) -> list[StepMetrics]:
+    layout = RunLayout.at(config.run_dir)
+    state = build_state(config, runtime)
+    plan = synthetic_plan(config.data, vocab_size=state.vocab_size, seed=config.seed, steps=config.steps,
+                          dp_rank=runtime.dp_rank, dp_size=runtime.dims.dp)
+    batches = iter(build_loader(config.data, plan=plan, start_step=state.step, use_cuda=runtime.use_cuda))
+    windows = plan_windows(config.profiler, config.steps)
+    profiler = WindowedProfiler(windows=windows, config=config.profiler, layout=layout, rank=runtime.rank,
+                                attempt=runtime.attempt, use_cuda=runtime.use_cuda, on_published=_log_published)
+    profiled_steps = {s for w in windows for s in range(w.warmup_start, w.end)}
+    writer = MetricsWriter(layout.metrics_file(runtime.rank))
+    timer = PhaseTimer(runtime.use_cuda)
+    history = []
+    try:
+        for step in range(state.step, config.steps):
+            with profiler.step_context(step):
+                loss = train_step(state, batches, config, runtime, timer)
+            metrics = step_metrics(step, loss, timer.durations_ms(), config, runtime, step in profiled_steps)
+            writer.write(metrics)
+            history.append(metrics)
+            state.step = step + 1
+            _log_step(metrics, runtime)
+    finally:
+        profiler.close()
+        writer.close()
+    return history
+
+
+def _log_step(metrics: StepMetrics, runtime: Runtime) -> None:
+    if runtime.rank == 0:
+        log.info("step %d loss %.4f step %.1f ms (fwd %.1f bwd %.1f opt %.1f) %.0f tok/s",
+                 metrics.step, metrics.loss, metrics.step_time_ms, metrics.forward_ms, metrics.backward_ms,
+                 metrics.optimizer_ms, metrics.tokens_per_s)
+
+
+def _log_published(trace: PublishedTrace) -> None:
+    log.info("trace of window %d (steps %d-%d) published: %s (%.2f s)", trace.window.index,
+             trace.window.active_start, trace.window.end - 1, trace.path, trace.export_seconds)

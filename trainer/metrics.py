@@ -1,0 +1,73 @@
+"""Per-step metrics: phase timing (CUDA events on GPU), one JSON line per step per rank."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO
+
+import torch
+
+
+class PhaseTimer:
+    """Marks phase boundaries in one step; durations come out in milliseconds.
+
+    On CUDA the marks are events on the current stream, so the numbers are GPU time between the
+    boundaries, read once per step after the step's last kernel; on CPU, wall time.
+    """
+
+    def __init__(self, use_cuda: bool):
+        self._use_cuda = use_cuda
+        self._marks: list[tuple[str, object]] = []
+
+    def mark(self, name: str) -> None:
+        if self._use_cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._marks.append((name, event))
+        else:
+            self._marks.append((name, time.perf_counter()))
+
+    def durations_ms(self) -> dict[str, float]:
+        """`{phase: ms}` between consecutive marks (the last mark only ends the previous phase)."""
+        if self._use_cuda:
+            self._marks[-1][1].synchronize()
+        spans = {}
+        for (name, start), (_, end) in zip(self._marks, self._marks[1:]):
+            spans[name] = start.elapsed_time(end) if self._use_cuda else (end - start) * 1e3
+        self._marks.clear()
+        return spans
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepMetrics:
+    step: int
+    rank: int
+    loss: float
+    step_time_ms: float
+    data_ms: float
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    tokens_per_s: float
+    """This rank's tokens over this step's time."""
+    max_memory_allocated_mb: float | None = None
+    mfu_pct: float | None = None
+    profiled: bool = False
+    """The step ran inside a profiler window (its time includes profiler overhead)."""
+
+
+class MetricsWriter:
+    """Appends one JSON line per step to metrics/rank<R>.jsonl (appending keeps resumed runs whole)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] = open(path, "a", buffering=1)
+
+    def write(self, metrics: StepMetrics) -> None:
+        self._file.write(json.dumps(asdict(metrics), separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        self._file.close()

@@ -1,0 +1,49 @@
+"""Building the MoE causal LM: from a family preset (random weights) or a local checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers
+
+from .config import ConfigError, ModelConfig
+from .families import FAMILIES, PRESETS
+
+
+def build_config(model: ModelConfig) -> transformers.PretrainedConfig:
+    """The transformers config: read from `model.path` when given, else the family's preset."""
+    if model.path:
+        return _local_config(Path(model.path))
+    family = FAMILIES[model.family]
+    config_class = getattr(transformers, family.config_class)
+    return config_class(**family.config_kwargs(PRESETS[model.preset]()))
+
+
+def build_model(model: ModelConfig, *, seed: int) -> torch.nn.Module:
+    """Random-initialised model from the config (same seed -> same weights on every rank)."""
+    attention = FAMILIES[model.family].attention if not model.path else None
+    if model.load_weights:
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            model.path, local_files_only=True, attn_implementation=attention, dtype=torch.float32
+        )
+    config = build_config(model)
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention)
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The repeated decoder blocks (the unit of FSDP sharding, compilation and checkpointing)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ConfigError(f"model: {type(model).__name__} has no model.layers ModuleList of decoder blocks")
+    return layers
+
+
+def _local_config(path: Path) -> transformers.PretrainedConfig:
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"model.path: {path} has no config.json")
+    try:
+        return transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"model.path: cannot read {path / 'config.json'}: {error}") from error

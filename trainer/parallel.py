@@ -1,0 +1,81 @@
+"""Parallel degrees, the device mesh, and the one function that parallelizes a model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from .config import ConfigError, ParallelConfig, PerformanceConfig
+from .models import decoder_layers
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelDims:
+    """The one owner of parallel degrees: data-parallel x tensor-parallel = world size."""
+
+    world_size: int
+    dp: int
+    tp: int
+    mode: str
+
+    @classmethod
+    def from_config(cls, config: ParallelConfig, world_size: int) -> "ParallelDims":
+        if world_size % config.tp:
+            raise ConfigError(
+                f"parallel.tp: {config.tp} does not divide the world size {world_size}"
+            )
+        return cls(world_size=world_size, dp=world_size // config.tp, tp=config.tp, mode=config.mode)
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return (self.dp, self.tp)
+
+    @property
+    def mesh_names(self) -> tuple[str, ...]:
+        return ("dp", "tp")
+
+    def build_mesh(self, device_type: str) -> DeviceMesh:
+        return init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=self.mesh_names)
+
+    def dp_rank(self, global_rank: int) -> int:
+        """Data-parallel rank of a global rank (tp is the fastest-varying mesh axis)."""
+        return global_rank // self.tp
+
+
+def parallelize(
+    model: torch.nn.Module,
+    *,
+    dims: ParallelDims,
+    mesh: DeviceMesh,
+    parallel: ParallelConfig,
+    performance: PerformanceConfig,
+    device: torch.device,
+) -> torch.nn.Module:
+    """Apply, in this fixed order: tensor parallel -> activation checkpointing -> compile -> FSDP2 or DDP."""
+    if dims.tp > 1:
+        raise ConfigError("parallel.mode: tensor parallel is not available in this build")
+    if dims.mode == "fsdp":
+        return _apply_fsdp(model, mesh["dp"], parallel=parallel, performance=performance, device=device)
+    return _apply_ddp(model, mesh["dp"], parallel=parallel, device=device)
+
+
+def _apply_fsdp(model, dp_mesh: DeviceMesh, *, parallel: ParallelConfig, performance: PerformanceConfig,
+                device: torch.device) -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=parallel.reshard_after_forward)
+    # The root keeps embeddings, final norm and LM head; no reshard: backward needs them first.
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=False)
+    return model
+
+
+def _apply_ddp(model, dp_mesh: DeviceMesh, *, parallel: ParallelConfig, device: torch.device) -> torch.nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(
+        model, device_ids=device_ids, process_group=dp_mesh.get_group(), bucket_cap_mb=parallel.bucket_cap_mb
+    )

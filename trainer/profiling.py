@@ -1,0 +1,135 @@
+"""Scheduled profiling that costs nothing outside its windows.
+
+A `torch.profiler.profile` context, even in its WAIT phase, slows every step by several percent.
+So the schedule (skip_first / wait / warmup / active / repeat) is planned here into explicit
+windows, and a profiler exists only from a window's first warmup step to its last active step.
+Each finished window is exported on the rank's local disk and published into the run directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+from ..traces.layout import RunLayout
+from ..traces.writer import publish_trace
+from .config import ProfilerSchedule
+
+STEP_MARKER = "ProfilerStep#{step}"
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One profiling window, in global training steps (end is exclusive)."""
+
+    index: int
+    warmup_start: int
+    active_start: int
+    end: int
+
+    @property
+    def active_steps(self) -> range:
+        return range(self.active_start, self.end)
+
+
+def plan_windows(config: ProfilerSchedule, total_steps: int) -> list[Window]:
+    """Every complete window that fits in `total_steps` steps (pure)."""
+    if not config.enabled:
+        return []
+    windows = []
+    cycle = 0
+    while config.repeat == 0 or cycle < config.repeat:
+        cycle_start = config.skip_first + cycle * config.cycle_steps
+        warmup_start = cycle_start + config.wait
+        end = warmup_start + config.warmup + config.active
+        if end > total_steps:
+            break
+        windows.append(Window(cycle, warmup_start, warmup_start + config.warmup, end))
+        cycle += 1
+    return windows
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedTrace:
+    window: Window
+    path: Path
+    export_seconds: float
+
+
+class WindowedProfiler:
+    """Enters torch.profiler only around planned windows; call `step_context(step)` every step."""
+
+    def __init__(self, *, windows: list[Window], config: ProfilerSchedule, layout: RunLayout, rank: int,
+                 attempt: int, use_cuda: bool, on_published: Callable[[PublishedTrace], None] | None = None):
+        self._windows = {w.warmup_start: w for w in windows}
+        self._config = config
+        self._layout = layout
+        self._rank = rank
+        self._attempt = attempt
+        self._host = socket.gethostname()
+        self._activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])
+        self._on_published = on_published
+        self._profiler: profile | None = None
+        self._window: Window | None = None
+        self.published: list[PublishedTrace] = []
+
+    @contextlib.contextmanager
+    def step_context(self, step: int) -> Iterator[None]:
+        """Wraps one training step: opens/closes windows, marks recorded steps `ProfilerStep#<step>`."""
+        self._maybe_start(step)
+        marker = record_function(STEP_MARKER.format(step=step)) if self._profiler else contextlib.nullcontext()
+        with marker:
+            yield
+        self._advance(step)
+
+    def close(self) -> None:
+        """Stop a window cut short (training ended or failed inside it); nothing is exported."""
+        if self._profiler is not None:
+            self._profiler.on_trace_ready = None
+            self._profiler.stop()
+            self._profiler = None
+
+    def _maybe_start(self, step: int) -> None:
+        window = self._windows.get(step)
+        if window is None or self._profiler is not None:
+            return
+        self._window = window
+        self._profiler = profile(
+            activities=self._activities,
+            schedule=schedule(wait=0, warmup=window.active_start - window.warmup_start,
+                              active=window.end - window.active_start, repeat=1),
+            on_trace_ready=self._export,
+            record_shapes=self._config.record_shapes,
+            with_stack=self._config.with_stack,
+            profile_memory=self._config.profile_memory,
+        )
+        # Steps are marked with global step numbers by step_context, not the profiler's own count.
+        self._profiler.record_steps = False
+        self._profiler.start()
+
+    def _advance(self, step: int) -> None:
+        if self._profiler is None:
+            return
+        self._profiler.step()
+        if step == self._window.end - 1:
+            self._profiler.stop()
+            self._profiler = None
+
+    def _export(self, prof: profile) -> None:
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="fleetscope-trace-") as local_dir:
+            local_file = Path(local_dir) / "trace.json"
+            prof.export_chrome_trace(str(local_file))
+            path = publish_trace(local_file, self._layout, window=self._window.index, rank=self._rank,
+                                 host=self._host, attempt=self._attempt)
+        published = PublishedTrace(self._window, path, time.perf_counter() - started)
+        self.published.append(published)
+        if self._on_published:
+            self._on_published(published)

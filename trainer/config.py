@@ -190,6 +190,24 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class FaultConfig:
+    """Deliberate faults, to rehearse what a slow or broken job looks like in the report."""
+
+    crash_rank: int = -1
+    """Rank that raises an error at `crash_step`; -1: none."""
+    crash_step: int = 0
+    """Step at which `crash_rank` fails."""
+    straggle_rank: int = -1
+    """Rank that sleeps `straggle_ms` before every step's forward pass; -1: none."""
+    straggle_ms: float = 0.0
+    """Delay of the straggling rank, per step."""
+
+    def __post_init__(self) -> None:
+        _require(self.crash_step >= 0, "faults.crash_step", "must be >= 0")
+        _require(self.straggle_ms >= 0, "faults.straggle_ms", "must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
     run_dir: str
     """Run directory on shared storage (traces, metrics, clock, checkpoints go there)."""
@@ -204,6 +222,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     performance: PerformanceConfig = field(default_factory=PerformanceConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    faults: FaultConfig = field(default_factory=FaultConfig)
 
     def __post_init__(self) -> None:
         _require(bool(self.run_dir), "run_dir", "must not be empty")
@@ -303,18 +322,38 @@ def parse_value(text: str, hint: Any, key: str) -> Any:
     return text
 
 
-# --- command line of `python -m fleetscope.trainer` ----------------------------------------
+# --- command line of `python -m fleetscope.trainer` (and of `fleetscope launch`) -----------
 
-_SHORTCUTS = {
-    "model": "model.family",
-    "preset": "model.preset",
-    "parallel": "parallel.mode",
-    "tp": "parallel.tp",
-    "batch_size": "data.batch_size",
-    "seq_len": "data.seq_len",
-    "device": "performance.device",
-    "compile": "performance.compile",
+TRAIN_SHORTCUTS: dict[str, tuple[str, str]] = {
+    "model": ("model.family", "mixtral, qwen3_moe, qwen2_moe, olmoe, deepseek_v3, gpt_oss"),
+    "preset": ("model.preset", "tiny, small, medium"),
+    "parallel": ("parallel.mode", "ddp, fsdp, tp, fsdp_tp"),
+    "tp": ("parallel.tp", "tensor-parallel degree"),
+    "batch_size": ("data.batch_size", "sequences per data-parallel rank"),
+    "seq_len": ("data.seq_len", "tokens per sequence"),
+    "device": ("performance.device", "auto, cpu, cuda"),
+    "compile": ("performance.compile", "none, default, reduce-overhead, max-autotune, ..."),
 }
+
+
+def add_train_arguments(parser: Any) -> None:
+    """The training flags: a few shortcuts, --profile, and --set for any field."""
+    parser.add_argument("--steps", type=int, default=None, help="training steps")
+    for flag, (key, choices) in TRAIN_SHORTCUTS.items():
+        parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, default=None, help=f"{choices} ({key})")
+    parser.add_argument("--profile", default=None, metavar="wait=1,warmup=1,active=2,repeat=1",
+                        help="profiler schedule fields, comma separated; 'off' disables profiling")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="any config field, e.g. --set performance.compile=default (repeatable)")
+
+
+def train_assignments(args: Any) -> list[str]:
+    """Assignments from parsed training flags: shortcuts, then --profile, then --set in order."""
+    assignments = [f"steps={args.steps}"] if args.steps is not None else []
+    assignments += [f"{key}={getattr(args, flag)}" for flag, (key, _) in TRAIN_SHORTCUTS.items()
+                    if getattr(args, flag) is not None]
+    assignments += profile_assignments(args.profile) if args.profile else []
+    return assignments + list(args.overrides)
 
 
 def build_arg_parser() -> "argparse.ArgumentParser":
@@ -325,24 +364,8 @@ def build_arg_parser() -> "argparse.ArgumentParser":
         description="One rank of a fleetscope training run (started by torchrun or srun).",
     )
     parser.add_argument("--run-dir", required=True, help="run directory on shared storage")
-    parser.add_argument("--steps", type=int, default=None, help="training steps")
-    for flag, key in _SHORTCUTS.items():
-        parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, default=None, help=f"same as --set {key}=...")
-    parser.add_argument("--profile", default=None, metavar="wait=1,warmup=1,active=2,repeat=1",
-                        help="profiler schedule fields, comma separated; 'off' disables profiling")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                        help="any config field, e.g. --set performance.compile=default (repeatable)")
+    add_train_arguments(parser)
     return parser
-
-
-def config_from_args(args: Any) -> TrainConfig:
-    """TrainConfig from parsed arguments; shortcuts first, then --profile, then --set in order."""
-    config = TrainConfig(run_dir=args.run_dir)
-    assignments = [f"steps={args.steps}"] if args.steps is not None else []
-    assignments += [f"{key}={getattr(args, flag)}" for flag, key in _SHORTCUTS.items()
-                    if getattr(args, flag) is not None]
-    assignments += profile_assignments(args.profile) if args.profile else []
-    return apply_overrides(config, assignments + list(args.overrides))
 
 
 def profile_assignments(text: str) -> list[str]:
@@ -353,7 +376,8 @@ def profile_assignments(text: str) -> list[str]:
 
 
 def parse_train_args(argv: list[str]) -> TrainConfig:
-    return config_from_args(build_arg_parser().parse_args(argv))
+    args = build_arg_parser().parse_args(argv)
+    return apply_overrides(TrainConfig(run_dir=args.run_dir), train_assignments(args))
 
 
 def train_argv(config: TrainConfig) -> list[str]:

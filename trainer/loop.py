@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -65,6 +66,7 @@ def train_step(state: TrainState, batches: Iterator[torch.Tensor], config: Train
     """One optimizer step; returns the loss (a tensor: reading it is the caller's sync point)."""
     timer.mark("data")
     input_ids = next(batches).to(runtime.device, non_blocking=True)
+    inject_faults(state.step, config, runtime)
     with phase("train_step", runtime):
         timer.mark("forward")
         with phase("forward", runtime), autocast_context(config, runtime):
@@ -80,6 +82,19 @@ def train_step(state: TrainState, batches: Iterator[torch.Tensor], config: Train
             state.optimizer.zero_grad(set_to_none=True)
         timer.mark("end")
     return loss.detach()
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the crash drill (faults.crash_rank / crash_step)."""
+
+
+def inject_faults(step: int, config: TrainConfig, runtime: Runtime) -> None:
+    faults = config.faults
+    if runtime.rank == faults.crash_rank and step == faults.crash_step:
+        raise InjectedFault(f"injected crash on rank {runtime.rank} at step {step} (faults.crash_rank)")
+    if runtime.rank == faults.straggle_rank and faults.straggle_ms > 0:
+        with torch.profiler.record_function("fleetscope_injected_delay"):
+            time.sleep(faults.straggle_ms / 1e3)
 
 
 def step_metrics(step: int, loss: torch.Tensor, spans: dict[str, float], config: TrainConfig,

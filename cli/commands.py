@@ -1,0 +1,223 @@
+"""The sub-commands of `fleetscope`; each registers its parser and handles its arguments."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..launcher.jobrecord import now_iso, spec_record, write_job_record
+from ..launcher.local import LocalPlan, LocalResult, plan_local, run_local
+from ..launcher.spec import JobSpec
+from ..trainer.config import ConfigError
+from ..traces.layout import RunLayout
+from .jobargs import add_job_arguments, job_spec_from_args
+from .pipeline import PostprocessResult, describe_manifest, postprocess
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
+
+
+# --- launch / demo --------------------------------------------------------------------------
+
+
+def register_launch(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("launch", help="start a training job (local torchrun or Slurm)")
+    add_job_arguments(parser)
+    parser.add_argument("--dry-run", action="store_true", help="print the exact command; run nothing")
+    parser.add_argument("--resume", action="store_true", help="allow an existing run directory (resume)")
+    parser.add_argument("--no-post", action="store_true", help="skip gather/analyze/merge after the job")
+    parser.set_defaults(handler=handle_launch)
+
+
+def handle_launch(args: argparse.Namespace) -> int:
+    spec = job_spec_from_args(args)
+    if spec.scheduler != "local":
+        from .slurm_commands import launch_on_slurm
+
+        return launch_on_slurm(spec, args)
+    plan = plan_local(spec)
+    if args.dry_run:
+        print(plan.render())
+        return EXIT_OK
+    layout = RunLayout.at(spec.train.run_dir)
+    refuse_existing_run(layout, resume=args.resume)
+    result = run_job_locally(spec, plan, layout)
+    post = None if args.no_post else postprocess(layout.root)
+    print_outcome(layout, result, post)
+    return launch_exit_code(result, post)
+
+
+def refuse_existing_run(layout: RunLayout, *, resume: bool) -> None:
+    """Nothing of an earlier run is reused or overwritten unless the user asks to resume it."""
+    if layout.job_file.exists() and not resume:
+        raise ConfigError(
+            f"run_dir: {layout.root} already holds a run; pass --resume to continue it or choose another --run-dir"
+        )
+
+
+def run_job_locally(spec: JobSpec, plan: LocalPlan, layout: RunLayout) -> LocalResult:
+    layout.root.mkdir(parents=True, exist_ok=True)
+    write_job_record(layout, **spec_record(spec), plan=plan.to_json(), status="running", started_at=now_iso())
+    print(f"fleetscope: running {spec.world_size} rank(s) into {layout.root}", flush=True)
+    result = run_local(plan)
+    failures = [vars(f) for f in result.failures]
+    write_job_record(layout, status="succeeded" if result.ok else "failed", returncode=result.returncode,
+                     failures=failures, finished_at=now_iso())
+    return result
+
+
+def print_outcome(layout: RunLayout, result: LocalResult, post: PostprocessResult | None) -> None:
+    if not result.ok:
+        print(f"\nfleetscope: the job FAILED (torchrun exit code {result.returncode})", file=sys.stderr)
+        for failure in result.failures:
+            print(f"  rank {failure.rank} (exit code {failure.exitcode}): {failure.message}", file=sys.stderr)
+            if failure.log_path:
+                print(f"    log: {failure.log_path}", file=sys.stderr)
+        if not result.failures:
+            print(f"  no rank left an error file; see the logs under {layout.logs_dir}", file=sys.stderr)
+        print("  traces written before the failure are kept and were gathered.", file=sys.stderr)
+    if post is not None:
+        print_outputs(post)
+
+
+def print_outputs(post: PostprocessResult) -> None:
+    print("\noutputs:")
+    for name, path in post.outputs.items():
+        if Path(path).exists():
+            print(f"  {name:<13} {path}")
+    if "merged_trace" in post.outputs and Path(post.outputs["merged_trace"]).exists():
+        print("\nopen the merged trace: https://ui.perfetto.dev -> 'Open trace file' -> "
+              f"{post.outputs['merged_trace']}")
+
+
+def launch_exit_code(result: LocalResult, post: PostprocessResult | None) -> int:
+    if not result.ok:
+        return EXIT_FAILED
+    if post is not None and not post.complete:
+        return EXIT_PARTIAL
+    return EXIT_OK
+
+
+def register_demo(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("demo", help="2-rank CPU run of the tiny MoE, profiled, analyzed, merged")
+    parser.add_argument("--runs-root", default="runs")
+    parser.add_argument("--model", default="qwen3_moe")
+    parser.add_argument("--parallel", default="fsdp")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.set_defaults(handler=handle_demo)
+
+
+def handle_demo(args: argparse.Namespace) -> int:
+    launch_args = build_launch_parser().parse_args([
+        "--runs-root", args.runs_root, "--model", args.model, "--preset", "tiny", "--parallel", args.parallel,
+        "--steps", str(args.steps), "--nproc-per-node", "2", "--device", "cpu",
+        "--profile", "wait=1,warmup=1,active=2,repeat=2",
+    ])
+    return handle_launch(launch_args)
+
+
+def build_launch_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleetscope launch")
+    sub = parser.add_subparsers()
+    register_launch(sub)
+    return sub.choices["launch"]
+
+
+# --- train / gather / postprocess -------------------------------------------------------------
+
+
+def register_train(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("train", help="one rank of a run (what torchrun/srun start on every GPU)",
+                            add_help=False)
+    parser.add_argument("trainer_args", nargs=argparse.REMAINDER)
+    parser.set_defaults(handler=lambda args: _run_trainer(args.trainer_args))
+
+
+def _run_trainer(argv: list[str]) -> int:
+    from ..trainer.__main__ import main as trainer_main
+
+    return trainer_main(argv)
+
+
+def register_gather(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("gather", help="verify a run's traces and write manifest.json")
+    parser.add_argument("run_dir")
+    parser.set_defaults(handler=handle_gather)
+
+
+def handle_gather(args: argparse.Namespace) -> int:
+    from ..traces.gather import gather
+
+    manifest = gather(args.run_dir)
+    print(describe_manifest(manifest))
+    print(f"manifest: {RunLayout.at(args.run_dir).manifest_file}")
+    return EXIT_OK if manifest.complete else EXIT_PARTIAL
+
+
+def register_postprocess(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("postprocess", help="gather + analyze + merge a finished run directory")
+    parser.add_argument("run_dir")
+    parser.set_defaults(handler=handle_postprocess)
+
+
+def handle_postprocess(args: argparse.Namespace) -> int:
+    post = postprocess(args.run_dir)
+    print_outputs(post)
+    if post.errors:
+        return EXIT_FAILED
+    return EXIT_OK if post.complete else EXIT_PARTIAL
+
+
+# --- analyze / merge / compare -----------------------------------------------------------------
+
+
+def register_analyze(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("analyze", help="report on a run directory or any directory of Kineto traces")
+    parser.add_argument("path", help="run directory, or a directory of *.json / *.json.gz traces")
+    parser.add_argument("--json", dest="json_out", default=None, help="write the report JSON here")
+    parser.add_argument("--html", dest="html_out", default=None, help="write the HTML report here")
+    parser.set_defaults(handler=handle_analyze)
+
+
+def handle_analyze(args: argparse.Namespace) -> int:
+    from ..analysis import analyze
+    from ..analysis.render_terminal import render_terminal
+
+    layout = RunLayout.at(args.path)
+    json_out, html_out = args.json_out, args.html_out
+    if layout.is_run_dir():
+        json_out = json_out or layout.report_json
+        html_out = html_out or layout.report_html
+    report = analyze(layout.root, json_out=json_out, html_out=html_out)
+    print(render_terminal(report))
+    for label, path in (("json", json_out), ("html", html_out)):
+        if path:
+            print(f"{label}: {path}")
+    return EXIT_OK if report.complete else EXIT_PARTIAL
+
+
+def register_merge(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("merge", help="one Perfetto trace of all ranks")
+    parser.add_argument("path", help="run directory, or a directory of *.json / *.json.gz traces")
+    parser.add_argument("-o", "--output", default=None,
+                        help="output .perfetto-trace (default: <run>/report/merged.perfetto-trace)")
+    parser.set_defaults(handler=handle_merge)
+
+
+def handle_merge(args: argparse.Namespace) -> int:
+    from ..analysis.merge import merge
+
+    layout = RunLayout.at(args.path)
+    if args.output is None and not layout.is_run_dir():
+        raise ValueError("-o OUT.perfetto-trace is required for a directory that is not a run directory")
+    output = Path(args.output) if args.output else layout.merged_trace
+    result = merge(layout.root, output)
+    print(f"merged {len(result.ranks)} rank(s) into {output} ({output.stat().st_size / 1e6:.1f} MB)")
+    print(f"open it at https://ui.perfetto.dev -> 'Open trace file' -> {output}")
+    return EXIT_OK if not result.problems else EXIT_PARTIAL
+
+
+REGISTRY = [
+    register_launch, register_train, register_gather, register_analyze, register_merge, register_postprocess,
+    register_demo,
+]

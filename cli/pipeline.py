@@ -1,0 +1,86 @@
+"""After a job: gather -> analyze -> merge, each step independent so one failure loses nothing else."""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..traces.gather import gather
+from ..traces.layout import RunLayout
+
+
+@dataclass(kw_only=True)
+class PostprocessResult:
+    run_dir: Path
+    manifest_complete: bool = False
+    report_complete: bool = False
+    outputs: dict[str, Path] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return not self.errors and self.manifest_complete and self.report_complete
+
+
+def postprocess(run_dir: str | Path, *, echo: bool = True) -> PostprocessResult:
+    """Gather, analyze and merge a run directory; every step runs even if an earlier one failed."""
+    layout = RunLayout.at(run_dir)
+    result = PostprocessResult(run_dir=layout.root)
+    _timed(result, "gather", lambda: _gather(layout, result, echo))
+    _timed(result, "analyze", lambda: _analyze(layout, result, echo))
+    _timed(result, "merge", lambda: _merge(layout, result, echo))
+    return result
+
+
+def _timed(result: PostprocessResult, name: str, step) -> None:
+    started = time.perf_counter()
+    try:
+        step()
+    except Exception as error:  # noqa: BLE001 - one failed stage must not stop the others
+        result.errors.append(f"{name}: {type(error).__name__}: {error}")
+        print(f"fleetscope: {name} failed: {error}", file=sys.stderr)
+        traceback.print_exc(file=sys.stderr)
+    result.seconds[name] = time.perf_counter() - started
+
+
+def _gather(layout: RunLayout, result: PostprocessResult, echo: bool) -> None:
+    manifest = gather(layout.root)
+    result.manifest_complete = manifest.complete
+    result.outputs["manifest"] = layout.manifest_file
+    if echo:
+        print(describe_manifest(manifest))
+
+
+def describe_manifest(manifest) -> str:
+    lines = [f"gathered {len(manifest.traces)} trace(s) of world size {manifest.world_size} "
+             f"in {len(manifest.windows)} window(s)"]
+    lines += [f"  unreadable: {p.path}: {p.reason}" for p in manifest.problems]
+    missing = sorted({(m.window, m.rank) for m in manifest.missing}, key=lambda pair: (pair[0] or 0, pair[1]))
+    lines += [f"  missing: rank {rank} in window {window}" for window, rank in missing]
+    return "\n".join(lines)
+
+
+def _analyze(layout: RunLayout, result: PostprocessResult, echo: bool) -> None:
+    from ..analysis import analyze
+    from ..analysis.render_terminal import render_terminal
+
+    report = analyze(layout.root, json_out=layout.report_json, html_out=layout.report_html)
+    result.report_complete = report.complete
+    result.outputs["report_json"] = layout.report_json
+    result.outputs["report_html"] = layout.report_html
+    if echo:
+        print(render_terminal(report))
+
+
+def _merge(layout: RunLayout, result: PostprocessResult, echo: bool) -> None:
+    from ..analysis.merge import merge
+
+    merged = merge(layout.root, layout.merged_trace)
+    result.outputs["merged_trace"] = layout.merged_trace
+    if echo:
+        print(f"merged {len(merged.ranks)} rank(s) into {layout.merged_trace} "
+              f"({layout.merged_trace.stat().st_size / 1e6:.1f} MB)")

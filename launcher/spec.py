@@ -1,0 +1,100 @@
+"""JobSpec: everything needed to start a training job, validated before anything runs."""
+
+from __future__ import annotations
+
+import re
+import sys
+import typing
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..trainer.config import ConfigError, TrainConfig
+
+Scheduler = Literal["local", "submitit", "torchx"]
+SCHEDULERS: tuple[str, ...] = typing.get_args(Scheduler)
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Variables every rank needs to run safely on shared multi-GPU hosts (NVLink multicast off).
+DEFAULT_ENV: dict[str, str] = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def _require(condition: bool, field_name: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"{field_name}: {message}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlurmOptions:
+    """Options for the Slurm schedulers (submitit, torchx); ignored by the local scheduler."""
+
+    job_name: str = "fleetscope"
+    """Slurm job name (any text: it is quoted wherever it reaches a shell)."""
+    partition: str = ""
+    """Partition to submit to; empty: the cluster default."""
+    time_minutes: int = 60
+    """Wall-time limit."""
+    account: str = ""
+    """Account to charge."""
+    qos: str = ""
+    """Quality of service."""
+    cpus_per_task: int = 0
+    """CPUs per task; 0: the cluster default."""
+    mem_per_node: str = ""
+    """Memory per node, e.g. 200G; empty: the cluster default."""
+    gpus_per_node: int | None = None
+    """GPUs to request per node; None: one per process (nproc_per_node) when training on CUDA."""
+    extra_sbatch: tuple[str, ...] = ()
+    """Further `#SBATCH` options, e.g. ("--exclusive", "--constraint=h200")."""
+
+    def __post_init__(self) -> None:
+        _require(self.time_minutes >= 1, "slurm.time_minutes", f"must be >= 1, got {self.time_minutes}")
+        _require(self.cpus_per_task >= 0, "slurm.cpus_per_task", "must be >= 0")
+        _require(bool(self.job_name.strip()), "slurm.job_name", "must not be empty")
+        _require(all(option.startswith("--") for option in self.extra_sbatch), "slurm.extra_sbatch",
+                 "every option must start with --")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobSpec:
+    train: TrainConfig
+    """What every rank runs (its run_dir is the job's run directory)."""
+    scheduler: Scheduler = "local"
+    """local (torchrun on this node), submitit or torchx (Slurm)."""
+    nodes: int = 1
+    """Nodes to run on."""
+    nproc_per_node: int = 2
+    """Processes per node (one per GPU on GPU nodes)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment passed to every rank (NCCL_*, TORCHINDUCTOR_CACHE_DIR, ...)."""
+    python: str = sys.executable
+    """Python interpreter on the nodes (with fleetscope installed)."""
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+
+    def __post_init__(self) -> None:
+        _require(self.scheduler in SCHEDULERS, "scheduler", f"must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        _require(self.nodes >= 1, "nodes", f"must be >= 1, got {self.nodes}")
+        _require(self.nproc_per_node >= 1, "nproc_per_node", f"must be >= 1, got {self.nproc_per_node}")
+        _require(self.scheduler != "local" or self.nodes == 1, "nodes",
+                 "the local scheduler runs on this node only; use submitit or torchx for several nodes")
+        tp = self.train.parallel.tp
+        _require(self.world_size % tp == 0, "parallel.tp",
+                 f"{tp} does not divide the world size {self.world_size} ({self.nodes} x {self.nproc_per_node})")
+        for name in self.env:
+            _require(bool(_ENV_NAME.match(name)), "env", f"{name!r} is not a valid environment variable name")
+        _require(bool(self.python), "python", "must not be empty")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+    def rank_environment(self) -> dict[str, str]:
+        """Environment added for every rank: safety defaults, the allocator setting, the user's."""
+        environment = dict(DEFAULT_ENV)
+        if self.train.performance.alloc_conf:
+            environment["PYTORCH_ALLOC_CONF"] = self.train.performance.alloc_conf
+        environment.update(self.env)
+        return environment

@@ -1,0 +1,243 @@
+"""Reading a written Perfetto trace back and checking what the merge promises.
+
+Works without `trace_processor_shell`: packets are parsed one at a time with the protobuf classes
+of the perfetto package, and slices are rebuilt the way the trace processor builds them (per track,
+events sorted by timestamp, file order kept between equal timestamps; an end closes the innermost
+open slice).
+
+Checked: every track event names a described track; every interned id (names, categories,
+annotation names) resolves on its sequence; per track, begins and ends balance and no end comes
+before its begin; every flow id joins at least two slices.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+_TRACE_PACKET_FIELD_TAG = (1 << 3) | 2
+_STATE_CLEARED = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+_READ_CHUNK_BYTES = 1 << 20
+
+
+def iter_packets(path: str | Path) -> Iterator[pb.TracePacket]:
+    """The packets of a Perfetto trace file, one at a time (memory bounded by one packet)."""
+    with open(path, "rb") as handle:
+        buffer = b""
+        position = 0
+        while True:
+            packet_bytes, position, buffer = _next_packet_bytes(handle, buffer, position)
+            if packet_bytes is None:
+                return
+            packet = pb.TracePacket()
+            packet.ParseFromString(packet_bytes)
+            yield packet
+
+
+def _next_packet_bytes(handle, buffer: bytes, position: int) -> tuple[bytes | None, int, bytes]:
+    while True:
+        parsed = _try_parse_packet(buffer, position)
+        if parsed is not None:
+            return parsed[0], parsed[1], buffer
+        more = handle.read(_READ_CHUNK_BYTES)
+        if not more:
+            if position < len(buffer):
+                raise ValueError(f"truncated trace: {len(buffer) - position} trailing bytes")
+            return None, position, buffer
+        buffer = buffer[position:] + more
+        position = 0
+
+
+def _try_parse_packet(buffer: bytes, position: int) -> tuple[bytes, int] | None:
+    if position >= len(buffer):
+        return None
+    tag, at = _read_varint(buffer, position)
+    if tag is None:
+        return None
+    if tag != _TRACE_PACKET_FIELD_TAG:
+        raise ValueError(f"unexpected field tag {tag} at byte {position}: not a Perfetto trace")
+    length, at = _read_varint(buffer, at)
+    if length is None or at + length > len(buffer):
+        return None
+    return buffer[at:at + length], at + length
+
+
+def _read_varint(buffer: bytes, position: int) -> tuple[int | None, int]:
+    value, shift = 0, 0
+    while position < len(buffer):
+        byte = buffer[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, position
+        shift += 7
+    return None, position
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RebuiltSlice:
+    track_uuid: int
+    name: str
+    category: str
+    start_ns: int
+    end_ns: int
+    depth: int
+
+
+@dataclass(kw_only=True, slots=True)
+class TrackInfo:
+    uuid: int
+    name: str
+    parent_uuid: int | None
+    pid: int | None
+    order: int | None
+    is_counter: bool
+
+
+@dataclass(kw_only=True)
+class TraceCheck:
+    """What a trace holds and what is wrong with it (`problems` empty when it is sound)."""
+
+    tracks: dict[int, TrackInfo] = field(default_factory=dict)
+    slices: list[RebuiltSlice] = field(default_factory=list)
+    instant_count_by_process: Counter = field(default_factory=Counter)
+    counter_values: dict[int, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))
+    flow_slice_count: Counter = field(default_factory=Counter)
+    """flow id -> number of slices it is attached to."""
+    packet_count: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def processes(self) -> list[TrackInfo]:
+        """Process tracks in the order the UI lists them (explicit order, then pid)."""
+        found = [t for t in self.tracks.values() if t.pid is not None]
+        return sorted(found, key=lambda t: (t.order if t.order is not None else 1 << 31, t.pid))
+
+    def process_of(self, track_uuid: int) -> TrackInfo | None:
+        track = self.tracks.get(track_uuid)
+        while track is not None and track.pid is None:
+            track = self.tracks.get(track.parent_uuid) if track.parent_uuid is not None else None
+        return track
+
+    def slice_count_by_process(self) -> Counter:
+        counts: Counter = Counter()
+        for item in self.slices:
+            process = self.process_of(item.track_uuid)
+            counts[process.name if process else None] += 1
+        return counts
+
+
+@dataclass(kw_only=True)
+class _Interning:
+    names: dict[int, str] = field(default_factory=dict)
+    categories: dict[int, str] = field(default_factory=dict)
+    annotation_names: dict[int, str] = field(default_factory=dict)
+
+    def clear(self) -> None:
+        self.names.clear()
+        self.categories.clear()
+        self.annotation_names.clear()
+
+    def add(self, interned: pb.InternedData) -> None:
+        self.names.update((e.iid, e.name) for e in interned.event_names)
+        self.categories.update((e.iid, e.name) for e in interned.event_categories)
+        self.annotation_names.update((e.iid, e.name) for e in interned.debug_annotation_names)
+
+
+def check_trace(path: str | Path) -> TraceCheck:
+    """Read a Perfetto trace written by the merge and check its invariants."""
+    check = TraceCheck()
+    interning: dict[int, _Interning] = defaultdict(_Interning)
+    events_by_track: dict[int, list[tuple]] = defaultdict(list)
+    for index, packet in enumerate(iter_packets(path)):
+        check.packet_count += 1
+        if packet.HasField("track_descriptor"):
+            _add_track(packet.track_descriptor, check)
+        sequence = interning[packet.trusted_packet_sequence_id]
+        if packet.sequence_flags & _STATE_CLEARED:
+            sequence.clear()
+        if packet.HasField("interned_data"):
+            sequence.add(packet.interned_data)
+        if packet.HasField("track_event"):
+            _add_event(packet, index, sequence, check, events_by_track)
+    for uuid, events in events_by_track.items():
+        _rebuild_track(uuid, events, check)
+    _check_flows(check)
+    return check
+
+
+def _add_track(descriptor: pb.TrackDescriptor, check: TraceCheck) -> None:
+    if descriptor.uuid == 0:
+        return
+    if descriptor.uuid in check.tracks:
+        check.problems.append(f"track {descriptor.uuid} described twice")
+    check.tracks[descriptor.uuid] = TrackInfo(
+        uuid=descriptor.uuid,
+        name=descriptor.name,
+        parent_uuid=descriptor.parent_uuid if descriptor.HasField("parent_uuid") else None,
+        pid=descriptor.process.pid if descriptor.HasField("process") else None,
+        order=descriptor.sibling_order_rank if descriptor.HasField("sibling_order_rank") else None,
+        is_counter=descriptor.HasField("counter"),
+    )
+
+
+def _add_event(packet: pb.TracePacket, index: int, sequence: _Interning, check: TraceCheck,
+               events_by_track: dict[int, list[tuple]]) -> None:
+    event = packet.track_event
+    if event.track_uuid not in check.tracks:
+        check.problems.append(f"packet {index}: track {event.track_uuid} used before it is described")
+    name = _resolve(event.name_iid, sequence.names, "name", index, check) if event.name_iid else event.name
+    categories = [_resolve(iid, sequence.categories, "category", index, check) for iid in event.category_iids]
+    for annotation in event.debug_annotations:
+        if annotation.name_iid:
+            _resolve(annotation.name_iid, sequence.annotation_names, "annotation name", index, check)
+    if event.type == pb.TrackEvent.TYPE_COUNTER:
+        value = event.double_counter_value if event.HasField("double_counter_value") else event.counter_value
+        check.counter_values[event.track_uuid].append((packet.timestamp, value))
+        return
+    events_by_track[event.track_uuid].append(
+        (packet.timestamp, index, event.type, name, ",".join(categories), tuple(event.flow_ids))
+    )
+
+
+def _resolve(iid: int, table: dict[int, str], what: str, index: int, check: TraceCheck) -> str:
+    text = table.get(iid)
+    if text is None:
+        check.problems.append(f"packet {index}: interned {what} id {iid} does not resolve")
+        return f"<unresolved {iid}>"
+    return text
+
+
+def _rebuild_track(uuid: int, events: list[tuple], check: TraceCheck) -> None:
+    events.sort(key=lambda e: e[0])
+    open_slices: list[tuple] = []
+    process = check.process_of(uuid)
+    for timestamp, index, kind, name, category, flow_ids in events:
+        for flow_id in flow_ids:
+            check.flow_slice_count[flow_id] += 1
+        if kind == pb.TrackEvent.TYPE_SLICE_BEGIN:
+            open_slices.append((timestamp, name, category))
+        elif kind == pb.TrackEvent.TYPE_SLICE_END:
+            if not open_slices:
+                check.problems.append(f"packet {index}: slice end on track {uuid} with no open slice")
+                continue
+            start, begun_name, begun_category = open_slices.pop()
+            check.slices.append(RebuiltSlice(track_uuid=uuid, name=begun_name, category=begun_category,
+                                             start_ns=start, end_ns=timestamp, depth=len(open_slices)))
+        elif kind == pb.TrackEvent.TYPE_INSTANT:
+            check.instant_count_by_process[process.name if process else None] += 1
+    for start, name, _ in open_slices:
+        check.problems.append(f"track {uuid}: slice {name!r} begun at {start} never ends")
+
+
+def _check_flows(check: TraceCheck) -> None:
+    for flow_id, count in check.flow_slice_count.items():
+        if count < 2:
+            check.problems.append(f"flow {flow_id} is attached to {count} slice(s); it needs two ends")

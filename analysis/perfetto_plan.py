@@ -137,7 +137,8 @@ class _Grouped:
     counters: dict[tuple, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))
     gpu_threads: dict[tuple, tuple[Any, Any]] = field(default_factory=dict)
     """(pid, tid) -> (device, stream) for tracks that hold device activity."""
-    thread_names: dict[tuple, str] = field(default_factory=dict)
+    thread_names: dict[tuple, list[str]] = field(default_factory=lambda: defaultdict(list))
+    process_names: dict[Any, str] = field(default_factory=dict)
     skipped: Counter = field(default_factory=Counter)
     negative_durations: int = 0
 
@@ -238,9 +239,20 @@ def _add_metadata(event: dict, grouped: _Grouped) -> None:
     args = event.get("args")
     if not isinstance(args, dict):
         return
-    if event.get("name") == "thread_name" and isinstance(args.get("name"), str):
-        # Kineto may name a thread twice (process name first, then its own): the last name wins.
-        grouped.thread_names[_thread_of(event)] = args["name"].strip()
+    name = args.get("name")
+    if not isinstance(name, str):
+        return
+    if event.get("name") == "thread_name":
+        grouped.thread_names[_thread_of(event)].append(name.strip())
+    elif event.get("name") == "process_name":
+        grouped.process_names[_hashable(event.get("pid", ""))] = name.strip()
+
+
+def best_thread_name(names: list[str], process_name: str | None) -> str | None:
+    """Kineto may name a thread twice: `thread 9 (python)` when it starts, `thread 9 (pt_gloo_runloop)`
+    once it renames itself. The last name that is not just the process's name wins."""
+    own = [n for n in names if not process_name or not n.endswith(f"({process_name})")]
+    return (own or names or [None])[-1]
 
 
 def _register_tracks(grouped: _Grouped, tracks: RankTracks) -> None:
@@ -282,7 +294,7 @@ def _track_name(key: TrackKey, thread: tuple, grouped: _Grouped) -> str:
     if kind == "gpu":
         device, stream = grouped.gpu_threads[thread]
         return f"GPU {device} stream {stream}"
-    named = grouped.thread_names.get(thread)
+    named = best_thread_name(grouped.thread_names.get(thread, []), grouped.process_names.get(pid))
     if named:
         return named
     if kind == "cpu":

@@ -290,3 +290,12 @@ def test_checker_catches_an_unbalanced_track(tmp_path):
     problems = check_trace(path).problems
     assert any("never ends" in p for p in problems)
     assert any("track 2 used before it is described" in p for p in problems)
+
+
+def test_a_renamed_thread_keeps_its_own_name():
+    from fleetscope.analysis.perfetto_plan import best_thread_name
+
+    names = ["thread 9 (python)", "thread 9 (pt_gloo_runloop)", "thread 9 (python)"]
+    assert best_thread_name(names, "python") == "thread 9 (pt_gloo_runloop)"
+    assert best_thread_name(["thread 1 (python)"], "python") == "thread 1 (python)"
+    assert best_thread_name([], "python") is None

@@ -1,0 +1,114 @@
+"""`analyze(path)`: traces in, Report out (and JSON / HTML files where asked).
+
+Per-rank work (read, parse, compute) runs in a process pool when there are enough traces; each worker
+returns a compact RankResult, so memory does not grow with the size of the traces held at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+from fleetscope.traces.writer import write_bytes_atomically
+
+from .assemble import build_report, hta_for_window, no_hta
+from .inputs import AnalysisInput, resolve_input
+from .placement import Placement, place_foreign_traces
+from .rank import RankResult, TraceFailure, TraceSource, analyze_trace
+from .report import SOURCE_RUN_DIR, Report
+from .stragglers import DEFAULT_MIN_LATENESS_US
+
+PARALLEL_THRESHOLD = 4
+"""Below this many traces, a process pool costs more than it saves."""
+
+Progress = Callable[[int, int], None]
+"""progress(done, total), called as traces finish."""
+
+
+def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: str | Path | None = None,
+            write_default_outputs: bool = True, use_hta: bool = True, workers: int | None = None,
+            min_lateness_us: float = DEFAULT_MIN_LATENESS_US, progress: Progress | None = None) -> Report:
+    """Analyze a run directory, a directory of Kineto traces, or one trace file.
+
+    Writes the JSON report to `json_out` and the HTML report to `html_out` when given. For a run directory,
+    `write_default_outputs` also writes whichever of them was not given to report/report.json and
+    report/report.html; nothing is ever written into a foreign trace directory unless asked.
+    Raises FileNotFoundError / ValueError when `path` holds no traces at all; unusable traces are
+    reported in `Report.problems` (and make `Report.complete` false), never raised.
+    """
+    inputs = resolve_input(path)
+    outcomes = analyze_sources(inputs.sources, workers=workers, progress=progress)
+    placement = _place(inputs, outcomes)
+    report = build_report(
+        source_path=str(inputs.root),
+        source_kind=inputs.kind,
+        results=placement.results,
+        failures=inputs.failures + placement.failures,
+        missing=placement.missing,
+        world_size=inputs.world_size,
+        notes=inputs.notes + placement.notes,
+        hta=hta_for_window if use_hta else no_hta,
+        min_lateness_us=min_lateness_us,
+    )
+    _write_outputs(report, inputs, json_out, html_out, write_default_outputs)
+    return report
+
+
+def analyze_sources(sources: list[TraceSource], *, workers: int | None = None,
+                    progress: Progress | None = None) -> list[RankResult | TraceFailure]:
+    """analyze_trace over every source, in parallel when worthwhile; results in input order."""
+    workers = workers or min(len(sources), os.cpu_count() or 1)
+    if len(sources) < PARALLEL_THRESHOLD or workers <= 1:
+        return _with_progress(map(analyze_trace, sources), len(sources), progress)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return _with_progress(pool.map(analyze_trace, sources, chunksize=1), len(sources), progress)
+
+
+def _with_progress(outcomes, total: int, progress: Progress | None) -> list:
+    collected = []
+    for outcome in outcomes:
+        collected.append(outcome)
+        if progress is not None:
+            progress(len(collected), total)
+    return collected
+
+
+def _place(inputs: AnalysisInput, outcomes: list[RankResult | TraceFailure]) -> Placement:
+    results = [o for o in outcomes if isinstance(o, RankResult)]
+    failures = [o for o in outcomes if isinstance(o, TraceFailure)]
+    if inputs.kind == SOURCE_RUN_DIR:
+        placement = Placement(results=results, missing=list(inputs.missing))
+    else:
+        placement = place_foreign_traces(results)
+    placement.failures = failures + placement.failures
+    return placement
+
+
+def _write_outputs(report: Report, inputs: AnalysisInput, json_out, html_out, write_defaults: bool) -> None:
+    if write_defaults and inputs.layout is not None:
+        json_out = json_out or inputs.layout.report_json
+        html_out = html_out or inputs.layout.report_html
+    if json_out is not None:
+        write_report_json(report, Path(json_out))
+    if html_out is not None:
+        from .render_html import render_html
+
+        write_bytes_atomically(render_html(report).encode(), Path(html_out))
+
+
+def write_report_json(report: Report, path: Path) -> Path:
+    text = json.dumps(report.to_json(), indent=1, allow_nan=False) + "\n"
+    write_bytes_atomically(text.encode(), path)
+    return path
+
+
+def load_report_json(path: str | Path) -> Report:
+    """Read a report JSON written by `analyze` (any path)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: cannot read report: {error}") from error
+    return Report.from_json(data)

@@ -1,0 +1,111 @@
+"""Collective calls of one rank, keyed so the same collective can be found on every rank.
+
+A collective instance is identified by `(step, name, ordinal)`: the ordinal-th collective of that name issued
+during that step. Every rank issues a process group's collectives in the same order, so the key matches
+across ranks without relying on clocks.
+
+Where a rank's collective time comes from, by what the trace holds:
+  - GPU traces: communication kernels (`ncclKernel_*`, `ncclDevKernel_*`); start = when the GPU reached the
+    collective (an early rank's kernel starts early and spins until the last rank arrives), end = when data
+    was exchanged. The step is the one that launched the kernel (CUDA correlation), else the one it ran in.
+  - gloo traces: `gloo:*` spans on the `pt_gloo_runloop` threads.
+  - otherwise: host collective ops (`c10d::*`, functional collectives).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .events import NO_ID, Kind, TraceEvents
+from .names import collective_name, is_comm_kernel, is_gloo_span
+from .steps import StepTiming
+
+SOURCE_NCCL = "nccl kernels"
+SOURCE_GLOO = "gloo spans"
+SOURCE_HOST = "host collective ops"
+NO_STEP = -1
+
+CollectiveKey = tuple[int, str, int]
+"""(step or NO_STEP, collective name, ordinal of that name within the step)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveCalls:
+    """One rank's collectives in issue order; times in the trace's own clock (microseconds)."""
+
+    source: str | None
+    keys: list[CollectiveKey]
+    start_us: np.ndarray
+    end_us: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @classmethod
+    def none(cls) -> "CollectiveCalls":
+        return cls(source=None, keys=[], start_us=np.empty(0), end_us=np.empty(0))
+
+
+def find_collectives(events: TraceEvents, steps: list[StepTiming]) -> CollectiveCalls:
+    """The rank's collective calls from the best source its trace offers."""
+    kernels = events.of_kind(Kind.KERNEL) & events.names_matching(is_comm_kernel)
+    if kernels.any():
+        return _keyed(events, kernels, _launch_times(events, kernels), steps, SOURCE_NCCL)
+    gloo = events.names_matching(is_gloo_span)
+    if gloo.any():
+        return _keyed(events, gloo, events.start_us[gloo], steps, SOURCE_GLOO)
+    host = events.of_kind(Kind.CPU_OP) & events.names_matching(_is_host_collective)
+    if host.any():
+        return _keyed(events, host, events.start_us[host], steps, SOURCE_HOST)
+    return CollectiveCalls.none()
+
+
+def _is_host_collective(name: str) -> bool:
+    issued = name.startswith(("c10d::", "_c10d_functional::", "c10d_functional::"))
+    return issued and "wait" not in name
+
+
+def _keyed(events: TraceEvents, mask: np.ndarray, issue_us: np.ndarray,
+           steps: list[StepTiming], source: str) -> CollectiveCalls:
+    indices = np.flatnonzero(mask)
+    order = np.argsort(issue_us, kind="stable")
+    indices, issue_us = indices[order], issue_us[order]
+    step_of = _step_numbers(issue_us, steps)
+    counts: dict[tuple[int, str], int] = {}
+    keys = []
+    for index, step in zip(indices, step_of):
+        name = collective_name(events.names[events.name_id[index]])
+        ordinal = counts.get((step, name), 0)
+        counts[(step, name)] = ordinal + 1
+        keys.append((int(step), name, ordinal))
+    return CollectiveCalls(source=source, keys=keys, start_us=events.start_us[indices].copy(),
+                           end_us=events.end_us[indices].copy())
+
+
+def _step_numbers(times_us: np.ndarray, steps: list[StepTiming]) -> np.ndarray:
+    """The step whose host range contains each time; NO_STEP outside every step."""
+    if not steps:
+        return np.full(times_us.size, NO_STEP, dtype=np.int64)
+    starts = np.asarray([s.start_us for s in steps])
+    ends = np.asarray([s.end_us for s in steps])
+    numbers = np.asarray([s.step for s in steps], dtype=np.int64)
+    slot = np.searchsorted(starts, times_us, side="right") - 1
+    inside = (slot >= 0) & (times_us < ends[np.clip(slot, 0, None)])
+    return np.where(inside, numbers[np.clip(slot, 0, None)], NO_STEP)
+
+
+def _launch_times(events: TraceEvents, kernels: np.ndarray) -> np.ndarray:
+    """Host launch time of each selected kernel via its CUDA correlation id; its own start when unknown."""
+    own_start = events.start_us[kernels]
+    launches = events.of_kind(Kind.CUDA_RUNTIME) & (events.correlation != NO_ID)
+    if not launches.any():
+        return own_start
+    launch_ids, launch_starts = events.correlation[launches], events.start_us[launches]
+    order = np.argsort(launch_ids, kind="stable")
+    launch_ids, launch_starts = launch_ids[order], launch_starts[order]
+    wanted = events.correlation[kernels]
+    slot = np.clip(np.searchsorted(launch_ids, wanted), 0, launch_ids.size - 1)
+    found = (launch_ids[slot] == wanted) & (wanted != NO_ID)
+    return np.where(found, launch_starts[slot], own_start)

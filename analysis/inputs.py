@@ -1,0 +1,101 @@
+"""What to analyze: the trace files behind a path, with what is known about them before reading.
+
+A path is one of:
+  - a fleetscope run directory (manifest.json, or traces/ from which a manifest is built in memory;
+    nothing is written);
+  - any directory of Kineto trace files (`*.json`, `*.json.gz`, searched recursively; a `window<N>`
+    folder names the window);
+  - a single trace file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleetscope.traces.gather import build_manifest
+from fleetscope.traces.kineto import find_trace_files
+from fleetscope.traces.layout import WINDOW_RE, RunLayout
+from fleetscope.traces.manifest import Manifest, TraceRecord, load_manifest
+
+from .rank import TraceFailure, TraceSource
+from .report import SOURCE_RUN_DIR, SOURCE_TRACE_DIR, SOURCE_TRACE_FILE, MissingTrace
+
+
+@dataclass(kw_only=True)
+class AnalysisInput:
+    root: Path
+    kind: str
+    """run_dir, trace_dir or trace_file."""
+    sources: list[TraceSource]
+    failures: list[TraceFailure] = field(default_factory=list)
+    """Files already known to be unusable (from the manifest)."""
+    missing: list[MissingTrace] = field(default_factory=list)
+    world_size: int | None = None
+    notes: list[str] = field(default_factory=list)
+    layout: RunLayout | None = None
+
+
+def resolve_input(path: str | Path) -> AnalysisInput:
+    """Find the traces behind `path`; raises FileNotFoundError / ValueError for a path that holds none."""
+    root = Path(path).expanduser().absolute()
+    if not root.exists():
+        raise FileNotFoundError(f"{root}: no such file or directory")
+    if root.is_file():
+        return AnalysisInput(root=root, kind=SOURCE_TRACE_FILE,
+                             sources=[TraceSource(path=root, label=root.name, window=None)])
+    layout = RunLayout.at(root)
+    if layout.manifest_file.is_file() or layout.traces_dir.is_dir():
+        return _run_dir_input(layout)
+    return _trace_dir_input(root)
+
+
+def _run_dir_input(layout: RunLayout) -> AnalysisInput:
+    if layout.manifest_file.is_file():
+        manifest, notes = load_manifest(layout), []
+    else:
+        manifest = build_manifest(layout)
+        notes = ["no manifest.json: traces were verified in memory (run `fleetscope gather` to write one)"]
+    records, superseded = _latest_attempts(manifest.traces)
+    if superseded:
+        notes.append(f"{len(superseded)} trace(s) from earlier attempts of a requeued job were not analyzed")
+    sources = [
+        TraceSource(path=manifest.resolve(r), label=r.path, window=r.window, rank=r.rank, host=r.host)
+        for r in records
+    ]
+    failures = [TraceFailure(label=p.path, window=p.window, rank=p.rank, reason=p.reason) for p in manifest.problems]
+    return AnalysisInput(
+        root=layout.root, kind=SOURCE_RUN_DIR, sources=sources, failures=failures,
+        missing=[MissingTrace(rank=m.rank, window=m.window) for m in manifest.missing],
+        world_size=manifest.world_size, notes=notes, layout=layout,
+    )
+
+
+def _latest_attempts(records: list[TraceRecord]) -> tuple[list[TraceRecord], list[TraceRecord]]:
+    """Per (window, rank), the trace of the latest attempt, and the ones it replaces."""
+    latest: dict[tuple[int | None, int], TraceRecord] = {}
+    for record in records:
+        key = (record.window, record.rank)
+        if key not in latest or record.attempt > latest[key].attempt:
+            latest[key] = record
+    kept = set(id(r) for r in latest.values())
+    return list(latest.values()), [r for r in records if id(r) not in kept]
+
+
+def _trace_dir_input(root: Path) -> AnalysisInput:
+    files = find_trace_files(root)
+    if not files:
+        raise ValueError(f"{root}: no trace files (*.json, *.json.gz) found")
+    sources = [
+        TraceSource(path=f, label=f.relative_to(root).as_posix(), window=_window_of(f, root))
+        for f in files
+    ]
+    return AnalysisInput(root=root, kind=SOURCE_TRACE_DIR, sources=sources)
+
+
+def _window_of(path: Path, root: Path) -> int | None:
+    for part in path.relative_to(root).parts[:-1]:
+        match = WINDOW_RE.match(part)
+        if match:
+            return int(match["index"])
+    return None

@@ -1,0 +1,55 @@
+"""What an event name means: communication or computation, steps and training phases.
+
+Every rule that decides from a name lives here, so the analyses agree with each other.
+"""
+
+from __future__ import annotations
+
+import re
+
+PROFILER_STEP_PREFIX = "ProfilerStep#"
+TRAIN_STEP = "train_step"
+PHASES = ("train_step", "forward", "backward", "optimizer_step")
+"""record_function ranges fleetscope's trainer emits inside every step."""
+
+# Old NCCL builds name kernels ncclKernel_<Op>_..., current ones ncclDevKernel_<Op>_...;
+# RCCL keeps the NCCL names.
+_NCCL_KERNEL_RE = re.compile(r"^nccl(?:Dev)?Kernel_?(?P<op>[A-Za-z]+)?")
+_CPU_COMM_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::", "nccl:", "gloo:")
+_CPU_COMM_NAMES = frozenset({"record_param_comms"})
+GLOO_SPAN_PREFIX = "gloo:"
+
+
+def is_comm_kernel(name: str) -> bool:
+    """A GPU kernel that communicates (NCCL/RCCL, old and new kernel names)."""
+    return name.startswith("nccl")
+
+
+def is_comm_cpu_op(name: str) -> bool:
+    """A host-side collective: c10d ops, functional collectives, NCCL/gloo annotations."""
+    return name.startswith(_CPU_COMM_PREFIXES) or name in _CPU_COMM_NAMES
+
+
+def is_gloo_span(name: str) -> bool:
+    """The span gloo records on its `pt_gloo_runloop` thread while a collective runs."""
+    return name.startswith(GLOO_SPAN_PREFIX)
+
+
+def profiler_step_number(name: str) -> int | None:
+    """N of a `ProfilerStep#N` annotation, else None."""
+    if not name.startswith(PROFILER_STEP_PREFIX):
+        return None
+    digits = name[len(PROFILER_STEP_PREFIX):]
+    return int(digits) if digits.isdigit() else None
+
+
+def collective_name(name: str) -> str:
+    """The name that identifies a collective across ranks.
+
+    NCCL kernel names carry the algorithm, protocol and template arguments, which need not be the same on
+    every rank; the operation (`AllReduce`, `AllGather`, ...) is. Host-side names are already uniform.
+    """
+    match = _NCCL_KERNEL_RE.match(name)
+    if match is None:
+        return name
+    return f"nccl:{match['op'] or 'Kernel'}"

@@ -1,0 +1,123 @@
+"""Giving every analyzed trace its rank and window, and finding what is missing or duplicated.
+
+Run directories arrive fully placed (the manifest knows rank and window). Foreign directories need work:
+  - a trace without `distributedInfo` and without `rank<N>` in its name gets the lowest free rank number
+    (in file-name order);
+  - a rank with several traces whose times do not overlap (torch's `tensorboard_trace_handler` writes one
+    file per profiling cycle) is split into successive windows 0, 1, ... by time;
+  - a rank with two traces that overlap in time is a duplicate: the first (by file name) is kept, the
+    other is reported.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from .rank import RANK_FROM_ORDER, RankResult, TraceFailure
+from .report import MissingTrace
+
+
+@dataclass(kw_only=True)
+class Placement:
+    results: list[RankResult]
+    failures: list[TraceFailure] = field(default_factory=list)
+    missing: list[MissingTrace] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def place_foreign_traces(results: list[RankResult]) -> Placement:
+    """Ranks and windows for traces from a directory fleetscope did not write."""
+    numbered, notes = _number_unranked(results)
+    placement = _split_windows(numbered)
+    placement.notes = notes + placement.notes
+    placement.missing = missing_ranks(placement.results, _world_size(placement.results))
+    return placement
+
+
+def _number_unranked(results: list[RankResult]) -> tuple[list[RankResult], list[str]]:
+    unranked = sorted((r for r in results if r.rank is None), key=lambda r: r.label)
+    if not unranked:
+        return results, []
+    taken = {r.rank for r in results if r.rank is not None}
+    free = (n for n in range(len(results) + len(taken)) if n not in taken)
+    renumbered = {id(r): r.with_placement(rank=next(free), rank_source=RANK_FROM_ORDER, window=r.window)
+                  for r in unranked}
+    note = (f"{len(unranked)} trace(s) name no rank (no distributedInfo, no rank<N> in the file name): "
+            "numbered in file-name order")
+    return [renumbered.get(id(r), r) for r in results], [note]
+
+
+def _split_windows(results: list[RankResult]) -> Placement:
+    placement = Placement(results=[])
+    by_key: dict[tuple[int | None, int], list[RankResult]] = defaultdict(list)
+    for result in results:
+        by_key[(result.window, result.rank)].append(result)
+    split_any = False
+    for (window, rank), group in sorted(by_key.items(), key=lambda kv: (-1 if kv[0][0] is None else kv[0][0], kv[0][1])):
+        kept, duplicates = _successive(group)
+        placement.failures += duplicates
+        if len(kept) > 1 and window is None:
+            split_any = True
+            kept = [r.with_placement(rank=rank, rank_source=r.rank_source, window=i) for i, r in enumerate(kept)]
+        placement.results += kept[:1] if window is not None else kept
+        placement.failures += _extra_in_window(kept, window)
+    if split_any:
+        placement.results = [r if r.window is not None else
+                             r.with_placement(rank=r.rank, rank_source=r.rank_source, window=0)
+                             for r in placement.results]
+        placement.notes.append("ranks with several traces were split into successive windows by time")
+    return placement
+
+
+def _successive(group: list[RankResult]) -> tuple[list[RankResult], list[TraceFailure]]:
+    """Traces of one rank sorted by time; those overlapping an earlier one are duplicates."""
+    ordered = sorted(group, key=lambda r: (_start(r), r.label))
+    kept: list[RankResult] = []
+    duplicates = []
+    for result in ordered:
+        clash = next((k for k in kept if _overlaps(k, result)), None)
+        if clash is None:
+            kept.append(result)
+        else:
+            duplicates.append(TraceFailure(label=result.label, window=result.window, rank=result.rank,
+                                           reason=f"duplicate rank {result.rank}: {clash.label} covers the same time"))
+    return kept, duplicates
+
+
+def _extra_in_window(kept: list[RankResult], window: int | None) -> list[TraceFailure]:
+    """Inside a named window folder a rank has one trace; later ones are reported, not analyzed."""
+    if window is None or len(kept) < 2:
+        return []
+    return [TraceFailure(label=r.label, window=window, rank=r.rank,
+                         reason=f"duplicate rank {r.rank} in window {window}: {kept[0].label} analyzed instead")
+            for r in kept[1:]]
+
+
+def _start(result: RankResult) -> float:
+    return result.absolute_us(result.first_start_us) if result.first_start_us is not None else float("inf")
+
+
+def _overlaps(a: RankResult, b: RankResult) -> bool:
+    if a.first_start_us is None or b.first_start_us is None:
+        return False
+    a_start, a_end = a.absolute_us(a.first_start_us), a.absolute_us(a.last_end_us)
+    b_start, b_end = b.absolute_us(b.first_start_us), b.absolute_us(b.last_end_us)
+    return a_start < b_end and b_start < a_end
+
+
+def _world_size(results: list[RankResult]) -> int | None:
+    sizes = [r.world_size for r in results if r.world_size]
+    return max(sizes) if sizes else None
+
+
+def missing_ranks(results: list[RankResult], world_size: int | None) -> list[MissingTrace]:
+    """Ranks below world_size with no analyzed trace, per window."""
+    if not world_size:
+        return []
+    present: dict[int | None, set[int]] = defaultdict(set)
+    for result in results:
+        present[result.window].add(result.rank)
+    return [MissingTrace(rank=rank, window=window)
+            for window in sorted(present, key=lambda w: -1 if w is None else w)
+            for rank in range(world_size) if rank not in present[window]]

@@ -1,0 +1,132 @@
+"""Everything computed from one rank's trace file, in one call that a worker process can run.
+
+The event table stays inside the worker; only the compact result (steps, utilization, collective times)
+travels back, which keeps the parent's memory flat in the number of ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetscope.traces.kineto import TraceReadError, decode_trace, distributed_rank, read_raw
+
+from .collectives import CollectiveCalls, find_collectives
+from .events import extract_events
+from .steps import StepTiming, find_steps
+from .utilization import Utilization, measure_utilization
+
+RANK_FROM_MANIFEST = "manifest"
+RANK_FROM_TRACE = "distributedInfo"
+RANK_FROM_FILE_NAME = "file name"
+RANK_FROM_ORDER = "file order"
+
+_RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceSource:
+    """A trace file to analyze and what is known about it before opening it."""
+
+    path: Path
+    label: str
+    """How reports name the file (relative to the analyzed directory)."""
+    window: int | None
+    rank: int | None = None
+    """Rank known from the manifest; None to take it from the trace or its file name."""
+    host: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankResult:
+    """The analysis of one rank's trace in one window."""
+
+    label: str
+    path: str
+    window: int | None
+    rank: int | None
+    """None until resolved: no manifest, no distributedInfo and no rank in the file name."""
+    rank_source: str
+    host: str
+    world_size: int | None
+    backend: str | None
+    base_time_ns: int
+    """The trace's `baseTimeNanoseconds`: event times are microseconds after it."""
+    event_count: int
+    dropped_events: dict[str, int]
+    first_start_us: float | None
+    """Earliest event start (trace clock); None for a trace without complete events."""
+    last_end_us: float | None
+    has_gpu: bool
+    steps: list[StepTiming]
+    step_source: str | None
+    utilization: Utilization | None
+    collectives: CollectiveCalls
+
+    def absolute_us(self, trace_us: float) -> float:
+        """A trace time as microseconds since the epoch on this rank's own clock."""
+        return self.base_time_ns / 1000.0 + trace_us
+
+    def with_placement(self, *, rank: int, rank_source: str, window: int | None) -> "RankResult":
+        return dataclasses.replace(self, rank=rank, rank_source=rank_source, window=window)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceFailure:
+    """A trace that could not be analyzed, and why."""
+
+    label: str
+    window: int | None
+    rank: int | None
+    reason: str
+
+
+def analyze_trace(source: TraceSource) -> RankResult | TraceFailure:
+    """Read, parse and analyze one trace file; a bad file becomes a TraceFailure, never an exception."""
+    try:
+        document = decode_trace(read_raw(source.path), source.path)
+    except TraceReadError as error:
+        return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=error.reason)
+    trace_rank, world_size = distributed_rank(document)
+    rank, rank_source = _resolve_rank(source, trace_rank)
+    events = extract_events(document)
+    steps, step_source = find_steps(events)
+    info = document.get("distributedInfo")
+    return RankResult(
+        label=source.label,
+        path=str(source.path),
+        window=source.window,
+        rank=rank,
+        rank_source=rank_source,
+        host=str(document.get("host_name") or source.host or "unknown-host"),
+        world_size=world_size,
+        backend=info.get("backend") if isinstance(info, dict) else None,
+        base_time_ns=_base_time_ns(document),
+        event_count=len(events),
+        dropped_events=dict(events.dropped),
+        first_start_us=float(events.start_us.min()) if len(events) else None,
+        last_end_us=float(events.end_us.max()) if len(events) else None,
+        has_gpu=events.has_gpu_activity,
+        steps=steps,
+        step_source=step_source,
+        utilization=measure_utilization(events, steps),
+        collectives=find_collectives(events, steps),
+    )
+
+
+def _resolve_rank(source: TraceSource, trace_rank: int | None) -> tuple[int | None, str]:
+    if source.rank is not None:
+        return source.rank, RANK_FROM_MANIFEST
+    if trace_rank is not None:
+        return trace_rank, RANK_FROM_TRACE
+    match = _RANK_IN_NAME_RE.search(source.path.name)
+    if match:
+        return int(match.group(1)), RANK_FROM_FILE_NAME
+    return None, RANK_FROM_ORDER
+
+
+def _base_time_ns(document: dict) -> int:
+    base = document.get("baseTimeNanoseconds")
+    return base if isinstance(base, int) and not isinstance(base, bool) and 0 <= base < 2**63 else 0

@@ -1,0 +1,196 @@
+"""The self-contained HTML report: one file, inline CSS and SVG, nothing fetched when opened."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from html import escape
+from typing import Any
+
+from . import svg
+from .report import RankSummary, Report, WindowReport
+from .utilization import Utilization
+
+HTA_ROWS_SHOWN = 20
+_LEFT = ' class="l"'
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
+h1{font-size:20px}h2{font-size:16px;margin-top:28px;border-bottom:1px solid #ddd}h3{font-size:14px}
+table{border-collapse:collapse;font-size:12px;margin:8px 0}
+td,th{border:1px solid #ddd;padding:3px 6px;text-align:right}th{background:#f4f4f4}
+td.l,th.l{text-align:left}.bad{color:#b00020;font-weight:600}.ok{color:#1b7f3b;font-weight:600}
+.note{color:#555;font-size:12px}.scroll{overflow-x:auto}
+"""
+
+BREAKDOWN_COLORS = {
+    "compute": svg.PALETTE[0],
+    "comm hidden": svg.PALETTE[3],
+    "comm exposed": svg.PALETTE[2],
+    "memory only": svg.PALETTE[5],
+    "idle": "#cccccc",
+}
+
+
+def render_html(report: Report) -> str:
+    """The whole report as one HTML document."""
+    body = [
+        _header(report),
+        _problems(report),
+        _rank_table(report.ranks),
+        _breakdown_section(report),
+        _step_heatmap(report),
+        _straggler_section(report),
+        _hta_section(report),
+    ]
+    title = escape(f"fleetscope report: {report.source_path}")
+    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{title}</title>"
+            f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")
+
+
+def _header(report: Report) -> str:
+    state = '<span class="ok">complete</span>' if report.complete else '<span class="bad">partial</span>'
+    steps = report.step_time
+    step_line = (f"step time: mean {steps.mean_ms:.2f} ms, median {steps.median_ms:.2f} ms, "
+                 f"max {steps.max_ms:.2f} ms over {steps.count} rank-steps") if steps else "no step annotations"
+    return (f"<h1>fleetscope report</h1><p>{escape(report.source_path)} ({escape(report.source_kind)}), "
+            f"{state}; world size {report.world_size or '?'}, {len(report.ranks)} rank(s), "
+            f"{len(report.windows)} window(s); created {escape(report.created_at)}</p>"
+            f"<p><b>Verdict:</b> {escape(report.verdict)}</p><p>{escape(step_line)}</p>")
+
+
+def _problems(report: Report) -> str:
+    rows = [[p.label, _opt(p.rank), _opt(p.window), p.reason] for p in report.problems]
+    rows += [["(no trace)", str(m.rank), _opt(m.window), "missing"] for m in report.missing]
+    notes = report.notes + [f"window {_opt(w.window)}: {n}" for w in report.windows for n in w.notes]
+    html = ""
+    if rows:
+        html += "<h2>Problems</h2>" + _table(["file", "rank", "window", "reason"], rows, left=(0, 3))
+    if notes:
+        html += "<h2>Notes</h2><ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>"
+    return html
+
+
+def _rank_table(ranks: list[RankSummary]) -> str:
+    header = ["rank", "host", "steps", "mean ms", "median ms", "max ms", "busy %", "idle %", "comm %",
+              "overlap %", "basis"]
+    rows = [[str(s.rank), s.host, str(s.step_time.count if s.step_time else 0),
+             _f(s.step_time.mean_ms if s.step_time else None, 2), _f(s.step_time.median_ms if s.step_time else None, 2),
+             _f(s.step_time.max_ms if s.step_time else None, 2), _f(s.busy_pct), _f(s.idle_pct), _f(s.comm_pct),
+             _f(s.overlap_pct), s.basis or "-"] for s in ranks]
+    return ("<h2>Ranks</h2><p class=\"note\">Definitions: busy/idle/comm are shares of the profiled steps' "
+            "span; overlap is the share of communication time hidden behind computation.</p>"
+            + _table(header, rows, left=(1,)))
+
+
+def _breakdown_section(report: Report) -> str:
+    parts = ["<h2>Where the time went</h2>"]
+    for window in report.windows:
+        rows = [(f"rank {r.rank}", breakdown_segments(r.utilization)) for r in window.ranks if r.utilization]
+        if rows:
+            parts.append(f"<h3>window {_opt(window.window)} (ms)</h3>")
+            parts.append(svg.stacked_bars(rows, unit="ms", colors=BREAKDOWN_COLORS))
+    return "".join(parts) if len(parts) > 1 else ""
+
+
+def breakdown_segments(u: Utilization) -> list[svg.Segment]:
+    """Disjoint parts of the span (ms) that add up to it: see utilization.py for the sets."""
+    compute_or_comm = u.compute_us + u.comm_us - u.overlap_us
+    values_us = {
+        "compute": u.compute_us - u.overlap_us,
+        "comm hidden": u.overlap_us,
+        "comm exposed": u.exposed_comm_us,
+        "memory only": max(u.busy_us - compute_or_comm, 0.0),
+        "idle": u.idle_us,
+    }
+    return [svg.Segment(name, value / 1000.0) for name, value in values_us.items()]
+
+
+def _step_heatmap(report: Report) -> str:
+    columns = [(w.window, step) for w in report.windows for step in w.steps]
+    if not columns:
+        return ""
+    times: dict[int, dict[tuple[int | None, int], float]] = defaultdict(dict)
+    for window in report.windows:
+        for rank in window.ranks:
+            for step in rank.steps:
+                times[rank.rank][(window.window, step.step)] = step.step_time_ms
+    ranks = sorted(times)
+    values = [[times[r].get(c) for c in columns] for r in ranks]
+    labels = [f"s{s}" if w is None else f"w{w} s{s}" for w, s in columns]
+    return ("<h2>Step time, rank x step (ms)</h2>"
+            + svg.heatmap([f"rank {r}" for r in ranks], labels, values, unit="ms"))
+
+
+def _straggler_section(report: Report) -> str:
+    parts = ["<h2>Stragglers</h2>"]
+    for window in report.windows:
+        parts.append(_window_stragglers(window))
+    return "".join(parts)
+
+
+def _window_stragglers(window: WindowReport) -> str:
+    s = window.stragglers
+    html = f"<h3>window {_opt(window.window)}</h3><p>{escape(s.verdict)}</p>"
+    if s.by_step_time:
+        ordered = sorted(s.by_step_time, key=lambda r: r.rank)
+        html += "<p class=\"note\">Mean step time per rank (ms); red: slowest</p>" + svg.bars(
+            [f"rank {r.rank}" for r in ordered], [r.mean_step_ms for r in ordered], unit="ms",
+            highlight=f"rank {s.slowest_rank}")
+    if s.by_wait:
+        ordered = sorted(s.by_wait, key=lambda w: w.rank)
+        html += (f"<p class=\"note\">Waiting each rank caused at {s.matched_collectives} matched collectives "
+                 f"({escape(s.collective_source or '')}; lateness counted from {s.min_lateness_us:.0f} us), ms</p>"
+                 + svg.bars([f"rank {w.rank}" for w in ordered], [w.caused_wait_us / 1000 for w in ordered],
+                            unit="ms", highlight=f"rank {s.waited_for_rank}"))
+        rows = [[str(i.step), i.name, str(i.ordinal), str(i.last_rank), _f(i.lateness_us / 1000, 3),
+                 _f(i.arrival_spread_us / 1000, 3), _f(i.end_spread_us / 1000, 3), str(i.participants)]
+                for i in s.worst_instances]
+        html += _table(["step", "collective", "#", "last rank", "late by ms", "arrival spread ms",
+                        "end spread ms", "ranks"], rows, left=(1,))
+    return html
+
+
+def _hta_section(report: Report) -> str:
+    parts = ["<h2>HTA (Holistic Trace Analysis)</h2>"]
+    for window in report.windows:
+        hta = window.hta
+        parts.append(f"<h3>window {_opt(window.window)}: {escape(hta.status)}</h3>")
+        if hta.reason:
+            parts.append(f"<p>{escape(hta.reason)}</p>")
+        for name, error in sorted(hta.errors.items()):
+            parts.append(f"<p class=\"bad\">{escape(name)}: {escape(error)}</p>")
+        for name, rows in hta.tables.items():
+            parts.append(f"<h3>{escape(name)}</h3>" + _records_table(rows))
+    return "".join(parts)
+
+
+def _records_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p class=\"note\">(empty)</p>"
+    header = list(rows[0])
+    shown = rows[:HTA_ROWS_SHOWN]
+    body = [[_cell(row.get(k)) for k in header] for row in shown]
+    more = f"<p class=\"note\">{len(rows) - len(shown)} more rows in the JSON report</p>" if len(rows) > len(shown) else ""
+    return "<div class=\"scroll\">" + _table(header, body, left=tuple(range(len(header)))) + "</div>" + more
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+def _table(header: list[str], rows: list[list[str]], *, left: tuple[int, ...] = ()) -> str:
+    def cells(tag: str, values: list[str]) -> str:
+        return "".join(f"<{tag}{_LEFT if i in left else ''}>{escape(v)}</{tag}>" for i, v in enumerate(values))
+
+    return ("<table><tr>" + cells("th", header) + "</tr>"
+            + "".join("<tr>" + cells("td", row) + "</tr>" for row in rows) + "</table>")
+
+
+def _f(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _opt(value: int | None) -> str:
+    return "-" if value is None else str(value)

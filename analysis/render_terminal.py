@@ -1,0 +1,114 @@
+"""The terminal summary of a Report: plain text, fixed-width tables, no colors."""
+
+from __future__ import annotations
+
+from .report import Report, WindowReport
+
+MAX_RANK_ROWS = 32
+"""Beyond this many ranks the table shows the slowest and fastest ones."""
+WORST_COLLECTIVES_SHOWN = 3
+
+
+def render_terminal(report: Report) -> str:
+    """A summary of the report for a terminal (ends with a newline)."""
+    sections = [
+        _header(report),
+        _rank_table(report),
+        _stragglers(report),
+        _hta_lines(report),
+        _problems(report),
+        _listed("Notes", report.notes + [f"window {_w(w.window)}: {n}" for w in report.windows for n in w.notes]),
+    ]
+    return "\n\n".join(s for s in sections if s) + "\n"
+
+
+def _w(window: int | None) -> str:
+    return "-" if window is None else str(window)
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _header(report: Report) -> str:
+    state = "complete" if report.complete else "PARTIAL"
+    steps = report.step_time
+    lines = [
+        f"fleetscope analysis of {report.source_path} ({report.source_kind.replace('_', ' ')}): {state}",
+        f"world size {report.world_size or '?'} | {len(report.windows)} window(s) | "
+        f"{len(report.ranks)} rank(s) analyzed"
+        + (f" | step time mean {steps.mean_ms:.2f} ms, median {steps.median_ms:.2f} ms over {steps.count} steps"
+           if steps else ""),
+        f"verdict: {report.verdict}",
+    ]
+    return "\n".join(lines)
+
+
+_COLUMNS = ("rank", "host", "steps", "mean ms", "median ms", "max ms", "busy %", "idle %", "comm %",
+            "overlap %", "basis")
+
+
+def _rank_table(report: Report) -> str:
+    if not report.ranks:
+        return ""
+    ranks = _shown_ranks(report)
+    rows = [_COLUMNS] + [_rank_row(s) for s in ranks]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(cell.rjust(w) if i != 1 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    if len(ranks) < len(report.ranks):
+        lines.append(f"... {len(report.ranks) - len(ranks)} more ranks in the JSON/HTML report")
+    return "Per rank (all windows)\n" + "\n".join(lines)
+
+
+def _shown_ranks(report: Report):
+    if len(report.ranks) <= MAX_RANK_ROWS:
+        return report.ranks
+    by_mean = sorted(report.ranks, key=lambda s: -(s.step_time.mean_ms if s.step_time else 0.0))
+    half = MAX_RANK_ROWS // 2
+    return sorted(by_mean[:half] + by_mean[-half:], key=lambda s: s.rank)
+
+
+def _rank_row(summary) -> tuple[str, ...]:
+    steps = summary.step_time
+    return (
+        str(summary.rank), summary.host[:20], str(steps.count if steps else 0),
+        _num(steps.mean_ms if steps else None, 2), _num(steps.median_ms if steps else None, 2),
+        _num(steps.max_ms if steps else None, 2), _num(summary.busy_pct), _num(summary.idle_pct),
+        _num(summary.comm_pct), _num(summary.overlap_pct), summary.basis or "-",
+    )
+
+
+def _stragglers(report: Report) -> str:
+    lines = []
+    for window in report.windows:
+        lines.append(f"window {_w(window.window)}: {window.stragglers.verdict}")
+        lines += _worst_collectives(window)
+    return "Stragglers\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
+
+
+def _worst_collectives(window: WindowReport) -> list[str]:
+    threshold = window.stragglers.min_lateness_us
+    worst = [i for i in window.stragglers.worst_instances if i.lateness_us >= threshold][:WORST_COLLECTIVES_SHOWN]
+    return [f"  step {i.step} {i.name} #{i.ordinal}: rank {i.last_rank} arrived {i.lateness_us / 1000:.2f} ms "
+            f"after the others ({i.participants} ranks)" for i in worst]
+
+
+def _hta_lines(report: Report) -> str:
+    lines = []
+    for window in report.windows:
+        hta = window.hta
+        detail = hta.reason or ", ".join(sorted(hta.tables))
+        lines.append(f"window {_w(window.window)}: HTA {hta.status}: {detail}")
+        lines += [f"  {name} failed: {error}" for name, error in sorted(hta.errors.items())]
+    return "HTA\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
+
+
+def _problems(report: Report) -> str:
+    lines = [f"{p.label}: {p.reason}" for p in report.problems]
+    lines += [f"rank {m.rank} window {_w(m.window)}: no trace" for m in report.missing]
+    return _listed("Problems (the analysis is partial)", lines)
+
+
+def _listed(title: str, lines: list[str]) -> str:
+    return f"{title}\n" + "\n".join(f"  {line}" for line in lines) if lines else ""

@@ -1,0 +1,176 @@
+"""The analysis report: typed dataclasses, and their JSON form (`schema_version` below).
+
+JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`, `_pct`).
+
+    schema_version        int, bumped on any incompatible change
+    created_at            ISO 8601 UTC
+    source_path           the analyzed path; source_kind: "run_dir" | "trace_dir" | "trace_file"
+    world_size            int | null: from job.json / distributedInfo
+    complete              bool: every expected rank of every window was analyzed, no file was unusable
+    problems[]            {label, window, rank, reason}: files that could not be used
+    missing[]             {rank, window}: ranks with no trace in a window
+    notes[]               plain-language remarks (attempts ignored, ranks numbered by file order, ...)
+    verdict               one paragraph: slowest rank, the rank others wait for
+    step_time             StepStats over every step of every rank: {count, mean_ms, median_ms, min_ms, max_ms, std_ms}
+    ranks[]               RankSummary, across all windows:
+        rank, host, windows, step_time (StepStats | null),
+        span_us, busy_pct, idle_pct, comm_pct, overlap_pct (null: no communication), basis ("gpu" | "cpu")
+    windows[]             WindowReport, one per profiling window:
+        window (int | null), steps[] (step numbers seen), notes[],
+        ranks[]           RankReport: rank, host, label, rank_source, backend, world_size, event_count,
+                          dropped_events {reason: count}, step_source, steps[] {step, start_us, step_time_ms,
+                          phases_ms {train_step, forward, backward, optimizer_step}}, step_time (StepStats),
+                          utilization {basis, span_us, busy_us, idle_us, compute_us, comm_us, memory_us,
+                          overlap_us, exposed_comm_us, busy_pct, idle_pct, comm_pct, overlap_pct} | null,
+                          collective_source, collective_count
+        stragglers        {by_step_time[] {rank, mean_step_ms, vs_median_pct}, slowest_rank,
+                          collective_source, matched_collectives, unmatched_collectives, min_lateness_us,
+                          by_wait[] {rank, collectives, times_last, last_pct, caused_wait_us, waited_us},
+                          waited_for_rank, waited_for_median_us,
+                          worst_instances[] {step, name, ordinal, participants, last_rank, lateness_us,
+                          arrival_spread_us, end_spread_us}, verdict}
+        hta               {status: ok|partial|skipped|failed, reason, tables {name: rows[]}, errors {name: msg}}
+
+Definitions of every metric: utilization.py (busy/idle/comm/overlap), stragglers.py (arrival, lateness,
+wait), steps.py (steps and phases).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from .hta_views import HtaViews
+from .steps import StepStats, StepTiming
+from .stragglers import Stragglers
+from .utilization import Utilization
+
+SCHEMA_VERSION = 1
+
+SOURCE_RUN_DIR = "run_dir"
+SOURCE_TRACE_DIR = "trace_dir"
+SOURCE_TRACE_FILE = "trace_file"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Problem:
+    """A trace file that could not be used."""
+
+    label: str
+    reason: str
+    window: int | None = None
+    rank: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MissingTrace:
+    rank: int
+    window: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankReport:
+    """One rank in one window."""
+
+    rank: int
+    host: str
+    label: str
+    rank_source: str
+    backend: str | None
+    world_size: int | None
+    event_count: int
+    dropped_events: dict[str, int]
+    step_source: str | None
+    steps: list[StepTiming]
+    step_time: StepStats | None
+    utilization: Utilization | None
+    collective_source: str | None
+    collective_count: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowReport:
+    window: int | None
+    steps: list[int]
+    ranks: list[RankReport]
+    stragglers: Stragglers
+    hta: HtaViews
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankSummary:
+    """One rank over all windows; percentages are weighted by each window's span."""
+
+    rank: int
+    host: str
+    windows: int
+    step_time: StepStats | None
+    basis: str | None
+    span_us: float
+    busy_pct: float | None
+    idle_pct: float | None
+    comm_pct: float | None
+    overlap_pct: float | None
+
+
+@dataclass(kw_only=True)
+class Report:
+    schema_version: int = SCHEMA_VERSION
+    created_at: str
+    source_path: str
+    source_kind: str
+    world_size: int | None
+    complete: bool
+    problems: list[Problem] = field(default_factory=list)
+    missing: list[MissingTrace] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    verdict: str = ""
+    step_time: StepStats | None = None
+    ranks: list[RankSummary] = field(default_factory=list)
+    windows: list[WindowReport] = field(default_factory=list)
+
+    @property
+    def analyzed_ranks(self) -> list[int]:
+        return [r.rank for r in self.ranks]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Report":
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"report schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
+        return _build(cls, data)
+
+
+def _build(cls: type, data: Any) -> Any:
+    """A dataclass instance from its asdict() form, following the field type hints."""
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for item in dataclasses.fields(cls):
+        if item.name in data:
+            values[item.name] = _convert(hints[item.name], data[item.name])
+    return cls(**values)
+
+
+def _convert(hint: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _convert(options[0], value) if len(options) == 1 else value
+    if origin is list:
+        (item_hint,) = typing.get_args(hint)
+        return [_convert(item_hint, v) for v in value]
+    if origin is dict:
+        _, value_hint = typing.get_args(hint)
+        return {k: _convert(value_hint, v) for k, v in value.items()}
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value)
+    return value

@@ -1,0 +1,151 @@
+"""Busy, idle, communication time and communication/computation overlap of one rank.
+
+Two bases, chosen per trace:
+
+**GPU basis** (the trace holds GPU activity: `kernel`, `gpu_memcpy`, `gpu_memset` events). All GPU activity of
+the rank (every device and stream it recorded) is one timeline.
+  - span: from the start of the first profiled step to the later of the last step's end and the end of the
+    last GPU activity that started before it (the GPU finishing work the steps queued). Without step
+    annotations: first GPU activity start to last GPU activity end.
+  - compute = union of non-communication kernels; comm = union of communication kernels (`nccl*`);
+    memory = union of memcpy/memset; busy = union of all three; idle = span - busy.
+  - overlap = time in comm that is also in compute.
+
+**CPU basis** (no GPU activity, e.g. gloo on CPU). The process's profiled threads are one timeline.
+  - span: first step start to last step end; without steps, first to last host op.
+  - comm = union of `gloo:*` spans (gloo's runloop threads, the time a collective is in flight) and host
+    collective ops (`c10d::*`, functional collectives, `record_param_comms`).
+  - compute = union of every other `cpu_op` on any thread, minus the host collective ops (DDP issues its
+    all-reduce from inside autograd ops, which must not count as compute).
+  - memory = 0 (not measurable on CPU); busy = compute ∪ comm; idle = span - busy (no op running and
+    nothing in flight: Python overhead, sleeps, data loading outside ops).
+  - overlap = time in comm that is also in compute (the collective hidden behind work on other threads).
+
+Everything is clipped to the span. Percentages are of the span, except overlap_pct, which is of comm_us.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .events import GPU_ACTIVITY_KINDS, Kind, TraceEvents
+from .intervals import Intervals, clip, covered_us, overlap_us, subtract, union, union_of
+from .names import is_comm_cpu_op, is_comm_kernel, is_gloo_span
+from .steps import StepTiming
+
+BASIS_GPU = "gpu"
+BASIS_CPU = "cpu"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Utilization:
+    """Where one rank's time went during its profiled steps (see the module docstring for definitions)."""
+
+    basis: str
+    """"gpu" or "cpu": which definitions were applied."""
+    span_us: float
+    busy_us: float
+    idle_us: float
+    compute_us: float
+    comm_us: float
+    memory_us: float
+    overlap_us: float
+    """Communication time during which computation also ran."""
+    exposed_comm_us: float
+    """comm_us - overlap_us: communication nothing else hid."""
+    busy_pct: float
+    idle_pct: float
+    comm_pct: float
+    overlap_pct: float | None
+    """overlap_us / comm_us * 100; None when there is no communication."""
+
+
+@dataclass(frozen=True)
+class _Timeline:
+    compute: Intervals
+    comm: Intervals
+    memory: Intervals
+
+
+def measure_utilization(events: TraceEvents, steps: list[StepTiming]) -> Utilization | None:
+    """Utilization of one rank; None when the trace has nothing to measure (no ops, no kernels)."""
+    if events.has_gpu_activity:
+        span = _gpu_span(events, steps)
+        timeline, basis = _gpu_timeline(events), BASIS_GPU
+    else:
+        span = _cpu_span(events, steps)
+        timeline, basis = _cpu_timeline(events), BASIS_CPU
+    if span is None or span[1] <= span[0]:
+        return None
+    return _summarize(basis, span, timeline)
+
+
+def _summarize(basis: str, span: tuple[float, float], timeline: _Timeline) -> Utilization:
+    start, end = span
+    compute, comm, memory = (union(clip(s, start, end)) for s in (timeline.compute, timeline.comm, timeline.memory))
+    span_us = end - start
+    busy_us = covered_us(union_of(compute, comm, memory))
+    comm_us = comm.total_us
+    hidden_us = overlap_us(comm, compute)
+    return Utilization(
+        basis=basis,
+        span_us=span_us,
+        busy_us=busy_us,
+        idle_us=span_us - busy_us,
+        compute_us=compute.total_us,
+        comm_us=comm_us,
+        memory_us=memory.total_us,
+        overlap_us=hidden_us,
+        exposed_comm_us=comm_us - hidden_us,
+        busy_pct=100.0 * busy_us / span_us,
+        idle_pct=100.0 * (span_us - busy_us) / span_us,
+        comm_pct=100.0 * comm_us / span_us,
+        overlap_pct=100.0 * hidden_us / comm_us if comm_us > 0 else None,
+    )
+
+
+def _intervals(events: TraceEvents, mask: np.ndarray) -> Intervals:
+    return Intervals(events.start_us[mask], events.end_us[mask])
+
+
+def _gpu_timeline(events: TraceEvents) -> _Timeline:
+    kernels = events.of_kind(Kind.KERNEL)
+    comm = kernels & events.names_matching(is_comm_kernel)
+    return _Timeline(
+        compute=_intervals(events, kernels & ~comm),
+        comm=_intervals(events, comm),
+        memory=_intervals(events, events.of_kind(Kind.GPU_MEMCPY, Kind.GPU_MEMSET)),
+    )
+
+
+def _gpu_span(events: TraceEvents, steps: list[StepTiming]) -> tuple[float, float] | None:
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    if not steps:
+        return float(events.start_us[gpu].min()), float(events.end_us[gpu].max())
+    start, last_end = steps[0].start_us, max(s.end_us for s in steps)
+    queued = gpu & (events.start_us < last_end)
+    end = max(last_end, float(events.end_us[queued].max())) if queued.any() else last_end
+    return start, end
+
+
+def _cpu_timeline(events: TraceEvents) -> _Timeline:
+    ops = events.of_kind(Kind.CPU_OP)
+    comm_ops = ops & events.names_matching(is_comm_cpu_op)
+    gloo = events.names_matching(is_gloo_span)
+    comm_op_time = _intervals(events, comm_ops)
+    return _Timeline(
+        compute=subtract(_intervals(events, ops & ~comm_ops & ~gloo), comm_op_time),
+        comm=union_of(_intervals(events, gloo), comm_op_time),
+        memory=Intervals.empty(),
+    )
+
+
+def _cpu_span(events: TraceEvents, steps: list[StepTiming]) -> tuple[float, float] | None:
+    if steps:
+        return steps[0].start_us, max(s.end_us for s in steps)
+    ops = events.of_kind(Kind.CPU_OP)
+    if not ops.any():
+        return None
+    return float(events.start_us[ops].min()), float(events.end_us[ops].max())

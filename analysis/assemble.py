@@ -115,6 +115,7 @@ def _window_notes(results: list[RankResult]) -> list[str]:
         detail = ", ".join(f"rank {rank}: {_step_range(steps)}" for rank, steps in sorted(step_sets.items()))
         notes.append(f"ranks recorded different steps ({detail}); collectives are matched by step")
     for result in results:
+        notes += [f"rank {result.rank}: {remark}" for remark in result.remarks]
         if not result.steps:
             notes.append(f"rank {result.rank}: no ProfilerStep#N or train_step annotations: no step times")
         if result.dropped_events:

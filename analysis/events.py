@@ -9,11 +9,11 @@ name, not once per event. Timestamps stay in the trace's own clock (microseconds
 from __future__ import annotations
 
 import enum
-import math
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Union
 
+import msgspec
 import numpy as np
 
 
@@ -45,6 +45,7 @@ _KIND_OF_CATEGORY = {
 }
 
 GPU_ACTIVITY_KINDS = (Kind.KERNEL, Kind.GPU_MEMCPY, Kind.GPU_MEMSET)
+_GPU_TRACK_KINDS = frozenset((*GPU_ACTIVITY_KINDS, Kind.GPU_USER_ANNOTATION))
 NO_ID = -1
 
 
@@ -90,111 +91,167 @@ class TraceEvents:
         return bool(self.of_kind(*GPU_ACTIVITY_KINDS).any())
 
 
-class _Columns:
-    """Row-wise accumulation of the columns, turned into arrays once."""
+class _Args(msgspec.Struct):
+    """The few `args` fields the analysis reads; msgspec skips every other key without building it."""
 
-    def __init__(self) -> None:
-        self.name_index: dict[str, int] = {}
-        self.name_id: list[int] = []
-        self.kind: list[int] = []
-        self.start: list[float] = []
-        self.dur: list[float] = []
-        self.thread: list[int] = []
-        self.device: list[int] = []
-        self.correlation: list[int] = []
-        self.dropped: dict[str, int] = {}
+    correlation: Any = None
+    stream: Any = None
+    device: Any = None
+    name: Any = None
 
-    def drop(self, reason: str) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+class _Event(msgspec.Struct):
+    ph: Any = None
+    name: Any = None
+    cat: Any = None
+    ts: Any = None
+    dur: Any = 0
+    pid: Any = None
+    tid: Any = None
+    args: Union[_Args, None] = None
+
+
+class _Document(msgspec.Struct):
+    traceEvents: list[_Event]
+    distributedInfo: Any = None
+    baseTimeNanoseconds: Any = None
+    host_name: Any = None
+
+
+_DECODER = msgspec.json.Decoder(_Document)
+TRACE_METADATA_KEYS = ("distributedInfo", "baseTimeNanoseconds", "host_name")
+
+
+def decode_selectively(data: bytes) -> tuple[dict[str, Any], list[_Event]] | None:
+    """(metadata, events) of a trace's JSON bytes, decoding only the fields the analysis reads.
+
+    None when this fast decoder cannot take the file (other shapes, integers beyond 64 bits, invalid
+    UTF-8, invalid JSON): the generic parser then decides, and explains what is wrong."""
+    try:
+        document = _DECODER.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return {key: getattr(document, key) for key in TRACE_METADATA_KEYS}, document.traceEvents
+
+
+def events_from_document(document: dict[str, Any]) -> tuple[list[_Event], int]:
+    """Generic path: the events of an already parsed document, and how many were not JSON objects."""
+    events, skipped = [], 0
+    for raw in document["traceEvents"]:
+        if not isinstance(raw, dict):
+            skipped += 1
+            continue
+        args = raw.get("args")
+        args = _Args(**{k: args.get(k) for k in _Args.__struct_fields__}) if isinstance(args, dict) else None
+        events.append(_Event(ph=raw.get("ph"), name=raw.get("name"), cat=raw.get("cat"), ts=raw.get("ts"),
+                             dur=raw.get("dur", 0), pid=raw.get("pid"), tid=raw.get("tid"), args=args))
+    return events, skipped
 
 
 def extract_events(document: dict[str, Any]) -> TraceEvents:
     """Build the event table of a parsed Kineto trace document."""
-    columns = _Columns()
+    events, skipped = events_from_document(document)
+    table = build_table(events)
+    if skipped:
+        table.dropped["not a JSON object"] = skipped
+    return table
+
+
+def build_table(events: list[_Event]) -> TraceEvents:
+    """The columnar table of decoded events (one pass; classification by name happens later)."""
+    name_index: dict[str, int] = {}
+    name_ids, kinds, starts, durs, threads, devices, correlations = [], [], [], [], [], [], []
     thread_names: dict[int, str] = {}
-    for event in document["traceEvents"]:
-        if not isinstance(event, dict):
-            columns.drop("not a JSON object")
+    dropped: dict[str, int] = {}
+    kind_of = _KIND_OF_CATEGORY.get
+    gpu_kinds = _GPU_TRACK_KINDS
+    for event in events:
+        if event.ph != "X":
+            if event.ph == "M" and event.name == "thread_name":
+                _add_thread_name(thread_names, event)
             continue
-        phase = event.get("ph")
-        if phase == "X":
-            _add_complete_event(columns, event)
-        elif phase == "M" and event.get("name") == "thread_name":
-            _add_thread_name(thread_names, event)
-    return _to_table(columns, thread_names)
+        start, dur = event.ts, event.dur
+        if not (_is_number(start) and _is_number(dur)):
+            dropped["missing or non-numeric ts/dur"] = dropped.get("missing or non-numeric ts/dur", 0) + 1
+            continue
+        if dur < 0:
+            dropped["negative duration"] = dropped.get("negative duration", 0) + 1
+            continue
+        if not -_TIME_LIMIT_US < start < _TIME_LIMIT_US or dur > _TIME_LIMIT_US:
+            dropped["time beyond int64 nanoseconds"] = dropped.get("time beyond int64 nanoseconds", 0) + 1
+            continue
+        name = event.name if type(event.name) is str else str(event.name)
+        name_id = name_index.get(name)
+        if name_id is None:
+            name_id = name_index[name] = len(name_index)
+        cat = event.cat
+        kind = kind_of(cat, Kind.OTHER) if type(cat) is str else Kind.OTHER
+        args = event.args
+        name_ids.append(name_id)
+        kinds.append(kind)
+        starts.append(start)
+        durs.append(dur)
+        if kind in gpu_kinds:
+            threads.append(_int_or(args.stream if args else None, _int_or(event.tid, NO_ID)))
+            devices.append(_int_or(args.device if args else None, _int_or(event.pid, 0)))
+        else:
+            threads.append(_thread_key(event.tid))
+            devices.append(NO_ID)
+        correlations.append(_int_or(args.correlation, NO_ID) if args else NO_ID)
+    return _to_table(name_index, name_ids, kinds, starts, durs, threads, devices, correlations,
+                     thread_names, dropped)
 
 
-def _add_complete_event(columns: _Columns, event: dict[str, Any]) -> None:
-    start, dur = event.get("ts"), event.get("dur", 0)
-    if not _is_number(start) or not _is_number(dur):
-        columns.drop("missing or non-numeric ts/dur")
-        return
-    if dur < 0:
-        columns.drop("negative duration")
-        return
-    name = event.get("name")
-    name = name if isinstance(name, str) else str(name)
-    name_id = columns.name_index.setdefault(name, len(columns.name_index))
-    kind = _KIND_OF_CATEGORY.get(event.get("cat"), Kind.OTHER)
-    args = event.get("args")
-    args = args if isinstance(args, dict) else {}
-    columns.name_id.append(name_id)
-    columns.kind.append(kind)
-    columns.start.append(float(start))
-    columns.dur.append(float(dur))
-    if kind in GPU_ACTIVITY_KINDS or kind == Kind.GPU_USER_ANNOTATION:
-        columns.thread.append(_int_or(args.get("stream"), _int_or(event.get("tid"), NO_ID)))
-        columns.device.append(_int_or(args.get("device"), _int_or(event.get("pid"), 0)))
-    else:
-        columns.thread.append(_thread_key(event.get("tid")))
-        columns.device.append(NO_ID)
-    columns.correlation.append(_int_or(args.get("correlation"), NO_ID))
-
-
-def _add_thread_name(thread_names: dict[int, str], event: dict[str, Any]) -> None:
-    args = event.get("args")
-    if isinstance(args, dict) and isinstance(args.get("name"), str):
-        key = _thread_key(event.get("tid"))
+def _add_thread_name(thread_names: dict[int, str], event: _Event) -> None:
+    name = event.args.name if event.args else None
+    if isinstance(name, str):
+        key = _thread_key(event.tid)
         # Kineto may name a thread twice ("python3" and "pt_gloo_runloop"): keep the specific one.
         if key not in thread_names or thread_names[key].endswith(("(python3)", "(python)")):
-            thread_names[key] = args["name"]
+            thread_names[key] = name
 
 
-def _to_table(columns: _Columns, thread_names: dict[int, str]) -> TraceEvents:
-    start = np.asarray(columns.start, dtype=np.float64)
+def _to_table(name_index, name_ids, kinds, starts, durs, threads, devices, correlations,
+              thread_names, dropped) -> TraceEvents:
+    start = np.asarray(starts, dtype=np.float64)
     order = np.argsort(start, kind="stable")
-    names = [""] * len(columns.name_index)
-    for name, index in columns.name_index.items():
+    names = [""] * len(name_index)
+    for name, index in name_index.items():
         names[index] = name
     return TraceEvents(
         names=names,
         thread_names=thread_names,
-        name_id=np.asarray(columns.name_id, dtype=np.int32)[order],
-        kind=np.asarray(columns.kind, dtype=np.int8)[order],
+        name_id=np.asarray(name_ids, dtype=np.int32)[order],
+        kind=np.asarray(kinds, dtype=np.int8)[order],
         start_us=start[order],
-        dur_us=np.asarray(columns.dur, dtype=np.float64)[order],
-        thread=np.asarray(columns.thread, dtype=np.int64)[order],
-        device=np.asarray(columns.device, dtype=np.int32)[order],
-        correlation=np.asarray(columns.correlation, dtype=np.int64)[order],
-        dropped=columns.dropped,
+        dur_us=np.asarray(durs, dtype=np.float64)[order],
+        thread=np.asarray(threads, dtype=np.int64)[order],
+        device=np.asarray(devices, dtype=np.int32)[order],
+        correlation=np.asarray(correlations, dtype=np.int64)[order],
+        dropped=dropped,
     )
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float (not bool); `v - v == 0` is false for NaN and infinities."""
+    kind = type(value)
+    return (kind is float or kind is int) and value - value == 0
 
 
 _INT64_MAX = 2**63 - 1
+_TIME_LIMIT_US = _INT64_MAX / 1000.0
+"""Times beyond this many microseconds cannot be nanoseconds of any real clock."""
 
 
 def _int_or(value: Any, default: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > _INT64_MAX:
-        return default
-    return value
+    """`value` if it is an int that fits int64 (bools excluded), else `default`."""
+    if type(value) is int and -_INT64_MAX <= value <= _INT64_MAX:
+        return value
+    return default
 
 
 def _thread_key(tid: Any) -> int:
     """Kineto tids are ints, or strings for its own pseudo-threads; strings get a stable negative key."""
-    if isinstance(tid, int) and not isinstance(tid, bool) and abs(tid) <= _INT64_MAX:
+    if type(tid) is int and -_INT64_MAX <= tid <= _INT64_MAX:
         return tid
     return -zlib.crc32(str(tid).encode()) - 2

@@ -11,10 +11,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetscope.traces.kineto import TraceReadError, decode_trace, distributed_rank, read_raw
+from fleetscope.traces.kineto import TraceReadError, decode_trace, decompress, distributed_rank, read_raw
 
 from .collectives import CollectiveCalls, find_collectives
-from .events import extract_events
+from .events import TraceEvents, build_table, decode_selectively, extract_events
 from .steps import StepTiming, find_steps
 from .utilization import Utilization, measure_utilization
 
@@ -64,6 +64,8 @@ class RankResult:
     step_source: str | None
     utilization: Utilization | None
     collectives: CollectiveCalls
+    remarks: list[str] = dataclasses.field(default_factory=list)
+    """Things about the file a reader should know (e.g. invalid UTF-8 that was replaced)."""
 
     def absolute_us(self, trace_us: float) -> float:
         """A trace time as microseconds since the epoch on this rank's own clock."""
@@ -86,12 +88,11 @@ class TraceFailure:
 def analyze_trace(source: TraceSource) -> RankResult | TraceFailure:
     """Read, parse and analyze one trace file; a bad file becomes a TraceFailure, never an exception."""
     try:
-        document = decode_trace(read_raw(source.path), source.path)
+        document, events, remarks = _read_events(source.path)
     except TraceReadError as error:
         return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=error.reason)
     trace_rank, world_size = distributed_rank(document)
     rank, rank_source = _resolve_rank(source, trace_rank)
-    events = extract_events(document)
     steps, step_source = find_steps(events)
     info = document.get("distributedInfo")
     return RankResult(
@@ -113,7 +114,29 @@ def analyze_trace(source: TraceSource) -> RankResult | TraceFailure:
         step_source=step_source,
         utilization=measure_utilization(events, steps),
         collectives=find_collectives(events, steps),
+        remarks=remarks,
     )
+
+
+def _read_events(path: Path) -> tuple[dict, TraceEvents, list[str]]:
+    """(trace metadata, event table, remarks): the fast selective decoder, else the generic reader,
+    which also explains files that cannot be used."""
+    raw = read_raw(path)
+    data = decompress(raw, path)
+    decoded = decode_selectively(data)
+    if decoded is not None:
+        metadata, events = decoded
+        return metadata, build_table(events), []
+    document = decode_trace(raw, path)
+    return document, extract_events(document), _generic_parse_remarks(data)
+
+
+def _generic_parse_remarks(data: bytes) -> list[str]:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return [f"invalid UTF-8 at byte {error.start}: replaced with U+FFFD in names"]
+    return []
 
 
 def _resolve_rank(source: TraceSource, trace_rank: int | None) -> tuple[int | None, str]:

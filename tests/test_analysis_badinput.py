@@ -1,0 +1,140 @@
+"""Every bad-input case of the analysis: each is named in the report with its reason, the rest is analyzed,
+and `complete` tells complete from partial."""
+
+import gzip
+import json
+
+import pytest
+
+from fleetscope.analysis import analyze
+from fleetscope.analysis.events import build_table, decode_selectively, extract_events
+from test_analysis_helpers import KinetoBuilder, gpu_rank
+
+
+def _good(rank, world_size=2):
+    builder = KinetoBuilder(rank=rank, world_size=world_size, backend="gloo").step(1, 0, 1000)
+    return builder.op("aten::mm", 10, 500).op("c10d::allreduce_", 600, 5).gloo(605, 100)
+
+
+def _dir_with(tmp_path, name, data: bytes, *, world_size=2):
+    _good(0, world_size).write(tmp_path / "rank0.json")
+    (tmp_path / name).write_bytes(data)
+    return analyze(tmp_path, use_hta=False)
+
+
+def _only_problem(report):
+    assert not report.complete
+    assert report.analyzed_ranks == [0]
+    assert len(report.problems) == 1
+    return report.problems[0]
+
+
+def test_truncated_gzip(tmp_path):
+    packed = gzip.compress(json.dumps(_good(1).document()).encode())
+    problem = _only_problem(_dir_with(tmp_path, "rank1.json.gz", packed[:-40]))
+    assert problem.label == "rank1.json.gz" and "corrupt or truncated gzip" in problem.reason
+
+
+def test_invalid_json(tmp_path):
+    problem = _only_problem(_dir_with(tmp_path, "rank1.json", b'{"traceEvents": [{"ph": "X", "ts": }]}'))
+    assert "invalid JSON" in problem.reason
+
+
+def test_empty_file(tmp_path):
+    assert _only_problem(_dir_with(tmp_path, "rank1.json", b"")).reason == "empty file"
+
+
+def test_not_a_kineto_trace(tmp_path):
+    problem = _only_problem(_dir_with(tmp_path, "rank1.json", b'{"hello": 1}'))
+    assert "no traceEvents" in problem.reason
+
+
+def test_no_distributed_info_takes_rank_from_name_and_says_so(tmp_path):
+    _good(0).write(tmp_path / "rank0.json")
+    builder = _good(1)
+    builder.rank = None
+    builder.write(tmp_path / "trainer_rank1.json")
+    report = analyze(tmp_path, use_hta=False)
+    assert report.complete
+    sources = {r.rank: r.rank_source for r in report.windows[0].ranks}
+    assert sources == {0: "distributedInfo", 1: "file name"}
+
+
+def test_duplicate_rank_is_named(tmp_path):
+    _good(0).write(tmp_path / "rank0.json")
+    _good(1).write(tmp_path / "rank1.json")
+    _good(1).write(tmp_path / "rank1_copy.json")
+    report = analyze(tmp_path, use_hta=False)
+    assert not report.complete
+    assert report.analyzed_ranks == [0, 1]
+    assert [(p.label, p.rank) for p in report.problems] == [("rank1_copy.json", 1)]
+    assert "duplicate rank 1" in report.problems[0].reason
+
+
+def test_missing_ranks_are_listed(tmp_path):
+    _good(0, world_size=4).write(tmp_path / "rank0.json")
+    _good(2, world_size=4).write(tmp_path / "rank2.json")
+    report = analyze(tmp_path, use_hta=False)
+    assert not report.complete
+    assert [m.rank for m in report.missing] == [1, 3]
+    assert report.problems == []
+
+
+def test_non_utf8_names_are_replaced_and_noted(tmp_path):
+    text = json.dumps(_good(1).document()).replace("aten::mm", "aten::m@m")
+    data = text.encode().replace(b"@", b"\xff")
+    report = _dir_with(tmp_path, "rank1.json", data)
+    assert report.complete
+    assert [r.rank for r in report.ranks] == [0, 1]
+    assert any("rank 1: invalid UTF-8" in n for n in report.windows[0].notes)
+    rank1 = report.windows[0].ranks[1]
+    assert rank1.utilization.compute_us == 500
+
+
+def test_integers_beyond_int64(tmp_path):
+    builder = _good(1)
+    builder.events[1]["args"] = {"External id": 2**70, "correlation": 2**65}
+    builder.complete("aten::huge", "cpu_op", 2**66, 10)     # a timestamp no clock can have
+    report = _dir_with(tmp_path, "rank1.json", json.dumps(builder.document()).encode())
+    assert report.complete
+    rank1 = report.windows[0].ranks[1]
+    assert rank1.dropped_events == {"time beyond int64 nanoseconds": 1}
+    assert rank1.utilization.compute_us == 500
+    assert any("rank 1: events left out (1 time beyond int64 nanoseconds)" in n for n in report.windows[0].notes)
+
+
+def test_negative_durations_are_dropped_and_noted(tmp_path):
+    builder = _good(1).op("aten::add", 800, -50)
+    report = _dir_with(tmp_path, "rank1.json", json.dumps(builder.document()).encode())
+    assert report.complete
+    assert report.windows[0].ranks[1].dropped_events == {"negative duration": 1}
+    assert any("1 negative duration" in n for n in report.windows[0].notes)
+
+
+def test_different_step_windows_per_rank(tmp_path):
+    _good(0).write(tmp_path / "rank0.json")
+    late = KinetoBuilder(rank=1, backend="gloo").step(7, 0, 1000).op("aten::mm", 10, 500)
+    late.op("c10d::allreduce_", 600, 5).gloo(605, 100).write(tmp_path / "rank1.json")
+    report = analyze(tmp_path, use_hta=False)
+    notes = report.windows[0].notes
+    assert any("ranks recorded different steps (rank 0: 1, rank 1: 7)" in n for n in notes)
+    assert report.windows[0].stragglers.matched_collectives == 0
+    assert report.windows[0].stragglers.unmatched_collectives == 2
+
+
+def test_fast_and_generic_decoders_build_the_same_table():
+    document = gpu_rank(0).document()
+    document["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": 17, "pid": "Spans", "tid": "x",
+                                    "ts": 5.5, "dur": 1})
+    metadata, fast_events = decode_selectively(json.dumps(document).encode())
+    fast = build_table(fast_events)
+    generic = extract_events(document)
+    assert metadata["distributedInfo"] == document["distributedInfo"]
+    assert fast.names == generic.names
+    for column in ("name_id", "kind", "start_us", "dur_us", "thread", "device", "correlation"):
+        assert getattr(fast, column).tolist() == getattr(generic, column).tolist(), column
+
+
+@pytest.mark.parametrize("data", [b"[]", b'{"traceEvents": {}}', b'{"traceEvents": [1, "x"]}'])
+def test_odd_shapes_go_to_the_generic_decoder(data):
+    assert decode_selectively(data) is None

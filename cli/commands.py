@@ -69,8 +69,9 @@ def run_job_locally(spec: JobSpec, plan: LocalPlan, layout: RunLayout) -> LocalR
 def print_outcome(layout: RunLayout, result: LocalResult, post: PostprocessResult | None) -> None:
     if not result.ok:
         print(f"\nfleetscope: the job FAILED (torchrun exit code {result.returncode})", file=sys.stderr)
-        for failure in result.failures:
-            print(f"  rank {failure.rank} (exit code {failure.exitcode}): {failure.message}", file=sys.stderr)
+        for order, failure in enumerate(result.failures):
+            first = " [failed first]" if order == 0 and len(result.failures) > 1 else ""
+            print(f"  rank {failure.rank}{first}: {failure.message}", file=sys.stderr)
             if failure.log_path:
                 print(f"    log: {failure.log_path}", file=sys.stderr)
         if not result.failures:

@@ -55,6 +55,8 @@ class RankFailure:
     rank: int
     exitcode: int | None
     message: str
+    timestamp: int | None = None
+    """When the rank failed (Unix seconds): the earliest failure is usually the cause."""
     log_path: str | None = None
 
 
@@ -82,7 +84,7 @@ def collect_failures(layout: RunLayout) -> list[RankFailure]:
     failures = []
     for error_file in sorted(layout.logs_dir.glob("*/attempt_*/*/error.json")):
         failures.append(_failure_from_error_file(error_file))
-    return sorted(failures, key=lambda f: f.rank)
+    return sorted(failures, key=lambda f: (f.timestamp is None, f.timestamp or 0, f.rank))
 
 
 def _failure_from_error_file(error_file: Path) -> RankFailure:
@@ -90,9 +92,12 @@ def _failure_from_error_file(error_file: Path) -> RankFailure:
     stderr_log = rank_dir / "stderr.log"
     try:
         message = json.loads(error_file.read_text())["message"]
-        text = message.get("message", "") if isinstance(message, dict) else str(message)
-        exitcode = message.get("extraInfo", {}).get("exitcode") if isinstance(message, dict) else None
+        if not isinstance(message, dict):
+            message = {"message": str(message)}
+        extra = message.get("extraInfo", {})
+        text, exitcode, timestamp = message.get("message", ""), extra.get("exitcode"), extra.get("timestamp")
     except (OSError, ValueError, KeyError, TypeError) as error:
-        text, exitcode = f"unreadable error file {error_file}: {error}", None
+        text, exitcode, timestamp = f"unreadable error file {error_file}: {error}", None, None
     return RankFailure(rank=int(rank_dir.name), exitcode=exitcode, message=text.strip(),
+                       timestamp=int(timestamp) if str(timestamp).isdigit() else None,
                        log_path=str(stderr_log) if stderr_log.exists() else None)

@@ -19,6 +19,7 @@ ParallelMode = Literal["ddp", "fsdp", "tp", "fsdp_tp"]
 PARALLEL_MODES: tuple[str, ...] = typing.get_args(ParallelMode)
 Device = Literal["auto", "cpu", "cuda"]
 Precision = Literal["fp32", "bf16"]
+Backend = Literal["auto", "nccl", "gloo"]
 CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 ActivationCheckpointing = Literal["none", "full", "selective"]
 DataSource = Literal["synthetic", "text", "tokens"]
@@ -63,6 +64,8 @@ class ParallelConfig:
     """FSDP2: free gathered parameters after forward (saves memory, re-gathers in backward)."""
     cpu_offload: bool = False
     """FSDP2: keep sharded parameters and optimizer state in host memory."""
+    backend: Backend = "auto"
+    """Process-group backend: nccl on CUDA and gloo on CPU (auto), or forced (gloo on CUDA tensors)."""
 
     def __post_init__(self) -> None:
         _require(self.mode in PARALLEL_MODES, "parallel.mode", f"must be one of {PARALLEL_MODES}, got {self.mode!r}")
@@ -70,6 +73,7 @@ class ParallelConfig:
         _require(self.mode in ("tp", "fsdp_tp") or self.tp == 1, "parallel.tp",
                  f"is {self.tp} but parallel.mode {self.mode!r} has no tensor parallelism")
         _require(self.bucket_cap_mb > 0, "parallel.bucket_cap_mb", "must be > 0")
+        _require(self.backend in typing.get_args(Backend), "parallel.backend", f"unknown backend {self.backend!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -165,6 +169,12 @@ class PerformanceConfig:
     """Recompute activations in backward: every block (full) or every other block (selective)."""
     alloc_conf: str = ""
     """PYTORCH_ALLOC_CONF for every rank, e.g. expandable_segments:True."""
+    fast_experts: bool = True
+    """Routed experts as grouped GEMMs over device-side offsets (no host sync; compiles as one graph)."""
+    fused_loss: bool = True
+    """Chunked LM-head + cross-entropy that never materializes the whole batch's logits."""
+    loss_chunk_tokens: int = 4096
+    """Tokens per chunk of the fused loss."""
 
     def __post_init__(self) -> None:
         _require(self.device in typing.get_args(Device), "performance.device", f"unknown device {self.device!r}")
@@ -174,6 +184,7 @@ class PerformanceConfig:
                  f"must be one of {typing.get_args(CompileMode)}, got {self.compile!r}")
         _require(self.activation_checkpointing in typing.get_args(ActivationCheckpointing),
                  "performance.activation_checkpointing", f"unknown value {self.activation_checkpointing!r}")
+        _require(self.loss_chunk_tokens >= 1, "performance.loss_chunk_tokens", "must be >= 1")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -226,6 +237,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _require(bool(self.run_dir), "run_dir", "must not be empty")
+        cuda_graphs = self.performance.compile in ("reduce-overhead", "max-autotune")
+        _require(not (cuda_graphs and self.parallel.mode in ("fsdp", "fsdp_tp")), "performance.compile",
+                 f"{self.performance.compile!r} records CUDA graphs, which need fixed parameter addresses; "
+                 "FSDP re-gathers parameters every step: use max-autotune-no-cudagraphs or default")
         _require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
         _require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
 

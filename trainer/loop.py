@@ -13,6 +13,9 @@ import torch
 from ..traces.layout import RunLayout
 from .config import TrainConfig
 from .data import build_loader, synthetic_plan
+from .fast_moe import install_fast_experts
+from .flops import FlopModel, flop_model, peak_tflops
+from .loss import CausalLMTrainingModule
 from .metrics import MetricsWriter, PhaseTimer, StepMetrics
 from .models import build_model
 from .parallel import parallelize
@@ -27,19 +30,25 @@ class TrainState:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     vocab_size: int
+    flops: FlopModel
     step: int = 0
 
 
 def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
-    model = build_model(config.model, seed=config.seed).to(runtime.device)
-    vocab_size = model.config.vocab_size
+    causal_lm = build_model(config.model, seed=config.seed).to(runtime.device)
+    vocab_size = causal_lm.config.vocab_size
+    flops = flop_model(causal_lm)
+    if config.performance.fast_experts:
+        install_fast_experts(causal_lm)
+    model = CausalLMTrainingModule(causal_lm, fused_loss=config.performance.fused_loss and runtime.dims.tp == 1,
+                                   chunk_tokens=config.performance.loss_chunk_tokens)
     model = parallelize(model, dims=runtime.dims, mesh=runtime.mesh, parallel=config.parallel,
                         performance=config.performance, device=runtime.device)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.optim.lr, weight_decay=config.optim.weight_decay,
         fused=config.optim.fused and runtime.use_cuda,
     )
-    return TrainState(model=model, optimizer=optimizer, vocab_size=vocab_size)
+    return TrainState(model=model, optimizer=optimizer, vocab_size=vocab_size, flops=flops)
 
 
 def autocast_context(config: TrainConfig, runtime: Runtime) -> contextlib.AbstractContextManager:
@@ -70,7 +79,7 @@ def train_step(state: TrainState, batches: Iterator[torch.Tensor], config: Train
     with phase("train_step", runtime):
         timer.mark("forward")
         with phase("forward", runtime), autocast_context(config, runtime):
-            loss = state.model(input_ids=input_ids, labels=input_ids).loss
+            loss = state.model(input_ids)
         timer.mark("backward")
         with phase("backward", runtime):
             loss.backward()
@@ -98,15 +107,18 @@ def inject_faults(step: int, config: TrainConfig, runtime: Runtime) -> None:
 
 
 def step_metrics(step: int, loss: torch.Tensor, spans: dict[str, float], config: TrainConfig,
-                 runtime: Runtime, profiled: bool) -> StepMetrics:
+                 runtime: Runtime, state: TrainState, profiled: bool) -> StepMetrics:
     step_ms = sum(spans.values())
     tokens = config.data.batch_size * config.data.seq_len
     memory = torch.cuda.max_memory_allocated(runtime.device) / 2**20 if runtime.use_cuda else None
+    peak = peak_tflops(runtime.device)
+    achieved_tflops = state.flops.per_token(config.data.seq_len) * tokens / (step_ms / 1e3) / 1e12 if step_ms else 0.0
     return StepMetrics(
         step=step, rank=runtime.rank, loss=float(loss), step_time_ms=step_ms, data_ms=spans["data"],
         forward_ms=spans["forward"], backward_ms=spans["backward"], optimizer_ms=spans["optimizer"],
         tokens_per_s=tokens / (step_ms / 1e3) if step_ms > 0 else 0.0,
-        max_memory_allocated_mb=memory, profiled=profiled,
+        max_memory_allocated_mb=memory, profiled=profiled, tflops=achieved_tflops,
+        mfu_pct=100.0 * achieved_tflops / peak if peak else None,
     )
 
 
@@ -127,7 +139,7 @@ def train(config: TrainConfig, runtime: Runtime) -> list[StepMetrics]:
         for step in range(state.step, config.steps):
             with profiler.step_context(step):
                 loss = train_step(state, batches, config, runtime, timer)
-            metrics = step_metrics(step, loss, timer.durations_ms(), config, runtime, step in profiled_steps)
+            metrics = step_metrics(step, loss, timer.durations_ms(), config, runtime, state, step in profiled_steps)
             writer.write(metrics)
             history.append(metrics)
             state.step = step + 1

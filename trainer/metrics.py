@@ -54,7 +54,10 @@ class StepMetrics:
     tokens_per_s: float
     """This rank's tokens over this step's time."""
     max_memory_allocated_mb: float | None = None
+    tflops: float | None = None
+    """Model FLOPs of this rank's step over its time (trainer/flops.py states the formula)."""
     mfu_pct: float | None = None
+    """tflops over the device's dense bf16 peak; None where the peak is unknown (CPU)."""
     profiled: bool = False
     """The step ran inside a profiler window (its time includes profiler overhead)."""
 

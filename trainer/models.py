@@ -34,6 +34,7 @@ def build_model(model: ModelConfig, *, seed: int) -> torch.nn.Module:
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The repeated decoder blocks (the unit of FSDP sharding, compilation and checkpointing)."""
+    model = getattr(model, "causal_lm", model)
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
         raise ConfigError(f"model: {type(model).__name__} has no model.layers ModuleList of decoder blocks")

@@ -56,19 +56,50 @@ def parallelize(
     """Apply, in this fixed order: tensor parallel -> activation checkpointing -> compile -> FSDP2 or DDP."""
     if dims.tp > 1:
         raise ConfigError("parallel.mode: tensor parallel is not available in this build")
+    apply_activation_checkpointing(model, performance.activation_checkpointing)
+    apply_regional_compile(model, performance.compile)
     if dims.mode == "fsdp":
         return _apply_fsdp(model, mesh["dp"], parallel=parallel, performance=performance, device=device)
+    if dims.dp == 1:
+        return model  # one replica: nothing to synchronize
     return _apply_ddp(model, mesh["dp"], parallel=parallel, device=device)
+
+
+def apply_activation_checkpointing(model: torch.nn.Module, policy: str) -> None:
+    """Recompute block activations in backward: every block (full) or every other one (selective)."""
+    if policy == "none":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    layers = decoder_layers(model)
+    for index, layer in enumerate(layers):
+        if policy == "full" or index % 2 == 0:
+            layers[index] = checkpoint_wrapper(layer, preserve_rng_state=False)
+
+
+def apply_regional_compile(model: torch.nn.Module, mode: str) -> None:
+    """torch.compile each decoder block on its own: one graph per block, compiled once, reused."""
+    if mode == "none":
+        return
+    layers = decoder_layers(model)
+    for index, layer in enumerate(layers):
+        layers[index] = torch.compile(layer, mode=None if mode == "default" else mode)
 
 
 def _apply_fsdp(model, dp_mesh: DeviceMesh, *, parallel: ParallelConfig, performance: PerformanceConfig,
                 device: torch.device) -> torch.nn.Module:
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+    options = {}
+    if device.type == "cuda" and performance.precision == "bf16":
+        # bf16 compute and all-gathers, fp32 gradient reduction (and fp32 master weights in the optimizer).
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if parallel.cpu_offload:
+        options["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=parallel.reshard_after_forward)
+        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=parallel.reshard_after_forward, **options)
     # The root keeps embeddings, final norm and LM head; no reshard: backward needs them first.
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, **options)
     return model
 
 

@@ -72,7 +72,11 @@ def init_runtime(config: TrainConfig) -> Runtime:
     else:
         # Ranks sharing a host share its cores: oversubscribed BLAS threads make every rank slower.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // env["local_world_size"]))
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+    backend = config.parallel.backend
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl" and device.type != "cuda":
+        raise ConfigError("parallel.backend: nccl needs CUDA devices (performance.device is cpu)")
+    dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
     mesh = dims.build_mesh(device.type)
     return Runtime(device=device, dims=dims, mesh=mesh, attempt=restart_attempt(), **env)

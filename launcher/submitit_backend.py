@@ -1,0 +1,173 @@
+"""Slurm through submitit: one Slurm task per GPU, each running the trainer in-process.
+
+Why one task per GPU (submitit's `TorchDistributedEnvironment`) and not one torchrun per node:
+  * submitit's unit is a Python callable run in every task; wrapping torchrun would make that callable a
+    process launcher whose result and exceptions say nothing about the ranks (submitit's maintainers advise
+    against mixing the two). Here each rank's exception reaches submitit (and our error file) directly.
+  * Slurm sees every rank: `srun --kill-on-bad-exit=1` ends the whole step as soon as one rank fails, Slurm's
+    signals (preemption, requeue, time limit) reach each rank without an agent in between, and per-rank
+    stdout/stderr land in `<run>/logs/slurm/<job>_<rank>_log.{out,err}`.
+  * rendezvous is static: MASTER_ADDR is the first node, the port derived from the job id, ranks from
+    SLURM_PROCID. Slurm starts all tasks together, so torchrun's elastic rendezvous has nothing to add.
+  * all GPUs of a node stay visible to every task (`--gpus-per-node`, CUDA_VISIBLE_DEVICES not narrowed):
+    the trainer picks `cuda:LOCAL_RANK`, and NCCL keeps its peer-to-peer paths between local ranks.
+TorchX (torchx_backend) is the torchrun-per-node path, for users who want torchrun's agent.
+
+`plan_submitit` is pure (the sbatch text is submitit's own `_make_sbatch_string`, so the dry run prints
+exactly what `submit_submitit` hands to sbatch); only `submit_submitit` contacts the cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..trainer.config import train_argv
+from ..traces.layout import RunLayout
+from .slurm_common import (
+    PREEMPTED_EXIT_CODE,
+    TIME_LIMIT_SIGNAL_SECONDS,
+    PostprocessJob,
+    SlurmResources,
+    export_lines,
+    shell_join,
+    plan_postprocess_job,
+    slurm_logs_dir,
+    validated_environment,
+)
+from .slurm_jobs import SubmittedSlurmJob, submit_postprocess
+from .spec import JobSpec
+
+SUBMIT_MODULE_COMMAND = "-u -m submitit.core._submit"
+ERROR_FILE_DIR_FORMAT = "submitit-{job_id}"
+"""Per-rank error files: <run>/logs/submitit-<job>/attempt_<K>/<rank>/error.json (torchrun's layout, so the
+same failure collection reads both)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubmititPlan:
+    """Everything submitit needs, and the exact texts the dry run prints."""
+
+    folder: str
+    """submitit's folder: submission script, pickles and per-rank logs."""
+    python: str
+    """The shell word that starts Python on the nodes (already quoted)."""
+    parameters: dict[str, Any]
+    """`SlurmExecutor.update_parameters(**parameters)`."""
+    rank_task: "SubmititRank"
+    sbatch_script: str
+    postprocess: PostprocessJob
+    run_dir: Path
+
+    def render(self) -> str:
+        return "\n".join([
+            f"# submitit: sbatch {self.folder}/<JOB_ID>_submission.sh, whose text is:",
+            self.sbatch_script,
+            f"# every task runs {self.rank_task.describe()}",
+            "# then, after the training job has ended (any outcome):",
+            self.postprocess.render(),
+            "# with the script:",
+            self.postprocess.script,
+        ])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "submitit", "folder": self.folder, "parameters": self.parameters,
+                "trainer_argv": self.rank_task.trainer_argv, "sbatch_script": self.sbatch_script,
+                "postprocess_script": self.postprocess.script}
+
+
+@dataclass(frozen=True)
+class SubmititRank:
+    """What each Slurm task runs: one trainer rank, in-process.
+
+    Picklable (submitit stores it); `checkpoint` makes submitit requeue the job on its time-limit signal
+    (USR2) instead of letting it die: the requeue sends SIGTERM to every rank, on which the trainer saves a
+    checkpoint, and the next attempt resumes from it.
+    """
+
+    trainer_argv: list[str]
+    run_dir: str
+
+    def describe(self) -> str:
+        return shell_join(["python", "-m", "fleetscope.trainer", *self.trainer_argv])
+
+    def __call__(self) -> int:
+        import submitit
+
+        distributed = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        os.environ["TORCHELASTIC_ERROR_FILE"] = str(self.error_file(distributed.rank))
+        from ..trainer.__main__ import main as trainer_main
+
+        code = trainer_main(self.trainer_argv)
+        if code == PREEMPTED_EXIT_CODE:
+            # Checkpoint saved on SIGTERM: exit without a result so that submitit does not call the job done.
+            raise SystemExit(code)
+        if code:
+            raise RuntimeError(f"the trainer exited with code {code} on rank {distributed.rank}")
+        return 0
+
+    def error_file(self, rank: int) -> Path:
+        job_id = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID", "unknown")
+        attempt = os.environ.get("SLURM_RESTART_COUNT", "0")
+        return (RunLayout.at(self.run_dir).logs_dir / ERROR_FILE_DIR_FORMAT.format(job_id=job_id)
+                / f"attempt_{attempt}" / str(rank) / "error.json")
+
+    def checkpoint(self) -> Any:
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)
+
+
+def executor_parameters(spec: JobSpec, resources: SlurmResources) -> dict[str, Any]:
+    """`SlurmExecutor.update_parameters` keywords (submitit quotes every value in `#SBATCH` lines)."""
+    parameters: dict[str, Any] = {
+        "job_name": resources.job_name,
+        "nodes": resources.nodes,
+        "ntasks_per_node": resources.nproc_per_node,
+        "time": resources.time_minutes,
+        "signal_delay_s": TIME_LIMIT_SIGNAL_SECONDS,
+        "setup": ["# environment of every rank", *export_lines(validated_environment(spec))],
+        "srun_args": ["--kill-on-bad-exit=1"],
+        "additional_parameters": {"requeue": True, **{option.key: option.value if option.value is not None
+                                                      else True for option in resources.extra}},
+    }
+    optional = {"gpus_per_node": resources.gpus_per_node, "cpus_per_task": resources.cpus_per_task,
+                "mem": resources.mem_per_node, "partition": resources.partition, "account": resources.account,
+                "qos": resources.qos}
+    parameters.update({name: value for name, value in optional.items() if value})
+    return parameters
+
+
+def submitit_command(python: str, folder: str) -> str:
+    """The command submitit puts after srun (its `_submitit_command_str`)."""
+    return " ".join([python, SUBMIT_MODULE_COMMAND, shlex.quote(folder)])
+
+
+def plan_submitit(spec: JobSpec) -> SubmititPlan:
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    resources = SlurmResources.from_spec(spec)
+    folder = slurm_logs_dir(spec)
+    python = shlex.quote(spec.python)
+    parameters = executor_parameters(spec, resources)
+    script = _make_sbatch_string(command=submitit_command(python, folder), folder=folder, **parameters)
+    rank_task = SubmititRank(trainer_argv=train_argv(spec.train), run_dir=str(RunLayout.at(spec.train.run_dir).root))
+    return SubmititPlan(folder=folder, python=python, parameters=parameters, rank_task=rank_task,
+                        sbatch_script=script, postprocess=plan_postprocess_job(spec, resources),
+                        run_dir=RunLayout.at(spec.train.run_dir).root)
+
+
+def submit_submitit(plan: SubmititPlan) -> SubmittedSlurmJob:
+    """Submit the training job (through submitit) and its post-processing job."""
+    import submitit
+
+    Path(plan.folder).mkdir(parents=True, exist_ok=True)
+    executor = submitit.SlurmExecutor(folder=plan.folder, python=plan.python, max_num_timeout=3)
+    executor.update_parameters(**plan.parameters)
+    job = executor.submit(plan.rank_task)
+    postprocess_id = submit_postprocess(plan.postprocess, str(job.job_id), Path(plan.folder))
+    return SubmittedSlurmJob(job_id=str(job.job_id), postprocess_job_id=postprocess_id,
+                             script_path=str(job.paths.submission_file))

@@ -1,0 +1,192 @@
+"""Slurm through TorchX: an AppDef like `dist.ddp` (one torchrun per node, c10d rendezvous on the first node),
+materialized by TorchX's own Slurm request into a heterogeneous batch job (one component per node).
+
+`plan_torchx` is pure. TorchX's `SlurmScheduler._submit_dryrun` asks `sinfo` for the partition's memory, so
+the plan builds TorchX's `SlurmBatchRequest` from its `SlurmReplicaRequest.from_role` directly and adds what
+TorchX 0.7 has no option for (account, qos, extra sbatch options, quoted). `submit_torchx` writes TorchX's
+materialized script into the run's logs and runs `sbatch --parsable --chdir=<logs>` on it: TorchX's own
+`schedule` would write its bookkeeping file and the per-node logs into the caller's working directory.
+The job is still TorchX's: `torchx status slurm://fleetscope/<job id>` works (with Slurm accounting).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..trainer.config import train_argv
+from ..traces.layout import RunLayout
+from .local import TRAINER_MODULE
+from .slurm_common import (
+    PostprocessJob,
+    SlurmResources,
+    export_lines,
+    plan_postprocess_job,
+    safe_job_label,
+    slurm_logs_dir,
+    validated_environment,
+)
+from .slurm_jobs import SubmittedSlurmJob, submit_batch_script, submit_postprocess
+from .spec import JobSpec
+
+RDZV_PORT = 29500
+SESSION_NAME = "fleetscope"
+SCRIPT_NAME = "torchx-sbatch.sh"
+TORCHRUN_LOGS_FORMAT = "torchx-node{replica}"
+"""torchrun's per-node log tree: <run>/logs/torchx-node<N>/<rdzv id>_*/attempt_<K>/<local rank>/."""
+
+
+def torchrun_command(spec: JobSpec, *, rank0_host: str, rdzv_id: str, replica: str) -> list[str]:
+    """torchrun for one node, as `dist.ddp` writes it; `rank0_host`, `rdzv_id`, `replica` may be shell text."""
+    layout = RunLayout.at(spec.train.run_dir)
+    return [
+        spec.python, "-m", "torch.distributed.run",
+        "--nnodes", str(spec.nodes), "--nproc-per-node", str(spec.nproc_per_node),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{rank0_host}:{RDZV_PORT}", "--rdzv-id", rdzv_id,
+        "--log-dir", str(layout.logs_dir / TORCHRUN_LOGS_FORMAT.format(replica=replica)),
+        "--redirects", "3", "--tee", "3",
+        "-m", TRAINER_MODULE, *train_argv(spec.train),
+    ]
+
+
+def node_script(spec: JobSpec) -> str:
+    """The `bash -c` text each node runs: the environment, then torchrun (exec: signals reach it directly).
+
+    The rendezvous host, id and the replica number are TorchX macros (`${rank0_env}`, `${app_id}`,
+    `${replica_id}`), filled per scheduler and replica. They are put in after quoting, in place of sentinels
+    that quoting leaves intact.
+    """
+    from torchx.specs import macros
+
+    sentinels = {"@rank0_host@": f'"${{{macros.rank0_env}:=localhost}}"', "@rdzv_id@": macros.app_id,
+                 "@replica@": macros.replica_id}
+    command = " ".join(shlex.quote(arg) for arg in torchrun_command(
+        spec, rank0_host="@rank0_host@", rdzv_id="@rdzv_id@", replica="@replica@"))
+    for sentinel, text in sentinels.items():
+        command = command.replace(sentinel, text)
+    return "\n".join([*export_lines(validated_environment(spec)), f"exec {command}"])
+
+
+def mem_megabytes(text: str) -> int:
+    """'200G' / '4096M' / '8000' (Slurm's MB default) as megabytes; '' -> 0 (no memory request)."""
+    if not text:
+        return 0
+    units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+    if text[-1] in units:
+        return max(1, int(int(text[:-1]) * units[text[-1]]))
+    return int(text)
+
+
+def build_appdef(spec: JobSpec, resources: SlurmResources) -> Any:
+    """One role, one replica per node, each running torchrun for its node's ranks."""
+    from torchx import specs
+
+    cpus = resources.cpus_per_task * resources.nproc_per_node  # 0: no request, the cluster default
+    role = specs.Role(
+        name=safe_job_label(resources.job_name),
+        image="",
+        entrypoint="bash",
+        args=["-c", node_script(spec)],
+        num_replicas=resources.nodes,
+        resource=specs.Resource(cpu=cpus, gpu=resources.gpus_per_node, memMB=mem_megabytes(resources.mem_per_node)),
+        port_map={"c10d": RDZV_PORT},
+        max_retries=0,
+    )
+    return specs.AppDef(name=safe_job_label(resources.job_name), roles=[role])
+
+
+def scheduler_config(resources: SlurmResources) -> dict[str, str]:
+    config = {"time": str(resources.time_minutes)}
+    if resources.partition:
+        config["partition"] = resources.partition
+    return config
+
+
+def slurm_batch_request(app: Any, resources: SlurmResources, logs_dir: str) -> Any:
+    """TorchX's SlurmBatchRequest for `app`, built as TorchX's dry run builds it, without asking sinfo."""
+    from torchx.schedulers.slurm_scheduler import SlurmBatchRequest, SlurmReplicaRequest
+    from torchx.specs import macros
+
+    config = scheduler_config(resources)
+    replicas = {}
+    for role in app.roles:
+        for replica_id in range(role.num_replicas):
+            values = macros.Values(img_root=role.image, app_id=macros.app_id, replica_id=str(replica_id),
+                                   rank0_env="SLURM_JOB_NODELIST_HET_GROUP_0")
+            name = f"{role.name}-{replica_id}"
+            replica = SlurmReplicaRequest.from_role(name, values.apply(role), config,
+                                                    nomem=not resources.mem_per_node)
+            replica.sbatch_opts.update(extra_group_options(resources))
+            replicas[name] = replica
+    return SlurmBatchRequest(cmd=["sbatch", "--parsable", f"--chdir={logs_dir}"], replicas=replicas, job_dir=None,
+                             max_retries=min(role.max_retries for role in app.roles))
+
+
+def extra_group_options(resources: SlurmResources) -> dict[str, str | None]:
+    """Per-component options TorchX has no setting for; values quoted (TorchX writes them verbatim)."""
+    options: dict[str, str | None] = {}
+    if resources.account:
+        options["account"] = resources.account
+    if resources.qos:
+        options["qos"] = resources.qos
+    for option in resources.extra:
+        options[option.key] = None if option.value is None else shlex.quote(option.value)
+    return options
+
+
+@dataclass(frozen=True, kw_only=True)
+class TorchXPlan:
+    app: Any
+    """The TorchX AppDef."""
+    request: Any
+    """TorchX's SlurmBatchRequest; `request.materialize()` is the batch script."""
+    sbatch_script: str
+    script_path: str
+    postprocess: PostprocessJob
+    run_dir: Path
+    config: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def sbatch_argv(self) -> list[str]:
+        return [*self.request.cmd, self.script_path]
+
+    def render(self) -> str:
+        return "\n".join([
+            f"# torchx (slurm): {' '.join(shlex.quote(arg) for arg in self.sbatch_argv)}, whose text is:",
+            self.sbatch_script,
+            "# then, after the training job has ended (any outcome):",
+            self.postprocess.render(),
+            "# with the script:",
+            self.postprocess.script,
+        ])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "torchx", "scheduler": "slurm", "sbatch_argv": self.sbatch_argv,
+                "sbatch_script": self.sbatch_script, "postprocess_script": self.postprocess.script}
+
+
+def plan_torchx(spec: JobSpec) -> TorchXPlan:
+    resources = SlurmResources.from_spec(spec)
+    logs_dir = slurm_logs_dir(spec)
+    app = build_appdef(spec, resources)
+    request = slurm_batch_request(app, resources, logs_dir)
+    return TorchXPlan(app=app, request=request, sbatch_script=request.materialize(),
+                      script_path=str(Path(logs_dir) / SCRIPT_NAME), postprocess=plan_postprocess_job(spec, resources),
+                      run_dir=RunLayout.at(spec.train.run_dir).root, config=scheduler_config(resources))
+
+
+def submit_torchx(plan: TorchXPlan) -> SubmittedSlurmJob:
+    """Write TorchX's script into the run's logs, sbatch it, then submit the post-processing job."""
+    script = Path(plan.script_path)
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(plan.sbatch_script)
+    job_id = submit_batch_script(plan.sbatch_argv)
+    postprocess_id = submit_postprocess(plan.postprocess, job_id, script.parent)
+    return SubmittedSlurmJob(job_id=job_id, postprocess_job_id=postprocess_id, script_path=str(script))
+
+
+def app_handle(job_id: str) -> str:
+    """The TorchX handle of a submitted job (`torchx status <handle>`)."""
+    return f"slurm://{SESSION_NAME}/{job_id}"

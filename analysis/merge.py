@@ -1,10 +1,16 @@
 """One merged Perfetto trace of all ranks.
 
 `merge(path, out)` reads the Kineto traces of a run directory (or of any directory of traces) and
-writes ONE native Perfetto protobuf trace: a process per rank named `rank R (host)` and listed in
-rank order, a track per CPU thread and per GPU stream, every complete event as a slice (with its
-category), instant events, counters, on one clock (`baseTimeNanoseconds` plus the event's offset,
-minus the rank's measured clock offset to rank 0 when the run directory has one).
+writes ONE native Perfetto protobuf trace:
+
+* a process per rank named `rank R (host)`, listed in rank order; a track per CPU thread and per GPU
+  stream; every complete event as a slice (name and category), instants, counters;
+* one clock: `baseTimeNanoseconds` plus the event's offset, minus the rank's measured clock offset to
+  rank 0 (`clock/rank<R>.json` in a run directory, or `offsets_ns`);
+* arrows from CPU launches to GPU work and between ranks at the same collective instance
+  (perfetto_flows.py); a `fleetscope analysis` track per rank with steps, idle gaps and straggler
+  marks, and step-time / idle / memory counters (perfetto_overlays.py);
+* optionally the same events as Chrome JSON (merge_json.py).
 
 The trace is streamed: ranks are read one at a time (a rank's windows one after another, all into
 its process) and written packet by packet with interned names, so memory is bounded by one trace
@@ -19,13 +25,18 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from fleetscope.traces.kineto import TraceReadError, distributed_rank, read_trace
 from fleetscope.traces.layout import MERGED_TRACE
 
+from .merge_json import ChromeJsonWriter
+from .merge_options import MergeOptions
+from .merge_report import ReportSource, load_report, report_view
 from .merge_sources import MergeInputs, MergeProblem, RankSource, TraceFile, find_merge_inputs
-from .perfetto_plan import OP_BEGIN, OP_COUNTER, OP_END, OP_INSTANT, RankTracks, WindowClock, WindowPlan, plan_window
+from .perfetto_flows import FlowPlan
+from .perfetto_plan import WindowClock, WindowContext, WindowPlan, plan_window
+from .perfetto_tracks import NO_EVENT, OP_BEGIN, OP_COUNTER, OP_END, OP_INSTANT, RankTracks
 from .perfetto_writer import PacketStream, SequenceWriter, TrackSpec, write_preamble
 
 PROCESS_PID_BASE = 1_000_000
@@ -33,6 +44,7 @@ PROCESS_PID_BASE = 1_000_000
 `rank 3 (node7) 1000003` still ends in the rank. Real pids would collide across hosts."""
 
 _PREAMBLE_SEQUENCE_ID = 1
+_COLLECTIVE_FLOW_BIT = 1 << 63
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -44,11 +56,16 @@ class RankMergeSummary:
     files: tuple[str, ...]
     """The trace files merged (one per profiling window), in the order they were read."""
     slice_count: int
+    """Slices of recorded events (== the inputs' complete events, less those filtered out)."""
+    overlay_slice_count: int
     instant_count: int
     counter_sample_count: int
+    flow_count: int
     track_count: int
     overlap_track_count: int
     """Extra tracks made for events that overlap others on their thread without nesting."""
+    filtered_count: int
+    """Events left out by the options (python functions, steps, time window)."""
     clock_offset_ns: int
     first_timestamp_ns: int | None
 
@@ -65,6 +82,8 @@ class MergeResult:
     elapsed_s: float
     per_rank: list[RankMergeSummary] = field(default_factory=list)
     problems: list[MergeProblem] = field(default_factory=list)
+    chrome_json: Path | None = None
+    chrome_json_uncompressed_bytes: int | None = None
 
     @property
     def slice_count(self) -> int:
@@ -75,8 +94,9 @@ def merge(
     path: str | Path,
     out: str | Path | None = None,
     *,
+    options: MergeOptions | None = None,
     offsets_ns: Mapping[int, int] | None = None,
-    ranks: Iterable[int] | None = None,
+    report: ReportSource = None,
     progress: Callable[[RankMergeSummary], None] | None = None,
 ) -> MergeResult:
     """Merge the traces under `path` into one Perfetto trace at `out`.
@@ -84,24 +104,31 @@ def merge(
     `path`: a run directory or any directory of Kineto traces (or one trace file).
     `out`: default `report/merged.perfetto-trace` in a run directory, else `merged.perfetto-trace`
     next to the traces. The file is replaced atomically when the merge is done.
-    `offsets_ns`: rank -> clock offset to rank 0 (ns), overriding `clock/rank<R>.json`.
-    `ranks`: merge only these ranks. `progress` is called after each rank.
+    `options`: what to keep and add (MergeOptions). `offsets_ns`: rank -> clock offset to rank 0 (ns),
+    overriding `clock/rank<R>.json`. `report`: the analysis report (a Report, its JSON dict or a path)
+    for straggler marks; a run directory's report/report.json is used when not given.
+    `progress` is called after each rank.
     """
+    options = options or MergeOptions()
     started = time.perf_counter()
     inputs = find_merge_inputs(path, offsets_ns=offsets_ns)
-    selected = _select_ranks(inputs, ranks)
+    selected = _select_ranks(inputs, options.ranks)
     destination = _output_path(inputs, out)
     problems = list(inputs.problems)
-    summaries = []
-    with _atomic_output(destination) as handle:
-        stream = PacketStream(handle)
-        preamble = _Preamble(stream=stream)
-        for source in selected:
-            summary = _merge_rank(source, stream, preamble, problems)
-            summaries.append(summary)
-            if progress is not None:
-                progress(summary)
-        stream.flush()
+    report_json = load_report(report, inputs.run_layout, problems) if options.overlays else None
+    json_writer = ChromeJsonWriter(options.chrome_json) if options.chrome_json else None
+    try:
+        with _atomic_output(destination) as handle:
+            session = _MergeSession(stream=PacketStream(handle), options=options, report=report_json,
+                                    json_writer=json_writer, problems=problems)
+            summaries = [session.merge_rank(source, progress) for source in selected]
+            session.stream.flush()
+        if json_writer is not None:
+            json_writer.close()
+    except BaseException:
+        if json_writer is not None:
+            json_writer.abandon()
+        raise
     merged = [s for s in summaries if s.files]
     return MergeResult(
         output=destination,
@@ -112,18 +139,19 @@ def merge(
         elapsed_s=time.perf_counter() - started,
         per_rank=summaries,
         problems=problems,
+        chrome_json=json_writer.path if json_writer else None,
+        chrome_json_uncompressed_bytes=json_writer.uncompressed_bytes if json_writer else None,
     )
 
 
-def _select_ranks(inputs: MergeInputs, ranks: Iterable[int] | None) -> list[RankSource]:
+def _select_ranks(inputs: MergeInputs, ranks: frozenset[int] | None) -> list[RankSource]:
     if ranks is None:
         return inputs.ranks
-    wanted = set(ranks)
     available = {source.rank for source in inputs.ranks}
-    unknown = sorted(wanted - available)
+    unknown = sorted(set(ranks) - available)
     if unknown:
         raise ValueError(f"ranks {unknown} not found under {inputs.root} (available: {sorted(available)})")
-    return [source for source in inputs.ranks if source.rank in wanted]
+    return [source for source in inputs.ranks if source.rank in ranks]
 
 
 def _output_path(inputs: MergeInputs, out: str | Path | None) -> Path:
@@ -147,87 +175,164 @@ def _atomic_output(destination: Path) -> Iterator:
         staging.unlink(missing_ok=True)
 
 
-@dataclass(kw_only=True)
-class _Preamble:
-    """Written once, just before the first event, when the first timestamp is known."""
-
-    stream: PacketStream
-    written: bool = False
-
-    def write_once(self, first_timestamp_ns: int) -> None:
-        if not self.written:
-            write_preamble(self.stream, sequence_id=_PREAMBLE_SEQUENCE_ID, first_timestamp_ns=first_timestamp_ns)
-            self.written = True
-
-
-def _merge_rank(source: RankSource, stream: PacketStream, preamble: _Preamble,
-                problems: list[MergeProblem]) -> RankMergeSummary:
-    tracks = RankTracks.for_rank(source.rank)
-    writer = SequenceWriter(stream=stream, sequence_id=rank_sequence_id(source.rank))
-    totals: Counter = Counter()
-    merged_files: list[str] = []
-    first_ns: int | None = None
-    for trace_file in source.files:
-        plan = _plan_file(trace_file, source, tracks, problems)
-        if plan is None:
-            continue
-        if not merged_files:
-            preamble.write_once(plan.first_ts_ns or 0)
-            writer.track(_process_track(source, tracks))
-        _emit_window(plan, writer)
-        merged_files.append(str(trace_file.path))
-        first_ns = plan.first_ts_ns if first_ns is None else min(first_ns, plan.first_ts_ns or first_ns)
-        totals.update(slices=plan.slice_count, instants=plan.instant_count,
-                      counters=plan.counter_sample_count, overlaps=plan.overlap_lane_count)
-    return RankMergeSummary(
-        rank=source.rank, process_name=source.process_name, files=tuple(merged_files),
-        slice_count=totals["slices"], instant_count=totals["instants"],
-        counter_sample_count=totals["counters"], track_count=tracks.track_count,
-        overlap_track_count=totals["overlaps"], clock_offset_ns=source.clock_offset_ns,
-        first_timestamp_ns=first_ns,
-    )
-
-
 def rank_sequence_id(rank: int) -> int:
     """Each rank is its own packet sequence (its own interning table)."""
     return _PREAMBLE_SEQUENCE_ID + 1 + rank
 
 
-def _process_track(source: RankSource, tracks: RankTracks) -> TrackSpec:
-    return TrackSpec(uuid=tracks.process_uuid, name=source.process_name,
-                     pid=PROCESS_PID_BASE + source.rank, order=source.rank)
+@dataclass(kw_only=True)
+class _MergeSession:
+    """State shared by the ranks of one merge: the output streams and the common time origin."""
+
+    stream: PacketStream
+    options: MergeOptions
+    report: dict | None
+    json_writer: ChromeJsonWriter | None
+    problems: list[MergeProblem]
+    origin_ns: int | None = None
+    """The first merged event: where `options.time_window_s` counts from."""
+
+    def merge_rank(self, source: RankSource, progress: Callable[[RankMergeSummary], None] | None) -> RankMergeSummary:
+        emitter = _RankEmitter(writer=SequenceWriter(stream=self.stream, sequence_id=rank_sequence_id(source.rank)),
+                               json_writer=self.json_writer, pid=PROCESS_PID_BASE + source.rank,
+                               event_args=self.options.event_args)
+        tracks = RankTracks.for_rank(source.rank)
+        totals: Counter = Counter()
+        merged_files: list[str] = []
+        first_ns: int | None = None
+        for position, trace_file in enumerate(source.files):
+            window_key = trace_file.window if trace_file.window is not None else position
+            planned = self._plan_file(trace_file, source, tracks, window_key, first_window=not merged_files)
+            if planned is None:
+                continue
+            plan, events = planned
+            if not merged_files:
+                self._start_rank(emitter, source, tracks, plan)
+            emitter.emit(plan, events)
+            merged_files.append(str(trace_file.path))
+            if plan.first_ts_ns is not None:
+                first_ns = plan.first_ts_ns if first_ns is None else min(first_ns, plan.first_ts_ns)
+            _add_totals(totals, plan)
+        summary = _summary(source, tracks, merged_files, totals, first_ns)
+        if progress is not None:
+            progress(summary)
+        return summary
+
+    def _start_rank(self, emitter: "_RankEmitter", source: RankSource, tracks: RankTracks, plan: WindowPlan) -> None:
+        first_ns = plan.first_ts_ns or 0
+        if self.stream.packets_written == 0:
+            write_preamble(self.stream, sequence_id=_PREAMBLE_SEQUENCE_ID, first_timestamp_ns=first_ns)
+        if self.json_writer is not None:
+            self.json_writer.start_clock(first_ns)
+        emitter.process(TrackSpec(uuid=tracks.process_uuid, name=source.process_name,
+                                  pid=PROCESS_PID_BASE + source.rank, order=source.rank))
+
+    def _plan_file(self, trace_file: TraceFile, source: RankSource, tracks: RankTracks, window_key: int,
+                   *, first_window: bool) -> tuple[WindowPlan, list[Any]] | None:
+        """Read one window and plan it; returns the plan and the window's events (for their args)."""
+        try:
+            document = read_trace(trace_file.path)
+        except TraceReadError as error:
+            self.problems.append(MergeProblem(path=str(trace_file.path), rank=source.rank, reason=error.reason))
+            return None
+        self._check_rank(document, trace_file, source)
+        base_ns = document.get("baseTimeNanoseconds")
+        context = WindowContext(
+            clock=WindowClock(base_ns=base_ns if isinstance(base_ns, int) else 0, offset_ns=source.clock_offset_ns),
+            options=self.options, window_key=window_key, origin_ns=self.origin_ns,
+            report=report_view(self.report, rank=source.rank, window_key=window_key, first_window=first_window),
+        )
+        plan = plan_window(document["traceEvents"], tracks, context)
+        if self.origin_ns is None:
+            self.origin_ns = plan.origin_ns
+        for reason, count in sorted(plan.skipped.items()):
+            self.problems.append(MergeProblem(path=str(trace_file.path), rank=source.rank,
+                                              reason=f"{count} events: {reason}"))
+        return plan, document["traceEvents"]
+
+    def _check_rank(self, document: dict, trace_file: TraceFile, source: RankSource) -> None:
+        declared_rank, _ = distributed_rank(document)
+        if declared_rank is not None and declared_rank != source.rank:
+            self.problems.append(MergeProblem(
+                path=str(trace_file.path), rank=source.rank,
+                reason=f"distributedInfo says rank {declared_rank}; merged as rank {source.rank}"))
 
 
-def _plan_file(trace_file: TraceFile, source: RankSource, tracks: RankTracks,
-               problems: list[MergeProblem]) -> WindowPlan | None:
-    """Read one window and plan it; the parsed JSON is released on return."""
-    try:
-        document = read_trace(trace_file.path)
-    except TraceReadError as error:
-        problems.append(MergeProblem(path=str(trace_file.path), rank=source.rank, reason=error.reason))
-        return None
-    declared_rank, _ = distributed_rank(document)
-    if declared_rank is not None and declared_rank != source.rank:
-        problems.append(MergeProblem(path=str(trace_file.path), rank=source.rank,
-                                     reason=f"distributedInfo says rank {declared_rank}; merged as rank {source.rank}"))
-    base_ns = document.get("baseTimeNanoseconds")
-    clock = WindowClock(base_ns=base_ns if isinstance(base_ns, int) else 0, offset_ns=source.clock_offset_ns)
-    plan = plan_window(document["traceEvents"], tracks, clock)
-    for reason, count in sorted(plan.skipped.items()):
-        problems.append(MergeProblem(path=str(trace_file.path), rank=source.rank, reason=f"{count} events: {reason}"))
-    return plan
+def _add_totals(totals: Counter, plan: WindowPlan) -> None:
+    totals.update(slices=plan.slice_count, overlay_slices=plan.overlay_slice_count, instants=plan.instant_count,
+                  counters=plan.counter_sample_count, overlaps=plan.overlap_lane_count,
+                  filtered=plan.filtered_count,
+                  flows=plan.flows.launch_flow_count + plan.flows.trace_flow_count + plan.flows.collective_flow_count)
 
 
-def _emit_window(plan: WindowPlan, writer: SequenceWriter) -> None:
-    for spec in plan.new_tracks:
-        writer.track(spec)
-    for operation in plan.operations:
-        kind = operation[1]
-        if kind == OP_END:
-            writer.slice_end(operation[0], operation[2])
-        elif kind == OP_BEGIN:
-            writer.slice_begin(operation[0], operation[2], operation[3], operation[4])
-        elif kind == OP_INSTANT:
-            writer.instant(operation[0], operation[2], operation[3], operation[4])
-        elif kind == OP_COUNTER:
-            writer.counter(operation[0], operation[2], operation[3])
+def _summary(source: RankSource, tracks: RankTracks, files: list[str], totals: Counter,
+             first_ns: int | None) -> RankMergeSummary:
+    return RankMergeSummary(
+        rank=source.rank, process_name=source.process_name, files=tuple(files),
+        slice_count=totals["slices"], overlay_slice_count=totals["overlay_slices"],
+        instant_count=totals["instants"], counter_sample_count=totals["counters"], flow_count=totals["flows"],
+        track_count=tracks.track_count, overlap_track_count=totals["overlaps"],
+        filtered_count=totals["filtered"], clock_offset_ns=source.clock_offset_ns, first_timestamp_ns=first_ns,
+    )
+
+
+@dataclass(kw_only=True)
+class _RankEmitter:
+    """Writes planned operations to the Perfetto stream (and the Chrome JSON, when asked)."""
+
+    writer: SequenceWriter
+    json_writer: ChromeJsonWriter | None
+    pid: int
+    event_args: bool
+
+    def process(self, spec: TrackSpec) -> None:
+        self.writer.track(spec)
+        if self.json_writer is not None:
+            self.json_writer.process(self.pid, spec.name, spec.order or 0)
+
+    def emit(self, plan: WindowPlan, events: list[Any]) -> None:
+        for spec in plan.new_tracks:
+            self.writer.track(spec)
+            if self.json_writer is not None:
+                self.json_writer.track(self.pid, spec.uuid, spec.name, spec.order, spec.is_counter)
+        for operation in plan.operations:
+            kind = operation[1]
+            if kind == OP_END:
+                self.writer.slice_end(operation[0], operation[2])
+            elif kind == OP_BEGIN:
+                self._begin(operation, plan.flows, events)
+            elif kind == OP_INSTANT:
+                self._instant(operation, events)
+            elif kind == OP_COUNTER:
+                self.writer.counter(operation[0], operation[2], operation[3])
+                if self.json_writer is not None:
+                    self.json_writer.counter(self.pid, operation[2], operation[0], operation[3])
+
+    def _begin(self, operation: tuple, flows: FlowPlan, events: list[Any]) -> None:
+        ts, _, uuid, name, category, end_ns, ident, annotations = operation
+        outgoing = flows.outgoing.get(ident, ()) if ident != NO_EVENT else ()
+        terminating = flows.terminating.get(ident, ()) if ident != NO_EVENT else ()
+        args = annotations if ident == NO_EVENT else _event_args(events, ident)
+        self.writer.slice_begin(ts, uuid, name, category, flow_ids=tuple(outgoing),
+                                terminating_flow_ids=tuple(terminating),
+                                annotations=args if (self.event_args or ident == NO_EVENT) else None)
+        if self.json_writer is not None:
+            self.json_writer.complete(self.pid, uuid, name, category, ts, end_ns, args)
+            for flow_id in outgoing:
+                if not flow_id & _COLLECTIVE_FLOW_BIT:
+                    self.json_writer.flow(ends=False, flow_id=flow_id, pid=self.pid, uuid=uuid, ts_ns=ts)
+            for flow_id in terminating:
+                self.json_writer.flow(ends=True, flow_id=flow_id, pid=self.pid, uuid=uuid, ts_ns=ts)
+
+    def _instant(self, operation: tuple, events: list[Any]) -> None:
+        ts, _, uuid, name, category, ident, annotations = operation
+        args = annotations if ident == NO_EVENT else _event_args(events, ident)
+        self.writer.instant(ts, uuid, name, category,
+                            annotations=args if (self.event_args or ident == NO_EVENT) else None)
+        if self.json_writer is not None:
+            self.json_writer.instant(self.pid, uuid, name, category, ts, args)
+
+
+def _event_args(events: list[Any], ident: int) -> dict | None:
+    args = events[ident].get("args")
+    return args if isinstance(args, dict) and args else None

@@ -7,7 +7,7 @@ open slice).
 
 Checked: every track event names a described track; every interned id (names, categories,
 annotation names) resolves on its sequence; per track, begins and ends balance and no end comes
-before its begin; every flow id joins at least two slices.
+before its begin; every flow arrow joins two slices, and a rank's own flows are complete.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
@@ -86,6 +86,15 @@ class RebuiltSlice:
     start_ns: int
     end_ns: int
     depth: int
+    annotations: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RebuiltInstant:
+    track_uuid: int
+    name: str
+    ts_ns: int
+    annotations: dict[str, Any] | None = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -104,10 +113,15 @@ class TraceCheck:
 
     tracks: dict[int, TrackInfo] = field(default_factory=dict)
     slices: list[RebuiltSlice] = field(default_factory=list)
-    instant_count_by_process: Counter = field(default_factory=Counter)
+    instants: list[RebuiltInstant] = field(default_factory=list)
     counter_values: dict[int, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))
-    flow_slice_count: Counter = field(default_factory=Counter)
-    """flow id -> number of slices it is attached to."""
+    flow_ends: dict[int, list[tuple]] = field(default_factory=lambda: defaultdict(list))
+    """flow id -> (ts_ns, packet index, terminates, slice key) of every slice it is attached to;
+    a slice key is (track uuid, start ns, name)."""
+    arrows: list[tuple[int, tuple, tuple]] = field(default_factory=list)
+    """(flow id, from slice key, to slice key), as the trace processor joins flows."""
+    unpaired_flow_ids: set[int] = field(default_factory=set)
+    """Cross-rank flow ids found on one slice only (a rank without that collective instance)."""
     packet_count: int = 0
     problems: list[str] = field(default_factory=list)
 
@@ -125,6 +139,9 @@ class TraceCheck:
         while track is not None and track.pid is None:
             track = self.tracks.get(track.parent_uuid) if track.parent_uuid is not None else None
         return track
+
+    def instant_count_by_process(self) -> Counter:
+        return Counter(self.process_of(i.track_uuid).name for i in self.instants)
 
     def slice_count_by_process(self) -> Counter:
         counts: Counter = Counter()
@@ -195,16 +212,32 @@ def _add_event(packet: pb.TracePacket, index: int, sequence: _Interning, check: 
         check.problems.append(f"packet {index}: track {event.track_uuid} used before it is described")
     name = _resolve(event.name_iid, sequence.names, "name", index, check) if event.name_iid else event.name
     categories = [_resolve(iid, sequence.categories, "category", index, check) for iid in event.category_iids]
+    annotations = {}
     for annotation in event.debug_annotations:
-        if annotation.name_iid:
-            _resolve(annotation.name_iid, sequence.annotation_names, "annotation name", index, check)
+        key = (_resolve(annotation.name_iid, sequence.annotation_names, "annotation name", index, check)
+               if annotation.name_iid else annotation.name)
+        annotations[key] = annotation_value(annotation)
     if event.type == pb.TrackEvent.TYPE_COUNTER:
         value = event.double_counter_value if event.HasField("double_counter_value") else event.counter_value
         check.counter_values[event.track_uuid].append((packet.timestamp, value))
         return
+    flows = tuple(event.flow_ids) + tuple(event.flow_ids_old)
+    terminating = tuple(event.terminating_flow_ids) + tuple(event.terminating_flow_ids_old)
+    if (flows or terminating) and event.type not in (pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_INSTANT):
+        check.problems.append(f"packet {index}: flow ids on an event that is not a slice")
     events_by_track[event.track_uuid].append(
-        (packet.timestamp, index, event.type, name, ",".join(categories), tuple(event.flow_ids))
+        (packet.timestamp, index, event.type, name, ",".join(categories), flows, terminating, annotations or None)
     )
+
+
+def annotation_value(annotation: pb.DebugAnnotation) -> Any:
+    """A debug annotation as a plain value (dicts and lists for nested ones)."""
+    if annotation.dict_entries:
+        return {entry.name: annotation_value(entry) for entry in annotation.dict_entries}
+    if annotation.array_values:
+        return [annotation_value(item) for item in annotation.array_values]
+    which = annotation.WhichOneof("value")
+    return getattr(annotation, which) if which else None
 
 
 def _resolve(iid: int, table: dict[int, str], what: str, index: int, check: TraceCheck) -> str:
@@ -218,26 +251,47 @@ def _resolve(iid: int, table: dict[int, str], what: str, index: int, check: Trac
 def _rebuild_track(uuid: int, events: list[tuple], check: TraceCheck) -> None:
     events.sort(key=lambda e: e[0])
     open_slices: list[tuple] = []
-    process = check.process_of(uuid)
-    for timestamp, index, kind, name, category, flow_ids in events:
+    for timestamp, index, kind, name, category, flow_ids, terminating, annotations in events:
+        slice_key = (uuid, timestamp, name)
         for flow_id in flow_ids:
-            check.flow_slice_count[flow_id] += 1
+            check.flow_ends[flow_id].append((timestamp, index, False, slice_key))
+        for flow_id in terminating:
+            check.flow_ends[flow_id].append((timestamp, index, True, slice_key))
         if kind == pb.TrackEvent.TYPE_SLICE_BEGIN:
-            open_slices.append((timestamp, name, category))
+            open_slices.append((timestamp, name, category, annotations))
         elif kind == pb.TrackEvent.TYPE_SLICE_END:
             if not open_slices:
                 check.problems.append(f"packet {index}: slice end on track {uuid} with no open slice")
                 continue
-            start, begun_name, begun_category = open_slices.pop()
+            start, begun_name, begun_category, begun_annotations = open_slices.pop()
             check.slices.append(RebuiltSlice(track_uuid=uuid, name=begun_name, category=begun_category,
-                                             start_ns=start, end_ns=timestamp, depth=len(open_slices)))
+                                             start_ns=start, end_ns=timestamp, depth=len(open_slices),
+                                             annotations=begun_annotations))
         elif kind == pb.TrackEvent.TYPE_INSTANT:
-            check.instant_count_by_process[process.name if process else None] += 1
-    for start, name, _ in open_slices:
+            check.instants.append(RebuiltInstant(track_uuid=uuid, name=name, ts_ns=timestamp,
+                                                 annotations=annotations))
+    for start, name, _, _ in open_slices:
         check.problems.append(f"track {uuid}: slice {name!r} begun at {start} never ends")
 
 
 def _check_flows(check: TraceCheck) -> None:
-    for flow_id, count in check.flow_slice_count.items():
-        if count < 2:
-            check.problems.append(f"flow {flow_id} is attached to {count} slice(s); it needs two ends")
+    """Join flow ends in time order the way the trace processor does; every arrow must have a slice at
+    both ends. A rank's own flows (launch -> kernel, the trace's flows) must be complete; a cross-rank
+    id (top bit set) seen once only means the other ranks lack that instance."""
+    for flow_id, ends in check.flow_ends.items():
+        ends.sort(key=lambda end: (end[0], end[2], end[1]))
+        previous = None
+        for _, _, terminates, slice_key in ends:
+            if previous is not None:
+                check.arrows.append((flow_id, previous, slice_key))
+            elif terminates:
+                check.problems.append(f"flow {flow_id} ends at {slice_key} but never started")
+            previous = None if terminates else slice_key
+        if len(ends) < 2:
+            if flow_id & CROSS_RANK_FLOW_BIT:
+                check.unpaired_flow_ids.add(flow_id)
+            else:
+                check.problems.append(f"flow {flow_id} is attached to one slice only")
+
+
+CROSS_RANK_FLOW_BIT = 1 << 63

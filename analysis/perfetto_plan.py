@@ -10,7 +10,8 @@ A Kineto window is a list of Chrome trace events. Planning turns it into
   `<track> [overlap N]`, placed right under its track. The rule is deterministic (events taken by
   start time, longest first), so the same input always gives the same tracks;
 * operations: begin/end/instant/counter tuples in time order, with timestamps in nanoseconds on the
-  merged clock: `baseTimeNanoseconds + ts_us * 1000 - clock_offset_ns`.
+  merged clock: `baseTimeNanoseconds + ts_us * 1000 - clock_offset_ns`;
+* flows (perfetto_flows.py) and the analysis overlay and counters (perfetto_overlays.py).
 
 A rank's windows are planned one after another against the same `RankTracks`, so all of them land
 in one process and reuse its tracks.
@@ -20,103 +21,24 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
+from .merge_options import MergeOptions
+from .perfetto_flows import FlowPlan, plan_flows
+from .perfetto_overlays import OverlayInputs, ReportView, plan_overlays
+from .perfetto_tracks import (
+    GROUP_COUNTER, GROUP_CPU_THREAD, GROUP_GPU_STREAM, GROUP_MAIN_THREAD, GROUP_OTHER, NO_EVENT, OP_BEGIN,
+    OP_COUNTER, OP_END, OP_INSTANT, RankTracks, Slice, TrackKey, lay_out_track, nest_into_lanes,
+)
 from .perfetto_writer import TrackSpec
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "gpu_instant_event"})
 """Kineto categories of device activity; a (pid, tid) holding any of them is a GPU stream."""
+PYTHON_FUNCTION_CATEGORY = "python_function"
+MEMORY_EVENT_NAME = "[memory]"
+_DEVICE_TYPE_NAMES = {0: "CPU", 1: "GPU"}
+_MIB = float(1 << 20)
 
-OP_END, OP_BEGIN, OP_INSTANT, OP_COUNTER = 0, 1, 2, 3
-
-MAX_LANE_ORDER = 63
-_LANES_PER_TRACK = MAX_LANE_ORDER + 1
-_GROUP_STRIDE = 1 << 24
-GROUP_MAIN_THREAD, GROUP_CPU_THREAD, GROUP_GPU_STREAM, GROUP_OTHER, GROUP_COUNTER, GROUP_ANALYSIS = range(6)
-
-TrackKey = tuple[str, Any, Any]
-"""("cpu" | "gpu" | "other", pid, tid) or ("counter", pid, series name)."""
-
-Slice = tuple[int, int, str, str]
-"""(start_ns, end_ns, name, category)."""
-
-
-@dataclass(kw_only=True, slots=True)
-class WindowSpan:
-    start_ns: int
-    end_ns: int
-    last_lane: int
-
-
-@dataclass(kw_only=True)
-class RankTracks:
-    """The tracks of one rank's process, shared by all its windows. Track uuids are
-    `(rank + 1) << 32 | n`, unique in the merged trace and stable for a given input."""
-
-    rank: int
-    process_uuid: int
-    _uuids: dict[tuple[TrackKey, int], int] = field(default_factory=dict)
-    _base_orders: dict[TrackKey, int] = field(default_factory=dict)
-    _names: dict[TrackKey, str] = field(default_factory=dict)
-    _spans: dict[TrackKey, list[WindowSpan]] = field(default_factory=lambda: defaultdict(list))
-
-    @classmethod
-    def for_rank(cls, rank: int) -> "RankTracks":
-        return cls(rank=rank, process_uuid=(rank + 1) << 32)
-
-    def register(self, key: TrackKey, name: str, group: int) -> None:
-        """Give a track its place in the process (the first name seen wins)."""
-        if key not in self._base_orders:
-            index = len(self._base_orders)
-            self._base_orders[key] = group * _GROUP_STRIDE + index * _LANES_PER_TRACK
-            self._names[key] = name
-
-    def uuid(self, key: TrackKey, lane: int, new_tracks: list[TrackSpec], *, counter_unit: str | None = None) -> int:
-        """The uuid of a lane of a registered track; a first use appends its descriptor to `new_tracks`."""
-        existing = self._uuids.get((key, lane))
-        if existing is not None:
-            return existing
-        uuid = self.process_uuid | (len(self._uuids) + 1)
-        self._uuids[(key, lane)] = uuid
-        name = self._names[key] if lane == 0 else f"{self._names[key]} [overlap {lane}]"
-        new_tracks.append(TrackSpec(
-            uuid=uuid, name=name, parent_uuid=self.process_uuid,
-            order=self._base_orders[key] + min(lane, MAX_LANE_ORDER),
-            is_counter=key[0] == "counter", counter_unit=counter_unit,
-        ))
-        return uuid
-
-    def first_free_lane(self, key: TrackKey, start_ns: int, end_ns: int) -> int:
-        """Lane 0 unless this window overlaps an earlier window of the same track in time."""
-        overlapping = [s.last_lane for s in self._spans[key] if s.start_ns < end_ns and start_ns < s.end_ns]
-        return max(overlapping) + 1 if overlapping else 0
-
-    def record_span(self, key: TrackKey, start_ns: int, end_ns: int, last_lane: int) -> None:
-        self._spans[key].append(WindowSpan(start_ns=start_ns, end_ns=end_ns, last_lane=last_lane))
-
-    @property
-    def track_count(self) -> int:
-        return len(self._uuids)
-
-
-@dataclass(kw_only=True)
-class WindowPlan:
-    """What one window adds to the merged trace, in emission order."""
-
-    new_tracks: list[TrackSpec]
-    operations: list[tuple]
-    """Time-sorted: (ts_ns, OP_BEGIN, uuid, name, category), (ts_ns, OP_END, uuid),
-    (ts_ns, OP_INSTANT, uuid, name, category), (ts_ns, OP_COUNTER, uuid, value)."""
-    slice_count: int = 0
-    instant_count: int = 0
-    counter_sample_count: int = 0
-    overlap_lane_count: int = 0
-    skipped: Counter = field(default_factory=Counter)
-    """Events not written, by reason (e.g. "negative duration clamped to 0" counts fixes, not drops)."""
-
-    @property
-    def first_ts_ns(self) -> int | None:
-        return self.operations[0][0] if self.operations else None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -130,29 +52,94 @@ class WindowClock:
         return self.base_ns + round(ts_us * 1000) - self.offset_ns
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WindowContext:
+    clock: WindowClock
+    options: MergeOptions = MergeOptions()
+    window_key: int = 0
+    """The window's index (its position in the rank's files when the run directory does not say)."""
+    origin_ns: int | None = None
+    """Where `options.time_window_s` counts from; None: this window's first event."""
+    report: ReportView | None = None
+
+
 @dataclass(kw_only=True)
-class _Grouped:
+class WindowPlan:
+    """What one window adds to the merged trace, in emission order."""
+
+    new_tracks: list[TrackSpec]
+    operations: list[tuple]
+    """Time-sorted: (ts_ns, OP_BEGIN, uuid, name, category, end_ns, ident, annotations),
+    (ts_ns, OP_END, uuid), (ts_ns, OP_INSTANT, uuid, name, category, ident, annotations),
+    (ts_ns, OP_COUNTER, uuid, value)."""
+    flows: FlowPlan = field(default_factory=FlowPlan)
+    slice_count: int = 0
+    """Slices of Kineto events (overlay slices are counted in overlay_slice_count)."""
+    overlay_slice_count: int = 0
+    instant_count: int = 0
+    counter_sample_count: int = 0
+    overlap_lane_count: int = 0
+    filtered_count: int = 0
+    """Events left out on purpose (options: python functions, steps, time window)."""
+    origin_ns: int | None = None
+    skipped: Counter = field(default_factory=Counter)
+    """Events that could not be merged or had to be repaired, by reason."""
+
+    @property
+    def first_ts_ns(self) -> int | None:
+        return self.operations[0][0] if self.operations else None
+
+
+@dataclass(kw_only=True)
+class GroupedEvents:
+    """One window's events sorted into what each becomes."""
+
     slices: dict[tuple, list[Slice]] = field(default_factory=lambda: defaultdict(list))
-    instants: dict[tuple, list[tuple[int, str, str]]] = field(default_factory=lambda: defaultdict(list))
+    instants: dict[tuple, list[tuple[int, str, str, int]]] = field(default_factory=lambda: defaultdict(list))
     counters: dict[tuple, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))
+    memory: dict[str, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))
+    """Counter label -> (ts_ns, MiB) from Kineto's `[memory]` events."""
+    flow_events: list[tuple] = field(default_factory=list)
+    """(phase, category, id, thread, ts_ns, binds_to_enclosing) of the trace's own flow events."""
     gpu_threads: dict[tuple, tuple[Any, Any]] = field(default_factory=dict)
     """(pid, tid) -> (device, stream) for tracks that hold device activity."""
     thread_names: dict[tuple, list[str]] = field(default_factory=lambda: defaultdict(list))
     process_names: dict[Any, str] = field(default_factory=dict)
+    correlation_of: dict[int, int] = field(default_factory=dict)
+    """ident -> CUDA correlation id, for events that carry one."""
     skipped: Counter = field(default_factory=Counter)
     negative_durations: int = 0
+    filtered: int = 0
+
+    def is_gpu(self, thread: tuple) -> bool:
+        return thread in self.gpu_threads
+
+    def first_ts_ns(self) -> int | None:
+        starts = [s[0][0] for s in self.slices.values() if s]
+        starts += [i[0][0] for i in self.instants.values() if i]
+        return min(starts, default=None)
 
 
-def plan_window(events: list[Any], tracks: RankTracks, clock: WindowClock) -> WindowPlan:
+def plan_window(events: list[Any], tracks: RankTracks, context: WindowContext) -> WindowPlan:
     """Plan the events of one Kineto window onto `tracks` (which it updates)."""
-    grouped = _group_events(events, clock)
+    grouped = group_events(events, context.clock, context.options)
+    origin_ns = context.origin_ns if context.origin_ns is not None else grouped.first_ts_ns()
+    overlay_inputs = OverlayInputs.of(grouped)
+    _apply_filters(grouped, context, overlay_inputs, origin_ns)
     _register_tracks(grouped, tracks)
-    plan = WindowPlan(new_tracks=[], operations=[], skipped=grouped.skipped)
+    plan = WindowPlan(new_tracks=[], operations=[], skipped=grouped.skipped, filtered_count=grouped.filtered,
+                      origin_ns=origin_ns)
     if grouped.negative_durations:
         plan.skipped["negative duration clamped to 0 (slice kept)"] += grouped.negative_durations
+    plan.flows = plan_flows(grouped, overlay_inputs.steps, tracks, context)
     _plan_slices(grouped, tracks, plan)
     _plan_instants(grouped, tracks, plan)
     _plan_counters(grouped, tracks, plan)
+    if context.options.overlays:
+        overlay = plan_overlays(grouped, overlay_inputs, plan.flows, tracks, context, plan.new_tracks)
+        plan.operations.extend(overlay.operations)
+        plan.overlay_slice_count += overlay.slice_count
+        plan.counter_sample_count += overlay.counter_sample_count
     plan.operations.sort(key=_timestamp)
     return plan
 
@@ -161,19 +148,23 @@ def _timestamp(operation: tuple) -> int:
     return operation[0]
 
 
-def _group_events(events: Iterable[Any], clock: WindowClock) -> _Grouped:
-    grouped = _Grouped()
-    for event in events:
+# --- grouping -------------------------------------------------------------------------------
+
+def group_events(events: list[Any], clock: WindowClock, options: MergeOptions = MergeOptions()) -> GroupedEvents:
+    grouped = GroupedEvents()
+    for ident, event in enumerate(events):
         if not isinstance(event, dict):
             grouped.skipped["not a JSON object"] += 1
             continue
         phase = event.get("ph")
         if phase == "X":
-            _add_complete(event, grouped, clock)
+            _add_complete(event, ident, grouped, clock, options)
         elif phase in ("i", "I"):
-            _add_instant(event, grouped, clock)
+            _add_instant(event, ident, grouped, clock)
         elif phase == "C":
             _add_counter(event, grouped, clock)
+        elif phase in ("s", "t", "f"):
+            _add_flow_event(event, grouped, clock)
         elif phase == "M":
             _add_metadata(event, grouped)
         else:
@@ -181,7 +172,7 @@ def _group_events(events: Iterable[Any], clock: WindowClock) -> _Grouped:
     return grouped
 
 
-def _thread_of(event: dict) -> tuple:
+def thread_of(event: dict) -> tuple:
     return (_hashable(event.get("pid", "")), _hashable(event.get("tid", "")))
 
 
@@ -189,41 +180,63 @@ def _hashable(value: Any) -> Any:
     return value if isinstance(value, (int, str)) else str(value)
 
 
-def _add_complete(event: dict, grouped: _Grouped, clock: WindowClock) -> None:
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ("" if value is None else str(value))
+
+
+def _add_complete(event: dict, ident: int, grouped: GroupedEvents, clock: WindowClock, options: MergeOptions) -> None:
     ts, dur = event.get("ts"), event.get("dur", 0)
     if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
         grouped.skipped["complete event without numeric ts/dur"] += 1
+        return
+    category = _text(event.get("cat"))
+    if options.drop_python_functions and category == PYTHON_FUNCTION_CATEGORY:
+        grouped.filtered += 1
         return
     if dur < 0:
         grouped.negative_durations += 1
         dur = 0
     start_ns = clock.to_ns(ts)
-    thread = _thread_of(event)
-    category = event.get("cat") or ""
-    if category in GPU_CATEGORIES and thread not in grouped.gpu_threads:
-        grouped.gpu_threads[thread] = _device_stream(event, thread)
-    grouped.slices[thread].append((start_ns, start_ns + round(dur * 1000), _text(event.get("name")), _text(category)))
-
-
-def _device_stream(event: dict, thread: tuple) -> tuple[Any, Any]:
+    thread = thread_of(event)
     args = event.get("args")
+    if category in GPU_CATEGORIES and thread not in grouped.gpu_threads:
+        grouped.gpu_threads[thread] = _device_stream(args, thread)
+    if isinstance(args, dict) and isinstance(args.get("correlation"), int):
+        grouped.correlation_of[ident] = args["correlation"]
+    grouped.slices[thread].append((start_ns, start_ns + round(dur * 1000), _text(event.get("name")), category, ident, None))
+
+
+def _device_stream(args: Any, thread: tuple) -> tuple[Any, Any]:
     args = args if isinstance(args, dict) else {}
     return args.get("device", thread[0]), args.get("stream", thread[1])
 
 
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ("" if value is None else str(value))
-
-
-def _add_instant(event: dict, grouped: _Grouped, clock: WindowClock) -> None:
+def _add_instant(event: dict, ident: int, grouped: GroupedEvents, clock: WindowClock) -> None:
     ts = event.get("ts")
     if not isinstance(ts, (int, float)):
         grouped.skipped["instant event without numeric ts"] += 1
         return
-    grouped.instants[_thread_of(event)].append((clock.to_ns(ts), _text(event.get("name")), _text(event.get("cat"))))
+    if event.get("name") == MEMORY_EVENT_NAME and _add_memory_sample(event, grouped, clock.to_ns(ts)):
+        return
+    grouped.instants[thread_of(event)].append((clock.to_ns(ts), _text(event.get("name")), _text(event.get("cat")), ident))
 
 
-def _add_counter(event: dict, grouped: _Grouped, clock: WindowClock) -> None:
+def _add_memory_sample(event: dict, grouped: GroupedEvents, ts_ns: int) -> bool:
+    """Kineto's `[memory]` instants carry the allocator's totals: they become memory counters."""
+    args = event.get("args")
+    if not isinstance(args, dict) or not isinstance(args.get("Total Allocated"), (int, float)):
+        return False
+    device_type, device_id = args.get("Device Type"), args.get("Device Id")
+    device = _DEVICE_TYPE_NAMES.get(device_type, f"device type {device_type}")
+    if device != "CPU" and isinstance(device_id, int) and device_id >= 0:
+        device = f"{device} {device_id}"
+    grouped.memory[f"{device} memory allocated (MiB)"].append((ts_ns, args["Total Allocated"] / _MIB))
+    if isinstance(args.get("Total Reserved"), (int, float)) and device != "CPU":
+        grouped.memory[f"{device} memory reserved (MiB)"].append((ts_ns, args["Total Reserved"] / _MIB))
+    return True
+
+
+def _add_counter(event: dict, grouped: GroupedEvents, clock: WindowClock) -> None:
     ts, args = event.get("ts"), event.get("args")
     if not isinstance(ts, (int, float)) or not isinstance(args, dict):
         grouped.skipped["counter event without numeric ts or args"] += 1
@@ -235,15 +248,23 @@ def _add_counter(event: dict, grouped: _Grouped, clock: WindowClock) -> None:
             grouped.counters[(_hashable(event.get("pid", "")), label)].append((clock.to_ns(ts), float(value)))
 
 
-def _add_metadata(event: dict, grouped: _Grouped) -> None:
-    args = event.get("args")
-    if not isinstance(args, dict):
+def _add_flow_event(event: dict, grouped: GroupedEvents, clock: WindowClock) -> None:
+    ts, flow_id = event.get("ts"), event.get("id")
+    if not isinstance(ts, (int, float)) or flow_id is None:
+        grouped.skipped["flow event without numeric ts or id"] += 1
         return
-    name = args.get("name")
+    enclosing = event.get("ph") != "f" or event.get("bp") == "e"
+    grouped.flow_events.append((event["ph"], _text(event.get("cat")), _hashable(flow_id), thread_of(event),
+                                clock.to_ns(ts), enclosing))
+
+
+def _add_metadata(event: dict, grouped: GroupedEvents) -> None:
+    args = event.get("args")
+    name = args.get("name") if isinstance(args, dict) else None
     if not isinstance(name, str):
         return
     if event.get("name") == "thread_name":
-        grouped.thread_names[_thread_of(event)].append(name.strip())
+        grouped.thread_names[thread_of(event)].append(name.strip())
     elif event.get("name") == "process_name":
         grouped.process_names[_hashable(event.get("pid", ""))] = name.strip()
 
@@ -255,13 +276,55 @@ def best_thread_name(names: list[str], process_name: str | None) -> str | None:
     return (own or names or [None])[-1]
 
 
-def _register_tracks(grouped: _Grouped, tracks: RankTracks) -> None:
-    threads = set(grouped.slices) | set(grouped.instants)
+# --- filters (options.steps, options.time_window_s) -------------------------------------------
+
+def _apply_filters(grouped: GroupedEvents, context: WindowContext, overlay_inputs: OverlayInputs,
+                   origin_ns: int | None) -> None:
+    spans = _kept_spans(context, overlay_inputs, origin_ns)
+    if spans is None:
+        return
+    for thread, slices in grouped.slices.items():
+        kept = [s for s in slices if _overlaps(s[0], s[1], spans)]
+        grouped.filtered += len(slices) - len(kept)
+        grouped.slices[thread] = kept
+    for thread, instants in grouped.instants.items():
+        kept = [i for i in instants if _overlaps(i[0], i[0], spans)]
+        grouped.filtered += len(instants) - len(kept)
+        grouped.instants[thread] = kept
+    for table in (grouped.counters, grouped.memory):
+        for key, samples in table.items():
+            table[key] = [s for s in samples if _overlaps(s[0], s[0], spans)]
+    overlay_inputs.keep_steps(spans)
+
+
+def _kept_spans(context: WindowContext, overlay_inputs: OverlayInputs, origin_ns: int | None) -> list[tuple[int, int]] | None:
+    """[start, end) intervals of the merged clock whose events are kept; None keeps everything."""
+    options = context.options
+    spans = None
+    if options.steps is not None:
+        spans = [(start, end) for step, start, end in overlay_inputs.step_ranges() if step in options.steps]
+    if options.time_window_s is not None and origin_ns is not None:
+        window = (origin_ns + round(options.time_window_s[0] * 1e9), origin_ns + round(options.time_window_s[1] * 1e9))
+        spans = [window] if spans is None else [(max(s, window[0]), min(e, window[1])) for s, e in spans
+                                                if max(s, window[0]) < min(e, window[1])]
+    return spans
+
+
+def _overlaps(start: int, end: int, spans: list[tuple[int, int]]) -> bool:
+    return any(start < span_end and max(end, start + 1) > span_start for span_start, span_end in spans)
+
+
+# --- tracks and slices ------------------------------------------------------------------------
+
+def _register_tracks(grouped: GroupedEvents, tracks: RankTracks) -> None:
+    threads = {t for t, s in grouped.slices.items() if s} | {t for t, i in grouped.instants.items() if i}
     for thread in sorted(threads, key=lambda t: _thread_sort_key(t, grouped)):
         key = track_key(thread, grouped.gpu_threads)
         tracks.register(key, _track_name(key, thread, grouped), _track_group(key))
-    for pid, label in sorted(grouped.counters, key=str):
+    for pid, label in sorted((k for k, v in grouped.counters.items() if v), key=str):
         tracks.register(("counter", pid, label), label, GROUP_COUNTER)
+    for label in sorted(k for k, v in grouped.memory.items() if v):
+        tracks.register(("counter", MEMORY_EVENT_NAME, label), label, GROUP_COUNTER)
 
 
 def track_key(thread: tuple, gpu_threads: dict[tuple, Any]) -> TrackKey:
@@ -271,7 +334,7 @@ def track_key(thread: tuple, gpu_threads: dict[tuple, Any]) -> TrackKey:
     return ("cpu", pid, tid) if isinstance(pid, int) and isinstance(tid, int) else ("other", pid, tid)
 
 
-def _thread_sort_key(thread: tuple, grouped: _Grouped) -> tuple:
+def _thread_sort_key(thread: tuple, grouped: GroupedEvents) -> tuple:
     pid, tid = thread
     group = _track_group(track_key(thread, grouped.gpu_threads))
     if thread in grouped.gpu_threads:
@@ -286,10 +349,10 @@ def _track_group(key: TrackKey) -> int:
         return GROUP_GPU_STREAM
     if kind == "cpu":
         return GROUP_MAIN_THREAD if pid == tid else GROUP_CPU_THREAD
-    return GROUP_COUNTER if kind == "counter" else GROUP_OTHER
+    return GROUP_OTHER
 
 
-def _track_name(key: TrackKey, thread: tuple, grouped: _Grouped) -> str:
+def _track_name(key: TrackKey, thread: tuple, grouped: GroupedEvents) -> str:
     kind, pid, tid = key
     if kind == "gpu":
         device, stream = grouped.gpu_threads[thread]
@@ -302,65 +365,36 @@ def _track_name(key: TrackKey, thread: tuple, grouped: _Grouped) -> str:
     return str(tid or pid or "profiler")
 
 
-def _plan_slices(grouped: _Grouped, tracks: RankTracks, plan: WindowPlan) -> None:
+def _plan_slices(grouped: GroupedEvents, tracks: RankTracks, plan: WindowPlan) -> None:
     for thread, slices in grouped.slices.items():
+        if not slices:
+            continue
         key = track_key(thread, grouped.gpu_threads)
-        slices.sort(key=_start_then_longest)
-        window_start = slices[0][0]
-        window_end = max(end for _, end, _, _ in slices)
-        first_lane = tracks.first_free_lane(key, window_start, window_end)
-        lane_operations, lane_count = nest_into_lanes(slices)
-        lane_uuids = [tracks.uuid(key, first_lane + lane, plan.new_tracks) for lane in range(lane_count)]
-        for operation in lane_operations:
-            plan.operations.append((operation[0], operation[1], lane_uuids[operation[2]], *operation[3:]))
-        tracks.record_span(key, window_start, window_end, first_lane + lane_count - 1)
+        lane_count = lay_out_track(key, slices, tracks, plan.operations, plan.new_tracks)
         plan.slice_count += len(slices)
         plan.overlap_lane_count += lane_count - 1
 
 
-def _start_then_longest(item: Slice) -> tuple[int, int]:
-    return (item[0], -item[1])
-
-
-def nest_into_lanes(slices: list[Slice]) -> tuple[list[tuple], int]:
-    """Lay out slices sorted by (start, -end) on lanes where they nest properly.
-
-    Returns (operations, lane_count); operations are (ts_ns, OP_BEGIN, lane, name, category) and
-    (ts_ns, OP_END, lane), in an order that is time-sorted within every lane. Each slice goes to the
-    first lane whose innermost open slice contains it (or that has none open).
-    """
-    open_ends: list[list[int]] = []
-    operations: list[tuple] = []
-    for start, end, name, category in slices:
-        lane = _first_nesting_lane(open_ends, start, end, operations)
-        if lane == len(open_ends):
-            open_ends.append([])
-        open_ends[lane].append(end)
-        operations.append((start, OP_BEGIN, lane, name, category))
-    for lane, ends in enumerate(open_ends):
-        while ends:
-            operations.append((ends.pop(), OP_END, lane))
-    return operations, len(open_ends)
-
-
-def _first_nesting_lane(open_ends: list[list[int]], start: int, end: int, operations: list[tuple]) -> int:
-    for lane, ends in enumerate(open_ends):
-        while ends and ends[-1] <= start:
-            operations.append((ends.pop(), OP_END, lane))
-        if not ends or ends[-1] >= end:
-            return lane
-    return len(open_ends)
-
-
-def _plan_instants(grouped: _Grouped, tracks: RankTracks, plan: WindowPlan) -> None:
+def _plan_instants(grouped: GroupedEvents, tracks: RankTracks, plan: WindowPlan) -> None:
     for thread, instants in grouped.instants.items():
+        if not instants:
+            continue
         uuid = tracks.uuid(track_key(thread, grouped.gpu_threads), 0, plan.new_tracks)
-        plan.operations.extend((ts, OP_INSTANT, uuid, name, category) for ts, name, category in instants)
+        plan.operations.extend((ts, OP_INSTANT, uuid, name, category, ident, None)
+                               for ts, name, category, ident in instants)
         plan.instant_count += len(instants)
 
 
-def _plan_counters(grouped: _Grouped, tracks: RankTracks, plan: WindowPlan) -> None:
+def _plan_counters(grouped: GroupedEvents, tracks: RankTracks, plan: WindowPlan) -> None:
     for (pid, label), samples in grouped.counters.items():
+        if not samples:
+            continue
         uuid = tracks.uuid(("counter", pid, label), 0, plan.new_tracks)
+        plan.operations.extend((ts, OP_COUNTER, uuid, value) for ts, value in samples)
+        plan.counter_sample_count += len(samples)
+    for label, samples in grouped.memory.items():
+        if not samples:
+            continue
+        uuid = tracks.uuid(("counter", MEMORY_EVENT_NAME, label), 0, plan.new_tracks, counter_unit="MiB")
         plan.operations.extend((ts, OP_COUNTER, uuid, value) for ts, value in samples)
         plan.counter_sample_count += len(samples)

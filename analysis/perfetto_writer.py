@@ -115,8 +115,8 @@ class SequenceWriter:
                 descriptor.counter.unit_name = spec.counter_unit
 
     def slice_begin(self, timestamp_ns: int, track_uuid: int, name: str, category: str,
-                    *, flow_ids: tuple[int, ...] = (), annotations: dict[str, object] | None = None
-                    ) -> pb.TracePacket:
+                    *, flow_ids: tuple[int, ...] = (), terminating_flow_ids: tuple[int, ...] = (),
+                    annotations: dict[str, object] | None = None) -> pb.TracePacket:
         packet = self.packet(timestamp_ns)
         event = packet.track_event
         event.type = SLICE_BEGIN
@@ -126,6 +126,8 @@ class SequenceWriter:
             event.category_iids.append(self._intern(packet, self._categories, category))
         if flow_ids:
             event.flow_ids.extend(flow_ids)
+        if terminating_flow_ids:
+            event.terminating_flow_ids.extend(terminating_flow_ids)
         if annotations:
             self._annotate(packet, annotations)
         return packet

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from fleetscope.analysis.merge import PROCESS_PID_BASE, merge
+from fleetscope.analysis.merge_options import MergeOptions
 from fleetscope.analysis.merge_sources import clock_offset_ns, find_merge_inputs, read_trace_head
 from fleetscope.analysis.perfetto_check import check_trace, iter_packets
-from fleetscope.analysis.perfetto_plan import OP_BEGIN, OP_END, nest_into_lanes
+from fleetscope.analysis.perfetto_tracks import NO_EVENT, OP_BEGIN, OP_END, nest_into_lanes
 from fleetscope.traces.layout import RunLayout
 
 BASE_NS = 1_790_000_000_000_000_000
@@ -75,7 +76,14 @@ def gpu_rank_events(shift_us: float = 0.0) -> list[dict]:
         complete("forward", s + 25, 100, pid=0, tid=7, cat="gpu_user_annotation",
                  args={"device": 0, "stream": 7}),  # crosses the NCCL kernel
         {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": MAIN_PID,
-         "tid": MAIN_PID, "ts": s + 15, "args": {"Total Allocated": 1024}},
+         "tid": MAIN_PID, "ts": s + 15, "args": {"Total Allocated": 3 << 20, "Total Reserved": 4 << 20,
+                                                 "Device Type": 1, "Device Id": 0}},
+        {"ph": "i", "s": "t", "cat": "user_instant", "name": "checkpoint", "pid": MAIN_PID, "tid": 4300,
+         "ts": s + 60},
+        {"ph": "s", "id": 5, "pid": MAIN_PID, "tid": MAIN_PID, "ts": s + 10, "cat": "fwdbwd", "name": "fwdbwd"},
+        {"ph": "f", "id": 5, "pid": MAIN_PID, "tid": 4300, "ts": s + 50, "cat": "fwdbwd", "name": "fwdbwd", "bp": "e"},
+        {"ph": "s", "id": 11, "pid": MAIN_PID, "tid": MAIN_PID, "ts": s + 20, "cat": "ac2g", "name": "ac2g"},
+        {"ph": "f", "id": 11, "pid": 0, "tid": 7, "ts": s + 30, "cat": "ac2g", "name": "ac2g", "bp": "e"},
         {"ph": "C", "name": "queue", "pid": MAIN_PID, "ts": s + 40, "args": {"depth": 3}},
         {"ph": "C", "name": "queue", "pid": MAIN_PID, "ts": s + 80, "args": {"depth": 1}},
     ]
@@ -93,8 +101,10 @@ def expected_slices(document: dict, offset_ns: int = 0) -> Counter:
 
 
 def rebuilt_slices(check, process_name: str) -> Counter:
+    """Slices of recorded events (not the analysis overlay) in one process."""
     return Counter((s.name, s.start_ns, s.end_ns) for s in check.slices
-                   if check.process_of(s.track_uuid).name == process_name)
+                   if check.process_of(s.track_uuid).name == process_name
+                   and not check.tracks[s.track_uuid].name.startswith("fleetscope analysis"))
 
 
 @pytest.fixture
@@ -110,15 +120,19 @@ def two_rank_dir(tmp_path: Path) -> dict[int, dict]:
 
 # --- lane layout (pure) ---------------------------------------------------------------------
 
+def made_up(start: int, end: int, name: str) -> tuple:
+    return (start, end, name, "", NO_EVENT, None)
+
+
 def test_nested_slices_share_one_lane():
-    slices = [(0, 100, "parent", ""), (10, 20, "child", ""), (20, 20, "empty", ""), (30, 100, "tail", "")]
+    slices = [made_up(0, 100, "parent"), made_up(10, 20, "child"), made_up(20, 20, "empty"), made_up(30, 100, "tail")]
     operations, lanes = nest_into_lanes(slices)
     assert lanes == 1
     assert [op[:2] for op in operations if op[1] == OP_BEGIN] == [(0, OP_BEGIN), (10, OP_BEGIN), (20, OP_BEGIN), (30, OP_BEGIN)]
 
 
 def test_crossing_slices_move_to_an_extra_lane_deterministically():
-    slices = [(0, 100, "a", ""), (50, 150, "b", ""), (60, 70, "c", ""), (120, 130, "d", "")]
+    slices = [made_up(0, 100, "a"), made_up(50, 150, "b"), made_up(60, 70, "c"), made_up(120, 130, "d")]
     first = nest_into_lanes(slices)
     assert first == nest_into_lanes(list(slices))
     operations, lanes = first
@@ -128,7 +142,7 @@ def test_crossing_slices_move_to_an_extra_lane_deterministically():
 
 
 def test_every_lane_is_time_ordered_and_balanced():
-    slices = sorted([(i * 7 % 50, i * 7 % 50 + (i * 13) % 40, f"s{i}", "") for i in range(60)],
+    slices = sorted([made_up(i * 7 % 50, i * 7 % 50 + (i * 13) % 40, f"s{i}") for i in range(60)],
                     key=lambda s: (s[0], -s[1]))
     operations, lanes = nest_into_lanes(slices)
     for lane in range(lanes):
@@ -176,9 +190,12 @@ def test_tracks_are_named_for_threads_and_gpu_streams_with_overlap_lanes(two_ran
     assert {"thread 4242 (python3)", "thread 4300 (pt_autograd_0)", "GPU 0 stream 7",
             "GPU 0 stream 7 [overlap 1]", "thread 4242 (python3) [overlap 1]", "queue"} <= names
     by_name = {t.name: t for t in check.tracks.values() if t.parent_uuid == rank0.uuid}
-    ordered = sorted(by_name.values(), key=lambda t: t.order)
-    assert ordered[0].name == "thread 4242 (python3)"
-    assert ordered[1].name == "thread 4242 (python3) [overlap 1]"
+    ordered = [t.name for t in sorted(by_name.values(), key=lambda t: t.order)]
+    assert ordered[0] == "fleetscope analysis"
+    main = ordered.index("thread 4242 (python3)")
+    assert ordered[main + 1] == "thread 4242 (python3) [overlap 1]"
+    assert main < ordered.index("thread 4300 (pt_autograd_0)") < ordered.index("GPU 0 stream 7")
+    assert all(by_name[name].is_counter for name in ordered[1:main])
     assert by_name["queue"].is_counter
     assert check.counter_values[by_name["queue"].uuid] == [(BASE_NS + 40_000, 3.0), (BASE_NS + 80_000, 1.0)]
     gpu_slices = {s.name: s for s in check.slices if check.tracks[s.track_uuid].name.startswith("GPU 0 stream 7")
@@ -187,9 +204,14 @@ def test_tracks_are_named_for_threads_and_gpu_streams_with_overlap_lanes(two_ran
     assert gpu_slices["sm90_gemm"].category == "kernel"
 
 
-def test_instants_are_kept_on_their_thread(two_rank_dir, tmp_path):
+def test_instants_are_kept_and_memory_events_become_counters(two_rank_dir, tmp_path):
     check = check_trace(merge(tmp_path / "traces", tmp_path / "out.perfetto-trace").output)
-    assert check.instant_count_by_process == Counter({"rank 0 (node0)": 1, "rank 1 (node1)": 1})
+    assert check.instant_count_by_process() == Counter({"rank 0 (node0)": 1, "rank 1 (node1)": 1})
+    rank0 = check.processes()[0]
+    counters = {t.name: check.counter_values[t.uuid] for t in check.tracks.values()
+                if t.is_counter and t.parent_uuid == rank0.uuid}
+    assert counters["GPU 0 memory allocated (MiB)"] == [(BASE_NS + 15_000, 3.0)]
+    assert counters["GPU 0 memory reserved (MiB)"] == [(BASE_NS + 15_000, 4.0)]
 
 
 def test_names_are_interned_once_per_rank(two_rank_dir, tmp_path):
@@ -263,10 +285,10 @@ def test_corrupt_trace_is_reported_by_name_and_the_others_merged(two_rank_dir, t
 
 
 def test_only_the_chosen_ranks_are_merged(two_rank_dir, tmp_path):
-    result = merge(tmp_path / "traces", tmp_path / "out.perfetto-trace", ranks=[1])
+    result = merge(tmp_path / "traces", tmp_path / "out.perfetto-trace", options=MergeOptions(ranks=frozenset({1})))
     assert [p.name for p in check_trace(result.output).processes()] == ["rank 1 (node1)"]
     with pytest.raises(ValueError, match=r"ranks \[7\] not found"):
-        merge(tmp_path / "traces", tmp_path / "out.perfetto-trace", ranks=[7])
+        merge(tmp_path / "traces", tmp_path / "out.perfetto-trace", options=MergeOptions(ranks=frozenset({7})))
 
 
 def test_clock_offset_formats():

@@ -102,8 +102,10 @@ def input_slices(paths: list[Path]) -> Counter:
 
 
 def output_slices(check, process_name: str) -> Counter:
+    """Slices of recorded events (not the analysis overlay) in one process."""
     return Counter((s.name, s.start_ns, s.end_ns) for s in check.slices
-                   if check.process_of(s.track_uuid).name == process_name)
+                   if check.process_of(s.track_uuid).name == process_name
+                   and not check.tracks[s.track_uuid].name.startswith("fleetscope analysis"))
 
 
 def test_run_directory_merge_keeps_every_event_of_both_windows(gloo_run):
@@ -151,3 +153,29 @@ def test_merged_trace_is_much_smaller_than_the_json(gloo_run):
     result = merge(plain, plain / "size.perfetto-trace")
     json_bytes = sum(p.stat().st_size for p in plain.glob("*.json"))
     assert result.output_bytes < 0.3 * json_bytes
+
+
+def test_each_gloo_collective_is_joined_across_the_two_ranks(gloo_run):
+    layout, _ = gloo_run
+    check = check_trace(merge(layout.root, layout.root / "flows.perfetto-trace").output)
+    gloo_counts = Counter(check.process_of(s.track_uuid).name for s in check.slices if s.name.startswith("gloo:"))
+    assert len(gloo_counts) == 2 and len(set(gloo_counts.values())) == 1
+    cross = [(a, b) for flow_id, a, b in check.arrows if flow_id >> 63]
+    assert len(cross) == next(iter(gloo_counts.values()))
+    for (track_a, start_a, name_a), (track_b, start_b, name_b) in cross:
+        assert name_a == name_b and name_a.startswith("gloo:")
+        assert check.process_of(track_a).name != check.process_of(track_b).name
+        assert start_a <= start_b
+    assert not check.unpaired_flow_ids
+
+
+def test_cpu_trace_overlay_has_every_profiled_step(gloo_run):
+    layout, _ = gloo_run
+    manifest = gather(layout.root)
+    check = check_trace(merge(layout.root, layout.root / "overlay.perfetto-trace").output)
+    for rank in (0, 1):
+        steps = sorted(s for t in manifest.traces if t.rank == rank for s in t.steps)
+        process = next(p for p in check.processes() if p.order == rank)
+        drawn = [s for s in check.slices if s.name.startswith("step ") and check.process_of(s.track_uuid) == process]
+        assert sorted(int(s.name.split()[1]) for s in drawn) == steps
+        assert all(s.annotations["idle_basis"] == "cpu" and 0 <= s.annotations["idle_pct"] <= 100 for s in drawn)

@@ -1,0 +1,48 @@
+"""What a merge keeps and what it adds: one typed config, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MergeOptions:
+    ranks: frozenset[int] | None = None
+    """Merge only these ranks (None: all)."""
+    steps: frozenset[int] | None = None
+    """Keep only events that overlap these training steps (N of `ProfilerStep#N`); a step lasts from its
+    start to the next step's start (its own end for the last one). None: every event."""
+    time_window_s: tuple[float, float] | None = None
+    """Keep only events that overlap [start, end), in seconds after the first event of the first merged
+    rank. None: every event."""
+    drop_python_functions: bool = False
+    """Leave out `python_function` events (Python stack tracing: many, short, rarely what one looks for)."""
+    flows: bool = True
+    """Arrows from each CPU launch to its GPU work (CUDA correlation ids) and the trace's own flows."""
+    collective_flows: bool = True
+    """Arrows joining the same collective instance on every rank, in arrival order: the last arrow
+    points at the rank that arrived last."""
+    overlays: bool = True
+    """A `fleetscope analysis` track per rank (steps, idle gaps, straggler marks) and counters (step time,
+    idle %, memory when the trace recorded it)."""
+    event_args: bool = False
+    """Copy each event's Kineto args into debug annotations (bigger output: about 2x for GPU traces)."""
+    min_idle_gap_us: float = 50.0
+    """Idle gaps shorter than this are counted in idle % but not drawn."""
+    chrome_json: Path | None = None
+    """Also write the merged events as Chrome JSON (gzip when the name ends in .gz) here."""
+
+    def __post_init__(self) -> None:
+        if self.ranks is not None and any(r < 0 for r in self.ranks):
+            raise ValueError(f"ranks must be >= 0, got {sorted(self.ranks)}")
+        if self.time_window_s is not None:
+            start, end = self.time_window_s
+            if not end > start:
+                raise ValueError(f"time_window_s must be (start, end) with end > start, got {self.time_window_s}")
+        if self.min_idle_gap_us < 0:
+            raise ValueError(f"min_idle_gap_us must be >= 0, got {self.min_idle_gap_us}")
+
+    @property
+    def filters_events(self) -> bool:
+        return self.steps is not None or self.time_window_s is not None

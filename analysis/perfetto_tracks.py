@@ -1,0 +1,152 @@
+"""The tracks of one rank's process in the merged trace, and the ids that must be unique in it.
+
+Track uuids are `(rank + 1) << 32 | n`; flow ids of one rank are `(rank + 1) << 40 | n`; both are
+unique in the merged trace and stable for a given input. Flow ids that join ranks (the same
+collective instance on every rank) are made by `perfetto_flows.collective_flow_id` and have the top
+bit set, so they never meet a rank's own ids.
+
+Tracks of a process are ordered in groups (analysis overlay, counters, main thread, other CPU
+threads, GPU streams, anything else); within a group by when they were first registered (a window
+registers its new tracks in a fixed order), and an overlap lane right under its track.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from .perfetto_writer import TrackSpec
+
+MAX_LANE_ORDER = 63
+_LANES_PER_TRACK = MAX_LANE_ORDER + 1
+_GROUP_STRIDE = 1 << 24
+GROUP_ANALYSIS, GROUP_COUNTER, GROUP_MAIN_THREAD, GROUP_CPU_THREAD, GROUP_GPU_STREAM, GROUP_OTHER = range(6)
+
+TrackKey = tuple[str, Any, Any]
+"""("cpu" | "gpu" | "other", pid, tid), ("counter", source, label) or ("analysis", name, "")."""
+
+_RANK_FLOW_SHIFT = 40
+
+OP_END, OP_BEGIN, OP_INSTANT, OP_COUNTER = 0, 1, 2, 3
+"""Planned operations: (ts_ns, OP_BEGIN, uuid, name, category, end_ns, ident, annotations),
+(ts_ns, OP_END, uuid), (ts_ns, OP_INSTANT, uuid, name, category, ident, annotations),
+(ts_ns, OP_COUNTER, uuid, value)."""
+NO_EVENT = -1
+"""The `ident` of slices and instants the merge made up (overlays): they have no Kineto event."""
+
+Slice = tuple[int, int, str, str, int, Any]
+"""(start_ns, end_ns, name, category, ident, annotations): ident is the event's index in the
+window's event list (NO_EVENT for made-up slices); annotations a dict or None."""
+
+
+@dataclass(kw_only=True, slots=True)
+class WindowSpan:
+    start_ns: int
+    end_ns: int
+    last_lane: int
+
+
+@dataclass(kw_only=True)
+class RankTracks:
+    """The tracks of one rank's process, shared by all its windows."""
+
+    rank: int
+    process_uuid: int
+    _uuids: dict[tuple[TrackKey, int], int] = field(default_factory=dict)
+    _base_orders: dict[TrackKey, int] = field(default_factory=dict)
+    _names: dict[TrackKey, str] = field(default_factory=dict)
+    _spans: dict[TrackKey, list[WindowSpan]] = field(default_factory=lambda: defaultdict(list))
+    _flow_count: int = 0
+
+    @classmethod
+    def for_rank(cls, rank: int) -> "RankTracks":
+        return cls(rank=rank, process_uuid=(rank + 1) << 32)
+
+    def register(self, key: TrackKey, name: str, group: int) -> None:
+        """Give a track its place in the process (the first name seen wins)."""
+        if key not in self._base_orders:
+            index = len(self._base_orders)
+            self._base_orders[key] = group * _GROUP_STRIDE + index * _LANES_PER_TRACK
+            self._names[key] = name
+
+    def uuid(self, key: TrackKey, lane: int, new_tracks: list[TrackSpec], *, counter_unit: str | None = None) -> int:
+        """The uuid of a lane of a registered track; a first use appends its descriptor to `new_tracks`."""
+        existing = self._uuids.get((key, lane))
+        if existing is not None:
+            return existing
+        uuid = self.process_uuid | (len(self._uuids) + 1)
+        self._uuids[(key, lane)] = uuid
+        name = self._names[key] if lane == 0 else f"{self._names[key]} [overlap {lane}]"
+        new_tracks.append(TrackSpec(
+            uuid=uuid, name=name, parent_uuid=self.process_uuid,
+            order=self._base_orders[key] + min(lane, MAX_LANE_ORDER),
+            is_counter=key[0] == "counter", counter_unit=counter_unit,
+        ))
+        return uuid
+
+    def first_free_lane(self, key: TrackKey, start_ns: int, end_ns: int) -> int:
+        """Lane 0 unless this window overlaps an earlier window of the same track in time."""
+        overlapping = [s.last_lane for s in self._spans[key] if s.start_ns < end_ns and start_ns < s.end_ns]
+        return max(overlapping) + 1 if overlapping else 0
+
+    def record_span(self, key: TrackKey, start_ns: int, end_ns: int, last_lane: int) -> None:
+        self._spans[key].append(WindowSpan(start_ns=start_ns, end_ns=end_ns, last_lane=last_lane))
+
+    def new_flow_id(self) -> int:
+        self._flow_count += 1
+        return ((self.rank + 1) << _RANK_FLOW_SHIFT) | self._flow_count
+
+    @property
+    def track_count(self) -> int:
+        return len(self._uuids)
+
+
+def lay_out_track(key: TrackKey, slices: list[Slice], tracks: RankTracks, operations: list[tuple],
+                  new_tracks: list[TrackSpec]) -> int:
+    """Put one track's slices on lanes of `key` (a later window that overlaps an earlier one in time
+    starts above the earlier one's lanes); appends operations and new track descriptors, returns the
+    lane count."""
+    slices.sort(key=_start_then_longest)
+    window_start, window_end = slices[0][0], max(s[1] for s in slices)
+    first_lane = tracks.first_free_lane(key, window_start, window_end)
+    lane_operations, lane_count = nest_into_lanes(slices)
+    lane_uuids = [tracks.uuid(key, first_lane + lane, new_tracks) for lane in range(lane_count)]
+    for operation in lane_operations:
+        operations.append((operation[0], operation[1], lane_uuids[operation[2]], *operation[3:]))
+    tracks.record_span(key, window_start, window_end, first_lane + lane_count - 1)
+    return lane_count
+
+
+def _start_then_longest(item: Slice) -> tuple[int, int]:
+    return (item[0], -item[1])
+
+
+def nest_into_lanes(slices: list[Slice]) -> tuple[list[tuple], int]:
+    """Lay out slices sorted by (start, -end) on lanes where they nest properly.
+
+    Returns (operations, lane_count); operations are (ts_ns, OP_BEGIN, lane, name, category, end_ns,
+    ident, annotations) and (ts_ns, OP_END, lane), in an order that is time-sorted within every lane.
+    Each slice goes to the first lane whose innermost open slice contains it (or that has none open).
+    """
+    open_ends: list[list[int]] = []
+    operations: list[tuple] = []
+    for start, end, name, category, ident, annotations in slices:
+        lane = _first_nesting_lane(open_ends, start, end, operations)
+        if lane == len(open_ends):
+            open_ends.append([])
+        open_ends[lane].append(end)
+        operations.append((start, OP_BEGIN, lane, name, category, end, ident, annotations))
+    for lane, ends in enumerate(open_ends):
+        while ends:
+            operations.append((ends.pop(), OP_END, lane))
+    return operations, len(open_ends)
+
+
+def _first_nesting_lane(open_ends: list[list[int]], start: int, end: int, operations: list[tuple]) -> int:
+    for lane, ends in enumerate(open_ends):
+        while ends and ends[-1] <= start:
+            operations.append((ends.pop(), OP_END, lane))
+        if not ends or ends[-1] >= end:
+            return lane
+    return len(open_ends)

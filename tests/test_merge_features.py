@@ -1,0 +1,203 @@
+"""Flows, overlays, options and the Chrome JSON of the merged trace, on hand-made Kineto traces."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from fleetscope.analysis.merge import PROCESS_PID_BASE, merge
+from fleetscope.analysis.merge_options import MergeOptions
+from fleetscope.analysis.perfetto_check import CROSS_RANK_FLOW_BIT, check_trace
+from test_merge import (
+    BASE_NS, MAIN_PID, complete, expected_slices, gpu_rank_events, kernel, kineto_document, rebuilt_slices,
+    write_trace,
+)
+
+
+@pytest.fixture
+def traces(tmp_path: Path) -> Path:
+    """Rank 1 reaches the step and its collective 7.5 us after rank 0 (2 us of base time, 5.5 us of ts)."""
+    directory = tmp_path / "traces"
+    write_trace(directory / "rank0.json", kineto_document(0, gpu_rank_events(), host="node0"))
+    write_trace(directory / "rank1.json", kineto_document(1, gpu_rank_events(shift_us=5.5), host="node1",
+                                                          base_ns=BASE_NS + 2_000))
+    return directory
+
+
+def slice_named(check, process: str, name: str):
+    found = [s for s in check.slices if s.name == name and check.process_of(s.track_uuid).name == process]
+    assert len(found) == 1, (name, found)
+    return found[0]
+
+
+def key(check, process: str, name: str) -> tuple:
+    item = slice_named(check, process, name)
+    return (item.track_uuid, item.start_ns, item.name)
+
+
+def test_cpu_launch_flows_to_its_kernel_and_trace_flows_are_kept(traces, tmp_path):
+    check = check_trace(merge(traces, tmp_path / "out.perfetto-trace").output)
+    assert check.ok, check.problems
+    local = {(a, b) for flow_id, a, b in check.arrows if not flow_id & CROSS_RANK_FLOW_BIT}
+    rank0 = "rank 0 (node0)"
+    assert (key(check, rank0, "cudaLaunchKernel"), key(check, rank0, "sm90_gemm")) in local
+    assert (key(check, rank0, "aten::mm"), key(check, rank0, "backward")) in local
+    # two ranks x (one launch flow + one fwdbwd flow); Kineto's ac2g pair repeats the launch flow
+    assert len(local) == 4
+
+
+def test_the_same_collective_on_both_ranks_is_joined_in_arrival_order(traces, tmp_path):
+    check = check_trace(merge(traces, tmp_path / "out.perfetto-trace").output)
+    cross = [(a, b) for flow_id, a, b in check.arrows if flow_id & CROSS_RANK_FLOW_BIT]
+    nccl = "ncclDevKernel_AllReduce"
+    assert cross == [(key(check, "rank 0 (node0)", nccl), key(check, "rank 1 (node1)", nccl))]
+
+
+def test_collective_flows_can_be_turned_off(traces, tmp_path):
+    options = MergeOptions(collective_flows=False, flows=False)
+    check = check_trace(merge(traces, tmp_path / "out.perfetto-trace", options=options).output)
+    assert check.arrows == [] and check.ok
+
+
+def test_analysis_track_has_steps_idle_gaps_and_counters(traces, tmp_path):
+    check = check_trace(merge(traces, tmp_path / "out.perfetto-trace").output)
+    rank0 = check.processes()[0]
+    analysis = [s for s in check.slices if check.tracks[s.track_uuid].name == "fleetscope analysis"
+                and check.process_of(s.track_uuid).uuid == rank0.uuid]
+    step = next(s for s in analysis if s.name == "step 3")
+    assert (step.start_ns, step.end_ns) == (BASE_NS, BASE_NS + 1_000_000)
+    # GPU busy: [30, 90] and [95, 395] us; gaps 30 us and 5 us are below 50 us, so only the tail is drawn
+    assert [(s.name, s.start_ns - BASE_NS, s.end_ns - BASE_NS) for s in analysis if s.name.startswith("idle")] == [
+        ("idle: nothing queued", 395_000, 1_000_000)]
+    assert step.annotations["idle_pct"] == pytest.approx(64.0)
+    assert step.annotations["idle_basis"] == "gpu"
+    counters = {t.name: check.counter_values[t.uuid] for t in check.tracks.values()
+                if t.is_counter and t.parent_uuid == rank0.uuid}
+    assert counters["step time (ms)"] == [(BASE_NS, 1.0)]
+    assert counters["idle (%)"] == [(BASE_NS, pytest.approx(64.0))]
+
+
+def test_idle_gap_categories_say_who_the_gpu_waited_for(tmp_path):
+    events = [
+        complete("ProfilerStep#0", 0, 200, cat="user_annotation"),
+        complete("cudaLaunchKernel", 1, 1, cat="cuda_runtime", args={"correlation": 1}),
+        complete("cudaLaunchKernel", 2, 1, cat="cuda_runtime", args={"correlation": 3}),
+        complete("cudaLaunchKernel", 50, 5, cat="cuda_runtime", args={"correlation": 2}),
+        kernel("a", 0, 10, correlation=1),
+        kernel("b", 60, 10, correlation=2),    # launched at 50..55, after the GPU went idle at 10
+        kernel("c", 130, 10, correlation=3),   # launched long before: waited on something else
+    ]
+    write_trace(tmp_path / "t" / "rank0.json", kineto_document(0, events))
+    check = check_trace(merge(tmp_path / "t", tmp_path / "out.perfetto-trace").output)
+    gaps = [(s.name, (s.start_ns - BASE_NS) // 1000) for s in check.slices if s.name.startswith("idle")]
+    assert gaps == [("idle: host launch", 10), ("idle: dependency", 70), ("idle: nothing queued", 140)]
+
+
+def test_report_marks_the_straggler_at_its_collective(traces, tmp_path):
+    report = {
+        "verdict": "the others wait for rank 1 at collectives.",
+        "ranks": [{"rank": 1, "host": "node1", "busy_pct": 40.0, "idle_pct": 60.0, "step_time": {"mean_ms": 1.0}}],
+        "windows": [{"window": 0, "ranks": [{}, {}], "stragglers": {
+            "verdict": "rank 1 is last at 1 of 1 collectives", "waited_for_rank": 1, "slowest_rank": 1,
+            "by_wait": [{"rank": 1, "times_last": 1, "caused_wait_us": 7.5}],
+            "worst_instances": [{"step": 3, "name": "nccl:AllReduce", "ordinal": 0, "last_rank": 1,
+                                 "lateness_us": 7.5, "participants": 2}]}}],
+    }
+    check = check_trace(merge(traces, tmp_path / "out.perfetto-trace", report=report).output)
+    marks = {(check.process_of(i.track_uuid).name, i.name): i for i in check.instants
+             if check.tracks[i.track_uuid].name == "fleetscope analysis"}
+    late = marks[("rank 1 (node1)", "arrived last: nccl:AllReduce (step 3 #0)")]
+    assert late.ts_ns == slice_named(check, "rank 1 (node1)", "ncclDevKernel_AllReduce").start_ns
+    assert late.annotations["lateness_us"] == 7.5
+    waited = marks[("rank 1 (node1)", "straggler: the others wait for this rank")]
+    assert waited.annotations["verdict"] == "rank 1 is last at 1 of 1 collectives"
+    summary = marks[("rank 1 (node1)", "rank summary")]
+    assert summary.annotations["verdict"] == report["verdict"] and summary.annotations["idle_pct"] == 60.0
+    assert not any(process == "rank 0 (node0)" and name != "rank summary" for process, name in marks)
+
+
+def test_python_functions_can_be_dropped(traces, tmp_path):
+    result = merge(traces, tmp_path / "out.perfetto-trace", options=MergeOptions(drop_python_functions=True))
+    names = {s.name for s in check_trace(result.output).slices}
+    assert "python_a" not in names and "aten::mm" in names
+    assert [s.filtered_count for s in result.per_rank] == [2, 2]
+    assert result.slices_per_rank[0] == sum(expected_slices(kineto_document(0, gpu_rank_events())).values()) - 2
+
+
+def two_step_events() -> list[dict]:
+    return [
+        complete("ProfilerStep#7", 0, 100, cat="user_annotation"),
+        complete("aten::a", 10, 20),
+        complete("ProfilerStep#8", 100, 100, cat="user_annotation"),
+        complete("aten::b", 110, 20),
+        complete("aten::c", 95, 10),  # crosses the boundary: overlaps both steps
+    ]
+
+
+def test_steps_option_keeps_only_events_of_those_steps(tmp_path):
+    write_trace(tmp_path / "t" / "rank0.json", kineto_document(0, two_step_events()))
+    result = merge(tmp_path / "t", tmp_path / "out.perfetto-trace", options=MergeOptions(steps=frozenset({8})))
+    check = check_trace(result.output)
+    assert sorted(rebuilt_slices(check, "rank 0 (node0)")) == sorted([
+        ("ProfilerStep#8", BASE_NS + 100_000, BASE_NS + 200_000), ("aten::b", BASE_NS + 110_000, BASE_NS + 130_000),
+        ("aten::c", BASE_NS + 95_000, BASE_NS + 105_000)])
+    assert [s.name for s in check.slices if s.name.startswith("step ")] == ["step 8"]
+    assert result.per_rank[0].filtered_count == 2
+
+
+def test_time_window_counts_from_the_first_event(tmp_path):
+    write_trace(tmp_path / "t" / "rank0.json", kineto_document(0, two_step_events()))
+    options = MergeOptions(time_window_s=(105e-6, 125e-6), overlays=False)
+    check = check_trace(merge(tmp_path / "t", tmp_path / "out.perfetto-trace", options=options).output)
+    assert sorted(s.name for s in check.slices) == ["ProfilerStep#8", "aten::b"]
+
+
+def test_event_args_become_debug_annotations_when_asked(traces, tmp_path):
+    plain = check_trace(merge(traces, tmp_path / "a.perfetto-trace").output)
+    with_args = check_trace(merge(traces, tmp_path / "b.perfetto-trace", options=MergeOptions(event_args=True)).output)
+    assert slice_named(plain, "rank 0 (node0)", "sm90_gemm").annotations is None
+    assert slice_named(with_args, "rank 0 (node0)", "sm90_gemm").annotations == {
+        "device": 0, "stream": 7, "correlation": 11}
+
+
+def load_json(path: Path) -> dict:
+    data = path.read_bytes()
+    return json.loads(gzip.decompress(data) if path.name.endswith(".gz") else data)
+
+
+def test_chrome_json_has_the_same_events_on_the_same_clock(traces, tmp_path):
+    json_path = tmp_path / "merged.trace.json.gz"
+    result = merge(traces, tmp_path / "out.perfetto-trace", options=MergeOptions(chrome_json=json_path))
+    assert result.chrome_json == json_path
+    document = load_json(json_path)
+    base = document["baseTimeNanoseconds"]
+    events = document["traceEvents"]
+    processes = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert processes == {PROCESS_PID_BASE: "rank 0 (node0)", PROCESS_PID_BASE + 1: "rank 1 (node1)"}
+    thread_names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    for rank, pid in ((0, PROCESS_PID_BASE), (1, PROCESS_PID_BASE + 1)):
+        source = kineto_document(rank, gpu_rank_events(shift_us=5.5 * rank), base_ns=BASE_NS + 2_000 * rank)
+        found = Counter((e["name"], base + round(e["ts"] * 1000), base + round((e["ts"] + e["dur"]) * 1000))
+                        for e in events if e.get("ph") == "X" and e["pid"] == pid
+                        and thread_names[(pid, e["tid"])] != "fleetscope analysis")
+        assert found == expected_slices(source)
+    flows = Counter(e["ph"] for e in events if e.get("ph") in ("s", "f"))
+    assert flows == {"s": 4, "f": 4}
+    assert result.chrome_json_uncompressed_bytes > result.output_bytes
+
+
+def test_run_directory_report_json_is_used_by_default(tmp_path):
+    from fleetscope.traces.layout import RunLayout
+
+    layout = RunLayout.at(tmp_path / "run")
+    for rank in (0, 1):
+        write_trace(layout.trace_file(0, rank, "h"), kineto_document(rank, gpu_rank_events(), host="h"))
+    layout.report_dir.mkdir(parents=True)
+    layout.report_json.write_text(json.dumps({"verdict": "all fine", "ranks": [{"rank": 0}], "windows": []}))
+    check = check_trace(merge(layout.root).output)
+    summaries = [i for i in check.instants if i.name == "rank summary"]
+    assert [i.annotations["verdict"] for i in summaries] == ["all fine"]

@@ -26,6 +26,8 @@ def register_launch(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the exact command; run nothing")
     parser.add_argument("--resume", action="store_true", help="allow an existing run directory (resume)")
     parser.add_argument("--no-post", action="store_true", help="skip gather/analyze/merge after the job")
+    parser.add_argument("--wait", action="store_true",
+                        help="Slurm: wait for the job and its post-processing, then print the outcome")
     parser.set_defaults(handler=handle_launch)
 
 
@@ -218,7 +220,13 @@ def handle_merge(args: argparse.Namespace) -> int:
     return EXIT_OK if not result.problems else EXIT_PARTIAL
 
 
+def _slurm_registry() -> list:
+    from .slurm_commands import REGISTRY as SLURM_REGISTRY
+
+    return SLURM_REGISTRY
+
+
 REGISTRY = [
     register_launch, register_train, register_gather, register_analyze, register_merge, register_postprocess,
-    register_demo,
+    register_demo, *_slurm_registry(),
 ]

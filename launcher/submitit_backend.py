@@ -98,7 +98,9 @@ class SubmititRank:
         import submitit
 
         distributed = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-        os.environ["TORCHELASTIC_ERROR_FILE"] = str(self.error_file(distributed.rank))
+        error_file = self.error_file(distributed.rank)
+        error_file.parent.mkdir(parents=True, exist_ok=True)
+        os.environ["TORCHELASTIC_ERROR_FILE"] = str(error_file)
         from ..trainer.__main__ import main as trainer_main
 
         code = trainer_main(self.trainer_argv)

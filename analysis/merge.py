@@ -5,8 +5,8 @@ writes ONE native Perfetto protobuf trace:
 
 * a process per rank named `rank R (host)`, listed in rank order; a track per CPU thread and per GPU
   stream; every complete event as a slice (name and category), instants, counters;
-* one clock: `baseTimeNanoseconds` plus the event's offset, minus the rank's measured clock offset to
-  rank 0 (`clock/rank<R>.json` in a run directory, or `offsets_ns`);
+* one clock: `baseTimeNanoseconds` plus the event's offset, minus the rank's clock offset to rank 0:
+  `offsets_ns` when given, else the offsets the analysis report used, else `clock/rank<R>.json`;
 * arrows from CPU launches to GPU work and between ranks at the same collective instance
   (perfetto_flows.py); a `fleetscope analysis` track per rank with steps, idle gaps and straggler
   marks, and step-time / idle / memory counters (perfetto_overlays.py);
@@ -32,8 +32,10 @@ from fleetscope.traces.layout import MERGED_TRACE
 
 from .merge_json import ChromeJsonWriter
 from .merge_options import MergeOptions
-from .merge_report import ReportSource, load_report, report_view
-from .merge_sources import MergeInputs, MergeProblem, RankSource, TraceFile, find_merge_inputs
+from .merge_report import ReportSource, load_report, report_clock_offsets_ns, report_view
+from .merge_sources import (
+    CLOCK_GIVEN, CLOCK_REPORT, MergeInputs, MergeProblem, RankSource, TraceFile, find_merge_inputs,
+)
 from .perfetto_flows import FlowPlan
 from .perfetto_plan import WindowClock, WindowContext, WindowPlan, plan_window
 from .perfetto_tracks import NO_EVENT, OP_BEGIN, OP_COUNTER, OP_END, OP_INSTANT, RankTracks
@@ -67,6 +69,9 @@ class RankMergeSummary:
     filtered_count: int
     """Events left out by the options (python functions, steps, time window)."""
     clock_offset_ns: int
+    """Subtracted from this rank's timestamps (in its first merged window)."""
+    clock_source: str
+    """Where the offset came from: given, clock file, analysis report or none."""
     first_timestamp_ns: int | None
 
 
@@ -191,6 +196,8 @@ class _MergeSession:
     problems: list[MergeProblem]
     origin_ns: int | None = None
     """The first merged event: where `options.time_window_s` counts from."""
+    clock_choice: dict[int, tuple[int, str]] = field(default_factory=dict)
+    """rank -> (offset ns, source) used for its first merged window."""
 
     def merge_rank(self, source: RankSource, progress: Callable[[RankMergeSummary], None] | None) -> RankMergeSummary:
         emitter = _RankEmitter(writer=SequenceWriter(stream=self.stream, sequence_id=rank_sequence_id(source.rank)),
@@ -213,7 +220,8 @@ class _MergeSession:
             if plan.first_ts_ns is not None:
                 first_ns = plan.first_ts_ns if first_ns is None else min(first_ns, plan.first_ts_ns)
             _add_totals(totals, plan)
-        summary = _summary(source, tracks, merged_files, totals, first_ns)
+        clock = self.clock_choice.get(source.rank, (source.clock_offset_ns, source.clock_source))
+        summary = _summary(source, tracks, merged_files, totals, first_ns, clock)
         if progress is not None:
             progress(summary)
         return summary
@@ -237,8 +245,11 @@ class _MergeSession:
             return None
         self._check_rank(document, trace_file, source)
         base_ns = document.get("baseTimeNanoseconds")
+        offset_ns, clock_source = self._clock_offset(source, window_key)
+        if first_window:
+            self.clock_choice[source.rank] = (offset_ns, clock_source)
         context = WindowContext(
-            clock=WindowClock(base_ns=base_ns if isinstance(base_ns, int) else 0, offset_ns=source.clock_offset_ns),
+            clock=WindowClock(base_ns=base_ns if isinstance(base_ns, int) else 0, offset_ns=offset_ns),
             options=self.options, window_key=window_key, origin_ns=self.origin_ns,
             report=report_view(self.report, rank=source.rank, window_key=window_key, first_window=first_window),
         )
@@ -249,6 +260,15 @@ class _MergeSession:
             self.problems.append(MergeProblem(path=str(trace_file.path), rank=source.rank,
                                               reason=f"{count} events: {reason}"))
         return plan, document["traceEvents"]
+
+    def _clock_offset(self, source: RankSource, window_key: int) -> tuple[int, str]:
+        """Offsets given by the caller win; then the ones the analysis report used for this window; then
+        the clock files."""
+        if source.clock_source != CLOCK_GIVEN:
+            from_report = report_clock_offsets_ns(self.report, window_key)
+            if source.rank in from_report:
+                return from_report[source.rank], CLOCK_REPORT
+        return source.clock_offset_ns, source.clock_source
 
     def _check_rank(self, document: dict, trace_file: TraceFile, source: RankSource) -> None:
         declared_rank, _ = distributed_rank(document)
@@ -266,13 +286,13 @@ def _add_totals(totals: Counter, plan: WindowPlan) -> None:
 
 
 def _summary(source: RankSource, tracks: RankTracks, files: list[str], totals: Counter,
-             first_ns: int | None) -> RankMergeSummary:
+             first_ns: int | None, clock: tuple[int, str]) -> RankMergeSummary:
     return RankMergeSummary(
         rank=source.rank, process_name=source.process_name, files=tuple(files),
         slice_count=totals["slices"], overlay_slice_count=totals["overlay_slices"],
         instant_count=totals["instants"], counter_sample_count=totals["counters"], flow_count=totals["flows"],
         track_count=tracks.track_count, overlap_track_count=totals["overlaps"],
-        filtered_count=totals["filtered"], clock_offset_ns=source.clock_offset_ns, first_timestamp_ns=first_ns,
+        filtered_count=totals["filtered"], clock_offset_ns=clock[0], clock_source=clock[1], first_timestamp_ns=first_ns,
     )
 
 

@@ -1,6 +1,8 @@
 """The analysis report, as the merge reads it for its overlays.
 
-Only the report's JSON form is read (the schema documented in report.py), so a `Report` object, its
+The merge takes from it the straggler marks and, when the caller gives no offsets, the clock offsets
+the analysis used, so the merged timeline and the report agree on who arrived when. Only the report's
+JSON form is read (the schema documented in report.py), so a `Report` object, its
 `to_json()` dict and a `report.json` file all work, and the merge does not depend on how the analysis
 computes anything. A run directory's `report/report.json` is used when no report is given.
 """
@@ -69,3 +71,18 @@ def _window_entry(windows: list[dict], window_key: int) -> dict | None:
 
 def _rank_entry(entries: list[dict], rank: int) -> dict | None:
     return next((dict(e) for e in entries if isinstance(e, dict) and e.get("rank") == rank), None)
+
+
+def report_clock_offsets_ns(report: dict | None, window_key: int) -> dict[int, int]:
+    """rank -> the clock offset (ns) the analysis used for this window (`windows[].clock.hosts[]`:
+    measured at startup, or refined from collectives). Empty when the report has none."""
+    if report is None:
+        return {}
+    window = _window_entry(report.get("windows") or [], window_key)
+    clock = (window or {}).get("clock") or {}
+    offsets = {}
+    for host in clock.get("hosts") or []:
+        offset_us = host.get("offset_us") if isinstance(host, dict) else None
+        if isinstance(offset_us, (int, float)) and not isinstance(offset_us, bool):
+            offsets.update({rank: round(offset_us * 1000) for rank in host.get("ranks") or [] if isinstance(rank, int)})
+    return offsets

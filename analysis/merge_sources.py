@@ -28,6 +28,13 @@ from fleetscope.traces.manifest import Manifest, load_manifest
 HEAD_BYTES = 1 << 18
 """How much of a trace is read to find its rank and host (Kineto writes them before the events)."""
 
+CLOCK_GIVEN = "given"
+CLOCK_FILE = "clock file"
+CLOCK_REPORT = "analysis report"
+CLOCK_NONE = "none"
+"""Where a rank's clock offset came from: the caller, `clock/rank<R>.json`, the analysis report
+(which may refine the measured offsets from collectives), or nowhere (offset 0)."""
+
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _OFFSET_KEYS_NS = ("offset_ns", "offset_to_rank0_ns", "clock_offset_ns")
 _OFFSET_KEYS_US = ("offset_us", "offset_to_rank0_us", "clock_offset_us")
@@ -59,6 +66,7 @@ class RankSource:
     """In window order (name order when windows are unknown)."""
     clock_offset_ns: int = 0
     """This rank's clock minus rank 0's; subtracted from its timestamps."""
+    clock_source: str = CLOCK_NONE
 
     @property
     def process_name(self) -> str:
@@ -89,15 +97,17 @@ def find_merge_inputs(path: str | Path, *, offsets_ns: Mapping[int, int] | None 
     else:
         inputs = _plain_inputs(root)
     measured = read_clock_offsets(layout, inputs.problems) if inputs.run_layout else {}
-    chosen = {**measured, **dict(offsets_ns or {})}
-    inputs.ranks = [_with_offset(source, chosen.get(source.rank, 0)) for source in inputs.ranks]
+    chosen = {rank: (offset, CLOCK_FILE) for rank, offset in measured.items()}
+    chosen.update({rank: (offset, CLOCK_GIVEN) for rank, offset in dict(offsets_ns or {}).items()})
+    inputs.ranks = [_with_offset(source, *chosen.get(source.rank, (0, CLOCK_NONE))) for source in inputs.ranks]
     if not inputs.ranks:
         inputs.problems.append(MergeProblem(path=str(root), reason="no readable Kineto trace found"))
     return inputs
 
 
-def _with_offset(source: RankSource, offset_ns: int) -> RankSource:
-    return RankSource(rank=source.rank, host=source.host, files=source.files, clock_offset_ns=int(offset_ns))
+def _with_offset(source: RankSource, offset_ns: int, clock_source: str) -> RankSource:
+    return RankSource(rank=source.rank, host=source.host, files=source.files, clock_offset_ns=int(offset_ns),
+                      clock_source=clock_source)
 
 
 def _run_dir_inputs(layout: RunLayout) -> MergeInputs:

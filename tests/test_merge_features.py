@@ -201,3 +201,24 @@ def test_run_directory_report_json_is_used_by_default(tmp_path):
     check = check_trace(merge(layout.root).output)
     summaries = [i for i in check.instants if i.name == "rank summary"]
     assert [i.annotations["verdict"] for i in summaries] == ["all fine"]
+
+
+def test_clock_offsets_the_report_used_win_over_clock_files_but_not_over_given_ones(tmp_path):
+    from fleetscope.traces.layout import RunLayout
+
+    layout = RunLayout.at(tmp_path / "run")
+    for rank in (0, 1):
+        write_trace(layout.trace_file(0, rank, "h"), kineto_document(rank, gpu_rank_events(), host="h"))
+    layout.clock_dir.mkdir(parents=True)
+    layout.clock_file(1).write_text(json.dumps({"rank": 1, "offset_us": 3.0, "uncertainty_us": 1.0}))
+    report = {"windows": [{"window": 0, "clock": {"hosts": [{"host": "h", "ranks": [1], "offset_us": 2.5}]}}]}
+
+    def clock_of_rank1(**kwargs) -> tuple[int, str, int]:
+        result = merge(layout.root, tmp_path / "out.perfetto-trace", **kwargs)
+        summary = result.per_rank[1]
+        return summary.clock_offset_ns, summary.clock_source, summary.first_timestamp_ns
+
+    assert clock_of_rank1()[:2] == (3_000, "clock file")
+    assert clock_of_rank1(report=report)[:2] == (2_500, "analysis report")
+    assert clock_of_rank1(report=report, offsets_ns={1: 100})[:2] == (100, "given")
+    assert clock_of_rank1(report=report)[2] == BASE_NS - 2_500

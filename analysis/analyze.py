@@ -51,6 +51,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         world_size=inputs.world_size,
         notes=inputs.notes + placement.notes,
         hta=hta_for_window if use_hta else no_hta,
+        measured_offsets=inputs.measured_offsets,
         min_lateness_us=min_lateness_us,
     )
     _write_outputs(report, inputs, json_out, html_out, write_default_outputs)

@@ -12,6 +12,8 @@ from .hta_views import HtaViews, run_hta, skipped
 from .rank import RankResult, TraceFailure
 from .report import MissingTrace, Problem, RankReport, RankSummary, Report, WindowReport
 from .steps import StepStats
+from .arrivals import arrival_matrix
+from .clock_align import MeasuredOffset, align_clocks
 from .stragglers import DEFAULT_MIN_LATENESS_US, find_stragglers
 
 HtaRunner = Callable[[list[RankResult]], HtaViews]
@@ -32,11 +34,11 @@ def no_hta(results: list[RankResult]) -> HtaViews:
 def build_report(*, source_path: str, source_kind: str, results: list[RankResult],
                  failures: list[TraceFailure], missing: list[MissingTrace], world_size: int | None,
                  notes: list[str], hta: HtaRunner = hta_for_window,
-                 clock_offsets_us: dict[int, float] | None = None,
+                 measured_offsets: dict[int, MeasuredOffset] | None = None,
                  min_lateness_us: float = DEFAULT_MIN_LATENESS_US) -> Report:
-    """Assemble the report. `clock_offsets_us[rank]` = that rank's clock minus rank 0's (0 when unknown)."""
+    """Assemble the report. `measured_offsets[rank]`: that rank's clock minus rank 0's, from its clock file."""
     windows = [
-        _window_report(window, group, hta, clock_offsets_us or {}, min_lateness_us)
+        _window_report(window, group, hta, measured_offsets or {}, min_lateness_us)
         for window, group in _by_window(results)
     ]
     summaries = _rank_summaries(windows)
@@ -64,29 +66,27 @@ def _by_window(results: list[RankResult]) -> list[tuple[int | None, list[RankRes
     return [(w, sorted(groups[w], key=lambda r: r.rank)) for w in sorted(groups, key=lambda w: -1 if w is None else w)]
 
 
-def clock_shifts_us(results: list[RankResult], offsets_us: dict[int, float]) -> dict[int, float]:
-    """Per rank, what to add to its trace times to put them on rank 0's clock.
-
-    Trace times count from each trace's own base time; the shift first brings them to a shared base (the
-    earliest base in the window), then removes the rank's measured clock offset.
-    """
-    if not results:
-        return {}
-    base_ns = min(r.base_time_ns for r in results)
-    return {r.rank: (r.base_time_ns - base_ns) / 1000.0 - offsets_us.get(r.rank, 0.0) for r in results}
-
-
 def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner,
-                   offsets_us: dict[int, float], min_lateness_us: float) -> WindowReport:
-    stragglers = find_stragglers(results, clock_shifts_us(results, offsets_us), min_lateness_us=min_lateness_us)
+                   measured: dict[int, MeasuredOffset], min_lateness_us: float) -> WindowReport:
+    matrix = arrival_matrix(results)
+    clock = align_clocks(matrix, _ranks_by_host(results), measured)
+    aligned = matrix.shifted(clock.offsets_us()) if matrix is not None else None
     return WindowReport(
         window=window,
         steps=sorted({s.step for r in results for s in r.steps}),
         ranks=[_rank_report(r) for r in results],
-        stragglers=stragglers,
+        clock=clock,
+        stragglers=find_stragglers(results, aligned, min_lateness_us=min_lateness_us),
         hta=hta(results),
         notes=_window_notes(results),
     )
+
+
+def _ranks_by_host(results: list[RankResult]) -> dict[str, list[int]]:
+    hosts: dict[str, list[int]] = defaultdict(list)
+    for result in results:
+        hosts[result.host].append(result.rank)
+    return dict(hosts)
 
 
 def _rank_report(result: RankResult) -> RankReport:
@@ -181,20 +181,25 @@ def _overall_verdict(windows: list[WindowReport], summaries: list[RankSummary],
 
 
 def _waited_for_sentence(windows: list[WindowReport]) -> str:
+    matched = sum(w.stragglers.matched_collectives for w in windows)
+    if not matched:
+        return "no collectives matched across ranks"
     caused: dict[int, float] = defaultdict(float)
     last: dict[int, int] = defaultdict(int)
-    matched = sum(w.stragglers.matched_collectives for w in windows)
     for window in windows:
         for wait in window.stragglers.by_wait:
             caused[wait.rank] += wait.caused_wait_us
             last[wait.rank] += wait.times_last
-    if not matched:
-        return "no collectives matched across ranks"
-    top = max(caused, key=lambda r: (caused[r], -r), default=None)
-    if top is None or last[top] == 0:
+    total = sum(caused.values())
+    top = max(caused, key=lambda r: (caused[r], -r))
+    if last[top] == 0:
         return f"no rank keeps the others waiting at {matched} matched collectives"
-    return (f"the others wait for rank {top}: last to arrive at {last[top]} of {matched} collectives, "
-            f"{caused[top] / 1000:.2f} ms of waiting caused")
+    consistent = [w.stragglers.waited_for_rank for w in windows if w.stragglers.consistent]
+    if consistent and all(rank == top for rank in consistent) and len(consistent) * 2 >= len(windows):
+        return (f"rank {top} is the straggler: the others wait for it, last at {last[top]} of {matched} "
+                f"collectives, {100 * caused[top] / total:.0f}% of all waiting ({caused[top] / 1000:.2f} ms)")
+    return (f"no single straggler at collectives: rank {top} causes the most waiting "
+            f"({100 * caused[top] / total:.0f}%, last at {last[top]} of {matched})")
 
 
 def _world_size(results: list[RankResult]) -> int | None:

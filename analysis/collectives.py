@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .events import NO_ID, Kind, TraceEvents
+from .intervals import Intervals, covered_between
 from .names import collective_name, is_comm_kernel, is_gloo_span
 from .steps import StepTiming
 
@@ -39,26 +40,33 @@ class CollectiveCalls:
     keys: list[CollectiveKey]
     start_us: np.ndarray
     end_us: np.ndarray
+    interval_compute_us: np.ndarray
+    """Computation (the rank's compute set, utilization.py) between the end of its previous collective
+    (or the start of the trace) and the end of this one. Collectives end at a common instant on every
+    rank, so ranks are compared over the same interval: a rank with more work shows more of it."""
 
     def __len__(self) -> int:
         return len(self.keys)
 
     @classmethod
     def none(cls) -> "CollectiveCalls":
-        return cls(source=None, keys=[], start_us=np.empty(0), end_us=np.empty(0))
+        return cls(source=None, keys=[], start_us=np.empty(0), end_us=np.empty(0), interval_compute_us=np.empty(0))
 
 
-def find_collectives(events: TraceEvents, steps: list[StepTiming]) -> CollectiveCalls:
-    """The rank's collective calls from the best source its trace offers."""
+def find_collectives(events: TraceEvents, steps: list[StepTiming],
+                     compute: Intervals | None = None) -> CollectiveCalls:
+    """The rank's collective calls from the best source its trace offers; `compute` is the rank's
+    computation (for interval_compute_us; none given: zeros)."""
+    compute = compute if compute is not None else Intervals.empty()
     kernels = events.of_kind(Kind.KERNEL) & events.names_matching(is_comm_kernel)
     if kernels.any():
-        return _keyed(events, kernels, _launch_times(events, kernels), steps, SOURCE_NCCL)
+        return _keyed(events, kernels, _launch_times(events, kernels), steps, compute, SOURCE_NCCL)
     gloo = events.names_matching(is_gloo_span)
     if gloo.any():
-        return _keyed(events, gloo, events.start_us[gloo], steps, SOURCE_GLOO)
+        return _keyed(events, gloo, events.start_us[gloo], steps, compute, SOURCE_GLOO)
     host = events.of_kind(Kind.CPU_OP) & events.names_matching(_is_host_collective)
     if host.any():
-        return _keyed(events, host, events.start_us[host], steps, SOURCE_HOST)
+        return _keyed(events, host, events.start_us[host], steps, compute, SOURCE_HOST)
     return CollectiveCalls.none()
 
 
@@ -68,7 +76,7 @@ def _is_host_collective(name: str) -> bool:
 
 
 def _keyed(events: TraceEvents, mask: np.ndarray, issue_us: np.ndarray,
-           steps: list[StepTiming], source: str) -> CollectiveCalls:
+           steps: list[StepTiming], compute: Intervals, source: str) -> CollectiveCalls:
     indices = np.flatnonzero(mask)
     order = np.argsort(issue_us, kind="stable")
     indices, issue_us = indices[order], issue_us[order]
@@ -80,8 +88,10 @@ def _keyed(events: TraceEvents, mask: np.ndarray, issue_us: np.ndarray,
         ordinal = counts.get((step, name), 0)
         counts[(step, name)] = ordinal + 1
         keys.append((int(step), name, ordinal))
-    return CollectiveCalls(source=source, keys=keys, start_us=events.start_us[indices].copy(),
-                           end_us=events.end_us[indices].copy())
+    starts, ends = events.start_us[indices], events.end_us[indices]
+    previous_end = np.concatenate([[-np.inf], ends[:-1]])
+    return CollectiveCalls(source=source, keys=keys, start_us=starts, end_us=ends,
+                           interval_compute_us=covered_between(compute, previous_end, ends))
 
 
 def _step_numbers(times_us: np.ndarray, steps: list[StepTiming]) -> np.ndarray:

@@ -16,8 +16,10 @@ from pathlib import Path
 from fleetscope.traces.gather import build_manifest
 from fleetscope.traces.kineto import find_trace_files
 from fleetscope.traces.layout import WINDOW_RE, RunLayout
-from fleetscope.traces.manifest import Manifest, TraceRecord, load_manifest
+from fleetscope.traces.clock import read_clock_offsets
+from fleetscope.traces.manifest import TraceRecord, load_manifest
 
+from .clock_align import MeasuredOffset
 from .rank import TraceFailure, TraceSource
 from .report import SOURCE_RUN_DIR, SOURCE_TRACE_DIR, SOURCE_TRACE_FILE, MissingTrace
 
@@ -34,6 +36,8 @@ class AnalysisInput:
     world_size: int | None = None
     notes: list[str] = field(default_factory=list)
     layout: RunLayout | None = None
+    measured_offsets: dict[int, MeasuredOffset] = field(default_factory=dict)
+    """Clock offsets from the run's clock/rank<R>.json files."""
 
 
 def resolve_input(path: str | Path) -> AnalysisInput:
@@ -64,10 +68,13 @@ def _run_dir_input(layout: RunLayout) -> AnalysisInput:
         for r in records
     ]
     failures = [TraceFailure(label=p.path, window=p.window, rank=p.rank, reason=p.reason) for p in manifest.problems]
+    clock_files, clock_problems = read_clock_offsets(layout)
     return AnalysisInput(
         root=layout.root, kind=SOURCE_RUN_DIR, sources=sources, failures=failures,
         missing=[MissingTrace(rank=m.rank, window=m.window) for m in manifest.missing],
-        world_size=manifest.world_size, notes=notes, layout=layout,
+        world_size=manifest.world_size, notes=notes + clock_problems, layout=layout,
+        measured_offsets={rank: MeasuredOffset(offset_us=c.offset_us, uncertainty_us=c.uncertainty_us)
+                          for rank, c in clock_files.items()},
     )
 
 

@@ -120,3 +120,22 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
 def overlap_us(a: Intervals, b: Intervals) -> float:
     """Time covered by both sets."""
     return intersect(a, b).total_us
+
+
+def covered_between(intervals: Intervals, starts_us: np.ndarray, ends_us: np.ndarray) -> np.ndarray:
+    """For each query [start, end), the time covered by `intervals` inside it (0 for empty queries)."""
+    normalized = union(intervals)
+    starts_us = np.asarray(starts_us, dtype=np.float64)
+    ends_us = np.maximum(np.asarray(ends_us, dtype=np.float64), starts_us)
+    if not len(normalized):
+        return np.zeros(starts_us.shape)
+    return _covered_before(normalized, ends_us) - _covered_before(normalized, starts_us)
+
+
+def _covered_before(normalized: Intervals, times_us: np.ndarray) -> np.ndarray:
+    """Time covered by a normalized set before each time."""
+    lengths = normalized.ends_us - normalized.starts_us
+    before = np.concatenate([[0.0], np.cumsum(lengths)])
+    slot = np.searchsorted(normalized.starts_us, times_us, side="right") - 1
+    inside = np.clip(times_us - normalized.starts_us[np.clip(slot, 0, None)], 0, lengths[np.clip(slot, 0, None)])
+    return np.where(slot >= 0, before[np.clip(slot, 0, None)] + inside, 0.0)

@@ -16,7 +16,7 @@ from fleetscope.traces.kineto import TraceReadError, decode_trace, decompress, d
 from .collectives import CollectiveCalls, find_collectives
 from .events import TraceEvents, build_table, decode_selectively, extract_events
 from .steps import StepTiming, find_steps
-from .utilization import Utilization, measure_utilization
+from .utilization import Utilization, build_timeline, measure_utilization
 
 RANK_FROM_MANIFEST = "manifest"
 RANK_FROM_TRACE = "distributedInfo"
@@ -94,6 +94,7 @@ def analyze_trace(source: TraceSource) -> RankResult | TraceFailure:
     trace_rank, world_size = distributed_rank(document)
     rank, rank_source = _resolve_rank(source, trace_rank)
     steps, step_source = find_steps(events)
+    timeline = build_timeline(events)
     info = document.get("distributedInfo")
     return RankResult(
         label=source.label,
@@ -112,8 +113,8 @@ def analyze_trace(source: TraceSource) -> RankResult | TraceFailure:
         has_gpu=events.has_gpu_activity,
         steps=steps,
         step_source=step_source,
-        utilization=measure_utilization(events, steps),
-        collectives=find_collectives(events, steps),
+        utilization=measure_utilization(events, steps, timeline),
+        collectives=find_collectives(events, steps, timeline.compute),
         remarks=remarks,
     )
 

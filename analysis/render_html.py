@@ -40,6 +40,7 @@ def render_html(report: Report) -> str:
         _breakdown_section(report),
         _step_heatmap(report),
         _straggler_section(report),
+        _clock_section(report),
         _hta_section(report),
     ]
     title = escape(f"fleetscope report: {report.source_path}")
@@ -142,12 +143,47 @@ def _window_stragglers(window: WindowReport) -> str:
                  f"({escape(s.collective_source or '')}; lateness counted from {s.min_lateness_us:.0f} us), ms</p>"
                  + svg.bars([f"rank {w.rank}" for w in ordered], [w.caused_wait_us / 1000 for w in ordered],
                             unit="ms", highlight=f"rank {s.waited_for_rank}"))
+        html += _step_wait_heatmap(window)
         rows = [[str(i.step), i.name, str(i.ordinal), str(i.last_rank), _f(i.lateness_us / 1000, 3),
-                 _f(i.arrival_spread_us / 1000, 3), _f(i.end_spread_us / 1000, 3), str(i.participants)]
-                for i in s.worst_instances]
-        html += _table(["step", "collective", "#", "last rank", "late by ms", "arrival spread ms",
-                        "end spread ms", "ranks"], rows, left=(1,))
+                 _f(i.extra_compute_us / 1000, 3), _f(i.arrival_spread_us / 1000, 3), _f(i.end_spread_us / 1000, 3),
+                 str(i.participants)] for i in s.worst_instances]
+        html += ("<p class=\"note\">Latest arrivals. extra compute: the late rank's computation since the previous "
+                 "collective minus the others' median (close to the lateness: more work; near 0: delayed "
+                 "elsewhere)</p>" + _table(["step", "collective", "#", "last rank", "late by ms", "extra compute ms",
+                                           "arrival spread ms", "end spread ms", "ranks"], rows, left=(1,)))
     return html
+
+
+def _step_wait_heatmap(window: WindowReport) -> str:
+    by_step = window.stragglers.by_step
+    if not by_step:
+        return ""
+    ranks = sorted({rank for step in by_step for rank in step.wait_by_rank_us})
+    values = [[step.wait_by_rank_us.get(rank, 0.0) / 1000 for step in by_step] for rank in ranks]
+    return ("<p class=\"note\">Time each rank waited in collectives for later ranks, per step (ms)</p>"
+            + svg.heatmap([f"rank {r}" for r in ranks], [f"s{step.step}" for step in by_step], values, unit="ms"))
+
+
+def _clock_section(report: Report) -> str:
+    rows = [[_opt(w.window), h.host, _ranks_text(h.ranks), h.source, _f(h.offset_us / 1000, 3),
+             _f(_ms(h.measured_offset_us), 3), _f(_ms(h.measured_uncertainty_us), 3),
+             _f(_ms(h.collective_offset_us), 3), _f(_ms(h.collective_spread_us), 3), str(h.collective_samples)]
+            for w in report.windows for h in w.clock.hosts]
+    if not rows:
+        return ""
+    return ("<h2>Clocks</h2><p class=\"note\">Offset of each host's clock to the reference host (the host of the "
+            "lowest rank), removed before collectives are matched. Measured at startup over the process "
+            "group (clock/rank&lt;R&gt;.json) and estimated from collective end times.</p>"
+            + _table(["window", "host", "ranks", "source", "used ms", "measured ms", "+/- ms", "collectives ms",
+                      "spread ms", "samples"], rows, left=(1, 2, 3)))
+
+
+def _ms(value_us: float | None) -> float | None:
+    return None if value_us is None else value_us / 1000
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks)) if len(ranks) <= 8 else f"{ranks[0]}..{ranks[-1]} ({len(ranks)} ranks)"
 
 
 def _hta_section(report: Report) -> str:

@@ -15,6 +15,7 @@ def render_terminal(report: Report) -> str:
         _header(report),
         _rank_table(report),
         _stragglers(report),
+        _clock_lines(report),
         _hta_lines(report),
         _problems(report),
         _listed("Notes", report.notes + [f"window {_w(w.window)}: {n}" for w in report.windows for n in w.notes]),
@@ -91,7 +92,25 @@ def _worst_collectives(window: WindowReport) -> list[str]:
     threshold = window.stragglers.min_lateness_us
     worst = [i for i in window.stragglers.worst_instances if i.lateness_us >= threshold][:WORST_COLLECTIVES_SHOWN]
     return [f"  step {i.step} {i.name} #{i.ordinal}: rank {i.last_rank} arrived {i.lateness_us / 1000:.2f} ms "
-            f"after the others ({i.participants} ranks)" for i in worst]
+            f"after the others ({i.participants} ranks; it computed {i.extra_compute_us / 1000:+.2f} ms more)"
+            for i in worst]
+
+
+def _clock_lines(report: Report) -> str:
+    lines = []
+    for window in report.windows:
+        others = [h for h in window.clock.hosts if h.host != window.clock.reference_host]
+        for host in others:
+            bound = (f" +/- {host.measured_uncertainty_us / 1000:.3f} ms" if host.source == "measured"
+                     else f", spread {host.collective_spread_us / 1000:.3f} ms" if host.source == "collectives" else "")
+            lines.append(f"window {_w(window.window)}: {host.host} (ranks {_ranks(host.ranks)}) "
+                         f"{host.offset_us / 1000:+.3f} ms vs {window.clock.reference_host} ({host.source}{bound})")
+    return "Clocks (offset to the reference host, removed before matching collectives)\n" + "\n".join(
+        f"  {line}" for line in lines) if lines else ""
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ",".join(map(str, ranks)) if len(ranks) <= 8 else f"{ranks[0]}..{ranks[-1]} ({len(ranks)})"
 
 
 def _hta_lines(report: Report) -> str:

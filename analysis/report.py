@@ -43,6 +43,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from .clock_align import ClockAlignment
 from .hta_views import HtaViews
 from .steps import StepStats, StepTiming
 from .stragglers import Stragglers
@@ -96,6 +97,7 @@ class WindowReport:
     window: int | None
     steps: list[int]
     ranks: list[RankReport]
+    clock: ClockAlignment
     stragglers: Stragglers
     hta: HtaViews
     notes: list[str] = field(default_factory=list)
@@ -169,8 +171,9 @@ def _convert(hint: Any, value: Any) -> Any:
         (item_hint,) = typing.get_args(hint)
         return [_convert(item_hint, v) for v in value]
     if origin is dict:
-        _, value_hint = typing.get_args(hint)
-        return {k: _convert(value_hint, v) for k, v in value.items()}
+        key_hint, value_hint = typing.get_args(hint)
+        key = int if key_hint is int else (lambda k: k)   # JSON object keys are strings
+        return {key(k): _convert(value_hint, v) for k, v in value.items()}
     if dataclasses.is_dataclass(hint):
         return _build(hint, value)
     return value

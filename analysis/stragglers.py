@@ -1,27 +1,40 @@
 """Which rank holds the others back: slowest steps, and who arrives last at collectives.
 
 At a collective every rank waits inside it until the last one arrives, then all finish at about the same
-instant. So for one collective instance (matched across ranks by `CollectiveKey`):
-  - arrival of a rank = start of its collective (kernel / gloo span / host op, see collectives.py),
-    on the common clock;
+instant. So for one collective instance (matched across ranks by `CollectiveKey`, times on rank 0's
+clock, see arrivals.py and clock_align.py):
+  - arrival of a rank = start of its collective (NCCL kernel / gloo span / host op, collectives.py);
   - the last rank is the one with the latest arrival;
   - lateness_us = its arrival - the median arrival of the other ranks (how long it kept them waiting);
-  - wait of a rank = last arrival - its own arrival (time it spent waiting for the others).
+  - wait of a rank = last arrival - its own arrival (time it spent waiting for the others);
+  - extra_compute_us = the last rank's computation since the previous collective (interval_compute_us,
+    collectives.py) - the others' median: close to the lateness when the late rank simply had more work
+    (load imbalance, e.g. uneven expert routing); near zero when it was delayed by something else (host,
+    input pipeline, launch overhead).
 An instance counts toward a rank being "last" only when the lateness reaches `min_lateness_us`, so the
 ordering noise of ranks that arrive together blames nobody.
+
+Per rank: score = its share of all the waiting caused (sum of its lateness where it was last, over the sum
+for all ranks), in [0, 1]. The verdict names a straggler when one rank is last at most collectives and
+causes most of the waiting.
 """
 
 from __future__ import annotations
 
+import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .collectives import CollectiveKey
+from .arrivals import ArrivalMatrix
 from .rank import RankResult
 
 DEFAULT_MIN_LATENESS_US = 100.0
 WORST_INSTANCES_KEPT = 10
+DETAIL_CELL_LIMIT = 50_000
+"""Per-rank arrival/wait of every instance goes in the report up to this many ranks x instances."""
+CONSISTENT_SHARE = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,10 +54,25 @@ class CollectiveInstance:
     participants: int
     last_rank: int
     lateness_us: float
+    extra_compute_us: float
+    """Last rank's computation since the previous collective minus the others' median (module docstring)."""
     arrival_spread_us: float
     """Last arrival - first arrival."""
     end_spread_us: float
     """Latest end - earliest end; large values mean clocks disagree or ranks were mismatched."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceDetail:
+    """Every rank's arrival and wait at one instance, in the order of `Stragglers.detail_ranks`."""
+
+    step: int
+    name: str
+    ordinal: int
+    arrival_us: list[float | None]
+    """Arrival after the first rank's arrival; None: the rank has no such instance."""
+    wait_us: list[float | None]
+    interval_compute_us: list[float | None]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,8 +85,28 @@ class RankWait:
     last_pct: float
     caused_wait_us: float
     """Sum of its lateness over the instances where it was last."""
+    median_lateness_us: float | None
+    """Median lateness over the instances where it was last."""
+    median_extra_compute_us: float | None
+    """Median extra_compute_us over the instances where it was last."""
     waited_us: float
     """Sum of its waits: time spent inside collectives for later ranks."""
+    score: float
+    """Share of all waiting caused that this rank caused, 0..1."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepWaits:
+    """Collectives of one step."""
+
+    step: int
+    collectives: int
+    most_often_last: int | None
+    """The rank last (by min_lateness_us) at most of this step's collectives; None if nobody was."""
+    max_lateness_us: float
+    total_wait_us: float
+    """Sum over instances and ranks of the waits."""
+    wait_by_rank_us: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,47 +125,48 @@ class Stragglers:
     waited_for_rank: int | None = None
     """The rank the others wait for most; None when nobody was late by min_lateness_us."""
     waited_for_median_us: float | None = None
-    """Median lateness of waited_for_rank over the instances where it was last."""
+    consistent: bool = False
+    """waited_for_rank is last at most instances and causes most of the waiting."""
+    by_step: list[StepWaits] = field(default_factory=list)
     worst_instances: list[CollectiveInstance] = field(default_factory=list)
+    detail_ranks: list[int] = field(default_factory=list)
+    details: list[InstanceDetail] = field(default_factory=list)
+    """Every instance, when ranks x instances <= DETAIL_CELL_LIMIT (else empty)."""
     verdict: str = ""
 
 
-@dataclass(frozen=True)
-class _ArrivalMatrix:
-    ranks: list[int]
-    keys: list[CollectiveKey]
-    start_us: np.ndarray
-    """ranks x instances; NaN where a rank has no such instance."""
-    end_us: np.ndarray
-
-
-def find_stragglers(results: list[RankResult], clock_shift_us: dict[int, float], *,
+def find_stragglers(results: list[RankResult], matrix: ArrivalMatrix | None, *,
                     min_lateness_us: float = DEFAULT_MIN_LATENESS_US) -> Stragglers:
-    """Straggler ranking of one window. `clock_shift_us[rank]` maps trace time to the common clock."""
+    """Straggler ranking of one window; `matrix` already on the common clock (None: no collectives)."""
     by_step = rank_by_step_time(results)
-    matrix = _arrival_matrix(results, clock_shift_us)
-    if matrix is None:
-        verdict = _verdict(by_step, None, None)
-        return Stragglers(by_step_time=by_step, slowest_rank=by_step[0].rank if by_step else None,
-                          min_lateness_us=min_lateness_us, verdict=verdict)
-    present = ~np.isnan(matrix.start_us)
-    shared = present.sum(axis=0) >= 2
-    instances = _instances(matrix, shared, min_lateness_us)
-    waits = _rank_waits(matrix, shared, instances, min_lateness_us)
-    waited_for, median_us = _waited_for(waits, instances, min_lateness_us)
-    sources = {r.collectives.source for r in results if r.collectives.source}
+    slowest = by_step[0].rank if by_step else None
+    shared = matrix.present.sum(axis=0) >= 2 if matrix is not None else None
+    if matrix is None or not shared.any():
+        return Stragglers(by_step_time=by_step, slowest_rank=slowest, min_lateness_us=min_lateness_us,
+                          unmatched_collectives=len(matrix.keys) if matrix is not None else 0,
+                          collective_source=", ".join(matrix.sources) if matrix is not None else None,
+                          verdict=_verdict(by_step, [], None, False))
+    shared_matrix = _columns(matrix, shared)
+    instances = _instances(shared_matrix)
+    waits = _rank_waits(shared_matrix, instances, min_lateness_us)
+    top = waits[0] if waits and waits[0].times_last else None
+    consistent = top is not None and top.last_pct >= 100 * CONSISTENT_SHARE and top.score >= CONSISTENT_SHARE
     return Stragglers(
         by_step_time=by_step,
-        slowest_rank=by_step[0].rank if by_step else None,
-        collective_source=", ".join(sorted(sources)) or None,
+        slowest_rank=slowest,
+        collective_source=", ".join(matrix.sources) or None,
         matched_collectives=int(shared.sum()),
-        unmatched_collectives=int((present.sum(axis=0) < len(matrix.ranks)).sum()),
+        unmatched_collectives=int((matrix.present.sum(axis=0) < len(matrix.ranks)).sum()),
         min_lateness_us=min_lateness_us,
         by_wait=waits,
-        waited_for_rank=waited_for,
-        waited_for_median_us=median_us,
+        waited_for_rank=top.rank if top else None,
+        waited_for_median_us=top.median_lateness_us if top else None,
+        consistent=consistent,
+        by_step=_step_waits(shared_matrix, instances, min_lateness_us),
         worst_instances=sorted(instances, key=lambda i: -i.lateness_us)[:WORST_INSTANCES_KEPT],
-        verdict=_verdict(by_step, waits, waited_for),
+        detail_ranks=list(shared_matrix.ranks),
+        details=_details(shared_matrix),
+        verdict=_verdict(by_step, waits, top, consistent),
     )
 
 
@@ -132,78 +181,121 @@ def rank_by_step_time(results: list[RankResult]) -> list[StepTimeRank]:
     return sorted(ranking, key=lambda r: (-r.mean_step_ms, r.rank))
 
 
-def _arrival_matrix(results: list[RankResult], clock_shift_us: dict[int, float]) -> _ArrivalMatrix | None:
-    with_calls = sorted((r for r in results if len(r.collectives)), key=lambda r: r.rank)
-    if len(with_calls) < 2:
-        return None
-    keys = sorted({key for r in with_calls for key in r.collectives.keys})
-    column = {key: index for index, key in enumerate(keys)}
-    starts = np.full((len(with_calls), len(keys)), np.nan)
-    ends = np.full((len(with_calls), len(keys)), np.nan)
-    for row, result in enumerate(with_calls):
-        columns = np.fromiter((column[k] for k in result.collectives.keys), dtype=np.int64,
-                              count=len(result.collectives))
-        shift = clock_shift_us.get(result.rank, 0.0)
-        starts[row, columns] = result.collectives.start_us + shift
-        ends[row, columns] = result.collectives.end_us + shift
-    return _ArrivalMatrix([r.rank for r in with_calls], keys, starts, ends)
+def _columns(matrix: ArrivalMatrix, keep: np.ndarray) -> ArrivalMatrix:
+    return ArrivalMatrix(matrix.ranks, matrix.hosts, [k for k, on in zip(matrix.keys, keep) if on],
+                         matrix.start_us[:, keep], matrix.end_us[:, keep], matrix.interval_compute_us[:, keep],
+                         matrix.sources)
 
 
-def _instances(matrix: _ArrivalMatrix, shared: np.ndarray, min_lateness_us: float) -> list[CollectiveInstance]:
-    starts, ends = matrix.start_us[:, shared], matrix.end_us[:, shared]
-    keys = [k for k, keep in zip(matrix.keys, shared) if keep]
-    last_row = np.nanargmax(starts, axis=0)
-    others = starts.copy()
-    others[last_row, np.arange(others.shape[1])] = np.nan
-    lateness = np.nanmax(starts, axis=0) - np.nanmedian(others, axis=0)
-    spread = np.nanmax(starts, axis=0) - np.nanmin(starts, axis=0)
-    end_spread = np.nanmax(ends, axis=0) - np.nanmin(ends, axis=0)
-    participants = (~np.isnan(starts)).sum(axis=0)
+def _others_median(values: np.ndarray, excluded_row: np.ndarray) -> np.ndarray:
+    """Per column, the median of the values of every row except `excluded_row[column]`."""
+    others = values.copy()
+    others[excluded_row, np.arange(values.shape[1])] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a column whose only other value is missing
+        return np.nanmedian(others, axis=0)
+
+
+def _instances(m: ArrivalMatrix) -> list[CollectiveInstance]:
+    last_row = np.nanargmax(m.start_us, axis=0)
+    columns = np.arange(m.start_us.shape[1])
+    lateness = m.start_us[last_row, columns] - _others_median(m.start_us, last_row)
+    extra = m.interval_compute_us[last_row, columns] - _others_median(m.interval_compute_us, last_row)
+    spread = np.nanmax(m.start_us, axis=0) - np.nanmin(m.start_us, axis=0)
+    end_spread = np.nanmax(m.end_us, axis=0) - np.nanmin(m.end_us, axis=0)
+    participants = m.present.sum(axis=0)
     return [
         CollectiveInstance(step=key[0], name=key[1], ordinal=key[2], participants=int(participants[i]),
-                           last_rank=matrix.ranks[last_row[i]], lateness_us=float(lateness[i]),
-                           arrival_spread_us=float(spread[i]), end_spread_us=float(end_spread[i]))
-        for i, key in enumerate(keys)
+                           last_rank=m.ranks[last_row[i]], lateness_us=float(lateness[i]),
+                           extra_compute_us=float(np.nan_to_num(extra[i])), arrival_spread_us=float(spread[i]),
+                           end_spread_us=float(end_spread[i]))
+        for i, key in enumerate(m.keys)
     ]
 
 
-def _rank_waits(matrix: _ArrivalMatrix, shared: np.ndarray, instances: list[CollectiveInstance],
-                min_lateness_us: float) -> list[RankWait]:
-    starts = matrix.start_us[:, shared]
-    waited = np.nansum(np.nanmax(starts, axis=0) - starts, axis=1)
-    taken = (~np.isnan(starts)).sum(axis=1)
+def _rank_waits(m: ArrivalMatrix, instances: list[CollectiveInstance], min_lateness_us: float) -> list[RankWait]:
+    waited = np.nansum(np.nanmax(m.start_us, axis=0) - m.start_us, axis=1)
+    taken = m.present.sum(axis=1)
+    late_by_rank: dict[int, list[CollectiveInstance]] = {rank: [] for rank in m.ranks}
+    for instance in instances:
+        if instance.lateness_us >= min_lateness_us:
+            late_by_rank[instance.last_rank].append(instance)
+    total_caused = sum(i.lateness_us for late in late_by_rank.values() for i in late)
     waits = []
-    for row, rank in enumerate(matrix.ranks):
-        late = [i.lateness_us for i in instances if i.last_rank == rank and i.lateness_us >= min_lateness_us]
+    for row, rank in enumerate(m.ranks):
+        late = late_by_rank[rank]
+        caused = float(sum(i.lateness_us for i in late))
         waits.append(RankWait(
             rank=rank, collectives=int(taken[row]), times_last=len(late),
             last_pct=100.0 * len(late) / int(taken[row]) if taken[row] else 0.0,
-            caused_wait_us=float(sum(late)), waited_us=float(waited[row]),
+            caused_wait_us=caused,
+            median_lateness_us=float(np.median([i.lateness_us for i in late])) if late else None,
+            median_extra_compute_us=float(np.median([i.extra_compute_us for i in late])) if late else None,
+            waited_us=float(waited[row]),
+            score=caused / total_caused if total_caused > 0 else 0.0,
         ))
     return sorted(waits, key=lambda w: (-w.caused_wait_us, w.rank))
 
 
-def _waited_for(waits: list[RankWait], instances: list[CollectiveInstance],
-                min_lateness_us: float) -> tuple[int | None, float | None]:
-    if not waits or waits[0].times_last == 0:
-        return None, None
-    rank = waits[0].rank
-    late = [i.lateness_us for i in instances if i.last_rank == rank and i.lateness_us >= min_lateness_us]
-    return rank, float(np.median(late))
+def _step_waits(m: ArrivalMatrix, instances: list[CollectiveInstance], min_lateness_us: float) -> list[StepWaits]:
+    waits = np.nanmax(m.start_us, axis=0) - m.start_us          # ranks x instances
+    steps = np.asarray([key[0] for key in m.keys])
+    summary = []
+    for step in sorted(set(steps.tolist())):
+        in_step = steps == step
+        late = Counter(i.last_rank for i, on in zip(instances, in_step) if on and i.lateness_us >= min_lateness_us)
+        step_waits = np.nansum(waits[:, in_step], axis=1)
+        summary.append(StepWaits(
+            step=int(step), collectives=int(in_step.sum()),
+            most_often_last=late.most_common(1)[0][0] if late else None,
+            max_lateness_us=max(i.lateness_us for i, on in zip(instances, in_step) if on),
+            total_wait_us=float(step_waits.sum()),
+            wait_by_rank_us={rank: float(w) for rank, w in zip(m.ranks, step_waits)},
+        ))
+    return summary
 
 
-def _verdict(by_step: list[StepTimeRank], waits: list[RankWait] | None, waited_for: int | None) -> str:
+def _details(m: ArrivalMatrix) -> list[InstanceDetail]:
+    if m.start_us.size > DETAIL_CELL_LIMIT:
+        return []
+    first = np.nanmin(m.start_us, axis=0)
+    last = np.nanmax(m.start_us, axis=0)
+
+    def column(values: np.ndarray) -> list[float | None]:
+        return [None if np.isnan(v) else float(v) for v in values]
+
+    return [
+        InstanceDetail(step=key[0], name=key[1], ordinal=key[2], arrival_us=column(m.start_us[:, i] - first[i]),
+                       wait_us=column(last[i] - m.start_us[:, i]), interval_compute_us=column(m.interval_compute_us[:, i]))
+        for i, key in enumerate(m.keys)
+    ]
+
+
+def _verdict(by_step: list[StepTimeRank], waits: list[RankWait], top: RankWait | None, consistent: bool) -> str:
     parts = []
-    if by_step and len(by_step) > 1:
+    if len(by_step) > 1:
         slowest = by_step[0]
         parts.append(f"rank {slowest.rank} has the slowest steps ({slowest.mean_step_ms:.2f} ms mean, "
                      f"{slowest.vs_median_pct:+.1f}% vs the median rank)")
-    if waits is None:
+    if not waits:
         parts.append("no collectives matched across ranks")
-    elif waited_for is None:
+    elif top is None:
         parts.append("no rank keeps the others waiting at collectives")
+    elif consistent:
+        parts.append(_straggler_sentence(top))
     else:
-        top = waits[0]
-        parts.append(f"the others wait for rank {waited_for} at collectives: last at {top.times_last} of "
-                     f"{top.collectives} ({top.last_pct:.0f}%), {top.caused_wait_us / 1000:.2f} ms of waiting in all")
+        shares = ", ".join(f"rank {w.rank} {100 * w.score:.0f}%" for w in waits[:3] if w.times_last)
+        parts.append(f"no single straggler at collectives: the waiting is spread ({shares} of it)")
     return "; ".join(parts) + "." if parts else "nothing to rank."
+
+
+def _straggler_sentence(top: RankWait) -> str:
+    sentence = (f"the others wait for rank {top.rank} at collectives: last at {top.times_last} of "
+                f"{top.collectives} ({top.last_pct:.0f}%), a median {top.median_lateness_us / 1000:.2f} ms late, "
+                f"{100 * top.score:.0f}% of all waiting ({top.caused_wait_us / 1000:.2f} ms)")
+    extra = top.median_extra_compute_us or 0.0
+    if extra >= 0.5 * (top.median_lateness_us or 0.0):
+        return sentence + (f"; it computes {extra / 1000:.2f} ms more than the others before those collectives "
+                           "(load imbalance, e.g. uneven expert routing)")
+    return sentence + ("; it does not compute more before them, so the delay is elsewhere (host side: input "
+                       "pipeline, CPU contention, Python or launch overhead; or its link)")

@@ -63,26 +63,31 @@ class Utilization:
 
 
 @dataclass(frozen=True)
-class _Timeline:
+class Timeline:
+    """The rank's activity as interval sets (trace clock), by the definitions of its basis."""
+
+    basis: str
     compute: Intervals
     comm: Intervals
     memory: Intervals
 
 
-def measure_utilization(events: TraceEvents, steps: list[StepTiming]) -> Utilization | None:
+def build_timeline(events: TraceEvents) -> Timeline:
+    """GPU basis when the trace holds GPU activity, CPU basis otherwise (see the module docstring)."""
+    return _gpu_timeline(events) if events.has_gpu_activity else _cpu_timeline(events)
+
+
+def measure_utilization(events: TraceEvents, steps: list[StepTiming],
+                        timeline: Timeline | None = None) -> Utilization | None:
     """Utilization of one rank; None when the trace has nothing to measure (no ops, no kernels)."""
-    if events.has_gpu_activity:
-        span = _gpu_span(events, steps)
-        timeline, basis = _gpu_timeline(events), BASIS_GPU
-    else:
-        span = _cpu_span(events, steps)
-        timeline, basis = _cpu_timeline(events), BASIS_CPU
+    timeline = timeline or build_timeline(events)
+    span = _gpu_span(events, steps) if timeline.basis == BASIS_GPU else _cpu_span(events, steps)
     if span is None or span[1] <= span[0]:
         return None
-    return _summarize(basis, span, timeline)
+    return _summarize(timeline, span)
 
 
-def _summarize(basis: str, span: tuple[float, float], timeline: _Timeline) -> Utilization:
+def _summarize(timeline: Timeline, span: tuple[float, float]) -> Utilization:
     start, end = span
     compute, comm, memory = (union(clip(s, start, end)) for s in (timeline.compute, timeline.comm, timeline.memory))
     span_us = end - start
@@ -90,7 +95,7 @@ def _summarize(basis: str, span: tuple[float, float], timeline: _Timeline) -> Ut
     comm_us = comm.total_us
     hidden_us = overlap_us(comm, compute)
     return Utilization(
-        basis=basis,
+        basis=timeline.basis,
         span_us=span_us,
         busy_us=busy_us,
         idle_us=span_us - busy_us,
@@ -110,10 +115,11 @@ def _intervals(events: TraceEvents, mask: np.ndarray) -> Intervals:
     return Intervals(events.start_us[mask], events.end_us[mask])
 
 
-def _gpu_timeline(events: TraceEvents) -> _Timeline:
+def _gpu_timeline(events: TraceEvents) -> Timeline:
     kernels = events.of_kind(Kind.KERNEL)
     comm = kernels & events.names_matching(is_comm_kernel)
-    return _Timeline(
+    return Timeline(
+        basis=BASIS_GPU,
         compute=_intervals(events, kernels & ~comm),
         comm=_intervals(events, comm),
         memory=_intervals(events, events.of_kind(Kind.GPU_MEMCPY, Kind.GPU_MEMSET)),
@@ -130,12 +136,13 @@ def _gpu_span(events: TraceEvents, steps: list[StepTiming]) -> tuple[float, floa
     return start, end
 
 
-def _cpu_timeline(events: TraceEvents) -> _Timeline:
+def _cpu_timeline(events: TraceEvents) -> Timeline:
     ops = events.of_kind(Kind.CPU_OP)
     comm_ops = ops & events.names_matching(is_comm_cpu_op)
     gloo = events.names_matching(is_gloo_span)
     comm_op_time = _intervals(events, comm_ops)
-    return _Timeline(
+    return Timeline(
+        basis=BASIS_CPU,
         compute=subtract(_intervals(events, ops & ~comm_ops & ~gloo), comm_op_time),
         comm=union_of(_intervals(events, gloo), comm_op_time),
         memory=Intervals.empty(),

@@ -1,7 +1,9 @@
 import numpy as np
 import pytest
 
-from fleetscope.analysis.intervals import Intervals, clip, covered_us, intersect, overlap_us, subtract, union
+from fleetscope.analysis.intervals import (
+    Intervals, clip, covered_between, covered_us, intersect, overlap_us, subtract, union,
+)
 
 
 def _pairs(intervals: Intervals) -> list[tuple[float, float]]:
@@ -63,3 +65,11 @@ def test_random_sets_agree_with_a_dense_grid():
     assert covered_us(a) == grid_a.sum()
     assert overlap_us(a, b) == (grid_a & grid_b).sum()
     assert subtract(a, b).total_us == (grid_a & ~grid_b).sum()
+
+
+def test_covered_between_queries():
+    intervals = Intervals.of([0, 20, 50], [10, 30, 60])
+    starts = np.array([-5, 5, 10, 25, 0, 70, 40])
+    ends = np.array([5, 25, 20, 55, 100, 80, 30])   # the last query is empty (end < start)
+    assert covered_between(intervals, starts, ends).tolist() == [5, 10, 0, 10, 30, 0, 0]
+    assert covered_between(Intervals.empty(), starts, ends).tolist() == [0] * 7

@@ -7,6 +7,7 @@ from fleetscope.analysis.events import extract_events
 from fleetscope.analysis.names import collective_name, is_comm_kernel
 from fleetscope.analysis.rank import RANK_FROM_TRACE, TraceSource, analyze_trace
 from fleetscope.analysis.steps import find_steps
+from fleetscope.analysis.arrivals import arrival_matrix
 from fleetscope.analysis.stragglers import find_stragglers
 from fleetscope.analysis.utilization import measure_utilization
 from test_analysis_helpers import RUNLOOP_TID, KinetoBuilder, gpu_rank
@@ -141,13 +142,15 @@ def test_the_late_rank_and_its_lateness_are_found(tmp_path, kernel_name):
                 for r in range(4)]
     results = _results(tmp_path, builders)
     assert all(r.rank_source == RANK_FROM_TRACE for r in results)
-    stragglers = find_stragglers(results, {})
+    stragglers = find_stragglers(results, arrival_matrix(results))
     assert stragglers.matched_collectives == 2
-    assert stragglers.waited_for_rank == 2
+    assert stragglers.waited_for_rank == 2 and stragglers.consistent
     assert stragglers.waited_for_median_us == pytest.approx(250.0)
     top = stragglers.by_wait[0]
-    assert (top.rank, top.times_last, top.last_pct) == (2, 2, 100.0)
+    assert (top.rank, top.times_last, top.last_pct, top.score) == (2, 2, 100.0, 1.0)
     assert top.caused_wait_us == pytest.approx(500.0)
+    assert top.median_extra_compute_us == 0      # same compute on every rank: the delay is elsewhere
+    assert "does not compute more" in stragglers.verdict
     waited = {w.rank: w.waited_us for w in stragglers.by_wait}
     assert waited == {0: 500.0, 1: 500.0, 2: 0.0, 3: 500.0}
     assert all(i.end_spread_us == 0 for i in stragglers.worst_instances)
@@ -155,7 +158,7 @@ def test_the_late_rank_and_its_lateness_are_found(tmp_path, kernel_name):
 
 def test_ranks_arriving_together_blame_nobody(tmp_path):
     results = _results(tmp_path, [gpu_rank(r, nccl_start=600 + 10 * r) for r in range(2)])
-    stragglers = find_stragglers(results, {}, min_lateness_us=100.0)
+    stragglers = find_stragglers(results, arrival_matrix(results), min_lateness_us=100.0)
     assert stragglers.matched_collectives == 2
     assert stragglers.waited_for_rank is None
     assert "no rank keeps the others waiting" in stragglers.verdict
@@ -163,16 +166,40 @@ def test_ranks_arriving_together_blame_nobody(tmp_path):
 
 def test_clock_shift_changes_who_is_late(tmp_path):
     results = _results(tmp_path, [gpu_rank(r, nccl_start=600 if r == 1 else 350) for r in range(2)])
-    assert find_stragglers(results, {}).waited_for_rank == 1
+    matrix = arrival_matrix(results)
+    assert find_stragglers(results, matrix).waited_for_rank == 1
     # If rank 1's clock ran 500 us ahead, it really arrived first.
-    assert find_stragglers(results, {1: -500.0}).waited_for_rank == 0
+    assert find_stragglers(results, matrix.shifted({1: 500.0})).waited_for_rank == 0
 
 
 def test_slowest_rank_by_step_time(tmp_path):
     slow = KinetoBuilder(rank=1).step(1, 0, 1500).step(2, 1500, 1500)
     fast = KinetoBuilder(rank=0).step(1, 0, 1000).step(2, 1000, 1000)
-    stragglers = find_stragglers(_results(tmp_path, [fast, slow]), {})
+    results = _results(tmp_path, [fast, slow])
+    stragglers = find_stragglers(results, arrival_matrix(results))
     assert stragglers.slowest_rank == 1
     assert [r.rank for r in stragglers.by_step_time] == [1, 0]
     assert stragglers.by_step_time[0].vs_median_pct == pytest.approx(20.0)
     assert stragglers.matched_collectives == 0
+
+
+def test_late_rank_with_more_work_is_called_imbalanced(tmp_path):
+    builders = []
+    for rank in range(3):
+        builder = KinetoBuilder(rank=rank, world_size=3)
+        for step, s in enumerate((0.0, 1000.0)):
+            builder.step(step, s, 1000).kernel("gemm", s + 100, 300, launch_ts=s + 10)
+            arrival = 400.0
+            if rank == 1:                      # 250 us more expert work before every all-reduce
+                builder.kernel("expert_gemm", s + 400, 250, launch_ts=s + 20)
+                arrival = 650.0
+            builder.kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", s + arrival, 900 - arrival,
+                           launch_ts=s + 30, stream=20)
+        builders.append(builder)
+    results = _results(tmp_path, builders)
+    stragglers = find_stragglers(results, arrival_matrix(results))
+    top = stragglers.by_wait[0]
+    assert (top.rank, top.times_last) == (1, 2)
+    assert top.median_lateness_us == pytest.approx(250.0)
+    assert top.median_extra_compute_us == pytest.approx(250.0)
+    assert "computes 0.25 ms more" in stragglers.verdict

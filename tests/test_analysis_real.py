@@ -1,12 +1,17 @@
 """analyze() on real traces: a 2-rank gloo DDP job under torchrun, with rank 1 late at a known collective."""
 
+import gzip
+import json
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from fleetscope.analysis import analyze, render_terminal
+from fleetscope.traces.clock import DEFAULT_ROUND_TRIPS, ClockOffset, read_clock_offsets
 from fleetscope.traces.gather import gather
 from fleetscope.traces.layout import RunLayout
 
@@ -14,6 +19,7 @@ LATE_RANK = 1
 LATE_MS = 40
 ACTIVE_STEPS = 3
 WINDOWS = 2
+SKEW_MS = 37
 
 JOB = textwrap.dedent(f"""
     import os, sys, tempfile, time
@@ -21,12 +27,18 @@ JOB = textwrap.dedent(f"""
     import torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
+    from fleetscope.traces.clock import measure_clock_offset, record_clock_offset, write_clock_offset
     from fleetscope.traces.layout import RunLayout
     from fleetscope.traces.writer import publish_trace
 
     layout = RunLayout.at(sys.argv[1])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    record_clock_offset(layout)
+    # the same measurement with rank 1's clock {SKEW_MS} ms ahead, kept aside for the skew test
+    skew_ns = {SKEW_MS} * 1_000_000 if rank == 1 else 0
+    skewed = measure_clock_offset(now_ns=lambda: time.time_ns() + skew_ns)
+    write_clock_offset(skewed, layout.root.parent / "skewed_clock" / f"rank{{rank}}.json")
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(
         torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128)))
@@ -109,5 +121,63 @@ def test_real_gloo_run_finds_the_late_rank(gloo_run):
         assert len(explicit) == ACTIVE_STEPS
         for instance in explicit:
             assert instance.last_rank == LATE_RANK
-            assert 0.9 * LATE_MS * 1000 <= instance.lateness_us <= 2.0 * LATE_MS * 1000
-    assert f"the others wait for rank {LATE_RANK}" in report.verdict
+            # less than LATE_MS when rank 0 itself runs late in that step (2 ranks share 2 cores)
+            assert 0.6 * LATE_MS * 1000 <= instance.lateness_us <= 2.0 * LATE_MS * 1000
+    assert f"rank {LATE_RANK} is the straggler" in report.verdict
+
+
+@pytest.mark.slow
+def test_real_clock_offsets_are_measured(gloo_run):
+    offsets, problems = read_clock_offsets(gloo_run)
+    assert problems == [] and sorted(offsets) == [0, 1]
+    assert offsets[0].offset_us == 0.0
+    one = offsets[1]
+    assert one.round_trips == DEFAULT_ROUND_TRIPS and 0 < one.uncertainty_us < 5000
+    # both ranks read the same host clock: the true offset is 0, inside the bound by construction
+    assert abs(one.offset_us) <= one.uncertainty_us
+    skewed = ClockOffset.from_json(json.loads((gloo_run.root.parent / "skewed_clock" / "rank1.json").read_text()))
+    assert abs(skewed.offset_us - SKEW_MS * 1000) <= skewed.uncertainty_us
+
+
+def _skewed_copy(layout: RunLayout, destination: Path, *, with_clock_files: bool) -> RunLayout:
+    """The run as if rank 1 ran on another host whose clock is SKEW_MS ahead."""
+    shutil.copytree(layout.root, destination)
+    copy = RunLayout.at(destination)
+    shutil.rmtree(copy.report_dir, ignore_errors=True)
+    for path in copy.traces_dir.rglob("rank1.*.json.gz"):
+        document = json.loads(gzip.decompress(path.read_bytes()))
+        document["host_name"] = "other-node"
+        for event in document["traceEvents"]:
+            if isinstance(event.get("ts"), (int, float)):
+                event["ts"] += SKEW_MS * 1000
+        path.write_bytes(gzip.compress(json.dumps(document).encode()))
+    shutil.rmtree(copy.clock_dir)
+    if with_clock_files:
+        shutil.copytree(layout.root.parent / "skewed_clock", copy.clock_dir)
+    gather(copy.root)
+    return copy
+
+
+def _lateness_by_instance(report):
+    return {(w.window, i.step, i.name, i.ordinal): (i.last_rank, i.lateness_us)
+            for w in report.windows for i in w.stragglers.worst_instances}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_clock_files", [True, False], ids=["measured", "from-collectives"])
+def test_injected_clock_skew_is_recovered_and_the_report_unchanged(gloo_run, tmp_path, with_clock_files):
+    original = analyze(gloo_run.root, write_default_outputs=False)
+    skewed = analyze(_skewed_copy(gloo_run, tmp_path / "skewed", with_clock_files=with_clock_files).root,
+                     write_default_outputs=False)
+    tolerance_us = 1000 if with_clock_files else 2000
+    for window in skewed.windows:
+        other = next(h for h in window.clock.hosts if h.host == "other-node")
+        assert other.source == ("measured" if with_clock_files else "collectives")
+        assert other.offset_us == pytest.approx(SKEW_MS * 1000, abs=tolerance_us)
+    before, after = _lateness_by_instance(original), _lateness_by_instance(skewed)
+    assert before.keys() == after.keys()
+    for key, (last_rank, lateness_us) in before.items():
+        if lateness_us > 5 * tolerance_us:        # clear-cut instances keep their late rank and amount
+            assert after[key][0] == last_rank
+            assert after[key][1] == pytest.approx(lateness_us, abs=tolerance_us)
+    assert [w.stragglers.waited_for_rank for w in skewed.windows] == [LATE_RANK] * WINDOWS

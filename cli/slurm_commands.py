@@ -81,7 +81,9 @@ def _failure_lines(status: SlurmRunStatus) -> list[str]:
     if not status.failures:
         return []
     first, *others = status.failures
-    lines = [f"failed first: rank {first.rank} (exit {first.exitcode}): {first.message.splitlines()[0] if first.message else ''}"]
+    exit_code = f" (exit {first.exitcode})" if first.exitcode is not None else ""
+    message = first.message.splitlines()[0] if first.message else "no error message"
+    lines = [f"failed first: rank {first.rank}{exit_code}: {message}"]
     if first.log_path:
         lines.append(f"  log: {first.log_path}")
     if others:

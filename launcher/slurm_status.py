@@ -8,6 +8,7 @@ Failed ranks come from the per-rank error files both paths leave in the run dire
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -71,7 +72,7 @@ def run_status(run_dir: str | Path) -> SlurmRunStatus:
         postprocess_job_id=postprocess_job_id,
         training=query_job(job_id),
         postprocess=query_job(postprocess_job_id) if postprocess_job_id else None,
-        failures=rank_failures(layout),
+        failures=rank_failures(layout, job_id),
         outputs=existing_outputs(layout),
     )
 
@@ -82,14 +83,23 @@ def existing_outputs(layout: RunLayout) -> dict[str, Path]:
     return {name: path for name, path in candidates.items() if path.exists()}
 
 
-def rank_failures(layout: RunLayout) -> list[RankFailure]:
+def rank_failures(layout: RunLayout, job_id: str) -> list[RankFailure]:
     """Every failed rank, the earliest first; a rank reported twice keeps its earliest failure."""
     earliest: dict[int, RankFailure] = {}
-    for failure in [*collect_failures(layout), *torchrun_root_causes(layout)]:
+    submitit = [with_submitit_log(failure, layout, job_id) for failure in collect_failures(layout)]
+    for failure in [*submitit, *torchrun_root_causes(layout)]:
         known = earliest.get(failure.rank)
         if known is None or _sort_key(failure) < _sort_key(known):
             earliest[failure.rank] = failure
     return sorted(earliest.values(), key=_sort_key)
+
+
+def with_submitit_log(failure: RankFailure, layout: RunLayout, job_id: str) -> RankFailure:
+    """Point a submitit rank's failure at its stderr: <run>/logs/slurm/<job>_<rank>_log.err."""
+    stderr = layout.logs_dir / SLURM_LOGS_SUBDIR / f"{job_id}_{failure.rank}_log.err"
+    if failure.log_path is None and stderr.exists():
+        return dataclasses.replace(failure, log_path=str(stderr))
+    return failure
 
 
 def _sort_key(failure: RankFailure) -> tuple[bool, int, int]:

@@ -330,11 +330,10 @@ class _RankEmitter:
 
     def _begin(self, operation: tuple, flows: FlowPlan, events: list[Any]) -> None:
         ts, _, uuid, name, category, end_ns, ident, annotations = operation
-        outgoing = flows.outgoing.get(ident, ()) if ident != NO_EVENT else ()
-        terminating = flows.terminating.get(ident, ()) if ident != NO_EVENT else ()
-        args = annotations if ident == NO_EVENT else _event_args(events, ident)
-        self.writer.slice_begin(ts, uuid, name, category, flow_ids=tuple(outgoing),
-                                terminating_flow_ids=tuple(terminating),
+        outgoing = flows.outgoing.get(ident, ())
+        terminating = flows.terminating.get(ident, ())
+        args = annotations if ident == NO_EVENT or not self._needs_args else _event_args(events, ident)
+        self.writer.slice_begin(ts, uuid, name, category, flow_ids=outgoing, terminating_flow_ids=terminating,
                                 annotations=args if (self.event_args or ident == NO_EVENT) else None)
         if self.json_writer is not None:
             self.json_writer.complete(self.pid, uuid, name, category, ts, end_ns, args)
@@ -344,9 +343,13 @@ class _RankEmitter:
             for flow_id in terminating:
                 self.json_writer.flow(ends=True, flow_id=flow_id, pid=self.pid, uuid=uuid, ts_ns=ts)
 
+    @property
+    def _needs_args(self) -> bool:
+        return self.event_args or self.json_writer is not None
+
     def _instant(self, operation: tuple, events: list[Any]) -> None:
         ts, _, uuid, name, category, ident, annotations = operation
-        args = annotations if ident == NO_EVENT else _event_args(events, ident)
+        args = annotations if ident == NO_EVENT or not self._needs_args else _event_args(events, ident)
         self.writer.instant(ts, uuid, name, category,
                             annotations=args if (self.event_args or ident == NO_EVENT) else None)
         if self.json_writer is not None:

@@ -22,7 +22,7 @@ import hashlib
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .names import collective_name, is_comm_kernel, is_gloo_span
 
@@ -92,8 +92,7 @@ def collective_flow_id(key: CollectiveKey, window_key: int) -> int:
     return _COLLECTIVE_FLOW_BIT | (int.from_bytes(digest, "big") >> 1)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Located:
+class _Located(NamedTuple):
     start_ns: int
     end_ns: int
     name: str
@@ -104,12 +103,17 @@ class _Located:
 def _locate_slices(grouped: "GroupedEvents") -> dict[int, _Located]:
     """ident -> where its slice is, for the events flows can involve (correlated or communication)."""
     located = {}
+    correlated = grouped.correlation_of
     for thread, slices in grouped.slices.items():
         on_gpu = grouped.is_gpu(thread)
         for start, end, name, category, ident, _ in slices:
-            if ident in grouped.correlation_of or _may_be_collective(name):
-                located[ident] = _Located(start_ns=start, end_ns=end, name=name, category=category, on_gpu=on_gpu)
+            if ident in correlated or (name.startswith(_COLLECTIVE_NAME_STARTS) and _may_be_collective(name)):
+                located[ident] = _Located(start, end, name, category, on_gpu)
     return located
+
+
+_COLLECTIVE_NAME_STARTS = ("nccl", "gloo", "c10d", "_c10d")
+"""A cheap first test (every name the rules below accept starts so) before the rules themselves."""
 
 
 def _may_be_collective(name: str) -> bool:

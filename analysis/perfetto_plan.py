@@ -48,6 +48,10 @@ class WindowClock:
     base_ns: int
     offset_ns: int = 0
 
+    @property
+    def shift_ns(self) -> int:
+        return self.base_ns - self.offset_ns
+
     def to_ns(self, ts_us: float) -> int:
         return self.base_ns + round(ts_us * 1000) - self.offset_ns
 
@@ -173,7 +177,13 @@ def group_events(events: list[Any], clock: WindowClock, options: MergeOptions = 
 
 
 def thread_of(event: dict) -> tuple:
-    return (_hashable(event.get("pid", "")), _hashable(event.get("tid", "")))
+    pid, tid = event.get("pid", ""), event.get("tid", "")
+    if type(pid) in _PLAIN_IDS and type(tid) in _PLAIN_IDS:
+        return (pid, tid)
+    return (_hashable(pid), _hashable(tid))
+
+
+_PLAIN_IDS = (int, str)
 
 
 def _hashable(value: Any) -> Any:
@@ -185,25 +195,34 @@ def _text(value: Any) -> str:
 
 
 def _add_complete(event: dict, ident: int, grouped: GroupedEvents, clock: WindowClock, options: MergeOptions) -> None:
+    """The hot path of a merge (most events are complete events): kept free of helper calls."""
     ts, dur = event.get("ts"), event.get("dur", 0)
-    if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
+    if type(ts) not in _NUMBERS or type(dur) not in _NUMBERS:
         grouped.skipped["complete event without numeric ts/dur"] += 1
         return
-    category = _text(event.get("cat"))
-    if options.drop_python_functions and category == PYTHON_FUNCTION_CATEGORY:
+    category = event.get("cat", "")
+    category = category if type(category) is str else _text(category)
+    if category == PYTHON_FUNCTION_CATEGORY and options.drop_python_functions:
         grouped.filtered += 1
         return
     if dur < 0:
         grouped.negative_durations += 1
         dur = 0
-    start_ns = clock.to_ns(ts)
+    start_ns = clock.shift_ns + round(ts * 1000)
     thread = thread_of(event)
     args = event.get("args")
     if category in GPU_CATEGORIES and thread not in grouped.gpu_threads:
         grouped.gpu_threads[thread] = _device_stream(args, thread)
-    if isinstance(args, dict) and isinstance(args.get("correlation"), int):
-        grouped.correlation_of[ident] = args["correlation"]
-    grouped.slices[thread].append((start_ns, start_ns + round(dur * 1000), _text(event.get("name")), category, ident, None))
+    if type(args) is dict:
+        correlation = args.get("correlation")
+        if type(correlation) is int:
+            grouped.correlation_of[ident] = correlation
+    name = event.get("name")
+    name = name if type(name) is str else _text(name)
+    grouped.slices[thread].append((start_ns, start_ns + round(dur * 1000), name, category, ident, None))
+
+
+_NUMBERS = (int, float)
 
 
 def _device_stream(args: Any, thread: tuple) -> tuple[Any, Any]:

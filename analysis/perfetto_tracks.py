@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .perfetto_writer import TrackSpec
 
@@ -110,10 +110,7 @@ def lay_out_track(key: TrackKey, slices: list[Slice], tracks: RankTracks, operat
     slices.sort(key=_start_then_longest)
     window_start, window_end = slices[0][0], max(s[1] for s in slices)
     first_lane = tracks.first_free_lane(key, window_start, window_end)
-    lane_operations, lane_count = nest_into_lanes(slices)
-    lane_uuids = [tracks.uuid(key, first_lane + lane, new_tracks) for lane in range(lane_count)]
-    for operation in lane_operations:
-        operations.append((operation[0], operation[1], lane_uuids[operation[2]], *operation[3:]))
+    lane_count = nest_into_lanes(slices, operations, lane_id=lambda lane: tracks.uuid(key, first_lane + lane, new_tracks))
     tracks.record_span(key, window_start, window_end, first_lane + lane_count - 1)
     return lane_count
 
@@ -122,31 +119,35 @@ def _start_then_longest(item: Slice) -> tuple[int, int]:
     return (item[0], -item[1])
 
 
-def nest_into_lanes(slices: list[Slice]) -> tuple[list[tuple], int]:
-    """Lay out slices sorted by (start, -end) on lanes where they nest properly.
+def nest_into_lanes(slices: list[Slice], operations: list[tuple], *,
+                    lane_id: Callable[[int], int] = lambda lane: lane) -> int:
+    """Lay out slices sorted by (start, -end) on lanes where they nest properly; returns the lane count.
 
-    Returns (operations, lane_count); operations are (ts_ns, OP_BEGIN, lane, name, category, end_ns,
-    ident, annotations) and (ts_ns, OP_END, lane), in an order that is time-sorted within every lane.
-    Each slice goes to the first lane whose innermost open slice contains it (or that has none open).
+    Appends (ts_ns, OP_BEGIN, lane id, name, category, end_ns, ident, annotations) and
+    (ts_ns, OP_END, lane id) to `operations`, in an order that is time-sorted within every lane.
+    Each slice goes to the first lane whose innermost open slice contains it (or that has none open);
+    `lane_id(n)` names lane n when it is first used.
     """
     open_ends: list[list[int]] = []
-    operations: list[tuple] = []
+    ids: list[int] = []
     for start, end, name, category, ident, annotations in slices:
-        lane = _first_nesting_lane(open_ends, start, end, operations)
+        lane = _first_nesting_lane(open_ends, ids, start, end, operations)
         if lane == len(open_ends):
             open_ends.append([])
+            ids.append(lane_id(lane))
         open_ends[lane].append(end)
-        operations.append((start, OP_BEGIN, lane, name, category, end, ident, annotations))
+        operations.append((start, OP_BEGIN, ids[lane], name, category, end, ident, annotations))
     for lane, ends in enumerate(open_ends):
         while ends:
-            operations.append((ends.pop(), OP_END, lane))
-    return operations, len(open_ends)
+            operations.append((ends.pop(), OP_END, ids[lane]))
+    return len(open_ends)
 
 
-def _first_nesting_lane(open_ends: list[list[int]], start: int, end: int, operations: list[tuple]) -> int:
+def _first_nesting_lane(open_ends: list[list[int]], ids: list[int], start: int, end: int,
+                        operations: list[tuple]) -> int:
     for lane, ends in enumerate(open_ends):
         while ends and ends[-1] <= start:
-            operations.append((ends.pop(), OP_END, lane))
+            operations.append((ends.pop(), OP_END, ids[lane]))
         if not ends or ends[-1] >= end:
             return lane
     return len(open_ends)

@@ -14,7 +14,7 @@ merged trace is one sequence, so a rank's interning table lives only while that 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Sequence
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
@@ -35,23 +35,28 @@ class PacketStream(StreamingTraceProtoBuilder):
     def __init__(self, file: IO[bytes], *, batch_packets: int = _BATCH_PACKETS):
         super().__init__(file)
         self._batch = pb.Trace()
+        self._add = self._batch.packet.add
         self._batch_packets = batch_packets
+        self._pending = 0
         self.packets_written = 0
 
     def add_packet(self) -> pb.TracePacket:
         """A new packet, already part of the stream; fill it in before the next call."""
-        if len(self._batch.packet) >= self._batch_packets:
+        if self._pending >= self._batch_packets:
             self.flush()
+        self._pending += 1
         self.packets_written += 1
-        return self._batch.packet.add()
+        return self._add()
 
     def write_packet(self, packet: pb.TracePacket) -> None:
         self.add_packet().CopyFrom(packet)
 
     def flush(self) -> None:
-        if self._batch.packet:
+        if self._pending:
             self._file.write(self._batch.SerializeToString())
             self._batch = pb.Trace()
+            self._add = self._batch.packet.add
+            self._pending = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -115,7 +120,7 @@ class SequenceWriter:
                 descriptor.counter.unit_name = spec.counter_unit
 
     def slice_begin(self, timestamp_ns: int, track_uuid: int, name: str, category: str,
-                    *, flow_ids: tuple[int, ...] = (), terminating_flow_ids: tuple[int, ...] = (),
+                    *, flow_ids: Sequence[int] = (), terminating_flow_ids: Sequence[int] = (),
                     annotations: dict[str, object] | None = None) -> pb.TracePacket:
         packet = self.packet(timestamp_ns)
         event = packet.track_event
@@ -133,7 +138,12 @@ class SequenceWriter:
         return packet
 
     def slice_end(self, timestamp_ns: int, track_uuid: int) -> None:
-        event = self.packet(timestamp_ns).track_event
+        """Ends use no interned data, so they skip the sequence flags (the most frequent packet; a
+        sequence always starts with a descriptor or a begin, which carry the flags)."""
+        packet = self.stream.add_packet()
+        packet.trusted_packet_sequence_id = self.sequence_id
+        packet.timestamp = timestamp_ns
+        event = packet.track_event
         event.type = SLICE_END
         event.track_uuid = track_uuid
 

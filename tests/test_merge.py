@@ -126,16 +126,18 @@ def made_up(start: int, end: int, name: str) -> tuple:
 
 def test_nested_slices_share_one_lane():
     slices = [made_up(0, 100, "parent"), made_up(10, 20, "child"), made_up(20, 20, "empty"), made_up(30, 100, "tail")]
-    operations, lanes = nest_into_lanes(slices)
+    operations: list[tuple] = []
+    lanes = nest_into_lanes(slices, operations)
     assert lanes == 1
     assert [op[:2] for op in operations if op[1] == OP_BEGIN] == [(0, OP_BEGIN), (10, OP_BEGIN), (20, OP_BEGIN), (30, OP_BEGIN)]
 
 
 def test_crossing_slices_move_to_an_extra_lane_deterministically():
     slices = [made_up(0, 100, "a"), made_up(50, 150, "b"), made_up(60, 70, "c"), made_up(120, 130, "d")]
-    first = nest_into_lanes(slices)
-    assert first == nest_into_lanes(list(slices))
-    operations, lanes = first
+    operations: list[tuple] = []
+    lanes = nest_into_lanes(slices, operations)
+    again: list[tuple] = []
+    assert nest_into_lanes(list(slices), again) == lanes and again == operations
     assert lanes == 2
     lane_of = {op[3]: op[2] for op in operations if op[1] == OP_BEGIN}
     assert lane_of == {"a": 0, "b": 1, "c": 0, "d": 0}  # lane 0 is free again after a ends
@@ -144,8 +146,10 @@ def test_crossing_slices_move_to_an_extra_lane_deterministically():
 def test_every_lane_is_time_ordered_and_balanced():
     slices = sorted([made_up(i * 7 % 50, i * 7 % 50 + (i * 13) % 40, f"s{i}") for i in range(60)],
                     key=lambda s: (s[0], -s[1]))
-    operations, lanes = nest_into_lanes(slices)
-    for lane in range(lanes):
+    operations: list[tuple] = []
+    lanes = nest_into_lanes(slices, operations, lane_id=lambda lane: 100 + lane)
+    assert {op[2] for op in operations} == set(range(100, 100 + lanes))
+    for lane in range(100, 100 + lanes):
         depth, last = 0, -1
         for op in (op for op in operations if op[2] == lane):
             assert op[0] >= last

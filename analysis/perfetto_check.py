@@ -24,8 +24,17 @@ _STATE_CLEARED = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
 _READ_CHUNK_BYTES = 1 << 20
 
 
+WHOLE_FILE_PARSE_BYTES = 64 << 20
+"""Traces up to this size are parsed in one protobuf call (fast); larger ones packet by packet."""
+
+
 def iter_packets(path: str | Path) -> Iterator[pb.TracePacket]:
-    """The packets of a Perfetto trace file, one at a time (memory bounded by one packet)."""
+    """The packets of a Perfetto trace file; a large file is read one packet at a time."""
+    if Path(path).stat().st_size <= WHOLE_FILE_PARSE_BYTES:
+        trace = pb.Trace()
+        trace.ParseFromString(Path(path).read_bytes())
+        yield from trace.packet
+        return
     with open(path, "rb") as handle:
         buffer = b""
         position = 0

@@ -325,3 +325,17 @@ def test_a_renamed_thread_keeps_its_own_name():
     assert best_thread_name(names, "python") == "thread 9 (pt_gloo_runloop)"
     assert best_thread_name(["thread 1 (python)"], "python") == "thread 1 (python)"
     assert best_thread_name([], "python") is None
+
+
+def test_large_traces_are_read_back_packet_by_packet(two_rank_dir, tmp_path, monkeypatch):
+    import fleetscope.analysis.perfetto_check as perfetto_check
+
+    result = merge(tmp_path / "traces", tmp_path / "out.perfetto-trace")
+    whole = [packet.SerializeToString() for packet in iter_packets(result.output)]
+    monkeypatch.setattr(perfetto_check, "WHOLE_FILE_PARSE_BYTES", 0)
+    monkeypatch.setattr(perfetto_check, "_READ_CHUNK_BYTES", 100)
+    assert [packet.SerializeToString() for packet in iter_packets(result.output)] == whole
+    truncated = tmp_path / "truncated.perfetto-trace"
+    truncated.write_bytes(result.output.read_bytes()[:-3])
+    with pytest.raises(ValueError, match="truncated"):
+        list(iter_packets(truncated))

@@ -8,6 +8,7 @@ from typing import Callable
 
 import numpy as np
 
+from .collectives import SOURCE_NCCL
 from .hta_views import HtaViews, run_hta, skipped
 from .rank import RankResult, TraceFailure
 from .report import MissingTrace, Problem, RankReport, RankSummary, Report, WindowReport
@@ -24,7 +25,8 @@ def hta_for_window(results: list[RankResult]) -> HtaViews:
     gpu = {r.rank: r.path for r in results if r.has_gpu}
     if not gpu:
         return skipped("CPU-only traces (no GPU kernels): HTA does not apply; fleetscope's own metrics cover them")
-    return run_hta(gpu)
+    has_comm_kernels = any(r.collectives.source == SOURCE_NCCL for r in results if r.has_gpu)
+    return run_hta(gpu, has_comm_kernels=has_comm_kernels)
 
 
 def no_hta(results: list[RankResult]) -> HtaViews:

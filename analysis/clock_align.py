@@ -7,9 +7,10 @@ Two sources of a host's offset to the reference host (the host of the lowest ran
     offset. The estimate is the median of d, its spread 1.4826 x the median absolute deviation.
 Ranks on one host share its wall clock, so offsets are per host; ranks on the reference host get 0.
 
-Choice per host: the collective estimate when it has at least MIN_SAMPLES instances and either nothing
-was measured or its spread is below the measured uncertainty (it is also closer in time to the
-profiled steps, so clock drift since startup does not enter); else the measurement; else 0.
+Choice per host: with nothing measured, the collective estimate (any number of instances); with a
+measurement, the collective estimate only when it has at least MIN_SAMPLES instances and a spread below the
+measured uncertainty (it is then both tighter and closer in time to the profiled steps, so clock drift
+since startup does not enter); else the measurement; with neither, 0.
 """
 
 from __future__ import annotations
@@ -87,7 +88,10 @@ def _host_clock(host: str, ranks: list[int], reference_host: str, matrix: Arriva
     m_offset = float(np.median([m.offset_us for m in measured_here])) if measured_here else None
     m_uncertainty = float(np.median([m.uncertainty_us for m in measured_here])) if measured_here else None
     c_offset, c_spread, samples = _collective_estimate(matrix, host, reference_host)
-    use_collectives = samples >= MIN_SAMPLES and (m_offset is None or c_spread < m_uncertainty)
+    if m_offset is None:
+        use_collectives = samples > 0
+    else:
+        use_collectives = samples >= MIN_SAMPLES and c_spread < m_uncertainty
     if use_collectives:
         offset, source = c_offset, SOURCE_COLLECTIVES
     elif m_offset is not None:

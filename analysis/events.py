@@ -45,7 +45,8 @@ _KIND_OF_CATEGORY = {
 }
 
 GPU_ACTIVITY_KINDS = (Kind.KERNEL, Kind.GPU_MEMCPY, Kind.GPU_MEMSET)
-_GPU_TRACK_KINDS = frozenset((*GPU_ACTIVITY_KINDS, Kind.GPU_USER_ANNOTATION))
+_GPU_TRACK_CODES = frozenset(int(k) for k in (*GPU_ACTIVITY_KINDS, Kind.GPU_USER_ANNOTATION))
+_KIND_CODE = {category: int(kind) for category, kind in _KIND_OF_CATEGORY.items()}
 NO_ID = -1
 
 
@@ -158,48 +159,62 @@ def extract_events(document: dict[str, Any]) -> TraceEvents:
 
 
 def build_table(events: list[_Event]) -> TraceEvents:
-    """The columnar table of decoded events (one pass; classification by name happens later)."""
+    """The columnar table of decoded events (one pass; classification by name happens later).
+
+    This loop is the hot path of the whole analysis (every event of every rank), hence plain int codes,
+    inlined type checks and local names.
+    """
     name_index: dict[str, int] = {}
     name_ids, kinds, starts, durs, threads, devices, correlations = [], [], [], [], [], [], []
     thread_names: dict[int, str] = {}
     dropped: dict[str, int] = {}
-    kind_of = _KIND_OF_CATEGORY.get
-    gpu_kinds = _GPU_TRACK_KINDS
+    code_of, gpu_codes, other, limit, int_limit = _KIND_CODE.get, _GPU_TRACK_CODES, int(Kind.OTHER), _TIME_LIMIT_US, _INT64_MAX
     for event in events:
         if event.ph != "X":
             if event.ph == "M" and event.name == "thread_name":
                 _add_thread_name(thread_names, event)
             continue
         start, dur = event.ts, event.dur
-        if not (_is_number(start) and _is_number(dur)):
-            dropped["missing or non-numeric ts/dur"] = dropped.get("missing or non-numeric ts/dur", 0) + 1
-            continue
-        if dur < 0:
-            dropped["negative duration"] = dropped.get("negative duration", 0) + 1
-            continue
-        if not -_TIME_LIMIT_US < start < _TIME_LIMIT_US or dur > _TIME_LIMIT_US:
-            dropped["time beyond int64 nanoseconds"] = dropped.get("time beyond int64 nanoseconds", 0) + 1
-            continue
-        name = event.name if type(event.name) is str else str(event.name)
-        name_id = name_index.get(name)
+        if not (type(start) is float and type(dur) is float and 0.0 <= dur < limit and -limit < start < limit):
+            problem = _time_problem(start, dur)
+            if problem:
+                dropped[problem] = dropped.get(problem, 0) + 1
+                continue
+        name = event.name
+        name_id = name_index.get(name) if type(name) is str else None
         if name_id is None:
-            name_id = name_index[name] = len(name_index)
+            name = name if type(name) is str else str(name)
+            name_id = name_index.setdefault(name, len(name_index))
         cat = event.cat
-        kind = kind_of(cat, Kind.OTHER) if type(cat) is str else Kind.OTHER
+        kind = code_of(cat, other) if type(cat) is str else other
         args = event.args
         name_ids.append(name_id)
         kinds.append(kind)
         starts.append(start)
         durs.append(dur)
-        if kind in gpu_kinds:
+        if kind in gpu_codes:
             threads.append(_int_or(args.stream if args else None, _int_or(event.tid, NO_ID)))
             devices.append(_int_or(args.device if args else None, _int_or(event.pid, 0)))
         else:
-            threads.append(_thread_key(event.tid))
+            tid = event.tid
+            threads.append(tid if type(tid) is int and -int_limit <= tid <= int_limit else _thread_key(tid))
             devices.append(NO_ID)
-        correlations.append(_int_or(args.correlation, NO_ID) if args else NO_ID)
+        correlation = args.correlation if args is not None else None
+        correlations.append(correlation if type(correlation) is int and -int_limit <= correlation <= int_limit
+                            else NO_ID)
     return _to_table(name_index, name_ids, kinds, starts, durs, threads, devices, correlations,
                      thread_names, dropped)
+
+
+def _time_problem(start: Any, dur: Any) -> str | None:
+    """Why an event's times cannot be used, or None when they can (ints are fine)."""
+    if not (_is_number(start) and _is_number(dur)):
+        return "missing or non-numeric ts/dur"
+    if dur < 0:
+        return "negative duration"
+    if not -_TIME_LIMIT_US < start < _TIME_LIMIT_US or dur > _TIME_LIMIT_US:
+        return "time beyond int64 nanoseconds"
+    return None
 
 
 def _add_thread_name(thread_names: dict[int, str], event: _Event) -> None:

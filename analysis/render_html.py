@@ -27,6 +27,7 @@ BREAKDOWN_COLORS = {
     "comm hidden": svg.PALETTE[3],
     "comm exposed": svg.PALETTE[2],
     "memory only": svg.PALETTE[5],
+    "idle in comm": svg.PALETTE[6],
     "idle": "#cccccc",
 }
 
@@ -94,14 +95,17 @@ def _breakdown_section(report: Report) -> str:
 
 
 def breakdown_segments(u: Utilization) -> list[svg.Segment]:
-    """Disjoint parts of the span (ms) that add up to it: see utilization.py for the sets."""
-    compute_or_comm = u.compute_us + u.comm_us - u.overlap_us
+    """Disjoint parts of the span (ms) that add up to it (sets of utilization.py):
+    compute alone, comm hidden behind compute, comm on the resource alone, memory alone, idle while a
+    collective was in flight, other idle."""
+    comm_busy_us = u.comm_us - u.idle_comm_us
     values_us = {
         "compute": u.compute_us - u.overlap_us,
         "comm hidden": u.overlap_us,
-        "comm exposed": u.exposed_comm_us,
-        "memory only": max(u.busy_us - compute_or_comm, 0.0),
-        "idle": u.idle_us,
+        "comm exposed": comm_busy_us - u.overlap_us,
+        "memory only": max(u.busy_us - (u.compute_us + comm_busy_us - u.overlap_us), 0.0),
+        "idle in comm": u.idle_comm_us,
+        "idle": u.idle_us - u.idle_comm_us,
     }
     return [svg.Segment(name, value / 1000.0) for name, value in values_us.items()]
 

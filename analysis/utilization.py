@@ -7,8 +7,11 @@ the rank (every device and stream it recorded) is one timeline.
   - span: from the start of the first profiled step to the later of the last step's end and the end of the
     last GPU activity that started before it (the GPU finishing work the steps queued). Without step
     annotations: first GPU activity start to last GPU activity end.
-  - compute = union of non-communication kernels; comm = union of communication kernels (`nccl*`);
-    memory = union of memcpy/memset; busy = union of all three; idle = span - busy.
+  - compute = union of non-communication kernels; memory = union of memcpy/memset;
+    busy = union of all GPU activity (compute, communication kernels, memory); idle = span - busy.
+  - comm = union of communication kernels (`nccl*`). A GPU job that communicates on the host instead
+    (gloo; no communication kernels at all) has its host collectives as comm: `gloo:*` spans and host
+    collective ops. Those are not GPU activity, so they are not busy: the GPU idles while they run.
   - overlap = time in comm that is also in compute.
 
 **CPU basis** (no GPU activity, e.g. gloo on CPU). The process's profiled threads are one timeline.
@@ -21,7 +24,9 @@ the rank (every device and stream it recorded) is one timeline.
     nothing in flight: Python overhead, sleeps, data loading outside ops).
   - overlap = time in comm that is also in compute (the collective hidden behind work on other threads).
 
-Everything is clipped to the span. Percentages are of the span, except overlap_pct, which is of comm_us.
+On both bases idle_comm_us = idle time while communication was in flight (the resource waiting for a
+collective). Everything is clipped to the span. Percentages are of the span, except overlap_pct, which is
+of comm_us.
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ class Utilization:
     """Communication time during which computation also ran."""
     exposed_comm_us: float
     """comm_us - overlap_us: communication nothing else hid."""
+    idle_comm_us: float
+    """Idle time during which communication was in flight (host collectives of a GPU job)."""
     busy_pct: float
     idle_pct: float
     comm_pct: float
@@ -68,7 +75,10 @@ class Timeline:
 
     basis: str
     compute: Intervals
-    comm: Intervals
+    comm_busy: Intervals
+    """Communication that occupies the measured resource (GPU: NCCL kernels; CPU: all of it)."""
+    comm_other: Intervals
+    """Communication elsewhere (a GPU job's host collectives): counts as comm, not as busy."""
     memory: Intervals
 
 
@@ -89,9 +99,13 @@ def measure_utilization(events: TraceEvents, steps: list[StepTiming],
 
 def _summarize(timeline: Timeline, span: tuple[float, float]) -> Utilization:
     start, end = span
-    compute, comm, memory = (union(clip(s, start, end)) for s in (timeline.compute, timeline.comm, timeline.memory))
+    compute, comm_busy, comm_other, memory = (
+        union(clip(s, start, end))
+        for s in (timeline.compute, timeline.comm_busy, timeline.comm_other, timeline.memory))
+    comm = union_of(comm_busy, comm_other)
     span_us = end - start
-    busy_us = covered_us(union_of(compute, comm, memory))
+    busy = union_of(compute, comm_busy, memory)
+    busy_us = busy.total_us
     comm_us = comm.total_us
     hidden_us = overlap_us(comm, compute)
     return Utilization(
@@ -104,6 +118,7 @@ def _summarize(timeline: Timeline, span: tuple[float, float]) -> Utilization:
         memory_us=memory.total_us,
         overlap_us=hidden_us,
         exposed_comm_us=comm_us - hidden_us,
+        idle_comm_us=subtract(comm, busy).total_us,
         busy_pct=100.0 * busy_us / span_us,
         idle_pct=100.0 * (span_us - busy_us) / span_us,
         comm_pct=100.0 * comm_us / span_us,
@@ -121,9 +136,16 @@ def _gpu_timeline(events: TraceEvents) -> Timeline:
     return Timeline(
         basis=BASIS_GPU,
         compute=_intervals(events, kernels & ~comm),
-        comm=_intervals(events, comm),
+        comm_busy=_intervals(events, comm),
+        comm_other=_host_comm(events) if not comm.any() else Intervals.empty(),
         memory=_intervals(events, events.of_kind(Kind.GPU_MEMCPY, Kind.GPU_MEMSET)),
     )
+
+
+def _host_comm(events: TraceEvents) -> Intervals:
+    """gloo spans and host collective ops: the collectives of a job that communicates on the host."""
+    comm_ops = events.of_kind(Kind.CPU_OP) & events.names_matching(is_comm_cpu_op)
+    return union_of(_intervals(events, events.names_matching(is_gloo_span)), _intervals(events, comm_ops))
 
 
 def _gpu_span(events: TraceEvents, steps: list[StepTiming]) -> tuple[float, float] | None:
@@ -144,7 +166,8 @@ def _cpu_timeline(events: TraceEvents) -> Timeline:
     return Timeline(
         basis=BASIS_CPU,
         compute=subtract(_intervals(events, ops & ~comm_ops & ~gloo), comm_op_time),
-        comm=union_of(_intervals(events, gloo), comm_op_time),
+        comm_busy=union_of(_intervals(events, gloo), comm_op_time),
+        comm_other=Intervals.empty(),
         memory=Intervals.empty(),
     )
 

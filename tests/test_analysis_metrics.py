@@ -203,3 +203,28 @@ def test_late_rank_with_more_work_is_called_imbalanced(tmp_path):
     assert top.median_lateness_us == pytest.approx(250.0)
     assert top.median_extra_compute_us == pytest.approx(250.0)
     assert "computes 0.25 ms more" in stragglers.verdict
+
+
+def test_gpu_job_communicating_on_the_host_exact():
+    builder = KinetoBuilder(backend="gloo").step(1, 0, 1000)
+    builder.kernel("gemm", 100, 300, launch_ts=20).kernel("gemm", 600, 100, launch_ts=30)
+    builder.op("c10d::allreduce_", 490, 10)
+    builder.gloo(500, 300)
+    u = _utilization(builder)
+    assert u.basis == "gpu"
+    assert u.busy_us == 400                 # GPU activity only
+    assert u.idle_us == 600
+    assert u.comm_us == 310                 # 490-800 on the host
+    assert u.overlap_us == 100              # the 600-700 kernel
+    assert u.idle_comm_us == 210            # GPU idle while the all-reduce is in flight
+    assert u.exposed_comm_us == 210
+
+
+@pytest.mark.parametrize("builder", [gpu_rank(0), gpu_rank(1, nccl_start=200)], ids=["gpu", "gpu-overlapped"])
+def test_breakdown_segments_add_up_to_the_span(builder):
+    from fleetscope.analysis.render_html import breakdown_segments
+
+    u = _utilization(builder)
+    segments = breakdown_segments(u)
+    assert all(s.value >= 0 for s in segments)
+    assert sum(s.value for s in segments) == pytest.approx(u.span_us / 1000)

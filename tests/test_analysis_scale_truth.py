@@ -1,0 +1,84 @@
+"""Ground truth on N-rank sets made from one GPU trace: known clock offsets and a known late rank must be
+recovered, and the offsets must not change the straggler findings."""
+
+from pathlib import Path
+
+import pytest
+
+from fleetscope.analysis import analyze
+from fleetscope.analysis.synthetic import TraceSetSpec, make_trace_set
+from test_analysis_helpers import KinetoBuilder, gpu_rank
+
+FIXTURE_DIR = Path(__file__).parent / "fixtures" / "gpu"
+OFFSET_US = 37_000.0
+LATE_RANK = 3
+LATE_US = 300.0
+
+
+def _hand_built_nccl(directory: Path) -> Path:
+    # all-reduce kernels of 800 us, from 100 to 900 in each 1000 us step
+    return gpu_rank(0, nccl_start=100).write(directory / "source_nccl.json.gz")
+
+
+def _hand_built_single_gpu(directory: Path) -> Path:
+    builder = KinetoBuilder(rank=0, world_size=1)
+    for step, s in enumerate((0.0, 3000.0, 6000.0)):
+        builder.step(step, s, 3000).kernel("gemm", s + 100, 1500, launch_ts=s + 20)
+    return builder.write(directory / "source_single.json.gz")
+
+
+SOURCES = {"hand-built nccl": _hand_built_nccl, "hand-built single gpu": _hand_built_single_gpu}
+SOURCES.update({f"fixture {p.name}": (lambda directory, p=p: p) for p in sorted(FIXTURE_DIR.glob("*.json.gz"))})
+
+
+@pytest.fixture(params=sorted(SOURCES))
+def source(request, tmp_path) -> Path:
+    return SOURCES[request.param](tmp_path)
+
+
+def _analyze_set(source: Path, out: Path, **spec) -> object:
+    make_trace_set(source, out, TraceSetSpec(ranks=4, ranks_per_host=2, late_rank=LATE_RANK, late_us=LATE_US,
+                                             inserted_allreduce_us=1000.0, **spec))
+    return analyze(out, use_hta=False)
+
+
+def test_offsets_and_the_late_rank_are_recovered(source, tmp_path):
+    report = _analyze_set(source, tmp_path / "set", host_offsets_us={1: OFFSET_US})
+    assert report.complete and report.analyzed_ranks == list(range(4))
+    for window in report.windows:
+        hosts = {h.host: h for h in window.clock.hosts}
+        assert hosts["node0"].source == "reference host"
+        assert hosts["node1"].source == "collectives" and hosts["node1"].ranks == [2, 3]
+        assert hosts["node1"].offset_us == pytest.approx(OFFSET_US, abs=1000)   # the issue's bound
+        assert hosts["node1"].offset_us == pytest.approx(OFFSET_US, abs=1)      # what NCCL ends give
+        stragglers = window.stragglers
+        assert stragglers.waited_for_rank == LATE_RANK and stragglers.consistent
+        assert stragglers.waited_for_median_us == pytest.approx(LATE_US, abs=1)
+        assert stragglers.by_wait[0].last_pct == 100.0
+    assert f"rank {LATE_RANK} is the straggler" in report.verdict
+
+
+def test_clock_offsets_do_not_change_the_findings(source, tmp_path):
+    skewed = _analyze_set(source, tmp_path / "skewed", host_offsets_us={1: OFFSET_US})
+    plain = _analyze_set(source, tmp_path / "plain")
+    for a, b in zip(skewed.windows, plain.windows):
+        assert [(w.rank, w.times_last) for w in a.stragglers.by_wait] == [(w.rank, w.times_last) for w in b.stragglers.by_wait]
+        for x, y in zip(a.stragglers.worst_instances, b.stragglers.worst_instances):
+            assert (x.step, x.name, x.ordinal, x.last_rank) == (y.step, y.name, y.ordinal, y.last_rank)
+            assert x.lateness_us == pytest.approx(y.lateness_us, abs=1)
+
+
+def test_hta_straggler_view_runs_on_current_nccl_names(tmp_path):
+    make_trace_set(_hand_built_nccl(tmp_path), tmp_path / "set", TraceSetSpec(ranks=4, late_rank=2, late_us=LATE_US))
+    hta = analyze(tmp_path / "set").windows[0].hta
+    assert "potential_stragglers" in hta.tables, hta.errors
+    assert len(hta.tables["potential_stragglers"]) >= 1
+    launches = {row["rank"]: row for row in hta.tables["cuda_launch_stats"]}
+    assert sorted(launches) == [0, 1, 2, 3] and launches[0]["launches"] == 8
+
+
+def test_one_gpu_rank_says_why_hta_straggler_view_is_absent(tmp_path):
+    gpu_rank(0, world_size=1).write(tmp_path / "rank0.json.gz")
+    hta = analyze(tmp_path).windows[0].hta
+    assert hta.status == "ok"
+    assert "two ranks" in hta.not_applicable["potential_stragglers"]

@@ -131,3 +131,21 @@ def _problems(report: Report) -> str:
 
 def _listed(title: str, lines: list[str]) -> str:
     return f"{title}\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
+
+
+def render_comparison(comparison) -> str:
+    """A `compare` result as a terminal table (ends with a newline)."""
+    rows = [("metric", "base", "new", "change", "")]
+    for m in comparison.metrics:
+        mark = "REGRESSION" if m.regression else ("gate" if m.gated else "")
+        change = "-" if m.delta_pct is None else f"{m.delta_pct:+.1f}%"
+        rows.append((m.name, _num(m.base, 2), _num(m.new, 2), change, mark))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    table = "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                      for r in rows)
+    lines = [f"compare {comparison.base_path} -> {comparison.new_path}", table, f"verdict: {comparison.verdict}"]
+    slower = [r for r in comparison.ranks if r.delta_pct is not None and r.delta_pct >= comparison.threshold_pct]
+    if slower:
+        lines.append("ranks with slower steps: " + ", ".join(f"{r.rank} ({r.delta_pct:+.1f}%)" for r in slower[:16]))
+    lines += [f"note: {n}" for n in comparison.notes]
+    return "\n".join(lines) + "\n"

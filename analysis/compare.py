@@ -1,0 +1,193 @@
+"""Regression check between two runs: per-metric deltas and an exit decision for CI.
+
+Each side is a run directory or a report JSON. Two sources of numbers:
+  - step metrics (`metrics/rank<R>.jsonl`, the trainer's per-step lines), over steady steps: every step
+    except each rank's first (start-up) and those recorded inside a profiler window (profiler overhead).
+    throughput_tokens_per_s = the sum over ranks of each rank's median tokens/s;
+    step_time_ms = the median over ranks of each rank's median step time.
+  - the trace report (report.json, or analyze() run without writing when a run directory has none):
+    trace_step_time_ms (mean ProfilerStep time over all ranks), busy/idle/comm/overlap percentages.
+
+The run regresses (exit code 1) when throughput drops, or step time rises, by at least threshold_pct.
+Gates: throughput_tokens_per_s and step_time_ms when both sides have step metrics, else
+trace_step_time_ms. Every other metric is reported, not gated.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fleetscope.traces.layout import REPORT_DIR, RunLayout
+
+from .analyze import analyze, load_report_json
+from .report import Report
+
+DEFAULT_THRESHOLD_PCT = 5.0
+EXIT_OK = 0
+EXIT_REGRESSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricDelta:
+    name: str
+    base: float | None
+    new: float | None
+    higher_is_better: bool
+    gated: bool
+    """Part of the exit decision."""
+    delta_pct: float | None = None
+    """(new - base) / base * 100; None when a side lacks the metric."""
+    regression: bool = False
+    """Gated, and worse by at least the threshold."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankDelta:
+    rank: int
+    base_step_ms: float | None
+    new_step_ms: float | None
+    delta_pct: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Comparison:
+    base_path: str
+    new_path: str
+    threshold_pct: float
+    metrics: list[MetricDelta]
+    ranks: list[RankDelta] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> list[MetricDelta]:
+        return [m for m in self.metrics if m.regression]
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_REGRESSION if self.regressions else EXIT_OK
+
+    @property
+    def verdict(self) -> str:
+        if not self.regressions:
+            return f"no regression beyond {self.threshold_pct:g}%"
+        worst = ", ".join(f"{m.name} {m.delta_pct:+.1f}%" for m in self.regressions)
+        return f"REGRESSION (threshold {self.threshold_pct:g}%): {worst}"
+
+
+@dataclass(frozen=True)
+class _Side:
+    path: str
+    report: Report
+    steady: dict[int, list[dict]]
+    """Rank -> its steady step-metric lines (empty when the run has no metrics)."""
+
+
+def compare(base: str | Path, new: str | Path, *, threshold_pct: float = DEFAULT_THRESHOLD_PCT) -> Comparison:
+    """Compare two runs (run directories or report JSONs); `Comparison.exit_code` is the CI answer."""
+    if threshold_pct <= 0:
+        raise ValueError(f"threshold_pct must be > 0, got {threshold_pct}")
+    before, after = _load_side(Path(base)), _load_side(Path(new))
+    with_metrics = bool(before.steady) and bool(after.steady)
+    metrics = _metric_deltas(before, after, with_metrics, threshold_pct)
+    notes = [f"{side.path}: partial report (unusable or missing traces)" for side in (before, after)
+             if not side.report.complete]
+    if not with_metrics:
+        notes.append("step metrics missing on a side: trace step time is the gate")
+    return Comparison(base_path=before.path, new_path=after.path, threshold_pct=threshold_pct,
+                      metrics=metrics, ranks=_rank_deltas(before.report, after.report), notes=notes)
+
+
+def _load_side(path: Path) -> _Side:
+    if path.is_file():
+        report = load_report_json(path)
+        run_dir = path.parent.parent if path.parent.name == REPORT_DIR else None
+    elif path.is_dir():
+        layout = RunLayout.at(path)
+        report = (load_report_json(layout.report_json) if layout.report_json.is_file()
+                  else analyze(path, write_default_outputs=False))
+        run_dir = path
+    else:
+        raise FileNotFoundError(f"{path}: no such run directory or report")
+    steady = _steady_metrics(RunLayout.at(run_dir)) if run_dir is not None else {}
+    return _Side(str(path), report, steady)
+
+
+def _steady_metrics(layout: RunLayout) -> dict[int, list[dict]]:
+    steady = {}
+    for path in sorted(layout.metrics_dir.glob("rank*.jsonl")) if layout.metrics_dir.is_dir() else []:
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        lines = [m for m in lines if isinstance(m, dict) and "step" in m]
+        if not lines:
+            continue
+        first = min(m["step"] for m in lines)
+        kept = [m for m in lines if m["step"] != first and not m.get("profiled", False)]
+        if kept:
+            steady[int(lines[0].get("rank", len(steady)))] = kept
+    return steady
+
+
+def _median_of(lines: list[dict], key: str) -> float | None:
+    values = [m[key] for m in lines if isinstance(m.get(key), (int, float))]
+    return float(np.median(values)) if values else None
+
+
+def _throughput(side: _Side) -> float | None:
+    per_rank = [_median_of(lines, "tokens_per_s") for lines in side.steady.values()]
+    return float(sum(per_rank)) if per_rank and None not in per_rank else None
+
+
+def _step_time(side: _Side) -> float | None:
+    per_rank = [_median_of(lines, "step_time_ms") for lines in side.steady.values()]
+    per_rank = [v for v in per_rank if v is not None]
+    return float(np.median(per_rank)) if per_rank else None
+
+
+def _rank_mean(report: Report, attribute: str) -> float | None:
+    values = [getattr(r, attribute) for r in report.ranks if getattr(r, attribute) is not None]
+    return float(np.mean(values)) if values else None
+
+
+def _metric_deltas(before: _Side, after: _Side, with_metrics: bool, threshold_pct: float) -> list[MetricDelta]:
+    rows = []
+    if with_metrics:
+        rows += [
+            ("throughput_tokens_per_s", _throughput(before), _throughput(after), True, True),
+            ("step_time_ms", _step_time(before), _step_time(after), False, True),
+            ("mfu_pct", _median_all(before, "mfu_pct"), _median_all(after, "mfu_pct"), True, False),
+        ]
+    trace_step = [s.report.step_time.mean_ms if s.report.step_time else None for s in (before, after)]
+    rows.append(("trace_step_time_ms", *trace_step, False, not with_metrics))
+    for attribute, higher_is_better in (("busy_pct", True), ("idle_pct", False), ("comm_pct", False),
+                                        ("overlap_pct", True)):
+        rows.append((attribute, _rank_mean(before.report, attribute), _rank_mean(after.report, attribute),
+                     higher_is_better, False))
+    return [_delta(name, b, n, better_up, gated, threshold_pct) for name, b, n, better_up, gated in rows]
+
+
+def _median_all(side: _Side, key: str) -> float | None:
+    return _median_of([m for lines in side.steady.values() for m in lines], key)
+
+
+def _delta(name: str, base: float | None, new: float | None, higher_is_better: bool, gated: bool,
+           threshold_pct: float) -> MetricDelta:
+    if base is None or new is None or base == 0:
+        return MetricDelta(name=name, base=base, new=new, higher_is_better=higher_is_better, gated=gated)
+    change_pct = 100.0 * (new - base) / abs(base)
+    worse_pct = -change_pct if higher_is_better else change_pct
+    return MetricDelta(name=name, base=base, new=new, higher_is_better=higher_is_better, gated=gated,
+                       delta_pct=change_pct, regression=gated and worse_pct >= threshold_pct)
+
+
+def _rank_deltas(before: Report, after: Report) -> list[RankDelta]:
+    base = {r.rank: r.step_time.mean_ms for r in before.ranks if r.step_time}
+    new = {r.rank: r.step_time.mean_ms for r in after.ranks if r.step_time}
+    deltas = []
+    for rank in sorted(set(base) | set(new)):
+        b, n = base.get(rank), new.get(rank)
+        pct = 100.0 * (n - b) / b if b and n is not None else None
+        deltas.append(RankDelta(rank=rank, base_step_ms=b, new_step_ms=n, delta_pct=pct))
+    return deltas

@@ -1,0 +1,243 @@
+"""How the merged Perfetto trace scales with the number of ranks.
+
+    python bench/merge_scale.py [--source TRACE] [--ranks 8,64,256] [--steps 4] [--json-ranks 8,64]
+                                [--work DIR] [--out bench.json]
+
+From one real GPU trace (default: the H200 fixture, a stock transformers eager step with ~3,150
+kernels) it builds N-rank sets: the trace's steps are tiled to `--steps` steps, and each rank is the
+same events under its own `distributedInfo` and host, 13.7 us later than the rank before
+(`baseTimeNanoseconds` moves, the events do not). Every file is gzip, written as three gzip members
+(header, events, footer) so the big one is compressed once.
+
+Each merge runs in its own process (default options: flows, overlays). Reported per N:
+  input JSON     uncompressed JSON bytes of all ranks
+  wall s, CPU s  time of `merge()`: wall clock, and CPU time of the merging process (the same on an
+                 idle machine; lower than wall when other work shares the cores)
+  CPU s/GB       CPU seconds per GB of input JSON
+  peak RSS       maximum resident set of the merging process (goal: flat in N)
+  output         the Perfetto trace; vs JSON: its size over the same events as merged Chrome JSON
+                 (`MergeOptions.chrome_json`, measured in a second run for the N in --json-ranks;
+                 goal <= 0.3)
+  UI budget      whether the output fits the Perfetto UI's ~2 GB tab (the UI needs 2-4x the file)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import orjson
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SOURCE = REPO / "tests" / "fixtures" / "gpu" / "h200-small-hf-eager-2steps.json.gz"
+RANK_SHIFT_NS = 13_700
+UI_BUDGET_BYTES = 2 << 30
+UI_MEMORY_FACTOR = 4
+"""The UI needs 2-4x the file in its tab; the worst case decides whether a trace fits."""
+STEP_PREFIX = "ProfilerStep#"
+_ID_ARGS = ("correlation", "External id")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleRow:
+    ranks: int
+    steps: int
+    input_json_bytes: int
+    input_stored_bytes: int
+    merge_s: float
+    """Wall time."""
+    cpu_s: float
+    """CPU time of the merging process (what wall time would be on an idle machine)."""
+    cpu_s_per_gb: float
+    peak_rss_mb: float
+    output_bytes: int
+    chrome_json_bytes: int | None
+    fits_ui: bool
+
+    @property
+    def vs_json(self) -> float | None:
+        return self.output_bytes / self.chrome_json_bytes if self.chrome_json_bytes else None
+
+
+# --- building rank sets (pure but for the final write) -----------------------------------------
+
+def tile_steps(document: dict, steps: int) -> list[dict]:
+    """The events of `document` repeated until they hold `steps` profiler steps (each copy later by
+    the window's span, step numbers, correlation and flow ids moved on so they stay unique)."""
+    events = [e for e in document["traceEvents"] if isinstance(e, dict)]
+    source_steps = sorted({int(e["name"][len(STEP_PREFIX):]) for e in events
+                           if e.get("ph") == "X" and str(e.get("name", "")).startswith(STEP_PREFIX)})
+    if not source_steps:
+        raise ValueError("the source trace has no ProfilerStep#N events to tile")
+    timed = [e for e in events if e.get("ph") != "M" and isinstance(e.get("ts"), (int, float))]
+    span_us = max(e["ts"] + e.get("dur", 0) for e in timed) - min(e["ts"] for e in timed) + 1000.0
+    id_stride = 1 + max((e.get("args", {}).get(k, 0) for e in timed for k in _ID_ARGS
+                         if isinstance(e.get("args", {}).get(k, 0), int)), default=0)
+    copies = -(-steps // len(source_steps))
+    tiled = [e for e in events if e.get("ph") == "M"]
+    for copy in range(copies):
+        tiled += [_shifted(e, copy, span_us, id_stride, len(source_steps)) for e in timed]
+    return _keep_steps(tiled, steps)
+
+
+def _shifted(event: dict, copy: int, span_us: float, id_stride: int, step_count: int) -> dict:
+    if copy == 0:
+        return event
+    moved = {**event, "ts": round(event["ts"] + copy * span_us, 3)}
+    name = moved.get("name")
+    if isinstance(name, str) and name.startswith(STEP_PREFIX):
+        moved["name"] = f"{STEP_PREFIX}{int(name[len(STEP_PREFIX):]) + copy * step_count}"
+    if "id" in moved and isinstance(moved["id"], int):
+        moved["id"] += copy * id_stride
+    args = moved.get("args")
+    if isinstance(args, dict) and any(isinstance(args.get(k), int) for k in _ID_ARGS):
+        moved["args"] = {**args, **{k: args[k] + copy * id_stride for k in _ID_ARGS if isinstance(args.get(k), int)}}
+    return moved
+
+
+def _keep_steps(events: list[dict], steps: int) -> list[dict]:
+    """Drop what starts at or after the start of step number `steps` + 1 (tiling may overshoot)."""
+    starts = sorted(e["ts"] for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+                    and str(e.get("name", "")).startswith(STEP_PREFIX))
+    if len(starts) <= steps:
+        return events
+    return [e for e in events if e.get("ph") == "M" or e["ts"] < starts[steps]]
+
+
+def write_rank_set(document: dict, events: list[dict], ranks: int, directory: Path) -> tuple[int, int]:
+    """Write `ranks` gzip traces; returns (uncompressed JSON bytes, stored bytes) of the set."""
+    directory.mkdir(parents=True, exist_ok=True)
+    body = orjson.dumps(events)[1:-1]
+    body_member = gzip.compress(body, compresslevel=1, mtime=0)
+    footer = b"]}"
+    json_bytes = stored = 0
+    for rank in range(ranks):
+        header = _header(document, rank, ranks)
+        data = gzip.compress(header, mtime=0) + body_member + gzip.compress(footer, mtime=0)
+        (directory / f"rank{rank}.node{rank // 8}.pt.trace.json.gz").write_bytes(data)
+        json_bytes += len(header) + len(body) + len(footer)
+        stored += len(data)
+    return json_bytes, stored
+
+
+def _header(document: dict, rank: int, ranks: int) -> bytes:
+    meta = {k: v for k, v in document.items() if k != "traceEvents"}
+    meta["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": ranks}
+    meta["host_name"] = f"node{rank // 8}"
+    meta["baseTimeNanoseconds"] = int(document.get("baseTimeNanoseconds", 0)) + rank * RANK_SHIFT_NS
+    return orjson.dumps(meta)[:-1] + b',"traceEvents":['
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+def measure_in_child(traces: Path, out: Path, chrome_json: Path | None) -> dict:
+    command = [sys.executable, __file__, "--one-merge", str(traces), str(out)]
+    if chrome_json is not None:
+        command += ["--chrome-json", str(chrome_json)]
+    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    if completed.returncode != 0:
+        raise RuntimeError(f"merge of {traces} failed:\n{completed.stderr[-3000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def one_merge(traces: Path, out: Path, chrome_json: Path | None) -> dict:
+    from fleetscope.analysis.merge import merge
+    from fleetscope.analysis.merge_options import MergeOptions
+
+    started, cpu_started = time.perf_counter(), time.process_time()
+    result = merge(traces, out, options=MergeOptions(chrome_json=chrome_json))
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    return {
+        "elapsed_s": elapsed,
+        "cpu_s": cpu,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "output_bytes": result.output_bytes,
+        "chrome_json_bytes": result.chrome_json_uncompressed_bytes,
+        "ranks": len(result.ranks),
+        "problems": [p.reason for p in result.problems][:5],
+    }
+
+
+def run_scale(source: Path, rank_counts: list[int], steps: int, json_ranks: set[int], work: Path) -> list[ScaleRow]:
+    document = json.loads(gzip.decompress(source.read_bytes()) if source.name.endswith(".gz") else source.read_bytes())
+    events = tile_steps(document, steps)
+    rows = []
+    for ranks in rank_counts:
+        directory = work / f"ranks{ranks}"
+        json_bytes, stored = write_rank_set(document, events, ranks, directory / "traces")
+        merged = measure_in_child(directory / "traces", directory / "merged.perfetto-trace", None)
+        if merged["ranks"] != ranks:
+            raise RuntimeError(f"{ranks}-rank set merged {merged['ranks']} ranks: {merged['problems']}")
+        chrome = None
+        if ranks in json_ranks:
+            chrome = measure_in_child(directory / "traces", directory / "with-json.perfetto-trace",
+                                      directory / "merged.trace.json")["chrome_json_bytes"]
+            (directory / "merged.trace.json").unlink(missing_ok=True)
+        rows.append(ScaleRow(
+            ranks=ranks, steps=steps, input_json_bytes=json_bytes, input_stored_bytes=stored,
+            merge_s=merged["elapsed_s"], cpu_s=merged["cpu_s"], cpu_s_per_gb=merged["cpu_s"] / (json_bytes / 1e9),
+            peak_rss_mb=merged["peak_rss_mb"], output_bytes=merged["output_bytes"], chrome_json_bytes=chrome,
+            fits_ui=merged["output_bytes"] * UI_MEMORY_FACTOR <= UI_BUDGET_BYTES,
+        ))
+        print(format_row(rows[-1]), flush=True)
+        for path in (directory / "traces").iterdir():
+            path.unlink()
+    return rows
+
+
+# --- reporting ----------------------------------------------------------------------------------
+
+HEADER = (f"{'ranks':>5} {'steps':>5} {'input JSON':>11} {'stored':>9} {'wall s':>8} {'CPU s':>7} {'CPU s/GB':>8} "
+          f"{'peak RSS':>9} {'output':>9} {'merged JSON':>12} {'vs JSON':>7} {'UI fit':>6}")
+
+
+def format_row(row: ScaleRow) -> str:
+    chrome = _size(row.chrome_json_bytes) if row.chrome_json_bytes else "-"
+    ratio = f"{row.vs_json:.3f}" if row.vs_json is not None else "-"
+    return (f"{row.ranks:>5} {row.steps:>5} {_size(row.input_json_bytes):>11} {_size(row.input_stored_bytes):>9} "
+            f"{row.merge_s:>8.1f} {row.cpu_s:>7.1f} {row.cpu_s_per_gb:>8.1f} {row.peak_rss_mb:>7.0f}MB {_size(row.output_bytes):>9} "
+            f"{chrome:>12} {ratio:>7} {'yes' if row.fits_ui else 'no':>6}")
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f}{unit}"
+    return f"{count}B"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
+    parser.add_argument("--ranks", default="8,64,256")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--json-ranks", default="8,64", help="rank counts that also get a merged Chrome JSON")
+    parser.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
+    parser.add_argument("--one-merge", nargs=2, type=Path, metavar=("TRACES", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--chrome-json", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one_merge:
+        print(json.dumps(one_merge(*args.one_merge, args.chrome_json)))
+        return 0
+    rank_counts = [int(n) for n in args.ranks.split(",") if n]
+    json_ranks = {int(n) for n in args.json_ranks.split(",") if n}
+    with tempfile.TemporaryDirectory(prefix="merge_scale_") as scratch:
+        work = args.work or Path(scratch)
+        print(f"source: {args.source} ({args.steps} steps per rank)\n{HEADER}", flush=True)
+        rows = run_scale(args.source, rank_counts, args.steps, json_ranks, work)
+    if args.out:
+        args.out.write_text(json.dumps([asdict(r) | {"vs_json": r.vs_json} for r in rows], indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 _TRACE_PACKET_FIELD_TAG = (1 << 3) | 2
@@ -32,7 +33,10 @@ def iter_packets(path: str | Path) -> Iterator[pb.TracePacket]:
     """The packets of a Perfetto trace file; a large file is read one packet at a time."""
     if Path(path).stat().st_size <= WHOLE_FILE_PARSE_BYTES:
         trace = pb.Trace()
-        trace.ParseFromString(Path(path).read_bytes())
+        try:
+            trace.ParseFromString(Path(path).read_bytes())
+        except DecodeError as error:
+            raise ValueError(f"{path}: truncated or not a Perfetto trace ({error})") from error
         yield from trace.packet
         return
     with open(path, "rb") as handle:
@@ -43,7 +47,10 @@ def iter_packets(path: str | Path) -> Iterator[pb.TracePacket]:
             if packet_bytes is None:
                 return
             packet = pb.TracePacket()
-            packet.ParseFromString(packet_bytes)
+            try:
+                packet.ParseFromString(packet_bytes)
+            except DecodeError as error:
+                raise ValueError(f"{path}: damaged packet before byte {position} ({error})") from error
             yield packet
 
 

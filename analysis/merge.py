@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import time
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import IO, Any, Callable, Iterator, Mapping
 
 from fleetscope.traces.kineto import TraceReadError, distributed_rank, read_trace
 from fleetscope.traces.layout import MERGED_TRACE
@@ -47,6 +49,7 @@ PROCESS_PID_BASE = 1_000_000
 `rank 3 (node7) 1000003` still ends in the rank. Real pids would collide across hosts."""
 
 _PREAMBLE_SEQUENCE_ID = 1
+_COPY_CHUNK_BYTES = 1 << 20
 _COLLECTIVE_FLOW_BIT = 1 << 63
 
 
@@ -127,7 +130,7 @@ def merge(
         with _atomic_output(destination) as handle, _cyclic_gc_paused():
             session = _MergeSession(stream=PacketStream(handle), options=options, report=report_json,
                                     json_writer=json_writer, problems=problems)
-            summaries = [session.merge_rank(source, progress) for source in selected]
+            summaries = _merge_ranks(session, selected, handle, destination, progress)
             session.stream.flush()
         if json_writer is not None:
             json_writer.close()
@@ -148,6 +151,21 @@ def merge(
         chrome_json=json_writer.path if json_writer else None,
         chrome_json_uncompressed_bytes=json_writer.uncompressed_bytes if json_writer else None,
     )
+
+
+def _merge_ranks(session: "_MergeSession", sources: list[RankSource], handle: IO[bytes], destination: Path,
+                 progress: Callable[[RankMergeSummary], None] | None) -> list[RankMergeSummary]:
+    """Every rank into the output, in rank order. With `options.workers` > 1, the first rank with events
+    is merged here (it fixes the time origin and the JSON clock), the others in worker processes that
+    each write one rank's packets to a part file, appended here in rank order."""
+    pending = list(sources)
+    summaries = []
+    while pending and (session.options.workers <= 1 or session.origin_ns is None):
+        summaries.append(session.merge_rank(pending.pop(0), progress))
+    if pending:
+        session.stream.flush()
+        summaries += merge_in_workers(session, pending, handle, destination, progress)
+    return summaries
 
 
 def _select_ranks(inputs: MergeInputs, ranks: frozenset[int] | None) -> list[RankSource]:
@@ -211,6 +229,7 @@ class _MergeSession:
     problems: list[MergeProblem]
     origin_ns: int | None = None
     """The first merged event: where `options.time_window_s` counts from."""
+    preamble_written: bool = False
     clock_choice: dict[int, tuple[int, str]] = field(default_factory=dict)
     """rank -> (offset ns, source) used for its first merged window."""
 
@@ -243,8 +262,9 @@ class _MergeSession:
 
     def _start_rank(self, emitter: "_RankEmitter", source: RankSource, tracks: RankTracks, plan: WindowPlan) -> None:
         first_ns = plan.first_ts_ns or 0
-        if self.stream.packets_written == 0:
+        if not self.preamble_written:
             write_preamble(self.stream, sequence_id=_PREAMBLE_SEQUENCE_ID, first_timestamp_ns=first_ns)
+            self.preamble_written = True
         if self.json_writer is not None:
             self.json_writer.start_clock(first_ns)
         emitter.process(TrackSpec(uuid=tracks.process_uuid, name=source.process_name,
@@ -374,3 +394,76 @@ class _RankEmitter:
 def _event_args(events: list[Any], ident: int) -> dict | None:
     args = events[ident].get("args")
     return args if isinstance(args, dict) and args else None
+
+
+# --- worker processes (options.workers > 1) -----------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class _PartJob:
+    source: RankSource
+    options: MergeOptions
+    report: dict | None
+    origin_ns: int | None
+    json_base_ns: int | None
+    part_path: Path
+    json_part_path: Path | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _PartOutcome:
+    summary: RankMergeSummary
+    problems: list[MergeProblem]
+
+
+def merge_in_workers(session: _MergeSession, sources: list[RankSource], handle: IO[bytes], destination: Path,
+                     progress: Callable[[RankMergeSummary], None] | None) -> list[RankMergeSummary]:
+    """Merge `sources` in `session.options.workers` processes; parts are appended in rank order as they
+    finish, so memory stays one rank per worker and disk one part per finished-but-not-appended rank."""
+    jobs = [_part_job(session, source, destination) for source in sources]
+    summaries = []
+    try:
+        with ProcessPoolExecutor(max_workers=session.options.workers) as pool:
+            for job, outcome in zip(jobs, pool.map(merge_part, jobs)):
+                _append_part(job, handle, session.json_writer)
+                session.problems.extend(outcome.problems)
+                summaries.append(outcome.summary)
+                if progress is not None:
+                    progress(outcome.summary)
+    finally:
+        for job in jobs:
+            job.part_path.unlink(missing_ok=True)
+            if job.json_part_path is not None:
+                job.json_part_path.unlink(missing_ok=True)
+    return summaries
+
+
+def _part_job(session: _MergeSession, source: RankSource, destination: Path) -> _PartJob:
+    stem = f".{destination.name}.{os.getpid()}.rank{source.rank}"
+    json_writer = session.json_writer
+    return _PartJob(
+        source=source, options=session.options, report=session.report, origin_ns=session.origin_ns,
+        json_base_ns=json_writer.base_ns if json_writer else None,
+        part_path=destination.with_name(stem + ".part"),
+        json_part_path=destination.with_name(stem + ".json.part") if json_writer else None,
+    )
+
+
+def merge_part(job: _PartJob) -> _PartOutcome:
+    """One rank into a part file (runs in a worker process)."""
+    json_writer = ChromeJsonWriter.fragment(job.json_part_path, base_ns=job.json_base_ns) \
+        if job.json_part_path is not None else None
+    with open(job.part_path, "wb") as handle, _cyclic_gc_paused():
+        session = _MergeSession(stream=PacketStream(handle), options=job.options, report=job.report,
+                                json_writer=json_writer, problems=[], origin_ns=job.origin_ns, preamble_written=True)
+        summary = session.merge_rank(job.source, None)
+        session.stream.flush()
+    if json_writer is not None:
+        json_writer.close()
+    return _PartOutcome(summary=summary, problems=session.problems)
+
+
+def _append_part(job: _PartJob, handle: IO[bytes], json_writer: ChromeJsonWriter | None) -> None:
+    with open(job.part_path, "rb") as part:
+        shutil.copyfileobj(part, handle, _COPY_CHUNK_BYTES)
+    if json_writer is not None and job.json_part_path is not None:
+        json_writer.append_fragment(job.json_part_path)

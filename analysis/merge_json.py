@@ -26,20 +26,39 @@ _TRACK_INDEX_MASK = 0xFFFFFFFF
 
 
 class ChromeJsonWriter:
-    """Streams `{"traceEvents": [...]}`; `close()` finishes the file and moves it into place."""
+    """Streams `{"traceEvents": [...]}`; `close()` finishes the file and moves it into place.
 
-    def __init__(self, path: Path):
+    A fragment writer (`ChromeJsonWriter.fragment`) writes only `,`-led events, for a worker process
+    whose part the main writer appends with `append_fragment`.
+    """
+
+    def __init__(self, path: Path, *, fragment: bool = False, base_ns: int | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._staging = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self._fragment = fragment
+        self._staging = self.path if fragment else self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         raw = open(self._staging, "wb")
-        self._file: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) \
-            if self.path.name.endswith(".gz") else raw
+        compressed = self.path.name.endswith(".gz") and not fragment
+        self._file: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) if compressed else raw
         self._raw = raw
-        self._base_ns: int | None = None
-        self._wrote_event = False
+        self._base_ns = base_ns
+        self._wrote_event = fragment
         self._counter_names: dict[int, str] = {}
         self.uncompressed_bytes = 0
+
+    @classmethod
+    def fragment(cls, path: Path, *, base_ns: int | None) -> "ChromeJsonWriter":
+        return cls(path, fragment=True, base_ns=base_ns)
+
+    @property
+    def base_ns(self) -> int | None:
+        return self._base_ns
+
+    def append_fragment(self, path: Path) -> None:
+        """Copy a fragment writer's events into this file (after at least one event of its own)."""
+        with open(path, "rb") as part:
+            while chunk := part.read(1 << 20):
+                self._write(chunk)
 
     def process(self, pid: int, name: str, order: int) -> None:
         self._event({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
@@ -87,6 +106,9 @@ class ChromeJsonWriter:
             self._base_ns = max(0, (first_ts_ns - _BASE_MARGIN_NS) // _NS_PER_S * _NS_PER_S)
 
     def close(self) -> None:
+        if self._fragment:
+            self._file.close()
+            return
         if not self._wrote_event:
             self._write(self._header())
         self._write(b"]}\n")

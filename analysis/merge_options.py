@@ -32,6 +32,9 @@ class MergeOptions:
     """Idle gaps shorter than this are counted in idle % but not drawn."""
     chrome_json: Path | None = None
     """Also write the merged events as Chrome JSON (gzip when the name ends in .gz) here."""
+    workers: int = 1
+    """Processes that merge ranks at once (each holds one rank's trace in memory). The output is the
+    same for any number."""
 
     def __post_init__(self) -> None:
         if self.ranks is not None and any(r < 0 for r in self.ranks):
@@ -40,6 +43,8 @@ class MergeOptions:
             start, end = self.time_window_s
             if not end > start:
                 raise ValueError(f"time_window_s must be (start, end) with end > start, got {self.time_window_s}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.min_idle_gap_us < 0:
             raise ValueError(f"min_idle_gap_us must be >= 0, got {self.min_idle_gap_us}")
 

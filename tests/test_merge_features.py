@@ -222,3 +222,19 @@ def test_clock_offsets_the_report_used_win_over_clock_files_but_not_over_given_o
     assert clock_of_rank1(report=report)[:2] == (2_500, "analysis report")
     assert clock_of_rank1(report=report, offsets_ns={1: 100})[:2] == (100, "given")
     assert clock_of_rank1(report=report)[2] == BASE_NS - 2_500
+
+
+def test_worker_processes_write_the_same_trace_and_json(tmp_path):
+    directory = tmp_path / "four"
+    for rank in range(4):
+        write_trace(directory / f"rank{rank}.json",
+                    kineto_document(rank, gpu_rank_events(shift_us=1.5 * rank), host=f"n{rank}"))
+    outputs = {}
+    for workers in (1, 3):
+        result = merge(directory, tmp_path / f"w{workers}.perfetto-trace",
+                       options=MergeOptions(workers=workers, chrome_json=tmp_path / f"w{workers}.trace.json.gz",
+                                            time_window_s=(0, 1)))
+        outputs[workers] = (result.output.read_bytes(), load_json(result.chrome_json), result.slices_per_rank)
+    assert outputs[1] == outputs[3]
+    assert check_trace(tmp_path / "w3.perfetto-trace").ok
+    assert not list(tmp_path.glob(".*part"))

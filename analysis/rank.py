@@ -88,9 +88,17 @@ class TraceFailure:
 def analyze_trace(source: TraceSource) -> RankResult | TraceFailure:
     """Read, parse and analyze one trace file; a bad file becomes a TraceFailure, never an exception."""
     try:
-        document, events, remarks = _read_events(source.path)
+        return _analyze(source)
     except TraceReadError as error:
         return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=error.reason)
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, IndexError) as error:
+        # A file shaped in a way no check above foresaw: name it with the error, analyze the other ranks.
+        reason = f"could not be analyzed: {type(error).__name__}: {error}"
+        return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=reason)
+
+
+def _analyze(source: TraceSource) -> RankResult:
+    document, events, remarks = _read_events(source.path)
     trace_rank, world_size = distributed_rank(document)
     rank, rank_source = _resolve_rank(source, trace_rank)
     steps, step_source = find_steps(events)
@@ -106,7 +114,7 @@ def analyze_trace(source: TraceSource) -> RankResult | TraceFailure:
         world_size=world_size,
         backend=info.get("backend") if isinstance(info, dict) else None,
         base_time_ns=_base_time_ns(document),
-        event_count=len(events),
+        event_count=len(events) + events.omitted_host_ops,
         dropped_events=dict(events.dropped),
         first_start_us=float(events.start_us.min()) if len(events) else None,
         last_end_us=float(events.end_us.max()) if len(events) else None,

@@ -16,6 +16,7 @@ shared), which every gzip reader, HTA's included, reads as one stream; N ranks c
 from __future__ import annotations
 
 import gzip
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,8 @@ def _header_member(fields: dict[str, Any], rank: int, spec: TraceSetSpec) -> byt
     info.update(rank=rank, world_size=spec.ranks)
     base_ns = int(fields.get("baseTimeNanoseconds") or 0) + round(spec.host_offsets_us.get(host, 0.0) * 1000)
     header = {**fields, "distributedInfo": info, "host_name": f"node{host}", "baseTimeNanoseconds": base_ns}
-    text = orjson.dumps(header)[:-1] + b',"traceEvents":'
+    # stdlib spacing ("rank": 3) on purpose: HTA finds a trace's rank with the regex `"rank":\s+(\d+)`
+    text = json.dumps(header).encode()[:-1] + b', "traceEvents": '
     return gzip.compress(text, compresslevel=spec.compress_level, mtime=0)
 
 

@@ -138,3 +138,20 @@ def test_fast_and_generic_decoders_build_the_same_table():
 @pytest.mark.parametrize("data", [b"[]", b'{"traceEvents": {}}', b'{"traceEvents": [1, "x"]}'])
 def test_odd_shapes_go_to_the_generic_decoder(data):
     assert decode_selectively(data) is None
+
+
+
+def test_strange_values_are_survived(tmp_path):
+    builder = _good(1)
+    builder.events += [
+        {"ph": "X", "cat": ["cpu_op"], "name": {"a": 1}, "pid": [1], "tid": [2], "ts": 20, "dur": 1, "args": [1]},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": "stream x", "ts": 30, "dur": 2,
+         "args": {"stream": "7", "device": None, "correlation": 1.5}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": None},
+        "not an event",
+    ]
+    report = _dir_with(tmp_path, "rank1.json", json.dumps(builder.document()).encode())
+    assert report.complete, report.problems
+    rank1 = report.windows[0].ranks[1]
+    assert rank1.dropped_events == {"not a JSON object": 1}
+    assert rank1.utilization.basis == "gpu"

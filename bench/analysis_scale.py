@@ -1,0 +1,162 @@
+"""Scale benchmark: `fleetscope analyze` against stock HTA on N-rank trace sets, in the same run.
+
+    python bench/analysis_scale.py                       # N = 8, 64, 256, 1024; HTA at 8 and 64
+    python bench/analysis_scale.py --ranks 8 64 --hta-ranks 8 64 --out results.json
+
+Each set is made from one real GPU trace (default: the H200 fixture of a stock transformers MoE step,
+~3,150 kernels per step) by fleetscope.analysis.synthetic: every rank gets the trace's events under its
+own rank and host, and one all-reduce per step is added (the source is a single-GPU recording).
+
+Both tools run in a fresh subprocess each (imports included in the time):
+  - ours: `analyze(dir, use_hta=False)` with its default process pool (one worker per core), writing the
+    report JSON: steps, busy/idle/comm/overlap per rank, stragglers, clock alignment;
+  - HTA: `TraceAnalysis(trace_dir=dir)` + temporal breakdown + idle-time breakdown (HTA's default: rank 0)
+    + comm/comp overlap, with HTA's own multiprocessing.
+Peak memory is the largest sum of PSS over the subprocess and all its descendants, sampled every 0.1 s
+(PSS counts pages shared between forked workers once, so neither tool is charged twice for them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_SOURCE = REPO / "tests" / "fixtures" / "gpu" / "h200-small-hf-eager-2steps.json.gz"
+SAMPLE_SECONDS = 0.1
+
+OURS = textwrap.dedent("""
+    import sys
+    from fleetscope.analysis import analyze
+    report = analyze(sys.argv[1], json_out=sys.argv[2], use_hta=False)
+    assert len(report.ranks) == int(sys.argv[3]), (len(report.ranks), report.problems[:3])
+""")
+
+HTA = textwrap.dedent("""
+    import logging, sys, warnings
+    warnings.simplefilter("ignore")
+    logging.disable(logging.WARNING)
+    from hta.trace_analysis import TraceAnalysis
+    analysis = TraceAnalysis(trace_dir=sys.argv[1])
+    assert len(analysis.t.traces) == int(sys.argv[3]), len(analysis.t.traces)
+    analysis.get_temporal_breakdown(visualize=False)
+    analysis.get_idle_time_breakdown(visualize=False)
+    analysis.get_comm_comp_overlap(visualize=False)
+""")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    tool: str
+    ranks: int
+    wall_s: float
+    peak_pss_mb: float
+    ok: bool
+    error: str = ""
+
+
+def run_measured(tool: str, script: str, trace_dir: Path, ranks: int, timeout_s: float) -> Measurement:
+    with tempfile.TemporaryDirectory() as scratch:
+        command = [sys.executable, "-c", script, str(trace_dir), str(Path(scratch) / "report.json"), str(ranks)]
+        start = time.perf_counter()
+        process = psutil.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        peak = _watch(process, start + timeout_s)
+        wall = time.perf_counter() - start
+        stderr = process.stderr.read() if process.stderr else ""
+    ok = process.returncode == 0
+    error = "" if ok else (stderr.strip().splitlines() or [f"exit {process.returncode}"])[-1][:200]
+    return Measurement(tool, ranks, wall, peak / 2**20, ok, error)
+
+
+def _watch(process: psutil.Popen, deadline: float) -> int:
+    """Peak PSS (bytes) of the process tree until it exits; killed at the deadline."""
+    peak = 0
+    while process.poll() is None:
+        if time.perf_counter() > deadline:
+            for child in process.children(recursive=True):
+                child.kill()
+            process.kill()
+            break
+        peak = max(peak, _tree_pss(process))
+        time.sleep(SAMPLE_SECONDS)
+    process.wait()
+    return peak
+
+
+def _tree_pss(process: psutil.Process) -> int:
+    total = 0
+    try:
+        members = [process] + process.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
+    for member in members:
+        try:
+            total += member.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total
+
+
+def make_set(source: Path, directory: Path, ranks: int) -> float:
+    from fleetscope.analysis.synthetic import TraceSetSpec, make_trace_set
+
+    start = time.perf_counter()
+    make_trace_set(source, directory, TraceSetSpec(ranks=ranks, ranks_per_host=8, compress_level=6))
+    return time.perf_counter() - start
+
+
+def print_table(results: list[Measurement]) -> None:
+    print(f"{'ranks':>6} {'tool':>6} {'wall s':>9} {'s/rank':>8} {'peak MB':>9}  vs HTA")
+    hta = {m.ranks: m for m in results if m.tool == "hta" and m.ok}
+    for m in sorted(results, key=lambda m: (m.ranks, m.tool != "ours")):
+        versus = ""
+        if m.tool == "ours" and m.ranks in hta:
+            other = hta[m.ranks]
+            versus = f"{other.wall_s / m.wall_s:.1f}x faster, {m.peak_pss_mb / other.peak_pss_mb:.2f}x the memory"
+        status = "" if m.ok else f"  FAILED: {m.error}"
+        print(f"{m.ranks:>6} {m.tool:>6} {m.wall_s:>9.1f} {m.wall_s / m.ranks:>8.3f} {m.peak_pss_mb:>9.0f}  {versus}{status}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="one real rank trace (.json[.gz])")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 256, 1024])
+    parser.add_argument("--hta-ranks", type=int, nargs="*", default=[8, 64])
+    parser.add_argument("--workdir", type=Path, default=None, help="where trace sets go (default: a temp dir)")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per tool run")
+    parser.add_argument("--out", type=Path, default=None, help="also write the measurements as JSON")
+    args = parser.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fleetscope-bench-"))
+    print(f"source {args.source} ({args.source.stat().st_size / 1e6:.1f} MB), {os.cpu_count()} cores, sets in {workdir}")
+    results = []
+    for ranks in sorted(set(args.ranks) | set(args.hta_ranks)):
+        directory = workdir / f"ranks{ranks}"
+        made_s = make_set(args.source, directory, ranks)
+        size_mb = sum(p.stat().st_size for p in directory.iterdir()) / 1e6
+        print(f"{ranks} ranks: {size_mb:.0f} MB of gzip traces, made in {made_s:.1f} s", flush=True)
+        if ranks in args.ranks:
+            results.append(run_measured("ours", OURS, directory, ranks, args.timeout))
+            print(f"  ours {results[-1].wall_s:.1f} s {results[-1].peak_pss_mb:.0f} MB {results[-1].error}", flush=True)
+        if ranks in args.hta_ranks:
+            results.append(run_measured("hta", HTA, directory, ranks, args.timeout))
+            print(f"  hta  {results[-1].wall_s:.1f} s {results[-1].peak_pss_mb:.0f} MB {results[-1].error}", flush=True)
+        shutil.rmtree(directory)
+    print_table(results)
+    if args.out:
+        args.out.write_text(json.dumps([asdict(m) for m in results], indent=1) + "\n")
+    return 0 if all(m.ok for m in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

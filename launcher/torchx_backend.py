@@ -190,3 +190,38 @@ def submit_torchx(plan: TorchXPlan) -> SubmittedSlurmJob:
 def app_handle(job_id: str) -> str:
     """The TorchX handle of a submitted job (`torchx status <handle>`)."""
     return f"slurm://{SESSION_NAME}/{job_id}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TorchXLocalPlan:
+    """The same AppDef on TorchX's `local_cwd` scheduler: every replica ("node") is a local torchrun."""
+
+    app: Any
+    dryrun_info: Any
+    """TorchX's AppDryRunInfo (its request: the processes local_cwd starts)."""
+    run_dir: Path
+
+    def render(self) -> str:
+        return f"# torchx (local_cwd): the processes TorchX starts\n{self.dryrun_info}"
+
+
+def plan_torchx_local(spec: JobSpec) -> TorchXLocalPlan:
+    """TorchX's dry run for local_cwd (it writes nothing and starts nothing)."""
+    from torchx.runner import get_runner
+
+    resources = SlurmResources.from_spec(spec)
+    app = build_appdef(spec, resources)
+    layout = RunLayout.at(spec.train.run_dir)
+    with get_runner() as runner:
+        info = runner.dryrun(app, "local_cwd", cfg={"log_dir": str(layout.logs_dir / "torchx-local")})
+    return TorchXLocalPlan(app=app, dryrun_info=info, run_dir=layout.root)
+
+
+def run_torchx_local(plan: TorchXLocalPlan, *, wait_interval_s: float = 1.0) -> Any:
+    """Start the planned processes with TorchX and wait for them; returns TorchX's final AppStatus."""
+    from torchx.runner import get_runner
+
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    with get_runner() as runner:
+        handle = runner.schedule(plan.dryrun_info)
+        return runner.wait(handle, wait_interval=wait_interval_s)

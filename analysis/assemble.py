@@ -10,6 +10,7 @@ import numpy as np
 
 from .collectives import SOURCE_NCCL
 from .hta_views import HtaViews, run_hta, skipped
+from .kernels import combine as combine_kernels
 from .rank import RankResult, TraceFailure
 from .report import MissingTrace, Problem, RankReport, RankSummary, Report, WindowReport
 from .steps import StepStats
@@ -79,6 +80,7 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
         ranks=[_rank_report(r) for r in results],
         clock=clock,
         stragglers=find_stragglers(results, aligned, min_lateness_us=min_lateness_us),
+        top_kernels=combine_kernels([r.top_kernels for r in results]),
         hta=hta(results),
         notes=_window_notes(results),
     )

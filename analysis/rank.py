@@ -15,6 +15,7 @@ from fleetscope.traces.kineto import TraceReadError, decode_trace, decompress, d
 
 from .collectives import CollectiveCalls, find_collectives
 from .events import TraceEvents, build_table, decode_selectively, extract_events
+from .kernels import KernelTotal, top_kernels
 from .steps import StepTiming, find_steps
 from .utilization import Utilization, build_timeline, measure_utilization
 
@@ -64,6 +65,8 @@ class RankResult:
     step_source: str | None
     utilization: Utilization | None
     collectives: CollectiveCalls
+    top_kernels: list[KernelTotal] = dataclasses.field(default_factory=list)
+    """This rank's kernels with the most GPU time (kernels.py)."""
     remarks: list[str] = dataclasses.field(default_factory=list)
     """Things about the file a reader should know (e.g. invalid UTF-8 that was replaced)."""
 
@@ -123,6 +126,7 @@ def _analyze(source: TraceSource) -> RankResult:
         step_source=step_source,
         utilization=measure_utilization(events, steps, timeline),
         collectives=find_collectives(events, steps, timeline.compute),
+        top_kernels=top_kernels(events),
         remarks=remarks,
     )
 

@@ -39,7 +39,9 @@ def render_html(report: Report) -> str:
         _problems(report),
         _rank_table(report.ranks),
         _breakdown_section(report),
+        _overlap_section(report),
         _step_heatmap(report),
+        _kernel_section(report),
         _straggler_section(report),
         _clock_section(report),
         _hta_section(report),
@@ -108,6 +110,32 @@ def breakdown_segments(u: Utilization) -> list[svg.Segment]:
         "idle": u.idle_us - u.idle_comm_us,
     }
     return [svg.Segment(name, value / 1000.0) for name, value in values_us.items()]
+
+
+def _overlap_section(report: Report) -> str:
+    ranks = [s for s in report.ranks if s.overlap_pct is not None]
+    if not ranks:
+        return ""
+    return ("<h2>Communication hidden behind computation (%)</h2>"
+            + svg.bars([f"rank {s.rank}" for s in ranks], [s.overlap_pct for s in ranks], unit="%"))
+
+
+def _kernel_section(report: Report) -> str:
+    parts = []
+    for window in report.windows:
+        if window.top_kernels:
+            kernels = window.top_kernels
+            parts.append(f"<h3>window {_opt(window.window)}: total ms over {len(window.ranks)} rank(s)</h3>")
+            parts.append(svg.bars([_short(k.name) for k in kernels], [k.total_us / 1000 for k in kernels],
+                                  unit="ms", label_width=320))
+            rows = [[k.name, str(k.count), _f(k.total_us / 1000, 3), _f(k.total_us / k.count, 2), str(k.ranks)]
+                    for k in kernels]
+            parts.append(_table(["kernel", "launches", "total ms", "mean us", "ranks"], rows, left=(0,)))
+    return "<h2>Top kernels</h2>" + "".join(parts) if parts else ""
+
+
+def _short(name: str, limit: int = 48) -> str:
+    return name if len(name) <= limit else name[: limit - 3] + "..."
 
 
 def _step_heatmap(report: Report) -> str:

@@ -21,18 +21,35 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           dropped_events {reason: count}, step_source, steps[] {step, start_us, step_time_ms,
                           phases_ms {train_step, forward, backward, optimizer_step}}, step_time (StepStats),
                           utilization {basis, span_us, busy_us, idle_us, compute_us, comm_us, memory_us,
-                          overlap_us, exposed_comm_us, busy_pct, idle_pct, comm_pct, overlap_pct} | null,
+                          overlap_us, exposed_comm_us, idle_comm_us, busy_pct, idle_pct, comm_pct,
+                          overlap_pct} | null,
                           collective_source, collective_count
+        top_kernels[]     {name, count, total_us, ranks}: kernels with the most GPU time, all ranks summed
+        clock             {reference_rank, reference_host, hosts[] {host, ranks[], offset_us, source
+                          ("reference host" | "measured" | "collectives" | "none"), measured_offset_us,
+                          measured_uncertainty_us, collective_offset_us, collective_spread_us,
+                          collective_samples}}: offsets removed before matching collectives (clock_align.py)
         stragglers        {by_step_time[] {rank, mean_step_ms, vs_median_pct}, slowest_rank,
                           collective_source, matched_collectives, unmatched_collectives, min_lateness_us,
-                          by_wait[] {rank, collectives, times_last, last_pct, caused_wait_us, waited_us},
-                          waited_for_rank, waited_for_median_us,
+                          by_wait[] {rank, collectives, times_last, last_pct, caused_wait_us,
+                          median_lateness_us, median_extra_compute_us, waited_us, score},
+                          waited_for_rank, waited_for_median_us, consistent,
+                          by_step[] {step, collectives, most_often_last, max_lateness_us, total_wait_us,
+                          wait_by_rank_us {rank: us}},
                           worst_instances[] {step, name, ordinal, participants, last_rank, lateness_us,
-                          arrival_spread_us, end_spread_us}, verdict}
-        hta               {status: ok|partial|skipped|failed, reason, tables {name: rows[]}, errors {name: msg}}
+                          extra_compute_us, arrival_spread_us, end_spread_us},
+                          detail_ranks[], details[] {step, name, ordinal, arrival_us[], wait_us[],
+                          interval_compute_us[]} (per rank in detail_ranks order; only up to
+                          50,000 ranks x instances), verdict}
+        hta               {status: ok|partial|skipped|failed, reason, tables {name: rows[]},
+                          errors {analysis: message}, not_applicable {analysis: why}}; tables (HTA's
+                          columns and units): temporal_breakdown, idle_time_breakdown,
+                          idle_interval_stats, comm_comp_overlap, kernel_type_breakdown,
+                          kernel_breakdown, cuda_launch_stats (per rank summary), potential_stragglers
 
 Definitions of every metric: utilization.py (busy/idle/comm/overlap), stragglers.py (arrival, lateness,
-wait), steps.py (steps and phases).
+wait, score), collectives.py (collective times and keys), clock_align.py (clock offsets), steps.py (steps
+and phases), kernels.py (kernel totals).
 """
 
 from __future__ import annotations
@@ -45,6 +62,7 @@ from typing import Any
 
 from .clock_align import ClockAlignment
 from .hta_views import HtaViews
+from .kernels import KernelTotal
 from .steps import StepStats, StepTiming
 from .stragglers import Stragglers
 from .utilization import Utilization
@@ -99,6 +117,8 @@ class WindowReport:
     ranks: list[RankReport]
     clock: ClockAlignment
     stragglers: Stragglers
+    top_kernels: list[KernelTotal]
+    """Kernels with the most GPU time, summed over the window's ranks (empty for CPU traces)."""
     hta: HtaViews
     notes: list[str] = field(default_factory=list)
 

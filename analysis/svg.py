@@ -46,12 +46,13 @@ def stacked_bars(rows: list[tuple[str, list[Segment]]], *, unit: str, colors: di
 
 
 def bars(labels: list[str], values: list[float], *, unit: str, width: int = 720,
-         highlight: str | None = None) -> str:
+         highlight: str | None = None, label_width: int = 80) -> str:
     """Horizontal bars, one per label."""
     if not labels:
         return ""
-    label_w, bar_h, gap = 80, _row_height(len(labels)), 2
+    label_w, bar_h, gap = label_width, _row_height(len(labels)), 2
     top = max(values, default=0.0) or 1.0
+    width = max(width, label_w + 200)
     scale = (width - label_w - 80) / top
     height = len(labels) * (bar_h + gap)
     parts = [_open(width, height)]

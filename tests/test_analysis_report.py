@@ -177,3 +177,36 @@ def test_path_without_traces_raises(tmp_path):
         analyze(tmp_path)
     with pytest.raises(FileNotFoundError):
         analyze(tmp_path / "nope")
+
+
+def _json_keys(value, path=""):
+    """Every key of the report JSON, except inside maps whose keys are data (ranks, phases, tables)."""
+    data_maps = {"dropped_events", "phases_ms", "wait_by_rank_us", "tables", "errors", "not_applicable"}
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            if key not in data_maps:
+                yield from _json_keys(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _json_keys(item)
+
+
+def test_every_report_field_is_in_the_documented_schema(tmp_path):
+    from fleetscope.analysis import report as report_module
+
+    for rank in (0, 1):
+        gpu_rank(rank, nccl_start=300 + 200 * rank).write(tmp_path / f"rank{rank}.json.gz")
+    data = analyze(tmp_path, use_hta=False).to_json()
+    undocumented = {key for key in _json_keys(data) if not re.search(rf"\b{key}\b", report_module.__doc__)}
+    assert undocumented == set()
+
+
+def test_top_kernels_sum_over_ranks(tmp_path):
+    for rank in (0, 1):
+        gpu_rank(rank).write(tmp_path / f"rank{rank}.json.gz")
+    report = analyze(tmp_path, use_hta=False)
+    top = {k.name: k for k in report.windows[0].top_kernels}
+    gemm = top["sm90_xmma_gemm_bf16"]
+    assert (gemm.count, gemm.total_us, gemm.ranks) == (4, 1200.0, 2)    # 2 steps x 300 us x 2 ranks
+    assert "Top kernels" in render_html(report)

@@ -27,8 +27,8 @@ from .merge_options import MergeOptions
 from .perfetto_flows import FlowPlan, plan_flows
 from .perfetto_overlays import OverlayInputs, ReportView, plan_overlays
 from .perfetto_tracks import (
-    GROUP_COUNTER, GROUP_CPU_THREAD, GROUP_GPU_STREAM, GROUP_MAIN_THREAD, GROUP_OTHER, NO_EVENT, OP_BEGIN,
-    OP_COUNTER, OP_END, OP_INSTANT, RankTracks, Slice, TrackKey, lay_out_track, nest_into_lanes,
+    GROUP_COUNTER, GROUP_CPU_THREAD, GROUP_GPU_STREAM, GROUP_MAIN_THREAD, GROUP_OTHER, OP_COUNTER, OP_INSTANT,
+    RankTracks, Slice, TrackKey, lay_out_track,
 )
 from .perfetto_writer import TrackSpec
 

@@ -11,10 +11,12 @@ same events under its own `distributedInfo` and host, 13.7 us later than the ran
 
 Each merge runs in its own process (default options: flows, overlays). Reported per N:
   input JSON     uncompressed JSON bytes of all ranks
-  wall s, CPU s  time of `merge()`: wall clock, and CPU time of the merging process (the same on an
-                 idle machine; lower than wall when other work shares the cores)
+  wall s, CPU s  time of `merge()`: wall clock, and CPU time of the merging process and its workers
+                 (the same as wall on an idle machine without workers; lower when other work shares
+                 the cores)
   CPU s/GB       CPU seconds per GB of input JSON
-  peak RSS       maximum resident set of the merging process (goal: flat in N)
+  peak RSS       maximum resident set of the merging process, or of its largest worker with --workers
+                 (goal: flat in N)
   output         the Perfetto trace; vs JSON: its size over the same events as merged Chrome JSON
                  (`MergeOptions.chrome_json`, measured in a second run for the N in --json-ranks;
                  goal <= 0.3)
@@ -138,8 +140,8 @@ def _header(document: dict, rank: int, ranks: int) -> bytes:
 
 # --- measuring ----------------------------------------------------------------------------------
 
-def measure_in_child(traces: Path, out: Path, chrome_json: Path | None) -> dict:
-    command = [sys.executable, __file__, "--one-merge", str(traces), str(out)]
+def measure_in_child(traces: Path, out: Path, chrome_json: Path | None, workers: int) -> dict:
+    command = [sys.executable, __file__, "--one-merge", str(traces), str(out), "--workers", str(workers)]
     if chrome_json is not None:
         command += ["--chrome-json", str(chrome_json)]
     completed = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -148,17 +150,17 @@ def measure_in_child(traces: Path, out: Path, chrome_json: Path | None) -> dict:
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def one_merge(traces: Path, out: Path, chrome_json: Path | None) -> dict:
+def one_merge(traces: Path, out: Path, chrome_json: Path | None, workers: int) -> dict:
     from fleetscope.analysis.merge import merge
     from fleetscope.analysis.merge_options import MergeOptions
 
-    started, cpu_started = time.perf_counter(), time.process_time()
-    result = merge(traces, out, options=MergeOptions(chrome_json=chrome_json))
-    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    started, cpu_started = time.perf_counter(), _cpu_s()
+    result = merge(traces, out, options=MergeOptions(chrome_json=chrome_json, workers=workers))
+    elapsed, cpu = time.perf_counter() - started, _cpu_s() - cpu_started
     return {
         "elapsed_s": elapsed,
         "cpu_s": cpu,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": _peak_rss_mb(),
         "output_bytes": result.output_bytes,
         "chrome_json_bytes": result.chrome_json_uncompressed_bytes,
         "ranks": len(result.ranks),
@@ -166,20 +168,33 @@ def one_merge(traces: Path, out: Path, chrome_json: Path | None) -> dict:
     }
 
 
-def run_scale(source: Path, rank_counts: list[int], steps: int, json_ranks: set[int], work: Path) -> list[ScaleRow]:
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its finished worker processes."""
+    own, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + workers.ru_utime + workers.ru_stime
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident set, or with worker processes the largest of them and this one."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return max(own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+
+
+def run_scale(source: Path, rank_counts: list[int], steps: int, json_ranks: set[int], work: Path,
+              workers: int = 1) -> list[ScaleRow]:
     document = json.loads(gzip.decompress(source.read_bytes()) if source.name.endswith(".gz") else source.read_bytes())
     events = tile_steps(document, steps)
     rows = []
     for ranks in rank_counts:
         directory = work / f"ranks{ranks}"
         json_bytes, stored = write_rank_set(document, events, ranks, directory / "traces")
-        merged = measure_in_child(directory / "traces", directory / "merged.perfetto-trace", None)
+        merged = measure_in_child(directory / "traces", directory / "merged.perfetto-trace", None, workers)
         if merged["ranks"] != ranks:
             raise RuntimeError(f"{ranks}-rank set merged {merged['ranks']} ranks: {merged['problems']}")
         chrome = None
         if ranks in json_ranks:
             chrome = measure_in_child(directory / "traces", directory / "with-json.perfetto-trace",
-                                      directory / "merged.trace.json")["chrome_json_bytes"]
+                                      directory / "merged.trace.json", workers)["chrome_json_bytes"]
             (directory / "merged.trace.json").unlink(missing_ok=True)
         rows.append(ScaleRow(
             ranks=ranks, steps=steps, input_json_bytes=json_bytes, input_stored_bytes=stored,
@@ -222,18 +237,19 @@ def main() -> int:
     parser.add_argument("--json-ranks", default="8,64", help="rank counts that also get a merged Chrome JSON")
     parser.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
     parser.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
+    parser.add_argument("--workers", type=int, default=1, help="MergeOptions.workers for every merge")
     parser.add_argument("--one-merge", nargs=2, type=Path, metavar=("TRACES", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--chrome-json", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one_merge:
-        print(json.dumps(one_merge(*args.one_merge, args.chrome_json)))
+        print(json.dumps(one_merge(*args.one_merge, args.chrome_json, args.workers)))
         return 0
     rank_counts = [int(n) for n in args.ranks.split(",") if n]
     json_ranks = {int(n) for n in args.json_ranks.split(",") if n}
     with tempfile.TemporaryDirectory(prefix="merge_scale_") as scratch:
         work = args.work or Path(scratch)
         print(f"source: {args.source} ({args.steps} steps per rank)\n{HEADER}", flush=True)
-        rows = run_scale(args.source, rank_counts, args.steps, json_ranks, work)
+        rows = run_scale(args.source, rank_counts, args.steps, json_ranks, work, args.workers)
     if args.out:
         args.out.write_text(json.dumps([asdict(r) | {"vs_json": r.vs_json} for r in rows], indent=2) + "\n")
     return 0

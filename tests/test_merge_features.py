@@ -13,7 +13,7 @@ from fleetscope.analysis.merge import PROCESS_PID_BASE, merge
 from fleetscope.analysis.merge_options import MergeOptions
 from fleetscope.analysis.perfetto_check import CROSS_RANK_FLOW_BIT, check_trace
 from test_merge import (
-    BASE_NS, MAIN_PID, complete, expected_slices, gpu_rank_events, kernel, kineto_document, rebuilt_slices,
+    BASE_NS, complete, expected_slices, gpu_rank_events, kernel, kineto_document, rebuilt_slices,
     write_trace,
 )
 

@@ -47,21 +47,21 @@ def report_view(report: dict | None, *, rank: int, window_key: int, first_window
     """What the report says about `rank` in the window numbered `window_key`."""
     if report is None:
         return None
-    window = _window_entry(report.get("windows") or [], window_key)
-    stragglers = (window or {}).get("stragglers") or {}
-    ranks_in_window = len((window or {}).get("ranks") or [])
+    window = _dict(_window_entry(report.get("windows"), window_key))
+    stragglers = _dict(window.get("stragglers"))
     return ReportView(
-        rank_summary=_rank_entry(report.get("ranks") or [], rank) if first_window else None,
+        rank_summary=_rank_entry(report.get("ranks"), rank) if first_window else None,
         report_verdict=str(report.get("verdict") or ""),
         window_verdict=str(stragglers.get("verdict") or ""),
         waited_for=stragglers.get("waited_for_rank") == rank,
-        slowest=stragglers.get("slowest_rank") == rank and ranks_in_window > 1,
-        wait=_rank_entry(stragglers.get("by_wait") or [], rank),
-        late_instances=[i for i in stragglers.get("worst_instances") or [] if i.get("last_rank") == rank],
+        slowest=stragglers.get("slowest_rank") == rank and len(_dicts(window.get("ranks"))) > 1,
+        wait=_rank_entry(stragglers.get("by_wait"), rank),
+        late_instances=[i for i in _dicts(stragglers.get("worst_instances")) if i.get("last_rank") == rank],
     )
 
 
-def _window_entry(windows: list[dict], window_key: int) -> dict | None:
+def _window_entry(windows: Any, window_key: int) -> dict | None:
+    windows = _dicts(windows)
     for window in windows:
         if window.get("window") == window_key:
             return window
@@ -69,8 +69,17 @@ def _window_entry(windows: list[dict], window_key: int) -> dict | None:
     return unnumbered[0] if len(unnumbered) == 1 else None
 
 
-def _rank_entry(entries: list[dict], rank: int) -> dict | None:
-    return next((dict(e) for e in entries if isinstance(e, dict) and e.get("rank") == rank), None)
+def _dicts(value: Any) -> list[dict]:
+    """The dict items of a JSON list (a report written by another version may hold anything)."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _rank_entry(entries: Any, rank: int) -> dict | None:
+    return next((dict(e) for e in _dicts(entries) if e.get("rank") == rank), None)
 
 
 def report_clock_offsets_ns(report: dict | None, window_key: int) -> dict[int, int]:
@@ -78,11 +87,10 @@ def report_clock_offsets_ns(report: dict | None, window_key: int) -> dict[int, i
     measured at startup, or refined from collectives). Empty when the report has none."""
     if report is None:
         return {}
-    window = _window_entry(report.get("windows") or [], window_key)
-    clock = (window or {}).get("clock") or {}
+    clock = _dict(_dict(_window_entry(report.get("windows"), window_key)).get("clock"))
     offsets = {}
-    for host in clock.get("hosts") or []:
-        offset_us = host.get("offset_us") if isinstance(host, dict) else None
-        if isinstance(offset_us, (int, float)) and not isinstance(offset_us, bool):
-            offsets.update({rank: round(offset_us * 1000) for rank in host.get("ranks") or [] if isinstance(rank, int)})
+    for host in _dicts(clock.get("hosts")):
+        offset_us, ranks = host.get("offset_us"), host.get("ranks")
+        if isinstance(offset_us, (int, float)) and not isinstance(offset_us, bool) and isinstance(ranks, list):
+            offsets.update({rank: round(offset_us * 1000) for rank in ranks if isinstance(rank, int)})
     return offsets

@@ -238,3 +238,13 @@ def test_worker_processes_write_the_same_trace_and_json(tmp_path):
     assert outputs[1] == outputs[3]
     assert check_trace(tmp_path / "w3.perfetto-trace").ok
     assert not list(tmp_path.glob(".*part"))
+
+
+def test_a_malformed_report_is_ignored_not_fatal(traces, tmp_path):
+    report = {"verdict": 3, "ranks": "x", "windows": [None, {"window": 0, "stragglers": [], "clock": {"hosts": [7]}}]}
+    check = check_trace(merge(traces, tmp_path / "out.perfetto-trace", report=report).output)
+    assert check.ok and not [i for i in check.instants if i.name.startswith(("straggler", "arrived"))]
+    bad_file = tmp_path / "report.json"
+    bad_file.write_text("{not json")
+    result = merge(traces, tmp_path / "out.perfetto-trace", report=bad_file)
+    assert any("analysis report not used" in p.reason for p in result.problems)

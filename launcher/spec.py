@@ -8,7 +8,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..trainer.config import ConfigError, TrainConfig
+from ..trainer.config import ConfigError, TrainConfig, check_degrees
 
 Scheduler = Literal["local", "submitit", "torchx"]
 SCHEDULERS: tuple[str, ...] = typing.get_args(Scheduler)
@@ -80,9 +80,7 @@ class JobSpec:
         _require(self.nproc_per_node >= 1, "nproc_per_node", f"must be >= 1, got {self.nproc_per_node}")
         _require(self.scheduler != "local" or self.nodes == 1, "nodes",
                  "the local scheduler runs on this node only; use submitit or torchx for several nodes")
-        tp = self.train.parallel.tp
-        _require(self.world_size % tp == 0, "parallel.tp",
-                 f"{tp} does not divide the world size {self.world_size} ({self.nodes} x {self.nproc_per_node})")
+        check_degrees(self.train.parallel, self.world_size)
         for name in self.env:
             _require(bool(_ENV_NAME.match(name)), "env", f"{name!r} is not a valid environment variable name")
         _require(bool(self.python), "python", "must not be empty")

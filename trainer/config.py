@@ -76,6 +76,16 @@ class ParallelConfig:
         _require(self.backend in typing.get_args(Backend), "parallel.backend", f"unknown backend {self.backend!r}")
 
 
+def check_degrees(config: ParallelConfig, world_size: int) -> None:
+    """Parallel degrees against the world size (launcher and trainer both call this, before any
+    process group exists)."""
+    if world_size % config.tp:
+        raise ConfigError(f"parallel.tp: {config.tp} does not divide the world size {world_size}")
+    if config.mode == "tp" and config.tp != world_size:
+        raise ConfigError(f"parallel.tp: mode 'tp' shards over all {world_size} ranks, so tp must be "
+                          f"{world_size} (got {config.tp}); use fsdp_tp for data x tensor parallel")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ProfilerSchedule:
     """torch.profiler schedule, in training steps. Each cycle: wait, warmup, active; `repeat` cycles."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from ..traces.layout import RunLayout
 from .config import TrainConfig
@@ -16,7 +17,7 @@ from .data import build_loader, synthetic_plan
 from .fast_moe import install_fast_experts
 from .flops import FlopModel, flop_model, peak_tflops
 from .loss import CausalLMTrainingModule
-from .metrics import MetricsWriter, PhaseTimer, StepMetrics
+from .metrics import MetricsWriter, PhaseTimer, StepMetrics, StepTiming
 from .models import build_model
 from .parallel import parallelize
 from .profiling import PublishedTrace, WindowedProfiler, plan_windows
@@ -35,12 +36,14 @@ class TrainState:
 
 
 def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
+    sharded = runtime.dims.tp > 1
     causal_lm = build_model(config.model, seed=config.seed).to(runtime.device)
     vocab_size = causal_lm.config.vocab_size
     flops = flop_model(causal_lm)
-    if config.performance.fast_experts:
+    # The fast paths work on whole (unsharded) expert and LM-head weights.
+    if config.performance.fast_experts and not sharded:
         install_fast_experts(causal_lm)
-    model = CausalLMTrainingModule(causal_lm, fused_loss=config.performance.fused_loss and runtime.dims.tp == 1,
+    model = CausalLMTrainingModule(causal_lm, fused_loss=config.performance.fused_loss and not sharded,
                                    chunk_tokens=config.performance.loss_chunk_tokens)
     model = parallelize(model, dims=runtime.dims, mesh=runtime.mesh, parallel=config.parallel,
                         performance=config.performance, device=runtime.device)
@@ -86,11 +89,28 @@ def train_step(state: TrainState, batches: Iterator[torch.Tensor], config: Train
         timer.mark("optimizer")
         with phase("optimizer_step", runtime):
             if config.optim.grad_clip:
-                torch.nn.utils.clip_grad_norm_(state.model.parameters(), config.optim.grad_clip)
+                clip_grad_norm(list(state.model.parameters()), config.optim.grad_clip)
             state.optimizer.step()
             state.optimizer.zero_grad(set_to_none=True)
         timer.mark("end")
     return loss.detach()
+
+
+def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip the global gradient norm; works for any mix of plain and DTensor (sharded) gradients."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    squares = [_local_norm(g) ** 2 for g in grads]
+    total = torch.stack(squares).sum().sqrt() if squares else torch.zeros(())
+    scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for grad in grads:
+        grad.mul_(scale.to(grad.device))
+    return total
+
+
+def _local_norm(grad: torch.Tensor) -> torch.Tensor:
+    """The norm of the whole (unsharded) gradient, as a plain fp32 scalar."""
+    norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 class InjectedFault(RuntimeError):
@@ -122,6 +142,16 @@ def step_metrics(step: int, loss: torch.Tensor, spans: dict[str, float], config:
     )
 
 
+@dataclass(frozen=True)
+class PendingStep:
+    """A launched step whose loss and timings are read only after the next step is launched."""
+
+    step: int
+    loss: torch.Tensor
+    timing: StepTiming
+    profiled: bool
+
+
 def train(config: TrainConfig, runtime: Runtime) -> list[StepMetrics]:
     layout = RunLayout.at(config.run_dir)
     state = build_state(config, runtime)
@@ -134,16 +164,27 @@ def train(config: TrainConfig, runtime: Runtime) -> list[StepMetrics]:
     profiled_steps = {s for w in windows for s in range(w.warmup_start, w.end)}
     writer = MetricsWriter(layout.metrics_file(runtime.rank))
     timer = PhaseTimer(runtime.use_cuda)
-    history = []
+    history: list[StepMetrics] = []
+
+    def record(pending: PendingStep) -> None:
+        metrics = step_metrics(pending.step, pending.loss, pending.timing.durations_ms(), config, runtime, state,
+                               pending.profiled)
+        writer.write(metrics)
+        history.append(metrics)
+        _log_step(metrics, runtime)
+
+    pending = None
     try:
         for step in range(state.step, config.steps):
             with profiler.step_context(step):
                 loss = train_step(state, batches, config, runtime, timer)
-            metrics = step_metrics(step, loss, timer.durations_ms(), config, runtime, state, step in profiled_steps)
-            writer.write(metrics)
-            history.append(metrics)
+            launched = PendingStep(step, loss, timer.finish(), step in profiled_steps)
             state.step = step + 1
-            _log_step(metrics, runtime)
+            if pending is not None:
+                record(pending)  # the previous step: its GPU work is done or nearly so
+            pending = launched
+        if pending is not None:
+            record(pending)
     finally:
         profiler.close()
         writer.close()

@@ -11,11 +11,29 @@ from typing import IO
 import torch
 
 
+class StepTiming:
+    """The phase boundaries of one step; reading them waits for that step's GPU work only."""
+
+    def __init__(self, marks: list[tuple[str, object]], use_cuda: bool):
+        self._marks = marks
+        self._use_cuda = use_cuda
+
+    def durations_ms(self) -> dict[str, float]:
+        """`{phase: ms}` between consecutive marks (the last mark only ends the previous phase)."""
+        if self._use_cuda:
+            self._marks[-1][1].synchronize()
+        return {
+            name: start.elapsed_time(end) if self._use_cuda else (end - start) * 1e3
+            for (name, start), (_, end) in zip(self._marks, self._marks[1:])
+        }
+
+
 class PhaseTimer:
-    """Marks phase boundaries in one step; durations come out in milliseconds.
+    """Marks phase boundaries in one step.
 
     On CUDA the marks are events on the current stream, so the numbers are GPU time between the
-    boundaries, read once per step after the step's last kernel; on CPU, wall time.
+    boundaries; they are read a step later (see the train loop) so that reading them never stalls
+    the GPU. On CPU, wall time.
     """
 
     def __init__(self, use_cuda: bool):
@@ -30,15 +48,10 @@ class PhaseTimer:
         else:
             self._marks.append((name, time.perf_counter()))
 
-    def durations_ms(self) -> dict[str, float]:
-        """`{phase: ms}` between consecutive marks (the last mark only ends the previous phase)."""
-        if self._use_cuda:
-            self._marks[-1][1].synchronize()
-        spans = {}
-        for (name, start), (_, end) in zip(self._marks, self._marks[1:]):
-            spans[name] = start.elapsed_time(end) if self._use_cuda else (end - start) * 1e3
-        self._marks.clear()
-        return spans
+    def finish(self) -> StepTiming:
+        timing = StepTiming(self._marks, self._use_cuda)
+        self._marks = []
+        return timing
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from .config import ConfigError, ParallelConfig, PerformanceConfig
+from .config import ConfigError, ParallelConfig, PerformanceConfig, check_degrees
 from .models import decoder_layers
 
 
@@ -22,10 +22,7 @@ class ParallelDims:
 
     @classmethod
     def from_config(cls, config: ParallelConfig, world_size: int) -> "ParallelDims":
-        if world_size % config.tp:
-            raise ConfigError(
-                f"parallel.tp: {config.tp} does not divide the world size {world_size}"
-            )
+        check_degrees(config, world_size)
         return cls(world_size=world_size, dp=world_size // config.tp, tp=config.tp, mode=config.mode)
 
     @property
@@ -53,16 +50,42 @@ def parallelize(
     performance: PerformanceConfig,
     device: torch.device,
 ) -> torch.nn.Module:
-    """Apply, in this fixed order: tensor parallel -> activation checkpointing -> compile -> FSDP2 or DDP."""
+    """Apply, in this fixed order: tensor parallel -> activation checkpointing -> compile -> FSDP2 or DDP.
+
+    Every rank holds the same seeded weights when this runs, so sharding slices them locally.
+    """
     if dims.tp > 1:
-        raise ConfigError("parallel.mode: tensor parallel is not available in this build")
+        apply_tensor_parallel(model, mesh["tp"])
     apply_activation_checkpointing(model, performance.activation_checkpointing)
     apply_regional_compile(model, performance.compile)
-    if dims.mode == "fsdp":
+    if dims.mode in ("fsdp", "fsdp_tp"):
         return _apply_fsdp(model, mesh["dp"], parallel=parallel, performance=performance, device=device)
     if dims.dp == 1:
         return model  # one replica: nothing to synchronize
     return _apply_ddp(model, mesh["dp"], parallel=parallel, device=device)
+
+
+def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Shard with the family's own tensor-parallel plan (its transformers config's `base_model_tp_plan`:
+    attention heads colwise/rowwise, experts' FFN packed-colwise/rowwise with an output all-reduce,
+    vocabulary-sharded embedding and LM head where the family plans them)."""
+    causal_lm = getattr(model, "causal_lm", model)
+    plan = tensor_parallel_plan(causal_lm)
+    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+
+    apply_tensor_parallelism(causal_lm, tp_mesh, plan)
+
+
+def tensor_parallel_plan(causal_lm: torch.nn.Module) -> dict[str, str]:
+    """The family's plan with `*` expanded to concrete module and parameter names."""
+    plan = dict(getattr(causal_lm, "tp_plan", None) or {})
+    expand = getattr(causal_lm, "_expand_parallel_plan", None)
+    if not plan or expand is None:
+        raise ConfigError(
+            f"parallel.mode: {type(causal_lm).__name__} has no tensor-parallel plan in this transformers "
+            "version (tensor parallel needs transformers 5.24)"
+        )
+    return expand(plan)
 
 
 def apply_activation_checkpointing(model: torch.nn.Module, policy: str) -> None:

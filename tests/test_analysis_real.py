@@ -39,6 +39,8 @@ JOB = textwrap.dedent(f"""
     skew_ns = {SKEW_MS} * 1_000_000 if rank == 1 else 0
     skewed = measure_clock_offset(now_ns=lambda: time.time_ns() + skew_ns)
     write_clock_offset(skewed, layout.root.parent / "skewed_clock" / f"rank{{rank}}.json")
+    through_store = measure_clock_offset(transport="store", now_ns=lambda: time.time_ns() + skew_ns)
+    write_clock_offset(through_store, layout.root.parent / "skewed_clock_store" / f"rank{{rank}}.json")
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(
         torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128)))
@@ -135,8 +137,9 @@ def test_real_clock_offsets_are_measured(gloo_run):
     assert one.round_trips == DEFAULT_ROUND_TRIPS and 0 < one.uncertainty_us < 5000
     # both ranks read the same host clock: the true offset is 0, inside the bound by construction
     assert abs(one.offset_us) <= one.uncertainty_us
-    skewed = ClockOffset.from_json(json.loads((gloo_run.root.parent / "skewed_clock" / "rank1.json").read_text()))
-    assert abs(skewed.offset_us - SKEW_MS * 1000) <= skewed.uncertainty_us
+    for transport_dir in ("skewed_clock", "skewed_clock_store"):
+        skewed = ClockOffset.from_json(json.loads((gloo_run.root.parent / transport_dir / "rank1.json").read_text()))
+        assert abs(skewed.offset_us - SKEW_MS * 1000) <= skewed.uncertainty_us < 5000, transport_dir
 
 
 def _skewed_copy(layout: RunLayout, destination: Path, *, with_clock_files: bool) -> RunLayout:

@@ -10,8 +10,14 @@ milliseconds even under NTP. Right after `init_process_group`, every rank calls 
 offset = (t0 + t2) / 2 - t1 estimates (rank r's clock - rank 0's clock), exactly when the two legs take
 equal time and within +/- (t2 - t0) / 2 in any case. Of several round trips the one with the shortest
 round trip is kept: its bound is the tightest. Rank 0 serves one peer at a time (a `go` message starts each
-peer, so no round trip includes waiting for another peer). With NCCL the messages are one-element device
-tensors and the clock is read after a device synchronization.
+peer, so no round trip includes waiting for another peer).
+
+Two transports carry the messages; the bound above holds for either, whatever path a message takes:
+  - "group": point-to-point sends of one-element tensors over the process group (the default for gloo:
+    direct TCP between the pair; on NCCL, device tensors read after a synchronization);
+  - "store": keys in the rendezvous store (the default otherwise: NCCL would build a communicator for
+    every (0, r) pair, which at a thousand ranks costs more than the whole measurement).
+Store keys are left in place (two small keys per round trip, under `fleetscope/clock/`).
 
 Each rank writes `clock/rank<R>.json` (RunLayout.clock_file) atomically. Convert a timestamp of rank r to
 rank 0's clock with `t_rank0 = t_r - offset_us`.
@@ -94,18 +100,26 @@ def best_estimate(samples: list[RoundTrip], *, rank: int, host: str, measured_at
     )
 
 
-def measure_clock_offset(*, group=None, round_trips: int = DEFAULT_ROUND_TRIPS, device=None,
-                         now_ns: Callable[[], int] = time.time_ns) -> ClockOffset:
+TRANSPORTS = ("auto", "group", "store")
+
+
+def measure_clock_offset(*, group=None, round_trips: int = DEFAULT_ROUND_TRIPS, transport: str = "auto",
+                         device=None, now_ns: Callable[[], int] = time.time_ns) -> ClockOffset:
     """Measure this rank's clock offset to the group's rank 0. Collective: every rank of `group` calls it.
 
-    `device`: where the message tensors live; default cuda (current device) for NCCL, else cpu.
+    `transport`: "group", "store", or "auto" (group for gloo, store otherwise; see the module docstring).
+    `device`: where "group" messages live; default cuda (current device) for NCCL, else cpu.
     `now_ns`: the clock to measure (tests inject a skewed one).
     """
     import torch.distributed as dist
 
     if round_trips < 1:
         raise ValueError(f"round_trips must be >= 1, got {round_trips}")
-    channel = _Channel(group, device)
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+    if transport == "auto":
+        transport = "group" if dist.get_backend(group) == "gloo" else "store"
+    channel = _Channel(group, device) if transport == "group" else _StoreChannel(group)
     me, size = dist.get_rank(group), dist.get_world_size(group)
     host = socket.gethostname()
     if me == 0:
@@ -117,11 +131,13 @@ def measure_clock_offset(*, group=None, round_trips: int = DEFAULT_ROUND_TRIPS, 
     return best_estimate(samples, rank=channel.global_rank(me), host=host, measured_at_ns=now_ns())
 
 
-def record_clock_offset(layout: RunLayout, *, group=None, round_trips: int = DEFAULT_ROUND_TRIPS, device=None,
+def record_clock_offset(layout: RunLayout, *, group=None, round_trips: int = DEFAULT_ROUND_TRIPS,
+                        transport: str = "auto", device=None,
                         now_ns: Callable[[], int] = time.time_ns) -> ClockOffset:
-    """Measure (collectively) and write this rank's `clock/rank<R>.json`; what the trainer calls after
-    `init_process_group`."""
-    offset = measure_clock_offset(group=group, round_trips=round_trips, device=device, now_ns=now_ns)
+    """Measure (collectively) and write this rank's `clock/rank<R>.json`; what the trainer calls on every
+    rank right after `init_process_group`."""
+    offset = measure_clock_offset(group=group, round_trips=round_trips, transport=transport, device=device,
+                                  now_ns=now_ns)
     write_clock_offset(offset, layout.clock_file(offset.rank))
     return offset
 
@@ -186,5 +202,43 @@ class _Channel:
             sent = now_ns()
             self._send(sent, 0)
             reference = self._recv(0)
+            samples.append(RoundTrip(sent_ns=sent, reference_ns=reference, received_ns=now_ns()))
+        return samples
+
+
+class _StoreChannel:
+    """The same exchange through the rendezvous store (see the module docstring)."""
+
+    _PREFIX = "fleetscope/clock"
+
+    def __init__(self, group) -> None:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+
+        self._dist, self._group = dist, group
+        self._store = distributed_c10d._get_default_store()
+        self._ranks = [dist.get_global_rank(group, r) if group is not None else r
+                       for r in range(dist.get_world_size(group))]
+
+    def global_rank(self, group_rank: int) -> int:
+        return self._ranks[group_rank]
+
+    def _key(self, peer: int, *parts: object) -> str:
+        return "/".join([self._PREFIX, str(self.global_rank(0)), str(self.global_rank(peer)), *map(str, parts)])
+
+    def serve(self, peer: int, round_trips: int, now_ns: Callable[[], int]) -> None:
+        self._store.set(self._key(peer, "go"), b"1")
+        for trip in range(round_trips):
+            self._store.get(self._key(peer, trip, "ping"))
+            self._store.set(self._key(peer, trip, "pong"), str(now_ns()).encode())
+
+    def ping(self, round_trips: int, now_ns: Callable[[], int]) -> list[RoundTrip]:
+        me = self._dist.get_rank(self._group)
+        self._store.get(self._key(me, "go"))
+        samples = []
+        for trip in range(round_trips):
+            sent = now_ns()
+            self._store.set(self._key(me, trip, "ping"), b"1")
+            reference = int(self._store.get(self._key(me, trip, "pong")))
             samples.append(RoundTrip(sent_ns=sent, reference_ns=reference, received_ns=now_ns()))
         return samples

@@ -350,7 +350,16 @@ def track_key(thread: tuple, gpu_threads: dict[tuple, Any]) -> TrackKey:
     pid, tid = thread
     if thread in gpu_threads:
         return ("gpu", pid, tid)
-    return ("cpu", pid, tid) if isinstance(pid, int) and isinstance(tid, int) else ("other", pid, tid)
+    if isinstance(pid, int) and isinstance(tid, int):
+        return ("cpu", pid, tid)
+    if pid in KINETO_PROFILER_PIDS:
+        return PROFILER_TRACK
+    return ("other", pid, tid)
+
+
+KINETO_PROFILER_PIDS = frozenset({"Spans", "Traces", ""})
+"""Kineto's pseudo-processes for the profiler's own span and markers: they share one track."""
+PROFILER_TRACK = ("other", "profiler", "")
 
 
 def _thread_sort_key(thread: tuple, grouped: GroupedEvents) -> tuple:
@@ -381,14 +390,16 @@ def _track_name(key: TrackKey, thread: tuple, grouped: GroupedEvents) -> str:
         return named
     if kind == "cpu":
         return f"thread {tid}"
-    return str(tid or pid or "profiler")
+    return "PyTorch Profiler" if key == PROFILER_TRACK else f"{pid} {tid}".strip()
 
 
 def _plan_slices(grouped: GroupedEvents, tracks: RankTracks, plan: WindowPlan) -> None:
+    by_track: dict[TrackKey, list[Slice]] = defaultdict(list)
     for thread, slices in grouped.slices.items():
+        by_track[track_key(thread, grouped.gpu_threads)] += slices
+    for key, slices in by_track.items():
         if not slices:
             continue
-        key = track_key(thread, grouped.gpu_threads)
         lane_count = lay_out_track(key, slices, tracks, plan.operations, plan.new_tracks)
         plan.slice_count += len(slices)
         plan.overlap_lane_count += lane_count - 1

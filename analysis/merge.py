@@ -14,7 +14,8 @@ writes ONE native Perfetto protobuf trace:
 
 The trace is streamed: ranks are read one at a time (a rank's windows one after another, all into
 its process) and written packet by packet with interned names, so memory is bounded by one trace
-file however many ranks there are.
+file however many ranks there are (one per worker process with `MergeOptions.workers`, which gives
+the same bytes faster).
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ class MergeResult:
     elapsed_s: float
     per_rank: list[RankMergeSummary] = field(default_factory=list)
     problems: list[MergeProblem] = field(default_factory=list)
+    """Inputs that could not be used: unreadable or missing traces, a bad clock file or report."""
+    notes: list[MergeProblem] = field(default_factory=list)
+    """Events repaired or left out of a usable trace (e.g. negative durations clamped to 0, an
+    unsupported phase), counted per file and reason."""
     chrome_json: Path | None = None
     chrome_json_uncompressed_bytes: int | None = None
 
@@ -123,13 +128,13 @@ def merge(
     inputs = find_merge_inputs(path, offsets_ns=offsets_ns)
     selected = _select_ranks(inputs, options.ranks)
     destination = _output_path(inputs, out)
-    problems = list(inputs.problems)
+    problems, notes = list(inputs.problems), []
     report_json = load_report(report, inputs.run_layout, problems) if options.overlays else None
     json_writer = ChromeJsonWriter(options.chrome_json) if options.chrome_json else None
     try:
         with _atomic_output(destination) as handle, _cyclic_gc_paused():
             session = _MergeSession(stream=PacketStream(handle), options=options, report=report_json,
-                                    json_writer=json_writer, problems=problems)
+                                    json_writer=json_writer, problems=problems, notes=notes)
             summaries = _merge_ranks(session, selected, handle, destination, progress)
             session.stream.flush()
         if json_writer is not None:
@@ -148,6 +153,7 @@ def merge(
         elapsed_s=time.perf_counter() - started,
         per_rank=summaries,
         problems=problems,
+        notes=notes,
         chrome_json=json_writer.path if json_writer else None,
         chrome_json_uncompressed_bytes=json_writer.uncompressed_bytes if json_writer else None,
     )
@@ -227,6 +233,7 @@ class _MergeSession:
     report: dict | None
     json_writer: ChromeJsonWriter | None
     problems: list[MergeProblem]
+    notes: list[MergeProblem]
     origin_ns: int | None = None
     """The first merged event: where `options.time_window_s` counts from."""
     preamble_written: bool = False
@@ -292,7 +299,7 @@ class _MergeSession:
         if self.origin_ns is None:
             self.origin_ns = plan.origin_ns
         for reason, count in sorted(plan.skipped.items()):
-            self.problems.append(MergeProblem(path=str(trace_file.path), rank=source.rank,
+            self.notes.append(MergeProblem(path=str(trace_file.path), rank=source.rank,
                                               reason=f"{count} events: {reason}"))
         return plan, document["traceEvents"]
 
@@ -413,6 +420,7 @@ class _PartJob:
 class _PartOutcome:
     summary: RankMergeSummary
     problems: list[MergeProblem]
+    notes: list[MergeProblem]
 
 
 def merge_in_workers(session: _MergeSession, sources: list[RankSource], handle: IO[bytes], destination: Path,
@@ -426,6 +434,7 @@ def merge_in_workers(session: _MergeSession, sources: list[RankSource], handle: 
             for job, outcome in zip(jobs, pool.map(merge_part, jobs)):
                 _append_part(job, handle, session.json_writer)
                 session.problems.extend(outcome.problems)
+                session.notes.extend(outcome.notes)
                 summaries.append(outcome.summary)
                 if progress is not None:
                     progress(outcome.summary)
@@ -454,12 +463,13 @@ def merge_part(job: _PartJob) -> _PartOutcome:
         if job.json_part_path is not None else None
     with open(job.part_path, "wb") as handle, _cyclic_gc_paused():
         session = _MergeSession(stream=PacketStream(handle), options=job.options, report=job.report,
-                                json_writer=json_writer, problems=[], origin_ns=job.origin_ns, preamble_written=True)
+                                json_writer=json_writer, problems=[], notes=[], origin_ns=job.origin_ns,
+                                preamble_written=True)
         summary = session.merge_rank(job.source, None)
         session.stream.flush()
     if json_writer is not None:
         json_writer.close()
-    return _PartOutcome(summary=summary, problems=session.problems)
+    return _PartOutcome(summary=summary, problems=session.problems, notes=session.notes)
 
 
 def _append_part(job: _PartJob, handle: IO[bytes], json_writer: ChromeJsonWriter | None) -> None:

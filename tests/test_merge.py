@@ -183,8 +183,9 @@ def test_every_complete_event_becomes_a_slice_with_its_exact_interval(two_rank_d
         expected = expected_slices(document)
         assert result.slices_per_rank[rank] == sum(expected.values())
         assert rebuilt_slices(check, process) == expected
-    negative = [p for p in result.problems if "negative duration" in p.reason]
+    negative = [p for p in result.notes if "negative duration" in p.reason]
     assert len(negative) == 2 and all(p.path for p in negative)
+    assert result.problems == []
 
 
 def test_tracks_are_named_for_threads_and_gpu_streams_with_overlap_lanes(two_rank_dir, tmp_path):

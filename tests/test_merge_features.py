@@ -248,3 +248,13 @@ def test_a_malformed_report_is_ignored_not_fatal(traces, tmp_path):
     bad_file.write_text("{not json")
     result = merge(traces, tmp_path / "out.perfetto-trace", report=bad_file)
     assert any("analysis report not used" in p.reason for p in result.problems)
+
+
+def test_old_and_new_nccl_kernel_names_are_the_same_collective(tmp_path):
+    names = {0: "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", 1: "ncclDevKernel_AllReduce_Sum_f32_RING_LL"}
+    for rank, name in names.items():
+        events = [complete("ProfilerStep#1", 0, 500, cat="user_annotation"), kernel(name, 10 + rank, 100, stream=20)]
+        write_trace(tmp_path / "t" / f"rank{rank}.json", kineto_document(rank, events))
+    check = check_trace(merge(tmp_path / "t", tmp_path / "out.perfetto-trace").output)
+    cross = [(a[2], b[2]) for flow_id, a, b in check.arrows if flow_id & CROSS_RANK_FLOW_BIT]
+    assert cross == [(names[0], names[1])]

@@ -14,7 +14,7 @@ from typing import Callable
 
 from fleetscope.traces.writer import write_bytes_atomically
 
-from .assemble import build_report, hta_for_window, no_hta
+from .assemble import DEFAULT_HTA_MAX_RANKS, build_report, hta_runner, no_hta
 from .inputs import AnalysisInput, resolve_input
 from .placement import Placement, place_foreign_traces
 from .rank import RankResult, TraceFailure, TraceSource, analyze_trace
@@ -29,8 +29,9 @@ Progress = Callable[[int, int], None]
 
 
 def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: str | Path | None = None,
-            write_default_outputs: bool = True, use_hta: bool = True, workers: int | None = None,
-            min_lateness_us: float = DEFAULT_MIN_LATENESS_US, progress: Progress | None = None) -> Report:
+            write_default_outputs: bool = True, use_hta: bool = True, hta_max_ranks: int = DEFAULT_HTA_MAX_RANKS,
+            workers: int | None = None, min_lateness_us: float = DEFAULT_MIN_LATENESS_US,
+            progress: Progress | None = None) -> Report:
     """Analyze a run directory, a directory of Kineto traces, or one trace file.
 
     Writes the JSON report to `json_out` and the HTML report to `html_out` when given. For a run directory,
@@ -38,6 +39,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     report/report.html; nothing is ever written into a foreign trace directory unless asked.
     Raises FileNotFoundError / ValueError when `path` holds no traces at all; unusable traces are
     reported in `Report.problems` (and make `Report.complete` false), never raised.
+    HTA runs on GPU windows unless `use_hta` is false, on at most `hta_max_ranks` ranks per window.
     """
     inputs = resolve_input(path)
     outcomes = analyze_sources(inputs.sources, workers=workers, progress=progress)
@@ -50,7 +52,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         missing=placement.missing,
         world_size=inputs.world_size,
         notes=inputs.notes + placement.notes,
-        hta=hta_for_window if use_hta else no_hta,
+        hta=hta_runner(hta_max_ranks) if use_hta else no_hta,
         measured_offsets=inputs.measured_offsets,
         min_lateness_us=min_lateness_us,
     )

@@ -2,44 +2,74 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from datetime import datetime, timezone
 from typing import Callable
 
 import numpy as np
 
+from .arrivals import arrival_matrix
+from .clock_align import MeasuredOffset, align_clocks
 from .collectives import SOURCE_NCCL
 from .hta_views import HtaViews, run_hta, skipped
 from .kernels import combine as combine_kernels
 from .rank import RankResult, TraceFailure
 from .report import MissingTrace, Problem, RankReport, RankSummary, Report, WindowReport
 from .steps import StepStats
-from .arrivals import arrival_matrix
-from .clock_align import MeasuredOffset, align_clocks
-from .stragglers import DEFAULT_MIN_LATENESS_US, find_stragglers
+from .stragglers import DEFAULT_MIN_LATENESS_US, Stragglers, find_stragglers
 
-HtaRunner = Callable[[list[RankResult]], HtaViews]
-
-
-def hta_for_window(results: list[RankResult]) -> HtaViews:
-    """HTA on the window's GPU traces; skipped with the reason when it does not apply."""
-    gpu = {r.rank: r.path for r in results if r.has_gpu}
-    if not gpu:
-        return skipped("CPU-only traces (no GPU kernels): HTA does not apply; fleetscope's own metrics cover them")
-    has_comm_kernels = any(r.collectives.source == SOURCE_NCCL for r in results if r.has_gpu)
-    return run_hta(gpu, has_comm_kernels=has_comm_kernels)
+HtaRunner = Callable[[list[RankResult], Stragglers], HtaViews]
+DEFAULT_HTA_MAX_RANKS = 16
+"""Stock HTA needs seconds and tens of MB per rank: past this many ranks it gets a chosen subset."""
 
 
-def no_hta(results: list[RankResult]) -> HtaViews:
+def hta_runner(max_ranks: int = DEFAULT_HTA_MAX_RANKS) -> HtaRunner:
+    """HTA on a window's GPU traces (at most `max_ranks` of them); skipped with the reason when it does
+    not apply."""
+    if max_ranks < 1:
+        raise ValueError(f"hta max_ranks must be >= 1, got {max_ranks}")
+
+    def run(results: list[RankResult], stragglers: Stragglers) -> HtaViews:
+        gpu = [r for r in results if r.has_gpu]
+        if not gpu:
+            return skipped("CPU-only traces (no GPU kernels): HTA does not apply; fleetscope's own metrics cover them")
+        chosen = hta_ranks([r.rank for r in gpu], stragglers, max_ranks)
+        has_comm_kernels = any(r.collectives.source == SOURCE_NCCL for r in gpu)
+        views = run_hta({r.rank: r.path for r in gpu if r.rank in chosen}, has_comm_kernels=has_comm_kernels)
+        if len(chosen) < len(gpu):
+            note = (f"HTA ran on {len(chosen)} of {len(gpu)} ranks (the first, the slowest, the one waited for, "
+                    f"then evenly spaced): {', '.join(map(str, chosen))}")
+            views = dataclasses.replace(views, reason=f"{views.reason}; {note}" if views.reason else note)
+        return views
+
+    return run
+
+
+def hta_ranks(ranks: list[int], stragglers: Stragglers, max_ranks: int) -> list[int]:
+    """All ranks when few; else the first, the slowest, the one waited for, then evenly spaced ones."""
+    ranks = sorted(ranks)
+    if len(ranks) <= max_ranks:
+        return ranks
+    chosen = [r for r in (ranks[0], stragglers.slowest_rank, stragglers.waited_for_rank) if r in ranks]
+    for index in np.linspace(0, len(ranks) - 1, num=max_ranks).round().astype(int):
+        if len(set(chosen)) >= max_ranks:
+            break
+        chosen.append(ranks[index])
+    return sorted(set(chosen))[:max_ranks]
+
+
+def no_hta(results: list[RankResult], stragglers: Stragglers) -> HtaViews:
     return skipped("HTA not requested")
 
 
 def build_report(*, source_path: str, source_kind: str, results: list[RankResult],
                  failures: list[TraceFailure], missing: list[MissingTrace], world_size: int | None,
-                 notes: list[str], hta: HtaRunner = hta_for_window,
+                 notes: list[str], hta: HtaRunner | None = None,
                  measured_offsets: dict[int, MeasuredOffset] | None = None,
                  min_lateness_us: float = DEFAULT_MIN_LATENESS_US) -> Report:
     """Assemble the report. `measured_offsets[rank]`: that rank's clock minus rank 0's, from its clock file."""
+    hta = hta or hta_runner()
     windows = [
         _window_report(window, group, hta, measured_offsets or {}, min_lateness_us)
         for window, group in _by_window(results)
@@ -74,14 +104,15 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
     matrix = arrival_matrix(results)
     clock = align_clocks(matrix, _ranks_by_host(results), measured)
     aligned = matrix.shifted(clock.offsets_us()) if matrix is not None else None
+    stragglers = find_stragglers(results, aligned, min_lateness_us=min_lateness_us)
     return WindowReport(
         window=window,
         steps=sorted({s.step for r in results for s in r.steps}),
         ranks=[_rank_report(r) for r in results],
         clock=clock,
-        stragglers=find_stragglers(results, aligned, min_lateness_us=min_lateness_us),
+        stragglers=stragglers,
         top_kernels=combine_kernels([r.top_kernels for r in results]),
-        hta=hta(results),
+        hta=hta(results, stragglers),
         notes=_window_notes(results),
     )
 

@@ -82,3 +82,12 @@ def test_one_gpu_rank_says_why_hta_straggler_view_is_absent(tmp_path):
     hta = analyze(tmp_path).windows[0].hta
     assert hta.status == "ok"
     assert "two ranks" in hta.not_applicable["potential_stragglers"]
+
+
+def test_hta_gets_a_chosen_subset_of_many_ranks(tmp_path):
+    make_trace_set(_hand_built_nccl(tmp_path), tmp_path / "set", TraceSetSpec(ranks=6, late_rank=4, late_us=LATE_US))
+    report = analyze(tmp_path / "set", hta_max_ranks=3)
+    hta = report.windows[0].hta
+    chosen = sorted(row["rank"] for row in hta.tables["temporal_breakdown"])
+    assert chosen == [0, 2, 4]          # the first, the one waited for, then evenly spaced
+    assert "HTA ran on 3 of 6 ranks" in hta.reason

@@ -28,7 +28,7 @@ def stacked_bars(rows: list[tuple[str, list[Segment]]], *, unit: str, colors: di
     label_w, bar_h, gap = 80, _row_height(len(rows)), 2
     total = max((sum(s.value for s in segs) for _, segs in rows), default=0.0) or 1.0
     scale = (width - label_w - 10) / total
-    height = len(rows) * (bar_h + gap) + 30
+    height = len(rows) * (bar_h + gap) + 44
     parts = [_open(width, height)]
     for index, (label, segments) in enumerate(rows):
         y = index * (bar_h + gap)
@@ -41,6 +41,7 @@ def stacked_bars(rows: list[tuple[str, list[Segment]]], *, unit: str, colors: di
             parts.append(_rect(x, y, w, bar_h, colors.get(segment.name, "#999"), tip))
             x += w
     parts.append(_legend(list(colors.items()), 10, height - 12))
+    parts.append(_text(width - 6, len(rows) * (bar_h + gap) + 12, f"longest bar {total:.2f} {unit}", anchor="end"))
     parts.append("</svg>")
     return "".join(parts)
 

@@ -228,7 +228,7 @@ def fleetscope_step_function(variant: str, shape: Shape):
 
     def step() -> float:
         loss = train_step(state, data, config, runtime, timer)
-        timer.durations_ms()
+        timer.finish()
         state.step += 1
         return loss.item()
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from .layout import CHECKPOINTS_DIR, CLOCK_DIR, JOB_FILE, LOGS_DIR, MANIFEST_FILE, METRICS_DIR, REPORT_DIR
+from .layout import CHECKPOINTS_DIR, CLOCK_DIR, JOB_FILE, LOGS_DIR, MANIFEST_FILE, MEMORY_DIR, METRICS_DIR, REPORT_DIR
 
 TRACE_GLOBS = ("*.json", "*.json.gz")
 
@@ -113,7 +113,7 @@ def find_trace_files(directory: Path) -> list[Path]:
 def _is_fleetscope_output(path: Path, root: Path) -> bool:
     relative = path.relative_to(root).parts
     hidden = any(part.startswith(".") for part in relative)
-    own_dirs = {REPORT_DIR, METRICS_DIR, CLOCK_DIR, LOGS_DIR, CHECKPOINTS_DIR}
+    own_dirs = {REPORT_DIR, METRICS_DIR, CLOCK_DIR, LOGS_DIR, CHECKPOINTS_DIR, MEMORY_DIR}
     own = len(relative) > 1 and relative[0] in own_dirs
     top_level_meta = len(relative) == 1 and relative[0] in {JOB_FILE, MANIFEST_FILE}
     return hidden or own or top_level_meta

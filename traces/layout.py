@@ -11,6 +11,7 @@ Every path a writer or a reader uses is built here, so the two can never disagre
       logs/                    per-rank stdout/stderr
       report/                  report.json, report.html, merged.perfetto-trace
       checkpoints/
+      memory/rank<R>.<when>.pickle   CUDA allocator snapshots (open at pytorch.org/memory_viz)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ CLOCK_DIR = "clock"
 LOGS_DIR = "logs"
 REPORT_DIR = "report"
 CHECKPOINTS_DIR = "checkpoints"
+MEMORY_DIR = "memory"
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -138,6 +140,13 @@ class RunLayout:
     @property
     def merged_json(self) -> Path:
         return self.report_dir / MERGED_JSON
+
+    @property
+    def memory_dir(self) -> Path:
+        return self.root / MEMORY_DIR
+
+    def memory_snapshot(self, rank: int, when: str) -> Path:
+        return self.memory_dir / f"rank{rank}.{when}.pickle"
 
     def metrics_file(self, rank: int) -> Path:
         return self.metrics_dir / f"rank{rank}.jsonl"

@@ -23,6 +23,8 @@ Backend = Literal["auto", "nccl", "gloo"]
 CompileMode = Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 ActivationCheckpointing = Literal["none", "full", "selective"]
 DataSource = Literal["synthetic", "text", "tokens"]
+Tokenizer = Literal["bytes", "bpe"]
+TokenDtype = Literal["uint16", "uint32"]
 
 
 class ConfigError(ValueError):
@@ -125,6 +127,11 @@ class DataConfig:
     """synthetic random tokens, a local UTF-8 `text` file, or a `tokens` file (flat uint16/uint32 array)."""
     path: str = ""
     """File for the text and tokens sources."""
+    tokenizer: Tokenizer = "bytes"
+    """text source: UTF-8 bytes as ids 3..258 (offline, fixed), or a byte-level BPE trained on the file
+    itself to the model's vocabulary size (offline, deterministic)."""
+    token_dtype: TokenDtype = "uint16"
+    """tokens source: element type of the flat token-id file (memory-mapped)."""
     batch_size: int = 4
     """Sequences per data-parallel rank per step."""
     seq_len: int = 128
@@ -146,6 +153,7 @@ class DataConfig:
         _require(self.num_workers >= 0, "data.num_workers", "must be >= 0")
         _require(self.prefetch_factor >= 1, "data.prefetch_factor", "must be >= 1")
         _require(self.source == "synthetic" or bool(self.path), "data.path", f"is required for source {self.source!r}")
+        _require(self.source in typing.get_args(DataSource), "data.source", f"unknown source {self.source!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -211,6 +219,31 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ObservabilityConfig:
+    """What each rank records besides traces and step metrics."""
+
+    clock_round_trips: int = 16
+    """Round trips to rank 0 when measuring this rank's clock offset at startup (0: skip)."""
+    mllog: bool = False
+    """Also print MLPerf-style `:::MLLOG` lines (rank 0) with the per-step time breakdown."""
+    memory_snapshot_step: int = -1
+    """CUDA: record allocator history and dump a snapshot after this step (-1: never)."""
+    memory_snapshot_on_oom: bool = False
+    """CUDA: record allocator history and dump a snapshot when a step runs out of memory."""
+    memory_history_entries: int = 100_000
+    """Allocation events kept in the history ring buffer."""
+
+    def __post_init__(self) -> None:
+        _require(self.clock_round_trips >= 0, "observability.clock_round_trips", "must be >= 0")
+        _require(self.memory_snapshot_step >= -1, "observability.memory_snapshot_step", "must be >= -1")
+        _require(self.memory_history_entries >= 1, "observability.memory_history_entries", "must be >= 1")
+
+    @property
+    def records_memory(self) -> bool:
+        return self.memory_snapshot_step >= 0 or self.memory_snapshot_on_oom
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class FaultConfig:
     """Deliberate faults, to rehearse what a slow or broken job looks like in the report."""
 
@@ -243,10 +276,13 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     performance: PerformanceConfig = field(default_factory=PerformanceConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
 
     def __post_init__(self) -> None:
         _require(bool(self.run_dir), "run_dir", "must not be empty")
+        _require(not (self.observability.records_memory and self.performance.device == "cpu"),
+                 "observability.memory_snapshot_step", "memory snapshots record the CUDA allocator; device is cpu")
         cuda_graphs = self.performance.compile in ("reduce-overhead", "max-autotune")
         _require(not (cuda_graphs and self.parallel.mode in ("fsdp", "fsdp_tp")), "performance.compile",
                  f"{self.performance.compile!r} records CUDA graphs, which need fixed parameter addresses; "

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch.distributed as dist
 
 from .config import TrainConfig
-from .loop import train
+from ..traces.layout import RunLayout
+from .loop import Preempted, train
+from .observability import measure_clock
+from .preemption import EXIT_PREEMPTED
 from .runtime import init_runtime
+
+log = logging.getLogger("fleetscope.trainer")
 
 
 def run(config: TrainConfig) -> int:
     runtime = init_runtime(config)
     try:
+        measure_clock(config.observability, RunLayout.at(config.run_dir))
         train(config, runtime)
         dist.barrier()
+    except Preempted as stop:
+        log.warning("%s; exiting with status %d so the job can be requeued", stop, EXIT_PREEMPTED)
+        return EXIT_PREEMPTED
     finally:
         dist.destroy_process_group()
     return 0

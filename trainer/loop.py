@@ -13,12 +13,15 @@ from torch.distributed.tensor import DTensor
 
 from ..traces.layout import RunLayout
 from .config import TrainConfig
-from .data import build_loader, synthetic_plan
+from .data import build_loader, data_plan
 from .fast_moe import install_fast_experts
 from .flops import FlopModel, flop_model, peak_tflops
 from .loss import CausalLMTrainingModule
 from .metrics import MetricsWriter, PhaseTimer, StepMetrics, StepTiming
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .models import build_model
+from .observability import MemorySnapshots, mllog_line
+from .preemption import StopRequests
 from .parallel import parallelize
 from .profiling import PublishedTrace, WindowedProfiler, plan_windows
 from .runtime import Runtime
@@ -144,51 +147,119 @@ def step_metrics(step: int, loss: torch.Tensor, spans: dict[str, float], config:
 
 @dataclass(frozen=True)
 class PendingStep:
-    """A launched step whose loss and timings are read only after the next step is launched."""
+    """A launched step whose loss, timings and stop flag are read after the next step is launched."""
 
     step: int
     loss: torch.Tensor
     timing: StepTiming
     profiled: bool
+    stop_flag: torch.Tensor | None
+
+
+class Preempted(Exception):
+    """Every rank stopped at the same step on a scheduler's request, after saving a checkpoint."""
+
+    def __init__(self, steps_done: int, signal_name: str):
+        super().__init__(f"stopped on {signal_name} after {steps_done} steps; checkpoint saved")
+        self.steps_done = steps_done
+
+
+class TrainingRun:
+    """One rank's run: resume, the step loop, metrics, profiling windows, checkpoints, stop requests."""
+
+    def __init__(self, config: TrainConfig, runtime: Runtime):
+        self.config, self.runtime = config, runtime
+        self.layout = RunLayout.at(config.run_dir)
+        self.state = build_state(config, runtime)
+        self._resume()
+        windows = plan_windows(config.profiler, config.steps)
+        self.profiled_steps = {s for w in windows for s in range(w.warmup_start, w.end)}
+        self.profiler = WindowedProfiler(windows=windows, config=config.profiler, layout=self.layout,
+                                         rank=runtime.rank, attempt=runtime.attempt,
+                                         use_cuda=runtime.use_cuda, on_published=_log_published)
+        self.writer = MetricsWriter(self.layout.metrics_file(runtime.rank))
+        self.timer = PhaseTimer(runtime.use_cuda)
+        self.stops = StopRequests(runtime.device)
+        self.memory = MemorySnapshots(config.observability, self.layout, runtime.rank, runtime.use_cuda)
+        self.history: list[StepMetrics] = []
+
+    def _resume(self) -> None:
+        found = latest_checkpoint(self.layout) if self.config.checkpoint.resume else None
+        if found:
+            self.state.step = load_checkpoint(found[1], model=self.state.model, optimizer=self.state.optimizer)
+
+    def _batches(self) -> Iterator[torch.Tensor]:
+        plan = data_plan(self.config.data, vocab_size=self.state.vocab_size, seed=self.config.seed,
+                              steps=self.config.steps, dp_rank=self.runtime.dp_rank, dp_size=self.runtime.dims.dp)
+        return iter(build_loader(self.config.data, plan=plan, start_step=self.state.step,
+                                 use_cuda=self.runtime.use_cuda))
+
+    def run(self) -> list[StepMetrics]:
+        batches = self._batches()
+        pending = None
+        try:
+            for step in range(self.state.step, self.config.steps):
+                with self.profiler.step_context(step):
+                    loss = self._step(batches)
+                self.memory.after_step(step)
+                self.state.step = step + 1
+                launched = PendingStep(step, loss, self.timer.finish(), step in self.profiled_steps,
+                                       self._stop_flag())
+                # The previous step's GPU work is done or nearly so: reading it costs no stall.
+                if pending is not None and self._finish(pending):
+                    self._finish(launched)
+                    self._stop_for_scheduler()
+                self._maybe_save_periodic()
+                pending = launched
+            if pending is not None and self._finish(pending):
+                self._stop_for_scheduler()
+            self._maybe_save_at_exit()
+        finally:
+            self.profiler.close()
+            self.writer.close()
+            self.stops.restore()
+        return self.history
+
+    def _step(self, batches: Iterator[torch.Tensor]) -> torch.Tensor:
+        try:
+            return train_step(self.state, batches, self.config, self.runtime, self.timer)
+        except torch.OutOfMemoryError:
+            self.memory.on_out_of_memory()
+            raise
+
+    def _stop_flag(self) -> torch.Tensor | None:
+        return self.stops.agreed_flag() if self.runtime.world_size > 1 or self.stops.requested_by else None
+
+    def _finish(self, pending: PendingStep) -> bool:
+        """Record a step's metrics; True when every rank agreed to stop after it."""
+        metrics = step_metrics(pending.step, pending.loss, pending.timing.durations_ms(), self.config,
+                               self.runtime, self.state, pending.profiled)
+        self.writer.write(metrics)
+        self.history.append(metrics)
+        _log_step(metrics, self.runtime)
+        if self.config.observability.mllog and self.runtime.rank == 0:
+            print(mllog_line(metrics), flush=True)
+        return pending.stop_flag is not None and float(pending.stop_flag) > 0
+
+    def _stop_for_scheduler(self) -> None:
+        self._save(self.state.step)
+        raise Preempted(self.state.step, self.stops.requested_by or "another rank's signal")
+
+    def _maybe_save_periodic(self) -> None:
+        every = self.config.checkpoint.every
+        if every and self.state.step % every == 0 and self.state.step < self.config.steps:
+            self._save(self.state.step)
+
+    def _maybe_save_at_exit(self) -> None:
+        if self.config.checkpoint.at_exit or self.config.checkpoint.every:
+            self._save(self.state.step)
+
+    def _save(self, steps_done: int) -> None:
+        save_checkpoint(self.layout, steps_done=steps_done, model=self.state.model, optimizer=self.state.optimizer)
 
 
 def train(config: TrainConfig, runtime: Runtime) -> list[StepMetrics]:
-    layout = RunLayout.at(config.run_dir)
-    state = build_state(config, runtime)
-    plan = synthetic_plan(config.data, vocab_size=state.vocab_size, seed=config.seed, steps=config.steps,
-                          dp_rank=runtime.dp_rank, dp_size=runtime.dims.dp)
-    batches = iter(build_loader(config.data, plan=plan, start_step=state.step, use_cuda=runtime.use_cuda))
-    windows = plan_windows(config.profiler, config.steps)
-    profiler = WindowedProfiler(windows=windows, config=config.profiler, layout=layout, rank=runtime.rank,
-                                attempt=runtime.attempt, use_cuda=runtime.use_cuda, on_published=_log_published)
-    profiled_steps = {s for w in windows for s in range(w.warmup_start, w.end)}
-    writer = MetricsWriter(layout.metrics_file(runtime.rank))
-    timer = PhaseTimer(runtime.use_cuda)
-    history: list[StepMetrics] = []
-
-    def record(pending: PendingStep) -> None:
-        metrics = step_metrics(pending.step, pending.loss, pending.timing.durations_ms(), config, runtime, state,
-                               pending.profiled)
-        writer.write(metrics)
-        history.append(metrics)
-        _log_step(metrics, runtime)
-
-    pending = None
-    try:
-        for step in range(state.step, config.steps):
-            with profiler.step_context(step):
-                loss = train_step(state, batches, config, runtime, timer)
-            launched = PendingStep(step, loss, timer.finish(), step in profiled_steps)
-            state.step = step + 1
-            if pending is not None:
-                record(pending)  # the previous step: its GPU work is done or nearly so
-            pending = launched
-        if pending is not None:
-            record(pending)
-    finally:
-        profiler.close()
-        writer.close()
-    return history
+    return TrainingRun(config, runtime).run()
 
 
 def _log_step(metrics: StepMetrics, runtime: Runtime) -> None:

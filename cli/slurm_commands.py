@@ -19,15 +19,17 @@ EXIT_OK, EXIT_FAILED, EXIT_PARTIAL = 0, 1, 3
 def launch_on_slurm(spec: JobSpec, args: argparse.Namespace) -> int:
     from .commands import refuse_existing_run
 
-    plan = plan_slurm(spec)
+    plan = plan_slurm(spec, postprocess=not args.no_post)
     if args.dry_run:
         print(plan.render())
         return EXIT_OK
     layout = RunLayout.at(spec.train.run_dir)
     refuse_existing_run(layout, resume=args.resume)
     submitted = submit_slurm(spec, plan)
+    after = (f"post-processing job {submitted.postprocess_job_id} runs after it" if submitted.postprocess_job_id
+             else "no post-processing job (--no-post)")
     print(f"fleetscope: submitted Slurm job {submitted.job_id} ({spec.scheduler}, {spec.nodes} node(s) x "
-          f"{spec.nproc_per_node}); post-processing job {submitted.postprocess_job_id} runs after it")
+          f"{spec.nproc_per_node}); {after}")
     print(f"  run directory: {layout.root}")
     print(f"  follow it:     fleetscope status {layout.root}   |   fleetscope logs {layout.root}")
     if not getattr(args, "wait", False):

@@ -193,3 +193,11 @@ def plan_postprocess_job(spec: JobSpec, resources: SlurmResources) -> Postproces
              ("mem", resources.mem_per_node))
     argv += [f"--{name}={value}" for name, value in named if value]
     return PostprocessJob(script=script, sbatch_argv=argv)
+
+
+def render_postprocess(postprocess: PostprocessJob | None) -> list[str]:
+    """The dry-run lines of the post-processing job (or of its absence)."""
+    if postprocess is None:
+        return ["# no post-processing job (--no-post): run `fleetscope postprocess RUN_DIR` after the job"]
+    return ["# then, after the training job has ended (any outcome):", postprocess.render(), "# with the script:",
+            postprocess.script]

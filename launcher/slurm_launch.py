@@ -14,12 +14,12 @@ from .torchx_backend import TorchXPlan, app_handle, plan_torchx, submit_torchx
 SlurmPlan = Union[SubmititPlan, TorchXPlan]
 
 
-def plan_slurm(spec: JobSpec) -> SlurmPlan:
-    """The submitit or TorchX plan of a Slurm job; contacts nothing."""
+def plan_slurm(spec: JobSpec, *, postprocess: bool = True) -> SlurmPlan:
+    """The submitit or TorchX plan of a Slurm job (with the post-processing job unless told); contacts nothing."""
     if spec.scheduler == "submitit":
-        return plan_submitit(spec)
+        return plan_submitit(spec, postprocess=postprocess)
     if spec.scheduler == "torchx":
-        return plan_torchx(spec)
+        return plan_torchx(spec, postprocess=postprocess)
     raise ValueError(f"scheduler {spec.scheduler!r} is not a Slurm scheduler")
 
 

@@ -35,6 +35,7 @@ from .slurm_common import (
     export_lines,
     shell_join,
     plan_postprocess_job,
+    render_postprocess,
     slurm_logs_dir,
     validated_environment,
 )
@@ -59,7 +60,8 @@ class SubmititPlan:
     """`SlurmExecutor.update_parameters(**parameters)`."""
     rank_task: "SubmititRank"
     sbatch_script: str
-    postprocess: PostprocessJob
+    postprocess: PostprocessJob | None
+    """The gather/analyze/merge job submitted after the training job; None: none (--no-post)."""
     run_dir: Path
 
     def render(self) -> str:
@@ -67,16 +69,13 @@ class SubmititPlan:
             f"# submitit: sbatch {self.folder}/<JOB_ID>_submission.sh, whose text is:",
             self.sbatch_script,
             f"# every task runs {self.rank_task.describe()}",
-            "# then, after the training job has ended (any outcome):",
-            self.postprocess.render(),
-            "# with the script:",
-            self.postprocess.script,
+            *render_postprocess(self.postprocess),
         ])
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": "submitit", "folder": self.folder, "parameters": self.parameters,
                 "trainer_argv": self.rank_task.trainer_argv, "sbatch_script": self.sbatch_script,
-                "postprocess_script": self.postprocess.script}
+                "postprocess_script": self.postprocess.script if self.postprocess else None}
 
 
 @dataclass(frozen=True)
@@ -148,7 +147,7 @@ def submitit_command(python: str, folder: str) -> str:
     return " ".join([python, SUBMIT_MODULE_COMMAND, shlex.quote(folder)])
 
 
-def plan_submitit(spec: JobSpec) -> SubmititPlan:
+def plan_submitit(spec: JobSpec, *, postprocess: bool = True) -> SubmititPlan:
     from submitit.slurm.slurm import _make_sbatch_string
 
     resources = SlurmResources.from_spec(spec)
@@ -158,7 +157,8 @@ def plan_submitit(spec: JobSpec) -> SubmititPlan:
     script = _make_sbatch_string(command=submitit_command(python, folder), folder=folder, **parameters)
     rank_task = SubmititRank(trainer_argv=train_argv(spec.train), run_dir=str(RunLayout.at(spec.train.run_dir).root))
     return SubmititPlan(folder=folder, python=python, parameters=parameters, rank_task=rank_task,
-                        sbatch_script=script, postprocess=plan_postprocess_job(spec, resources),
+                        sbatch_script=script,
+                        postprocess=plan_postprocess_job(spec, resources) if postprocess else None,
                         run_dir=RunLayout.at(spec.train.run_dir).root)
 
 
@@ -170,6 +170,7 @@ def submit_submitit(plan: SubmititPlan) -> SubmittedSlurmJob:
     executor = submitit.SlurmExecutor(folder=plan.folder, python=plan.python, max_num_timeout=3)
     executor.update_parameters(**plan.parameters)
     job = executor.submit(plan.rank_task)
-    postprocess_id = submit_postprocess(plan.postprocess, str(job.job_id), Path(plan.folder))
+    postprocess_id = (submit_postprocess(plan.postprocess, str(job.job_id), Path(plan.folder))
+                      if plan.postprocess else "")
     return SubmittedSlurmJob(job_id=str(job.job_id), postprocess_job_id=postprocess_id,
                              script_path=str(job.paths.submission_file))

@@ -24,6 +24,7 @@ from .slurm_common import (
     SlurmResources,
     export_lines,
     plan_postprocess_job,
+    render_postprocess,
     safe_job_label,
     slurm_logs_dir,
     validated_environment,
@@ -144,7 +145,8 @@ class TorchXPlan:
     """TorchX's SlurmBatchRequest; `request.materialize()` is the batch script."""
     sbatch_script: str
     script_path: str
-    postprocess: PostprocessJob
+    postprocess: PostprocessJob | None
+    """The gather/analyze/merge job submitted after the training job; None: none (--no-post)."""
     run_dir: Path
     config: dict[str, str] = field(default_factory=dict)
 
@@ -156,24 +158,23 @@ class TorchXPlan:
         return "\n".join([
             f"# torchx (slurm): {' '.join(shlex.quote(arg) for arg in self.sbatch_argv)}, whose text is:",
             self.sbatch_script,
-            "# then, after the training job has ended (any outcome):",
-            self.postprocess.render(),
-            "# with the script:",
-            self.postprocess.script,
+            *render_postprocess(self.postprocess),
         ])
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": "torchx", "scheduler": "slurm", "sbatch_argv": self.sbatch_argv,
-                "sbatch_script": self.sbatch_script, "postprocess_script": self.postprocess.script}
+                "sbatch_script": self.sbatch_script,
+                "postprocess_script": self.postprocess.script if self.postprocess else None}
 
 
-def plan_torchx(spec: JobSpec) -> TorchXPlan:
+def plan_torchx(spec: JobSpec, *, postprocess: bool = True) -> TorchXPlan:
     resources = SlurmResources.from_spec(spec)
     logs_dir = slurm_logs_dir(spec)
     app = build_appdef(spec, resources)
     request = slurm_batch_request(app, resources, logs_dir)
     return TorchXPlan(app=app, request=request, sbatch_script=request.materialize(),
-                      script_path=str(Path(logs_dir) / SCRIPT_NAME), postprocess=plan_postprocess_job(spec, resources),
+                      script_path=str(Path(logs_dir) / SCRIPT_NAME),
+                      postprocess=plan_postprocess_job(spec, resources) if postprocess else None,
                       run_dir=RunLayout.at(spec.train.run_dir).root, config=scheduler_config(resources))
 
 
@@ -183,7 +184,7 @@ def submit_torchx(plan: TorchXPlan) -> SubmittedSlurmJob:
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(plan.sbatch_script)
     job_id = submit_batch_script(plan.sbatch_argv)
-    postprocess_id = submit_postprocess(plan.postprocess, job_id, script.parent)
+    postprocess_id = submit_postprocess(plan.postprocess, job_id, script.parent) if plan.postprocess else ""
     return SubmittedSlurmJob(job_id=job_id, postprocess_job_id=postprocess_id, script_path=str(script))
 
 

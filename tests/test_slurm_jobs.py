@@ -143,9 +143,10 @@ def test_requeued_job_checkpoints_resumes_and_keeps_both_attempts_traces(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     layout = RunLayout.at(run_dir)
-    # Two profiler windows: steps 0-2 (before the requeue) and 3-5 (after it).
-    args = launch_args("submitit", run_dir, slurm_cluster, "--steps", "8",
-                       "--profile", "wait=1,warmup=1,active=1,repeat=2", "--set", "checkpoint.at_exit=true")
+    # Two profiler windows: steps 0-4 (recorded at step 4, before the requeue) and 5-9 (recorded at step 9,
+    # after it); the requeue comes once the first window is published, so the checkpoint falls in between.
+    args = launch_args("submitit", run_dir, slurm_cluster, "--steps", "10",
+                       "--profile", "wait=3,warmup=1,active=1,repeat=2", "--set", "checkpoint.at_exit=true")
     launched = fleetscope(*args)
     assert launched.returncode == 0, launched.stderr
     job_id = job_record(run_dir)["job_id"]
@@ -159,11 +160,17 @@ def test_requeued_job_checkpoints_resumes_and_keeps_both_attempts_traces(
     assert postprocess.finished
     assert layout.checkpoints_dir.is_dir() and any(layout.checkpoints_dir.iterdir()), \
         "no checkpoint was saved on the requeue signal"
-    steps = steps_of(layout.metrics_file(0))
-    assert steps.count(0) == 1 and steps[-1] == 7, f"the second attempt did not resume: steps {steps}"
-    attempts = {parse_trace_file_name(path.name).attempt for path in layout.traces_dir.rglob("*.json.gz")}
-    assert attempts == {0, 1}, "traces of both attempts must be kept"
+    assert trace_attempts(layout, 0) == {(rank, 0) for rank in range(WORLD_SIZE)}, \
+        "the second attempt redid the first window: it did not resume from the checkpoint"
+    assert trace_attempts(layout, 1) == {(rank, 1) for rank in range(WORLD_SIZE)}
+    assert steps_of(layout.metrics_file(0))[-1] == 9
     assert layout.merged_trace.exists() and layout.report_json.exists()
+
+
+def trace_attempts(layout: RunLayout, window: int) -> set[tuple[int, int]]:
+    """(rank, attempt) of every trace of a window."""
+    names = [parse_trace_file_name(path.name) for path in layout.window_dir(window).glob("*.json.gz")]
+    return {(name.rank, name.attempt) for name in names if name is not None}
 
 
 def test_plain_sbatch_template_runs_torchrun_per_node(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:

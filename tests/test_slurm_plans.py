@@ -192,3 +192,10 @@ def test_sacct_states_keep_the_first_word_and_requeued_jobs_are_not_finished() -
     assert components[0].state == "CANCELLED"
     requeued = SlurmJobStatus(job_id="8", components=parse_sacct("8|REQUEUED|0:0|n1|None\n"))
     assert not requeued.finished
+
+
+@pytest.mark.parametrize("scheduler", ["submitit", "torchx"])
+def test_no_post_plans_no_postprocessing_job(scheduler: str) -> None:
+    plan = plan_slurm(golden_spec(scheduler), postprocess=False)
+    assert plan.postprocess is None
+    assert "--dependency=afterany" not in plan.render() and "no post-processing job" in plan.render()

@@ -60,7 +60,7 @@ def find_collectives(events: TraceEvents, steps: list[StepTiming],
     compute = compute if compute is not None else Intervals.empty()
     kernels = events.of_kind(Kind.KERNEL) & events.names_matching(is_comm_kernel)
     if kernels.any():
-        return _keyed(events, kernels, _launch_times(events, kernels), steps, compute, SOURCE_NCCL)
+        return _keyed(events, kernels, events.launch_start_us(kernels), steps, compute, SOURCE_NCCL)
     gloo = events.names_matching(is_gloo_span)
     if gloo.any():
         return _keyed(events, gloo, events.start_us[gloo], steps, compute, SOURCE_GLOO)
@@ -104,18 +104,3 @@ def _step_numbers(times_us: np.ndarray, steps: list[StepTiming]) -> np.ndarray:
     slot = np.searchsorted(starts, times_us, side="right") - 1
     inside = (slot >= 0) & (times_us < ends[np.clip(slot, 0, None)])
     return np.where(inside, numbers[np.clip(slot, 0, None)], NO_STEP)
-
-
-def _launch_times(events: TraceEvents, kernels: np.ndarray) -> np.ndarray:
-    """Host launch time of each selected kernel via its CUDA correlation id; its own start when unknown."""
-    own_start = events.start_us[kernels]
-    launches = events.of_kind(Kind.CUDA_RUNTIME) & (events.correlation != NO_ID)
-    if not launches.any():
-        return own_start
-    launch_ids, launch_starts = events.correlation[launches], events.start_us[launches]
-    order = np.argsort(launch_ids, kind="stable")
-    launch_ids, launch_starts = launch_ids[order], launch_starts[order]
-    wanted = events.correlation[kernels]
-    slot = np.clip(np.searchsorted(launch_ids, wanted), 0, launch_ids.size - 1)
-    found = (launch_ids[slot] == wanted) & (wanted != NO_ID)
-    return np.where(found, launch_starts[slot], own_start)

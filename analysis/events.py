@@ -94,6 +94,21 @@ class TraceEvents:
     def of_kind(self, *kinds: Kind) -> np.ndarray:
         return np.isin(self.kind, np.asarray(kinds, dtype=np.int8))
 
+    def launch_start_us(self, selected: np.ndarray) -> np.ndarray:
+        """For the selected GPU events, when the host launched them (the `cuda_runtime` event with the
+        same correlation id); their own start where no launch is recorded."""
+        own_start = self.start_us[selected]
+        launches = self.of_kind(Kind.CUDA_RUNTIME) & (self.correlation != NO_ID)
+        if not launches.any():
+            return own_start
+        launch_ids, launch_starts = self.correlation[launches], self.start_us[launches]
+        order = np.argsort(launch_ids, kind="stable")
+        launch_ids, launch_starts = launch_ids[order], launch_starts[order]
+        wanted = self.correlation[selected]
+        slot = np.clip(np.searchsorted(launch_ids, wanted), 0, launch_ids.size - 1)
+        found = (launch_ids[slot] == wanted) & (wanted != NO_ID)
+        return np.where(found, launch_starts[slot], own_start)
+
     @property
     def has_gpu_activity(self) -> bool:
         return bool(self.of_kind(*GPU_ACTIVITY_KINDS).any())

@@ -5,7 +5,8 @@ Two bases, chosen per trace:
 **GPU basis** (the trace holds GPU activity: `kernel`, `gpu_memcpy`, `gpu_memset` events). All GPU activity of
 the rank (every device and stream it recorded) is one timeline.
   - span: from the start of the first profiled step to the later of the last step's end and the end of the
-    last GPU activity that started before it (the GPU finishing work the steps queued). Without step
+    last GPU activity launched before it (by CUDA correlation; by its own start where no launch is
+    recorded): the GPU finishing the work the steps queued, however far the host ran ahead. Without step
     annotations: first GPU activity start to last GPU activity end.
   - compute = union of non-communication kernels; memory = union of memcpy/memset;
     busy = union of all GPU activity (compute, communication kernels, memory); idle = span - busy.
@@ -153,9 +154,9 @@ def _gpu_span(events: TraceEvents, steps: list[StepTiming]) -> tuple[float, floa
     if not steps:
         return float(events.start_us[gpu].min()), float(events.end_us[gpu].max())
     start, last_end = steps[0].start_us, max(s.end_us for s in steps)
-    queued = gpu & (events.start_us < last_end)
-    end = max(last_end, float(events.end_us[queued].max())) if queued.any() else last_end
-    return start, end
+    launched_in_steps = events.launch_start_us(gpu) < last_end
+    ends = events.end_us[gpu][launched_in_steps]
+    return start, max(last_end, float(ends.max())) if ends.size else last_end
 
 
 def _cpu_timeline(events: TraceEvents) -> Timeline:

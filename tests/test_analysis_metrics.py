@@ -228,3 +228,12 @@ def test_breakdown_segments_add_up_to_the_span(builder):
     segments = breakdown_segments(u)
     assert all(s.value >= 0 for s in segments)
     assert sum(s.value for s in segments) == pytest.approx(u.span_us / 1000)
+
+
+def test_gpu_span_follows_work_launched_in_the_steps_however_late_it_runs():
+    builder = gpu_rank(0)
+    builder.kernel("queued_gemm", 2300.0, 100.0, launch_ts=1990.0)   # launched in step 2, runs 300 us after it
+    builder.kernel("next_step_gemm", 2500.0, 50.0, launch_ts=2450.0)  # launched after the steps: not theirs
+    u = _utilization(builder)
+    assert u.span_us == 2400
+    assert u.compute_us == 1100 + 100

@@ -25,11 +25,8 @@ POSTPROCESS_MODULE = "fleetscope.cli.main"
 """`python -m fleetscope.cli.main postprocess RUN_DIR`: gather + analyze + merge."""
 SLURM_LOGS_SUBDIR = "slurm"
 """Scheduler logs go to <run>/logs/slurm/ (per-rank logs of the trainer sit beside them)."""
-PREEMPTED_EXIT_CODE = 85
-"""The trainer's exit code after it saved a checkpoint on a preemption / time-limit signal: requeue me."""
-TIME_LIMIT_SIGNAL = "USR2"
-"""Sent to every rank this many seconds before the time limit (`--signal=USR2@SECONDS`)."""
 TIME_LIMIT_SIGNAL_SECONDS = 90
+"""submitit asks Slurm for USR2 this long before the time limit (`--signal=USR2@90`); it then requeues."""
 
 _NAME_ALPHABET = re.compile(r"^[A-Za-z0-9_.+:-]+$")
 _SBATCH_OPTION = re.compile(r"^--(?P<key>[a-z][a-z0-9-]*)(?:=(?P<value>.*))?$", re.DOTALL)

@@ -28,7 +28,6 @@ from typing import Any
 from ..trainer.config import train_argv
 from ..traces.layout import RunLayout
 from .slurm_common import (
-    PREEMPTED_EXIT_CODE,
     TIME_LIMIT_SIGNAL_SECONDS,
     PostprocessJob,
     SlurmResources,
@@ -101,9 +100,10 @@ class SubmititRank:
         error_file.parent.mkdir(parents=True, exist_ok=True)
         os.environ["TORCHELASTIC_ERROR_FILE"] = str(error_file)
         from ..trainer.__main__ import main as trainer_main
+        from ..trainer.preemption import EXIT_PREEMPTED
 
         code = trainer_main(self.trainer_argv)
-        if code == PREEMPTED_EXIT_CODE:
+        if code == EXIT_PREEMPTED:
             # Checkpoint saved on SIGTERM: exit without a result so that submitit does not call the job done.
             raise SystemExit(code)
         if code:

@@ -42,6 +42,11 @@ from .slurm_jobs import SubmittedSlurmJob, submit_postprocess
 from .spec import JobSpec
 
 SUBMIT_MODULE_COMMAND = "-u -m submitit.core._submit"
+MASTER_PORT_LINES = [
+    "# rank 0's rendezvous port, from the job id, below Linux's ephemeral ports (32768-60999) so that no",
+    "# client socket of the node can hold it (submitit's own choice spans 20000-60000)",
+    "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 12000))",
+]
 ERROR_FILE_DIR_FORMAT = "submitit-{job_id}"
 """Per-rank error files: <run>/logs/submitit-<job>/attempt_<K>/<rank>/error.json (torchrun's layout, so the
 same failure collection reads both)."""
@@ -130,7 +135,7 @@ def executor_parameters(spec: JobSpec, resources: SlurmResources) -> dict[str, A
         "ntasks_per_node": resources.nproc_per_node,
         "time": resources.time_minutes,
         "signal_delay_s": TIME_LIMIT_SIGNAL_SECONDS,
-        "setup": ["# environment of every rank", *export_lines(validated_environment(spec))],
+        "setup": [*MASTER_PORT_LINES, "# environment of every rank", *export_lines(validated_environment(spec))],
         "srun_args": ["--kill-on-bad-exit=1"],
         "additional_parameters": {"requeue": True, **{option.key: option.value if option.value is not None
                                                       else True for option in resources.extra}},

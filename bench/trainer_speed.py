@@ -1,6 +1,10 @@
 """Trainer speed on one GPU: stock transformers eager vs fleetscope's trainer, in one run.
 
-    python bench/trainer_speed.py --out OUT_DIR [--preset small] [--variants hf_eager,fs_best,...]
+    python bench/trainer_speed.py --out OUT_DIR \
+        --plan "small:8:hf_eager,fs_graphs;medium:8:hf_eager,fs_graphs;medium:16:fs_graphs"
+
+A plan entry is PRESET:BATCH:VARIANTS (sequences of --seq tokens). Speed-ups are tokens/s over the
+hf_eager variant of the same preset (batch sizes may differ: larger ones may not fit HF eager).
 
 Every variant trains the same model (same seed, same weights) on the same synthetic batches and
 runs in its own process. Per variant: median step time over the timed steps, tokens/s, model
@@ -52,6 +56,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--variants", default="hf_eager,hf_compile,fs_eager,fs_compile,fs_graphs")
+    parser.add_argument("--plan", default=None, help="PRESET:BATCH:VARIANTS;... (overrides preset/batch/variants)")
     parser.add_argument("--steps", type=int, default=30, help="steps per variant (first --warmup untimed)")
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--trace", action="store_true", help="also record a 2-step profiler trace per variant")
@@ -73,20 +78,25 @@ def main() -> int:
 def drive(shape: Shape, args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    plan = args.plan or f"{shape.preset}:{shape.batch}:{args.variants}"
     results = []
-    for variant in args.variants.split(","):
-        results.append(run_in_subprocess(variant, args))
-        print(json.dumps({k: v for k, v in results[-1].items() if k != "losses"}), flush=True)
+    for entry in plan.split(";"):
+        preset, batch, variants = entry.split(":")
+        for variant in variants.split(","):
+            result = run_in_subprocess(variant, args, preset=preset, batch=int(batch))
+            result.update(preset=preset, batch=int(batch))
+            results.append(result)
+            print(json.dumps({k: v for k, v in result.items() if k not in ("losses", "step_ms_all")}), flush=True)
     summary = summarize(results, shape)
-    (out / f"bench-{shape.preset}.json").write_text(json.dumps(summary, indent=2))
+    (out / "bench.json").write_text(json.dumps(summary, indent=2))
     table = markdown_table(summary)
-    (out / f"bench-{shape.preset}.md").write_text(table + "\n")
+    (out / "bench.md").write_text(table + "\n")
     print(table)
     return 0
 
 
-def run_in_subprocess(variant: str, args: argparse.Namespace) -> dict:
-    command = [sys.executable, __file__, "--one", variant, *sys.argv[1:]]
+def run_in_subprocess(variant: str, args: argparse.Namespace, *, preset: str, batch: int) -> dict:
+    command = [sys.executable, __file__, *sys.argv[1:], "--one", variant, "--preset", preset, "--batch", str(batch)]
     started = time.time()
     try:
         completed = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
@@ -102,12 +112,15 @@ def run_in_subprocess(variant: str, args: argparse.Namespace) -> dict:
 
 
 def summarize(results: list[dict], shape: Shape) -> dict:
-    baseline = next((r for r in results if r.get("variant") == "hf_eager" and "error" not in r), None)
     for result in results:
-        if baseline and "error" not in result:
-            result["speedup_vs_hf_eager"] = round(baseline["step_ms"] / result["step_ms"], 3)
+        baseline = next((r for r in results if r.get("variant") == "hf_eager" and "error" not in r
+                         and r["preset"] == result["preset"]), None)
+        if baseline is None or "error" in result:
+            continue
+        result["speedup_vs_hf_eager"] = round(result["tokens_per_s"] / baseline["tokens_per_s"], 3)
+        if baseline["batch"] == result["batch"]:
             result["max_loss_diff_vs_hf_eager"] = max_loss_diff(baseline["losses"], result["losses"])
-    return {"shape": vars(shape), "results": results}
+    return {"shape": {"seq": shape.seq, "family": shape.family, "device": shape.device}, "results": results}
 
 
 def max_loss_diff(reference: list[float], other: list[float]) -> float:
@@ -116,17 +129,19 @@ def max_loss_diff(reference: list[float], other: list[float]) -> float:
 
 def markdown_table(summary: dict) -> str:
     shape = summary["shape"]
-    header = (f"{shape['family']} {shape['preset']}, batch {shape['batch']} x {shape['seq']} tokens, one GPU\n\n"
-              "| variant | step ms | tokens/s | TFLOP/s | MFU % | max mem GB | vs HF eager | max |loss diff| |\n"
-              "|---|---:|---:|---:|---:|---:|---:|---:|")
+    header = (f"{shape['family']}, sequences of {shape['seq']} tokens, one device\n\n"
+              "| preset | batch | variant | step ms | tokens/s | TFLOP/s | MFU % | max mem GB | tokens/s vs HF eager "
+              "| max abs loss diff |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for r in summary["results"]:
         if "error" in r:
-            rows.append(f"| {r['variant']} | failed: {r['error'].splitlines()[-1][:80]} |||||||")
+            rows.append(f"| {r['preset']} | {r['batch']} | {r['variant']} | failed: "
+                        f"{r['error'].strip().splitlines()[-1][:80]} |||||||")
             continue
-        rows.append(f"| {r['variant']} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {r['tflops']:.0f} | "
-                    f"{r['mfu_pct']:.1f} | {r['max_mem_gb']:.1f} | {r.get('speedup_vs_hf_eager', 0):.2f}x | "
-                    f"{r.get('max_loss_diff_vs_hf_eager', 0):.4f} |")
+        speedup = f"{r['speedup_vs_hf_eager']:.2f}x" if "speedup_vs_hf_eager" in r else "n/a"
+        loss_diff = f"{r['max_loss_diff_vs_hf_eager']:.4f}" if "max_loss_diff_vs_hf_eager" in r else "n/a"
+        rows.append(f"| {r['preset']} | {r['batch']} | {r['variant']} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} "
+                    f"| {r['tflops']:.0f} | {r['mfu_pct']:.1f} | {r['max_mem_gb']:.1f} | {speedup} | {loss_diff} |")
     return "\n".join([header, *rows])
 
 
@@ -162,7 +177,7 @@ def run_variant(variant: str, shape: Shape, args: argparse.Namespace) -> dict:
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
     }
     if args.trace:
-        result["trace"] = record_trace(step_fn, Path(args.out) / f"trace-{shape.preset}-{variant}.json.gz")
+        result["trace"] = record_trace(step_fn, Path(args.out) / f"trace-{shape.preset}-b{shape.batch}-{variant}.json.gz")
     return result
 
 

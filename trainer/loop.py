@@ -100,20 +100,25 @@ def train_step(state: TrainState, batches: Iterator[torch.Tensor], config: Train
 
 
 def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Clip the global gradient norm; works for any mix of plain and DTensor (sharded) gradients."""
+    """Clip the global gradient norm without a host sync; any mix of plain and DTensor gradients.
+
+    Plain and sharded gradients are normed in separate foreach groups (a DTensor norm is the
+    whole tensor's after `full_tensor`), then every gradient is scaled by one device scalar.
+    """
     grads = [p.grad for p in parameters if p.grad is not None]
-    squares = [_local_norm(g) ** 2 for g in grads]
-    total = torch.stack(squares).sum().sqrt() if squares else torch.zeros(())
+    if not grads:
+        return torch.zeros(())
+    groups = [[g for g in grads if not isinstance(g, DTensor)], [g for g in grads if isinstance(g, DTensor)]]
+    norms = []
+    for group in groups:
+        for norm in torch._foreach_norm(group) if group else []:
+            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
     scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for grad in grads:
-        grad.mul_(scale.to(grad.device))
+    for group in groups:
+        if group:
+            torch._foreach_mul_(group, scale.to(group[0].device))
     return total
-
-
-def _local_norm(grad: torch.Tensor) -> torch.Tensor:
-    """The norm of the whole (unsharded) gradient, as a plain fp32 scalar."""
-    norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 class InjectedFault(RuntimeError):

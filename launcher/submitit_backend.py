@@ -100,7 +100,9 @@ class SubmititRank:
     def __call__(self) -> int:
         import submitit
 
-        distributed = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        # overwrite: MASTER_PORT comes from the batch script (and is what this object read).
+        distributed = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False,
+                                                                             overwrite=True)
         error_file = self.error_file(distributed.rank)
         error_file.parent.mkdir(parents=True, exist_ok=True)
         os.environ["TORCHELASTIC_ERROR_FILE"] = str(error_file)

@@ -7,7 +7,8 @@ Known effects can be injected:
   - one late rank: its communication kernels start `late_us` later and end at the same instant (it
     arrives late; the others wait for it), nothing else changes.
 A source without communication kernels (a single-GPU recording) gets one all-reduce kernel per step after
-the step's last GPU activity, so collectives exist to match.
+the step's last GPU activity, with its host launch (`cudaLaunchKernel`, linked by correlation id) at the end
+of that step, so collectives exist to match and belong to their step.
 
 Files are written as two gzip members (a small per-rank header, then the events, compressed once and
 shared), which every gzip reader, HTA's included, reads as one stream; N ranks cost little more than one.
@@ -108,25 +109,42 @@ def _is_comm_kernel_event(event: Any) -> bool:
 def _with_collectives(events: list[Any], duration_us: float) -> list[Any]:
     if any(_is_comm_kernel_event(e) for e in events):
         return events
-    return events + [_allreduce_after(end, device, duration_us) for end, device in _step_gpu_ends(events)]
+    added = []
+    for index, (step, gpu_end, device) in enumerate(_step_gpu_ends(events)):
+        correlation = _INSERTED_CORRELATION_BASE + index
+        added.append(_launch(step, correlation))
+        added.append(_allreduce_after(gpu_end, device, duration_us, correlation))
+    return events + added
 
 
-def _step_gpu_ends(events: list[Any]) -> list[tuple[float, int]]:
-    """Per host step (ProfilerStep#N), the end of the last GPU activity that started inside it."""
-    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events
+_INSERTED_CORRELATION_BASE = 1_000_000_000
+
+
+def _step_gpu_ends(events: list[Any]) -> list[tuple[dict[str, Any], float, int]]:
+    """Per host step (ProfilerStep#N): the step, and the end (and device) of the last GPU activity that
+    started inside it."""
+    steps = [e for e in events
              if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") == "user_annotation"
              and isinstance(e.get("name"), str) and profiler_step_number(e["name"]) is not None]
     gpu = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in _GPU_CATEGORIES]
     ends = []
-    for start, end in sorted(steps):
-        inside = [e for e in gpu if start <= e["ts"] < end]
+    for step in sorted(steps, key=lambda e: e["ts"]):
+        inside = [e for e in gpu if step["ts"] <= e["ts"] < step["ts"] + step["dur"]]
         if inside:
             last = max(inside, key=lambda e: e["ts"] + e["dur"])
-            ends.append((last["ts"] + last["dur"], int((last.get("args") or {}).get("device", 0))))
+            ends.append((step, last["ts"] + last["dur"], int((last.get("args") or {}).get("device", 0))))
     return ends
 
 
-def _allreduce_after(start_us: float, device: int, duration_us: float) -> dict[str, Any]:
+def _launch(step: dict[str, Any], correlation: int) -> dict[str, Any]:
+    """The host launch of an inserted all-reduce, at the end of its step (so it belongs to that step)."""
+    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": step.get("pid"),
+            "tid": step.get("tid"), "ts": step["ts"] + step["dur"] - 10.0, "dur": 5.0,
+            "args": {"correlation": correlation, "External id": correlation}}
+
+
+def _allreduce_after(start_us: float, device: int, duration_us: float, correlation: int) -> dict[str, Any]:
     return {"ph": "X", "cat": "kernel", "name": INSERTED_ALLREDUCE, "pid": device, "tid": INSERTED_STREAM,
             "ts": start_us + 5.0, "dur": duration_us,
-            "args": {"device": device, "stream": INSERTED_STREAM, "correlation": -1, "External id": -1}}
+            "args": {"device": device, "stream": INSERTED_STREAM, "correlation": correlation,
+                     "External id": correlation}}

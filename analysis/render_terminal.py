@@ -92,8 +92,14 @@ def _worst_collectives(window: WindowReport) -> list[str]:
     threshold = window.stragglers.min_lateness_us
     worst = [i for i in window.stragglers.worst_instances if i.lateness_us >= threshold][:WORST_COLLECTIVES_SHOWN]
     return [f"  step {i.step} {i.name} #{i.ordinal}: rank {i.last_rank} arrived {i.lateness_us / 1000:.2f} ms "
-            f"after the others ({i.participants} ranks; it computed {i.extra_compute_us / 1000:+.2f} ms more)"
-            for i in worst]
+            f"after the others ({i.participants} ranks; {_extra_compute(i.extra_compute_us)})" for i in worst]
+
+
+def _extra_compute(extra_us: float) -> str:
+    """The late rank's computation since the previous collective, against the others' median."""
+    if abs(extra_us) < 5.0:
+        return "it computed as much as the others"
+    return f"it computed {abs(extra_us) / 1000:.2f} ms {'more' if extra_us > 0 else 'less'} than the others"
 
 
 def _clock_lines(report: Report) -> str:

@@ -179,6 +179,7 @@ def register_analyze(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("path", help="run directory, or a directory of *.json / *.json.gz traces")
     parser.add_argument("--json", dest="json_out", default=None, help="write the report JSON here")
     parser.add_argument("--html", dest="html_out", default=None, help="write the HTML report here")
+    parser.add_argument("--no-hta", action="store_true", help="skip Holistic Trace Analysis (GPU traces)")
     parser.set_defaults(handler=handle_analyze)
 
 
@@ -191,7 +192,8 @@ def handle_analyze(args: argparse.Namespace) -> int:
     if layout.is_run_dir():
         json_out = json_out or layout.report_json
         html_out = html_out or layout.report_html
-    report = analyze(layout.root, json_out=json_out, html_out=html_out)
+    report = analyze(layout.root, json_out=json_out, html_out=html_out, use_hta=not args.no_hta,
+                     progress=progress_printer("analyze"))
     print(render_terminal(report))
     for label, path in (("json", json_out), ("html", html_out)):
         if path:
@@ -226,7 +228,37 @@ def _slurm_registry() -> list:
     return SLURM_REGISTRY
 
 
+def register_compare(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("compare", help="regression check: exit 1 when NEW is slower than BASE")
+    parser.add_argument("base", help="run directory or report.json")
+    parser.add_argument("new", help="run directory or report.json")
+    parser.add_argument("--threshold", type=float, default=5.0,
+                        help="percent drop in throughput / rise in step time that fails (default 5)")
+    parser.set_defaults(handler=handle_compare)
+
+
+def handle_compare(args: argparse.Namespace) -> int:
+    from ..analysis import compare
+    from ..analysis.render_terminal import render_comparison
+
+    comparison = compare(args.base, args.new, threshold_pct=args.threshold)
+    print(render_comparison(comparison))
+    return comparison.exit_code
+
+
+def progress_printer(label: str):
+    """A one-line progress counter on stderr when it is a terminal; silent otherwise (logs, pipes)."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(done: int, total: int) -> None:
+        end = "\n" if done >= total else ""
+        print(f"\r{label}: {done}/{total} traces", end=end, file=sys.stderr, flush=True)
+
+    return show
+
+
 REGISTRY = [
     register_launch, register_train, register_gather, register_analyze, register_merge, register_postprocess,
-    register_demo, *_slurm_registry(),
+    register_demo, register_compare, *_slurm_registry(),
 ]

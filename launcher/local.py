@@ -55,8 +55,9 @@ class RankFailure:
     rank: int
     exitcode: int | None
     message: str
-    timestamp: int | None = None
-    """When the rank failed (Unix seconds): the earliest failure is usually the cause."""
+    timestamp: float | None = None
+    """When the rank failed (Unix seconds): the earliest failure is usually the cause, the others
+    are ranks that lost their peer."""
     log_path: str | None = None
 
 
@@ -99,5 +100,14 @@ def _failure_from_error_file(error_file: Path) -> RankFailure:
     except (OSError, ValueError, KeyError, TypeError) as error:
         text, exitcode, timestamp = f"unreadable error file {error_file}: {error}", None, None
     return RankFailure(rank=int(rank_dir.name), exitcode=exitcode, message=text.strip(),
-                       timestamp=int(timestamp) if str(timestamp).isdigit() else None,
+                       timestamp=_failure_time(timestamp, error_file),
                        log_path=str(stderr_log) if stderr_log.exists() else None)
+
+
+def _failure_time(recorded: object, error_file: Path) -> float | None:
+    """The error file's own timestamp has whole seconds; its modification time orders ranks that
+    failed within the same second (the first to fail writes its file first)."""
+    try:
+        return error_file.stat().st_mtime_ns / 1e9
+    except OSError:
+        return float(recorded) if str(recorded).isdigit() else None

@@ -22,7 +22,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from .entry import run  # torch-heavy imports only after the configuration is known to be valid
 
-    return run(config)
+    try:
+        return run(config)
+    except ConfigError as error:
+        print(f"fleetscope trainer: bad configuration: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

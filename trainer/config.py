@@ -255,10 +255,15 @@ class FaultConfig:
     """Rank that sleeps `straggle_ms` before every step's forward pass; -1: none."""
     straggle_ms: float = 0.0
     """Delay of the straggling rank, per step."""
+    signal_rank: int = -1
+    """Rank that sends itself SIGUSR1 (a scheduler's preemption notice) at `signal_step`; -1: none."""
+    signal_step: int = 0
+    """Step at which `signal_rank` is signalled."""
 
     def __post_init__(self) -> None:
         _require(self.crash_step >= 0, "faults.crash_step", "must be >= 0")
         _require(self.straggle_ms >= 0, "faults.straggle_ms", "must be >= 0")
+        _require(self.signal_step >= 0, "faults.signal_step", "must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from .config import TrainConfig
 from ..traces.layout import RunLayout
 from .loop import Preempted, train
+from .models import check_model_support
 from .observability import measure_clock
 from .preemption import EXIT_PREEMPTED
 from .runtime import init_runtime
@@ -17,6 +18,7 @@ log = logging.getLogger("fleetscope.trainer")
 
 
 def run(config: TrainConfig) -> int:
+    check_model_support(config.model, config.parallel)
     runtime = init_runtime(config)
     try:
         measure_clock(config.observability, RunLayout.at(config.run_dir))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -102,22 +104,23 @@ def train_step(state: TrainState, batches: Iterator[torch.Tensor], config: Train
 def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
     """Clip the global gradient norm without a host sync; any mix of plain and DTensor gradients.
 
-    Plain and sharded gradients are normed in separate foreach groups (a DTensor norm is the
-    whole tensor's after `full_tensor`), then every gradient is scaled by one device scalar.
+    Gradients are normed in foreach groups: plain tensors, and DTensors per device mesh (FSDP x TP
+    mixes 1-D and 2-D meshes); a DTensor norm is the whole tensor's after `full_tensor`. Then every
+    gradient is scaled by one device scalar.
     """
-    grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
+    groups: dict[object, list[torch.Tensor]] = {}
+    for parameter in parameters:
+        if parameter.grad is not None:
+            key = parameter.grad.device_mesh if isinstance(parameter.grad, DTensor) else None
+            groups.setdefault(key, []).append(parameter.grad)
+    if not groups:
         return torch.zeros(())
-    groups = [[g for g in grads if not isinstance(g, DTensor)], [g for g in grads if isinstance(g, DTensor)]]
-    norms = []
-    for group in groups:
-        for norm in torch._foreach_norm(group) if group else []:
-            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    norms = [norm.full_tensor() if isinstance(norm, DTensor) else norm
+             for group in groups.values() for norm in torch._foreach_norm(group)]
     total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
     scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for group in groups:
-        if group:
-            torch._foreach_mul_(group, scale.to(group[0].device))
+    for group in groups.values():
+        torch._foreach_mul_(group, scale.to(group[0].device))
     return total
 
 
@@ -129,6 +132,8 @@ def inject_faults(step: int, config: TrainConfig, runtime: Runtime) -> None:
     faults = config.faults
     if runtime.rank == faults.crash_rank and step == faults.crash_step:
         raise InjectedFault(f"injected crash on rank {runtime.rank} at step {step} (faults.crash_rank)")
+    if runtime.rank == faults.signal_rank and step == faults.signal_step:
+        os.kill(os.getpid(), signal.SIGUSR1)
     if runtime.rank == faults.straggle_rank and faults.straggle_ms > 0:
         with torch.profiler.record_function("fleetscope_injected_delay"):
             time.sleep(faults.straggle_ms / 1e3)

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from .config import ConfigError, ModelConfig
+from .config import ConfigError, ModelConfig, ParallelConfig
 from .families import FAMILIES, PRESETS
 
 
@@ -30,6 +30,21 @@ def build_model(model: ModelConfig, *, seed: int) -> torch.nn.Module:
     config = build_config(model)
     torch.manual_seed(seed)
     return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention)
+
+
+def check_model_support(model: ModelConfig, parallel: ParallelConfig) -> None:
+    """What the model's config decides about the parallel layout, checked before any process group:
+    a tensor-parallel plan must exist and the attention heads must divide evenly."""
+    if parallel.tp == 1:
+        return
+    config = build_config(model)
+    name = model.path or model.family
+    if not getattr(config, "base_model_tp_plan", None):
+        raise ConfigError(f"parallel.tp: {name} ({type(config).__name__}) has no tensor-parallel plan; use ddp or fsdp")
+    for attribute in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(config, attribute, None)
+        if heads and heads % parallel.tp:
+            raise ConfigError(f"parallel.tp: {parallel.tp} does not divide {attribute}={heads} of {name}")
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:

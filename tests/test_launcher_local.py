@@ -1,0 +1,86 @@
+"""The local launcher: the exact command (golden file), quoting, bad input, a failing rank."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+from helpers import REPO, fleetscope
+
+from fleetscope.cli.commands import build_launch_parser
+from fleetscope.cli.jobargs import job_spec_from_args
+from fleetscope.launcher.local import plan_local
+
+GOLDEN = REPO / "tests" / "golden" / "local"
+HOSTILE_ARGS = [
+    "--python", "/opt/venv/bin/python", "--run-dir", "/shared/runs/moe run;rm -rf ~", "--model", "mixtral",
+    "--parallel", "fsdp", "--steps", "20", "--profile", "wait=2,warmup=1,active=3,repeat=2",
+    "--env", "NCCL_DEBUG=INFO", "--set", "performance.alloc_conf=expandable_segments:True",
+    "--set", "data.path=/data/it's here.txt", "--set", "data.source=text",
+]
+
+
+def plan_for(args: list[str]):
+    return plan_local(job_spec_from_args(build_launch_parser().parse_args(args)))
+
+
+def test_dry_run_prints_the_golden_command(tmp_path):
+    completed = fleetscope("launch", "--dry-run", *HOSTILE_ARGS, cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == (GOLDEN / "torchrun_hostile_names.txt").read_text()
+    assert list(tmp_path.iterdir()) == []  # nothing created, nothing run
+    assert not Path("/shared/runs/moe run;rm -rf ~").exists()
+
+
+def test_rendered_command_parses_back_to_the_exact_argv():
+    plan = plan_for(HOSTILE_ARGS)
+    words = shlex.split(plan.render())
+    environment = dict(word.split("=", 1) for word in words[:len(plan.env)])
+    assert environment == plan.env
+    assert words[len(plan.env):] == plan.argv
+    assert "/shared/runs/moe run;rm -rf ~" in plan.argv
+
+
+def test_rank_environment_keeps_multicast_off_and_passes_user_variables():
+    env = plan_for(HOSTILE_ARGS).env
+    assert env["NCCL_NVLS_ENABLE"] == "0" and env["NCCL_DEBUG"] == "INFO"
+    assert env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tp", "3", "--parallel", "tp"], "parallel.tp: 3 does not divide the world size 2"),
+    (["--model", "llama"], "model.family: unknown family 'llama'"),
+    (["--steps", "-4"], "steps: must be >= 1"),
+    (["--env", "NOEQUALS"], "env: expected NAME=VALUE"),
+])
+def test_bad_configuration_exits_2_naming_the_field(tmp_path, args, message):
+    completed = fleetscope("launch", "--run-dir", str(tmp_path / "run"), *args, cwd=tmp_path)
+    assert completed.returncode == 2
+    assert message in completed.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_existing_run_is_never_reused_without_resume(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "job.json").write_text("{}")
+    completed = fleetscope("launch", "--run-dir", str(run), "--steps", "1", cwd=tmp_path)
+    assert completed.returncode == 2 and "already holds a run" in completed.stderr
+    assert (run / "job.json").read_text() == "{}"
+
+
+@pytest.mark.slow
+def test_a_failing_rank_fails_the_launch_with_its_error_and_keeps_the_traces(tmp_path):
+    run = tmp_path / "run"
+    completed = fleetscope("launch", "--run-dir", str(run), "--device", "cpu", "--steps", "8",
+                           "--profile", "wait=1,warmup=1,active=2", "--set", "faults.crash_rank=1",
+                           "--set", "faults.crash_step=5", cwd=tmp_path)
+    assert completed.returncode == 1
+    assert "rank 1 [failed first]: InjectedFault: injected crash on rank 1 at step 5" in completed.stderr
+    job = json.loads((run / "job.json").read_text())
+    assert job["status"] == "failed" and job["failures"][0]["rank"] == 1
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert sorted(t["rank"] for t in manifest["traces"]) == [0, 1]  # window 0 (steps 2-3) was published
+    assert (run / "report" / "merged.perfetto-trace").is_file()

@@ -206,19 +206,63 @@ def register_merge(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("path", help="run directory, or a directory of *.json / *.json.gz traces")
     parser.add_argument("-o", "--output", default=None,
                         help="output .perfetto-trace (default: <run>/report/merged.perfetto-trace)")
+    parser.add_argument("--ranks", type=_int_set, default=None, metavar="0,3,8", help="only these ranks")
+    parser.add_argument("--steps", type=_int_set, default=None, metavar="4,5", help="only these training steps")
+    parser.add_argument("--window", type=_time_window, default=None, metavar="START:END",
+                        help="only this time window, seconds after the first event")
+    parser.add_argument("--no-python", action="store_true", help="drop python_function events")
+    parser.add_argument("--no-flows", action="store_true", help="no launch->kernel or cross-rank arrows")
+    parser.add_argument("--no-overlays", action="store_true", help="no 'fleetscope analysis' tracks")
+    parser.add_argument("--args", action="store_true", help="keep each event's args (larger output)")
+    parser.add_argument("--json", nargs="?", const="", default=None, metavar="PATH",
+                        help="also write merged Chrome JSON (default: <run>/report/merged.trace.json.gz)")
+    parser.add_argument("--workers", type=int, default=1, help="ranks merged at once")
+    parser.add_argument("--verify", action="store_true", help="read the output back and check it")
+    parser.add_argument("--trace-processor", default=None, metavar="PATH",
+                        help="also check it with this trace_processor_shell binary (SQL)")
     parser.set_defaults(handler=handle_merge)
+
+
+def _int_set(text: str) -> frozenset[int]:
+    try:
+        return frozenset(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _time_window(text: str) -> tuple[float, float]:
+    start, sep, end = text.partition(":")
+    try:
+        return float(start), float(end)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:END in seconds, got {text!r}") from None
 
 
 def handle_merge(args: argparse.Namespace) -> int:
     from ..analysis.merge import merge
+    from ..analysis.merge_options import MergeOptions
+    from ..analysis.merge_verify import verify_merge
 
     layout = RunLayout.at(args.path)
     if args.output is None and not layout.is_run_dir():
         raise ValueError("-o OUT.perfetto-trace is required for a directory that is not a run directory")
     output = Path(args.output) if args.output else layout.merged_trace
-    result = merge(layout.root, output)
+    chrome_json = None if args.json is None else Path(args.json or layout.merged_json)
+    options = MergeOptions(ranks=args.ranks, steps=args.steps, time_window_s=args.window,
+                           drop_python_functions=args.no_python, flows=not args.no_flows,
+                           collective_flows=not args.no_flows, overlays=not args.no_overlays,
+                           event_args=args.args, chrome_json=chrome_json, workers=args.workers)
+    result = merge(layout.root, output, options=options)
     print(f"merged {len(result.ranks)} rank(s) into {output} ({output.stat().st_size / 1e6:.1f} MB)")
+    for problem in result.problems:
+        print(f"  problem: {problem}", file=sys.stderr)
+    failures = verify_merge(result, trace_processor=args.trace_processor) if (
+        args.verify or args.trace_processor) else []
+    for failure in failures:
+        print(f"  verification failed: {failure}", file=sys.stderr)
     print(f"open it at https://ui.perfetto.dev -> 'Open trace file' -> {output}")
+    if failures:
+        return EXIT_FAILED
     return EXIT_OK if not result.problems else EXIT_PARTIAL
 
 

@@ -8,7 +8,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..trainer.config import ConfigError, TrainConfig, check_degrees
+from ..trainer.config import TrainConfig, check_degrees, require
 
 Scheduler = Literal["local", "submitit", "torchx"]
 SCHEDULERS: tuple[str, ...] = typing.get_args(Scheduler)
@@ -20,11 +20,6 @@ DEFAULT_ENV: dict[str, str] = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
-
-
-def _require(condition: bool, field_name: str, message: str) -> None:
-    if not condition:
-        raise ConfigError(f"{field_name}: {message}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,10 +46,10 @@ class SlurmOptions:
     """Further `#SBATCH` options, e.g. ("--exclusive", "--constraint=h200")."""
 
     def __post_init__(self) -> None:
-        _require(self.time_minutes >= 1, "slurm.time_minutes", f"must be >= 1, got {self.time_minutes}")
-        _require(self.cpus_per_task >= 0, "slurm.cpus_per_task", "must be >= 0")
-        _require(bool(self.job_name.strip()), "slurm.job_name", "must not be empty")
-        _require(all(option.startswith("--") for option in self.extra_sbatch), "slurm.extra_sbatch",
+        require(self.time_minutes >= 1, "slurm.time_minutes", f"must be >= 1, got {self.time_minutes}")
+        require(self.cpus_per_task >= 0, "slurm.cpus_per_task", "must be >= 0")
+        require(bool(self.job_name.strip()), "slurm.job_name", "must not be empty")
+        require(all(option.startswith("--") for option in self.extra_sbatch), "slurm.extra_sbatch",
                  "every option must start with --")
 
 
@@ -75,15 +70,15 @@ class JobSpec:
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
 
     def __post_init__(self) -> None:
-        _require(self.scheduler in SCHEDULERS, "scheduler", f"must be one of {SCHEDULERS}, got {self.scheduler!r}")
-        _require(self.nodes >= 1, "nodes", f"must be >= 1, got {self.nodes}")
-        _require(self.nproc_per_node >= 1, "nproc_per_node", f"must be >= 1, got {self.nproc_per_node}")
-        _require(self.scheduler != "local" or self.nodes == 1, "nodes",
+        require(self.scheduler in SCHEDULERS, "scheduler", f"must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        require(self.nodes >= 1, "nodes", f"must be >= 1, got {self.nodes}")
+        require(self.nproc_per_node >= 1, "nproc_per_node", f"must be >= 1, got {self.nproc_per_node}")
+        require(self.scheduler != "local" or self.nodes == 1, "nodes",
                  "the local scheduler runs on this node only; use submitit or torchx for several nodes")
         check_degrees(self.train.parallel, self.world_size)
         for name in self.env:
-            _require(bool(_ENV_NAME.match(name)), "env", f"{name!r} is not a valid environment variable name")
-        _require(bool(self.python), "python", "must not be empty")
+            require(bool(_ENV_NAME.match(name)), "env", f"{name!r} is not a valid environment variable name")
+        require(bool(self.python), "python", "must not be empty")
 
     @property
     def world_size(self) -> int:

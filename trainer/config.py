@@ -31,7 +31,8 @@ class ConfigError(ValueError):
     """A configuration value that cannot work; the message names the field."""
 
 
-def _require(condition: bool, field_name: str, message: str) -> None:
+def require(condition: bool, field_name: str, message: str) -> None:
+    """Raise a ConfigError naming `field_name` unless `condition` holds."""
     if not condition:
         raise ConfigError(f"{field_name}: {message}")
 
@@ -48,10 +49,10 @@ class ModelConfig:
     """Load weights from `path` with from_pretrained instead of random initialisation."""
 
     def __post_init__(self) -> None:
-        _require(self.family in FAMILIES, "model.family",
+        require(self.family in FAMILIES, "model.family",
                  f"unknown family {self.family!r}; known: {', '.join(FAMILIES)}")
-        _require(self.preset in PRESETS, "model.preset", f"must be one of {', '.join(PRESETS)}, got {self.preset!r}")
-        _require(not self.load_weights or bool(self.path), "model.load_weights", "needs model.path")
+        require(self.preset in PRESETS, "model.preset", f"must be one of {', '.join(PRESETS)}, got {self.preset!r}")
+        require(not self.load_weights or bool(self.path), "model.load_weights", "needs model.path")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,12 +71,12 @@ class ParallelConfig:
     """Process-group backend: nccl on CUDA and gloo on CPU (auto), or forced (gloo on CUDA tensors)."""
 
     def __post_init__(self) -> None:
-        _require(self.mode in PARALLEL_MODES, "parallel.mode", f"must be one of {PARALLEL_MODES}, got {self.mode!r}")
-        _require(self.tp >= 1, "parallel.tp", f"must be >= 1, got {self.tp}")
-        _require(self.mode in ("tp", "fsdp_tp") or self.tp == 1, "parallel.tp",
+        require(self.mode in PARALLEL_MODES, "parallel.mode", f"must be one of {PARALLEL_MODES}, got {self.mode!r}")
+        require(self.tp >= 1, "parallel.tp", f"must be >= 1, got {self.tp}")
+        require(self.mode in ("tp", "fsdp_tp") or self.tp == 1, "parallel.tp",
                  f"is {self.tp} but parallel.mode {self.mode!r} has no tensor parallelism")
-        _require(self.bucket_cap_mb > 0, "parallel.bucket_cap_mb", "must be > 0")
-        _require(self.backend in typing.get_args(Backend), "parallel.backend", f"unknown backend {self.backend!r}")
+        require(self.bucket_cap_mb > 0, "parallel.bucket_cap_mb", "must be > 0")
+        require(self.backend in typing.get_args(Backend), "parallel.backend", f"unknown backend {self.backend!r}")
 
 
 def check_degrees(config: ParallelConfig, world_size: int) -> None:
@@ -113,8 +114,8 @@ class ProfilerSchedule:
 
     def __post_init__(self) -> None:
         for name in ("skip_first", "wait", "warmup", "repeat"):
-            _require(getattr(self, name) >= 0, f"profiler.{name}", f"must be >= 0, got {getattr(self, name)}")
-        _require(self.active >= 1, "profiler.active", f"must be >= 1, got {self.active}")
+            require(getattr(self, name) >= 0, f"profiler.{name}", f"must be >= 0, got {getattr(self, name)}")
+        require(self.active >= 1, "profiler.active", f"must be >= 1, got {self.active}")
 
     @property
     def cycle_steps(self) -> int:
@@ -148,12 +149,12 @@ class DataConfig:
     """Drop the last incomplete batch."""
 
     def __post_init__(self) -> None:
-        _require(self.batch_size >= 1, "data.batch_size", f"must be >= 1, got {self.batch_size}")
-        _require(self.seq_len >= 2, "data.seq_len", f"must be >= 2, got {self.seq_len}")
-        _require(self.num_workers >= 0, "data.num_workers", "must be >= 0")
-        _require(self.prefetch_factor >= 1, "data.prefetch_factor", "must be >= 1")
-        _require(self.source == "synthetic" or bool(self.path), "data.path", f"is required for source {self.source!r}")
-        _require(self.source in typing.get_args(DataSource), "data.source", f"unknown source {self.source!r}")
+        require(self.batch_size >= 1, "data.batch_size", f"must be >= 1, got {self.batch_size}")
+        require(self.seq_len >= 2, "data.seq_len", f"must be >= 2, got {self.seq_len}")
+        require(self.num_workers >= 0, "data.num_workers", "must be >= 0")
+        require(self.prefetch_factor >= 1, "data.prefetch_factor", "must be >= 1")
+        require(self.source == "synthetic" or bool(self.path), "data.path", f"is required for source {self.source!r}")
+        require(self.source in typing.get_args(DataSource), "data.source", f"unknown source {self.source!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -168,9 +169,9 @@ class OptimConfig:
     """Clip the global gradient norm to this value; 0 disables."""
 
     def __post_init__(self) -> None:
-        _require(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
-        _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
-        _require(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
+        require(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
+        require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        require(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -195,14 +196,14 @@ class PerformanceConfig:
     """Tokens per chunk of the fused loss."""
 
     def __post_init__(self) -> None:
-        _require(self.device in typing.get_args(Device), "performance.device", f"unknown device {self.device!r}")
-        _require(self.precision in typing.get_args(Precision), "performance.precision",
+        require(self.device in typing.get_args(Device), "performance.device", f"unknown device {self.device!r}")
+        require(self.precision in typing.get_args(Precision), "performance.precision",
                  f"must be fp32 or bf16, got {self.precision!r}")
-        _require(self.compile in typing.get_args(CompileMode), "performance.compile",
+        require(self.compile in typing.get_args(CompileMode), "performance.compile",
                  f"must be one of {typing.get_args(CompileMode)}, got {self.compile!r}")
-        _require(self.activation_checkpointing in typing.get_args(ActivationCheckpointing),
+        require(self.activation_checkpointing in typing.get_args(ActivationCheckpointing),
                  "performance.activation_checkpointing", f"unknown value {self.activation_checkpointing!r}")
-        _require(self.loss_chunk_tokens >= 1, "performance.loss_chunk_tokens", "must be >= 1")
+        require(self.loss_chunk_tokens >= 1, "performance.loss_chunk_tokens", "must be >= 1")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -215,7 +216,7 @@ class CheckpointConfig:
     """Resume from the newest checkpoint in the run directory when one exists."""
 
     def __post_init__(self) -> None:
-        _require(self.every >= 0, "checkpoint.every", f"must be >= 0, got {self.every}")
+        require(self.every >= 0, "checkpoint.every", f"must be >= 0, got {self.every}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -234,9 +235,9 @@ class ObservabilityConfig:
     """Allocation events kept in the history ring buffer."""
 
     def __post_init__(self) -> None:
-        _require(self.clock_round_trips >= 0, "observability.clock_round_trips", "must be >= 0")
-        _require(self.memory_snapshot_step >= -1, "observability.memory_snapshot_step", "must be >= -1")
-        _require(self.memory_history_entries >= 1, "observability.memory_history_entries", "must be >= 1")
+        require(self.clock_round_trips >= 0, "observability.clock_round_trips", "must be >= 0")
+        require(self.memory_snapshot_step >= -1, "observability.memory_snapshot_step", "must be >= -1")
+        require(self.memory_history_entries >= 1, "observability.memory_history_entries", "must be >= 1")
 
     @property
     def records_memory(self) -> bool:
@@ -261,9 +262,9 @@ class FaultConfig:
     """Step at which `signal_rank` is signalled."""
 
     def __post_init__(self) -> None:
-        _require(self.crash_step >= 0, "faults.crash_step", "must be >= 0")
-        _require(self.straggle_ms >= 0, "faults.straggle_ms", "must be >= 0")
-        _require(self.signal_step >= 0, "faults.signal_step", "must be >= 0")
+        require(self.crash_step >= 0, "faults.crash_step", "must be >= 0")
+        require(self.straggle_ms >= 0, "faults.straggle_ms", "must be >= 0")
+        require(self.signal_step >= 0, "faults.signal_step", "must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -285,15 +286,15 @@ class TrainConfig:
     faults: FaultConfig = field(default_factory=FaultConfig)
 
     def __post_init__(self) -> None:
-        _require(bool(self.run_dir), "run_dir", "must not be empty")
-        _require(not (self.observability.records_memory and self.performance.device == "cpu"),
+        require(bool(self.run_dir), "run_dir", "must not be empty")
+        require(not (self.observability.records_memory and self.performance.device == "cpu"),
                  "observability.memory_snapshot_step", "memory snapshots record the CUDA allocator; device is cpu")
         cuda_graphs = self.performance.compile in ("reduce-overhead", "max-autotune")
-        _require(not (cuda_graphs and self.parallel.mode in ("fsdp", "fsdp_tp")), "performance.compile",
+        require(not (cuda_graphs and self.parallel.mode in ("fsdp", "fsdp_tp")), "performance.compile",
                  f"{self.performance.compile!r} records CUDA graphs, which need fixed parameter addresses; "
                  "FSDP re-gathers parameters every step: use max-autotune-no-cudagraphs or default")
-        _require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
-        _require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+        require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
+        require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
 
 
 # --- `section.field=value` overrides -------------------------------------------------------
@@ -309,7 +310,7 @@ def apply_overrides(config: Any, assignments: list[str]) -> Any:
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
         key = key.strip()
-        _require(bool(sep) and bool(key), assignment, "expected section.field=value")
+        require(bool(sep) and bool(key), assignment, "expected section.field=value")
         path = key.split(".")
         hint = _field_type(type(config), path, key)
         _nested_set(updates, path, parse_value(text.strip(), hint, key))
@@ -319,13 +320,13 @@ def apply_overrides(config: Any, assignments: list[str]) -> Any:
 def _field_type(cls: type, path: list[str], key: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    _require(path[0] in names, key, f"unknown setting; known here: {', '.join(sorted(names))}")
+    require(path[0] in names, key, f"unknown setting; known here: {', '.join(sorted(names))}")
     hint = hints[path[0]]
     is_section = dataclasses.is_dataclass(hint)
     if len(path) == 1:
-        _require(not is_section, key, "is a section; set one of its fields")
+        require(not is_section, key, "is a section; set one of its fields")
         return hint
-    _require(is_section, key, f"{path[0]} is not a section")
+    require(is_section, key, f"{path[0]} is not a section")
     return _field_type(hint, path[1:], key)
 
 
@@ -369,7 +370,7 @@ def parse_value(text: str, hint: Any, key: str) -> Any:
     origin = typing.get_origin(hint)
     if origin is Literal:
         choices = typing.get_args(hint)
-        _require(text in choices, key, f"must be one of {choices}, got {text!r}")
+        require(text in choices, key, f"must be one of {choices}, got {text!r}")
         return text
     if origin in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -378,7 +379,7 @@ def parse_value(text: str, hint: Any, key: str) -> Any:
         return parse_value(text, options[0], key)
     if hint is bool:
         lowered = text.lower()
-        _require(lowered in ("true", "false", "1", "0", "yes", "no"), key, f"expected true/false, got {text!r}")
+        require(lowered in ("true", "false", "1", "0", "yes", "no"), key, f"expected true/false, got {text!r}")
         return lowered in ("true", "1", "yes")
     if hint in (int, float):
         try:

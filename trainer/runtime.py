@@ -69,6 +69,8 @@ def init_runtime(config: TrainConfig) -> Runtime:
     device = select_device(config, env["local_rank"])
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        # TF32 tensor cores for the fp32 matmuls autocast leaves in fp32 (and for fp32 runs).
+        torch.set_float32_matmul_precision("high" if config.performance.tf32 else "highest")
     else:
         # Ranks sharing a host share its cores: oversubscribed BLAS threads make every rank slower.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // env["local_world_size"]))

@@ -1,0 +1,169 @@
+"""Multi-GPU runs on one node, in one script: parallel modes, weak scaling, DDP bucket size, an injected
+straggler. Two phases, so the GPU machine needs nothing but torch and transformers:
+
+    python bench/multi_gpu.py run --out RUNS [--nproc 8] [--preset small]      # on the GPU node
+    python bench/multi_gpu.py summarize RUNS [--json OUT.json]                  # anywhere: analysis + table
+
+`run` launches every job with `fleetscope launch --no-post` (NCCL, NVLink multicast off); `summarize`
+gathers, analyzes and merges each run directory and prints one table:
+  - modes: DDP, FSDP2, TP (tp = N) and 2-D FSDP x TP (tp = 2, N >= 4), profiled: tokens/s per GPU, MFU,
+    busy / idle / communication / overlap per the report;
+  - weak scaling: FSDP2 on 1 and N GPUs at the same per-GPU batch -> efficiency;
+  - DDP bucket_cap_mb 25 vs 50: communication-computation overlap (fleetscope's and HTA's);
+  - straggler: DDP with the last rank sleeping --straggle-ms before every step -> who and how much
+    the report finds.
+With --device cpu (gloo) the same script runs on a laptop, which is how it is tested.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    nproc: int
+    args: list[str] = field(default_factory=list)
+
+
+def plan_jobs(nproc: int, straggle_ms: float) -> list[Job]:
+    """Every job of the run phase (pure)."""
+    jobs = [Job("mode-ddp", nproc, ["--parallel", "ddp"]), Job("mode-fsdp", nproc, ["--parallel", "fsdp"]),
+            Job("mode-tp", nproc, ["--parallel", "tp", "--tp", str(nproc)])]
+    if nproc >= 4:
+        jobs.append(Job("mode-fsdp_tp", nproc, ["--parallel", "fsdp_tp", "--tp", "2"]))
+    jobs += [
+        Job("scaling-fsdp-1", 1, ["--parallel", "fsdp"]),
+        Job("bucket-25", nproc, ["--parallel", "ddp", "--set", "parallel.bucket_cap_mb=25"]),
+        Job("bucket-50", nproc, ["--parallel", "ddp", "--set", "parallel.bucket_cap_mb=50"]),
+        Job("straggler", nproc, ["--parallel", "ddp", "--set", f"faults.straggle_rank={nproc - 1}",
+                                 "--set", f"faults.straggle_ms={straggle_ms}"]),
+    ]
+    return jobs
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out).absolute()
+    failed = []
+    for job in plan_jobs(args.nproc, args.straggle_ms):
+        command = [sys.executable, "-m", "fleetscope.cli.main", "launch", "--no-post", "--device", args.device,
+                   "--nproc-per-node", str(job.nproc), "--preset", args.preset, "--steps", str(args.steps),
+                   "--batch-size", str(args.batch), "--seq-len", str(args.seq), "--profile", args.profile,
+                   "--run-dir", str(out / job.name), *job.args, *[f"--set={o}" for o in args.overrides]]
+        print("+", " ".join(command), flush=True)
+        if subprocess.run(command).returncode != 0:
+            failed.append(job.name)
+    print(f"failed: {', '.join(failed)}" if failed else "all jobs finished")
+    return 1 if failed else 0
+
+
+# --- summarize ---------------------------------------------------------------------------------
+
+
+def steady_metrics(run_dir: Path, skip: int) -> dict:
+    """Medians over every rank's unprofiled steps from `skip` on."""
+    rows = [json.loads(line) for path in sorted((run_dir / "metrics").glob("rank*.jsonl"))
+            for line in path.read_text().splitlines()]
+    steady = [r for r in rows if r["step"] >= skip and not r["profiled"]] or rows
+    mfu = [r["mfu_pct"] for r in steady if r.get("mfu_pct") is not None]
+    return {"tokens_per_s_per_gpu": statistics.median(r["tokens_per_s"] for r in steady),
+            "step_ms": statistics.median(r["step_time_ms"] for r in steady),
+            "mfu_pct": statistics.median(mfu) if mfu else None}
+
+
+def report_summary(run_dir: Path) -> dict:
+    from fleetscope.analysis import analyze
+    from fleetscope.analysis.merge import merge
+    from fleetscope.traces.gather import gather
+
+    gather(run_dir)
+    report = analyze(run_dir)
+    merge(run_dir)
+    data = report.to_json()
+    ranks = data["ranks"]
+
+    def mean(key: str) -> float | None:
+        values = [r[key] for r in ranks if r.get(key) is not None]
+        return round(statistics.mean(values), 2) if values else None
+
+    return {"busy_pct": mean("busy_pct"), "idle_pct": mean("idle_pct"), "comm_pct": mean("comm_pct"),
+            "overlap_pct": mean("overlap_pct"), "verdict": data.get("verdict"),
+            "hta_overlap_pct": _hta_overlap(data)}
+
+
+def _hta_overlap(report: dict) -> float | None:
+    """Mean of HTA's comm/comp overlap over ranks and windows, when HTA ran."""
+    values = []
+    for window in report.get("windows", []):
+        rows = ((window.get("hta") or {}).get("tables") or {}).get("comm_comp_overlap") or []
+        values += [row.get("comp_comm_overlap_pctg") for row in rows if row.get("comp_comm_overlap_pctg") is not None]
+    return round(statistics.mean(values), 2) if values else None
+
+
+def summarize(args: argparse.Namespace) -> int:
+    runs = Path(args.runs)
+    rows = {}
+    for run_dir in sorted(p for p in runs.iterdir() if (p / "job.json").is_file()):
+        rows[run_dir.name] = {**steady_metrics(run_dir, args.skip), **report_summary(run_dir)}
+    scaling = scaling_efficiency(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"runs": rows, "weak_scaling_efficiency": scaling}, indent=2))
+    print(table(rows, scaling))
+    return 0
+
+
+def scaling_efficiency(rows: dict) -> float | None:
+    one, many = rows.get("scaling-fsdp-1"), rows.get("mode-fsdp")
+    if not one or not many:
+        return None
+    return round(many["tokens_per_s_per_gpu"] / one["tokens_per_s_per_gpu"], 3)
+
+
+def table(rows: dict, scaling: float | None) -> str:
+    lines = ["| run | tokens/s per GPU | step ms | MFU % | busy % | idle % | comm % | overlap % | HTA overlap % |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, row in rows.items():
+        cells = [f"{row['tokens_per_s_per_gpu']:,.0f}", f"{row['step_ms']:.1f}", _fmt(row["mfu_pct"]),
+                 *(_fmt(row[k]) for k in ("busy_pct", "idle_pct", "comm_pct", "overlap_pct", "hta_overlap_pct"))]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append(f"\nweak scaling efficiency (FSDP2, N GPUs vs 1): {_fmt(scaling)}")
+    if "straggler" in rows:
+        lines.append(f"straggler run verdict: {rows['straggler']['verdict']}")
+    return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="phase", required=True)
+    run_parser = sub.add_parser("run")
+    run_parser.add_argument("--out", required=True)
+    run_parser.add_argument("--nproc", type=int, default=8)
+    run_parser.add_argument("--device", default="cuda")
+    run_parser.add_argument("--preset", default="small")
+    run_parser.add_argument("--steps", type=int, default=30)
+    run_parser.add_argument("--batch", type=int, default=8)
+    run_parser.add_argument("--seq", type=int, default=2048)
+    run_parser.add_argument("--profile", default="skip_first=15,wait=5,warmup=2,active=3,repeat=1")
+    run_parser.add_argument("--straggle-ms", type=float, default=20.0)
+    run_parser.add_argument("--set", dest="overrides", action="append", default=[])
+    summary_parser = sub.add_parser("summarize")
+    summary_parser.add_argument("runs")
+    summary_parser.add_argument("--skip", type=int, default=10)
+    summary_parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    return run(args) if args.phase == "run" else summarize(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""The benchmark scripts' pure planning parts."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from helpers import REPO
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_multi_gpu_jobs_cover_modes_scaling_buckets_and_a_straggler():
+    multi_gpu = load("multi_gpu")
+    jobs = {job.name: job for job in multi_gpu.plan_jobs(8, straggle_ms=20)}
+    assert set(jobs) == {"mode-ddp", "mode-fsdp", "mode-tp", "mode-fsdp_tp", "scaling-fsdp-1", "bucket-25",
+                         "bucket-50", "straggler"}
+    assert jobs["mode-tp"].args[-1] == "8" and jobs["scaling-fsdp-1"].nproc == 1
+    assert "faults.straggle_rank=7" in jobs["straggler"].args
+    assert "mode-fsdp_tp" not in {job.name for job in multi_gpu.plan_jobs(2, straggle_ms=20)}
+
+
+def test_profiler_overhead_summary_separates_windows():
+    overhead = load("profiler_overhead")
+    off = [{"step": s, "step_time_ms": 10.0, "profiled": False} for s in range(30)]
+    scheduled = [{"step": s, "step_time_ms": 12.0 if s in (22, 23) else 10.1, "profiled": s in (22, 23)}
+                 for s in range(30)]
+    summary = overhead.summarize(off, scheduled, skip=20)
+    assert summary["outside_overhead_pct"] == 1.0 and summary["inside_overhead_pct"] == 20.0

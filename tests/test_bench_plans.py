@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 from helpers import REPO
 
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[f"bench_{name}"] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 

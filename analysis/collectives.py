@@ -28,6 +28,13 @@ SOURCE_GLOO = "gloo spans"
 SOURCE_HOST = "host collective ops"
 NO_STEP = -1
 
+
+def step_label(step: int, prefix: str = "") -> str:
+    """How reports name a step ("3", or with prefix "step 3"); collectives issued outside every
+    profiled step carry NO_STEP and read "outside steps"."""
+    return "outside steps" if step == NO_STEP else f"{prefix}{step}"
+
+
 CollectiveKey = tuple[int, str, int]
 """(step or NO_STEP, collective name, ordinal of that name within the step)."""
 

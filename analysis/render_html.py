@@ -7,6 +7,7 @@ from html import escape
 from typing import Any
 
 from . import svg
+from .collectives import step_label
 from .report import RankSummary, Report, WindowReport
 from .utilization import Utilization
 
@@ -176,7 +177,7 @@ def _window_stragglers(window: WindowReport) -> str:
                  + svg.bars([f"rank {w.rank}" for w in ordered], [w.caused_wait_us / 1000 for w in ordered],
                             unit="ms", highlight=f"rank {s.waited_for_rank}"))
         html += _step_wait_heatmap(window)
-        rows = [[str(i.step), i.name, str(i.ordinal), str(i.last_rank), _f(i.lateness_us / 1000, 3),
+        rows = [[step_label(i.step), i.name, str(i.ordinal), str(i.last_rank), _f(i.lateness_us / 1000, 3),
                  _f(i.extra_compute_us / 1000, 3), _f(i.arrival_spread_us / 1000, 3), _f(i.end_spread_us / 1000, 3),
                  str(i.participants)] for i in s.worst_instances]
         html += ("<p class=\"note\">Latest arrivals. extra compute: the late rank's computation since the previous "
@@ -193,7 +194,8 @@ def _step_wait_heatmap(window: WindowReport) -> str:
     ranks = sorted({rank for step in by_step for rank in step.wait_by_rank_us})
     values = [[step.wait_by_rank_us.get(rank, 0.0) / 1000 for step in by_step] for rank in ranks]
     return ("<p class=\"note\">Time each rank waited in collectives for later ranks, per step (ms)</p>"
-            + svg.heatmap([f"rank {r}" for r in ranks], [f"s{step.step}" for step in by_step], values, unit="ms"))
+            + svg.heatmap([f"rank {r}" for r in ranks], [f"s{step_label(step.step)}" for step in by_step], values,
+                          unit="ms"))
 
 
 def _clock_section(report: Report) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .collectives import step_label
 from .report import Report, WindowReport
 
 MAX_RANK_ROWS = 32
@@ -91,7 +92,7 @@ def _stragglers(report: Report) -> str:
 def _worst_collectives(window: WindowReport) -> list[str]:
     threshold = window.stragglers.min_lateness_us
     worst = [i for i in window.stragglers.worst_instances if i.lateness_us >= threshold][:WORST_COLLECTIVES_SHOWN]
-    return [f"  step {i.step} {i.name} #{i.ordinal}: rank {i.last_rank} arrived {i.lateness_us / 1000:.2f} ms "
+    return [f"  {step_label(i.step, prefix='step ')} {i.name} #{i.ordinal}: rank {i.last_rank} arrived {i.lateness_us / 1000:.2f} ms "
             f"after the others ({i.participants} ranks; {_extra_compute(i.extra_compute_us)})" for i in worst]
 
 

@@ -33,6 +33,8 @@ def register_launch(sub: argparse._SubParsersAction) -> None:
 
 def handle_launch(args: argparse.Namespace) -> int:
     spec = job_spec_from_args(args)
+    if spec.scheduler == "torchx_local":
+        return launch_with_torchx_local(spec, args)
     if spec.scheduler != "local":
         from .slurm_commands import launch_on_slurm
 
@@ -47,6 +49,36 @@ def handle_launch(args: argparse.Namespace) -> int:
     post = None if args.no_post else postprocess(layout.root)
     print_outcome(layout, result, post)
     return launch_exit_code(result, post)
+
+
+def launch_with_torchx_local(spec: JobSpec, args: argparse.Namespace) -> int:
+    """The TorchX AppDef of the Slurm path, run by TorchX's local_cwd scheduler on this node."""
+    from torchx.specs import AppState
+
+    from ..launcher.torchx_backend import plan_torchx_local, run_torchx_local
+
+    plan = plan_torchx_local(spec)
+    if args.dry_run:
+        print(plan.render())
+        return EXIT_OK
+    layout = RunLayout.at(spec.train.run_dir)
+    refuse_existing_run(layout, resume=args.resume)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    write_job_record(layout, **spec_record(spec), plan={"kind": "torchx_local", "command": plan.render()},
+                     status="running", started_at=now_iso())
+    status = run_torchx_local(plan)
+    succeeded = status is not None and status.state == AppState.SUCCEEDED
+    write_job_record(layout, status="succeeded" if succeeded else "failed", finished_at=now_iso(),
+                     torchx_state=str(status.state if status else None))
+    post = None if args.no_post else postprocess(layout.root)
+    if not succeeded:
+        print(f"fleetscope: the job FAILED (TorchX state {status.state if status else 'unknown'}); logs under "
+              f"{layout.logs_dir}", file=sys.stderr)
+    if post is not None:
+        print_outputs(post)
+    if not succeeded:
+        return EXIT_FAILED
+    return EXIT_OK if post is None or post.complete else EXIT_PARTIAL
 
 
 def refuse_existing_run(layout: RunLayout, *, resume: bool) -> None:

@@ -10,7 +10,7 @@ from typing import Literal
 
 from ..trainer.config import TrainConfig, check_degrees, require
 
-Scheduler = Literal["local", "submitit", "torchx"]
+Scheduler = Literal["local", "submitit", "torchx", "torchx_local"]
 SCHEDULERS: tuple[str, ...] = typing.get_args(Scheduler)
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -58,7 +58,7 @@ class JobSpec:
     train: TrainConfig
     """What every rank runs (its run_dir is the job's run directory)."""
     scheduler: Scheduler = "local"
-    """local (torchrun on this node), submitit or torchx (Slurm)."""
+    """local (torchrun on this node), submitit or torchx (Slurm), torchx_local (TorchX's local_cwd on this node)."""
     nodes: int = 1
     """Nodes to run on."""
     nproc_per_node: int = 2
@@ -73,8 +73,8 @@ class JobSpec:
         require(self.scheduler in SCHEDULERS, "scheduler", f"must be one of {SCHEDULERS}, got {self.scheduler!r}")
         require(self.nodes >= 1, "nodes", f"must be >= 1, got {self.nodes}")
         require(self.nproc_per_node >= 1, "nproc_per_node", f"must be >= 1, got {self.nproc_per_node}")
-        require(self.scheduler != "local" or self.nodes == 1, "nodes",
-                 "the local scheduler runs on this node only; use submitit or torchx for several nodes")
+        require(self.scheduler not in ("local", "torchx_local") or self.nodes == 1, "nodes",
+                 f"the {self.scheduler} scheduler runs on this node only; use submitit or torchx for several nodes")
         check_degrees(self.train.parallel, self.world_size)
         for name in self.env:
             require(bool(_ENV_NAME.match(name)), "env", f"{name!r} is not a valid environment variable name")

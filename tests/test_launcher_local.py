@@ -84,3 +84,16 @@ def test_a_failing_rank_fails_the_launch_with_its_error_and_keeps_the_traces(tmp
     manifest = json.loads((run / "manifest.json").read_text())
     assert sorted(t["rank"] for t in manifest["traces"]) == [0, 1]  # window 0 (steps 2-3) was published
     assert (run / "report" / "merged.perfetto-trace").is_file()
+
+
+@pytest.mark.slow
+def test_torchx_local_scheduler_runs_the_same_job_through_the_cli(tmp_path):
+    run = tmp_path / "run"
+    completed = fleetscope("launch", "--scheduler", "torchx_local", "--run-dir", str(run), "--device", "cpu",
+                           "--steps", "4", "--profile", "wait=1,warmup=1,active=2", cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    job = json.loads((run / "job.json").read_text())
+    assert job["status"] == "succeeded" and job["plan"]["kind"] == "torchx_local"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert sorted(t["rank"] for t in manifest["traces"]) == [0, 1] and not manifest["missing"]
+    assert (run / "report" / "merged.perfetto-trace").is_file()

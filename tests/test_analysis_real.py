@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleetscope.analysis import analyze, render_terminal
+from fleetscope.analysis.clock_align import MIN_SAMPLES
 from fleetscope.traces.clock import DEFAULT_ROUND_TRIPS, ClockOffset, read_clock_offsets
 from fleetscope.traces.gather import gather
 from fleetscope.traces.layout import RunLayout
@@ -134,12 +135,12 @@ def test_real_clock_offsets_are_measured(gloo_run):
     assert problems == [] and sorted(offsets) == [0, 1]
     assert offsets[0].offset_us == 0.0
     one = offsets[1]
-    assert one.round_trips == DEFAULT_ROUND_TRIPS and 0 < one.uncertainty_us < 5000
+    assert one.round_trips == DEFAULT_ROUND_TRIPS and 0 < one.uncertainty_us < 10_000
     # both ranks read the same host clock: the true offset is 0, inside the bound by construction
     assert abs(one.offset_us) <= one.uncertainty_us
     for transport_dir in ("skewed_clock", "skewed_clock_store"):
         skewed = ClockOffset.from_json(json.loads((gloo_run.root.parent / transport_dir / "rank1.json").read_text()))
-        assert abs(skewed.offset_us - SKEW_MS * 1000) <= skewed.uncertainty_us < 5000, transport_dir
+        assert abs(skewed.offset_us - SKEW_MS * 1000) <= skewed.uncertainty_us < 10_000, transport_dir
 
 
 def _skewed_copy(layout: RunLayout, destination: Path, *, with_clock_files: bool) -> RunLayout:
@@ -174,15 +175,30 @@ def test_injected_clock_skew_is_recovered_and_the_report_unchanged(gloo_run, tmp
                      write_default_outputs=False)
     # gloo span ends on two busy cores agree only to a few ms (measured here: errors of 1.4-2.5 ms); the
     # startup measurement is the precise source (NCCL kernel ends are: test_analysis_scale_truth.py)
-    tolerance_us = 4000
-    if with_clock_files:
-        # 1 ms, or the measurement's own bound when the two busy cores made its best round trip longer
-        measured = ClockOffset.from_json(json.loads((gloo_run.root.parent / "skewed_clock" / "rank1.json").read_text()))
-        tolerance_us = max(1000.0, measured.uncertainty_us)
+    collectives_tolerance_us = 4000
+    tolerances_us = []
     for window in skewed.windows:
         other = next(h for h in window.clock.hosts if h.host == "other-node")
-        assert other.source == ("measured" if with_clock_files else "collectives")
-        assert other.offset_us == pytest.approx(SKEW_MS * 1000, abs=tolerance_us)
+        window_tolerance_us = collectives_tolerance_us
+        assert other.collective_samples >= MIN_SAMPLES
+        if not with_clock_files:
+            assert other.source == "collectives" and other.measured_offset_us is None
+        else:
+            measured = ClockOffset.from_json(
+                json.loads((gloo_run.root.parent / "skewed_clock" / "rank1.json").read_text()))
+            # the file is read whichever source wins, and it holds the skew within its own bound
+            assert other.measured_offset_us == pytest.approx(measured.offset_us)
+            assert other.measured_uncertainty_us == pytest.approx(measured.uncertainty_us)
+            assert abs(measured.offset_us - SKEW_MS * 1000) <= max(1000.0, measured.uncertainty_us)
+            # the documented choice: the collectives win only when their spread is below the measured bound
+            # (on two busy cores the best round trip, and so that bound, can grow to several ms)
+            collectives_tighter = other.collective_spread_us < measured.uncertainty_us
+            assert other.source == ("collectives" if collectives_tighter else "measured")
+            if other.source == "measured":
+                window_tolerance_us = max(1000.0, measured.uncertainty_us)
+        assert other.offset_us == pytest.approx(SKEW_MS * 1000, abs=window_tolerance_us)
+        tolerances_us.append(window_tolerance_us)
+    tolerance_us = max(tolerances_us)
     before, after = _lateness_by_instance(original), _lateness_by_instance(skewed)
     assert before.keys() == after.keys()
     for key, (last_rank, lateness_us) in before.items():

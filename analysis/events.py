@@ -17,7 +17,7 @@ from typing import Any, Union
 import msgspec
 import numpy as np
 
-from .names import is_comm_cpu_op
+from .names import PROCESS_GROUP_DESCRIPTION_ARG, PROCESS_GROUP_NAME_ARG, is_comm_cpu_op, process_group_label
 
 
 class Kind(enum.IntEnum):
@@ -73,6 +73,11 @@ class TraceEvents:
     """GPU device index for GPU activity, -1 for host events."""
     correlation: np.ndarray
     """CUDA correlation id linking a launch to its GPU activity, -1 when absent."""
+    groups: list[str] = field(default_factory=list)
+    """String table of process groups (`names.process_group_label`)."""
+    group_id: np.ndarray | None = None
+    """Index into `groups` of each event's process group, -1 when the event names none; None when no
+    event does (traces without the args: gloo, older PyTorch)."""
     dropped: dict[str, int] = field(default_factory=dict)
     """Events left out, by reason (negative duration, non-numeric time)."""
     omitted_host_ops: int = 0
@@ -109,6 +114,12 @@ class TraceEvents:
         found = (launch_ids[slot] == wanted) & (wanted != NO_ID)
         return np.where(found, launch_starts[slot], own_start)
 
+    def group_of(self, index: int) -> str | None:
+        """The process group event `index` ran on, when the trace says."""
+        if self.group_id is None or self.group_id[index] == NO_ID:
+            return None
+        return self.groups[self.group_id[index]]
+
     @property
     def has_gpu_activity(self) -> bool:
         return bool(self.of_kind(*GPU_ACTIVITY_KINDS).any())
@@ -121,6 +132,12 @@ class _Args(msgspec.Struct):
     stream: Any = None
     device: Any = None
     name: Any = None
+    group_name: Any = msgspec.field(default=None, name=PROCESS_GROUP_NAME_ARG)
+    group_description: Any = msgspec.field(default=None, name=PROCESS_GROUP_DESCRIPTION_ARG)
+
+
+_ARG_KEYS = dict(zip(_Args.__struct_fields__, _Args.__struct_encode_fields__))
+"""Attribute name -> the key it is read from in a trace's `args`."""
 
 
 class _Event(msgspec.Struct):
@@ -165,7 +182,7 @@ def events_from_document(document: dict[str, Any]) -> tuple[list[_Event], int]:
             skipped += 1
             continue
         args = raw.get("args")
-        args = _Args(**{k: args.get(k) for k in _Args.__struct_fields__}) if isinstance(args, dict) else None
+        args = _Args(**{field: args.get(key) for field, key in _ARG_KEYS.items()}) if isinstance(args, dict) else None
         events.append(_Event(ph=raw.get("ph"), name=raw.get("name"), cat=raw.get("cat"), ts=raw.get("ts"),
                              dur=raw.get("dur", 0), pid=raw.get("pid"), tid=raw.get("tid"), args=args))
     return events, skipped
@@ -196,6 +213,8 @@ def build_table(events: list[_Event]) -> TraceEvents:
     skip_host_ops = any(type(event.cat) is str and event.cat in _GPU_CATEGORY_NAMES for event in reversed(events))
     host_op_kept: dict[str, bool] = {}
     omitted = 0
+    group_index: dict[tuple, int] = {}
+    grouped_rows: list[tuple[int, int]] = []
     for event in events:
         if event.ph != "X":
             if event.ph == "M" and event.name == "thread_name":
@@ -237,9 +256,38 @@ def build_table(events: list[_Event]) -> TraceEvents:
         correlation = args.correlation if args is not None else None
         correlations.append(correlation if type(correlation) is int and -int_limit <= correlation <= int_limit
                             else NO_ID)
+        if args is not None and args.group_name is not None:
+            _note_group(args, len(name_ids) - 1, group_index, grouped_rows)
+    groups = _group_column(group_index, grouped_rows, len(name_ids)) if grouped_rows else None
     table = _to_table(name_index, name_ids, kinds, starts, durs, threads, devices, correlations,
-                      thread_names, dropped)
+                      thread_names, dropped, groups)
     return dataclasses.replace(table, omitted_host_ops=omitted) if omitted else table
+
+
+def _note_group(args: _Args, row: int, group_index: dict[tuple, int], grouped_rows: list[tuple[int, int]]) -> None:
+    """Record event `row`'s process group (few events carry one: communication kernels and ops)."""
+    if type(args.group_name) not in (str, int):
+        return
+    description = args.group_description if type(args.group_description) is str else None
+    identity = (args.group_name, description)
+    index = group_index.get(identity)
+    if index is None:
+        if process_group_label(*identity) is None:
+            return
+        index = group_index.setdefault(identity, len(group_index))
+    grouped_rows.append((row, index))
+
+
+def _group_column(group_index: dict[tuple, int], grouped_rows: list[tuple[int, int]],
+                  rows: int) -> tuple[list[str], np.ndarray]:
+    """(labels, group index per row in parse order, -1 where none)."""
+    labels = [""] * len(group_index)
+    for identity, index in group_index.items():
+        labels[index] = process_group_label(*identity)
+    column = np.full(rows, NO_ID, dtype=np.int32)
+    grouped, indices = zip(*grouped_rows)
+    column[list(grouped)] = indices
+    return labels, column
 
 
 def _time_problem(start: Any, dur: Any) -> str | None:
@@ -263,7 +311,7 @@ def _add_thread_name(thread_names: dict[int, str], event: _Event) -> None:
 
 
 def _to_table(name_index, name_ids, kinds, starts, durs, threads, devices, correlations,
-              thread_names, dropped) -> TraceEvents:
+              thread_names, dropped, groups: tuple[list[str], np.ndarray] | None = None) -> TraceEvents:
     start = np.asarray(starts, dtype=np.float64)
     order = np.argsort(start, kind="stable")
     names = [""] * len(name_index)
@@ -279,6 +327,8 @@ def _to_table(name_index, name_ids, kinds, starts, durs, threads, devices, corre
         thread=np.asarray(threads, dtype=np.int64)[order],
         device=np.asarray(devices, dtype=np.int32)[order],
         correlation=np.asarray(correlations, dtype=np.int64)[order],
+        groups=groups[0] if groups else [],
+        group_id=groups[1][order] if groups else None,
         dropped=dropped,
     )
 

@@ -43,13 +43,31 @@ def profiler_step_number(name: str) -> int | None:
     return int(digits) if digits.isdigit() else None
 
 
-def collective_name(name: str) -> str:
+PROCESS_GROUP_NAME_ARG = "Process Group Name"
+PROCESS_GROUP_DESCRIPTION_ARG = "Process Group Description"
+"""Kineto args naming the process group of a collective (on NCCL kernels and `record_param_comms`)."""
+_UNDESCRIBED_GROUPS = ("", "undefined")
+
+
+def process_group_label(group_name: object, description: object) -> str | None:
+    """How a collective's process group is named in keys and reports ("mesh_tp pg 3", "pg 3"); None when
+    the trace does not say. The name identifies the group (every member sees the same name); the
+    description (DeviceMesh sets `mesh_<dim>`) says what it is for."""
+    if type(group_name) not in (str, int) or group_name == "":
+        return None
+    if isinstance(description, str) and description not in _UNDESCRIBED_GROUPS:
+        return f"{description} pg {group_name}"
+    return f"pg {group_name}"
+
+
+def collective_name(name: str, group: str | None = None) -> str:
     """The name that identifies a collective across ranks.
 
     NCCL kernel names carry the algorithm, protocol and template arguments, which need not be the same on
     every rank; the operation (`AllReduce`, `AllGather`, ...) is. Host-side names are already uniform.
+    With the process group known (`process_group_label`), it is part of the name, so collectives of
+    different groups (tensor- and data-parallel ones in a 2-D run) are never taken for one another.
     """
     match = _NCCL_KERNEL_RE.match(name)
-    if match is None:
-        return name
-    return f"nccl:{match['op'] or 'Kernel'}"
+    base = name if match is None else f"nccl:{match['op'] or 'Kernel'}"
+    return base if group is None else f"{base} [{group}]"

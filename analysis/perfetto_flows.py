@@ -11,7 +11,8 @@ Three kinds, each attached to slices through Perfetto flow ids:
 * collective flows: the same collective instance on every rank carries the same flow id, and Perfetto
   joins the slices of one id in time order, so the arrows run from the first rank to arrive to the
   last: the last arrow points at the rank everyone waited for. An instance is the ordinal-th
-  collective of a name within a training step, as the analysis report matches them (collectives.py):
+  collective of a name (and process group, where the trace names it) within a training step, as the
+  analysis report matches them (collectives.py):
   NCCL kernels (issued at their CPU launch) when the trace has them, else gloo spans, else host
   collective ops.
 """
@@ -209,7 +210,7 @@ def _find_collectives(grouped: "GroupedEvents", located: dict[int, _Located], la
     ordinals: dict[tuple[int, str], int] = defaultdict(int)
     for issue_ns, ident in issued:
         step = step_at(issue_ns, steps)
-        name = collective_name(located[ident].name)
+        name = collective_name(located[ident].name, grouped.group_of.get(ident))
         key = (step, name, ordinals[(step, name)])
         ordinals[(step, name)] += 1
         plan.collectives[key] = CollectiveHit(ident=ident, start_ns=located[ident].start_ns, issue_ns=issue_ns)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .merge_options import MergeOptions
+from .names import PROCESS_GROUP_DESCRIPTION_ARG, PROCESS_GROUP_NAME_ARG, process_group_label
 from .perfetto_flows import FlowPlan, plan_flows
 from .perfetto_overlays import OverlayInputs, ReportView, plan_overlays
 from .perfetto_tracks import (
@@ -111,6 +112,8 @@ class GroupedEvents:
     process_names: dict[Any, str] = field(default_factory=dict)
     correlation_of: dict[int, int] = field(default_factory=dict)
     """ident -> CUDA correlation id, for events that carry one."""
+    group_of: dict[int, str] = field(default_factory=dict)
+    """ident -> process group label (names.process_group_label), for events whose args name one."""
     skipped: Counter = field(default_factory=Counter)
     negative_durations: int = 0
     filtered: int = 0
@@ -217,6 +220,10 @@ def _add_complete(event: dict, ident: int, grouped: GroupedEvents, clock: Window
         correlation = args.get("correlation")
         if type(correlation) is int:
             grouped.correlation_of[ident] = correlation
+        if PROCESS_GROUP_NAME_ARG in args:
+            group = process_group_label(args[PROCESS_GROUP_NAME_ARG], args.get(PROCESS_GROUP_DESCRIPTION_ARG))
+            if group is not None:
+                grouped.group_of[ident] = group
     name = event.get("name")
     name = name if type(name) is str else _text(name)
     grouped.slices[thread].append((start_ns, start_ns + round(dur * 1000), name, category, ident, None))

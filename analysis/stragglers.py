@@ -118,7 +118,9 @@ class Stragglers:
     matched_collectives: int = 0
     """Collective instances found on at least two ranks."""
     unmatched_collectives: int = 0
-    """Instances missing on some rank (different step windows, sub-groups, or a trace cut short)."""
+    """Instances missing on some rank that issues collectives of that name in the window (different step
+    windows, a trace cut short). A sub-group's collectives, named by group (collectives.py), count as
+    matched when all the group's members have them."""
     min_lateness_us: float = DEFAULT_MIN_LATENESS_US
     by_wait: list[RankWait] = field(default_factory=list)
     """Ranks by caused_wait_us, largest first."""
@@ -156,7 +158,7 @@ def find_stragglers(results: list[RankResult], matrix: ArrivalMatrix | None, *,
         slowest_rank=slowest,
         collective_source=", ".join(matrix.sources) or None,
         matched_collectives=int(shared.sum()),
-        unmatched_collectives=int((matrix.present.sum(axis=0) < len(matrix.ranks)).sum()),
+        unmatched_collectives=_unmatched(matrix),
         min_lateness_us=min_lateness_us,
         by_wait=waits,
         waited_for_rank=top.rank if top else None,
@@ -168,6 +170,19 @@ def find_stragglers(results: list[RankResult], matrix: ArrivalMatrix | None, *,
         details=_details(shared_matrix),
         verdict=_verdict(by_step, waits, top, consistent),
     )
+
+
+def _unmatched(matrix: ArrivalMatrix) -> int:
+    """Instances some rank lacks among the ranks that issue that collective name in the window."""
+    columns_by_name: dict[str, list[int]] = {}
+    for column, key in enumerate(matrix.keys):
+        columns_by_name.setdefault(key[1], []).append(column)
+    unmatched = 0
+    for columns in columns_by_name.values():
+        present = matrix.present[:, columns]
+        issuers = present.any(axis=1)
+        unmatched += int((present[issuers].sum(axis=0) < issuers.sum()).sum())
+    return unmatched
 
 
 def rank_by_step_time(results: list[RankResult]) -> list[StepTimeRank]:

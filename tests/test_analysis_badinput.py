@@ -126,13 +126,18 @@ def test_fast_and_generic_decoders_build_the_same_table():
     document = gpu_rank(0).document()
     document["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": 17, "pid": "Spans", "tid": "x",
                                     "ts": 5.5, "dur": 1})
+    collectives = [e for e in document["traceEvents"] if str(e["name"]).startswith("nccl")]
+    collectives[0]["args"].update({"Process Group Name": "3", "Process Group Description": "mesh_tp"})
+    collectives[1]["args"].update({"Process Group Name": ["odd"], "Process Group Description": {"x": 1}})
     metadata, fast_events = decode_selectively(json.dumps(document).encode())
     fast = build_table(fast_events)
     generic = extract_events(document)
     assert metadata["distributedInfo"] == document["distributedInfo"]
     assert fast.names == generic.names
-    for column in ("name_id", "kind", "start_us", "dur_us", "thread", "device", "correlation"):
+    for column in ("name_id", "kind", "start_us", "dur_us", "thread", "device", "correlation", "group_id"):
         assert getattr(fast, column).tolist() == getattr(generic, column).tolist(), column
+    assert fast.groups == generic.groups == ["mesh_tp pg 3"]
+    assert sorted(fast.group_id.tolist()).count(0) == 1      # the odd group name is no group
 
 
 @pytest.mark.parametrize("data", [b"[]", b'{"traceEvents": {}}', b'{"traceEvents": [1, "x"]}'])

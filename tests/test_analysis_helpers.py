@@ -48,8 +48,9 @@ class KinetoBuilder:
         return self.complete(name, "user_annotation", ts, dur, tid=tid)
 
     def kernel(self, name: str, ts: float, dur: float, *, launch_ts: float | None = None, stream: int = 7,
-               device: int = 0, cat: str = "kernel") -> "KinetoBuilder":
-        """A GPU activity; with launch_ts, also its cudaLaunchKernel on the main thread."""
+               device: int = 0, cat: str = "kernel", args: dict | None = None) -> "KinetoBuilder":
+        """A GPU activity; with launch_ts, also its cudaLaunchKernel on the main thread; `args` adds to
+        the kernel's own (e.g. the process group of a collective)."""
         self._correlation += 1
         correlation = self._correlation
         if launch_ts is not None:
@@ -57,7 +58,7 @@ class KinetoBuilder:
                           args={"correlation": correlation, "External id": correlation})
         return self.complete(name, cat, ts, dur, pid=device, tid=stream, args={
             "device": device, "stream": stream, "correlation": correlation, "External id": correlation,
-            "grid": [1, 1, 1], "block": [128, 1, 1],
+            "grid": [1, 1, 1], "block": [128, 1, 1], **(args or {}),
         })
 
     def document(self) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 A collective instance is identified by `(step, name, ordinal)`: the ordinal-th collective of that name issued
 during that step. Every rank issues a process group's collectives in the same order, so the key matches
 across ranks without relying on clocks. Where the trace names each collective's process group (NCCL kernels
-of PyTorch >= 2.4 carry `Process Group Name`), the group is part of the name: a tensor-parallel all-reduce
+in recent PyTorch carry `Process Group Name`), the group is part of the name: a tensor-parallel all-reduce
 of ranks {0,1} and one of ranks {2,3} are different instances, and each is compared among its own members
 only. gloo spans and host ops name no group: there, all ranks' collectives are matched in issue order,
 which is exact for data-parallel runs and pairs up corresponding groups' collectives in 2-D runs.

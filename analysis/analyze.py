@@ -6,6 +6,7 @@ returns a compact RankResult, so memory does not grow with the size of the trace
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -19,6 +20,7 @@ from .inputs import AnalysisInput, resolve_input
 from .placement import Placement, place_foreign_traces
 from .rank import RankResult, TraceFailure, TraceSource, analyze_trace
 from .report import SOURCE_RUN_DIR, Report
+from .result_cache import ResultCache, open_cache
 from .stragglers import DEFAULT_MIN_LATENESS_US
 
 PARALLEL_THRESHOLD = 4
@@ -31,7 +33,7 @@ Progress = Callable[[int, int], None]
 def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: str | Path | None = None,
             write_default_outputs: bool = True, use_hta: bool = True, hta_max_ranks: int = DEFAULT_HTA_MAX_RANKS,
             workers: int | None = None, min_lateness_us: float = DEFAULT_MIN_LATENESS_US,
-            progress: Progress | None = None) -> Report:
+            progress: Progress | None = None, use_cache: bool = True, cache_dir: Path | None = None) -> Report:
     """Analyze a run directory, a directory of Kineto traces, or one trace file.
 
     Writes the JSON report to `json_out` and the HTML report to `html_out` when given. For a run directory,
@@ -40,9 +42,12 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     Raises FileNotFoundError / ValueError when `path` holds no traces at all; unusable traces are
     reported in `Report.problems` (and make `Report.complete` false), never raised.
     HTA runs on GPU windows unless `use_hta` is false, on at most `hta_max_ranks` ranks per window.
+    Per-trace results are kept in the parsed-trace cache (result_cache.py; `cache_dir`, default
+    default_cache_dir()) unless `use_cache` is false.
     """
     inputs = resolve_input(path)
-    outcomes = analyze_sources(inputs.sources, workers=workers, progress=progress)
+    cache, cache_off = open_cache(cache_dir) if use_cache else (None, None)
+    outcomes = analyze_sources(inputs.sources, workers=workers, progress=progress, cache=cache)
     placement = _place(inputs, outcomes)
     report = build_report(
         source_path=str(inputs.root),
@@ -51,7 +56,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         failures=inputs.failures + placement.failures,
         missing=placement.missing,
         world_size=inputs.world_size,
-        notes=inputs.notes + placement.notes,
+        notes=inputs.notes + placement.notes + _cache_notes(cache, cache_off, outcomes),
         hta=hta_runner(hta_max_ranks) if use_hta else no_hta,
         measured_offsets=inputs.measured_offsets,
         min_lateness_us=min_lateness_us,
@@ -60,14 +65,25 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     return report
 
 
-def analyze_sources(sources: list[TraceSource], *, workers: int | None = None,
-                    progress: Progress | None = None) -> list[RankResult | TraceFailure]:
+def analyze_sources(sources: list[TraceSource], *, workers: int | None = None, progress: Progress | None = None,
+                    cache: ResultCache | None = None) -> list[RankResult | TraceFailure]:
     """analyze_trace over every source, in parallel when worthwhile; results in input order."""
     workers = workers or min(len(sources), os.cpu_count() or 1)
+    one = functools.partial(analyze_trace, cache=cache)
     if len(sources) < PARALLEL_THRESHOLD or workers <= 1:
-        return _with_progress(map(analyze_trace, sources), len(sources), progress)
+        return _with_progress(map(one, sources), len(sources), progress)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return _with_progress(pool.map(analyze_trace, sources, chunksize=1), len(sources), progress)
+        return _with_progress(pool.map(one, sources, chunksize=1), len(sources), progress)
+
+
+def _cache_notes(cache: ResultCache | None, cache_off: str | None, outcomes: list) -> list[str]:
+    hits = sum(1 for outcome in outcomes if isinstance(outcome, RankResult) and outcome.from_cache)
+    if cache_off:
+        return [cache_off]
+    if cache is None or not hits:
+        return []
+    return [f"{hits} of {len(outcomes)} trace(s) read from the parsed-trace cache {cache.directory} "
+            "(identical bytes, same fleetscope; --no-cache parses them again)"]
 
 
 def _with_progress(outcomes, total: int, progress: Progress | None) -> list:

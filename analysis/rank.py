@@ -16,6 +16,7 @@ from fleetscope.traces.kineto import TraceReadError, decode_trace, decompress, d
 from .collectives import CollectiveCalls, find_collectives
 from .events import TraceEvents, build_table, decode_selectively, extract_events
 from .kernels import KernelTotal, top_kernels
+from .result_cache import ResultCache
 from .steps import StepTiming, find_steps
 from .utilization import Utilization, build_timeline, measure_utilization
 
@@ -69,6 +70,8 @@ class RankResult:
     """This rank's kernels with the most GPU time (kernels.py)."""
     remarks: list[str] = dataclasses.field(default_factory=list)
     """Things about the file a reader should know (e.g. invalid UTF-8 that was replaced)."""
+    from_cache: bool = False
+    """Read from the parsed-trace cache (result_cache.py) instead of parsed."""
 
     def absolute_us(self, trace_us: float) -> float:
         """A trace time as microseconds since the epoch on this rank's own clock."""
@@ -88,10 +91,11 @@ class TraceFailure:
     reason: str
 
 
-def analyze_trace(source: TraceSource) -> RankResult | TraceFailure:
-    """Read, parse and analyze one trace file; a bad file becomes a TraceFailure, never an exception."""
+def analyze_trace(source: TraceSource, cache: ResultCache | None = None) -> RankResult | TraceFailure:
+    """Read, parse and analyze one trace file (or find its result in `cache`); a bad file becomes a
+    TraceFailure, never an exception."""
     try:
-        return _analyze(source)
+        return _cached_or_analyzed(source, cache)
     except TraceReadError as error:
         return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=error.reason)
     except (ValueError, TypeError, KeyError, AttributeError, OverflowError, IndexError) as error:
@@ -100,8 +104,22 @@ def analyze_trace(source: TraceSource) -> RankResult | TraceFailure:
         return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=reason)
 
 
-def _analyze(source: TraceSource) -> RankResult:
-    document, events, remarks = _read_events(source.path)
+def _cached_or_analyzed(source: TraceSource, cache: ResultCache | None) -> RankResult:
+    raw = read_raw(source.path)
+    if cache is None:
+        return _analyze(source, raw)
+    key = cache.key(source, raw)
+    cached = cache.load(key)
+    if cached is not None:
+        # the same bytes may sit at another path (a copied run directory)
+        return dataclasses.replace(cached, path=str(source.path), from_cache=True)
+    result = _analyze(source, raw)
+    cache.store(key, result)
+    return result
+
+
+def _analyze(source: TraceSource, raw: bytes) -> RankResult:
+    document, events, remarks = _read_events(source.path, raw)
     trace_rank, world_size = distributed_rank(document)
     rank, rank_source = _resolve_rank(source, trace_rank)
     steps, step_source = find_steps(events)
@@ -131,10 +149,9 @@ def _analyze(source: TraceSource) -> RankResult:
     )
 
 
-def _read_events(path: Path) -> tuple[dict, TraceEvents, list[str]]:
-    """(trace metadata, event table, remarks): the fast selective decoder, else the generic reader,
-    which also explains files that cannot be used."""
-    raw = read_raw(path)
+def _read_events(path: Path, raw: bytes) -> tuple[dict, TraceEvents, list[str]]:
+    """(trace metadata, event table, remarks) of the file's stored bytes: the fast selective decoder,
+    else the generic reader, which also explains files that cannot be used."""
     data = decompress(raw, path)
     decoded = decode_selectively(data)
     if decoded is not None:

@@ -212,6 +212,10 @@ def register_analyze(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", dest="json_out", default=None, help="write the report JSON here")
     parser.add_argument("--html", dest="html_out", default=None, help="write the HTML report here")
     parser.add_argument("--no-hta", action="store_true", help="skip Holistic Trace Analysis (GPU traces)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="parse every trace again instead of reusing results of identical trace files")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="parsed-trace cache (default: $FLEETSCOPE_CACHE_DIR, else ~/.cache/fleetscope/analysis)")
     parser.set_defaults(handler=handle_analyze)
 
 
@@ -225,7 +229,7 @@ def handle_analyze(args: argparse.Namespace) -> int:
         json_out = json_out or layout.report_json
         html_out = html_out or layout.report_html
     report = analyze(layout.root, json_out=json_out, html_out=html_out, use_hta=not args.no_hta,
-                     progress=progress_printer("analyze"))
+                     progress=progress_printer("analyze"), use_cache=not args.no_cache, cache_dir=args.cache_dir)
     print(render_terminal(report))
     for label, path in (("json", json_out), ("html", html_out)):
         if path:

@@ -1,0 +1,124 @@
+"""The parsed-trace cache: a second analysis of identical files reads their results instead of parsing,
+gives the same report, and never trusts an entry that might be stale or unsafe."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fleetscope.analysis import analyze, result_cache
+from fleetscope.analysis.analyze import analyze_sources
+from fleetscope.analysis.inputs import resolve_input
+from fleetscope.analysis.result_cache import ENTRY_SUFFIX, ResultCache
+from fleetscope.cli.main import main
+from test_analysis_helpers import gpu_rank
+
+RANKS = 3     # below the process-pool threshold: monkeypatched functions are seen by the workers' work
+
+
+@pytest.fixture
+def traces(tmp_path: Path) -> Path:
+    for rank in range(RANKS):
+        gpu_rank(rank, world_size=RANKS, nccl_start=600 - 100 * rank).write(tmp_path / "traces" / f"rank{rank}.json")
+    return tmp_path / "traces"
+
+
+def _comparable(report) -> dict:
+    data = report.to_json()
+    data.pop("notes")
+    return data
+
+
+def _hits(traces: Path, cache: Path) -> list[int]:
+    """The ranks whose results come from the cache (misses are parsed and stored, as analyze does)."""
+    outcomes = analyze_sources(resolve_input(traces).sources, cache=ResultCache(cache))
+    return sorted(o.rank for o in outcomes if o.from_cache)
+
+
+def _hit_note(report) -> str | None:
+    return next((n for n in report.notes if "read from the parsed-trace cache" in n), None)
+
+
+def _entries(directory: Path) -> list[Path]:
+    return sorted(directory.glob(f"*{ENTRY_SUFFIX}"))
+
+
+def test_second_analysis_reads_every_trace_from_the_cache_with_the_same_report(traces, tmp_path):
+    cache = tmp_path / "cache"
+    first = analyze(traces, use_hta=False, cache_dir=cache)
+    assert _hit_note(first) is None and len(_entries(cache)) == RANKS
+    second = analyze(traces, use_hta=False, cache_dir=cache)
+    assert _hit_note(second).startswith(f"{RANKS} of {RANKS} trace(s) read from the parsed-trace cache")
+    assert _comparable(second) == _comparable(first)
+    assert _hits(traces, cache) == list(range(RANKS))
+
+
+def test_a_rewritten_trace_is_parsed_again_even_with_the_same_size_and_time(traces, tmp_path):
+    cache = tmp_path / "cache"
+    analyze(traces, use_hta=False, cache_dir=cache)
+    path = traces / "rank1.json"
+    before = path.stat()
+    later = gpu_rank(1, world_size=RANKS, nccl_start=300).write(tmp_path / "other.json")
+    shutil.copyfile(later, path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+    assert _hits(traces, cache) == [0, 2]
+    report = analyze(traces, use_hta=False, cache_dir=cache)
+    assert _comparable(analyze(traces, use_hta=False, use_cache=False)) == _comparable(report)
+
+
+def test_a_copied_run_hits_and_reports_its_own_paths(traces, tmp_path):
+    cache = tmp_path / "cache"
+    analyze(traces, use_hta=False, cache_dir=cache)
+    copy = tmp_path / "copy"
+    shutil.copytree(traces, copy)
+    report = analyze(copy, use_hta=False, cache_dir=cache)
+    assert _hit_note(report).startswith(f"{RANKS} of {RANKS}")
+    outcomes = analyze_sources(resolve_input(copy).sources, cache=ResultCache(cache))
+    assert all(o.from_cache and Path(o.path).parent == copy for o in outcomes)
+
+
+def test_damaged_entries_are_misses_and_are_replaced(traces, tmp_path):
+    cache = tmp_path / "cache"
+    expected = _comparable(analyze(traces, use_hta=False, cache_dir=cache))
+    for entry in _entries(cache):
+        entry.write_bytes(b"not a pickle")
+    report = analyze(traces, use_hta=False, cache_dir=cache)
+    assert _hit_note(report) is None and _comparable(report) == expected
+    assert _hits(traces, cache) == list(range(RANKS))
+
+
+def test_another_analysis_code_never_reads_these_entries(traces, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    analyze(traces, use_hta=False, cache_dir=cache)
+    monkeypatch.setattr(result_cache, "code_digest", lambda: "a different fleetscope")
+    assert _hits(traces, cache) == []
+
+
+def test_a_cache_directory_others_can_write_is_not_used(traces, tmp_path):
+    cache = tmp_path / "shared"
+    cache.mkdir()
+    cache.chmod(0o777)
+    report = analyze(traces, use_hta=False, cache_dir=cache)
+    assert any("parsed-trace cache off" in n and "writable by other users" in n for n in report.notes)
+    assert _entries(cache) == [] and report.complete
+
+
+def test_no_cache_writes_nothing_and_the_default_comes_from_the_environment(traces, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLEETSCOPE_CACHE_DIR", str(tmp_path / "from-env"))
+    analyze(traces, use_hta=False, use_cache=False)
+    assert not (tmp_path / "from-env").exists()
+    analyze(traces, use_hta=False)
+    assert len(_entries(tmp_path / "from-env")) == RANKS
+
+
+def test_cli_analyze_no_cache_parses_again(traces, tmp_path, capsys):
+    out = tmp_path / "report.json"
+    assert main(["analyze", str(traces), "--json", str(out), "--no-hta", "--cache-dir", str(tmp_path / "c")]) == 0
+    assert main(["analyze", str(traces), "--json", str(out), "--no-hta", "--cache-dir", str(tmp_path / "c")]) == 0
+    assert any("read from the parsed-trace cache" in n for n in json.loads(out.read_text())["notes"])
+    assert main(["analyze", str(traces), "--json", str(out), "--no-hta", "--no-cache"]) == 0
+    assert not any("parsed-trace cache" in n for n in json.loads(out.read_text())["notes"])

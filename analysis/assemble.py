@@ -221,20 +221,23 @@ def _waited_for_sentence(windows: list[WindowReport]) -> str:
         return "no collectives matched across ranks"
     caused: dict[int, float] = defaultdict(float)
     last: dict[int, int] = defaultdict(int)
+    taken: dict[int, int] = defaultdict(int)  # a rank outside a sub-group takes part in fewer than all
     for window in windows:
         for wait in window.stragglers.by_wait:
             caused[wait.rank] += wait.caused_wait_us
             last[wait.rank] += wait.times_last
+            taken[wait.rank] += wait.collectives
     total = sum(caused.values())
     top = max(caused, key=lambda r: (caused[r], -r))
     if last[top] == 0:
         return f"no rank keeps the others waiting at {matched} matched collectives"
     consistent = [w.stragglers.waited_for_rank for w in windows if w.stragglers.consistent]
     if consistent and all(rank == top for rank in consistent) and len(consistent) * 2 >= len(windows):
-        return (f"rank {top} is the straggler: the others wait for it, last at {last[top]} of {matched} "
-                f"collectives, {100 * caused[top] / total:.0f}% of all waiting ({caused[top] / 1000:.2f} ms)")
+        return (f"rank {top} is the straggler: the others wait for it, last at {last[top]} of the {taken[top]} "
+                f"collectives it took part in, {100 * caused[top] / total:.0f}% of all waiting "
+                f"({caused[top] / 1000:.2f} ms)")
     return (f"no single straggler at collectives: rank {top} causes the most waiting "
-            f"({100 * caused[top] / total:.0f}%, last at {last[top]} of {matched})")
+            f"({100 * caused[top] / total:.0f}%, last at {last[top]} of its {taken[top]})")
 
 
 def _world_size(results: list[RankResult]) -> int | None:

@@ -62,7 +62,9 @@ def traces(tmp_path: Path) -> Path:
 
 
 def test_each_groups_collective_is_compared_among_its_members(traces):
-    window = analyze(traces, use_hta=False).windows[0]
+    report = analyze(traces, use_hta=False)
+    assert "rank 3 is the straggler: the others wait for it, last at 4 of the 4 collectives it took part in" in report.verdict
+    window = report.windows[0]
     stragglers = window.stragglers
     assert stragglers.matched_collectives == 3 * len(STEPS) and stragglers.unmatched_collectives == 0
     by_name = defaultdict(list)

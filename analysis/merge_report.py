@@ -56,8 +56,19 @@ def report_view(report: dict | None, *, rank: int, window_key: int, first_window
         waited_for=stragglers.get("waited_for_rank") == rank,
         slowest=stragglers.get("slowest_rank") == rank and len(_dicts(window.get("ranks"))) > 1,
         wait=_rank_entry(stragglers.get("by_wait"), rank),
-        late_instances=[i for i in _dicts(stragglers.get("worst_instances")) if i.get("last_rank") == rank],
+        late_instances=[i for i in _dicts(stragglers.get("worst_instances"))
+                        if i.get("last_rank") == rank and _kept_others_waiting(i, stragglers.get("min_lateness_us"))],
     )
+
+
+def _kept_others_waiting(instance: dict, min_lateness_us: Any) -> bool:
+    """The instance's last rank was late enough to count as such in the report (ranks arriving together
+    have a "last" one too, by ordering noise, and are not marked)."""
+    lateness = instance.get("lateness_us")
+    if not isinstance(lateness, (int, float)):
+        return False
+    threshold = min_lateness_us if isinstance(min_lateness_us, (int, float)) else 0.0
+    return lateness >= threshold and lateness > 0
 
 
 def _window_entry(windows: Any, window_key: int) -> dict | None:

@@ -108,3 +108,13 @@ def test_merged_trace_joins_each_instance_across_its_groups_members_only(traces,
     groups = sorted(sorted(m) for m in members.values())
     tp_a, tp_b = ["rank 0 (node0)", "rank 1 (node0)"], ["rank 2 (node1)", "rank 3 (node1)"]
     assert groups == sorted([tp_a, tp_a, tp_b, tp_b, tp_a + tp_b, tp_a + tp_b])
+
+
+def test_merged_trace_marks_the_late_arrival_at_its_groups_collective(traces, tmp_path):
+    report = analyze(traces, use_hta=False)
+    check = check_trace(merge(traces, tmp_path / "out.perfetto-trace", report=report).output)
+    marks = [i for i in check.instants if check.tracks[i.track_uuid].name == "fleetscope analysis"
+             and i.name.startswith("arrived last")]
+    on_rank3 = sorted(i.name for i in marks if check.process_of(i.track_uuid).name == "rank 3 (node1)")
+    assert f"arrived last: {TP_B} (step 1 #0)" in on_rank3 and f"arrived last: {WORLD} (step 1 #0)" in on_rank3
+    assert all(check.process_of(i.track_uuid).name == "rank 3 (node1)" for i in marks)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,13 +83,23 @@ class SubmititPlan:
                 "postprocess_script": self.postprocess.script if self.postprocess else None}
 
 
+MAX_NOTICE_REQUEUES = 3
+"""Requeues on time-limit notices before a job is left to end (each attempt resumes, so progress is made)."""
+
+
 @dataclass(frozen=True)
 class SubmititRank:
     """What each Slurm task runs: one trainer rank, in-process.
 
-    Picklable (submitit stores it); `checkpoint` makes submitit requeue the job on its time-limit signal
-    (USR2) instead of letting it die: the requeue sends SIGTERM to every rank, on which the trainer saves a
-    checkpoint, and the next attempt resumes from it.
+    Picklable (submitit stores it). Stops on the scheduler's request:
+      * SIGTERM (`scontrol requeue`, preemption): the trainer saves a checkpoint on every rank and exits;
+        Slurm requeues the job, and the next attempt resumes from the checkpoint;
+      * the time-limit notice (USR2, `--signal=USR2@90` in submitit's script): while training, the trainer
+        takes it too (its handler replaces submitit's, whose requeue would end rank 0 mid-step before any
+        checkpoint): every rank saves at the same step, then rank 0 requeues the job and the others exit
+        cleanly, so that no early exit ends the step before rank 0 has requeued;
+      * a notice outside training (start-up, teardown) reaches submitit's own handler: `checkpoint` lets
+        it requeue, and the next attempt resumes from the latest periodic checkpoint.
     """
 
     trainer_argv: list[str]
@@ -106,12 +117,17 @@ class SubmititRank:
         error_file = self.error_file(distributed.rank)
         error_file.parent.mkdir(parents=True, exist_ok=True)
         os.environ["TORCHELASTIC_ERROR_FILE"] = str(error_file)
+        from ..trainer import preemption
         from ..trainer.__main__ import main as trainer_main
-        from ..trainer.preemption import EXIT_PREEMPTED
 
         code = trainer_main(self.trainer_argv)
-        if code == EXIT_PREEMPTED:
-            # Checkpoint saved on SIGTERM: exit without a result so that submitit does not call the job done.
+        if code == preemption.EXIT_PREEMPTED:
+            stop = preemption.last_stop
+            if stop is not None and stop.requeue_needed:
+                if distributed.rank != 0:
+                    return 0
+                requeue_this_job()
+            # Exit without a result so that submitit does not call the job done: the next attempt will.
             raise SystemExit(code)
         if code:
             raise RuntimeError(f"the trainer exited with code {code} on rank {distributed.rank}")
@@ -124,9 +140,20 @@ class SubmititRank:
                 / f"attempt_{attempt}" / str(rank) / "error.json")
 
     def checkpoint(self) -> Any:
+        """submitit's hook on a notice outside training: requeue the same work (it resumes)."""
         import submitit
 
         return submitit.helpers.DelayedSubmission(self)
+
+
+def requeue_this_job() -> None:
+    """Requeue the running Slurm job (after a notice, with the checkpoint saved), within MAX_NOTICE_REQUEUES."""
+    job_id = os.environ["SLURM_JOB_ID"]  # an array task's own id, too
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    if restarts >= MAX_NOTICE_REQUEUES:
+        raise RuntimeError(f"job {job_id} stopped on a time-limit notice after {restarts} requeues; not requeued "
+                           f"again (checkpoint saved: resubmit to go on)")
+    subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60)
 
 
 def executor_parameters(spec: JobSpec, resources: SlurmResources) -> dict[str, Any]:
@@ -174,7 +201,7 @@ def submit_submitit(plan: SubmititPlan) -> SubmittedSlurmJob:
     import submitit
 
     Path(plan.folder).mkdir(parents=True, exist_ok=True)
-    executor = submitit.SlurmExecutor(folder=plan.folder, python=plan.python, max_num_timeout=3)
+    executor = submitit.SlurmExecutor(folder=plan.folder, python=plan.python, max_num_timeout=MAX_NOTICE_REQUEUES)
     executor.update_parameters(**plan.parameters)
     job = executor.submit(plan.rank_task)
     postprocess_id = (submit_postprocess(plan.postprocess, str(job.job_id), Path(plan.folder))

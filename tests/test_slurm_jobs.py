@@ -137,8 +137,18 @@ def wait_for_file(directory: Path, pattern: str, timeout_s: float = 120) -> None
     raise TimeoutError(f"no {pattern} in {directory} after {timeout_s}s")
 
 
-def test_requeued_job_checkpoints_resumes_and_keeps_both_attempts_traces(
-        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+INTERRUPTIONS = {
+    # what a preemption with PreemptMode=REQUEUE does: Slurm requeues, the ranks get SIGTERM
+    "scontrol requeue": lambda cluster, job_id: cluster.run("scontrol", "requeue", job_id),
+    # what the time limit does with submitit's `--signal=USR2@90`: every rank gets USR2, nobody requeues
+    # but the job itself
+    "time-limit notice": lambda cluster, job_id: cluster.run("scancel", "--signal=USR2", job_id),
+}
+
+
+@pytest.mark.parametrize("interruption", sorted(INTERRUPTIONS))
+def test_interrupted_job_checkpoints_resumes_and_keeps_both_attempts_traces(
+        slurm_cluster: SlurmCluster, tmp_path: Path, interruption: str) -> None:
     run_dir = tmp_path / "run"
     layout = RunLayout.at(run_dir)
     # Two profiler windows: steps 0-4 (recorded at step 4, before the requeue) and 5-9 (recorded at step 9,
@@ -150,19 +160,24 @@ def test_requeued_job_checkpoints_resumes_and_keeps_both_attempts_traces(
     job_id = job_record(run_dir)["job_id"]
     wait_for_file(layout.window_dir(0), "rank0.*")
 
-    slurm_cluster.run("scontrol", "requeue", job_id)  # what a preemption with PreemptMode=REQUEUE does
+    INTERRUPTIONS[interruption](slurm_cluster, job_id)
 
     final = wait_for_job(job_id, poll_s=1, timeout_s=JOB_TIMEOUT_S)
     assert final.state == "COMPLETED" and final.restarts == 1
     postprocess = wait_for_job(job_record(run_dir)["postprocess_job_id"], poll_s=1, timeout_s=JOB_TIMEOUT_S)
     assert postprocess.finished
     saved_steps = sorted(int(path.name.removeprefix("step")) for path in layout.checkpoints_dir.glob("step*"))
-    assert saved_steps and saved_steps[0] < 10, f"no checkpoint was saved on the requeue signal: {saved_steps}"
+    assert saved_steps and saved_steps[0] < 10, f"no checkpoint was saved on the {interruption}: {saved_steps}"
     assert trace_attempts(layout, 0) == {(rank, 0) for rank in range(WORLD_SIZE)}, \
         "the second attempt redid the first window: it did not resume from the checkpoint"
     assert trace_attempts(layout, 1) == {(rank, 1) for rank in range(WORLD_SIZE)}
     assert steps_of(layout.metrics_file(0))[-1] == 9
     assert layout.merged_trace.exists() and layout.report_json.exists()
+    if interruption == "time-limit notice":
+        # the trainer took the notice (not submitit's handler, which would end rank 0 before any checkpoint)
+        rank0_log = (layout.logs_dir / "slurm" / f"{job_id}_0_log.err").read_text()
+        assert "stopped on SIGUSR2" in rank0_log and "the job must be requeued to resume" in rank0_log
+        assert "Exiting gracefully after preemption/timeout" not in rank0_log
 
 
 def trace_attempts(layout: RunLayout, window: int) -> set[tuple[int, int]]:
@@ -171,21 +186,49 @@ def trace_attempts(layout: RunLayout, window: int) -> set[tuple[int, int]]:
     return {(name.rank, name.attempt) for name in names if name is not None}
 
 
-def test_plain_sbatch_template_runs_torchrun_per_node(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+def submit_template(cluster: SlurmCluster, tmp_path: Path, run_dir: Path, *trainer_flags: str) -> str:
     template = REPO_ROOT / "slurm" / "sbatch" / "fleetscope-torchrun.sbatch"
     env = {**os.environ, "FLEETSCOPE_PYTHON": sys.executable, "NPROC_PER_NODE": "2"}
     submitted = subprocess.run(
-        ["sbatch", "--parsable", "--nodes=2", f"--partition={slurm_cluster.partition}",
+        ["sbatch", "--parsable", "--nodes=2", f"--partition={cluster.partition}",
          f"--output={tmp_path}/template-%j.out", str(template), str(run_dir),
-         "--device", "cpu", "--parallel", "fsdp", "--steps", "4", "--profile", "wait=1,warmup=1,active=1,repeat=1"],
+         "--device", "cpu", "--parallel", "fsdp", *trainer_flags],
         env=env, capture_output=True, text=True, check=True, timeout=60,
     )
-    job_id = submitted.stdout.strip()
+    return submitted.stdout.strip()
+
+
+def test_plain_sbatch_template_runs_torchrun_per_node(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    job_id = submit_template(slurm_cluster, tmp_path, run_dir, "--steps", "4",
+                             "--profile", "wait=1,warmup=1,active=1,repeat=1")
 
     final = wait_for_job(job_id, poll_s=1, timeout_s=JOB_TIMEOUT_S)
 
     output = next(tmp_path.glob("template-*.out")).read_text()
     assert final.state == "COMPLETED", output
     assert query_job(job_id) is not None
+    assert_complete_run(run_dir)
+
+
+def test_plain_sbatch_template_requeues_itself_on_the_time_limit_notice(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    layout = RunLayout.at(run_dir)
+    job_id = submit_template(slurm_cluster, tmp_path, run_dir, "--steps", "10",
+                             "--profile", "wait=3,warmup=1,active=1,repeat=2", "--set", "checkpoint.at_exit=true")
+    wait_for_file(layout.window_dir(0), "rank0.*")
+
+    # what `--signal=B:USR1@90` does 90 s before the time limit: only the batch script is signalled
+    slurm_cluster.run("scancel", "--batch", "--signal=USR1", job_id)
+
+    final = wait_for_job(job_id, poll_s=1, timeout_s=JOB_TIMEOUT_S)
+    output = next(tmp_path.glob("template-*.out")).read_text()
+    assert final.state == "COMPLETED" and final.restarts == 1, output
+    assert "time limit near: requeueing job" in output
+    saved_steps = sorted(int(path.name.removeprefix("step")) for path in layout.checkpoints_dir.glob("step*"))
+    assert saved_steps and saved_steps[0] < 10, f"no checkpoint was saved on the requeue: {saved_steps}\n{output}"
+    assert trace_attempts(layout, 0) == {(rank, 0) for rank in range(WORLD_SIZE)}, output
+    assert trace_attempts(layout, 1) == {(rank, 1) for rank in range(WORLD_SIZE)}, output
+    assert steps_of(layout.metrics_file(0))[-1] == 9
     assert_complete_run(run_dir)

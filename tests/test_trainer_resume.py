@@ -4,6 +4,7 @@ profiling schedule; a preemption notice to one rank stops every rank at the same
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from helpers import metrics, torchrun
@@ -47,6 +48,10 @@ def test_preemption_notice_stops_every_rank_at_one_step_and_resumes(straight, tm
     stopped = train(tmp_path, 6, "--set", "faults.signal_rank=1", "--set", "faults.signal_step=2")
     assert stopped.returncode != 0
     assert "exiting with status 75" in stopped.stderr
+    # rank 0 got no signal, yet knows the stop was a notice (nobody else requeues): the level is agreed
+    assert re.search(r"rank0 WARNING stopped on another rank's signal after \d+ steps; checkpoint saved; "
+                     r"the job must be requeued to resume", stopped.stderr), stopped.stderr[-3000:]
+    assert re.search(r"rank1 WARNING stopped on SIGUSR1 after", stopped.stderr)
     saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert len(saved) == 1
     steps_done = int(saved[0][len("step"):])

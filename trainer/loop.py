@@ -23,7 +23,7 @@ from .metrics import MetricsWriter, PhaseTimer, StepMetrics, StepTiming
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .models import build_model
 from .observability import MemorySnapshots, mllog_line
-from .preemption import StopRequests
+from .preemption import LEVEL_NONE, LEVEL_NOTICE, StopReason, StopRequests
 from .parallel import parallelize
 from .profiling import PublishedTrace, WindowedProfiler, plan_windows
 from .runtime import Runtime
@@ -169,9 +169,10 @@ class PendingStep:
 class Preempted(Exception):
     """Every rank stopped at the same step on a scheduler's request, after saving a checkpoint."""
 
-    def __init__(self, steps_done: int, signal_name: str):
-        super().__init__(f"stopped on {signal_name} after {steps_done} steps; checkpoint saved")
-        self.steps_done = steps_done
+    def __init__(self, reason: StopReason):
+        needs = "; the job must be requeued to resume" if reason.requeue_needed else ""
+        super().__init__(f"stopped on {reason.signal_name} after {reason.steps_done} steps; checkpoint saved{needs}")
+        self.reason = reason
 
 
 class TrainingRun:
@@ -216,13 +217,13 @@ class TrainingRun:
                 launched = PendingStep(step, loss, self.timer.finish(), step in self.profiled_steps,
                                        self._stop_flag())
                 # The previous step's GPU work is done or nearly so: reading it costs no stall.
-                if pending is not None and self._finish(pending):
+                if pending is not None and (level := self._finish(pending)):
                     self._finish(launched)
-                    self._stop_for_scheduler()
+                    self._stop_for_scheduler(level)
                 self._maybe_save_periodic()
                 pending = launched
-            if pending is not None and self._finish(pending):
-                self._stop_for_scheduler()
+            if pending is not None and (level := self._finish(pending)):
+                self._stop_for_scheduler(level)
             self._maybe_save_at_exit()
         finally:
             self.profiler.close()
@@ -240,8 +241,8 @@ class TrainingRun:
     def _stop_flag(self) -> torch.Tensor | None:
         return self.stops.agreed_flag() if self.runtime.world_size > 1 or self.stops.requested_by else None
 
-    def _finish(self, pending: PendingStep) -> bool:
-        """Record a step's metrics; True when every rank agreed to stop after it."""
+    def _finish(self, pending: PendingStep) -> float:
+        """Record a step's metrics; the agreed stop level after it (preemption.py; 0: go on)."""
         metrics = step_metrics(pending.step, pending.loss, pending.timing.durations_ms(), self.config,
                                self.runtime, self.state, pending.profiled)
         self.writer.write(metrics)
@@ -249,11 +250,13 @@ class TrainingRun:
         _log_step(metrics, self.runtime)
         if self.config.observability.mllog and self.runtime.rank == 0:
             print(mllog_line(metrics), flush=True)
-        return pending.stop_flag is not None and float(pending.stop_flag) > 0
+        return float(pending.stop_flag) if pending.stop_flag is not None else LEVEL_NONE
 
-    def _stop_for_scheduler(self) -> None:
+    def _stop_for_scheduler(self, level: float) -> None:
         self._save(self.state.step)
-        raise Preempted(self.state.step, self.stops.requested_by or "another rank's signal")
+        raise Preempted(StopReason(steps_done=self.state.step,
+                                   signal_name=self.stops.requested_by or "another rank's signal",
+                                   requeue_needed=level >= LEVEL_NOTICE))
 
     def _maybe_save_periodic(self) -> None:
         every = self.config.checkpoint.every

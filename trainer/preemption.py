@@ -1,37 +1,68 @@
 """Stopping every rank at the same step when the scheduler asks (preemption, time limit, requeue).
 
 A signal reaches ranks at slightly different moments, while a checkpoint is a collective: each
-step the local "stop requested" flag is max-reduced over all ranks (asynchronously, read one step
+step the local "stop requested" level is max-reduced over all ranks (asynchronously, read one step
 later with the metrics), so all ranks see the request at the same step and save together.
+
+Two kinds of request:
+  - SIGTERM: the scheduler is already ending or requeuing the job (`scontrol requeue`, preemption with
+    PreemptMode=REQUEUE); saving is all that is left to do;
+  - a notice, SIGUSR1 or SIGUSR2 (Slurm's `--signal`, sent ahead of a time limit; submitit asks for
+    USR2): nobody else will requeue the job, so whoever launched the ranks must (see `last_stop`).
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 log = logging.getLogger("fleetscope.trainer")
 
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+NOTICE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+STOP_SIGNALS = (*NOTICE_SIGNALS, signal.SIGTERM)
 EXIT_PREEMPTED = 75
 """Exit status of a rank that stopped on request after saving a checkpoint (EX_TEMPFAIL)."""
+LEVEL_NONE, LEVEL_TERMINATE, LEVEL_NOTICE = 0.0, 1.0, 2.0
+"""Stop levels as max-reduced: a notice on any rank makes the whole job's stop a notice."""
+
+
+@dataclass(frozen=True)
+class StopReason:
+    steps_done: int
+    signal_name: str
+    """The signal this rank received, or "another rank's signal"."""
+    requeue_needed: bool
+    """Some rank got a notice (not SIGTERM): the job is not being requeued by the scheduler."""
+
+
+last_stop: StopReason | None = None
+"""How the last training run in this process stopped on request (None: it did not); for launchers that
+run the trainer in-process (submitit) and requeue the job on a notice."""
+
+
+def record_stop(reason: StopReason | None) -> None:
+    global last_stop
+    last_stop = reason
 
 
 class StopRequests:
     def __init__(self, device: torch.device):
         self._device = device
         self.requested_by: str | None = None
+        self.level = LEVEL_NONE
         self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
 
     def _handle(self, signum: int, _frame) -> None:
         self.requested_by = signal.Signals(signum).name
+        self.level = max(self.level, LEVEL_NOTICE if signum in NOTICE_SIGNALS else LEVEL_TERMINATE)
 
     def agreed_flag(self) -> torch.Tensor:
-        """A tensor that becomes 1 on every rank once any rank was asked to stop (not read yet)."""
-        flag = torch.tensor([1.0 if self.requested_by else 0.0], device=self._device)
+        """A tensor that becomes the highest stop level of any rank on every rank (not read yet)."""
+        flag = torch.tensor([self.level], device=self._device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return flag
 

@@ -124,6 +124,13 @@ def test_crashing_rank_ends_the_job_promptly_and_status_names_it(
     assert job_record(run_dir)["slurm"]["failures"][0]["rank"] == 3
 
 
+INTERRUPTED_RUN = ("--steps", "10", "--profile", "wait=3,warmup=1,active=1,repeat=2", "--set", "checkpoint.at_exit=true",
+                   "--set", "faults.straggle_rank=1", "--set", "faults.straggle_ms=300")
+"""Two profiler windows: steps 0-4 (recorded at step 4, before the interruption) and 5-9 (recorded at step 9,
+after it); the interruption comes once the first window is published, so the checkpoint falls in between.
+A straggling rank makes every step last >= 0.3 s: the 5 steps of that margin take >= 1.5 s on any machine."""
+
+
 def steps_of(metrics_file: Path) -> list[int]:
     return [json.loads(line)["step"] for line in metrics_file.read_text().splitlines() if line.strip()]
 
@@ -151,10 +158,7 @@ def test_interrupted_job_checkpoints_resumes_and_keeps_both_attempts_traces(
         slurm_cluster: SlurmCluster, tmp_path: Path, interruption: str) -> None:
     run_dir = tmp_path / "run"
     layout = RunLayout.at(run_dir)
-    # Two profiler windows: steps 0-4 (recorded at step 4, before the requeue) and 5-9 (recorded at step 9,
-    # after it); the requeue comes once the first window is published, so the checkpoint falls in between.
-    args = launch_args("submitit", run_dir, slurm_cluster, "--steps", "10",
-                       "--profile", "wait=3,warmup=1,active=1,repeat=2", "--set", "checkpoint.at_exit=true")
+    args = launch_args("submitit", run_dir, slurm_cluster, *INTERRUPTED_RUN)
     launched = fleetscope(*args)
     assert launched.returncode == 0, launched.stderr
     job_id = job_record(run_dir)["job_id"]
@@ -215,8 +219,7 @@ def test_plain_sbatch_template_requeues_itself_on_the_time_limit_notice(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     layout = RunLayout.at(run_dir)
-    job_id = submit_template(slurm_cluster, tmp_path, run_dir, "--steps", "10",
-                             "--profile", "wait=3,warmup=1,active=1,repeat=2", "--set", "checkpoint.at_exit=true")
+    job_id = submit_template(slurm_cluster, tmp_path, run_dir, *INTERRUPTED_RUN)
     wait_for_file(layout.window_dir(0), "rank0.*")
 
     # what `--signal=B:USR1@90` does 90 s before the time limit: only the batch script is signalled

@@ -153,7 +153,10 @@ def requeue_this_job() -> None:
     if restarts >= MAX_NOTICE_REQUEUES:
         raise RuntimeError(f"job {job_id} stopped on a time-limit notice after {restarts} requeues; not requeued "
                            f"again (checkpoint saved: resubmit to go on)")
-    subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60)
+    done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError(f"job {job_id}: `scontrol requeue` failed after a time-limit notice (checkpoint saved: "
+                           f"resubmit to go on): {done.stderr.strip() or f'exit {done.returncode}'}")
 
 
 def executor_parameters(spec: JobSpec, resources: SlurmResources) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from fleetscope.analysis.merge import merge
 from fleetscope.analysis.perfetto_check import check_trace
 from fleetscope.traces.gather import gather
 from fleetscope.traces.layout import RunLayout
+from test_merge import expected_slices, rebuilt_slices
 
 pytestmark = pytest.mark.slow
 
@@ -91,21 +92,7 @@ def load(path: Path) -> dict:
 
 def input_slices(paths: list[Path]) -> Counter:
     """(name, start_ns, end_ns) of the inputs' complete events: baseTimeNanoseconds + ts * 1000."""
-    found: Counter = Counter()
-    for path in paths:
-        document = load(path)
-        for event in document["traceEvents"]:
-            if event.get("ph") == "X":
-                start = document["baseTimeNanoseconds"] + round(event["ts"] * 1000)
-                found[(event["name"], start, start + max(0, round(event["dur"] * 1000)))] += 1
-    return found
-
-
-def output_slices(check, process_name: str) -> Counter:
-    """Slices of recorded events (not the analysis overlay) in one process."""
-    return Counter((s.name, s.start_ns, s.end_ns) for s in check.slices
-                   if check.process_of(s.track_uuid).name == process_name
-                   and not check.tracks[s.track_uuid].name.startswith("fleetscope analysis"))
+    return sum((expected_slices(load(path)) for path in paths), Counter())
 
 
 def test_run_directory_merge_keeps_every_event_of_both_windows(gloo_run):
@@ -122,7 +109,7 @@ def test_run_directory_merge_keeps_every_event_of_both_windows(gloo_run):
         paths = [manifest.resolve(t) for t in manifest.traces if t.rank == rank]
         expected = input_slices(paths)
         assert result.slices_per_rank[rank] == sum(expected.values()) > 100
-        assert output_slices(check, f"rank {rank} ({host})") == expected
+        assert rebuilt_slices(check, f"rank {rank} ({host})") == expected
 
 
 def test_gloo_threads_and_collectives_are_on_named_tracks(gloo_run):
@@ -145,7 +132,7 @@ def test_plain_directory_ranks_come_from_distributed_info(gloo_run):
     for summary in result.per_rank:
         documents = [load(Path(p)) for p in summary.files]
         assert {d["distributedInfo"]["rank"] for d in documents} == {summary.rank}
-        assert output_slices(check, summary.process_name) == input_slices([Path(p) for p in summary.files])
+        assert rebuilt_slices(check, summary.process_name) == input_slices([Path(p) for p in summary.files])
 
 
 def test_merged_trace_is_much_smaller_than_the_json(gloo_run):

@@ -15,12 +15,12 @@ trace_step_time_ms. Every other metric is reported, not gated.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from fleetscope.traces.formats import read_metric_records
 from fleetscope.traces.layout import REPORT_DIR, RunLayout
 
 from .analyze import analyze, load_report_json
@@ -119,8 +119,7 @@ def _load_side(path: Path) -> _Side:
 def _steady_metrics(layout: RunLayout) -> dict[int, list[dict]]:
     steady = {}
     for path in sorted(layout.metrics_dir.glob("rank*.jsonl")) if layout.metrics_dir.is_dir() else []:
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        lines = [m for m in lines if isinstance(m, dict) and "step" in m]
+        lines = read_metric_records(path).records
         if not lines:
             continue
         first = min(m["step"] for m in lines)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping
 
+from fleetscope.traces.atomic import atomic_output
 from fleetscope.traces.kineto import TraceReadError, distributed_rank, read_trace
 from fleetscope.traces.layout import MERGED_TRACE
 
@@ -132,7 +133,7 @@ def merge(
     report_json = load_report(report, inputs.run_layout, problems) if options.overlays else None
     json_writer = ChromeJsonWriter(options.chrome_json) if options.chrome_json else None
     try:
-        with _atomic_output(destination) as handle, _cyclic_gc_paused():
+        with atomic_output(destination, fsync=False) as handle, _cyclic_gc_paused():
             session = _MergeSession(stream=PacketStream(handle), options=options, report=report_json,
                                     json_writer=json_writer, problems=problems, notes=notes)
             summaries = _merge_ranks(session, selected, handle, destination, progress)
@@ -205,18 +206,6 @@ def _cyclic_gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
-
-
-@contextmanager
-def _atomic_output(destination: Path) -> Iterator:
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = destination.with_name(f".{destination.name}.{os.getpid()}.tmp")
-    try:
-        with open(staging, "wb") as handle:
-            yield handle
-        os.replace(staging, destination)
-    finally:
-        staging.unlink(missing_ok=True)
 
 
 def rank_sequence_id(rank: int) -> int:

@@ -19,6 +19,8 @@ from typing import IO, Any
 
 import orjson
 
+from fleetscope.traces.atomic import staging_path
+
 _NS_PER_S = 1_000_000_000
 _BASE_MARGIN_NS = 3600 * _NS_PER_S
 """The base sits an hour before the first event written, so ranks that start earlier stay >= 0."""
@@ -36,7 +38,7 @@ class ChromeJsonWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fragment = fragment
-        self._staging = self.path if fragment else self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self._staging = self.path if fragment else staging_path(self.path)
         raw = open(self._staging, "wb")
         compressed = self.path.name.endswith(".gz") and not fragment
         self._file: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) if compressed else raw

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import re
 
-PROFILER_STEP_PREFIX = "ProfilerStep#"
-TRAIN_STEP = "train_step"
-PHASES = ("train_step", "forward", "backward", "optimizer_step")
-"""record_function ranges fleetscope's trainer emits inside every step."""
+from fleetscope.traces.formats import PHASES, STEP_MARKER_PREFIX as PROFILER_STEP_PREFIX, TRAIN_STEP  # noqa: F401
+from fleetscope.traces.formats import parse_step_marker as profiler_step_number  # noqa: F401
 
 # Old NCCL builds name kernels ncclKernel_<Op>_..., current ones ncclDevKernel_<Op>_...;
 # RCCL keeps the NCCL names.
@@ -33,14 +31,6 @@ def is_comm_cpu_op(name: str) -> bool:
 def is_gloo_span(name: str) -> bool:
     """The span gloo records on its `pt_gloo_runloop` thread while a collective runs."""
     return name.startswith(GLOO_SPAN_PREFIX)
-
-
-def profiler_step_number(name: str) -> int | None:
-    """N of a `ProfilerStep#N` annotation, else None."""
-    if not name.startswith(PROFILER_STEP_PREFIX):
-        return None
-    digits = name[len(PROFILER_STEP_PREFIX):]
-    return int(digits) if digits.isdigit() else None
 
 
 PROCESS_GROUP_NAME_ARG = "Process Group Name"

@@ -23,7 +23,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .names import is_gloo_span, profiler_step_number
+from .names import TRAIN_STEP, is_gloo_span, profiler_step_number
 from .perfetto_tracks import (
     GROUP_ANALYSIS, GROUP_COUNTER, NO_EVENT, OP_COUNTER, OP_INSTANT, RankTracks, Slice, lay_out_track,
 )
@@ -47,7 +47,6 @@ IDLE_NOTHING_QUEUED = "nothing queued"
 IDLE_NO_OP = "no op running"
 _GPU_ACTIVITY_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 _CPU_OP_CATEGORIES = ("cpu_op", "operator")
-TRAIN_STEP_NAME = "train_step"
 
 StepRange = tuple[int, int, int]
 """(step, start_ns, end_ns)."""
@@ -108,7 +107,7 @@ def find_steps(grouped: "GroupedEvents") -> list[StepRange]:
             number = profiler_step_number(name)
             if number is not None and (number not in profiler or start < profiler[number][1]):
                 profiler[number] = (number, start, end)
-            elif name == TRAIN_STEP_NAME:
+            elif name == TRAIN_STEP:
                 train.append((start, end))
     if profiler:
         return sorted(profiler.values(), key=lambda s: s[1])

@@ -24,10 +24,11 @@ import importlib
 import os
 import pickle
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from fleetscope.traces.atomic import write_bytes_atomically
 
 if TYPE_CHECKING:
     from .rank import RankResult, TraceSource
@@ -70,17 +71,9 @@ class ResultCache:
 
     def store(self, key: str, result: "RankResult") -> None:
         """Write the entry atomically; a failure (disk full, permissions) only costs the cache."""
-        try:
-            descriptor, temporary = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
-        except OSError:
-            return
-        try:
-            with os.fdopen(descriptor, "wb") as handle:
-                pickle.dump(result, handle, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(temporary, self.directory / f"{key}{ENTRY_SUFFIX}")
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
+        with contextlib.suppress(OSError):
+            write_bytes_atomically(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL),
+                                   self.directory / f"{key}{ENTRY_SUFFIX}")
 
 
 def open_cache(directory: Path | None = None) -> tuple[ResultCache | None, str | None]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from .formats import parse_step_marker
 from .layout import CHECKPOINTS_DIR, CLOCK_DIR, JOB_FILE, LOGS_DIR, MANIFEST_FILE, MEMORY_DIR, METRICS_DIR, REPORT_DIR
 
 TRACE_GLOBS = ("*.json", "*.json.gz")
@@ -94,11 +95,9 @@ def profiler_steps(events: list[Any]) -> list[int]:
     steps = set()
     for event in events:
         name = event.get("name") if isinstance(event, dict) else None
-        if isinstance(name, str) and name.startswith("ProfilerStep#"):
-            try:
-                steps.add(int(name[len("ProfilerStep#"):]))
-            except ValueError:
-                continue
+        step = parse_step_marker(name) if isinstance(name, str) else None
+        if step is not None:
+            steps.add(step)
     return sorted(steps)
 
 

@@ -13,6 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
+from .atomic import write_bytes_atomically  # noqa: F401  (re-exported for callers of this module)
 from .layout import RunLayout
 
 _COPY_CHUNK_BYTES = 1 << 20
@@ -32,17 +33,6 @@ def publish_trace(
             attempt += 1
     finally:
         staging.unlink(missing_ok=True)
-
-
-def write_bytes_atomically(data: bytes, destination: Path) -> None:
-    """Replace `destination` with `data` so readers never see a partial file (for small metadata)."""
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = destination.with_name(f".{destination.name}.{os.getpid()}.tmp")
-    with open(staging, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(staging, destination)
 
 
 def _stage_compressed(source: Path, directory: Path, rank: int) -> Path:

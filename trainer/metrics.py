@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
 import torch
+
+from ..traces.formats import metric_line
 
 
 class StepTiming:
@@ -83,7 +84,7 @@ class MetricsWriter:
         self._file: IO[str] = open(path, "a", buffering=1)
 
     def write(self, metrics: StepMetrics) -> None:
-        self._file.write(json.dumps(asdict(metrics), separators=(",", ":")) + "\n")
+        self._file.write(metric_line(asdict(metrics)))
 
     def close(self) -> None:
         self._file.close()

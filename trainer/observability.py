@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import asdict
@@ -10,6 +9,7 @@ from dataclasses import asdict
 import torch
 
 from ..traces.clock import record_clock_offset
+from ..traces.formats import mllog_line as format_mllog_line
 from ..traces.layout import RunLayout
 from .config import ObservabilityConfig
 from .metrics import StepMetrics
@@ -57,4 +57,4 @@ def mllog_line(metrics: StepMetrics) -> str:
         "metadata": {"step": metrics.step, "rank": metrics.rank, "tokens_per_s": round(metrics.tokens_per_s),
                      **breakdown},
     }
-    return ":::MLLOG " + json.dumps(event, separators=(",", ":"))
+    return format_mllog_line(event)

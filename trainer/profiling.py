@@ -18,11 +18,11 @@ from pathlib import Path
 
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
+from ..traces.formats import step_marker
 from ..traces.layout import RunLayout
 from ..traces.writer import publish_trace
 from .config import ProfilerSchedule
 
-STEP_MARKER = "ProfilerStep#{step}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +84,7 @@ class WindowedProfiler:
     def step_context(self, step: int) -> Iterator[None]:
         """Wraps one training step: opens/closes windows, marks recorded steps `ProfilerStep#<step>`."""
         self._maybe_start(step)
-        marker = record_function(STEP_MARKER.format(step=step)) if self._profiler else contextlib.nullcontext()
+        marker = record_function(step_marker(step)) if self._profiler else contextlib.nullcontext()
         with marker:
             yield
         self._advance(step)

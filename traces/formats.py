@@ -1,0 +1,87 @@
+"""The record formats the trainer writes and the analysis reads, besides the trace files themselves.
+
+* step markers: the trainer names each profiled step `ProfilerStep#<global step>` and marks its phases
+  with `record_function` ranges (`train_step` > `forward` / `backward` / `optimizer_step`);
+* metric records: `metrics/rank<R>.jsonl`, one JSON object per line per step (the fields of
+  `trainer.metrics.StepMetrics`); readers skip lines that are not such objects and count them;
+* MLPerf-style log lines: `:::MLLOG {json}`.
+Writer and readers import these names, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STEP_MARKER_PREFIX = "ProfilerStep#"
+TRAIN_STEP = "train_step"
+PHASES = (TRAIN_STEP, "forward", "backward", "optimizer_step")
+"""record_function ranges the trainer emits inside every step (the first encloses the others)."""
+MLLOG_PREFIX = ":::MLLOG "
+
+
+def step_marker(step: int) -> str:
+    """The annotation name of global step `step`."""
+    return f"{STEP_MARKER_PREFIX}{step}"
+
+
+def parse_step_marker(name: str) -> int | None:
+    """N of a `ProfilerStep#N` annotation, else None."""
+    if not name.startswith(STEP_MARKER_PREFIX):
+        return None
+    digits = name[len(STEP_MARKER_PREFIX):]
+    return int(digits) if digits.isascii() and digits.isdigit() else None
+
+
+def metric_line(record: dict[str, Any]) -> str:
+    """One metrics/rank<R>.jsonl line (with its newline)."""
+    return json.dumps(record, separators=(",", ":")) + "\n"
+
+
+def mllog_line(event: dict[str, Any]) -> str:
+    return MLLOG_PREFIX + json.dumps(event, separators=(",", ":"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricRecords:
+    """The step records of one metrics file, and what was wrong with the lines that were not."""
+
+    path: Path
+    records: list[dict[str, Any]] = field(default_factory=list)
+    bad_lines: list[tuple[int, str]] = field(default_factory=list)
+    """(line number, why) of lines skipped."""
+
+
+def read_metric_records(path: Path, *, max_bad_lines_kept: int = 20) -> MetricRecords:
+    """Every step record of a metrics file: JSON objects with an integer `step` and finite numbers."""
+    records, bad = [], []
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            why = None
+            try:
+                record = json.loads(raw)
+            except (ValueError, RecursionError) as error:
+                why = f"not JSON ({type(error).__name__})"
+            else:
+                why = _record_problem(record)
+            if why is None:
+                records.append(record)
+            elif len(bad) < max_bad_lines_kept:
+                bad.append((number, why))
+    return MetricRecords(path=path, records=records, bad_lines=bad)
+
+
+def _record_problem(record: Any) -> str | None:
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    step = record.get("step")
+    if type(step) is not int or step < 0:
+        return "no integer step"
+    if any(isinstance(v, float) and not math.isfinite(v) for v in record.values()):
+        return "a non-finite number"
+    return None

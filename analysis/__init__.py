@@ -4,11 +4,11 @@
 `render_html` into a self-contained HTML page. `compare(base, new)` checks a run against a baseline.
 """
 
-from .analyze import analyze, load_report_json, write_report_json
-from .compare import Comparison, compare
-from .render_html import render_html
-from .render_terminal import render_terminal
-from .report import SCHEMA_VERSION, Report
+from fleetscope.analysis.analyze import analyze, load_report_json, write_report_json
+from fleetscope.analysis.compare import Comparison, compare
+from fleetscope.analysis.render.html import render_html
+from fleetscope.analysis.render.terminal import render_terminal
+from fleetscope.analysis.report.model import SCHEMA_VERSION, Report
 
 __all__ = ["analyze", "load_report_json", "write_report_json", "render_html", "render_terminal", "Report",
            "SCHEMA_VERSION", "compare", "Comparison"]

@@ -15,13 +15,13 @@ from typing import Callable
 
 from fleetscope.traces.writer import write_bytes_atomically
 
-from .assemble import DEFAULT_HTA_MAX_RANKS, build_report, hta_runner, no_hta
-from .inputs import AnalysisInput, resolve_input
-from .placement import Placement, place_foreign_traces
-from .rank import RankResult, TraceFailure, TraceSource, analyze_trace
-from .report import SOURCE_RUN_DIR, Report
-from .result_cache import ResultCache, open_cache
-from .stragglers import DEFAULT_MIN_LATENESS_US
+from fleetscope.analysis.cross_rank.assemble import DEFAULT_HTA_MAX_RANKS, build_report, hta_runner, no_hta
+from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
+from fleetscope.analysis.inputs.placement import Placement, place_foreign_traces
+from fleetscope.analysis.per_rank.rank import RankResult, TraceFailure, TraceSource, analyze_trace
+from fleetscope.analysis.report.model import SOURCE_RUN_DIR, Report
+from fleetscope.analysis.per_rank.cache import ResultCache, open_cache
+from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
 
 PARALLEL_THRESHOLD = 4
 """Below this many traces, a process pool costs more than it saves."""
@@ -113,7 +113,7 @@ def _write_outputs(report: Report, inputs: AnalysisInput, json_out, html_out, wr
     if json_out is not None:
         write_report_json(report, Path(json_out))
     if html_out is not None:
-        from .render_html import render_html
+        from fleetscope.analysis.render.html import render_html
 
         write_bytes_atomically(render_html(report).encode(), Path(html_out))
 

@@ -23,8 +23,8 @@ import numpy as np
 from fleetscope.traces.formats import read_metric_records
 from fleetscope.traces.layout import REPORT_DIR, RunLayout
 
-from .analyze import analyze, load_report_json
-from .report import Report
+from fleetscope.analysis.analyze import analyze, load_report_json
+from fleetscope.analysis.report.model import Report
 
 DEFAULT_THRESHOLD_PCT = 5.0
 EXIT_OK = 0

@@ -26,7 +26,7 @@ import orjson
 
 from fleetscope.traces.kineto import read_trace
 
-from .names import is_comm_kernel, profiler_step_number
+from fleetscope.analysis.per_rank.names import is_comm_kernel, profiler_step_number
 
 INSERTED_ALLREDUCE = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 INSERTED_STREAM = 99

@@ -151,8 +151,8 @@ def measure_in_child(traces: Path, out: Path, chrome_json: Path | None, workers:
 
 
 def one_merge(traces: Path, out: Path, chrome_json: Path | None, workers: int) -> dict:
-    from fleetscope.analysis.merge import merge
-    from fleetscope.analysis.merge_options import MergeOptions
+    from fleetscope.analysis.merge.run import merge
+    from fleetscope.analysis.merge.options import MergeOptions
 
     started, cpu_started = time.perf_counter(), _cpu_s()
     result = merge(traces, out, options=MergeOptions(chrome_json=chrome_json, workers=workers))

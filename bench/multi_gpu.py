@@ -80,7 +80,7 @@ def steady_metrics(run_dir: Path, skip: int) -> dict:
 
 def report_summary(run_dir: Path) -> dict:
     from fleetscope.analysis import analyze
-    from fleetscope.analysis.merge import merge
+    from fleetscope.analysis.merge.run import merge
     from fleetscope.traces.gather import gather
 
     gather(run_dir)

@@ -225,7 +225,7 @@ def register_analyze(sub: argparse._SubParsersAction) -> None:
 
 def handle_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
-    from ..analysis.render_terminal import render_terminal
+    from ..analysis.render.terminal import render_terminal
 
     layout = RunLayout.at(args.path)
     json_out, html_out = args.json_out, args.html_out
@@ -279,9 +279,9 @@ def _time_window(text: str) -> tuple[float, float]:
 
 
 def handle_merge(args: argparse.Namespace) -> int:
-    from ..analysis.merge import merge
-    from ..analysis.merge_options import MergeOptions
-    from ..analysis.merge_verify import verify_merge
+    from ..analysis.merge.run import merge
+    from ..analysis.merge.options import MergeOptions
+    from ..analysis.merge.verify import verify_merge
 
     layout = RunLayout.at(args.path)
     if args.output is None and not layout.is_run_dir():
@@ -323,7 +323,7 @@ def register_compare(sub: argparse._SubParsersAction) -> None:
 
 def handle_compare(args: argparse.Namespace) -> int:
     from ..analysis import compare
-    from ..analysis.render_terminal import render_comparison
+    from ..analysis.render.terminal import render_comparison
 
     comparison = compare(args.base, args.new, threshold_pct=args.threshold)
     print(render_comparison(comparison))

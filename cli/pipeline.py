@@ -66,7 +66,7 @@ def describe_manifest(manifest) -> str:
 
 def _analyze(layout: RunLayout, result: PostprocessResult, echo: bool) -> None:
     from ..analysis import analyze
-    from ..analysis.render_terminal import render_terminal
+    from ..analysis.render.terminal import render_terminal
 
     report = analyze(layout.root, json_out=layout.report_json, html_out=layout.report_html)
     result.report_complete = report.complete
@@ -77,7 +77,7 @@ def _analyze(layout: RunLayout, result: PostprocessResult, echo: bool) -> None:
 
 
 def _merge(layout: RunLayout, result: PostprocessResult, echo: bool) -> None:
-    from ..analysis.merge import merge
+    from ..analysis.merge.run import merge
 
     merged = merge(layout.root, layout.merged_trace)
     result.outputs["merged_trace"] = layout.merged_trace

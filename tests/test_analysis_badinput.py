@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fleetscope.analysis import analyze
-from fleetscope.analysis.events import build_table, decode_selectively, extract_events
+from fleetscope.analysis.per_rank.events import build_table, decode_selectively, extract_events
 from test_analysis_helpers import KinetoBuilder, gpu_rank
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from fleetscope.analysis import analyze, result_cache
+from fleetscope.analysis import analyze
+from fleetscope.analysis.per_rank import cache as result_cache
 from fleetscope.analysis.analyze import analyze_sources
-from fleetscope.analysis.inputs import resolve_input
-from fleetscope.analysis.result_cache import ENTRY_SUFFIX, ResultCache
+from fleetscope.analysis.inputs.resolve import resolve_input
+from fleetscope.analysis.per_rank.cache import ENTRY_SUFFIX, ResultCache
 from fleetscope.cli.main import main
 from test_analysis_helpers import gpu_rank
 

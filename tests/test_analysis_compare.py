@@ -6,7 +6,7 @@ import pytest
 
 from fleetscope.analysis import analyze
 from fleetscope.analysis.compare import EXIT_OK, EXIT_REGRESSION, compare
-from fleetscope.analysis.render_terminal import render_comparison
+from fleetscope.analysis.render.terminal import render_comparison
 from fleetscope.traces.layout import RunLayout
 from test_analysis_helpers import KinetoBuilder
 

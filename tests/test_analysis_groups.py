@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from fleetscope.analysis import analyze
-from fleetscope.analysis.merge import merge
-from fleetscope.analysis.perfetto_check import CROSS_RANK_FLOW_BIT, check_trace
+from fleetscope.analysis.merge.run import merge
+from fleetscope.analysis.merge.perfetto.check import CROSS_RANK_FLOW_BIT, check_trace
 from test_analysis_helpers import BASE_TIME_NS, KinetoBuilder
 
 OFFSET_US = 37_000.0

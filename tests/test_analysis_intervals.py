@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from fleetscope.analysis.intervals import (
+from fleetscope.analysis.per_rank.intervals import (
     Intervals, clip, covered_between, covered_us, intersect, overlap_us, subtract, union,
 )
 

@@ -2,14 +2,14 @@
 
 import pytest
 
-from fleetscope.analysis.collectives import SOURCE_GLOO, SOURCE_NCCL, find_collectives
-from fleetscope.analysis.events import extract_events
-from fleetscope.analysis.names import collective_name, is_comm_kernel
-from fleetscope.analysis.rank import RANK_FROM_TRACE, TraceSource, analyze_trace
-from fleetscope.analysis.steps import find_steps
-from fleetscope.analysis.arrivals import arrival_matrix
-from fleetscope.analysis.stragglers import find_stragglers
-from fleetscope.analysis.utilization import measure_utilization
+from fleetscope.analysis.per_rank.collectives import SOURCE_GLOO, SOURCE_NCCL, find_collectives
+from fleetscope.analysis.per_rank.events import extract_events
+from fleetscope.analysis.per_rank.names import collective_name, is_comm_kernel
+from fleetscope.analysis.per_rank.rank import RANK_FROM_TRACE, TraceSource, analyze_trace
+from fleetscope.analysis.per_rank.steps import find_steps
+from fleetscope.analysis.cross_rank.arrivals import arrival_matrix
+from fleetscope.analysis.cross_rank.stragglers import find_stragglers
+from fleetscope.analysis.per_rank.utilization import measure_utilization
 from test_analysis_helpers import RUNLOOP_TID, KinetoBuilder, gpu_rank
 
 
@@ -222,7 +222,7 @@ def test_gpu_job_communicating_on_the_host_exact():
 
 @pytest.mark.parametrize("builder", [gpu_rank(0), gpu_rank(1, nccl_start=200)], ids=["gpu", "gpu-overlapped"])
 def test_breakdown_segments_add_up_to_the_span(builder):
-    from fleetscope.analysis.render_html import breakdown_segments
+    from fleetscope.analysis.render.html import breakdown_segments
 
     u = _utilization(builder)
     segments = breakdown_segments(u)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleetscope.analysis import analyze, render_terminal
-from fleetscope.analysis.clock_align import MIN_SAMPLES
+from fleetscope.analysis.cross_rank.clock_align import MIN_SAMPLES
 from fleetscope.traces.clock import DEFAULT_ROUND_TRIPS, ClockOffset, read_clock_offsets
 from fleetscope.traces.gather import gather
 from fleetscope.traces.layout import RunLayout

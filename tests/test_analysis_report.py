@@ -193,7 +193,7 @@ def _json_keys(value, path=""):
 
 
 def test_every_report_field_is_in_the_documented_schema(tmp_path):
-    from fleetscope.analysis import report as report_module
+    from fleetscope.analysis.report import model as report_module
 
     for rank in (0, 1):
         gpu_rank(rank, nccl_start=300 + 200 * rank).write(tmp_path / f"rank{rank}.json.gz")

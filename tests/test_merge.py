@@ -1,7 +1,7 @@
 """The merged Perfetto trace on small hand-made Kineto traces (fast, no torchrun).
 
 Every test reads the written trace back with the perfetto package's protobuf classes
-(`fleetscope.analysis.perfetto_check`) and compares it with what the inputs say.
+(`fleetscope.analysis.merge.perfetto.check`) and compares it with what the inputs say.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from fleetscope.analysis.merge import PROCESS_PID_BASE, merge
-from fleetscope.analysis.merge_options import MergeOptions
-from fleetscope.analysis.merge_sources import clock_offset_ns, find_merge_inputs, read_trace_head
-from fleetscope.analysis.perfetto_check import check_trace, iter_packets
-from fleetscope.analysis.perfetto_tracks import NO_EVENT, OP_BEGIN, OP_END, nest_into_lanes
+from fleetscope.analysis.merge.run import PROCESS_PID_BASE, merge
+from fleetscope.analysis.merge.options import MergeOptions
+from fleetscope.analysis.merge.sources import clock_offset_ns, find_merge_inputs, read_trace_head
+from fleetscope.analysis.merge.perfetto.check import check_trace, iter_packets
+from fleetscope.analysis.merge.tracks import NO_EVENT, OP_BEGIN, OP_END, nest_into_lanes
 from fleetscope.traces.layout import RunLayout
 
 BASE_NS = 1_790_000_000_000_000_000
@@ -304,7 +304,7 @@ def test_clock_offset_formats():
 
 
 def test_checker_catches_an_unbalanced_track(tmp_path):
-    from fleetscope.analysis.perfetto_writer import PacketStream, SequenceWriter, TrackSpec
+    from fleetscope.analysis.merge.perfetto.writer import PacketStream, SequenceWriter, TrackSpec
 
     path = tmp_path / "bad.perfetto-trace"
     with open(path, "wb") as handle:
@@ -320,7 +320,7 @@ def test_checker_catches_an_unbalanced_track(tmp_path):
 
 
 def test_a_renamed_thread_keeps_its_own_name():
-    from fleetscope.analysis.perfetto_plan import best_thread_name
+    from fleetscope.analysis.merge.plan import best_thread_name
 
     names = ["thread 9 (python)", "thread 9 (pt_gloo_runloop)", "thread 9 (python)"]
     assert best_thread_name(names, "python") == "thread 9 (pt_gloo_runloop)"
@@ -329,7 +329,7 @@ def test_a_renamed_thread_keeps_its_own_name():
 
 
 def test_large_traces_are_read_back_packet_by_packet(two_rank_dir, tmp_path, monkeypatch):
-    import fleetscope.analysis.perfetto_check as perfetto_check
+    import fleetscope.analysis.merge.perfetto.check as perfetto_check
 
     result = merge(tmp_path / "traces", tmp_path / "out.perfetto-trace")
     whole = [packet.SerializeToString() for packet in iter_packets(result.output)]

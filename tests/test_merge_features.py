@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetscope.analysis.merge import PROCESS_PID_BASE, merge
-from fleetscope.analysis.merge_options import MergeOptions
-from fleetscope.analysis.perfetto_check import CROSS_RANK_FLOW_BIT, check_trace
+from fleetscope.analysis.merge.run import PROCESS_PID_BASE, merge
+from fleetscope.analysis.merge.options import MergeOptions
+from fleetscope.analysis.merge.perfetto.check import CROSS_RANK_FLOW_BIT, check_trace
 from test_merge import (
     BASE_NS, complete, expected_slices, gpu_rank_events, kernel, kineto_document, rebuilt_slices,
     write_trace,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetscope.analysis.merge import merge
-from fleetscope.analysis.merge_options import MergeOptions
-from fleetscope.analysis.perfetto_check import CROSS_RANK_FLOW_BIT, check_trace
+from fleetscope.analysis.merge.run import merge
+from fleetscope.analysis.merge.options import MergeOptions
+from fleetscope.analysis.merge.perfetto.check import CROSS_RANK_FLOW_BIT, check_trace
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 EAGER = FIXTURES / "h200-small-hf-eager-2steps.json.gz"

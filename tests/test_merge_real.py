@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetscope.analysis.merge import merge
-from fleetscope.analysis.perfetto_check import check_trace
+from fleetscope.analysis.merge.run import merge
+from fleetscope.analysis.merge.perfetto.check import check_trace
 from fleetscope.traces.gather import gather
 from fleetscope.traces.layout import RunLayout
 from test_merge import expected_slices, rebuilt_slices

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetscope.analysis.merge import merge
-from fleetscope.analysis.merge_verify import expected_slices_by_process, verify_merge
-from fleetscope.analysis.perfetto_sql import check_with_trace_processor, slices_by_process
+from fleetscope.analysis.merge.run import merge
+from fleetscope.analysis.merge.verify import expected_slices_by_process, verify_merge
+from fleetscope.analysis.merge.perfetto.sql import check_with_trace_processor, slices_by_process
 from test_merge import gpu_rank_events, kineto_document, write_trace
 
 TRACE_PROCESSOR = os.environ.get("FLEETSCOPE_TRACE_PROCESSOR") or shutil.which("trace_processor_shell")

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .events import Kind, TraceEvents
-from .names import PHASES, TRAIN_STEP, profiler_step_number
+from fleetscope.analysis.per_rank.events import Kind, TraceEvents
+from fleetscope.analysis.per_rank.names import PHASES, TRAIN_STEP, profiler_step_number
 
 STEP_SOURCE_PROFILER = "ProfilerStep"
 STEP_SOURCE_TRAIN_STEP = "train_step"

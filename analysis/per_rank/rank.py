@@ -13,12 +13,12 @@ from pathlib import Path
 
 from fleetscope.traces.kineto import TraceReadError, decode_trace, decompress, distributed_rank, read_raw
 
-from .collectives import CollectiveCalls, find_collectives
-from .events import TraceEvents, build_table, decode_selectively, extract_events
-from .kernels import KernelTotal, top_kernels
-from .result_cache import ResultCache
-from .steps import StepTiming, find_steps
-from .utilization import Utilization, build_timeline, measure_utilization
+from fleetscope.analysis.per_rank.collectives import CollectiveCalls, find_collectives
+from fleetscope.analysis.per_rank.events import TraceEvents, build_table, decode_selectively, extract_events
+from fleetscope.analysis.per_rank.kernels import KernelTotal, top_kernels
+from fleetscope.analysis.per_rank.cache import ResultCache
+from fleetscope.analysis.per_rank.steps import StepTiming, find_steps
+from fleetscope.analysis.per_rank.utilization import Utilization, build_timeline, measure_utilization
 
 RANK_FROM_MANIFEST = "manifest"
 RANK_FROM_TRACE = "distributedInfo"

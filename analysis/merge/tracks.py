@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .perfetto_writer import TrackSpec
+from fleetscope.analysis.merge.perfetto.writer import TrackSpec
 
 MAX_LANE_ORDER = 63
 _LANES_PER_TRACK = MAX_LANE_ORDER + 1

@@ -62,12 +62,12 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from .clock_align import ClockAlignment
-from .hta_views import HtaViews
-from .kernels import KernelTotal
-from .steps import StepStats, StepTiming
-from .stragglers import Stragglers
-from .utilization import Utilization
+from fleetscope.analysis.cross_rank.clock_align import ClockAlignment
+from fleetscope.analysis.cross_rank.hta_views import HtaViews
+from fleetscope.analysis.per_rank.kernels import KernelTotal
+from fleetscope.analysis.per_rank.steps import StepStats, StepTiming
+from fleetscope.analysis.cross_rank.stragglers import Stragglers
+from fleetscope.analysis.per_rank.utilization import Utilization
 
 SCHEMA_VERSION = 1
 

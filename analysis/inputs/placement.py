@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .rank import RANK_FROM_ORDER, RankResult, TraceFailure
-from .report import MissingTrace
+from fleetscope.analysis.per_rank.rank import RANK_FROM_ORDER, RankResult, TraceFailure
+from fleetscope.analysis.report.model import MissingTrace
 
 
 @dataclass(kw_only=True)

@@ -23,15 +23,15 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .names import TRAIN_STEP, is_gloo_span, profiler_step_number
-from .perfetto_tracks import (
+from fleetscope.analysis.per_rank.names import TRAIN_STEP, is_gloo_span, profiler_step_number
+from fleetscope.analysis.merge.tracks import (
     GROUP_ANALYSIS, GROUP_COUNTER, NO_EVENT, OP_COUNTER, OP_INSTANT, RankTracks, Slice, lay_out_track,
 )
 
 if TYPE_CHECKING:
-    from .perfetto_flows import FlowPlan
-    from .perfetto_plan import GroupedEvents, WindowContext
-    from .perfetto_writer import TrackSpec
+    from fleetscope.analysis.merge.flows import FlowPlan
+    from fleetscope.analysis.merge.plan import GroupedEvents, WindowContext
+    from fleetscope.analysis.merge.perfetto.writer import TrackSpec
 
 ANALYSIS_TRACK_NAME = "fleetscope analysis"
 ANALYSIS_TRACK = ("analysis", ANALYSIS_TRACK_NAME, "")

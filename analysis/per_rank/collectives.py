@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .events import NO_ID, Kind, TraceEvents
-from .intervals import Intervals, covered_between
-from .names import collective_name, is_comm_kernel, is_gloo_span
-from .steps import StepTiming
+from fleetscope.analysis.per_rank.events import Kind, TraceEvents
+from fleetscope.analysis.per_rank.intervals import Intervals, covered_between
+from fleetscope.analysis.per_rank.names import collective_name, is_comm_kernel, is_gloo_span
+from fleetscope.analysis.per_rank.steps import StepTiming
 
 SOURCE_NCCL = "nccl kernels"
 SOURCE_GLOO = "gloo spans"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .arrivals import ArrivalMatrix
+from fleetscope.analysis.cross_rank.arrivals import ArrivalMatrix
 
 MIN_SAMPLES = 3
 MAD_TO_SIGMA = 1.4826

@@ -25,11 +25,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from .names import collective_name, is_comm_kernel, is_gloo_span
+from fleetscope.analysis.per_rank.names import collective_name, is_comm_kernel, is_gloo_span
 
 if TYPE_CHECKING:
-    from .perfetto_plan import GroupedEvents, WindowContext
-    from .perfetto_tracks import RankTracks
+    from fleetscope.analysis.merge.plan import GroupedEvents, WindowContext
+    from fleetscope.analysis.merge.tracks import RankTracks
 
 NO_STEP = -1
 LAUNCH_FLOWS_COVERED_CATEGORY = "ac2g"

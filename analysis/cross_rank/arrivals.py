@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .collectives import CollectiveKey
-from .rank import RankResult
+from fleetscope.analysis.per_rank.collectives import CollectiveKey
+from fleetscope.analysis.per_rank.rank import RankResult
 
 
 @dataclass(frozen=True)

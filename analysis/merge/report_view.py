@@ -15,8 +15,8 @@ from typing import Any, Mapping
 
 from fleetscope.traces.layout import RunLayout
 
-from .merge_sources import MergeProblem
-from .perfetto_overlays import ReportView
+from fleetscope.analysis.merge.sources import MergeProblem
+from fleetscope.analysis.merge.overlays import ReportView
 
 ReportSource = Any
 """A `Report` (anything with `to_json()`), its JSON dict, a path to report.json, or None."""

@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import ast
 import importlib
+import importlib.util
 import os
 import pickle
 import stat
@@ -31,13 +33,13 @@ from typing import TYPE_CHECKING
 from fleetscope.traces.atomic import write_bytes_atomically
 
 if TYPE_CHECKING:
-    from .rank import RankResult, TraceSource
+    from fleetscope.analysis.per_rank.rank import RankResult, TraceSource
 
 CACHE_DIR_ENV = "FLEETSCOPE_CACHE_DIR"
 ENTRY_SUFFIX = ".rank.pickle"
 _FORMAT = b"fleetscope-rank-result-1"
-_CODE_PACKAGES = ("fleetscope.analysis", "fleetscope.traces")
-"""Packages whose source a cached result depends on (parsing lives in both)."""
+RESULT_MODULE = "fleetscope.analysis.per_rank.rank"
+"""The module that computes a RankResult: the cache key covers it and every fleetscope module it imports."""
 
 
 def default_cache_dir() -> Path:
@@ -102,10 +104,46 @@ def _unsafe(info: os.stat_result) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def code_digest() -> str:
-    """A digest of the source of the packages a RankResult is computed by."""
+    """A digest of the source of every module a RankResult is computed by: RESULT_MODULE and the
+    fleetscope modules it imports, transitively (found by reading the imports, not a folder listing, so a
+    new module is covered and an edit to the renderer or the merge invalidates nothing)."""
     digest = hashlib.blake2b(digest_size=16)
-    for package in _CODE_PACKAGES:
-        for path in sorted(Path(importlib.import_module(package).__file__).parent.glob("*.py")):
-            digest.update(path.name.encode())
-            digest.update(path.read_bytes())
+    for name, path in sorted(result_source_files().items()):
+        digest.update(name.encode())
+        digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+def result_source_files(root: str = RESULT_MODULE) -> dict[str, Path]:
+    """module name -> source file, for `root` and the fleetscope modules it imports, transitively."""
+    found: dict[str, Path] = {}
+    pending = [root]
+    while pending:
+        name = pending.pop()
+        if name in found:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, AttributeError, ValueError):  # `from module import function`: not a module
+            continue
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            continue
+        found[name] = Path(spec.origin)
+        pending += _fleetscope_imports(found[name], name, spec.submodule_search_locations is not None)
+    return found
+
+
+def _fleetscope_imports(path: Path, module: str, is_package: bool) -> list[str]:
+    """The fleetscope modules a source file imports (absolute or relative). Parent packages are not
+    followed: their `__init__` re-exports for users and computes nothing a result depends on."""
+    package = module if is_package else module.rpartition(".")[0]
+    names = []
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) if node.level \
+                else node.module or ""
+            names.append(base)
+            names += [f"{base}.{alias.name}" for alias in node.names]
+    return [n for n in names if n.startswith("fleetscope.")]

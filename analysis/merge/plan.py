@@ -23,15 +23,15 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from .merge_options import MergeOptions
-from .names import PROCESS_GROUP_DESCRIPTION_ARG, PROCESS_GROUP_NAME_ARG, process_group_label
-from .perfetto_flows import FlowPlan, plan_flows
-from .perfetto_overlays import OverlayInputs, ReportView, plan_overlays
-from .perfetto_tracks import (
+from fleetscope.analysis.merge.options import MergeOptions
+from fleetscope.analysis.per_rank.names import PROCESS_GROUP_DESCRIPTION_ARG, PROCESS_GROUP_NAME_ARG, process_group_label
+from fleetscope.analysis.merge.flows import FlowPlan, plan_flows
+from fleetscope.analysis.merge.overlays import OverlayInputs, ReportView, plan_overlays
+from fleetscope.analysis.merge.tracks import (
     GROUP_COUNTER, GROUP_CPU_THREAD, GROUP_GPU_STREAM, GROUP_MAIN_THREAD, GROUP_OTHER, OP_COUNTER, OP_INSTANT,
     RankTracks, Slice, TrackKey, lay_out_track,
 )
-from .perfetto_writer import TrackSpec
+from fleetscope.analysis.merge.perfetto.writer import TrackSpec
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "gpu_instant_event"})
 """Kineto categories of device activity; a (pid, tid) holding any of them is a GPU stream."""

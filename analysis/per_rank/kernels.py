@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .events import Kind, TraceEvents
+from fleetscope.analysis.per_rank.events import Kind, TraceEvents
 
 TOP_KERNELS_KEPT = 15
 

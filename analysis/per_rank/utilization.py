@@ -36,10 +36,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .events import GPU_ACTIVITY_KINDS, Kind, TraceEvents
-from .intervals import Intervals, clip, covered_us, overlap_us, subtract, union, union_of
-from .names import is_comm_cpu_op, is_comm_kernel, is_gloo_span
-from .steps import StepTiming
+from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, Kind, TraceEvents
+from fleetscope.analysis.per_rank.intervals import Intervals, clip, overlap_us, subtract, union, union_of
+from fleetscope.analysis.per_rank.names import is_comm_cpu_op, is_comm_kernel, is_gloo_span
+from fleetscope.analysis.per_rank.steps import StepTiming
 
 BASIS_GPU = "gpu"
 BASIS_CPU = "cpu"

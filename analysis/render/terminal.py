@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .collectives import step_label
-from .report import Report, WindowReport
+from fleetscope.analysis.per_rank.collectives import step_label
+from fleetscope.analysis.report.model import Report, WindowReport
 
 MAX_RANK_ROWS = 32
 """Beyond this many ranks the table shows the slowest and fastest ones."""

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .arrivals import ArrivalMatrix
-from .rank import RankResult
+from fleetscope.analysis.cross_rank.arrivals import ArrivalMatrix
+from fleetscope.analysis.per_rank.rank import RankResult
 
 DEFAULT_MIN_LATENESS_US = 100.0
 WORST_INSTANCES_KEPT = 10

@@ -6,29 +6,19 @@ returns a compact RankResult, so memory does not grow with the size of the trace
 
 from __future__ import annotations
 
-import functools
 import json
-import os
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 from fleetscope.traces.writer import write_bytes_atomically
 
 from fleetscope.analysis.cross_rank.assemble import DEFAULT_HTA_MAX_RANKS, build_report, hta_runner, no_hta
 from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
-from fleetscope.analysis.inputs.placement import Placement, place_foreign_traces
-from fleetscope.analysis.per_rank.rank import RankResult, TraceFailure, TraceSource, analyze_trace
-from fleetscope.analysis.report.model import SOURCE_RUN_DIR, Report
+from fleetscope.analysis.cross_rank.placement import place_traces
+from fleetscope.analysis.per_rank.parse import Progress, parse_traces
+from fleetscope.analysis.per_rank.rank import RankResult
+from fleetscope.analysis.report.model import Report
 from fleetscope.analysis.per_rank.cache import ResultCache, open_cache
 from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
-
-PARALLEL_THRESHOLD = 4
-"""Below this many traces, a process pool costs more than it saves."""
-
-Progress = Callable[[int, int], None]
-"""progress(done, total), called as traces finish."""
-
 
 def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: str | Path | None = None,
             write_default_outputs: bool = True, use_hta: bool = True, hta_max_ranks: int = DEFAULT_HTA_MAX_RANKS,
@@ -47,8 +37,8 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     """
     inputs = resolve_input(path)
     cache, cache_off = open_cache(cache_dir) if use_cache else (None, None)
-    outcomes = analyze_sources(inputs.sources, workers=workers, progress=progress, cache=cache)
-    placement = _place(inputs, outcomes)
+    outcomes = parse_traces(inputs.sources, workers=workers, progress=progress, cache=cache)
+    placement = place_traces(inputs, outcomes)
     report = build_report(
         source_path=str(inputs.root),
         source_kind=inputs.kind,
@@ -65,17 +55,6 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     return report
 
 
-def analyze_sources(sources: list[TraceSource], *, workers: int | None = None, progress: Progress | None = None,
-                    cache: ResultCache | None = None) -> list[RankResult | TraceFailure]:
-    """analyze_trace over every source, in parallel when worthwhile; results in input order."""
-    workers = workers or min(len(sources), os.cpu_count() or 1)
-    one = functools.partial(analyze_trace, cache=cache)
-    if len(sources) < PARALLEL_THRESHOLD or workers <= 1:
-        return _with_progress(map(one, sources), len(sources), progress)
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return _with_progress(pool.map(one, sources, chunksize=1), len(sources), progress)
-
-
 def _cache_notes(cache: ResultCache | None, cache_off: str | None, outcomes: list) -> list[str]:
     hits = sum(1 for outcome in outcomes if isinstance(outcome, RankResult) and outcome.from_cache)
     if cache_off:
@@ -84,26 +63,6 @@ def _cache_notes(cache: ResultCache | None, cache_off: str | None, outcomes: lis
         return []
     return [f"{hits} of {len(outcomes)} trace(s) read from the parsed-trace cache {cache.directory} "
             "(identical bytes, same fleetscope; --no-cache parses them again)"]
-
-
-def _with_progress(outcomes, total: int, progress: Progress | None) -> list:
-    collected = []
-    for outcome in outcomes:
-        collected.append(outcome)
-        if progress is not None:
-            progress(len(collected), total)
-    return collected
-
-
-def _place(inputs: AnalysisInput, outcomes: list[RankResult | TraceFailure]) -> Placement:
-    results = [o for o in outcomes if isinstance(o, RankResult)]
-    failures = [o for o in outcomes if isinstance(o, TraceFailure)]
-    if inputs.kind == SOURCE_RUN_DIR:
-        placement = Placement(results=results, missing=list(inputs.missing))
-    else:
-        placement = place_foreign_traces(results)
-    placement.failures = failures + placement.failures
-    return placement
 
 
 def _write_outputs(report: Report, inputs: AnalysisInput, json_out, html_out, write_defaults: bool) -> None:

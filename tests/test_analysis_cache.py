@@ -10,7 +10,7 @@ import pytest
 
 from fleetscope.analysis import analyze
 from fleetscope.analysis.per_rank import cache as result_cache
-from fleetscope.analysis.analyze import analyze_sources
+from fleetscope.analysis.per_rank.parse import parse_traces as analyze_sources
 from fleetscope.analysis.inputs.resolve import resolve_input
 from fleetscope.analysis.per_rank.cache import ENTRY_SUFFIX, ResultCache
 from fleetscope.cli.main import main

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fleetscope.analysis.inputs.sources import MeasuredOffset
+
 from fleetscope.analysis.cross_rank.arrivals import ArrivalMatrix
 
 MIN_SAMPLES = 3
@@ -30,12 +32,6 @@ SOURCE_REFERENCE_HOST = "reference host"
 SOURCE_MEASURED = "measured"
 SOURCE_COLLECTIVES = "collectives"
 SOURCE_NONE = "none"
-
-
-@dataclass(frozen=True, kw_only=True)
-class MeasuredOffset:
-    offset_us: float
-    uncertainty_us: float
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,9 +19,9 @@ from fleetscope.traces.layout import WINDOW_RE, RunLayout
 from fleetscope.traces.clock import read_clock_offsets
 from fleetscope.traces.manifest import TraceRecord, load_manifest
 
-from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset
-from fleetscope.analysis.per_rank.rank import TraceFailure, TraceSource
-from fleetscope.analysis.report.model import SOURCE_RUN_DIR, SOURCE_TRACE_DIR, SOURCE_TRACE_FILE, MissingTrace
+from fleetscope.analysis.inputs.sources import (
+    SOURCE_RUN_DIR, SOURCE_TRACE_DIR, SOURCE_TRACE_FILE, MeasuredOffset, MissingTrace, TraceFailure, TraceSource,
+)
 
 
 @dataclass(kw_only=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from fleetscope.traces.kineto import TraceReadError, decode_trace, decompress, distributed_rank, read_raw
 
+from fleetscope.analysis.inputs.sources import TraceFailure, TraceSource
 from fleetscope.analysis.per_rank.collectives import CollectiveCalls, find_collectives
 from fleetscope.analysis.per_rank.events import TraceEvents, build_table, decode_selectively, extract_events
 from fleetscope.analysis.per_rank.kernels import KernelTotal, top_kernels
@@ -26,19 +27,6 @@ RANK_FROM_FILE_NAME = "file name"
 RANK_FROM_ORDER = "file order"
 
 _RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-
-
-@dataclass(frozen=True, kw_only=True)
-class TraceSource:
-    """A trace file to analyze and what is known about it before opening it."""
-
-    path: Path
-    label: str
-    """How reports name the file (relative to the analyzed directory)."""
-    window: int | None
-    rank: int | None = None
-    """Rank known from the manifest; None to take it from the trace or its file name."""
-    host: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,16 +67,6 @@ class RankResult:
 
     def with_placement(self, *, rank: int, rank_source: str, window: int | None) -> "RankResult":
         return dataclasses.replace(self, rank=rank, rank_source=rank_source, window=window)
-
-
-@dataclass(frozen=True, kw_only=True)
-class TraceFailure:
-    """A trace that could not be analyzed, and why."""
-
-    label: str
-    window: int | None
-    rank: int | None
-    reason: str
 
 
 def analyze_trace(source: TraceSource, cache: ResultCache | None = None) -> RankResult | TraceFailure:

@@ -63,6 +63,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetscope.analysis.cross_rank.clock_align import ClockAlignment
+from fleetscope.analysis.inputs.sources import (  # noqa: F401  (part of the report's model)
+    SOURCE_RUN_DIR, SOURCE_TRACE_DIR, SOURCE_TRACE_FILE, MissingTrace,
+)
 from fleetscope.analysis.cross_rank.hta_views import HtaViews
 from fleetscope.analysis.per_rank.kernels import KernelTotal
 from fleetscope.analysis.per_rank.steps import StepStats, StepTiming
@@ -71,9 +74,7 @@ from fleetscope.analysis.per_rank.utilization import Utilization
 
 SCHEMA_VERSION = 1
 
-SOURCE_RUN_DIR = "run_dir"
-SOURCE_TRACE_DIR = "trace_dir"
-SOURCE_TRACE_FILE = "trace_file"
+
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,12 +85,6 @@ class Problem:
     reason: str
     window: int | None = None
     rank: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class MissingTrace:
-    rank: int
-    window: int | None
 
 
 @dataclass(frozen=True, kw_only=True)

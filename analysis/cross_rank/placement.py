@@ -13,9 +13,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fleetscope.analysis.per_rank.rank import RANK_FROM_ORDER, RankResult, TraceFailure
-from fleetscope.analysis.report.model import MissingTrace
+from fleetscope.analysis.inputs.sources import SOURCE_RUN_DIR, MissingTrace
+
+if TYPE_CHECKING:
+    from fleetscope.analysis.inputs.resolve import AnalysisInput
 
 
 @dataclass(kw_only=True)
@@ -121,3 +125,16 @@ def missing_ranks(results: list[RankResult], world_size: int | None) -> list[Mis
     return [MissingTrace(rank=rank, window=window)
             for window in sorted(present, key=lambda w: -1 if w is None else w)
             for rank in range(world_size) if rank not in present[window]]
+
+
+def place_traces(inputs: "AnalysisInput", outcomes: list[RankResult | TraceFailure]) -> Placement:
+    """Rank and window of every parsed trace: a run directory's manifest already says; foreign traces are
+    placed by place_foreign_traces."""
+    results = [o for o in outcomes if isinstance(o, RankResult)]
+    failures = [o for o in outcomes if isinstance(o, TraceFailure)]
+    if inputs.kind == SOURCE_RUN_DIR:
+        placement = Placement(results=results, missing=list(inputs.missing))
+    else:
+        placement = place_foreign_traces(results)
+    placement.failures = failures + placement.failures
+    return placement

@@ -15,7 +15,8 @@ import pytest
 
 from fleetscope.analysis.merge.run import PROCESS_PID_BASE, merge
 from fleetscope.analysis.merge.options import MergeOptions
-from fleetscope.analysis.merge.sources import clock_offset_ns, find_merge_inputs, read_trace_head
+from fleetscope.analysis.merge.sources import find_merge_inputs
+from fleetscope.traces.clock import ClockOffset, write_clock_offset
 from fleetscope.analysis.merge.perfetto.check import check_trace, iter_packets
 from fleetscope.analysis.merge.tracks import NO_EVENT, OP_BEGIN, OP_END, nest_into_lanes
 from fleetscope.traces.layout import RunLayout
@@ -252,7 +253,8 @@ def test_run_directory_windows_share_one_process_and_clock_files_apply(tmp_path)
             write_trace(layout.trace_file(window, rank, f"node{rank}"), document)
             documents[(window, rank)] = document
     layout.clock_dir.mkdir(parents=True)
-    layout.clock_file(1).write_text(json.dumps({"rank": 1, "offset_ns": 1_500, "uncertainty_ns": 40}))
+    write_clock_offset(ClockOffset(rank=1, offset_us=1.5, uncertainty_us=0.04, best_round_trip_us=0.08, round_trips=16,
+                                   host="node1", measured_at_ns=0), layout.clock_file(1))
     result = merge(layout.root)
     assert result.output == layout.merged_trace and not layout.manifest_file.exists()
     check = check_trace(result.output)
@@ -273,13 +275,6 @@ def test_rank_comes_from_distributed_info_then_name_then_order(tmp_path):
     assert [(s.rank, s.files[0].path.name) for s in inputs.ranks] == [(0, "c.json"), (1, "b_rank1.json"), (3, "a.json")]
 
 
-def test_trace_head_is_read_without_parsing_the_events(tmp_path):
-    events = [complete(f"op{i}", i, 1) for i in range(20_000)]
-    path = write_trace(tmp_path / "big.json.gz", kineto_document(5, events, host="gpu-node-3"))
-    head = read_trace_head(path, head_bytes=4096)
-    assert (head.rank, head.host) == (5, "gpu-node-3")
-
-
 def test_corrupt_trace_is_reported_by_name_and_the_others_merged(two_rank_dir, tmp_path):
     broken = tmp_path / "traces" / "worker2_rank2.pt.trace.json.gz"
     broken.write_bytes(gzip.compress(b'{"traceEvents": [')[:-6])
@@ -294,13 +289,6 @@ def test_only_the_chosen_ranks_are_merged(two_rank_dir, tmp_path):
     assert [p.name for p in check_trace(result.output).processes()] == ["rank 1 (node1)"]
     with pytest.raises(ValueError, match=r"ranks \[7\] not found"):
         merge(tmp_path / "traces", tmp_path / "out.perfetto-trace", options=MergeOptions(ranks=frozenset({7})))
-
-
-def test_clock_offset_formats():
-    assert clock_offset_ns({"offset_ns": -1200.4}) == -1200
-    assert clock_offset_ns({"offset_us": 2.5}) == 2500
-    assert clock_offset_ns({"offset": {"offset_ns": 7}}) == 7
-    assert clock_offset_ns({"rank": 1}) is None
 
 
 def test_checker_catches_an_unbalanced_track(tmp_path):

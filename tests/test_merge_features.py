@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from fleetscope.traces.clock import ClockOffset, write_clock_offset
+
 from fleetscope.analysis.merge.run import PROCESS_PID_BASE, merge
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.perfetto.check import CROSS_RANK_FLOW_BIT, check_trace
@@ -210,7 +212,8 @@ def test_clock_offsets_the_report_used_win_over_clock_files_but_not_over_given_o
     for rank in (0, 1):
         write_trace(layout.trace_file(0, rank, "h"), kineto_document(rank, gpu_rank_events(), host="h"))
     layout.clock_dir.mkdir(parents=True)
-    layout.clock_file(1).write_text(json.dumps({"rank": 1, "offset_us": 3.0, "uncertainty_us": 1.0}))
+    write_clock_offset(ClockOffset(rank=1, offset_us=3.0, uncertainty_us=1.0, best_round_trip_us=2.0, round_trips=16,
+                                   host="node1", measured_at_ns=0), layout.clock_file(1))
     report = {"windows": [{"window": 0, "clock": {"hosts": [{"host": "h", "ranks": [1], "offset_us": 2.5}]}}]}
 
     def clock_of_rank1(**kwargs) -> tuple[int, str, int]:

@@ -10,6 +10,7 @@ A path is one of:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,8 @@ class AnalysisInput:
     layout: RunLayout | None = None
     measured_offsets: dict[int, MeasuredOffset] = field(default_factory=dict)
     """Clock offsets from the run's clock/rank<R>.json files."""
+    clock_problems: list[str] = field(default_factory=list)
+    """Clock files that could not be used, as 'file: reason' (also in `notes`)."""
 
 
 def resolve_input(path: str | Path) -> AnalysisInput:
@@ -72,7 +75,7 @@ def _run_dir_input(layout: RunLayout) -> AnalysisInput:
     return AnalysisInput(
         root=layout.root, kind=SOURCE_RUN_DIR, sources=sources, failures=failures,
         missing=[MissingTrace(rank=m.rank, window=m.window) for m in manifest.missing],
-        world_size=manifest.world_size, notes=notes + clock_problems, layout=layout,
+        world_size=manifest.world_size, notes=notes + clock_problems, layout=layout, clock_problems=clock_problems,
         measured_offsets={rank: MeasuredOffset(offset_us=c.offset_us, uncertainty_us=c.uncertainty_us)
                           for rank, c in clock_files.items()},
     )
@@ -98,6 +101,16 @@ def _trace_dir_input(root: Path) -> AnalysisInput:
         for f in files
     ]
     return AnalysisInput(root=root, kind=SOURCE_TRACE_DIR, sources=sources)
+
+
+_RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+
+
+def rank_from_name(file_name: str) -> int | None:
+    """The rank a trace's file name states (`rank3`, `rank_3`, `worker0_rank3.pt.trace.json`), if any: the
+    rule every reader applies after the manifest and the trace's own `distributedInfo`."""
+    match = _RANK_IN_NAME_RE.search(file_name)
+    return int(match.group(1)) if match else None
 
 
 def _window_of(path: Path, root: Path) -> int | None:

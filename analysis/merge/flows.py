@@ -10,11 +10,9 @@ Three kinds, each attached to slices through Perfetto flow ids:
   those exist;
 * collective flows: the same collective instance on every rank carries the same flow id, and Perfetto
   joins the slices of one id in time order, so the arrows run from the first rank to arrive to the
-  last: the last arrow points at the rank everyone waited for. An instance is the ordinal-th
-  collective of a name (and process group, where the trace names it) within a training step, as the
-  analysis report matches them (collectives.py):
-  NCCL kernels (issued at their CPU launch) when the trace has them, else gloo spans, else host
-  collective ops.
+  last: the last arrow points at the rank everyone waited for. The instances are the ones the per-rank
+  parse found and the report matches (per_rank/collectives.py, handed over in `WindowContext`): this
+  module only finds the slice each was parsed from.
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ if TYPE_CHECKING:
 NO_STEP = -1
 LAUNCH_FLOWS_COVERED_CATEGORY = "ac2g"
 _HOST_COLLECTIVE_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::")
-_CPU_OP_CATEGORIES = ("cpu_op", "operator")
 _ENCLOSING_SEARCH_LIMIT = 256
 _COLLECTIVE_FLOW_BIT = 1 << 63
 
@@ -48,7 +45,6 @@ class CollectiveHit:
 
     ident: int
     start_ns: int
-    issue_ns: int
 
 
 @dataclass(kw_only=True)
@@ -66,9 +62,8 @@ class FlowPlan:
     collective_flow_count: int = 0
 
 
-def plan_flows(grouped: "GroupedEvents", steps: list[tuple[int, int, int]], tracks: "RankTracks",
-               context: "WindowContext") -> FlowPlan:
-    """Flow ids for the slices of one window; `steps` are (step, start_ns, end_ns) host step ranges."""
+def plan_flows(grouped: "GroupedEvents", tracks: "RankTracks", context: "WindowContext") -> FlowPlan:
+    """Flow ids for the slices of one window (collective instances from `context.collectives`)."""
     plan = FlowPlan()
     located = _locate_slices(grouped)
     launches = _launches_by_correlation(grouped, located)
@@ -76,7 +71,7 @@ def plan_flows(grouped: "GroupedEvents", steps: list[tuple[int, int, int]], trac
     if context.options.flows:
         _plan_launch_flows(grouped, located, launches, tracks, plan)
         _plan_trace_flows(grouped, tracks, plan)
-    _find_collectives(grouped, located, launches, steps, plan)
+    _bind_collectives(located, grouped, context, plan)
     if context.options.collective_flows:
         for key, hit in plan.collectives.items():
             plan.outgoing[hit.ident].append(collective_flow_id(key, context.window_key))
@@ -200,50 +195,18 @@ class _SliceFinder:
         return slices[index][4] if index < len(slices) else None
 
 
-def _find_collectives(grouped: "GroupedEvents", located: dict[int, _Located], launches: dict[int, int],
-                      steps: list[tuple[int, int, int]], plan: FlowPlan) -> None:
-    source, chosen = _collective_source(located)
-    if not chosen:
-        return
-    issued = [(_issue_ns(ident, located, launches, grouped), ident) for ident in chosen]
-    issued.sort()
-    ordinals: dict[tuple[int, str], int] = defaultdict(int)
-    for issue_ns, ident in issued:
-        step = step_at(issue_ns, steps)
-        name = collective_name(located[ident].name, grouped.group_of.get(ident))
-        key = (step, name, ordinals[(step, name)])
-        ordinals[(step, name)] += 1
-        plan.collectives[key] = CollectiveHit(ident=ident, start_ns=located[ident].start_ns, issue_ns=issue_ns)
-    plan.collective_source = source
-
-
-def _collective_source(located: dict[int, _Located]) -> tuple[str | None, list[int]]:
-    """The same precedence as the report: NCCL kernels, else gloo spans, else host collective ops."""
-    kernels = [i for i, w in located.items() if w.on_gpu and w.category == "kernel" and is_comm_kernel(w.name)]
-    if kernels:
-        return "nccl kernels", kernels
-    gloo = [i for i, w in located.items() if is_gloo_span(w.name)]
-    if gloo:
-        return "gloo spans", gloo
-    host = [i for i, w in located.items() if not w.on_gpu and w.category in _CPU_OP_CATEGORIES
-            and w.name.startswith(_HOST_COLLECTIVE_PREFIXES) and "wait" not in w.name]
-    return ("host collective ops", host) if host else (None, [])
-
-
-def _issue_ns(ident: int, located: dict[int, _Located], launches: dict[int, int], grouped: "GroupedEvents") -> int:
-    """A kernel is issued when the CPU launched it; anything else when it starts."""
-    correlation = grouped.correlation_of.get(ident)
-    launch = launches.get(correlation) if correlation is not None else None
-    if located[ident].on_gpu and launch is not None:
-        return located[launch].start_ns
-    return located[ident].start_ns
-
-
-def step_at(ts_ns: int, steps: list[tuple[int, int, int]]) -> int:
-    """The step whose host range [start, end) contains `ts_ns`; NO_STEP outside every step."""
-    starts = [start for _, start, _ in steps]
-    slot = bisect_right(starts, ts_ns) - 1
-    if slot >= 0 and ts_ns < steps[slot][2]:
-        return steps[slot][0]
-    return NO_STEP
-
+def _bind_collectives(located: dict[int, _Located], grouped: "GroupedEvents", context: "WindowContext",
+                      plan: FlowPlan) -> None:
+    """Attach each collective instance the per-rank parse found (start, key) to the slice it was parsed
+    from: the slice of a collective event that starts at that instant (the same `ts`, so the same ns)."""
+    by_start: dict[int, list[int]] = defaultdict(list)
+    for ident, where in located.items():
+        if _may_be_collective(where.name):
+            by_start[where.start_ns].append(ident)
+    for start_ns, key in context.collectives:
+        candidates = by_start.get(start_ns, ())
+        ident = next((i for i in candidates
+                      if collective_name(located[i].name, grouped.group_of.get(i)) == key[1]), None)
+        if ident is not None:
+            plan.collectives[key] = CollectiveHit(ident=ident, start_ns=start_ns)
+    plan.collective_source = context.collective_source

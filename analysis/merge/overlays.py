@@ -2,7 +2,7 @@
 analysis` track and counters.
 
 The analysis track holds
-  * one slice per training step (`ProfilerStep#N` ranges; `train_step` ranges when there are none);
+  * one slice per training step: the steps the per-rank parse found (per_rank/steps.py);
   * idle gaps inside the steps, drawn when at least `min_idle_gap_us` long, named by their category:
       GPU traces (idle = no kernel, memcpy or memset on any stream of the rank):
         `idle: host launch`  the next GPU work was launched only after the GPU ran out of work;
@@ -23,7 +23,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fleetscope.analysis.per_rank.names import TRAIN_STEP, is_gloo_span, profiler_step_number
+from fleetscope.analysis.per_rank.names import is_gloo_span
 from fleetscope.analysis.merge.tracks import (
     GROUP_ANALYSIS, GROUP_COUNTER, NO_EVENT, OP_COUNTER, OP_INSTANT, RankTracks, Slice, lay_out_track,
 )
@@ -71,11 +71,7 @@ class ReportView:
 @dataclass(kw_only=True)
 class OverlayInputs:
     steps: list[StepRange]
-    """Host step ranges, by start."""
-
-    @classmethod
-    def of(cls, grouped: "GroupedEvents") -> "OverlayInputs":
-        return cls(steps=find_steps(grouped))
+    """Host step ranges, by start: the per-rank parse's steps (per_rank/steps.py) on the merged clock."""
 
     def step_ranges(self) -> list[StepRange]:
         """Each step runs to the next one's start; the last one to its own end."""
@@ -94,24 +90,6 @@ class OverlayPlan:
     operations: list[tuple] = field(default_factory=list)
     slice_count: int = 0
     counter_sample_count: int = 0
-
-
-def find_steps(grouped: "GroupedEvents") -> list[StepRange]:
-    """`ProfilerStep#N` ranges on CPU threads (first of each N); else `train_step` ranges, numbered in order."""
-    profiler: dict[int, StepRange] = {}
-    train: list[tuple[int, int]] = []
-    for thread, slices in grouped.slices.items():
-        if grouped.is_gpu(thread):
-            continue
-        for start, end, name, _, _, _ in slices:
-            number = profiler_step_number(name)
-            if number is not None and (number not in profiler or start < profiler[number][1]):
-                profiler[number] = (number, start, end)
-            elif name == TRAIN_STEP:
-                train.append((start, end))
-    if profiler:
-        return sorted(profiler.values(), key=lambda s: s[1])
-    return [(index, start, end) for index, (start, end) in enumerate(sorted(train))]
 
 
 def plan_overlays(grouped: "GroupedEvents", inputs: OverlayInputs, flows: "FlowPlan", tracks: RankTracks,

@@ -26,7 +26,8 @@ from typing import Any
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.per_rank.names import PROCESS_GROUP_DESCRIPTION_ARG, PROCESS_GROUP_NAME_ARG, process_group_label
 from fleetscope.analysis.merge.flows import FlowPlan, plan_flows
-from fleetscope.analysis.merge.overlays import OverlayInputs, ReportView, plan_overlays
+from fleetscope.analysis.merge.overlays import OverlayInputs, ReportView, StepRange, plan_overlays
+from fleetscope.analysis.per_rank.collectives import CollectiveKey
 from fleetscope.analysis.merge.tracks import (
     GROUP_COUNTER, GROUP_CPU_THREAD, GROUP_GPU_STREAM, GROUP_MAIN_THREAD, GROUP_OTHER, OP_COUNTER, OP_INSTANT,
     RankTracks, Slice, TrackKey, lay_out_track,
@@ -66,6 +67,11 @@ class WindowContext:
     origin_ns: int | None = None
     """Where `options.time_window_s` counts from; None: this window's first event."""
     report: ReportView | None = None
+    steps: tuple[StepRange, ...] = ()
+    """(step, start_ns, end_ns) on the merged clock, from the per-rank parse."""
+    collectives: tuple[tuple[int, CollectiveKey], ...] = ()
+    """(start_ns, instance key) on the merged clock, from the per-rank parse."""
+    collective_source: str | None = None
 
 
 @dataclass(kw_only=True)
@@ -131,14 +137,14 @@ def plan_window(events: list[Any], tracks: RankTracks, context: WindowContext) -
     """Plan the events of one Kineto window onto `tracks` (which it updates)."""
     grouped = group_events(events, context.clock, context.options)
     origin_ns = context.origin_ns if context.origin_ns is not None else grouped.first_ts_ns()
-    overlay_inputs = OverlayInputs.of(grouped)
+    overlay_inputs = OverlayInputs(steps=list(context.steps))
     _apply_filters(grouped, context, overlay_inputs, origin_ns)
     _register_tracks(grouped, tracks)
     plan = WindowPlan(new_tracks=[], operations=[], skipped=grouped.skipped, filtered_count=grouped.filtered,
                       origin_ns=origin_ns)
     if grouped.negative_durations:
         plan.skipped["negative duration clamped to 0 (slice kept)"] += grouped.negative_durations
-    plan.flows = plan_flows(grouped, overlay_inputs.steps, tracks, context)
+    plan.flows = plan_flows(grouped, tracks, context)
     _plan_slices(grouped, tracks, plan)
     _plan_instants(grouped, tracks, plan)
     _plan_counters(grouped, tracks, plan)

@@ -35,6 +35,8 @@ from fleetscope.traces.atomic import atomic_output
 from fleetscope.traces.kineto import TraceReadError, distributed_rank, read_trace
 from fleetscope.traces.layout import MERGED_TRACE
 
+from fleetscope.analysis.per_rank.cache import open_cache
+
 from fleetscope.analysis.merge.chrome_json import ChromeJsonWriter
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.report_view import ReportSource, load_report, report_clock_offsets_ns, report_view
@@ -113,6 +115,8 @@ def merge(
     offsets_ns: Mapping[int, int] | None = None,
     report: ReportSource = None,
     progress: Callable[[RankMergeSummary], None] | None = None,
+    use_cache: bool = True,
+    cache_dir: Path | None = None,
 ) -> MergeResult:
     """Merge the traces under `path` into one Perfetto trace at `out`.
 
@@ -122,11 +126,13 @@ def merge(
     `options`: what to keep and add (MergeOptions). `offsets_ns`: rank -> clock offset to rank 0 (ns),
     overriding `clock/rank<R>.json`. `report`: the analysis report (a Report, its JSON dict or a path)
     for straggler marks; a run directory's report/report.json is used when not given.
-    `progress` is called after each rank.
+    `progress` is called after each rank. Each file's steps and collective instances come from the
+    per-rank parse, through the parsed-trace cache (`use_cache`, `cache_dir`) as `analyze` uses it.
     """
     options = options or MergeOptions()
     started = time.perf_counter()
-    inputs = find_merge_inputs(path, offsets_ns=offsets_ns)
+    cache = open_cache(cache_dir)[0] if use_cache else None
+    inputs = find_merge_inputs(path, offsets_ns=offsets_ns, cache=cache)
     selected = _select_ranks(inputs, options.ranks)
     destination = _output_path(inputs, out)
     problems, notes = list(inputs.problems), []
@@ -279,10 +285,14 @@ class _MergeSession:
         offset_ns, clock_source = self._clock_offset(source, window_key)
         if first_window:
             self.clock_choice[source.rank] = (offset_ns, clock_source)
+        clock = WindowClock(base_ns=base_ns if isinstance(base_ns, int) else 0, offset_ns=offset_ns)
+        model = trace_file.model
         context = WindowContext(
-            clock=WindowClock(base_ns=base_ns if isinstance(base_ns, int) else 0, offset_ns=offset_ns),
-            options=self.options, window_key=window_key, origin_ns=self.origin_ns,
+            clock=clock, options=self.options, window_key=window_key, origin_ns=self.origin_ns,
             report=report_view(self.report, rank=source.rank, window_key=window_key, first_window=first_window),
+            steps=tuple((step, clock.to_ns(start), clock.to_ns(end)) for step, start, end in model.steps),
+            collectives=tuple((clock.to_ns(start), key) for start, key in model.collectives),
+            collective_source=model.collective_source,
         )
         plan = plan_window(document["traceEvents"], tracks, context)
         if self.origin_ns is None:

@@ -7,12 +7,12 @@ travels back, which keeps the parent's memory flat in the number of ranks.
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from fleetscope.traces.kineto import TraceReadError, decode_trace, decompress, distributed_rank, read_raw
 
+from fleetscope.analysis.inputs.resolve import rank_from_name
 from fleetscope.analysis.inputs.sources import TraceFailure, TraceSource
 from fleetscope.analysis.per_rank.collectives import CollectiveCalls, find_collectives
 from fleetscope.analysis.per_rank.events import TraceEvents, build_table, decode_selectively, extract_events
@@ -25,9 +25,6 @@ RANK_FROM_MANIFEST = "manifest"
 RANK_FROM_TRACE = "distributedInfo"
 RANK_FROM_FILE_NAME = "file name"
 RANK_FROM_ORDER = "file order"
-
-_RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-
 
 @dataclass(frozen=True, kw_only=True)
 class RankResult:
@@ -152,9 +149,9 @@ def _resolve_rank(source: TraceSource, trace_rank: int | None) -> tuple[int | No
         return source.rank, RANK_FROM_MANIFEST
     if trace_rank is not None:
         return trace_rank, RANK_FROM_TRACE
-    match = _RANK_IN_NAME_RE.search(source.path.name)
-    if match:
-        return int(match.group(1)), RANK_FROM_FILE_NAME
+    named = rank_from_name(source.path.name)
+    if named is not None:
+        return named, RANK_FROM_FILE_NAME
     return None, RANK_FROM_ORDER
 
 

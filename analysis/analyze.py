@@ -9,16 +9,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fleetscope.traces.writer import write_bytes_atomically
-
-from fleetscope.analysis.cross_rank.assemble import DEFAULT_HTA_MAX_RANKS, build_report, hta_runner, no_hta
-from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
 from fleetscope.analysis.cross_rank.placement import place_traces
+from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
+from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
+from fleetscope.analysis.per_rank.cache import ResultCache, open_cache
 from fleetscope.analysis.per_rank.parse import Progress, parse_traces
 from fleetscope.analysis.per_rank.rank import RankResult
+from fleetscope.analysis.report.build import (
+    DEFAULT_HTA_MAX_RANKS,
+    build_report,
+    hta_runner,
+    no_hta,
+)
 from fleetscope.analysis.report.model import Report
-from fleetscope.analysis.per_rank.cache import ResultCache, open_cache
-from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
+from fleetscope.traces.writer import write_bytes_atomically
+
 
 def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: str | Path | None = None,
             write_default_outputs: bool = True, use_hta: bool = True, hta_max_ranks: int = DEFAULT_HTA_MAX_RANKS,

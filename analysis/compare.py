@@ -19,12 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-from fleetscope.traces.formats import read_metric_records
-from fleetscope.traces.layout import REPORT_DIR, RunLayout
-
 from fleetscope.analysis.analyze import analyze, load_report_json
 from fleetscope.analysis.report.model import Report
+from fleetscope.traces.formats import read_metric_records
+from fleetscope.traces.layout import REPORT_DIR, RunLayout
 
 DEFAULT_THRESHOLD_PCT = 5.0
 EXIT_OK = 0

@@ -23,10 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
-from fleetscope.traces.kineto import read_trace
-
 from fleetscope.analysis.per_rank.names import is_comm_kernel, profiler_step_number
+from fleetscope.traces.kineto import read_trace
 
 INSERTED_ALLREDUCE = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 INSERTED_STREAM = 99

@@ -5,7 +5,9 @@ import pytest
 from fleetscope.analysis.per_rank.collectives import SOURCE_GLOO, SOURCE_NCCL, find_collectives
 from fleetscope.analysis.per_rank.events import extract_events
 from fleetscope.analysis.per_rank.names import collective_name, is_comm_kernel
-from fleetscope.analysis.per_rank.rank import RANK_FROM_TRACE, TraceSource, analyze_trace
+from fleetscope.analysis.per_rank.parse import analyze_trace
+from fleetscope.analysis.inputs.sources import TraceSource
+from fleetscope.analysis.per_rank.rank import RANK_FROM_TRACE
 from fleetscope.analysis.per_rank.steps import find_steps
 from fleetscope.analysis.cross_rank.arrivals import arrival_matrix
 from fleetscope.analysis.cross_rank.stragglers import find_stragglers

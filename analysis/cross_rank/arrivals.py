@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 from fleetscope.analysis.per_rank.collectives import CollectiveKey
 from fleetscope.analysis.per_rank.rank import RankResult
 

@@ -20,10 +20,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from fleetscope.analysis.inputs.sources import MeasuredOffset
-
 from fleetscope.analysis.cross_rank.arrivals import ArrivalMatrix
+from fleetscope.analysis.inputs.sources import MeasuredOffset
 
 MIN_SAMPLES = 3
 MAD_TO_SIGMA = 1.4826

@@ -15,8 +15,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fleetscope.analysis.per_rank.rank import RANK_FROM_ORDER, RankResult, TraceFailure
-from fleetscope.analysis.inputs.sources import SOURCE_RUN_DIR, MissingTrace
+from fleetscope.analysis.inputs.sources import (
+    SOURCE_RUN_DIR,
+    MissingTrace,
+    TraceFailure,
+)
+from fleetscope.analysis.per_rank.rank import RANK_FROM_ORDER, RankResult
 
 if TYPE_CHECKING:
     from fleetscope.analysis.inputs.resolve import AnalysisInput

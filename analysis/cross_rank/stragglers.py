@@ -26,7 +26,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from fleetscope.analysis.cross_rank.arrivals import ArrivalMatrix
 from fleetscope.analysis.per_rank.rank import RankResult
 

@@ -14,15 +14,20 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleetscope.analysis.inputs.sources import (
+    SOURCE_RUN_DIR,
+    SOURCE_TRACE_DIR,
+    SOURCE_TRACE_FILE,
+    MeasuredOffset,
+    MissingTrace,
+    TraceFailure,
+    TraceSource,
+)
+from fleetscope.traces.clock import read_clock_offsets
 from fleetscope.traces.gather import build_manifest
 from fleetscope.traces.kineto import find_trace_files
 from fleetscope.traces.layout import WINDOW_RE, RunLayout
-from fleetscope.traces.clock import read_clock_offsets
 from fleetscope.traces.manifest import TraceRecord, load_manifest
-
-from fleetscope.analysis.inputs.sources import (
-    SOURCE_RUN_DIR, SOURCE_TRACE_DIR, SOURCE_TRACE_FILE, MeasuredOffset, MissingTrace, TraceFailure, TraceSource,
-)
 
 
 @dataclass(kw_only=True)

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import orjson
-
 from fleetscope.traces.atomic import staging_path
 
 _NS_PER_S = 1_000_000_000

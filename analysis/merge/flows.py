@@ -23,11 +23,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from fleetscope.analysis.per_rank.names import collective_name, is_comm_kernel, is_gloo_span
+from fleetscope.analysis.per_rank.names import (
+    collective_name,
+    is_comm_kernel,
+    is_gloo_span,
+)
 
 if TYPE_CHECKING:
-    from fleetscope.analysis.merge.plan import GroupedEvents, WindowContext
     from fleetscope.analysis.merge.tracks import RankTracks
+    from fleetscope.analysis.merge.window import GroupedEvents, WindowContext
 
 NO_STEP = -1
 LAUNCH_FLOWS_COVERED_CATEGORY = "ac2g"

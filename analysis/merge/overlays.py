@@ -23,15 +23,23 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fleetscope.analysis.per_rank.names import is_gloo_span
 from fleetscope.analysis.merge.tracks import (
-    GROUP_ANALYSIS, GROUP_COUNTER, NO_EVENT, OP_COUNTER, OP_INSTANT, RankTracks, Slice, lay_out_track,
+    GROUP_ANALYSIS,
+    GROUP_COUNTER,
+    NO_EVENT,
+    OP_COUNTER,
+    OP_INSTANT,
+    RankTracks,
+    Slice,
+    lay_out_track,
 )
+from fleetscope.analysis.merge.window import ReportView, StepRange
+from fleetscope.analysis.per_rank.names import is_gloo_span
 
 if TYPE_CHECKING:
     from fleetscope.analysis.merge.flows import FlowPlan
-    from fleetscope.analysis.merge.plan import GroupedEvents, WindowContext
     from fleetscope.analysis.merge.perfetto.writer import TrackSpec
+    from fleetscope.analysis.merge.window import GroupedEvents, WindowContext
 
 ANALYSIS_TRACK_NAME = "fleetscope analysis"
 ANALYSIS_TRACK = ("analysis", ANALYSIS_TRACK_NAME, "")
@@ -48,24 +56,7 @@ IDLE_NO_OP = "no op running"
 _GPU_ACTIVITY_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 _CPU_OP_CATEGORIES = ("cpu_op", "operator")
 
-StepRange = tuple[int, int, int]
-"""(step, start_ns, end_ns)."""
 
-
-@dataclass(frozen=True, kw_only=True)
-class ReportView:
-    """What the analysis report says about one rank in one window (see merge_report.py)."""
-
-    rank_summary: dict[str, Any] | None = None
-    """The report's `ranks[]` entry; set for the rank's first window only."""
-    report_verdict: str = ""
-    window_verdict: str = ""
-    waited_for: bool = False
-    slowest: bool = False
-    wait: dict[str, Any] | None = None
-    """This rank's `by_wait[]` entry in the window."""
-    late_instances: list[dict[str, Any]] = field(default_factory=list)
-    """`worst_instances[]` of the window where this rank arrived last."""
 
 
 @dataclass(kw_only=True)

@@ -23,16 +23,29 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetscope.analysis.merge.options import MergeOptions
-from fleetscope.analysis.per_rank.names import PROCESS_GROUP_DESCRIPTION_ARG, PROCESS_GROUP_NAME_ARG, process_group_label
 from fleetscope.analysis.merge.flows import FlowPlan, plan_flows
-from fleetscope.analysis.merge.overlays import OverlayInputs, ReportView, StepRange, plan_overlays
-from fleetscope.analysis.per_rank.collectives import CollectiveKey
-from fleetscope.analysis.merge.tracks import (
-    GROUP_COUNTER, GROUP_CPU_THREAD, GROUP_GPU_STREAM, GROUP_MAIN_THREAD, GROUP_OTHER, OP_COUNTER, OP_INSTANT,
-    RankTracks, Slice, TrackKey, lay_out_track,
-)
+from fleetscope.analysis.merge.options import MergeOptions
+from fleetscope.analysis.merge.overlays import OverlayInputs, plan_overlays
 from fleetscope.analysis.merge.perfetto.writer import TrackSpec
+from fleetscope.analysis.merge.tracks import (
+    GROUP_COUNTER,
+    GROUP_CPU_THREAD,
+    GROUP_GPU_STREAM,
+    GROUP_MAIN_THREAD,
+    GROUP_OTHER,
+    OP_COUNTER,
+    OP_INSTANT,
+    RankTracks,
+    Slice,
+    TrackKey,
+    lay_out_track,
+)
+from fleetscope.analysis.merge.window import GroupedEvents, WindowClock, WindowContext
+from fleetscope.analysis.per_rank.names import (
+    PROCESS_GROUP_DESCRIPTION_ARG,
+    PROCESS_GROUP_NAME_ARG,
+    process_group_label,
+)
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "gpu_instant_event"})
 """Kineto categories of device activity; a (pid, tid) holding any of them is a GPU stream."""
@@ -41,37 +54,6 @@ MEMORY_EVENT_NAME = "[memory]"
 _DEVICE_TYPE_NAMES = {0: "CPU", 1: "GPU"}
 _MIB = float(1 << 20)
 
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class WindowClock:
-    """How a window's `ts` (microseconds) maps onto the merged clock (nanoseconds)."""
-
-    base_ns: int
-    offset_ns: int = 0
-
-    @property
-    def shift_ns(self) -> int:
-        return self.base_ns - self.offset_ns
-
-    def to_ns(self, ts_us: float) -> int:
-        return self.base_ns + round(ts_us * 1000) - self.offset_ns
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class WindowContext:
-    clock: WindowClock
-    options: MergeOptions = MergeOptions()
-    window_key: int = 0
-    """The window's index (its position in the rank's files when the run directory does not say)."""
-    origin_ns: int | None = None
-    """Where `options.time_window_s` counts from; None: this window's first event."""
-    report: ReportView | None = None
-    steps: tuple[StepRange, ...] = ()
-    """(step, start_ns, end_ns) on the merged clock, from the per-rank parse."""
-    collectives: tuple[tuple[int, CollectiveKey], ...] = ()
-    """(start_ns, instance key) on the merged clock, from the per-rank parse."""
-    collective_source: str | None = None
 
 
 @dataclass(kw_only=True)
@@ -99,38 +81,6 @@ class WindowPlan:
     @property
     def first_ts_ns(self) -> int | None:
         return self.operations[0][0] if self.operations else None
-
-
-@dataclass(kw_only=True)
-class GroupedEvents:
-    """One window's events sorted into what each becomes."""
-
-    slices: dict[tuple, list[Slice]] = field(default_factory=lambda: defaultdict(list))
-    instants: dict[tuple, list[tuple[int, str, str, int]]] = field(default_factory=lambda: defaultdict(list))
-    counters: dict[tuple, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))
-    memory: dict[str, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))
-    """Counter label -> (ts_ns, MiB) from Kineto's `[memory]` events."""
-    flow_events: list[tuple] = field(default_factory=list)
-    """(phase, category, id, thread, ts_ns, binds_to_enclosing) of the trace's own flow events."""
-    gpu_threads: dict[tuple, tuple[Any, Any]] = field(default_factory=dict)
-    """(pid, tid) -> (device, stream) for tracks that hold device activity."""
-    thread_names: dict[tuple, list[str]] = field(default_factory=lambda: defaultdict(list))
-    process_names: dict[Any, str] = field(default_factory=dict)
-    correlation_of: dict[int, int] = field(default_factory=dict)
-    """ident -> CUDA correlation id, for events that carry one."""
-    group_of: dict[int, str] = field(default_factory=dict)
-    """ident -> process group label (names.process_group_label), for events whose args name one."""
-    skipped: Counter = field(default_factory=Counter)
-    negative_durations: int = 0
-    filtered: int = 0
-
-    def is_gpu(self, thread: tuple) -> bool:
-        return thread in self.gpu_threads
-
-    def first_ts_ns(self) -> int | None:
-        starts = [s[0][0] for s in self.slices.values() if s]
-        starts += [i[0][0] for i in self.instants.values() if i]
-        return min(starts, default=None)
 
 
 def plan_window(events: list[Any], tracks: RankTracks, context: WindowContext) -> WindowPlan:

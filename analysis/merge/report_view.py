@@ -13,10 +13,9 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from fleetscope.traces.layout import RunLayout
-
 from fleetscope.analysis.merge.sources import MergeProblem
-from fleetscope.analysis.merge.overlays import ReportView
+from fleetscope.analysis.merge.window import ReportView
+from fleetscope.traces.layout import RunLayout
 
 ReportSource = Any
 """A `Report` (anything with `to_json()`), its JSON dict, a path to report.json, or None."""

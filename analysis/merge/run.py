@@ -31,22 +31,44 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping
 
+from fleetscope.analysis.merge.chrome_json import ChromeJsonWriter
+from fleetscope.analysis.merge.flows import FlowPlan
+from fleetscope.analysis.merge.options import MergeOptions
+from fleetscope.analysis.merge.perfetto.writer import (
+    PacketStream,
+    SequenceWriter,
+    TrackSpec,
+    write_preamble,
+)
+from fleetscope.analysis.merge.plan import WindowPlan, plan_window
+from fleetscope.analysis.merge.report_view import (
+    ReportSource,
+    load_report,
+    report_clock_offsets_ns,
+    report_view,
+)
+from fleetscope.analysis.merge.sources import (
+    CLOCK_GIVEN,
+    CLOCK_REPORT,
+    MergeInputs,
+    MergeProblem,
+    RankSource,
+    TraceFile,
+    find_merge_inputs,
+)
+from fleetscope.analysis.merge.tracks import (
+    NO_EVENT,
+    OP_BEGIN,
+    OP_COUNTER,
+    OP_END,
+    OP_INSTANT,
+    RankTracks,
+)
+from fleetscope.analysis.merge.window import WindowClock, WindowContext
+from fleetscope.analysis.per_rank.cache import open_cache
 from fleetscope.traces.atomic import atomic_output
 from fleetscope.traces.kineto import TraceReadError, distributed_rank, read_trace
 from fleetscope.traces.layout import MERGED_TRACE
-
-from fleetscope.analysis.per_rank.cache import open_cache
-
-from fleetscope.analysis.merge.chrome_json import ChromeJsonWriter
-from fleetscope.analysis.merge.options import MergeOptions
-from fleetscope.analysis.merge.report_view import ReportSource, load_report, report_clock_offsets_ns, report_view
-from fleetscope.analysis.merge.sources import (
-    CLOCK_GIVEN, CLOCK_REPORT, MergeInputs, MergeProblem, RankSource, TraceFile, find_merge_inputs,
-)
-from fleetscope.analysis.merge.flows import FlowPlan
-from fleetscope.analysis.merge.plan import WindowClock, WindowContext, WindowPlan, plan_window
-from fleetscope.analysis.merge.tracks import NO_EVENT, OP_BEGIN, OP_COUNTER, OP_END, OP_INSTANT, RankTracks
-from fleetscope.analysis.merge.perfetto.writer import PacketStream, SequenceWriter, TrackSpec, write_preamble
 
 PROCESS_PID_BASE = 1_000_000
 """Process ids in the merged trace are `PROCESS_PID_BASE + rank`: unique, never 0, and the UI's

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleetscope.analysis.merge.run import MergeResult
 from fleetscope.analysis.merge.perfetto.check import check_trace
 from fleetscope.analysis.merge.perfetto.sql import check_with_trace_processor
+from fleetscope.analysis.merge.run import MergeResult
 
 
 def verify_merge(result: MergeResult, *, trace_processor: str | Path | None = None) -> list[str]:

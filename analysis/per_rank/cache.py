@@ -17,10 +17,10 @@ directory at any time is safe.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import hashlib
-import ast
 import importlib
 import importlib.util
 import os
@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING
 from fleetscope.traces.atomic import write_bytes_atomically
 
 if TYPE_CHECKING:
-    from fleetscope.analysis.per_rank.rank import RankResult, TraceSource
+    from fleetscope.analysis.inputs.sources import TraceSource
+    from fleetscope.analysis.per_rank.rank import RankResult
 
 CACHE_DIR_ENV = "FLEETSCOPE_CACHE_DIR"
 ENTRY_SUFFIX = ".rank.pickle"

@@ -21,10 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 from fleetscope.analysis.per_rank.events import Kind, TraceEvents
 from fleetscope.analysis.per_rank.intervals import Intervals, covered_between
-from fleetscope.analysis.per_rank.names import collective_name, is_comm_kernel, is_gloo_span
+from fleetscope.analysis.per_rank.names import (
+    collective_name,
+    is_comm_kernel,
+    is_gloo_span,
+)
 from fleetscope.analysis.per_rank.steps import StepTiming
 
 SOURCE_NCCL = "nccl kernels"

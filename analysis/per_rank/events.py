@@ -16,8 +16,12 @@ from typing import Any, Union
 
 import msgspec
 import numpy as np
-
-from fleetscope.analysis.per_rank.names import PROCESS_GROUP_DESCRIPTION_ARG, PROCESS_GROUP_NAME_ARG, is_comm_cpu_op, process_group_label
+from fleetscope.analysis.per_rank.names import (
+    PROCESS_GROUP_DESCRIPTION_ARG,
+    PROCESS_GROUP_NAME_ARG,
+    is_comm_cpu_op,
+    process_group_label,
+)
 
 
 class Kind(enum.IntEnum):

@@ -6,7 +6,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
-
 from fleetscope.analysis.per_rank.events import Kind, TraceEvents
 
 TOP_KERNELS_KEPT = 15

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import re
 
-from fleetscope.traces.formats import PHASES, STEP_MARKER_PREFIX as PROFILER_STEP_PREFIX, TRAIN_STEP  # noqa: F401
+# The trainer's step markers and phase names are a record format: traces/formats.py owns them.
+from fleetscope.traces.formats import PHASES, TRAIN_STEP  # noqa: F401
+from fleetscope.traces.formats import STEP_MARKER_PREFIX as PROFILER_STEP_PREFIX  # noqa: F401
 from fleetscope.traces.formats import parse_step_marker as profiler_step_number  # noqa: F401
 
 # Old NCCL builds name kernels ncclKernel_<Op>_..., current ones ncclDevKernel_<Op>_...;

@@ -10,16 +10,23 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetscope.traces.kineto import TraceReadError, decode_trace, decompress, distributed_rank, read_raw
-
 from fleetscope.analysis.inputs.resolve import rank_from_name
-from fleetscope.analysis.inputs.sources import TraceFailure, TraceSource
+from fleetscope.analysis.inputs.sources import TraceSource
 from fleetscope.analysis.per_rank.collectives import CollectiveCalls, find_collectives
-from fleetscope.analysis.per_rank.events import TraceEvents, build_table, decode_selectively, extract_events
+from fleetscope.analysis.per_rank.events import (
+    TraceEvents,
+    build_table,
+    decode_selectively,
+    extract_events,
+)
 from fleetscope.analysis.per_rank.kernels import KernelTotal, top_kernels
-from fleetscope.analysis.per_rank.cache import ResultCache
 from fleetscope.analysis.per_rank.steps import StepTiming, find_steps
-from fleetscope.analysis.per_rank.utilization import Utilization, build_timeline, measure_utilization
+from fleetscope.analysis.per_rank.utilization import (
+    Utilization,
+    build_timeline,
+    measure_utilization,
+)
+from fleetscope.traces.kineto import decode_trace, decompress, distributed_rank
 
 RANK_FROM_MANIFEST = "manifest"
 RANK_FROM_TRACE = "distributedInfo"
@@ -66,34 +73,8 @@ class RankResult:
         return dataclasses.replace(self, rank=rank, rank_source=rank_source, window=window)
 
 
-def analyze_trace(source: TraceSource, cache: ResultCache | None = None) -> RankResult | TraceFailure:
-    """Read, parse and analyze one trace file (or find its result in `cache`); a bad file becomes a
-    TraceFailure, never an exception."""
-    try:
-        return _cached_or_analyzed(source, cache)
-    except TraceReadError as error:
-        return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=error.reason)
-    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, IndexError) as error:
-        # A file shaped in a way no check above foresaw: name it with the error, analyze the other ranks.
-        reason = f"could not be analyzed: {type(error).__name__}: {error}"
-        return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=reason)
-
-
-def _cached_or_analyzed(source: TraceSource, cache: ResultCache | None) -> RankResult:
-    raw = read_raw(source.path)
-    if cache is None:
-        return _analyze(source, raw)
-    key = cache.key(source, raw)
-    cached = cache.load(key)
-    if cached is not None:
-        # the same bytes may sit at another path (a copied run directory)
-        return dataclasses.replace(cached, path=str(source.path), from_cache=True)
-    result = _analyze(source, raw)
-    cache.store(key, result)
-    return result
-
-
-def _analyze(source: TraceSource, raw: bytes) -> RankResult:
+def analyze_bytes(source: TraceSource, raw: bytes) -> RankResult:
+    """The RankResult of one trace file's stored bytes (raises TraceReadError for a file that is no trace)."""
     document, events, remarks = _read_events(source.path, raw)
     trace_rank, world_size = distributed_rank(document)
     rank, rank_source = _resolve_rank(source, trace_rank)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from fleetscope.analysis.per_rank.events import Kind, TraceEvents
 from fleetscope.analysis.per_rank.names import PHASES, TRAIN_STEP, profiler_step_number
 

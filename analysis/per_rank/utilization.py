@@ -35,10 +35,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, Kind, TraceEvents
-from fleetscope.analysis.per_rank.intervals import Intervals, clip, overlap_us, subtract, union, union_of
-from fleetscope.analysis.per_rank.names import is_comm_cpu_op, is_comm_kernel, is_gloo_span
+from fleetscope.analysis.per_rank.intervals import (
+    Intervals,
+    clip,
+    overlap_us,
+    subtract,
+    union,
+    union_of,
+)
+from fleetscope.analysis.per_rank.names import (
+    is_comm_cpu_op,
+    is_comm_kernel,
+    is_gloo_span,
+)
 from fleetscope.analysis.per_rank.steps import StepTiming
 
 BASIS_GPU = "gpu"

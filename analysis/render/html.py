@@ -6,10 +6,10 @@ from collections import defaultdict
 from html import escape
 from typing import Any
 
-from fleetscope.analysis.render import svg
 from fleetscope.analysis.per_rank.collectives import step_label
-from fleetscope.analysis.report.model import RankSummary, Report, WindowReport
 from fleetscope.analysis.per_rank.utilization import Utilization
+from fleetscope.analysis.render import svg
+from fleetscope.analysis.report.model import RankSummary, Report, WindowReport
 
 HTA_ROWS_SHOWN = 20
 _LEFT = ' class="l"'

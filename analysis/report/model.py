@@ -63,13 +63,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetscope.analysis.cross_rank.clock_align import ClockAlignment
-from fleetscope.analysis.inputs.sources import (  # noqa: F401  (part of the report's model)
-    SOURCE_RUN_DIR, SOURCE_TRACE_DIR, SOURCE_TRACE_FILE, MissingTrace,
-)
 from fleetscope.analysis.cross_rank.hta_views import HtaViews
+from fleetscope.analysis.cross_rank.stragglers import Stragglers
+from fleetscope.analysis.inputs.sources import (  # noqa: F401  (part of the report's model)
+    SOURCE_RUN_DIR,
+    SOURCE_TRACE_DIR,
+    SOURCE_TRACE_FILE,
+    MissingTrace,
+)
 from fleetscope.analysis.per_rank.kernels import KernelTotal
 from fleetscope.analysis.per_rank.steps import StepStats, StepTiming
-from fleetscope.analysis.cross_rank.stragglers import Stragglers
 from fleetscope.analysis.per_rank.utilization import Utilization
 
 SCHEMA_VERSION = 1

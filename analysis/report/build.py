@@ -8,16 +8,27 @@ from datetime import datetime, timezone
 from typing import Callable
 
 import numpy as np
-
 from fleetscope.analysis.cross_rank.arrivals import arrival_matrix
 from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset, align_clocks
-from fleetscope.analysis.per_rank.collectives import SOURCE_NCCL
 from fleetscope.analysis.cross_rank.hta_views import HtaViews, run_hta, skipped
+from fleetscope.analysis.cross_rank.stragglers import (
+    DEFAULT_MIN_LATENESS_US,
+    Stragglers,
+    find_stragglers,
+)
+from fleetscope.analysis.inputs.sources import TraceFailure
+from fleetscope.analysis.per_rank.collectives import SOURCE_NCCL
 from fleetscope.analysis.per_rank.kernels import combine as combine_kernels
-from fleetscope.analysis.per_rank.rank import RankResult, TraceFailure
-from fleetscope.analysis.report.model import MissingTrace, Problem, RankReport, RankSummary, Report, WindowReport
+from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.per_rank.steps import StepStats
-from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US, Stragglers, find_stragglers
+from fleetscope.analysis.report.model import (
+    MissingTrace,
+    Problem,
+    RankReport,
+    RankSummary,
+    Report,
+    WindowReport,
+)
 
 HtaRunner = Callable[[list[RankResult], Stragglers], HtaViews]
 DEFAULT_HTA_MAX_RANKS = 16

@@ -17,14 +17,13 @@ from torch.distributed.tensor import DTensor
 from torch.profiler import record_function
 from torch.utils.data import default_collate
 
+from ..traces.formats import INJECTED_DATA_DELAY as DATA_DELAY
+from ..traces.formats import INJECTED_GRAPH_BREAK as GRAPH_BREAK
+from ..traces.formats import INJECTED_LEAK as LEAK
+from ..traces.formats import INJECTED_SLOW_PHASE as SLOW_PHASE
+from ..traces.formats import INJECTED_SYNC as SYNC
 from .config import FaultConfig
 from .models import decoder_layers
-
-DATA_DELAY = "fleetscope_injected_data_delay"
-SYNC = "fleetscope_injected_sync"
-GRAPH_BREAK = "fleetscope_injected_graph_break"
-LEAK = "fleetscope_injected_leak"
-SLOW_PHASE = "fleetscope_injected_slow_phase"
 
 
 def install_layer_faults(model: torch.nn.Module, faults: FaultConfig) -> None:

@@ -14,6 +14,7 @@ from typing import Iterator
 import torch
 from torch.distributed.tensor import DTensor
 
+from ..traces.formats import INJECTED_DELAY
 from ..traces.layout import RunLayout
 from .config import TrainConfig
 from .data import build_loader, data_plan
@@ -155,7 +156,7 @@ def inject_faults(step: int, config: TrainConfig, runtime: Runtime) -> None:
     if runtime.rank == faults.signal_rank and step == faults.signal_step:
         os.kill(os.getpid(), signal.SIGUSR1)
     if runtime.rank == faults.straggle_rank and faults.straggle_ms > 0:
-        with torch.profiler.record_function("fleetscope_injected_delay"):
+        with torch.profiler.record_function(INJECTED_DELAY):
             time.sleep(faults.straggle_ms / 1e3)
 
 

@@ -117,6 +117,18 @@ def test_compile_watch_records_breaks_recompiles_and_the_steps_that_compiled(tmp
     assert record["compile_time_s"] > 0 and record["graphs"] >= 2 and record["cuda_graphs"] is False
 
 
+def test_bucket_estimate_spans_first_ready_to_last_done():
+    from fleetscope.trainer.comm_timing import Clock, StepBuckets
+
+    clock = Clock(use_cuda=False)
+    # seconds: bucket A ready 1.000 done 1.004; bucket B ready 1.002 done 1.010
+    estimate = StepBuckets(clock, [[1.000, 1.004], [1.002, 1.010]]).estimate()
+    assert estimate.buckets == 2
+    assert estimate.comm_ms == pytest.approx(10.0) and estimate.comm_exposed_ms == pytest.approx(8.0)
+    assert StepBuckets(clock, []).estimate() is None
+    assert StepBuckets(clock, [[1.0, None]]).estimate() is None  # never completed: no number
+
+
 def test_mllog_parts_add_up_to_the_step():
     from fleetscope.trainer.metrics import StepMetrics
     from fleetscope.trainer.observability import mllog_line

@@ -4,7 +4,8 @@
   with `record_function` ranges (`train_step` > `forward` / `backward` / `optimizer_step`);
 * metric records: `metrics/rank<R>.jsonl`, one JSON object per line per step (the fields of
   `trainer.metrics.StepMetrics`); readers skip lines that are not such objects and count them;
-* MLPerf-style log lines: `:::MLLOG {json}`.
+* MLPerf-style log lines: `:::MLLOG {json}`, one per step per rank;
+* injected-fault ranges: `fleetscope_injected_<what>` record_function names (the INJECTED_* names).
 Writer and readers import these names, so they cannot disagree.
 """
 
@@ -21,6 +22,20 @@ TRAIN_STEP = "train_step"
 PHASES = (TRAIN_STEP, "forward", "backward", "optimizer_step")
 """record_function ranges the trainer emits inside every step (the first encloses the others)."""
 MLLOG_PREFIX = ":::MLLOG "
+INJECTED_PREFIX = "fleetscope_injected_"
+"""record_function ranges of deliberately injected faults (trainer/faults.py): ground truth in a trace."""
+INJECTED_DELAY = INJECTED_PREFIX + "delay"
+"""faults.straggle_*: a sleep before the step's forward."""
+INJECTED_DATA_DELAY = INJECTED_PREFIX + "data_delay"
+"""faults.data_delay_*: a sleep inside the DataLoader's fetch of a batch."""
+INJECTED_SYNC = INJECTED_PREFIX + "sync"
+"""faults.sync_per_layer: one `.item()` (aten::_local_scalar_dense) per decoder layer per forward."""
+INJECTED_GRAPH_BREAK = INJECTED_PREFIX + "graph_break"
+"""faults.graph_break: where a decoder block's compiled graph was broken."""
+INJECTED_LEAK = INJECTED_PREFIX + "leak"
+"""faults.leak_mb_per_step: the allocation of the tensors kept alive."""
+INJECTED_SLOW_PHASE = INJECTED_PREFIX + "slow_phase"
+"""faults.slow_phase*: a sleep inside the forward / backward / optimizer_step range."""
 
 
 def step_marker(step: int) -> str:

@@ -6,6 +6,7 @@ Every path a writer or a reader uses is built here, so the two can never disagre
       job.json                 resolved job spec, launch plan, scheduler job id, status
       manifest.json            every trace (rank, host, window, steps, bytes, sha256), missing ranks
       metrics/rank<R>.jsonl    one JSON line per step
+      metrics/rank<R>.compile.json   torch.compile record of that rank (graphs, breaks, recompiles)
       traces/<window>/rank<R>.<host>.pt.trace.json.gz
       clock/rank<R>.json       this rank's clock offset to rank 0
       logs/                    per-rank stdout/stderr
@@ -29,6 +30,7 @@ LOGS_DIR = "logs"
 REPORT_DIR = "report"
 CHECKPOINTS_DIR = "checkpoints"
 MEMORY_DIR = "memory"
+COMPILE_SUFFIX = ".compile.json"
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -150,6 +152,10 @@ class RunLayout:
 
     def metrics_file(self, rank: int) -> Path:
         return self.metrics_dir / f"rank{rank}.jsonl"
+
+    def compile_file(self, rank: int) -> Path:
+        """`metrics/rank<R>.compile.json`: the rank's compilation record (trainer/compile_record.py)."""
+        return self.metrics_dir / f"rank{rank}{COMPILE_SUFFIX}"
 
     def clock_file(self, rank: int) -> Path:
         return self.clock_dir / f"rank{rank}.json"

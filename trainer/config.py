@@ -25,6 +25,7 @@ ActivationCheckpointing = Literal["none", "full", "selective"]
 DataSource = Literal["synthetic", "text", "tokens"]
 Tokenizer = Literal["bytes", "bpe"]
 TokenDtype = Literal["uint16", "uint32"]
+SlowPhase = Literal["none", "forward", "backward", "optimizer_step"]
 
 
 class ConfigError(ValueError):
@@ -184,6 +185,9 @@ class PerformanceConfig:
     """torch.set_float32_matmul_precision('high') on CUDA."""
     compile: CompileMode = "none"
     """torch.compile mode, applied per decoder block (regional compilation)."""
+    compile_backend: str = "inductor"
+    """torch.compile backend: inductor (generates kernels), or e.g. eager / aot_eager (Dynamo capture only:
+    graphs, breaks and recompiles are the same, compile time is far shorter; what fast CPU tests use)."""
     activation_checkpointing: ActivationCheckpointing = "none"
     """Recompute activations in backward: every block (full) or every other block (selective)."""
     alloc_conf: str = ""
@@ -204,6 +208,7 @@ class PerformanceConfig:
         require(self.activation_checkpointing in typing.get_args(ActivationCheckpointing),
                  "performance.activation_checkpointing", f"unknown value {self.activation_checkpointing!r}")
         require(self.loss_chunk_tokens >= 1, "performance.loss_chunk_tokens", "must be >= 1")
+        require(bool(self.compile_backend), "performance.compile_backend", "must not be empty")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -226,7 +231,7 @@ class ObservabilityConfig:
     clock_round_trips: int = 16
     """Round trips to rank 0 when measuring this rank's clock offset at startup (0: skip)."""
     mllog: bool = False
-    """Also print MLPerf-style `:::MLLOG` lines (rank 0) with the per-step time breakdown."""
+    """Also print MLPerf-style `:::MLLOG` lines (every rank) with the per-step time breakdown."""
     memory_snapshot_step: int = -1
     """CUDA: record allocator history and dump a snapshot after this step (-1: never)."""
     memory_snapshot_on_oom: bool = False
@@ -260,11 +265,48 @@ class FaultConfig:
     """Rank that sends itself SIGUSR1 (a scheduler's preemption notice) at `signal_step`; -1: none."""
     signal_step: int = 0
     """Step at which `signal_rank` is signalled."""
+    data_delay_rank: int = -1
+    """Rank whose data loading sleeps `data_delay_ms` per batch, inside the DataLoader's fetch (so the step's
+    data_ms and the trace's DataLoader span show it); -1: none."""
+    data_delay_ms: float = 0.0
+    """Delay per batch of `data_delay_rank`'s data loading."""
+    sync_per_layer: bool = False
+    """Force one host sync per decoder layer in forward: `.item()` of a scalar computed from the layer's output
+    (one real `aten::_local_scalar_dense` per layer per forward), on every rank."""
+    leak_mb_per_step: float = 0.0
+    """Keep this many MiB of new tensors alive per step on the device in use, on every rank (0: off)."""
+    graph_break: bool = False
+    """Force a graph break inside every compiled decoder block (needs performance.compile)."""
+    slow_phase: SlowPhase = "none"
+    """Phase whose record_function range gets an extra `slow_phase_ms` of host sleep: forward, backward or
+    optimizer_step (none: off)."""
+    slow_phase_ms: float = 0.0
+    """Delay added inside `slow_phase`, per step."""
+    slow_phase_rank: int = -1
+    """Rank that gets the slow phase; -1: every rank."""
 
     def __post_init__(self) -> None:
         require(self.crash_step >= 0, "faults.crash_step", "must be >= 0")
         require(self.straggle_ms >= 0, "faults.straggle_ms", "must be >= 0")
         require(self.signal_step >= 0, "faults.signal_step", "must be >= 0")
+        require(self.data_delay_ms >= 0, "faults.data_delay_ms", f"must be >= 0, got {self.data_delay_ms}")
+        require(self.data_delay_rank >= -1, "faults.data_delay_rank", f"must be >= -1, got {self.data_delay_rank}")
+        require(self.leak_mb_per_step >= 0, "faults.leak_mb_per_step", f"must be >= 0, got {self.leak_mb_per_step}")
+        require(self.slow_phase in typing.get_args(SlowPhase), "faults.slow_phase",
+                 f"must be one of {typing.get_args(SlowPhase)}, got {self.slow_phase!r}")
+        require(self.slow_phase_ms >= 0, "faults.slow_phase_ms", f"must be >= 0, got {self.slow_phase_ms}")
+        require(self.slow_phase_rank >= -1, "faults.slow_phase_rank", f"must be >= -1, got {self.slow_phase_rank}")
+        require(self.slow_phase == "none" or self.slow_phase_ms > 0, "faults.slow_phase_ms",
+                 f"must be > 0 when faults.slow_phase is {self.slow_phase!r}")
+
+    def data_delay_for(self, rank: int) -> float:
+        """ms of injected data-loading delay per batch on `rank`."""
+        return self.data_delay_ms if rank == self.data_delay_rank else 0.0
+
+    def slow_phase_delay(self, phase: str, rank: int) -> float:
+        """ms of injected delay inside `phase` on `rank`."""
+        hit = self.slow_phase == phase and self.slow_phase_rank in (-1, rank)
+        return self.slow_phase_ms if hit else 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -294,6 +336,8 @@ class TrainConfig:
                  f"{self.performance.compile!r} records CUDA graphs, which need fixed parameter addresses; "
                  "FSDP re-gathers parameters every step: use max-autotune-no-cudagraphs or default")
         require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
+        require(not (self.faults.graph_break and self.performance.compile == "none"), "faults.graph_break",
+                 "breaks a compiled region; performance.compile is none")
         require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
 
 

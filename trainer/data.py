@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .config import ConfigError, DataConfig
+from .faults import DelayedCollate
 
 log = logging.getLogger("fleetscope.trainer")
 BYTE_OFFSET = 3
@@ -137,8 +138,10 @@ class DataPlan:
     dp_size: int
 
 
-def build_loader(config: DataConfig, *, plan: DataPlan, start_step: int, use_cuda: bool) -> DataLoader:
-    """A DataLoader over this rank's shard, resuming after `start_step` steps' worth of batches."""
+def build_loader(config: DataConfig, *, plan: DataPlan, start_step: int, use_cuda: bool,
+                 delay_ms: float = 0.0) -> DataLoader:
+    """A DataLoader over this rank's shard, resuming after `start_step` steps' worth of batches;
+    `delay_ms` > 0 slows the fetch of every batch (the faults.data_delay_* fault)."""
     sampler = StridedShard(length=len(plan.dataset), dp_rank=plan.dp_rank, dp_size=plan.dp_size,
                            skip=start_step * config.batch_size)
     workers = config.num_workers
@@ -151,6 +154,7 @@ def build_loader(config: DataConfig, *, plan: DataPlan, start_step: int, use_cud
         persistent_workers=config.persistent_workers and workers > 0,
         prefetch_factor=config.prefetch_factor if workers > 0 else None,
         drop_last=config.drop_last,
+        collate_fn=DelayedCollate(delay_ms) if delay_ms > 0 else None,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -13,13 +14,17 @@ from typing import Iterator
 import torch
 from torch.distributed.tensor import DTensor
 
+from ..traces.formats import INJECTED_DELAY
 from ..traces.layout import RunLayout
 from .config import TrainConfig
 from .data import build_loader, data_plan
 from .fast_moe import install_fast_experts
 from .flops import FlopModel, flop_model, peak_tflops
 from .loss import CausalLMTrainingModule
-from .metrics import MetricsWriter, PhaseTimer, StepMetrics, StepTiming
+from .comm_timing import Clock, DdpCommTimer, StepBuckets, TimedSpan
+from .compile_record import CompileWatch
+from .faults import MemoryLeak, install_layer_faults, slow_phase
+from .metrics import MemorySample, MetricsWriter, PhaseTimer, StepMemory, StepMetrics, StepTiming
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .models import build_model
 from .observability import MemorySnapshots, mllog_line
@@ -37,6 +42,10 @@ class TrainState:
     optimizer: torch.optim.Optimizer
     vocab_size: int
     flops: FlopModel
+    comm_timer: DdpCommTimer | None = None
+    """Times DDP's gradient all-reduces (None: not DDP)."""
+    leak: MemoryLeak | None = None
+    """The faults.leak_mb_per_step fault (None: off)."""
     step: int = 0
 
 
@@ -50,13 +59,20 @@ def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
         install_fast_experts(causal_lm)
     model = CausalLMTrainingModule(causal_lm, fused_loss=config.performance.fused_loss and not sharded,
                                    chunk_tokens=config.performance.loss_chunk_tokens)
+    install_layer_faults(model, config.faults)  # before compiling: the hooks must run inside the blocks
     model = parallelize(model, dims=runtime.dims, mesh=runtime.mesh, parallel=config.parallel,
                         performance=config.performance, device=runtime.device)
+    comm_timer = None
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        comm_timer = DdpCommTimer(runtime.use_cuda)
+        comm_timer.install(model, runtime.mesh["dp"].get_group())
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.optim.lr, weight_decay=config.optim.weight_decay,
         fused=config.optim.fused and runtime.use_cuda,
     )
-    return TrainState(model=model, optimizer=optimizer, vocab_size=vocab_size, flops=flops)
+    leak = MemoryLeak(config.faults.leak_mb_per_step, runtime.device) if config.faults.leak_mb_per_step else None
+    return TrainState(model=model, optimizer=optimizer, vocab_size=vocab_size, flops=flops, comm_timer=comm_timer,
+                      leak=leak)
 
 
 def autocast_context(config: TrainConfig, runtime: Runtime) -> contextlib.AbstractContextManager:
@@ -84,15 +100,20 @@ def train_step(state: TrainState, batches: Iterator[torch.Tensor], config: Train
     timer.mark("data")
     input_ids = next(batches).to(runtime.device, non_blocking=True)
     inject_faults(state.step, config, runtime)
+    if state.leak is not None:
+        state.leak.step()
     with phase("train_step", runtime):
         timer.mark("forward")
         with phase("forward", runtime), autocast_context(config, runtime):
+            slow_phase("forward", config.faults, runtime.rank)
             loss = state.model(input_ids)
         timer.mark("backward")
         with phase("backward", runtime):
+            slow_phase("backward", config.faults, runtime.rank)
             loss.backward()
         timer.mark("optimizer")
         with phase("optimizer_step", runtime):
+            slow_phase("optimizer_step", config.faults, runtime.rank)
             if config.optim.grad_clip:
                 clip_grad_norm(list(state.model.parameters()), config.optim.grad_clip)
             state.optimizer.step()
@@ -135,7 +156,7 @@ def inject_faults(step: int, config: TrainConfig, runtime: Runtime) -> None:
     if runtime.rank == faults.signal_rank and step == faults.signal_step:
         os.kill(os.getpid(), signal.SIGUSR1)
     if runtime.rank == faults.straggle_rank and faults.straggle_ms > 0:
-        with torch.profiler.record_function("fleetscope_injected_delay"):
+        with torch.profiler.record_function(INJECTED_DELAY):
             time.sleep(faults.straggle_ms / 1e3)
 
 
@@ -143,14 +164,13 @@ def step_metrics(step: int, loss: torch.Tensor, spans: dict[str, float], config:
                  runtime: Runtime, state: TrainState, profiled: bool) -> StepMetrics:
     step_ms = sum(spans.values())
     tokens = config.data.batch_size * config.data.seq_len
-    memory = torch.cuda.max_memory_allocated(runtime.device) / 2**20 if runtime.use_cuda else None
     peak = peak_tflops(runtime.device)
     achieved_tflops = state.flops.per_token(config.data.seq_len) * tokens / (step_ms / 1e3) / 1e12 if step_ms else 0.0
     return StepMetrics(
         step=step, rank=runtime.rank, loss=float(loss), step_time_ms=step_ms, data_ms=spans["data"],
         forward_ms=spans["forward"], backward_ms=spans["backward"], optimizer_ms=spans["optimizer"],
         tokens_per_s=tokens / (step_ms / 1e3) if step_ms > 0 else 0.0,
-        max_memory_allocated_mb=memory, profiled=profiled, tflops=achieved_tflops,
+        profiled=profiled, tflops=achieved_tflops,
         mfu_pct=100.0 * achieved_tflops / peak if peak else None,
     )
 
@@ -164,6 +184,25 @@ class PendingStep:
     timing: StepTiming
     profiled: bool
     stop_flag: torch.Tensor | None
+    memory: MemorySample = MemorySample()
+    buckets: StepBuckets | None = None
+    """DDP's gradient buckets of the step (None: not DDP)."""
+    agreement: TimedSpan | None = None
+    """The stop-flag all-reduce after the step (None: none issued)."""
+    compiled_frames: int | None = None
+    leaked_mb: float | None = None
+
+    def evidence(self) -> dict[str, object]:
+        """The StepMetrics fields read from this step's memory, communication and compile bookkeeping."""
+        comm = self.buckets.estimate() if self.buckets is not None else None
+        return dict(
+            max_memory_allocated_mb=self.memory.peak_allocated_mb, max_memory_reserved_mb=self.memory.peak_reserved_mb,
+            alloc_retries=self.memory.alloc_retries, ooms=self.memory.ooms,
+            comm_ms=comm.comm_ms if comm else None, comm_exposed_ms=comm.comm_exposed_ms if comm else None,
+            comm_buckets=comm.buckets if comm else None,
+            stop_agreement_ms=self.agreement.ms() if self.agreement is not None else None,
+            compiled_frames=self.compiled_frames, fault_leaked_mb=self.leaked_mb,
+        )
 
 
 class Preempted(Exception):
@@ -187,11 +226,18 @@ class TrainingRun:
         self.profiled_steps = {s for w in windows for s in range(w.warmup_start, w.end)}
         self.profiler = WindowedProfiler(windows=windows, config=config.profiler, layout=self.layout,
                                          rank=runtime.rank, attempt=runtime.attempt,
-                                         use_cuda=runtime.use_cuda, on_published=_log_published)
+                                         use_cuda=runtime.use_cuda, on_published=self._on_published)
         self.writer = MetricsWriter(self.layout.metrics_file(runtime.rank))
         self.timer = PhaseTimer(runtime.use_cuda)
         self.stops = StopRequests(runtime.device)
         self.memory = MemorySnapshots(config.observability, self.layout, runtime.rank, runtime.use_cuda)
+        self.step_memory = StepMemory(runtime.device)
+        self.compile_watch = None
+        if config.performance.compile != "none":
+            self.compile_watch = CompileWatch(layout=self.layout, rank=runtime.rank, mode=config.performance.compile,
+                                              backend=config.performance.compile_backend, use_cuda=runtime.use_cuda)
+        self.clock = Clock(runtime.use_cuda)
+        self._window_ended = False
         self.history: list[StepMetrics] = []
 
     def _resume(self) -> None:
@@ -203,19 +249,20 @@ class TrainingRun:
         plan = data_plan(self.config.data, vocab_size=self.state.vocab_size, seed=self.config.seed,
                               steps=self.config.steps, dp_rank=self.runtime.dp_rank, dp_size=self.runtime.dims.dp)
         return iter(build_loader(self.config.data, plan=plan, start_step=self.state.step,
-                                 use_cuda=self.runtime.use_cuda))
+                                 use_cuda=self.runtime.use_cuda,
+                                 delay_ms=self.config.faults.data_delay_for(self.runtime.rank)))
 
     def run(self) -> list[StepMetrics]:
         batches = self._batches()
         pending = None
         try:
             for step in range(self.state.step, self.config.steps):
+                self.step_memory.start_step()
                 with self.profiler.step_context(step):
                     loss = self._step(batches)
                 self.memory.after_step(step)
                 self.state.step = step + 1
-                launched = PendingStep(step, loss, self.timer.finish(), step in self.profiled_steps,
-                                       self._stop_flag())
+                launched = self._launched(step, loss)
                 # The previous step's GPU work is done or nearly so: reading it costs no stall.
                 if pending is not None and (level := self._finish(pending)):
                     self._finish(launched)
@@ -229,7 +276,24 @@ class TrainingRun:
             self.profiler.close()
             self.writer.close()
             self.stops.restore()
+            if self.compile_watch is not None:
+                self.compile_watch.write(final=True)
         return self.history
+
+    def _launched(self, step: int, loss: torch.Tensor) -> PendingStep:
+        """The step just launched, with its bookkeeping taken now (host-side only: no device sync)."""
+        timing, memory = self.timer.finish(), self.step_memory.finish_step()
+        compiled = self.compile_watch.after_step(step) if self.compile_watch is not None else None
+        if self.compile_watch is not None and self._window_ended:
+            self.compile_watch.write(final=False)
+        self._window_ended = False
+        buckets = self.state.comm_timer.finish_step() if self.state.comm_timer is not None else None
+        leaked = self.state.leak.kept_mb if self.state.leak is not None else None
+        start = self.clock.now()
+        flag = self._stop_flag()
+        agreement = TimedSpan(self.clock, start, self.clock.now()) if flag is not None else None
+        return PendingStep(step, loss, timing, step in self.profiled_steps, flag, memory=memory, buckets=buckets,
+                           agreement=agreement, compiled_frames=compiled, leaked_mb=leaked)
 
     def _step(self, batches: Iterator[torch.Tensor]) -> torch.Tensor:
         try:
@@ -243,14 +307,20 @@ class TrainingRun:
 
     def _finish(self, pending: PendingStep) -> float:
         """Record a step's metrics; the agreed stop level after it (preemption.py; 0: go on)."""
-        metrics = step_metrics(pending.step, pending.loss, pending.timing.durations_ms(), self.config,
-                               self.runtime, self.state, pending.profiled)
+        metrics = dataclasses.replace(
+            step_metrics(pending.step, pending.loss, pending.timing.durations_ms(), self.config, self.runtime,
+                         self.state, pending.profiled), **pending.evidence())
         self.writer.write(metrics)
         self.history.append(metrics)
         _log_step(metrics, self.runtime)
-        if self.config.observability.mllog and self.runtime.rank == 0:
+        if self.config.observability.mllog:
             print(mllog_line(metrics), flush=True)
         return float(pending.stop_flag) if pending.stop_flag is not None else LEVEL_NONE
+
+    def _on_published(self, trace: PublishedTrace) -> None:
+        _log_published(trace)
+        # The window's last step is not yet in the compile watch: the record is written once it is.
+        self._window_ended = True
 
     def _stop_for_scheduler(self, level: float) -> None:
         self._save(self.state.step)

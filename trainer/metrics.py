@@ -55,6 +55,48 @@ class PhaseTimer:
         return timing
 
 
+@dataclass(frozen=True, slots=True)
+class MemorySample:
+    """The CUDA allocator's statistics of one step (all None on CPU)."""
+
+    peak_allocated_mb: float | None = None
+    peak_reserved_mb: float | None = None
+    alloc_retries: int | None = None
+    ooms: int | None = None
+
+
+class StepMemory:
+    """Per-step CUDA memory: the allocator's peaks are reset when a step starts and read when it has been
+    launched. Allocation happens on the host at launch, so the statistics are final then: reading them
+    needs no device sync. Retries and OOMs are cumulative counters, reported as per-step deltas."""
+
+    def __init__(self, device: torch.device):
+        self._device = device
+        self._active = device.type == "cuda"
+        self._retries, self._ooms = self._counts() if self._active else (0, 0)
+
+    def _counts(self) -> tuple[int, int]:
+        stats = torch.cuda.memory_stats(self._device)
+        return stats.get("num_alloc_retries", 0), stats.get("num_ooms", 0)
+
+    def start_step(self) -> None:
+        if self._active:
+            torch.cuda.reset_peak_memory_stats(self._device)
+
+    def finish_step(self) -> MemorySample:
+        if not self._active:
+            return MemorySample()
+        stats = torch.cuda.memory_stats(self._device)
+        retries, ooms = stats.get("num_alloc_retries", 0), stats.get("num_ooms", 0)
+        sample = MemorySample(
+            peak_allocated_mb=stats.get("allocated_bytes.all.peak", 0) / 2**20,
+            peak_reserved_mb=stats.get("reserved_bytes.all.peak", 0) / 2**20,
+            alloc_retries=retries - self._retries, ooms=ooms - self._ooms,
+        )
+        self._retries, self._ooms = retries, ooms
+        return sample
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepMetrics:
     step: int
@@ -68,12 +110,41 @@ class StepMetrics:
     tokens_per_s: float
     """This rank's tokens over this step's time."""
     max_memory_allocated_mb: float | None = None
+    """CUDA: peak memory allocated by tensors during THIS step, MiB (the peak is reset at each step's start;
+    before per-step resets this was a running maximum). None on CPU (no allocator statistics)."""
     tflops: float | None = None
     """Model FLOPs of this rank's step over its time (trainer/flops.py states the formula)."""
     mfu_pct: float | None = None
     """tflops over the device's dense bf16 peak; None where the peak is unknown (CPU)."""
     profiled: bool = False
     """The step ran inside a profiler window (its time includes profiler overhead)."""
+    max_memory_reserved_mb: float | None = None
+    """CUDA: peak memory reserved by the caching allocator during this step, MiB. None on CPU."""
+    alloc_retries: int | None = None
+    """CUDA: allocations during this step that failed, freed cached blocks and retried (`num_alloc_retries`
+    delta; each one costs a device sync and cache flush). None on CPU."""
+    ooms: int | None = None
+    """CUDA: out-of-memory errors the allocator raised during this step (`num_ooms` delta). None on CPU."""
+    comm_ms: float | None = None
+    """DDP only: ms from the first gradient bucket becoming ready to the last bucket's all-reduce completing,
+    this step (CPU: wall clock; CUDA: events, GPU time). Mostly overlapped with backward compute: not a cost by
+    itself. None without DDP (one replica, FSDP, TP: their collectives are not timed outside traces)."""
+    comm_exposed_ms: float | None = None
+    """DDP only: ms from the last bucket becoming ready (backward compute done, up to DDP's own bookkeeping) to
+    the last all-reduce completing: gradient communication the step waits for, including waiting for slower
+    ranks to reach it. Part of backward_ms. None without DDP."""
+    comm_buckets: int | None = None
+    """DDP only: gradient buckets all-reduced this step. None without DDP."""
+    stop_agreement_ms: float | None = None
+    """ms of the stop-flag all-reduce every rank issues right after the step (outside step_time_ms); since
+    it is blocking on gloo, it includes waiting for the slowest rank to finish its step. CUDA: event time.
+    None when no agreement runs (one rank without a stop request)."""
+    compiled_frames: int | None = None
+    """Frames torch.compile compiled during this step (0 in steady state; >0: compile time is inside this
+    step's time). None when performance.compile is none."""
+    fault_leaked_mb: float | None = None
+    """MiB kept alive so far by the faults.leak_mb_per_step fault (bookkeeping of what it holds, after this
+    step). None when that fault is off."""
 
 
 class MetricsWriter:

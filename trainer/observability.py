@@ -49,12 +49,20 @@ class MemorySnapshots:
 
 
 def mllog_line(metrics: StepMetrics) -> str:
-    """`:::MLLOG {...}`: the MLPerf logging format, one POINT_IN_TIME event per step."""
+    """`:::MLLOG {...}`: the MLPerf logging format, one POINT_IN_TIME event per step per rank.
+
+    Besides every `*_ms` field, the metadata splits the step into parts that add up to step_time_ms:
+    `fwd_ms` (forward), `bwd_ms` (backward minus exposed gradient all-reduce), `allreduce_ms` (the exposed
+    DDP gradient all-reduce, comm_exposed_ms; 0 where it is not measured) and `other_ms` (the rest: data
+    loading and the optimizer step)."""
     breakdown = {k: round(v, 3) for k, v in asdict(metrics).items() if k.endswith("_ms") and v is not None}
+    allreduce = min(metrics.comm_exposed_ms or 0.0, metrics.backward_ms)
+    parts = {"fwd_ms": metrics.forward_ms, "bwd_ms": metrics.backward_ms - allreduce, "allreduce_ms": allreduce,
+             "other_ms": metrics.step_time_ms - metrics.forward_ms - metrics.backward_ms}
     event = {
         "namespace": "fleetscope", "time_ms": int(time.time() * 1e3), "event_type": "POINT_IN_TIME",
         "key": "train_step", "value": round(metrics.step_time_ms, 3),
         "metadata": {"step": metrics.step, "rank": metrics.rank, "tokens_per_s": round(metrics.tokens_per_s),
-                     **breakdown},
+                     **breakdown, **{k: round(v, 3) for k, v in parts.items()}},
     }
     return format_mllog_line(event)

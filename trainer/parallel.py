@@ -57,7 +57,7 @@ def parallelize(
     if dims.tp > 1:
         apply_tensor_parallel(model, mesh["tp"])
     apply_activation_checkpointing(model, performance.activation_checkpointing)
-    apply_regional_compile(model, performance.compile)
+    apply_regional_compile(model, performance.compile, backend=performance.compile_backend)
     if dims.mode in ("fsdp", "fsdp_tp"):
         return _apply_fsdp(model, mesh["dp"], parallel=parallel, performance=performance, device=device)
     if dims.dp == 1:
@@ -100,13 +100,16 @@ def apply_activation_checkpointing(model: torch.nn.Module, policy: str) -> None:
             layers[index] = checkpoint_wrapper(layer, preserve_rng_state=False)
 
 
-def apply_regional_compile(model: torch.nn.Module, mode: str) -> None:
-    """torch.compile each decoder block on its own: one graph per block, compiled once, reused."""
+def apply_regional_compile(model: torch.nn.Module, mode: str, *, backend: str = "inductor") -> None:
+    """torch.compile each decoder block on its own: one graph per block, compiled once, reused.
+
+    The mode is an Inductor setting; other backends (eager, aot_eager: Dynamo capture only) get none."""
     if mode == "none":
         return
+    inductor_mode = None if mode == "default" or backend != "inductor" else mode
     layers = decoder_layers(model)
     for index, layer in enumerate(layers):
-        layers[index] = torch.compile(layer, mode=None if mode == "default" else mode)
+        layers[index] = torch.compile(layer, mode=inductor_mode, backend=backend)
 
 
 def _apply_fsdp(model, dp_mesh: DeviceMesh, *, parallel: ParallelConfig, performance: PerformanceConfig,

@@ -1,0 +1,115 @@
+"""Cheap, every-step estimates of communication time, outside profiler windows.
+
+Two sources, both read one step late (with the step's other metrics) so that nothing here syncs the
+host with the device in the training loop:
+
+* DDP's gradient all-reduces, through a comm hook that wraps the default all-reduce hook and notes
+  when each bucket became ready (the hook is called) and when its all-reduce completed (the
+  future's callback). On CPU these are wall-clock times (the callback runs on the backend's thread
+  once the work is done; it needs the GIL, so it can land a little late). On CUDA they are CUDA
+  events: one recorded on the current stream when the bucket is ready, one recorded in the callback,
+  which torch runs on a stream that waits for the all-reduce to finish.
+* The collectives the trainer itself issues between steps (the stop-flag agreement), timed as a span.
+
+FSDP2's all-gathers / reduce-scatters and tensor-parallel collectives are not timed here (no cheap
+hook exposes their completion); their fields stay null.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+class Clock:
+    """A point in time: perf_counter on CPU, a timing CUDA event on the current stream on CUDA."""
+
+    def __init__(self, use_cuda: bool):
+        self.use_cuda = use_cuda
+
+    def now(self) -> object:
+        if not self.use_cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def ms_between(self, start: object, end: object) -> float:
+        """Milliseconds from `start` to `end` (on CUDA waits for `end`: call only one step later)."""
+        if not self.use_cuda:
+            return (end - start) * 1e3
+        end.synchronize()
+        return start.elapsed_time(end)
+
+
+@dataclass(frozen=True, slots=True)
+class CommEstimate:
+    comm_ms: float
+    """First bucket ready -> last bucket's all-reduce done."""
+    comm_exposed_ms: float
+    """Last bucket ready -> last bucket's all-reduce done."""
+    buckets: int
+
+
+class StepBuckets:
+    """The (ready, done) points of one step's gradient buckets."""
+
+    def __init__(self, clock: Clock, points: list[list[object]]):
+        self._clock = clock
+        self._points = points
+
+    def estimate(self) -> CommEstimate | None:
+        """None when the step all-reduced nothing (or a bucket never completed)."""
+        if not self._points or any(done is None for _, done in self._points):
+            return None
+        first_ready = self._points[0][0]
+        ready_ms = [self._clock.ms_between(first_ready, ready) if i else 0.0
+                    for i, (ready, _) in enumerate(self._points)]
+        done_ms = [self._clock.ms_between(first_ready, done) for _, done in self._points]
+        last_done = max(done_ms)
+        return CommEstimate(comm_ms=last_done, comm_exposed_ms=max(0.0, last_done - max(ready_ms)),
+                            buckets=len(self._points))
+
+
+class DdpCommTimer:
+    """A DDP comm hook: the default all-reduce, plus when each bucket was ready and when it was done."""
+
+    def __init__(self, use_cuda: bool):
+        self._clock = Clock(use_cuda)
+        self._points: list[list[object]] = []
+
+    def install(self, ddp_model: torch.nn.Module, process_group) -> None:
+        ddp_model.register_comm_hook(state=process_group, hook=self._hook)
+
+    # No return annotation: DDP checks it against Future[Tensor], and postponed annotations are strings.
+    def _hook(self, process_group, bucket):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        point = [self._clock.now(), None]
+        self._points.append(point)
+
+        def done(future: torch.futures.Future) -> torch.Tensor:
+            point[1] = self._clock.now()
+            return future.value()
+
+        return allreduce_hook(process_group, bucket).then(done)
+
+    def finish_step(self) -> StepBuckets:
+        """This step's buckets (call after the step is launched); the next step starts empty."""
+        buckets = StepBuckets(self._clock, self._points)
+        self._points = []
+        return buckets
+
+
+@dataclass(frozen=True, slots=True)
+class TimedSpan:
+    """The start and end points of something the trainer issued, read later."""
+
+    clock: Clock
+    start: object
+    end: object
+
+    def ms(self) -> float:
+        return self.clock.ms_between(self.start, self.end)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 import typing
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from ..trainer.config import TrainConfig, check_degrees, require
 
@@ -91,3 +92,8 @@ class JobSpec:
             environment["PYTORCH_ALLOC_CONF"] = self.train.performance.alloc_conf
         environment.update(self.env)
         return environment
+
+
+def spec_record(spec: JobSpec) -> dict[str, Any]:
+    """The resolved spec as job.json records it, with the world size readers (gather) rely on."""
+    return {"spec": dataclasses.asdict(spec), "world_size": spec.world_size, "scheduler": spec.scheduler}

@@ -11,7 +11,7 @@ from helpers import REPO, fleetscope
 
 from fleetscope.cli.commands import build_launch_parser
 from fleetscope.cli.jobargs import job_spec_from_args
-from fleetscope.launcher.local import plan_local
+from fleetscope.launcher.schedulers.local import plan_local
 
 GOLDEN = REPO / "tests" / "golden" / "local"
 HOSTILE_ARGS = [

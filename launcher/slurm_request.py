@@ -1,4 +1,4 @@
-"""What the Slurm schedulers (submitit, TorchX, plain sbatch) share: validated options, quoting, the
+"""What the Slurm schedulers (submitit, TorchX) share: validated options, quoting, the
 environment every rank gets, and the post-processing job that runs after the training job.
 
 Everything here is pure: it builds text and argument lists, it never runs a Slurm command.
@@ -19,12 +19,11 @@ from dataclasses import dataclass
 
 from ..trainer.config import ConfigError
 from ..traces.layout import RunLayout
+from ..traces.layout import slurm_logs_dir as layout_slurm_logs_dir
 from .spec import JobSpec
 
 POSTPROCESS_MODULE = "fleetscope.cli.main"
 """`python -m fleetscope.cli.main postprocess RUN_DIR`: gather + analyze + merge."""
-SLURM_LOGS_SUBDIR = "slurm"
-"""Scheduler logs go to <run>/logs/slurm/ (per-rank logs of the trainer sit beside them)."""
 TIME_LIMIT_SIGNAL_SECONDS = 90
 """submitit asks Slurm for USR2 this long before the time limit (`--signal=USR2@90`); it then requeues."""
 
@@ -146,7 +145,8 @@ def export_lines(environment: dict[str, str]) -> list[str]:
 
 
 def slurm_logs_dir(spec: JobSpec) -> str:
-    return str(RunLayout.at(spec.train.run_dir).logs_dir / SLURM_LOGS_SUBDIR)
+    """Scheduler logs go to <run>/logs/slurm/ (per-rank logs of the trainer sit beside them)."""
+    return str(layout_slurm_logs_dir(RunLayout.at(spec.train.run_dir)))
 
 
 def shell_join(argv: list[str]) -> str:

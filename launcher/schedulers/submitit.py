@@ -11,7 +11,7 @@ Why one task per GPU (submitit's `TorchDistributedEnvironment`) and not one torc
     SLURM_PROCID. Slurm starts all tasks together, so torchrun's elastic rendezvous has nothing to add.
   * all GPUs of a node stay visible to every task (`--gpus-per-node`, CUDA_VISIBLE_DEVICES not narrowed):
     the trainer picks `cuda:LOCAL_RANK`, and NCCL keeps its peer-to-peer paths between local ranks.
-TorchX (torchx_backend) is the torchrun-per-node path, for users who want torchrun's agent.
+TorchX (schedulers/torchx.py) is the torchrun-per-node path, for users who want torchrun's agent.
 
 `plan_submitit` is pure (the sbatch text is submitit's own `_make_sbatch_string`, so the dry run prints
 exactly what `submit_submitit` hands to sbatch); only `submit_submitit` contacts the cluster.
@@ -26,21 +26,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..trainer.config import train_argv
-from ..traces.layout import RunLayout
-from .slurm_common import (
+from ...trainer.config import train_argv
+from ...traces.layout import RunLayout, submitit_error_file
+from ..slurm_request import (
     TIME_LIMIT_SIGNAL_SECONDS,
     PostprocessJob,
     SlurmResources,
     export_lines,
-    shell_join,
     plan_postprocess_job,
     render_postprocess,
+    shell_join,
     slurm_logs_dir,
     validated_environment,
 )
-from .slurm_jobs import SubmittedSlurmJob, submit_postprocess
-from .spec import JobSpec
+from ..spec import JobSpec
+from .slurm import SlurmScheduler, SubmittedSlurmJob, submit_postprocess
 
 SUBMIT_MODULE_COMMAND = "-u -m submitit.core._submit"
 MASTER_PORT_LINES = [
@@ -48,15 +48,13 @@ MASTER_PORT_LINES = [
     "# client socket of the node can hold it (submitit's own choice spans 20000-60000)",
     "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 12000))",
 ]
-ERROR_FILE_DIR_FORMAT = "submitit-{job_id}"
-"""Per-rank error files: <run>/logs/submitit-<job>/attempt_<K>/<rank>/error.json (torchrun's layout, so the
-same failure collection reads both)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class SubmititPlan:
     """Everything submitit needs, and the exact texts the dry run prints."""
 
+    spec: JobSpec
     folder: str
     """submitit's folder: submission script, pickles and per-rank logs."""
     python: str
@@ -136,8 +134,8 @@ class SubmititRank:
     def error_file(self, rank: int) -> Path:
         job_id = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID", "unknown")
         attempt = os.environ.get("SLURM_RESTART_COUNT", "0")
-        return (RunLayout.at(self.run_dir).logs_dir / ERROR_FILE_DIR_FORMAT.format(job_id=job_id)
-                / f"attempt_{attempt}" / str(rank) / "error.json")
+        # torchrun's layout, so that the same failure collection reads local and submitit runs
+        return submitit_error_file(RunLayout.at(self.run_dir), job_id, attempt, rank)
 
     def checkpoint(self) -> Any:
         """submitit's hook on a notice outside training: requeue the same work (it resumes)."""
@@ -193,7 +191,7 @@ def plan_submitit(spec: JobSpec, *, postprocess: bool = True) -> SubmititPlan:
     parameters = executor_parameters(spec, resources)
     script = _make_sbatch_string(command=submitit_command(python, folder), folder=folder, **parameters)
     rank_task = SubmititRank(trainer_argv=train_argv(spec.train), run_dir=str(RunLayout.at(spec.train.run_dir).root))
-    return SubmititPlan(folder=folder, python=python, parameters=parameters, rank_task=rank_task,
+    return SubmititPlan(spec=spec, folder=folder, python=python, parameters=parameters, rank_task=rank_task,
                         sbatch_script=script,
                         postprocess=plan_postprocess_job(spec, resources) if postprocess else None,
                         run_dir=RunLayout.at(spec.train.run_dir).root)
@@ -211,3 +209,13 @@ def submit_submitit(plan: SubmititPlan) -> SubmittedSlurmJob:
                       if plan.postprocess else "")
     return SubmittedSlurmJob(job_id=str(job.job_id), postprocess_job_id=postprocess_id,
                              script_path=str(job.paths.submission_file))
+
+
+class SubmititScheduler(SlurmScheduler):
+    name = "submitit"
+
+    def plan(self, spec: JobSpec, *, postprocess: bool = True) -> SubmititPlan:
+        return plan_submitit(spec, postprocess=postprocess)
+
+    def submit_training(self, plan: SubmititPlan) -> SubmittedSlurmJob:
+        return submit_submitit(plan)

@@ -115,12 +115,12 @@ class SubmititRank:
         error_file = self.error_file(distributed.rank)
         error_file.parent.mkdir(parents=True, exist_ok=True)
         os.environ["TORCHELASTIC_ERROR_FILE"] = str(error_file)
-        from ..trainer import preemption
-        from ..trainer.__main__ import main as trainer_main
+        from ...trainer.preemption import EXIT_PREEMPTED  # torch: only on the nodes, not while planning
 
-        code = trainer_main(self.trainer_argv)
-        if code == preemption.EXIT_PREEMPTED:
-            stop = preemption.last_stop
+        outcome = run_trainer_rank(self.trainer_argv, distributed.rank)
+        code = outcome.exit_code
+        if code == EXIT_PREEMPTED:
+            stop = outcome.stop
             if stop is not None and stop.requeue_needed:
                 if distributed.rank != 0:
                     return 0
@@ -142,6 +142,20 @@ class SubmititRank:
         import submitit
 
         return submitit.helpers.DelayedSubmission(self)
+
+
+def run_trainer_rank(trainer_argv: list[str], rank: int) -> Any:
+    """The trainer's rank in this process, as `python -m fleetscope.trainer` runs it (its log format, its
+    error file through `@record`), returning the RankOutcome (the stop reason decides a requeue)."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from ...trainer.config import parse_train_args
+    from ...trainer.entry import run_rank
+
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")
+    return record(run_rank)(parse_train_args(trainer_argv))
 
 
 def requeue_this_job() -> None:

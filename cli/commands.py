@@ -242,11 +242,27 @@ def handle_merge(args: argparse.Namespace) -> int:
 
 def register_compare(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("compare", help="regression check: exit 1 when NEW is slower than BASE")
-    parser.add_argument("base", help="run directory or report.json")
-    parser.add_argument("new", help="run directory or report.json")
-    parser.add_argument("--threshold", type=float, default=5.0,
+    parser.add_argument("base", type=existing_path, help="run directory or report.json")
+    parser.add_argument("new", type=existing_path, help="run directory or report.json")
+    parser.add_argument("--threshold", type=non_negative_percent, default=5.0,
                         help="percent drop in throughput / rise in step time that fails (default 5)")
     parser.set_defaults(handler=handle_compare)
+
+
+def existing_path(text: str) -> str:
+    if not Path(text).expanduser().exists():
+        raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
+    return text
+
+
+def non_negative_percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage, got {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a percentage >= 0, got {text}")
+    return value
 
 
 def handle_compare(args: argparse.Namespace) -> int:

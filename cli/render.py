@@ -64,7 +64,10 @@ def render_status(status: RunStatus) -> str:
 def _slurm_status_lines(status: SlurmRunStatus) -> list[str]:
     training = status.training
     lines = [f"run:       {status.run_dir}", f"scheduler: {status.scheduler}, Slurm job {status.job_id}"]
-    if training is None:
+    if training is None and status.state != "UNKNOWN":
+        lines.append(f"state:     {status.state} (as recorded in job.json: {status.recorded_status}; Slurm no longer "
+                     f"knows the job)")
+    elif training is None:
         lines.append("state:     UNKNOWN (neither slurmctld nor accounting knows the job)")
     else:
         restarts = f", requeued {training.restarts} time(s)" if training.restarts else ""

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..launcher.runs import cancel_run, run_status
+from ..launcher.runs import cancel_run, run_status, scheduler_of_run
 from ..launcher.schedulers.slurm import log_files
 from ..traces.layout import RunLayout
 from .exit_codes import EXIT_FAILED, EXIT_OK, exit_code
@@ -28,11 +28,23 @@ def handle_status(args: argparse.Namespace) -> int:
 def register_logs(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("logs", help="the scheduler's and the ranks' logs of a Slurm run")
     parser.add_argument("run_dir")
-    parser.add_argument("--tail", type=int, default=20, help="last lines of each log (0: list the files only)")
+    parser.add_argument("--tail", type=non_negative_int, default=20,
+                        help="last lines of each log (0: list the files only)")
     parser.set_defaults(handler=handle_logs)
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def handle_logs(args: argparse.Namespace) -> int:
+    scheduler_of_run(RunLayout.at(args.run_dir))  # a directory that is not a run is a usage error
     files = log_files(RunLayout.at(args.run_dir))
     if not files:
         print(f"no logs yet under {RunLayout.at(args.run_dir).logs_dir}", file=sys.stderr)

@@ -42,11 +42,24 @@ class LaunchOutcome:
 
 
 def refuse_existing_run(layout: RunLayout, *, resume: bool) -> None:
-    """Nothing of an earlier run is reused or overwritten unless the user asks to resume it."""
-    if layout.job_file.exists() and not resume:
-        raise ConfigError(
-            f"run_dir: {layout.root} already holds a run; pass --resume to continue it or choose another --run-dir"
-        )
+    """Nothing of an earlier run is reused or overwritten unless the user asks to resume it, and nothing
+    fleetscope did not record (no job.json) is ever written over, --resume or not."""
+    if layout.job_file.exists():
+        if not resume:
+            raise ConfigError(f"run_dir: {layout.root} already holds a run; pass --resume to continue it or "
+                              f"choose another --run-dir")
+        return
+    found = unrecorded_run_files(layout)
+    if found:
+        raise ConfigError(f"run_dir: {layout.root} holds {', '.join(found)} but no {layout.job_file.name} (not a "
+                          f"run fleetscope recorded): nothing there is overwritten; choose another --run-dir")
+
+
+def unrecorded_run_files(layout: RunLayout) -> list[str]:
+    """The names a run writes that already exist in its directory (for a directory without job.json)."""
+    paths = [layout.manifest_file, layout.metrics_dir, layout.traces_dir, layout.clock_dir, layout.logs_dir,
+             layout.report_dir, layout.checkpoints_dir, layout.memory_dir]
+    return [path.name + ("/" if path.is_dir() else "") for path in paths if path.exists()]
 
 
 def launch(scheduler: Scheduler, plan: LaunchPlan, *, resume: bool, postprocess: Postprocess | None,
@@ -63,10 +76,11 @@ def launch(scheduler: Scheduler, plan: LaunchPlan, *, resume: bool, postprocess:
 
 
 def scheduler_of_run(layout: RunLayout) -> Scheduler:
-    """The scheduler job.json names (a run directory without job.json has none)."""
+    """The scheduler job.json names; a directory without job.json is not a run (a usage error)."""
     record = read_job_record(layout)
     if not record:
-        raise FileNotFoundError(f"{layout.job_file}: no job record (is {layout.root} a run directory?)")
+        raise ConfigError(f"run_dir: {layout.root} has no {layout.job_file.name}: not a run directory "
+                          f"fleetscope launched")
     return scheduler_for(str(record.get("scheduler", "")))
 
 

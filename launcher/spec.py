@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..trainer.config import TrainConfig, check_degrees, require
+from .untrusted import require_plain_fields, require_plain_text, require_plain_value
 
 Scheduler = Literal["local", "submitit", "torchx", "torchx_local"]
 SCHEDULERS: tuple[str, ...] = typing.get_args(Scheduler)
@@ -52,6 +53,7 @@ class SlurmOptions:
         require(bool(self.job_name.strip()), "slurm.job_name", "must not be empty")
         require(all(option.startswith("--") for option in self.extra_sbatch), "slurm.extra_sbatch",
                  "every option must start with --")
+        require_plain_fields(self, prefix="slurm.")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +82,10 @@ class JobSpec:
         for name in self.env:
             require(bool(_ENV_NAME.match(name)), "env", f"{name!r} is not a valid environment variable name")
         require(bool(self.python), "python", "must not be empty")
+        # Everything below reaches command lines, batch scripts, AppDefs, environments or paths.
+        require_plain_fields(self.train)
+        require_plain_value(self.env, "env")
+        require_plain_text(self.python, "python")
 
     @property
     def world_size(self) -> int:

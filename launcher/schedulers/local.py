@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...trainer.config import train_argv
-from ...traces.jobfile import FINAL_STATUSES, now_iso, read_job_record, write_job_record
+from ...trainer.config import ConfigError, train_argv
+from ...traces.jobfile import now_iso, read_job_record, write_job_record
 from ...traces.layout import RunLayout
 from ..failures import RankFailure, collect_failures
 from ..scheduler import Submission, Verdict, existing_outputs
@@ -86,14 +86,10 @@ class RecordedRunStatus:
     def read(cls, layout: RunLayout, *, failures: list[RankFailure]) -> "RecordedRunStatus":
         record = read_job_record(layout)
         if not record:
-            raise FileNotFoundError(f"{layout.job_file}: no job record (is {layout.root} a run directory?)")
+            raise ConfigError(f"run_dir: {layout.root} has no {layout.job_file.name}: not a run directory")
         return cls(run_dir=layout.root, scheduler=str(record.get("scheduler", "")),
                    recorded_status=str(record.get("status", "unknown")), failures=failures,
                    outputs=existing_outputs(layout))
-
-    @property
-    def finished(self) -> bool:
-        return self.recorded_status in FINAL_STATUSES
 
     @property
     def verdict(self) -> Verdict:
@@ -125,4 +121,4 @@ class LocalScheduler:
         return RecordedRunStatus.read(layout, failures=collect_failures(layout.logs_dir))
 
     def cancel(self, layout: RunLayout, *, postprocess_too: bool = False) -> list[str]:
-        raise ValueError(f"{layout.root}: a local run ends with the launch command (Ctrl-C); nothing to cancel")
+        raise ConfigError(f"{layout.root}: a local run ends with the launch command (Ctrl-C); nothing to cancel")

@@ -221,7 +221,15 @@ class SlurmRunStatus:
 
     @property
     def state(self) -> str:
-        return self.training.state if self.training is not None else "UNKNOWN"
+        """Slurm's state of the training job; once Slurm has forgotten it, the final state job.json recorded."""
+        if self.training is not None:
+            return self.training.state
+        return recorded_final_state(self.recorded_status) or "UNKNOWN"
+
+    @property
+    def forgotten(self) -> bool:
+        """Neither slurmctld nor accounting knows the job any more."""
+        return self.training is None
 
     @property
     def verdict(self) -> Verdict:
@@ -264,8 +272,23 @@ def run_status(run_dir: str | Path) -> SlurmRunStatus:
     )
 
 
+def recorded_final_state(recorded: str) -> str | None:
+    """The Slurm state of a final status job.json recorded ("cancelled", "completed", "timeout", ...);
+    None for a status that may still change (submitted, running, unknown, ...)."""
+    state = {"succeeded": "COMPLETED"}.get(recorded, recorded.upper())
+    if not state or state in ACTIVE_STATES or state in ("SUBMITTING", "SUBMITTED", "UNKNOWN"):
+        return None
+    return state
+
+
 def record_status(layout: RunLayout, status: SlurmRunStatus) -> None:
-    write_job_record(layout, status=status.state.lower(), slurm=status.to_json(), checked_at=now_iso())
+    """Record what Slurm said; a job Slurm has forgotten keeps its recorded status (never "unknown" over
+    a final one)."""
+    if status.forgotten and recorded_final_state(status.recorded_status):
+        write_job_record(layout, checked_at=now_iso(), slurm_knows_job=False)
+        return
+    write_job_record(layout, status=status.state.lower(), slurm=status.to_json(), checked_at=now_iso(),
+                     slurm_knows_job=not status.forgotten)
 
 
 def rank_failures(layout: RunLayout, job_id: str) -> list[RankFailure]:

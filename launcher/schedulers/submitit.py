@@ -37,7 +37,6 @@ from ..slurm_request import (
     render_postprocess,
     shell_join,
     slurm_logs_dir,
-    validated_environment,
 )
 from ..spec import JobSpec
 from .slurm import SlurmScheduler, SubmittedSlurmJob, submit_postprocess
@@ -179,7 +178,7 @@ def executor_parameters(spec: JobSpec, resources: SlurmResources) -> dict[str, A
         "ntasks_per_node": resources.nproc_per_node,
         "time": resources.time_minutes,
         "signal_delay_s": TIME_LIMIT_SIGNAL_SECONDS,
-        "setup": [*MASTER_PORT_LINES, "# environment of every rank", *export_lines(validated_environment(spec))],
+        "setup": [*MASTER_PORT_LINES, "# environment of every rank", *export_lines(spec.rank_environment())],
         "srun_args": ["--kill-on-bad-exit=1"],
         "additional_parameters": {"requeue": True, **{option.key: option.value if option.value is not None
                                                       else True for option in resources.extra}},

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...trainer.config import train_argv
+from ...trainer.config import ConfigError, train_argv
 from ...traces.jobfile import now_iso, write_job_record
 from ...traces.layout import RunLayout, torchx_local_logs_dir, torchx_node_logs_dir
 from ..failures import collect_failures
@@ -29,7 +29,6 @@ from ..slurm_request import (
     render_postprocess,
     safe_job_label,
     slurm_logs_dir,
-    validated_environment,
 )
 from ..spec import JobSpec, spec_record
 from .local import TRAINER_MODULE, RecordedRunStatus
@@ -68,7 +67,7 @@ def node_script(spec: JobSpec) -> str:
         spec, rank0_host="@rank0_host@", rdzv_id="@rdzv_id@", replica="@replica@"))
     for sentinel, text in sentinels.items():
         command = command.replace(sentinel, text)
-    return "\n".join([*export_lines(validated_environment(spec)), f"exec {command}"])
+    return "\n".join([*export_lines(spec.rank_environment()), f"exec {command}"])
 
 
 def mem_megabytes(text: str) -> int:
@@ -274,4 +273,4 @@ class TorchXLocalScheduler:
         return RecordedRunStatus.read(layout, failures=collect_failures(torchx_local_logs_dir(layout)))
 
     def cancel(self, layout: RunLayout, *, postprocess_too: bool = False) -> list[str]:
-        raise ValueError(f"{layout.root}: a {self.name} run ends with the launch command (Ctrl-C); nothing to cancel")
+        raise ConfigError(f"{layout.root}: a {self.name} run ends with the launch command (Ctrl-C); nothing to cancel")

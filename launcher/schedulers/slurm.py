@@ -11,6 +11,7 @@ training job is handed to sbatch, not in how it is followed.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import re
 import subprocess
@@ -24,7 +25,7 @@ from ...traces.layout import RunLayout, slurm_logs_dir, submitit_rank_stderr
 from ..failures import RankFailure, collect_failures, earliest_per_rank, root_causes
 from ..scheduler import LaunchPlan, Submission, Verdict, existing_outputs
 from ..slurm_request import PostprocessJob
-from ..spec import spec_record
+from ..spec import JobSpec, spec_record
 
 SBATCH_TEMPLATE = Path(__file__).resolve().parents[2] / "slurm" / "sbatch" / "fleetscope-torchrun.sbatch"
 """The plain-sbatch path: one torchrun per node, no fleetscope on the submitting side (see slurm/README.md)."""
@@ -174,6 +175,13 @@ def query_job(job_id: str) -> SlurmJobStatus | None:
         if components:
             return SlurmJobStatus(job_id=job_id, components=components, source="sacct")
     return None
+
+
+def requeue_job(job_id: str) -> None:
+    """`scontrol requeue`: the job goes back to PENDING and its next attempt resumes."""
+    completed = _run(["scontrol", "requeue", require_job_id(job_id)])
+    if completed.returncode != 0:
+        raise RuntimeError(completed.stderr.strip() or f"exit {completed.returncode}")
 
 
 def cancel_jobs(job_ids: list[str]) -> None:
@@ -337,13 +345,18 @@ def waited_verdict(status: SlurmRunStatus) -> Verdict:
     return Verdict.OK if "merged_trace" in status.outputs else Verdict.PARTIAL
 
 
-class SlurmScheduler:
+class SlurmScheduler(abc.ABC):
     """Following, recording and cancelling a Slurm run; subclasses plan it and hand it to sbatch."""
 
-    name = "slurm"
+    name: str
 
+    @abc.abstractmethod
+    def plan(self, spec: JobSpec, *, postprocess: bool = True) -> LaunchPlan:
+        """Pure: the batch script(s) and sbatch command lines."""
+
+    @abc.abstractmethod
     def submit_training(self, plan: Any) -> SubmittedSlurmJob:
-        raise NotImplementedError
+        """Hand the training job (and its post-processing job) to sbatch."""
 
     def app_fields(self, submitted: SubmittedSlurmJob) -> dict[str, Any]:
         """Scheduler-specific fields job.json records after submission."""

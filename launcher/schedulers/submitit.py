@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from ..slurm_request import (
     slurm_logs_dir,
 )
 from ..spec import JobSpec
-from .slurm import SlurmScheduler, SubmittedSlurmJob, submit_postprocess
+from .slurm import SlurmScheduler, SubmittedSlurmJob, requeue_job, submit_postprocess
 
 SUBMIT_MODULE_COMMAND = "-u -m submitit.core._submit"
 MASTER_PORT_LINES = [
@@ -164,10 +163,11 @@ def requeue_this_job() -> None:
     if restarts >= MAX_NOTICE_REQUEUES:
         raise RuntimeError(f"job {job_id} stopped on a time-limit notice after {restarts} requeues; not requeued "
                            f"again (checkpoint saved: resubmit to go on)")
-    done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
+    try:
+        requeue_job(job_id)
+    except RuntimeError as error:
         raise RuntimeError(f"job {job_id}: `scontrol requeue` failed after a time-limit notice (checkpoint saved: "
-                           f"resubmit to go on): {done.stderr.strip() or f'exit {done.returncode}'}")
+                           f"resubmit to go on): {error}") from None
 
 
 def executor_parameters(spec: JobSpec, resources: SlurmResources) -> dict[str, Any]:

@@ -97,3 +97,16 @@ def test_torchx_local_scheduler_runs_the_same_job_through_the_cli(tmp_path):
     manifest = json.loads((run / "manifest.json").read_text())
     assert sorted(t["rank"] for t in manifest["traces"]) == [0, 1] and not manifest["missing"]
     assert (run / "report" / "merged.perfetto-trace").is_file()
+
+
+@pytest.mark.slow
+def test_torchx_local_failure_names_the_failing_rank(tmp_path):
+    run = tmp_path / "run"
+    completed = fleetscope("launch", "--scheduler", "torchx_local", "--run-dir", str(run), "--device", "cpu",
+                           "--steps", "6", "--profile", "wait=1,warmup=1,active=2", "--set", "faults.crash_rank=1",
+                           "--set", "faults.crash_step=4", "--no-post", cwd=tmp_path)
+    assert completed.returncode == 1
+    assert "InjectedFault: injected crash on rank 1 at step 4" in completed.stderr
+    assert json.loads((run / "job.json").read_text())["status"] == "failed"
+    status = fleetscope("status", str(run), cwd=tmp_path)
+    assert status.returncode == 1 and "failed first: rank 1" in status.stdout

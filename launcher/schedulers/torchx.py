@@ -19,7 +19,7 @@ from typing import Any
 from ...trainer.config import ConfigError, train_argv
 from ...traces.jobfile import now_iso, write_job_record
 from ...traces.layout import RunLayout, torchx_local_logs_dir, torchx_node_logs_dir
-from ..failures import collect_failures
+from ..failures import RankFailure, collect_failures
 from ..scheduler import Submission
 from ..slurm_request import (
     PostprocessJob,
@@ -267,10 +267,16 @@ class TorchXLocalScheduler:
         write_job_record(layout, status="succeeded" if succeeded else "failed", finished_at=now_iso(),
                          torchx_state=str(status.state if status else None))
         return Submission(scheduler=self.name, finished=True, succeeded=succeeded,
+                          failures=[] if succeeded else local_failures(layout),
                           detail=f"TorchX state {status.state if status else 'unknown'}")
 
     def status(self, layout: RunLayout) -> RecordedRunStatus:
-        return RecordedRunStatus.read(layout, failures=collect_failures(torchx_local_logs_dir(layout)))
+        return RecordedRunStatus.read(layout, failures=local_failures(layout))
+
+
+def local_failures(layout: RunLayout) -> list[RankFailure]:
+    """Failed ranks of a local_cwd run: its one "node" is replica 0, whose local ranks are the global ranks."""
+    return collect_failures(torchx_node_logs_dir(layout, "0"))
 
     def cancel(self, layout: RunLayout, *, postprocess_too: bool = False) -> list[str]:
         raise ConfigError(f"{layout.root}: a {self.name} run ends with the launch command (Ctrl-C); nothing to cancel")

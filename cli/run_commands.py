@@ -6,8 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..launcher.runs import cancel_run, run_status, scheduler_of_run
-from ..launcher.schedulers.slurm import log_files
+from ..launcher.runs import cancel_run, log_files, run_status, scheduler_of_run
 from ..traces.layout import RunLayout
 from .exit_codes import EXIT_FAILED, EXIT_OK, exit_code
 from .render import render_status
@@ -26,7 +25,7 @@ def handle_status(args: argparse.Namespace) -> int:
 
 
 def register_logs(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("logs", help="the scheduler's and the ranks' logs of a Slurm run")
+    parser = sub.add_parser("logs", help="the scheduler's and the ranks' logs of a run")
     parser.add_argument("run_dir")
     parser.add_argument("--tail", type=non_negative_int, default=20,
                         help="last lines of each log (0: list the files only)")

@@ -13,7 +13,7 @@ from typing import Any, Callable, Protocol
 
 from ..trainer.config import ConfigError
 from ..traces.jobfile import read_job_record
-from ..traces.layout import RunLayout
+from ..traces.layout import RunLayout, slurm_logs_dir
 from .scheduler import LaunchPlan, RunStatus, Scheduler, Submission, Verdict
 from .schedulers import scheduler_for
 
@@ -87,6 +87,15 @@ def scheduler_of_run(layout: RunLayout) -> Scheduler:
 def run_status(run_dir: str | Path) -> RunStatus:
     layout = RunLayout.at(run_dir)
     return scheduler_of_run(layout).status(layout)
+
+
+def log_files(layout: RunLayout) -> list[Path]:
+    """The scheduler's and the ranks' logs of a run, in a stable order: Slurm's, then torchrun's per-rank
+    logs (TorchX: one tree per node; local: one tree for the run)."""
+    slurm_logs = sorted(slurm_logs_dir(layout).glob("*.out")) + sorted(slurm_logs_dir(layout).glob("*.err"))
+    rank_logs = sorted(layout.logs_dir.glob("torchx-node*/*/attempt_*/*/std*.log"))
+    local_rank_logs = sorted(layout.logs_dir.glob("*/attempt_*/*/std*.log"))
+    return slurm_logs + rank_logs + local_rank_logs
 
 
 def cancel_run(run_dir: str | Path, *, postprocess_too: bool) -> list[str]:

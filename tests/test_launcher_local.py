@@ -110,3 +110,17 @@ def test_torchx_local_failure_names_the_failing_rank(tmp_path):
     assert json.loads((run / "job.json").read_text())["status"] == "failed"
     status = fleetscope("status", str(run), cwd=tmp_path)
     assert status.returncode == 1 and "failed first: rank 1" in status.stdout
+
+
+def test_logs_of_a_local_run_show_each_ranks_log(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "job.json").write_text(json.dumps({"scheduler": "local", "status": "failed"}))
+    for rank in (0, 1):
+        log = run / "logs" / "abc123" / "attempt_0" / str(rank) / "stderr.log"
+        log.parent.mkdir(parents=True)
+        log.write_text(f"first line\nlast line of rank {rank}\n")
+    completed = fleetscope("logs", str(run), "--tail", "1", cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.count("==>") == 2 and "last line of rank 1" in completed.stdout
+    assert "first line" not in completed.stdout

@@ -318,13 +318,6 @@ def with_submitit_log(failure: RankFailure, layout: RunLayout, job_id: str) -> R
     return failure
 
 
-def log_files(layout: RunLayout) -> list[Path]:
-    """The scheduler's and the ranks' logs of a run, in a stable order."""
-    slurm_logs = sorted(slurm_logs_dir(layout).glob("*.out")) + sorted(slurm_logs_dir(layout).glob("*.err"))
-    rank_logs = sorted(layout.logs_dir.glob("torchx-node*/*/attempt_*/*/std*.log"))
-    return slurm_logs + rank_logs
-
-
 def wait_for_run(layout: RunLayout, on_change: Callable[[str, SlurmJobStatus], None]) -> SlurmRunStatus:
     """Wait for the training job, then its post-processing job; record and return the run's status.
     `on_change(label, status)` on every new state ("job" or "post-processing")."""

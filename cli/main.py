@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"fleetscope {args.command}: bad configuration: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except (FileNotFoundError, NotADirectoryError, ValueError) as error:
+    except (OSError, ValueError) as error:  # a file the command needed: no traceback, the message says which
         print(f"fleetscope {args.command}: {error}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:

@@ -44,6 +44,8 @@ class LaunchOutcome:
 def refuse_existing_run(layout: RunLayout, *, resume: bool) -> None:
     """Nothing of an earlier run is reused or overwritten unless the user asks to resume it, and nothing
     fleetscope did not record (no job.json) is ever written over, --resume or not."""
+    if layout.root.exists() and not layout.root.is_dir():
+        raise ConfigError(f"run_dir: {layout.root} exists and is not a directory")
     if layout.job_file.exists():
         if not resume:
             raise ConfigError(f"run_dir: {layout.root} already holds a run; pass --resume to continue it or "

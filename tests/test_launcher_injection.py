@@ -323,3 +323,11 @@ def test_bad_usage_exits_2(argv, tmp_path, capsys):
     write_job_record(RunLayout.at(tmp_path / "local"), scheduler="local", status="succeeded")
     status, stderr = exit_status([arg.format(tmp=tmp_path) for arg in argv], capsys)
     assert status == 2, stderr
+
+
+def test_launch_into_a_file_is_a_usage_error(tmp_path, capsys):
+    target = tmp_path / "notes.txt"
+    target.write_text("mine\n")
+    status, stderr = exit_status(["launch", "--run-dir", str(target), "--steps", "1", "--device", "cpu"], capsys)
+    assert status == 2 and "is not a directory" in stderr
+    assert target.read_text() == "mine\n"

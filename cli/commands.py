@@ -6,15 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..launcher.jobrecord import now_iso, spec_record, write_job_record
-from ..launcher.local import LocalPlan, LocalResult, plan_local, run_local
+from ..launcher.runs import LaunchOutcome, launch
+from ..launcher.scheduler import LaunchPlan
+from ..launcher.schedulers import scheduler_for
+from ..launcher.schedulers.slurm import wait_for_run, waited_verdict
 from ..launcher.spec import JobSpec
-from ..trainer.config import ConfigError
 from ..traces.layout import RunLayout
+from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, exit_code
 from .jobargs import add_job_arguments, job_spec_from_args
-from .pipeline import PostprocessResult, describe_manifest, postprocess
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
+from .pipeline import describe_manifest, postprocess
+from .render import print_failed_job, print_outputs, print_state_change, print_submitted, render_status
 
 
 # --- launch / demo --------------------------------------------------------------------------
@@ -33,104 +34,37 @@ def register_launch(sub: argparse._SubParsersAction) -> None:
 
 def handle_launch(args: argparse.Namespace) -> int:
     spec = job_spec_from_args(args)
-    if spec.scheduler == "torchx_local":
-        return launch_with_torchx_local(spec, args)
-    if spec.scheduler != "local":
-        from .slurm_commands import launch_on_slurm
-
-        return launch_on_slurm(spec, args)
-    plan = plan_local(spec)
+    scheduler = scheduler_for(spec.scheduler)
+    plan = scheduler.plan(spec, postprocess=not args.no_post)
     if args.dry_run:
         print(plan.render())
         return EXIT_OK
-    layout = RunLayout.at(spec.train.run_dir)
-    refuse_existing_run(layout, resume=args.resume)
-    result = run_job_locally(spec, plan, layout)
-    post = None if args.no_post else postprocess(layout.root)
-    print_outcome(layout, result, post)
-    return launch_exit_code(result, post)
+    announce = (lambda: print(f"fleetscope: running {spec.world_size} rank(s) into {plan.run_dir}", flush=True)
+                if spec.scheduler == "local" else None)
+    outcome = launch(scheduler, plan, resume=args.resume, postprocess=None if args.no_post else postprocess,
+                     on_start=announce)
+    if outcome.submission.finished:
+        print_foreground_outcome(plan, outcome)
+        return exit_code(outcome.verdict)
+    return report_submission(spec, plan, outcome, wait=args.wait)
 
 
-def launch_with_torchx_local(spec: JobSpec, args: argparse.Namespace) -> int:
-    """The TorchX AppDef of the Slurm path, run by TorchX's local_cwd scheduler on this node."""
-    from torchx.specs import AppState
+def print_foreground_outcome(plan: LaunchPlan, outcome: LaunchOutcome) -> None:
+    if not outcome.submission.succeeded:
+        print_failed_job(RunLayout.at(plan.run_dir), outcome.submission, post_ran=outcome.post is not None)
+    if outcome.post is not None:
+        print_outputs(outcome.post.outputs)
 
-    from ..launcher.torchx_backend import plan_torchx_local, run_torchx_local
 
-    plan = plan_torchx_local(spec)
-    if args.dry_run:
-        print(plan.render())
+def report_submission(spec: JobSpec, plan: LaunchPlan, outcome: LaunchOutcome, *, wait: bool) -> int:
+    """A queued job: say where to follow it; with --wait, follow it to the end."""
+    layout = RunLayout.at(plan.run_dir)
+    print_submitted(outcome.submission, layout, nodes=spec.nodes, nproc_per_node=spec.nproc_per_node)
+    if not wait:
         return EXIT_OK
-    layout = RunLayout.at(spec.train.run_dir)
-    refuse_existing_run(layout, resume=args.resume)
-    layout.root.mkdir(parents=True, exist_ok=True)
-    write_job_record(layout, **spec_record(spec), plan={"kind": "torchx_local", "command": plan.render()},
-                     status="running", started_at=now_iso())
-    status = run_torchx_local(plan)
-    succeeded = status is not None and status.state == AppState.SUCCEEDED
-    write_job_record(layout, status="succeeded" if succeeded else "failed", finished_at=now_iso(),
-                     torchx_state=str(status.state if status else None))
-    post = None if args.no_post else postprocess(layout.root)
-    if not succeeded:
-        print(f"fleetscope: the job FAILED (TorchX state {status.state if status else 'unknown'}); logs under "
-              f"{layout.logs_dir}", file=sys.stderr)
-    if post is not None:
-        print_outputs(post)
-    if not succeeded:
-        return EXIT_FAILED
-    return EXIT_OK if post is None or post.complete else EXIT_PARTIAL
-
-
-def refuse_existing_run(layout: RunLayout, *, resume: bool) -> None:
-    """Nothing of an earlier run is reused or overwritten unless the user asks to resume it."""
-    if layout.job_file.exists() and not resume:
-        raise ConfigError(
-            f"run_dir: {layout.root} already holds a run; pass --resume to continue it or choose another --run-dir"
-        )
-
-
-def run_job_locally(spec: JobSpec, plan: LocalPlan, layout: RunLayout) -> LocalResult:
-    layout.root.mkdir(parents=True, exist_ok=True)
-    write_job_record(layout, **spec_record(spec), plan=plan.to_json(), status="running", started_at=now_iso())
-    print(f"fleetscope: running {spec.world_size} rank(s) into {layout.root}", flush=True)
-    result = run_local(plan)
-    failures = [vars(f) for f in result.failures]
-    write_job_record(layout, status="succeeded" if result.ok else "failed", returncode=result.returncode,
-                     failures=failures, finished_at=now_iso())
-    return result
-
-
-def print_outcome(layout: RunLayout, result: LocalResult, post: PostprocessResult | None) -> None:
-    if not result.ok:
-        print(f"\nfleetscope: the job FAILED (torchrun exit code {result.returncode})", file=sys.stderr)
-        for order, failure in enumerate(result.failures):
-            first = " [failed first]" if order == 0 and len(result.failures) > 1 else ""
-            print(f"  rank {failure.rank}{first}: {failure.message}", file=sys.stderr)
-            if failure.log_path:
-                print(f"    log: {failure.log_path}", file=sys.stderr)
-        if not result.failures:
-            print(f"  no rank left an error file; see the logs under {layout.logs_dir}", file=sys.stderr)
-        print("  traces written before the failure are kept and were gathered.", file=sys.stderr)
-    if post is not None:
-        print_outputs(post)
-
-
-def print_outputs(post: PostprocessResult) -> None:
-    print("\noutputs:")
-    for name, path in post.outputs.items():
-        if Path(path).exists():
-            print(f"  {name:<13} {path}")
-    if "merged_trace" in post.outputs and Path(post.outputs["merged_trace"]).exists():
-        print("\nopen the merged trace: https://ui.perfetto.dev -> 'Open trace file' -> "
-              f"{post.outputs['merged_trace']}")
-
-
-def launch_exit_code(result: LocalResult, post: PostprocessResult | None) -> int:
-    if not result.ok:
-        return EXIT_FAILED
-    if post is not None and not post.complete:
-        return EXIT_PARTIAL
-    return EXIT_OK
+    status = wait_for_run(layout, on_change=print_state_change)
+    print(render_status(status))
+    return exit_code(waited_verdict(status))
 
 
 def register_demo(sub: argparse._SubParsersAction) -> None:
@@ -198,7 +132,7 @@ def register_postprocess(sub: argparse._SubParsersAction) -> None:
 
 def handle_postprocess(args: argparse.Namespace) -> int:
     post = postprocess(args.run_dir)
-    print_outputs(post)
+    print_outputs(post.outputs)
     if args.timings:
         for stage, seconds in post.seconds.items():
             print(f"{stage} took {seconds:.2f} s", file=sys.stderr)
@@ -306,19 +240,29 @@ def handle_merge(args: argparse.Namespace) -> int:
     return EXIT_OK if not result.problems else EXIT_PARTIAL
 
 
-def _slurm_registry() -> list:
-    from .slurm_commands import REGISTRY as SLURM_REGISTRY
-
-    return SLURM_REGISTRY
-
-
 def register_compare(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("compare", help="regression check: exit 1 when NEW is slower than BASE")
-    parser.add_argument("base", help="run directory or report.json")
-    parser.add_argument("new", help="run directory or report.json")
-    parser.add_argument("--threshold", type=float, default=5.0,
+    parser.add_argument("base", type=existing_path, help="run directory or report.json")
+    parser.add_argument("new", type=existing_path, help="run directory or report.json")
+    parser.add_argument("--threshold", type=non_negative_percent, default=5.0,
                         help="percent drop in throughput / rise in step time that fails (default 5)")
     parser.set_defaults(handler=handle_compare)
+
+
+def existing_path(text: str) -> str:
+    if not Path(text).expanduser().exists():
+        raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
+    return text
+
+
+def non_negative_percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage, got {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a percentage >= 0, got {text}")
+    return value
 
 
 def handle_compare(args: argparse.Namespace) -> int:
@@ -344,5 +288,5 @@ def progress_printer(label: str):
 
 REGISTRY = [
     register_launch, register_train, register_gather, register_analyze, register_merge, register_postprocess,
-    register_demo, register_compare, *_slurm_registry(),
+    register_demo, register_compare,
 ]

@@ -8,6 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..launcher.spec import SCHEDULERS, JobSpec, SlurmOptions
+from ..launcher.untrusted import require_plain_text
 from ..trainer.config import ConfigError, TrainConfig, add_train_arguments, apply_overrides, train_assignments
 
 _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -37,6 +38,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def default_run_dir(runs_root: str, train: TrainConfig) -> Path:
+    require_plain_text(runs_root, "runs_root")  # named as the flag: the run_dir it makes would be refused
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     run_id = _RUN_ID_UNSAFE.sub("_", f"{train.model.family}-{train.parallel.mode}-{stamp}")
     return Path(runs_root).expanduser().absolute() / run_id

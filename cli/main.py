@@ -1,11 +1,4 @@
-"""`fleetscope`: launch, train, gather, analyze, merge, compare, demo.
-
-Exit codes scripts can trust:
-  0  success (analysis: every expected rank analyzed)
-  1  the job or the command failed
-  2  bad usage or configuration (nothing was started)
-  3  partial result: some ranks or traces were missing or unreadable (the rest was processed)
-"""
+"""`fleetscope`: launch, train, gather, analyze, merge, compare, demo; status, logs, cancel of a run."""
 
 from __future__ import annotations
 
@@ -14,15 +7,15 @@ import sys
 from collections.abc import Callable
 
 from ..trainer.config import ConfigError
-from . import commands
-from .commands import EXIT_FAILED, EXIT_USAGE
+from . import commands, exit_codes, run_commands
+from .exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fleetscope", description=__doc__,
+    parser = argparse.ArgumentParser(prog="fleetscope", description=f"{__doc__}\n{exit_codes.__doc__}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register in commands.REGISTRY:
+    for register in [*commands.REGISTRY, *run_commands.REGISTRY]:
         register(sub)
     return parser
 
@@ -36,12 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"fleetscope {args.command}: bad configuration: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except (FileNotFoundError, NotADirectoryError, ValueError) as error:
+    except (OSError, ValueError) as error:  # a file the command needed: no traceback, the message says which
         print(f"fleetscope {args.command}: {error}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         print(f"fleetscope {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 import typing
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from ..trainer.config import TrainConfig, check_degrees, require
+from .untrusted import require_plain_fields, require_plain_text, require_plain_value
 
 Scheduler = Literal["local", "submitit", "torchx", "torchx_local"]
 SCHEDULERS: tuple[str, ...] = typing.get_args(Scheduler)
@@ -51,6 +53,7 @@ class SlurmOptions:
         require(bool(self.job_name.strip()), "slurm.job_name", "must not be empty")
         require(all(option.startswith("--") for option in self.extra_sbatch), "slurm.extra_sbatch",
                  "every option must start with --")
+        require_plain_fields(self, prefix="slurm.")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,6 +82,10 @@ class JobSpec:
         for name in self.env:
             require(bool(_ENV_NAME.match(name)), "env", f"{name!r} is not a valid environment variable name")
         require(bool(self.python), "python", "must not be empty")
+        # Everything below reaches command lines, batch scripts, AppDefs, environments or paths.
+        require_plain_fields(self.train)
+        require_plain_value(self.env, "env")
+        require_plain_text(self.python, "python")
 
     @property
     def world_size(self) -> int:
@@ -91,3 +98,8 @@ class JobSpec:
             environment["PYTORCH_ALLOC_CONF"] = self.train.performance.alloc_conf
         environment.update(self.env)
         return environment
+
+
+def spec_record(spec: JobSpec) -> dict[str, Any]:
+    """The resolved spec as job.json records it, with the world size readers (gather) rely on."""
+    return {"spec": dataclasses.asdict(spec), "world_size": spec.world_size, "scheduler": spec.scheduler}

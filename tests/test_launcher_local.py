@@ -11,7 +11,7 @@ from helpers import REPO, fleetscope
 
 from fleetscope.cli.commands import build_launch_parser
 from fleetscope.cli.jobargs import job_spec_from_args
-from fleetscope.launcher.local import plan_local
+from fleetscope.launcher.schedulers.local import plan_local
 
 GOLDEN = REPO / "tests" / "golden" / "local"
 HOSTILE_ARGS = [
@@ -97,3 +97,30 @@ def test_torchx_local_scheduler_runs_the_same_job_through_the_cli(tmp_path):
     manifest = json.loads((run / "manifest.json").read_text())
     assert sorted(t["rank"] for t in manifest["traces"]) == [0, 1] and not manifest["missing"]
     assert (run / "report" / "merged.perfetto-trace").is_file()
+
+
+@pytest.mark.slow
+def test_torchx_local_failure_names_the_failing_rank(tmp_path):
+    run = tmp_path / "run"
+    completed = fleetscope("launch", "--scheduler", "torchx_local", "--run-dir", str(run), "--device", "cpu",
+                           "--steps", "6", "--profile", "wait=1,warmup=1,active=2", "--set", "faults.crash_rank=1",
+                           "--set", "faults.crash_step=4", "--no-post", cwd=tmp_path)
+    assert completed.returncode == 1
+    assert "InjectedFault: injected crash on rank 1 at step 4" in completed.stderr
+    assert json.loads((run / "job.json").read_text())["status"] == "failed"
+    status = fleetscope("status", str(run), cwd=tmp_path)
+    assert status.returncode == 1 and "failed first: rank 1" in status.stdout
+
+
+def test_logs_of_a_local_run_show_each_ranks_log(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "job.json").write_text(json.dumps({"scheduler": "local", "status": "failed"}))
+    for rank in (0, 1):
+        log = run / "logs" / "abc123" / "attempt_0" / str(rank) / "stderr.log"
+        log.parent.mkdir(parents=True)
+        log.write_text(f"first line\nlast line of rank {rank}\n")
+    completed = fleetscope("logs", str(run), "--tail", "1", cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.count("==>") == 2 and "last line of rank 1" in completed.stdout
+    assert "first line" not in completed.stdout

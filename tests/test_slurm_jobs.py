@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetscope.launcher.slurm_jobs import query_job, wait_for_job
+from fleetscope.launcher.schedulers.slurm import query_job, wait_for_job
 from fleetscope.traces.layout import RunLayout, parse_trace_file_name
 from slurm_cluster import REPO_ROOT, SlurmCluster
 

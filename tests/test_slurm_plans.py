@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetscope.launcher.slurm_common import SbatchOption, SlurmResources, plan_postprocess_job
-from fleetscope.launcher.slurm_jobs import SlurmJobStatus, parse_sacct, parse_scontrol_job
-from fleetscope.launcher.slurm_launch import plan_slurm
+from fleetscope.launcher.schedulers import scheduler_for
+from fleetscope.launcher.schedulers.slurm import SlurmJobStatus, parse_sacct, parse_scontrol_job
+from fleetscope.launcher.slurm_request import SbatchOption, SlurmResources, plan_postprocess_job
 from fleetscope.launcher.spec import JobSpec, SlurmOptions
 from fleetscope.trainer.config import ConfigError, TrainConfig, apply_overrides
 
@@ -26,6 +26,10 @@ GOLDEN_DIR = Path(__file__).parent / "golden" / "slurm"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HOSTILE_NAME = "a;rm -rf ~ $(touch /tmp/pwned) `id` 'q' \"d\""
 SLURM_COMMANDS = ("sbatch", "srun", "salloc", "sinfo", "squeue", "scontrol", "sacct", "scancel")
+
+
+def plan_slurm(spec: JobSpec, *, postprocess: bool = True):
+    return scheduler_for(spec.scheduler).plan(spec, postprocess=postprocess)
 
 
 def golden_spec(scheduler: str, **slurm: object) -> JobSpec:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fleetscope.launcher.slurm_status import rank_failures, torchrun_root_causes
+from fleetscope.launcher.schedulers.slurm import rank_failures, torchrun_root_causes
 from fleetscope.traces.layout import RunLayout
 
 # torchrun's summary on one node of a TorchX job (torch 2.13): the node's first failure and another rank.

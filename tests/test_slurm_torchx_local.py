@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleetscope.launcher.spec import JobSpec
-from fleetscope.launcher.torchx_backend import plan_torchx_local, run_torchx_local
+from fleetscope.launcher.schedulers.torchx import plan_torchx_local, run_torchx_local
 from fleetscope.trainer.config import TrainConfig, apply_overrides
 from fleetscope.traces.layout import RunLayout, parse_trace_file_name
 

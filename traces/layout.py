@@ -177,3 +177,34 @@ class RunLayout:
     def relative(self, path: Path) -> str:
         """Manifest paths are relative to the run directory so the directory can move."""
         return Path(path).absolute().relative_to(self.root).as_posix()
+
+
+# Scheduler logs inside <run>/logs/: the launcher writes them, `fleetscope status` and `logs` read them.
+SLURM_LOGS_SUBDIR = "slurm"
+"""Slurm's own logs (batch scripts, per-task stdout/stderr): <run>/logs/slurm/."""
+SUBMITIT_ERRORS_FORMAT = "submitit-{job_id}"
+"""submitit ranks' error files: <run>/logs/submitit-<job>/attempt_<K>/<rank>/error.json (torchrun's layout)."""
+TORCHX_NODE_LOGS_FORMAT = "torchx-node{replica}"
+"""torchrun's per-node log tree under TorchX: <run>/logs/torchx-node<N>/<rdzv id>_*/attempt_<K>/<local rank>/."""
+TORCHX_LOCAL_LOGS_SUBDIR = "torchx-local"
+
+
+def slurm_logs_dir(layout: RunLayout) -> Path:
+    return layout.logs_dir / SLURM_LOGS_SUBDIR
+
+
+def submitit_error_file(layout: RunLayout, job_id: str, attempt: str, rank: int) -> Path:
+    return layout.logs_dir / SUBMITIT_ERRORS_FORMAT.format(job_id=job_id) / f"attempt_{attempt}" / str(rank) / "error.json"
+
+
+def submitit_rank_stderr(layout: RunLayout, job_id: str, rank: int) -> Path:
+    """submitit's stderr of one task: <run>/logs/slurm/<job>_<rank>_log.err."""
+    return slurm_logs_dir(layout) / f"{job_id}_{rank}_log.err"
+
+
+def torchx_node_logs_dir(layout: RunLayout, replica: str) -> Path:
+    return layout.logs_dir / TORCHX_NODE_LOGS_FORMAT.format(replica=replica)
+
+
+def torchx_local_logs_dir(layout: RunLayout) -> Path:
+    return layout.logs_dir / TORCHX_LOCAL_LOGS_SUBDIR

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch.distributed as dist
 
@@ -11,15 +12,26 @@ from ..traces.layout import RunLayout
 from .loop import Preempted, train
 from .models import check_model_support
 from .observability import measure_clock
-from .preemption import EXIT_PREEMPTED, record_stop
+from .preemption import EXIT_PREEMPTED, StopReason
 from .runtime import init_runtime
 
 log = logging.getLogger("fleetscope.trainer")
 
 
+@dataclass(frozen=True)
+class RankOutcome:
+    exit_code: int
+    stop: StopReason | None = None
+    """Why the rank stopped on request (None: it did not); a launcher that runs the trainer in-process
+    (submitit) requeues the job when `stop.requeue_needed`."""
+
+
 def run(config: TrainConfig) -> int:
+    return run_rank(config).exit_code
+
+
+def run_rank(config: TrainConfig) -> RankOutcome:
     check_model_support(config.model, config.parallel)
-    record_stop(None)
     runtime = init_runtime(config)
     try:
         measure_clock(config.observability, RunLayout.at(config.run_dir))
@@ -27,8 +39,7 @@ def run(config: TrainConfig) -> int:
         dist.barrier()
     except Preempted as stop:
         log.warning("%s; exiting with status %d", stop, EXIT_PREEMPTED)
-        record_stop(stop.reason)
-        return EXIT_PREEMPTED
+        return RankOutcome(exit_code=EXIT_PREEMPTED, stop=stop.reason)
     finally:
         dist.destroy_process_group()
-    return 0
+    return RankOutcome(exit_code=0)

@@ -8,7 +8,8 @@ Two kinds of request:
   - SIGTERM: the scheduler is already ending or requeuing the job (`scontrol requeue`, preemption with
     PreemptMode=REQUEUE); saving is all that is left to do;
   - a notice, SIGUSR1 or SIGUSR2 (Slurm's `--signal`, sent ahead of a time limit; submitit asks for
-    USR2): nobody else will requeue the job, so whoever launched the ranks must (see `last_stop`).
+    USR2): nobody else will requeue the job, so whoever launched the ranks must (entry.run_rank returns
+    the StopReason, with `requeue_needed`).
 """
 
 from __future__ import annotations
@@ -37,16 +38,6 @@ class StopReason:
     """The signal this rank received, or "another rank's signal"."""
     requeue_needed: bool
     """Some rank got a notice (not SIGTERM): the job is not being requeued by the scheduler."""
-
-
-last_stop: StopReason | None = None
-"""How the last training run in this process stopped on request (None: it did not); for launchers that
-run the trainer in-process (submitit) and requeue the job on a notice."""
-
-
-def record_stop(reason: StopReason | None) -> None:
-    global last_stop
-    last_stop = reason
 
 
 class StopRequests:

@@ -11,7 +11,7 @@ Why one task per GPU (submitit's `TorchDistributedEnvironment`) and not one torc
     SLURM_PROCID. Slurm starts all tasks together, so torchrun's elastic rendezvous has nothing to add.
   * all GPUs of a node stay visible to every task (`--gpus-per-node`, CUDA_VISIBLE_DEVICES not narrowed):
     the trainer picks `cuda:LOCAL_RANK`, and NCCL keeps its peer-to-peer paths between local ranks.
-TorchX (torchx_backend) is the torchrun-per-node path, for users who want torchrun's agent.
+TorchX (schedulers/torchx.py) is the torchrun-per-node path, for users who want torchrun's agent.
 
 `plan_submitit` is pure (the sbatch text is submitit's own `_make_sbatch_string`, so the dry run prints
 exactly what `submit_submitit` hands to sbatch); only `submit_submitit` contacts the cluster.
@@ -21,26 +21,24 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..trainer.config import train_argv
-from ..traces.layout import RunLayout
-from .slurm_common import (
+from ...trainer.config import train_argv
+from ...traces.layout import RunLayout, submitit_error_file
+from ..slurm_request import (
     TIME_LIMIT_SIGNAL_SECONDS,
     PostprocessJob,
     SlurmResources,
     export_lines,
-    shell_join,
     plan_postprocess_job,
     render_postprocess,
+    shell_join,
     slurm_logs_dir,
-    validated_environment,
 )
-from .slurm_jobs import SubmittedSlurmJob, submit_postprocess
-from .spec import JobSpec
+from ..spec import JobSpec
+from .slurm import SlurmScheduler, SubmittedSlurmJob, requeue_job, submit_postprocess
 
 SUBMIT_MODULE_COMMAND = "-u -m submitit.core._submit"
 MASTER_PORT_LINES = [
@@ -48,15 +46,13 @@ MASTER_PORT_LINES = [
     "# client socket of the node can hold it (submitit's own choice spans 20000-60000)",
     "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 12000))",
 ]
-ERROR_FILE_DIR_FORMAT = "submitit-{job_id}"
-"""Per-rank error files: <run>/logs/submitit-<job>/attempt_<K>/<rank>/error.json (torchrun's layout, so the
-same failure collection reads both)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class SubmititPlan:
     """Everything submitit needs, and the exact texts the dry run prints."""
 
+    spec: JobSpec
     folder: str
     """submitit's folder: submission script, pickles and per-rank logs."""
     python: str
@@ -117,12 +113,12 @@ class SubmititRank:
         error_file = self.error_file(distributed.rank)
         error_file.parent.mkdir(parents=True, exist_ok=True)
         os.environ["TORCHELASTIC_ERROR_FILE"] = str(error_file)
-        from ..trainer import preemption
-        from ..trainer.__main__ import main as trainer_main
+        from ...trainer.preemption import EXIT_PREEMPTED  # torch: only on the nodes, not while planning
 
-        code = trainer_main(self.trainer_argv)
-        if code == preemption.EXIT_PREEMPTED:
-            stop = preemption.last_stop
+        outcome = run_trainer_rank(self.trainer_argv, distributed.rank)
+        code = outcome.exit_code
+        if code == EXIT_PREEMPTED:
+            stop = outcome.stop
             if stop is not None and stop.requeue_needed:
                 if distributed.rank != 0:
                     return 0
@@ -136,14 +132,28 @@ class SubmititRank:
     def error_file(self, rank: int) -> Path:
         job_id = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID", "unknown")
         attempt = os.environ.get("SLURM_RESTART_COUNT", "0")
-        return (RunLayout.at(self.run_dir).logs_dir / ERROR_FILE_DIR_FORMAT.format(job_id=job_id)
-                / f"attempt_{attempt}" / str(rank) / "error.json")
+        # torchrun's layout, so that the same failure collection reads local and submitit runs
+        return submitit_error_file(RunLayout.at(self.run_dir), job_id, attempt, rank)
 
     def checkpoint(self) -> Any:
         """submitit's hook on a notice outside training: requeue the same work (it resumes)."""
         import submitit
 
         return submitit.helpers.DelayedSubmission(self)
+
+
+def run_trainer_rank(trainer_argv: list[str], rank: int) -> Any:
+    """The trainer's rank in this process, as `python -m fleetscope.trainer` runs it (its log format, its
+    error file through `@record`), returning the RankOutcome (the stop reason decides a requeue)."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from ...trainer.config import parse_train_args
+    from ...trainer.entry import run_rank
+
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")
+    return record(run_rank)(parse_train_args(trainer_argv))
 
 
 def requeue_this_job() -> None:
@@ -153,10 +163,11 @@ def requeue_this_job() -> None:
     if restarts >= MAX_NOTICE_REQUEUES:
         raise RuntimeError(f"job {job_id} stopped on a time-limit notice after {restarts} requeues; not requeued "
                            f"again (checkpoint saved: resubmit to go on)")
-    done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
+    try:
+        requeue_job(job_id)
+    except RuntimeError as error:
         raise RuntimeError(f"job {job_id}: `scontrol requeue` failed after a time-limit notice (checkpoint saved: "
-                           f"resubmit to go on): {done.stderr.strip() or f'exit {done.returncode}'}")
+                           f"resubmit to go on): {error}") from None
 
 
 def executor_parameters(spec: JobSpec, resources: SlurmResources) -> dict[str, Any]:
@@ -167,7 +178,7 @@ def executor_parameters(spec: JobSpec, resources: SlurmResources) -> dict[str, A
         "ntasks_per_node": resources.nproc_per_node,
         "time": resources.time_minutes,
         "signal_delay_s": TIME_LIMIT_SIGNAL_SECONDS,
-        "setup": [*MASTER_PORT_LINES, "# environment of every rank", *export_lines(validated_environment(spec))],
+        "setup": [*MASTER_PORT_LINES, "# environment of every rank", *export_lines(spec.rank_environment())],
         "srun_args": ["--kill-on-bad-exit=1"],
         "additional_parameters": {"requeue": True, **{option.key: option.value if option.value is not None
                                                       else True for option in resources.extra}},
@@ -193,7 +204,7 @@ def plan_submitit(spec: JobSpec, *, postprocess: bool = True) -> SubmititPlan:
     parameters = executor_parameters(spec, resources)
     script = _make_sbatch_string(command=submitit_command(python, folder), folder=folder, **parameters)
     rank_task = SubmititRank(trainer_argv=train_argv(spec.train), run_dir=str(RunLayout.at(spec.train.run_dir).root))
-    return SubmititPlan(folder=folder, python=python, parameters=parameters, rank_task=rank_task,
+    return SubmititPlan(spec=spec, folder=folder, python=python, parameters=parameters, rank_task=rank_task,
                         sbatch_script=script,
                         postprocess=plan_postprocess_job(spec, resources) if postprocess else None,
                         run_dir=RunLayout.at(spec.train.run_dir).root)
@@ -211,3 +222,13 @@ def submit_submitit(plan: SubmititPlan) -> SubmittedSlurmJob:
                       if plan.postprocess else "")
     return SubmittedSlurmJob(job_id=str(job.job_id), postprocess_job_id=postprocess_id,
                              script_path=str(job.paths.submission_file))
+
+
+class SubmititScheduler(SlurmScheduler):
+    name = "submitit"
+
+    def plan(self, spec: JobSpec, *, postprocess: bool = True) -> SubmititPlan:
+        return plan_submitit(spec, postprocess=postprocess)
+
+    def submit_training(self, plan: SubmititPlan) -> SubmittedSlurmJob:
+        return submit_submitit(plan)

@@ -1,15 +1,20 @@
-"""job.json: the launcher's record of a job (spec, plan, scheduler id, status, timestamps)."""
+"""job.json: the record of one job (spec, plan, scheduler job ids, status, timestamps).
+
+The only writer of the file: every scheduler records through `write_job_record`, which merges fields into
+what is there and replaces the file atomically, so a reader never sees a half-written record.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from datetime import datetime, timezone
 from typing import Any
 
-from ..traces.layout import RunLayout
-from ..traces.writer import write_bytes_atomically
-from .spec import JobSpec
+from .layout import RunLayout
+from .writer import write_bytes_atomically
+
+FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+"""Recorded statuses after which the job will not change any more."""
 
 
 def now_iso() -> str:
@@ -33,8 +38,3 @@ def write_job_record(layout: RunLayout, **fields: Any) -> dict[str, Any]:
     record.setdefault("created_at", record["updated_at"])
     write_bytes_atomically((json.dumps(record, indent=2, default=str) + "\n").encode(), layout.job_file)
     return record
-
-
-def spec_record(spec: JobSpec) -> dict[str, Any]:
-    """The resolved spec as JSON, with the world size readers (gather) rely on."""
-    return {"spec": dataclasses.asdict(spec), "world_size": spec.world_size, "scheduler": spec.scheduler}

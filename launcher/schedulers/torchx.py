@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..trainer.config import train_argv
-from ..traces.layout import RunLayout
-from .local import TRAINER_MODULE
-from .slurm_common import (
+from ...trainer.config import ConfigError, train_argv
+from ...traces.jobfile import now_iso, write_job_record
+from ...traces.layout import RunLayout, torchx_local_logs_dir, torchx_node_logs_dir
+from ..failures import RankFailure, collect_failures
+from ..scheduler import Submission
+from ..slurm_request import (
     PostprocessJob,
     SlurmResources,
     export_lines,
@@ -27,16 +29,14 @@ from .slurm_common import (
     render_postprocess,
     safe_job_label,
     slurm_logs_dir,
-    validated_environment,
 )
-from .slurm_jobs import SubmittedSlurmJob, submit_batch_script, submit_postprocess
-from .spec import JobSpec
+from ..spec import JobSpec, spec_record
+from .local import TRAINER_MODULE, RecordedRunStatus
+from .slurm import SlurmScheduler, SubmittedSlurmJob, submit_batch_script, submit_postprocess
 
 RDZV_PORT = 29500
 SESSION_NAME = "fleetscope"
 SCRIPT_NAME = "torchx-sbatch.sh"
-TORCHRUN_LOGS_FORMAT = "torchx-node{replica}"
-"""torchrun's per-node log tree: <run>/logs/torchx-node<N>/<rdzv id>_*/attempt_<K>/<local rank>/."""
 
 
 def torchrun_command(spec: JobSpec, *, rank0_host: str, rdzv_id: str, replica: str) -> list[str]:
@@ -46,7 +46,7 @@ def torchrun_command(spec: JobSpec, *, rank0_host: str, rdzv_id: str, replica: s
         spec.python, "-m", "torch.distributed.run",
         "--nnodes", str(spec.nodes), "--nproc-per-node", str(spec.nproc_per_node),
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{rank0_host}:{RDZV_PORT}", "--rdzv-id", rdzv_id,
-        "--log-dir", str(layout.logs_dir / TORCHRUN_LOGS_FORMAT.format(replica=replica)),
+        "--log-dir", str(torchx_node_logs_dir(layout, replica)),
         "--redirects", "3", "--tee", "3",
         "-m", TRAINER_MODULE, *train_argv(spec.train),
     ]
@@ -67,7 +67,7 @@ def node_script(spec: JobSpec) -> str:
         spec, rank0_host="@rank0_host@", rdzv_id="@rdzv_id@", replica="@replica@"))
     for sentinel, text in sentinels.items():
         command = command.replace(sentinel, text)
-    return "\n".join([*export_lines(validated_environment(spec)), f"exec {command}"])
+    return "\n".join([*export_lines(spec.rank_environment()), f"exec {command}"])
 
 
 def mem_megabytes(text: str) -> int:
@@ -139,6 +139,7 @@ def extra_group_options(resources: SlurmResources) -> dict[str, str | None]:
 
 @dataclass(frozen=True, kw_only=True)
 class TorchXPlan:
+    spec: JobSpec
     app: Any
     """The TorchX AppDef."""
     request: Any
@@ -172,7 +173,7 @@ def plan_torchx(spec: JobSpec, *, postprocess: bool = True) -> TorchXPlan:
     logs_dir = slurm_logs_dir(spec)
     app = build_appdef(spec, resources)
     request = slurm_batch_request(app, resources, logs_dir)
-    return TorchXPlan(app=app, request=request, sbatch_script=request.materialize(),
+    return TorchXPlan(spec=spec, app=app, request=request, sbatch_script=request.materialize(),
                       script_path=str(Path(logs_dir) / SCRIPT_NAME),
                       postprocess=plan_postprocess_job(spec, resources) if postprocess else None,
                       run_dir=RunLayout.at(spec.train.run_dir).root, config=scheduler_config(resources))
@@ -197,6 +198,7 @@ def app_handle(job_id: str) -> str:
 class TorchXLocalPlan:
     """The same AppDef on TorchX's `local_cwd` scheduler: every replica ("node") is a local torchrun."""
 
+    spec: JobSpec
     app: Any
     dryrun_info: Any
     """TorchX's AppDryRunInfo (its request: the processes local_cwd starts)."""
@@ -204,6 +206,9 @@ class TorchXLocalPlan:
 
     def render(self) -> str:
         return f"# torchx (local_cwd): the processes TorchX starts\n{self.dryrun_info}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "torchx_local", "command": self.render()}
 
 
 def plan_torchx_local(spec: JobSpec) -> TorchXLocalPlan:
@@ -214,8 +219,8 @@ def plan_torchx_local(spec: JobSpec) -> TorchXLocalPlan:
     app = build_appdef(spec, resources)
     layout = RunLayout.at(spec.train.run_dir)
     with get_runner() as runner:
-        info = runner.dryrun(app, "local_cwd", cfg={"log_dir": str(layout.logs_dir / "torchx-local")})
-    return TorchXLocalPlan(app=app, dryrun_info=info, run_dir=layout.root)
+        info = runner.dryrun(app, "local_cwd", cfg={"log_dir": str(torchx_local_logs_dir(layout))})
+    return TorchXLocalPlan(spec=spec, app=app, dryrun_info=info, run_dir=layout.root)
 
 
 def run_torchx_local(plan: TorchXLocalPlan, *, wait_interval_s: float = 1.0) -> Any:
@@ -226,3 +231,52 @@ def run_torchx_local(plan: TorchXLocalPlan, *, wait_interval_s: float = 1.0) -> 
     with get_runner() as runner:
         handle = runner.schedule(plan.dryrun_info)
         return runner.wait(handle, wait_interval=wait_interval_s)
+
+
+class TorchXScheduler(SlurmScheduler):
+    """TorchX's AppDef on Slurm."""
+
+    name = "torchx"
+
+    def plan(self, spec: JobSpec, *, postprocess: bool = True) -> TorchXPlan:
+        return plan_torchx(spec, postprocess=postprocess)
+
+    def submit_training(self, plan: TorchXPlan) -> SubmittedSlurmJob:
+        return submit_torchx(plan)
+
+    def app_fields(self, submitted: SubmittedSlurmJob) -> dict[str, Any]:
+        return {"torchx_app_handle": app_handle(submitted.job_id)}
+
+
+class TorchXLocalScheduler:
+    """TorchX's local_cwd scheduler: the Slurm path's AppDef, run in the foreground on this node."""
+
+    name = "torchx_local"
+
+    def plan(self, spec: JobSpec, *, postprocess: bool = True) -> TorchXLocalPlan:
+        return plan_torchx_local(spec)
+
+    def submit(self, plan: TorchXLocalPlan, layout: RunLayout) -> Submission:
+        from torchx.specs import AppState
+
+        layout.root.mkdir(parents=True, exist_ok=True)
+        write_job_record(layout, **spec_record(plan.spec), plan=plan.to_json(), status="running",
+                         started_at=now_iso())
+        status = run_torchx_local(plan)
+        succeeded = status is not None and status.state == AppState.SUCCEEDED
+        write_job_record(layout, status="succeeded" if succeeded else "failed", finished_at=now_iso(),
+                         torchx_state=str(status.state if status else None))
+        return Submission(scheduler=self.name, finished=True, succeeded=succeeded,
+                          failures=[] if succeeded else local_failures(layout),
+                          detail=f"TorchX state {status.state if status else 'unknown'}")
+
+    def status(self, layout: RunLayout) -> RecordedRunStatus:
+        return RecordedRunStatus.read(layout, failures=local_failures(layout))
+
+
+def local_failures(layout: RunLayout) -> list[RankFailure]:
+    """Failed ranks of a local_cwd run: its one "node" is replica 0, whose local ranks are the global ranks."""
+    return collect_failures(torchx_node_logs_dir(layout, "0"))
+
+    def cancel(self, layout: RunLayout, *, postprocess_too: bool = False) -> list[str]:
+        raise ConfigError(f"{layout.root}: a {self.name} run ends with the launch command (Ctrl-C); nothing to cancel")

@@ -1,12 +1,12 @@
-"""What the Slurm schedulers (submitit, TorchX, plain sbatch) share: validated options, quoting, the
+"""What the Slurm schedulers (submitit, TorchX) share: validated options, quoting, the
 environment every rank gets, and the post-processing job that runs after the training job.
 
 Everything here is pure: it builds text and argument lists, it never runs a Slurm command.
 
 Quoting rules (every user string is untrusted):
   * values in `#SBATCH` lines are `shlex.quote`d (sbatch honours shell quoting there);
-  * no value may contain a control character: a newline would end the `#SBATCH` comment and turn the rest
-    of the value into a shell command;
+  * no value may contain a control character (launcher/untrusted.py, checked when the JobSpec is built):
+    a newline would end the `#SBATCH` comment and turn the rest of the value into a shell command;
   * names Slurm itself interprets without quoting (partition, account, qos, TorchX's job names) must match
     a conservative alphabet; anything else is refused with a message that names the field.
 """
@@ -19,31 +19,23 @@ from dataclasses import dataclass
 
 from ..trainer.config import ConfigError
 from ..traces.layout import RunLayout
+from ..traces.layout import slurm_logs_dir as layout_slurm_logs_dir
 from .spec import JobSpec
+from .untrusted import require_plain_text
 
 POSTPROCESS_MODULE = "fleetscope.cli.main"
 """`python -m fleetscope.cli.main postprocess RUN_DIR`: gather + analyze + merge."""
-SLURM_LOGS_SUBDIR = "slurm"
-"""Scheduler logs go to <run>/logs/slurm/ (per-rank logs of the trainer sit beside them)."""
 TIME_LIMIT_SIGNAL_SECONDS = 90
 """submitit asks Slurm for USR2 this long before the time limit (`--signal=USR2@90`); it then requeues."""
 
 _NAME_ALPHABET = re.compile(r"^[A-Za-z0-9_.+:-]+$")
 _SBATCH_OPTION = re.compile(r"^--(?P<key>[a-z][a-z0-9-]*)(?:=(?P<value>.*))?$", re.DOTALL)
-_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 _MEMORY = re.compile(r"^[0-9]+[KMGT]?$")
 # Options the plan sets itself: an extra option must not silently contradict it.
 _OWNED_SBATCH_OPTIONS = frozenset({
     "nodes", "ntasks-per-node", "ntasks", "output", "error", "job-name", "partition", "time", "account", "qos",
     "cpus-per-task", "mem", "gpus-per-node", "dependency", "requeue", "no-requeue", "signal", "open-mode",
 })
-
-
-def require_printable(value: str, field_name: str) -> str:
-    """Any text without control characters (a newline would escape an `#SBATCH` line)."""
-    if _CONTROL_CHARACTERS.search(value):
-        raise ConfigError(f"{field_name}: must not contain control characters (newline, tab, ...): {value!r}")
-    return value
 
 
 def require_slurm_name(value: str, field_name: str) -> str:
@@ -68,7 +60,7 @@ class SbatchOption:
 
     @classmethod
     def parse(cls, text: str) -> "SbatchOption":
-        require_printable(text, "slurm.extra_sbatch")
+        require_plain_text(text, "slurm.extra_sbatch")
         match = _SBATCH_OPTION.match(text)
         if match is None:
             raise ConfigError(f"slurm.extra_sbatch: {text!r} is not of the form --name or --name=value")
@@ -109,7 +101,7 @@ class SlurmResources:
         if options.mem_per_node and not _MEMORY.match(options.mem_per_node):
             raise ConfigError(f"slurm.mem_per_node: {options.mem_per_node!r} is not like 200G, 4096M or 8000")
         return cls(
-            job_name=require_printable(options.job_name, "slurm.job_name"),
+            job_name=options.job_name,
             nodes=spec.nodes,
             nproc_per_node=spec.nproc_per_node,
             gpus_per_node=gpus_per_node(spec),
@@ -132,21 +124,14 @@ def gpus_per_node(spec: JobSpec) -> int:
     return 0 if spec.train.performance.device == "cpu" else spec.nproc_per_node
 
 
-def validated_environment(spec: JobSpec) -> dict[str, str]:
-    """The environment of every rank, each value checked to be printable (names are checked by JobSpec)."""
-    environment = spec.rank_environment()
-    for name, value in environment.items():
-        require_printable(value, f"env {name}")
-    return environment
-
-
 def export_lines(environment: dict[str, str]) -> list[str]:
     """`export NAME=value` lines, values shell-quoted, in a stable order."""
     return [f"export {name}={shlex.quote(value)}" for name, value in sorted(environment.items())]
 
 
 def slurm_logs_dir(spec: JobSpec) -> str:
-    return str(RunLayout.at(spec.train.run_dir).logs_dir / SLURM_LOGS_SUBDIR)
+    """Scheduler logs go to <run>/logs/slurm/ (per-rank logs of the trainer sit beside them)."""
+    return str(layout_slurm_logs_dir(RunLayout.at(spec.train.run_dir)))
 
 
 def shell_join(argv: list[str]) -> str:

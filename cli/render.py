@@ -1,0 +1,93 @@
+"""What the run commands print: a job's outcome, its status, its outputs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..launcher.failures import RankFailure
+from ..launcher.scheduler import RunStatus, Submission
+from ..launcher.schedulers.local import RecordedRunStatus
+from ..launcher.schedulers.slurm import SlurmJobStatus, SlurmRunStatus
+from ..traces.layout import RunLayout
+
+
+def print_failed_job(layout: RunLayout, submission: Submission, *, post_ran: bool) -> None:
+    print(f"\nfleetscope: the job FAILED ({submission.detail})", file=sys.stderr)
+    for order, failure in enumerate(submission.failures):
+        first = " [failed first]" if order == 0 and len(submission.failures) > 1 else ""
+        print(f"  rank {failure.rank}{first}: {failure.message}", file=sys.stderr)
+        if failure.log_path:
+            print(f"    log: {failure.log_path}", file=sys.stderr)
+    if not submission.failures:
+        print(f"  no rank left an error file; see the logs under {layout.logs_dir}", file=sys.stderr)
+    if post_ran:
+        print("  traces written before the failure are kept and were gathered.", file=sys.stderr)
+
+
+def print_outputs(outputs: dict[str, Path]) -> None:
+    print("\noutputs:")
+    for name, path in outputs.items():
+        if Path(path).exists():
+            print(f"  {name:<13} {path}")
+    if "merged_trace" in outputs and Path(outputs["merged_trace"]).exists():
+        print("\nopen the merged trace: https://ui.perfetto.dev -> 'Open trace file' -> "
+              f"{outputs['merged_trace']}")
+
+
+def print_submitted(submission: Submission, layout: RunLayout, *, nodes: int, nproc_per_node: int) -> None:
+    after = (f"post-processing job {submission.postprocess_job_id} runs after it" if submission.postprocess_job_id
+             else "no post-processing job (--no-post)")
+    print(f"fleetscope: submitted Slurm job {submission.job_id} ({submission.scheduler}, {nodes} node(s) x "
+          f"{nproc_per_node}); {after}")
+    print(f"  run directory: {layout.root}")
+    print(f"  follow it:     fleetscope status {layout.root}   |   fleetscope logs {layout.root}")
+
+
+def print_state_change(label: str, status: SlurmJobStatus) -> None:
+    print(f"fleetscope: {label} {status.job_id}: {status.state}", flush=True)
+
+
+def render_status(status: RunStatus) -> str:
+    if isinstance(status, SlurmRunStatus):
+        lines = _slurm_status_lines(status)
+    elif isinstance(status, RecordedRunStatus):
+        lines = [f"run:       {status.run_dir}", f"scheduler: {status.scheduler} (ran in the foreground)",
+                 f"state:     {status.recorded_status} (as recorded in job.json)"]
+    else:
+        raise TypeError(f"no rendering for {type(status).__name__}")
+    lines += _failure_lines(status.failures)
+    lines += [f"{name + ':':<14}{path}" for name, path in status.outputs.items()]
+    return "\n".join(lines)
+
+
+def _slurm_status_lines(status: SlurmRunStatus) -> list[str]:
+    training = status.training
+    lines = [f"run:       {status.run_dir}", f"scheduler: {status.scheduler}, Slurm job {status.job_id}"]
+    if training is None and status.state != "UNKNOWN":
+        lines.append(f"state:     {status.state} (as recorded in job.json: {status.recorded_status}; Slurm no longer "
+                     f"knows the job)")
+    elif training is None:
+        lines.append("state:     UNKNOWN (neither slurmctld nor accounting knows the job)")
+    else:
+        restarts = f", requeued {training.restarts} time(s)" if training.restarts else ""
+        lines.append(f"state:     {training.state} (exit code {training.exit_code}{restarts}; from {training.source})")
+        lines += [f"  {c.job_id}: {c.state} exit {c.exit_code} on {c.nodes or '-'}" for c in training.components
+                  if len(training.components) > 1]
+    if status.postprocess is not None:
+        lines.append(f"post-processing job {status.postprocess_job_id}: {status.postprocess.state}")
+    return lines
+
+
+def _failure_lines(failures: list[RankFailure]) -> list[str]:
+    if not failures:
+        return []
+    first, *others = failures
+    exit_code = f" (exit {first.exitcode})" if first.exitcode is not None else ""
+    message = first.message.splitlines()[0] if first.message else "no error message"
+    lines = [f"failed first: rank {first.rank}{exit_code}: {message}"]
+    if first.log_path:
+        lines.append(f"  log: {first.log_path}")
+    if others:
+        lines.append("then failed: " + ", ".join(f"rank {f.rank}" for f in others))
+    return lines

@@ -1,0 +1,73 @@
+"""`fleetscope status`, `logs`, `cancel` of a run directory (its scheduler comes from its job.json)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..launcher.runs import cancel_run, log_files, run_status, scheduler_of_run
+from ..traces.layout import RunLayout
+from .exit_codes import EXIT_FAILED, EXIT_OK, exit_code
+from .render import render_status
+
+
+def register_status(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("status", help="state of a run (Slurm: asked live), and which rank failed first")
+    parser.add_argument("run_dir")
+    parser.set_defaults(handler=handle_status)
+
+
+def handle_status(args: argparse.Namespace) -> int:
+    status = run_status(args.run_dir)
+    print(render_status(status))
+    return exit_code(status.verdict)
+
+
+def register_logs(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("logs", help="the scheduler's and the ranks' logs of a run")
+    parser.add_argument("run_dir")
+    parser.add_argument("--tail", type=non_negative_int, default=20,
+                        help="last lines of each log (0: list the files only)")
+    parser.set_defaults(handler=handle_logs)
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def handle_logs(args: argparse.Namespace) -> int:
+    scheduler_of_run(RunLayout.at(args.run_dir))  # a directory that is not a run is a usage error
+    files = log_files(RunLayout.at(args.run_dir))
+    if not files:
+        print(f"no logs yet under {RunLayout.at(args.run_dir).logs_dir}", file=sys.stderr)
+        return EXIT_FAILED
+    for path in files:
+        print(f"==> {path} <==")
+        if args.tail > 0:
+            print("\n".join(Path(path).read_text(errors="replace").splitlines()[-args.tail:]))
+    return EXIT_OK
+
+
+def register_cancel(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("cancel", help="cancel a run's Slurm jobs (training and post-processing)")
+    parser.add_argument("run_dir")
+    parser.add_argument("--no-postprocess", action="store_true",
+                        help="cancel the post-processing job too (by default it still gathers, analyzes and "
+                             "merges whatever the cancelled job wrote)")
+    parser.set_defaults(handler=handle_cancel)
+
+
+def handle_cancel(args: argparse.Namespace) -> int:
+    cancelled = cancel_run(args.run_dir, postprocess_too=args.no_postprocess)
+    print(f"fleetscope: cancelled Slurm job(s) {' '.join(cancelled)}")
+    return EXIT_OK
+
+
+REGISTRY = [register_status, register_logs, register_cancel]

@@ -1,0 +1,124 @@
+"""The local scheduler: torchrun on this node, in the foreground. `plan_local` is pure; `run_local` runs it."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...trainer.config import ConfigError, train_argv
+from ...traces.jobfile import now_iso, read_job_record, write_job_record
+from ...traces.layout import RunLayout
+from ..failures import RankFailure, collect_failures
+from ..scheduler import Submission, Verdict, existing_outputs
+from ..spec import JobSpec, spec_record
+
+TRAINER_MODULE = "fleetscope.trainer"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalPlan:
+    """The exact command the local scheduler runs, and the environment it adds."""
+
+    spec: JobSpec
+    argv: list[str]
+    env: dict[str, str]
+    run_dir: Path
+
+    def render(self) -> str:
+        """The command as one shell line (what --dry-run prints; paste-able as is)."""
+        assignments = [f"{name}={shlex.quote(value)}" for name, value in sorted(self.env.items())]
+        return " ".join(assignments + [shlex.quote(arg) for arg in self.argv])
+
+    def to_json(self) -> dict:
+        return {"kind": "local", "argv": self.argv, "env": self.env, "command": self.render()}
+
+
+def torchrun_argv(spec: JobSpec, layout: RunLayout) -> list[str]:
+    """`python -m torch.distributed.run` for one node, per-rank logs under the run directory."""
+    return [
+        spec.python, "-m", "torch.distributed.run",
+        "--standalone", "--nnodes", "1", "--nproc-per-node", str(spec.nproc_per_node),
+        "--log-dir", str(layout.logs_dir), "--redirects", "3", "--tee", "3", "--local-ranks-filter", "0",
+        "-m", TRAINER_MODULE, *train_argv(spec.train),
+    ]
+
+
+def plan_local(spec: JobSpec) -> LocalPlan:
+    layout = RunLayout.at(spec.train.run_dir)
+    return LocalPlan(spec=spec, argv=torchrun_argv(spec, layout), env=spec.rank_environment(), run_dir=layout.root)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalResult:
+    returncode: int
+    failures: list[RankFailure] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def run_local(plan: LocalPlan) -> LocalResult:
+    """Run torchrun in the foreground; on failure, collect which ranks failed and why."""
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    completed = subprocess.run(plan.argv, env={**os.environ, **plan.env}, check=False)
+    if completed.returncode == 0:
+        return LocalResult(returncode=0)
+    return LocalResult(returncode=completed.returncode,
+                       failures=collect_failures(RunLayout.at(plan.run_dir).logs_dir))
+
+
+@dataclass(kw_only=True)
+class RecordedRunStatus:
+    """The status of a foreground run: what job.json recorded (the run is over when its command is)."""
+
+    run_dir: Path
+    scheduler: str
+    recorded_status: str
+    failures: list[RankFailure] = field(default_factory=list)
+    outputs: dict[str, Path] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, layout: RunLayout, *, failures: list[RankFailure]) -> "RecordedRunStatus":
+        record = read_job_record(layout)
+        if not record:
+            raise ConfigError(f"run_dir: {layout.root} has no {layout.job_file.name}: not a run directory")
+        return cls(run_dir=layout.root, scheduler=str(record.get("scheduler", "")),
+                   recorded_status=str(record.get("status", "unknown")), failures=failures,
+                   outputs=existing_outputs(layout))
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.FAILED if self.failures or self.recorded_status == "failed" else Verdict.OK
+
+    def to_json(self) -> dict[str, Any]:
+        return {"scheduler": self.scheduler, "status": self.recorded_status,
+                "failures": [vars(failure) for failure in self.failures]}
+
+
+class LocalScheduler:
+    name = "local"
+
+    def plan(self, spec: JobSpec, *, postprocess: bool = True) -> LocalPlan:
+        return plan_local(spec)
+
+    def submit(self, plan: LocalPlan, layout: RunLayout) -> Submission:
+        """Run torchrun in the foreground, recording the start and the outcome in job.json."""
+        layout.root.mkdir(parents=True, exist_ok=True)
+        write_job_record(layout, **spec_record(plan.spec), plan=plan.to_json(), status="running",
+                         started_at=now_iso())
+        result = run_local(plan)
+        write_job_record(layout, status="succeeded" if result.ok else "failed", returncode=result.returncode,
+                         failures=[vars(f) for f in result.failures], finished_at=now_iso())
+        return Submission(scheduler=self.name, finished=True, succeeded=result.ok, failures=result.failures,
+                          detail=f"torchrun exit code {result.returncode}")
+
+    def status(self, layout: RunLayout) -> RecordedRunStatus:
+        return RecordedRunStatus.read(layout, failures=collect_failures(layout.logs_dir))
+
+    def cancel(self, layout: RunLayout, *, postprocess_too: bool = False) -> list[str]:
+        raise ConfigError(f"{layout.root}: a local run ends with the launch command (Ctrl-C); nothing to cancel")

@@ -39,6 +39,13 @@ PROCESS_GROUP_NAME_ARG = "Process Group Name"
 PROCESS_GROUP_DESCRIPTION_ARG = "Process Group Description"
 """Kineto args naming the process group of a collective (on NCCL kernels and `record_param_comms`)."""
 _UNDESCRIBED_GROUPS = ("", "undefined")
+COLLECTIVE_NAME_ARG = "Collective name"
+IN_NELEMS_ARG = "In msg nelems"
+OUT_NELEMS_ARG = "Out msg nelems"
+DTYPE_ARG = "dtype"
+GROUP_SIZE_ARG = "Group size"
+"""Kineto args describing a collective's message (on NCCL kernels and `record_param_comms`, PyTorch >= 2.3;
+gloo traces have none)."""
 
 
 def process_group_label(group_name: object, description: object) -> str | None:
@@ -63,3 +70,33 @@ def collective_name(name: str, group: str | None = None) -> str:
     match = _NCCL_KERNEL_RE.match(name)
     base = name if match is None else f"nccl:{match['op'] or 'Kernel'}"
     return base if group is None else f"{base} [{group}]"
+
+
+ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = "all_reduce", "all_gather", "reduce_scatter"
+ALL_TO_ALL, BROADCAST, REDUCE, SEND_RECV = "all_to_all", "broadcast", "reduce", "send_recv"
+_COLLECTIVE_TYPES = (
+    # (what a `Collective name` arg or NCCL kernel op contains, lower case without "_", the type)
+    ("reducescatter", REDUCE_SCATTER), ("allreduce", ALL_REDUCE), ("allgather", ALL_GATHER),
+    ("alltoall", ALL_TO_ALL), ("broadcast", BROADCAST), ("reduce", REDUCE), ("sendrecv", SEND_RECV),
+    ("send", SEND_RECV), ("recv", SEND_RECV),
+)
+
+
+def collective_type(collective_arg: str | None, kernel_name: str) -> str | None:
+    """The collective's type (ALL_REDUCE, ...), from the `Collective name` arg ("allreduce",
+    "_allgather_base", "reduce_scatter_tensor_coalesced", "all_to_all", ...) or else the NCCL kernel's op
+    (`ncclDevKernel_AllGather_...`); None when neither says. The arg comes first: NCCL runs an all-to-all
+    as SendRecv kernels."""
+    for text in (collective_arg, _kernel_op(kernel_name)):
+        if not text:
+            continue
+        folded = text.lower().replace("_", "")
+        for needle, kind in _COLLECTIVE_TYPES:
+            if needle in folded:
+                return kind
+    return None
+
+
+def _kernel_op(name: str) -> str | None:
+    match = _NCCL_KERNEL_RE.match(name)
+    return match["op"] if match else None

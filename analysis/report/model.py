@@ -48,9 +48,18 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           columns and units): temporal_breakdown, idle_time_breakdown,
                           idle_interval_stats, comm_comp_overlap, kernel_type_breakdown,
                           kernel_breakdown, cuda_launch_stats (per rank summary), potential_stragglers
+        bandwidth         {status ("ok" | "not recorded" | "not matched"), reason, peak_busbw_gbps {scope: GB/s},
+                          peak_source, instances_with_bytes, instances_without_bytes,
+                          rows[] {collective, group, bucket_min_bytes, bucket_max_bytes, size_bucket,
+                          members, scope ("intra-node" | "inter-node"), instances, total_bytes,
+                          moving_us (data movement: own end - last arrival, median over members,
+                          summed over instances), wait_us (last arrival - own arrival, mean over
+                          members, summed), wait_pct (wait / (wait + moving)), algbw_gbps
+                          (total_bytes / moving time, 1e9 B/s), busbw_gbps (algbw x nccl-tests
+                          factor), peak_busbw_gbps, peak_pct, verdict}} | null
 
 Definitions of every metric: utilization.py (busy/idle/comm/overlap), stragglers.py (arrival, lateness,
-wait, score), collectives.py (collective times and keys), clock_align.py (clock offsets), steps.py (steps
+wait, score), bandwidth.py and comm_bytes.py (collective sizes and bandwidth), collectives.py (collective times and keys), clock_align.py (clock offsets), steps.py (steps
 and phases), kernels.py (kernel totals).
 """
 
@@ -62,6 +71,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetscope.analysis.cross_rank.bandwidth import Bandwidth
 from fleetscope.analysis.cross_rank.clock_align import ClockAlignment
 from fleetscope.analysis.cross_rank.hta_views import HtaViews
 from fleetscope.analysis.cross_rank.stragglers import Stragglers
@@ -120,6 +130,8 @@ class WindowReport:
     top_kernels: list[KernelTotal]
     """Kernels with the most GPU time, summed over the window's ranks (empty for CPU traces)."""
     hta: HtaViews
+    bandwidth: Bandwidth | None = None
+    """Collective bandwidth per (type, group, size bucket), bandwidth.py."""
     notes: list[str] = field(default_factory=list)
 
 

@@ -100,3 +100,35 @@ def collective_type(collective_arg: str | None, kernel_name: str) -> str | None:
 def _kernel_op(name: str) -> str | None:
     match = _NCCL_KERNEL_RE.match(name)
     return match["op"] if match else None
+
+
+CATEGORY_GEMM, CATEGORY_ATTENTION, CATEGORY_ELEMENTWISE = "gemm", "attention", "elementwise"
+CATEGORY_REDUCTION, CATEGORY_MEMORY, CATEGORY_COMM = "reduction", "memcpy/memset", "communication"
+CATEGORY_OPTIMIZER, CATEGORY_OTHER = "optimizer", "other"
+KERNEL_CATEGORIES = (CATEGORY_GEMM, CATEGORY_ATTENTION, CATEGORY_ELEMENTWISE, CATEGORY_REDUCTION,
+                     CATEGORY_MEMORY, CATEGORY_COMM, CATEGORY_OPTIMIZER, CATEGORY_OTHER)
+_CATEGORY_RULES = (
+    # first match wins, on the lower-cased kernel name
+    (CATEGORY_COMM, ("nccl",)),
+    (CATEGORY_MEMORY, ("memcpy", "memset")),
+    (CATEGORY_ATTENTION, ("flash", "fmha", "attention", "attn", "sdpa", "softmax_warp")),
+    (CATEGORY_GEMM, ("gemm", "cutlass", "cublas", "xmma", "wgmma", "nvjet", "matmul", "gemv", "_mma")),
+    (CATEGORY_OPTIMIZER, ("multi_tensor_apply", "adam", "optimizer")),  # not "lamb": C++ "lambda"
+    (CATEGORY_REDUCTION, ("reduce", "reduction", "softmax", "norm", "argmax", "argmin", "cumsum", "scan")),
+    (CATEGORY_ELEMENTWISE, ("elementwise", "vectorized", "unrolled", "pointwise", "triton_poi", "index",
+                            "copy", "fill", "cat_", "gather", "scatter")),
+)
+"""Kernel categories by name. Communication: NCCL kernels; memcpy/memset: copies and fills (also by
+event kind); attention: FlashAttention/FMHA/SDPA kernels; GEMM: cuBLAS/CUTLASS/nvjet matrix products;
+optimizer: fused/foreach optimizer kernels (multi_tensor_apply, Adam); reduction: reductions, softmax,
+norms, scans; elementwise: elementwise/vectorized/pointwise (incl. Triton `triton_poi`), indexing, copies
+and fills; other: everything else (sorting, top-k, Triton kernels without a hint, ...)."""
+
+
+def kernel_category(name: str) -> str:
+    """The category of a GPU kernel or memory operation (KERNEL_CATEGORIES), by its name."""
+    folded = name.lower()
+    for category, needles in _CATEGORY_RULES:
+        if any(needle in folded for needle in needles):
+            return category
+    return CATEGORY_OTHER

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from html import escape
 
-from fleetscope.analysis.report.model import Report
+from fleetscope.analysis.per_rank.names import PHASES
+from fleetscope.analysis.report.model import Report, WindowReport
 
 _LEFT = ' class="l"'
 
 
 def evidence_sections(report: Report) -> str:
     """The evidence sections of the HTML report, concatenated."""
-    return "".join((_bandwidth(report),))
+    return "".join((_time(report), _bandwidth(report)))
 
 
 def table(header: list[str], rows: list[list[str]], *, left: tuple[int, ...] = ()) -> str:
@@ -52,3 +53,47 @@ def _bandwidth(report: Report) -> str:
             "arrival; waiting = last arrival minus own arrival. busbw = algbw x the nccl-tests factor "
             "(all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n; others 1).</p>"
             + "".join(parts))
+
+
+def _window_title(window: WindowReport) -> str:
+    return f"<h3>window {'-' if window.window is None else window.window}</h3>"
+
+
+def _phase_table(window: WindowReport) -> str:
+    """Mean host wall time of each phase per step, one row per rank."""
+    rows = []
+    for rank in window.ranks:
+        means = []
+        for phase in PHASES:
+            values = [s.phases_ms[phase] for s in rank.steps if phase in s.phases_ms]
+            means.append(_f(sum(values) / len(values), 2) if values else "-")
+        rows.append([str(rank.rank), str(len(rank.steps)), *means])
+    if not any(any(cell != "-" for cell in row[2:]) for row in rows):
+        return ""
+    return ("<p>Host phases, mean ms per step</p>"
+            + table(["rank", "steps", *(f"{p} ms" for p in PHASES)], rows))
+
+
+def _share_table(title: str, totals_us: dict[str, float], total_us: float) -> str:
+    rows = [[name, _f(us / 1000, 3), _f(100 * us / total_us if total_us > 0 else None)]
+            for name, us in totals_us.items()]
+    return f"<p>{escape(title)}</p>" + table(["", "GPU ms", "%"], rows, left=(0,)) if rows else ""
+
+
+def _time(report: Report) -> str:
+    parts = []
+    for window in report.windows:
+        gpu = window.gpu_time
+        body = _phase_table(window)
+        if gpu is not None:
+            body += (_share_table("GPU time by phase (the range that launched it)", gpu.by_phase_us, gpu.total_us)
+                     + _share_table("GPU time by kernel category", gpu.by_category_us, gpu.total_us)
+                     + _share_table("GPU time by user range (innermost record_function)", gpu.by_range_us,
+                                    gpu.total_us))
+        if body:
+            parts.append(_window_title(window) + body)
+    if not parts:
+        return ""
+    return ("<h2>Phases and GPU time</h2><p class=\"note\">Host phases are the wall time of the trainer's "
+            "record_function ranges. GPU time (kernels, copies, fills; all ranks summed) goes to the phase "
+            "and user range that launched it, through the CUDA correlation id.</p>" + "".join(parts))

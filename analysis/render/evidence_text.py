@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from fleetscope.analysis.report.model import Report
+from fleetscope.analysis.per_rank.names import PHASES
+from fleetscope.analysis.report.model import Report, WindowReport
 
 BANDWIDTH_ROWS_SHOWN = 5
 
 
 def evidence_sections(report: Report) -> list[str]:
     """The evidence sections of the terminal summary, each a titled block (empty ones left out)."""
-    return [s for s in (_bandwidth(report),) if s]
+    return [s for s in (_time(report), _bandwidth(report)) if s]
 
 
 def _titled(title: str, lines: list[str]) -> str:
@@ -30,3 +31,40 @@ def _bandwidth(report: Report) -> str:
         if len(bandwidth.rows) > BANDWIDTH_ROWS_SHOWN:
             lines.append(f"{prefix}... {len(bandwidth.rows) - BANDWIDTH_ROWS_SHOWN} more rows in the JSON/HTML report")
     return _titled("Collective bandwidth (bus bandwidth vs link peak, nccl-tests formulas)", lines)
+
+
+def _w(window: WindowReport) -> str:
+    return f"window {'-' if window.window is None else window.window}: "
+
+
+def mean_phases_ms(window: WindowReport) -> dict[str, float]:
+    """Mean host wall time of each phase per step, over the window's steps of every rank that have it."""
+    values: dict[str, list[float]] = {}
+    for rank in window.ranks:
+        for step in rank.steps:
+            for phase, ms in step.phases_ms.items():
+                values.setdefault(phase, []).append(ms)
+    return {p: sum(values[p]) / len(values[p]) for p in PHASES if p in values}
+
+
+def _shares(totals_us: dict[str, float], total_us: float, keep: int = 8) -> str:
+    return ", ".join(f"{name} {us / 1000:.2f} ms ({100 * us / total_us:.0f}%)"
+                     for name, us in list(totals_us.items())[:keep]) if total_us > 0 else "-"
+
+
+def _time(report: Report) -> str:
+    lines = []
+    for window in report.windows:
+        phases = mean_phases_ms(window)
+        if phases:
+            lines.append(_w(window) + "host phases, mean per step: "
+                         + " | ".join(f"{phase} {ms:.2f} ms" for phase, ms in phases.items()))
+        gpu = window.gpu_time
+        if gpu is None:
+            continue
+        lines.append(_w(window) + f"GPU time {gpu.total_us / 1000:.2f} ms (all ranks), by launching phase: "
+                     + _shares(gpu.by_phase_us, gpu.total_us))
+        lines.append(_w(window) + "by kernel category: " + _shares(gpu.by_category_us, gpu.total_us))
+        if gpu.by_range_us:
+            lines.append(_w(window) + "by user range: " + _shares(gpu.by_range_us, gpu.total_us, keep=5))
+    return _titled("Where the time went (phases on the host; GPU time by the range that launched it)", lines)

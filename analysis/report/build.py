@@ -19,6 +19,7 @@ from fleetscope.analysis.cross_rank.stragglers import (
 )
 from fleetscope.analysis.inputs.sources import TraceFailure
 from fleetscope.analysis.per_rank.collectives import SOURCE_NCCL
+from fleetscope.analysis.per_rank.gpu_time import combine_gpu_time
 from fleetscope.analysis.per_rank.kernels import combine as combine_kernels
 from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.per_rank.steps import StepStats
@@ -128,6 +129,7 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
         stragglers=stragglers,
         top_kernels=combine_kernels([r.top_kernels for r in results]),
         hta=hta(results, stragglers),
+        gpu_time=combine_gpu_time([r.gpu_time for r in results]),
         bandwidth=collective_bandwidth(results, aligned, link_peak_gbps),
         notes=_window_notes(results),
     )
@@ -156,6 +158,7 @@ def _rank_report(result: RankResult) -> RankReport:
         utilization=result.utilization,
         collective_source=result.collectives.source,
         collective_count=len(result.collectives),
+        gpu_time=result.gpu_time,
     )
 
 

@@ -23,8 +23,18 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           utilization {basis, span_us, busy_us, idle_us, compute_us, comm_us, memory_us,
                           overlap_us, exposed_comm_us, idle_comm_us, busy_pct, idle_pct, comm_pct,
                           overlap_pct} | null,
-                          collective_source, collective_count
-        top_kernels[]     {name, count, total_us, ranks}: kernels with the most GPU time, all ranks summed
+                          collective_source, collective_count,
+                          gpu_time GpuTime | null (below, this rank's)
+        top_kernels[]     {name, count, total_us, ranks, category}: kernels with the most GPU time, all ranks
+                          summed; category as in gpu_time
+        gpu_time          GpuTime, the window's ranks summed | null (no GPU activity): {total_us (kernel,
+                          memcpy, memset durations summed), by_phase_us {phase: us} (the innermost
+                          forward/backward/optimizer_step/train_step range containing the LAUNCH, found
+                          through the CUDA correlation id; "in step, outside phases"; "outside steps"),
+                          by_category_us {category: us}, category_counts {category: launches} (gemm,
+                          attention, elementwise, reduction, memcpy/memset, communication, optimizer,
+                          other: names.kernel_category), by_range_us {user record_function range: us}
+                          (innermost range on the launching thread; top 15)}
         clock             {reference_rank, reference_host, hosts[] {host, ranks[], offset_us, source
                           ("reference host" | "measured" | "collectives" | "none"), measured_offset_us,
                           measured_uncertainty_us, collective_offset_us, collective_spread_us,
@@ -59,7 +69,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           factor), peak_busbw_gbps, peak_pct, verdict}} | null
 
 Definitions of every metric: utilization.py (busy/idle/comm/overlap), stragglers.py (arrival, lateness,
-wait, score), bandwidth.py and comm_bytes.py (collective sizes and bandwidth), collectives.py (collective times and keys), clock_align.py (clock offsets), steps.py (steps
+wait, score), bandwidth.py and comm_bytes.py (collective sizes and bandwidth),
+gpu_time.py (GPU time by phase, range and category), collectives.py (collective times and keys), clock_align.py (clock offsets), steps.py (steps
 and phases), kernels.py (kernel totals).
 """
 
@@ -81,6 +92,7 @@ from fleetscope.analysis.inputs.sources import (  # noqa: F401  (part of the rep
     SOURCE_TRACE_FILE,
     MissingTrace,
 )
+from fleetscope.analysis.per_rank.gpu_time import GpuTime
 from fleetscope.analysis.per_rank.kernels import KernelTotal
 from fleetscope.analysis.per_rank.steps import StepStats, StepTiming
 from fleetscope.analysis.per_rank.utilization import Utilization
@@ -118,6 +130,7 @@ class RankReport:
     utilization: Utilization | None
     collective_source: str | None
     collective_count: int
+    gpu_time: GpuTime | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +143,8 @@ class WindowReport:
     top_kernels: list[KernelTotal]
     """Kernels with the most GPU time, summed over the window's ranks (empty for CPU traces)."""
     hta: HtaViews
+    gpu_time: GpuTime | None = None
+    """GPU time of the window's ranks summed (gpu_time.py)."""
     bandwidth: Bandwidth | None = None
     """Collective bandwidth per (type, group, size bucket), bandwidth.py."""
     notes: list[str] = field(default_factory=list)

@@ -1,0 +1,138 @@
+"""Where one rank's GPU time went: by training phase, by user range, by kernel category.
+
+Every GPU activity (kernel, memcpy, memset) is attributed to the host range that LAUNCHED it: its CUDA
+correlation id leads to the `cudaLaunchKernel`-style runtime call, and the launch time falls inside
+  - a phase: the innermost of `forward` / `backward` / `optimizer_step` / `train_step` containing it
+    (by time, whatever the launching thread: autograd launches backward kernels from its own thread
+    while the main thread is inside `backward`); inside a step but no phase: PHASE_OTHER; outside every
+    step: PHASE_OUTSIDE;
+  - a user range: the innermost `record_function` range (user annotation other than steps and phases)
+    on the launching thread containing it; none: no range.
+Activity without a recorded launch counts by its own start. Durations are summed (concurrent kernels on
+different streams each count), in microseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
+from fleetscope.analysis.per_rank.names import (
+    CATEGORY_MEMORY,
+    PHASES,
+    kernel_category,
+    profiler_step_number,
+)
+from fleetscope.analysis.per_rank.steps import StepTiming
+
+PHASE_OTHER = "in step, outside phases"
+PHASE_OUTSIDE = "outside steps"
+TOP_RANGES_KEPT = 15
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuTime:
+    """One rank's GPU activity time, summed over its profiled window."""
+
+    total_us: float
+    by_phase_us: dict[str, float] = field(default_factory=dict)
+    by_category_us: dict[str, float] = field(default_factory=dict)
+    category_counts: dict[str, int] = field(default_factory=dict)
+    by_range_us: dict[str, float] = field(default_factory=dict)
+    """The TOP_RANGES_KEPT user ranges with the most GPU time launched inside them."""
+
+
+def measure_gpu_time(events: TraceEvents, steps: list[StepTiming]) -> GpuTime | None:
+    """None for a trace without GPU activity."""
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    if not gpu.any():
+        return None
+    indices = np.flatnonzero(gpu)
+    launch_us, launch_thread = _launches(events, gpu)
+    durations = events.dur_us[indices]
+    return GpuTime(
+        total_us=float(durations.sum()),
+        by_phase_us=_sum_by(_phase_of(events, steps, launch_us), durations),
+        by_category_us=_sum_by(categories := _categories(events, indices), durations),
+        category_counts={c: categories.count(c) for c in sorted(set(categories))},
+        by_range_us=_top(_sum_by(_range_of(events, launch_us, launch_thread), durations), TOP_RANGES_KEPT),
+    )
+
+
+def _launches(events: TraceEvents, gpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(launch time, launching thread) of the selected GPU events; own start and NO_ID without a launch."""
+    launch_us = events.launch_start_us(gpu)
+    thread = np.full(launch_us.size, NO_ID, dtype=np.int64)
+    runtime = np.flatnonzero(events.of_kind(Kind.CUDA_RUNTIME) & (events.correlation != NO_ID))
+    if runtime.size:
+        order = np.argsort(events.correlation[runtime], kind="stable")
+        ids, threads = events.correlation[runtime][order], events.thread[runtime][order]
+        wanted = events.correlation[gpu]
+        slot = np.clip(np.searchsorted(ids, wanted), 0, ids.size - 1)
+        found = (ids[slot] == wanted) & (wanted != NO_ID)
+        thread = np.where(found, threads[slot], NO_ID)
+    return launch_us, thread
+
+
+def _phase_of(events: TraceEvents, steps: list[StepTiming], times_us: np.ndarray) -> list[str]:
+    labels = np.full(times_us.size, PHASE_OUTSIDE, dtype=object)
+    for step in steps:
+        labels[(times_us >= step.start_us) & (times_us < step.end_us)] = PHASE_OTHER
+    host = events.of_kind(Kind.USER_ANNOTATION, Kind.CPU_OP)
+    for phase in PHASES:          # train_step first: the phases inside it overwrite it
+        mask = host & events.names_matching(lambda n, p=phase: n == p)
+        for start, end in zip(events.start_us[mask], events.end_us[mask]):
+            labels[(times_us >= start) & (times_us < end)] = phase
+    return labels.tolist()
+
+
+def _range_of(events: TraceEvents, times_us: np.ndarray, threads: np.ndarray) -> list[str | None]:
+    """Innermost user range on the launching thread (the latest-starting one that contains the launch)."""
+    user = events.of_kind(Kind.USER_ANNOTATION) & events.names_matching(_is_user_range)
+    labels = np.full(times_us.size, None, dtype=object)
+    for index in np.flatnonzero(user):          # sorted by start: later (inner) ranges overwrite outer ones
+        inside = ((times_us >= events.start_us[index]) & (times_us < events.end_us[index])
+                  & (threads == events.thread[index]))
+        labels[inside] = events.names[events.name_id[index]]
+    return labels.tolist()
+
+
+def _is_user_range(name: str) -> bool:
+    return name not in PHASES and profiler_step_number(name) is None
+
+
+def _categories(events: TraceEvents, indices: np.ndarray) -> list[str]:
+    by_name = [kernel_category(name) for name in events.names]
+    memory = {int(Kind.GPU_MEMCPY), int(Kind.GPU_MEMSET)}
+    return [CATEGORY_MEMORY if int(events.kind[i]) in memory else by_name[events.name_id[i]] for i in indices]
+
+
+def _sum_by(labels: list, durations: np.ndarray) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for label, duration in zip(labels, durations.tolist()):
+        if label is not None:
+            totals[label] = totals.get(label, 0.0) + duration
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def _top(totals: dict[str, float], keep: int) -> dict[str, float]:
+    return dict(list(totals.items())[:keep])
+
+
+def combine_gpu_time(per_rank: list[GpuTime | None]) -> GpuTime | None:
+    """The sum over ranks (ranges: each rank's top ranges, summed)."""
+    present = [g for g in per_rank if g is not None]
+    if not present:
+        return None
+
+    def summed(attribute: str) -> dict:
+        total: dict = {}
+        for item in present:
+            for key, value in getattr(item, attribute).items():
+                total[key] = total.get(key, 0) + value
+        return dict(sorted(total.items(), key=lambda kv: -kv[1]))
+
+    return GpuTime(total_us=sum(g.total_us for g in present), by_phase_us=summed("by_phase_us"),
+                   by_category_us=summed("by_category_us"), category_counts=summed("category_counts"),
+                   by_range_us=_top(summed("by_range_us"), TOP_RANGES_KEPT))

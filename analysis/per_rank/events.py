@@ -24,7 +24,7 @@ from fleetscope.analysis.per_rank.names import (
     OUT_NELEMS_ARG,
     PROCESS_GROUP_DESCRIPTION_ARG,
     PROCESS_GROUP_NAME_ARG,
-    is_comm_cpu_op,
+    is_kept_host_op,
     process_group_label,
 )
 
@@ -98,7 +98,8 @@ class TraceEvents:
     """Events left out, by reason (negative duration, non-numeric time)."""
     omitted_host_ops: int = 0
     """`cpu_op` events not kept because the trace holds GPU activity: GPU-basis metrics never read host
-    ops other than collectives (which are kept), and they are most of a GPU trace's events."""
+    ops other than collectives and tensor reads (names.is_kept_host_op, which are kept), and they are most
+    of a GPU trace's events."""
 
     def __len__(self) -> int:
         return int(self.start_us.size)
@@ -253,7 +254,7 @@ def build_table(events: list[_Event]) -> TraceEvents:
             name = event.name
             kept = host_op_kept.get(name) if type(name) is str else False
             if kept is None:
-                kept = host_op_kept[name] = is_comm_cpu_op(name)
+                kept = host_op_kept[name] = is_kept_host_op(name)
             if not kept:
                 omitted += 1
                 continue

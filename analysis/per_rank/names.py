@@ -132,3 +132,37 @@ def kernel_category(name: str) -> str:
         if any(needle in folded for needle in needles):
             return category
     return CATEGORY_OTHER
+
+
+HOST_SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                             "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize"})
+"""CUDA runtime/driver calls that block the host until the GPU has finished work."""
+TENSOR_READ_OP = "aten::_local_scalar_dense"
+"""A GPU tensor's value read on the host (`.item()`, `if tensor:`, `int(tensor)`): a copy plus a sync.
+`aten::item` encloses it, so only this one is counted."""
+_DEVICE_TO_HOST = "Memcpy DtoH"
+DATALOADER_PREFIX = "enumerate(DataLoader)#"
+"""The record_function PyTorch's DataLoader iterator opens around fetching each batch."""
+
+
+def is_host_sync_call(name: str) -> bool:
+    return name in HOST_SYNC_CALLS
+
+
+def is_tensor_read_op(name: str) -> bool:
+    return name == TENSOR_READ_OP
+
+
+def is_device_to_host_copy(name: str) -> bool:
+    """A GPU copy to host memory (`Memcpy DtoH (Device -> Pinned)`, `... -> Pageable`)."""
+    return name.startswith(_DEVICE_TO_HOST)
+
+
+def is_input_wait(name: str) -> bool:
+    """A DataLoader fetch (`enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`, multi-process too)."""
+    return name.startswith(DATALOADER_PREFIX)
+
+
+def is_kept_host_op(name: str) -> bool:
+    """`cpu_op` events kept on GPU traces (where others are left out): collectives and tensor reads."""
+    return is_comm_cpu_op(name) or is_tensor_read_op(name)

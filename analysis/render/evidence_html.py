@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from html import escape
 
+from fleetscope.analysis.per_rank.host_stalls import IDLE_CAUSES
 from fleetscope.analysis.per_rank.names import PHASES
+from fleetscope.analysis.render.evidence_text import stall_totals
 from fleetscope.analysis.report.model import Report, WindowReport
 
 _LEFT = ' class="l"'
@@ -12,7 +14,7 @@ _LEFT = ' class="l"'
 
 def evidence_sections(report: Report) -> str:
     """The evidence sections of the HTML report, concatenated."""
-    return "".join((_time(report), _bandwidth(report)))
+    return "".join((_time(report), _stalls(report), _bandwidth(report)))
 
 
 def table(header: list[str], rows: list[list[str]], *, left: tuple[int, ...] = ()) -> str:
@@ -97,3 +99,25 @@ def _time(report: Report) -> str:
     return ("<h2>Phases and GPU time</h2><p class=\"note\">Host phases are the wall time of the trainer's "
             "record_function ranges. GPU time (kernels, copies, fills; all ranks summed) goes to the phase "
             "and user range that launched it, through the CUDA correlation id.</p>" + "".join(parts))
+
+
+def _stalls(report: Report) -> str:
+    parts = []
+    header = ["rank", "syncs/step", "blocked ms/step", "tensor reads/step", "copies to host/step",
+              "input wait ms/step", *(f"idle: {cause} ms" for cause in IDLE_CAUSES)]
+    for window in report.windows:
+        rows = []
+        for rank in window.ranks:
+            if rank.host_stalls is None:
+                continue
+            t, idle = stall_totals(rank.host_stalls), rank.host_stalls.idle_by_cause_us
+            rows.append([str(rank.rank), _f(t["syncs"]), _f(t["sync_ms"], 3), _f(t["reads"]), _f(t["dtoh"]),
+                         _f(t["input_ms"], 3), *(_f(idle.get(cause, 0.0) / 1000, 3) for cause in IDLE_CAUSES)])
+        if rows:
+            parts.append(_window_title(window) + table(header, rows))
+    if not parts:
+        return ""
+    return ("<h2>Host stalls</h2><p class=\"note\">Syncs: cudaStream/Device/EventSynchronize; tensor reads: "
+            "aten::_local_scalar_dense (.item()); input wait: DataLoader fetches. GPU idle gaps inside the "
+            "steps get one cause each: input wait (half covered by a fetch), host sync (starts during or just "
+            "after a sync), short gaps (&lt; 10 us), host busy elsewhere.</p>" + "".join(parts))

@@ -6,11 +6,12 @@ from fleetscope.analysis.per_rank.names import PHASES
 from fleetscope.analysis.report.model import Report, WindowReport
 
 BANDWIDTH_ROWS_SHOWN = 5
+STALL_RANKS_SHOWN = 8
 
 
 def evidence_sections(report: Report) -> list[str]:
     """The evidence sections of the terminal summary, each a titled block (empty ones left out)."""
-    return [s for s in (_time(report), _bandwidth(report)) if s]
+    return [s for s in (_time(report), _stalls(report), _bandwidth(report)) if s]
 
 
 def _titled(title: str, lines: list[str]) -> str:
@@ -68,3 +69,34 @@ def _time(report: Report) -> str:
         if gpu.by_range_us:
             lines.append(_w(window) + "by user range: " + _shares(gpu.by_range_us, gpu.total_us, keep=5))
     return _titled("Where the time went (phases on the host; GPU time by the range that launched it)", lines)
+
+
+def stall_totals(stalls) -> dict[str, float]:
+    """Per-step means of a rank's HostStalls (sync calls, blocked ms, tensor reads, copies, input ms)."""
+    steps = stalls.steps or []
+    count = max(len(steps), 1)
+    return {
+        "syncs": sum(s.sync_count for s in steps) / count,
+        "sync_ms": sum(s.sync_us for s in steps) / count / 1000,
+        "reads": sum(s.tensor_reads for s in steps) / count,
+        "dtoh": sum(s.dtoh_count for s in steps) / count,
+        "input_ms": sum(s.input_wait_us for s in steps) / count / 1000,
+    }
+
+
+def _stalls(report: Report) -> str:
+    lines = []
+    for window in report.windows:
+        ranks = [r for r in window.ranks if r.host_stalls is not None]
+        ranks.sort(key=lambda r: -(stall_totals(r.host_stalls)["sync_ms"] + stall_totals(r.host_stalls)["input_ms"]))
+        for rank in ranks[:STALL_RANKS_SHOWN]:
+            t = stall_totals(rank.host_stalls)
+            idle = rank.host_stalls.idle_by_cause_us
+            causes = ", ".join(f"{cause} {us / 1000:.2f} ms" for cause, us in
+                               sorted(idle.items(), key=lambda item: -item[1])) or "-"
+            lines.append(f"{_w(window)}rank {rank.rank}: per step {t['syncs']:.1f} syncs ({t['sync_ms']:.2f} ms "
+                         f"blocked), {t['reads']:.1f} tensor reads, {t['dtoh']:.1f} copies to host, input wait "
+                         f"{t['input_ms']:.2f} ms; GPU idle by cause: {causes}")
+        if len(ranks) > STALL_RANKS_SHOWN:
+            lines.append(f"{_w(window)}... {len(ranks) - STALL_RANKS_SHOWN} more ranks in the JSON/HTML report")
+    return _titled("Host stalls (ranks with the most blocked + input time first)", lines)

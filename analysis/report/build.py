@@ -159,6 +159,7 @@ def _rank_report(result: RankResult) -> RankReport:
         collective_source=result.collectives.source,
         collective_count=len(result.collectives),
         gpu_time=result.gpu_time,
+        host_stalls=result.host_stalls,
     )
 
 

@@ -24,7 +24,14 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           overlap_us, exposed_comm_us, idle_comm_us, busy_pct, idle_pct, comm_pct,
                           overlap_pct} | null,
                           collective_source, collective_count,
-                          gpu_time GpuTime | null (below, this rank's)
+                          gpu_time GpuTime | null (below, this rank's),
+                          host_stalls {steps[] {step, sync_count (cudaStream/Device/EventSynchronize calls),
+                          sync_us (host time blocked in them), tensor_reads (aten::_local_scalar_dense:
+                          .item() and friends), dtoh_count, dtoh_us (device-to-host copies launched in
+                          the step, GPU time), input_wait_us (DataLoader fetch spans, host wall)},
+                          idle_by_cause_us {cause: us}, idle_gaps_by_cause {cause: gaps}: GPU idle time
+                          inside the steps by cause ("input wait", "host sync", "short gaps" < 10 us,
+                          "host busy elsewhere"; host_stalls.py)} | null (no steps)
         top_kernels[]     {name, count, total_us, ranks, category}: kernels with the most GPU time, all ranks
                           summed; category as in gpu_time
         gpu_time          GpuTime, the window's ranks summed | null (no GPU activity): {total_us (kernel,
@@ -70,7 +77,7 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
 
 Definitions of every metric: utilization.py (busy/idle/comm/overlap), stragglers.py (arrival, lateness,
 wait, score), bandwidth.py and comm_bytes.py (collective sizes and bandwidth),
-gpu_time.py (GPU time by phase, range and category), collectives.py (collective times and keys), clock_align.py (clock offsets), steps.py (steps
+gpu_time.py (GPU time by phase, range and category), host_stalls.py (syncs, input waits, idle causes), collectives.py (collective times and keys), clock_align.py (clock offsets), steps.py (steps
 and phases), kernels.py (kernel totals).
 """
 
@@ -93,6 +100,7 @@ from fleetscope.analysis.inputs.sources import (  # noqa: F401  (part of the rep
     MissingTrace,
 )
 from fleetscope.analysis.per_rank.gpu_time import GpuTime
+from fleetscope.analysis.per_rank.host_stalls import HostStalls
 from fleetscope.analysis.per_rank.kernels import KernelTotal
 from fleetscope.analysis.per_rank.steps import StepStats, StepTiming
 from fleetscope.analysis.per_rank.utilization import Utilization
@@ -131,6 +139,7 @@ class RankReport:
     collective_source: str | None
     collective_count: int
     gpu_time: GpuTime | None = None
+    host_stalls: HostStalls | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

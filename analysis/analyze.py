@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from fleetscope.analysis.cross_rank.placement import place_traces
+from fleetscope.analysis.cross_rank.records import trainer_evidence
 from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
 from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
 from fleetscope.analysis.per_rank.cache import ResultCache, open_cache
@@ -58,6 +59,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         measured_offsets=inputs.measured_offsets,
         min_lateness_us=min_lateness_us,
         link_peak_gbps=link_peak_gbps,
+        trainer=trainer_evidence(inputs.layout, placement.results, inputs.world_size),
     )
     _write_outputs(report, inputs, json_out, html_out, write_default_outputs)
     return report

@@ -6,7 +6,7 @@ from html import escape
 
 from fleetscope.analysis.per_rank.host_stalls import IDLE_CAUSES
 from fleetscope.analysis.per_rank.names import PHASES
-from fleetscope.analysis.render.evidence_text import stall_totals
+from fleetscope.analysis.render.evidence_text import compile_line, stall_totals
 from fleetscope.analysis.report.model import Report, WindowReport
 
 _LEFT = ' class="l"'
@@ -14,7 +14,7 @@ _LEFT = ' class="l"'
 
 def evidence_sections(report: Report) -> str:
     """The evidence sections of the HTML report, concatenated."""
-    return "".join((_time(report), _stalls(report), _bandwidth(report)))
+    return "".join((_time(report), _stalls(report), _bandwidth(report), _records(report)))
 
 
 def table(header: list[str], rows: list[list[str]], *, left: tuple[int, ...] = ()) -> str:
@@ -121,3 +121,44 @@ def _stalls(report: Report) -> str:
             "aten::_local_scalar_dense (.item()); input wait: DataLoader fetches. GPU idle gaps inside the "
             "steps get one cause each: input wait (half covered by a fetch), host sync (starts during or just "
             "after a sync), short gaps (&lt; 10 us), host busy elsewhere.</p>" + "".join(parts))
+
+
+_MEMORY_HEADER = ["rank", "steps", "peak allocated MiB", "peak reserved MiB", "fragmentation MiB",
+                  "fragmentation %", "growth MiB/step", "leak?", "alloc retries", "OOMs", "data ms (mean)",
+                  "data % of step"]
+
+
+def _memory_row(records) -> list[str]:
+    m, data = records.memory, records.input
+    cells = ([str(len(m.steps)), _f(m.peak_allocated_mb), _f(m.peak_reserved_mb), _f(m.fragmentation_mb),
+              _f(m.fragmentation_pct), _f(m.growth_mb_per_step, 2), "yes" if m.leak_suspected else "no",
+              str(m.alloc_retries), str(m.ooms)] if m is not None else ["-"] * 9)
+    cells += [_f(data.mean_data_ms, 2), _f(data.data_pct)] if data is not None else ["-", "-"]
+    return [str(records.rank), *cells]
+
+
+def _records(report: Report) -> str:
+    trainer = report.trainer
+    if trainer is None:
+        return ""
+    head = "<h2>Memory, input and compilation</h2>"
+    if trainer.status != "ok":
+        return head + f"<p>{escape(trainer.status)}: {escape(trainer.reason)}</p>"
+    warnings = "".join(f"<li class=\"bad\">{escape(w)}</li>" for w in trainer.warnings)
+    body = (f"<ul>{warnings}</ul>" if warnings else "") + table(_MEMORY_HEADER, [_memory_row(r) for r in trainer.ranks])
+    compiled = [r for r in trainer.ranks if r.compile is not None]
+    if compiled:
+        body += "<h3>torch.compile</h3><ul>" + "".join(
+            f"<li>rank {r.rank}: {escape(compile_line(r.compile))}</li>" for r in compiled) + "</ul>"
+        breaks = [[str(r.rank), str(b.get("count", "")), str(b.get("reason", ""))]
+                  for r in compiled for b in r.compile.graph_breaks]
+        if breaks:
+            body += "<p>Graph breaks</p>" + table(["rank", "count", "reason"], breaks, left=(2,))
+        recompiles = [[str(r.rank), str(c.get("compile_id", "")), str(c.get("function", "")), str(c.get("reason", ""))]
+                      for r in compiled for c in r.compile.recompiles]
+        if recompiles:
+            body += "<p>Recompiles</p>" + table(["rank", "id", "function", "reason"], recompiles, left=(2, 3))
+    note = ("<p class=\"note\">From the trainer's metrics/rank&lt;R&gt;.jsonl (per-step allocator peaks, "
+            "data_ms) and rank&lt;R&gt;.compile.json. Growth: least-squares slope of the allocated peak per step, "
+            "first 2 steps left out; leak suspected from 1 MiB/step.</p>")
+    return head + note + body

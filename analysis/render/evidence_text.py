@@ -11,7 +11,7 @@ STALL_RANKS_SHOWN = 8
 
 def evidence_sections(report: Report) -> list[str]:
     """The evidence sections of the terminal summary, each a titled block (empty ones left out)."""
-    return [s for s in (_time(report), _stalls(report), _bandwidth(report)) if s]
+    return [s for s in (_time(report), _stalls(report), _bandwidth(report), _records(report)) if s]
 
 
 def _titled(title: str, lines: list[str]) -> str:
@@ -100,3 +100,45 @@ def _stalls(report: Report) -> str:
         if len(ranks) > STALL_RANKS_SHOWN:
             lines.append(f"{_w(window)}... {len(ranks) - STALL_RANKS_SHOWN} more ranks in the JSON/HTML report")
     return _titled("Host stalls (ranks with the most blocked + input time first)", lines)
+
+
+def memory_line(memory) -> str:
+    frag = (f", fragmentation {memory.fragmentation_mb:.1f} MiB ({memory.fragmentation_pct:.0f}% of reserved)"
+            if memory.fragmentation_mb is not None and memory.fragmentation_pct is not None else "")
+    reserved = f" / {memory.peak_reserved_mb:.1f} MiB reserved" if memory.peak_reserved_mb is not None else ""
+    growth = ("growth -" if memory.growth_mb_per_step is None
+              else f"growth {memory.growth_mb_per_step:+.2f} MiB/step{' (LEAK?)' if memory.leak_suspected else ''}")
+    return (f"peak {memory.peak_allocated_mb:.1f} MiB allocated{reserved}{frag}, {growth}, "
+            f"{memory.alloc_retries} retries, {memory.ooms} OOMs")
+
+
+def compile_line(compiled) -> str:
+    breaks = f"{compiled.graph_break_count} graph breaks"
+    if compiled.graph_breaks:
+        breaks += f" (top: {str(compiled.graph_breaks[0].get('reason', '')).splitlines()[0][:80]})"
+    return (f"torch.compile {compiled.mode}/{compiled.backend}: {compiled.compile_time_s:.1f} s, "
+            f"{compiled.frames_compiled} frames, {compiled.graphs} graphs, {breaks}, "
+            f"{len(compiled.recompiles)} recompiles, compiled in steps {compiled.steps_with_compilations or '-'}")
+
+
+def _records(report: Report) -> str:
+    trainer = report.trainer
+    if trainer is None:
+        return ""
+    if trainer.status != "ok":
+        return _titled("Memory, input and compilation (trainer records)", [f"{trainer.status}: {trainer.reason}"])
+    lines = []
+    for records in trainer.ranks[:STALL_RANKS_SHOWN]:
+        if records.memory is not None:
+            lines.append(f"rank {records.rank}: memory: {memory_line(records.memory)}")
+        if records.input is not None:
+            lines.append(f"rank {records.rank}: input (data_ms): mean {records.input.mean_data_ms:.2f} ms, "
+                         f"max {records.input.max_data_ms:.2f} ms, {records.input.data_pct:.1f}% of step time")
+        if records.compile is not None:
+            lines.append(f"rank {records.rank}: {compile_line(records.compile)}")
+    if len(trainer.ranks) > STALL_RANKS_SHOWN:
+        lines.append(f"... {len(trainer.ranks) - STALL_RANKS_SHOWN} more ranks in the JSON/HTML report")
+    lines += [f"WARNING {w}" for w in trainer.warnings]
+    if trainer.missing_ranks:
+        lines.append(f"no records for ranks {trainer.missing_ranks}")
+    return _titled("Memory, input and compilation (trainer records)", lines)

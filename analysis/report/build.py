@@ -12,6 +12,7 @@ from fleetscope.analysis.cross_rank.arrivals import arrival_matrix
 from fleetscope.analysis.cross_rank.bandwidth import collective_bandwidth
 from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset, align_clocks
 from fleetscope.analysis.cross_rank.hta_views import HtaViews, run_hta, skipped
+from fleetscope.analysis.cross_rank.records import TrainerEvidence
 from fleetscope.analysis.cross_rank.stragglers import (
     DEFAULT_MIN_LATENESS_US,
     Stragglers,
@@ -81,9 +82,10 @@ def build_report(*, source_path: str, source_kind: str, results: list[RankResult
                  notes: list[str], hta: HtaRunner | None = None,
                  measured_offsets: dict[int, MeasuredOffset] | None = None,
                  min_lateness_us: float = DEFAULT_MIN_LATENESS_US,
-                 link_peak_gbps: float | None = None) -> Report:
+                 link_peak_gbps: float | None = None, trainer: TrainerEvidence | None = None) -> Report:
     """Assemble the report. `measured_offsets[rank]`: that rank's clock minus rank 0's, from its clock file;
-    `link_peak_gbps`: peak bus bandwidth of every link, instead of bandwidth.py's table."""
+    `link_peak_gbps`: peak bus bandwidth of every link, instead of bandwidth.py's table; `trainer`: the
+    run's trainer records (cross_rank/records.py)."""
     hta = hta or hta_runner()
     windows = [
         _window_report(window, group, hta, measured_offsets or {}, min_lateness_us, link_peak_gbps)
@@ -104,6 +106,7 @@ def build_report(*, source_path: str, source_kind: str, results: list[RankResult
         step_time=StepStats.of(all_steps),
         ranks=summaries,
         windows=windows,
+        trainer=trainer,
     )
 
 

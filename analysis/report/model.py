@@ -74,10 +74,26 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           members, summed), wait_pct (wait / (wait + moving)), algbw_gbps
                           (total_bytes / moving time, 1e9 B/s), busbw_gbps (algbw x nccl-tests
                           factor), peak_busbw_gbps, peak_pct, verdict}} | null
+    trainer               TrainerEvidence, from metrics/rank<R>.jsonl and rank<R>.compile.json | null:
+                          {status ("ok" | "not recorded"), reason, missing_ranks[], warnings[] (leak
+                          suspicion, allocation retries/OOMs, input wait >= 10% of step time, compilation in
+                          profiled/traced steps, recompiles),
+                          ranks[] {rank, problems[],
+                          memory {steps[], allocated_mb[], reserved_mb[] (per-step allocator peaks, MiB),
+                          peak_allocated_mb, peak_reserved_mb, fragmentation_mb (reserved - allocated in the
+                          step of the reserved peak), fragmentation_pct, alloc_retries, ooms (summed),
+                          growth_mb_per_step (least-squares slope after the first 2 steps, >= 4 steps),
+                          leak_suspected (slope >= 1 MiB/step)} | null,
+                          input {steps, mean_data_ms, max_data_ms, data_pct (data_ms over step_time_ms)} | null,
+                          compile {mode, backend, final, compile_time_s, frames_compiled, graphs,
+                          graph_break_count, graph_breaks[] {reason, count}, recompiles[] {compile_id,
+                          function, reason}, cuda_graphs, cudagraph_skip_reasons[], steps_with_compilations[],
+                          compiled_in_timed_steps[]} | null}
 
 Definitions of every metric: utilization.py (busy/idle/comm/overlap), stragglers.py (arrival, lateness,
 wait, score), bandwidth.py and comm_bytes.py (collective sizes and bandwidth),
-gpu_time.py (GPU time by phase, range and category), host_stalls.py (syncs, input waits, idle causes), collectives.py (collective times and keys), clock_align.py (clock offsets), steps.py (steps
+gpu_time.py (GPU time by phase, range and category), host_stalls.py (syncs, input waits, idle causes),
+trainer_records.py (memory, input, compile records), collectives.py (collective times and keys), clock_align.py (clock offsets), steps.py (steps
 and phases), kernels.py (kernel totals).
 """
 
@@ -92,6 +108,7 @@ from typing import Any
 from fleetscope.analysis.cross_rank.bandwidth import Bandwidth
 from fleetscope.analysis.cross_rank.clock_align import ClockAlignment
 from fleetscope.analysis.cross_rank.hta_views import HtaViews
+from fleetscope.analysis.cross_rank.records import TrainerEvidence
 from fleetscope.analysis.cross_rank.stragglers import Stragglers
 from fleetscope.analysis.inputs.sources import (  # noqa: F401  (part of the report's model)
     SOURCE_RUN_DIR,
@@ -190,6 +207,7 @@ class Report:
     step_time: StepStats | None = None
     ranks: list[RankSummary] = field(default_factory=list)
     windows: list[WindowReport] = field(default_factory=list)
+    trainer: TrainerEvidence | None = None
 
     @property
     def analyzed_ranks(self) -> list[int]:

@@ -141,3 +141,11 @@ def test_bandwidth_fields_are_in_the_documented_schema(tmp_path):
     bandwidth = write_ranks(tmp_path).to_json()["windows"][0]["bandwidth"]
     keys = set(bandwidth) | set(bandwidth["rows"][0])
     assert {k for k in keys if not re.search(rf"\b{k}\b", report_module.__doc__)} == set()
+
+
+def test_bandwidth_survives_the_json_round_trip(tmp_path):
+    from fleetscope.analysis.analyze import load_report_json, write_report_json
+
+    report = write_ranks(tmp_path)
+    loaded = load_report_json(write_report_json(report, tmp_path / "out" / "report.json"))
+    assert loaded.windows[0].bandwidth == report.windows[0].bandwidth

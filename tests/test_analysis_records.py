@@ -98,3 +98,14 @@ def test_record_fields_are_in_the_documented_schema(tmp_path):
     records = data["trainer"]["ranks"][0]
     keys = set(data["trainer"]) | set(records) | set(records["memory"]) | set(records["input"]) | set(records["compile"])
     assert {k for k in keys if not re.search(rf"\b{k}\b", report_module.__doc__)} == set()
+
+
+def test_the_evidence_survives_the_json_round_trip(tmp_path):
+    from fleetscope.analysis.analyze import load_report_json, write_report_json
+
+    report = analyze(run_dir(tmp_path), use_hta=False, use_cache=False, write_default_outputs=False)
+    loaded = load_report_json(write_report_json(report, tmp_path / "report.json"))
+    assert loaded.trainer == report.trainer
+    assert loaded.windows[0].gpu_time == report.windows[0].gpu_time
+    assert loaded.windows[0].ranks[0].host_stalls == report.windows[0].ranks[0].host_stalls
+    assert render_terminal(loaded) == render_terminal(report)

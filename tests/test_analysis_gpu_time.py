@@ -17,7 +17,9 @@ AUTOGRAD_TID = 4500
 def phased_rank() -> KinetoBuilder:
     """One step of 1000 us. Launches (host time) and GPU durations:
     forward 20-320: gemm 300 us launched at 30, flash attention 100 us at 60 (inside user range
-    `attention` 50-100); backward 330-830: elementwise 250 us launched at 400 from the autograd thread;
+    `attention` 50-100); backward 330-830: elementwise 250 us launched at 400 from the autograd thread
+    (the gemm and the elementwise kernel come from aten::mm and aten::add_: External ids 1001 and 1003,
+    the builder's first and third kernels);
     optimizer_step 840-900: multi_tensor_apply 40 us at 850; train_step 10-990 outside its phases: memcpy
     30 us at 910; in the step after train_step: a reduction 10 us at 995; outside steps: a reduction
     20 us launched at 1100."""
@@ -28,6 +30,8 @@ def phased_rank() -> KinetoBuilder:
     builder.annotation("attention", 50, 50.0)
     builder.annotation("backward", 330, 500.0)
     builder.annotation("optimizer_step", 840, 60.0)
+    builder.complete("aten::mm", "cpu_op", 25, 10.0, args={"External id": 1001})   # the gemm's launcher
+    builder.complete("aten::add_", "cpu_op", 395, 10.0, args={"External id": 1003})
     builder.kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 100, 300.0, launch_ts=30)
     builder.kernel("flash_fwd_kernel", 420, 100.0, launch_ts=60)
     builder.kernel("vectorized_elementwise_kernel", 530, 250.0, launch_ts=400)
@@ -48,6 +52,7 @@ def test_gpu_time_goes_to_the_phase_and_range_that_launched_it(tmp_path):
                                              "train_step": 30.0, PHASE_OTHER: 10.0,
                                              PHASE_OUTSIDE: 20.0})
     assert gpu.by_range_us == pytest.approx({"attention": 100.0})
+    assert gpu.by_op_us == pytest.approx({"aten::mm": 300.0, "aten::add_": 250.0})   # linked by External id
     assert gpu.by_category_us == pytest.approx({"gemm": 300.0, "attention": 100.0, "elementwise": 250.0,
                                                 "optimizer": 40.0, "memcpy/memset": 30.0, "reduction": 30.0})
     assert report.windows[0].gpu_time.by_phase_us == gpu.by_phase_us

@@ -19,6 +19,7 @@ import numpy as np
 from fleetscope.analysis.per_rank.names import (
     COLLECTIVE_NAME_ARG,
     DTYPE_ARG,
+    EXTERNAL_ID_ARG,
     GROUP_SIZE_ARG,
     IN_NELEMS_ARG,
     OUT_NELEMS_ARG,
@@ -94,6 +95,11 @@ class TraceEvents:
     message_id: np.ndarray | None = None
     """Index into `messages` of each event's message, -1 where the event has none; None when no event
     has one (gloo traces, older PyTorch)."""
+    op_of_external: dict[int, str] = field(default_factory=dict)
+    """GPU traces: `External id` -> name of the host op (`cpu_op`) carrying it, for every host op, also the
+    ones left out of the table: a kernel's `External id` names the innermost op that launched it."""
+    external_id: np.ndarray | None = None
+    """GPU traces: each event's `External id` (GPU activity only), -1 where none; None on CPU traces."""
     dropped: dict[str, int] = field(default_factory=dict)
     """Events left out, by reason (negative duration, non-numeric time)."""
     omitted_host_ops: int = 0
@@ -162,6 +168,7 @@ class _Args(msgspec.Struct):
     out_nelems: Any = msgspec.field(default=None, name=OUT_NELEMS_ARG)
     dtype: Any = msgspec.field(default=None, name=DTYPE_ARG)
     group_size: Any = msgspec.field(default=None, name=GROUP_SIZE_ARG)
+    external_id: Any = msgspec.field(default=None, name=EXTERNAL_ID_ARG)
 
 
 _ARG_KEYS = dict(zip(_Args.__struct_fields__, _Args.__struct_encode_fields__))
@@ -245,6 +252,8 @@ def build_table(events: list[_Event]) -> TraceEvents:
     grouped_rows: list[tuple[int, int]] = []
     message_index: dict[tuple, int] = {}
     message_rows: list[tuple[int, int]] = []
+    op_of_external: dict[int, str] = {}
+    external_rows: list[tuple[int, int]] = []
     for event in events:
         if event.ph != "X":
             if event.ph == "M" and event.name == "thread_name":
@@ -252,6 +261,9 @@ def build_table(events: list[_Event]) -> TraceEvents:
             continue
         if skip_host_ops and event.cat == "cpu_op":
             name = event.name
+            external = event.args.external_id if event.args is not None else None
+            if type(external) is int and type(name) is str:
+                op_of_external[external] = name
             kept = host_op_kept.get(name) if type(name) is str else False
             if kept is None:
                 kept = host_op_kept[name] = is_kept_host_op(name)
@@ -277,6 +289,8 @@ def build_table(events: list[_Event]) -> TraceEvents:
         starts.append(start)
         durs.append(dur)
         if kind in gpu_codes:
+            if args is not None and type(args.external_id) is int:
+                external_rows.append((len(name_ids) - 1, args.external_id))
             threads.append(_int_or(args.stream if args else None, _int_or(event.tid, NO_ID)))
             devices.append(_int_or(args.device if args else None, _int_or(event.pid, 0)))
         else:
@@ -294,6 +308,8 @@ def build_table(events: list[_Event]) -> TraceEvents:
     messages = _message_column(message_index, message_rows, len(name_ids)) if message_rows else None
     table = _to_table(name_index, name_ids, kinds, starts, durs, threads, devices, correlations,
                       thread_names, dropped, groups, messages)
+    if skip_host_ops:
+        table = _with_externals(table, starts, op_of_external, external_rows, len(name_ids))
     return dataclasses.replace(table, omitted_host_ops=omitted) if omitted else table
 
 
@@ -329,6 +345,17 @@ def _message_column(index: dict[tuple, int], rows: list[tuple[int, int]], count:
     parsed_rows, slots = zip(*rows)
     column[list(parsed_rows)] = slots
     return messages, column
+
+
+def _with_externals(table: TraceEvents, starts: list, op_of_external: dict[int, str],
+                    rows: list[tuple[int, int]], count: int) -> TraceEvents:
+    """The table with its External id column (GPU events), sorted like the other columns."""
+    column = np.full(count, NO_ID, dtype=np.int64)
+    if rows:
+        parsed_rows, ids = zip(*rows)
+        column[list(parsed_rows)] = ids
+    order = np.argsort(np.asarray(starts, dtype=np.float64), kind="stable")
+    return dataclasses.replace(table, op_of_external=op_of_external, external_id=column[order])
 
 
 def _str_or_none(value: Any) -> str | None:

@@ -7,7 +7,9 @@ correlation id leads to the `cudaLaunchKernel`-style runtime call, and the launc
     while the main thread is inside `backward`); inside a step but no phase: PHASE_OTHER; outside every
     step: PHASE_OUTSIDE;
   - a user range: the innermost `record_function` range (user annotation other than steps and phases)
-    on the launching thread containing it; none: no range.
+    on the launching thread containing it; none: no range;
+  - a host op: the innermost op that launched it, by the `External id` Kineto gives both (host ops are
+    left out of GPU traces' event tables, but their External ids and names are kept for this).
 Activity without a recorded launch counts by its own start. Durations are summed (concurrent kernels on
 different streams each count), in microseconds.
 """
@@ -41,6 +43,9 @@ class GpuTime:
     category_counts: dict[str, int] = field(default_factory=dict)
     by_range_us: dict[str, float] = field(default_factory=dict)
     """The TOP_RANGES_KEPT user ranges with the most GPU time launched inside them."""
+    by_op_us: dict[str, float] = field(default_factory=dict)
+    """The TOP_RANGES_KEPT host ops (`aten::mm`, ...) with the most GPU time: the innermost op that
+    launched each activity (its `External id`); empty where the trace links none."""
 
 
 def measure_gpu_time(events: TraceEvents, steps: list[StepTiming]) -> GpuTime | None:
@@ -57,7 +62,16 @@ def measure_gpu_time(events: TraceEvents, steps: list[StepTiming]) -> GpuTime | 
         by_category_us=_sum_by(categories := _categories(events, indices), durations),
         category_counts={c: categories.count(c) for c in sorted(set(categories))},
         by_range_us=_top(_sum_by(_range_of(events, launch_us, launch_thread), durations), TOP_RANGES_KEPT),
+        by_op_us=_top(_sum_by(_op_of(events, indices), durations), TOP_RANGES_KEPT),
     )
+
+
+def _op_of(events: TraceEvents, indices: np.ndarray) -> list[str | None]:
+    """The host op that launched each GPU event (by `External id`), None where unknown."""
+    if events.external_id is None or not events.op_of_external:
+        return [None] * indices.size
+    ops = events.op_of_external
+    return [ops.get(external) for external in events.external_id[indices].tolist()]
 
 
 def _launches(events: TraceEvents, gpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -135,4 +149,5 @@ def combine_gpu_time(per_rank: list[GpuTime | None]) -> GpuTime | None:
 
     return GpuTime(total_us=sum(g.total_us for g in present), by_phase_us=summed("by_phase_us"),
                    by_category_us=summed("by_category_us"), category_counts=summed("category_counts"),
-                   by_range_us=_top(summed("by_range_us"), TOP_RANGES_KEPT))
+                   by_range_us=_top(summed("by_range_us"), TOP_RANGES_KEPT),
+                   by_op_us=_top(summed("by_op_us"), TOP_RANGES_KEPT))

@@ -39,6 +39,8 @@ PROCESS_GROUP_NAME_ARG = "Process Group Name"
 PROCESS_GROUP_DESCRIPTION_ARG = "Process Group Description"
 """Kineto args naming the process group of a collective (on NCCL kernels and `record_param_comms`)."""
 _UNDESCRIBED_GROUPS = ("", "undefined")
+EXTERNAL_ID_ARG = "External id"
+"""Kineto's link from GPU activity (and its launch) to the host op that launched it."""
 COLLECTIVE_NAME_ARG = "Collective name"
 IN_NELEMS_ARG = "In msg nelems"
 OUT_NELEMS_ARG = "Out msg nelems"

@@ -91,6 +91,8 @@ def _time(report: Report) -> str:
             body += (_share_table("GPU time by phase (the range that launched it)", gpu.by_phase_us, gpu.total_us)
                      + _share_table("GPU time by kernel category", gpu.by_category_us, gpu.total_us)
                      + _share_table("GPU time by user range (innermost record_function)", gpu.by_range_us,
+                                    gpu.total_us)
+                     + _share_table("GPU time by host op (the innermost op that launched it)", gpu.by_op_us,
                                     gpu.total_us))
         if body:
             parts.append(_window_title(window) + body)

@@ -68,6 +68,8 @@ def _time(report: Report) -> str:
         lines.append(_w(window) + "by kernel category: " + _shares(gpu.by_category_us, gpu.total_us))
         if gpu.by_range_us:
             lines.append(_w(window) + "by user range: " + _shares(gpu.by_range_us, gpu.total_us, keep=5))
+        if gpu.by_op_us:
+            lines.append(_w(window) + "top ops: " + _shares(gpu.by_op_us, gpu.total_us, keep=5))
     return _titled("Where the time went (phases on the host; GPU time by the range that launched it)", lines)
 
 

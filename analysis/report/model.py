@@ -41,7 +41,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           by_category_us {category: us}, category_counts {category: launches} (gemm,
                           attention, elementwise, reduction, memcpy/memset, communication, optimizer,
                           other: names.kernel_category), by_range_us {user record_function range: us}
-                          (innermost range on the launching thread; top 15)}
+                          (innermost range on the launching thread; top 15), by_op_us {host op: us} (the
+                          innermost op that launched it, by External id; top 15)}
         clock             {reference_rank, reference_host, hosts[] {host, ranks[], offset_us, source
                           ("reference host" | "measured" | "collectives" | "none"), measured_offset_us,
                           measured_uncertainty_us, collective_offset_us, collective_spread_us,

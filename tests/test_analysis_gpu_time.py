@@ -84,3 +84,14 @@ def test_kernel_categories_by_name(name, category):
 def test_a_lambda_in_a_kernel_name_is_no_optimizer():
     name = "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}"
     assert kernel_category(name) == "elementwise"
+
+
+def test_nested_user_ranges_give_the_innermost_and_other_threads_none(tmp_path):
+    builder = KinetoBuilder(rank=0, world_size=1).step(1, 0, 1000.0)
+    builder.annotation("outer", 10, 500.0).annotation("inner", 100, 100.0)
+    builder.annotation("other thread", 0, 1000.0, tid=AUTOGRAD_TID)
+    for launch, duration in ((50, 10.0), (150, 20.0), (300, 40.0), (700, 80.0)):
+        builder.kernel("gemm", 800 + launch / 10, duration, launch_ts=launch)
+    builder.write(tmp_path / "rank0.json.gz")
+    gpu = analyze(tmp_path, use_hta=False, use_cache=False).windows[0].ranks[0].gpu_time
+    assert gpu.by_range_us == pytest.approx({"outer": 50.0, "inner": 20.0})    # the launch at 700: no range

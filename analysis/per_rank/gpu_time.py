@@ -102,14 +102,33 @@ def _phase_of(events: TraceEvents, steps: list[StepTiming], times_us: np.ndarray
 
 
 def _range_of(events: TraceEvents, times_us: np.ndarray, threads: np.ndarray) -> list[str | None]:
-    """Innermost user range on the launching thread (the latest-starting one that contains the launch)."""
-    user = events.of_kind(Kind.USER_ANNOTATION) & events.names_matching(_is_user_range)
-    labels = np.full(times_us.size, None, dtype=object)
-    for index in np.flatnonzero(user):          # sorted by start: later (inner) ranges overwrite outer ones
-        inside = ((times_us >= events.start_us[index]) & (times_us < events.end_us[index])
-                  & (threads == events.thread[index]))
-        labels[inside] = events.names[events.name_id[index]]
-    return labels.tolist()
+    """Innermost user range on the launching thread containing each launch; one sweep per thread
+    (ranges of one thread nest, so a stack holds the open ones)."""
+    user = np.flatnonzero(events.of_kind(Kind.USER_ANNOTATION) & events.names_matching(_is_user_range))
+    labels: list[str | None] = [None] * times_us.size
+    for thread in np.unique(events.thread[user]).tolist():
+        ranges = user[events.thread[user] == thread]          # sorted by start, as the table is
+        launches = np.flatnonzero(threads == thread)
+        launches = launches[np.argsort(times_us[launches], kind="stable")]
+        for slot, name_id in _innermost(events.start_us[ranges].tolist(), events.end_us[ranges].tolist(),
+                                        events.name_id[ranges].tolist(), times_us[launches].tolist()):
+            labels[int(launches[slot])] = events.names[name_id]
+    return labels
+
+
+def _innermost(starts: list[float], ends: list[float], name_ids: list[int], times: list[float]):
+    """(index into `times`, name id of the innermost range containing it) for sorted nested ranges and
+    sorted times."""
+    stack: list[tuple[float, int]] = []
+    next_range = 0
+    for slot, time in enumerate(times):
+        while next_range < len(starts) and starts[next_range] <= time:
+            stack.append((ends[next_range], name_ids[next_range]))
+            next_range += 1
+        while stack and stack[-1][0] <= time:
+            stack.pop()
+        if stack:
+            yield slot, stack[-1][1]
 
 
 def _is_user_range(name: str) -> bool:

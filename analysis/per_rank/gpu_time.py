@@ -91,14 +91,24 @@ def _launches(events: TraceEvents, gpu: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def _phase_of(events: TraceEvents, steps: list[StepTiming], times_us: np.ndarray) -> list[str]:
     labels = np.full(times_us.size, PHASE_OUTSIDE, dtype=object)
-    for step in steps:
-        labels[(times_us >= step.start_us) & (times_us < step.end_us)] = PHASE_OTHER
+    labels[_inside_any([s.start_us for s in steps], [s.end_us for s in steps], times_us)] = PHASE_OTHER
     host = events.of_kind(Kind.USER_ANNOTATION, Kind.CPU_OP)
     for phase in PHASES:          # train_step first: the phases inside it overwrite it
         mask = host & events.names_matching(lambda n, p=phase: n == p)
-        for start, end in zip(events.start_us[mask], events.end_us[mask]):
-            labels[(times_us >= start) & (times_us < end)] = phase
+        labels[_inside_any(events.start_us[mask], events.end_us[mask], times_us)] = phase
     return labels.tolist()
+
+
+def _inside_any(starts_us, ends_us, times_us: np.ndarray) -> np.ndarray:
+    """Which times fall inside one of the ranges: a time is inside one of the ranges starting before it
+    when it is before the latest end among them."""
+    starts, ends = np.asarray(starts_us, dtype=np.float64), np.asarray(ends_us, dtype=np.float64)
+    if not starts.size:
+        return np.zeros(times_us.size, dtype=bool)
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], np.maximum.accumulate(ends[order])
+    slot = np.searchsorted(starts, times_us, side="right") - 1
+    return (slot >= 0) & (times_us < ends[np.clip(slot, 0, None)])
 
 
 def _range_of(events: TraceEvents, times_us: np.ndarray, threads: np.ndarray) -> list[str | None]:

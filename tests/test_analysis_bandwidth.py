@@ -26,11 +26,12 @@ END_US = 900.0
 
 def nccl_rank(rank: int, *, host: str = "node0", kernel: str = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
               collective: str = "allreduce", nelems: int = NELEMS, out_nelems: int | None = None,
-              dtype: str = "BFloat16", world: int = 2, message: bool = True) -> KinetoBuilder:
+              dtype: str = "BFloat16", world: int = 2, message: bool = True,
+            group_size: int | None = None) -> KinetoBuilder:
     """Two steps of 1000 us, one collective per step from ARRIVAL_US[rank] to END_US on every rank."""
     builder = KinetoBuilder(rank=rank, world_size=world, host=host)
     args = {"Collective name": collective, "In msg nelems": nelems, "Out msg nelems": out_nelems or nelems,
-            "dtype": dtype, "Group size": world, "Process Group Name": "0",
+            "dtype": dtype, "Group size": group_size or world, "Process Group Name": "0",
             "Process Group Description": "mesh_dp"} if message else {}
     for index, start in enumerate((0.0, 1000.0)):
         builder.step(index + 1, start, 1000.0)
@@ -149,3 +150,9 @@ def test_bandwidth_survives_the_json_round_trip(tmp_path):
     report = write_ranks(tmp_path)
     loaded = load_report_json(write_report_json(report, tmp_path / "out" / "report.json"))
     assert loaded.windows[0].bandwidth == report.windows[0].bandwidth
+
+
+def test_the_group_size_arg_sets_the_bus_factor_when_some_members_have_no_trace(tmp_path):
+    (row,) = write_ranks(tmp_path, group_size=4).windows[0].bandwidth.rows
+    assert row.members == 4
+    assert row.busbw_gbps == pytest.approx(row.algbw_gbps * 2 * 3 / 4, rel=1e-9)

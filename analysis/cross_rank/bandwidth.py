@@ -8,8 +8,8 @@ For one collective instance (a column of the aligned arrival matrix, arrivals.py
   - busbw_gbps = algbw x the nccl-tests factor for n members: all-reduce 2(n-1)/n; all-gather,
     reduce-scatter, all-to-all (n-1)/n; broadcast, reduce, send/recv 1.
 A row sums its instances: algbw = total bytes / total moving time; wait_pct = wait / (wait + moving).
-Members come from the matrix (the ranks that ran the instance); the row is intra-node when all of them
-are on one host, else inter-node, and is compared with that link's peak bus bandwidth (PEAK_BUSBW_GBPS,
+n is the `Group size` arg (the ranks whose traces hold the instance, where more or no arg). The row is
+intra-node when all the ranks holding it are on one host, else inter-node, and is compared with that link's peak bus bandwidth (PEAK_BUSBW_GBPS,
 or the `link_peak_gbps` override of analyze(), CLI `--link-peak`).
 """
 
@@ -53,7 +53,8 @@ class BandwidthRow:
     size_bucket: str
     """The bucket in words ("64 MiB-256 MiB")."""
     members: int
-    """Ranks taking part (largest over the row's instances)."""
+    """Ranks taking part (largest over the row's instances): the `Group size` arg, or the ranks whose
+    traces hold the instance when that is more (or the arg is missing). The bus factor uses it."""
     scope: str
     """INTRA_NODE or INTER_NODE, from the members' hosts."""
     instances: int
@@ -140,16 +141,18 @@ def _peaks(override: float | None) -> tuple[dict[str, float], str]:
     return {INTRA_NODE: override, INTER_NODE: override}, f"given: {override:g} GB/s for every link"
 
 
-def _sizes_by_key(results: list[RankResult]) -> dict[CollectiveKey, tuple[float, str, str | None]]:
-    """Instance key -> (bytes, collective type, group), from the first rank that recorded it."""
-    found: dict[CollectiveKey, tuple[float, str, str | None]] = {}
+def _sizes_by_key(results: list[RankResult]) -> dict[CollectiveKey, tuple[float, str, str | None, int]]:
+    """Instance key -> (bytes, collective type, group, recorded group size or -1), from the first rank
+    that recorded it."""
+    found: dict[CollectiveKey, tuple[float, str, str | None, int]] = {}
     for result in results:
         sizes = result.collectives.sizes
         if sizes is None or result.collectives.source != SOURCE_NCCL:
             continue
-        for key, size, kind, group in zip(result.collectives.keys, sizes.bytes, sizes.collective, sizes.group):
+        for key, size, kind, group, members in zip(result.collectives.keys, sizes.bytes, sizes.collective,
+                                                   sizes.group, sizes.group_size.tolist()):
             if key not in found and not np.isnan(size) and kind is not None:
-                found[key] = (float(size), kind, group)
+                found[key] = (float(size), kind, group, int(members))
     return found
 
 
@@ -172,8 +175,9 @@ def _rows(matrix: ArrivalMatrix, sizes: dict, peaks: dict[str, float]) -> tuple[
         if key not in sizes or instance is None:
             skipped += 1
             continue
-        size, kind, group = sizes[key]
+        size, kind, group, recorded_members = sizes[key]
         moving_us, wait_us, members, hosts = instance
+        members = max(members, recorded_members)
         row_key = (kind, group, size_bucket(size))
         total = totals[row_key]
         total[0] += 1

@@ -58,7 +58,7 @@ def test_memory_peaks_fragmentation_growth_and_retries(tmp_path):
     assert memory.growth_mb_per_step == pytest.approx(LEAK_MB, abs=1e-6)   # steps 2-7, exact line
     assert memory.leak_suspected and (memory.alloc_retries, memory.ooms) == (1, 0)
     assert records.input.data_pct == pytest.approx(10.0) and records.input.mean_data_ms == 5.0
-    assert any("possible leak" in w for w in report.trainer.warnings)
+    assert any("2.50 MiB/step (least-squares over steps 2-7): possible leak" in w for w in report.trainer.warnings)
 
 
 def test_no_growth_is_no_leak():

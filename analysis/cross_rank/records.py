@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fleetscope.analysis.per_rank.rank import RankResult
-from fleetscope.analysis.per_rank.trainer_records import RankRecords, read_rank_records
+from fleetscope.analysis.per_rank.trainer_records import LEAK_SKIP_STEPS, RankRecords, read_rank_records
 from fleetscope.traces.layout import RunLayout
 
 STATUS_OK, STATUS_NONE = "ok", "not recorded"
@@ -48,7 +48,7 @@ def record_warnings(records: RankRecords) -> list[str]:
     memory, data, compiled = records.memory, records.input, records.compile
     if memory is not None and memory.leak_suspected:
         warnings.append(f"rank {rank}: allocated memory grows {memory.growth_mb_per_step:.2f} MiB/step "
-                        f"(least-squares over steps {memory.steps[0]}-{memory.steps[-1]}, first steps left out): "
+                        f"(least-squares over steps {memory.steps[LEAK_SKIP_STEPS]}-{memory.steps[-1]}): "
                         "possible leak")
     if memory is not None and (memory.alloc_retries or memory.ooms):
         warnings.append(f"rank {rank}: {memory.alloc_retries} allocation retries (each flushes the cache and "

@@ -9,8 +9,9 @@ For one collective instance (a column of the aligned arrival matrix, arrivals.py
     reduce-scatter, all-to-all (n-1)/n; broadcast, reduce, send/recv 1.
 A row sums its instances: algbw = total bytes / total moving time; wait_pct = wait / (wait + moving).
 n is the `Group size` arg (the ranks whose traces hold the instance, where more or no arg). The row is
-intra-node when all the ranks holding it are on one host, else inter-node, and is compared with that link's peak bus bandwidth (PEAK_BUSBW_GBPS,
-or the `link_peak_gbps` override of analyze(), CLI `--link-peak`).
+intra-node when all the ranks holding it are on one host, else inter-node, and is compared with that
+link's peak bus bandwidth (PEAK_BUSBW_GBPS, or the `link_peak_gbps` override of analyze(), CLI
+`--link-peak`).
 """
 
 from __future__ import annotations

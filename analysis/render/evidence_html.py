@@ -121,7 +121,8 @@ def _stalls(report: Report) -> str:
         return ""
     return ("<h2>Host stalls</h2><p class=\"note\">Syncs: cudaStream/Device/EventSynchronize; tensor reads: "
             "aten::_local_scalar_dense (.item()); input wait: DataLoader fetches. GPU idle gaps inside the "
-            "steps get one cause each: input wait (half covered by a fetch), host sync (starts during or just "
+            "steps get one cause each: input wait (half covered by a fetch), host collective (half covered by "
+            "gloo/c10d communication on the host), host sync (starts during or just "
             "after a sync), short gaps (&lt; 10 us), host busy elsewhere.</p>" + "".join(parts))
 
 

@@ -30,8 +30,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           .item() and friends), dtoh_count, dtoh_us (device-to-host copies launched in
                           the step, GPU time), input_wait_us (DataLoader fetch spans, host wall)},
                           idle_by_cause_us {cause: us}, idle_gaps_by_cause {cause: gaps}: GPU idle time
-                          inside the steps by cause ("input wait", "host sync", "short gaps" < 10 us,
-                          "host busy elsewhere"; host_stalls.py)} | null (no steps)
+                          inside the steps by cause ("input wait", "host collective", "host sync",
+                          "short gaps" < 10 us, "host busy elsewhere"; host_stalls.py)} | null (no steps)
         top_kernels[]     {name, count, total_us, ranks, category}: kernels with the most GPU time, all ranks
                           summed; category as in gpu_time
         gpu_time          GpuTime, the window's ranks summed | null (no GPU activity): {total_us (kernel,
@@ -92,10 +92,10 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           compiled_in_timed_steps[]} | null}
 
 Definitions of every metric: utilization.py (busy/idle/comm/overlap), stragglers.py (arrival, lateness,
-wait, score), bandwidth.py and comm_bytes.py (collective sizes and bandwidth),
-gpu_time.py (GPU time by phase, range and category), host_stalls.py (syncs, input waits, idle causes),
-trainer_records.py (memory, input, compile records), collectives.py (collective times and keys), clock_align.py (clock offsets), steps.py (steps
-and phases), kernels.py (kernel totals).
+wait, score), bandwidth.py and comm_bytes.py (collective sizes and bandwidth), gpu_time.py (GPU time by
+phase, range and category), host_stalls.py (syncs, input waits, idle causes), trainer_records.py (memory,
+input, compile records), collectives.py (collective times and keys), clock_align.py (clock offsets),
+steps.py (steps and phases), kernels.py (kernel totals).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from fleetscope.analysis.cross_rank.placement import place_traces
+from fleetscope.analysis.cross_rank.records import trainer_evidence
 from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
 from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
 from fleetscope.analysis.per_rank.cache import ResultCache, open_cache
@@ -28,7 +29,8 @@ from fleetscope.traces.writer import write_bytes_atomically
 def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: str | Path | None = None,
             write_default_outputs: bool = True, use_hta: bool = True, hta_max_ranks: int = DEFAULT_HTA_MAX_RANKS,
             workers: int | None = None, min_lateness_us: float = DEFAULT_MIN_LATENESS_US,
-            progress: Progress | None = None, use_cache: bool = True, cache_dir: Path | None = None) -> Report:
+            progress: Progress | None = None, use_cache: bool = True, cache_dir: Path | None = None,
+            link_peak_gbps: float | None = None) -> Report:
     """Analyze a run directory, a directory of Kineto traces, or one trace file.
 
     Writes the JSON report to `json_out` and the HTML report to `html_out` when given. For a run directory,
@@ -38,7 +40,8 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     reported in `Report.problems` (and make `Report.complete` false), never raised.
     HTA runs on GPU windows unless `use_hta` is false, on at most `hta_max_ranks` ranks per window.
     Per-trace results are kept in the parsed-trace cache (result_cache.py; `cache_dir`, default
-    default_cache_dir()) unless `use_cache` is false.
+    default_cache_dir()) unless `use_cache` is false. `link_peak_gbps` replaces the table of peak bus
+    bandwidths (cross_rank/bandwidth.py) that collective bandwidth is compared with (CLI `--link-peak`).
     """
     inputs = resolve_input(path)
     cache, cache_off = open_cache(cache_dir) if use_cache else (None, None)
@@ -55,6 +58,8 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         hta=hta_runner(hta_max_ranks) if use_hta else no_hta,
         measured_offsets=inputs.measured_offsets,
         min_lateness_us=min_lateness_us,
+        link_peak_gbps=link_peak_gbps,
+        trainer=trainer_evidence(inputs.layout, placement.results, inputs.world_size),
     )
     _write_outputs(report, inputs, json_out, html_out, write_default_outputs)
     return report

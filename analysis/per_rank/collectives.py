@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from fleetscope.analysis.per_rank.comm_bytes import MessageSizes, message_sizes
 from fleetscope.analysis.per_rank.events import Kind, TraceEvents
 from fleetscope.analysis.per_rank.intervals import Intervals, covered_between
 from fleetscope.analysis.per_rank.names import (
@@ -58,6 +59,8 @@ class CollectiveCalls:
     """Computation (the rank's compute set, utilization.py) between the end of its previous collective
     (or the start of the trace) and the end of this one. Collectives end at a common instant on every
     rank, so ranks are compared over the same interval: a rank with more work shows more of it."""
+    sizes: MessageSizes | None = None
+    """Bytes, type and group of each call (comm_bytes.py); None for traces without collectives."""
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -105,7 +108,8 @@ def _keyed(events: TraceEvents, mask: np.ndarray, issue_us: np.ndarray,
     starts, ends = events.start_us[indices], events.end_us[indices]
     previous_end = np.concatenate([[-np.inf], ends[:-1]])
     return CollectiveCalls(source=source, keys=keys, start_us=starts, end_us=ends,
-                           interval_compute_us=covered_between(compute, previous_end, ends))
+                           interval_compute_us=covered_between(compute, previous_end, ends),
+                           sizes=message_sizes(events, indices))
 
 
 def _step_numbers(times_us: np.ndarray, steps: list[StepTiming]) -> np.ndarray:

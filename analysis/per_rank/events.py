@@ -17,9 +17,15 @@ from typing import Any, Union
 import msgspec
 import numpy as np
 from fleetscope.analysis.per_rank.names import (
+    COLLECTIVE_NAME_ARG,
+    DTYPE_ARG,
+    EXTERNAL_ID_ARG,
+    GROUP_SIZE_ARG,
+    IN_NELEMS_ARG,
+    OUT_NELEMS_ARG,
     PROCESS_GROUP_DESCRIPTION_ARG,
     PROCESS_GROUP_NAME_ARG,
-    is_comm_cpu_op,
+    is_kept_host_op,
     process_group_label,
 )
 
@@ -82,11 +88,24 @@ class TraceEvents:
     group_id: np.ndarray | None = None
     """Index into `groups` of each event's process group, -1 when the event names none; None when no
     event does (traces without the args: gloo, older PyTorch)."""
+    messages: list[tuple] = field(default_factory=list)
+    """Table of distinct collective message descriptions (`comm_bytes.MESSAGE_FIELDS` order: collective
+    name, in/out element counts, dtype, group size) read from the args NCCL kernels and
+    `record_param_comms` carry."""
+    message_id: np.ndarray | None = None
+    """Index into `messages` of each event's message, -1 where the event has none; None when no event
+    has one (gloo traces, older PyTorch)."""
+    op_of_external: dict[int, str] = field(default_factory=dict)
+    """GPU traces: `External id` -> name of the host op (`cpu_op`) carrying it, for every host op, also the
+    ones left out of the table: a kernel's `External id` names the innermost op that launched it."""
+    external_id: np.ndarray | None = None
+    """GPU traces: each event's `External id` (GPU activity only), -1 where none; None on CPU traces."""
     dropped: dict[str, int] = field(default_factory=dict)
     """Events left out, by reason (negative duration, non-numeric time)."""
     omitted_host_ops: int = 0
     """`cpu_op` events not kept because the trace holds GPU activity: GPU-basis metrics never read host
-    ops other than collectives (which are kept), and they are most of a GPU trace's events."""
+    ops other than collectives and tensor reads (names.is_kept_host_op, which are kept), and they are most
+    of a GPU trace's events."""
 
     def __len__(self) -> int:
         return int(self.start_us.size)
@@ -118,6 +137,12 @@ class TraceEvents:
         found = (launch_ids[slot] == wanted) & (wanted != NO_ID)
         return np.where(found, launch_starts[slot], own_start)
 
+    def message_of(self, index: int) -> tuple | None:
+        """The message description of event `index` (see `messages`), when the trace records one."""
+        if self.message_id is None or self.message_id[index] == NO_ID:
+            return None
+        return self.messages[self.message_id[index]]
+
     def group_of(self, index: int) -> str | None:
         """The process group event `index` ran on, when the trace says."""
         if self.group_id is None or self.group_id[index] == NO_ID:
@@ -138,6 +163,12 @@ class _Args(msgspec.Struct):
     name: Any = None
     group_name: Any = msgspec.field(default=None, name=PROCESS_GROUP_NAME_ARG)
     group_description: Any = msgspec.field(default=None, name=PROCESS_GROUP_DESCRIPTION_ARG)
+    collective: Any = msgspec.field(default=None, name=COLLECTIVE_NAME_ARG)
+    in_nelems: Any = msgspec.field(default=None, name=IN_NELEMS_ARG)
+    out_nelems: Any = msgspec.field(default=None, name=OUT_NELEMS_ARG)
+    dtype: Any = msgspec.field(default=None, name=DTYPE_ARG)
+    group_size: Any = msgspec.field(default=None, name=GROUP_SIZE_ARG)
+    external_id: Any = msgspec.field(default=None, name=EXTERNAL_ID_ARG)
 
 
 _ARG_KEYS = dict(zip(_Args.__struct_fields__, _Args.__struct_encode_fields__))
@@ -219,6 +250,10 @@ def build_table(events: list[_Event]) -> TraceEvents:
     omitted = 0
     group_index: dict[tuple, int] = {}
     grouped_rows: list[tuple[int, int]] = []
+    message_index: dict[tuple, int] = {}
+    message_rows: list[tuple[int, int]] = []
+    op_of_external: dict[int, str] = {}
+    external_rows: list[tuple[int, int]] = []
     for event in events:
         if event.ph != "X":
             if event.ph == "M" and event.name == "thread_name":
@@ -226,9 +261,12 @@ def build_table(events: list[_Event]) -> TraceEvents:
             continue
         if skip_host_ops and event.cat == "cpu_op":
             name = event.name
+            external = event.args.external_id if event.args is not None else None
+            if type(external) is int and type(name) is str:
+                op_of_external[external] = name
             kept = host_op_kept.get(name) if type(name) is str else False
             if kept is None:
-                kept = host_op_kept[name] = is_comm_cpu_op(name)
+                kept = host_op_kept[name] = is_kept_host_op(name)
             if not kept:
                 omitted += 1
                 continue
@@ -251,6 +289,8 @@ def build_table(events: list[_Event]) -> TraceEvents:
         starts.append(start)
         durs.append(dur)
         if kind in gpu_codes:
+            if args is not None and type(args.external_id) is int:
+                external_rows.append((len(name_ids) - 1, args.external_id))
             threads.append(_int_or(args.stream if args else None, _int_or(event.tid, NO_ID)))
             devices.append(_int_or(args.device if args else None, _int_or(event.pid, 0)))
         else:
@@ -262,9 +302,14 @@ def build_table(events: list[_Event]) -> TraceEvents:
                             else NO_ID)
         if args is not None and args.group_name is not None:
             _note_group(args, len(name_ids) - 1, group_index, grouped_rows)
+        if args is not None and args.in_nelems is not None:
+            _note_message(args, len(name_ids) - 1, message_index, message_rows)
     groups = _group_column(group_index, grouped_rows, len(name_ids)) if grouped_rows else None
+    messages = _message_column(message_index, message_rows, len(name_ids)) if message_rows else None
     table = _to_table(name_index, name_ids, kinds, starts, durs, threads, devices, correlations,
-                      thread_names, dropped, groups)
+                      thread_names, dropped, groups, messages)
+    if skip_host_ops:
+        table = _with_externals(table, starts, op_of_external, external_rows, len(name_ids))
     return dataclasses.replace(table, omitted_host_ops=omitted) if omitted else table
 
 
@@ -280,6 +325,41 @@ def _note_group(args: _Args, row: int, group_index: dict[tuple, int], grouped_ro
             return
         index = group_index.setdefault(identity, len(group_index))
     grouped_rows.append((row, index))
+
+
+def _note_message(args: _Args, row: int, index: dict[tuple, int], rows: list[tuple[int, int]]) -> None:
+    """Record event `row`'s collective message (in/out element counts, dtype, group size)."""
+    identity = (_str_or_none(args.collective), _int_or(args.in_nelems, NO_ID), _int_or(args.out_nelems, NO_ID),
+                _str_or_none(args.dtype), _int_or(args.group_size, NO_ID))
+    if identity[1] == NO_ID and identity[2] == NO_ID:
+        return
+    rows.append((row, index.setdefault(identity, len(index))))
+
+
+def _message_column(index: dict[tuple, int], rows: list[tuple[int, int]], count: int) -> tuple[list[tuple], np.ndarray]:
+    """(message table, message index per row in parse order, -1 where none)."""
+    messages: list[tuple] = [()] * len(index)
+    for identity, slot in index.items():
+        messages[slot] = identity
+    column = np.full(count, NO_ID, dtype=np.int32)
+    parsed_rows, slots = zip(*rows)
+    column[list(parsed_rows)] = slots
+    return messages, column
+
+
+def _with_externals(table: TraceEvents, starts: list, op_of_external: dict[int, str],
+                    rows: list[tuple[int, int]], count: int) -> TraceEvents:
+    """The table with its External id column (GPU events), sorted like the other columns."""
+    column = np.full(count, NO_ID, dtype=np.int64)
+    if rows:
+        parsed_rows, ids = zip(*rows)
+        column[list(parsed_rows)] = ids
+    order = np.argsort(np.asarray(starts, dtype=np.float64), kind="stable")
+    return dataclasses.replace(table, op_of_external=op_of_external, external_id=column[order])
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if type(value) is str else None
 
 
 def _group_column(group_index: dict[tuple, int], grouped_rows: list[tuple[int, int]],
@@ -315,7 +395,8 @@ def _add_thread_name(thread_names: dict[int, str], event: _Event) -> None:
 
 
 def _to_table(name_index, name_ids, kinds, starts, durs, threads, devices, correlations,
-              thread_names, dropped, groups: tuple[list[str], np.ndarray] | None = None) -> TraceEvents:
+              thread_names, dropped, groups: tuple[list[str], np.ndarray] | None = None,
+              messages: tuple[list[tuple], np.ndarray] | None = None) -> TraceEvents:
     start = np.asarray(starts, dtype=np.float64)
     order = np.argsort(start, kind="stable")
     names = [""] * len(name_index)
@@ -333,6 +414,8 @@ def _to_table(name_index, name_ids, kinds, starts, durs, threads, devices, corre
         correlation=np.asarray(correlations, dtype=np.int64)[order],
         groups=groups[0] if groups else [],
         group_id=groups[1][order] if groups else None,
+        messages=messages[0] if messages else [],
+        message_id=messages[1][order] if messages else None,
         dropped=dropped,
     )
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from fleetscope.analysis.per_rank.events import Kind, TraceEvents
+from fleetscope.analysis.per_rank.names import kernel_category
 
 TOP_KERNELS_KEPT = 15
 
@@ -19,6 +20,8 @@ class KernelTotal:
     """Sum of the kernel's durations (overlapping launches each count)."""
     ranks: int = 1
     """How many ranks ran it (in a window's aggregate)."""
+    category: str = ""
+    """names.kernel_category of its name."""
 
 
 def top_kernels(events: TraceEvents, keep: int = TOP_KERNELS_KEPT) -> list[KernelTotal]:
@@ -30,7 +33,8 @@ def top_kernels(events: TraceEvents, keep: int = TOP_KERNELS_KEPT) -> list[Kerne
     totals = np.bincount(ids, weights=events.dur_us[kernels], minlength=len(events.names))
     counts = np.bincount(ids, minlength=len(events.names))
     order = np.argsort(-totals)[:keep]
-    return [KernelTotal(name=events.names[i], count=int(counts[i]), total_us=float(totals[i]))
+    return [KernelTotal(name=events.names[i], count=int(counts[i]), total_us=float(totals[i]),
+                        category=kernel_category(events.names[i]))
             for i in order if counts[i] > 0]
 
 
@@ -43,4 +47,5 @@ def combine(per_rank: list[list[KernelTotal]], keep: int = TOP_KERNELS_KEPT) -> 
             total[kernel.name] += kernel.total_us
             ranks[kernel.name] += 1
     names = sorted(total, key=lambda n: -total[n])[:keep]
-    return [KernelTotal(name=n, count=count[n], total_us=total[n], ranks=ranks[n]) for n in names]
+    return [KernelTotal(name=n, count=count[n], total_us=total[n], ranks=ranks[n], category=kernel_category(n))
+            for n in names]

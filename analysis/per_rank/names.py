@@ -39,6 +39,15 @@ PROCESS_GROUP_NAME_ARG = "Process Group Name"
 PROCESS_GROUP_DESCRIPTION_ARG = "Process Group Description"
 """Kineto args naming the process group of a collective (on NCCL kernels and `record_param_comms`)."""
 _UNDESCRIBED_GROUPS = ("", "undefined")
+EXTERNAL_ID_ARG = "External id"
+"""Kineto's link from GPU activity (and its launch) to the host op that launched it."""
+COLLECTIVE_NAME_ARG = "Collective name"
+IN_NELEMS_ARG = "In msg nelems"
+OUT_NELEMS_ARG = "Out msg nelems"
+DTYPE_ARG = "dtype"
+GROUP_SIZE_ARG = "Group size"
+"""Kineto args describing a collective's message (on NCCL kernels and `record_param_comms`, PyTorch >= 2.3;
+gloo traces have none)."""
 
 
 def process_group_label(group_name: object, description: object) -> str | None:
@@ -63,3 +72,99 @@ def collective_name(name: str, group: str | None = None) -> str:
     match = _NCCL_KERNEL_RE.match(name)
     base = name if match is None else f"nccl:{match['op'] or 'Kernel'}"
     return base if group is None else f"{base} [{group}]"
+
+
+ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = "all_reduce", "all_gather", "reduce_scatter"
+ALL_TO_ALL, BROADCAST, REDUCE, SEND_RECV = "all_to_all", "broadcast", "reduce", "send_recv"
+_COLLECTIVE_TYPES = (
+    # (what a `Collective name` arg or NCCL kernel op contains, lower case without "_", the type)
+    ("reducescatter", REDUCE_SCATTER), ("allreduce", ALL_REDUCE), ("allgather", ALL_GATHER),
+    ("alltoall", ALL_TO_ALL), ("broadcast", BROADCAST), ("reduce", REDUCE), ("sendrecv", SEND_RECV),
+    ("send", SEND_RECV), ("recv", SEND_RECV),
+)
+
+
+def collective_type(collective_arg: str | None, kernel_name: str) -> str | None:
+    """The collective's type (ALL_REDUCE, ...), from the `Collective name` arg ("allreduce",
+    "_allgather_base", "reduce_scatter_tensor_coalesced", "all_to_all", ...) or else the NCCL kernel's op
+    (`ncclDevKernel_AllGather_...`); None when neither says. The arg comes first: NCCL runs an all-to-all
+    as SendRecv kernels."""
+    for text in (collective_arg, _kernel_op(kernel_name)):
+        if not text:
+            continue
+        folded = text.lower().replace("_", "")
+        for needle, kind in _COLLECTIVE_TYPES:
+            if needle in folded:
+                return kind
+    return None
+
+
+def _kernel_op(name: str) -> str | None:
+    match = _NCCL_KERNEL_RE.match(name)
+    return match["op"] if match else None
+
+
+CATEGORY_GEMM, CATEGORY_ATTENTION, CATEGORY_ELEMENTWISE = "gemm", "attention", "elementwise"
+CATEGORY_REDUCTION, CATEGORY_MEMORY, CATEGORY_COMM = "reduction", "memcpy/memset", "communication"
+CATEGORY_OPTIMIZER, CATEGORY_OTHER = "optimizer", "other"
+KERNEL_CATEGORIES = (CATEGORY_GEMM, CATEGORY_ATTENTION, CATEGORY_ELEMENTWISE, CATEGORY_REDUCTION,
+                     CATEGORY_MEMORY, CATEGORY_COMM, CATEGORY_OPTIMIZER, CATEGORY_OTHER)
+_CATEGORY_RULES = (
+    # first match wins, on the lower-cased kernel name
+    (CATEGORY_COMM, ("nccl",)),
+    (CATEGORY_MEMORY, ("memcpy", "memset")),
+    (CATEGORY_ATTENTION, ("flash", "fmha", "attention", "attn", "sdpa", "softmax_warp")),
+    (CATEGORY_GEMM, ("gemm", "cutlass", "cublas", "xmma", "wgmma", "nvjet", "matmul", "gemv", "_mma")),
+    (CATEGORY_OPTIMIZER, ("multi_tensor_apply", "adam", "optimizer")),  # not "lamb": C++ "lambda"
+    (CATEGORY_REDUCTION, ("reduce", "reduction", "softmax", "norm", "argmax", "argmin", "cumsum", "scan")),
+    (CATEGORY_ELEMENTWISE, ("elementwise", "vectorized", "unrolled", "pointwise", "triton_poi", "index",
+                            "copy", "fill", "cat_", "gather", "scatter")),
+)
+"""Kernel categories by name. Communication: NCCL kernels; memcpy/memset: copies and fills (also by
+event kind); attention: FlashAttention/FMHA/SDPA kernels; GEMM: cuBLAS/CUTLASS/nvjet matrix products;
+optimizer: fused/foreach optimizer kernels (multi_tensor_apply, Adam); reduction: reductions, softmax,
+norms, scans; elementwise: elementwise/vectorized/pointwise (incl. Triton `triton_poi`), indexing, copies
+and fills; other: everything else (sorting, top-k, Triton kernels without a hint, ...)."""
+
+
+def kernel_category(name: str) -> str:
+    """The category of a GPU kernel or memory operation (KERNEL_CATEGORIES), by its name."""
+    folded = name.lower()
+    for category, needles in _CATEGORY_RULES:
+        if any(needle in folded for needle in needles):
+            return category
+    return CATEGORY_OTHER
+
+
+HOST_SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                             "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize"})
+"""CUDA runtime/driver calls that block the host until the GPU has finished work."""
+TENSOR_READ_OP = "aten::_local_scalar_dense"
+"""A GPU tensor's value read on the host (`.item()`, `if tensor:`, `int(tensor)`): a copy plus a sync.
+`aten::item` encloses it, so only this one is counted."""
+_DEVICE_TO_HOST = "Memcpy DtoH"
+DATALOADER_PREFIX = "enumerate(DataLoader)#"
+"""The record_function PyTorch's DataLoader iterator opens around fetching each batch."""
+
+
+def is_host_sync_call(name: str) -> bool:
+    return name in HOST_SYNC_CALLS
+
+
+def is_tensor_read_op(name: str) -> bool:
+    return name == TENSOR_READ_OP
+
+
+def is_device_to_host_copy(name: str) -> bool:
+    """A GPU copy to host memory (`Memcpy DtoH (Device -> Pinned)`, `... -> Pageable`)."""
+    return name.startswith(_DEVICE_TO_HOST)
+
+
+def is_input_wait(name: str) -> bool:
+    """A DataLoader fetch (`enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`, multi-process too)."""
+    return name.startswith(DATALOADER_PREFIX)
+
+
+def is_kept_host_op(name: str) -> bool:
+    """`cpu_op` events kept on GPU traces (where others are left out): collectives and tensor reads."""
+    return is_comm_cpu_op(name) or is_tensor_read_op(name)

@@ -19,6 +19,8 @@ from fleetscope.analysis.per_rank.events import (
     decode_selectively,
     extract_events,
 )
+from fleetscope.analysis.per_rank.gpu_time import GpuTime, measure_gpu_time
+from fleetscope.analysis.per_rank.host_stalls import HostStalls, find_host_stalls
 from fleetscope.analysis.per_rank.kernels import KernelTotal, top_kernels
 from fleetscope.analysis.per_rank.steps import StepTiming, find_steps
 from fleetscope.analysis.per_rank.utilization import (
@@ -60,6 +62,10 @@ class RankResult:
     collectives: CollectiveCalls
     top_kernels: list[KernelTotal] = dataclasses.field(default_factory=list)
     """This rank's kernels with the most GPU time (kernels.py)."""
+    gpu_time: GpuTime | None = None
+    """GPU time by phase, user range and kernel category (gpu_time.py); None without GPU activity."""
+    host_stalls: HostStalls | None = None
+    """Syncs, tensor reads, copies to the host, input waits per step; GPU idle gaps by cause."""
     remarks: list[str] = dataclasses.field(default_factory=list)
     """Things about the file a reader should know (e.g. invalid UTF-8 that was replaced)."""
     from_cache: bool = False
@@ -101,6 +107,8 @@ def analyze_bytes(source: TraceSource, raw: bytes) -> RankResult:
         utilization=measure_utilization(events, steps, timeline),
         collectives=find_collectives(events, steps, timeline.compute),
         top_kernels=top_kernels(events),
+        gpu_time=measure_gpu_time(events, steps),
+        host_stalls=find_host_stalls(events, steps),
         remarks=remarks,
     )
 

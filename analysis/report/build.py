@@ -9,8 +9,10 @@ from typing import Callable
 
 import numpy as np
 from fleetscope.analysis.cross_rank.arrivals import arrival_matrix
+from fleetscope.analysis.cross_rank.bandwidth import collective_bandwidth
 from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset, align_clocks
 from fleetscope.analysis.cross_rank.hta_views import HtaViews, run_hta, skipped
+from fleetscope.analysis.cross_rank.records import TrainerEvidence
 from fleetscope.analysis.cross_rank.stragglers import (
     DEFAULT_MIN_LATENESS_US,
     Stragglers,
@@ -18,6 +20,7 @@ from fleetscope.analysis.cross_rank.stragglers import (
 )
 from fleetscope.analysis.inputs.sources import TraceFailure
 from fleetscope.analysis.per_rank.collectives import SOURCE_NCCL
+from fleetscope.analysis.per_rank.gpu_time import combine_gpu_time
 from fleetscope.analysis.per_rank.kernels import combine as combine_kernels
 from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.per_rank.steps import StepStats
@@ -78,11 +81,14 @@ def build_report(*, source_path: str, source_kind: str, results: list[RankResult
                  failures: list[TraceFailure], missing: list[MissingTrace], world_size: int | None,
                  notes: list[str], hta: HtaRunner | None = None,
                  measured_offsets: dict[int, MeasuredOffset] | None = None,
-                 min_lateness_us: float = DEFAULT_MIN_LATENESS_US) -> Report:
-    """Assemble the report. `measured_offsets[rank]`: that rank's clock minus rank 0's, from its clock file."""
+                 min_lateness_us: float = DEFAULT_MIN_LATENESS_US,
+                 link_peak_gbps: float | None = None, trainer: TrainerEvidence | None = None) -> Report:
+    """Assemble the report. `measured_offsets[rank]`: that rank's clock minus rank 0's, from its clock file;
+    `link_peak_gbps`: peak bus bandwidth of every link, instead of bandwidth.py's table; `trainer`: the
+    run's trainer records (cross_rank/records.py)."""
     hta = hta or hta_runner()
     windows = [
-        _window_report(window, group, hta, measured_offsets or {}, min_lateness_us)
+        _window_report(window, group, hta, measured_offsets or {}, min_lateness_us, link_peak_gbps)
         for window, group in _by_window(results)
     ]
     summaries = _rank_summaries(windows)
@@ -100,6 +106,7 @@ def build_report(*, source_path: str, source_kind: str, results: list[RankResult
         step_time=StepStats.of(all_steps),
         ranks=summaries,
         windows=windows,
+        trainer=trainer,
     )
 
 
@@ -111,7 +118,8 @@ def _by_window(results: list[RankResult]) -> list[tuple[int | None, list[RankRes
 
 
 def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner,
-                   measured: dict[int, MeasuredOffset], min_lateness_us: float) -> WindowReport:
+                   measured: dict[int, MeasuredOffset], min_lateness_us: float,
+                   link_peak_gbps: float | None = None) -> WindowReport:
     matrix = arrival_matrix(results)
     clock = align_clocks(matrix, _ranks_by_host(results), measured)
     aligned = matrix.shifted(clock.offsets_us()) if matrix is not None else None
@@ -124,6 +132,8 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
         stragglers=stragglers,
         top_kernels=combine_kernels([r.top_kernels for r in results]),
         hta=hta(results, stragglers),
+        gpu_time=combine_gpu_time([r.gpu_time for r in results]),
+        bandwidth=collective_bandwidth(results, aligned, link_peak_gbps),
         notes=_window_notes(results),
     )
 
@@ -151,6 +161,8 @@ def _rank_report(result: RankResult) -> RankReport:
         utilization=result.utilization,
         collective_source=result.collectives.source,
         collective_count=len(result.collectives),
+        gpu_time=result.gpu_time,
+        host_stalls=result.host_stalls,
     )
 
 

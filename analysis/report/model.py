@@ -23,8 +23,26 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           utilization {basis, span_us, busy_us, idle_us, compute_us, comm_us, memory_us,
                           overlap_us, exposed_comm_us, idle_comm_us, busy_pct, idle_pct, comm_pct,
                           overlap_pct} | null,
-                          collective_source, collective_count
-        top_kernels[]     {name, count, total_us, ranks}: kernels with the most GPU time, all ranks summed
+                          collective_source, collective_count,
+                          gpu_time GpuTime | null (below, this rank's),
+                          host_stalls {steps[] {step, sync_count (cudaStream/Device/EventSynchronize calls),
+                          sync_us (host time blocked in them), tensor_reads (aten::_local_scalar_dense:
+                          .item() and friends), dtoh_count, dtoh_us (device-to-host copies launched in
+                          the step, GPU time), input_wait_us (DataLoader fetch spans, host wall)},
+                          idle_by_cause_us {cause: us}, idle_gaps_by_cause {cause: gaps}: GPU idle time
+                          inside the steps by cause ("input wait", "host collective", "host sync",
+                          "short gaps" < 10 us, "host busy elsewhere"; host_stalls.py)} | null (no steps)
+        top_kernels[]     {name, count, total_us, ranks, category}: kernels with the most GPU time, all ranks
+                          summed; category as in gpu_time
+        gpu_time          GpuTime, the window's ranks summed | null (no GPU activity): {total_us (kernel,
+                          memcpy, memset durations summed), by_phase_us {phase: us} (the innermost
+                          forward/backward/optimizer_step/train_step range containing the LAUNCH, found
+                          through the CUDA correlation id; "in step, outside phases"; "outside steps"),
+                          by_category_us {category: us}, category_counts {category: launches} (gemm,
+                          attention, elementwise, reduction, memcpy/memset, communication, optimizer,
+                          other: names.kernel_category), by_range_us {user record_function range: us}
+                          (innermost range on the launching thread; top 15), by_op_us {host op: us} (the
+                          innermost op that launched it, by External id; top 15)}
         clock             {reference_rank, reference_host, hosts[] {host, ranks[], offset_us, source
                           ("reference host" | "measured" | "collectives" | "none"), measured_offset_us,
                           measured_uncertainty_us, collective_offset_us, collective_spread_us,
@@ -48,10 +66,36 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           columns and units): temporal_breakdown, idle_time_breakdown,
                           idle_interval_stats, comm_comp_overlap, kernel_type_breakdown,
                           kernel_breakdown, cuda_launch_stats (per rank summary), potential_stragglers
+        bandwidth         {status ("ok" | "not recorded" | "not matched"), reason, peak_busbw_gbps {scope: GB/s},
+                          peak_source, instances_with_bytes, instances_without_bytes,
+                          rows[] {collective, group, bucket_min_bytes, bucket_max_bytes, size_bucket,
+                          members, scope ("intra-node" | "inter-node"), instances, total_bytes,
+                          moving_us (data movement: own end - last arrival, median over members,
+                          summed over instances), wait_us (last arrival - own arrival, mean over
+                          members, summed), wait_pct (wait / (wait + moving)), algbw_gbps
+                          (total_bytes / moving time, 1e9 B/s), busbw_gbps (algbw x nccl-tests
+                          factor), peak_busbw_gbps, peak_pct, verdict}} | null
+    trainer               TrainerEvidence, from metrics/rank<R>.jsonl and rank<R>.compile.json | null:
+                          {status ("ok" | "not recorded"), reason, missing_ranks[], warnings[] (leak
+                          suspicion, allocation retries/OOMs, input wait >= 10% of step time, compilation in
+                          profiled/traced steps, recompiles),
+                          ranks[] {rank, problems[],
+                          memory {steps[], allocated_mb[], reserved_mb[] (per-step allocator peaks, MiB),
+                          peak_allocated_mb, peak_reserved_mb, fragmentation_mb (reserved - allocated in the
+                          step of the reserved peak), fragmentation_pct, alloc_retries, ooms (summed),
+                          growth_mb_per_step (least-squares slope after the first 2 steps, >= 4 steps),
+                          leak_suspected (slope >= 1 MiB/step)} | null,
+                          input {steps, mean_data_ms, max_data_ms, data_pct (data_ms over step_time_ms)} | null,
+                          compile {mode, backend, final, compile_time_s, frames_compiled, graphs,
+                          graph_break_count, graph_breaks[] {reason, count}, recompiles[] {compile_id,
+                          function, reason}, cuda_graphs, cudagraph_skip_reasons[], steps_with_compilations[],
+                          compiled_in_timed_steps[]} | null}
 
 Definitions of every metric: utilization.py (busy/idle/comm/overlap), stragglers.py (arrival, lateness,
-wait, score), collectives.py (collective times and keys), clock_align.py (clock offsets), steps.py (steps
-and phases), kernels.py (kernel totals).
+wait, score), bandwidth.py and comm_bytes.py (collective sizes and bandwidth), gpu_time.py (GPU time by
+phase, range and category), host_stalls.py (syncs, input waits, idle causes), trainer_records.py (memory,
+input, compile records), collectives.py (collective times and keys), clock_align.py (clock offsets),
+steps.py (steps and phases), kernels.py (kernel totals).
 """
 
 from __future__ import annotations
@@ -62,8 +106,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetscope.analysis.cross_rank.bandwidth import Bandwidth
 from fleetscope.analysis.cross_rank.clock_align import ClockAlignment
 from fleetscope.analysis.cross_rank.hta_views import HtaViews
+from fleetscope.analysis.cross_rank.records import TrainerEvidence
 from fleetscope.analysis.cross_rank.stragglers import Stragglers
 from fleetscope.analysis.inputs.sources import (  # noqa: F401  (part of the report's model)
     SOURCE_RUN_DIR,
@@ -71,6 +117,8 @@ from fleetscope.analysis.inputs.sources import (  # noqa: F401  (part of the rep
     SOURCE_TRACE_FILE,
     MissingTrace,
 )
+from fleetscope.analysis.per_rank.gpu_time import GpuTime
+from fleetscope.analysis.per_rank.host_stalls import HostStalls
 from fleetscope.analysis.per_rank.kernels import KernelTotal
 from fleetscope.analysis.per_rank.steps import StepStats, StepTiming
 from fleetscope.analysis.per_rank.utilization import Utilization
@@ -108,6 +156,8 @@ class RankReport:
     utilization: Utilization | None
     collective_source: str | None
     collective_count: int
+    gpu_time: GpuTime | None = None
+    host_stalls: HostStalls | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,6 +170,10 @@ class WindowReport:
     top_kernels: list[KernelTotal]
     """Kernels with the most GPU time, summed over the window's ranks (empty for CPU traces)."""
     hta: HtaViews
+    gpu_time: GpuTime | None = None
+    """GPU time of the window's ranks summed (gpu_time.py)."""
+    bandwidth: Bandwidth | None = None
+    """Collective bandwidth per (type, group, size bucket), bandwidth.py."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -154,6 +208,7 @@ class Report:
     step_time: StepStats | None = None
     ranks: list[RankSummary] = field(default_factory=list)
     windows: list[WindowReport] = field(default_factory=list)
+    trainer: TrainerEvidence | None = None
 
     @property
     def analyzed_ranks(self) -> list[int]:

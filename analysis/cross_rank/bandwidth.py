@@ -1,0 +1,224 @@
+"""Bandwidth of every collective instance, aggregated per (type, process group, message-size bucket).
+
+For one collective instance (a column of the aligned arrival matrix, arrivals.py):
+  - moving_us: data-movement time, the median over its members of (own end - the LAST member's arrival);
+    no data moves before every member has arrived;
+  - wait_us of a member: last arrival - own arrival; an instance's wait is the mean over its members;
+  - algbw_gbps = bytes / moving time (GB/s, 1e9 bytes per second), bytes as comm_bytes.py counts them;
+  - busbw_gbps = algbw x the nccl-tests factor for n members: all-reduce 2(n-1)/n; all-gather,
+    reduce-scatter, all-to-all (n-1)/n; broadcast, reduce, send/recv 1.
+A row sums its instances: algbw = total bytes / total moving time; wait_pct = wait / (wait + moving).
+n is the `Group size` arg (the ranks whose traces hold the instance, where more or no arg). The row is
+intra-node when all the ranks holding it are on one host, else inter-node, and is compared with that
+link's peak bus bandwidth (PEAK_BUSBW_GBPS, or the `link_peak_gbps` override of analyze(), CLI
+`--link-peak`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+from fleetscope.analysis.cross_rank.arrivals import ArrivalMatrix
+from fleetscope.analysis.per_rank.collectives import SOURCE_NCCL, CollectiveKey
+from fleetscope.analysis.per_rank.names import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    REDUCE_SCATTER,
+)
+from fleetscope.analysis.per_rank.rank import RankResult
+
+INTRA_NODE, INTER_NODE = "intra-node", "inter-node"
+PEAK_BUSBW_GBPS = {INTRA_NODE: 450.0, INTER_NODE: 50.0}
+"""Peak bus bandwidth per direction, GB/s: intra-node NVLink 4 of H100/H200 SXM (18 links x 25 GB/s);
+inter-node InfiniBand NDR 400 Gb/s = 50 GB/s per NIC, one NIC per GPU."""
+PEAK_SOURCES = {INTRA_NODE: "NVLink 4 (H100/H200 SXM), 450 GB/s per direction",
+                INTER_NODE: "InfiniBand NDR 400 Gb/s, 50 GB/s per NIC (one per GPU)"}
+BUCKET_BASE = 4
+"""Message sizes are bucketed in powers of 4 bytes (1 MiB, 4 MiB, 16 MiB, ...)."""
+STATUS_OK, STATUS_NOT_RECORDED, STATUS_NO_MATRIX = "ok", "not recorded", "not matched"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BandwidthRow:
+    collective: str
+    """Collective type (names.py: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, ...)."""
+    group: str | None
+    """Process group label; None where the trace names none."""
+    bucket_min_bytes: int
+    bucket_max_bytes: int
+    """Message sizes in [min, max): consecutive powers of 4."""
+    size_bucket: str
+    """The bucket in words ("64 MiB-256 MiB")."""
+    members: int
+    """Ranks taking part (largest over the row's instances): the `Group size` arg, or the ranks whose
+    traces hold the instance when that is more (or the arg is missing). The bus factor uses it."""
+    scope: str
+    """INTRA_NODE or INTER_NODE, from the members' hosts."""
+    instances: int
+    total_bytes: float
+    moving_us: float
+    wait_us: float
+    wait_pct: float
+    algbw_gbps: float
+    busbw_gbps: float
+    peak_busbw_gbps: float
+    peak_pct: float
+    """busbw as a percentage of peak_busbw_gbps."""
+    verdict: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bandwidth:
+    status: str
+    """STATUS_OK; STATUS_NOT_RECORDED (no message sizes in the traces); STATUS_NO_MATRIX (fewer than
+    two ranks with collectives: wait and movement cannot be told apart)."""
+    reason: str = ""
+    rows: list[BandwidthRow] = field(default_factory=list)
+    """Sorted by moving time, largest first."""
+    peak_busbw_gbps: dict[str, float] = field(default_factory=dict)
+    """The peaks used, by scope."""
+    peak_source: str = ""
+    """Where the peaks come from (the table, or the override)."""
+    instances_with_bytes: int = 0
+    instances_without_bytes: int = 0
+    """Matched instances whose size no rank recorded, or whose movement time is not positive."""
+
+
+def bus_factor(collective: str, members: int) -> float:
+    """nccl-tests' busbw / algbw for a collective of `members` ranks."""
+    if members < 2:
+        return 0.0
+    if collective == ALL_REDUCE:
+        return 2.0 * (members - 1) / members
+    if collective in (ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL):
+        return (members - 1) / members
+    return 1.0
+
+
+def size_bucket(size_bytes: float) -> tuple[int, int]:
+    """[4^k, 4^(k+1)) holding `size_bytes` (sizes below 1 byte go to [0, 1))."""
+    if size_bytes < 1:
+        return 0, 1
+    low = BUCKET_BASE ** int(math.floor(math.log(size_bytes, BUCKET_BASE)))
+    while low > size_bytes:
+        low //= BUCKET_BASE
+    while low * BUCKET_BASE <= size_bytes:
+        low *= BUCKET_BASE
+    return low, low * BUCKET_BASE
+
+
+def format_bytes(size: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:g} {unit}"
+    return f"{size:g} B"
+
+
+def collective_bandwidth(results: list[RankResult], matrix: ArrivalMatrix | None,
+                         link_peak_gbps: float | None = None) -> Bandwidth:
+    """The window's bandwidth rows from the clock-aligned arrival `matrix`."""
+    peaks, peak_source = _peaks(link_peak_gbps)
+    sizes = _sizes_by_key(results)
+    if not sizes:
+        return Bandwidth(status=STATUS_NOT_RECORDED, reason=_not_recorded_reason(results),
+                         peak_busbw_gbps=peaks, peak_source=peak_source)
+    if matrix is None:
+        return Bandwidth(status=STATUS_NO_MATRIX, peak_busbw_gbps=peaks, peak_source=peak_source,
+                         reason="fewer than two ranks with collectives: wait and data movement cannot be told apart")
+    rows, measured, skipped = _rows(matrix, sizes, peaks)
+    return Bandwidth(status=STATUS_OK, rows=rows, peak_busbw_gbps=peaks, peak_source=peak_source,
+                     instances_with_bytes=measured, instances_without_bytes=skipped)
+
+
+def _peaks(override: float | None) -> tuple[dict[str, float], str]:
+    if override is None:
+        return dict(PEAK_BUSBW_GBPS), "; ".join(f"{scope}: {text}" for scope, text in PEAK_SOURCES.items())
+    if not override > 0:
+        raise ValueError(f"link_peak_gbps must be > 0, got {override}")
+    return {INTRA_NODE: override, INTER_NODE: override}, f"given: {override:g} GB/s for every link"
+
+
+def _sizes_by_key(results: list[RankResult]) -> dict[CollectiveKey, tuple[float, str, str | None, int]]:
+    """Instance key -> (bytes, collective type, group, recorded group size or -1), from the first rank
+    that recorded it."""
+    found: dict[CollectiveKey, tuple[float, str, str | None, int]] = {}
+    for result in results:
+        sizes = result.collectives.sizes
+        if sizes is None or result.collectives.source != SOURCE_NCCL:
+            continue
+        for key, size, kind, group, members in zip(result.collectives.keys, sizes.bytes, sizes.collective,
+                                                   sizes.group, sizes.group_size.tolist()):
+            if key not in found and not np.isnan(size) and kind is not None:
+                found[key] = (float(size), kind, group, int(members))
+    return found
+
+
+def _not_recorded_reason(results: list[RankResult]) -> str:
+    sources = sorted({r.collectives.source for r in results if r.collectives.source})
+    if not sources:
+        return "no collectives in the traces"
+    if SOURCE_NCCL not in sources:
+        return (f"collectives come from {', '.join(sources)}: those record no message sizes "
+                "(gloo CPU traces have no record_param_comms / NCCL kernel args)")
+    return "NCCL kernels carry no 'In msg nelems' / 'dtype' args (PyTorch older than 2.3?)"
+
+
+def _rows(matrix: ArrivalMatrix, sizes: dict, peaks: dict[str, float]) -> tuple[list[BandwidthRow], int, int]:
+    totals: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0])
+    scopes: dict[tuple, set[str]] = defaultdict(set)
+    skipped = 0
+    for column, key in enumerate(matrix.keys):
+        instance = _instance(matrix, column)
+        if key not in sizes or instance is None:
+            skipped += 1
+            continue
+        size, kind, group, recorded_members = sizes[key]
+        moving_us, wait_us, members, hosts = instance
+        members = max(members, recorded_members)
+        row_key = (kind, group, size_bucket(size))
+        total = totals[row_key]
+        total[0] += 1
+        total[1] += size
+        total[2] += moving_us
+        total[3] += wait_us
+        total[4] = max(total[4], members)
+        scopes[row_key] |= hosts
+    rows = [_row(key, total, scopes[key], peaks) for key, total in totals.items()]
+    rows.sort(key=lambda r: -r.moving_us)
+    return rows, sum(r.instances for r in rows), skipped
+
+
+def _instance(matrix: ArrivalMatrix, column: int) -> tuple[float, float, int, set[str]] | None:
+    """(moving_us, mean wait_us, members, member hosts) of one instance; None when it cannot be timed."""
+    present = matrix.present[:, column]
+    if present.sum() < 2:
+        return None
+    starts, ends = matrix.start_us[present, column], matrix.end_us[present, column]
+    last_arrival = starts.max()
+    moving_us = float(np.median(ends - last_arrival))
+    if not moving_us > 0:
+        return None
+    hosts = {host for host, here in zip(matrix.hosts, present) if here}
+    return moving_us, float(np.mean(last_arrival - starts)), int(present.sum()), hosts
+
+
+def _row(key: tuple, total: list, hosts: set[str], peaks: dict[str, float]) -> BandwidthRow:
+    (kind, group, (low, high)), (instances, size, moving_us, wait_us, members) = key, total
+    scope = INTRA_NODE if len(hosts) == 1 else INTER_NODE
+    algbw = size / moving_us / 1e3
+    busbw = algbw * bus_factor(kind, members)
+    peak = peaks[scope]
+    bucket = f"{format_bytes(low)}-{format_bytes(high)}"
+    wait_pct = 100.0 * wait_us / (wait_us + moving_us)
+    where = f"{group} ({scope})" if group else f"the {scope} group"
+    verdict = (f"{kind.replace('_', '-')} of {bucket} on {where} runs at {100 * busbw / peak:.0f}% of bus peak "
+               f"({busbw:.1f} of {peak:g} GB/s); {wait_pct:.0f}% of its time is waiting for the last rank")
+    return BandwidthRow(collective=kind, group=group, bucket_min_bytes=low, bucket_max_bytes=high,
+                        size_bucket=bucket, members=members, scope=scope, instances=instances,
+                        total_bytes=size, moving_us=moving_us, wait_us=wait_us, wait_pct=wait_pct,
+                        algbw_gbps=algbw, busbw_gbps=busbw, peak_busbw_gbps=peak,
+                        peak_pct=100.0 * busbw / peak, verdict=verdict)

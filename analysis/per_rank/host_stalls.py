@@ -1,0 +1,124 @@
+"""Where the host held the GPU back: syncs, tensor reads, device-to-host copies, input waits, and a cause
+for every GPU idle gap inside the profiled steps.
+
+Per step (events assigned by their host start, GPU copies by their launch):
+  - sync_count / sync_us: CUDA calls that block the host until the GPU is done (names.HOST_SYNC_CALLS),
+    and the host time spent blocked in them;
+  - tensor_reads: `aten::_local_scalar_dense` calls (`.item()` and friends; each copies and syncs);
+  - dtoh_count / dtoh_us: device-to-host copies and their GPU time;
+  - input_wait_us: DataLoader fetches (`enumerate(DataLoader)#...`), host wall time.
+GPU idle gaps are the time inside the steps where no kernel, copy or fill runs. Each gets the first cause
+that applies:
+  - IDLE_INPUT: at least half of it is covered by a DataLoader fetch;
+  - IDLE_HOST_COMM: at least half of it is covered by communication on the host (gloo spans, c10d
+    ops): the GPU waits for a collective that runs on the CPU;
+  - IDLE_SYNC: it starts while the host is blocked in a sync or a tensor read, or within SYNC_SLACK_US
+    after one returns (the GPU drained, and waits for the host to launch again);
+  - IDLE_SHORT: shorter than SHORT_GAP_US (launch overhead between back-to-back kernels);
+  - IDLE_HOST: otherwise: the host was busy elsewhere (Python, launches, a sleep) and launched late.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, Kind, TraceEvents
+from fleetscope.analysis.per_rank.intervals import Intervals, covered_between, subtract, union
+from fleetscope.analysis.per_rank.names import (
+    is_comm_cpu_op,
+    is_device_to_host_copy,
+    is_gloo_span,
+    is_host_sync_call,
+    is_input_wait,
+    is_tensor_read_op,
+)
+from fleetscope.analysis.per_rank.steps import StepTiming
+
+IDLE_INPUT, IDLE_HOST_COMM, IDLE_SYNC = "input wait", "host collective", "host sync"
+IDLE_SHORT, IDLE_HOST = "short gaps", "host busy elsewhere"
+IDLE_CAUSES = (IDLE_INPUT, IDLE_HOST_COMM, IDLE_SYNC, IDLE_SHORT, IDLE_HOST)
+SYNC_SLACK_US = 20.0
+SHORT_GAP_US = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepStalls:
+    step: int
+    sync_count: int
+    sync_us: float
+    tensor_reads: int
+    dtoh_count: int
+    dtoh_us: float
+    input_wait_us: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostStalls:
+    """One rank's host stalls over its profiled steps (module docstring)."""
+
+    steps: list[StepStalls] = field(default_factory=list)
+    idle_by_cause_us: dict[str, float] = field(default_factory=dict)
+    """GPU idle time inside the steps by cause (IDLE_CAUSES); empty for CPU-only traces."""
+    idle_gaps_by_cause: dict[str, int] = field(default_factory=dict)
+    """Number of idle gaps by cause."""
+
+
+def find_host_stalls(events: TraceEvents, steps: list[StepTiming]) -> HostStalls | None:
+    """None without steps (nothing to assign the stalls to)."""
+    if not steps:
+        return None
+    host = events.of_kind(Kind.CUDA_RUNTIME, Kind.CPU_OP, Kind.USER_ANNOTATION)
+    syncs = events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_host_sync_call)
+    reads = events.of_kind(Kind.CPU_OP) & events.names_matching(is_tensor_read_op)
+    inputs = host & events.names_matching(is_input_wait)
+    dtoh = events.of_kind(Kind.GPU_MEMCPY) & events.names_matching(is_device_to_host_copy)
+    dtoh_launch = events.launch_start_us(dtoh)
+    per_step = [_step_stalls(events, step, syncs, reads, inputs, dtoh, dtoh_launch) for step in steps]
+    host_comm = host & events.names_matching(lambda n: is_gloo_span(n) or is_comm_cpu_op(n))
+    idle_us, idle_count = _idle_causes(events, steps, syncs | reads, inputs, host_comm)
+    return HostStalls(steps=per_step, idle_by_cause_us=idle_us, idle_gaps_by_cause=idle_count)
+
+
+def _step_stalls(events: TraceEvents, step: StepTiming, syncs: np.ndarray, reads: np.ndarray,
+                 inputs: np.ndarray, dtoh: np.ndarray, dtoh_launch_us: np.ndarray) -> StepStalls:
+    inside = (events.start_us >= step.start_us) & (events.start_us < step.end_us)
+    copies = (dtoh_launch_us >= step.start_us) & (dtoh_launch_us < step.end_us)
+    return StepStalls(
+        step=step.step,
+        sync_count=int(np.count_nonzero(syncs & inside)),
+        sync_us=float(events.dur_us[syncs & inside].sum()),
+        tensor_reads=int(np.count_nonzero(reads & inside)),
+        dtoh_count=int(np.count_nonzero(copies)),
+        dtoh_us=float(events.dur_us[dtoh][copies].sum()),
+        input_wait_us=float(events.dur_us[inputs & inside].sum()),
+    )
+
+
+def _idle_causes(events: TraceEvents, steps: list[StepTiming], blocking: np.ndarray, inputs: np.ndarray,
+                 host_comm: np.ndarray) -> tuple[dict[str, float], dict[str, int]]:
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    if not gpu.any():
+        return {}, {}
+    spans = union(Intervals.of([s.start_us for s in steps], [s.end_us for s in steps]))
+    gaps = subtract(spans, union(Intervals(events.start_us[gpu], events.end_us[gpu])))
+    causes = gap_causes(gaps, Intervals(events.start_us[inputs], events.end_us[inputs]),
+                        Intervals(events.start_us[host_comm], events.end_us[host_comm]),
+                        Intervals(events.start_us[blocking], events.end_us[blocking] + SYNC_SLACK_US))
+    lengths = gaps.ends_us - gaps.starts_us
+    idle_us = {c: float(lengths[causes == c].sum()) for c in IDLE_CAUSES if np.any(causes == c)}
+    idle_count = {c: int(np.count_nonzero(causes == c)) for c in idle_us}
+    return idle_us, idle_count
+
+
+def gap_causes(gaps: Intervals, input_time: Intervals, comm_time: Intervals, blocked: Intervals) -> np.ndarray:
+    """The cause (IDLE_CAUSES) of each gap; `blocked`: host syncs and tensor reads, slack included."""
+    lengths = gaps.ends_us - gaps.starts_us
+    by_input = covered_between(input_time, gaps.starts_us, gaps.ends_us) >= 0.5 * lengths
+    by_comm = covered_between(comm_time, gaps.starts_us, gaps.ends_us) >= 0.5 * lengths
+    blocked = union(blocked)
+    slot = np.searchsorted(blocked.starts_us, gaps.starts_us, side="right") - 1
+    by_sync = (slot >= 0) & (blocked.ends_us[np.clip(slot, 0, None)] >= gaps.starts_us) if len(blocked) else \
+        np.zeros(len(gaps), dtype=bool)
+    return np.select([by_input, by_comm, by_sync, lengths < SHORT_GAP_US],
+                     [IDLE_INPUT, IDLE_HOST_COMM, IDLE_SYNC, IDLE_SHORT], default=IDLE_HOST)

@@ -1,0 +1,180 @@
+"""Memory, input wait and compilation of each rank, from the records the trainer writes next to the traces.
+
+Record formats: `metrics/rank<R>.jsonl` (one step per line, trainer.metrics.StepMetrics, read by
+traces.formats.read_metric_records) and `metrics/rank<R>.compile.json` (trainer/compile_record.py's
+CompileRecord; read here by its field names, as the analysis does not import the trainer).
+
+Memory, per rank over its recorded steps (MiB, the allocator's per-step peaks):
+  - peak_allocated_mb / peak_reserved_mb: the largest per-step peaks;
+  - fragmentation_mb: reserved - allocated in the step with the largest reserved peak (memory the caching
+    allocator holds but no tensor uses), fragmentation_pct: of that reserved peak;
+  - alloc_retries / ooms: summed over steps;
+  - growth_mb_per_step: least-squares slope of the per-step allocated peak against the step number,
+    over the steps after the first LEAK_SKIP_STEPS (which allocate optimizer state and caches);
+    leak_suspected when it is at least LEAK_MIN_MB_PER_STEP over at least LEAK_MIN_STEPS steps.
+Input wait: the trainer's `data_ms` (time to get the batch) per step, and its share of step_time_ms.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fleetscope.traces.formats import read_metric_records
+from fleetscope.traces.layout import RunLayout
+
+LEAK_SKIP_STEPS = 2
+LEAK_MIN_STEPS = 4
+LEAK_MIN_MB_PER_STEP = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryEvidence:
+    steps: list[int]
+    allocated_mb: list[float | None]
+    """Per-step peak allocated, MiB, in `steps` order (None: not recorded, CPU)."""
+    reserved_mb: list[float | None]
+    peak_allocated_mb: float | None
+    peak_reserved_mb: float | None
+    fragmentation_mb: float | None
+    fragmentation_pct: float | None
+    alloc_retries: int
+    ooms: int
+    growth_mb_per_step: float | None
+    """None with fewer than LEAK_MIN_STEPS steps past the first LEAK_SKIP_STEPS."""
+    leak_suspected: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputEvidence:
+    steps: int
+    mean_data_ms: float
+    max_data_ms: float
+    data_pct: float
+    """Sum of data_ms over the sum of step_time_ms, percent."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileEvidence:
+    mode: str
+    backend: str
+    final: bool
+    compile_time_s: float
+    frames_compiled: int
+    graphs: int
+    graph_break_count: int
+    graph_breaks: list[dict[str, Any]] = field(default_factory=list)
+    """{reason, count} as the trainer recorded them."""
+    recompiles: list[dict[str, Any]] = field(default_factory=list)
+    """{compile_id, function, reason}."""
+    cuda_graphs: bool = False
+    cudagraph_skip_reasons: list[str] = field(default_factory=list)
+    steps_with_compilations: list[int] = field(default_factory=list)
+    compiled_in_timed_steps: list[int] = field(default_factory=list)
+    """Steps that compiled and were profiled or traced: their times include compilation."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankRecords:
+    rank: int
+    memory: MemoryEvidence | None = None
+    input: InputEvidence | None = None
+    compile: CompileEvidence | None = None
+    problems: list[str] = field(default_factory=list)
+    """Unreadable files or lines."""
+
+
+def memory_evidence(records: list[dict[str, Any]]) -> MemoryEvidence | None:
+    """None when no record carries allocator statistics."""
+    records = sorted(records, key=lambda r: r["step"])
+    allocated = [_number(r.get("max_memory_allocated_mb")) for r in records]
+    reserved = [_number(r.get("max_memory_reserved_mb")) for r in records]
+    if all(a is None for a in allocated):
+        return None
+    steps = [int(r["step"]) for r in records]
+    peak_reserved, fragmentation = _fragmentation(allocated, reserved)
+    slope = growth_slope(steps, allocated)
+    return MemoryEvidence(
+        steps=steps, allocated_mb=allocated, reserved_mb=reserved,
+        peak_allocated_mb=max(a for a in allocated if a is not None), peak_reserved_mb=peak_reserved,
+        fragmentation_mb=fragmentation,
+        fragmentation_pct=100.0 * fragmentation / peak_reserved if fragmentation is not None and peak_reserved else None,
+        alloc_retries=sum(int(r.get("alloc_retries") or 0) for r in records),
+        ooms=sum(int(r.get("ooms") or 0) for r in records),
+        growth_mb_per_step=slope,
+        leak_suspected=slope is not None and slope >= LEAK_MIN_MB_PER_STEP,
+    )
+
+
+def _fragmentation(allocated: list, reserved: list) -> tuple[float | None, float | None]:
+    """(largest reserved peak, reserved - allocated in that step)."""
+    pairs = [(r, a) for a, r in zip(allocated, reserved) if a is not None and r is not None]
+    if not pairs:
+        return None, None
+    peak, at_peak = max(pairs)
+    return peak, peak - at_peak
+
+
+def growth_slope(steps: list[int], values: list[float | None]) -> float | None:
+    """Least-squares slope (value per step) after the first LEAK_SKIP_STEPS steps; None when too few."""
+    points = [(s, v) for s, v in list(zip(steps, values))[LEAK_SKIP_STEPS:] if v is not None]
+    if len(points) < LEAK_MIN_STEPS:
+        return None
+    x, y = np.asarray(points, dtype=np.float64).T
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def input_evidence(records: list[dict[str, Any]]) -> InputEvidence | None:
+    timed = [r for r in records if _number(r.get("data_ms")) is not None and _number(r.get("step_time_ms"))]
+    if not timed:
+        return None
+    data = np.asarray([r["data_ms"] for r in timed], dtype=np.float64)
+    total = float(sum(r["step_time_ms"] for r in timed))
+    return InputEvidence(steps=len(timed), mean_data_ms=float(data.mean()), max_data_ms=float(data.max()),
+                         data_pct=100.0 * float(data.sum()) / total if total > 0 else 0.0)
+
+
+def compile_evidence(record: dict[str, Any], timed_steps: set[int]) -> CompileEvidence:
+    """A compile record's summary; `timed_steps`: steps profiled (metrics) or present in the traces."""
+    compiled = sorted(int(s["step"]) for s in record.get("steps_with_compilations", []) if s.get("frames", 1))
+    return CompileEvidence(
+        mode=str(record.get("mode", "")), backend=str(record.get("backend", "")),
+        final=bool(record.get("final", False)), compile_time_s=float(record.get("compile_time_s", 0.0)),
+        frames_compiled=int(record.get("frames_compiled", 0)), graphs=int(record.get("graphs", 0)),
+        graph_break_count=int(record.get("graph_break_count", 0)),
+        graph_breaks=list(record.get("graph_breaks", [])), recompiles=list(record.get("recompiles", [])),
+        cuda_graphs=bool(record.get("cuda_graphs", False)),
+        cudagraph_skip_reasons=list(record.get("cudagraph_skip_reasons", [])),
+        steps_with_compilations=compiled,
+        compiled_in_timed_steps=[s for s in compiled if s in timed_steps],
+    )
+
+
+def read_rank_records(layout: RunLayout, rank: int, traced_steps: set[int]) -> RankRecords | None:
+    """The evidence of one rank's record files; None when it has neither file."""
+    metrics_path, compile_path = layout.metrics_file(rank), layout.compile_file(rank)
+    if not metrics_path.is_file() and not compile_path.is_file():
+        return None
+    problems, records = [], []
+    if metrics_path.is_file():
+        read = read_metric_records(metrics_path)
+        records = read.records
+        if read.bad_lines:
+            problems.append(f"{metrics_path.name}: {len(read.bad_lines)} line(s) skipped "
+                            f"(first: line {read.bad_lines[0][0]}, {read.bad_lines[0][1]})")
+    profiled = {int(r["step"]) for r in records if r.get("profiled")}
+    compiled = None
+    if compile_path.is_file():
+        try:
+            compiled = compile_evidence(json.loads(compile_path.read_text()), profiled | traced_steps)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
+            problems.append(f"{compile_path.name}: unreadable ({error})")
+    return RankRecords(rank=rank, memory=memory_evidence(records) if records else None,
+                       input=input_evidence(records) if records else None, compile=compiled, problems=problems)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

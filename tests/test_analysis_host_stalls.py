@@ -1,0 +1,72 @@
+"""Host syncs, input waits and GPU idle causes against the synthetic trace's known amounts."""
+
+from __future__ import annotations
+
+import pytest
+from fleetscope.analysis.analyze import analyze
+from fleetscope.analysis.per_rank.host_stalls import (
+    IDLE_HOST,
+    IDLE_HOST_COMM,
+    IDLE_INPUT,
+    IDLE_SHORT,
+    IDLE_SYNC,
+    SYNC_SLACK_US,
+    gap_causes,
+)
+from fleetscope.analysis.per_rank.intervals import Intervals
+from fleetscope.analysis.render.html import render_html
+from fleetscope.analysis.render.terminal import render_terminal
+
+from test_analysis_helpers import KinetoBuilder
+
+DATALOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+
+
+def stalled_rank() -> KinetoBuilder:
+    """Step 1, 0-1000 us. GPU busy 0-200, 300-500, 650-700, 705-720 (the rest of the step idle).
+    Host: an .item() 140-205 with a cudaStreamSynchronize 150-200 and a DtoH copy of 5 us; a DataLoader
+    fetch 400-600; a gloo all-reduce 800-1000. Gaps: 200-300 (100 us, starts when the sync returns: host
+    sync), 500-650 (150 us, 100 of it inside the fetch: input wait), 700-705 (5 us: short), 720-1000
+    (280 us, 200 of it in the gloo all-reduce: host collective).
+    Step 2, 1000-2000 us: one kernel 1000-2000, no stalls."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 1000.0).step(2, 1000.0, 1000.0)
+    builder.kernel("gemm_a", 0, 195.0, launch_ts=0)
+    builder.kernel("Memcpy DtoH (Device -> Pinned)", 195, 5.0, launch_ts=145, cat="gpu_memcpy")
+    builder.complete("aten::_local_scalar_dense", "cpu_op", 140, 65.0)
+    builder.complete("cudaStreamSynchronize", "cuda_runtime", 150, 50.0)
+    builder.kernel("gemm_b", 300, 100.0, launch_ts=290)
+    builder.kernel("gemm_c", 400, 100.0, launch_ts=300)
+    builder.annotation(DATALOADER, 400, 200.0)
+    builder.gloo(800, 200.0)
+    builder.kernel("gemm_d", 650, 50.0, launch_ts=640)
+    builder.kernel("gemm_f", 705, 15.0, launch_ts=645)
+    builder.kernel("gemm_e", 1000, 1000.0, launch_ts=1000)
+    return builder
+
+
+def test_stalls_per_step_and_idle_causes(tmp_path):
+    stalled_rank().write(tmp_path / "rank0.json.gz")
+    report = analyze(tmp_path, use_hta=False, use_cache=False)
+    stalls = report.windows[0].ranks[0].host_stalls
+    first, second = stalls.steps
+    assert (first.sync_count, first.sync_us, first.tensor_reads) == (1, 50.0, 1)
+    assert (first.dtoh_count, first.dtoh_us, first.input_wait_us) == (1, 5.0, 200.0)
+    assert (second.sync_count, second.tensor_reads, second.dtoh_count, second.input_wait_us) == (0, 0, 0, 0.0)
+    assert stalls.idle_by_cause_us == pytest.approx({IDLE_SYNC: 100.0, IDLE_SHORT: 5.0, IDLE_INPUT: 150.0,
+                                                     IDLE_HOST_COMM: 280.0})
+    assert stalls.idle_gaps_by_cause == {IDLE_SYNC: 1, IDLE_SHORT: 1, IDLE_INPUT: 1, IDLE_HOST_COMM: 1}
+
+
+def test_tensor_reads_are_kept_in_gpu_traces_and_rendered(tmp_path):
+    stalled_rank().write(tmp_path / "rank0.json.gz")
+    report = analyze(tmp_path, use_hta=False, use_cache=False)
+    assert "host sync" in render_terminal(report)
+    assert "Host stalls" in render_html(report)
+
+
+def test_a_gap_long_after_a_sync_is_the_host_busy_elsewhere():
+    gaps = Intervals.of([100.0, 500.0], [200.0, 600.0])
+    sync = Intervals.of([50.0], [100.0 + SYNC_SLACK_US / 2])        # returned just before the first gap
+    none = Intervals.empty()
+    assert gap_causes(gaps, none, none, sync).tolist() == [IDLE_SYNC, IDLE_HOST]

@@ -154,6 +154,8 @@ def register_analyze(sub: argparse._SubParsersAction) -> None:
                         help="parse every trace again instead of reusing results of identical trace files")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="parsed-trace cache (default: $FLEETSCOPE_CACHE_DIR, else ~/.cache/fleetscope/analysis)")
+    parser.add_argument("--link-peak", type=_positive_float, default=None, metavar="GBPS",
+                        help="peak bus bandwidth of the links (GB/s), instead of the table of known links")
     parser.set_defaults(handler=handle_analyze)
 
 
@@ -167,12 +169,24 @@ def handle_analyze(args: argparse.Namespace) -> int:
         json_out = json_out or layout.report_json
         html_out = html_out or layout.report_html
     report = analyze(layout.root, json_out=json_out, html_out=html_out, use_hta=not args.no_hta,
-                     progress=progress_printer("analyze"), use_cache=not args.no_cache, cache_dir=args.cache_dir)
+                     progress=progress_printer("analyze"), use_cache=not args.no_cache, cache_dir=args.cache_dir,
+                     link_peak_gbps=args.link_peak)
     print(render_terminal(report))
     for label, path in (("json", json_out), ("html", html_out)):
         if path:
             print(f"{label}: {path}")
     return EXIT_OK if report.complete else EXIT_PARTIAL
+
+
+def _positive_float(text: str) -> float:
+    """A finite number > 0 (argparse exits 2 with this message otherwise)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
 
 
 def register_merge(sub: argparse._SubParsersAction) -> None:

@@ -261,3 +261,62 @@ def test_mllog_lines_come_from_every_rank(faulty):
         parts = meta["fwd_ms"] + meta["bwd_ms"] + meta["allreduce_ms"] + meta["other_ms"]
         assert parts == pytest.approx(event["value"], abs=0.01)
         assert meta["allreduce_ms"] > 0
+
+
+# --- the same runs through the report: each injected cause is named with its amount -------------------
+
+
+@pytest.fixture(scope="module")
+def faulty_report(faulty):
+    from fleetscope.analysis import analyze
+
+    return analyze(faulty[0], write_default_outputs=False, use_hta=False).to_json()
+
+
+@pytest.fixture(scope="module")
+def baseline_report(baseline):
+    from fleetscope.analysis import analyze
+
+    return analyze(baseline[0], write_default_outputs=False, use_hta=False).to_json()
+
+
+def _trainer_rank(report: dict, rank: int) -> dict:
+    return next(r for r in report["trainer"]["ranks"] if r["rank"] == rank)
+
+
+@slow
+def test_report_names_the_input_wait_of_the_delayed_rank(faulty_report, baseline_report):
+    delayed, other = _trainer_rank(faulty_report, 1)["input"], _trainer_rank(faulty_report, 0)["input"]
+    assert delayed["mean_data_ms"] >= DATA_DELAY_MS and other["mean_data_ms"] < DATA_DELAY_MS / 2
+    assert any("rank 1" in w and "input" in w for w in faulty_report["trainer"]["warnings"])
+    assert not any("input" in w for w in baseline_report["trainer"]["warnings"])
+
+
+@slow
+def test_report_counts_the_forced_host_syncs_per_step(faulty_report, baseline_report):
+    def reads(report: dict, rank: int) -> list[int]:
+        window = report["windows"][0]
+        stalls = next(r for r in window["ranks"] if r["rank"] == rank)["host_stalls"]
+        return [s["tensor_reads"] for s in stalls["steps"]]
+
+    for rank in (0, 1):
+        extra = [f - b for f, b in zip(reads(faulty_report, rank), reads(baseline_report, rank))]
+        assert extra == [LAYERS] * len(ACTIVE)
+
+
+@slow
+def test_report_lists_the_forced_graph_break_and_no_break_without_it(faulty_report, baseline_report):
+    breaks = _trainer_rank(faulty_report, 0)["compile"]["graph_breaks"]
+    assert any(INJECTED_GRAPH_BREAK in b["reason"] for b in breaks)
+    assert _trainer_rank(baseline_report, 0)["compile"]["graph_break_count"] == 0
+
+
+@slow
+def test_report_shows_the_slow_phase_in_that_ranks_host_phase_times(faulty_report, baseline_report):
+    def optimizer_ms(report: dict, rank: int) -> float:
+        window = report["windows"][0]
+        steps = next(r for r in window["ranks"] if r["rank"] == rank)["steps"]
+        return statistics.median(s["phases_ms"]["optimizer_step"] for s in steps)
+
+    assert optimizer_ms(faulty_report, 0) - optimizer_ms(baseline_report, 0) >= SLOW_MS * 0.9
+    assert optimizer_ms(faulty_report, 1) - optimizer_ms(baseline_report, 1) < SLOW_MS / 2

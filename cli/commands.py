@@ -259,7 +259,8 @@ def register_merge(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=int, default=1, help="ranks merged at once")
     parser.add_argument("--verify", action="store_true", help="read the output back and check it")
     parser.add_argument("--trace-processor", default=None, metavar="PATH",
-                        help="also check it with this trace_processor_shell binary (SQL)")
+                        help="--verify with this trace_processor_shell (default: $FLEETSCOPE_TRACE_PROCESSOR, "
+                             "../shared/tools/ next to the repo, or PATH; without one only the read-back runs)")
     parser.set_defaults(handler=handle_merge)
 
 
@@ -296,7 +297,7 @@ def handle_merge(args: argparse.Namespace) -> int:
     print(f"merged {len(result.ranks)} rank(s) into {output} ({output.stat().st_size / 1e6:.1f} MB)")
     for problem in result.problems:
         print(f"  problem: {problem}", file=sys.stderr)
-    failures = verify_merge(result, trace_processor=args.trace_processor) if (
+    failures = verify_merge(result, trace_processor=args.trace_processor, engine=True) if (
         args.verify or args.trace_processor) else []
     for failure in failures:
         print(f"  verification failed: {failure}", file=sys.stderr)

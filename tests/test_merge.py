@@ -291,6 +291,7 @@ def test_only_the_chosen_ranks_are_merged(two_rank_dir, tmp_path):
         merge(tmp_path / "traces", tmp_path / "out.perfetto-trace", options=MergeOptions(ranks=frozenset({7})))
 
 
+@pytest.mark.damaged_trace
 def test_checker_catches_an_unbalanced_track(tmp_path):
     from fleetscope.analysis.merge.perfetto.writer import PacketStream, SequenceWriter, TrackSpec
 
@@ -316,6 +317,7 @@ def test_a_renamed_thread_keeps_its_own_name():
     assert best_thread_name([], "python") is None
 
 
+@pytest.mark.damaged_trace
 def test_large_traces_are_read_back_packet_by_packet(two_rank_dir, tmp_path, monkeypatch):
     import fleetscope.analysis.merge.perfetto.check as perfetto_check
 

@@ -13,6 +13,7 @@ from ..trainer.config import ConfigError
 from ..traces.layout import RunLayout
 from .jobargs import add_job_arguments, job_spec_from_args
 from .pipeline import PostprocessResult, describe_manifest, postprocess
+from .query_command import register as register_query
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
 
@@ -345,5 +346,5 @@ def progress_printer(label: str):
 
 REGISTRY = [
     register_launch, register_train, register_gather, register_analyze, register_merge, register_postprocess,
-    register_demo, register_compare, *_slurm_registry(),
+    register_demo, register_compare, register_query, *_slurm_registry(),
 ]

@@ -82,12 +82,15 @@ class OverlayPlan:
     slice_count: int = 0
     instant_count: int = 0
     counter_sample_count: int = 0
+    step_ranges: list[tuple[int, int, int]] = field(default_factory=list)
+    """(step, start ns, end ns) on the merged clock, as drawn on the analysis track."""
 
 
 def plan_overlays(grouped: "GroupedEvents", inputs: OverlayInputs, flows: "FlowPlan", tracks: RankTracks,
                   context: "WindowContext", new_tracks: list["TrackSpec"]) -> OverlayPlan:
     plan = OverlayPlan()
     ranges = inputs.step_ranges()
+    plan.step_ranges = list(ranges)
     basis, busy = _busy_union(grouped)
     slices: list[Slice] = []
     step_samples, idle_samples = [], []

@@ -72,6 +72,8 @@ class WindowPlan:
     instant_count: int = 0
     """Instants of Kineto events (overlay marks are counted in overlay_instant_count)."""
     overlay_instant_count: int = 0
+    step_ranges: list[tuple[int, int, int]] = field(default_factory=list)
+    """(step, start ns, end ns) of the window's steps on the merged clock (with overlays)."""
     counter_sample_count: int = 0
     overlap_lane_count: int = 0
     filtered_count: int = 0
@@ -109,6 +111,7 @@ def plan_window(events: list[Any], tracks: RankTracks, context: WindowContext) -
         plan.operations.extend(overlay.operations)
         plan.overlay_slice_count += overlay.slice_count
         plan.overlay_instant_count += overlay.instant_count
+        plan.step_ranges = overlay.step_ranges
         plan.counter_sample_count += overlay.counter_sample_count
     plan.operations.sort(key=_timestamp)
     return plan

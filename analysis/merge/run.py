@@ -106,6 +106,8 @@ class RankMergeSummary:
     first_timestamp_ns: int | None
     last_timestamp_ns: int | None = None
     """The last timestamp written for this rank (slice ends included)."""
+    step_ranges_ns: tuple[tuple[int, int, int, int], ...] = ()
+    """(window, step, start ns, end ns) of each step drawn on the analysis track, on the merged clock."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +132,15 @@ class MergeResult:
     @property
     def slice_count(self) -> int:
         return sum(self.slices_per_rank.values())
+
+    def step_ranges_ns(self) -> dict[tuple[int, int], tuple[int, int]]:
+        """(window, step) -> (earliest start, latest end) over the ranks, on the merged clock."""
+        ranges: dict[tuple[int, int], tuple[int, int]] = {}
+        for summary in self.per_rank:
+            for window, step, start, end in summary.step_ranges_ns:
+                known = ranges.get((window, step))
+                ranges[(window, step)] = (start, end) if known is None else (min(known[0], start), max(known[1], end))
+        return ranges
 
 
 def merge(
@@ -267,6 +278,7 @@ class _MergeSession:
         tracks = RankTracks.for_rank(source.rank)
         totals: Counter = Counter()
         merged_files: list[str] = []
+        step_ranges: list[tuple[int, int, int, int]] = []
         first_ns: int | None = None
         last_ns: int | None = None
         for position, trace_file in enumerate(source.files):
@@ -279,12 +291,13 @@ class _MergeSession:
                 self._start_rank(emitter, source, tracks, plan)
             emitter.emit(plan, events)
             merged_files.append(str(trace_file.path))
+            step_ranges += [(window_key, step, start, end) for step, start, end in plan.step_ranges]
             if plan.first_ts_ns is not None:
                 first_ns = plan.first_ts_ns if first_ns is None else min(first_ns, plan.first_ts_ns)
                 last_ns = plan.last_ts_ns if last_ns is None else max(last_ns, plan.last_ts_ns)
             _add_totals(totals, plan)
         clock = self.clock_choice.get(source.rank, (source.clock_offset_ns, source.clock_source))
-        summary = _summary(source, tracks, merged_files, totals, (first_ns, last_ns), clock)
+        summary = _summary(source, tracks, merged_files, totals, (first_ns, last_ns), clock, step_ranges)
         if progress is not None:
             progress(summary)
         return summary
@@ -355,7 +368,8 @@ def _add_totals(totals: Counter, plan: WindowPlan) -> None:
 
 
 def _summary(source: RankSource, tracks: RankTracks, files: list[str], totals: Counter,
-             bounds_ns: tuple[int | None, int | None], clock: tuple[int, str]) -> RankMergeSummary:
+             bounds_ns: tuple[int | None, int | None], clock: tuple[int, str],
+             step_ranges: list[tuple[int, int, int, int]]) -> RankMergeSummary:
     return RankMergeSummary(
         rank=source.rank, process_name=source.process_name, files=tuple(files),
         slice_count=totals["slices"], overlay_slice_count=totals["overlay_slices"],
@@ -363,7 +377,7 @@ def _summary(source: RankSource, tracks: RankTracks, files: list[str], totals: C
         counter_sample_count=totals["counters"], flow_count=totals["flows"],
         track_count=tracks.track_count, thread_count=tracks.thread_count, overlap_track_count=totals["overlaps"],
         filtered_count=totals["filtered"], clock_offset_ns=clock[0], clock_source=clock[1],
-        first_timestamp_ns=bounds_ns[0], last_timestamp_ns=bounds_ns[1],
+        first_timestamp_ns=bounds_ns[0], last_timestamp_ns=bounds_ns[1], step_ranges_ns=tuple(step_ranges),
     )
 
 

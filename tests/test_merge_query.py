@@ -10,6 +10,7 @@ import pytest
 
 import fleetscope.analysis.merge.perfetto.sql as perfetto_sql
 from fleetscope.analysis.merge.perfetto.queries import NAMED_QUERIES
+from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.run import merge
 from fleetscope.cli.main import main
 from helpers import requires_trace_processor
@@ -70,3 +71,19 @@ def test_without_a_trace_processor_query_says_so_and_exits_2(merged_trace, capsy
     assert main(["query", str(merged_trace), "--named", "idle-gaps"]) == 2
     assert "no trace_processor_shell found" in capsys.readouterr().err
     assert main(["query", str(merged_trace), "SELECT 1", "--trace-processor", str(tmp_path / "none")]) == 2
+
+
+@requires_trace_processor
+def test_named_queries_on_a_real_two_rank_gpu_run(tmp_path, capsys):
+    from test_merge_gpu import DDP_GLOO
+
+    trace = merge(DDP_GLOO, tmp_path / "merged.perfetto-trace", options=MergeOptions()).output
+    code, kernels = query(capsys, str(trace), "--named", "top-kernels")
+    assert code == 0 and {r["rank"] for r in kernels} == {"rank 0 (vm)", "rank 1 (vm)"}
+    assert all(int(r["position"]) <= 10 and float(r["total_ms"]) > 0 for r in kernels)
+    code, waits = query(capsys, str(trace), "--named", "collective-waits")
+    assert code == 0 and waits and all(r["ranks"] == "2" and r["collective"].startswith("gloo:") for r in waits)
+    assert [float(r["longest_wait_ms"]) for r in waits] == sorted((float(r["longest_wait_ms"]) for r in waits),
+                                                                  reverse=True)
+    code, gaps = query(capsys, str(trace), "--named", "idle-gaps")
+    assert code == 0 and gaps and all(r["cause"].startswith("idle") for r in gaps)

@@ -283,6 +283,7 @@ def _time_window(text: str) -> tuple[float, float]:
 def handle_merge(args: argparse.Namespace) -> int:
     from ..analysis.merge.run import merge
     from ..analysis.merge.options import MergeOptions
+    from ..analysis.merge.perfetto.sql import find_trace_processor
     from ..analysis.merge.verify import verify_merge
 
     layout = RunLayout.at(args.path)
@@ -302,6 +303,9 @@ def handle_merge(args: argparse.Namespace) -> int:
         args.verify or args.trace_processor) else []
     for failure in failures:
         print(f"  verification failed: {failure}", file=sys.stderr)
+    if (args.verify or args.trace_processor) and not failures:
+        engine = find_trace_processor(args.trace_processor)
+        print(f"verified: read back{f', and loaded in {engine}' if engine else ' (no trace processor found)'}")
     print(f"open it at https://ui.perfetto.dev -> 'Open trace file' -> {output}")
     if failures:
         return EXIT_FAILED

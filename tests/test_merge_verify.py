@@ -103,3 +103,13 @@ def test_the_engine_notices_a_rank_that_lost_a_thread_and_its_slices(merged, tmp
     problems = [p for p in verify_merge(merged, trace_processor=find_trace_processor()) if "trace processor" in p]
     assert any("threads, expected 2" in p for p in problems), problems
     assert any("slices, expected" in p for p in problems), problems
+
+
+@requires_trace_processor
+def test_merge_verify_on_the_command_line_loads_the_trace_in_the_engine(tmp_path, capsys):
+    from fleetscope.cli.main import main
+
+    for rank in (0, 1):
+        write_trace(tmp_path / "t" / f"rank{rank}.json", kineto_document(rank, gpu_rank_events(), host=f"n{rank}"))
+    assert main(["merge", str(tmp_path / "t"), "-o", str(tmp_path / "cli.perfetto-trace"), "--verify"]) == 0
+    assert f"loaded in {find_trace_processor()}" in capsys.readouterr().out

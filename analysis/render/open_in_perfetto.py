@@ -132,7 +132,7 @@ SCRIPT = r"""
       showHelp('This page could not read ' + link.file + ' from its folder. ' + (served
         ? 'Choose it below and it opens in Perfetto.'
         : 'Opened from a file, the page cannot talk to the Perfetto UI: run "python3 -m http.server" in the ' +
-          'report folder and open this page at http://localhost:8000/report.html, or open ' + UI +
+          'report folder and open report.html through it (localhost, port 8000), or open ' + UI +
           ', choose "Open trace file" and pick ' + link.file + '.') + rangeText(link));
     });
   }

@@ -21,6 +21,10 @@ Each merge runs in its own process (default options: flows, overlays). Reported 
                  (`MergeOptions.chrome_json`, measured in a second run for the N in --json-ranks;
                  goal <= 0.3)
   UI budget      whether the output fits the Perfetto UI's ~2 GB tab (the UI needs 2-4x the file)
+  engine s, RSS  Perfetto's trace processor (`trace_processor_shell`, the engine behind the UI) loading
+                 the output and counting its slices: wall time, and peak resident set from
+                 `/usr/bin/time -f %M` (os.wait4 where that is missing); `--trace-processor PATH`, default
+                 the one `analysis/merge/perfetto/sql.py` finds; skipped ("-") without one
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,6 +69,10 @@ class ScaleRow:
     output_bytes: int
     chrome_json_bytes: int | None
     fits_ui: bool
+    engine_load_s: float | None = None
+    """Wall time of the trace processor loading the output and answering one COUNT(*) query."""
+    engine_peak_rss_mb: float | None = None
+    engine_slices: int | None = None
 
     @property
     def vs_json(self) -> float | None:
@@ -180,8 +190,34 @@ def _peak_rss_mb() -> float:
     return max(own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
 
 
+ENGINE_SQL = "SELECT COUNT(*) AS slices FROM slice;"
+
+
+def measure_engine(trace: Path, binary: Path) -> dict:
+    """Load `trace` in the trace processor at `binary`: wall seconds, peak RSS (MB), slices it holds."""
+    with tempfile.NamedTemporaryFile("w", suffix=".sql") as query:
+        query.write(ENGINE_SQL)
+        query.flush()
+        command = [str(binary), "-q", query.name, str(trace)]
+        timer = shutil.which("time", path="/usr/bin")
+        started = time.perf_counter()
+        if timer:
+            completed = subprocess.run([timer, "-f", "%M", *command], capture_output=True, text=True, check=False)
+            elapsed, returncode, stdout = time.perf_counter() - started, completed.returncode, completed.stdout
+            peak_kb = int(completed.stderr.strip().splitlines()[-1])
+        else:
+            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            stdout = process.stdout.read()
+            _, status, usage = os.wait4(process.pid, 0)
+            elapsed, returncode, peak_kb = time.perf_counter() - started, os.waitstatus_to_exitcode(status), usage.ru_maxrss
+    if returncode != 0:
+        raise RuntimeError(f"{binary} failed on {trace} (exit {returncode})")
+    slices = int(stdout.strip().splitlines()[-1])
+    return {"elapsed_s": elapsed, "peak_rss_mb": peak_kb / 1024, "slices": slices}
+
+
 def run_scale(source: Path, rank_counts: list[int], steps: int, json_ranks: set[int], work: Path,
-              workers: int = 1) -> list[ScaleRow]:
+              workers: int = 1, engine: Path | None = None) -> list[ScaleRow]:
     document = json.loads(gzip.decompress(source.read_bytes()) if source.name.endswith(".gz") else source.read_bytes())
     events = tile_steps(document, steps)
     rows = []
@@ -196,22 +232,27 @@ def run_scale(source: Path, rank_counts: list[int], steps: int, json_ranks: set[
             chrome = measure_in_child(directory / "traces", directory / "with-json.perfetto-trace",
                                       directory / "merged.trace.json", workers)["chrome_json_bytes"]
             (directory / "merged.trace.json").unlink(missing_ok=True)
+        loaded = measure_engine(directory / "merged.perfetto-trace", engine) if engine else {}
         rows.append(ScaleRow(
             ranks=ranks, steps=steps, input_json_bytes=json_bytes, input_stored_bytes=stored,
             merge_s=merged["elapsed_s"], cpu_s=merged["cpu_s"], cpu_s_per_gb=merged["cpu_s"] / (json_bytes / 1e9),
             peak_rss_mb=merged["peak_rss_mb"], output_bytes=merged["output_bytes"], chrome_json_bytes=chrome,
             fits_ui=merged["output_bytes"] * UI_MEMORY_FACTOR <= UI_BUDGET_BYTES,
+            engine_load_s=loaded.get("elapsed_s"), engine_peak_rss_mb=loaded.get("peak_rss_mb"),
+            engine_slices=loaded.get("slices"),
         ))
         print(format_row(rows[-1]), flush=True)
         for path in (directory / "traces").iterdir():
             path.unlink()
+        (directory / "merged.perfetto-trace").unlink(missing_ok=True)
     return rows
 
 
 # --- reporting ----------------------------------------------------------------------------------
 
 HEADER = (f"{'ranks':>5} {'steps':>5} {'input JSON':>11} {'stored':>9} {'wall s':>8} {'CPU s':>7} {'CPU s/GB':>8} "
-          f"{'peak RSS':>9} {'output':>9} {'merged JSON':>12} {'vs JSON':>7} {'UI fit':>6}")
+          f"{'peak RSS':>9} {'output':>9} {'merged JSON':>12} {'vs JSON':>7} {'UI fit':>6} {'engine s':>8} "
+          f"{'engine RSS':>10}")
 
 
 def format_row(row: ScaleRow) -> str:
@@ -219,7 +260,12 @@ def format_row(row: ScaleRow) -> str:
     ratio = f"{row.vs_json:.3f}" if row.vs_json is not None else "-"
     return (f"{row.ranks:>5} {row.steps:>5} {_size(row.input_json_bytes):>11} {_size(row.input_stored_bytes):>9} "
             f"{row.merge_s:>8.1f} {row.cpu_s:>7.1f} {row.cpu_s_per_gb:>8.1f} {row.peak_rss_mb:>7.0f}MB {_size(row.output_bytes):>9} "
-            f"{chrome:>12} {ratio:>7} {'yes' if row.fits_ui else 'no':>6}")
+            f"{chrome:>12} {ratio:>7} {'yes' if row.fits_ui else 'no':>6} "
+            f"{_or_dash(row.engine_load_s, '.1f'):>8} {_or_dash(row.engine_peak_rss_mb, '.0f', 'MB'):>10}")
+
+
+def _or_dash(value: float | None, spec: str, unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
 
 
 def _size(count: int) -> str:
@@ -238,6 +284,9 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
     parser.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
     parser.add_argument("--workers", type=int, default=1, help="MergeOptions.workers for every merge")
+    parser.add_argument("--trace-processor", type=Path, default=None,
+                        help="trace_processor_shell to load each output with (default: the project's lookup)")
+    parser.add_argument("--no-engine", action="store_true", help="do not load the outputs in the trace processor")
     parser.add_argument("--one-merge", nargs=2, type=Path, metavar=("TRACES", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--chrome-json", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -245,11 +294,16 @@ def main() -> int:
         print(json.dumps(one_merge(*args.one_merge, args.chrome_json, args.workers)))
         return 0
     rank_counts = [int(n) for n in args.ranks.split(",") if n]
+    engine = None
+    if not args.no_engine:
+        from fleetscope.analysis.merge.perfetto.sql import find_trace_processor
+        engine = find_trace_processor(args.trace_processor)
     json_ranks = {int(n) for n in args.json_ranks.split(",") if n}
     with tempfile.TemporaryDirectory(prefix="merge_scale_") as scratch:
         work = args.work or Path(scratch)
+        print(f"trace processor: {engine or 'none found (engine columns skipped)'}", flush=True)
         print(f"source: {args.source} ({args.steps} steps per rank)\n{HEADER}", flush=True)
-        rows = run_scale(args.source, rank_counts, args.steps, json_ranks, work, args.workers)
+        rows = run_scale(args.source, rank_counts, args.steps, json_ranks, work, args.workers, engine)
     if args.out:
         args.out.write_text(json.dumps([asdict(r) | {"vs_json": r.vs_json} for r in rows], indent=2) + "\n")
     return 0

@@ -15,6 +15,7 @@ from ..traces.layout import RunLayout
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, exit_code
 from .jobargs import add_job_arguments, job_spec_from_args
 from .pipeline import describe_manifest, postprocess
+from .query_command import register as register_query
 from .render import print_failed_job, print_outputs, print_state_change, print_submitted, render_status
 
 
@@ -207,7 +208,8 @@ def register_merge(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=int, default=1, help="ranks merged at once")
     parser.add_argument("--verify", action="store_true", help="read the output back and check it")
     parser.add_argument("--trace-processor", default=None, metavar="PATH",
-                        help="also check it with this trace_processor_shell binary (SQL)")
+                        help="--verify with this trace_processor_shell (default: $FLEETSCOPE_TRACE_PROCESSOR, "
+                             "../shared/tools/ next to the repo, or PATH; without one only the read-back runs)")
     parser.set_defaults(handler=handle_merge)
 
 
@@ -229,6 +231,7 @@ def _time_window(text: str) -> tuple[float, float]:
 def handle_merge(args: argparse.Namespace) -> int:
     from ..analysis.merge.run import merge
     from ..analysis.merge.options import MergeOptions
+    from ..analysis.merge.perfetto.sql import find_trace_processor
     from ..analysis.merge.verify import verify_merge
 
     layout = RunLayout.at(args.path)
@@ -244,10 +247,13 @@ def handle_merge(args: argparse.Namespace) -> int:
     print(f"merged {len(result.ranks)} rank(s) into {output} ({output.stat().st_size / 1e6:.1f} MB)")
     for problem in result.problems:
         print(f"  problem: {problem}", file=sys.stderr)
-    failures = verify_merge(result, trace_processor=args.trace_processor) if (
+    failures = verify_merge(result, trace_processor=args.trace_processor, engine=True) if (
         args.verify or args.trace_processor) else []
     for failure in failures:
         print(f"  verification failed: {failure}", file=sys.stderr)
+    if (args.verify or args.trace_processor) and not failures:
+        engine = find_trace_processor(args.trace_processor)
+        print(f"verified: read back{f', and loaded in {engine}' if engine else ' (no trace processor found)'}")
     print(f"open it at https://ui.perfetto.dev -> 'Open trace file' -> {output}")
     if failures:
         return EXIT_FAILED
@@ -302,5 +308,5 @@ def progress_printer(label: str):
 
 REGISTRY = [
     register_launch, register_train, register_gather, register_analyze, register_merge, register_postprocess,
-    register_demo, register_compare,
+    register_demo, register_compare, register_query,
 ]

@@ -81,6 +81,17 @@ def _merge(layout: RunLayout, result: PostprocessResult, echo: bool) -> None:
 
     merged = merge(layout.root, layout.merged_trace)
     result.outputs["merged_trace"] = layout.merged_trace
+    if layout.report_json.is_file():
+        _link_report_to_trace(layout, merged)
     if echo:
         print(f"merged {len(merged.ranks)} rank(s) into {layout.merged_trace} "
               f"({layout.merged_trace.stat().st_size / 1e6:.1f} MB)")
+
+
+def _link_report_to_trace(layout: RunLayout, merged) -> None:
+    """Render report.html again, its 'Open in Perfetto' buttons now scrolled to each finding's steps."""
+    from ..analysis import load_report_json, render_html
+    from ..traces.writer import write_bytes_atomically
+
+    html = render_html(load_report_json(layout.report_json), trace_ranges=merged.step_ranges_ns())
+    write_bytes_atomically(html.encode(), layout.report_html)

@@ -2,7 +2,14 @@
 
 import pytest
 
+from helpers import check_in_engine, trace_processor
 from slurm_cluster import slurm_cluster  # noqa: F401  (session fixture: a real local Slurm cluster)
+
+MERGED_TRACE_GLOB = "*.perfetto-trace"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "damaged_trace: the test damages a merged trace on purpose (no engine check)")
 
 
 @pytest.fixture(autouse=True)
@@ -10,3 +17,26 @@ def private_parsed_trace_cache(tmp_path_factory, monkeypatch):
     """Each test analyzes with an empty parsed-trace cache of its own (never the user's ~/.cache), so
     no test sees results another one stored; subprocesses inherit it through the environment."""
     monkeypatch.setenv("FLEETSCOPE_CACHE_DIR", str(tmp_path_factory.mktemp("parsed-trace-cache")))
+
+
+_engine_checked: dict = {}
+"""Merged trace path -> (mtime ns, size) when it was last checked in the engine."""
+
+
+@pytest.fixture(autouse=True)
+def merged_traces_pass_the_engine(request, tmp_path_factory):
+    """After each test, every merged trace written under the session's temporary directories since the
+    last check (by the test, its fixtures or the processes it ran: merge, postprocess, demo) is loaded
+    in Perfetto's trace processor and compared with its read-back (tests/helpers.py:check_in_engine).
+    Does nothing where no trace processor is found (tests/test_merge_verify.py skips with a reason)."""
+    yield
+    if trace_processor() is None:
+        return
+    damaged = request.node.get_closest_marker("damaged_trace") is not None
+    for trace in sorted(tmp_path_factory.getbasetemp().rglob(MERGED_TRACE_GLOB)):
+        stat = trace.stat()
+        if _engine_checked.get(trace) == (stat.st_mtime_ns, stat.st_size):
+            continue
+        _engine_checked[trace] = (stat.st_mtime_ns, stat.st_size)
+        if not damaged:
+            check_in_engine(trace)

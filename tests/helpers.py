@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -40,3 +42,26 @@ def mean_losses(run_dir: Path, world_size: int) -> list[float]:
     """Per step, the mean of every rank's loss (equal batches: the global batch's mean loss)."""
     per_rank = [[row["loss"] for row in metrics(run_dir, rank)] for rank in range(world_size)]
     return [sum(step) / world_size for step in zip(*per_rank)]
+
+
+def trace_processor():
+    """The trace processor binary the suite uses (perfetto/sql.py's lookup), or None."""
+    from fleetscope.analysis.merge.perfetto.sql import find_trace_processor
+    return find_trace_processor()
+
+
+requires_trace_processor = pytest.mark.skipif(
+    trace_processor() is None,
+    reason="no trace_processor_shell (set FLEETSCOPE_TRACE_PROCESSOR or put it at <repo>/../shared/tools/)")
+
+
+def check_in_engine(trace: Path, result=None) -> None:
+    """Every merged trace the suite writes goes through here: loaded in Perfetto's trace processor and
+    compared with the merge's counts (`result`, a MergeResult) or with the file's read-back. Skips
+    when no binary is found."""
+    from fleetscope.analysis.merge.verify import verify_merge, verify_trace_file
+    binary = trace_processor()
+    if binary is None:
+        pytest.skip("no trace_processor_shell (set FLEETSCOPE_TRACE_PROCESSOR)")
+    problems = verify_merge(result, trace_processor=binary) if result is not None else verify_trace_file(trace, binary)
+    assert problems == [], f"{trace}: {problems}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from helpers import REPO
+from helpers import REPO, requires_trace_processor, trace_processor
 
 
 def load(name: str):
@@ -33,3 +33,17 @@ def test_profiler_overhead_summary_separates_windows():
                  for s in range(30)]
     summary = overhead.summarize(off, scheduled, skip=20)
     assert summary["outside_overhead_pct"] == 1.0 and summary["inside_overhead_pct"] == 20.0
+
+
+@requires_trace_processor
+def test_merge_scale_measures_the_engine_on_a_merged_trace(tmp_path):
+    from fleetscope.analysis.merge.run import merge
+    from test_merge import gpu_rank_events, kineto_document, write_trace
+
+    for rank in (0, 1):
+        write_trace(tmp_path / "t" / f"rank{rank}.json", kineto_document(rank, gpu_rank_events()))
+    result = merge(tmp_path / "t", tmp_path / "out.perfetto-trace")
+    loaded = load("merge_scale").measure_engine(result.output, trace_processor())
+    expected = sum(s.slice_count + s.overlay_slice_count + s.instant_count + s.overlay_instant_count
+                   for s in result.per_rank)
+    assert loaded["slices"] == expected and loaded["peak_rss_mb"] > 1 and loaded["elapsed_s"] > 0

@@ -57,6 +57,7 @@ def test_report_covers_both_ranks(run):
     assert ranks == [0, 1]
     html = (run / "report" / "report.html").read_text()
     assert "<svg" in html and "http://" not in html.replace("http://www.w3.org", "")
+    assert "Open in Perfetto" in html and "start_ns" in html   # rendered again with the merge's step ranges
 
 
 def test_step_metrics_have_one_line_per_step_and_rank(run):

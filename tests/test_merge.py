@@ -291,6 +291,7 @@ def test_only_the_chosen_ranks_are_merged(two_rank_dir, tmp_path):
         merge(tmp_path / "traces", tmp_path / "out.perfetto-trace", options=MergeOptions(ranks=frozenset({7})))
 
 
+@pytest.mark.damaged_trace
 def test_checker_catches_an_unbalanced_track(tmp_path):
     from fleetscope.analysis.merge.perfetto.writer import PacketStream, SequenceWriter, TrackSpec
 
@@ -316,6 +317,7 @@ def test_a_renamed_thread_keeps_its_own_name():
     assert best_thread_name([], "python") is None
 
 
+@pytest.mark.damaged_trace
 def test_large_traces_are_read_back_packet_by_packet(two_rank_dir, tmp_path, monkeypatch):
     import fleetscope.analysis.merge.perfetto.check as perfetto_check
 
@@ -328,3 +330,31 @@ def test_large_traces_are_read_back_packet_by_packet(two_rank_dir, tmp_path, mon
     truncated.write_bytes(result.output.read_bytes()[:-3])
     with pytest.raises(ValueError, match="truncated"):
         list(iter_packets(truncated))
+
+
+@pytest.mark.damaged_trace
+def test_checker_catches_thread_tracks_that_share_a_tid_or_name_no_process(tmp_path):
+    from fleetscope.analysis.merge.perfetto.writer import PacketStream, SequenceWriter, TrackSpec
+
+    path = tmp_path / "threads.perfetto-trace"
+    with open(path, "wb") as handle:
+        stream = PacketStream(handle)
+        writer = SequenceWriter(stream=stream, sequence_id=5)
+        writer.track(TrackSpec(uuid=1, name="rank 0", pid=1_000_000))
+        writer.track(TrackSpec(uuid=2, name="a", parent_uuid=1, tid=10_000_000, thread_pid=1_000_000))
+        writer.track(TrackSpec(uuid=3, name="b", parent_uuid=1, tid=10_000_000, thread_pid=1_000_000))
+        writer.track(TrackSpec(uuid=4, name="c", parent_uuid=1, tid=10_000_001, thread_pid=7))
+        stream.flush()
+    problems = check_trace(path).problems
+    assert any("thread id 10000000 of track 3 is not unique" in p for p in problems), problems
+    assert any("names pid 7, which has no process" in p for p in problems), problems
+
+
+def test_merged_threads_are_thread_tracks_with_unique_tids_per_rank(two_rank_dir, tmp_path):
+    check = check_trace(merge(tmp_path / "traces", tmp_path / "out.perfetto-trace").output)
+    threads = check.threads()
+    assert check.ok and threads
+    assert len({t.tid for t in threads}) == len(threads)
+    for thread in threads:
+        process = check.process_of(thread.uuid)
+        assert thread.thread_pid == process.pid and not thread.name.endswith("]")

@@ -86,7 +86,7 @@ def test_analysis_track_has_steps_idle_gaps_and_counters(traces, tmp_path):
 def test_idle_gap_categories_say_who_the_gpu_waited_for(tmp_path):
     events = [
         complete("ProfilerStep#0", 0, 200, cat="user_annotation"),
-        complete("cudaLaunchKernel", 1, 1, cat="cuda_runtime", args={"correlation": 1}),
+        complete("cudaLaunchKernel", 0, 1, cat="cuda_runtime", args={"correlation": 1}),  # not after its kernel
         complete("cudaLaunchKernel", 2, 1, cat="cuda_runtime", args={"correlation": 3}),
         complete("cudaLaunchKernel", 50, 5, cat="cuda_runtime", args={"correlation": 2}),
         kernel("a", 0, 10, correlation=1),

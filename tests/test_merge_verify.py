@@ -1,19 +1,25 @@
-"""verify_merge, and the optional trace processor checks (skipped without a trace_processor_shell)."""
+"""verify_merge, and the checks in Perfetto's trace processor (skipped only where no binary is found)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from fleetscope.analysis.merge.run import merge
 from fleetscope.analysis.merge.verify import expected_slices_by_process, verify_merge
-from fleetscope.analysis.merge.perfetto.sql import check_with_trace_processor, slices_by_process
+from fleetscope.analysis.merge.perfetto.sql import (
+    EngineExpectations,
+    SqlCheck,
+    compare,
+    find_trace_processor,
+    parse_csv_rows,
+    read_check_rows,
+)
+from fleetscope.analysis.merge.verify import merge_expectations, verify_trace_file
+from fleetscope.analysis.merge.perfetto.check import check_trace
+from helpers import requires_trace_processor
 from test_merge import gpu_rank_events, kineto_document, write_trace
-
-TRACE_PROCESSOR = os.environ.get("FLEETSCOPE_TRACE_PROCESSOR") or shutil.which("trace_processor_shell")
 
 
 @pytest.fixture
@@ -29,6 +35,7 @@ def test_a_sound_merge_verifies(merged):
     assert list(expected_slices_by_process(merged)) == ["rank 0 (n0)", "rank 1 (n1)"]
 
 
+@pytest.mark.damaged_trace
 def test_a_damaged_output_does_not_verify(merged):
     data = merged.output.read_bytes()
     merged.output.write_bytes(data[: len(data) // 2 + 1])
@@ -43,16 +50,66 @@ def test_an_output_missing_a_rank_does_not_verify(merged, tmp_path):
     assert any("processes" in p for p in problems) and any("rank 1 (n1): 0 slices" in p for p in problems)
 
 
-def test_slices_are_counted_per_process_through_track_parents():
-    slices = [{"track_id": 11, "slices": 5}, {"track_id": 12, "slices": 2}, {"track_id": 30, "slices": 9}]
-    tracks = [{"id": 10, "parent_id": None}, {"id": 11, "parent_id": 10}, {"id": 12, "parent_id": 11},
-              {"id": 30, "parent_id": None}]
-    assert slices_by_process(slices, tracks, [{"id": 10, "upid": 1}], [{"upid": 1, "name": "rank 0 (n0)"}]) == {
-        "rank 0 (n0)": 7}
+def test_the_engine_rows_are_read_and_compared():
+    rows = parse_csv_rows('"kind","a","b","c"\n"process","1","rank 0 (n0)",""\n"slices","1","7",""\n'
+                          '"threads","1","2",""\n"cross_flow","-9223372036854775807","1",""\n'
+                          '"counters","","4",""\n"slice_bounds","10","90",""\n"stat","misplaced_end_event","3","error"\n')
+    check = read_check_rows(rows)
+    assert check.slices_by_process == {"rank 0 (n0)": 7} and check.threads_by_process == {"rank 0 (n0)": 2}
+    assert check.cross_rank_flows == {(1 << 63) | 1: 1} and check.counter_samples == 4
+    assert check.problems == ["trace processor stat misplaced_end_event = 3"]
+    expected = EngineExpectations(slices_by_process={"rank 0 (n0)": 8}, threads_by_process={"rank 0 (n0)": 2},
+                                  cross_rank_flows={(1 << 63) | 1: 1, (1 << 63) | 2: 1}, counter_samples=4,
+                                  time_bounds_ns=(20, 90))
+    problems = compare(check, expected)
+    assert len(problems) == 3, problems
+    assert "sees 7 slices, expected 8" in problems[0] and "cross-rank flows" in problems[1]
+    assert "outside the merge's [20, 90]" in problems[2]
 
 
-@pytest.mark.skipif(TRACE_PROCESSOR is None, reason="no trace_processor_shell (set FLEETSCOPE_TRACE_PROCESSOR)")
+def test_the_lookup_prefers_the_named_binary_then_the_environment(tmp_path, monkeypatch):
+    binary = tmp_path / "tp"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv("FLEETSCOPE_TRACE_PROCESSOR", str(binary))
+    assert find_trace_processor() == binary
+    with pytest.raises(FileNotFoundError):
+        find_trace_processor(tmp_path / "missing")
+
+
+@requires_trace_processor
 def test_trace_processor_sees_what_the_merge_wrote(merged):
-    check = check_with_trace_processor(merged.output, TRACE_PROCESSOR, expected_slices=expected_slices_by_process(merged))
-    assert check.ok, check.problems
-    assert check.flow_count >= 4
+    binary = find_trace_processor()
+    assert verify_merge(merged, trace_processor=binary) == []
+    expected = merge_expectations(merged, check_trace(merged.output))
+    assert expected.threads_by_process == {"rank 0 (n0)": 2, "rank 1 (n1)": 2}
+    assert expected.cross_rank_flows and expected.counter_samples == 12
+    assert verify_trace_file(merged.output, binary) == []
+
+
+@pytest.mark.damaged_trace
+@requires_trace_processor
+def test_the_engine_notices_a_rank_that_lost_a_thread_and_its_slices(merged, tmp_path):
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+    trace = pb.Trace()
+    trace.ParseFromString(merged.output.read_bytes())
+    lost = next(p.track_descriptor.uuid for p in trace.packet
+                if p.HasField("track_descriptor") and p.track_descriptor.HasField("thread"))
+    kept = [p for p in trace.packet if not (p.HasField("track_event") and p.track_event.track_uuid == lost)
+            and not (p.HasField("track_descriptor") and p.track_descriptor.uuid == lost)]
+    del trace.packet[:]
+    trace.packet.extend(kept)
+    merged.output.write_bytes(trace.SerializeToString())
+    problems = [p for p in verify_merge(merged, trace_processor=find_trace_processor()) if "trace processor" in p]
+    assert any("threads, expected 2" in p for p in problems), problems
+    assert any("slices, expected" in p for p in problems), problems
+
+
+@requires_trace_processor
+def test_merge_verify_on_the_command_line_loads_the_trace_in_the_engine(tmp_path, capsys):
+    from fleetscope.cli.main import main
+
+    for rank in (0, 1):
+        write_trace(tmp_path / "t" / f"rank{rank}.json", kineto_document(rank, gpu_rank_events(), host=f"n{rank}"))
+    assert main(["merge", str(tmp_path / "t"), "-o", str(tmp_path / "cli.perfetto-trace"), "--verify"]) == 0
+    assert f"loaded in {find_trace_processor()}" in capsys.readouterr().out

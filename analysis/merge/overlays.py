@@ -80,13 +80,17 @@ class OverlayInputs:
 class OverlayPlan:
     operations: list[tuple] = field(default_factory=list)
     slice_count: int = 0
+    instant_count: int = 0
     counter_sample_count: int = 0
+    step_ranges: list[tuple[int, int, int]] = field(default_factory=list)
+    """(step, start ns, end ns) on the merged clock, as drawn on the analysis track."""
 
 
 def plan_overlays(grouped: "GroupedEvents", inputs: OverlayInputs, flows: "FlowPlan", tracks: RankTracks,
                   context: "WindowContext", new_tracks: list["TrackSpec"]) -> OverlayPlan:
     plan = OverlayPlan()
     ranges = inputs.step_ranges()
+    plan.step_ranges = list(ranges)
     basis, busy = _busy_union(grouped)
     slices: list[Slice] = []
     step_samples, idle_samples = [], []
@@ -108,6 +112,7 @@ def plan_overlays(grouped: "GroupedEvents", inputs: OverlayInputs, flows: "FlowP
     if instants:
         uuid = tracks.uuid(ANALYSIS_TRACK, 0, new_tracks)
         plan.operations += [(ts, OP_INSTANT, uuid, name, STRAGGLER_CATEGORY, NO_EVENT, notes) for ts, name, notes in instants]
+        plan.instant_count = len(instants)
     _add_counter(STEP_TIME_TRACK, "ms", step_samples, tracks, plan, new_tracks)
     _add_counter(IDLE_TRACK, "%", idle_samples, tracks, plan, new_tracks)
     return plan

@@ -70,6 +70,10 @@ class WindowPlan:
     """Slices of Kineto events (overlay slices are counted in overlay_slice_count)."""
     overlay_slice_count: int = 0
     instant_count: int = 0
+    """Instants of Kineto events (overlay marks are counted in overlay_instant_count)."""
+    overlay_instant_count: int = 0
+    step_ranges: list[tuple[int, int, int]] = field(default_factory=list)
+    """(step, start ns, end ns) of the window's steps on the merged clock (with overlays)."""
     counter_sample_count: int = 0
     overlap_lane_count: int = 0
     filtered_count: int = 0
@@ -81,6 +85,10 @@ class WindowPlan:
     @property
     def first_ts_ns(self) -> int | None:
         return self.operations[0][0] if self.operations else None
+
+    @property
+    def last_ts_ns(self) -> int | None:
+        return self.operations[-1][0] if self.operations else None
 
 
 def plan_window(events: list[Any], tracks: RankTracks, context: WindowContext) -> WindowPlan:
@@ -102,6 +110,8 @@ def plan_window(events: list[Any], tracks: RankTracks, context: WindowContext) -
         overlay = plan_overlays(grouped, overlay_inputs, plan.flows, tracks, context, plan.new_tracks)
         plan.operations.extend(overlay.operations)
         plan.overlay_slice_count += overlay.slice_count
+        plan.overlay_instant_count += overlay.instant_count
+        plan.step_ranges = overlay.step_ranges
         plan.counter_sample_count += overlay.counter_sample_count
     plan.operations.sort(key=_timestamp)
     return plan

@@ -62,6 +62,7 @@ from fleetscope.analysis.merge.tracks import (
     OP_COUNTER,
     OP_END,
     OP_INSTANT,
+    PROCESS_PID_BASE,
     RankTracks,
 )
 from fleetscope.analysis.merge.window import WindowClock, WindowContext
@@ -69,10 +70,6 @@ from fleetscope.analysis.per_rank.cache import open_cache
 from fleetscope.traces.atomic import atomic_output
 from fleetscope.traces.kineto import TraceReadError, distributed_rank, read_trace
 from fleetscope.traces.layout import MERGED_TRACE
-
-PROCESS_PID_BASE = 1_000_000
-"""Process ids in the merged trace are `PROCESS_PID_BASE + rank`: unique, never 0, and the UI's
-`rank 3 (node7) 1000003` still ends in the rank. Real pids would collide across hosts."""
 
 _PREAMBLE_SEQUENCE_ID = 1
 _COPY_CHUNK_BYTES = 1 << 20
@@ -91,9 +88,13 @@ class RankMergeSummary:
     """Slices of recorded events (== the inputs' complete events, less those filtered out)."""
     overlay_slice_count: int
     instant_count: int
+    overlay_instant_count: int
+    """Straggler marks on the analysis track."""
     counter_sample_count: int
     flow_count: int
     track_count: int
+    thread_count: int
+    """CPU threads, each a thread track of the rank's process."""
     overlap_track_count: int
     """Extra tracks made for events that overlap others on their thread without nesting."""
     filtered_count: int
@@ -103,6 +104,10 @@ class RankMergeSummary:
     clock_source: str
     """Where the offset came from: given, clock file, analysis report or none."""
     first_timestamp_ns: int | None
+    last_timestamp_ns: int | None = None
+    """The last timestamp written for this rank (slice ends included)."""
+    step_ranges_ns: tuple[tuple[int, int, int, int], ...] = ()
+    """(window, step, start ns, end ns) of each step drawn on the analysis track, on the merged clock."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,6 +132,15 @@ class MergeResult:
     @property
     def slice_count(self) -> int:
         return sum(self.slices_per_rank.values())
+
+    def step_ranges_ns(self) -> dict[tuple[int, int], tuple[int, int]]:
+        """(window, step) -> (earliest start, latest end) over the ranks, on the merged clock."""
+        ranges: dict[tuple[int, int], tuple[int, int]] = {}
+        for summary in self.per_rank:
+            for window, step, start, end in summary.step_ranges_ns:
+                known = ranges.get((window, step))
+                ranges[(window, step)] = (start, end) if known is None else (min(known[0], start), max(known[1], end))
+        return ranges
 
 
 def merge(
@@ -264,7 +278,9 @@ class _MergeSession:
         tracks = RankTracks.for_rank(source.rank)
         totals: Counter = Counter()
         merged_files: list[str] = []
+        step_ranges: list[tuple[int, int, int, int]] = []
         first_ns: int | None = None
+        last_ns: int | None = None
         for position, trace_file in enumerate(source.files):
             window_key = trace_file.window if trace_file.window is not None else position
             planned = self._plan_file(trace_file, source, tracks, window_key, first_window=not merged_files)
@@ -275,11 +291,13 @@ class _MergeSession:
                 self._start_rank(emitter, source, tracks, plan)
             emitter.emit(plan, events)
             merged_files.append(str(trace_file.path))
+            step_ranges += [(window_key, step, start, end) for step, start, end in plan.step_ranges]
             if plan.first_ts_ns is not None:
                 first_ns = plan.first_ts_ns if first_ns is None else min(first_ns, plan.first_ts_ns)
+                last_ns = plan.last_ts_ns if last_ns is None else max(last_ns, plan.last_ts_ns)
             _add_totals(totals, plan)
         clock = self.clock_choice.get(source.rank, (source.clock_offset_ns, source.clock_source))
-        summary = _summary(source, tracks, merged_files, totals, first_ns, clock)
+        summary = _summary(source, tracks, merged_files, totals, (first_ns, last_ns), clock, step_ranges)
         if progress is not None:
             progress(summary)
         return summary
@@ -343,19 +361,23 @@ class _MergeSession:
 
 def _add_totals(totals: Counter, plan: WindowPlan) -> None:
     totals.update(slices=plan.slice_count, overlay_slices=plan.overlay_slice_count, instants=plan.instant_count,
+                  overlay_instants=plan.overlay_instant_count,
                   counters=plan.counter_sample_count, overlaps=plan.overlap_lane_count,
                   filtered=plan.filtered_count,
                   flows=plan.flows.launch_flow_count + plan.flows.trace_flow_count + plan.flows.collective_flow_count)
 
 
 def _summary(source: RankSource, tracks: RankTracks, files: list[str], totals: Counter,
-             first_ns: int | None, clock: tuple[int, str]) -> RankMergeSummary:
+             bounds_ns: tuple[int | None, int | None], clock: tuple[int, str],
+             step_ranges: list[tuple[int, int, int, int]]) -> RankMergeSummary:
     return RankMergeSummary(
         rank=source.rank, process_name=source.process_name, files=tuple(files),
         slice_count=totals["slices"], overlay_slice_count=totals["overlay_slices"],
-        instant_count=totals["instants"], counter_sample_count=totals["counters"], flow_count=totals["flows"],
-        track_count=tracks.track_count, overlap_track_count=totals["overlaps"],
-        filtered_count=totals["filtered"], clock_offset_ns=clock[0], clock_source=clock[1], first_timestamp_ns=first_ns,
+        instant_count=totals["instants"], overlay_instant_count=totals["overlay_instants"],
+        counter_sample_count=totals["counters"], flow_count=totals["flows"],
+        track_count=tracks.track_count, thread_count=tracks.thread_count, overlap_track_count=totals["overlaps"],
+        filtered_count=totals["filtered"], clock_offset_ns=clock[0], clock_source=clock[1],
+        first_timestamp_ns=bounds_ns[0], last_timestamp_ns=bounds_ns[1], step_ranges_ns=tuple(step_ranges),
     )
 
 

@@ -8,6 +8,11 @@ bit set, so they never meet a rank's own ids.
 Tracks of a process are ordered in groups (analysis overlay, counters, main thread, other CPU
 threads, GPU streams, anything else); within a group by when they were first registered (a window
 registers its new tracks in a fixed order), and an overlap lane right under its track.
+
+A CPU thread is a real thread track (its descriptor names the rank's process pid and a thread id of
+the merged trace, `synthetic_tid`), so the trace processor's `thread` table lists it; the Kineto pid
+and tid are kept in the track's description. GPU streams, counters, the analysis overlay and the
+overlap lanes of any track (threads included) are tracks of the rank's process.
 """
 
 from __future__ import annotations
@@ -27,6 +32,20 @@ TrackKey = tuple[str, Any, Any]
 """("cpu" | "gpu" | "other", pid, tid), ("counter", source, label) or ("analysis", name, "")."""
 
 _RANK_FLOW_SHIFT = 40
+
+PROCESS_PID_BASE = 1_000_000
+"""Process ids in the merged trace are `PROCESS_PID_BASE + rank`: unique, never 0, and the UI's
+`rank 3 (node7) 1000003` still ends in the rank. Real pids would collide across hosts."""
+THREAD_TID_BASE = 10_000_000
+THREADS_PER_RANK = 4096
+"""Thread ids in the merged trace are `THREAD_TID_BASE + rank * THREADS_PER_RANK + n` for the n-th
+CPU thread of a rank: unique across ranks, above every process id, and within int32 up to ~520k ranks."""
+
+
+def synthetic_tid(rank: int, index: int) -> int:
+    if not 0 <= index < THREADS_PER_RANK:
+        raise ValueError(f"rank {rank} has more than {THREADS_PER_RANK} CPU threads")
+    return THREAD_TID_BASE + rank * THREADS_PER_RANK + index
 
 OP_END, OP_BEGIN, OP_INSTANT, OP_COUNTER = 0, 1, 2, 3
 """Planned operations: (ts_ns, OP_BEGIN, uuid, name, category, end_ns, ident, annotations),
@@ -53,6 +72,8 @@ class RankTracks:
 
     rank: int
     process_uuid: int
+    pid: int
+    _thread_tids: dict[TrackKey, int] = field(default_factory=dict)
     _uuids: dict[tuple[TrackKey, int], int] = field(default_factory=dict)
     _base_orders: dict[TrackKey, int] = field(default_factory=dict)
     _names: dict[TrackKey, str] = field(default_factory=dict)
@@ -61,7 +82,7 @@ class RankTracks:
 
     @classmethod
     def for_rank(cls, rank: int) -> "RankTracks":
-        return cls(rank=rank, process_uuid=(rank + 1) << 32)
+        return cls(rank=rank, process_uuid=(rank + 1) << 32, pid=PROCESS_PID_BASE + rank)
 
     def register(self, key: TrackKey, name: str, group: int) -> None:
         """Give a track its place in the process (the first name seen wins)."""
@@ -78,12 +99,22 @@ class RankTracks:
         uuid = self.process_uuid | (len(self._uuids) + 1)
         self._uuids[(key, lane)] = uuid
         name = self._names[key] if lane == 0 else f"{self._names[key]} [overlap {lane}]"
+        thread = key[0] == "cpu" and lane == 0
         new_tracks.append(TrackSpec(
             uuid=uuid, name=name, parent_uuid=self.process_uuid,
             order=self._base_orders[key] + min(lane, MAX_LANE_ORDER),
             is_counter=key[0] == "counter", counter_unit=counter_unit,
+            tid=self._thread_tid(key) if thread else None, thread_pid=self.pid if thread else None,
+            thread_name=name if thread else None,
+            description=f"Kineto pid {key[1]} tid {key[2]}" if key[0] == "cpu" else None,
         ))
         return uuid
+
+    def _thread_tid(self, key: TrackKey) -> int:
+        tid = self._thread_tids.get(key)
+        if tid is None:
+            tid = self._thread_tids[key] = synthetic_tid(self.rank, len(self._thread_tids))
+        return tid
 
     def first_free_lane(self, key: TrackKey, start_ns: int, end_ns: int) -> int:
         """Lane 0 unless this window overlaps an earlier window of the same track in time."""
@@ -100,6 +131,11 @@ class RankTracks:
     @property
     def track_count(self) -> int:
         return len(self._uuids)
+
+    @property
+    def thread_count(self) -> int:
+        """CPU threads with a thread track (what the trace processor's `thread` table lists)."""
+        return len(self._thread_tids)
 
 
 def lay_out_track(key: TrackKey, slices: list[Slice], tracks: RankTracks, operations: list[tuple],

@@ -1,20 +1,29 @@
 """Checking a merge's output against what the merge says it wrote (for tests, the CLI and users).
 
-`verify_merge(result)` reads the Perfetto trace back (perfetto_check.py: nesting, interning, flows)
-and compares its processes and per-process slice counts with the `MergeResult`; with
-`trace_processor=PATH` it also loads the trace in Perfetto's trace processor (perfetto_sql.py).
+`verify_merge(result)` reads the Perfetto trace back (perfetto/check.py: nesting, interning, flows,
+thread descriptors) and compares its processes and per-process slice counts with the `MergeResult`;
+with a trace processor (`trace_processor=PATH`, or the one `find_trace_processor` finds when
+`engine=True`) it also loads the trace in Perfetto's engine and compares the engine's tables with the
+merge's counts (perfetto/sql.py). `verify_trace_file(path)` does the same for a file alone, with the
+read-back as the expectation.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
-from fleetscope.analysis.merge.perfetto.check import check_trace
-from fleetscope.analysis.merge.perfetto.sql import check_with_trace_processor
+from fleetscope.analysis.merge.perfetto.check import CROSS_RANK_FLOW_BIT, TraceCheck, check_trace
+from fleetscope.analysis.merge.perfetto.sql import (
+    EngineExpectations,
+    check_with_trace_processor,
+    find_trace_processor,
+)
 from fleetscope.analysis.merge.run import MergeResult
 
 
-def verify_merge(result: MergeResult, *, trace_processor: str | Path | None = None) -> list[str]:
+def verify_merge(result: MergeResult, *, trace_processor: str | Path | None = None,
+                 engine: bool = False) -> list[str]:
     """Problems found in `result.output` (empty when it holds what the merge reported)."""
     check = check_trace(result.output)
     problems = list(check.problems)
@@ -25,11 +34,61 @@ def verify_merge(result: MergeResult, *, trace_processor: str | Path | None = No
     found = check.slice_count_by_process()
     problems += [f"{name}: {found.get(name, 0)} slices in the file, the merge wrote {count}"
                  for name, count in expected.items() if found.get(name, 0) != count]
-    if trace_processor is not None:
-        problems += check_with_trace_processor(result.output, trace_processor, expected_slices=expected).problems
+    threads = check.thread_count_by_process()
+    problems += [f"{s.process_name}: {threads.get(s.process_name, 0)} threads in the file, the merge made "
+                 f"{s.thread_count}" for s in result.per_rank if s.files and threads.get(s.process_name, 0) != s.thread_count]
+    binary = find_trace_processor(trace_processor) if (engine or trace_processor) else None
+    if binary is not None:
+        problems += check_with_trace_processor(result.output, binary, expected=merge_expectations(result, check)).problems
     return problems
+
+
+def verify_trace_file(path: str | Path, trace_processor: str | Path) -> list[str]:
+    """Problems of a merged trace on its own: the read-back's invariants, and the engine's tables
+    compared with the read-back."""
+    check = check_trace(path)
+    return list(check.problems) + check_with_trace_processor(
+        path, trace_processor, expected=readback_expectations(check)).problems
 
 
 def expected_slices_by_process(result: MergeResult) -> dict[str, int]:
     """Process name -> slices written (recorded events plus overlay slices), in rank order."""
     return {s.process_name: s.slice_count + s.overlay_slice_count for s in result.per_rank if s.files}
+
+
+def merge_expectations(result: MergeResult, check: TraceCheck) -> EngineExpectations:
+    """What the engine must see: the merge's own counts (the engine's `slice` table holds instants too), and the cross-rank arrows it wrote (from the
+    read-back: which instances reached more than one rank depends on every rank)."""
+    merged = [s for s in result.per_rank if s.files]
+    firsts = [s.first_timestamp_ns for s in merged if s.first_timestamp_ns is not None]
+    lasts = [s.last_timestamp_ns for s in merged if s.last_timestamp_ns is not None]
+    return EngineExpectations(
+        slices_by_process={s.process_name: s.slice_count + s.overlay_slice_count + s.instant_count
+                           + s.overlay_instant_count for s in merged},
+        threads_by_process={s.process_name: s.thread_count for s in merged},
+        cross_rank_flows=cross_rank_arrows(check),
+        counter_samples=sum(s.counter_sample_count for s in merged),
+        time_bounds_ns=(min(firsts), max(lasts)) if firsts and lasts else None,
+    )
+
+
+def readback_expectations(check: TraceCheck) -> EngineExpectations:
+    timestamps = [t for s in check.slices for t in (s.start_ns, s.end_ns)]
+    timestamps += [i.ts_ns for i in check.instants]
+    timestamps += [ts for samples in check.counter_values.values() for ts, _ in samples]
+    return EngineExpectations(
+        slices_by_process=dict(check.slice_count_by_process() + check.instant_count_by_process()),
+        threads_by_process=dict(check.thread_count_by_process()),
+        cross_rank_flows=cross_rank_arrows(check),
+        counter_samples=sum(len(samples) for samples in check.counter_values.values()),
+        time_bounds_ns=(min(timestamps), max(timestamps)) if timestamps else None,
+    )
+
+
+def cross_rank_arrows(check: TraceCheck) -> dict[int, int]:
+    """Collective flow id -> arrows joining slices of two different processes."""
+    arrows: Counter = Counter()
+    for flow_id, start, end in check.arrows:
+        if flow_id & CROSS_RANK_FLOW_BIT and check.process_of(start[0]) is not check.process_of(end[0]):
+            arrows[flow_id] += 1
+    return dict(arrows)

@@ -6,6 +6,8 @@ from collections import defaultdict
 from html import escape
 from typing import Any
 
+from fleetscope.analysis.render import open_in_perfetto as perfetto
+from fleetscope.analysis.render.open_in_perfetto import StepRanges
 from fleetscope.analysis.per_rank.collectives import step_label
 from fleetscope.analysis.per_rank.utilization import Utilization
 from fleetscope.analysis.render import svg
@@ -34,8 +36,9 @@ BREAKDOWN_COLORS = {
 }
 
 
-def render_html(report: Report) -> str:
-    """The whole report as one HTML document."""
+def render_html(report: Report, *, trace_ranges: StepRanges | None = None) -> str:
+    """The whole report as one HTML document. Its 'Open in Perfetto' buttons open the merged trace next
+    to it, scrolled to each finding's steps when `trace_ranges` (the merge's `step_ranges_ns()`) is given."""
     body = [
         _header(report),
         _problems(report),
@@ -44,14 +47,16 @@ def render_html(report: Report) -> str:
         _overlap_section(report),
         _step_heatmap(report),
         _kernel_section(report),
-        _straggler_section(report),
+        _straggler_section(report, trace_ranges),
         evidence_sections(report),
         _clock_section(report),
         _hta_section(report),
+        perfetto.help_box(),
+        perfetto.script(),
     ]
     title = escape(f"fleetscope report: {report.source_path}")
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{title}</title>"
-            f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")
+            f"<style>{_CSS}{perfetto.CSS}</style></head><body>{''.join(body)}</body></html>\n")
 
 
 def _header(report: Report) -> str:
@@ -157,16 +162,17 @@ def _step_heatmap(report: Report) -> str:
             + svg.heatmap([f"rank {r}" for r in ranks], labels, values, unit="ms"))
 
 
-def _straggler_section(report: Report) -> str:
+def _straggler_section(report: Report, ranges: StepRanges | None) -> str:
     parts = ["<h2>Stragglers</h2>"]
     for window in report.windows:
-        parts.append(_window_stragglers(window))
+        parts.append(_window_stragglers(window, ranges))
     return "".join(parts)
 
 
-def _window_stragglers(window: WindowReport) -> str:
+def _window_stragglers(window: WindowReport, ranges: StepRanges | None) -> str:
     s = window.stragglers
-    html = f"<h3>window {_opt(window.window)}</h3><p>{escape(s.verdict)}</p>"
+    open_window = perfetto.button(f"window {_opt(window.window)}", perfetto.window_range(ranges, window.window))
+    html = f"<h3>window {_opt(window.window)}{open_window}</h3><p>{escape(s.verdict)}</p>"
     if s.by_step_time:
         ordered = sorted(s.by_step_time, key=lambda r: r.rank)
         html += "<p class=\"note\">Mean step time per rank (ms); red: slowest</p>" + svg.bars(
@@ -182,10 +188,13 @@ def _window_stragglers(window: WindowReport) -> str:
         rows = [[step_label(i.step), i.name, str(i.ordinal), str(i.last_rank), _f(i.lateness_us / 1000, 3),
                  _f(i.extra_compute_us / 1000, 3), _f(i.arrival_spread_us / 1000, 3), _f(i.end_spread_us / 1000, 3),
                  str(i.participants)] for i in s.worst_instances]
+        buttons = [perfetto.button(f"step {step_label(i.step)} {i.name} #{i.ordinal}: rank {i.last_rank} late",
+                                   perfetto.step_range(ranges, window.window, i.step)) for i in s.worst_instances]
         html += ("<p class=\"note\">Latest arrivals. extra compute: the late rank's computation since the previous "
                  "collective minus the others' median (close to the lateness: more work; near 0: delayed "
                  "elsewhere)</p>" + _table(["step", "collective", "#", "last rank", "late by ms", "extra compute ms",
-                                           "arrival spread ms", "end spread ms", "ranks"], rows, left=(1,)))
+                                           "arrival spread ms", "end spread ms", "ranks", "trace"], rows, left=(1,),
+                                          raw_last=buttons))
     return html
 
 
@@ -252,12 +261,16 @@ def _cell(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _table(header: list[str], rows: list[list[str]], *, left: tuple[int, ...] = ()) -> str:
+def _table(header: list[str], rows: list[list[str]], *, left: tuple[int, ...] = (),
+           raw_last: list[str] | None = None) -> str:
+    """`raw_last`: one HTML cell per row appended unescaped (markup this module made)."""
     def cells(tag: str, values: list[str]) -> str:
         return "".join(f"<{tag}{_LEFT if i in left else ''}>{escape(v)}</{tag}>" for i, v in enumerate(values))
 
+    extra = raw_last or [""] * len(rows)
     return ("<table><tr>" + cells("th", header) + "</tr>"
-            + "".join("<tr>" + cells("td", row) + "</tr>" for row in rows) + "</table>")
+            + "".join("<tr>" + cells("td", row) + (f"<td>{cell}</td>" if raw_last else "") + "</tr>"
+                      for row, cell in zip(rows, extra)) + "</table>")
 
 
 def _f(value: float | None, digits: int = 1) -> str:

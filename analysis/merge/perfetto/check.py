@@ -121,6 +121,9 @@ class TrackInfo:
     pid: int | None
     order: int | None
     is_counter: bool
+    tid: int | None = None
+    """Set for thread tracks (with `thread_pid`, the pid its descriptor names)."""
+    thread_pid: int | None = None
 
 
 @dataclass(kw_only=True)
@@ -155,6 +158,12 @@ class TraceCheck:
         while track is not None and track.pid is None:
             track = self.tracks.get(track.parent_uuid) if track.parent_uuid is not None else None
         return track
+
+    def threads(self) -> list[TrackInfo]:
+        return [t for t in self.tracks.values() if t.tid is not None]
+
+    def thread_count_by_process(self) -> Counter:
+        return Counter(self.process_of(t.uuid).name for t in self.threads())
 
     def instant_count_by_process(self) -> Counter:
         return Counter(self.process_of(i.track_uuid).name for i in self.instants)
@@ -203,6 +212,7 @@ def check_trace(path: str | Path) -> TraceCheck:
     for uuid, events in events_by_track.items():
         _rebuild_track(uuid, events, check)
     _check_flows(check)
+    _check_threads(check)
     return check
 
 
@@ -218,6 +228,8 @@ def _add_track(descriptor: pb.TrackDescriptor, check: TraceCheck) -> None:
         pid=descriptor.process.pid if descriptor.HasField("process") else None,
         order=descriptor.sibling_order_rank if descriptor.HasField("sibling_order_rank") else None,
         is_counter=descriptor.HasField("counter"),
+        tid=descriptor.thread.tid if descriptor.HasField("thread") else None,
+        thread_pid=descriptor.thread.pid if descriptor.HasField("thread") else None,
     )
 
 
@@ -311,3 +323,20 @@ def _check_flows(check: TraceCheck) -> None:
 
 
 CROSS_RANK_FLOW_BIT = 1 << 63
+
+
+def _check_threads(check: TraceCheck) -> None:
+    """A thread track names its process's pid (the process it sits under), and no thread id is used by
+    two thread tracks or by a process."""
+    pids = {t.pid for t in check.tracks.values() if t.pid is not None}
+    seen: dict[int, int] = {}
+    for thread in check.threads():
+        process = check.process_of(thread.uuid)
+        if thread.thread_pid not in pids:
+            check.problems.append(f"thread track {thread.uuid} names pid {thread.thread_pid}, which has no process")
+        elif process is not None and process.pid != thread.thread_pid:
+            check.problems.append(f"thread track {thread.uuid} names pid {thread.thread_pid} "
+                                  f"but sits under process {process.pid}")
+        if thread.tid in seen or thread.tid in pids:
+            check.problems.append(f"thread id {thread.tid} of track {thread.uuid} is not unique")
+        seen[thread.tid] = thread.uuid

@@ -1,36 +1,142 @@
-"""Optional checks of a merged trace by Perfetto's own trace processor (`--trace-processor PATH`).
+"""Checking and querying a merged trace with Perfetto's own trace processor (`trace_processor_shell`).
 
-The perfetto package drives a `trace_processor_shell` binary; it cannot download one here, so these
-checks run only when the caller names a binary. They ask the trace processor what it made of the
-file, which is what the Perfetto UI will show:
-  * the processes named `rank R (host)`, and the slices under each (its tracks and their children);
-  * its import statistics with severity `error` or `data_loss` (e.g. `misplaced_end_event`, which is
-    what slices that do not nest would cause);
-  * how many flows (arrows) it built.
+The trace processor is the engine behind ui.perfetto.dev, so what it makes of a file is what the UI
+shows. `find_trace_processor` is the one place that decides which binary to use: the one named by
+the caller (`--trace-processor PATH`), else `$FLEETSCOPE_TRACE_PROCESSOR`, else
+`<repo>/../shared/tools/trace_processor_shell`, else `trace_processor_shell` on PATH.
+
+`check_with_trace_processor` loads a trace once and compares the engine's tables with what the file
+should hold (`EngineExpectations`):
+  * its import statistics with severity `error` or `data_loss` (e.g. `misplaced_end_event`);
+  * slices per process (`rank R (host)`), through process tracks and thread tracks;
+  * thread tracks per process (the engine's `thread` table);
+  * cross-rank flows per collective instance (flow ids with the top bit set);
+  * counter samples;
+  * every slice and counter inside the merge's first and last timestamps.
+An unmatched slice end leaves no row in `stats`, which is why the counts are compared too.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import csv
+import io
+import os
+import shutil
+import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-SLICES_PER_TRACK_SQL = "SELECT track_id, COUNT(*) AS slices FROM slice GROUP BY track_id"
-TRACKS_SQL = "SELECT id, parent_id FROM track"
-PROCESS_TRACKS_SQL = "SELECT id, upid FROM process_track"
-PROCESSES_SQL = "SELECT upid, name FROM process WHERE name LIKE 'rank %'"
-ERROR_STATS_SQL = ("SELECT name, idx, severity, value FROM stats "
-                   "WHERE value > 0 AND severity IN ('error', 'data_loss')")
-FLOWS_SQL = "SELECT COUNT(*) AS flows FROM flow"
+BINARY_NAME = "trace_processor_shell"
+ENV_VAR = "FLEETSCOPE_TRACE_PROCESSOR"
+REPO_ROOT = Path(__file__).resolve().parents[3]
+SHARED_BINARY = REPO_ROOT.parent / "shared" / "tools" / BINARY_NAME
+QUERY_TIMEOUT_S = 600
+
+
+class TraceProcessorError(RuntimeError):
+    """The trace processor could not load the trace or run the query."""
+
+
+def find_trace_processor(explicit: str | Path | None = None) -> Path | None:
+    """The trace processor binary to use, or None when there is none (see the module docstring)."""
+    if explicit:
+        if not _executable(explicit):
+            raise FileNotFoundError(f"trace processor {explicit} is not an executable file")
+        return Path(explicit)
+    for candidate in (os.environ.get(ENV_VAR), SHARED_BINARY, shutil.which(BINARY_NAME)):
+        if candidate and _executable(candidate):
+            return Path(candidate)
+    return None
+
+
+def _executable(path: str | Path) -> bool:
+    return Path(path).is_file() and os.access(path, os.X_OK)
+
+
+def run_query(trace: str | Path, sql: str, bin_path: str | Path) -> list[dict[str, str]]:
+    """Rows (column -> text, '' for NULL) of the last statement of `sql` run on `trace`."""
+    with tempfile.NamedTemporaryFile("w", suffix=".sql") as query:
+        query.write(sql)
+        query.flush()
+        completed = subprocess.run([str(bin_path), "-q", query.name, str(trace)], capture_output=True,
+                                   text=True, timeout=QUERY_TIMEOUT_S)
+    if completed.returncode != 0:
+        tail = "\n".join(completed.stderr.strip().splitlines()[-5:])
+        raise TraceProcessorError(f"{bin_path} failed on {trace} (exit {completed.returncode}): {tail}")
+    return parse_csv_rows(completed.stdout)
+
+
+def parse_csv_rows(text: str) -> list[dict[str, str]]:
+    """The shell's output: a header line then rows, CSV; only the last result is kept (pure)."""
+    blocks = [block for block in text.strip().split("\n\n") if block.strip()]
+    if not blocks:
+        return []
+    rows = list(csv.DictReader(io.StringIO(blocks[-1])))
+    return [{key: ("" if value == "[NULL]" else value) for key, value in row.items()} for row in rows]
+
+
+CHECK_SQL = """
+WITH owner AS (
+  SELECT id AS track_id, upid FROM process_track
+  UNION ALL
+  SELECT tt.id, t.upid FROM thread_track tt JOIN thread t USING (utid)
+)
+SELECT 'process' AS kind, CAST(upid AS TEXT) AS a, name AS b, '' AS c FROM process WHERE name LIKE 'rank %'
+UNION ALL
+SELECT 'slices', CAST(o.upid AS TEXT), CAST(COUNT(*) AS TEXT), '' FROM slice s JOIN owner o ON s.track_id = o.track_id
+  GROUP BY o.upid
+UNION ALL
+SELECT 'orphan_slices', '', CAST(COUNT(*) AS TEXT), '' FROM slice s LEFT JOIN owner o ON s.track_id = o.track_id
+  WHERE o.upid IS NULL
+UNION ALL
+SELECT 'threads', CAST(t.upid AS TEXT), CAST(COUNT(DISTINCT t.utid) AS TEXT), ''
+  FROM thread_track tt JOIN thread t USING (utid) GROUP BY t.upid
+UNION ALL
+SELECT 'stat', name || CASE WHEN idx IS NULL THEN '' ELSE '[' || idx || ']' END, CAST(value AS TEXT), severity
+  FROM stats WHERE value > 0 AND severity IN ('error', 'data_loss')
+UNION ALL
+SELECT 'cross_flow', CAST(f.trace_id AS TEXT), CAST(COUNT(*) AS TEXT), ''
+  FROM flow f JOIN slice so ON f.slice_out = so.id JOIN slice si ON f.slice_in = si.id
+  JOIN owner oo ON so.track_id = oo.track_id JOIN owner oi ON si.track_id = oi.track_id
+  WHERE oo.upid != oi.upid GROUP BY f.trace_id
+UNION ALL
+SELECT 'counters', '', CAST(COUNT(*) AS TEXT), '' FROM counter
+UNION ALL
+SELECT 'slice_bounds', CAST(MIN(ts) AS TEXT), CAST(MAX(ts + dur) AS TEXT), '' FROM slice
+UNION ALL
+SELECT 'counter_bounds', CAST(MIN(ts) AS TEXT), CAST(MAX(ts) AS TEXT), '' FROM counter
+"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineExpectations:
+    """What a merged trace should hold, by process name (`rank 0 (host)`)."""
+
+    slices_by_process: Mapping[str, int]
+    threads_by_process: Mapping[str, int] | None = None
+    cross_rank_flows: Mapping[int, int] | None = None
+    """Collective flow id (as written, top bit set) -> arrows between two different ranks."""
+    counter_samples: int | None = None
+    time_bounds_ns: tuple[int, int] | None = None
+    """Every slice and counter lies within [first, last] of the merged clock."""
 
 
 @dataclass(kw_only=True)
 class SqlCheck:
     slices_by_process: dict[str, int] = field(default_factory=dict)
-    flow_count: int = 0
+    threads_by_process: dict[str, int] = field(default_factory=dict)
+    cross_rank_flows: dict[int, int] = field(default_factory=dict)
+    counter_samples: int = 0
+    slice_bounds_ns: tuple[int, int] | None = None
+    counter_bounds_ns: tuple[int, int] | None = None
     error_stats: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def flow_count(self) -> int:
+        return sum(self.cross_rank_flows.values())
 
     @property
     def ok(self) -> bool:
@@ -38,41 +144,69 @@ class SqlCheck:
 
 
 def check_with_trace_processor(trace: str | Path, bin_path: str | Path, *,
-                               expected_slices: Mapping[str, int] | None = None) -> SqlCheck:
-    """Load `trace` in the trace processor at `bin_path` and check it; `expected_slices` maps a
-    process name (`rank 0 (host)`) to the number of slices it should hold."""
-    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
-
-    check = SqlCheck()
-    with TraceProcessor(trace=str(trace), config=TraceProcessorConfig(bin_path=str(bin_path))) as processor:
-        rows = {sql: [row.__dict__ for row in processor.query(sql)] for sql in (
-            SLICES_PER_TRACK_SQL, TRACKS_SQL, PROCESS_TRACKS_SQL, PROCESSES_SQL, ERROR_STATS_SQL, FLOWS_SQL)}
-    check.slices_by_process = slices_by_process(rows[SLICES_PER_TRACK_SQL], rows[TRACKS_SQL],
-                                                rows[PROCESS_TRACKS_SQL], rows[PROCESSES_SQL])
-    check.flow_count = int(rows[FLOWS_SQL][0]["flows"]) if rows[FLOWS_SQL] else 0
-    check.error_stats = {f"{r['name']}[{r['idx']}]" if r.get("idx") is not None else r["name"]: int(r["value"])
-                         for r in rows[ERROR_STATS_SQL]}
-    check.problems += [f"trace processor stat {name} = {value}" for name, value in check.error_stats.items()]
-    for process, expected in (expected_slices or {}).items():
-        found = check.slices_by_process.get(process, 0)
-        if found != expected:
-            check.problems.append(f"{process}: the trace processor sees {found} slices, expected {expected}")
+                               expected: EngineExpectations | None = None) -> SqlCheck:
+    """Load `trace` in the trace processor at `bin_path` and compare its tables with `expected`."""
+    check = read_check_rows(run_query(trace, CHECK_SQL, bin_path))
+    if expected is not None:
+        check.problems += compare(check, expected)
     return check
 
 
-def slices_by_process(slice_rows: list[dict], track_rows: list[dict], process_track_rows: list[dict],
-                      process_rows: list[dict]) -> dict[str, int]:
-    """Slices per process name, following each track up its parents to a process track (pure)."""
-    parent = {row["id"]: row.get("parent_id") for row in track_rows}
-    upid_of_track = {row["id"]: row["upid"] for row in process_track_rows}
-    name_of_upid = {row["upid"]: row["name"] for row in process_rows}
-    counts: Counter = Counter()
-    for row in slice_rows:
-        track, seen = row["track_id"], set()
-        while track is not None and track not in upid_of_track and track not in seen:
-            seen.add(track)
-            track = parent.get(track)
-        name = name_of_upid.get(upid_of_track.get(track))
-        if name is not None:
-            counts[name] += int(row["slices"])
-    return dict(counts)
+def read_check_rows(rows: list[dict[str, str]]) -> SqlCheck:
+    """The rows of CHECK_SQL as a SqlCheck, problems from the stats only (pure)."""
+    check = SqlCheck()
+    names = {row["a"]: row["b"] for row in rows if row["kind"] == "process"}
+    for row in rows:
+        kind, a, b = row["kind"], row["a"], row["b"]
+        if kind == "slices" and a in names:
+            check.slices_by_process[names[a]] = int(b)
+        elif kind == "orphan_slices" and int(b):
+            check.problems.append(f"{b} slices on tracks of no process")
+        elif kind == "threads" and a in names:
+            check.threads_by_process[names[a]] = int(b)
+        elif kind == "stat":
+            check.error_stats[a] = int(b)
+        elif kind == "cross_flow":
+            check.cross_rank_flows[int(a) % (1 << 64)] = int(b)
+        elif kind == "counters":
+            check.counter_samples = int(b)
+        elif kind in ("slice_bounds", "counter_bounds") and a:
+            bounds = (int(a), int(b))
+            if kind == "slice_bounds":
+                check.slice_bounds_ns = bounds
+            else:
+                check.counter_bounds_ns = bounds
+    check.problems += [f"trace processor stat {name} = {value}" for name, value in check.error_stats.items()]
+    return check
+
+
+def compare(check: SqlCheck, expected: EngineExpectations) -> list[str]:
+    """Where the engine's view differs from `expected` (pure)."""
+    problems = _compare_counts("slices", check.slices_by_process, expected.slices_by_process)
+    if expected.threads_by_process is not None:
+        problems += _compare_counts("threads", check.threads_by_process, expected.threads_by_process)
+    if expected.cross_rank_flows is not None:
+        missing = {i: n for i, n in expected.cross_rank_flows.items() if check.cross_rank_flows.get(i, 0) != n}
+        extra = set(check.cross_rank_flows) - set(expected.cross_rank_flows)
+        if missing or extra:
+            problems.append(f"cross-rank flows: {len(missing)} collective instances with other arrow counts "
+                            f"than written, {len(extra)} not written (engine sees {len(check.cross_rank_flows)}, "
+                            f"expected {len(expected.cross_rank_flows)})")
+    if expected.counter_samples is not None and check.counter_samples != expected.counter_samples:
+        problems.append(f"the trace processor sees {check.counter_samples} counter samples, "
+                        f"expected {expected.counter_samples}")
+    if expected.time_bounds_ns is not None:
+        first, last = expected.time_bounds_ns
+        for what, bounds in (("slices", check.slice_bounds_ns), ("counters", check.counter_bounds_ns)):
+            if bounds is not None and (bounds[0] < first or bounds[1] > last):
+                problems.append(f"{what} span [{bounds[0]}, {bounds[1]}] ns, outside the merge's [{first}, {last}]")
+    return problems
+
+
+def _compare_counts(what: str, found: Mapping[str, int], expected: Mapping[str, int]) -> list[str]:
+    problems = [f"{process}: the trace processor sees {found.get(process, 0)} {what}, expected {count}"
+                for process, count in expected.items() if found.get(process, 0) != count]
+    problems += [f"{process}: the trace processor sees {count} {what} in a process not expected"
+                 for process, count in found.items() if process not in expected and count]
+    return problems
+

@@ -74,6 +74,11 @@ class TrackSpec:
     """Set for counter tracks; the unit shown next to values (e.g. "ms", "%", "bytes")."""
     is_counter: bool = False
     description: str | None = None
+    tid: int | None = None
+    """Set for thread tracks only, with `pid` left None: the thread's id in the merged trace."""
+    thread_pid: int | None = None
+    """The pid of a thread track's process."""
+    thread_name: str | None = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -110,6 +115,10 @@ class SequenceWriter:
             descriptor.process.pid = spec.pid
             descriptor.process.process_name = spec.name
             descriptor.child_ordering = pb.TrackDescriptor.EXPLICIT
+        if spec.tid is not None:
+            descriptor.thread.pid = spec.thread_pid
+            descriptor.thread.tid = spec.tid
+            descriptor.thread.thread_name = spec.thread_name or spec.name
         if spec.order is not None:
             descriptor.sibling_order_rank = spec.order
         if spec.description:

@@ -1,0 +1,67 @@
+"""Named SQL queries over a merged trace, for `fleetscope query --named NAME` (Perfetto's SQL).
+
+Each is one statement over the trace processor's tables. Ranks are the processes named `rank R (host)`
+(listed by pid, which is 1000000 + R); a slice belongs to a rank through its process track or its
+thread track (`RANK_OF_TRACK`). Durations are in milliseconds (`_ms` columns).
+"""
+
+from __future__ import annotations
+
+RANK_OF_TRACK = """
+rank_of_track AS (
+  SELECT pt.id AS track_id, p.pid AS pid, p.name AS rank FROM process_track pt JOIN process p USING (upid)
+    WHERE p.name LIKE 'rank %'
+  UNION ALL
+  SELECT tt.id, p.pid, p.name FROM thread_track tt JOIN thread t USING (utid) JOIN process p USING (upid)
+    WHERE p.name LIKE 'rank %'
+)"""
+
+TOP_KERNELS = f"""
+WITH {RANK_OF_TRACK},
+kernels AS (
+  SELECT r.pid, r.rank, s.name AS kernel, COUNT(*) AS calls, SUM(s.dur) AS total_ns
+  FROM slice s JOIN rank_of_track r ON s.track_id = r.track_id
+  WHERE s.category = 'kernel' GROUP BY r.pid, s.name
+),
+ranked AS (
+  SELECT *, ROW_NUMBER() OVER (PARTITION BY pid ORDER BY total_ns DESC, kernel) AS position FROM kernels
+)
+SELECT rank, position, kernel, calls, ROUND(total_ns / 1e6, 3) AS total_ms
+FROM ranked WHERE position <= 10 ORDER BY pid, position
+"""
+"""The ten GPU kernels with the most total time on each rank."""
+
+COLLECTIVE_WAITS = f"""
+WITH {RANK_OF_TRACK},
+ends AS (
+  SELECT trace_id, slice_out AS slice_id FROM flow WHERE trace_id < 0
+  UNION SELECT trace_id, slice_in FROM flow WHERE trace_id < 0
+),
+arrivals AS (
+  SELECT e.trace_id, s.name, s.ts, s.dur, r.rank,
+         ROW_NUMBER() OVER (PARTITION BY e.trace_id ORDER BY s.ts DESC) AS from_last
+  FROM ends e JOIN slice s ON s.id = e.slice_id JOIN rank_of_track r ON s.track_id = r.track_id
+)
+SELECT MIN(name) AS collective, COUNT(*) AS ranks, MIN(ts) AS first_arrival_ns,
+       ROUND((MAX(ts) - MIN(ts)) / 1e6, 3) AS longest_wait_ms,
+       MAX(CASE WHEN from_last = 1 THEN rank END) AS last_to_arrive
+FROM arrivals GROUP BY trace_id ORDER BY longest_wait_ms DESC, first_arrival_ns LIMIT 100
+"""
+"""Per collective instance (the slices joined by one cross-rank flow id): how long the first rank to
+arrive waited for the last one, and which rank that was; the 100 longest waits."""
+
+IDLE_GAPS = f"""
+WITH {RANK_OF_TRACK}
+SELECT r.rank, s.name AS cause, COUNT(*) AS gaps, ROUND(SUM(s.dur) / 1e6, 3) AS total_ms,
+       ROUND(MAX(s.dur) / 1e6, 3) AS longest_ms
+FROM slice s JOIN rank_of_track r ON s.track_id = r.track_id JOIN track t ON t.id = s.track_id
+WHERE t.name LIKE 'fleetscope analysis%' AND s.name LIKE 'idle%'
+GROUP BY r.pid, s.name ORDER BY r.pid, total_ms DESC
+"""
+"""GPU idle gaps per rank by cause, from the `fleetscope analysis` track's `idle: <cause>` slices."""
+
+NAMED_QUERIES = {
+    "top-kernels": TOP_KERNELS,
+    "collective-waits": COLLECTIVE_WAITS,
+    "idle-gaps": IDLE_GAPS,
+}

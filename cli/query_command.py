@@ -1,0 +1,55 @@
+"""`fleetscope query MERGED_TRACE "SQL"` (or `--named NAME`): Perfetto SQL over a merged trace."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+
+from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from ..analysis.merge.perfetto.queries import NAMED_QUERIES
+
+    parser = sub.add_parser("query", help="SQL over a merged trace, in Perfetto's trace processor")
+    parser.add_argument("trace", help="a merged .perfetto-trace")
+    parser.add_argument("sql", nargs="?", default=None, help="one SQL statement (the last one's rows are printed)")
+    parser.add_argument("--named", choices=sorted(NAMED_QUERIES), default=None, help="a query shipped with fleetscope")
+    parser.add_argument("--trace-processor", default=None, metavar="PATH",
+                        help="trace_processor_shell (default: $FLEETSCOPE_TRACE_PROCESSOR, ../shared/tools/ "
+                             "next to the repo, or PATH)")
+    parser.set_defaults(handler=handle_query)
+
+
+def handle_query(args: argparse.Namespace) -> int:
+    from ..analysis.merge.perfetto.queries import NAMED_QUERIES
+    from ..analysis.merge.perfetto.sql import TraceProcessorError, find_trace_processor, run_query
+
+    if (args.sql is None) == (args.named is None):
+        print("give either SQL or --named NAME", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        binary = find_trace_processor(args.trace_processor)
+    except FileNotFoundError as error:
+        print(error, file=sys.stderr)
+        return EXIT_USAGE
+    if binary is None:
+        print("no trace_processor_shell found: pass --trace-processor PATH or set FLEETSCOPE_TRACE_PROCESSOR "
+              "(a build of Perfetto's trace processor)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        rows = run_query(args.trace, NAMED_QUERIES[args.named] if args.named else args.sql, binary)
+    except TraceProcessorError as error:
+        print(error, file=sys.stderr)
+        return EXIT_FAILED
+    write_rows(rows, sys.stdout)
+    return EXIT_OK
+
+
+def write_rows(rows: list[dict[str, str]], out) -> None:
+    """CSV with a header (nothing for no rows)."""
+    if rows:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import stat
 import zlib
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,8 @@ from typing import Any
 import orjson
 
 from .formats import parse_step_marker
+from .safe_read import InputRefused, read_input
+from .validate import checked_world_size, rank_problem
 from .layout import CHECKPOINTS_DIR, CLOCK_DIR, JOB_FILE, LOGS_DIR, MANIFEST_FILE, MEMORY_DIR, METRICS_DIR, REPORT_DIR
 
 TRACE_GLOBS = ("*.json", "*.json.gz")
@@ -28,12 +32,14 @@ class TraceReadError(ValueError):
         self.reason = reason
 
 
-def read_raw(path: Path) -> bytes:
-    """The bytes of a trace file as stored (possibly gzip)."""
+def read_raw(path: Path, *, within: Path | None = None, expected_size: int | None = None,
+             expected_sha256: str | None = None) -> bytes:
+    """The bytes of a trace file as stored (possibly gzip), read by the one safe reader (safe_read.py):
+    inside `within`, and matching the manifest's size and sha256 when given."""
     try:
-        return path.read_bytes()
-    except OSError as error:
-        raise TraceReadError(path, f"cannot read file: {error.strerror or error}") from error
+        return read_input(path, within=within, expected_size=expected_size, expected_sha256=expected_sha256)
+    except InputRefused as error:
+        raise TraceReadError(path, error.reason) from error
 
 
 def decompress(raw: bytes, path: Path) -> bytes:
@@ -56,9 +62,11 @@ def parse_json(data: bytes, path: Path) -> Any:
     except orjson.JSONDecodeError as fast_error:
         try:
             return json.loads(data.decode("utf-8", errors="replace"))
-        except (json.JSONDecodeError, RecursionError) as error:
-            where = f"line {error.lineno} column {error.colno}" if isinstance(error, json.JSONDecodeError) else ""
-            raise TraceReadError(path, f"invalid JSON {where}: {fast_error}".replace("  ", " ")) from error
+        except RecursionError as error:
+            raise TraceReadError(path, "JSON nested too deeply to be a trace") from error
+        except json.JSONDecodeError as error:
+            where = f"line {error.lineno} column {error.colno}"
+            raise TraceReadError(path, f"invalid JSON {where}: {fast_error}") from error
 
 
 def read_trace(path: Path) -> dict[str, Any]:
@@ -84,10 +92,8 @@ def distributed_rank(document: dict[str, Any]) -> tuple[int | None, int | None]:
     info = document.get("distributedInfo")
     if not isinstance(info, dict):
         return None, None
-    rank, world = info.get("rank"), info.get("world_size")
-    rank = rank if isinstance(rank, int) and rank >= 0 else None
-    world = world if isinstance(world, int) and world > 0 else None
-    return rank, world
+    rank, world = info.get("rank"), checked_world_size(info.get("world_size"))
+    return (rank if rank_problem(rank) is None else None), world
 
 
 def profiler_steps(events: list[Any]) -> list[int]:
@@ -102,11 +108,26 @@ def profiler_steps(events: list[Any]) -> list[int]:
 
 
 def find_trace_files(directory: Path) -> list[Path]:
-    """Every `*.json` / `*.json.gz` under `directory` that is not fleetscope's own output."""
+    """Every regular `*.json` / `*.json.gz` file under `directory` that is not fleetscope's own output
+    (what else is named like a trace: `find_trace_like_entries`)."""
+    return [p for p in find_trace_like_entries(directory) if _is_regular(p)]
+
+
+def find_trace_like_entries(directory: Path) -> list[Path]:
+    """Every entry named `*.json` / `*.json.gz` under `directory` outside fleetscope's own folders,
+    whatever it is: FIFOs, directories and symlinks too, so a reader can name those instead of
+    skipping them without a word. Never opens anything."""
     found: set[Path] = set()
     for pattern in TRACE_GLOBS:
-        found.update(p for p in directory.rglob(pattern) if p.is_file())
+        found.update(directory.rglob(pattern))
     return sorted(p for p in found if not _is_fleetscope_output(p, directory))
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)  # stat: a symlink counts by what it points to
+    except (OSError, RuntimeError):
+        return False
 
 
 def _is_fleetscope_output(path: Path, root: Path) -> bool:

@@ -99,7 +99,7 @@ def read_private_file(path: Path) -> bytes | None:
         if _unsafe_entry(info):
             return None
         try:
-            return handle.read(MAX_ENTRY_BYTES + 1)[:MAX_ENTRY_BYTES] if info.st_size <= MAX_ENTRY_BYTES else None
+            return handle.read(info.st_size) if info.st_size <= MAX_ENTRY_BYTES else None
         except OSError:
             return None
 

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetscope.traces.validate import world_size_problem
 from fleetscope.traces.kineto import TraceReadError, decode_trace, decompress, distributed_rank, read_raw
 
 from fleetscope.analysis.inputs.sources import TraceFailure, TraceSource
@@ -76,14 +77,17 @@ def analyze_trace(source: TraceSource, cache: ResultCache | None = None) -> Rank
         return _cached_or_analyzed(source, cache)
     except TraceReadError as error:
         return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=error.reason)
-    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, IndexError) as error:
-        # A file shaped in a way no check above foresaw: name it with the error, analyze the other ranks.
-        reason = f"could not be analyzed: {type(error).__name__}: {error}"
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, IndexError, RecursionError,
+            MemoryError) as error:
+        # A file shaped in a way no check above foresaw (or too deep or too large to hold): name it with
+        # the error, analyze the other ranks.
+        reason = f"could not be analyzed: {type(error).__name__}: {str(error)[:300]}"
         return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=reason)
 
 
 def _cached_or_analyzed(source: TraceSource, cache: ResultCache | None) -> RankResult:
-    raw = read_raw(source.path)
+    raw = read_raw(source.path, within=source.within, expected_size=source.expected_bytes,
+                   expected_sha256=source.expected_sha256)
     if cache is None:
         return _analyze(source, raw)
     key = cache.key(source, raw)
@@ -123,8 +127,14 @@ def _analyze(source: TraceSource, raw: bytes) -> RankResult:
         utilization=measure_utilization(events, steps, timeline),
         collectives=find_collectives(events, steps, timeline.compute),
         top_kernels=top_kernels(events),
-        remarks=remarks,
+        remarks=remarks + _world_size_remarks(info),
     )
+
+
+def _world_size_remarks(info: object) -> list[str]:
+    """Say so when the trace declares a world size that is not believed (validate.py)."""
+    problem = world_size_problem(info.get("world_size")) if isinstance(info, dict) else None
+    return [f"distributedInfo: {problem}"] if problem else []
 
 
 def _read_events(path: Path, raw: bytes) -> tuple[dict, TraceEvents, list[str]]:

@@ -1,0 +1,211 @@
+"""A hostile or careless user of a shared file system: every input a read command takes (traces, manifest,
+job.json, clock and metrics files, cache entries, arguments) may be damaged, planted or absurd. Each case:
+the bad file is named with the reason, the other ranks are analyzed, no input is modified, and the exit
+code says what happened."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from fleetscope.analysis import analyze
+from fleetscope.cli.main import main
+from fleetscope.traces.layout import RunLayout
+from hostile_runs import digests, edit_manifest, good_rank, make_run, make_trace_dir
+
+
+def _said(report) -> list[str]:
+    """Everything the report says in words: notes, window notes and problems."""
+    return report.notes + [n for w in report.windows for n in w.notes] + [f"{p.label}: {p.reason}" for p in report.problems]
+
+
+def _problem(report, fragment: str):
+    found = [p for p in report.problems if fragment in p.reason]
+    assert found, [(p.label, p.reason) for p in report.problems]
+    return found[0]
+
+
+# --- the manifest is not trusted --------------------------------------------------------------
+
+
+def test_a_manifest_path_outside_the_run_is_not_read(tmp_path):
+    other = make_run(tmp_path / "other-job")
+    layout = make_run(tmp_path / "run")
+    stolen = os.path.relpath(other.trace_file(0, 1, "node0"), layout.root)
+    edit_manifest(layout, lambda m: m["traces"][1].update(path=stolen))
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert not report.complete and report.analyzed_ranks == [0]
+    assert "leaves the run directory" in _problem(report, "leaves the run directory").reason
+
+
+def test_an_absolute_manifest_path_is_not_read(tmp_path):
+    other = make_run(tmp_path / "other-job")
+    layout = make_run(tmp_path / "run")
+    edit_manifest(layout, lambda m: m["traces"][1].update(path=str(other.trace_file(0, 1, "node0"))))
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert not report.complete and report.analyzed_ranks == [0]
+    _problem(report, "absolute path")
+
+
+def test_a_trace_symlinked_out_of_the_run_is_not_read(tmp_path):
+    other = make_run(tmp_path / "other-job")
+    layout = make_run(tmp_path / "run")
+    target = layout.trace_file(0, 1, "node0")
+    target.unlink()
+    target.symlink_to(other.trace_file(0, 1, "node0"))
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.analyzed_ranks == [0]
+    _problem(report, "resolves outside")
+
+
+def test_a_trace_swapped_after_gather_is_named_not_analyzed(tmp_path):
+    layout = make_run(tmp_path / "run")
+    path = layout.trace_file(0, 1, "node0")
+    swapped = good_rank(1).op("aten::extra", 700, 250)
+    swapped.write(path)
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.analyzed_ranks == [0] and not report.complete
+    problem = _problem(report, "changed since gather")
+    assert problem.label.endswith("rank1.node0.pt.trace.json.gz")
+
+
+def test_same_size_swap_is_caught_by_the_sha256(tmp_path):
+    layout = make_run(tmp_path / "run")
+    path = layout.trace_file(0, 1, "node0")
+    data = bytearray(path.read_bytes())
+    data[-9] ^= 0xFF  # inside the gzip trailer's CRC: same size, other bytes
+    path.write_bytes(bytes(data))
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert "sha256" in _problem(report, "changed since gather").reason
+
+
+@pytest.mark.parametrize("shape", [
+    [1, 2, 3],
+    {"version": 1, "run_dir": "x", "created_at": "y", "traces": "not a list"},
+    {"version": 1, "traces": [{"path": 7}, None, {"rank": "zero"}]},
+    {"version": 1, "world_size": 10**9, "traces": []},
+])
+def test_a_manifest_of_an_unexpected_shape_never_crashes(tmp_path, shape):
+    layout = make_run(tmp_path / "run")
+    layout.manifest_file.write_text(json.dumps(shape))
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.analyzed_ranks in ([0, 1], [])
+    assert report.problems or any("manifest" in n for n in report.notes)
+
+
+def test_a_truncated_manifest_falls_back_to_scanning_traces(tmp_path):
+    layout = make_run(tmp_path / "run")
+    text = layout.manifest_file.read_text()
+    layout.manifest_file.write_text(text[: len(text) // 2])
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.complete and report.analyzed_ranks == [0, 1]
+    assert any("cannot read manifest" in n and "scanned instead" in n for n in report.notes)
+
+
+def test_a_deeply_nested_manifest_falls_back(tmp_path):
+    layout = make_run(tmp_path / "run")
+    layout.manifest_file.write_text("[" * 100_000 + "]" * 100_000)
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.complete and any("scanned instead" in n for n in report.notes)
+
+
+# --- resource bombs ------------------------------------------------------------------------------
+
+
+def test_a_deeply_nested_trace_is_only_its_own_problem(tmp_path):
+    make_trace_dir(tmp_path, world_size=2)
+    (tmp_path / "rank1.json").write_text('{"traceEvents": [' + "[" * 200_000 + "]" * 200_000 + "]}")
+    report = analyze(tmp_path, use_hta=False)
+    assert report.analyzed_ranks == [0]
+    assert "nested too deeply" in _problem(report, "nested").reason
+
+
+@pytest.mark.parametrize("where", ["trace", "job.json", "manifest"])
+def test_a_world_size_of_a_billion_is_not_believed(tmp_path, where):
+    if where == "trace":
+        root = make_trace_dir(tmp_path / "traces", world_size=2)
+        good_rank(1, world_size=10**9).write(root / "rank1.json")
+    else:
+        layout = make_run(tmp_path / "run", gathered=where == "manifest")
+        root = layout.root
+        if where == "job.json":
+            layout.job_file.write_text(json.dumps({"world_size": 10**9}))
+        else:
+            edit_manifest(layout, lambda m: m.update(world_size=10**9))
+    report = analyze(root, use_hta=False, write_default_outputs=False)
+    assert report.analyzed_ranks == [0, 1]
+    assert len(report.missing) <= 64
+    assert (where == "job.json" and report.complete) or any("1000000000" in n for n in _said(report))
+
+
+def test_a_large_declared_world_size_lists_the_first_missing_ranks_and_counts_the_rest(tmp_path):
+    layout = make_run(tmp_path / "run", 1 << 20, ranks=2)
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert len(report.missing) == 64 and report.missing[0].rank == 2
+    assert any(f"{(1 << 20) - 2} rank trace(s) missing in all" in n for n in report.notes)
+
+
+# --- non-files named like traces -----------------------------------------------------------------
+
+
+def test_a_fifo_a_directory_and_a_symlink_loop_named_like_traces_are_named(tmp_path):
+    root = make_trace_dir(tmp_path / "traces", world_size=2)
+    os.mkfifo(root / "rank5.json")
+    (root / "rank6.json").mkdir()
+    (root / "rank7.json").symlink_to(root / "rank7.json")
+    report = analyze(root, use_hta=False)  # never blocks on the FIFO
+    assert report.analyzed_ranks == [0, 1] and not report.complete
+    reasons = {p.label: p.reason for p in report.problems}
+    assert "FIFO" in reasons["rank5.json"] and "directory" in reasons["rank6.json"]
+    assert "symlink loop" in reasons["rank7.json"]
+
+
+def test_traces_of_another_world_size_or_beyond_it_are_named(tmp_path):
+    layout = make_run(tmp_path / "run", 2, ranks=1, gathered=False)
+    layout.job_file.write_text(json.dumps({"world_size": 2}))
+    good_rank(1, world_size=4).write(layout.trace_file(0, 1, "node1"))
+    good_rank(3, world_size=2).write(layout.trace_file(0, 3, "node0"))
+    from fleetscope.traces.gather import gather
+
+    gather(layout.root)
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.analyzed_ranks == [0] and not report.complete
+    _problem(report, "world size 4, the run's is 2")
+    _problem(report, "rank 3 is not below the world size 2")
+
+
+def test_duplicate_ranks_in_a_run_directory_are_named(tmp_path):
+    layout = make_run(tmp_path / "run", 2, gathered=False)
+    good_rank(1).write(layout.trace_file(0, 1, "node7"))
+    from fleetscope.traces.gather import gather
+
+    gather(layout.root)
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.analyzed_ranks == [0, 1] and not report.complete
+    assert "rank1.node7" in _problem(report, "duplicate rank 1").label
+
+
+def test_a_fifo_in_a_run_directory_is_named_by_gather(tmp_path):
+    layout = make_run(tmp_path / "run", gathered=False)
+    os.mkfifo(layout.window_dir(0) / "rank1.node9.pt.trace.json.gz")
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert "FIFO" in _problem(report, "FIFO").reason
+
+
+def test_fleetscopes_own_report_among_traces_is_recognized(tmp_path):
+    root = make_trace_dir(tmp_path / "traces", world_size=2)
+    assert main(["analyze", str(root), "--json", str(root / "report.json"), "--no-hta", "--no-cache"]) == 0
+    report = analyze(root, use_hta=False)
+    assert report.complete and report.analyzed_ranks == [0, 1]
+    assert any("fleetscope output" in n for n in report.notes)
+
+
+# --- inputs are never modified -----------------------------------------------------------------
+
+
+def test_inputs_are_byte_for_byte_unchanged(tmp_path):
+    layout = make_run(tmp_path / "run")
+    before = digests(layout.root)
+    analyze(layout.root, use_hta=False)
+    assert digests(layout.root) == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from ..launcher.local import LocalPlan, LocalResult, plan_local, run_local
 from ..launcher.spec import JobSpec
 from ..trainer.config import ConfigError
 from ..traces.layout import RunLayout
+from ..traces.outputs import guard_output
+from ..traces.validate import UsageError
 from .jobargs import add_job_arguments, job_spec_from_args
 from .pipeline import PostprocessResult, describe_manifest, postprocess
 
@@ -238,6 +241,8 @@ def handle_analyze(args: argparse.Namespace) -> int:
     for label, path in (("json", json_out), ("html", html_out)):
         if path:
             print(f"{label}: {path}")
+    if not report.ranks:
+        return EXIT_FAILED  # nothing analyzed is a failure, not a partial result
     return EXIT_OK if report.complete else EXIT_PARTIAL
 
 
@@ -285,15 +290,18 @@ def handle_merge(args: argparse.Namespace) -> int:
 
     layout = RunLayout.at(args.path)
     if args.output is None and not layout.is_run_dir():
-        raise ValueError("-o OUT.perfetto-trace is required for a directory that is not a run directory")
-    output = Path(args.output) if args.output else layout.merged_trace
-    chrome_json = None if args.json is None else Path(args.json or layout.merged_json)
+        raise UsageError("-o OUT.perfetto-trace is required for a directory that is not a run directory")
+    if args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    output = guard_output(args.output or layout.merged_trace, analyzed=layout.root)
+    chrome_json = None if args.json is None else guard_output(args.json or layout.merged_json, analyzed=layout.root)
     options = MergeOptions(ranks=args.ranks, steps=args.steps, time_window_s=args.window,
                            drop_python_functions=args.no_python, flows=not args.no_flows,
                            collective_flows=not args.no_flows, overlays=not args.no_overlays,
                            event_args=args.args, chrome_json=chrome_json, workers=args.workers)
     result = merge(layout.root, output, options=options)
-    print(f"merged {len(result.ranks)} rank(s) into {output} ({output.stat().st_size / 1e6:.1f} MB)")
+    size_mb = output.stat().st_size / 1e6 if output.is_file() else 0.0
+    print(f"merged {len(result.ranks)} rank(s) into {output} ({size_mb:.1f} MB)")
     for problem in result.problems:
         print(f"  problem: {problem}", file=sys.stderr)
     failures = verify_merge(result, trace_processor=args.trace_processor) if (
@@ -301,7 +309,7 @@ def handle_merge(args: argparse.Namespace) -> int:
     for failure in failures:
         print(f"  verification failed: {failure}", file=sys.stderr)
     print(f"open it at https://ui.perfetto.dev -> 'Open trace file' -> {output}")
-    if failures:
+    if failures or not result.ranks:
         return EXIT_FAILED
     return EXIT_OK if not result.problems else EXIT_PARTIAL
 
@@ -316,9 +324,20 @@ def register_compare(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("compare", help="regression check: exit 1 when NEW is slower than BASE")
     parser.add_argument("base", help="run directory or report.json")
     parser.add_argument("new", help="run directory or report.json")
-    parser.add_argument("--threshold", type=float, default=5.0,
+    parser.add_argument("--threshold", type=positive_percent, default=5.0,
                         help="percent drop in throughput / rise in step time that fails (default 5)")
     parser.set_defaults(handler=handle_compare)
+
+
+def positive_percent(text: str) -> float:
+    """A threshold in percent: finite and > 0 (nan, inf, 0 or a negative one would disable the gate)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of percent, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
 
 
 def handle_compare(args: argparse.Namespace) -> int:

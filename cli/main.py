@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 
 from ..trainer.config import ConfigError
+from ..traces.validate import UsageError
 from . import commands
 from .commands import EXIT_FAILED, EXIT_USAGE
 
@@ -35,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args)
     except ConfigError as error:
         print(f"fleetscope {args.command}: bad configuration: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except UsageError as error:  # a refused request (an output over an input, a bad argument): nothing done
+        print(f"fleetscope {args.command}: {error}", file=sys.stderr)
         return EXIT_USAGE
     except (FileNotFoundError, NotADirectoryError, ValueError) as error:
         print(f"fleetscope {args.command}: {error}", file=sys.stderr)

@@ -209,3 +209,117 @@ def test_inputs_are_byte_for_byte_unchanged(tmp_path):
     before = digests(layout.root)
     analyze(layout.root, use_hta=False)
     assert digests(layout.root) == before
+
+
+# --- outputs never overwrite inputs ----------------------------------------------------------------
+
+
+def _cli(*args: str) -> int:
+    return main([*map(str, args)])
+
+
+def test_analyze_refuses_to_write_its_report_over_an_input_trace(tmp_path, capsys):
+    root = make_trace_dir(tmp_path / "traces")
+    before = digests(root)
+    assert _cli("analyze", root, "--json", root / "rank1.json", "--no-hta", "--no-cache") == 2
+    assert _cli("analyze", root, "--html", root / "rank0.json", "--no-hta", "--no-cache") == 2
+    assert "one of the inputs" in capsys.readouterr().err
+    assert digests(root) == before
+
+
+@pytest.mark.parametrize("victim", ["manifest.json", "job.json", "metrics/rank0.jsonl", "clock/rank0.json"])
+def test_analyze_and_merge_refuse_to_overwrite_a_file_they_did_not_write(tmp_path, victim, capsys):
+    layout = make_run(tmp_path / "run")
+    path = layout.root / victim
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text('{"step": 1}\n')
+    before = digests(layout.root)
+    assert _cli("analyze", layout.root, "--json", path, "--no-hta", "--no-cache") == 2
+    assert _cli("merge", layout.root, "-o", path) == 2
+    assert _cli("merge", layout.root, "--json", path) == 2
+    assert "is not a fleetscope output" in capsys.readouterr().err or victim == "manifest.json"
+    assert digests(layout.root) == before
+
+
+def test_merge_refuses_an_output_inside_traces_and_a_symlinked_output(tmp_path, capsys):
+    layout = make_run(tmp_path / "run")
+    before = digests(layout.root)
+    assert _cli("merge", layout.root, "-o", layout.traces_dir / "new.perfetto-trace") == 2
+    link = tmp_path / "out.perfetto-trace"
+    link.symlink_to(layout.trace_file(0, 0, "node0"))
+    assert _cli("merge", layout.root, "-o", link) == 2
+    assert _cli("analyze", layout.root, "--json", link, "--no-hta", "--no-cache") == 2
+    err = capsys.readouterr().err
+    assert "inside the analyzed run's traces/" in err and "symlink" in err
+    assert digests(layout.root) == before
+
+
+def test_own_outputs_are_replaced_on_a_second_run(tmp_path):
+    layout = make_run(tmp_path / "run")
+    out = tmp_path / "elsewhere"
+    out.mkdir()
+    for _ in range(2):
+        assert _cli("analyze", layout.root, "--json", out / "r.json", "--html", out / "r.html", "--no-hta",
+                    "--no-cache") == 0
+        assert _cli("merge", layout.root, "-o", out / "m.perfetto-trace", "--json", out / "m.json.gz") == 0
+    from fleetscope.traces.outputs import is_own_output
+
+    assert all(is_own_output(out / name) for name in ("r.json", "r.html", "m.perfetto-trace", "m.json.gz"))
+    assert not is_own_output(layout.manifest_file) and not is_own_output(layout.trace_file(0, 0, "node0"))
+
+
+# --- exit codes and gates ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("threshold", ["nan", "inf", "-inf", "-5", "0", "five"])
+def test_compare_refuses_a_threshold_that_disables_the_gate(tmp_path, threshold, capsys):
+    layout = make_run(tmp_path / "run")
+    with pytest.raises(SystemExit) as exit_info:
+        _cli("compare", layout.root, layout.root, "--threshold", threshold)
+    assert exit_info.value.code == 2
+
+
+def test_compare_api_refuses_a_nan_threshold(tmp_path):
+    from fleetscope.analysis.compare import compare
+    from fleetscope.traces.validate import UsageError
+
+    with pytest.raises(UsageError):
+        compare(tmp_path, tmp_path, threshold_pct=float("nan"))
+
+
+def test_merge_without_output_for_a_foreign_directory_is_bad_usage(tmp_path):
+    assert _cli("merge", make_trace_dir(tmp_path / "traces")) == 2
+
+
+def test_nothing_analyzed_exits_1_not_3(tmp_path):
+    root = tmp_path / "traces"
+    root.mkdir()
+    (root / "rank0.json").write_bytes(b"{broken")
+    (root / "rank1.json").write_bytes(b"")
+    assert _cli("analyze", root, "--no-hta", "--no-cache") == 1
+    assert _cli("merge", root, "-o", tmp_path / "m.perfetto-trace") in (1, 3)
+
+
+def _metrics_run(root: Path, tokens: dict[int, float], bad_rank: int | None = None) -> Path:
+    layout = make_run(root, len(tokens))
+    for rank, tokens_per_s in tokens.items():
+        lines = [json.dumps({"step": s, "step_time_ms": 100.0, "tokens_per_s": tokens_per_s}) for s in range(5)]
+        if rank == bad_rank:
+            lines = ["{not json"] * 5
+        layout.metrics_file(rank).parent.mkdir(parents=True, exist_ok=True)
+        layout.metrics_file(rank).write_text("\n".join(lines) + "\n")
+    return layout.root
+
+
+def test_compare_names_bad_metric_lines_and_compares_the_ranks_both_sides_have(tmp_path):
+    from fleetscope.analysis.compare import EXIT_OK, compare
+
+    base = _metrics_run(tmp_path / "base", {0: 1000.0, 1: 1000.0})
+    new = _metrics_run(tmp_path / "new", {0: 1000.0, 1: 1000.0}, bad_rank=1)
+    result = compare(base, new)
+    assert result.exit_code == EXIT_OK        # not a false 50% throughput regression
+    assert any("metrics/rank1.jsonl: 5 bad line(s) skipped" in n for n in result.notes)
+    assert any("rank(s) 1 have no counterpart" in n for n in result.notes)
+    throughput = next(m for m in result.metrics if m.name == "throughput_tokens_per_s")
+    assert throughput.base == throughput.new == 1000.0

@@ -323,3 +323,76 @@ def test_compare_names_bad_metric_lines_and_compares_the_ranks_both_sides_have(t
     assert any("rank(s) 1 have no counterpart" in n for n in result.notes)
     throughput = next(m for m in result.metrics if m.name == "throughput_tokens_per_s")
     assert throughput.base == throughput.new == 1000.0
+
+
+# --- silent inconsistencies ------------------------------------------------------------------------
+
+
+def test_foreign_traces_of_another_job_or_beyond_the_world_size_are_named(tmp_path):
+    root = make_trace_dir(tmp_path / "traces", world_size=2)
+    good_rank(1, world_size=8).write(root / "other_job_rank1.json")
+    good_rank(5, world_size=2).write(root / "rank5.json")
+    report = analyze(root, use_hta=False)
+    assert report.analyzed_ranks == [0, 1] and not report.complete
+    assert _problem(report, "world size 8 differs").label == "other_job_rank1.json"
+    assert _problem(report, "rank 5 is not below the world size 2").label == "rank5.json"
+
+
+def test_foreign_traces_declaring_a_huge_world_size_list_a_bounded_number_of_missing_ranks(tmp_path):
+    root = tmp_path / "traces"
+    for rank in range(2):
+        good_rank(rank, world_size=1 << 20).write(root / f"rank{rank}.json")
+    report = analyze(root, use_hta=False)
+    assert report.analyzed_ranks == [0, 1] and len(report.missing) == 64
+    assert any(f"{(1 << 20) - 2} rank trace(s) missing in all" in n for n in report.notes)
+
+
+@pytest.mark.parametrize("offset_us", [1e12, -1e12, float("nan")])
+def test_an_absurd_clock_offset_is_refused_and_said(tmp_path, offset_us):
+    from fleetscope.traces.clock import ClockOffset, read_clock_offsets, write_clock_offset
+
+    layout = make_run(tmp_path / "run")
+    for rank, offset in ((0, 0.0), (1, offset_us)):
+        write_clock_offset(ClockOffset(rank=rank, offset_us=offset, uncertainty_us=1.0, best_round_trip_us=2.0,
+                                       round_trips=4, host="node0", measured_at_ns=1), layout.clock_file(rank))
+    offsets, problems = read_clock_offsets(layout)
+    assert sorted(offsets) == [0] and problems and problems[0].startswith("clock/rank1.json")
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.complete and any(n.startswith("clock/rank1.json") for n in report.notes)
+
+
+@pytest.mark.parametrize("content", [b"[1,2]", b'{"version": 1, "rank": "x"}', b"[" * 50_000, b"\xff\xfe"])
+def test_a_damaged_clock_file_is_named(tmp_path, content):
+    from fleetscope.traces.clock import read_clock_offsets
+
+    layout = make_run(tmp_path / "run")
+    layout.clock_dir.mkdir()
+    layout.clock_file(1).write_bytes(content)
+    os.mkfifo(layout.clock_file(2))
+    offsets, problems = read_clock_offsets(layout)
+    assert offsets == {} and [p.split(":")[0] for p in problems] == ["clock/rank1.json", "clock/rank2.json"]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 2**64, -(2**70)])
+def test_the_merge_skips_events_with_non_finite_or_huge_times_and_names_the_file(tmp_path, value):
+    from fleetscope.analysis.merge.run import merge
+
+    layout = make_run(tmp_path / "run", gathered=False)
+    builder = good_rank(1)
+    document = builder.document()
+    document["traceEvents"] += [
+        {"ph": "X", "name": "evil", "cat": "cpu_op", "ts": value, "dur": 5, "pid": 1, "tid": 1},
+        {"ph": "X", "name": "evil", "cat": "cpu_op", "ts": 5, "dur": value, "pid": 1, "tid": 1},
+        {"ph": "i", "name": "evil", "ts": value, "pid": 1, "tid": 1, "s": "t"},
+        {"ph": "C", "name": "evil", "ts": value, "pid": 1, "args": {"a": 1}},
+        {"ph": "C", "name": "evil", "ts": 5, "pid": 1, "args": {"a": value}},
+    ]
+    import gzip
+
+    layout.trace_file(0, 1, "node0").write_bytes(gzip.compress(json.dumps(document).encode()))
+    result = merge(layout.root, tmp_path / "m.perfetto-trace")
+    assert result.ranks == [0, 1]
+    said = [f"{n.path}: {n.reason}" for n in result.notes]
+    assert any("rank1.node0" in n and "non-finite time or one beyond int64" in n for n in said), said
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.analyzed_ranks == [0, 1]

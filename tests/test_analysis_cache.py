@@ -181,8 +181,8 @@ def test_valid_msgpack_of_the_wrong_shape_is_a_miss(traces, cached, payload):
     import msgspec
 
     cache, expected = cached
-    _replaced_entries_give_the_same_report(traces, cache, expected,
-                                           lambda entry: entry.write_bytes(msgspec.msgpack.encode(payload)))
+    _replaced_entries_give_the_same_report(
+        traces, cache, expected, lambda entry: entry.write_bytes(_with_checksum(msgspec.msgpack.encode(payload))))
 
 
 def test_an_entry_with_a_wrong_array_dtype_does_not_decode():
@@ -192,11 +192,19 @@ def test_an_entry_with_a_wrong_array_dtype_does_not_decode():
     from test_analysis_helpers import gpu_rank as build
 
     assert decode_entry(b"\xc1") is None
-    document = msgspec.msgpack.decode(encode_entry(_one_result(build)))
+    entry = encode_entry(_one_result(build))
+    assert decode_entry(entry) is not None and decode_entry(entry[:-1] + bytes([entry[-1] ^ 1])) is None
+    document = msgspec.msgpack.decode(entry[16:])
     document["collectives"]["start_us"]["dtype"] = "|O"
-    assert decode_entry(msgspec.msgpack.encode(document)) is None
+    assert decode_entry(_with_checksum(msgspec.msgpack.encode(document))) is None
     document["collectives"]["start_us"] = {"dtype": "<f8", "shape": [3], "data": b"\0" * 5}
-    assert decode_entry(msgspec.msgpack.encode(document)) is None
+    assert decode_entry(_with_checksum(msgspec.msgpack.encode(document))) is None
+
+
+def _with_checksum(payload: bytes) -> bytes:
+    import hashlib
+
+    return hashlib.blake2b(payload, digest_size=16).digest() + payload
 
 
 def _one_result(build):

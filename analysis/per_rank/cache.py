@@ -9,9 +9,10 @@ collective times, top kernels; kilobytes, never the events). An entry is found b
   - the analysis code: a digest of the source files that compute a RankResult, so results of another
     fleetscope version are never read.
 Where: $FLEETSCOPE_CACHE_DIR, else $XDG_CACHE_HOME/fleetscope/analysis, else ~/.cache/fleetscope/analysis;
-never inside the analyzed directory. Entries are msgpack documents of the RankResult dataclasses (numpy
-arrays as dtype + shape + raw bytes, from a short list of dtypes): decoding one can build those types and
-nothing else, so a planted entry can at worst be a wrong result for identical bytes, never code. Even so,
+never inside the analyzed directory. Entries are a checksum and a msgpack document of the RankResult
+dataclasses (numpy arrays as dtype + shape + raw bytes, from a short list of dtypes): decoding one can
+build those types and nothing else, so a planted entry can at worst be a wrong result for identical
+bytes, never code, and a damaged one fails its checksum. Even so,
 the directory must belong to the user and be writable by nobody else (otherwise the cache stays off and the
 report says why), and every entry is opened without following links and checked on the opened descriptor
 (a regular file of ours that nobody else can write). Entries are written atomically (temporary file, then
@@ -112,14 +113,23 @@ def _unsafe_entry(info: os.stat_result) -> bool:
     return bool(info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
+_CHECKSUM_BYTES = 16
+
+
 def encode_entry(result: "RankResult") -> bytes:
-    return _ENCODER.encode(result)
+    """A checksum of the payload, then the payload: a flipped bit in a number would still decode to a
+    RankResult, only a wrong one."""
+    payload = _ENCODER.encode(result)
+    return hashlib.blake2b(payload, digest_size=_CHECKSUM_BYTES).digest() + payload
 
 
 def decode_entry(data: bytes) -> "RankResult | None":
     """The RankResult an entry holds, or None when it is not exactly one (any damage is a miss)."""
+    checksum, payload = data[:_CHECKSUM_BYTES], data[_CHECKSUM_BYTES:]
+    if hashlib.blake2b(payload, digest_size=_CHECKSUM_BYTES).digest() != checksum:
+        return None
     try:
-        return _decoder().decode(data)
+        return _decoder().decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, RecursionError):
         return None
 

@@ -396,3 +396,20 @@ def test_the_merge_skips_events_with_non_finite_or_huge_times_and_names_the_file
     assert any("rank1.node0" in n and "non-finite time or one beyond int64" in n for n in said), said
     report = analyze(layout.root, use_hta=False, write_default_outputs=False)
     assert report.analyzed_ranks == [0, 1]
+
+
+def test_a_gzip_bomb_is_refused_without_inflating_it(tmp_path):
+    import gzip
+
+    from fleetscope.traces.kineto import MIN_INFLATE_LIMIT, decompress
+
+    root = make_trace_dir(tmp_path / "traces", world_size=2)
+    bomb = gzip.compress(b'{"traceEvents": [' + b" " * (MIN_INFLATE_LIMIT + 1024) + b"]}", compresslevel=9)
+    (root / "rank1.json.gz").write_bytes(bomb)
+    (root / "rank1.json").unlink()
+    report = analyze(root, use_hta=False)
+    assert report.analyzed_ranks == [0]
+    assert "decompression bomb" in _problem(report, "bomb").reason
+    data = b'{"traceEvents": []}'
+    two_members = gzip.compress(data) + b"\0\0" + gzip.compress(data)
+    assert decompress(two_members, root) == data + data == gzip.decompress(two_members)

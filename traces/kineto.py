@@ -5,7 +5,6 @@ Shared by gather (verification) and analysis (loading) so both judge a file the 
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import stat
@@ -42,16 +41,39 @@ def read_raw(path: Path, *, within: Path | None = None, expected_size: int | Non
         raise TraceReadError(path, error.reason) from error
 
 
+MAX_INFLATE_RATIO = 200
+"""Kineto JSON compresses 5-30x; a file that inflates far more is a decompression bomb, not a trace."""
+MIN_INFLATE_LIMIT = 256 << 20
+
+
 def decompress(raw: bytes, path: Path) -> bytes:
-    """The JSON bytes of a stored `.json` or `.json.gz` trace."""
+    """The JSON bytes of a stored `.json` or `.json.gz` trace; gzip output is bounded by
+    MAX_INFLATE_RATIO times the stored size (at least MIN_INFLATE_LIMIT)."""
     if not raw:
         raise TraceReadError(path, "empty file")
     if raw[:2] != b"\x1f\x8b":
         return raw
     try:
-        return gzip.decompress(raw)
-    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+        return _inflate_bounded(raw, path, max(MIN_INFLATE_LIMIT, MAX_INFLATE_RATIO * len(raw)))
+    except zlib.error as error:
         raise TraceReadError(path, f"corrupt or truncated gzip: {error}") from error
+
+
+def _inflate_bounded(raw: bytes, path: Path, limit: int) -> bytes:
+    """gzip.decompress (every member, zero padding between them skipped) that stops past `limit` bytes."""
+    members, total, data = [], 0, raw
+    while data:
+        inflater = zlib.decompressobj(wbits=31)
+        member = inflater.decompress(data, limit - total + 1)
+        total += len(member)
+        if total > limit:
+            raise TraceReadError(path, f"gzip inflates beyond {limit} bytes ({MAX_INFLATE_RATIO}x its size): "
+                                       "a decompression bomb, not read")
+        if not inflater.eof:
+            raise TraceReadError(path, "corrupt or truncated gzip: the stream ends early")
+        members.append(member)
+        data = inflater.unused_data.lstrip(b"\x00")
+    return b"".join(members)
 
 
 def parse_json(data: bytes, path: Path) -> Any:

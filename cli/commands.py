@@ -215,7 +215,8 @@ def handle_postprocess(args: argparse.Namespace) -> int:
 
 def register_analyze(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("analyze", help="report on a run directory or any directory of Kineto traces")
-    parser.add_argument("path", help="run directory, or a directory of *.json / *.json.gz traces")
+    parser.add_argument("path", type=existing_input,
+                        help="run directory, or a directory of *.json / *.json.gz traces")
     parser.add_argument("--json", dest="json_out", default=None, help="write the report JSON here")
     parser.add_argument("--html", dest="html_out", default=None, help="write the HTML report here")
     parser.add_argument("--no-hta", action="store_true", help="skip Holistic Trace Analysis (GPU traces)")
@@ -248,7 +249,8 @@ def handle_analyze(args: argparse.Namespace) -> int:
 
 def register_merge(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("merge", help="one Perfetto trace of all ranks")
-    parser.add_argument("path", help="run directory, or a directory of *.json / *.json.gz traces")
+    parser.add_argument("path", type=existing_input,
+                        help="run directory, or a directory of *.json / *.json.gz traces")
     parser.add_argument("-o", "--output", default=None,
                         help="output .perfetto-trace (default: <run>/report/merged.perfetto-trace)")
     parser.add_argument("--ranks", type=_int_set, default=None, metavar="0,3,8", help="only these ranks")
@@ -278,9 +280,19 @@ def _int_set(text: str) -> frozenset[int]:
 def _time_window(text: str) -> tuple[float, float]:
     start, sep, end = text.partition(":")
     try:
-        return float(start), float(end)
+        window = float(start), float(end)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected START:END in seconds, got {text!r}") from None
+    if not all(math.isfinite(v) for v in window) or window[0] >= window[1]:
+        raise argparse.ArgumentTypeError(f"expected finite START < END in seconds, got {text!r}")
+    return window
+
+
+def existing_input(text: str) -> str:
+    """An input path of a read command: a missing one is bad usage (exit 2), found before any work."""
+    if not Path(text).expanduser().exists():
+        raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
+    return text
 
 
 def handle_merge(args: argparse.Namespace) -> int:
@@ -322,8 +334,8 @@ def _slurm_registry() -> list:
 
 def register_compare(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("compare", help="regression check: exit 1 when NEW is slower than BASE")
-    parser.add_argument("base", help="run directory or report.json")
-    parser.add_argument("new", help="run directory or report.json")
+    parser.add_argument("base", type=existing_input, help="run directory or report.json")
+    parser.add_argument("new", type=existing_input, help="run directory or report.json")
     parser.add_argument("--threshold", type=positive_percent, default=5.0,
                         help="percent drop in throughput / rise in step time that fails (default 5)")
     parser.set_defaults(handler=handle_compare)

@@ -11,7 +11,6 @@ import pytest
 
 from fleetscope.analysis import analyze
 from fleetscope.cli.main import main
-from fleetscope.traces.layout import RunLayout
 from hostile_runs import digests, edit_manifest, good_rank, make_run, make_trace_dir
 
 
@@ -413,3 +412,21 @@ def test_a_gzip_bomb_is_refused_without_inflating_it(tmp_path):
     data = b'{"traceEvents": []}'
     two_members = gzip.compress(data) + b"\0\0" + gzip.compress(data)
     assert decompress(two_members, root) == data + data == gzip.decompress(two_members)
+
+
+@pytest.mark.parametrize("argv", [
+    ["analyze", "/nonexistent/run"],
+    ["merge", "/nonexistent/run"],
+    ["compare", "/nonexistent/a", "/nonexistent/b"],
+    ["merge", "RUN", "--window", "nan:1"],
+    ["merge", "RUN", "--window", "5:1"],
+    ["merge", "RUN", "--workers", "0"],
+])
+def test_bad_usage_exits_2(tmp_path, argv):
+    layout = make_run(tmp_path / "run")
+    argv = [str(layout.root) if a == "RUN" else a for a in argv]
+    try:
+        rc = main(argv)
+    except SystemExit as exit_info:
+        rc = exit_info.code
+    assert rc == 2

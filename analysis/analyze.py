@@ -58,7 +58,8 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     return report
 
 
-def _guarded_outputs(inputs: AnalysisInput, json_out, html_out, write_defaults: bool) -> tuple[Path | None, Path | None]:
+def _guarded_outputs(inputs: AnalysisInput, json_out, html_out,
+                     write_defaults: bool) -> tuple[Path | None, Path | None]:
     """The report paths to write, each checked by the output guard before any work (an output over an
     input, or over a file fleetscope did not write, raises OutputRefused)."""
     if write_defaults and inputs.layout is not None:

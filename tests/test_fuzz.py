@@ -34,7 +34,6 @@ from hypothesis import strategies as st
 
 from fleetscope.analysis import analyze
 from fleetscope.analysis.compare import compare
-from fleetscope.analysis.merge.run import merge
 from fleetscope.analysis.per_rank.cache import ENTRY_SUFFIX
 from fleetscope.cli.main import main
 from fleetscope.traces.formats import read_metric_records

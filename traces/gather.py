@@ -72,11 +72,13 @@ def _consistent_with(traces: list[TraceRecord], world_size: int | None) -> tuple
     for trace in traces:
         why = rank_problem(trace.rank, world_size)
         if why is None and world_size and trace.world_size and trace.world_size != world_size:
-            why = f"distributedInfo says world size {trace.world_size}, the run's is {world_size} (another job's trace?)"
+            why = (f"distributedInfo says world size {trace.world_size}, the run's is {world_size} "
+                   "(another job's trace?)")
         if why is None:
             kept.append(trace)
         else:
-            problems.append(TraceProblem(path=trace.path, rank=trace.rank, window=trace.window, reason=f"{why}: not used"))
+            problems.append(TraceProblem(path=trace.path, rank=trace.rank, window=trace.window,
+                                         reason=f"{why}: not used"))
     return kept, problems
 
 
@@ -164,7 +166,8 @@ def _expected_world_size(layout: RunLayout, traces: list[TraceRecord]) -> int | 
     return checked_world_size(max((t.rank for t in traces), default=-1) + 1 or None)
 
 
-def _missing_ranks(layout: RunLayout, traces: list[TraceRecord], world_size: int | None) -> tuple[list[MissingRank], int]:
+def _missing_ranks(layout: RunLayout, traces: list[TraceRecord],
+                   world_size: int | None) -> tuple[list[MissingRank], int]:
     """(the first missing ranks of each window, how many are missing in all): bounded whatever size is declared."""
     if not world_size:
         return [], 0

@@ -8,7 +8,6 @@ believed, and lists derived from one (missing ranks) keep at most MAX_LISTED_RAN
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -67,7 +66,8 @@ def clock_offset_problem(offset_us: Any, uncertainty_us: Any) -> str | None:
     if not is_finite_number(offset_us) or not is_finite_number(uncertainty_us) or uncertainty_us < 0:
         return "offset or uncertainty is not a finite number"
     if abs(offset_us) > MAX_CLOCK_OFFSET_US or uncertainty_us > MAX_CLOCK_OFFSET_US:
-        return f"offset {offset_us:.0f} us is beyond {MAX_CLOCK_OFFSET_US / 3600e6:g} hour: not a clock offset, not used"
+        return (f"offset {offset_us:.0f} us is beyond {MAX_CLOCK_OFFSET_US / 3600e6:g} hour: "
+                "not a clock offset, not used")
     return None
 
 
@@ -90,15 +90,11 @@ def is_inside(path: Path, root: Path) -> bool:
     return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
 
 
-def finite_or_none(value: Any) -> float | None:
-    return float(value) if is_finite_number(value) else None
-
-
-def bounded_listing(items: list, total: int, noun: str) -> str | None:
-    """A note for a list that was cut at its first len(items) entries of `total`."""
-    if total <= len(items):
+def missing_note(listed: int, total: int | None) -> str | None:
+    """What a report says when only the first `listed` of `total` missing rank traces are listed."""
+    if not total or total <= listed:
         return None
-    return f"{total} {noun} in all; the first {len(items)} are listed"
+    return f"{total} rank trace(s) missing in all; the first {listed} are listed"
 
 
 

@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fleetscope.traces.validate import missing_below, rank_problem
+from fleetscope.traces.validate import missing_below, missing_note, rank_problem
 
 from fleetscope.analysis.per_rank.rank import RANK_FROM_ORDER, RankResult, TraceFailure
 from fleetscope.analysis.inputs.sources import SOURCE_RUN_DIR, MissingTrace
@@ -156,8 +156,7 @@ def bounded_missing_ranks(results: list[RankResult], world_size: int | None) -> 
         listed, count = missing_below(world_size, present[window])
         missing += [MissingTrace(rank=rank, window=window) for rank in listed]
         total += count
-    note = f"{total} rank trace(s) missing in all; the first {len(missing)} are listed" if total > len(missing) else None
-    return missing, note
+    return missing, missing_note(len(missing), total)
 
 
 def place_traces(inputs: "AnalysisInput", outcomes: list[RankResult | TraceFailure]) -> Placement:

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetscope.traces.gather import build_manifest
-from fleetscope.traces.kineto import find_trace_files, find_trace_like_entries
+from fleetscope.traces.kineto import find_trace_like_entries
 from fleetscope.traces.safe_read import entry_problem
+from fleetscope.traces.validate import missing_note
 from fleetscope.traces.layout import WINDOW_RE, RunLayout
 from fleetscope.traces.clock import read_clock_offsets
 from fleetscope.traces.manifest import TraceRecord, load_manifest
@@ -62,8 +63,7 @@ def _run_dir_input(layout: RunLayout) -> AnalysisInput:
     records, superseded = _latest_attempts(manifest.traces)
     if superseded:
         notes.append(f"{len(superseded)} trace(s) from earlier attempts of a requeued job were not analyzed")
-    if manifest.missing_total:
-        notes.append(f"{manifest.missing_total} rank trace(s) missing in all; the first {len(manifest.missing)} are listed")
+    notes += [n for n in [missing_note(len(manifest.missing), manifest.missing_total)] if n]
     sources = [
         TraceSource(path=manifest.resolve(r), label=r.path, window=r.window, rank=r.rank, host=r.host,
                     within=layout.root, expected_bytes=r.bytes, expected_sha256=r.sha256)

@@ -430,3 +430,11 @@ def test_bad_usage_exits_2(tmp_path, argv):
     except SystemExit as exit_info:
         rc = exit_info.code
     assert rc == 2
+
+
+def test_gather_says_how_many_ranks_are_missing_when_it_lists_only_the_first(tmp_path, capsys):
+    layout = make_run(tmp_path / "run", 1 << 20, ranks=2, gathered=False)
+    assert main(["gather", str(layout.root)]) == 3
+    out = capsys.readouterr().out
+    assert out.count("  missing: rank") == 64 and f"{(1 << 20) - 2} rank trace(s) missing in all" in out
+    assert json.loads(layout.manifest_file.read_text())["missing_total"] == (1 << 20) - 2

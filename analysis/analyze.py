@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fleetscope.traces.outputs import guard_output
+from fleetscope.traces.safe_read import InputRefused, read_metadata
 from fleetscope.analysis.cross_rank.placement import place_traces
 from fleetscope.analysis.cross_rank.records import trainer_evidence
 from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
@@ -44,6 +46,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     bandwidths (cross_rank/bandwidth.py) that collective bandwidth is compared with (CLI `--link-peak`).
     """
     inputs = resolve_input(path)
+    json_out, html_out = _guarded_outputs(inputs, json_out, html_out, write_default_outputs)
     cache, cache_off = open_cache(cache_dir) if use_cache else (None, None)
     outcomes = parse_traces(inputs.sources, workers=workers, progress=progress, cache=cache)
     placement = place_traces(inputs, outcomes)
@@ -61,8 +64,23 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         link_peak_gbps=link_peak_gbps,
         trainer=trainer_evidence(inputs.layout, placement.results, inputs.world_size),
     )
-    _write_outputs(report, inputs, json_out, html_out, write_default_outputs)
+    _write_outputs(report, json_out, html_out)
     return report
+
+
+def _guarded_outputs(inputs: AnalysisInput, json_out, html_out,
+                     write_defaults: bool) -> tuple[Path | None, Path | None]:
+    """The report paths to write, each checked by the output guard before any work (an output over an
+    input, or over a file fleetscope did not write, raises OutputRefused)."""
+    if write_defaults and inputs.layout is not None:
+        json_out = json_out or inputs.layout.report_json
+        html_out = html_out or inputs.layout.report_html
+    read = [s.path for s in inputs.sources]
+    if inputs.layout is not None:
+        layout = inputs.layout
+        read += [layout.manifest_file, layout.job_file]
+    return tuple(None if out is None else guard_output(out, analyzed=inputs.root, inputs=read)
+                 for out in (json_out, html_out))
 
 
 def _cache_notes(cache: ResultCache | None, cache_off: str | None, outcomes: list) -> list[str]:
@@ -75,10 +93,7 @@ def _cache_notes(cache: ResultCache | None, cache_off: str | None, outcomes: lis
             "(identical bytes, same fleetscope; --no-cache parses them again)"]
 
 
-def _write_outputs(report: Report, inputs: AnalysisInput, json_out, html_out, write_defaults: bool) -> None:
-    if write_defaults and inputs.layout is not None:
-        json_out = json_out or inputs.layout.report_json
-        html_out = html_out or inputs.layout.report_html
+def _write_outputs(report: Report, json_out: Path | None, html_out: Path | None) -> None:
     if json_out is not None:
         write_report_json(report, Path(json_out))
     if html_out is not None:
@@ -94,9 +109,12 @@ def write_report_json(report: Report, path: Path) -> Path:
 
 
 def load_report_json(path: str | Path) -> Report:
-    """Read a report JSON written by `analyze` (any path)."""
+    """Read a report JSON written by `analyze` (any path); ValueError naming the file for anything else."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: cannot read report: {error}") from error
-    return Report.from_json(data)
+        data = json.loads(read_metadata(Path(path)))
+        if not isinstance(data, dict):
+            raise ValueError(f"top level is {type(data).__name__}, expected an object")
+        return Report.from_json(data)
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as error:
+        reason = error.reason if isinstance(error, InputRefused) else f"{type(error).__name__}: {error}"
+        raise ValueError(f"{path}: cannot read report: {str(reason)[:300]}") from error

@@ -11,11 +11,17 @@ Each side is a run directory or a report JSON. Two sources of numbers:
 The run regresses (exit code 1) when throughput drops, or step time rises, by at least threshold_pct.
 Gates: throughput_tokens_per_s and step_time_ms when both sides have step metrics, else
 trace_step_time_ms. Every other metric is reported, not gated.
+
+Step metrics are compared over the ranks both sides have (a rank whose file is unreadable, or whose lines
+are all bad, would otherwise lower one side's summed throughput: a false regression); every metrics file
+with bad lines, and every rank left out, is named in the notes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +29,7 @@ from fleetscope.analysis.analyze import analyze, load_report_json
 from fleetscope.analysis.report.model import Report
 from fleetscope.traces.formats import read_metric_records
 from fleetscope.traces.layout import REPORT_DIR, RunLayout
+from fleetscope.traces.validate import UsageError
 
 DEFAULT_THRESHOLD_PCT = 5.0
 EXIT_OK = 0
@@ -82,21 +89,41 @@ class _Side:
     report: Report
     steady: dict[int, list[dict]]
     """Rank -> its steady step-metric lines (empty when the run has no metrics)."""
+    notes: list[str] = field(default_factory=list)
+    """Metrics files with bad lines or that could not be read."""
 
 
 def compare(base: str | Path, new: str | Path, *, threshold_pct: float = DEFAULT_THRESHOLD_PCT) -> Comparison:
     """Compare two runs (run directories or report JSONs); `Comparison.exit_code` is the CI answer."""
-    if threshold_pct <= 0:
-        raise ValueError(f"threshold_pct must be > 0, got {threshold_pct}")
+    if not isinstance(threshold_pct, (int, float)) or not math.isfinite(threshold_pct) or threshold_pct <= 0:
+        raise UsageError(f"threshold_pct must be a finite number > 0, got {threshold_pct!r}")
     before, after = _load_side(Path(base)), _load_side(Path(new))
+    before, after, rank_notes = _common_ranks(before, after)
     with_metrics = bool(before.steady) and bool(after.steady)
     metrics = _metric_deltas(before, after, with_metrics, threshold_pct)
-    notes = [f"{side.path}: partial report (unusable or missing traces)" for side in (before, after)
-             if not side.report.complete]
+    notes = before.notes + after.notes + rank_notes
+    notes += [f"{side.path}: partial report (unusable or missing traces)" for side in (before, after)
+              if not side.report.complete]
     if not with_metrics:
         notes.append("step metrics missing on a side: trace step time is the gate")
     return Comparison(base_path=before.path, new_path=after.path, threshold_pct=threshold_pct,
                       metrics=metrics, ranks=_rank_deltas(before.report, after.report), notes=notes)
+
+
+def _common_ranks(before: _Side, after: _Side) -> tuple[_Side, _Side, list[str]]:
+    """Both sides' step metrics over the ranks they share, and a note naming the ranks left out."""
+    if not before.steady or not after.steady or set(before.steady) == set(after.steady):
+        return before, after, []
+    shared = set(before.steady) & set(after.steady)
+    notes = [f"{side.path}: step metrics of rank(s) {_ranks_text(sorted(set(side.steady) - shared))} have no "
+             "counterpart on the other side: not compared" for side in (before, after) if set(side.steady) - shared]
+    notes.append(f"step metrics compared over the {len(shared)} rank(s) both sides have")
+    return (replace(before, steady={r: v for r, v in before.steady.items() if r in shared}),
+            replace(after, steady={r: v for r, v in after.steady.items() if r in shared}), notes)
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:20])) + (f" and {len(ranks) - 20} more" if len(ranks) > 20 else "")
 
 
 def _load_side(path: Path) -> _Side:
@@ -110,25 +137,40 @@ def _load_side(path: Path) -> _Side:
         run_dir = path
     else:
         raise FileNotFoundError(f"{path}: no such run directory or report")
-    steady = _steady_metrics(RunLayout.at(run_dir)) if run_dir is not None else {}
-    return _Side(str(path), report, steady)
+    steady, notes = _steady_metrics(RunLayout.at(run_dir)) if run_dir is not None else ({}, [])
+    return _Side(str(path), report, steady, notes)
 
 
-def _steady_metrics(layout: RunLayout) -> dict[int, list[dict]]:
-    steady = {}
+_METRICS_NAME_RE = re.compile(r"^rank(\d+)\.jsonl$")
+"""RunLayout.metrics_file: the file name, not a field of its lines, says whose metrics they are."""
+
+
+def _steady_metrics(layout: RunLayout) -> tuple[dict[int, list[dict]], list[str]]:
+    steady, notes = {}, []
     for path in sorted(layout.metrics_dir.glob("rank*.jsonl")) if layout.metrics_dir.is_dir() else []:
-        lines = read_metric_records(path).records
+        match = _METRICS_NAME_RE.match(path.name)
+        if match is None:
+            continue
+        try:
+            read = read_metric_records(path)
+        except ValueError as error:  # the safe reader's refusal (a FIFO, a symlink out, too large)
+            notes.append(f"{layout.relative(path)}: not read: {getattr(error, 'reason', error)}")
+            continue
+        if read.bad_line_count:
+            first = "; ".join(f"line {n}: {why}" for n, why in read.bad_lines[:3])
+            notes.append(f"{layout.relative(path)}: {read.bad_line_count} bad line(s) skipped ({first})")
+        lines = read.records
         if not lines:
             continue
-        first = min(m["step"] for m in lines)
-        kept = [m for m in lines if m["step"] != first and not m.get("profiled", False)]
+        first_step = min(m["step"] for m in lines)
+        kept = [m for m in lines if m["step"] != first_step and not m.get("profiled", False)]
         if kept:
-            steady[int(lines[0].get("rank", len(steady)))] = kept
-    return steady
+            steady[int(match.group(1))] = kept
+    return steady, notes
 
 
 def _median_of(lines: list[dict], key: str) -> float | None:
-    values = [m[key] for m in lines if isinstance(m.get(key), (int, float))]
+    values = [m[key] for m in lines if type(m.get(key)) in (int, float) and math.isfinite(m[key])]
     return float(np.median(values)) if values else None
 
 

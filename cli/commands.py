@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from ..launcher.schedulers.slurm import wait_for_run, waited_verdict
 from ..launcher.spec import JobSpec
 from ..traces.layout import RunLayout
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, exit_code
+from ..traces.outputs import guard_output
+from ..traces.validate import UsageError
 from .jobargs import add_job_arguments, job_spec_from_args
 from .pipeline import describe_manifest, postprocess
 from .query_command import register as register_query
@@ -147,7 +150,8 @@ def handle_postprocess(args: argparse.Namespace) -> int:
 
 def register_analyze(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("analyze", help="report on a run directory or any directory of Kineto traces")
-    parser.add_argument("path", help="run directory, or a directory of *.json / *.json.gz traces")
+    parser.add_argument("path", type=existing_input,
+                        help="run directory, or a directory of *.json / *.json.gz traces")
     parser.add_argument("--json", dest="json_out", default=None, help="write the report JSON here")
     parser.add_argument("--html", dest="html_out", default=None, help="write the HTML report here")
     parser.add_argument("--no-hta", action="store_true", help="skip Holistic Trace Analysis (GPU traces)")
@@ -176,6 +180,8 @@ def handle_analyze(args: argparse.Namespace) -> int:
     for label, path in (("json", json_out), ("html", html_out)):
         if path:
             print(f"{label}: {path}")
+    if not report.ranks:
+        return EXIT_FAILED  # nothing analyzed is a failure, not a partial result
     return EXIT_OK if report.complete else EXIT_PARTIAL
 
 
@@ -192,7 +198,8 @@ def _positive_float(text: str) -> float:
 
 def register_merge(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("merge", help="one Perfetto trace of all ranks")
-    parser.add_argument("path", help="run directory, or a directory of *.json / *.json.gz traces")
+    parser.add_argument("path", type=existing_input,
+                        help="run directory, or a directory of *.json / *.json.gz traces")
     parser.add_argument("-o", "--output", default=None,
                         help="output .perfetto-trace (default: <run>/report/merged.perfetto-trace)")
     parser.add_argument("--ranks", type=_int_set, default=None, metavar="0,3,8", help="only these ranks")
@@ -223,9 +230,19 @@ def _int_set(text: str) -> frozenset[int]:
 def _time_window(text: str) -> tuple[float, float]:
     start, sep, end = text.partition(":")
     try:
-        return float(start), float(end)
+        window = float(start), float(end)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected START:END in seconds, got {text!r}") from None
+    if not all(math.isfinite(v) for v in window) or window[0] >= window[1]:
+        raise argparse.ArgumentTypeError(f"expected finite START < END in seconds, got {text!r}")
+    return window
+
+
+def existing_input(text: str) -> str:
+    """An input path of a read command: a missing one is bad usage (exit 2), found before any work."""
+    if not Path(text).expanduser().exists():
+        raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
+    return text
 
 
 def handle_merge(args: argparse.Namespace) -> int:
@@ -236,15 +253,18 @@ def handle_merge(args: argparse.Namespace) -> int:
 
     layout = RunLayout.at(args.path)
     if args.output is None and not layout.is_run_dir():
-        raise ValueError("-o OUT.perfetto-trace is required for a directory that is not a run directory")
-    output = Path(args.output) if args.output else layout.merged_trace
-    chrome_json = None if args.json is None else Path(args.json or layout.merged_json)
+        raise UsageError("-o OUT.perfetto-trace is required for a directory that is not a run directory")
+    if args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    output = guard_output(args.output or layout.merged_trace, analyzed=layout.root)
+    chrome_json = None if args.json is None else guard_output(args.json or layout.merged_json, analyzed=layout.root)
     options = MergeOptions(ranks=args.ranks, steps=args.steps, time_window_s=args.window,
                            drop_python_functions=args.no_python, flows=not args.no_flows,
                            collective_flows=not args.no_flows, overlays=not args.no_overlays,
                            event_args=args.args, chrome_json=chrome_json, workers=args.workers)
     result = merge(layout.root, output, options=options)
-    print(f"merged {len(result.ranks)} rank(s) into {output} ({output.stat().st_size / 1e6:.1f} MB)")
+    size_mb = output.stat().st_size / 1e6 if output.is_file() else 0.0
+    print(f"merged {len(result.ranks)} rank(s) into {output} ({size_mb:.1f} MB)")
     for problem in result.problems:
         print(f"  problem: {problem}", file=sys.stderr)
     failures = verify_merge(result, trace_processor=args.trace_processor, engine=True) if (
@@ -255,33 +275,28 @@ def handle_merge(args: argparse.Namespace) -> int:
         engine = find_trace_processor(args.trace_processor)
         print(f"verified: read back{f', and loaded in {engine}' if engine else ' (no trace processor found)'}")
     print(f"open it at https://ui.perfetto.dev -> 'Open trace file' -> {output}")
-    if failures:
+    if failures or not result.ranks:
         return EXIT_FAILED
     return EXIT_OK if not result.problems else EXIT_PARTIAL
 
 
 def register_compare(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("compare", help="regression check: exit 1 when NEW is slower than BASE")
-    parser.add_argument("base", type=existing_path, help="run directory or report.json")
-    parser.add_argument("new", type=existing_path, help="run directory or report.json")
-    parser.add_argument("--threshold", type=non_negative_percent, default=5.0,
+    parser.add_argument("base", type=existing_input, help="run directory or report.json")
+    parser.add_argument("new", type=existing_input, help="run directory or report.json")
+    parser.add_argument("--threshold", type=positive_percent, default=5.0,
                         help="percent drop in throughput / rise in step time that fails (default 5)")
     parser.set_defaults(handler=handle_compare)
 
 
-def existing_path(text: str) -> str:
-    if not Path(text).expanduser().exists():
-        raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
-    return text
-
-
-def non_negative_percent(text: str) -> float:
+def positive_percent(text: str) -> float:
+    """A threshold in percent: finite and > 0 (nan, inf, 0 or a negative one would disable the gate)."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a percentage, got {text!r}") from None
-    if not value >= 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"expected a percentage >= 0, got {text}")
+        raise argparse.ArgumentTypeError(f"expected a number of percent, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
     return value
 
 

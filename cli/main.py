@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 
 from ..trainer.config import ConfigError
+from ..traces.validate import UsageError
 from . import commands, exit_codes, run_commands
 from .exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args)
     except ConfigError as error:
         print(f"fleetscope {args.command}: bad configuration: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except UsageError as error:  # a refused request (an output over an input, a bad argument): nothing done
+        print(f"fleetscope {args.command}: {error}", file=sys.stderr)
         return EXIT_USAGE
     except (OSError, ValueError) as error:  # a file the command needed: no traceback, the message says which
         print(f"fleetscope {args.command}: {error}", file=sys.stderr)

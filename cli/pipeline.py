@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..traces.gather import gather
 from ..traces.layout import RunLayout
+from ..traces.validate import missing_note
 
 
 @dataclass(kw_only=True)
@@ -61,7 +62,8 @@ def describe_manifest(manifest) -> str:
     lines += [f"  unreadable: {p.path}: {p.reason}" for p in manifest.problems]
     missing = sorted({(m.window, m.rank) for m in manifest.missing}, key=lambda pair: (pair[0] or 0, pair[1]))
     lines += [f"  missing: rank {rank} in window {window}" for window, rank in missing]
-    return "\n".join(lines)
+    counted = missing_note(len(manifest.missing), manifest.missing_total)
+    return "\n".join(lines + ([f"  missing: {counted}"] if counted else []))
 
 
 def _analyze(layout: RunLayout, result: PostprocessResult, echo: bool) -> None:

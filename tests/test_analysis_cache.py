@@ -29,6 +29,7 @@ def traces(tmp_path: Path) -> Path:
 def _comparable(report) -> dict:
     data = report.to_json()
     data.pop("notes")
+    data.pop("created_at")  # a second may pass between two analyses
     return data
 
 
@@ -86,7 +87,7 @@ def test_damaged_entries_are_misses_and_are_replaced(traces, tmp_path):
     cache = tmp_path / "cache"
     expected = _comparable(analyze(traces, use_hta=False, cache_dir=cache))
     for entry in _entries(cache):
-        entry.write_bytes(b"not a pickle")
+        entry.write_bytes(b"not an entry")
     report = analyze(traces, use_hta=False, cache_dir=cache)
     assert _hit_note(report) is None and _comparable(report) == expected
     assert _hits(traces, cache) == list(range(RANKS))
@@ -123,3 +124,95 @@ def test_cli_analyze_no_cache_parses_again(traces, tmp_path, capsys):
     assert any("read from the parsed-trace cache" in n for n in json.loads(out.read_text())["notes"])
     assert main(["analyze", str(traces), "--json", str(out), "--no-hta", "--no-cache"]) == 0
     assert not any("parsed-trace cache" in n for n in json.loads(out.read_text())["notes"])
+
+
+def _replaced_entries_give_the_same_report(traces, cache, expected, tamper) -> None:
+    """Tamper with every entry; the next analysis misses on each, parses again, gives the same report, and
+    leaves a fresh entry of ours in its place."""
+    for entry in _entries(cache):
+        tamper(entry)
+    report = analyze(traces, use_hta=False, cache_dir=cache)
+    assert _hit_note(report) is None and _comparable(report) == expected and report.complete
+    for entry in _entries(cache):
+        assert entry.is_file() and not entry.is_symlink() and entry.stat().st_uid == os.getuid()
+    assert _hits(traces, cache) == list(range(RANKS))
+
+
+@pytest.fixture
+def cached(traces, tmp_path):
+    cache = tmp_path / "cache"
+    return cache, _comparable(analyze(traces, use_hta=False, cache_dir=cache))
+
+
+def test_a_symlinked_entry_is_not_followed_and_is_replaced(traces, cached, tmp_path):
+    cache, expected = cached
+    planted = tmp_path / "planted"
+    planted.write_bytes(_entries(cache)[0].read_bytes())
+
+    def link(entry):
+        entry.unlink()
+        entry.symlink_to(planted)
+
+    _replaced_entries_give_the_same_report(traces, cache, expected, link)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another uid needs root")
+def test_an_entry_owned_by_another_user_is_a_miss_and_is_replaced(traces, cached):
+    cache, expected = cached
+    _replaced_entries_give_the_same_report(traces, cache, expected, lambda entry: os.chown(entry, 12345, 12345))
+
+
+def test_an_entry_others_can_write_is_a_miss(traces, cached):
+    cache, expected = cached
+    _replaced_entries_give_the_same_report(traces, cache, expected, lambda entry: entry.chmod(0o666))
+
+
+def test_garbage_bytes_are_a_miss_and_are_replaced(traces, cached):
+    cache, expected = cached
+    _replaced_entries_give_the_same_report(traces, cache, expected, lambda entry: entry.write_bytes(os.urandom(300)))
+
+
+@pytest.mark.parametrize("payload", [
+    {"label": "x"},                                      # valid msgpack, a RankResult it is not
+    [1, 2, 3],
+    {"collectives": {"start_us": {"dtype": "|O", "shape": [1], "data": b"\x80\x04N."}}},  # object dtype
+])
+def test_valid_msgpack_of_the_wrong_shape_is_a_miss(traces, cached, payload):
+    import msgspec
+
+    cache, expected = cached
+    _replaced_entries_give_the_same_report(
+        traces, cache, expected, lambda entry: entry.write_bytes(_with_checksum(msgspec.msgpack.encode(payload))))
+
+
+def test_an_entry_with_a_wrong_array_dtype_does_not_decode():
+    import msgspec
+
+    from fleetscope.analysis.per_rank.cache import decode_entry, encode_entry
+    from test_analysis_helpers import gpu_rank as build
+
+    assert decode_entry(b"\xc1") is None
+    entry = encode_entry(_one_result(build))
+    assert decode_entry(entry) is not None and decode_entry(entry[:-1] + bytes([entry[-1] ^ 1])) is None
+    document = msgspec.msgpack.decode(entry[16:])
+    document["collectives"]["start_us"]["dtype"] = "|O"
+    assert decode_entry(_with_checksum(msgspec.msgpack.encode(document))) is None
+    document["collectives"]["start_us"] = {"dtype": "<f8", "shape": [3], "data": b"\0" * 5}
+    assert decode_entry(_with_checksum(msgspec.msgpack.encode(document))) is None
+
+
+def _with_checksum(payload: bytes) -> bytes:
+    import hashlib
+
+    return hashlib.blake2b(payload, digest_size=16).digest() + payload
+
+
+def _one_result(build):
+    import tempfile
+
+    from fleetscope.analysis.inputs.sources import TraceSource
+    from fleetscope.analysis.per_rank.parse import analyze_trace
+
+    with tempfile.TemporaryDirectory() as directory:
+        path = build(0, world_size=1).write(Path(directory) / "rank0.json")
+        return analyze_trace(TraceSource(path=path, label="rank0.json", window=None))

@@ -42,10 +42,11 @@ def thread_name(tid: int, name: str, pid: int = MAIN_PID) -> dict:
     return {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
 
 
-def kineto_document(rank: int | None, events: list[dict], *, host: str = "node0", base_ns: int = BASE_NS) -> dict:
+def kineto_document(rank: int | None, events: list[dict], *, host: str = "node0", base_ns: int = BASE_NS,
+                    world_size: int = 2) -> dict:
     document = {"schemaVersion": 1, "host_name": host, "baseTimeNanoseconds": base_ns, "traceEvents": events}
     if rank is not None:
-        document = {"distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2}, **document}
+        document = {"distributedInfo": {"backend": "nccl", "rank": rank, "world_size": world_size}, **document}
     return document
 
 
@@ -268,7 +269,8 @@ def test_run_directory_windows_share_one_process_and_clock_files_apply(tmp_path)
 
 
 def test_rank_comes_from_distributed_info_then_name_then_order(tmp_path):
-    write_trace(tmp_path / "a.json", kineto_document(3, [complete("x", 0, 1)]))
+    # rank 3 of 4 (a rank beyond the declared world size would be refused as inconsistent)
+    write_trace(tmp_path / "a.json", kineto_document(3, [complete("x", 0, 1)], world_size=4))
     write_trace(tmp_path / "b_rank1.json", kineto_document(None, [complete("x", 0, 1)]))
     write_trace(tmp_path / "c.json", kineto_document(None, [complete("x", 0, 1)]))
     inputs = find_merge_inputs(tmp_path)

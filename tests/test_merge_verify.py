@@ -10,7 +10,6 @@ from fleetscope.analysis.merge.run import merge
 from fleetscope.analysis.merge.verify import expected_slices_by_process, verify_merge
 from fleetscope.analysis.merge.perfetto.sql import (
     EngineExpectations,
-    SqlCheck,
     compare,
     find_trace_processor,
     parse_csv_rows,

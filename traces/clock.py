@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Callable
 
 from .layout import RunLayout
+from .safe_read import read_metadata
+from .validate import clock_offset_problem, rank_problem
 from .writer import write_bytes_atomically
 
 CLOCK_FILE_VERSION = 1
@@ -80,6 +82,8 @@ class ClockOffset:
 
     @classmethod
     def from_json(cls, data: dict) -> "ClockOffset":
+        if not isinstance(data, dict):
+            raise ValueError(f"top level is {type(data).__name__}, expected an object")
         if data.get("version") != CLOCK_FILE_VERSION:
             raise ValueError(f"clock file version {data.get('version')!r} is not supported")
         return cls(**data)
@@ -148,18 +152,29 @@ def write_clock_offset(offset: ClockOffset, path: Path) -> Path:
 
 
 def read_clock_offsets(layout: RunLayout) -> tuple[dict[int, ClockOffset], list[str]]:
-    """Every rank's clock file: (rank -> offset, problems as 'file: reason')."""
+    """Every rank's clock file: (rank -> offset, problems as 'file: reason'). A file is read by the safe
+    reader and its values judged by validate.py: an absurd offset is named and not used."""
     offsets, problems = {}, []
     if not layout.clock_dir.is_dir():
         return offsets, problems
     for path in sorted(layout.clock_dir.glob("rank*.json")):
         try:
-            offset = ClockOffset.from_json(json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError) as error:
-            problems.append(f"{layout.relative(path)}: unreadable clock file ({error})")
-            continue
-        offsets[offset.rank] = offset
+            offset = ClockOffset.from_json(json.loads(read_metadata(path, within=layout.root)))
+            why = _offset_problem(offset, path)
+        except (ValueError, TypeError, AttributeError, RecursionError) as error:
+            why = f"unreadable clock file ({str(getattr(error, 'reason', error))[:200]})"
+        if why:
+            problems.append(f"{layout.relative(path)}: {why}")
+        else:
+            offsets[offset.rank] = offset
     return offsets, problems
+
+
+def _offset_problem(offset: ClockOffset, path: Path) -> str | None:
+    why = rank_problem(offset.rank) or clock_offset_problem(offset.offset_us, offset.uncertainty_us)
+    if why is None and path.name != f"rank{offset.rank}.json":
+        why = f"says rank {offset.rank}, its name another rank: not used"
+    return why
 
 
 class _Channel:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .safe_read import read_metadata
+
 STEP_MARKER_PREFIX = "ProfilerStep#"
 TRAIN_STEP = "train_step"
 PHASES = (TRAIN_STEP, "forward", "backward", "optimizer_step")
@@ -67,28 +69,32 @@ class MetricRecords:
     path: Path
     records: list[dict[str, Any]] = field(default_factory=list)
     bad_lines: list[tuple[int, str]] = field(default_factory=list)
-    """(line number, why) of lines skipped."""
+    """(line number, why) of the first lines skipped."""
+    bad_line_count: int = 0
+    """How many lines were skipped in all."""
 
 
 def read_metric_records(path: Path, *, max_bad_lines_kept: int = 20) -> MetricRecords:
     """Every step record of a metrics file: JSON objects with an integer `step` and finite numbers."""
-    records, bad = [], []
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            why = None
-            try:
-                record = json.loads(raw)
-            except (ValueError, RecursionError) as error:
-                why = f"not JSON ({type(error).__name__})"
-            else:
-                why = _record_problem(record)
-            if why is None:
-                records.append(record)
-            elif len(bad) < max_bad_lines_kept:
-                bad.append((number, why))
-    return MetricRecords(path=path, records=records, bad_lines=bad)
+    records, bad, count = [], [], 0
+    data = read_metadata(path)  # the safe reader: a FIFO or a symlink loop is refused, never opened
+    for number, raw in enumerate(data.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        why = None
+        try:
+            record = json.loads(raw)
+        except (ValueError, RecursionError) as error:
+            why = f"not JSON ({type(error).__name__})"
+        else:
+            why = _record_problem(record)
+        if why is None:
+            records.append(record)
+            continue
+        count += 1
+        if len(bad) < max_bad_lines_kept:
+            bad.append((number, why))
+    return MetricRecords(path=path, records=records, bad_lines=bad, bad_line_count=count)
 
 
 def _record_problem(record: Any) -> str | None:

@@ -16,7 +16,9 @@ from pathlib import Path
 
 from .kineto import TraceReadError, decode_trace, distributed_rank, profiler_steps, read_raw
 from .layout import TRACE_SUFFIX, WINDOW_RE, RunLayout, parse_trace_file_name
-from .manifest import Manifest, MissingRank, TraceProblem, TraceRecord, save_manifest
+from .manifest import Manifest, MissingRank, TraceProblem, TraceRecord, save_manifest, split_duplicates
+from .safe_read import InputRefused, entry_problem, read_metadata
+from .validate import checked_world_size, missing_below, rank_problem
 
 _PARALLEL_THRESHOLD = 4
 
@@ -29,6 +31,8 @@ class _Candidate:
     host: str | None
     window: int | None
     attempt: int
+    root: Path
+    """The run directory: the file must resolve inside it."""
 
 
 def gather(run_dir: str | Path, *, workers: int | None = None) -> Manifest:
@@ -44,17 +48,38 @@ def gather(run_dir: str | Path, *, workers: int | None = None) -> Manifest:
 def build_manifest(layout: RunLayout, *, workers: int | None = None) -> Manifest:
     candidates, problems = _find_candidates(layout)
     results = _inspect_all(candidates, workers)
-    traces = [r for r in results if isinstance(r, TraceRecord)]
-    problems += [r for r in results if isinstance(r, TraceProblem)]
+    traces, duplicates = split_duplicates([r for r in results if isinstance(r, TraceRecord)])
+    problems += duplicates + [r for r in results if isinstance(r, TraceProblem)]
     world_size = _expected_world_size(layout, traces)
+    traces, foreign = _consistent_with(traces, world_size)
+    problems += foreign
+    missing, missing_total = _missing_ranks(layout, traces, world_size)
     return Manifest(
         run_dir=str(layout.root),
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         world_size=world_size,
         traces=sorted(traces, key=lambda t: (t.window or 0, t.rank, t.attempt)),
         problems=sorted(problems, key=lambda p: p.path),
-        missing=_missing_ranks(layout, traces, world_size),
+        missing=missing,
+        missing_total=missing_total if missing_total > len(missing) else None,
     )
+
+
+def _consistent_with(traces: list[TraceRecord], world_size: int | None) -> tuple[list[TraceRecord], list[TraceProblem]]:
+    """Traces that belong to a job of `world_size` ranks; the others (a rank beyond it, another world size
+    in distributedInfo: another job's trace) are problems, not silently merged into this run."""
+    kept, problems = [], []
+    for trace in traces:
+        why = rank_problem(trace.rank, world_size)
+        if why is None and world_size and trace.world_size and trace.world_size != world_size:
+            why = (f"distributedInfo says world size {trace.world_size}, the run's is {world_size} "
+                   "(another job's trace?)")
+        if why is None:
+            kept.append(trace)
+        else:
+            problems.append(TraceProblem(path=trace.path, rank=trace.rank, window=trace.window,
+                                         reason=f"{why}: not used"))
+    return kept, problems
 
 
 def _find_candidates(layout: RunLayout) -> tuple[list[_Candidate], list[TraceProblem]]:
@@ -62,10 +87,14 @@ def _find_candidates(layout: RunLayout) -> tuple[list[_Candidate], list[TracePro
     if not layout.traces_dir.is_dir():
         return candidates, problems
     for path in sorted(layout.traces_dir.rglob("*")):
-        if not path.is_file():
-            continue
         relative = layout.relative(path)
         window = _window_of(path.parent)
+        odd = entry_problem(path, within=layout.root)
+        if odd is not None:
+            # a directory named like a window or anything else not named like a trace is just structure
+            if path.name.endswith((".json", ".json.gz")):
+                problems.append(TraceProblem(path=relative, window=window, reason=odd))
+            continue
         if path.name.startswith("."):
             problems.append(TraceProblem(path=relative, window=window,
                                          reason="unfinished publish (temporary file left behind)"))
@@ -76,7 +105,7 @@ def _find_candidates(layout: RunLayout) -> tuple[list[_Candidate], list[TracePro
                 problems.append(TraceProblem(path=relative, window=window,
                                              reason=f"file name does not match rank<R>.<host>{TRACE_SUFFIX}"))
             continue
-        candidates.append(_Candidate(path, relative, parsed.rank, parsed.host, window, parsed.attempt))
+        candidates.append(_Candidate(path, relative, parsed.rank, parsed.host, window, parsed.attempt, layout.root))
     return candidates, problems
 
 
@@ -95,10 +124,13 @@ def _inspect_all(candidates: list[_Candidate], workers: int | None) -> list[Trac
 
 def _inspect(candidate: _Candidate) -> TraceRecord | TraceProblem:
     try:
-        raw = read_raw(candidate.path)
+        raw = read_raw(candidate.path, within=candidate.root)
         document = decode_trace(raw, candidate.path)
     except TraceReadError as error:
         return TraceProblem(path=candidate.relative, rank=candidate.rank, window=candidate.window, reason=error.reason)
+    except (RecursionError, MemoryError) as error:  # one bad file is that file's problem only
+        return TraceProblem(path=candidate.relative, rank=candidate.rank, window=candidate.window,
+                            reason=f"could not be read: {type(error).__name__}")
     trace_rank, world_size = distributed_rank(document)
     if trace_rank is not None and candidate.rank is not None and trace_rank != candidate.rank:
         return TraceProblem(
@@ -123,25 +155,28 @@ def _inspect(candidate: _Candidate) -> TraceRecord | TraceProblem:
 def _expected_world_size(layout: RunLayout, traces: list[TraceRecord]) -> int | None:
     """The job's world size from job.json when the launcher wrote one, else what the traces say."""
     try:
-        declared = json.loads(layout.job_file.read_text()).get("world_size")
-        if isinstance(declared, int) and declared > 0:
+        declared = checked_world_size(json.loads(read_metadata(layout.job_file, within=layout.root)).get("world_size"))
+        if declared:
             return declared
-    except (OSError, ValueError, AttributeError):
+    except (InputRefused, ValueError, AttributeError, RecursionError):
         pass
     sizes = [t.world_size for t in traces if t.world_size]
     if sizes:
-        return max(sizes)
-    return max((t.rank for t in traces), default=-1) + 1 or None
+        return max(set(sizes), key=sizes.count)  # the majority: a stray trace of another job stands out
+    return checked_world_size(max((t.rank for t in traces), default=-1) + 1 or None)
 
 
-def _missing_ranks(layout: RunLayout, traces: list[TraceRecord], world_size: int | None) -> list[MissingRank]:
+def _missing_ranks(layout: RunLayout, traces: list[TraceRecord],
+                   world_size: int | None) -> tuple[list[MissingRank], int]:
+    """(the first missing ranks of each window, how many are missing in all): bounded whatever size is declared."""
     if not world_size:
-        return []
+        return [], 0
     windows = sorted({t.window for t in traces if t.window is not None})
-    if not windows:
+    if not windows and layout.traces_dir.is_dir():
         windows = sorted(_window_of(d) for d in layout.traces_dir.glob("window*") if _window_of(d) is not None)
-    missing = []
+    missing, total = [], 0
     for window in windows or [None]:
-        present = {t.rank for t in traces if t.window == window}
-        missing += [MissingRank(rank=r, window=window) for r in range(world_size) if r not in present]
-    return missing
+        listed, count = missing_below(world_size, {t.rank for t in traces if t.window == window})
+        missing += [MissingRank(rank=r, window=window) for r in listed]
+        total += count
+    return missing, total

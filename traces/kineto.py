@@ -5,8 +5,9 @@ Shared by gather (verification) and analysis (loading) so both judge a file the 
 
 from __future__ import annotations
 
-import gzip
 import json
+import os
+import stat
 import zlib
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 import orjson
 
 from .formats import parse_step_marker
+from .safe_read import InputRefused, read_input
+from .validate import checked_world_size, rank_problem
 from .layout import CHECKPOINTS_DIR, CLOCK_DIR, JOB_FILE, LOGS_DIR, MANIFEST_FILE, MEMORY_DIR, METRICS_DIR, REPORT_DIR
 
 TRACE_GLOBS = ("*.json", "*.json.gz")
@@ -28,24 +31,49 @@ class TraceReadError(ValueError):
         self.reason = reason
 
 
-def read_raw(path: Path) -> bytes:
-    """The bytes of a trace file as stored (possibly gzip)."""
+def read_raw(path: Path, *, within: Path | None = None, expected_size: int | None = None,
+             expected_sha256: str | None = None) -> bytes:
+    """The bytes of a trace file as stored (possibly gzip), read by the one safe reader (safe_read.py):
+    inside `within`, and matching the manifest's size and sha256 when given."""
     try:
-        return path.read_bytes()
-    except OSError as error:
-        raise TraceReadError(path, f"cannot read file: {error.strerror or error}") from error
+        return read_input(path, within=within, expected_size=expected_size, expected_sha256=expected_sha256)
+    except InputRefused as error:
+        raise TraceReadError(path, error.reason) from error
+
+
+MAX_INFLATE_RATIO = 200
+"""Kineto JSON compresses 5-30x; a file that inflates far more is a decompression bomb, not a trace."""
+MIN_INFLATE_LIMIT = 256 << 20
 
 
 def decompress(raw: bytes, path: Path) -> bytes:
-    """The JSON bytes of a stored `.json` or `.json.gz` trace."""
+    """The JSON bytes of a stored `.json` or `.json.gz` trace; gzip output is bounded by
+    MAX_INFLATE_RATIO times the stored size (at least MIN_INFLATE_LIMIT)."""
     if not raw:
         raise TraceReadError(path, "empty file")
     if raw[:2] != b"\x1f\x8b":
         return raw
     try:
-        return gzip.decompress(raw)
-    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+        return _inflate_bounded(raw, path, max(MIN_INFLATE_LIMIT, MAX_INFLATE_RATIO * len(raw)))
+    except zlib.error as error:
         raise TraceReadError(path, f"corrupt or truncated gzip: {error}") from error
+
+
+def _inflate_bounded(raw: bytes, path: Path, limit: int) -> bytes:
+    """gzip.decompress (every member, zero padding between them skipped) that stops past `limit` bytes."""
+    members, total, data = [], 0, raw
+    while data:
+        inflater = zlib.decompressobj(wbits=31)
+        member = inflater.decompress(data, limit - total + 1)
+        total += len(member)
+        if total > limit:
+            raise TraceReadError(path, f"gzip inflates beyond {limit} bytes ({MAX_INFLATE_RATIO}x its size): "
+                                       "a decompression bomb, not read")
+        if not inflater.eof:
+            raise TraceReadError(path, "corrupt or truncated gzip: the stream ends early")
+        members.append(member)
+        data = inflater.unused_data.lstrip(b"\x00")
+    return b"".join(members)
 
 
 def parse_json(data: bytes, path: Path) -> Any:
@@ -56,9 +84,11 @@ def parse_json(data: bytes, path: Path) -> Any:
     except orjson.JSONDecodeError as fast_error:
         try:
             return json.loads(data.decode("utf-8", errors="replace"))
-        except (json.JSONDecodeError, RecursionError) as error:
-            where = f"line {error.lineno} column {error.colno}" if isinstance(error, json.JSONDecodeError) else ""
-            raise TraceReadError(path, f"invalid JSON {where}: {fast_error}".replace("  ", " ")) from error
+        except RecursionError as error:
+            raise TraceReadError(path, "JSON nested too deeply to be a trace") from error
+        except json.JSONDecodeError as error:
+            where = f"line {error.lineno} column {error.colno}"
+            raise TraceReadError(path, f"invalid JSON {where}: {fast_error}") from error
 
 
 def read_trace(path: Path) -> dict[str, Any]:
@@ -84,10 +114,8 @@ def distributed_rank(document: dict[str, Any]) -> tuple[int | None, int | None]:
     info = document.get("distributedInfo")
     if not isinstance(info, dict):
         return None, None
-    rank, world = info.get("rank"), info.get("world_size")
-    rank = rank if isinstance(rank, int) and rank >= 0 else None
-    world = world if isinstance(world, int) and world > 0 else None
-    return rank, world
+    rank, world = info.get("rank"), checked_world_size(info.get("world_size"))
+    return (rank if rank_problem(rank) is None else None), world
 
 
 def profiler_steps(events: list[Any]) -> list[int]:
@@ -102,11 +130,26 @@ def profiler_steps(events: list[Any]) -> list[int]:
 
 
 def find_trace_files(directory: Path) -> list[Path]:
-    """Every `*.json` / `*.json.gz` under `directory` that is not fleetscope's own output."""
+    """Every regular `*.json` / `*.json.gz` file under `directory` that is not fleetscope's own output
+    (what else is named like a trace: `find_trace_like_entries`)."""
+    return [p for p in find_trace_like_entries(directory) if _is_regular(p)]
+
+
+def find_trace_like_entries(directory: Path) -> list[Path]:
+    """Every entry named `*.json` / `*.json.gz` under `directory` outside fleetscope's own folders,
+    whatever it is: FIFOs, directories and symlinks too, so a reader can name those instead of
+    skipping them without a word. Never opens anything."""
     found: set[Path] = set()
     for pattern in TRACE_GLOBS:
-        found.update(p for p in directory.rglob(pattern) if p.is_file())
+        found.update(directory.rglob(pattern))
     return sorted(p for p in found if not _is_fleetscope_output(p, directory))
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)  # stat: a symlink counts by what it points to
+    except (OSError, RuntimeError):
+        return False
 
 
 def _is_fleetscope_output(path: Path, root: Path) -> bool:

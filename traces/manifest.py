@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from .layout import RunLayout
+from .safe_read import InputRefused, read_metadata
+from .validate import relative_path_problem, rank_problem, world_size_problem
 from .writer import write_bytes_atomically
 
 MANIFEST_VERSION = 1
@@ -56,6 +61,8 @@ class Manifest:
     traces: list[TraceRecord] = field(default_factory=list)
     problems: list[TraceProblem] = field(default_factory=list)
     missing: list[MissingRank] = field(default_factory=list)
+    missing_total: int | None = None
+    """How many ranks are missing in all when `missing` lists only the first ones (validate.py)."""
     version: int = MANIFEST_VERSION
 
     @property
@@ -73,22 +80,76 @@ class Manifest:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Manifest":
+    def from_json(cls, data: Any) -> "Manifest":
+        """A manifest from its JSON form, trusting nothing: an entry of the wrong shape, a path that leaves
+        the run directory or an absurd rank becomes a TraceProblem naming the entry; a manifest whose
+        top level is unusable raises ValueError."""
+        if not isinstance(data, dict):
+            raise ValueError(f"top level is {type(data).__name__}, expected an object")
         version = data.get("version")
         if version != MANIFEST_VERSION:
             raise ValueError(f"manifest version {version!r} is not supported (expected {MANIFEST_VERSION})")
-        return cls(
-            run_dir=data["run_dir"],
-            created_at=data["created_at"],
-            world_size=data.get("world_size"),
-            traces=[TraceRecord(**t) for t in data.get("traces", [])],
-            problems=[TraceProblem(**p) for p in data.get("problems", [])],
-            missing=[MissingRank(**m) for m in data.get("missing", [])],
-        )
+        problem = world_size_problem(data.get("world_size"))
+        if problem:
+            raise ValueError(problem)
+        traces, problems = _entries(data, "traces", TraceRecord, _record_problem)
+        listed, more = _entries(data, "problems", TraceProblem, lambda p: None)
+        missing, bad_missing = _entries(data, "missing", MissingRank, lambda m: rank_problem(m.rank))
+        kept, duplicates = split_duplicates(traces)
+        return cls(run_dir=str(data.get("run_dir", "")), created_at=str(data.get("created_at", "")),
+                   world_size=data.get("world_size"), traces=kept,
+                   problems=problems + more + bad_missing + listed + duplicates, missing=missing,
+                   missing_total=data.get("missing_total") if type(data.get("missing_total")) is int else None)
 
     def resolve(self, record: TraceRecord) -> Path:
         path = Path(record.path)
         return path if path.is_absolute() else Path(self.run_dir) / path
+
+
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _entries(data: dict, key: str, kind: type, check) -> tuple[list, list["TraceProblem"]]:
+    """The entries of list `key` that convert to `kind` and pass `check`; the rest as problems."""
+    entries = data.get(key, [])
+    if not isinstance(entries, list):
+        return [], [TraceProblem(path=f"manifest.json {key}", reason=f"{key} is not a list: ignored")]
+    good, bad = [], []
+    for index, entry in enumerate(entries):
+        try:
+            item = msgspec.convert(entry, kind)
+            why = check(item)
+        except msgspec.ValidationError as error:
+            why = f"wrong shape ({error})"
+        if why is None:
+            good.append(item)
+        else:
+            named = entry.get("path") if isinstance(entry, dict) and isinstance(entry.get("path"), str) else None
+            bad.append(TraceProblem(path=(named or f"manifest.json {key}[{index}]")[:300],
+                                    reason=f"manifest entry {key}[{index}]: {why}: not used"))
+    return good, bad
+
+
+def _record_problem(record: "TraceRecord") -> str | None:
+    return (relative_path_problem(record.path) or rank_problem(record.rank)
+            or (None if record.bytes >= 0 and _SHA256_RE.match(record.sha256) else "bytes or sha256 malformed")
+            or world_size_problem(record.world_size))
+
+
+def split_duplicates(records: list["TraceRecord"]) -> tuple[list["TraceRecord"], list["TraceProblem"]]:
+    """One trace per (window, rank, attempt): the first by path is kept, the others are problems (two
+    files claiming one rank's place cannot both be it; merging or averaging both would be wrong)."""
+    kept: dict[tuple, TraceRecord] = {}
+    duplicates = []
+    for record in sorted(records, key=lambda r: r.path):
+        key = (record.window, record.rank, record.attempt)
+        if key in kept:
+            duplicates.append(TraceProblem(path=record.path, rank=record.rank, window=record.window,
+                                           reason=f"duplicate rank {record.rank} in window {record.window}: "
+                                                  f"{kept[key].path} is used instead"))
+        else:
+            kept[key] = record
+    return [r for r in records if kept.get((r.window, r.rank, r.attempt)) is r], duplicates
 
 
 def save_manifest(manifest: Manifest, layout: RunLayout) -> Path:
@@ -98,11 +159,13 @@ def save_manifest(manifest: Manifest, layout: RunLayout) -> Path:
 
 
 def load_manifest(layout: RunLayout) -> Manifest:
-    """Read manifest.json; the run directory it names is replaced by where it was found."""
+    """Read manifest.json; the run directory it names is replaced by where it was found. Raises
+    ValueError (naming the file) for one that cannot be read or has an unusable top level."""
     try:
-        data = json.loads(layout.manifest_file.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"{layout.manifest_file}: cannot read manifest: {error}") from error
-    manifest = Manifest.from_json(data)
+        data = json.loads(read_metadata(layout.manifest_file, within=layout.root))
+        manifest = Manifest.from_json(data)
+    except (InputRefused, ValueError, RecursionError, UnicodeDecodeError) as error:
+        reason = error.reason if isinstance(error, InputRefused) else f"{type(error).__name__}: {error}"
+        raise ValueError(f"{layout.manifest_file}: cannot read manifest: {str(reason)[:300]}") from error
     manifest.run_dir = str(layout.root)
     return manifest

@@ -15,6 +15,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from fleetscope.traces.validate import missing_below, missing_note, rank_problem
+
 from fleetscope.analysis.inputs.sources import (
     SOURCE_RUN_DIR,
     MissingTrace,
@@ -36,11 +38,37 @@ class Placement:
 
 def place_foreign_traces(results: list[RankResult]) -> Placement:
     """Ranks and windows for traces from a directory fleetscope did not write."""
+    results, strays = _one_job(results)
     numbered, notes = _number_unranked(results)
     placement = _split_windows(numbered)
+    placement.failures = strays + placement.failures
     placement.notes = notes + placement.notes
-    placement.missing = missing_ranks(placement.results, _world_size(placement.results))
+    placement.missing, missing_note = bounded_missing_ranks(placement.results, _world_size(placement.results))
+    placement.notes += [missing_note] if missing_note else []
     return placement
+
+
+def _one_job(results: list[RankResult]) -> tuple[list[RankResult], list[TraceFailure]]:
+    """The traces of one job: those that declare the majority world size (or none) with a rank below it;
+    the others (another job's traces, a rank beyond the world size) are named, not analyzed."""
+    sizes = [r.world_size for r in results if r.world_size]
+    if not sizes:
+        return results, []
+    expected = max(sorted(set(sizes)), key=sizes.count)
+    kept, strays = [], []
+    for result in results:
+        if result.world_size and result.world_size != expected:
+            why = f"world size {result.world_size} differs from the other traces' {expected} (another job's trace?)"
+        elif result.rank is not None:
+            why = rank_problem(result.rank, expected)
+        else:
+            why = None
+        if why is None:
+            kept.append(result)
+        else:
+            strays.append(TraceFailure(label=result.label, window=result.window, rank=result.rank,
+                                       reason=f"{why}: not analyzed"))
+    return kept, strays
 
 
 def _number_unranked(results: list[RankResult]) -> tuple[list[RankResult], list[str]]:
@@ -119,16 +147,20 @@ def _world_size(results: list[RankResult]) -> int | None:
     return max(sizes) if sizes else None
 
 
-def missing_ranks(results: list[RankResult], world_size: int | None) -> list[MissingTrace]:
-    """Ranks below world_size with no analyzed trace, per window."""
+def bounded_missing_ranks(results: list[RankResult], world_size: int | None) -> tuple[list[MissingTrace], str | None]:
+    """Ranks below world_size with no analyzed trace, per window: (the first ones of each window
+    (validate.missing_below), a note with the total when not all are listed)."""
     if not world_size:
-        return []
+        return [], None
     present: dict[int | None, set[int]] = defaultdict(set)
     for result in results:
         present[result.window].add(result.rank)
-    return [MissingTrace(rank=rank, window=window)
-            for window in sorted(present, key=lambda w: -1 if w is None else w)
-            for rank in range(world_size) if rank not in present[window]]
+    missing, total = [], 0
+    for window in sorted(present, key=lambda w: -1 if w is None else w):
+        listed, count = missing_below(world_size, present[window])
+        missing += [MissingTrace(rank=rank, window=window) for rank in listed]
+        total += count
+    return missing, missing_note(len(missing), total)
 
 
 def place_traces(inputs: "AnalysisInput", outcomes: list[RankResult | TraceFailure]) -> Placement:

@@ -25,9 +25,12 @@ from fleetscope.analysis.inputs.sources import (
 )
 from fleetscope.traces.clock import read_clock_offsets
 from fleetscope.traces.gather import build_manifest
-from fleetscope.traces.kineto import find_trace_files
+from fleetscope.traces.kineto import find_trace_like_entries
+from fleetscope.traces.safe_read import entry_problem
+from fleetscope.traces.validate import missing_note
 from fleetscope.traces.layout import WINDOW_RE, RunLayout
 from fleetscope.traces.manifest import TraceRecord, load_manifest
+from fleetscope.traces.outputs import is_own_output
 
 
 @dataclass(kw_only=True)
@@ -53,7 +56,8 @@ def resolve_input(path: str | Path) -> AnalysisInput:
     root = Path(path).expanduser().absolute()
     if not root.exists():
         raise FileNotFoundError(f"{root}: no such file or directory")
-    if root.is_file():
+    if not root.is_dir():
+        # a FIFO or a device given as the path is refused by the reader, named, never opened
         return AnalysisInput(root=root, kind=SOURCE_TRACE_FILE,
                              sources=[TraceSource(path=root, label=root.name, window=None)])
     layout = RunLayout.at(root)
@@ -63,16 +67,14 @@ def resolve_input(path: str | Path) -> AnalysisInput:
 
 
 def _run_dir_input(layout: RunLayout) -> AnalysisInput:
-    if layout.manifest_file.is_file():
-        manifest, notes = load_manifest(layout), []
-    else:
-        manifest = build_manifest(layout)
-        notes = ["no manifest.json: traces were verified in memory (run `fleetscope gather` to write one)"]
+    manifest, notes = _manifest_of(layout)
     records, superseded = _latest_attempts(manifest.traces)
     if superseded:
         notes.append(f"{len(superseded)} trace(s) from earlier attempts of a requeued job were not analyzed")
+    notes += [n for n in [missing_note(len(manifest.missing), manifest.missing_total)] if n]
     sources = [
-        TraceSource(path=manifest.resolve(r), label=r.path, window=r.window, rank=r.rank, host=r.host)
+        TraceSource(path=manifest.resolve(r), label=r.path, window=r.window, rank=r.rank, host=r.host,
+                    within=layout.root, expected_bytes=r.bytes, expected_sha256=r.sha256)
         for r in records
     ]
     failures = [TraceFailure(label=p.path, window=p.window, rank=p.rank, reason=p.reason) for p in manifest.problems]
@@ -84,6 +86,19 @@ def _run_dir_input(layout: RunLayout) -> AnalysisInput:
         measured_offsets={rank: MeasuredOffset(offset_us=c.offset_us, uncertainty_us=c.uncertainty_us)
                           for rank, c in clock_files.items()},
     )
+
+
+def _manifest_of(layout: RunLayout):
+    """The run's manifest and notes about it: a manifest that cannot be used (truncated, damaged, of an
+    unexpected shape) must not stop the analysis of intact traces, so traces/ is scanned instead."""
+    if not layout.manifest_file.exists() and not layout.manifest_file.is_symlink():
+        return build_manifest(layout), ["no manifest.json: traces were verified in memory "
+                                        "(run `fleetscope gather` to write one)"]
+    try:
+        return load_manifest(layout), []
+    except ValueError as error:
+        return build_manifest(layout), [f"{error}; traces/ was scanned instead (run `fleetscope gather` to "
+                                        "write a new manifest)"]
 
 
 def _latest_attempts(records: list[TraceRecord]) -> tuple[list[TraceRecord], list[TraceRecord]]:
@@ -98,14 +113,21 @@ def _latest_attempts(records: list[TraceRecord]) -> tuple[list[TraceRecord], lis
 
 
 def _trace_dir_input(root: Path) -> AnalysisInput:
-    files = find_trace_files(root)
-    if not files:
+    entries = find_trace_like_entries(root)
+    own = [e for e in entries if is_own_output(e)]
+    odd = [(e, entry_problem(e, within=root)) for e in entries if e not in own]
+    files = [e for e, problem in odd if problem is None]
+    if not files and len(odd) == len(files):
         raise ValueError(f"{root}: no trace files (*.json, *.json.gz) found")
     sources = [
-        TraceSource(path=f, label=f.relative_to(root).as_posix(), window=_window_of(f, root))
+        TraceSource(path=f, label=f.relative_to(root).as_posix(), window=_window_of(f, root), within=root)
         for f in files
     ]
-    return AnalysisInput(root=root, kind=SOURCE_TRACE_DIR, sources=sources)
+    failures = [TraceFailure(label=e.relative_to(root).as_posix(), window=_window_of(e, root), rank=None,
+                             reason=problem) for e, problem in odd if problem is not None]
+    notes = [f"{len(own)} fleetscope output(s) among the traces were not read as traces: "
+             + ", ".join(e.relative_to(root).as_posix() for e in own[:5])] if own else []
+    return AnalysisInput(root=root, kind=SOURCE_TRACE_DIR, sources=sources, failures=failures, notes=notes)
 
 
 _RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)

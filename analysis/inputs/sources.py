@@ -23,6 +23,11 @@ class TraceSource:
     rank: int | None = None
     """Rank known from the manifest; None to take it from the trace or its file name."""
     host: str | None = None
+    within: Path | None = None
+    """The directory the file must resolve inside (no symlink or `..` escape); None for a lone file."""
+    expected_bytes: int | None = None
+    expected_sha256: str | None = None
+    """Size and digest the manifest recorded at gather: a file that differs is not analyzed."""
 
 
 @dataclass(frozen=True, kw_only=True)

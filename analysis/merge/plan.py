@@ -23,6 +23,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetscope.traces.validate import MAX_TIME_US, is_finite_number
 from fleetscope.analysis.merge.flows import FlowPlan, plan_flows
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.overlays import OverlayInputs, plan_overlays
@@ -169,6 +170,9 @@ def _add_complete(event: dict, ident: int, grouped: GroupedEvents, clock: Window
     if type(ts) not in _NUMBERS or type(dur) not in _NUMBERS:
         grouped.skipped["complete event without numeric ts/dur"] += 1
         return
+    if not (-MAX_TIME_US < ts < MAX_TIME_US and -MAX_TIME_US < dur < MAX_TIME_US):  # NaN fails every comparison
+        grouped.skipped[_OUT_OF_RANGE] += 1
+        return
     category = event.get("cat", "")
     category = category if type(category) is str else _text(category)
     if category == PYTHON_FUNCTION_CATEGORY and options.drop_python_functions:
@@ -196,6 +200,7 @@ def _add_complete(event: dict, ident: int, grouped: GroupedEvents, clock: Window
 
 
 _NUMBERS = (int, float)
+_OUT_OF_RANGE = "event with a non-finite time or one beyond int64 nanoseconds"
 
 
 def _device_stream(args: Any, thread: tuple) -> tuple[Any, Any]:
@@ -208,6 +213,9 @@ def _add_instant(event: dict, ident: int, grouped: GroupedEvents, clock: WindowC
     if not isinstance(ts, (int, float)):
         grouped.skipped["instant event without numeric ts"] += 1
         return
+    if not is_finite_number(ts):
+        grouped.skipped[_OUT_OF_RANGE] += 1
+        return
     if event.get("name") == MEMORY_EVENT_NAME and _add_memory_sample(event, grouped, clock.to_ns(ts)):
         return
     grouped.instants[thread_of(event)].append((clock.to_ns(ts), _text(event.get("name")), _text(event.get("cat")), ident))
@@ -216,14 +224,14 @@ def _add_instant(event: dict, ident: int, grouped: GroupedEvents, clock: WindowC
 def _add_memory_sample(event: dict, grouped: GroupedEvents, ts_ns: int) -> bool:
     """Kineto's `[memory]` instants carry the allocator's totals: they become memory counters."""
     args = event.get("args")
-    if not isinstance(args, dict) or not isinstance(args.get("Total Allocated"), (int, float)):
+    if not isinstance(args, dict) or not is_finite_number(args.get("Total Allocated")):
         return False
     device_type, device_id = args.get("Device Type"), args.get("Device Id")
     device = _DEVICE_TYPE_NAMES.get(device_type, f"device type {device_type}")
     if device != "CPU" and isinstance(device_id, int) and device_id >= 0:
         device = f"{device} {device_id}"
     grouped.memory[f"{device} memory allocated (MiB)"].append((ts_ns, args["Total Allocated"] / _MIB))
-    if isinstance(args.get("Total Reserved"), (int, float)) and device != "CPU":
+    if is_finite_number(args.get("Total Reserved")) and device != "CPU":
         grouped.memory[f"{device} memory reserved (MiB)"].append((ts_ns, args["Total Reserved"] / _MIB))
     return True
 
@@ -233,16 +241,19 @@ def _add_counter(event: dict, grouped: GroupedEvents, clock: WindowClock) -> Non
     if not isinstance(ts, (int, float)) or not isinstance(args, dict):
         grouped.skipped["counter event without numeric ts or args"] += 1
         return
+    if not is_finite_number(ts):
+        grouped.skipped[_OUT_OF_RANGE] += 1
+        return
     name = _text(event.get("name"))
     for series, value in args.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if is_finite_number(value):
             label = name if len(args) == 1 else f"{name} {series}"
             grouped.counters[(_hashable(event.get("pid", "")), label)].append((clock.to_ns(ts), float(value)))
 
 
 def _add_flow_event(event: dict, grouped: GroupedEvents, clock: WindowClock) -> None:
     ts, flow_id = event.get("ts"), event.get("id")
-    if not isinstance(ts, (int, float)) or flow_id is None:
+    if not is_finite_number(ts) or flow_id is None:
         grouped.skipped["flow event without numeric ts or id"] += 1
         return
     enclosing = event.get("ph") != "f" or event.get("bp") == "e"

@@ -9,10 +9,15 @@ collective times, top kernels; kilobytes, never the events). An entry is found b
   - the analysis code: a digest of the source files that compute a RankResult, so results of another
     fleetscope version are never read.
 Where: $FLEETSCOPE_CACHE_DIR, else $XDG_CACHE_HOME/fleetscope/analysis, else ~/.cache/fleetscope/analysis;
-never inside the analyzed directory. Entries are pickles, so the directory must belong to the user and
-be writable by nobody else; otherwise the cache stays off and the report says why. Entries are written
-atomically (temporary file, then rename); an unreadable entry is a miss and is replaced. Deleting the
-directory at any time is safe.
+never inside the analyzed directory. Entries are a checksum and a msgpack document of the RankResult
+dataclasses (numpy arrays as dtype + shape + raw bytes, from a short list of dtypes): decoding one can
+build those types and nothing else, so a planted entry can at worst be a wrong result for identical
+bytes, never code, and a damaged one fails its checksum. Even so,
+the directory must belong to the user and be writable by nobody else (otherwise the cache stays off and the
+report says why), and every entry is opened without following links and checked on the opened descriptor
+(a regular file of ours that nobody else can write). Entries are written atomically (temporary file, then
+rename); an entry that fails any check or does not decode to a RankResult is a miss and is replaced.
+Deleting the directory at any time is safe.
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ import hashlib
 import importlib
 import importlib.util
 import os
-import pickle
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import numpy as np
 
 from fleetscope.traces.atomic import write_bytes_atomically
 
@@ -37,8 +44,12 @@ if TYPE_CHECKING:
     from fleetscope.analysis.per_rank.rank import RankResult
 
 CACHE_DIR_ENV = "FLEETSCOPE_CACHE_DIR"
-ENTRY_SUFFIX = ".rank.pickle"
-_FORMAT = b"fleetscope-rank-result-1"
+ENTRY_SUFFIX = ".rank.msgpack"
+_FORMAT = b"fleetscope-rank-result-2"
+MAX_ENTRY_BYTES = 64 << 20
+"""A RankResult is kilobytes; anything far larger is not an entry this code wrote."""
+_ARRAY_DTYPES = frozenset({"<f8", "<i8", "<i4", "|i1", "|b1"})
+"""The dtypes a RankResult's arrays have; an entry naming another is damaged (no object arrays)."""
 RESULT_MODULE = "fleetscope.analysis.per_rank.rank"
 """The module that computes a RankResult: the cache key covers it and every fleetscope module it imports."""
 
@@ -63,20 +74,93 @@ class ResultCache:
         return digest.hexdigest()
 
     def load(self, key: str) -> "RankResult | None":
-        """The cached result, or None (absent, or unreadable: then it is replaced on store)."""
-        try:
-            with open(self.directory / f"{key}{ENTRY_SUFFIX}", "rb") as handle:
-                return pickle.load(handle)
-        except FileNotFoundError:
-            return None
-        except Exception:  # noqa: BLE001  (a damaged entry of any shape is only a miss)
-            return None
+        """The cached result, or None (absent, unsafe or undecodable: then it is replaced on store)."""
+        data = read_private_file(self.directory / f"{key}{ENTRY_SUFFIX}")
+        return decode_entry(data) if data is not None else None
 
     def store(self, key: str, result: "RankResult") -> None:
-        """Write the entry atomically; a failure (disk full, permissions) only costs the cache."""
+        """Write the entry atomically; a failure (disk full, permissions) only costs the cache. A planted
+        symlink in the entry's place is replaced by the rename, never followed."""
         with contextlib.suppress(OSError):
-            write_bytes_atomically(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL),
-                                   self.directory / f"{key}{ENTRY_SUFFIX}")
+            write_bytes_atomically(encode_entry(result), self.directory / f"{key}{ENTRY_SUFFIX}")
+
+
+def read_private_file(path: Path) -> bytes | None:
+    """The bytes of `path` if it is a regular file of ours that nobody else can write, else None.
+
+    The checks run on the opened descriptor (O_NOFOLLOW: a symlink is refused, not followed;
+    O_NONBLOCK: a FIFO planted in its place cannot block us), so swapping the file after a check wins
+    nothing."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        descriptor = os.open(path, flags)
+    except OSError:
+        return None
+    with os.fdopen(descriptor, "rb") as handle:
+        info = os.fstat(descriptor)
+        if _unsafe_entry(info):
+            return None
+        try:
+            return handle.read(info.st_size) if info.st_size <= MAX_ENTRY_BYTES else None
+        except OSError:
+            return None
+
+
+def _unsafe_entry(info: os.stat_result) -> bool:
+    if not stat.S_ISREG(info.st_mode):
+        return True
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return True
+    return bool(info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+_CHECKSUM_BYTES = 16
+
+
+def encode_entry(result: "RankResult") -> bytes:
+    """A checksum of the payload, then the payload: a flipped bit in a number would still decode to a
+    RankResult, only a wrong one."""
+    payload = _ENCODER.encode(result)
+    return hashlib.blake2b(payload, digest_size=_CHECKSUM_BYTES).digest() + payload
+
+
+def decode_entry(data: bytes) -> "RankResult | None":
+    """The RankResult an entry holds, or None when it is not exactly one (any damage is a miss)."""
+    checksum, payload = data[:_CHECKSUM_BYTES], data[_CHECKSUM_BYTES:]
+    if hashlib.blake2b(payload, digest_size=_CHECKSUM_BYTES).digest() != checksum:
+        return None
+    try:
+        return _decoder().decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, RecursionError):
+        return None
+
+
+def _encode_hook(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return {"dtype": value.dtype.str, "shape": list(value.shape), "data": np.ascontiguousarray(value).tobytes()}
+    raise NotImplementedError(f"cannot cache a {type(value).__name__}")
+
+
+def _decode_hook(kind: type, value: Any) -> Any:
+    if kind is not np.ndarray:
+        raise NotImplementedError(f"no decoder for {kind}")
+    if not isinstance(value, dict) or value.get("dtype") not in _ARRAY_DTYPES:
+        raise ValueError("not an array of a known dtype")
+    shape, data = value.get("shape"), value.get("data")
+    if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape) and isinstance(data, bytes)):
+        raise ValueError("damaged array")
+    # frombuffer never unpickles; reshape checks the element count against the bytes
+    return np.frombuffer(data, dtype=np.dtype(value["dtype"])).reshape(shape).copy()
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_encode_hook)
+
+
+@functools.lru_cache(maxsize=1)
+def _decoder() -> msgspec.msgpack.Decoder:
+    from fleetscope.analysis.per_rank.rank import RankResult  # rank.py imports this module
+
+    return msgspec.msgpack.Decoder(RankResult, dec_hook=_decode_hook)
 
 
 def open_cache(directory: Path | None = None) -> tuple[ResultCache | None, str | None]:

@@ -52,14 +52,17 @@ def analyze_trace(source: TraceSource, cache: ResultCache | None = None) -> Rank
         return _cached_or_analyzed(source, cache)
     except TraceReadError as error:
         return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=error.reason)
-    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, IndexError) as error:
-        # A file shaped in a way no check above foresaw: name it with the error, analyze the other ranks.
-        reason = f"could not be analyzed: {type(error).__name__}: {error}"
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, IndexError, RecursionError,
+            MemoryError) as error:
+        # A file shaped in a way no check above foresaw (or too deep or too large to hold): name it with
+        # the error, analyze the other ranks.
+        reason = f"could not be analyzed: {type(error).__name__}: {str(error)[:300]}"
         return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=reason)
 
 
 def _cached_or_analyzed(source: TraceSource, cache: ResultCache | None) -> RankResult:
-    raw = read_raw(source.path)
+    raw = read_raw(source.path, within=source.within, expected_size=source.expected_bytes,
+                   expected_sha256=source.expected_sha256)
     if cache is None:
         return analyze_bytes(source, raw)
     key = cache.key(source, raw)

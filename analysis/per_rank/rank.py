@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetscope.traces.validate import world_size_problem
+
 from fleetscope.analysis.inputs.resolve import rank_from_name
 from fleetscope.analysis.inputs.sources import TraceSource
 from fleetscope.analysis.per_rank.collectives import CollectiveCalls, find_collectives
@@ -109,8 +111,14 @@ def analyze_bytes(source: TraceSource, raw: bytes) -> RankResult:
         top_kernels=top_kernels(events),
         gpu_time=measure_gpu_time(events, steps),
         host_stalls=find_host_stalls(events, steps),
-        remarks=remarks,
+        remarks=remarks + _world_size_remarks(info),
     )
+
+
+def _world_size_remarks(info: object) -> list[str]:
+    """Say so when the trace declares a world size that is not believed (validate.py)."""
+    problem = world_size_problem(info.get("world_size")) if isinstance(info, dict) else None
+    return [f"distributedInfo: {problem}"] if problem else []
 
 
 def _read_events(path: Path, raw: bytes) -> tuple[dict, TraceEvents, list[str]]:

@@ -1,0 +1,440 @@
+"""A hostile or careless user of a shared file system: every input a read command takes (traces, manifest,
+job.json, clock and metrics files, cache entries, arguments) may be damaged, planted or absurd. Each case:
+the bad file is named with the reason, the other ranks are analyzed, no input is modified, and the exit
+code says what happened."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from fleetscope.analysis import analyze
+from fleetscope.cli.main import main
+from hostile_runs import digests, edit_manifest, good_rank, make_run, make_trace_dir
+
+
+def _said(report) -> list[str]:
+    """Everything the report says in words: notes, window notes and problems."""
+    return report.notes + [n for w in report.windows for n in w.notes] + [f"{p.label}: {p.reason}" for p in report.problems]
+
+
+def _problem(report, fragment: str):
+    found = [p for p in report.problems if fragment in p.reason]
+    assert found, [(p.label, p.reason) for p in report.problems]
+    return found[0]
+
+
+# --- the manifest is not trusted --------------------------------------------------------------
+
+
+def test_a_manifest_path_outside_the_run_is_not_read(tmp_path):
+    other = make_run(tmp_path / "other-job")
+    layout = make_run(tmp_path / "run")
+    stolen = os.path.relpath(other.trace_file(0, 1, "node0"), layout.root)
+    edit_manifest(layout, lambda m: m["traces"][1].update(path=stolen))
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert not report.complete and report.analyzed_ranks == [0]
+    assert "leaves the run directory" in _problem(report, "leaves the run directory").reason
+
+
+def test_an_absolute_manifest_path_is_not_read(tmp_path):
+    other = make_run(tmp_path / "other-job")
+    layout = make_run(tmp_path / "run")
+    edit_manifest(layout, lambda m: m["traces"][1].update(path=str(other.trace_file(0, 1, "node0"))))
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert not report.complete and report.analyzed_ranks == [0]
+    _problem(report, "absolute path")
+
+
+def test_a_trace_symlinked_out_of_the_run_is_not_read(tmp_path):
+    other = make_run(tmp_path / "other-job")
+    layout = make_run(tmp_path / "run")
+    target = layout.trace_file(0, 1, "node0")
+    target.unlink()
+    target.symlink_to(other.trace_file(0, 1, "node0"))
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.analyzed_ranks == [0]
+    _problem(report, "resolves outside")
+
+
+def test_a_trace_swapped_after_gather_is_named_not_analyzed(tmp_path):
+    layout = make_run(tmp_path / "run")
+    path = layout.trace_file(0, 1, "node0")
+    swapped = good_rank(1).op("aten::extra", 700, 250)
+    swapped.write(path)
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.analyzed_ranks == [0] and not report.complete
+    problem = _problem(report, "changed since gather")
+    assert problem.label.endswith("rank1.node0.pt.trace.json.gz")
+
+
+def test_same_size_swap_is_caught_by_the_sha256(tmp_path):
+    layout = make_run(tmp_path / "run")
+    path = layout.trace_file(0, 1, "node0")
+    data = bytearray(path.read_bytes())
+    data[-9] ^= 0xFF  # inside the gzip trailer's CRC: same size, other bytes
+    path.write_bytes(bytes(data))
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert "sha256" in _problem(report, "changed since gather").reason
+
+
+@pytest.mark.parametrize("shape", [
+    [1, 2, 3],
+    {"version": 1, "run_dir": "x", "created_at": "y", "traces": "not a list"},
+    {"version": 1, "traces": [{"path": 7}, None, {"rank": "zero"}]},
+    {"version": 1, "world_size": 10**9, "traces": []},
+])
+def test_a_manifest_of_an_unexpected_shape_never_crashes(tmp_path, shape):
+    layout = make_run(tmp_path / "run")
+    layout.manifest_file.write_text(json.dumps(shape))
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.analyzed_ranks in ([0, 1], [])
+    assert report.problems or any("manifest" in n for n in report.notes)
+
+
+def test_a_truncated_manifest_falls_back_to_scanning_traces(tmp_path):
+    layout = make_run(tmp_path / "run")
+    text = layout.manifest_file.read_text()
+    layout.manifest_file.write_text(text[: len(text) // 2])
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.complete and report.analyzed_ranks == [0, 1]
+    assert any("cannot read manifest" in n and "scanned instead" in n for n in report.notes)
+
+
+def test_a_deeply_nested_manifest_falls_back(tmp_path):
+    layout = make_run(tmp_path / "run")
+    layout.manifest_file.write_text("[" * 100_000 + "]" * 100_000)
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.complete and any("scanned instead" in n for n in report.notes)
+
+
+# --- resource bombs ------------------------------------------------------------------------------
+
+
+def test_a_deeply_nested_trace_is_only_its_own_problem(tmp_path):
+    make_trace_dir(tmp_path, world_size=2)
+    (tmp_path / "rank1.json").write_text('{"traceEvents": [' + "[" * 200_000 + "]" * 200_000 + "]}")
+    report = analyze(tmp_path, use_hta=False)
+    assert report.analyzed_ranks == [0]
+    assert "nested too deeply" in _problem(report, "nested").reason
+
+
+@pytest.mark.parametrize("where", ["trace", "job.json", "manifest"])
+def test_a_world_size_of_a_billion_is_not_believed(tmp_path, where):
+    if where == "trace":
+        root = make_trace_dir(tmp_path / "traces", world_size=2)
+        good_rank(1, world_size=10**9).write(root / "rank1.json")
+    else:
+        layout = make_run(tmp_path / "run", gathered=where == "manifest")
+        root = layout.root
+        if where == "job.json":
+            layout.job_file.write_text(json.dumps({"world_size": 10**9}))
+        else:
+            edit_manifest(layout, lambda m: m.update(world_size=10**9))
+    report = analyze(root, use_hta=False, write_default_outputs=False)
+    assert report.analyzed_ranks == [0, 1]
+    assert len(report.missing) <= 64
+    assert (where == "job.json" and report.complete) or any("1000000000" in n for n in _said(report))
+
+
+def test_a_large_declared_world_size_lists_the_first_missing_ranks_and_counts_the_rest(tmp_path):
+    layout = make_run(tmp_path / "run", 1 << 20, ranks=2)
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert len(report.missing) == 64 and report.missing[0].rank == 2
+    assert any(f"{(1 << 20) - 2} rank trace(s) missing in all" in n for n in report.notes)
+
+
+# --- non-files named like traces -----------------------------------------------------------------
+
+
+def test_a_fifo_a_directory_and_a_symlink_loop_named_like_traces_are_named(tmp_path):
+    root = make_trace_dir(tmp_path / "traces", world_size=2)
+    os.mkfifo(root / "rank5.json")
+    (root / "rank6.json").mkdir()
+    (root / "rank7.json").symlink_to(root / "rank7.json")
+    report = analyze(root, use_hta=False)  # never blocks on the FIFO
+    assert report.analyzed_ranks == [0, 1] and not report.complete
+    reasons = {p.label: p.reason for p in report.problems}
+    assert "FIFO" in reasons["rank5.json"] and "directory" in reasons["rank6.json"]
+    assert "symlink loop" in reasons["rank7.json"]
+
+
+def test_traces_of_another_world_size_or_beyond_it_are_named(tmp_path):
+    layout = make_run(tmp_path / "run", 2, ranks=1, gathered=False)
+    layout.job_file.write_text(json.dumps({"world_size": 2}))
+    good_rank(1, world_size=4).write(layout.trace_file(0, 1, "node1"))
+    good_rank(3, world_size=2).write(layout.trace_file(0, 3, "node0"))
+    from fleetscope.traces.gather import gather
+
+    gather(layout.root)
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.analyzed_ranks == [0] and not report.complete
+    _problem(report, "world size 4, the run's is 2")
+    _problem(report, "rank 3 is not below the world size 2")
+
+
+def test_duplicate_ranks_in_a_run_directory_are_named(tmp_path):
+    layout = make_run(tmp_path / "run", 2, gathered=False)
+    good_rank(1).write(layout.trace_file(0, 1, "node7"))
+    from fleetscope.traces.gather import gather
+
+    gather(layout.root)
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.analyzed_ranks == [0, 1] and not report.complete
+    assert "rank1.node7" in _problem(report, "duplicate rank 1").label
+
+
+def test_a_fifo_in_a_run_directory_is_named_by_gather(tmp_path):
+    layout = make_run(tmp_path / "run", gathered=False)
+    os.mkfifo(layout.window_dir(0) / "rank1.node9.pt.trace.json.gz")
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert "FIFO" in _problem(report, "FIFO").reason
+
+
+def test_fleetscopes_own_report_among_traces_is_recognized(tmp_path):
+    root = make_trace_dir(tmp_path / "traces", world_size=2)
+    assert main(["analyze", str(root), "--json", str(root / "report.json"), "--no-hta", "--no-cache"]) == 0
+    report = analyze(root, use_hta=False)
+    assert report.complete and report.analyzed_ranks == [0, 1]
+    assert any("fleetscope output" in n for n in report.notes)
+
+
+# --- inputs are never modified -----------------------------------------------------------------
+
+
+def test_inputs_are_byte_for_byte_unchanged(tmp_path):
+    layout = make_run(tmp_path / "run")
+    before = digests(layout.root)
+    analyze(layout.root, use_hta=False)
+    assert digests(layout.root) == before
+
+
+# --- outputs never overwrite inputs ----------------------------------------------------------------
+
+
+def _cli(*args: str) -> int:
+    return main([*map(str, args)])
+
+
+def test_analyze_refuses_to_write_its_report_over_an_input_trace(tmp_path, capsys):
+    root = make_trace_dir(tmp_path / "traces")
+    before = digests(root)
+    assert _cli("analyze", root, "--json", root / "rank1.json", "--no-hta", "--no-cache") == 2
+    assert _cli("analyze", root, "--html", root / "rank0.json", "--no-hta", "--no-cache") == 2
+    assert "one of the inputs" in capsys.readouterr().err
+    assert digests(root) == before
+
+
+@pytest.mark.parametrize("victim", ["manifest.json", "job.json", "metrics/rank0.jsonl", "clock/rank0.json"])
+def test_analyze_and_merge_refuse_to_overwrite_a_file_they_did_not_write(tmp_path, victim, capsys):
+    layout = make_run(tmp_path / "run")
+    path = layout.root / victim
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text('{"step": 1}\n')
+    before = digests(layout.root)
+    assert _cli("analyze", layout.root, "--json", path, "--no-hta", "--no-cache") == 2
+    assert _cli("merge", layout.root, "-o", path) == 2
+    assert _cli("merge", layout.root, "--json", path) == 2
+    assert "is not a fleetscope output" in capsys.readouterr().err or victim == "manifest.json"
+    assert digests(layout.root) == before
+
+
+def test_merge_refuses_an_output_inside_traces_and_a_symlinked_output(tmp_path, capsys):
+    layout = make_run(tmp_path / "run")
+    before = digests(layout.root)
+    assert _cli("merge", layout.root, "-o", layout.traces_dir / "new.perfetto-trace") == 2
+    link = tmp_path / "out.perfetto-trace"
+    link.symlink_to(layout.trace_file(0, 0, "node0"))
+    assert _cli("merge", layout.root, "-o", link) == 2
+    assert _cli("analyze", layout.root, "--json", link, "--no-hta", "--no-cache") == 2
+    err = capsys.readouterr().err
+    assert "inside the analyzed run's traces/" in err and "symlink" in err
+    assert digests(layout.root) == before
+
+
+def test_own_outputs_are_replaced_on_a_second_run(tmp_path):
+    layout = make_run(tmp_path / "run")
+    out = tmp_path / "elsewhere"
+    out.mkdir()
+    for _ in range(2):
+        assert _cli("analyze", layout.root, "--json", out / "r.json", "--html", out / "r.html", "--no-hta",
+                    "--no-cache") == 0
+        assert _cli("merge", layout.root, "-o", out / "m.perfetto-trace", "--json", out / "m.json.gz") == 0
+    from fleetscope.traces.outputs import is_own_output
+
+    assert all(is_own_output(out / name) for name in ("r.json", "r.html", "m.perfetto-trace", "m.json.gz"))
+    assert not is_own_output(layout.manifest_file) and not is_own_output(layout.trace_file(0, 0, "node0"))
+
+
+# --- exit codes and gates ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("threshold", ["nan", "inf", "-inf", "-5", "0", "five"])
+def test_compare_refuses_a_threshold_that_disables_the_gate(tmp_path, threshold, capsys):
+    layout = make_run(tmp_path / "run")
+    with pytest.raises(SystemExit) as exit_info:
+        _cli("compare", layout.root, layout.root, "--threshold", threshold)
+    assert exit_info.value.code == 2
+
+
+def test_compare_api_refuses_a_nan_threshold(tmp_path):
+    from fleetscope.analysis.compare import compare
+    from fleetscope.traces.validate import UsageError
+
+    with pytest.raises(UsageError):
+        compare(tmp_path, tmp_path, threshold_pct=float("nan"))
+
+
+def test_merge_without_output_for_a_foreign_directory_is_bad_usage(tmp_path):
+    assert _cli("merge", make_trace_dir(tmp_path / "traces")) == 2
+
+
+def test_nothing_analyzed_exits_1_not_3(tmp_path):
+    root = tmp_path / "traces"
+    root.mkdir()
+    (root / "rank0.json").write_bytes(b"{broken")
+    (root / "rank1.json").write_bytes(b"")
+    assert _cli("analyze", root, "--no-hta", "--no-cache") == 1
+    assert _cli("merge", root, "-o", tmp_path / "m.perfetto-trace") in (1, 3)
+
+
+def _metrics_run(root: Path, tokens: dict[int, float], bad_rank: int | None = None) -> Path:
+    layout = make_run(root, len(tokens))
+    for rank, tokens_per_s in tokens.items():
+        lines = [json.dumps({"step": s, "step_time_ms": 100.0, "tokens_per_s": tokens_per_s}) for s in range(5)]
+        if rank == bad_rank:
+            lines = ["{not json"] * 5
+        layout.metrics_file(rank).parent.mkdir(parents=True, exist_ok=True)
+        layout.metrics_file(rank).write_text("\n".join(lines) + "\n")
+    return layout.root
+
+
+def test_compare_names_bad_metric_lines_and_compares_the_ranks_both_sides_have(tmp_path):
+    from fleetscope.analysis.compare import EXIT_OK, compare
+
+    base = _metrics_run(tmp_path / "base", {0: 1000.0, 1: 1000.0})
+    new = _metrics_run(tmp_path / "new", {0: 1000.0, 1: 1000.0}, bad_rank=1)
+    result = compare(base, new)
+    assert result.exit_code == EXIT_OK        # not a false 50% throughput regression
+    assert any("metrics/rank1.jsonl: 5 bad line(s) skipped" in n for n in result.notes)
+    assert any("rank(s) 1 have no counterpart" in n for n in result.notes)
+    throughput = next(m for m in result.metrics if m.name == "throughput_tokens_per_s")
+    assert throughput.base == throughput.new == 1000.0
+
+
+# --- silent inconsistencies ------------------------------------------------------------------------
+
+
+def test_foreign_traces_of_another_job_or_beyond_the_world_size_are_named(tmp_path):
+    root = make_trace_dir(tmp_path / "traces", world_size=2)
+    good_rank(1, world_size=8).write(root / "other_job_rank1.json")
+    good_rank(5, world_size=2).write(root / "rank5.json")
+    report = analyze(root, use_hta=False)
+    assert report.analyzed_ranks == [0, 1] and not report.complete
+    assert _problem(report, "world size 8 differs").label == "other_job_rank1.json"
+    assert _problem(report, "rank 5 is not below the world size 2").label == "rank5.json"
+
+
+def test_foreign_traces_declaring_a_huge_world_size_list_a_bounded_number_of_missing_ranks(tmp_path):
+    root = tmp_path / "traces"
+    for rank in range(2):
+        good_rank(rank, world_size=1 << 20).write(root / f"rank{rank}.json")
+    report = analyze(root, use_hta=False)
+    assert report.analyzed_ranks == [0, 1] and len(report.missing) == 64
+    assert any(f"{(1 << 20) - 2} rank trace(s) missing in all" in n for n in report.notes)
+
+
+@pytest.mark.parametrize("offset_us", [1e12, -1e12, float("nan")])
+def test_an_absurd_clock_offset_is_refused_and_said(tmp_path, offset_us):
+    from fleetscope.traces.clock import ClockOffset, read_clock_offsets, write_clock_offset
+
+    layout = make_run(tmp_path / "run")
+    for rank, offset in ((0, 0.0), (1, offset_us)):
+        write_clock_offset(ClockOffset(rank=rank, offset_us=offset, uncertainty_us=1.0, best_round_trip_us=2.0,
+                                       round_trips=4, host="node0", measured_at_ns=1), layout.clock_file(rank))
+    offsets, problems = read_clock_offsets(layout)
+    assert sorted(offsets) == [0] and problems and problems[0].startswith("clock/rank1.json")
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.complete and any(n.startswith("clock/rank1.json") for n in report.notes)
+
+
+@pytest.mark.parametrize("content", [b"[1,2]", b'{"version": 1, "rank": "x"}', b"[" * 50_000, b"\xff\xfe"])
+def test_a_damaged_clock_file_is_named(tmp_path, content):
+    from fleetscope.traces.clock import read_clock_offsets
+
+    layout = make_run(tmp_path / "run")
+    layout.clock_dir.mkdir()
+    layout.clock_file(1).write_bytes(content)
+    os.mkfifo(layout.clock_file(2))
+    offsets, problems = read_clock_offsets(layout)
+    assert offsets == {} and [p.split(":")[0] for p in problems] == ["clock/rank1.json", "clock/rank2.json"]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 2**64, -(2**70)])
+def test_the_merge_skips_events_with_non_finite_or_huge_times_and_names_the_file(tmp_path, value):
+    from fleetscope.analysis.merge.run import merge
+
+    layout = make_run(tmp_path / "run", gathered=False)
+    builder = good_rank(1)
+    document = builder.document()
+    document["traceEvents"] += [
+        {"ph": "X", "name": "evil", "cat": "cpu_op", "ts": value, "dur": 5, "pid": 1, "tid": 1},
+        {"ph": "X", "name": "evil", "cat": "cpu_op", "ts": 5, "dur": value, "pid": 1, "tid": 1},
+        {"ph": "i", "name": "evil", "ts": value, "pid": 1, "tid": 1, "s": "t"},
+        {"ph": "C", "name": "evil", "ts": value, "pid": 1, "args": {"a": 1}},
+        {"ph": "C", "name": "evil", "ts": 5, "pid": 1, "args": {"a": value}},
+    ]
+    import gzip
+
+    layout.trace_file(0, 1, "node0").write_bytes(gzip.compress(json.dumps(document).encode()))
+    result = merge(layout.root, tmp_path / "m.perfetto-trace")
+    assert result.ranks == [0, 1]
+    said = [f"{n.path}: {n.reason}" for n in result.notes]
+    assert any("rank1.node0" in n and "non-finite time or one beyond int64" in n for n in said), said
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert report.analyzed_ranks == [0, 1]
+
+
+def test_a_gzip_bomb_is_refused_without_inflating_it(tmp_path):
+    import gzip
+
+    from fleetscope.traces.kineto import MIN_INFLATE_LIMIT, decompress
+
+    root = make_trace_dir(tmp_path / "traces", world_size=2)
+    bomb = gzip.compress(b'{"traceEvents": [' + b" " * (MIN_INFLATE_LIMIT + 1024) + b"]}", compresslevel=9)
+    (root / "rank1.json.gz").write_bytes(bomb)
+    (root / "rank1.json").unlink()
+    report = analyze(root, use_hta=False)
+    assert report.analyzed_ranks == [0]
+    assert "decompression bomb" in _problem(report, "bomb").reason
+    data = b'{"traceEvents": []}'
+    two_members = gzip.compress(data) + b"\0\0" + gzip.compress(data)
+    assert decompress(two_members, root) == data + data == gzip.decompress(two_members)
+
+
+@pytest.mark.parametrize("argv", [
+    ["analyze", "/nonexistent/run"],
+    ["merge", "/nonexistent/run"],
+    ["compare", "/nonexistent/a", "/nonexistent/b"],
+    ["merge", "RUN", "--window", "nan:1"],
+    ["merge", "RUN", "--window", "5:1"],
+    ["merge", "RUN", "--workers", "0"],
+])
+def test_bad_usage_exits_2(tmp_path, argv):
+    layout = make_run(tmp_path / "run")
+    argv = [str(layout.root) if a == "RUN" else a for a in argv]
+    try:
+        rc = main(argv)
+    except SystemExit as exit_info:
+        rc = exit_info.code
+    assert rc == 2
+
+
+def test_gather_says_how_many_ranks_are_missing_when_it_lists_only_the_first(tmp_path, capsys):
+    layout = make_run(tmp_path / "run", 1 << 20, ranks=2, gathered=False)
+    assert main(["gather", str(layout.root)]) == 3
+    out = capsys.readouterr().out
+    assert out.count("  missing: rank") == 64 and f"{(1 << 20) - 2} rank trace(s) missing in all" in out
+    assert json.loads(layout.manifest_file.read_text())["missing_total"] == (1 << 20) - 2

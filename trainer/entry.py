@@ -18,7 +18,7 @@ log = logging.getLogger("fleetscope.trainer")
 
 
 def run(config: TrainConfig) -> int:
-    check_model_support(config.model, config.parallel)
+    check_model_support(config.model, config.parallel, config.faults)
     record_stop(None)
     runtime = init_runtime(config)
     try:

@@ -7,38 +7,60 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from .config import ConfigError, ParallelConfig, PerformanceConfig, check_degrees
+from .config import ConfigError, ParallelConfig, PerformanceConfig, check_degrees, check_expert_degree
 from .models import decoder_layers
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParallelDims:
-    """The one owner of parallel degrees: data-parallel x tensor-parallel = world size."""
+    """The one owner of parallel degrees: data-parallel x tensor-parallel = world size; expert parallelism
+    splits the data-parallel ranks into ep groups (ep fastest) x expert-data-parallel replicas (edp)."""
 
     world_size: int
     dp: int
     tp: int
     mode: str
+    ep: int = 1
+    """Expert-parallel degree (ranks that split one copy of the routed experts)."""
 
     @classmethod
-    def from_config(cls, config: ParallelConfig, world_size: int) -> "ParallelDims":
+    def from_config(cls, config: ParallelConfig, world_size: int, *, num_experts: int | None = None,
+                    model_type: str = "", name: str = "model") -> "ParallelDims":
+        """Validate every degree (and, given the model's expert count and type, expert parallelism against
+        the model) before any process group exists."""
         check_degrees(config, world_size)
-        return cls(world_size=world_size, dp=world_size // config.tp, tp=config.tp, mode=config.mode)
+        if num_experts is not None:
+            check_expert_degree(config, num_experts=num_experts, model_type=model_type, name=name)
+        return cls(world_size=world_size, dp=world_size // config.tp, tp=config.tp, mode=config.mode, ep=config.ep)
+
+    @property
+    def edp(self) -> int:
+        """Replicas of each expert slice: the data-parallel ranks that hold the same experts."""
+        return self.dp // self.ep
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
-        return (self.dp, self.tp)
+        return (self.edp, self.ep, self.tp) if self.ep > 1 else (self.dp, self.tp)
 
     @property
     def mesh_names(self) -> tuple[str, ...]:
-        return ("dp", "tp")
+        return ("edp", "ep", "tp") if self.ep > 1 else ("dp", "tp")
 
     def build_mesh(self, device_type: str) -> DeviceMesh:
-        return init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=self.mesh_names)
+        """The mesh; with expert parallelism its (edp, ep) axes are also flattened into the `dp` axis that
+        data loading, FSDP and DDP use for the non-expert parameters."""
+        mesh = init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=self.mesh_names)
+        if self.ep > 1:
+            mesh[("edp", "ep")]._flatten("dp")
+        return mesh
 
     def dp_rank(self, global_rank: int) -> int:
         """Data-parallel rank of a global rank (tp is the fastest-varying mesh axis)."""
         return global_rank // self.tp
+
+    def ep_rank(self, global_rank: int) -> int:
+        """Rank inside the expert-parallel group: which slice of the experts this rank holds."""
+        return self.dp_rank(global_rank) % self.ep
 
 
 def parallelize(

@@ -388,6 +388,9 @@ class TrainConfig:
         require(not (self.faults.graph_break and self.performance.compile == "none"), "faults.graph_break",
                  "breaks a compiled region; performance.compile is none")
         require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+        require(self.parallel.ep == 1 or not (self.checkpoint.every or self.checkpoint.at_exit), "checkpoint.every",
+                "checkpoints of expert-parallel runs are not supported: every rank holds different experts under "
+                "the same parameter names (set parallel.ep=1, or checkpoint.every=0 and checkpoint.at_exit=false)")
 
 
 # --- `section.field=value` overrides -------------------------------------------------------

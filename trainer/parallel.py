@@ -8,6 +8,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from .config import ConfigError, ParallelConfig, PerformanceConfig, check_degrees, check_expert_degree
+from .expert_parallel import apply_expert_parallel, average_over_replicas, expert_parameter_names
 from .models import decoder_layers
 
 
@@ -72,19 +73,27 @@ def parallelize(
     performance: PerformanceConfig,
     device: torch.device,
 ) -> torch.nn.Module:
-    """Apply, in this fixed order: tensor parallel -> activation checkpointing -> compile -> FSDP2 or DDP.
+    """Apply, in this fixed order: expert parallel -> tensor parallel -> activation checkpointing -> compile ->
+    FSDP2 or DDP.
 
-    Every rank holds the same seeded weights when this runs, so sharding slices them locally.
+    Every rank holds the same seeded weights when this runs, so sharding slices them locally. Expert
+    parallelism needs the MoE layers installed (expert_parallel.install_moe_layers) beforehand.
     """
+    experts = apply_expert_parallel(model, mesh["ep"]) if dims.ep > 1 else []
     if dims.tp > 1:
         apply_tensor_parallel(model, mesh["tp"])
     apply_activation_checkpointing(model, performance.activation_checkpointing)
     apply_regional_compile(model, performance.compile, backend=performance.compile_backend)
     if dims.mode in ("fsdp", "fsdp_tp"):
-        return _apply_fsdp(model, mesh["dp"], parallel=parallel, performance=performance, device=device)
+        expert_mesh = mesh["edp"] if experts else None
+        return _apply_fsdp(model, mesh["dp"], parallel=parallel, performance=performance, device=device,
+                           experts=experts, expert_mesh=expert_mesh)
+    if experts and dims.edp > 1:
+        average_over_replicas([p for module in experts for p in module.parameters()], mesh["edp"].get_group(),
+                              dims.edp)
     if dims.dp == 1:
         return model  # one replica: nothing to synchronize
-    return _apply_ddp(model, mesh["dp"], parallel=parallel, device=device)
+    return _apply_ddp(model, mesh["dp"], parallel=parallel, device=device, ignored=expert_parameter_names(model))
 
 
 def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
@@ -135,7 +144,10 @@ def apply_regional_compile(model: torch.nn.Module, mode: str, *, backend: str = 
 
 
 def _apply_fsdp(model, dp_mesh: DeviceMesh, *, parallel: ParallelConfig, performance: PerformanceConfig,
-                device: torch.device) -> torch.nn.Module:
+                device: torch.device, experts: list[torch.nn.Module] = (),
+                expert_mesh: DeviceMesh | None = None) -> torch.nn.Module:
+    """fully_shard per decoder block and the root over `dp_mesh`; expert-parallel experts first, over the
+    expert-data-parallel replicas (`expert_mesh`), as their own FSDP units inside their blocks."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     options = {}
@@ -144,6 +156,8 @@ def _apply_fsdp(model, dp_mesh: DeviceMesh, *, parallel: ParallelConfig, perform
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if parallel.cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
+    for module in experts:
+        fully_shard(module, mesh=expert_mesh, reshard_after_forward=parallel.reshard_after_forward, **options)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=dp_mesh, reshard_after_forward=parallel.reshard_after_forward, **options)
     # The root keeps embeddings, final norm and LM head; no reshard: backward needs them first.
@@ -151,9 +165,13 @@ def _apply_fsdp(model, dp_mesh: DeviceMesh, *, parallel: ParallelConfig, perform
     return model
 
 
-def _apply_ddp(model, dp_mesh: DeviceMesh, *, parallel: ParallelConfig, device: torch.device) -> torch.nn.Module:
+def _apply_ddp(model, dp_mesh: DeviceMesh, *, parallel: ParallelConfig, device: torch.device,
+               ignored: list[str] = ()) -> torch.nn.Module:
+    """DDP over `dp_mesh`; `ignored` parameters (expert-parallel experts) are left to their own reduction."""
     from torch.nn.parallel import DistributedDataParallel
 
+    if ignored:
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(ignored))
     device_ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(
         model, device_ids=device_ids, process_group=dp_mesh.get_group(), bucket_cap_mb=parallel.bucket_cap_mb

@@ -8,7 +8,8 @@ import pytest
 from helpers import REPO, mean_losses, torchrun
 
 from fleetscope.traces.formats import MOE_RECORD_FIELDS, parse_moe_range, moe_range, read_moe_records
-from fleetscope.trainer.config import ConfigError, FaultConfig, ModelConfig, ParallelConfig, TrainConfig, apply_overrides
+from fleetscope.trainer.config import (ConfigError, FaultConfig, ModelConfig, ParallelConfig, TrainConfig,
+                                       apply_overrides)
 from fleetscope.trainer.families import FAMILIES
 from fleetscope.trainer.models import check_model_support
 from fleetscope.trainer.parallel import ParallelDims
@@ -72,6 +73,11 @@ def test_ep_mesh_axes():
     assert [dims.ep_rank(r) for r in range(4)] == [0, 1, 0, 1]
     plain = ParallelDims.from_config(ParallelConfig(mode="fsdp"), world_size=8)
     assert plain.mesh_shape == (8, 1) and plain.mesh_names == ("dp", "tp") and plain.ep == 1
+
+
+def test_router_faults_refuse_tensor_parallel():
+    with pytest.raises(ConfigError, match=r"^faults\.hot_expert: the router faults"):
+        apply_overrides(TrainConfig(run_dir="/tmp/x"), ["parallel.mode=tp", "parallel.tp=2", "faults.hot_expert=1"])
 
 
 def test_router_faults_are_validated():

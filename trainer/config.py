@@ -384,10 +384,17 @@ class TrainConfig:
         require(not (cuda_graphs and self.parallel.mode in ("fsdp", "fsdp_tp")), "performance.compile",
                  f"{self.performance.compile!r} records CUDA graphs, which need fixed parameter addresses; "
                  "FSDP re-gathers parameters every step: use max-autotune-no-cudagraphs or default")
+        require(not (cuda_graphs and self.parallel.ep > 1), "performance.compile",
+                 f"{self.performance.compile!r} records CUDA graphs; expert parallelism copies the all-to-all split "
+                 "sizes to the host every MoE layer, which no graph can replay: use default or "
+                 "max-autotune-no-cudagraphs")
         require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
         require(not (self.faults.graph_break and self.performance.compile == "none"), "faults.graph_break",
                  "breaks a compiled region; performance.compile is none")
         require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+        require(not (self.faults.biases_router and self.parallel.tp > 1), "faults.hot_expert",
+                "the router faults (hot_expert, expert_skew) need the trainer's MoE layers, which tensor-parallel "
+                "runs (parallel.tp > 1) keep as transformers built them")
         require(self.parallel.ep == 1 or not (self.checkpoint.every or self.checkpoint.at_exit), "checkpoint.every",
                 "checkpoints of expert-parallel runs are not supported: every rank holds different experts under "
                 "the same parameter names (set parallel.ep=1, or checkpoint.every=0 and checkpoint.at_exit=false)")

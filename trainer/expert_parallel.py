@@ -87,11 +87,12 @@ def moe_phase(kind: str, layer: int, use_nvtx: bool) -> Iterator[None]:
 
 
 def moe_blocks(model: torch.nn.Module) -> list[tuple[int, torch.nn.Module]]:
-    """(layer index, MoE block) of every decoder layer whose block has experts and a router."""
+    """(layer index, MoE block) of every decoder layer whose block has a router and experts with stacked weights."""
     found = []
     for index, layer in enumerate(decoder_layers(model)):
         for module in layer.modules():
-            if hasattr(module, "experts") and _router_of(module) is not None:
+            stacked = isinstance(getattr(getattr(module, "experts", None), "gate_up_proj", None), torch.Tensor)
+            if stacked and _router_of(module) is not None:
                 found.append((index, module))
                 break
     return found

@@ -91,10 +91,10 @@ def install_moe(causal_lm: torch.nn.Module, config: TrainConfig, runtime: Runtim
     stats = None
     if config.observability.moe_records and blocks:
         dims = runtime.dims
-        ep_start = runtime.rank - dims.ep_rank(runtime.rank) * dims.tp
-        stats = MoeStats(layers=[index for index, _ in blocks], num_experts=int(blocks[0][1].experts.gate_up_proj.shape[0]),
-                         ep=dims.ep, ep_rank=dims.ep_rank(runtime.rank),
-                         ep_ranks=[ep_start + peer * dims.tp for peer in range(dims.ep)], rank=runtime.rank,
+        num_experts = int(blocks[0][1].experts.gate_up_proj.shape[0])
+        stats = MoeStats(layers=[index for index, _ in blocks], num_experts=num_experts,
+                         ep=dims.ep, ep_rank=dims.ep_rank(runtime.rank), ep_ranks=dims.ep_group_ranks(runtime.rank),
+                         rank=runtime.rank,
                          path=RunLayout.at(config.run_dir).moe_file(runtime.rank),
                          flush_steps=config.observability.moe_flush_steps, device=runtime.device)
     install_moe_layers(causal_lm, faults=config.faults, stats=stats, grouped=config.performance.fast_experts,

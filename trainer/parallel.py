@@ -63,6 +63,11 @@ class ParallelDims:
         """Rank inside the expert-parallel group: which slice of the experts this rank holds."""
         return self.dp_rank(global_rank) % self.ep
 
+    def ep_group_ranks(self, global_rank: int) -> list[int]:
+        """Global ranks of `global_rank`'s expert-parallel group, by ep rank."""
+        first = global_rank - self.ep_rank(global_rank) * self.tp
+        return [first + peer * self.tp for peer in range(self.ep)]
+
 
 def parallelize(
     model: torch.nn.Module,

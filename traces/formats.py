@@ -167,12 +167,16 @@ class MoeRecord:
     """Token copies this rank received from each ep peer (its experts' load from that peer)."""
     recv_bytes: list[int]
     """Bytes of hidden states received from each ep peer in dispatch."""
+    split_sizes_d2h_ms: float | None = None
+    """Host wall ms the step spent in this layer's `moe/split_sizes_d2h` copies (every forward, recomputes
+    included): on CUDA, the wait for the device to catch up; None without expert parallelism (no copy)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 MOE_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(MoeRecord))
+MOE_REQUIRED_FIELDS = tuple(f.name for f in dataclasses.fields(MoeRecord) if f.default is dataclasses.MISSING)
 
 
 def read_moe_records(path: Path) -> list[MoeRecord]:
@@ -184,6 +188,6 @@ def read_moe_records(path: Path) -> list[MoeRecord]:
                 data = json.loads(raw)
             except (ValueError, RecursionError):
                 continue
-            if isinstance(data, dict) and set(MOE_RECORD_FIELDS) <= set(data):
-                records.append(MoeRecord(**{name: data[name] for name in MOE_RECORD_FIELDS}))
+            if isinstance(data, dict) and set(MOE_REQUIRED_FIELDS) <= set(data):
+                records.append(MoeRecord(**{name: data[name] for name in MOE_RECORD_FIELDS if name in data}))
     return records

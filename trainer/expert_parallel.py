@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -231,7 +232,11 @@ def dispatch_tokens(x_SD: torch.Tensor, routed: RoutedTokens, layer: MoeLayer) -
     if layer.counter is not None:
         layer.counter.add(counts_PL.reshape(-1), recv_counts_PL.sum(dim=1), _row_bytes(x_SD, x_SD.dtype))
     with moe_phase(MOE_SPLIT_SIZES_D2H, layer.index, x_SD.is_cuda):
+        timed = layer.counter is not None and not torch.compiler.is_compiling()
+        start = time.perf_counter() if timed else 0.0
         splits_2P = torch.stack([counts_PL.sum(dim=1), recv_counts_PL.sum(dim=1)]).cpu()
+        if timed:
+            layer.counter.add_sync_ms((time.perf_counter() - start) * 1e3)
     send_splits, recv_splits = splits_2P.tolist()
     x_RD = _all_to_all(x_SD, recv_splits, send_splits, shard.group)
     return Exchange(send_splits, recv_splits, recv_counts_PL, x_RD)

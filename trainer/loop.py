@@ -78,7 +78,8 @@ def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
         fused=config.optim.fused and runtime.use_cuda,
     )
     leak = MemoryLeak(config.faults.leak_mb_per_step, runtime.device) if config.faults.leak_mb_per_step else None
-    expert_params = [p for name, p in model.named_parameters() if name in set(expert_parameter_names(model))]
+    expert_names = set(expert_parameter_names(model))
+    expert_params = [p for name, p in model.named_parameters() if name in expert_names]
     ep_group = runtime.mesh["ep"].get_group() if runtime.dims.ep > 1 else None
     return TrainState(model=model, optimizer=optimizer, vocab_size=vocab_size, flops=flops, comm_timer=comm_timer,
                       leak=leak, moe=moe, expert_params=expert_params, ep_group=ep_group)
@@ -162,11 +163,13 @@ def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float, *,
     experts = {id(p) for p in expert_params}
     shared = _grad_groups([p for p in parameters if id(p) not in experts])
     sharded = _grad_groups([p for p in parameters if id(p) in experts])
-    if not shared and not sharded:
+    if not shared and not expert_params:
         return torch.zeros(())
     total_sq = _squared_norm(shared)
-    if sharded:
+    if expert_params:  # every ep rank joins the all-reduce, with or without expert gradients
         expert_sq = _squared_norm(sharded)
+        if expert_sq is None:
+            expert_sq = torch.zeros((), device=expert_params[0].device)
         dist.all_reduce(expert_sq, group=ep_group)
         total_sq = expert_sq if total_sq is None else total_sq + expert_sq.to(total_sq.device)
     total = total_sq.sqrt()

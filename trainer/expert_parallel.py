@@ -22,8 +22,8 @@ attention.
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
+import types
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -42,6 +42,8 @@ from .moe_stats import LayerCounter, MoeStats
 
 MOE_LAYER_ATTRIBUTE = "_fleetscope_moe_layer"
 """Attribute of an experts module holding its MoeLayer (a plain Python object, not module state)."""
+MOE_ROUTER_ATTRIBUTE = "_fleetscope_moe_router_of"
+"""The same, on the layer's router."""
 
 
 @dataclass(frozen=True)
@@ -68,22 +70,29 @@ class MoeLayer:
     grouped: bool
     """Experts run as grouped GEMMs in named phases (else: transformers' own experts forward, one range)."""
     counter: LayerCounter | None
+    use_nvtx: bool = False
+    logit_bias_E: torch.Tensor | None = None
+    """What the router faults add to the router's logits (None: off)."""
     shard: ExpertShard | None = None
     """Set by apply_expert_parallel (None: every expert local)."""
 
 
 @contextlib.contextmanager
-def moe_phase(kind: str, layer: int, use_nvtx: bool) -> Iterator[None]:
-    """`moe/<kind>[layer L]` as a record_function range and, on CUDA outside compiled code, an NVTX range."""
-    name = moe_range(kind, layer)
-    nvtx = use_nvtx and not torch.compiler.is_compiling()
+def moe_phase(kind: str, layer: MoeLayer, use_nvtx: bool) -> Iterator[None]:
+    """`moe/<kind>[layer L]` as a record_function range and, on CUDA, an NVTX range; nothing inside compiled
+    code: every decoder block shares one code object, so a per-layer name there would make Dynamo
+    specialize on the layer index and recompile the block once per layer (past its cache limit)."""
+    if torch.compiler.is_compiling():
+        yield
+        return
+    name = moe_range(kind, layer.index)
     with torch.profiler.record_function(name):
-        if nvtx:
+        if use_nvtx:
             torch.cuda.nvtx.range_push(name)
         try:
             yield
         finally:
-            if nvtx:
+            if use_nvtx:
                 torch.cuda.nvtx.range_pop()
 
 
@@ -126,28 +135,29 @@ def install_moe_layers(model: torch.nn.Module, *, faults: FaultConfig, stats: Mo
                               "stacked [E, ...] weights the trainer can split")
         use_grouped = expert_parallel or (grouped and supports_fast_experts(experts))
         counter = stats.counter(index) if stats is not None else None
-        layer = MoeLayer(index=index, num_experts=_num_experts(experts), grouped=use_grouped, counter=counter)
+        layer = MoeLayer(index=index, num_experts=_num_experts(experts), grouped=use_grouped, counter=counter,
+                         use_nvtx=use_cuda)
         bias_E = router_logit_bias(faults, layer.num_experts)
-        bias_E = bias_E.to(device) if bias_E is not None else None
-        _wrap_router(_router_of(block), layer, bias_E, use_cuda)
-        forward = grouped_moe_forward if use_grouped else native_moe_forward
-        experts.forward = functools.partial(forward, experts, layer, experts.forward, use_cuda)
+        layer.logit_bias_E = bias_E.to(device) if bias_E is not None else None
+        # Bound methods of shared functions, state on the modules (not per-layer closures): compiled blocks
+        # share one code object and then guard on the same functions in every layer, compiling once.
+        router = _router_of(block)
+        setattr(router, MOE_ROUTER_ATTRIBUTE, layer)
+        router.forward = types.MethodType(routed_forward, router)
         setattr(experts, MOE_LAYER_ATTRIBUTE, layer)
+        experts.forward = types.MethodType(grouped_moe_forward if use_grouped else native_moe_forward, experts)
         layers.append(layer)
     return layers
 
 
-def _wrap_router(router: torch.nn.Module, layer: MoeLayer, bias_E: torch.Tensor | None, use_cuda: bool) -> None:
-    original = router.forward
-
-    def forward(hidden_states, *args, **kwargs):
-        with moe_phase(MOE_ROUTER, layer.index, use_cuda):
-            if bias_E is None:
-                return original(hidden_states, *args, **kwargs)
-            with LogitBias(bias_E):
-                return original(hidden_states, *args, **kwargs)
-
-    router.forward = forward
+def routed_forward(self: torch.nn.Module, hidden_states: torch.Tensor, *args, **kwargs):
+    """The router's own forward (its class's) in a `moe/router` range, under the router faults' logit bias."""
+    layer: MoeLayer = getattr(self, MOE_ROUTER_ATTRIBUTE)
+    with moe_phase(MOE_ROUTER, layer, layer.use_nvtx):
+        if layer.logit_bias_E is None:
+            return type(self).forward(self, hidden_states, *args, **kwargs)
+        with LogitBias(layer.logit_bias_E):
+            return type(self).forward(self, hidden_states, *args, **kwargs)
 
 
 class LogitBias(torch.overrides.TorchFunctionMode):
@@ -165,14 +175,15 @@ class LogitBias(torch.overrides.TorchFunctionMode):
         return out
 
 
-def native_moe_forward(self: torch.nn.Module, layer: MoeLayer, original, use_cuda: bool, hidden_TD: torch.Tensor,
-                       expert_TK: torch.Tensor, weight_TK: torch.Tensor) -> torch.Tensor:
+def native_moe_forward(self: torch.nn.Module, hidden_TD: torch.Tensor, expert_TK: torch.Tensor,
+                       weight_TK: torch.Tensor) -> torch.Tensor:
     """transformers' own experts forward in one `moe/experts` range, plus the routing counts."""
+    layer: MoeLayer = getattr(self, MOE_LAYER_ATTRIBUTE)
     if layer.counter is not None:
         counts_E = _expert_counts(expert_TK, layer.num_experts)
         layer.counter.add(counts_E, counts_E.sum().reshape(1), _row_bytes(hidden_TD, hidden_TD.dtype))
-    with moe_phase(MOE_EXPERTS, layer.index, use_cuda):
-        return original(hidden_TD, expert_TK, weight_TK)
+    with moe_phase(MOE_EXPERTS, layer, layer.use_nvtx):
+        return type(self).forward(self, hidden_TD, expert_TK, weight_TK)
 
 
 def _expert_counts(expert_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -185,11 +196,13 @@ def _row_bytes(hidden_TD: torch.Tensor, dtype: torch.dtype) -> int:
     return hidden_TD.shape[-1] * torch.empty((), dtype=dtype).element_size()
 
 
-def grouped_moe_forward(self: torch.nn.Module, layer: MoeLayer, _original, use_cuda: bool, hidden_TD: torch.Tensor,
-                        expert_TK: torch.Tensor, weight_TK: torch.Tensor) -> torch.Tensor:
+def grouped_moe_forward(self: torch.nn.Module, hidden_TD: torch.Tensor, expert_TK: torch.Tensor,
+                        weight_TK: torch.Tensor) -> torch.Tensor:
     """Dispatch, experts and combine as named phases; across the ep group when the layer is sharded."""
+    layer: MoeLayer = getattr(self, MOE_LAYER_ATTRIBUTE)
+    use_cuda = layer.use_nvtx
     dtype = compute_dtype(hidden_TD)
-    with moe_phase(MOE_DISPATCH, layer.index, use_cuda):
+    with moe_phase(MOE_DISPATCH, layer, use_cuda):
         x_SD, routed = permute_by_expert(hidden_TD, expert_TK, layer.num_experts, dtype)
         if layer.shard is None:
             if layer.counter is not None:
@@ -197,12 +210,12 @@ def grouped_moe_forward(self: torch.nn.Module, layer: MoeLayer, _original, use_c
             offsets_E = torch.cumsum(routed.counts_E, dim=0, dtype=torch.int32)
         else:
             exchange = dispatch_tokens(x_SD, routed, layer)
-    with moe_phase(MOE_EXPERTS, layer.index, use_cuda):
+    with moe_phase(MOE_EXPERTS, layer, use_cuda):
         if layer.shard is None:
             y_SD = expert_ffn(self, x_SD, offsets_E)
         else:
             y_SD = local_experts(self, exchange, layer.shard)
-    with moe_phase(MOE_COMBINE, layer.index, use_cuda):
+    with moe_phase(MOE_COMBINE, layer, use_cuda):
         if layer.shard is not None:
             y_SD = return_tokens(y_SD, exchange, layer.shard)
         return combine_weighted(y_SD, routed, weight_TK, hidden_TD.dtype)
@@ -231,7 +244,7 @@ def dispatch_tokens(x_SD: torch.Tensor, routed: RoutedTokens, layer: MoeLayer) -
     dist.all_to_all_single(recv_counts_PL, counts_PL, group=shard.group)
     if layer.counter is not None:
         layer.counter.add(counts_PL.reshape(-1), recv_counts_PL.sum(dim=1), _row_bytes(x_SD, x_SD.dtype))
-    with moe_phase(MOE_SPLIT_SIZES_D2H, layer.index, x_SD.is_cuda):
+    with moe_phase(MOE_SPLIT_SIZES_D2H, layer, x_SD.is_cuda):
         timed = layer.counter is not None and not torch.compiler.is_compiling()
         start = time.perf_counter() if timed else 0.0
         splits_2P = torch.stack([counts_PL.sum(dim=1), recv_counts_PL.sum(dim=1)]).cpu()

@@ -20,7 +20,6 @@ with bad lines, and every rank left out, is named in the notes.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import numpy as np
 from fleetscope.analysis.analyze import analyze, load_report_json
 from fleetscope.analysis.report.model import Report
 from fleetscope.traces.formats import read_metric_records
-from fleetscope.traces.layout import REPORT_DIR, RunLayout
+from fleetscope.traces.layout import REPORT_DIR, STEP_METRICS_RE, RunLayout
 from fleetscope.traces.validate import UsageError
 
 DEFAULT_THRESHOLD_PCT = 5.0
@@ -141,16 +140,12 @@ def _load_side(path: Path) -> _Side:
     return _Side(str(path), report, steady, notes)
 
 
-_METRICS_NAME_RE = re.compile(r"^rank(\d+)\.jsonl$")
-"""RunLayout.metrics_file: the file name, not a field of its lines, says whose metrics they are."""
 
 
 def _steady_metrics(layout: RunLayout) -> tuple[dict[int, list[dict]], list[str]]:
     steady, notes = {}, []
-    for path in sorted(layout.metrics_dir.glob("rank*.jsonl")) if layout.metrics_dir.is_dir() else []:
-        match = _METRICS_NAME_RE.match(path.name)
-        if match is None:
-            continue
+    for path in layout.step_metrics_files():
+        match = STEP_METRICS_RE.match(path.name)  # the file name, not its lines, says whose metrics they are
         try:
             read = read_metric_records(path)
         except ValueError as error:  # the safe reader's refusal (a FIFO, a symlink out, too large)

@@ -11,7 +11,10 @@ gathers, analyzes and merges each run directory and prints one table:
   - weak scaling: FSDP2 on 1 and N GPUs at the same per-GPU batch -> efficiency;
   - DDP bucket_cap_mb 25 vs 50: communication-computation overlap (fleetscope's and HTA's);
   - straggler: DDP with the last rank sleeping --straggle-ms before every step -> who and how much
-    the report finds.
+    the report finds;
+  - expert parallelism: FSDP2 and DDP with ep = N (every GPU holds 1/N of the experts), FSDP2 with ep = 2 x
+    edp = N/2 (N >= 4), and ep = N with the hot-expert fault (expert 3 draws most tokens): tokens/s and the
+    MoE records' load imbalance (hottest expert's tokens / mean) and all-to-all volume per step.
 With --device cpu (gloo) the same script runs on a laptop, which is how it is tested.
 """
 
@@ -46,6 +49,19 @@ def plan_jobs(nproc: int, straggle_ms: float) -> list[Job]:
         Job("straggler", nproc, ["--parallel", "ddp", "--set", f"faults.straggle_rank={nproc - 1}",
                                  "--set", f"faults.straggle_ms={straggle_ms}"]),
     ]
+    return jobs + expert_parallel_jobs(nproc)
+
+
+def expert_parallel_jobs(nproc: int, hot_expert: int = 3) -> list[Job]:
+    """The expert-parallel runs (pure); none on one GPU. The small preset's 16 experts split over 2, 4, 8."""
+    if nproc < 2:
+        return []
+    jobs = [Job(f"ep{nproc}-fsdp", nproc, ["--parallel", "fsdp", "--set", f"parallel.ep={nproc}"]),
+            Job(f"ep{nproc}-ddp", nproc, ["--parallel", "ddp", "--set", f"parallel.ep={nproc}"])]
+    if nproc >= 4:
+        jobs.append(Job(f"ep2-fsdp-edp{nproc // 2}", nproc, ["--parallel", "fsdp", "--set", "parallel.ep=2"]))
+    jobs.append(Job(f"ep{nproc}-hot-expert", nproc, ["--parallel", "fsdp", "--set", f"parallel.ep={nproc}",
+                                                     "--set", f"faults.hot_expert={hot_expert}"]))
     return jobs
 
 
@@ -69,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
 
 def steady_metrics(run_dir: Path, skip: int) -> dict:
     """Medians over every rank's unprofiled steps from `skip` on."""
-    rows = [json.loads(line) for path in sorted((run_dir / "metrics").glob("rank*.jsonl"))
+    from fleetscope.traces.layout import RunLayout
+
+    rows = [json.loads(line) for path in RunLayout.at(run_dir).step_metrics_files()
             for line in path.read_text().splitlines()]
     steady = [r for r in rows if r["step"] >= skip and not r["profiled"]] or rows
     mfu = [r["mfu_pct"] for r in steady if r.get("mfu_pct") is not None]
@@ -111,12 +129,37 @@ def summarize(args: argparse.Namespace) -> int:
     runs = Path(args.runs)
     rows = {}
     for run_dir in sorted(p for p in runs.iterdir() if (p / "job.json").is_file()):
-        rows[run_dir.name] = {**steady_metrics(run_dir, args.skip), **report_summary(run_dir)}
+        rows[run_dir.name] = {**steady_metrics(run_dir, args.skip), **report_summary(run_dir),
+                              **moe_summary(run_dir, args.skip)}
     scaling = scaling_efficiency(rows)
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": rows, "weak_scaling_efficiency": scaling}, indent=2))
     print(table(rows, scaling))
     return 0
+
+
+def moe_summary(run_dir: Path, skip: int) -> dict:
+    """From metrics/rank<R>.moe.jsonl, steps from `skip` on: the hottest expert's share of the load against an
+    even split (max / mean of tokens per expert, summed over ranks, medians over steps and layers), and the
+    median all-to-all bytes one rank sends per step (all MoE layers, forward dispatch only)."""
+    from fleetscope.traces.formats import read_moe_records
+    from fleetscope.traces.layout import RunLayout
+
+    layout = RunLayout.at(run_dir)
+    records = [r for path in sorted(layout.metrics_dir.glob("rank*.moe.jsonl")) for r in read_moe_records(path)
+               if r.step >= skip]
+    if not records:
+        return {"expert_imbalance": None, "a2a_mb_per_step": None}
+    load: dict[tuple[int, int], list[int]] = {}
+    sent: dict[tuple[int, int], int] = {}
+    for r in records:
+        total = load.setdefault((r.step, r.layer), [0] * len(r.tokens_per_expert))
+        load[(r.step, r.layer)] = [a + b for a, b in zip(total, r.tokens_per_expert)]
+        off_rank = sum(b for peer, b in enumerate(r.send_bytes) if peer != r.ep_rank) if r.ep > 1 else 0
+        sent[(r.rank, r.step)] = sent.get((r.rank, r.step), 0) + off_rank
+    imbalance = [max(c) / (sum(c) / len(c)) for c in load.values() if sum(c)]
+    return {"expert_imbalance": round(statistics.median(imbalance), 2) if imbalance else None,
+            "a2a_mb_per_step": round(statistics.median(sent.values()) / 2**20, 2)}
 
 
 def scaling_efficiency(rows: dict) -> float | None:
@@ -127,11 +170,13 @@ def scaling_efficiency(rows: dict) -> float | None:
 
 
 def table(rows: dict, scaling: float | None) -> str:
-    lines = ["| run | tokens/s per GPU | step ms | MFU % | busy % | idle % | comm % | overlap % | HTA overlap % |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| run | tokens/s per GPU | step ms | MFU % | busy % | idle % | comm % | overlap % | HTA overlap % "
+             "| expert max/mean | all-to-all MB/step |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, row in rows.items():
         cells = [f"{row['tokens_per_s_per_gpu']:,.0f}", f"{row['step_ms']:.1f}", _fmt(row["mfu_pct"]),
-                 *(_fmt(row[k]) for k in ("busy_pct", "idle_pct", "comm_pct", "overlap_pct", "hta_overlap_pct"))]
+                 *(_fmt(row[k]) for k in ("busy_pct", "idle_pct", "comm_pct", "overlap_pct", "hta_overlap_pct")),
+                 _fmt(row.get("expert_imbalance")), _fmt(row.get("a2a_mb_per_step"))]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append(f"\nweak scaling efficiency (FSDP2, N GPUs vs 1): {_fmt(scaling)}")
     if "straggler" in rows:

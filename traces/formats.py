@@ -5,14 +5,18 @@
 * metric records: `metrics/rank<R>.jsonl`, one JSON object per line per step (the fields of
   `trainer.metrics.StepMetrics`); readers skip lines that are not such objects and count them;
 * MLPerf-style log lines: `:::MLLOG {json}`, one per step per rank;
-* injected-fault ranges: `fleetscope_injected_<what>` record_function names (the INJECTED_* names).
+* injected-fault ranges: `fleetscope_injected_<what>` record_function names (the INJECTED_* names);
+* MoE ranges: `moe/<kind>[layer <L>]` record_function (and NVTX) names on every MoE layer (`moe_range`);
+* MoE records: `metrics/rank<R>.moe.jsonl`, one JSON object per (step, layer) (`MoeRecord`).
 Writer and readers import these names, so they cannot disagree.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,3 +110,90 @@ def _record_problem(record: Any) -> str | None:
     if any(isinstance(v, float) and not math.isfinite(v) for v in record.values()):
         return "a non-finite number"
     return None
+
+
+# --- MoE layers ------------------------------------------------------------------------------
+
+MOE_RANGE_PREFIX = "moe/"
+MOE_ROUTER, MOE_DISPATCH, MOE_EXPERTS, MOE_COMBINE = "router", "dispatch", "experts", "combine"
+MOE_SPLIT_SIZES_D2H = "split_sizes_d2h"
+"""Inside `dispatch` under expert parallelism: the one device-to-host copy of the all-to-all split sizes."""
+MOE_RANGE_KINDS = (MOE_ROUTER, MOE_DISPATCH, MOE_EXPERTS, MOE_COMBINE, MOE_SPLIT_SIZES_D2H)
+"""Per MoE layer and forward: router (gate logits and top-k), dispatch (permute tokens by expert; with
+expert parallelism also the count exchange, the split-size copy and the token all-to-all), experts (the
+local grouped GEMMs), combine (with expert parallelism the return all-to-all, then the weighted sum)."""
+_MOE_RANGE_RE = re.compile(r"^moe/(?P<kind>[a-z_0-9]+)\[layer (?P<layer>\d+)\]$")
+
+
+def moe_range(kind: str, layer: int) -> str:
+    """`moe/dispatch[layer 5]`: the range name of one MoE phase of decoder layer `layer` (0-based)."""
+    if kind not in MOE_RANGE_KINDS:
+        raise ValueError(f"unknown MoE range kind {kind!r}; known: {MOE_RANGE_KINDS}")
+    return f"{MOE_RANGE_PREFIX}{kind}[layer {layer}]"
+
+
+def parse_moe_range(name: str) -> tuple[str, int] | None:
+    """(kind, layer) of a `moe_range` name, else None (also for kinds this version does not know)."""
+    match = _MOE_RANGE_RE.match(name)
+    if match is None or match["kind"] not in MOE_RANGE_KINDS:
+        return None
+    return match["kind"], int(match["layer"])
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoeRecord:
+    """One line of `metrics/rank<R>.moe.jsonl`: what one MoE layer routed on one rank in one step.
+
+    Counts are token copies (a token routed to k experts counts k times), summed over every forward of the
+    step except activation-checkpointing recomputes; bytes are those of the hidden states as sent (the
+    activation dtype: bf16 under autocast). The peer lists are indexed by rank inside the expert-parallel
+    group (`ep_rank`; global rank = the ep group's ranks in order, see `ep_ranks`) and are whole: never
+    truncated. Without expert parallelism there is no exchange: `ep` is 1 and the peer lists hold one entry,
+    this rank's own tokens (kept local)."""
+
+    step: int
+    """Global training step."""
+    layer: int
+    """Decoder layer index (0-based), as in the `moe/...[layer L]` ranges."""
+    rank: int
+    """Global rank that wrote the record."""
+    ep: int
+    """Expert-parallel degree."""
+    ep_rank: int
+    """This rank's index inside its expert-parallel group."""
+    ep_ranks: list[int]
+    """Global ranks of the expert-parallel group, by ep rank."""
+    tokens_per_expert: list[int]
+    """Token copies this rank's router sent to each expert, indexed by GLOBAL expert id (all experts)."""
+    send_tokens: list[int]
+    """Token copies this rank sent to each ep peer (sum of tokens_per_expert over that peer's experts)."""
+    send_bytes: list[int]
+    """Bytes of hidden states this rank sent to each ep peer in dispatch (the combine returns as many)."""
+    recv_tokens: list[int]
+    """Token copies this rank received from each ep peer (its experts' load from that peer)."""
+    recv_bytes: list[int]
+    """Bytes of hidden states received from each ep peer in dispatch."""
+    split_sizes_d2h_ms: float | None = None
+    """Host wall ms the step spent in this layer's `moe/split_sizes_d2h` copies (every forward, recomputes
+    included): on CUDA, the wait for the device to catch up; None without expert parallelism (no copy)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+MOE_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(MoeRecord))
+MOE_REQUIRED_FIELDS = tuple(f.name for f in dataclasses.fields(MoeRecord) if f.default is dataclasses.MISSING)
+
+
+def read_moe_records(path: Path) -> list[MoeRecord]:
+    """Every well-formed record of a `rank<R>.moe.jsonl` file (other lines are skipped)."""
+    records = []
+    with open(path, "rb") as handle:
+        for raw in handle:
+            try:
+                data = json.loads(raw)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(data, dict) and set(MOE_REQUIRED_FIELDS) <= set(data):
+                records.append(MoeRecord(**{name: data[name] for name in MOE_RECORD_FIELDS if name in data}))
+    return records

@@ -7,6 +7,7 @@ Every path a writer or a reader uses is built here, so the two can never disagre
       manifest.json            every trace (rank, host, window, steps, bytes, sha256), missing ranks
       metrics/rank<R>.jsonl    one JSON line per step
       metrics/rank<R>.compile.json   torch.compile record of that rank (graphs, breaks, recompiles)
+      metrics/rank<R>.moe.jsonl      MoE routing records: one JSON line per (step, MoE layer)
       traces/<window>/rank<R>.<host>.pt.trace.json.gz
       clock/rank<R>.json       this rank's clock offset to rank 0
       logs/                    per-rank stdout/stderr
@@ -31,6 +32,9 @@ REPORT_DIR = "report"
 CHECKPOINTS_DIR = "checkpoints"
 MEMORY_DIR = "memory"
 COMPILE_SUFFIX = ".compile.json"
+MOE_SUFFIX = ".moe.jsonl"
+STEP_METRICS_RE = re.compile(r"^rank(?P<rank>\d+)\.jsonl$")
+"""Step-metrics files only: `rank*.jsonl` as a glob also matches `rank<R>.moe.jsonl`."""
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -156,6 +160,17 @@ class RunLayout:
     def compile_file(self, rank: int) -> Path:
         """`metrics/rank<R>.compile.json`: the rank's compilation record (trainer/compile_record.py)."""
         return self.metrics_dir / f"rank{rank}{COMPILE_SUFFIX}"
+
+    def moe_file(self, rank: int) -> Path:
+        """`metrics/rank<R>.moe.jsonl`: the rank's MoE routing records (traces/formats.py MoeRecord)."""
+        return self.metrics_dir / f"rank{rank}{MOE_SUFFIX}"
+
+    def step_metrics_files(self) -> list[Path]:
+        """Every `metrics/rank<R>.jsonl`, by rank (never the .moe.jsonl or .compile.json records)."""
+        if not self.metrics_dir.is_dir():
+            return []
+        found = [(int(m["rank"]), p) for p in self.metrics_dir.iterdir() if (m := STEP_METRICS_RE.match(p.name))]
+        return [p for _, p in sorted(found)]
 
     def clock_file(self, rank: int) -> Path:
         return self.clock_dir / f"rank{rank}.json"

@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .families import FAMILIES, PRESETS
+from .families import EP_MODEL_TYPES, FAMILIES, PRESETS
 
 ParallelMode = Literal["ddp", "fsdp", "tp", "fsdp_tp"]
 PARALLEL_MODES: tuple[str, ...] = typing.get_args(ParallelMode)
@@ -70,6 +70,10 @@ class ParallelConfig:
     """FSDP2: keep sharded parameters and optimizer state in host memory."""
     backend: Backend = "auto"
     """Process-group backend: nccl on CUDA and gloo on CPU (auto), or forced (gloo on CUDA tensors)."""
+    ep: int = 1
+    """Expert-parallel degree: routed experts are split into `ep` equal slices, one per rank of an `ep` mesh
+    axis carved out of the data-parallel ranks; tokens travel to their experts by all-to-all. The
+    world_size / ep data-parallel replicas of each slice reduce its gradients (mode ddp or fsdp; no tp)."""
 
     def __post_init__(self) -> None:
         require(self.mode in PARALLEL_MODES, "parallel.mode", f"must be one of {PARALLEL_MODES}, got {self.mode!r}")
@@ -78,6 +82,14 @@ class ParallelConfig:
                  f"is {self.tp} but parallel.mode {self.mode!r} has no tensor parallelism")
         require(self.bucket_cap_mb > 0, "parallel.bucket_cap_mb", "must be > 0")
         require(self.backend in typing.get_args(Backend), "parallel.backend", f"unknown backend {self.backend!r}")
+        require(self.ep >= 1, "parallel.ep", f"must be >= 1, got {self.ep}")
+        require(self.ep == 1 or self.mode in EP_MODES, "parallel.ep",
+                f"is {self.ep} but parallel.mode {self.mode!r} is not one of {EP_MODES}: the family's tensor-parallel "
+                "plan shards every expert's FFN across tp ranks, which leaves no whole experts to distribute")
+
+
+EP_MODES: tuple[str, ...] = ("ddp", "fsdp")
+"""Parallel modes that compose with expert parallelism (parallel.ep > 1)."""
 
 
 def check_degrees(config: ParallelConfig, world_size: int) -> None:
@@ -88,6 +100,20 @@ def check_degrees(config: ParallelConfig, world_size: int) -> None:
     if config.mode == "tp" and config.tp != world_size:
         raise ConfigError(f"parallel.tp: mode 'tp' shards over all {world_size} ranks, so tp must be "
                           f"{world_size} (got {config.tp}); use fsdp_tp for data x tensor parallel")
+    if (world_size // config.tp) % config.ep:
+        raise ConfigError(f"parallel.ep: {config.ep} does not divide the {world_size // config.tp} data-parallel "
+                          f"ranks (world size {world_size}, tp {config.tp})")
+
+
+def check_expert_degree(config: ParallelConfig, *, num_experts: int, model_type: str, name: str) -> None:
+    """Expert parallelism against the model: whole experts per rank, an MoE block the trainer can split."""
+    if config.ep == 1:
+        return
+    if model_type not in EP_MODEL_TYPES:
+        raise ConfigError(f"parallel.ep: {name} (model_type {model_type!r}) has no expert-parallel support; "
+                          f"supported model types: {', '.join(EP_MODEL_TYPES)}")
+    if num_experts % config.ep:
+        raise ConfigError(f"parallel.ep: {config.ep} does not divide the {num_experts} routed experts of {name}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -238,11 +264,18 @@ class ObservabilityConfig:
     """CUDA: record allocator history and dump a snapshot when a step runs out of memory."""
     memory_history_entries: int = 100_000
     """Allocation events kept in the history ring buffer."""
+    moe_records: bool = True
+    """Count, on the device, the tokens routed to each expert and the all-to-all split matrix of every MoE
+    layer every step; written to metrics/rank<R>.moe.jsonl at each profiler window's end, every
+    `moe_flush_steps` steps and at the end of the run."""
+    moe_flush_steps: int = 100
+    """Steps kept on the device before the MoE records are copied to the host and written (bounds memory)."""
 
     def __post_init__(self) -> None:
         require(self.clock_round_trips >= 0, "observability.clock_round_trips", "must be >= 0")
         require(self.memory_snapshot_step >= -1, "observability.memory_snapshot_step", "must be >= -1")
         require(self.memory_history_entries >= 1, "observability.memory_history_entries", "must be >= 1")
+        require(self.moe_flush_steps >= 1, "observability.moe_flush_steps", f"must be >= 1, got {self.moe_flush_steps}")
 
     @property
     def records_memory(self) -> bool:
@@ -284,6 +317,14 @@ class FaultConfig:
     """Delay added inside `slow_phase`, per step."""
     slow_phase_rank: int = -1
     """Rank that gets the slow phase; -1: every rank."""
+    hot_expert: int = -1
+    """Routed expert (global id) whose router logit gets `hot_expert_bias` added in every MoE layer on every
+    rank, so that it draws far more tokens than the others; -1: none."""
+    hot_expert_bias: float = 4.0
+    """Logit added to `hot_expert` (natural-log units: +4 multiplies its softmax odds by e^4, about 55)."""
+    expert_skew: float = 0.0
+    """Zipf-like load skew: expert e's router logit gets -expert_skew * ln(e + 1) added, so softmax router
+    probabilities scale like (e + 1)^-expert_skew before top-k; 0: off."""
 
     def __post_init__(self) -> None:
         require(self.crash_step >= 0, "faults.crash_step", "must be >= 0")
@@ -298,6 +339,14 @@ class FaultConfig:
         require(self.slow_phase_rank >= -1, "faults.slow_phase_rank", f"must be >= -1, got {self.slow_phase_rank}")
         require(self.slow_phase == "none" or self.slow_phase_ms > 0, "faults.slow_phase_ms",
                  f"must be > 0 when faults.slow_phase is {self.slow_phase!r}")
+        require(self.hot_expert >= -1, "faults.hot_expert", f"must be >= -1, got {self.hot_expert}")
+        require(self.hot_expert_bias > 0, "faults.hot_expert_bias", f"must be > 0, got {self.hot_expert_bias}")
+        require(self.expert_skew >= 0, "faults.expert_skew", f"must be >= 0, got {self.expert_skew}")
+
+    @property
+    def biases_router(self) -> bool:
+        """Whether a fault adds to the router logits (hot_expert or expert_skew)."""
+        return self.hot_expert >= 0 or self.expert_skew > 0
 
     def data_delay_for(self, rank: int) -> float:
         """ms of injected data-loading delay per batch on `rank`."""
@@ -335,10 +384,20 @@ class TrainConfig:
         require(not (cuda_graphs and self.parallel.mode in ("fsdp", "fsdp_tp")), "performance.compile",
                  f"{self.performance.compile!r} records CUDA graphs, which need fixed parameter addresses; "
                  "FSDP re-gathers parameters every step: use max-autotune-no-cudagraphs or default")
+        require(not (cuda_graphs and self.parallel.ep > 1), "performance.compile",
+                 f"{self.performance.compile!r} records CUDA graphs; expert parallelism copies the all-to-all split "
+                 "sizes to the host every MoE layer, which no graph can replay: use default or "
+                 "max-autotune-no-cudagraphs")
         require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
         require(not (self.faults.graph_break and self.performance.compile == "none"), "faults.graph_break",
                  "breaks a compiled region; performance.compile is none")
         require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+        require(not (self.faults.biases_router and self.parallel.tp > 1), "faults.hot_expert",
+                "the router faults (hot_expert, expert_skew) need the trainer's MoE layers, which tensor-parallel "
+                "runs (parallel.tp > 1) keep as transformers built them")
+        require(self.parallel.ep == 1 or not (self.checkpoint.every or self.checkpoint.at_exit), "checkpoint.every",
+                "checkpoints of expert-parallel runs are not supported: every rank holds different experts under "
+                "the same parameter names (set parallel.ep=1, or checkpoint.every=0 and checkpoint.at_exit=false)")
 
 
 # --- `section.field=value` overrides -------------------------------------------------------

@@ -31,7 +31,7 @@ def run(config: TrainConfig) -> int:
 
 
 def run_rank(config: TrainConfig) -> RankOutcome:
-    check_model_support(config.model, config.parallel)
+    check_model_support(config.model, config.parallel, config.faults)
     runtime = init_runtime(config)
     try:
         measure_clock(config.observability, RunLayout.at(config.run_dir))

@@ -105,6 +105,14 @@ class Family:
     """transformers attention implementation the family supports."""
 
 
+EP_MODEL_TYPES: tuple[str, ...] = ("mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "deepseek_v3", "gpt_oss")
+"""transformers model types whose MoE block expert parallelism splits (trainer/expert_parallel.py): each
+block calls `experts(hidden, top_k_index, top_k_weights)` on routing decided beforehand, with every expert's
+weights stacked on dim 0 of 3-D parameters. Shared experts (qwen2_moe, deepseek_v3) stay replicated."""
+NUM_EXPERTS_ATTRIBUTES: tuple[str, ...] = ("num_local_experts", "num_experts", "n_routed_experts")
+"""Config attributes that hold the routed-expert count, by family naming."""
+
+
 FAMILIES: dict[str, Family] = {
     "mixtral": Family("MixtralConfig", _mixtral),
     "qwen3_moe": Family("Qwen3MoeConfig", _qwen3_moe),

@@ -1,6 +1,9 @@
 """Injected faults with known sizes: ground truth for the report (see config.FaultConfig).
 
-Each fault marks itself in the trace with a `record_function` range named `fleetscope_injected_<what>`.
+The router faults (hot_expert, expert_skew) bias the router logits of every MoE layer
+(trainer/expert_parallel.py wraps the routers); their effect is read in metrics/rank<R>.moe.jsonl.
+
+Each other fault marks itself in the trace with a `record_function` range named `fleetscope_injected_<what>`.
 Inside a compiled region Dynamo drops record_function ranges, so the faults that run inside decoder
 blocks are functions excluded from compilation (`torch._dynamo.disable`): they always run eagerly and
 stay visible in the trace. Excluding a function is itself a graph break, which is exactly the
@@ -58,6 +61,19 @@ def injected_sync(hidden: torch.Tensor) -> float:
     local = hidden.to_local() if isinstance(hidden, DTensor) else hidden
     with record_function(SYNC):
         return local.detach().reshape(-1)[0].item()
+
+
+def router_logit_bias(faults: FaultConfig, num_experts: int) -> torch.Tensor | None:
+    """The bias over experts the hot_expert / expert_skew faults add to every router's logits (None: off).
+
+    expert_skew S: -S * ln(e + 1) for expert e, so softmax probabilities scale like (e + 1)^-S (Zipf-like);
+    hot_expert E: +hot_expert_bias on expert E."""
+    if not faults.biases_router:
+        return None
+    bias_E = -faults.expert_skew * torch.log(torch.arange(1, num_experts + 1, dtype=torch.float32))
+    if faults.hot_expert >= 0:
+        bias_E[faults.hot_expert] += faults.hot_expert_bias
+    return bias_E
 
 
 class DelayedCollate:

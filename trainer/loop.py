@@ -12,18 +12,20 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from ..traces.formats import INJECTED_DELAY
 from ..traces.layout import RunLayout
 from .config import TrainConfig
 from .data import build_loader, data_plan
-from .fast_moe import install_fast_experts
+from .expert_parallel import expert_parameter_names, install_moe_layers, moe_blocks
 from .flops import FlopModel, flop_model, peak_tflops
 from .loss import CausalLMTrainingModule
 from .comm_timing import Clock, DdpCommTimer, StepBuckets, TimedSpan
 from .compile_record import CompileWatch
 from .faults import MemoryLeak, install_layer_faults, slow_phase
+from .moe_stats import MoeStats
 from .metrics import MemorySample, MetricsWriter, PhaseTimer, StepMemory, StepMetrics, StepTiming
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .models import build_model
@@ -46,6 +48,12 @@ class TrainState:
     """Times DDP's gradient all-reduces (None: not DDP)."""
     leak: MemoryLeak | None = None
     """The faults.leak_mb_per_step fault (None: off)."""
+    moe: MoeStats | None = None
+    """Per-step MoE routing records (None: off or no MoE layer)."""
+    expert_params: list[torch.nn.Parameter] = dataclasses.field(default_factory=list)
+    """Expert-parallel experts' parameters: each rank holds a different slice (grad norm sums over ep)."""
+    ep_group: object = None
+    """The expert-parallel process group (None: no expert parallelism)."""
     step: int = 0
 
 
@@ -54,9 +62,8 @@ def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
     causal_lm = build_model(config.model, seed=config.seed).to(runtime.device)
     vocab_size = causal_lm.config.vocab_size
     flops = flop_model(causal_lm)
-    # The fast paths work on whole (unsharded) expert and LM-head weights.
-    if config.performance.fast_experts and not sharded:
-        install_fast_experts(causal_lm)
+    # The fast paths work on whole (unsharded by tp) expert and LM-head weights.
+    moe = None if sharded else install_moe(causal_lm, config, runtime)
     model = CausalLMTrainingModule(causal_lm, fused_loss=config.performance.fused_loss and not sharded,
                                    chunk_tokens=config.performance.loss_chunk_tokens)
     install_layer_faults(model, config.faults)  # before compiling: the hooks must run inside the blocks
@@ -71,8 +78,29 @@ def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
         fused=config.optim.fused and runtime.use_cuda,
     )
     leak = MemoryLeak(config.faults.leak_mb_per_step, runtime.device) if config.faults.leak_mb_per_step else None
+    expert_names = set(expert_parameter_names(model))
+    expert_params = [p for name, p in model.named_parameters() if name in expert_names]
+    ep_group = runtime.mesh["ep"].get_group() if runtime.dims.ep > 1 else None
     return TrainState(model=model, optimizer=optimizer, vocab_size=vocab_size, flops=flops, comm_timer=comm_timer,
-                      leak=leak)
+                      leak=leak, moe=moe, expert_params=expert_params, ep_group=ep_group)
+
+
+def install_moe(causal_lm: torch.nn.Module, config: TrainConfig, runtime: Runtime) -> MoeStats | None:
+    """Ranges, routing records and router faults on every MoE layer (grouped GEMMs where enabled); the
+    record keeper, or None when records are off or the model has no MoE layer."""
+    blocks = moe_blocks(causal_lm)
+    stats = None
+    if config.observability.moe_records and blocks:
+        dims = runtime.dims
+        num_experts = int(blocks[0][1].experts.gate_up_proj.shape[0])
+        stats = MoeStats(layers=[index for index, _ in blocks], num_experts=num_experts,
+                         ep=dims.ep, ep_rank=dims.ep_rank(runtime.rank), ep_ranks=dims.ep_group_ranks(runtime.rank),
+                         rank=runtime.rank,
+                         path=RunLayout.at(config.run_dir).moe_file(runtime.rank),
+                         flush_steps=config.observability.moe_flush_steps, device=runtime.device)
+    install_moe_layers(causal_lm, faults=config.faults, stats=stats, grouped=config.performance.fast_experts,
+                       device=runtime.device, expert_parallel=runtime.dims.ep > 1)
+    return stats
 
 
 def autocast_context(config: TrainConfig, runtime: Runtime) -> contextlib.AbstractContextManager:
@@ -115,34 +143,57 @@ def train_step(state: TrainState, batches: Iterator[torch.Tensor], config: Train
         with phase("optimizer_step", runtime):
             slow_phase("optimizer_step", config.faults, runtime.rank)
             if config.optim.grad_clip:
-                clip_grad_norm(list(state.model.parameters()), config.optim.grad_clip)
+                clip_grad_norm(list(state.model.parameters()), config.optim.grad_clip,
+                               expert_params=state.expert_params, ep_group=state.ep_group)
             state.optimizer.step()
             state.optimizer.zero_grad(set_to_none=True)
         timer.mark("end")
     return loss.detach()
 
 
-def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float, *,
+                   expert_params: list[torch.nn.Parameter] = (), ep_group=None) -> torch.Tensor:
     """Clip the global gradient norm without a host sync; any mix of plain and DTensor gradients.
 
     Gradients are normed in foreach groups: plain tensors, and DTensors per device mesh (FSDP x TP
-    mixes 1-D and 2-D meshes); a DTensor norm is the whole tensor's after `full_tensor`. Then every
+    mixes 1-D and 2-D meshes); a DTensor norm is the whole tensor's after `full_tensor`. Expert-parallel
+    experts' squared norms are summed over the ep group (each rank holds other experts). Then every
     gradient is scaled by one device scalar.
     """
+    experts = {id(p) for p in expert_params}
+    shared = _grad_groups([p for p in parameters if id(p) not in experts])
+    sharded = _grad_groups([p for p in parameters if id(p) in experts])
+    if not shared and not expert_params:
+        return torch.zeros(())
+    total_sq = _squared_norm(shared)
+    if expert_params:  # every ep rank joins the all-reduce, with or without expert gradients
+        expert_sq = _squared_norm(sharded)
+        if expert_sq is None:
+            expert_sq = torch.zeros((), device=expert_params[0].device)
+        dist.all_reduce(expert_sq, group=ep_group)
+        total_sq = expert_sq if total_sq is None else total_sq + expert_sq.to(total_sq.device)
+    total = total_sq.sqrt()
+    scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for group in (*shared.values(), *sharded.values()):
+        torch._foreach_mul_(group, scale.to(group[0].device))
+    return total
+
+
+def _grad_groups(parameters: list[torch.nn.Parameter]) -> dict[object, list[torch.Tensor]]:
     groups: dict[object, list[torch.Tensor]] = {}
     for parameter in parameters:
         if parameter.grad is not None:
             key = parameter.grad.device_mesh if isinstance(parameter.grad, DTensor) else None
             groups.setdefault(key, []).append(parameter.grad)
+    return groups
+
+
+def _squared_norm(groups: dict[object, list[torch.Tensor]]) -> torch.Tensor | None:
     if not groups:
-        return torch.zeros(())
+        return None
     norms = [norm.full_tensor() if isinstance(norm, DTensor) else norm
              for group in groups.values() for norm in torch._foreach_norm(group)]
-    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
-    scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for group in groups.values():
-        torch._foreach_mul_(group, scale.to(group[0].device))
-    return total
+    return torch.stack([n.float() for n in norms]).square().sum()
 
 
 class InjectedFault(RuntimeError):
@@ -260,6 +311,8 @@ class TrainingRun:
                 self.step_memory.start_step()
                 with self.profiler.step_context(step):
                     loss = self._step(batches)
+                    if self.state.moe is not None:
+                        self.state.moe.end_step(step)
                 self.memory.after_step(step)
                 self.state.step = step + 1
                 launched = self._launched(step, loss)
@@ -275,6 +328,8 @@ class TrainingRun:
         finally:
             self.profiler.close()
             self.writer.close()
+            if self.state.moe is not None:
+                self.state.moe.close()
             self.stops.restore()
             if self.compile_watch is not None:
                 self.compile_watch.write(final=True)
@@ -321,6 +376,8 @@ class TrainingRun:
         _log_published(trace)
         # The window's last step is not yet in the compile watch: the record is written once it is.
         self._window_ended = True
+        if self.state.moe is not None:
+            self.state.moe.flush()
 
     def _stop_for_scheduler(self, level: float) -> None:
         self._save(self.state.step)

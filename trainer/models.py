@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 import transformers
 
-from .config import ConfigError, ModelConfig, ParallelConfig
-from .families import FAMILIES, PRESETS
+from .config import ConfigError, FaultConfig, ModelConfig, ParallelConfig, check_expert_degree
+from .families import FAMILIES, NUM_EXPERTS_ATTRIBUTES, PRESETS
 
 
 def build_config(model: ModelConfig) -> transformers.PretrainedConfig:
@@ -32,13 +32,28 @@ def build_model(model: ModelConfig, *, seed: int) -> torch.nn.Module:
     return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention)
 
 
-def check_model_support(model: ModelConfig, parallel: ParallelConfig) -> None:
+def num_routed_experts(config: transformers.PretrainedConfig) -> int:
+    """Routed experts per MoE layer of a transformers config (0: no attribute names them)."""
+    for attribute in NUM_EXPERTS_ATTRIBUTES:
+        if getattr(config, attribute, None):
+            return int(getattr(config, attribute))
+    return 0
+
+
+def check_model_support(model: ModelConfig, parallel: ParallelConfig, faults: FaultConfig | None = None) -> None:
     """What the model's config decides about the parallel layout, checked before any process group:
-    a tensor-parallel plan must exist and the attention heads must divide evenly."""
-    if parallel.tp == 1:
+    a tensor-parallel plan must exist and the attention heads must divide evenly; expert parallelism needs a
+    supported MoE block and whole experts per rank; a hot expert must exist."""
+    if parallel.tp == 1 and parallel.ep == 1 and (faults is None or faults.hot_expert < 0):
         return
     config = build_config(model)
     name = model.path or model.family
+    experts = num_routed_experts(config)
+    check_expert_degree(parallel, num_experts=experts, model_type=getattr(config, "model_type", ""), name=name)
+    if faults is not None and faults.hot_expert >= experts:
+        raise ConfigError(f"faults.hot_expert: {faults.hot_expert} is not an expert of {name} ({experts} experts)")
+    if parallel.tp == 1:
+        return
     if not getattr(config, "base_model_tp_plan", None):
         raise ConfigError(f"parallel.tp: {name} ({type(config).__name__}) has no tensor-parallel plan; use ddp or fsdp")
     for attribute in ("num_attention_heads", "num_key_value_heads"):

@@ -7,38 +7,66 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from .config import ConfigError, ParallelConfig, PerformanceConfig, check_degrees
+from .config import ConfigError, ParallelConfig, PerformanceConfig, check_degrees, check_expert_degree
+from .expert_parallel import apply_expert_parallel, average_over_replicas, expert_parameter_names
 from .models import decoder_layers
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParallelDims:
-    """The one owner of parallel degrees: data-parallel x tensor-parallel = world size."""
+    """The one owner of parallel degrees: data-parallel x tensor-parallel = world size; expert parallelism
+    splits the data-parallel ranks into ep groups (ep fastest) x expert-data-parallel replicas (edp)."""
 
     world_size: int
     dp: int
     tp: int
     mode: str
+    ep: int = 1
+    """Expert-parallel degree (ranks that split one copy of the routed experts)."""
 
     @classmethod
-    def from_config(cls, config: ParallelConfig, world_size: int) -> "ParallelDims":
+    def from_config(cls, config: ParallelConfig, world_size: int, *, num_experts: int | None = None,
+                    model_type: str = "", name: str = "model") -> "ParallelDims":
+        """Validate every degree (and, given the model's expert count and type, expert parallelism against
+        the model) before any process group exists."""
         check_degrees(config, world_size)
-        return cls(world_size=world_size, dp=world_size // config.tp, tp=config.tp, mode=config.mode)
+        if num_experts is not None:
+            check_expert_degree(config, num_experts=num_experts, model_type=model_type, name=name)
+        return cls(world_size=world_size, dp=world_size // config.tp, tp=config.tp, mode=config.mode, ep=config.ep)
+
+    @property
+    def edp(self) -> int:
+        """Replicas of each expert slice: the data-parallel ranks that hold the same experts."""
+        return self.dp // self.ep
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
-        return (self.dp, self.tp)
+        return (self.edp, self.ep, self.tp) if self.ep > 1 else (self.dp, self.tp)
 
     @property
     def mesh_names(self) -> tuple[str, ...]:
-        return ("dp", "tp")
+        return ("edp", "ep", "tp") if self.ep > 1 else ("dp", "tp")
 
     def build_mesh(self, device_type: str) -> DeviceMesh:
-        return init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=self.mesh_names)
+        """The mesh; with expert parallelism its (edp, ep) axes are also flattened into the `dp` axis that
+        data loading, FSDP and DDP use for the non-expert parameters."""
+        mesh = init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=self.mesh_names)
+        if self.ep > 1:
+            mesh[("edp", "ep")]._flatten("dp")
+        return mesh
 
     def dp_rank(self, global_rank: int) -> int:
         """Data-parallel rank of a global rank (tp is the fastest-varying mesh axis)."""
         return global_rank // self.tp
+
+    def ep_rank(self, global_rank: int) -> int:
+        """Rank inside the expert-parallel group: which slice of the experts this rank holds."""
+        return self.dp_rank(global_rank) % self.ep
+
+    def ep_group_ranks(self, global_rank: int) -> list[int]:
+        """Global ranks of `global_rank`'s expert-parallel group, by ep rank."""
+        first = global_rank - self.ep_rank(global_rank) * self.tp
+        return [first + peer * self.tp for peer in range(self.ep)]
 
 
 def parallelize(
@@ -50,19 +78,27 @@ def parallelize(
     performance: PerformanceConfig,
     device: torch.device,
 ) -> torch.nn.Module:
-    """Apply, in this fixed order: tensor parallel -> activation checkpointing -> compile -> FSDP2 or DDP.
+    """Apply, in this fixed order: expert parallel -> tensor parallel -> activation checkpointing -> compile ->
+    FSDP2 or DDP.
 
-    Every rank holds the same seeded weights when this runs, so sharding slices them locally.
+    Every rank holds the same seeded weights when this runs, so sharding slices them locally. Expert
+    parallelism needs the MoE layers installed (expert_parallel.install_moe_layers) beforehand.
     """
+    experts = apply_expert_parallel(model, mesh["ep"]) if dims.ep > 1 else []
     if dims.tp > 1:
         apply_tensor_parallel(model, mesh["tp"])
     apply_activation_checkpointing(model, performance.activation_checkpointing)
     apply_regional_compile(model, performance.compile, backend=performance.compile_backend)
     if dims.mode in ("fsdp", "fsdp_tp"):
-        return _apply_fsdp(model, mesh["dp"], parallel=parallel, performance=performance, device=device)
+        expert_mesh = mesh["edp"] if experts else None
+        return _apply_fsdp(model, mesh["dp"], parallel=parallel, performance=performance, device=device,
+                           experts=experts, expert_mesh=expert_mesh)
+    if experts and dims.edp > 1:
+        average_over_replicas([p for module in experts for p in module.parameters()], mesh["edp"].get_group(),
+                              dims.edp)
     if dims.dp == 1:
         return model  # one replica: nothing to synchronize
-    return _apply_ddp(model, mesh["dp"], parallel=parallel, device=device)
+    return _apply_ddp(model, mesh["dp"], parallel=parallel, device=device, ignored=expert_parameter_names(model))
 
 
 def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
@@ -113,7 +149,10 @@ def apply_regional_compile(model: torch.nn.Module, mode: str, *, backend: str = 
 
 
 def _apply_fsdp(model, dp_mesh: DeviceMesh, *, parallel: ParallelConfig, performance: PerformanceConfig,
-                device: torch.device) -> torch.nn.Module:
+                device: torch.device, experts: list[torch.nn.Module] = (),
+                expert_mesh: DeviceMesh | None = None) -> torch.nn.Module:
+    """fully_shard per decoder block and the root over `dp_mesh`; expert-parallel experts first, over the
+    expert-data-parallel replicas (`expert_mesh`), as their own FSDP units inside their blocks."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     options = {}
@@ -122,6 +161,8 @@ def _apply_fsdp(model, dp_mesh: DeviceMesh, *, parallel: ParallelConfig, perform
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if parallel.cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
+    for module in experts:
+        fully_shard(module, mesh=expert_mesh, reshard_after_forward=parallel.reshard_after_forward, **options)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=dp_mesh, reshard_after_forward=parallel.reshard_after_forward, **options)
     # The root keeps embeddings, final norm and LM head; no reshard: backward needs them first.
@@ -129,9 +170,13 @@ def _apply_fsdp(model, dp_mesh: DeviceMesh, *, parallel: ParallelConfig, perform
     return model
 
 
-def _apply_ddp(model, dp_mesh: DeviceMesh, *, parallel: ParallelConfig, device: torch.device) -> torch.nn.Module:
+def _apply_ddp(model, dp_mesh: DeviceMesh, *, parallel: ParallelConfig, device: torch.device,
+               ignored: list[str] = ()) -> torch.nn.Module:
+    """DDP over `dp_mesh`; `ignored` parameters (expert-parallel experts) are left to their own reduction."""
     from torch.nn.parallel import DistributedDataParallel
 
+    if ignored:
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(ignored))
     device_ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(
         model, device_ids=device_ids, process_group=dp_mesh.get_group(), bucket_cap_mb=parallel.bucket_cap_mb

@@ -22,12 +22,15 @@ def main() -> int:
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--ep", type=int, default=1)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
     configs = [
         apply_overrides(TrainConfig(run_dir=f"{args.out}/{family}"), [
             f"model.family={family}", f"parallel.mode={args.mode}", f"parallel.tp={args.tp}",
             f"data.batch_size={args.batch}", "data.seq_len=32", f"steps={args.steps}", "performance.device=cpu",
-            "profiler.enabled=false", "observability.clock_round_trips=0",
+            "profiler.enabled=false", "observability.clock_round_trips=0", f"parallel.ep={args.ep}",
+            *args.overrides,
         ])
         for family in args.families.split(",")
     ]

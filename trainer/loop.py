@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import sys
 import signal
 import time
 from dataclasses import dataclass
@@ -369,7 +370,7 @@ class TrainingRun:
         self.history.append(metrics)
         _log_step(metrics, self.runtime)
         if self.config.observability.mllog:
-            print(mllog_line(metrics), flush=True)
+            print_whole_line(mllog_line(metrics))
         return float(pending.stop_flag) if pending.stop_flag is not None else LEVEL_NONE
 
     def _on_published(self, trace: PublishedTrace) -> None:
@@ -412,3 +413,10 @@ def _log_step(metrics: StepMetrics, runtime: Runtime) -> None:
 def _log_published(trace: PublishedTrace) -> None:
     log.info("trace of window %d (steps %d-%d) published: %s (%.2f s)", trace.window.index,
              trace.window.active_start, trace.window.end - 1, trace.path, trace.export_seconds)
+
+
+def print_whole_line(text: str) -> None:
+    """One line to stdout in one write: every rank shares the launcher's stdout, and a line split across
+    writes (a full buffer) would interleave with another rank's line (lines < PIPE_BUF write atomically)."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (text + "\n").encode())

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...trainer.config import ConfigError, train_argv
+from ...trainer.config import ConfigError
 from ...traces.jobfile import now_iso, write_job_record
 from ...traces.layout import RunLayout, torchx_local_logs_dir, torchx_node_logs_dir
 from ..failures import RankFailure, collect_failures
@@ -31,7 +31,7 @@ from ..slurm_request import (
     slurm_logs_dir,
 )
 from ..spec import JobSpec, spec_record
-from .local import TRAINER_MODULE, RecordedRunStatus
+from .local import RecordedRunStatus
 from .slurm import SlurmScheduler, SubmittedSlurmJob, submit_batch_script, submit_postprocess
 
 RDZV_PORT = 29500
@@ -48,7 +48,7 @@ def torchrun_command(spec: JobSpec, *, rank0_host: str, rdzv_id: str, replica: s
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{rank0_host}:{RDZV_PORT}", "--rdzv-id", rdzv_id,
         "--log-dir", str(torchx_node_logs_dir(layout, replica)),
         "--redirects", "3", "--tee", "3",
-        "-m", TRAINER_MODULE, *train_argv(spec.train),
+        *spec.rank_program(),
     ]
 
 

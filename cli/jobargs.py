@@ -98,6 +98,9 @@ def user_entry_from_args(args: argparse.Namespace) -> tuple[str | None, UserEntr
         words.pop(0)
         if not words:
             raise ConfigError("entry.program: -m needs a module name")
+    if words[0].startswith("-"):
+        raise ConfigError(f"entry.program: {words[0]!r} is an option, not a script or module (python options "
+                          f"are not passed)")
     program = words[0] if module else str(Path(words[0]).expanduser().absolute())
     entry = UserEntry(program=program, module=module, args=tuple(words[1:]), workdir=str(Path.cwd()),
                       collect_traces=args.collect_traces or "")

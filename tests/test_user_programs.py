@@ -291,3 +291,31 @@ def test_collect_only_the_given_ranks_and_number_windows_without_iterations_per_
     collection = collect_traces(str(tmp_path / "dump" / "*.json"), RunLayout.at(tmp_path / "run"), ranks={0})
     assert [(t.rank, t.window, t.source.name) for t in collection.collected] == [
         (0, 0, "a_rank0.json"), (0, 1, "b_rank0.json")]
+
+
+# --- the plain-sbatch template with a user program, executed under recording stand-ins ------------------------
+
+from test_launcher_injection import HOSTILE, run_script, shims  # noqa: E402,F401  (shims: a fixture)
+
+from fleetscope.launcher.schedulers.slurm import SBATCH_TEMPLATE  # noqa: E402
+
+
+def test_sbatch_template_runs_the_user_program_then_collects_on_every_node(shims):
+    run_dir = str(shims["root"] / f"runs {HOSTILE}" / "own 1")
+    program = ["train.py", "--name", HOSTILE, "--", "-m"]
+    records = run_script(SBATCH_TEMPLATE.read_text(), shims, run_dir, "--", *program,
+                         env={"FLEETSCOPE_PYTHON": shims["python"], "FS_HOSTILE": HOSTILE,
+                              "FLEETSCOPE_COLLECT_TRACES": f"out/{HOSTILE}/*.json"})
+    sruns = [r["argv"] for r in records if r["name"] == "srun"]
+    assert len(sruns) == 2
+    assert sruns[0][-len(program):] == program and "fleetscope.trainer" not in sruns[0]
+    assert sruns[1][-3:] == ["collect-traces", run_dir, f"out/{HOSTILE}/*.json"]
+    assert "--ntasks-per-node=1" in sruns[1]
+    pythons = [r["argv"] for r in records if r["name"] == "python"]
+    assert pythons[-1] == ["-m", "fleetscope.cli.main", "postprocess", run_dir]
+
+
+def test_sbatch_template_exports_the_names_of_the_launch_environment():
+    text = SBATCH_TEMPLATE.read_text()
+    assert f'export {launch_env.RUN_DIR_VAR}="$run_dir" {launch_env.SCHEDULER_VAR}=sbatch' in text
+    assert launch_env.PROFILE_VAR in text

@@ -63,6 +63,8 @@ def job_spec_from_args(args: argparse.Namespace) -> JobSpec:
     """The JobSpec the flags describe; a ConfigError names the first bad field."""
     provisional = train_config_from_args(args, run_dir=args.run_dir or "pending")
     python, entry = user_entry_from_args(args)
+    if entry is not None:
+        refuse_trainer_settings(train_assignments(args))
     run_dir = Path(args.run_dir).expanduser().absolute() if args.run_dir else default_run_dir(args.runs_root,
                                                                                              provisional, entry)
     train = train_config_from_args(args, run_dir=str(run_dir))
@@ -71,6 +73,18 @@ def job_spec_from_args(args: argparse.Namespace) -> JobSpec:
         env=_parse_env(args.env), slurm=_slurm_options(args), entry=entry,
         **({"python": python} if python else {}),
     )
+
+
+USER_PROGRAM_SETTINGS = ("profiler.", "performance.device=")
+"""What applies to a user's program: the profiling schedule, and the device (whether Slurm gets GPUs)."""
+
+
+def refuse_trainer_settings(assignments: list[str]) -> None:
+    """Training flags configure fleetscope's trainer; with a user's program they would silently do nothing."""
+    ignored = [a for a in assignments if not a.startswith(USER_PROGRAM_SETTINGS)]
+    if ignored:
+        raise ConfigError(f"entry: {', '.join(ignored)} configure fleetscope's own trainer, not your program "
+                          f"(with a program after --, only --profile / profiler.* and --device apply)")
 
 
 def user_entry_from_args(args: argparse.Namespace) -> tuple[str | None, UserEntry | None]:

@@ -141,6 +141,7 @@ def test_an_interpreter_path_becomes_the_nodes_python(tmp_path):
     (["--", "-c", "print(1)"], "is an option, not a script or module"),
     (["--collect-traces", "x/*.json"], "--collect-traces needs your program after --"),
     (["--", "python", "missing.py"], "missing.py: no such file (nothing was started)"),
+    (["--model", "mixtral", "--", "python", "t.py"], "entry: model.family=mixtral configure fleetscope's own trainer"),
 ])
 def test_bad_programs_exit_2_naming_the_field_and_start_nothing(tmp_path, words, message):
     completed = fleetscope("launch", "--run-dir", str(tmp_path / "run"), *words, cwd=tmp_path)
@@ -198,6 +199,16 @@ def test_step_done_and_open_ended_schedules_plan_window_after_window(monkeypatch
     assert len(windows_dirs) == 70 and windows_dirs[-1] == "window069"
     last = read_trace(next((tmp_path / "traces" / "window069").iterdir()))
     assert profiler_steps(last["traceEvents"]) == [139]
+
+
+def test_step_done_from_start_step_records_the_first_step(monkeypatch, tmp_path):
+    launched_here(monkeypatch, tmp_path, skip_first=5, wait=0, warmup=0, active=2, repeat=1)
+    windows = fs.windows(start_step=5)
+    for step in range(5, 9):
+        work()
+        windows.step_done(step)
+    [trace] = windows.published
+    assert profiler_steps(read_trace(trace)["traceEvents"]) == [5, 6]
 
 
 def test_not_launched_by_fleetscope_is_a_noop_with_one_notice(monkeypatch, tmp_path, capsys):

@@ -115,7 +115,8 @@ class Windows:
 
     def step_done(self, step: int) -> None:
         """Call at the end of step `step` instead of wrapping it: ends it and begins step + 1 (as
-        torch.profiler's `prof.step()` does), so the first call's step began when this object was made."""
+        torch.profiler's `prof.step()` does). The first step is recorded from `windows(start_step=...)` on;
+        without it, the first step_done's step is not (its start was not seen)."""
         if self._open_step is None:
             self._begin(step)
         self._end(step)
@@ -183,14 +184,18 @@ class Windows:
                 record_clock_offset(self._layout)
 
 
-def windows(*, use_cuda: bool | None = None, measure_clock: bool = True) -> Windows:
+def windows(*, start_step: int | None = None, use_cuda: bool | None = None, measure_clock: bool = True) -> Windows:
     """This rank's profiling windows, planned from the launcher's environment (every rank calls it, after
-    `init_process_group` if there is one: the clock measurement is a collective). Not launched by
-    fleetscope: a no-op object, after a one-line notice."""
+    `init_process_group` if there is one: the clock measurement is a collective). `start_step`: step
+    `start_step` begins now (for loops that call `step_done` only). Not launched by fleetscope: a no-op
+    object, after a one-line notice."""
     launched = read_launch_environment()
     if launched is None:
         print(NOT_LAUNCHED_NOTICE, file=sys.stderr)
-    return Windows(launched, use_cuda=use_cuda, measure_clock=measure_clock)
+    made = Windows(launched, use_cuda=use_cuda, measure_clock=measure_clock)
+    if start_step is not None:
+        made._begin(start_step)
+    return made
 
 
 class TraceHandler:

@@ -330,3 +330,21 @@ def test_sbatch_template_exports_the_names_of_the_launch_environment():
     text = SBATCH_TEMPLATE.read_text()
     assert f'export {launch_env.RUN_DIR_VAR}="$run_dir" {launch_env.SCHEDULER_VAR}=sbatch' in text
     assert launch_env.PROFILE_VAR in text
+
+
+# --- what a submitit task runs in-process -------------------------------------------------------------------
+
+from fleetscope.launcher.schedulers.submitit import run_program, run_program_checked  # noqa: E402
+
+
+def test_submitit_runs_a_script_or_module_in_process_as_python_would(tmp_path, monkeypatch):
+    body = ("import sys, json\nif __name__ == '__main__':\n"
+            "    open('seen.json', 'w').write(json.dumps(sys.argv[1:]))\n    sys.exit(int(sys.argv[1]))\n")
+    (tmp_path / "user_train.py").write_text(body)
+    monkeypatch.chdir(tmp_path)
+    assert run_program([str(tmp_path / "user_train.py"), "75", "it's ; $(x)"]) == 75
+    assert json.loads((tmp_path / "seen.json").read_text()) == ["75", "it's ; $(x)"]
+    assert run_program(["-m", "user_train", "0"]) == 0  # -m finds modules in the working directory
+    with pytest.raises(RuntimeError, match="exited with status 3"):
+        run_program_checked(["-m", "user_train", "3"], allowed=(0, 75))
+    assert "user_train" not in sys.argv

@@ -80,3 +80,12 @@ def test_a_failing_user_module_fails_the_launch_and_its_status(tmp_path):
     assert completed.returncode == 1
     status = fleetscope("status", str(run), cwd=tmp_path)
     assert status.returncode == 1 and "failed" in status.stdout
+
+
+def test_ddp_script_through_torchx_local(tmp_path):
+    run = tmp_path / "run"
+    completed = fleetscope("launch", "--scheduler", "torchx_local", "--run-dir", str(run),
+                           "--profile", "wait=1,warmup=1,active=2,repeat=2",
+                           "--", "python", str(EXAMPLES / "ddp_windows.py"), "--steps", "10", cwd=tmp_path)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    check_run(run, windows=2, steps=[2, 3, 6, 7])

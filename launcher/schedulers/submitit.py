@@ -219,8 +219,8 @@ def run_program(argv: list[str]) -> int:
     program, args = (argv[1], argv[2:]) if module else (argv[0], argv[1:])
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [program, *args]
-    if not module:
-        sys.path.insert(0, str(Path(program).parent))
+    # as `python script.py` puts the script's folder first on sys.path, and `python -m` the working directory
+    sys.path.insert(0, os.getcwd() if module else str(Path(program).parent))
     try:
         if module:
             runpy.run_module(program, run_name="__main__", alter_sys=True)

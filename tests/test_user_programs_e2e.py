@@ -50,6 +50,7 @@ def test_script_driving_torch_profiler_with_trace_handler(tmp_path):
                            "--steps", "10", cwd=tmp_path)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     check_run(run, windows=2, steps=[2, 3, 6, 7])
+    assert sorted(p.name for p in (run / "clock").iterdir()) == ["rank0.json", "rank1.json"]
 
 
 def test_torchtitan_layout_collected_with_collect_traces(tmp_path):

@@ -180,8 +180,7 @@ class Windows:
 
         if dist.is_available() and dist.is_initialized():
             self._clock_pending = False
-            if dist.get_world_size() > 1:
-                record_clock_offset(self._layout)
+            measure_clock_offset_once(self._layout)
 
 
 def windows(*, start_step: int | None = None, use_cuda: bool | None = None, measure_clock: bool = True) -> Windows:
@@ -220,13 +219,28 @@ class TraceHandler:
         self.published.append(path)
 
 
-def trace_handler(*, run_dir: str | Path | None = None) -> Callable[[Any], None]:
+def trace_handler(*, run_dir: str | Path | None = None, measure_clock: bool = True) -> Callable[[Any], None]:
     """An `on_trace_ready` handler that publishes into the run directory (the launcher's, or `run_dir`).
-    Not launched by fleetscope and no `run_dir`: traces are dropped, after a one-line notice."""
+    Made on every rank after `init_process_group`, it also measures the clock offset to rank 0 (a
+    collective). Not launched by fleetscope and no `run_dir`: traces are dropped, after a one-line notice."""
     if run_dir is None:
         launched = read_launch_environment()
         run_dir = launched.run_dir if launched else None
     if run_dir is None:
         print("fleetscope: not launched by `fleetscope launch`: trace_handler() keeps no traces", file=sys.stderr)
         return TraceHandler(None)
-    return TraceHandler(RunLayout.at(run_dir))
+    layout = RunLayout.at(run_dir)
+    if measure_clock:
+        measure_clock_offset_once(layout)
+    return TraceHandler(layout)
+
+
+def measure_clock_offset_once(layout: RunLayout) -> bool:
+    """Every rank's clock offset to rank 0 into clock/rank<R>.json, when a process group of several ranks
+    exists (a collective: every rank must call it at the same point). True if measured."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return False
+    record_clock_offset(layout)
+    return True

@@ -12,6 +12,7 @@ from ..launcher.scheduler import LaunchPlan
 from ..launcher.schedulers import scheduler_for
 from ..launcher.schedulers.slurm import wait_for_run, waited_verdict
 from ..launcher.spec import JobSpec
+from ..trainer.config import ConfigError
 from ..traces.layout import RunLayout
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, exit_code
 from ..traces.outputs import guard_output
@@ -43,6 +44,8 @@ def handle_launch(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(plan.render())
         return EXIT_OK
+    if spec.entry is not None and not spec.entry.module and not Path(spec.entry.program).is_file():
+        raise ConfigError(f"entry.program: {spec.entry.program}: no such file (nothing was started)")
     announce = (lambda: print(f"fleetscope: running {spec.world_size} rank(s) into {plan.run_dir}", flush=True)
                 if spec.scheduler == "local" else None)
     outcome = launch(scheduler, plan, resume=args.resume, postprocess=None if args.no_post else postprocess,
@@ -125,6 +128,28 @@ def handle_gather(args: argparse.Namespace) -> int:
     print(describe_manifest(manifest))
     print(f"manifest: {RunLayout.at(args.run_dir).manifest_file}")
     return EXIT_OK if manifest.complete else EXIT_PARTIAL
+
+
+def register_collect(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("collect-traces", help="file traces a program wrote itself into a run directory "
+                                                   "(what --collect-traces runs on every node after the job)")
+    parser.add_argument("run_dir")
+    parser.add_argument("pattern", metavar="GLOB", help="e.g. 'outputs/profile_trace/iteration_*/rank*_trace.json'")
+    parser.add_argument("--rank", dest="ranks", type=int, action="append", default=None,
+                        help="collect only this rank's traces (repeatable)")
+    parser.set_defaults(handler=handle_collect)
+
+
+def handle_collect(args: argparse.Namespace) -> int:
+    from ..launcher.schedulers.local import report_collection
+    from ..traces.collect import collect_traces
+    from ..traces.launch_env import restart_attempt
+
+    collection = collect_traces(str(Path(args.pattern).expanduser().absolute()), RunLayout.at(args.run_dir),
+                                ranks=set(args.ranks) if args.ranks is not None else None,
+                                attempt=restart_attempt())
+    report_collection(collection)
+    return EXIT_PARTIAL if collection.skipped else EXIT_OK
 
 
 def register_postprocess(sub: argparse._SubParsersAction) -> None:
@@ -322,6 +347,6 @@ def progress_printer(label: str):
 
 
 REGISTRY = [
-    register_launch, register_train, register_gather, register_analyze, register_merge, register_postprocess,
-    register_demo, register_compare, register_query,
+    register_launch, register_train, register_collect, register_gather, register_analyze, register_merge,
+    register_postprocess, register_demo, register_compare, register_query,
 ]

@@ -7,11 +7,12 @@ import re
 from datetime import datetime
 from pathlib import Path
 
-from ..launcher.spec import SCHEDULERS, JobSpec, SlurmOptions
+from ..launcher.spec import SCHEDULERS, JobSpec, SlurmOptions, UserEntry
 from ..launcher.untrusted import require_plain_text
 from ..trainer.config import ConfigError, TrainConfig, add_train_arguments, apply_overrides, train_assignments
 
 _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+_PYTHON_NAME = re.compile(r"^python[0-9.]*$")
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,12 +36,22 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     slurm.add_argument("--mem", dest="mem_per_node", default=None, help="memory per node, e.g. 200G")
     slurm.add_argument("--gpus-per-node", type=int, default=None)
     slurm.add_argument("--sbatch-opt", dest="extra_sbatch", action="append", default=[], metavar="--OPTION=VALUE")
+    own = parser.add_argument_group("your own training program (after --)")
+    own.add_argument("--collect-traces", default=None, metavar="GLOB",
+                     help="after the job, file the Kineto traces the program wrote itself (e.g. "
+                          "'outputs/profile_trace/iteration_*/rank*_trace.json', relative to this directory) "
+                          "into the run directory, on every node")
+    own.add_argument("program", nargs=argparse.REMAINDER, metavar="-- python train.py ARGS | -- -m MODULE ARGS",
+                     help="run this on every rank instead of fleetscope's trainer; it gets FLEETSCOPE_RUN_DIR "
+                          "and the --profile schedule (fleetscope.trainer.user_profiling reads them)")
 
 
-def default_run_dir(runs_root: str, train: TrainConfig) -> Path:
+def default_run_dir(runs_root: str, train: TrainConfig, entry: UserEntry | None = None) -> Path:
     require_plain_text(runs_root, "runs_root")  # named as the flag: the run_dir it makes would be refused
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_id = _RUN_ID_UNSAFE.sub("_", f"{train.model.family}-{train.parallel.mode}-{stamp}")
+    label = (entry.program.rsplit("/", 1)[-1].removesuffix(".py") if entry is not None
+             else f"{train.model.family}-{train.parallel.mode}")
+    run_id = _RUN_ID_UNSAFE.sub("_", f"{label}-{stamp}")
     return Path(runs_root).expanduser().absolute() / run_id
 
 
@@ -51,14 +62,63 @@ def train_config_from_args(args: argparse.Namespace, run_dir: str) -> TrainConfi
 def job_spec_from_args(args: argparse.Namespace) -> JobSpec:
     """The JobSpec the flags describe; a ConfigError names the first bad field."""
     provisional = train_config_from_args(args, run_dir=args.run_dir or "pending")
+    python, entry = user_entry_from_args(args)
+    if entry is not None:
+        refuse_trainer_settings(train_assignments(args))
     run_dir = Path(args.run_dir).expanduser().absolute() if args.run_dir else default_run_dir(args.runs_root,
-                                                                                             provisional)
+                                                                                             provisional, entry)
     train = train_config_from_args(args, run_dir=str(run_dir))
     return JobSpec(
         train=train, scheduler=args.scheduler, nodes=args.nodes, nproc_per_node=args.nproc_per_node,
-        env=_parse_env(args.env), slurm=_slurm_options(args),
-        **({"python": args.python} if args.python else {}),
+        env=_parse_env(args.env), slurm=_slurm_options(args), entry=entry,
+        **({"python": python} if python else {}),
     )
+
+
+USER_PROGRAM_SETTINGS = ("profiler.", "performance.device=")
+"""What applies to a user's program: the profiling schedule, and the device (whether Slurm gets GPUs)."""
+
+
+def refuse_trainer_settings(assignments: list[str]) -> None:
+    """Training flags configure fleetscope's trainer; with a user's program they would silently do nothing."""
+    ignored = [a for a in assignments if not a.startswith(USER_PROGRAM_SETTINGS)]
+    if ignored:
+        raise ConfigError(f"entry: {', '.join(ignored)} configure fleetscope's own trainer, not your program "
+                          f"(with a program after --, only --profile / profiler.* and --device apply)")
+
+
+def user_entry_from_args(args: argparse.Namespace) -> tuple[str | None, UserEntry | None]:
+    """(python for the nodes, the user's program) from `-- [python] SCRIPT|-m MODULE ARGS`; a leading
+    interpreter word is the nodes' python (`python`/`python3`: --python or this interpreter)."""
+    words = list(getattr(args, "program", None) or [])
+    python = args.python
+    if not words:
+        if getattr(args, "collect_traces", None):
+            raise ConfigError("entry.collect_traces: --collect-traces needs your program after --")
+        return python, None
+    if words[0] != "--":
+        raise ConfigError(f"entry.program: put your program after `--` (got {words[0]!r})")
+    words = [require_plain_text(word, "entry.args") for word in words[1:]]
+    if words and _PYTHON_NAME.match(Path(words[0]).name):
+        interpreter = words.pop(0)
+        if "/" in interpreter:
+            if python and python != interpreter:
+                raise ConfigError(f"python: --python {python} and the program's interpreter {interpreter} differ")
+            python = interpreter
+    if not words:
+        raise ConfigError("entry.program: nothing to run after `--` (expected SCRIPT ARGS or -m MODULE ARGS)")
+    module = words[0] == "-m"
+    if module:
+        words.pop(0)
+        if not words:
+            raise ConfigError("entry.program: -m needs a module name")
+    if words[0].startswith("-"):
+        raise ConfigError(f"entry.program: {words[0]!r} is an option, not a script or module (python options "
+                          f"are not passed)")
+    program = words[0] if module else str(Path(words[0]).expanduser().absolute())
+    entry = UserEntry(program=program, module=module, args=tuple(words[1:]), workdir=str(Path.cwd()),
+                      collect_traces=args.collect_traces or "")
+    return python, entry
 
 
 def _parse_env(assignments: list[str]) -> dict[str, str]:

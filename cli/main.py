@@ -1,4 +1,4 @@
-"""`fleetscope`: launch, train, gather, analyze, merge, compare, demo; status, logs, cancel of a run."""
+"""`fleetscope`: launch, train, collect-traces, gather, analyze, merge, compare, demo; status, logs, cancel of a run."""
 
 from __future__ import annotations
 

@@ -6,11 +6,16 @@ import dataclasses
 import re
 import sys
 import typing
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..trainer.config import TrainConfig, check_degrees, require
+from ..traces.launch_env import user_environment
+from ..trainer.config import TrainConfig, check_degrees, require, train_argv
 from .untrusted import require_plain_fields, require_plain_text, require_plain_value
+
+TRAINER_MODULE = "fleetscope.trainer"
+"""What every rank runs unless the job names the user's own program (UserEntry)."""
 
 Scheduler = Literal["local", "submitit", "torchx", "torchx_local"]
 SCHEDULERS: tuple[str, ...] = typing.get_args(Scheduler)
@@ -57,6 +62,46 @@ class SlurmOptions:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class UserEntry:
+    """The user's own training program, run on every rank instead of fleetscope's trainer
+    (`fleetscope launch ... -- python train.py ARGS` or `-- -m package.module ARGS`)."""
+
+    program: str
+    """An absolute script path, or a module name when `module` is set."""
+    module: bool = False
+    """`program` is a module (`python -m program`)."""
+    args: tuple[str, ...] = ()
+    """The program's own arguments, passed through unchanged (quoted wherever they reach a shell)."""
+    workdir: str
+    """The directory every rank starts the program in (where `launch` ran): relative paths of the
+    program and of `collect_traces` mean the same on every scheduler."""
+    collect_traces: str = ""
+    """A glob of Kineto traces the program writes itself (e.g. torchtitan's
+    `outputs/profile_trace/iteration_*/rank*_trace.json`), filed into the run directory after the job
+    on each node; relative to `workdir`. Empty: none."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.program.strip()), "entry.program", "must name a script or a module")
+        require(not self.program.startswith("-"), "entry.program",
+                f"{self.program!r} is an option, not a script or module (python options are not passed)")
+        require(self.module or Path(self.program).is_absolute(), "entry.program",
+                f"script paths are absolute in a job spec, got {self.program!r}")
+        require(Path(self.workdir).is_absolute(), "entry.workdir", f"must be absolute, got {self.workdir!r}")
+        require_plain_fields(self, prefix="entry.")
+
+    def argv(self) -> list[str]:
+        """What follows the launcher's own flags (torchrun's, or python's)."""
+        return [*(["-m"] if self.module else []), self.program, *self.args]
+
+    @property
+    def collect_glob(self) -> str:
+        """`collect_traces` as an absolute pattern ("" when none)."""
+        if not self.collect_traces:
+            return ""
+        return str(Path(self.workdir) / self.collect_traces)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class JobSpec:
     train: TrainConfig
     """What every rank runs (its run_dir is the job's run directory)."""
@@ -71,6 +116,8 @@ class JobSpec:
     python: str = sys.executable
     """Python interpreter on the nodes (with fleetscope installed)."""
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    entry: UserEntry | None = None
+    """The user's own program on every rank; None: fleetscope's trainer (`train` configures it)."""
 
     def __post_init__(self) -> None:
         require(self.scheduler in SCHEDULERS, "scheduler", f"must be one of {SCHEDULERS}, got {self.scheduler!r}")
@@ -78,7 +125,8 @@ class JobSpec:
         require(self.nproc_per_node >= 1, "nproc_per_node", f"must be >= 1, got {self.nproc_per_node}")
         require(self.scheduler not in ("local", "torchx_local") or self.nodes == 1, "nodes",
                  f"the {self.scheduler} scheduler runs on this node only; use submitit or torchx for several nodes")
-        check_degrees(self.train.parallel, self.world_size)
+        if self.entry is None:
+            check_degrees(self.train.parallel, self.world_size)
         for name in self.env:
             require(bool(_ENV_NAME.match(name)), "env", f"{name!r} is not a valid environment variable name")
         require(bool(self.python), "python", "must not be empty")
@@ -96,8 +144,18 @@ class JobSpec:
         environment = dict(DEFAULT_ENV)
         if self.train.performance.alloc_conf:
             environment["PYTORCH_ALLOC_CONF"] = self.train.performance.alloc_conf
+        if self.entry is not None:
+            environment.update(user_environment(run_dir=self.train.run_dir, scheduler=self.scheduler,
+                                                schedule=dataclasses.asdict(self.train.profiler)))
         environment.update(self.env)
         return environment
+
+    def rank_program(self) -> list[str]:
+        """What every rank runs, after the launcher's own flags: `-m fleetscope.trainer FLAGS`, or the
+        user's program and its arguments."""
+        if self.entry is not None:
+            return self.entry.argv()
+        return ["-m", TRAINER_MODULE, *train_argv(self.train)]
 
 
 def spec_record(spec: JobSpec) -> dict[str, Any]:

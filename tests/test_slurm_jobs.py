@@ -235,3 +235,50 @@ def test_plain_sbatch_template_requeues_itself_on_the_time_limit_notice(
     assert trace_attempts(layout, 1) == {(rank, 1) for rank in range(WORLD_SIZE)}, output
     assert steps_of(layout.metrics_file(0))[-1] == 9
     assert_complete_run(run_dir)
+
+
+# --- users' own programs ------------------------------------------------------------------------------------
+
+USER_SCRIPT = REPO_ROOT / "tests" / "dist_scripts" / "resumable_user_train.py"
+USER_FLAGS = ["--nodes", "2", "--nproc-per-node", "2", "--device", "cpu", "--cpus-per-task", "1", "--time", "10"]
+
+
+def fleetscope_in(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`fleetscope` started from `cwd` (a user's program starts where launch ran)."""
+    return subprocess.run([sys.executable, "-m", "fleetscope.cli.main", *args], capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT_S, check=False, cwd=cwd)
+
+
+def test_user_program_on_submitit_exits_75_on_requeue_and_resumes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    layout = RunLayout.at(run_dir)
+    launched = fleetscope_in(tmp_path, "launch", "--scheduler", "submitit", "--run-dir", str(run_dir), "--partition",
+                             slurm_cluster.partition, *USER_FLAGS, "--profile", "wait=6,warmup=1,active=1,repeat=2",
+                             "--", "python", str(USER_SCRIPT), "checkpoint", "20", "0.3")
+    assert launched.returncode == 0, launched.stderr
+    job_id = job_record(run_dir)["job_id"]
+    wait_for_file(layout.window_dir(0), "rank0.*")
+
+    slurm_cluster.run("scontrol", "requeue", job_id)
+
+    final = wait_for_job(job_id, poll_s=1, timeout_s=JOB_TIMEOUT_S)
+    assert final.state == "COMPLETED" and final.restarts == 1, slurm_cluster.log_tail()
+    wait_for_job(job_record(run_dir)["postprocess_job_id"], poll_s=1, timeout_s=JOB_TIMEOUT_S)
+    resumed_at = int((tmp_path / "checkpoint" / "step.txt").read_text())
+    assert 8 <= resumed_at < 14  # stopped after window 0 (steps 6-7), before window 1 (steps 14-15)
+    assert trace_attempts(layout, 0) == {(rank, 0) for rank in range(WORLD_SIZE)}
+    assert trace_attempts(layout, 1) == {(rank, 1) for rank in range(WORLD_SIZE)}, \
+        "the requeued attempt did not profile the second window"
+    assert_complete_run(run_dir)
+
+
+def test_user_program_on_torchx_with_collected_traces(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    launched = fleetscope_in(tmp_path, "launch", "--scheduler", "torchx", "--run-dir", str(run_dir), "--partition",
+                             slurm_cluster.partition, *USER_FLAGS, "--wait",
+                             "--collect-traces", "outputs/profiling/traces/iteration_*/rank*_trace.json.gz", "--",
+                             "python", str(REPO_ROOT / "docs" / "examples" / "torchtitan_layout.py"), "--steps", "10")
+    assert launched.returncode == 0, launched.stdout + launched.stderr + slurm_cluster.log_tail()
+    node_logs = "".join(path.read_text() for path in (RunLayout.at(run_dir).logs_dir / "slurm").glob("*.out"))
+    assert "fleetscope: collected" in node_logs
+    assert_complete_run(run_dir)

@@ -223,3 +223,12 @@ def torchx_node_logs_dir(layout: RunLayout, replica: str) -> Path:
 
 def torchx_local_logs_dir(layout: RunLayout) -> Path:
     return layout.logs_dir / TORCHX_LOCAL_LOGS_SUBDIR
+
+
+COLLECTED_SUBDIR = "collected"
+"""Claims of traces filed by `--collect-traces` (traces/collect.py): <run>/logs/collected/."""
+
+
+def collected_claim(layout: RunLayout, window: int, rank: int, digest: str) -> Path:
+    """The claim one collected file's content makes on its rank and window (created exclusively, once)."""
+    return layout.logs_dir / COLLECTED_SUBDIR / f"{window_name(window)}.rank{rank}.{digest[:32]}"

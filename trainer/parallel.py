@@ -107,8 +107,14 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     vocabulary-sharded embedding and LM head where the family plans them)."""
     causal_lm = getattr(model, "causal_lm", model)
     plan = tensor_parallel_plan(causal_lm)
-    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+    try:
+        from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+    except ImportError:
+        import transformers
 
+        raise ConfigError(f"parallel.mode: tensor parallel needs transformers >= 5.24 (its "
+                          f"transformers.distributed.tensor_parallel API); this environment has "
+                          f"{transformers.__version__}") from None
     apply_tensor_parallelism(causal_lm, tp_mesh, plan)
 
 
@@ -117,9 +123,11 @@ def tensor_parallel_plan(causal_lm: torch.nn.Module) -> dict[str, str]:
     plan = dict(getattr(causal_lm, "tp_plan", None) or {})
     expand = getattr(causal_lm, "_expand_parallel_plan", None)
     if not plan or expand is None:
+        import transformers
+
         raise ConfigError(
             f"parallel.mode: {type(causal_lm).__name__} has no tensor-parallel plan in this transformers "
-            "version (tensor parallel needs transformers 5.24)"
+            f"version (tensor parallel needs transformers >= 5.24; this environment has {transformers.__version__})"
         )
     return expand(plan)
 

@@ -24,7 +24,6 @@ from ..traces.writer import publish_trace
 from .config import ProfilerSchedule
 
 
-
 @dataclass(frozen=True, slots=True)
 class Window:
     """One profiling window, in global training steps (end is exclusive)."""
@@ -78,19 +77,48 @@ class WindowedProfiler:
         self._on_published = on_published
         self._profiler: profile | None = None
         self._window: Window | None = None
+        self._marker: record_function | None = None
         self.published: list[PublishedTrace] = []
 
     @contextlib.contextmanager
     def step_context(self, step: int) -> Iterator[None]:
         """Wraps one training step: opens/closes windows, marks recorded steps `ProfilerStep#<step>`."""
-        self._maybe_start(step)
-        marker = record_function(step_marker(step)) if self._profiler else contextlib.nullcontext()
-        with marker:
+        self.begin_step(step)
+        try:
             yield
+        finally:
+            self._end_marker()
         self._advance(step)
+
+    def begin_step(self, step: int) -> None:
+        """The start of step `step`: opens its window if one starts here, marks the step inside windows."""
+        self._maybe_start(step)
+        if self._profiler is not None:
+            self._marker = record_function(step_marker(step))
+            self._marker.__enter__()
+
+    def end_step(self, step: int) -> None:
+        """The end of step `step` (after `begin_step(step)`): closes the window that ends with it."""
+        self._end_marker()
+        self._advance(step)
+
+    @property
+    def recording(self) -> bool:
+        """Inside a window (a profiler exists)."""
+        return self._profiler is not None
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager:
+        """A named range inside the current step, recorded only inside windows."""
+        return record_function(name) if self._profiler is not None else contextlib.nullcontext()
+
+    def _end_marker(self) -> None:
+        if self._marker is not None:
+            marker, self._marker = self._marker, None
+            marker.__exit__(None, None, None)
 
     def close(self) -> None:
         """Stop a window cut short (training ended or failed inside it); nothing is exported."""
+        self._end_marker()
         if self._profiler is not None:
             self._profiler.on_trace_ready = None
             self._profiler.stop()

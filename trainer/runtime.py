@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from ..traces.launch_env import restart_attempt
 from .config import ConfigError, TrainConfig
 from .parallel import ParallelDims
 
@@ -49,8 +50,6 @@ def launch_environment() -> dict[str, int]:
     }
 
 
-def restart_attempt() -> int:
-    return int(os.environ.get("SLURM_RESTART_COUNT", 0)) + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
 
 
 def select_device(config: TrainConfig, local_rank: int) -> torch.device:

@@ -9,14 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...trainer.config import ConfigError, train_argv
+from ...trainer.config import ConfigError
+from ...traces.collect import Collection, collect_traces
 from ...traces.jobfile import now_iso, read_job_record, write_job_record
 from ...traces.layout import RunLayout
 from ..failures import RankFailure, collect_failures
 from ..scheduler import Submission, Verdict, existing_outputs
-from ..spec import JobSpec, spec_record
-
-TRAINER_MODULE = "fleetscope.trainer"
+from ..spec import TRAINER_MODULE, JobSpec, spec_record  # noqa: F401  (TRAINER_MODULE: re-exported)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,7 +30,15 @@ class LocalPlan:
     def render(self) -> str:
         """The command as one shell line (what --dry-run prints; paste-able as is)."""
         assignments = [f"{name}={shlex.quote(value)}" for name, value in sorted(self.env.items())]
-        return " ".join(assignments + [shlex.quote(arg) for arg in self.argv])
+        command = " ".join(assignments + [shlex.quote(arg) for arg in self.argv])
+        entry = self.spec.entry
+        if entry is None:
+            return command
+        lines = [f"cd -- {shlex.quote(entry.workdir)} && {command}"]
+        if entry.collect_glob:
+            lines.append("# then, whatever the exit status: " + " ".join(shlex.quote(word) for word in [
+                "fleetscope", "collect-traces", str(self.run_dir), entry.collect_glob]))
+        return "\n".join(lines)
 
     def to_json(self) -> dict:
         return {"kind": "local", "argv": self.argv, "env": self.env, "command": self.render()}
@@ -43,7 +50,7 @@ def torchrun_argv(spec: JobSpec, layout: RunLayout) -> list[str]:
         spec.python, "-m", "torch.distributed.run",
         "--standalone", "--nnodes", "1", "--nproc-per-node", str(spec.nproc_per_node),
         "--log-dir", str(layout.logs_dir), "--redirects", "3", "--tee", "3", "--local-ranks-filter", "0",
-        "-m", TRAINER_MODULE, *train_argv(spec.train),
+        *spec.rank_program(),
     ]
 
 
@@ -63,13 +70,28 @@ class LocalResult:
 
 
 def run_local(plan: LocalPlan) -> LocalResult:
-    """Run torchrun in the foreground; on failure, collect which ranks failed and why."""
+    """Run torchrun in the foreground; on failure, collect which ranks failed and why. A user's program
+    starts in its workdir, and the traces it wrote itself are collected once it is over (any outcome)."""
     plan.run_dir.mkdir(parents=True, exist_ok=True)
-    completed = subprocess.run(plan.argv, env={**os.environ, **plan.env}, check=False)
+    entry = plan.spec.entry
+    completed = subprocess.run(plan.argv, env={**os.environ, **plan.env}, check=False,
+                               cwd=entry.workdir if entry is not None else None)
+    if entry is not None and entry.collect_glob:
+        report_collection(collect_traces(entry.collect_glob, RunLayout.at(plan.run_dir)))
     if completed.returncode == 0:
         return LocalResult(returncode=0)
     return LocalResult(returncode=completed.returncode,
                        failures=collect_failures(RunLayout.at(plan.run_dir).logs_dir))
+
+
+def report_collection(collection: Collection) -> None:
+    """One line per collection on stdout (the job's log), and every skipped file with its reason."""
+    published = sum(1 for trace in collection.collected if trace.published is not None)
+    print(f"fleetscope: collected {published} trace(s) matching {collection.pattern}"
+          f"{f' ({len(collection.collected) - published} collected before)' if published < len(collection.collected) else ''}",
+          flush=True)
+    for path, why in collection.skipped:
+        print(f"fleetscope:   skipped {path}: {why}", flush=True)
 
 
 @dataclass(kw_only=True)

@@ -59,7 +59,7 @@ class SubmititPlan:
     """The shell word that starts Python on the nodes (already quoted)."""
     parameters: dict[str, Any]
     """`SlurmExecutor.update_parameters(**parameters)`."""
-    rank_task: "SubmititRank"
+    rank_task: "SubmititRank | SubmititUserRank"
     sbatch_script: str
     postprocess: PostprocessJob | None
     """The gather/analyze/merge job submitted after the training job; None: none (--no-post)."""
@@ -75,7 +75,7 @@ class SubmititPlan:
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": "submitit", "folder": self.folder, "parameters": self.parameters,
-                "trainer_argv": self.rank_task.trainer_argv, "sbatch_script": self.sbatch_script,
+                **self.rank_task.record(), "sbatch_script": self.sbatch_script,
                 "postprocess_script": self.postprocess.script if self.postprocess else None}
 
 
@@ -103,6 +103,9 @@ class SubmititRank:
 
     def describe(self) -> str:
         return shell_join(["python", "-m", "fleetscope.trainer", *self.trainer_argv])
+
+    def record(self) -> dict[str, Any]:
+        return {"trainer_argv": self.trainer_argv}
 
     def __call__(self) -> int:
         import submitit
@@ -140,6 +143,102 @@ class SubmititRank:
         import submitit
 
         return submitit.helpers.DelayedSubmission(self)
+
+
+@dataclass(frozen=True)
+class SubmititUserRank:
+    """What each Slurm task runs for a user's own program: the program, in-process, as rank RANK.
+
+    Like the trainer's rank (SubmititRank): the program starts in its workdir with torchrun's variables
+    (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), under `@record` (an exception or a non-zero
+    exit becomes this rank's error file, which `status` reads); exit status 75 (EXIT_PREEMPTED: stopped on
+    SIGTERM after a checkpoint) ends the task without a result, so that Slurm's requeue runs the job again;
+    the time-limit notice (USR2) reaches submitit's handler unless the program takes it, and `checkpoint`
+    requeues the same work. After the program (any outcome) this rank's own traces matching
+    `collect_glob` are filed into the run directory from the node's disk.
+    """
+
+    argv: list[str]
+    """`[-m] program args...` (UserEntry.argv)."""
+    workdir: str
+    run_dir: str
+    collect_glob: str = ""
+
+    def describe(self) -> str:
+        lines = [f"cd -- {shlex.quote(self.workdir)} && {shell_join(['python', *self.argv])}"]
+        if self.collect_glob:
+            lines.append(f"then this rank's traces: {shell_join(['fleetscope', 'collect-traces', self.run_dir, self.collect_glob, '--rank', 'RANK'])}")
+        return "\n# ".join(lines)
+
+    def record(self) -> dict[str, Any]:
+        return {"program_argv": self.argv, "workdir": self.workdir, "collect_traces": self.collect_glob}
+
+    def __call__(self) -> int:
+        import submitit
+
+        distributed = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False,
+                                                                             overwrite=True)
+        error_file = SubmititRank([], self.run_dir).error_file(distributed.rank)
+        error_file.parent.mkdir(parents=True, exist_ok=True)
+        os.environ["TORCHELASTIC_ERROR_FILE"] = str(error_file)
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        from ...trainer.preemption import EXIT_PREEMPTED
+
+        os.chdir(self.workdir)
+        try:
+            code = record(run_program_checked)(self.argv, allowed=(0, EXIT_PREEMPTED))
+        finally:
+            self.collect(distributed.rank)
+        if code == EXIT_PREEMPTED:
+            raise SystemExit(code)  # no result: the requeued job runs it again
+        return 0
+
+    def collect(self, rank: int) -> None:
+        if not self.collect_glob:
+            return
+        from ...traces.collect import collect_traces
+        from ...traces.launch_env import restart_attempt
+        from .local import report_collection
+
+        report_collection(collect_traces(self.collect_glob, RunLayout.at(self.run_dir), ranks={rank},
+                                         attempt=restart_attempt()))
+
+    def checkpoint(self) -> Any:
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)
+
+
+def run_program(argv: list[str]) -> int:
+    """Run `[-m] program args...` in this process as `python` would (`__main__`, sys.argv); its exit status."""
+    import runpy
+    import sys
+
+    module = argv[0] == "-m"
+    program, args = (argv[1], argv[2:]) if module else (argv[0], argv[1:])
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [program, *args]
+    # as `python script.py` puts the script's folder first on sys.path, and `python -m` the working directory
+    sys.path.insert(0, os.getcwd() if module else str(Path(program).parent))
+    try:
+        if module:
+            runpy.run_module(program, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(program, run_name="__main__")
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return 0
+
+
+def run_program_checked(argv: list[str], *, allowed: tuple[int, ...]) -> int:
+    """run_program, with an exit status outside `allowed` raised (so that `@record` files it)."""
+    code = run_program(argv)
+    if code not in allowed:
+        raise RuntimeError(f"{shell_join(argv)} exited with status {code}")
+    return code
 
 
 def run_trainer_rank(trainer_argv: list[str], rank: int) -> Any:
@@ -203,7 +302,13 @@ def plan_submitit(spec: JobSpec, *, postprocess: bool = True) -> SubmititPlan:
     python = shlex.quote(spec.python)
     parameters = executor_parameters(spec, resources)
     script = _make_sbatch_string(command=submitit_command(python, folder), folder=folder, **parameters)
-    rank_task = SubmititRank(trainer_argv=train_argv(spec.train), run_dir=str(RunLayout.at(spec.train.run_dir).root))
+    run_dir = str(RunLayout.at(spec.train.run_dir).root)
+    rank_task: SubmititRank | SubmititUserRank
+    if spec.entry is not None:
+        rank_task = SubmititUserRank(argv=spec.entry.argv(), workdir=spec.entry.workdir, run_dir=run_dir,
+                                     collect_glob=spec.entry.collect_glob)
+    else:
+        rank_task = SubmititRank(trainer_argv=train_argv(spec.train), run_dir=run_dir)
     return SubmititPlan(spec=spec, folder=folder, python=python, parameters=parameters, rank_task=rank_task,
                         sbatch_script=script,
                         postprocess=plan_postprocess_job(spec, resources) if postprocess else None,

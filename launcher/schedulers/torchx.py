@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...trainer.config import ConfigError, train_argv
+from ...trainer.config import ConfigError
 from ...traces.jobfile import now_iso, write_job_record
 from ...traces.layout import RunLayout, torchx_local_logs_dir, torchx_node_logs_dir
 from ..failures import RankFailure, collect_failures
@@ -31,9 +31,11 @@ from ..slurm_request import (
     slurm_logs_dir,
 )
 from ..spec import JobSpec, spec_record
-from .local import TRAINER_MODULE, RecordedRunStatus
+from .local import RecordedRunStatus
 from .slurm import SlurmScheduler, SubmittedSlurmJob, submit_batch_script, submit_postprocess
 
+COLLECT_MODULE = "fleetscope.cli.main"
+"""`python -m fleetscope.cli.main collect-traces RUN_DIR GLOB`, run on each node after its torchrun."""
 RDZV_PORT = 29500
 SESSION_NAME = "fleetscope"
 SCRIPT_NAME = "torchx-sbatch.sh"
@@ -48,7 +50,7 @@ def torchrun_command(spec: JobSpec, *, rank0_host: str, rdzv_id: str, replica: s
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{rank0_host}:{RDZV_PORT}", "--rdzv-id", rdzv_id,
         "--log-dir", str(torchx_node_logs_dir(layout, replica)),
         "--redirects", "3", "--tee", "3",
-        "-m", TRAINER_MODULE, *train_argv(spec.train),
+        *spec.rank_program(),
     ]
 
 
@@ -67,7 +69,17 @@ def node_script(spec: JobSpec) -> str:
         spec, rank0_host="@rank0_host@", rdzv_id="@rdzv_id@", replica="@replica@"))
     for sentinel, text in sentinels.items():
         command = command.replace(sentinel, text)
-    return "\n".join([*export_lines(spec.rank_environment()), f"exec {command}"])
+    environment = export_lines(spec.rank_environment())
+    entry = spec.entry
+    if entry is None:
+        return "\n".join([*environment, f"exec {command}"])
+    workdir = f"cd -- {shlex.quote(entry.workdir)}"
+    if not entry.collect_glob:
+        return "\n".join([*environment, workdir, f"exec {command}"])
+    # Not exec: once torchrun is over (any outcome), this node files the traces on its own disk.
+    collect = " ".join(shlex.quote(arg) for arg in [spec.python, "-m", COLLECT_MODULE, "collect-traces",
+                                                    str(RunLayout.at(spec.train.run_dir).root), entry.collect_glob])
+    return "\n".join([*environment, workdir, command, "status=$?", f"{collect} || true", 'exit "$status"'])
 
 
 def mem_megabytes(text: str) -> int:

@@ -1,0 +1,145 @@
+"""Collecting traces a training program wrote itself (zero-line mode: `launch --collect-traces GLOB`).
+
+Programs with their own profiler (torchtitan: `<dump_folder>/profile_trace/iteration_<N>/rank<R>_trace.json`)
+leave Kineto traces on each node. After the job, each node runs `collect_traces` over its own disk: every
+file the glob matches is read, given a rank and a window, checked, and published into the run directory
+like a fleetscope trace (traces/writer.py: gzipped, atomic, never overwriting), so gather, analyze and
+merge treat it as one of ours.
+
+  * rank: the trace's `distributedInfo.rank`, else the last `rank<R>` in its file name; when both exist
+    they must agree;
+  * window: the i-th distinct `iteration_<N>` of the matched paths (by N) is window i; traces with no
+    `iteration_<N>` in their path take windows in path order per rank;
+  * at most one trace per rank and window; a file that breaks a rule is skipped with the reason.
+
+Collecting twice (a node's task end, then a post-processing run; or several nodes that see the same
+shared folder) publishes each file once: a claim named by the file's content is created exclusively
+under `<run>/logs/collected/` before publishing.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .kineto import TraceReadError, decode_trace, distributed_rank, read_raw
+from .layout import RunLayout, collected_claim
+from .writer import publish_trace
+
+ITERATION_RE = re.compile(r"iteration_(\d+)")
+NAME_RANK_RE = re.compile(r"rank(\d+)")
+TRACE_ENDINGS = (".json", ".json.gz")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FoundTrace:
+    source: Path
+    rank: int
+    iteration: int | None
+    digest: str
+    """sha256 of the file's bytes."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectedTrace:
+    source: Path
+    rank: int
+    window: int
+    iteration: int | None
+    published: Path | None
+    """Where it was published; None: an earlier collection already published this file."""
+
+
+@dataclass(kw_only=True)
+class Collection:
+    pattern: str
+    collected: list[CollectedTrace] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    """(file, why) of matched files that were not collected."""
+
+
+def collect_traces(pattern: str, layout: RunLayout, *, ranks: set[int] | None = None,
+                   host: str | None = None, attempt: int = 0) -> Collection:
+    """Publish every trace `pattern` matches on this node into the run directory (see the module docstring).
+    `ranks`: collect only these ranks (a task that knows its own rank); `host`: the name in the file names."""
+    collection = Collection(pattern=pattern)
+    found = [trace for trace in (_inspect(Path(p), collection) for p in _matches(pattern)) if trace is not None]
+    host = host or socket.gethostname()
+    for trace, window in _assign_windows(found, collection):
+        if ranks is not None and trace.rank not in ranks:
+            continue
+        published = None
+        if _claim(layout, trace, window):
+            published = publish_trace(trace.source, layout, window=window, rank=trace.rank, host=host,
+                                      attempt=attempt)
+        collection.collected.append(CollectedTrace(source=trace.source, rank=trace.rank, window=window,
+                                                   iteration=trace.iteration, published=published))
+    return collection
+
+
+def _matches(pattern: str) -> list[str]:
+    return sorted(path for path in glob.glob(pattern, recursive=True)
+                  if path.endswith(TRACE_ENDINGS) and os.path.isfile(path))
+
+
+def _inspect(path: Path, collection: Collection) -> FoundTrace | None:
+    try:
+        raw = read_raw(path)
+        document = decode_trace(raw, path)
+    except TraceReadError as error:
+        collection.skipped.append((str(path), error.reason))
+        return None
+    info_rank, _ = distributed_rank(document)
+    named = NAME_RANK_RE.findall(path.name)
+    name_rank = int(named[-1]) if named else None
+    if info_rank is not None and name_rank is not None and info_rank != name_rank:
+        collection.skipped.append((str(path), f"file name says rank {name_rank} but distributedInfo says rank "
+                                              f"{info_rank}"))
+        return None
+    rank = info_rank if info_rank is not None else name_rank
+    if rank is None:
+        collection.skipped.append((str(path), "no rank: neither distributedInfo nor rank<R> in the file name"))
+        return None
+    iterations = ITERATION_RE.findall(str(path))
+    return FoundTrace(source=path, rank=rank, iteration=int(iterations[-1]) if iterations else None,
+                      digest=hashlib.sha256(raw).hexdigest())
+
+
+def _assign_windows(found: list[FoundTrace], collection: Collection) -> list[tuple[FoundTrace, int]]:
+    """(trace, window) pairs; a second trace of the same rank and window is skipped with the reason."""
+    iterations = sorted({trace.iteration for trace in found if trace.iteration is not None})
+    window_of_iteration = {iteration: index for index, iteration in enumerate(iterations)}
+    per_rank_count: dict[int, int] = {}
+    assigned: list[tuple[FoundTrace, int]] = []
+    taken: dict[tuple[int, int], Path] = {}
+    for trace in sorted(found, key=lambda t: (t.iteration is not None, t.iteration or 0, str(t.source))):
+        if trace.iteration is not None:
+            window = window_of_iteration[trace.iteration]
+        else:
+            window = per_rank_count.get(trace.rank, 0)
+            per_rank_count[trace.rank] = window + 1
+        if (trace.rank, window) in taken:
+            collection.skipped.append((str(trace.source), f"a second trace of rank {trace.rank} in window {window} "
+                                                          f"(first: {taken[trace.rank, window]})"))
+            continue
+        taken[trace.rank, window] = trace.source
+        assigned.append((trace, window))
+    return assigned
+
+
+def _claim(layout: RunLayout, trace: FoundTrace, window: int) -> bool:
+    """True for the first collection of this file's content as this rank and window."""
+    claim = collected_claim(layout, window, trace.rank, trace.digest)
+    claim.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(f"{trace.source}\n")
+    return True

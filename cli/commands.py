@@ -216,6 +216,9 @@ def register_analyze(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", dest="json_out", default=None, help="write the report JSON here")
     parser.add_argument("--html", dest="html_out", default=None, help="write the HTML report here")
     parser.add_argument("--no-hta", action="store_true", help="skip Holistic Trace Analysis (GPU traces)")
+    parser.add_argument("--hta-ranks", default="auto", metavar="auto|all|LIST",
+                        help="ranks HTA's views cover: auto (slowest, waited for, fastest, median, one per host; "
+                             "at most 16 per window), all, or a list like 0,3,7")
     parser.add_argument("--no-cache", action="store_true",
                         help="parse every trace again instead of reusing results of identical trace files")
     parser.add_argument("--cache-dir", type=Path, default=None,
@@ -226,6 +229,7 @@ def register_analyze(sub: argparse._SubParsersAction) -> None:
 def handle_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
     from ..analysis.render.terminal import render_terminal
+    from ..analysis.report.build import parse_hta_ranks
 
     layout = RunLayout.at(args.path)
     json_out, html_out = args.json_out, args.html_out
@@ -233,7 +237,8 @@ def handle_analyze(args: argparse.Namespace) -> int:
         json_out = json_out or layout.report_json
         html_out = html_out or layout.report_html
     report = analyze(layout.root, json_out=json_out, html_out=html_out, use_hta=not args.no_hta,
-                     progress=progress_printer("analyze"), use_cache=not args.no_cache, cache_dir=args.cache_dir)
+                     hta_ranks=parse_hta_ranks(args.hta_ranks), progress=progress_printer("analyze"),
+                     hta_progress=progress_printer("HTA"), use_cache=not args.no_cache, cache_dir=args.cache_dir)
     print(render_terminal(report))
     for label, path in (("json", json_out), ("html", html_out)):
         if path:

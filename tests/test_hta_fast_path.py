@@ -57,9 +57,10 @@ def test_two_rank_views_equal_htas():
 
 
 def test_straggler_and_multi_rank_views_equal_htas(tmp_path):
-    paths = make_trace_set(GPU / "h200-small-hf-eager-2steps.json.gz", tmp_path,
-                           TraceSetSpec(ranks=3, ranks_per_host=2, late_rank=2, late_us=300.0, inserted_allreduce_us=5000.0,
-                                        host_offsets_us={1: 1500.0}))
+    # all-reduces long enough to pass HTA's significance test (1% of a step), one rank late, two hosts
+    spec = TraceSetSpec(ranks=3, ranks_per_host=2, late_rank=2, late_us=300.0, inserted_allreduce_us=5000.0,
+                        host_offsets_us={1: 1500.0})
+    paths = make_trace_set(GPU / "h200-small-hf-eager-2steps.json.gz", tmp_path, spec)
     views = _assert_same_views(dict(enumerate(paths)), has_comm_kernels=True)
     assert "potential_stragglers" in views.tables
 

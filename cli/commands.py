@@ -336,15 +336,10 @@ def handle_compare(args: argparse.Namespace) -> int:
 
 
 def progress_printer(label: str):
-    """A one-line progress counter on stderr when it is a terminal; silent otherwise (logs, pipes)."""
-    if not sys.stderr.isatty():
-        return None
+    """Progress on stderr: a bar on a terminal, a status line every 10 s otherwise (cli/progress.py)."""
+    from .progress import progress_callback
 
-    def show(done: int, total: int) -> None:
-        end = "\n" if done >= total else ""
-        print(f"\r{label}: {done}/{total} traces", end=end, file=sys.stderr, flush=True)
-
-    return show
+    return progress_callback(label)
 
 
 REGISTRY = [

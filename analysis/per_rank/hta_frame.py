@@ -39,16 +39,21 @@ _MISSING = msgspec.UNSET
 
 
 class _HtaArgs(msgspec.Struct):
-    stream: Any = _MISSING
-    correlation: Any = _MISSING
-    bytes: Any = _MISSING
-    memory_bw_gbps: Any = msgspec.field(default=_MISSING, name="memory bandwidth (GB/s)")
-    wait_on_stream: Any = _MISSING
-    wait_on_cuda_event_record_corr_id: Any = _MISSING
+    """Defaults are HTA's (HTA_ARGS): an absent key reads as HTA's default, an explicit null as None."""
+
+    stream: Any = -1
+    correlation: Any = -1
+    bytes: Any = -1
+    memory_bw_gbps: Any = msgspec.field(default=0.0, name="memory bandwidth (GB/s)")
+    wait_on_stream: Any = -1
+    wait_on_cuda_event_record_corr_id: Any = -1
     input_dims: Union[msgspec.Raw, msgspec.UnsetType] = msgspec.field(default=_MISSING, name="Input Dims")
     input_type: Union[msgspec.Raw, msgspec.UnsetType] = msgspec.field(default=_MISSING, name="Input type")
     input_strides: Union[msgspec.Raw, msgspec.UnsetType] = msgspec.field(default=_MISSING, name="Input Strides")
-    external_id: Any = msgspec.field(default=_MISSING, name="External id")
+    external_id: Any = msgspec.field(default=-1, name="External id")
+
+
+_NO_ARGS = _HtaArgs()
 
 
 class _HtaEvent(msgspec.Struct):
@@ -107,30 +112,21 @@ def _columns(events: list[_HtaEvent]):
     """Per-column lists of the events HTA keeps, in trace order, and the dtype pandas gives the columns
     it infers over every event; None for time values the column-wise path does not reproduce
     (non-numeric): those files go to HTA's own loader."""
-    index, cats, names, pids, tids, starts, durs, args = [], [], [], [], [], [], [], []
-    seen = {"ts": set(), "dur": set(), "pid": set(), "tid": set()}
-    ts_kinds, dur_kinds, pid_kinds, tid_kinds = seen["ts"], seen["dur"], seen["pid"], seen["tid"]
-    for position, event in enumerate(events):
-        start, dur, cat = event.ts, event.dur, event.cat
-        ts_kinds.add(type(start))
-        dur_kinds.add(type(dur))
-        pid_kinds.add(type(event.pid))
-        tid_kinds.add(type(event.tid))
-        if dur is None or cat is None or cat == "Trace" or start is None:
-            continue
-        index.append(position)
-        cats.append(cat)
-        names.append(event.name)
-        pids.append(event.pid)
-        tids.append(event.tid)
-        starts.append(start)
-        durs.append(dur)
-        args.append(event.args)
-    kinds: dict[str, Any] = {column: _pandas_kind(types) for column, types in seen.items()}
-    kinds["ts_missing"] = type(None) in ts_kinds
+    starts = [e.ts for e in events]
+    durs = [e.dur for e in events]
+    cats = [e.cat for e in events]
+    kinds: dict[str, Any] = {"ts": _pandas_kind(set(map(type, starts))), "dur": _pandas_kind(set(map(type, durs))),
+                             "pid": _pandas_kind({type(e.pid) for e in events}),
+                             "tid": _pandas_kind({type(e.tid) for e in events})}
+    kinds["ts_missing"] = None in starts
     if kinds["ts"] not in ("int", "float") or kinds["dur"] not in ("int", "float"):
         return None
-    return index, cats, names, pids, tids, starts, durs, args, kinds, len(events)
+    index = [i for i, (s, d, c) in enumerate(zip(starts, durs, cats))
+             if d is not None and c is not None and s is not None and c != "Trace"]
+    kept = [events[i] for i in index]
+    args = [a if type(a) is _HtaArgs else _NO_ARGS for a in (e.args for e in kept)]
+    return (index, [cats[i] for i in index], [e.name for e in kept], [e.pid for e in kept],
+            [e.tid for e in kept], [starts[i] for i in index], [durs[i] for i in index], args, kinds, len(events))
 
 
 def _pandas_kind(types: set[type]) -> str:
@@ -175,8 +171,9 @@ def _frame(index, cats, names, pids, tids, starts, durs, args, kinds: dict[str, 
     data.update(_arg_columns(args))
     frame = pd.DataFrame(data)
     frame.index = pd.Index(np.asarray(index, dtype=np.int64))
-    frame["stream"] = pd.Series([_stream_number(s) for s in frame["stream"].tolist()], index=frame.index,
-                                dtype=np.int64)
+    if frame["stream"].dtype.kind != "i":  # ints are already what HTA's int() gives
+        frame["stream"] = pd.Series([_stream_number(s) for s in frame["stream"].tolist()], index=frame.index,
+                                    dtype=np.int64)
     for column in frame.columns:
         if frame[column].dtype.kind == "i":
             frame[column] = pd.to_numeric(frame[column], errors="coerce", downcast="integer")
@@ -185,28 +182,43 @@ def _frame(index, cats, names, pids, tids, starts, durs, args, kinds: dict[str, 
 
 def _symbols(cats: list, names: list) -> tuple[list[str], np.ndarray, np.ndarray]:
     """One string table for `cat` and `name` (as HTA's), and each row's ids."""
-    table: dict[Any, int] = {}
-    cat_ids = np.fromiter((table.setdefault(c, len(table)) for c in cats), dtype=np.int64, count=len(cats))
-    name_ids = np.fromiter((table.setdefault(n, len(table)) for n in names), dtype=np.int64, count=len(names))
-    return list(table), cat_ids, name_ids
+    import pandas as pd
+
+    codes, uniques = pd.factorize(np.asarray(cats + names, dtype=object), use_na_sentinel=False)
+    return list(uniques), codes[: len(cats)].astype(np.int64), codes[len(cats):].astype(np.int64)
 
 
 def _arg_columns(args: list) -> dict[str, Any]:
     import pandas as pd
+    from operator import attrgetter
 
     columns = {}
     for column, _key, default in HTA_ARGS:
         if column in _RAW_ARGS:
             columns[column] = pd.Series(_raw_values(args, column, default))
-            continue
-        values = [default if a is None or type(a) is msgspec.Raw else getattr(a, column) for a in args]
-        columns[column] = pd.Series([default if v is _MISSING else v for v in values])
+        else:
+            columns[column] = _inferred(list(map(attrgetter(column), args)))
     return columns
+
+
+def _inferred(values: list):
+    """pandas' inference for a list of scalars, with the common all-int / all-float cases done in numpy."""
+    import pandas as pd
+
+    types = set(map(type, values))
+    try:
+        if types == {int}:
+            return pd.Series(np.asarray(values, dtype=np.int64))
+        if types <= {int, float} and values:
+            return pd.Series(np.asarray(values, dtype=np.float64))
+    except OverflowError:
+        pass
+    return pd.Series(values)
 
 
 def _raw_values(args: list, column: str, default: str) -> list:
     """A nested column: the raw JSON of every row that has it decoded in one call, the default elsewhere."""
-    raws = [None if a is None or type(a) is msgspec.Raw else getattr(a, column) for a in args]
+    raws = [getattr(a, column) for a in args]
     present = [i for i, raw in enumerate(raws) if raw is not None and raw is not _MISSING]
     values: list = [default] * len(raws)
     if present:

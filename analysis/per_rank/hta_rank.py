@@ -2,8 +2,9 @@
 
 The rank's frame (hta_frame.py, or HTA's own loader for a file that decoder cannot take) is loaded into
 an `hta.common.trace.Trace` holding just this rank, aligned and filtered by HTA's own code, and HTA's
-analyzers run on it: temporal breakdown, idle time, communication/computation overlap, kernel breakdown,
-launch statistics. Only their small tables travel back, plus the few rows HTA's cross-rank straggler
+analyzers run on it: idle time and launch statistics as HTA's own calls; temporal breakdown,
+communication/computation overlap and kernel breakdown as HTA's steps without its row-by-row kernel
+typing (hta_kernel_views.py). Only their small tables travel back, plus the few rows HTA's cross-rank straggler
 view reads (cross_rank/hta_views.py joins the ranks).
 """
 
@@ -18,6 +19,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fleetscope.analysis.per_rank.hta_frame import add_iterations, decode_hta_frame
+from fleetscope.analysis.per_rank.hta_kernel_views import (
+    comm_comp_overlap,
+    kernel_breakdown,
+    temporal_breakdown,
+)
 from fleetscope.traces.kineto import decompress, read_raw
 
 LAUNCH_RUNTIME_CUTOFF_US = 50
@@ -126,12 +132,17 @@ def analysis_of(trace):
 
 
 def _views(rank: int) -> dict[str, Callable[[Any], Any]]:
+    """View name -> its computation on a one-rank TraceAnalysis: HTA's own calls, and for the three
+    kernel-type views HTA's steps with the kernel type looked up per name (hta_kernel_views.py)."""
+    def on_frame(view):
+        return lambda a: view(a.t.traces[rank], a.t.symbol_table.get_sym_table(), rank)
+
     return {
-        "temporal_breakdown": lambda a: a.get_temporal_breakdown(visualize=False),
+        "temporal_breakdown": on_frame(temporal_breakdown),
         "idle_time_breakdown": lambda a: a.get_idle_time_breakdown(
             ranks=[rank], visualize=False, show_idle_interval_stats=True),
-        "comm_comp_overlap": lambda a: a.get_comm_comp_overlap(visualize=False),
-        "kernel_breakdown": lambda a: a.get_gpu_kernel_breakdown(visualize=False),
+        "comm_comp_overlap": on_frame(comm_comp_overlap),
+        "kernel_breakdown": on_frame(kernel_breakdown),
         "cuda_launch_stats": lambda a: a.get_cuda_kernel_launch_stats(
             ranks=[rank], runtime_cutoff=LAUNCH_RUNTIME_CUTOFF_US, launch_delay_cutoff=LAUNCH_DELAY_CUTOFF_US,
             visualize=False)[rank],

@@ -131,6 +131,8 @@ def _per_rank(trace_files: dict[int, Path], step_names: tuple[str, ...], workers
     if workers <= 1 or len(ranks) < 2:
         outcomes = map(rank_hta, paths, ranks, names)
         return _collect(outcomes, len(ranks), progress)
+    import hta.trace_analysis  # noqa: F401 - imported before the pool forks: workers inherit it (~1 s each)
+
     with ProcessPoolExecutor(max_workers=workers) as pool:
         collected = _collect(pool.map(rank_hta, paths, ranks, names, chunksize=1), len(ranks), progress)
     return collected

@@ -8,7 +8,8 @@ of RSS over the process and all its descendants, sampled every 0.1 s with psutil
 
 In the same run, on the same traces, stock HTA: `TraceAnalysis(trace_dir=...)` (HTA's own JSON loader,
 its own multiprocessing) + temporal breakdown + idle-time breakdown + comm/comp overlap + kernel
-breakdown, all ranks; the ratio of its wall time to the whole `postprocess` is printed.
+breakdown, all ranks; the ratios of its wall time to the whole `postprocess` and to its analyze stage
+(which includes HTA's views) are printed.
 
     python bench/postprocess_scale.py --ranks 8 64            # synthetic sets
     python bench/postprocess_scale.py --run-dir runs/demo     # an existing run (e.g. the demo's)
@@ -126,6 +127,8 @@ def main() -> int:
                 measured["stock_hta"] = stock
                 if stock["exit"] == 0 and measured["wall_s"] > 0:
                     measured["stock_hta_over_postprocess"] = round(stock["wall_s"] / measured["wall_s"], 1)
+                if stock["exit"] == 0 and measured["stages_s"].get("analyze"):
+                    measured["stock_hta_over_analyze"] = round(stock["wall_s"] / measured["stages_s"]["analyze"], 1)
             results.append({"input": label, **measured})
             print(f"{label}: {json.dumps(measured)}", flush=True)
     if args.out:

@@ -297,7 +297,7 @@ def handle_merge(args: argparse.Namespace) -> int:
                            drop_python_functions=args.no_python, flows=not args.no_flows,
                            collective_flows=not args.no_flows, overlays=not args.no_overlays,
                            event_args=args.args, chrome_json=chrome_json, workers=args.workers)
-    result = merge(layout.root, output, options=options)
+    result = merge(layout.root, output, options=options, progress=_merge_progress())
     print(f"merged {len(result.ranks)} rank(s) into {output} ({output.stat().st_size / 1e6:.1f} MB)")
     for problem in result.problems:
         print(f"  problem: {problem}", file=sys.stderr)
@@ -333,6 +333,12 @@ def handle_compare(args: argparse.Namespace) -> int:
     comparison = compare(args.base, args.new, threshold_pct=args.threshold)
     print(render_comparison(comparison))
     return comparison.exit_code
+
+
+def _merge_progress():
+    from .progress import counting, progress_callback
+
+    return counting(progress_callback("merge", "ranks"))
 
 
 def progress_printer(label: str):

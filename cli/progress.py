@@ -14,6 +14,7 @@ from typing import Callable, TextIO
 STATUS_EVERY_S = 10.0
 
 Progress = Callable[[int, int], None]
+"""progress(done, total); total 0 when it is not known beforehand."""
 
 
 def progress_callback(label: str, unit: str = "traces", *, stream: TextIO | None = None,
@@ -23,6 +24,17 @@ def progress_callback(label: str, unit: str = "traces", *, stream: TextIO | None
     if _is_tty(stream):
         return _bar(label, unit, stream)
     return _status_lines(label, unit, stream, every_s, clock)
+
+
+def counting(progress: Progress) -> Callable[[object], None]:
+    """A per-item callback (e.g. merge's, called with each rank's summary) counting into `progress`."""
+    done = [0]
+
+    def one(_item: object) -> None:
+        done[0] += 1
+        progress(done[0], 0)
+
+    return one
 
 
 def _is_tty(stream: TextIO) -> bool:
@@ -41,11 +53,11 @@ def _bar(label: str, unit: str, stream: TextIO) -> Progress:
 
     def show(done: int, total: int) -> None:
         bar = state.get("bar")
-        if bar is None or bar.total != total:
-            bar = state["bar"] = tqdm(total=total, desc=label, unit=unit[:-1] if unit.endswith("s") else unit,
-                                      file=stream, leave=True, dynamic_ncols=True)
+        if bar is None or (bar.total or 0) != total:
+            bar = state["bar"] = tqdm(total=total or None, desc=label, file=stream, leave=True,
+                                      unit=unit[:-1] if unit.endswith("s") else unit, dynamic_ncols=True)
         bar.update(done - bar.n)
-        if done >= total:
+        if total and done >= total:
             bar.close()
             state.pop("bar")
 
@@ -54,7 +66,8 @@ def _bar(label: str, unit: str, stream: TextIO) -> Progress:
 
 def _counter(label: str, unit: str, stream: TextIO) -> Progress:
     def show(done: int, total: int) -> None:
-        print(f"\r{label}: {done}/{total} {unit}", end="\n" if done >= total else "", file=stream, flush=True)
+        count = f"{done}/{total}" if total else str(done)
+        print(f"\r{label}: {count} {unit}", end="\n" if total and done >= total else "", file=stream, flush=True)
 
     return show
 
@@ -65,10 +78,12 @@ def _status_lines(label: str, unit: str, stream: TextIO, every_s: float, clock: 
 
     def show(done: int, total: int) -> None:
         now = clock()
-        if done < total and now - last[0] < every_s:
+        finished = bool(total) and done >= total
+        if not finished and now - last[0] < every_s:
             return
         last[0] = now
-        state = "done" if done >= total else "running"
-        print(f"{label}: {done}/{total} {unit} ({state}, {now - started:.0f} s)", file=stream, flush=True)
+        count = f"{done}/{total}" if total else str(done)
+        print(f"{label}: {count} {unit} ({'done' if finished else 'running'}, {now - started:.0f} s)", file=stream,
+              flush=True)
 
     return show

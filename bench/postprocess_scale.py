@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 import psutil
-
 from fleetscope.analysis.synthetic import TraceSetSpec, make_trace_set
 from fleetscope.traces.layout import RunLayout, trace_file_name, window_name
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 STATUS_EVERY_S = 10.0
 
@@ -55,7 +56,7 @@ def _bar(label: str, unit: str, stream: TextIO) -> Progress:
         bar = state.get("bar")
         if bar is None or (bar.total or 0) != total:
             bar = state["bar"] = tqdm(total=total or None, desc=label, file=stream, leave=True,
-                                      unit=unit[:-1] if unit.endswith("s") else unit, dynamic_ncols=True)
+                                      unit=unit.removesuffix("s"), dynamic_ncols=True)
         bar.update(done - bar.n)
         if total and done >= total:
             bar.close()

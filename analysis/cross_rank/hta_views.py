@@ -15,10 +15,11 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fleetscope.analysis.per_rank.hta_rank import (
     LAUNCH_DELAY_CUTOFF_US,
@@ -103,7 +104,7 @@ def _views(ranks: list[int], has_comm_kernels: bool, compute: Callable[[str, Cal
             else "HTA's straggler view needs NCCL kernels (these ranks communicate on the host)")
     for name, run in analyses.items():
         try:
-            tables.update(quietly(lambda: compute(name, run)))
+            tables.update(quietly(lambda name=name, run=run: compute(name, run)))
         except _RankError as error:
             errors[name] = str(error)
         except Exception as error:  # noqa: BLE001
@@ -237,15 +238,15 @@ def _launch_stats(analysis, ranks: list[int]) -> Table:
 
 def _launch_row(rank: int, frame) -> dict[str, Any]:
     return {
-            "rank": int(rank), "launches": int(len(frame)),
-            "cpu_duration_mean(us)": _scalar(frame["cpu_duration"].mean()),
-            "gpu_duration_mean(us)": _scalar(frame["gpu_duration"].mean()),
-            "launch_delay_mean(us)": _scalar(frame["launch_delay"].mean()),
-            "launch_delay_p95(us)": _scalar(frame["launch_delay"].quantile(0.95)),
-            "launch_delay_max(us)": _scalar(frame["launch_delay"].max()),
-            f"runtime_over_{LAUNCH_RUNTIME_CUTOFF_US}us": int((frame["cpu_duration"] > LAUNCH_RUNTIME_CUTOFF_US).sum()),
-            f"delay_over_{LAUNCH_DELAY_CUTOFF_US}us": int((frame["launch_delay"] > LAUNCH_DELAY_CUTOFF_US).sum()),
-            "gpu_shorter_than_cpu": int((frame["gpu_duration"] < frame["cpu_duration"]).sum()),
+        "rank": int(rank), "launches": len(frame),
+        "cpu_duration_mean(us)": _scalar(frame["cpu_duration"].mean()),
+        "gpu_duration_mean(us)": _scalar(frame["gpu_duration"].mean()),
+        "launch_delay_mean(us)": _scalar(frame["launch_delay"].mean()),
+        "launch_delay_p95(us)": _scalar(frame["launch_delay"].quantile(0.95)),
+        "launch_delay_max(us)": _scalar(frame["launch_delay"].max()),
+        f"runtime_over_{LAUNCH_RUNTIME_CUTOFF_US}us": int((frame["cpu_duration"] > LAUNCH_RUNTIME_CUTOFF_US).sum()),
+        f"delay_over_{LAUNCH_DELAY_CUTOFF_US}us": int((frame["launch_delay"] > LAUNCH_DELAY_CUTOFF_US).sum()),
+        "gpu_shorter_than_cpu": int((frame["gpu_duration"] < frame["cpu_duration"]).sum()),
     }
 
 

@@ -189,8 +189,9 @@ def _symbols(cats: list, names: list) -> tuple[list[str], np.ndarray, np.ndarray
 
 
 def _arg_columns(args: list) -> dict[str, Any]:
-    import pandas as pd
     from operator import attrgetter
+
+    import pandas as pd
 
     columns = {}
     for column, _key, default in HTA_ARGS:
@@ -241,8 +242,9 @@ def add_iterations(frame, symbols: list[str]) -> None:
     `ProfilerStep#N` row (in trace order) whose [ts, ts + dur) holds their start; device rows
     (stream > 0) take their launch's (`index_correlation`); -1 where neither applies; rows on stream 0
     get none (NaN), as in HTA."""
-    import pandas as pd
     import re
+
+    import pandas as pd
 
     pattern = re.compile(r"ProfilerStep\s*#\s*(\d+)")
     step_ids = [i for i, s in enumerate(symbols) if isinstance(s, str) and s.startswith("ProfilerStep")]

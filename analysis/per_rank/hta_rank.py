@@ -14,9 +14,10 @@ import contextlib
 import io
 import logging
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fleetscope.analysis.per_rank.hta_frame import add_iterations, decode_hta_frame
 from fleetscope.analysis.per_rank.hta_kernel_views import (

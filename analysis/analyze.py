@@ -20,6 +20,7 @@ from fleetscope.analysis.per_rank.parse import Progress, parse_traces
 from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.report.build import (
     DEFAULT_HTA_MAX_RANKS,
+    HTA_RANKS_AUTO,
     build_report,
     hta_runner,
     no_hta,
@@ -30,9 +31,10 @@ from fleetscope.traces.writer import write_bytes_atomically
 
 def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: str | Path | None = None,
             write_default_outputs: bool = True, use_hta: bool = True, hta_max_ranks: int = DEFAULT_HTA_MAX_RANKS,
-            workers: int | None = None, min_lateness_us: float = DEFAULT_MIN_LATENESS_US,
-            progress: Progress | None = None, use_cache: bool = True, cache_dir: Path | None = None,
-            link_peak_gbps: float | None = None) -> Report:
+            hta_ranks: str | list[int] = HTA_RANKS_AUTO, workers: int | None = None,
+            min_lateness_us: float = DEFAULT_MIN_LATENESS_US, progress: Progress | None = None,
+            hta_progress: Progress | None = None, use_cache: bool = True,
+            cache_dir: Path | None = None, link_peak_gbps: float | None = None) -> Report:
     """Analyze a run directory, a directory of Kineto traces, or one trace file.
 
     Writes the JSON report to `json_out` and the HTML report to `html_out` when given. For a run directory,
@@ -40,7 +42,10 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     report/report.html; nothing is ever written into a foreign trace directory unless asked.
     Raises FileNotFoundError / ValueError when `path` holds no traces at all; unusable traces are
     reported in `Report.problems` (and make `Report.complete` false), never raised.
-    HTA runs on GPU windows unless `use_hta` is false, on at most `hta_max_ranks` ranks per window.
+    HTA's views run on GPU windows unless `use_hta` is false, from fleetscope's own parse of each trace (no
+    HTA JSON loader): on `hta_ranks` auto (the ranks the report points at: slowest, waited for, fastest,
+    median, one per host; at most `hta_max_ranks` per window), all, or a list of ranks.
+    `progress(done, total)` as traces are parsed, `hta_progress(done, total)` as HTA ranks finish.
     Per-trace results are kept in the parsed-trace cache (result_cache.py; `cache_dir`, default
     default_cache_dir()) unless `use_cache` is false. `link_peak_gbps` replaces the table of peak bus
     bandwidths (cross_rank/bandwidth.py) that collective bandwidth is compared with (CLI `--link-peak`).
@@ -58,7 +63,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         missing=placement.missing,
         world_size=inputs.world_size,
         notes=inputs.notes + placement.notes + _cache_notes(cache, cache_off, outcomes),
-        hta=hta_runner(hta_max_ranks) if use_hta else no_hta,
+        hta=hta_runner(hta_max_ranks, hta_ranks, hta_progress) if use_hta else no_hta,
         measured_offsets=inputs.measured_offsets,
         min_lateness_us=min_lateness_us,
         link_peak_gbps=link_peak_gbps,

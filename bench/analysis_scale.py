@@ -8,11 +8,13 @@ Each set is made from one real GPU trace (default: the H200 fixture of a stock t
 own rank and host, and one all-reduce per step is added (the source is a single-GPU recording).
 
 Both tools run in a fresh subprocess each (imports included in the time):
-  - ours: `analyze(dir, use_hta=False)` with its default process pool (one worker per core), writing the
-    report JSON: steps, busy/idle/comm/overlap per rank, stragglers, clock alignment; with an empty
-    parsed-trace cache of the benchmark's own (so it parses every trace, and stores the results);
+  - ours: the default `analyze(dir)` with its default process pool (one worker per core), writing the
+    report JSON: steps, busy/idle/comm/overlap per rank, stragglers, clock alignment, and HTA's views
+    (temporal, idle time, overlap, kernels, launch statistics, stragglers) from fleetscope's own parse on
+    the ranks the report picks (`--hta-ranks auto`: at most 16); with an empty parsed-trace cache of the
+    benchmark's own (so it parses every trace, and stores the results);
   - ours-warm: the same command again, now finding every trace's result in that cache (what a second
-    `analyze`, a `compare` or a `postprocess` of the same run costs);
+    `analyze`, a `compare` or a `postprocess` of the same run costs; HTA's views are computed again);
   - HTA: `TraceAnalysis(trace_dir=dir)` + temporal breakdown + idle-time breakdown (HTA's default: rank 0)
     + comm/comp overlap, with HTA's own multiprocessing.
 Peak memory is the largest sum of PSS over the subprocess and all its descendants, sampled every 0.1 s
@@ -42,8 +44,10 @@ SAMPLE_SECONDS = 0.1
 OURS = textwrap.dedent("""
     import sys
     from fleetscope.analysis import analyze
-    report = analyze(sys.argv[1], json_out=sys.argv[2], use_hta=False)
+    report = analyze(sys.argv[1], json_out=sys.argv[2])
     assert len(report.ranks) == int(sys.argv[3]), (len(report.ranks), report.problems[:3])
+    hta = report.windows[0].hta
+    assert {"temporal_breakdown", "idle_time_breakdown", "comm_comp_overlap"} <= set(hta.tables), hta
 """)
 
 HTA = textwrap.dedent("""

@@ -180,6 +180,9 @@ def register_analyze(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", dest="json_out", default=None, help="write the report JSON here")
     parser.add_argument("--html", dest="html_out", default=None, help="write the HTML report here")
     parser.add_argument("--no-hta", action="store_true", help="skip Holistic Trace Analysis (GPU traces)")
+    parser.add_argument("--hta-ranks", default="auto", metavar="auto|all|LIST",
+                        help="ranks HTA's views cover: auto (slowest, waited for, fastest, median, one per host; "
+                             "at most 16 per window), all, or a list like 0,3,7")
     parser.add_argument("--no-cache", action="store_true",
                         help="parse every trace again instead of reusing results of identical trace files")
     parser.add_argument("--cache-dir", type=Path, default=None,
@@ -192,6 +195,7 @@ def register_analyze(sub: argparse._SubParsersAction) -> None:
 def handle_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
     from ..analysis.render.terminal import render_terminal
+    from ..analysis.report.build import parse_hta_ranks
 
     layout = RunLayout.at(args.path)
     json_out, html_out = args.json_out, args.html_out
@@ -199,7 +203,8 @@ def handle_analyze(args: argparse.Namespace) -> int:
         json_out = json_out or layout.report_json
         html_out = html_out or layout.report_html
     report = analyze(layout.root, json_out=json_out, html_out=html_out, use_hta=not args.no_hta,
-                     progress=progress_printer("analyze"), use_cache=not args.no_cache, cache_dir=args.cache_dir,
+                     hta_ranks=parse_hta_ranks(args.hta_ranks), progress=progress_printer("analyze"),
+                     hta_progress=progress_printer("HTA"), use_cache=not args.no_cache, cache_dir=args.cache_dir,
                      link_peak_gbps=args.link_peak)
     print(render_terminal(report))
     for label, path in (("json", json_out), ("html", html_out)):
@@ -287,7 +292,7 @@ def handle_merge(args: argparse.Namespace) -> int:
                            drop_python_functions=args.no_python, flows=not args.no_flows,
                            collective_flows=not args.no_flows, overlays=not args.no_overlays,
                            event_args=args.args, chrome_json=chrome_json, workers=args.workers)
-    result = merge(layout.root, output, options=options)
+    result = merge(layout.root, output, options=options, progress=_merge_progress())
     size_mb = output.stat().st_size / 1e6 if output.is_file() else 0.0
     print(f"merged {len(result.ranks)} rank(s) into {output} ({size_mb:.1f} MB)")
     for problem in result.problems:
@@ -334,16 +339,17 @@ def handle_compare(args: argparse.Namespace) -> int:
     return comparison.exit_code
 
 
+def _merge_progress():
+    from .progress import counting, progress_callback
+
+    return counting(progress_callback("merge", "ranks"))
+
+
 def progress_printer(label: str):
-    """A one-line progress counter on stderr when it is a terminal; silent otherwise (logs, pipes)."""
-    if not sys.stderr.isatty():
-        return None
+    """Progress on stderr: a bar on a terminal, a status line every 10 s otherwise (cli/progress.py)."""
+    from .progress import progress_callback
 
-    def show(done: int, total: int) -> None:
-        end = "\n" if done >= total else ""
-        print(f"\r{label}: {done}/{total} traces", end=end, file=sys.stderr, flush=True)
-
-    return show
+    return progress_callback(label)
 
 
 REGISTRY = [

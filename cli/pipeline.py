@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..traces.gather import gather
+from .progress import counting, progress_callback
 from ..traces.layout import RunLayout
 from ..traces.validate import missing_note
 
@@ -70,7 +71,8 @@ def _analyze(layout: RunLayout, result: PostprocessResult, echo: bool) -> None:
     from ..analysis import analyze
     from ..analysis.render.terminal import render_terminal
 
-    report = analyze(layout.root, json_out=layout.report_json, html_out=layout.report_html)
+    report = analyze(layout.root, json_out=layout.report_json, html_out=layout.report_html,
+                     progress=progress_callback("analyze"), hta_progress=progress_callback("HTA", "ranks"))
     result.report_complete = report.complete
     result.outputs["report_json"] = layout.report_json
     result.outputs["report_html"] = layout.report_html
@@ -81,7 +83,7 @@ def _analyze(layout: RunLayout, result: PostprocessResult, echo: bool) -> None:
 def _merge(layout: RunLayout, result: PostprocessResult, echo: bool) -> None:
     from ..analysis.merge.run import merge
 
-    merged = merge(layout.root, layout.merged_trace)
+    merged = merge(layout.root, layout.merged_trace, progress=counting(progress_callback("merge", "ranks")))
     result.outputs["merged_trace"] = layout.merged_trace
     if layout.report_json.is_file():
         _link_report_to_trace(layout, merged)

@@ -89,5 +89,18 @@ def test_hta_gets_a_chosen_subset_of_many_ranks(tmp_path):
     report = analyze(tmp_path / "set", hta_max_ranks=3)
     hta = report.windows[0].hta
     chosen = sorted(row["rank"] for row in hta.tables["temporal_breakdown"])
-    assert chosen == [0, 2, 4]          # the first, the one waited for, then evenly spaced
+    window = report.windows[0]
+    means = sorted((r.step_time.mean_ms, r.rank) for r in window.ranks)
+    expected = {window.stragglers.slowest_rank, window.stragglers.waited_for_rank, means[0][1],
+                means[len(means) // 2][1]}
+    assert window.stragglers.waited_for_rank == 4 and 4 in chosen
+    assert len(chosen) == 3 and set(chosen) <= expected   # slowest, waited for, fastest, median: first three
     assert "HTA ran on 3 of 6 ranks" in hta.reason
+
+
+def test_hta_ranks_all_and_a_list(tmp_path):
+    make_trace_set(_hand_built_nccl(tmp_path), tmp_path / "set", TraceSetSpec(ranks=6, late_rank=4, late_us=LATE_US))
+    every = analyze(tmp_path / "set", hta_max_ranks=3, hta_ranks="all", use_cache=False).windows[0].hta
+    assert sorted(row["rank"] for row in every.tables["temporal_breakdown"]) == list(range(6))
+    listed = analyze(tmp_path / "set", hta_ranks=[1, 5], use_cache=False).windows[0].hta
+    assert sorted(row["rank"] for row in listed.tables["temporal_breakdown"]) == [1, 5]

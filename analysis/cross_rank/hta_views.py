@@ -2,19 +2,37 @@
 
 HTA only understands GPU traces; CPU-only traces get one line saying why it was skipped. Each HTA analysis
 runs on its own, so one that breaks (HTA 0.5.0 has pandas-3 problems) costs that table, not the others.
-HTA is given our rank numbering through an explicit rank -> file map.
+
+`run_hta` (the default) does not use HTA's JSON loader: each rank's HTA frame is built and its per-rank
+views computed in a worker process (per_rank/hta_rank.py); here the ranks' tables are joined the way HTA
+joins them (rank order; kernel totals summed over ranks) and HTA's cross-rank straggler view runs on the
+few rows each rank sent. `run_stock_hta` is HTA's own load of the same files, with the same tables: the
+reference the fast path is tested against.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import math
-import warnings
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from fleetscope.analysis.per_rank.hta_rank import (
+    LAUNCH_DELAY_CUTOFF_US,
+    LAUNCH_RUNTIME_CUTOFF_US,
+    RankHta,
+    analysis_of,
+    one_line,
+    quietly,
+    rank_hta,
+    trace_of,
+)
+
+Progress = Callable[[int, int], None]
 
 STATUS_OK = "ok"
 STATUS_PARTIAL = "partial"
@@ -44,19 +62,40 @@ def skipped(reason: str) -> HtaViews:
     return HtaViews(status=STATUS_SKIPPED, reason=reason)
 
 
-def run_hta(trace_files: dict[int, Path], *, has_comm_kernels: bool = True) -> HtaViews:
-    """Load the window's traces into HTA and run each analysis; never raises for HTA's own failures.
-    `has_comm_kernels`: whether the traces hold NCCL kernels (HTA's straggler view needs them)."""
+def run_hta(trace_files: dict[int, Path], *, has_comm_kernels: bool = True, step_names: tuple[str, ...] = (),
+            workers: int | None = None, progress: Progress | None = None) -> HtaViews:
+    """HTA's views of the window's traces from frames built per rank in worker processes; never raises for
+    HTA's own failures. `has_comm_kernels`: whether the traces hold NCCL kernels (HTA's straggler view
+    needs them); `step_names`: the ProfilerStep names of these ranks (HTA's step filter counts them over
+    all ranks); `progress(done, total)` as ranks finish."""
+    if not trace_files:
+        return skipped("no readable trace")
+    ranks = sorted(trace_files)
+    try:
+        per_rank = _per_rank(trace_files, step_names, workers, progress)
+    except Exception as error:  # noqa: BLE001 - HTA raises anything from asserts to KeyErrors
+        return HtaViews(status=STATUS_FAILED, reason=f"HTA could not load the traces: {one_line(error)}")
+    joins = _joins(per_rank)
+    return _views(ranks, has_comm_kernels, lambda name, run: joins[name](), joins)
+
+
+def run_stock_hta(trace_files: dict[int, Path], *, has_comm_kernels: bool = True) -> HtaViews:
+    """The same views from HTA's own loader (`TraceAnalysis(trace_files=...)`): slow, the reference."""
     if not trace_files:
         return skipped("no readable trace")
     try:
         analysis = _load(trace_files)
     except Exception as error:  # noqa: BLE001 - HTA raises anything from asserts to KeyErrors
-        return HtaViews(status=STATUS_FAILED, reason=f"HTA could not load the traces: {_one_line(error)}")
+        return HtaViews(status=STATUS_FAILED, reason=f"HTA could not load the traces: {one_line(error)}")
     ranks = sorted(trace_files)
+    return _views(ranks, has_comm_kernels, lambda name, run: run(analysis), _analyses(ranks))
+
+
+def _views(ranks: list[int], has_comm_kernels: bool, compute: Callable[[str, Callable], dict[str, Table]],
+           analyses: dict[str, Callable]) -> HtaViews:
     tables: dict[str, Table] = {}
     errors: dict[str, str] = {}
-    analyses = _analyses(ranks)
+    analyses = dict(analyses)
     not_applicable = {}
     if len(ranks) < 2 or not has_comm_kernels:
         del analyses["potential_stragglers"]
@@ -65,9 +104,11 @@ def run_hta(trace_files: dict[int, Path], *, has_comm_kernels: bool = True) -> H
             else "HTA's straggler view needs NCCL kernels (these ranks communicate on the host)")
     for name, run in analyses.items():
         try:
-            tables.update(_quietly(lambda: run(analysis)))
+            tables.update(quietly(lambda name=name, run=run: compute(name, run)))
+        except _RankError as error:
+            errors[name] = str(error)
         except Exception as error:  # noqa: BLE001
-            errors[name] = _one_line(error)
+            errors[name] = one_line(error)
     if not tables:
         return HtaViews(status=STATUS_FAILED, reason="every HTA analysis failed", errors=errors,
                         not_applicable=not_applicable)
@@ -76,14 +117,103 @@ def run_hta(trace_files: dict[int, Path], *, has_comm_kernels: bool = True) -> H
     return HtaViews(status=status, reason=reason, tables=tables, errors=errors, not_applicable=not_applicable)
 
 
+class _RankError(Exception):
+    """A view failed on one rank (its message is HTA's error there): the view fails, as in HTA."""
+
+
+def _per_rank(trace_files: dict[int, Path], step_names: tuple[str, ...], workers: int | None,
+              progress: Progress | None) -> list[RankHta]:
+    """rank_hta for every rank, one worker process per rank when there are several; in rank order."""
+    ranks = sorted(trace_files)
+    paths = [str(Path(trace_files[r]).absolute()) for r in ranks]
+    names = [tuple(step_names)] * len(ranks)
+    workers = min(len(ranks), workers or os.cpu_count() or 1)
+    collected: list[RankHta] = []
+    if workers <= 1 or len(ranks) < 2:
+        outcomes = map(rank_hta, paths, ranks, names)
+        return _collect(outcomes, len(ranks), progress)
+    import hta.trace_analysis  # noqa: F401 - imported before the pool forks: workers inherit it (~1 s each)
+
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        collected = _collect(pool.map(rank_hta, paths, ranks, names, chunksize=1), len(ranks), progress)
+    return collected
+
+
+def _collect(outcomes, total: int, progress: Progress | None) -> list[RankHta]:
+    collected = []
+    for outcome in outcomes:
+        collected.append(outcome)
+        if progress is not None:
+            progress(len(collected), total)
+    return collected
+
+
+def _joins(per_rank: list[RankHta]) -> dict[str, Callable[[], dict[str, Table]]]:
+    """Analysis name -> a function joining the ranks' tables of it as HTA's multi-rank call returns them."""
+    def frames(view: str) -> list:
+        for result in per_rank:
+            if view in result.errors:
+                raise _RankError(result.errors[view])
+        return [result.frames[view] for result in per_rank]
+
+    return {
+        "temporal_breakdown": lambda: {"temporal_breakdown": _rows(_concat(frames("temporal_breakdown")))},
+        "idle_time_breakdown": lambda: _joined_idle(frames("idle_time_breakdown")),
+        "comm_comp_overlap": lambda: {"comm_comp_overlap": _rows(_concat(frames("comm_comp_overlap")))},
+        "kernel_breakdown": lambda: _joined_kernels(frames("kernel_breakdown")),
+        "cuda_launch_stats": lambda: {"cuda_launch_stats": [
+            _launch_row(r.rank, f) for r, f in zip(per_rank, frames("cuda_launch_stats"))]},
+        "potential_stragglers": lambda: {"potential_stragglers": _joined_stragglers(per_rank)},
+    }
+
+
+def _concat(frames: list):
+    import pandas as pd
+
+    return pd.concat(frames)
+
+
+def _joined_idle(parts: list) -> dict[str, Table]:
+    tables = {"idle_time_breakdown": _rows(_concat([idle for idle, _ in parts]))}
+    if all(intervals is not None for _, intervals in parts):
+        tables["idle_interval_stats"] = _rows(_concat([intervals for _, intervals in parts]))
+    return tables
+
+
+def _joined_kernels(parts: list) -> dict[str, Table]:
+    """HTA's get_gpu_kernel_breakdown over several ranks: per-type time summed over ranks, then its
+    share; per-kernel rows of every rank sorted by type, name and rank."""
+    by_type = _concat([types[["kernel_type", "sum"]] for types, _ in parts])
+    by_type = by_type.groupby(by=["kernel_type"])["sum"].agg(["sum"]).reset_index()
+    by_type = by_type.sort_values(by=["sum"], ignore_index=True, ascending=False)
+    by_type["percentage"] = (by_type["sum"] / by_type["sum"].sum()) * 100
+    by_type = by_type.round({"percentage": 1})
+    kernels = _concat([kernels for _, kernels in parts])
+    kernels = kernels.sort_values(by=["kernel_type", "name", "rank"], ignore_index=True)
+    return {"kernel_type_breakdown": _rows(by_type), "kernel_breakdown": _rows(kernels)}
+
+
+def _joined_stragglers(per_rank: list[RankHta]) -> Table:
+    """HTA's straggler view over the rows the ranks sent, each moved onto HTA's common time base."""
+    base = min(result.min_ts for result in per_rank)
+    frames, symbols = {}, {}
+    for result in per_rank:
+        rows = result.straggler_rows.copy()
+        rows["ts"] = rows["ts"] + (result.min_ts - base)
+        ids = [symbols.setdefault(name, len(symbols)) for name in rows["name"].tolist()]
+        rows["name"] = ids
+        frames[result.rank] = rows
+    return _potential_stragglers(analysis_of(trace_of(frames, list(symbols))))
+
+
 def _load(trace_files: dict[int, Path]):
     from hta.trace_analysis import TraceAnalysis  # heavy import, only when HTA runs
 
     logging.getLogger("hta").setLevel(logging.ERROR)
     files = {rank: str(Path(path).absolute()) for rank, path in trace_files.items()}
     directory = str(Path(next(iter(files.values()))).parent)
-    return _quietly(lambda: TraceAnalysis(trace_files=files, trace_dir=directory,
-                                          include_last_profiler_step=True))
+    return quietly(lambda: TraceAnalysis(trace_files=files, trace_dir=directory,
+                                         include_last_profiler_step=True))
 
 
 def _analyses(ranks: list[int]) -> dict[str, Callable[[Any], dict[str, Table]]]:
@@ -98,29 +228,26 @@ def _analyses(ranks: list[int]) -> dict[str, Callable[[Any], dict[str, Table]]]:
     }
 
 
-LAUNCH_RUNTIME_CUTOFF_US = 50
-LAUNCH_DELAY_CUTOFF_US = 100
-
-
 def _launch_stats(analysis, ranks: list[int]) -> Table:
     """HTA's per-launch table summarized per rank (it has one row per kernel launch)."""
     per_rank = analysis.get_cuda_kernel_launch_stats(
         ranks=ranks, runtime_cutoff=LAUNCH_RUNTIME_CUTOFF_US, launch_delay_cutoff=LAUNCH_DELAY_CUTOFF_US,
         visualize=False)
-    rows = []
-    for rank, frame in sorted(per_rank.items()):
-        rows.append({
-            "rank": int(rank), "launches": int(len(frame)),
-            "cpu_duration_mean(us)": _scalar(frame["cpu_duration"].mean()),
-            "gpu_duration_mean(us)": _scalar(frame["gpu_duration"].mean()),
-            "launch_delay_mean(us)": _scalar(frame["launch_delay"].mean()),
-            "launch_delay_p95(us)": _scalar(frame["launch_delay"].quantile(0.95)),
-            "launch_delay_max(us)": _scalar(frame["launch_delay"].max()),
-            f"runtime_over_{LAUNCH_RUNTIME_CUTOFF_US}us": int((frame["cpu_duration"] > LAUNCH_RUNTIME_CUTOFF_US).sum()),
-            f"delay_over_{LAUNCH_DELAY_CUTOFF_US}us": int((frame["launch_delay"] > LAUNCH_DELAY_CUTOFF_US).sum()),
-            "gpu_shorter_than_cpu": int((frame["gpu_duration"] < frame["cpu_duration"]).sum()),
-        })
-    return rows
+    return [_launch_row(rank, frame) for rank, frame in sorted(per_rank.items())]
+
+
+def _launch_row(rank: int, frame) -> dict[str, Any]:
+    return {
+        "rank": int(rank), "launches": len(frame),
+        "cpu_duration_mean(us)": _scalar(frame["cpu_duration"].mean()),
+        "gpu_duration_mean(us)": _scalar(frame["gpu_duration"].mean()),
+        "launch_delay_mean(us)": _scalar(frame["launch_delay"].mean()),
+        "launch_delay_p95(us)": _scalar(frame["launch_delay"].quantile(0.95)),
+        "launch_delay_max(us)": _scalar(frame["launch_delay"].max()),
+        f"runtime_over_{LAUNCH_RUNTIME_CUTOFF_US}us": int((frame["cpu_duration"] > LAUNCH_RUNTIME_CUTOFF_US).sum()),
+        f"delay_over_{LAUNCH_DELAY_CUTOFF_US}us": int((frame["launch_delay"] > LAUNCH_DELAY_CUTOFF_US).sum()),
+        "gpu_shorter_than_cpu": int((frame["gpu_duration"] < frame["cpu_duration"]).sum()),
+    }
 
 
 def _potential_stragglers(analysis) -> Table:
@@ -183,16 +310,3 @@ def _scalar(value: Any) -> Any:
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)
-
-
-def _quietly(call: Callable[[], Any]) -> Any:
-    """Run `call` with HTA's prints and progress output kept off the user's terminal."""
-    sink = io.StringIO()
-    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return call()
-
-
-def _one_line(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}".strip()
-    return text.splitlines()[0][:300] if text else type(error).__name__

@@ -23,7 +23,7 @@ from fleetscope.analysis.per_rank.collectives import SOURCE_NCCL
 from fleetscope.analysis.per_rank.gpu_time import combine_gpu_time
 from fleetscope.analysis.per_rank.kernels import combine as combine_kernels
 from fleetscope.analysis.per_rank.rank import RankResult
-from fleetscope.analysis.per_rank.steps import StepStats
+from fleetscope.analysis.per_rank.steps import STEP_SOURCE_PROFILER, StepStats
 from fleetscope.analysis.report.model import (
     MissingTrace,
     Problem,
@@ -35,12 +35,29 @@ from fleetscope.analysis.report.model import (
 
 HtaRunner = Callable[[list[RankResult], Stragglers], HtaViews]
 DEFAULT_HTA_MAX_RANKS = 16
-"""Stock HTA needs seconds and tens of MB per rank: past this many ranks it gets a chosen subset."""
+"""HTA's views cost a worker's time per rank: past this many ranks per window they get a chosen subset."""
+HTA_RANKS_AUTO = "auto"
+HTA_RANKS_ALL = "all"
 
 
-def hta_runner(max_ranks: int = DEFAULT_HTA_MAX_RANKS) -> HtaRunner:
-    """HTA on a window's GPU traces (at most `max_ranks` of them); skipped with the reason when it does
-    not apply."""
+def parse_hta_ranks(text: str) -> str | list[int]:
+    """`--hta-ranks`: auto, all, or a comma-separated list of ranks."""
+    text = text.strip().lower()
+    if text in (HTA_RANKS_AUTO, HTA_RANKS_ALL):
+        return text
+    try:
+        ranks = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise ValueError(f"--hta-ranks must be auto, all or a list like 0,3,7; got {text!r}") from None
+    if not ranks or min(ranks) < 0:
+        raise ValueError(f"--hta-ranks needs ranks >= 0, got {text!r}")
+    return ranks
+
+
+def hta_runner(max_ranks: int = DEFAULT_HTA_MAX_RANKS, ranks: str | list[int] = HTA_RANKS_AUTO,
+               progress: Callable[[int, int], None] | None = None) -> HtaRunner:
+    """HTA on a window's GPU traces: `ranks` auto (the ranks the report points at, at most `max_ranks`),
+    all, or a list; skipped with the reason when it does not apply."""
     if max_ranks < 1:
         raise ValueError(f"hta max_ranks must be >= 1, got {max_ranks}")
 
@@ -48,29 +65,56 @@ def hta_runner(max_ranks: int = DEFAULT_HTA_MAX_RANKS) -> HtaRunner:
         gpu = [r for r in results if r.has_gpu]
         if not gpu:
             return skipped("CPU-only traces (no GPU kernels): HTA does not apply; fleetscope's own metrics cover them")
-        chosen = hta_ranks([r.rank for r in gpu], stragglers, max_ranks)
+        chosen = _chosen(gpu, stragglers, ranks, max_ranks)
+        if not chosen:
+            return skipped(f"none of the requested HTA ranks ({', '.join(map(str, ranks))}) has a GPU trace here")
+        picked = [r for r in gpu if r.rank in chosen]
         has_comm_kernels = any(r.collectives.source == SOURCE_NCCL for r in gpu)
-        views = run_hta({r.rank: r.path for r in gpu if r.rank in chosen}, has_comm_kernels=has_comm_kernels)
+        views = run_hta({r.rank: r.path for r in picked}, has_comm_kernels=has_comm_kernels,
+                        step_names=_profiler_step_names(picked), progress=progress)
         if len(chosen) < len(gpu):
-            note = (f"HTA ran on {len(chosen)} of {len(gpu)} ranks (the first, the slowest, the one waited for, "
-                    f"then evenly spaced): {', '.join(map(str, chosen))}")
+            how = ("the slowest, the one waited for, the fastest, the median, then one per host"
+                   if ranks == HTA_RANKS_AUTO else "as requested")
+            note = f"HTA ran on {len(chosen)} of {len(gpu)} ranks ({how}): {', '.join(map(str, chosen))}"
             views = dataclasses.replace(views, reason=f"{views.reason}; {note}" if views.reason else note)
         return views
 
     return run
 
 
-def hta_ranks(ranks: list[int], stragglers: Stragglers, max_ranks: int) -> list[int]:
-    """All ranks when few; else the first, the slowest, the one waited for, then evenly spaced ones."""
-    ranks = sorted(ranks)
+def _chosen(gpu: list[RankResult], stragglers: Stragglers, ranks: str | list[int], max_ranks: int) -> list[int]:
+    if ranks == HTA_RANKS_ALL:
+        return sorted(r.rank for r in gpu)
+    if ranks == HTA_RANKS_AUTO:
+        return hta_ranks(gpu, stragglers, max_ranks)
+    return sorted(set(ranks) & {r.rank for r in gpu})
+
+
+def hta_ranks(results: list[RankResult], stragglers: Stragglers, max_ranks: int) -> list[int]:
+    """All ranks when few; else, in this order until `max_ranks`: the slowest rank, the one the others
+    wait for, the fastest and the median (by mean step time), then the first rank of each host."""
+    ranks = sorted(r.rank for r in results)
     if len(ranks) <= max_ranks:
         return ranks
-    chosen = [r for r in (ranks[0], stragglers.slowest_rank, stragglers.waited_for_rank) if r in ranks]
-    for index in np.linspace(0, len(ranks) - 1, num=max_ranks).round().astype(int):
-        if len(set(chosen)) >= max_ranks:
-            break
-        chosen.append(ranks[index])
-    return sorted(set(chosen))[:max_ranks]
+    timed = sorted((StepStats.of([s.step_time_ms for s in r.steps]).mean_ms, r.rank)
+                   for r in results if r.steps)
+    wanted = [stragglers.slowest_rank, stragglers.waited_for_rank]
+    if timed:
+        wanted += [timed[0][1], timed[len(timed) // 2][1]]
+    hosts: dict[str, int] = {}
+    for result in sorted(results, key=lambda r: r.rank):
+        hosts.setdefault(result.host, result.rank)
+    wanted += list(hosts.values())
+    chosen: list[int] = []
+    for rank in wanted:
+        if rank is not None and rank in ranks and rank not in chosen and len(chosen) < max_ranks:
+            chosen.append(rank)
+    return sorted(chosen)
+
+
+def _profiler_step_names(results: list[RankResult]) -> tuple[str, ...]:
+    return tuple(sorted({f"ProfilerStep#{s.step}" for r in results if r.step_source == STEP_SOURCE_PROFILER
+                         for s in r.steps}))
 
 
 def no_hta(results: list[RankResult], stragglers: Stragglers) -> HtaViews:

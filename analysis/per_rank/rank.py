@@ -19,7 +19,7 @@ from fleetscope.analysis.per_rank.events import (
     decode_selectively,
     extract_events,
 )
-from fleetscope.analysis.per_rank.kernels import KernelTotal, top_kernels
+from fleetscope.analysis.per_rank.kernels import KernelTotal, OpDuration, op_durations, top_kernels
 from fleetscope.analysis.per_rank.steps import StepTiming, find_steps
 from fleetscope.analysis.per_rank.utilization import (
     Utilization,
@@ -60,6 +60,8 @@ class RankResult:
     collectives: CollectiveCalls
     top_kernels: list[KernelTotal] = dataclasses.field(default_factory=list)
     """This rank's kernels with the most GPU time (kernels.py)."""
+    op_durations: list[OpDuration] = dataclasses.field(default_factory=list)
+    """Median duration of each compute kernel (host op on CPU) name (kernels.py)."""
     remarks: list[str] = dataclasses.field(default_factory=list)
     """Things about the file a reader should know (e.g. invalid UTF-8 that was replaced)."""
     from_cache: bool = False
@@ -101,6 +103,7 @@ def analyze_bytes(source: TraceSource, raw: bytes) -> RankResult:
         utilization=measure_utilization(events, steps, timeline),
         collectives=find_collectives(events, steps, timeline.compute),
         top_kernels=top_kernels(events),
+        op_durations=op_durations(events),
         remarks=remarks,
     )
 

@@ -9,6 +9,7 @@ from typing import Callable
 
 import numpy as np
 from fleetscope.analysis.cross_rank.arrivals import arrival_matrix
+from fleetscope.analysis.cross_rank.causes import find_causes
 from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset, align_clocks
 from fleetscope.analysis.cross_rank.hta_views import HtaViews, run_hta, skipped
 from fleetscope.analysis.cross_rank.stragglers import (
@@ -125,6 +126,7 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
         top_kernels=combine_kernels([r.top_kernels for r in results]),
         hta=hta(results, stragglers),
         notes=_window_notes(results),
+        causes=find_causes(results, aligned, stragglers, clock),
     )
 
 
@@ -246,9 +248,15 @@ def _waited_for_sentence(windows: list[WindowReport]) -> str:
     if consistent and all(rank == top for rank in consistent) and len(consistent) * 2 >= len(windows):
         return (f"rank {top} is the straggler: the others wait for it, last at {last[top]} of the {taken[top]} "
                 f"collectives it took part in, {100 * caused[top] / total:.0f}% of all waiting "
-                f"({caused[top] / 1000:.2f} ms)")
+                f"({caused[top] / 1000:.2f} ms){_cause_clause(windows, top)}")
     return (f"no single straggler at collectives: rank {top} causes the most waiting "
             f"({100 * caused[top] / total:.0f}%, last at {last[top]} of its {taken[top]})")
+
+
+def _cause_clause(windows: list[WindowReport], rank: int) -> str:
+    """", cause: X" when every window that classified the rank agrees on its cause (causes.py)."""
+    causes = {f.cause for w in windows for f in w.causes.findings if f.rank == rank}
+    return f"; cause: {causes.pop()}" if len(causes) == 1 else ""
 
 
 def _world_size(results: list[RankResult]) -> int | None:

@@ -43,6 +43,13 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           50,000 ranks x instances), verdict}; an instance's name carries its
                           process group when the trace names it ("nccl:AllReduce [mesh_tp pg 3]"),
                           and a null arrival/wait marks a rank outside that group
+        causes            {findings[] {rank, cause ("work imbalance" | "slow device" | "host-side delay" |
+                          "network" | "clock uncertainty" | "unexplained"), explained_share, wait_share,
+                          late_instances, median_lateness_us, median_extra_compute_us, median_extra_idle_us,
+                          median_carried_us, op_duration_ratio, ops_compared, expected_slowdown_us,
+                          clock_uncertainty_us, phase, phase_vs_peers_pct, what_if[] {step, step_time_ms,
+                          caused_wait_ms, projected_step_ms}, explanation}}: why each rank causing >= 20% of
+                          the waiting is late, and its steps if it were on time (causes.py)
         hta               {status: ok|partial|skipped|failed, reason, tables {name: rows[]},
                           errors {analysis: message}, not_applicable {analysis: why}}; tables (HTA's
                           columns and units): temporal_breakdown, idle_time_breakdown,
@@ -50,7 +57,7 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           kernel_breakdown, cuda_launch_stats (per rank summary), potential_stragglers
 
 Definitions of every metric: utilization.py (busy/idle/comm/overlap), stragglers.py (arrival, lateness,
-wait, score), collectives.py (collective times and keys), clock_align.py (clock offsets), steps.py (steps
+wait, score), causes.py (straggler causes, what-if), collectives.py (collective times and keys), clock_align.py (clock offsets), steps.py (steps
 and phases), kernels.py (kernel totals).
 """
 
@@ -62,6 +69,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetscope.analysis.cross_rank.causes import CauseAnalysis
 from fleetscope.analysis.cross_rank.clock_align import ClockAlignment
 from fleetscope.analysis.cross_rank.hta_views import HtaViews
 from fleetscope.analysis.cross_rank.stragglers import Stragglers
@@ -121,6 +129,8 @@ class WindowReport:
     """Kernels with the most GPU time, summed over the window's ranks (empty for CPU traces)."""
     hta: HtaViews
     notes: list[str] = field(default_factory=list)
+    causes: CauseAnalysis = field(default_factory=CauseAnalysis)
+    """Why each straggler is late (cross_rank/causes.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -294,5 +294,5 @@ def explain(f: StragglerCause) -> str:
     if f.what_if:
         before = float(np.mean([w.step_time_ms for w in f.what_if]))
         after = float(np.mean([w.projected_step_ms for w in f.what_if]))
-        sentence += f"; on time, its steps would take {after:.2f} ms instead of {before:.2f} ms"
+        sentence += f"; were it on time, those steps would take {after:.2f} ms instead of {before:.2f} ms"
     return sentence

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fleetscope.analysis.per_rank.collectives import step_label
+from fleetscope.analysis.render.cause_terminal import cause_lines
 from fleetscope.analysis.report.model import Report, WindowReport
 
 MAX_RANK_ROWS = 32
@@ -16,6 +17,7 @@ def render_terminal(report: Report) -> str:
         _header(report),
         _rank_table(report),
         _stragglers(report),
+        cause_lines(report),
         _clock_lines(report),
         _hta_lines(report),
         _problems(report),

@@ -14,6 +14,7 @@ from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset, align_clo
 from fleetscope.analysis.cross_rank.hta_views import HtaViews, run_hta, skipped
 from fleetscope.analysis.cross_rank.stragglers import (
     DEFAULT_MIN_LATENESS_US,
+    EVEN_STEPS_PCT,
     Stragglers,
     find_stragglers,
 )
@@ -220,7 +221,9 @@ def _overall_verdict(windows: list[WindowReport], summaries: list[RankSummary],
         slowest = max(timed, key=lambda s: s.step_time.mean_ms)
         median = float(np.median([s.step_time.mean_ms for s in timed]))
         excess = 100.0 * (slowest.step_time.mean_ms - median) / median if median > 0 else 0.0
-        parts.append(f"slowest rank: {slowest.rank} ({slowest.step_time.mean_ms:.2f} ms mean step, "
+        parts.append(f"step times are even across ranks ({slowest.step_time.mean_ms:.2f} ms mean at most)"
+                     if excess < EVEN_STEPS_PCT else
+                     f"slowest rank: {slowest.rank} ({slowest.step_time.mean_ms:.2f} ms mean step, "
                      f"{excess:+.1f}% vs the median rank)")
     parts.append(_waited_for_sentence(windows))
     if failures or missing:

@@ -156,7 +156,7 @@ def test_the_late_rank_and_its_lateness_are_found(tmp_path, kernel_name):
     assert top.median_extra_compute_us == 0      # same compute on every rank: the delay is elsewhere
     finding = find_causes(results, arrival_matrix(results), stragglers, ClockAlignment()).findings[0]
     assert (finding.rank, finding.cause) == (2, CAUSE_HOST)
-    assert finding.median_extra_idle_us == pytest.approx(250.0)
+    assert finding.mean_extra_idle_us == pytest.approx(250.0)
     waited = {w.rank: w.waited_us for w in stragglers.by_wait}
     assert waited == {0: 500.0, 1: 500.0, 2: 0.0, 3: 500.0}
     assert all(i.end_spread_us == 0 for i in stragglers.worst_instances)

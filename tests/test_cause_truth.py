@@ -66,8 +66,9 @@ def test_each_injected_cause_is_named_with_its_amount(source, tmp_path, late_cau
     assert finding.wait_share == 1.0 and finding.explained_share >= 0.85
     if late_cause == LATE_SLOW_KERNELS:
         assert finding.op_duration_ratio == pytest.approx(SLOW_FACTOR, rel=0.005)
-        # the slowdown the kernel ratio predicts is what the rank was late by (within 10%)
-        assert finding.expected_slowdown_us == pytest.approx(finding.median_lateness_us, rel=0.1)
+        # the slowdown the kernel ratio predicts is what the rank was late by, within 15%: the peers' compute
+        # is counted from the previous collective's end, and a step's first kernels may run before it
+        assert finding.expected_slowdown_us == pytest.approx(finding.mean_lateness_us, rel=0.15)
     else:
         assert finding.median_lateness_us == pytest.approx(late_us, abs=1.0)
         assert finding.op_duration_ratio == pytest.approx(1.0, abs=1e-9)      # same kernels, same speed
@@ -158,7 +159,7 @@ def test_a_rank_leaving_the_previous_collective_late_is_a_network_straggler(tmp_
     matrix = arrival_matrix(results)
     (finding,) = find_causes(results, matrix, find_stragglers(results, matrix), ClockAlignment()).findings
     assert (finding.rank, finding.cause) == (1, CAUSE_NETWORK)
-    assert finding.median_carried_us == pytest.approx(200.0, abs=1e-6)
+    assert finding.mean_carried_us == pytest.approx(200.0, abs=1e-6)
 
 
 def test_clock_uncertainty_larger_than_the_lateness_tells_nothing(tmp_path):

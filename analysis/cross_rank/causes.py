@@ -9,8 +9,9 @@ of the other participants (times on the common clock, clock_align.py):
     idle while the host had not launched the collective yet; CPU basis: no op running);
   - carried_us: its previous collective's end minus the others' (it left the previous exchange late: its
     data movement is slower than its peers').
-lateness ~= carried_us + extra_compute_us + extra_idle_us; each term's median over the instances, divided by
-the median lateness, is its share. The cause is the term with the largest share, when that share is at
+lateness ~= carried_us + extra_compute_us + extra_idle_us; each term's mean over the instances (those where
+all three are known: a rank's first collective has no previous one), divided by the mean lateness over the
+same instances, is its share: the long delays that cause most of the waiting weigh most. The cause is the term with the largest share, when that share is at
 least `MIN_EXPLAINED_SHARE` (else "unexplained", with the shares):
   - carried -> CAUSE_NETWORK;
   - idle -> CAUSE_HOST (launch gaps, syncs, input wait, CPU contention on that rank);
@@ -28,8 +29,11 @@ ends when the last bucket is reduced, so phase times look alike (`phase_vs_peers
 arrival order at the bucket collectives still names the rank; `phase` is where its late instances were
 issued (collectives.py).
 
-What-if per step: projected_step_ms = the step's time (slowest rank's) minus the lateness it caused in that
-step, i.e. the step if this rank had arrived with the others and nothing else changed.
+What-if per step: projected_step_ms = the step's time (slowest rank's) minus the waiting it caused in that
+step, i.e. the step if this rank had arrived with the others and nothing else changed. The waiting caused at
+an instance is its lateness minus what it inherited: where it was also last at its previous collective, the
+part of carried_us up to the lateness was already counted there (gloo spans end at different instants on
+different ranks, so one delay would otherwise count at every following collective).
 """
 
 from __future__ import annotations
@@ -86,14 +90,16 @@ class StragglerCause:
     """Its share of all waiting caused in the window (stragglers.py score)."""
     late_instances: int
     median_lateness_us: float
-    median_extra_compute_us: float
-    median_extra_idle_us: float
-    median_carried_us: float
+    mean_lateness_us: float
+    """Over the instances where every term is known (module docstring); the shares' denominator."""
+    mean_extra_compute_us: float
+    mean_extra_idle_us: float
+    mean_carried_us: float
     op_duration_ratio: float | None
     """Median over shared kernel (or host op) names of its median duration / the peers' median; None: none shared."""
     ops_compared: int
     expected_slowdown_us: float | None
-    """(op_duration_ratio - 1) x the peers' median computation before the late instances."""
+    """(op_duration_ratio - 1) x the peers' mean computation before the late instances."""
     clock_uncertainty_us: float | None
     """Median over peers of the uncertainty of the clock offset between its host and theirs (0: same host;
     None: unknown)."""
@@ -162,20 +168,29 @@ def _finding(rank: int, share: float, m: ArrivalMatrix, terms: _Terms, results: 
              clock: ClockAlignment, min_lateness_us: float) -> StragglerCause:
     row = m.ranks.index(rank)
     late = (terms.last_row == row) & (terms.lateness_us >= min_lateness_us)
-    lateness = _nan_median(terms.lateness_us[late])
-    compute, idle, carried = (_nan_median(t[late]) for t in (terms.extra_compute_us, terms.extra_idle_us, terms.carried_us))
+    known = late & np.isfinite(terms.carried_us) & np.isfinite(terms.extra_idle_us) & np.isfinite(terms.extra_compute_us)
+    basis = known if known.any() else late
+    lateness, compute, idle, carried, peer_compute = (
+        _mean(t[basis]) for t in (terms.lateness_us, terms.extra_compute_us, terms.extra_idle_us, terms.carried_us,
+                                  terms.peer_compute_us))
     ratio, compared = op_duration_ratio(results, rank)
-    slowdown = (ratio - 1.0) * _nan_median(terms.peer_compute_us[late]) if ratio is not None else None
+    slowdown = (ratio - 1.0) * peer_compute if ratio is not None else None
     uncertainty = clock_uncertainty_us(clock, rank, [r for r in m.ranks if r != rank])
     cause, explained = _classify(lateness, compute, idle, carried, ratio, slowdown, uncertainty)
     phase = _main_phase(m, late)
     finding = StragglerCause(
         rank=rank, cause=cause, explained_share=explained, wait_share=share, late_instances=int(late.sum()),
-        median_lateness_us=lateness, median_extra_compute_us=compute, median_extra_idle_us=idle,
-        median_carried_us=carried, op_duration_ratio=ratio, ops_compared=compared, expected_slowdown_us=slowdown,
-        clock_uncertainty_us=uncertainty, phase=phase, phase_vs_peers_pct=_phase_vs_peers_pct(results, rank, phase),
-        what_if=_what_if(m, terms, late, results))
+        median_lateness_us=_nan_median(terms.lateness_us[late]), mean_lateness_us=lateness,
+        mean_extra_compute_us=compute, mean_extra_idle_us=idle, mean_carried_us=carried, op_duration_ratio=ratio,
+        ops_compared=compared, expected_slowdown_us=slowdown, clock_uncertainty_us=uncertainty, phase=phase,
+        phase_vs_peers_pct=_phase_vs_peers_pct(results, rank, phase),
+        what_if=_what_if(m, terms, late, row, results))
     return _with_explanation(finding)
+
+
+def _mean(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if finite.size else 0.0
 
 
 def _classify(lateness: float, compute: float, idle: float, carried: float, ratio: float | None,
@@ -250,18 +265,31 @@ def _phase_vs_peers_pct(results: list[RankResult], rank: int, phase: str) -> flo
     return 100.0 * (means[rank] - float(np.median(peers))) / float(np.median(peers))
 
 
-def _what_if(m: ArrivalMatrix, terms: _Terms, late: np.ndarray, results: list[RankResult]) -> list[StepWhatIf]:
+def _what_if(m: ArrivalMatrix, terms: _Terms, late: np.ndarray, row: int,
+             results: list[RankResult]) -> list[StepWhatIf]:
     step_times: dict[int, float] = {}
     for result in results:
         for step in result.steps:
             step_times[step.step] = max(step_times.get(step.step, 0.0), step.step_time_ms)
     caused: dict[int, float] = {}
-    for key, on, lateness in zip(m.keys, late, terms.lateness_us):
-        if on:
-            caused[key[0]] = caused.get(key[0], 0.0) + float(lateness) / 1000.0
-    return [StepWhatIf(step=step, step_time_ms=step_times[step], caused_wait_ms=caused.get(step, 0.0),
-                       projected_step_ms=step_times[step] - caused.get(step, 0.0))
+    for column, amount in enumerate(_caused_us(m, terms, late, row)):
+        if late[column]:
+            caused[m.keys[column][0]] = caused.get(m.keys[column][0], 0.0) + amount / 1000.0
+    return [StepWhatIf(step=step, step_time_ms=step_times[step], caused_wait_ms=caused[step],
+                       projected_step_ms=step_times[step] - caused[step])
             for step in sorted(step_times) if step in caused]
+
+
+def _caused_us(m: ArrivalMatrix, terms: _Terms, late: np.ndarray, row: int) -> np.ndarray:
+    """Per instance, the rank's lateness minus what it inherited from a previous instance it was also last at."""
+    column_ending_at = {float(end): column for column, end in enumerate(m.end_us[row]) if np.isfinite(end)}
+    previous = m.previous_end_us[row] if m.previous_end_us is not None else np.full(len(m.keys), np.nan)
+    caused = terms.lateness_us.copy()
+    for column in np.flatnonzero(late):
+        before = column_ending_at.get(float(previous[column]))
+        if before is not None and late[before] and np.isfinite(terms.carried_us[column]):
+            caused[column] -= float(np.clip(terms.carried_us[column], 0.0, terms.lateness_us[column]))
+    return caused
 
 
 def _with_explanation(f: StragglerCause) -> StragglerCause:
@@ -270,22 +298,23 @@ def _with_explanation(f: StragglerCause) -> StragglerCause:
 
 def explain(f: StragglerCause) -> str:
     """One sentence: the cause and the figures it rests on."""
-    head = f"rank {f.rank} ({100 * f.wait_share:.0f}% of the waiting, a median {f.median_lateness_us / 1000:.2f} ms late)"
+    head = (f"rank {f.rank} ({100 * f.wait_share:.0f}% of the waiting, last at {f.late_instances} collectives, "
+            f"{f.mean_lateness_us / 1000:.2f} ms late on average)")
     ratio = f"{f.op_duration_ratio:.2f}x" if f.op_duration_ratio is not None else "n/a"
     reasons = {
-        CAUSE_WORK: (f"computes {f.median_extra_compute_us / 1000:.2f} ms more before those collectives with "
+        CAUSE_WORK: (f"computes {f.mean_extra_compute_us / 1000:.2f} ms more before each with "
                      f"kernels of the same speed ({ratio} the peers' durations): more work, e.g. uneven expert routing"),
         CAUSE_SLOW_DEVICE: (f"runs the same kernels {ratio} as long as its peers ({f.ops_compared} names), "
-                            f"{f.median_extra_compute_us / 1000:.2f} ms more compute for the same work: a slow device"),
-        CAUSE_HOST: (f"is idle {f.median_extra_idle_us / 1000:.2f} ms longer than its peers before arriving, with no "
-                     "extra compute: host-side delay (launch gaps, syncs, input wait, CPU contention)"),
-        CAUSE_NETWORK: (f"leaves the previous collective {f.median_carried_us / 1000:.2f} ms after its peers: "
+                            f"{f.mean_extra_compute_us / 1000:.2f} ms more compute for the same work: a slow device"),
+        CAUSE_HOST: (f"is idle {f.mean_extra_idle_us / 1000:.2f} ms longer than its peers before each, not computing "
+                     "more: host-side delay (launch gaps, syncs, input wait, CPU contention)"),
+        CAUSE_NETWORK: (f"leaves the previous collective {f.mean_carried_us / 1000:.2f} ms after its peers: "
                         "its data movement is slower (network / link)"),
         CAUSE_CLOCK: (f"but the clock offset to its peers is uncertain by "
                       f"{'an unknown amount' if f.clock_uncertainty_us is None else f'{f.clock_uncertainty_us / 1000:.2f} ms'}: "
                       "too large to tell why"),
-        CAUSE_UNEXPLAINED: (f"no single cause: extra compute {f.median_extra_compute_us / 1000:.2f} ms, extra idle "
-                            f"{f.median_extra_idle_us / 1000:.2f} ms, carried {f.median_carried_us / 1000:.2f} ms"),
+        CAUSE_UNEXPLAINED: (f"no single cause: extra compute {f.mean_extra_compute_us / 1000:.2f} ms, extra idle "
+                            f"{f.mean_extra_idle_us / 1000:.2f} ms, carried {f.mean_carried_us / 1000:.2f} ms"),
     }
     sentence = f"{head} {reasons[f.cause]}"
     if f.phase == "backward" and f.phase_vs_peers_pct is not None:
@@ -294,5 +323,5 @@ def explain(f: StragglerCause) -> str:
     if f.what_if:
         before = float(np.mean([w.step_time_ms for w in f.what_if]))
         after = float(np.mean([w.projected_step_ms for w in f.what_if]))
-        sentence += f"; were it on time, those steps would take {after:.2f} ms instead of {before:.2f} ms"
+        sentence += f"; were it on time, those steps would take {after:.2f} ms instead of {before:.2f} ms (mean)"
     return sentence

@@ -60,6 +60,9 @@ class CollectiveCalls:
     """Computation (the rank's compute set, utilization.py) between the end of its previous collective
     (or the start of the trace) and the end of this one. Collectives end at a common instant on every
     rank, so ranks are compared over the same interval: a rank with more work shows more of it."""
+    compute_before_us: np.ndarray = field(default_factory=lambda: np.empty(0))
+    """Computation from the later of the previous collective's end and the start of the collective's step
+    to the collective's start: what the rank did in its step before arriving (critical_path.py)."""
     previous_end_us: np.ndarray = field(default_factory=lambda: np.empty(0))
     """End of the rank's previous collective (issue order); -inf for its first."""
     phases: tuple[str, ...] = ()
@@ -111,9 +114,17 @@ def _keyed(events: TraceEvents, mask: np.ndarray, issue_us: np.ndarray,
         keys.append((int(step), name, ordinal))
     starts, ends = events.start_us[indices], events.end_us[indices]
     previous_end = np.concatenate([[-np.inf], ends[:-1]])
+    lower = np.maximum(previous_end, _step_starts(step_of, steps))
     return CollectiveCalls(source=source, keys=keys, start_us=starts, end_us=ends,
                            interval_compute_us=covered_between(compute, previous_end, ends),
+                           compute_before_us=covered_between(compute, np.minimum(lower, starts), starts),
                            previous_end_us=previous_end, phases=_phases_at(events, issue_us))
+
+
+def _step_starts(step_of: np.ndarray, steps: list[StepTiming]) -> np.ndarray:
+    """Start of each collective's step; -inf outside every step."""
+    start_of = {s.step: s.start_us for s in steps}
+    return np.asarray([start_of.get(int(step), -np.inf) for step in step_of], dtype=np.float64)
 
 
 def _phases_at(events: TraceEvents, times_us: np.ndarray) -> tuple[str, ...]:

@@ -29,8 +29,8 @@ def cause_section(report: Report) -> str:
         for f in window.causes.findings:
             ratio = "-" if f.op_duration_ratio is None else f"{f.op_duration_ratio:.3f}"
             rows.append([label, str(f.rank), f.cause, f"{100 * f.wait_share:.0f}", str(f.late_instances),
-                         _ms(f.median_lateness_us), _ms(f.median_extra_compute_us), _ms(f.median_extra_idle_us),
-                         _ms(f.median_carried_us), ratio, f.phase or "-"])
+                         _ms(f.mean_lateness_us), _ms(f.mean_extra_compute_us), _ms(f.mean_extra_idle_us),
+                         _ms(f.mean_carried_us), ratio, f.phase or "-"])
             what_if = "; ".join(f"step {w.step}: {w.step_time_ms:.2f} -> {w.projected_step_ms:.2f} ms"
                                 for w in f.what_if)
             notes.append(f"window {label}, rank {f.rank}: {f.explanation}" + (f" ({what_if})" if what_if else ""))
@@ -40,3 +40,24 @@ def cause_section(report: Report) -> str:
               "extra idle ms", "carried ms", "kernel time ratio", "phase"]
     return ("<h2>Causes of waiting</h2>" + _table(header, rows, left=(0, 2, 10))
             + "<ul>" + "".join(f'<li class="note">{escape(n)}</li>' for n in notes) + "</ul>")
+
+
+def critical_path_section(report: Report) -> str:
+    """"Critical path": time on the path by rank and kind, then every kept step's chain of segments."""
+    html = ""
+    for window in report.windows:
+        paths = window.critical_path
+        if not paths.steps:
+            continue
+        label = "-" if window.window is None else str(window.window)
+        html += f"<h3>window {escape(label)}</h3>" + _table(
+            ["rank", "kind", "ms", "share %"],
+            [[str(s.rank), s.kind, _ms(s.duration_us), f"{100 * s.share:.1f}"] for s in paths.by_rank], left=(1,))
+        rows = [[str(p.step), str(s.rank), s.kind, s.collective or "-", _ms(s.start_us), _ms(s.duration_us),
+                 f"{100 * s.share:.1f}"] for p in paths.steps for s in p.segments]
+        html += _table(["step", "rank", "kind", "collective", "from ms", "ms", "share %"], rows, left=(2, 3))
+    if not html:
+        return ""
+    return ("<h2>Critical path</h2><p class=\"note\">Per step, the chain across ranks that set the step's end: at "
+            "each collective the rank that arrived last, its compute and host gap before it, the data movement "
+            "after it.</p>" + html)

@@ -9,7 +9,7 @@ from typing import Any
 from fleetscope.analysis.per_rank.collectives import step_label
 from fleetscope.analysis.per_rank.utilization import Utilization
 from fleetscope.analysis.render import svg
-from fleetscope.analysis.render.cause_html import cause_section
+from fleetscope.analysis.render.cause_html import cause_section, critical_path_section
 from fleetscope.analysis.report.model import RankSummary, Report, WindowReport
 
 HTA_ROWS_SHOWN = 20
@@ -46,6 +46,7 @@ def render_html(report: Report) -> str:
         _kernel_section(report),
         _straggler_section(report),
         cause_section(report),
+        critical_path_section(report),
         _clock_section(report),
         _hta_section(report),
     ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fleetscope.analysis.per_rank.collectives import step_label
-from fleetscope.analysis.render.cause_terminal import cause_lines
+from fleetscope.analysis.render.cause_terminal import cause_lines, critical_path_lines
 from fleetscope.analysis.report.model import Report, WindowReport
 
 MAX_RANK_ROWS = 32
@@ -18,6 +18,7 @@ def render_terminal(report: Report) -> str:
         _rank_table(report),
         _stragglers(report),
         cause_lines(report),
+        critical_path_lines(report),
         _clock_lines(report),
         _hta_lines(report),
         _problems(report),

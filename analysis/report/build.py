@@ -10,6 +10,7 @@ from typing import Callable
 import numpy as np
 from fleetscope.analysis.cross_rank.arrivals import arrival_matrix
 from fleetscope.analysis.cross_rank.causes import find_causes
+from fleetscope.analysis.cross_rank.critical_path import critical_paths
 from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset, align_clocks
 from fleetscope.analysis.cross_rank.hta_views import HtaViews, run_hta, skipped
 from fleetscope.analysis.cross_rank.stragglers import (
@@ -128,6 +129,7 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
         hta=hta(results, stragglers),
         notes=_window_notes(results),
         causes=find_causes(results, aligned, stragglers, clock),
+        critical_path=critical_paths(results, aligned, clock.offsets_us()),
     )
 
 

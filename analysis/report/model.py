@@ -45,11 +45,15 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           and a null arrival/wait marks a rank outside that group
         causes            {findings[] {rank, cause ("work imbalance" | "slow device" | "host-side delay" |
                           "network" | "clock uncertainty" | "unexplained"), explained_share, wait_share,
-                          late_instances, median_lateness_us, median_extra_compute_us, median_extra_idle_us,
-                          median_carried_us, op_duration_ratio, ops_compared, expected_slowdown_us,
+                          late_instances, median_lateness_us, mean_lateness_us, mean_extra_compute_us,
+                          mean_extra_idle_us, mean_carried_us, op_duration_ratio, ops_compared, expected_slowdown_us,
                           clock_uncertainty_us, phase, phase_vs_peers_pct, what_if[] {step, step_time_ms,
                           caused_wait_ms, projected_step_ms}, explanation}}: why each rank causing >= 20% of
                           the waiting is late, and its steps if it were on time (causes.py)
+        critical_path     {steps[] {step, length_us, segments[] {kind ("compute" | "host gap" |
+                          "data movement" | "work"), rank, collective, start_us (after the
+                          path's start), duration_us, share}}, by_rank[] {rank, kind, duration_us, share}}:
+                          the chain across ranks that set each step's end (critical_path.py)
         hta               {status: ok|partial|skipped|failed, reason, tables {name: rows[]},
                           errors {analysis: message}, not_applicable {analysis: why}}; tables (HTA's
                           columns and units): temporal_breakdown, idle_time_breakdown,
@@ -71,6 +75,7 @@ from typing import Any
 
 from fleetscope.analysis.cross_rank.causes import CauseAnalysis
 from fleetscope.analysis.cross_rank.clock_align import ClockAlignment
+from fleetscope.analysis.cross_rank.critical_path import CriticalPaths
 from fleetscope.analysis.cross_rank.hta_views import HtaViews
 from fleetscope.analysis.cross_rank.stragglers import Stragglers
 from fleetscope.analysis.inputs.sources import (  # noqa: F401  (part of the report's model)
@@ -131,6 +136,8 @@ class WindowReport:
     notes: list[str] = field(default_factory=list)
     causes: CauseAnalysis = field(default_factory=CauseAnalysis)
     """Why each straggler is late (cross_rank/causes.py)."""
+    critical_path: CriticalPaths = field(default_factory=CriticalPaths)
+    """Per step, the cross-rank chain that determined its end (cross_rank/critical_path.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)

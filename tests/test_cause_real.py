@@ -23,7 +23,19 @@ def report(tmp_path_factory) -> dict:
                            "--set", "faults.straggle_rank=1", "--set", f"faults.straggle_ms={STRAGGLE_MS:g}",
                            timeout=600)
     assert completed.returncode == 0, completed.stderr[-4000:]
-    return json.loads((run_dir / "report" / "report.json").read_text())
+    report = json.loads((run_dir / "report" / "report.json").read_text())
+    report["job"] = json.loads((run_dir / "job.json").read_text())
+    return report
+
+
+def test_launch_records_the_environment_fingerprint(report):
+    import platform
+
+    import torch
+
+    environment = report["job"]["environment"]
+    assert environment["torch"] == torch.__version__ and environment["python"] == platform.python_version()
+    assert environment["gpu_count"] == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
 def _sleeper(report: dict) -> dict:

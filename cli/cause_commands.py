@@ -86,4 +86,26 @@ def handle_history(args: argparse.Namespace) -> int:
     return 0
 
 
-REGISTRY = [register_history]
+def register_advise(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("advise", help="configuration changes the run's evidence points to, with expected gains")
+    parser.add_argument("run", help="run directory")
+    parser.add_argument("--json", dest="json_out", help="write the findings as JSON here")
+    parser.set_defaults(handler=handle_advise)
+
+
+def handle_advise(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+
+    from ..analysis.advise import advise
+    from ..analysis.render.advice_terminal import render_advice
+    from ..traces.atomic import write_bytes_atomically
+
+    advice = advise(args.run)
+    print(render_advice(advice), end="")
+    if args.json_out:
+        write_bytes_atomically((json.dumps(dataclasses.asdict(advice), indent=2) + "\n").encode(), Path(args.json_out))
+    return 0
+
+
+REGISTRY = [register_history, register_advise]

@@ -25,7 +25,17 @@ def report(tmp_path_factory) -> dict:
     assert completed.returncode == 0, completed.stderr[-4000:]
     report = json.loads((run_dir / "report" / "report.json").read_text())
     report["job"] = json.loads((run_dir / "job.json").read_text())
+    report["run_dir"] = str(run_dir)
     return report
+
+
+def test_the_advice_is_the_straggler_not_data_loading(report):
+    from fleetscope.analysis.advise import advise
+
+    rules = {f.rule: f for f in advise(report["run_dir"]).findings}
+    assert rules["straggler"].evidence["rank"] == 1 and "host-side delay" in rules["straggler"].title
+    # the trainer's data_ms holds the injected sleep; the trace's DataLoader ranges do not
+    assert "data_workers" not in rules
 
 
 def test_launch_records_the_environment_fingerprint(report):

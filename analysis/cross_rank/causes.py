@@ -107,6 +107,9 @@ class StragglerCause:
     """Phase that issued most of its late instances ("" when not annotated)."""
     phase_vs_peers_pct: float | None
     """Its mean time in that phase vs the peers' median (near 0 for a backward straggler: equalized)."""
+    data_loader_excess_ms: float | None = None
+    """Mean over steps of its DataLoader fetch time (steps.py) minus the peers' median: where a host-side
+    delay is input wait, this is about the lateness. None: the traces record no DataLoader ranges."""
     what_if: list[StepWhatIf] = field(default_factory=list)
     explanation: str = ""
 
@@ -184,7 +187,7 @@ def _finding(rank: int, share: float, m: ArrivalMatrix, terms: _Terms, results: 
         mean_extra_compute_us=compute, mean_extra_idle_us=idle, mean_carried_us=carried, op_duration_ratio=ratio,
         ops_compared=compared, expected_slowdown_us=slowdown, clock_uncertainty_us=uncertainty, phase=phase,
         phase_vs_peers_pct=_phase_vs_peers_pct(results, rank, phase),
-        what_if=_what_if(m, terms, late, row, results))
+        data_loader_excess_ms=data_loader_excess_ms(results, rank), what_if=_what_if(m, terms, late, row, results))
     return _with_explanation(finding)
 
 
@@ -247,6 +250,18 @@ def _host_uncertainty(host) -> float | None:
     if host.source == SOURCE_MEASURED:
         return host.measured_uncertainty_us or 0.0
     return None
+
+
+def data_loader_excess_ms(results: list[RankResult], rank: int) -> float | None:
+    """Mean over the rank's steps of its DataLoader time minus the peers' median for that step."""
+    by_step: dict[int, dict[int, float]] = {}
+    for result in results:
+        for step in result.steps:
+            if step.data_loader_ms is not None:
+                by_step.setdefault(step.step, {})[result.rank] = step.data_loader_ms
+    excess = [times[rank] - float(np.median([v for r, v in times.items() if r != rank]))
+              for times in by_step.values() if rank in times and len(times) > 1]
+    return float(np.mean(excess)) if excess else None
 
 
 def _main_phase(m: ArrivalMatrix, late: np.ndarray) -> str:
@@ -317,6 +332,8 @@ def explain(f: StragglerCause) -> str:
                             f"{f.mean_extra_idle_us / 1000:.2f} ms, carried {f.mean_carried_us / 1000:.2f} ms"),
     }
     sentence = f"{head} {reasons[f.cause]}"
+    if f.cause == CAUSE_HOST and f.data_loader_excess_ms is not None and f.data_loader_excess_ms > 0:
+        sentence += f"; its DataLoader fetch takes {f.data_loader_excess_ms:.2f} ms per step more than its peers'"
     if f.phase == "backward" and f.phase_vs_peers_pct is not None:
         sentence += (f"; found from its late arrival at collectives issued in backward (gradient buckets), while "
                      f"its backward time is {f.phase_vs_peers_pct:+.1f}% vs the peers' (the all-reduces equalize it)")

@@ -19,7 +19,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
         window (int | null), steps[] (step numbers seen), notes[],
         ranks[]           RankReport: rank, host, label, rank_source, backend, world_size, event_count,
                           dropped_events {reason: count}, step_source, steps[] {step, start_us, step_time_ms,
-                          phases_ms {train_step, forward, backward, optimizer_step}}, step_time (StepStats),
+                          phases_ms {train_step, forward, backward, optimizer_step},
+                          data_loader_ms (DataLoader fetch ranges; null: none)}, step_time (StepStats),
                           utilization {basis, span_us, busy_us, idle_us, compute_us, comm_us, memory_us,
                           overlap_us, exposed_comm_us, idle_comm_us, busy_pct, idle_pct, comm_pct,
                           overlap_pct} | null,
@@ -47,7 +48,7 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           "network" | "clock uncertainty" | "unexplained"), explained_share, wait_share,
                           late_instances, median_lateness_us, mean_lateness_us, mean_extra_compute_us,
                           mean_extra_idle_us, mean_carried_us, op_duration_ratio, ops_compared, expected_slowdown_us,
-                          clock_uncertainty_us, phase, phase_vs_peers_pct, what_if[] {step, step_time_ms,
+                          clock_uncertainty_us, phase, phase_vs_peers_pct, data_loader_excess_ms, what_if[] {step, step_time_ms,
                           caused_wait_ms, projected_step_ms}, explanation}}: why each rank causing >= 20% of
                           the waiting is late, and its steps if it were on time (causes.py)
         critical_path     {steps[] {step, length_us, segments[] {kind ("compute" | "host gap" |

@@ -80,3 +80,19 @@ def test_the_sleep_is_on_every_steps_critical_path(report):
         gaps = [s for s in path["segments"] if s["kind"] == "host gap" and s["rank"] == 1]
         assert max(s["duration_us"] for s in gaps) >= TOLERANCE * STRAGGLE_MS * 1000
         assert sum(s["duration_us"] for s in path["segments"]) == pytest.approx(path["length_us"])
+
+
+def test_a_rank_slow_in_backward_is_found_at_the_gradient_buckets(tmp_path):
+    """faults.slow_phase=backward: rank 1 sleeps 40 ms inside backward, before its gradient buckets."""
+    run_dir = tmp_path / "run"
+    completed = fleetscope("launch", "--run-dir", str(run_dir), "--parallel", "ddp", "--device", "cpu",
+                           "--steps", "8", "--profile", "wait=1,warmup=1,active=3,repeat=1",
+                           "--set", "faults.slow_phase=backward", "--set", "faults.slow_phase_rank=1",
+                           "--set", f"faults.slow_phase_ms={STRAGGLE_MS:g}", timeout=600)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    report = json.loads((run_dir / "report" / "report.json").read_text())
+    finding = _sleeper(report)
+    assert (finding["phase"], finding["cause"]) == ("backward", "host-side delay")
+    assert "gradient buckets" in finding["explanation"]
+    worst = report["windows"][0]["stragglers"]["worst_instances"][0]
+    assert worst["last_rank"] == 1 and worst["lateness_us"] >= TOLERANCE * STRAGGLE_MS * 1000

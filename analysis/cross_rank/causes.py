@@ -66,6 +66,8 @@ MIN_WAIT_SHARE = 0.2
 MIN_EXPLAINED_SHARE = 0.5
 SLOW_DEVICE_RATIO = 1.02
 CLOCK_SHARE = 0.5
+EQUALIZED_PCT = 5.0
+"""A backward straggler's phase time within this of its peers' is called equalized in the explanation."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +106,7 @@ class StragglerCause:
     """Median over peers of the uncertainty of the clock offset between its host and theirs (0: same host;
     None: unknown)."""
     phase: str
-    """Phase that issued most of its late instances ("" when not annotated)."""
+    """Phase whose collectives it kept the others waiting at longest, summed ("" when not annotated)."""
     phase_vs_peers_pct: float | None
     """Its mean time in that phase vs the peers' median (near 0 for a backward straggler: equalized)."""
     data_loader_excess_ms: float | None = None
@@ -180,7 +182,7 @@ def _finding(rank: int, share: float, m: ArrivalMatrix, terms: _Terms, results: 
     slowdown = (ratio - 1.0) * peer_compute if ratio is not None else None
     uncertainty = clock_uncertainty_us(clock, rank, [r for r in m.ranks if r != rank])
     cause, explained = _classify(lateness, compute, idle, carried, ratio, slowdown, uncertainty)
-    phase = _main_phase(m, late)
+    phase = _main_phase(m, late, terms.lateness_us)
     finding = StragglerCause(
         rank=rank, cause=cause, explained_share=explained, wait_share=share, late_instances=int(late.sum()),
         median_lateness_us=_nan_median(terms.lateness_us[late]), mean_lateness_us=lateness,
@@ -264,9 +266,13 @@ def data_loader_excess_ms(results: list[RankResult], rank: int) -> float | None:
     return float(np.mean(excess)) if excess else None
 
 
-def _main_phase(m: ArrivalMatrix, late: np.ndarray) -> str:
-    phases = Counter(p for p, on in zip(m.phases, late) if on)
-    return phases.most_common(1)[0][0] if phases else ""
+def _main_phase(m: ArrivalMatrix, late: np.ndarray, lateness_us: np.ndarray) -> str:
+    """The phase whose late instances add up to the most lateness ("" for instances outside phases)."""
+    caused: Counter[str] = Counter()
+    for phase, on, amount in zip(m.phases, late, lateness_us):
+        if on:
+            caused[phase] += float(amount)
+    return caused.most_common(1)[0][0] if caused else ""
 
 
 def _phase_vs_peers_pct(results: list[RankResult], rank: int, phase: str) -> float | None:
@@ -335,8 +341,11 @@ def explain(f: StragglerCause) -> str:
     if f.cause == CAUSE_HOST and f.data_loader_excess_ms is not None and f.data_loader_excess_ms > 0:
         sentence += f"; its DataLoader fetch takes {f.data_loader_excess_ms:.2f} ms per step more than its peers'"
     if f.phase == "backward" and f.phase_vs_peers_pct is not None:
-        sentence += (f"; found from its late arrival at collectives issued in backward (gradient buckets), while "
-                     f"its backward time is {f.phase_vs_peers_pct:+.1f}% vs the peers' (the all-reduces equalize it)")
+        sentence += "; found from its late arrival at collectives issued in backward (gradient buckets)"
+        sentence += (f", while its backward time is within {EQUALIZED_PCT:g}% of the peers' "
+                     f"({f.phase_vs_peers_pct:+.1f}%: the all-reduces equalize it, phase times cannot tell)"
+                     if abs(f.phase_vs_peers_pct) < EQUALIZED_PCT else
+                     f"; its backward time is {f.phase_vs_peers_pct:+.1f}% vs the peers'")
     if f.what_if:
         before = float(np.mean([w.step_time_ms for w in f.what_if]))
         after = float(np.mean([w.projected_step_ms for w in f.what_if]))

@@ -68,6 +68,8 @@ SLOW_DEVICE_RATIO = 1.02
 CLOCK_SHARE = 0.5
 EQUALIZED_PCT = 5.0
 """A backward straggler's phase time within this of its peers' is called equalized in the explanation."""
+MIXED_SHARE = 0.2
+"""Another cause holding at least this share of a rank's lateness is named in its explanation."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,7 +89,13 @@ class StragglerCause:
     cause: str
     """One of CAUSES (module docstring)."""
     explained_share: float
-    """Share of the median lateness the named cause's term accounts for (0 for clock/unexplained)."""
+    """cause_shares[cause]; without classifiable instances, the share of its mean lateness the cause's
+    term accounts for (0 for clock/unexplained)."""
+    cause_shares: dict[str, float] = field(default_factory=dict)
+    """Each late instance whose terms are all known, classified on its own: cause -> share of their summed
+    lateness (a rank can be late for two reasons, e.g. a sleep before forward and CPU contention in it)."""
+    classified_lateness_us: float = 0.0
+    """The summed lateness of those instances."""
     wait_share: float
     """Its share of all waiting caused in the window (stragglers.py score)."""
     late_instances: int
@@ -181,16 +189,36 @@ def _finding(rank: int, share: float, m: ArrivalMatrix, terms: _Terms, results: 
     ratio, compared = op_duration_ratio(results, rank)
     slowdown = (ratio - 1.0) * peer_compute if ratio is not None else None
     uncertainty = clock_uncertainty_us(clock, rank, [r for r in m.ranks if r != rank])
-    cause, explained = _classify(lateness, compute, idle, carried, ratio, slowdown, uncertainty)
+    shares, classified = _cause_shares(terms, known, ratio, uncertainty)
+    if shares:
+        cause = max(shares, key=lambda c: (shares[c], c))
+        explained = shares[cause]
+    else:
+        cause, explained = _classify(lateness, compute, idle, carried, ratio, slowdown, uncertainty)
     phase = _main_phase(m, late, terms.lateness_us)
     finding = StragglerCause(
-        rank=rank, cause=cause, explained_share=explained, wait_share=share, late_instances=int(late.sum()),
+        rank=rank, cause=cause, explained_share=explained, cause_shares=shares, classified_lateness_us=classified,
+        wait_share=share, late_instances=int(late.sum()),
         median_lateness_us=_nan_median(terms.lateness_us[late]), mean_lateness_us=lateness,
         mean_extra_compute_us=compute, mean_extra_idle_us=idle, mean_carried_us=carried, op_duration_ratio=ratio,
         ops_compared=compared, expected_slowdown_us=slowdown, clock_uncertainty_us=uncertainty, phase=phase,
         phase_vs_peers_pct=_phase_vs_peers_pct(results, rank, phase),
         data_loader_excess_ms=data_loader_excess_ms(results, rank), what_if=_what_if(m, terms, late, row, results))
     return _with_explanation(finding)
+
+
+def _cause_shares(terms: _Terms, known: np.ndarray, ratio: float | None,
+                  uncertainty: float | None) -> tuple[dict[str, float], float]:
+    """Each late instance with every term known classified on its own terms; (cause -> share of the summed
+    lateness of those instances, that sum)."""
+    caused: Counter[str] = Counter()
+    for i in np.flatnonzero(known):
+        slowdown = (ratio - 1.0) * float(terms.peer_compute_us[i]) if ratio is not None else None
+        cause, _ = _classify(float(terms.lateness_us[i]), float(terms.extra_compute_us[i]),
+                             float(terms.extra_idle_us[i]), float(terms.carried_us[i]), ratio, slowdown, uncertainty)
+        caused[cause] += float(terms.lateness_us[i])
+    total = sum(caused.values())
+    return ({c: v / total for c, v in caused.most_common()} if total > 0 else {}), total
 
 
 def _mean(values: np.ndarray) -> float:
@@ -323,8 +351,12 @@ def explain(f: StragglerCause) -> str:
             f"{f.mean_lateness_us / 1000:.2f} ms late on average)")
     ratio = f"{f.op_duration_ratio:.2f}x" if f.op_duration_ratio is not None else "n/a"
     reasons = {
-        CAUSE_WORK: (f"computes {f.mean_extra_compute_us / 1000:.2f} ms more before each with "
-                     f"kernels of the same speed ({ratio} the peers' durations): more work, e.g. uneven expert routing"),
+        CAUSE_WORK: (f"computes {f.mean_extra_compute_us / 1000:.2f} ms more before each "
+                     + (f"with kernels of the same speed ({ratio} the peers' durations)"
+                        if f.op_duration_ratio is None or f.op_duration_ratio < SLOW_DEVICE_RATIO else
+                        f"while its kernels run {ratio} as long, which accounts for only "
+                        f"{(f.expected_slowdown_us or 0.0) / 1000:.2f} ms of it")
+                     + ": more work, e.g. uneven expert routing"),
         CAUSE_SLOW_DEVICE: (f"runs the same kernels {ratio} as long as its peers ({f.ops_compared} names), "
                             f"{f.mean_extra_compute_us / 1000:.2f} ms more compute for the same work: a slow device"),
         CAUSE_HOST: (f"is idle {f.mean_extra_idle_us / 1000:.2f} ms longer than its peers before each, not computing "
@@ -338,6 +370,9 @@ def explain(f: StragglerCause) -> str:
                             f"{f.mean_extra_idle_us / 1000:.2f} ms, carried {f.mean_carried_us / 1000:.2f} ms"),
     }
     sentence = f"{head} {reasons[f.cause]}"
+    others = [f"{c} {100 * v:.0f}%" for c, v in f.cause_shares.items() if c != f.cause and v >= MIXED_SHARE]
+    if others:
+        sentence += f" (that is {100 * f.explained_share:.0f}% of its lateness; also {', '.join(others)})"
     if f.cause == CAUSE_HOST and f.data_loader_excess_ms is not None and f.data_loader_excess_ms > 0:
         sentence += f"; its DataLoader fetch takes {f.data_loader_excess_ms:.2f} ms per step more than its peers'"
     if f.phase == "backward" and f.phase_vs_peers_pct is not None:

@@ -45,7 +45,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           process group when the trace names it ("nccl:AllReduce [mesh_tp pg 3]"),
                           and a null arrival/wait marks a rank outside that group
         causes            {findings[] {rank, cause ("work imbalance" | "slow device" | "host-side delay" |
-                          "network" | "clock uncertainty" | "unexplained"), explained_share, wait_share,
+                          "network" | "clock uncertainty" | "unexplained"), explained_share, cause_shares
+                          {cause: share}, classified_lateness_us, wait_share,
                           late_instances, median_lateness_us, mean_lateness_us, mean_extra_compute_us,
                           mean_extra_idle_us, mean_carried_us, op_duration_ratio, ops_compared, expected_slowdown_us,
                           clock_uncertainty_us, phase, phase_vs_peers_pct, data_loader_excess_ms, what_if[] {step, step_time_ms,

@@ -136,13 +136,18 @@ def _load_side(path: Path) -> _Side:
         run_dir = path
     else:
         raise FileNotFoundError(f"{path}: no such run directory or report")
-    steady, notes = _steady_metrics(RunLayout.at(run_dir)) if run_dir is not None else ({}, [])
+    steady, notes = read_steady_metrics(RunLayout.at(run_dir)) if run_dir is not None else ({}, [])
     return _Side(str(path), report, steady, notes)
 
 
 
 
-def _steady_metrics(layout: RunLayout) -> tuple[dict[int, list[dict]], list[str]]:
+def steady_metrics(layout: RunLayout) -> dict[int, list[dict]]:
+    """Rank -> its steady step records (the one rule of which steps count: module docstring)."""
+    return read_steady_metrics(layout)[0]
+
+
+def read_steady_metrics(layout: RunLayout) -> tuple[dict[int, list[dict]], list[str]]:
     steady, notes = {}, []
     for path in layout.step_metrics_files():
         match = STEP_METRICS_RE.match(path.name)  # the file name, not its lines, says whose metrics they are

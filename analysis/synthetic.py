@@ -4,8 +4,16 @@ Every rank gets the source trace's events, with its own `distributedInfo`, host 
 Known effects can be injected:
   - a clock offset per host (ranks r // ranks_per_host share a host): added to `baseTimeNanoseconds`,
     exactly what a host whose wall clock runs ahead produces;
-  - one late rank: its communication kernels start `late_us` later and end at the same instant (it
-    arrives late; the others wait for it), nothing else changes.
+  - one late rank, for a known reason (`late_cause`); its communication kernels start later and end at the
+    same instant as before (it arrives late; the others wait for it):
+      LATE_HOST: they start `late_us` later, nothing else changes (the GPU idles before the collective:
+        what a host that launches late produces);
+      LATE_EXTRA_WORK: a compute kernel of `late_us` (EXTRA_WORK_KERNEL, a name no other rank runs) runs
+        just before each of them, which starts that much later (more work before the collective);
+      LATE_SLOW_KERNELS: every compute kernel, memcpy and memset of a step lasts `slow_factor` times as long
+        and starts proportionally later from the step's first GPU activity (the same work on a slower
+        GPU); the step's collective starts by as much as its GPU work got longer. Sources with their own
+        communication kernels are refused (their compute and collectives interleave).
 A source without communication kernels (a single-GPU recording) gets one all-reduce kernel per step after
 the step's last GPU activity, with its host launch (`cudaLaunchKernel`, linked by correlation id) at the end
 of that step, so collectives exist to match and belong to their step.
@@ -28,6 +36,12 @@ from fleetscope.traces.kineto import read_trace
 
 INSERTED_ALLREDUCE = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 INSERTED_STREAM = 99
+EXTRA_WORK_KERNEL = "fleetscope_synthetic_extra_work_kernel"
+EXTRA_WORK_STREAM = 98
+LATE_HOST = "host"
+LATE_EXTRA_WORK = "extra work"
+LATE_SLOW_KERNELS = "slow kernels"
+LATE_CAUSES = (LATE_HOST, LATE_EXTRA_WORK, LATE_SLOW_KERNELS)
 _GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -39,6 +53,10 @@ class TraceSetSpec:
     """Host index -> how far its clock runs ahead of host 0's."""
     late_rank: int | None = None
     late_us: float = 0.0
+    late_cause: str = LATE_HOST
+    """How the late rank comes to be late (module docstring)."""
+    slow_factor: float = 1.0
+    """LATE_SLOW_KERNELS: how many times as long the late rank's GPU activity lasts."""
     inserted_allreduce_us: float = 1000.0
     """Duration of the all-reduce added per step to a source without communication kernels."""
     compress_level: int = 1
@@ -52,6 +70,10 @@ class TraceSetSpec:
             raise ValueError(f"late_rank {self.late_rank} is not a rank of {self.ranks}")
         if self.late_us < 0:
             raise ValueError(f"late_us must be >= 0, got {self.late_us}")
+        if self.late_cause not in LATE_CAUSES:
+            raise ValueError(f"late_cause must be one of {', '.join(LATE_CAUSES)}, got {self.late_cause!r}")
+        if self.slow_factor < 1:
+            raise ValueError(f"slow_factor must be >= 1, got {self.slow_factor}")
 
     def host_of(self, rank: int) -> int:
         return rank // self.ranks_per_host
@@ -63,7 +85,9 @@ def make_trace_set(source: Path, out_dir: Path, spec: TraceSetSpec) -> list[Path
     events = _with_collectives(document["traceEvents"], spec.inserted_allreduce_us)
     header_fields = {k: v for k, v in document.items() if k != "traceEvents"}
     body = _body_member(events, spec.compress_level)
-    late_body = _body_member(_delayed(events, spec.late_us), spec.compress_level) if spec.late_rank is not None else body
+    late_body = body
+    if spec.late_rank is not None:
+        late_body = _body_member(_late_events(document["traceEvents"], events, spec), spec.compress_level)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for rank in range(spec.ranks):
@@ -87,6 +111,61 @@ def _header_member(fields: dict[str, Any], rank: int, spec: TraceSetSpec) -> byt
 
 def _body_member(events: list[Any], level: int) -> bytes:
     return gzip.compress(orjson.dumps(events) + b"}", compresslevel=level, mtime=0)
+
+
+def _late_events(source: list[Any], events: list[Any], spec: TraceSetSpec) -> list[Any]:
+    """The late rank's events: `events` (the source with its collectives) changed by `spec.late_cause`."""
+    if spec.late_cause == LATE_EXTRA_WORK:
+        return _with_extra_work(events, spec.late_us)
+    if spec.late_cause == LATE_SLOW_KERNELS:
+        if any(_is_comm_kernel_event(e) for e in source):
+            raise ValueError("slow kernels: only for sources without communication kernels")
+        return _slowed(source, spec.slow_factor, spec.inserted_allreduce_us)
+    return _delayed(events, spec.late_us)
+
+
+def _with_extra_work(events: list[Any], late_us: float) -> list[Any]:
+    """A kernel of late_us right where each communication kernel started; the collective starts after it."""
+    changed = []
+    for event in events:
+        if _is_comm_kernel_event(event) and event.get("dur", 0) > late_us:
+            device = (event.get("args") or {}).get("device", event.get("pid"))
+            changed.append({"ph": "X", "cat": "kernel", "name": EXTRA_WORK_KERNEL, "pid": event.get("pid"),
+                            "tid": EXTRA_WORK_STREAM, "ts": event["ts"], "dur": late_us,
+                            "args": {"device": device, "stream": EXTRA_WORK_STREAM}})
+            event = {**event, "ts": event["ts"] + late_us, "dur": event["dur"] - late_us}
+        changed.append(event)
+    return changed
+
+
+def _slowed(source: list[Any], factor: float, allreduce_us: float) -> list[Any]:
+    """Each step's GPU activity stretched by `factor` from the step's first GPU start; the inserted
+    all-reduce (placed from the unstretched step, so it ends when the other ranks' does) starts as much
+    later as the step's GPU work got longer."""
+    stretched = {id(e): e for e in source}
+    delays = []
+    for step, gpu_end, _ in _step_gpu_ends(source):
+        inside = [e for e in source if _is_gpu_event(e) and step["ts"] <= e["ts"] < step["ts"] + step["dur"]]
+        anchor = min(e["ts"] for e in inside)
+        for e in inside:
+            stretched[id(e)] = {**e, "ts": anchor + (e["ts"] - anchor) * factor, "dur": e["dur"] * factor}
+        delays.append((gpu_end - anchor) * (factor - 1.0))
+    if any(delay >= allreduce_us for delay in delays):
+        raise ValueError(f"slow kernels: a step's GPU work grows by {max(delays):.0f} us, more than the "
+                         f"inserted all-reduce ({allreduce_us:.0f} us): raise inserted_allreduce_us")
+    events = [stretched[id(e)] for e in source]
+    with_collectives = _with_collectives(source, allreduce_us)
+    inserted = iter(delays)
+    for event in with_collectives[len(source):]:
+        if _is_comm_kernel_event(event):
+            delay = next(inserted)
+            event = {**event, "ts": event["ts"] + delay, "dur": event["dur"] - delay}
+        events.append(event)
+    return events
+
+
+def _is_gpu_event(event: Any) -> bool:
+    return isinstance(event, dict) and event.get("ph") == "X" and event.get("cat") in _GPU_CATEGORIES
 
 
 def _delayed(events: list[Any], late_us: float) -> list[Any]:

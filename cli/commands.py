@@ -14,7 +14,8 @@ from ..launcher.schedulers.slurm import wait_for_run, waited_verdict
 from ..launcher.spec import JobSpec
 from ..trainer.config import ConfigError
 from ..traces.layout import RunLayout
-from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, exit_code
+from . import cause_commands
+from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, exit_code
 from ..traces.outputs import guard_output
 from ..traces.validate import UsageError
 from .jobargs import add_job_arguments, job_spec_from_args
@@ -312,8 +313,9 @@ def handle_merge(args: argparse.Namespace) -> int:
 
 def register_compare(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("compare", help="regression check: exit 1 when NEW is slower than BASE")
-    parser.add_argument("base", type=existing_input, help="run directory or report.json")
-    parser.add_argument("new", type=existing_input, help="run directory or report.json")
+    parser.add_argument("base", nargs="?", type=existing_input, help="run directory or report.json")
+    parser.add_argument("new", nargs="?", type=existing_input, help="run directory or report.json")
+    cause_commands.add_gate_arguments(parser)
     parser.add_argument("--threshold", type=positive_percent, default=5.0,
                         help="percent drop in throughput / rise in step time that fails (default 5)")
     parser.set_defaults(handler=handle_compare)
@@ -334,6 +336,14 @@ def handle_compare(args: argparse.Namespace) -> int:
     from ..analysis import compare
     from ..analysis.render.terminal import render_comparison
 
+    if cause_commands.wants_gate(args):
+        return cause_commands.handle_gate(args)
+    if args.base is None or args.new is None:
+        print("fleetscope compare: give BASE NEW, or --base RUN ... --new RUN ...", file=sys.stderr)
+        return EXIT_USAGE
+    refused = cause_commands.environment_refusal(args)
+    if refused is not None:
+        return refused
     comparison = compare(args.base, args.new, threshold_pct=args.threshold)
     print(render_comparison(comparison))
     return comparison.exit_code

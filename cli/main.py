@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from ..trainer.config import ConfigError
 from ..traces.validate import UsageError
-from . import commands, exit_codes, run_commands
+from . import cause_commands, commands, exit_codes, run_commands
 from .exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 
 
@@ -16,7 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleetscope", description=f"{__doc__}\n{exit_codes.__doc__}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register in [*commands.REGISTRY, *run_commands.REGISTRY]:
+    for register in [*commands.REGISTRY, *run_commands.REGISTRY, *cause_commands.REGISTRY]:
         register(sub)
     return parser
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from ..trainer.config import ConfigError
-from ..traces.jobfile import read_job_record
+from ..traces.environment import environment_fingerprint
+from ..traces.jobfile import read_job_record, write_job_record
 from ..traces.layout import RunLayout, slurm_logs_dir
 from .scheduler import LaunchPlan, RunStatus, Scheduler, Submission, Verdict
 from .schedulers import scheduler_for
@@ -73,6 +74,7 @@ def launch(scheduler: Scheduler, plan: LaunchPlan, *, resume: bool, postprocess:
     if on_start is not None:
         on_start()
     submission = scheduler.submit(plan, layout)
+    write_job_record(layout, environment=environment_fingerprint())   # what `compare` checks runs share
     post = postprocess(layout.root) if postprocess is not None and submission.finished else None
     return LaunchOutcome(submission=submission, post=post)
 

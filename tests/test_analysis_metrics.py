@@ -11,6 +11,8 @@ from fleetscope.analysis.per_rank.rank import RANK_FROM_TRACE
 from fleetscope.analysis.per_rank.steps import find_steps
 from fleetscope.analysis.cross_rank.arrivals import arrival_matrix
 from fleetscope.analysis.cross_rank.stragglers import find_stragglers
+from fleetscope.analysis.cross_rank.causes import CAUSE_HOST, CAUSE_SLOW_DEVICE, CAUSE_WORK, find_causes
+from fleetscope.analysis.cross_rank.clock_align import ClockAlignment
 from fleetscope.analysis.per_rank.utilization import measure_utilization
 from test_analysis_helpers import RUNLOOP_TID, KinetoBuilder, gpu_rank
 
@@ -152,7 +154,9 @@ def test_the_late_rank_and_its_lateness_are_found(tmp_path, kernel_name):
     assert (top.rank, top.times_last, top.last_pct, top.score) == (2, 2, 100.0, 1.0)
     assert top.caused_wait_us == pytest.approx(500.0)
     assert top.median_extra_compute_us == 0      # same compute on every rank: the delay is elsewhere
-    assert "does not compute more" in stragglers.verdict
+    finding = find_causes(results, arrival_matrix(results), stragglers, ClockAlignment()).findings[0]
+    assert (finding.rank, finding.cause) == (2, CAUSE_HOST)
+    assert finding.mean_extra_idle_us == pytest.approx(250.0)
     waited = {w.rank: w.waited_us for w in stragglers.by_wait}
     assert waited == {0: 500.0, 1: 500.0, 2: 0.0, 3: 500.0}
     assert all(i.end_spread_us == 0 for i in stragglers.worst_instances)
@@ -204,7 +208,31 @@ def test_late_rank_with_more_work_is_called_imbalanced(tmp_path):
     assert (top.rank, top.times_last) == (1, 2)
     assert top.median_lateness_us == pytest.approx(250.0)
     assert top.median_extra_compute_us == pytest.approx(250.0)
-    assert "computes 0.25 ms more" in stragglers.verdict
+    finding = find_causes(results, arrival_matrix(results), stragglers, ClockAlignment()).findings[0]
+    assert (finding.rank, finding.cause) == (1, CAUSE_WORK)
+    assert finding.op_duration_ratio == pytest.approx(1.0)        # gemm runs as fast as on the others
+    assert "computes 0.25 ms more" in finding.explanation
+
+
+def test_late_rank_with_slower_kernels_is_called_a_slow_device(tmp_path):
+    builders = []
+    for rank in range(3):
+        builder = KinetoBuilder(rank=rank, world_size=3)
+        slow = 1.5 if rank == 1 else 1.0          # the same two kernels, 1.5x as long on rank 1
+        for step, s in enumerate((0.0, 1000.0)):
+            builder.step(step, s, 1000).kernel("gemm", s + 100, 200 * slow, launch_ts=s + 10)
+            builder.kernel("norm", s + 100 + 200 * slow, 100 * slow, launch_ts=s + 12)
+            arrival = 100 + 300 * slow
+            builder.kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", s + arrival, 900 - arrival,
+                           launch_ts=s + 30, stream=20)
+        builders.append(builder)
+    results = _results(tmp_path, builders)
+    stragglers = find_stragglers(results, arrival_matrix(results))
+    finding = find_causes(results, arrival_matrix(results), stragglers, ClockAlignment()).findings[0]
+    assert (finding.rank, finding.cause) == (1, CAUSE_SLOW_DEVICE)
+    assert finding.op_duration_ratio == pytest.approx(1.5) and finding.ops_compared == 2
+    assert finding.median_lateness_us == pytest.approx(150.0)
+    assert finding.expected_slowdown_us == pytest.approx(150.0)
 
 
 def test_gpu_job_communicating_on_the_host_exact():

@@ -8,15 +8,16 @@ clock, see arrivals.py and clock_align.py):
   - lateness_us = its arrival - the median arrival of the other ranks (how long it kept them waiting);
   - wait of a rank = last arrival - its own arrival (time it spent waiting for the others);
   - extra_compute_us = the last rank's computation since the previous collective (interval_compute_us,
-    collectives.py) - the others' median: close to the lateness when the late rank simply had more work
-    (load imbalance, e.g. uneven expert routing); near zero when it was delayed by something else (host,
-    input pipeline, launch overhead).
+    collectives.py) - the others' median: close to the lateness when the late rank computed longer (more
+    work, or the same work on a slower device: causes.py tells them apart); near zero when it was delayed
+    by something else (host, input pipeline, launch overhead, its link).
 An instance counts toward a rank being "last" only when the lateness reaches `min_lateness_us`, so the
 ordering noise of ranks that arrive together blames nobody.
 
 Per rank: score = its share of all the waiting caused (sum of its lateness where it was last, over the sum
-for all ranks), in [0, 1]. The verdict names a straggler when one rank is last at most collectives and
-causes most of the waiting.
+for all ranks), in [0, 1]. The verdict names a straggler when one rank causes most of the waiting (its
+share and how often it was last are both stated); "spread" only when no rank causes most of it. Why the
+straggler is late (work, slow device, host, network, clock) is classified in causes.py.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ WORST_INSTANCES_KEPT = 10
 DETAIL_CELL_LIMIT = 50_000
 """Per-rank arrival/wait of every instance goes in the report up to this many ranks x instances."""
 CONSISTENT_SHARE = 0.5
+EVEN_STEPS_PCT = 1.0
+"""The verdict names no "slowest" rank when the slowest is within this of the median rank."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,7 +130,8 @@ class Stragglers:
     """The rank the others wait for most; None when nobody was late by min_lateness_us."""
     waited_for_median_us: float | None = None
     consistent: bool = False
-    """waited_for_rank is last at most instances and causes most of the waiting."""
+    """waited_for_rank causes most (>= CONSISTENT_SHARE) of the waiting, however few instances it is last
+    at; the verdict then names it, so it never reads "spread" beside a majority share."""
     by_step: list[StepWaits] = field(default_factory=list)
     worst_instances: list[CollectiveInstance] = field(default_factory=list)
     detail_ranks: list[int] = field(default_factory=list)
@@ -147,11 +151,11 @@ def find_stragglers(results: list[RankResult], matrix: ArrivalMatrix | None, *,
                           unmatched_collectives=len(matrix.keys) if matrix is not None else 0,
                           collective_source=", ".join(matrix.sources) if matrix is not None else None,
                           verdict=_verdict(by_step, [], None, False))
-    shared_matrix = _columns(matrix, shared)
+    shared_matrix = matrix.columns(shared)
     instances = _instances(shared_matrix)
     waits = _rank_waits(shared_matrix, instances, min_lateness_us)
     top = waits[0] if waits and waits[0].times_last else None
-    consistent = top is not None and top.last_pct >= 100 * CONSISTENT_SHARE and top.score >= CONSISTENT_SHARE
+    consistent = top is not None and top.score >= CONSISTENT_SHARE
     return Stragglers(
         by_step_time=by_step,
         slowest_rank=slowest,
@@ -195,13 +199,7 @@ def rank_by_step_time(results: list[RankResult]) -> list[StepTimeRank]:
     return sorted(ranking, key=lambda r: (-r.mean_step_ms, r.rank))
 
 
-def _columns(matrix: ArrivalMatrix, keep: np.ndarray) -> ArrivalMatrix:
-    return ArrivalMatrix(matrix.ranks, matrix.hosts, [k for k, on in zip(matrix.keys, keep) if on],
-                         matrix.start_us[:, keep], matrix.end_us[:, keep], matrix.interval_compute_us[:, keep],
-                         matrix.sources)
-
-
-def _others_median(values: np.ndarray, excluded_row: np.ndarray) -> np.ndarray:
+def others_median(values: np.ndarray, excluded_row: np.ndarray) -> np.ndarray:
     """Per column, the median of the values of every row except `excluded_row[column]`."""
     others = values.copy()
     others[excluded_row, np.arange(values.shape[1])] = np.nan
@@ -213,8 +211,8 @@ def _others_median(values: np.ndarray, excluded_row: np.ndarray) -> np.ndarray:
 def _instances(m: ArrivalMatrix) -> list[CollectiveInstance]:
     last_row = np.nanargmax(m.start_us, axis=0)
     columns = np.arange(m.start_us.shape[1])
-    lateness = m.start_us[last_row, columns] - _others_median(m.start_us, last_row)
-    extra = m.interval_compute_us[last_row, columns] - _others_median(m.interval_compute_us, last_row)
+    lateness = m.start_us[last_row, columns] - others_median(m.start_us, last_row)
+    extra = m.interval_compute_us[last_row, columns] - others_median(m.interval_compute_us, last_row)
     spread = np.nanmax(m.start_us, axis=0) - np.nanmin(m.start_us, axis=0)
     end_spread = np.nanmax(m.end_us, axis=0) - np.nanmin(m.end_us, axis=0)
     participants = m.present.sum(axis=0)
@@ -287,7 +285,10 @@ def _details(m: ArrivalMatrix) -> list[InstanceDetail]:
 
 def _verdict(by_step: list[StepTimeRank], waits: list[RankWait], top: RankWait | None, consistent: bool) -> str:
     parts = []
-    if len(by_step) > 1:
+    if len(by_step) > 1 and by_step[0].vs_median_pct < EVEN_STEPS_PCT:
+        parts.append(f"step times are even across ranks ({by_step[0].mean_step_ms:.2f} ms mean at most, "
+                     f"{by_step[0].vs_median_pct:+.1f}% vs the median rank)")
+    elif len(by_step) > 1:
         slowest = by_step[0]
         parts.append(f"rank {slowest.rank} has the slowest steps ({slowest.mean_step_ms:.2f} ms mean, "
                      f"{slowest.vs_median_pct:+.1f}% vs the median rank)")
@@ -304,12 +305,8 @@ def _verdict(by_step: list[StepTimeRank], waits: list[RankWait], top: RankWait |
 
 
 def _straggler_sentence(top: RankWait) -> str:
-    sentence = (f"the others wait for rank {top.rank} at collectives: last at {top.times_last} of "
-                f"{top.collectives} ({top.last_pct:.0f}%), a median {top.median_lateness_us / 1000:.2f} ms late, "
-                f"{100 * top.score:.0f}% of all waiting ({top.caused_wait_us / 1000:.2f} ms)")
-    extra = top.median_extra_compute_us or 0.0
-    if extra >= 0.5 * (top.median_lateness_us or 0.0):
-        return sentence + (f"; it computes {extra / 1000:.2f} ms more than the others before those collectives "
-                           "(load imbalance, e.g. uneven expert routing)")
-    return sentence + ("; it does not compute more before them, so the delay is elsewhere (host side: input "
-                       "pipeline, CPU contention, Python or launch overhead; or its link)")
+    """Names the rank that causes most of the waiting, with how often it was last (which may be a minority
+    of the collectives: a few long delays outweigh many short ones). Why it is late: causes.py."""
+    return (f"the others wait for rank {top.rank} at collectives: it causes {100 * top.score:.0f}% of all "
+            f"waiting ({top.caused_wait_us / 1000:.2f} ms), last at {top.times_last} of {top.collectives} "
+            f"({top.last_pct:.0f}%), a median {top.median_lateness_us / 1000:.2f} ms late")

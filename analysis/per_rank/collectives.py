@@ -18,13 +18,15 @@ Where a rank's collective time comes from, by what the trace holds:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from fleetscope.analysis.per_rank.comm_bytes import MessageSizes, message_sizes
 from fleetscope.analysis.per_rank.events import Kind, TraceEvents
 from fleetscope.analysis.per_rank.intervals import Intervals, covered_between
 from fleetscope.analysis.per_rank.names import (
+    PHASES,
+    TRAIN_STEP,
     collective_name,
     is_comm_kernel,
     is_gloo_span,
@@ -61,6 +63,14 @@ class CollectiveCalls:
     rank, so ranks are compared over the same interval: a rank with more work shows more of it."""
     sizes: MessageSizes | None = None
     """Bytes, type and group of each call (comm_bytes.py); None for traces without collectives."""
+    compute_before_us: np.ndarray = field(default_factory=lambda: np.empty(0))
+    """Computation from the later of the previous collective's end and the start of the collective's step
+    to the collective's start: what the rank did in its step before arriving (critical_path.py)."""
+    previous_end_us: np.ndarray = field(default_factory=lambda: np.empty(0))
+    """End of the rank's previous collective (issue order); -inf for its first."""
+    phases: tuple[str, ...] = ()
+    """The phase (`forward`, `backward`, `optimizer_step`; "" for none) whose host range contains each
+    collective's issue time: DDP's gradient-bucket all-reduces are issued inside `backward`."""
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -107,9 +117,38 @@ def _keyed(events: TraceEvents, mask: np.ndarray, issue_us: np.ndarray,
         keys.append((int(step), name, ordinal))
     starts, ends = events.start_us[indices], events.end_us[indices]
     previous_end = np.concatenate([[-np.inf], ends[:-1]])
+    lower = np.maximum(previous_end, _step_starts(step_of, steps))
     return CollectiveCalls(source=source, keys=keys, start_us=starts, end_us=ends,
                            interval_compute_us=covered_between(compute, previous_end, ends),
-                           sizes=message_sizes(events, indices))
+                           sizes=message_sizes(events, indices),
+                           compute_before_us=covered_between(compute, np.minimum(lower, starts), starts),
+                           previous_end_us=previous_end, phases=_phases_at(events, issue_us))
+
+
+def _step_starts(step_of: np.ndarray, steps: list[StepTiming]) -> np.ndarray:
+    """Start of each collective's step; -inf outside every step."""
+    start_of = {s.step: s.start_us for s in steps}
+    return np.asarray([start_of.get(int(step), -np.inf) for step in step_of], dtype=np.float64)
+
+
+def _phases_at(events: TraceEvents, times_us: np.ndarray) -> tuple[str, ...]:
+    """The innermost-named phase range (other than train_step) around each time; "" outside all."""
+    found = [""] * times_us.size
+    host = events.of_kind(Kind.USER_ANNOTATION, Kind.CPU_OP)
+    for phase in PHASES:
+        if phase == TRAIN_STEP:
+            continue
+        mask = host & events.names_matching(lambda n, p=phase: n == p)
+        starts, ends = events.start_us[mask], events.end_us[mask]
+        if not starts.size:
+            continue
+        order = np.argsort(starts)
+        starts, ends = starts[order], ends[order]
+        slot = np.searchsorted(starts, times_us, side="right") - 1
+        inside = (slot >= 0) & (times_us < ends[np.clip(slot, 0, None)])
+        for index in np.flatnonzero(inside):
+            found[index] = phase
+    return tuple(found)
 
 
 def _step_numbers(times_us: np.ndarray, steps: list[StepTiming]) -> np.ndarray:

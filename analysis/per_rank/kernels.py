@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from fleetscope.analysis.per_rank.events import Kind, TraceEvents
-from fleetscope.analysis.per_rank.names import kernel_category
+from fleetscope.analysis.per_rank.names import is_comm_cpu_op, is_comm_kernel, is_gloo_span, kernel_category
 
 TOP_KERNELS_KEPT = 15
 
@@ -49,3 +49,29 @@ def combine(per_rank: list[list[KernelTotal]], keep: int = TOP_KERNELS_KEPT) -> 
     names = sorted(total, key=lambda n: -total[n])[:keep]
     return [KernelTotal(name=n, count=count[n], total_us=total[n], ranks=ranks[n], category=kernel_category(n))
             for n in names]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpDuration:
+    """The typical duration of one compute kernel name (or, in a CPU-only trace, one host op name)."""
+
+    name: str
+    count: int
+    median_us: float
+
+
+def op_durations(events: TraceEvents) -> list[OpDuration]:
+    """Median duration of every non-communication kernel name; host ops (minus collectives) for a trace
+    without kernels. Ranks doing the same work run the same names: a rank whose medians are all longer
+    has a slower device, not more work (cross_rank/causes.py)."""
+    kernels = events.of_kind(Kind.KERNEL)
+    if kernels.any():
+        chosen = kernels & ~events.names_matching(is_comm_kernel)
+    else:
+        chosen = events.of_kind(Kind.CPU_OP) & ~events.names_matching(lambda n: is_comm_cpu_op(n) or is_gloo_span(n))
+    ids, durations = events.name_id[chosen], events.dur_us[chosen]
+    order = np.argsort(ids, kind="stable")
+    ids, durations = ids[order], durations[order]
+    bounds = np.flatnonzero(np.diff(ids)) + 1
+    return [OpDuration(name=events.names[int(group_ids[0])], count=int(group.size), median_us=float(np.median(group)))
+            for group_ids, group in zip(np.split(ids, bounds), np.split(durations, bounds)) if group.size]

@@ -10,6 +10,8 @@ from fleetscope.analysis.per_rank.names import PHASES, TRAIN_STEP, profiler_step
 
 STEP_SOURCE_PROFILER = "ProfilerStep"
 STEP_SOURCE_TRAIN_STEP = "train_step"
+DATA_LOADER_PREFIX = "enumerate(DataLoader)#"
+"""torch.utils.data names the range of each batch fetch `enumerate(DataLoader)#<iterator>.__next__`."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,6 +26,9 @@ class StepTiming:
     """Wall time of the step annotation on the host."""
     phases_ms: dict[str, float] = field(default_factory=dict)
     """Summed wall time of each `train_step`/`forward`/`backward`/`optimizer_step` range in this step."""
+    data_loader_ms: float | None = None
+    """Summed wall time of the DataLoader's `enumerate(DataLoader)#...__next__` ranges that start in this
+    step (fetching its batch on the host); None when the trace records none."""
 
     @property
     def end_us(self) -> float:
@@ -68,9 +73,12 @@ def find_steps(events: TraceEvents) -> tuple[list[StepTiming], str | None]:
     if not windows:
         return [], None
     phase_masks = {phase: host_ranges & events.names_matching(lambda n, p=phase: n == p) for phase in PHASES}
+    loader = host_ranges & events.names_matching(lambda n: n.startswith(DATA_LOADER_PREFIX))
     steps = [
         StepTiming(step=step, start_us=start, step_time_ms=(end - start) / 1000.0,
-                   phases_ms=_phase_times_ms(events, phase_masks, start, end))
+                   phases_ms=_phase_times_ms(events, phase_masks, start, end),
+                   data_loader_ms=_phase_times_ms(events, {"data": loader}, start, end).get("data")
+                   if loader.any() else None)
         for step, start, end in windows
     ]
     return steps, source

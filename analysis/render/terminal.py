@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fleetscope.analysis.per_rank.collectives import step_label
 from fleetscope.analysis.render.evidence_text import evidence_sections
+from fleetscope.analysis.render.cause_terminal import cause_lines, critical_path_lines
 from fleetscope.analysis.report.model import Report, WindowReport
 
 MAX_RANK_ROWS = 32
@@ -17,6 +18,8 @@ def render_terminal(report: Report) -> str:
         _header(report),
         _rank_table(report),
         _stragglers(report),
+        cause_lines(report),
+        critical_path_lines(report),
         *evidence_sections(report),
         _clock_lines(report),
         _hta_lines(report),

@@ -10,11 +10,14 @@ from typing import Callable
 import numpy as np
 from fleetscope.analysis.cross_rank.arrivals import arrival_matrix
 from fleetscope.analysis.cross_rank.bandwidth import collective_bandwidth
+from fleetscope.analysis.cross_rank.causes import find_causes
+from fleetscope.analysis.cross_rank.critical_path import critical_paths
 from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset, align_clocks
 from fleetscope.analysis.cross_rank.hta_views import HtaViews, run_hta, skipped
 from fleetscope.analysis.cross_rank.records import TrainerEvidence
 from fleetscope.analysis.cross_rank.stragglers import (
     DEFAULT_MIN_LATENESS_US,
+    EVEN_STEPS_PCT,
     Stragglers,
     find_stragglers,
 )
@@ -179,6 +182,8 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
         gpu_time=combine_gpu_time([r.gpu_time for r in results]),
         bandwidth=collective_bandwidth(results, aligned, link_peak_gbps),
         notes=_window_notes(results),
+        causes=find_causes(results, aligned, stragglers, clock),
+        critical_path=critical_paths(results, aligned, clock.offsets_us()),
     )
 
 
@@ -274,7 +279,9 @@ def _overall_verdict(windows: list[WindowReport], summaries: list[RankSummary],
         slowest = max(timed, key=lambda s: s.step_time.mean_ms)
         median = float(np.median([s.step_time.mean_ms for s in timed]))
         excess = 100.0 * (slowest.step_time.mean_ms - median) / median if median > 0 else 0.0
-        parts.append(f"slowest rank: {slowest.rank} ({slowest.step_time.mean_ms:.2f} ms mean step, "
+        parts.append(f"step times are even across ranks ({slowest.step_time.mean_ms:.2f} ms mean at most)"
+                     if excess < EVEN_STEPS_PCT else
+                     f"slowest rank: {slowest.rank} ({slowest.step_time.mean_ms:.2f} ms mean step, "
                      f"{excess:+.1f}% vs the median rank)")
     parts.append(_waited_for_sentence(windows))
     if failures or missing:
@@ -302,9 +309,15 @@ def _waited_for_sentence(windows: list[WindowReport]) -> str:
     if consistent and all(rank == top for rank in consistent) and len(consistent) * 2 >= len(windows):
         return (f"rank {top} is the straggler: the others wait for it, last at {last[top]} of the {taken[top]} "
                 f"collectives it took part in, {100 * caused[top] / total:.0f}% of all waiting "
-                f"({caused[top] / 1000:.2f} ms)")
+                f"({caused[top] / 1000:.2f} ms){_cause_clause(windows, top)}")
     return (f"no single straggler at collectives: rank {top} causes the most waiting "
             f"({100 * caused[top] / total:.0f}%, last at {last[top]} of its {taken[top]})")
+
+
+def _cause_clause(windows: list[WindowReport], rank: int) -> str:
+    """", cause: X" when every window that classified the rank agrees on its cause (causes.py)."""
+    causes = {f.cause for w in windows for f in w.causes.findings if f.rank == rank}
+    return f"; cause: {causes.pop()}" if len(causes) == 1 else ""
 
 
 def _world_size(results: list[RankResult]) -> int | None:

@@ -19,7 +19,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
         window (int | null), steps[] (step numbers seen), notes[],
         ranks[]           RankReport: rank, host, label, rank_source, backend, world_size, event_count,
                           dropped_events {reason: count}, step_source, steps[] {step, start_us, step_time_ms,
-                          phases_ms {train_step, forward, backward, optimizer_step}}, step_time (StepStats),
+                          phases_ms {train_step, forward, backward, optimizer_step},
+                          data_loader_ms (DataLoader fetch ranges; null: none)}, step_time (StepStats),
                           utilization {basis, span_us, busy_us, idle_us, compute_us, comm_us, memory_us,
                           overlap_us, exposed_comm_us, idle_comm_us, busy_pct, idle_pct, comm_pct,
                           overlap_pct} | null,
@@ -61,6 +62,18 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           50,000 ranks x instances), verdict}; an instance's name carries its
                           process group when the trace names it ("nccl:AllReduce [mesh_tp pg 3]"),
                           and a null arrival/wait marks a rank outside that group
+        causes            {findings[] {rank, cause ("work imbalance" | "slow device" | "host-side delay" |
+                          "network" | "clock uncertainty" | "unexplained"), explained_share, cause_shares
+                          {cause: share}, classified_lateness_us, wait_share,
+                          late_instances, median_lateness_us, mean_lateness_us, mean_extra_compute_us,
+                          mean_extra_idle_us, mean_carried_us, op_duration_ratio, ops_compared, expected_slowdown_us,
+                          clock_uncertainty_us, phase, phase_vs_peers_pct, data_loader_excess_ms, what_if[] {step, step_time_ms,
+                          caused_wait_ms, projected_step_ms}, explanation}}: why each rank causing >= 20% of
+                          the waiting is late, and its steps if it were on time (causes.py)
+        critical_path     {steps[] {step, length_us, segments[] {kind ("compute" | "host gap" |
+                          "data movement" | "work"), rank, collective, start_us (after the
+                          path's start), duration_us, share}}, by_rank[] {rank, kind, duration_us, share}}:
+                          the chain across ranks that set each step's end (critical_path.py)
         hta               {status: ok|partial|skipped|failed, reason, tables {name: rows[]},
                           errors {analysis: message}, not_applicable {analysis: why}}; tables (HTA's
                           columns and units): temporal_breakdown, idle_time_breakdown,
@@ -92,7 +105,7 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           compiled_in_timed_steps[]} | null}
 
 Definitions of every metric: utilization.py (busy/idle/comm/overlap), stragglers.py (arrival, lateness,
-wait, score), bandwidth.py and comm_bytes.py (collective sizes and bandwidth), gpu_time.py (GPU time by
+wait, score), causes.py (straggler causes, what-if), bandwidth.py and comm_bytes.py (collective sizes and bandwidth), gpu_time.py (GPU time by
 phase, range and category), host_stalls.py (syncs, input waits, idle causes), trainer_records.py (memory,
 input, compile records), collectives.py (collective times and keys), clock_align.py (clock offsets),
 steps.py (steps and phases), kernels.py (kernel totals).
@@ -107,7 +120,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetscope.analysis.cross_rank.bandwidth import Bandwidth
+from fleetscope.analysis.cross_rank.causes import CauseAnalysis
 from fleetscope.analysis.cross_rank.clock_align import ClockAlignment
+from fleetscope.analysis.cross_rank.critical_path import CriticalPaths
 from fleetscope.analysis.cross_rank.hta_views import HtaViews
 from fleetscope.analysis.cross_rank.records import TrainerEvidence
 from fleetscope.analysis.cross_rank.stragglers import Stragglers
@@ -175,6 +190,10 @@ class WindowReport:
     bandwidth: Bandwidth | None = None
     """Collective bandwidth per (type, group, size bucket), bandwidth.py."""
     notes: list[str] = field(default_factory=list)
+    causes: CauseAnalysis = field(default_factory=CauseAnalysis)
+    """Why each straggler is late (cross_rank/causes.py)."""
+    critical_path: CriticalPaths = field(default_factory=CriticalPaths)
+    """Per step, the cross-rank chain that determined its end (cross_rank/critical_path.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)

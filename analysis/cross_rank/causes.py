@@ -1,0 +1,388 @@
+"""Why a straggler is late: the cause of each rank's lateness at collectives, and what it costs per step.
+
+For every rank that causes at least `MIN_WAIT_SHARE` of a window's waiting (stragglers.py), over the
+collective instances where it was last (lateness >= min_lateness_us), per instance and against the median
+of the other participants (times on the common clock, clock_align.py):
+  - extra_compute_us: its computation since its previous collective, minus the others' (stragglers.py);
+  - extra_idle_us: its gap from its previous collective's end to its arrival, minus the others' gap, minus
+    extra_compute_us: time it spent neither computing nor communicating before arriving (GPU basis: the GPU
+    idle while the host had not launched the collective yet; CPU basis: no op running);
+  - carried_us: its previous collective's end minus the others' (it left the previous exchange late: its
+    data movement is slower than its peers').
+lateness ~= carried_us + extra_compute_us + extra_idle_us; each term's mean over the instances (those where
+all three are known: a rank's first collective has no previous one), divided by the mean lateness over the
+same instances, is its share: the long delays that cause most of the waiting weigh most. The cause is the term with the largest share, when that share is at
+least `MIN_EXPLAINED_SHARE` (else "unexplained", with the shares):
+  - carried -> CAUSE_NETWORK;
+  - idle -> CAUSE_HOST (launch gaps, syncs, input wait, CPU contention on that rank);
+  - compute -> CAUSE_SLOW_DEVICE when the rank runs the same kernels slower: the median, over the kernel
+    names (host op names on a CPU trace) both it and its peers ran, of its median duration over the peers'
+    median (`op_duration_ratio`) is at least `SLOW_DEVICE_RATIO` and that slowdown alone accounts for at
+    least half of extra_compute_us; else CAUSE_WORK (more work before the collective: uneven expert routing
+    lengthens only the expert kernels, so the median over names stays near 1).
+Before all of that, CAUSE_CLOCK: when the clock offset between its host and its peers' hosts is uncertain by
+at least half the median lateness (clock_align.py: the measured uncertainty or the spread of the collective
+estimate; unknown when no offset could be found for a host other than the reference), nothing can be told.
+
+A straggler in backward (DDP's gradient-bucket all-reduces are issued there): every rank's backward range
+ends when the last bucket is reduced, so phase times look alike (`phase_vs_peers_pct` near 0) while the
+arrival order at the bucket collectives still names the rank; `phase` is where its late instances were
+issued (collectives.py).
+
+What-if per step: projected_step_ms = the step's time (slowest rank's) minus the waiting it caused in that
+step, i.e. the step if this rank had arrived with the others and nothing else changed. The waiting caused at
+an instance is its lateness minus what it inherited: where it was also last at its previous collective, the
+part of carried_us up to the lateness was already counted there (gloo spans end at different instants on
+different ranks, so one delay would otherwise count at every following collective).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+from fleetscope.analysis.cross_rank.arrivals import ArrivalMatrix
+from fleetscope.analysis.cross_rank.clock_align import (
+    SOURCE_COLLECTIVES,
+    SOURCE_MEASURED,
+    SOURCE_REFERENCE_HOST,
+    ClockAlignment,
+)
+from fleetscope.analysis.cross_rank.stragglers import Stragglers, others_median
+from fleetscope.analysis.per_rank.rank import RankResult
+
+CAUSE_WORK = "work imbalance"
+CAUSE_SLOW_DEVICE = "slow device"
+CAUSE_HOST = "host-side delay"
+CAUSE_NETWORK = "network"
+CAUSE_CLOCK = "clock uncertainty"
+CAUSE_UNEXPLAINED = "unexplained"
+CAUSES = (CAUSE_WORK, CAUSE_SLOW_DEVICE, CAUSE_HOST, CAUSE_NETWORK, CAUSE_CLOCK, CAUSE_UNEXPLAINED)
+
+MIN_WAIT_SHARE = 0.2
+MIN_EXPLAINED_SHARE = 0.5
+SLOW_DEVICE_RATIO = 1.02
+CLOCK_SHARE = 0.5
+EQUALIZED_PCT = 5.0
+"""A backward straggler's phase time within this of its peers' is called equalized in the explanation."""
+MIXED_SHARE = 0.2
+"""Another cause holding at least this share of a rank's lateness is named in its explanation."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepWhatIf:
+    step: int
+    step_time_ms: float
+    """The step's time on its slowest rank."""
+    caused_wait_ms: float
+    """Sum of this rank's lateness at the step's instances where it was last."""
+    projected_step_ms: float
+    """step_time_ms - caused_wait_ms (module docstring)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerCause:
+    rank: int
+    cause: str
+    """One of CAUSES (module docstring)."""
+    explained_share: float
+    """cause_shares[cause]; without classifiable instances, the share of its mean lateness the cause's
+    term accounts for (0 for clock/unexplained)."""
+    cause_shares: dict[str, float] = field(default_factory=dict)
+    """Each late instance whose terms are all known, classified on its own: cause -> share of their summed
+    lateness (a rank can be late for two reasons, e.g. a sleep before forward and CPU contention in it)."""
+    classified_lateness_us: float = 0.0
+    """The summed lateness of those instances."""
+    wait_share: float
+    """Its share of all waiting caused in the window (stragglers.py score)."""
+    late_instances: int
+    median_lateness_us: float
+    mean_lateness_us: float
+    """Over the instances where every term is known (module docstring); the shares' denominator."""
+    mean_extra_compute_us: float
+    mean_extra_idle_us: float
+    mean_carried_us: float
+    op_duration_ratio: float | None
+    """Median over shared kernel (or host op) names of its median duration / the peers' median; None: none shared."""
+    ops_compared: int
+    expected_slowdown_us: float | None
+    """(op_duration_ratio - 1) x the peers' mean computation before the late instances."""
+    clock_uncertainty_us: float | None
+    """Median over peers of the uncertainty of the clock offset between its host and theirs (0: same host;
+    None: unknown)."""
+    phase: str
+    """Phase whose collectives it kept the others waiting at longest, summed ("" when not annotated)."""
+    phase_vs_peers_pct: float | None
+    """Its mean time in that phase vs the peers' median (near 0 for a backward straggler: equalized)."""
+    data_loader_excess_ms: float | None = None
+    """Mean over steps of its DataLoader fetch time (steps.py) minus the peers' median: where a host-side
+    delay is input wait, this is about the lateness. None: the traces record no DataLoader ranges."""
+    what_if: list[StepWhatIf] = field(default_factory=list)
+    explanation: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CauseAnalysis:
+    findings: list[StragglerCause] = field(default_factory=list)
+    """One per rank causing >= MIN_WAIT_SHARE of the waiting, largest share first."""
+
+
+def find_causes(results: list[RankResult], matrix: ArrivalMatrix | None, stragglers: Stragglers,
+                clock: ClockAlignment) -> CauseAnalysis:
+    """Cause of each straggler's lateness; `matrix` on the common clock (the one stragglers were found on)."""
+    if matrix is None or not stragglers.by_wait:
+        return CauseAnalysis()
+    shared = matrix.columns(matrix.present.sum(axis=0) >= 2)
+    terms = _instance_terms(shared)
+    findings = [_finding(rank_wait.rank, rank_wait.score, shared, terms, results, clock, stragglers.min_lateness_us)
+                for rank_wait in stragglers.by_wait if rank_wait.times_last and rank_wait.score >= MIN_WAIT_SHARE]
+    return CauseAnalysis(findings=findings)
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """Per instance (columns of the shared matrix): the last row and the decomposition of its lateness."""
+
+    last_row: np.ndarray
+    lateness_us: np.ndarray
+    extra_compute_us: np.ndarray
+    extra_idle_us: np.ndarray
+    carried_us: np.ndarray
+    peer_compute_us: np.ndarray
+
+
+def _instance_terms(m: ArrivalMatrix) -> _Terms:
+    columns = np.arange(m.start_us.shape[1])
+    last_row = np.nanargmax(m.start_us, axis=0)
+
+    def late_minus_peers(values: np.ndarray) -> np.ndarray:
+        return values[last_row, columns] - others_median(values, last_row)
+
+    previous = m.previous_end_us if m.previous_end_us is not None else np.full(m.start_us.shape, np.nan)
+    previous = np.where(np.isfinite(previous), previous, np.nan)
+    extra_compute = late_minus_peers(m.interval_compute_us)
+    return _Terms(last_row=last_row, lateness_us=late_minus_peers(m.start_us), extra_compute_us=extra_compute,
+                  extra_idle_us=late_minus_peers(m.start_us - previous) - extra_compute,
+                  carried_us=late_minus_peers(previous),
+                  peer_compute_us=others_median(m.interval_compute_us, last_row))
+
+
+def _nan_median(values: np.ndarray) -> float:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        median = float(np.nanmedian(values)) if values.size else float("nan")
+    return 0.0 if np.isnan(median) else median
+
+
+def _finding(rank: int, share: float, m: ArrivalMatrix, terms: _Terms, results: list[RankResult],
+             clock: ClockAlignment, min_lateness_us: float) -> StragglerCause:
+    row = m.ranks.index(rank)
+    late = (terms.last_row == row) & (terms.lateness_us >= min_lateness_us)
+    known = late & np.isfinite(terms.carried_us) & np.isfinite(terms.extra_idle_us) & np.isfinite(terms.extra_compute_us)
+    basis = known if known.any() else late
+    lateness, compute, idle, carried, peer_compute = (
+        _mean(t[basis]) for t in (terms.lateness_us, terms.extra_compute_us, terms.extra_idle_us, terms.carried_us,
+                                  terms.peer_compute_us))
+    ratio, compared = op_duration_ratio(results, rank)
+    slowdown = (ratio - 1.0) * peer_compute if ratio is not None else None
+    uncertainty = clock_uncertainty_us(clock, rank, [r for r in m.ranks if r != rank])
+    shares, classified = _cause_shares(terms, known, ratio, uncertainty)
+    if shares:
+        cause = max(shares, key=lambda c: (shares[c], c))
+        explained = shares[cause]
+    else:
+        cause, explained = _classify(lateness, compute, idle, carried, ratio, slowdown, uncertainty)
+    phase = _main_phase(m, late, terms.lateness_us)
+    finding = StragglerCause(
+        rank=rank, cause=cause, explained_share=explained, cause_shares=shares, classified_lateness_us=classified,
+        wait_share=share, late_instances=int(late.sum()),
+        median_lateness_us=_nan_median(terms.lateness_us[late]), mean_lateness_us=lateness,
+        mean_extra_compute_us=compute, mean_extra_idle_us=idle, mean_carried_us=carried, op_duration_ratio=ratio,
+        ops_compared=compared, expected_slowdown_us=slowdown, clock_uncertainty_us=uncertainty, phase=phase,
+        phase_vs_peers_pct=_phase_vs_peers_pct(results, rank, phase),
+        data_loader_excess_ms=data_loader_excess_ms(results, rank), what_if=_what_if(m, terms, late, row, results))
+    return _with_explanation(finding)
+
+
+def _cause_shares(terms: _Terms, known: np.ndarray, ratio: float | None,
+                  uncertainty: float | None) -> tuple[dict[str, float], float]:
+    """Each late instance with every term known classified on its own terms; (cause -> share of the summed
+    lateness of those instances, that sum)."""
+    caused: Counter[str] = Counter()
+    for i in np.flatnonzero(known):
+        slowdown = (ratio - 1.0) * float(terms.peer_compute_us[i]) if ratio is not None else None
+        cause, _ = _classify(float(terms.lateness_us[i]), float(terms.extra_compute_us[i]),
+                             float(terms.extra_idle_us[i]), float(terms.carried_us[i]), ratio, slowdown, uncertainty)
+        caused[cause] += float(terms.lateness_us[i])
+    total = sum(caused.values())
+    return ({c: v / total for c, v in caused.most_common()} if total > 0 else {}), total
+
+
+def _mean(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if finite.size else 0.0
+
+
+def _classify(lateness: float, compute: float, idle: float, carried: float, ratio: float | None,
+              slowdown: float | None, uncertainty: float | None) -> tuple[str, float]:
+    if uncertainty is None or uncertainty >= CLOCK_SHARE * lateness:
+        return CAUSE_CLOCK, 0.0
+    shares = {"compute": compute / lateness, "idle": idle / lateness, "carried": carried / lateness} if lateness > 0 else {}
+    if not shares or max(shares.values()) < MIN_EXPLAINED_SHARE:
+        return CAUSE_UNEXPLAINED, 0.0
+    term = max(shares, key=shares.get)
+    explained = min(shares[term], 1.0)
+    if term == "carried":
+        return CAUSE_NETWORK, explained
+    if term == "idle":
+        return CAUSE_HOST, explained
+    slow = ratio is not None and ratio >= SLOW_DEVICE_RATIO and slowdown is not None and slowdown >= 0.5 * compute
+    return (CAUSE_SLOW_DEVICE if slow else CAUSE_WORK), explained
+
+
+def op_duration_ratio(results: list[RankResult], rank: int) -> tuple[float | None, int]:
+    """(median over names of the rank's median duration / the peers' median, names compared)."""
+    mine = {o.name: o.median_us for r in results if r.rank == rank for o in r.op_durations}
+    peers: dict[str, list[float]] = {}
+    for result in results:
+        if result.rank != rank:
+            for op in result.op_durations:
+                peers.setdefault(op.name, []).append(op.median_us)
+    ratios = [mine[name] / float(np.median(peers[name])) for name in mine
+              if name in peers and float(np.median(peers[name])) > 0]
+    return (float(np.median(ratios)), len(ratios)) if ratios else (None, 0)
+
+
+def clock_uncertainty_us(clock: ClockAlignment, rank: int, peers: list[int]) -> float | None:
+    """Median over peers of the uncertainty of the offset between the rank's host and the peer's."""
+    host_of = {r: h for h in clock.hosts for r in h.ranks}
+    if rank not in host_of:
+        return 0.0
+    values = []
+    for peer in peers:
+        if peer not in host_of or host_of[peer].host == host_of[rank].host:
+            values.append(0.0)
+            continue
+        mine, theirs = _host_uncertainty(host_of[rank]), _host_uncertainty(host_of[peer])
+        values.append(float("inf") if mine is None or theirs is None else mine + theirs)
+    median = float(np.median(values)) if values else 0.0
+    return None if np.isinf(median) else median
+
+
+def _host_uncertainty(host) -> float | None:
+    if host.source == SOURCE_REFERENCE_HOST:
+        return 0.0
+    if host.source == SOURCE_COLLECTIVES:
+        return host.collective_spread_us or 0.0
+    if host.source == SOURCE_MEASURED:
+        return host.measured_uncertainty_us or 0.0
+    return None
+
+
+def data_loader_excess_ms(results: list[RankResult], rank: int) -> float | None:
+    """Mean over the rank's steps of its DataLoader time minus the peers' median for that step."""
+    by_step: dict[int, dict[int, float]] = {}
+    for result in results:
+        for step in result.steps:
+            if step.data_loader_ms is not None:
+                by_step.setdefault(step.step, {})[result.rank] = step.data_loader_ms
+    excess = [times[rank] - float(np.median([v for r, v in times.items() if r != rank]))
+              for times in by_step.values() if rank in times and len(times) > 1]
+    return float(np.mean(excess)) if excess else None
+
+
+def _main_phase(m: ArrivalMatrix, late: np.ndarray, lateness_us: np.ndarray) -> str:
+    """The phase whose late instances add up to the most lateness ("" for instances outside phases)."""
+    caused: Counter[str] = Counter()
+    for phase, on, amount in zip(m.phases, late, lateness_us):
+        if on:
+            caused[phase] += float(amount)
+    return caused.most_common(1)[0][0] if caused else ""
+
+
+def _phase_vs_peers_pct(results: list[RankResult], rank: int, phase: str) -> float | None:
+    if not phase:
+        return None
+    means = {r.rank: float(np.mean([s.phases_ms[phase] for s in r.steps if phase in s.phases_ms]))
+             for r in results if any(phase in s.phases_ms for s in r.steps)}
+    peers = [v for r, v in means.items() if r != rank]
+    if rank not in means or not peers or float(np.median(peers)) <= 0:
+        return None
+    return 100.0 * (means[rank] - float(np.median(peers))) / float(np.median(peers))
+
+
+def _what_if(m: ArrivalMatrix, terms: _Terms, late: np.ndarray, row: int,
+             results: list[RankResult]) -> list[StepWhatIf]:
+    step_times: dict[int, float] = {}
+    for result in results:
+        for step in result.steps:
+            step_times[step.step] = max(step_times.get(step.step, 0.0), step.step_time_ms)
+    caused: dict[int, float] = {}
+    for column, amount in enumerate(_caused_us(m, terms, late, row)):
+        if late[column]:
+            caused[m.keys[column][0]] = caused.get(m.keys[column][0], 0.0) + amount / 1000.0
+    return [StepWhatIf(step=step, step_time_ms=step_times[step], caused_wait_ms=caused[step],
+                       projected_step_ms=step_times[step] - caused[step])
+            for step in sorted(step_times) if step in caused]
+
+
+def _caused_us(m: ArrivalMatrix, terms: _Terms, late: np.ndarray, row: int) -> np.ndarray:
+    """Per instance, the rank's lateness minus what it inherited from a previous instance it was also last at."""
+    column_ending_at = {float(end): column for column, end in enumerate(m.end_us[row]) if np.isfinite(end)}
+    previous = m.previous_end_us[row] if m.previous_end_us is not None else np.full(len(m.keys), np.nan)
+    caused = terms.lateness_us.copy()
+    for column in np.flatnonzero(late):
+        before = column_ending_at.get(float(previous[column]))
+        if before is not None and late[before] and np.isfinite(terms.carried_us[column]):
+            caused[column] -= float(np.clip(terms.carried_us[column], 0.0, terms.lateness_us[column]))
+    return caused
+
+
+def _with_explanation(f: StragglerCause) -> StragglerCause:
+    return dataclasses.replace(f, explanation=explain(f))
+
+
+def explain(f: StragglerCause) -> str:
+    """One sentence: the cause and the figures it rests on."""
+    head = (f"rank {f.rank} ({100 * f.wait_share:.0f}% of the waiting, last at {f.late_instances} collectives, "
+            f"{f.mean_lateness_us / 1000:.2f} ms late on average)")
+    ratio = f"{f.op_duration_ratio:.2f}x" if f.op_duration_ratio is not None else "n/a"
+    reasons = {
+        CAUSE_WORK: (f"computes {f.mean_extra_compute_us / 1000:.2f} ms more before each "
+                     + (f"with kernels of the same speed ({ratio} the peers' durations)"
+                        if f.op_duration_ratio is None or f.op_duration_ratio < SLOW_DEVICE_RATIO else
+                        f"while its kernels run {ratio} as long, which accounts for only "
+                        f"{(f.expected_slowdown_us or 0.0) / 1000:.2f} ms of it")
+                     + ": more work, e.g. uneven expert routing"),
+        CAUSE_SLOW_DEVICE: (f"runs the same kernels {ratio} as long as its peers ({f.ops_compared} names), "
+                            f"{f.mean_extra_compute_us / 1000:.2f} ms more compute for the same work: a slow device"),
+        CAUSE_HOST: (f"is idle {f.mean_extra_idle_us / 1000:.2f} ms longer than its peers before each, not computing "
+                     "more: host-side delay (launch gaps, syncs, input wait, CPU contention)"),
+        CAUSE_NETWORK: (f"leaves the previous collective {f.mean_carried_us / 1000:.2f} ms after its peers: "
+                        "its data movement is slower (network / link)"),
+        CAUSE_CLOCK: (f"but the clock offset to its peers is uncertain by "
+                      f"{'an unknown amount' if f.clock_uncertainty_us is None else f'{f.clock_uncertainty_us / 1000:.2f} ms'}: "
+                      "too large to tell why"),
+        CAUSE_UNEXPLAINED: (f"no single cause: extra compute {f.mean_extra_compute_us / 1000:.2f} ms, extra idle "
+                            f"{f.mean_extra_idle_us / 1000:.2f} ms, carried {f.mean_carried_us / 1000:.2f} ms"),
+    }
+    sentence = f"{head} {reasons[f.cause]}"
+    others = [f"{c} {100 * v:.0f}%" for c, v in f.cause_shares.items() if c != f.cause and v >= MIXED_SHARE]
+    if others:
+        sentence += f" (that is {100 * f.explained_share:.0f}% of its lateness; also {', '.join(others)})"
+    if f.cause == CAUSE_HOST and f.data_loader_excess_ms is not None and f.data_loader_excess_ms > 0:
+        sentence += f"; its DataLoader fetch takes {f.data_loader_excess_ms:.2f} ms per step more than its peers'"
+    if f.phase == "backward" and f.phase_vs_peers_pct is not None:
+        sentence += "; found from its late arrival at collectives issued in backward (gradient buckets)"
+        sentence += (f", while its backward time is within {EQUALIZED_PCT:g}% of the peers' "
+                     f"({f.phase_vs_peers_pct:+.1f}%: the all-reduces equalize it, phase times cannot tell)"
+                     if abs(f.phase_vs_peers_pct) < EQUALIZED_PCT else
+                     f"; its backward time is {f.phase_vs_peers_pct:+.1f}% vs the peers'")
+    if f.what_if:
+        before = float(np.mean([w.step_time_ms for w in f.what_if]))
+        after = float(np.mean([w.projected_step_ms for w in f.what_if]))
+        sentence += f"; were it on time, those steps would take {after:.2f} ms instead of {before:.2f} ms (mean)"
+    return sentence

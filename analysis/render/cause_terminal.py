@@ -1,0 +1,39 @@
+"""Terminal lines for why stragglers are late (cross_rank/causes.py) and each step's critical path."""
+
+from __future__ import annotations
+
+from fleetscope.analysis.report.model import Report
+
+
+def cause_lines(report: Report) -> str:
+    """The "Causes" section: one line per straggler finding, then its per-step what-if."""
+    lines = []
+    for window in report.windows:
+        label = "-" if window.window is None else str(window.window)
+        for finding in window.causes.findings:
+            lines.append(f"window {label}: {finding.cause}: {finding.explanation}")
+            lines += [f"  step {w.step}: {w.step_time_ms:.2f} ms, {w.caused_wait_ms:.2f} ms of it waiting for "
+                      f"rank {finding.rank} -> {w.projected_step_ms:.2f} ms were it on time" for w in finding.what_if]
+    return "Causes\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
+
+PATH_STEPS_SHOWN = 4
+PATH_SEGMENT_MIN_SHARE = 0.02
+"""Segments shorter than this share of their step are left out of the terminal chain (not of the JSON)."""
+
+
+def critical_path_lines(report: Report) -> str:
+    """The "Critical path" section: where the path's time went by rank, then the chain of a few steps."""
+    lines = []
+    for window in report.windows:
+        paths = window.critical_path
+        if not paths.steps:
+            continue
+        label = "-" if window.window is None else str(window.window)
+        top = ", ".join(f"rank {s.rank} {s.kind} {100 * s.share:.0f}%" for s in paths.by_rank[:4])
+        lines.append(f"window {label}: {top}")
+        for path in paths.steps[:PATH_STEPS_SHOWN]:
+            chain = " -> ".join(f"r{s.rank} {s.kind}{' (' + s.collective + ')' if s.collective else ''} "
+                                f"{s.duration_us / 1000:.2f} ms" for s in path.segments
+                                if s.share >= PATH_SEGMENT_MIN_SHARE)
+            lines.append(f"  step {path.step} ({path.length_us / 1000:.2f} ms): {chain}")
+    return "Critical path (segments that set each step's end)\n" + "\n".join(f"  {l}" for l in lines) if lines else ""

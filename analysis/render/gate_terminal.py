@@ -1,0 +1,46 @@
+"""Terminal tables of the regression gate (analysis/gate.py) and of a runs' history (analysis/history.py)."""
+
+from __future__ import annotations
+
+# duck-typed: a render module does not import the top-level gate.py / history.py (tests/test_layering.py)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in rows)
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render_gate(result) -> str:
+    """The gate's metrics, interval and verdict (ends with a newline)."""
+    lines = [f"gate: base {', '.join(result.base_runs)} -> new {', '.join(result.new_runs)}"]
+    if result.metrics:
+        rows = [("metric", "base", "new", "change", "95% interval", "each new run", "steps", "")]
+        for m in result.metrics:
+            interval = "-" if m.interval_pct is None else f"{m.interval_pct[0]:+.1f}..{m.interval_pct[1]:+.1f}%"
+            per_run = ",".join(f"{c:+.1f}" for c in m.new_run_changes_pct) or "-"
+            change = "-" if m.change_pct is None else f"{m.change_pct:+.1f}%"
+            mark = "REGRESSION" if m.regression else (m.reason if m.gated else "not gated")
+            rows.append((m.name, _num(m.base_median), _num(m.new_median), change, interval, per_run,
+                         f"{m.base_steps}/{m.new_steps}", mark))
+        lines.append(_table(rows))
+    lines.append(f"verdict: {result.verdict}")
+    lines += [f"note: {n}" for n in result.notes]
+    return "\n".join(lines) + "\n"
+
+
+def render_history(result) -> str:
+    """One row per run, oldest first; a '!' marks a metric the run regresses (ends with a newline)."""
+    names = result.metrics
+    rows = [("date", "run", *names)]
+    for run in result.runs:
+        cells = [(_num(run.medians.get(n)) + ("!" if n in run.regressions else "")) for n in names]
+        rows.append((run.date, run.path, *cells))
+    regressed = sum(1 for r in result.runs if r.regressions)
+    summary = (f"{len(result.runs)} run(s) under {result.root}; {regressed} with a regression "
+               f"(each gated against the runs before it, threshold {result.threshold_pct:g}%; '!' marks it)")
+    return (_table(rows) + "\n" if result.runs else "") + summary + "\n"

@@ -1,0 +1,111 @@
+"""`compare` over several runs per side (the noise-aware gate) and `history`: argument parsing and printing."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .exit_codes import EXIT_USAGE
+
+
+def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
+    """The gate's options of `compare`: `--base A --base B --new C --new D` instead of `BASE NEW`."""
+    parser.add_argument("--base", dest="base_runs", action="append", default=[], metavar="RUN",
+                        help="a baseline run directory (repeat for several): gates with a noise model")
+    parser.add_argument("--new", dest="new_runs", action="append", default=[], metavar="RUN",
+                        help="a new run directory (repeat for several)")
+    parser.add_argument("--allow-env-change", action="store_true",
+                        help="compare runs whose environment fingerprints (job.json) differ")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
+
+
+def wants_gate(args: argparse.Namespace) -> bool:
+    return bool(args.base_runs or args.new_runs)
+
+
+def handle_gate(args: argparse.Namespace) -> int:
+    """`compare --base ... --new ...`: exit 0 ok, 1 sustained regression, 2 refused or bad usage."""
+    from ..analysis.gate import gate
+    from ..analysis.render.gate_terminal import render_gate
+
+    if args.base is not None or args.new is not None:
+        print("fleetscope compare: give BASE NEW or --base/--new, not both", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.base_runs or not args.new_runs:
+        print("fleetscope compare: --base and --new each need at least one run directory", file=sys.stderr)
+        return EXIT_USAGE
+    result = gate(args.base_runs, args.new_runs, threshold_pct=args.threshold,
+                  allow_env_change=args.allow_env_change, seed=args.seed)
+    print(render_gate(result), end="")
+    return result.exit_code
+
+
+def environment_refusal(args: argparse.Namespace) -> int | None:
+    """For `compare BASE NEW` of two run directories: EXIT_USAGE (after saying what differs) when their
+    environment fingerprints differ and --allow-env-change is absent; None to go on."""
+    from ..analysis.gate import environment_check
+
+    runs = [p for p in (args.base, args.new) if p is not None and Path(p).is_dir()]
+    if len(runs) < 2:
+        return None
+    differences, notes = environment_check(runs)
+    for note in notes:
+        print(f"note: {note}")
+    if not differences or args.allow_env_change:
+        return None
+    fields = ", ".join(f"{k} ({' vs '.join(v)})" for k, v in differences.items())
+    print(f"fleetscope compare: REFUSED: the runs' environments differ: {fields} "
+          "(--allow-env-change compares anyway)", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def register_history(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("history", help="gated metrics of every run under a directory, by date, "
+                                            "regressions marked")
+    parser.add_argument("root", help="directory holding run directories (any depth)")
+    parser.add_argument("--html", dest="html_out", help="write the trend page here (default ROOT/history.html)")
+    parser.add_argument("--threshold", type=float, default=5.0, help="percent that counts as a regression")
+    parser.set_defaults(handler=handle_history)
+
+
+def handle_history(args: argparse.Namespace) -> int:
+    from ..analysis.history import history
+    from ..analysis.render.gate_terminal import render_history
+    from ..analysis.render.history_html import render_history_html
+    from ..traces.atomic import write_bytes_atomically
+
+    if not args.threshold > 0:
+        print(f"fleetscope history: --threshold must be > 0, got {args.threshold}", file=sys.stderr)
+        return EXIT_USAGE
+    result = history(args.root, threshold_pct=args.threshold)
+    print(render_history(result), end="")
+    out = Path(args.html_out) if args.html_out else Path(args.root) / "history.html"
+    write_bytes_atomically(render_history_html(result).encode(), out)
+    print(f"trend page: {out}")
+    return 0
+
+
+def register_advise(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("advise", help="configuration changes the run's evidence points to, with expected gains")
+    parser.add_argument("run", help="run directory")
+    parser.add_argument("--json", dest="json_out", help="write the findings as JSON here")
+    parser.set_defaults(handler=handle_advise)
+
+
+def handle_advise(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+
+    from ..analysis.advise import advise
+    from ..analysis.render.advice_terminal import render_advice
+    from ..traces.atomic import write_bytes_atomically
+
+    advice = advise(args.run)
+    print(render_advice(advice), end="")
+    if args.json_out:
+        write_bytes_atomically((json.dumps(dataclasses.asdict(advice), indent=2) + "\n").encode(), Path(args.json_out))
+    return 0
+
+
+REGISTRY = [register_history, register_advise]

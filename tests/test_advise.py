@@ -1,0 +1,89 @@
+"""The advisor: each rule fires on its evidence with the exact change, and stays silent on a healthy run."""
+
+from pathlib import Path
+
+import pytest
+
+from fleetscope.analysis.advise import Evidence, advise, advise_evidence
+from fleetscope.analysis.cross_rank.causes import CAUSE_HOST, CAUSE_SLOW_DEVICE, StepWhatIf, StragglerCause
+from fleetscope.cli.main import main
+
+CONFIG = {"parallel": {"mode": "ddp", "bucket_cap_mb": 25.0}, "data": {"num_workers": 0},
+          "performance": {"compile": "none", "activation_checkpointing": "none", "alloc_conf": ""}}
+HEALTHY = dict(step_ms=100.0, data_ms=1.0, comm_exposed_ms=2.0, peak_allocated_mb=1000.0, peak_reserved_mb=1100.0,
+               basis="gpu", idle_pct=5.0, exposed_comm_pct=2.0, overlap_pct=80.0, config=CONFIG)
+
+
+def _rules(**changes) -> dict:
+    return {f.rule: f for f in advise_evidence(Evidence(**{**HEALTHY, **changes})).findings}
+
+
+def _cause(cause: str, **extra) -> StragglerCause:
+    fields = dict(rank=3, cause=cause, explained_share=0.9, wait_share=0.9, late_instances=4,
+                  median_lateness_us=20_000.0, mean_lateness_us=20_000.0, mean_extra_compute_us=0.0,
+                  mean_extra_idle_us=20_000.0, mean_carried_us=0.0, op_duration_ratio=1.0, ops_compared=10,
+                  expected_slowdown_us=0.0, clock_uncertainty_us=0.0, phase="", phase_vs_peers_pct=None,
+                  what_if=[StepWhatIf(step=1, step_time_ms=100.0, caused_wait_ms=20.0, projected_step_ms=80.0)],
+                  explanation="rank 3 is late")
+    return StragglerCause(**{**fields, **extra})
+
+
+def test_a_healthy_run_gets_no_advice():
+    assert _rules() == {}
+
+
+def test_data_loading_asks_for_workers_with_its_gain():
+    finding = _rules(data_ms=30.0)["data_workers"]
+    assert finding.change == "--set data.num_workers=8 --set data.persistent_workers=true"
+    assert (finding.expected_gain_ms, finding.expected_gain_pct, finding.confidence) == (30.0, 30.0, "high")
+    assert "data_workers" not in _rules(data_ms=30.0, config={**CONFIG, "data": {"num_workers": 4}})
+
+
+def test_gpu_idle_asks_for_cuda_graphs_or_plain_compile_under_fsdp():
+    finding = _rules(idle_pct=40.0)["cuda_graphs"]
+    assert finding.change == "--compile reduce-overhead"
+    assert finding.expected_gain_ms == pytest.approx(20.0)          # half of 40% of a 100 ms step
+    fsdp = {**CONFIG, "parallel": {"mode": "fsdp"}}
+    assert _rules(idle_pct=40.0, config=fsdp)["cuda_graphs"].change == "--compile default"
+    assert "cuda_graphs" not in _rules(idle_pct=40.0, basis="cpu")
+
+
+def test_exposed_ddp_communication_asks_for_smaller_buckets_unless_a_straggler_explains_it():
+    finding = _rules(exposed_comm_pct=30.0, comm_exposed_ms=30.0, overlap_pct=10.0)["gradient_buckets"]
+    assert finding.change == "--set parallel.bucket_cap_mb=12.5" and finding.expected_gain_ms == 15.0
+    waiting = _rules(exposed_comm_pct=30.0, overlap_pct=10.0, stragglers=[_cause(CAUSE_HOST)])
+    assert "gradient_buckets" not in waiting
+
+
+def test_fragmentation_and_retries_ask_for_expandable_segments_and_checkpointing():
+    rules = _rules(peak_reserved_mb=2000.0, alloc_retries=3)
+    assert rules["allocator"].change.startswith("PYTORCH_ALLOC_CONF=expandable_segments:True")
+    assert rules["memory_pressure"].change == "--set performance.activation_checkpointing=selective"
+    assert set(_rules(peak_reserved_mb=1500.0)) == {"allocator"}
+
+
+def test_a_slow_device_straggler_gets_its_remedy_and_what_if_gain():
+    finding = _rules(stragglers=[_cause(CAUSE_SLOW_DEVICE)])["straggler"]
+    assert "exclude" in finding.change and finding.expected_gain_ms == 20.0
+    input_wait = _rules(stragglers=[_cause(CAUSE_HOST, data_loader_excess_ms=18.0)])["straggler"]
+    assert input_wait.change.startswith("--set data.num_workers=8") and "input wait" in input_wait.title
+
+
+@pytest.mark.slow
+def test_a_real_run_with_slow_data_loading_on_rank_0(tmp_path, capsys):
+    from helpers import fleetscope
+
+    run_dir = tmp_path / "run"
+    completed = fleetscope("launch", "--run-dir", str(run_dir), "--parallel", "ddp", "--device", "cpu",
+                           "--steps", "8", "--profile", "wait=1,warmup=1,active=3,repeat=1",
+                           "--set", "faults.data_delay_rank=0", "--set", "faults.data_delay_ms=30")
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    rules = {f.rule: f for f in advise(run_dir).findings}
+    data = rules["data_workers"]
+    assert data.evidence["data_source"] == "trace DataLoader ranges"
+    assert data.evidence["data_ms"] == pytest.approx(30.0, abs=10.0)        # the 30 ms sleep, plus the fetch
+    straggler = rules["straggler"]
+    assert straggler.evidence["rank"] == 0 and "input wait" in straggler.title
+    assert main(["advise", str(run_dir), "--json", str(tmp_path / "advice.json")]) == 0
+    assert "--set data.num_workers=8" in capsys.readouterr().out
+    assert (tmp_path / "advice.json").is_file()

@@ -1,0 +1,204 @@
+"""Ground truth for straggler causes: sets with one rank late for a known reason must be classified as such,
+with the amounts injected (tolerances stated per assertion)."""
+
+from pathlib import Path
+
+import pytest
+
+from fleetscope.analysis import analyze
+from fleetscope.analysis.cross_rank.arrivals import arrival_matrix
+from fleetscope.analysis.cross_rank.causes import (
+    CAUSE_CLOCK,
+    CAUSE_HOST,
+    CAUSE_NETWORK,
+    CAUSE_SLOW_DEVICE,
+    CAUSE_WORK,
+    find_causes,
+)
+from fleetscope.analysis.cross_rank.clock_align import SOURCE_MEASURED, ClockAlignment, HostClock
+from fleetscope.analysis.cross_rank.stragglers import find_stragglers
+from fleetscope.analysis.inputs.sources import TraceSource
+from fleetscope.analysis.per_rank.parse import analyze_trace
+from fleetscope.analysis.synthetic import (
+    LATE_EXTRA_WORK,
+    LATE_HOST,
+    LATE_SLOW_KERNELS,
+    TraceSetSpec,
+    make_trace_set,
+)
+from test_analysis_helpers import KinetoBuilder
+
+FIXTURE = Path(__file__).parent / "fixtures" / "gpu" / "h200-small-fleetscope-fast-2steps.json.gz"
+LATE_RANK = 2
+LATE_US = 2000.0
+SLOW_FACTOR = 1.05
+EXPECTED = {LATE_HOST: CAUSE_HOST, LATE_EXTRA_WORK: CAUSE_WORK, LATE_SLOW_KERNELS: CAUSE_SLOW_DEVICE}
+NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
+
+
+def _single_gpu_source(directory: Path) -> Path:
+    builder = KinetoBuilder(rank=0, world_size=1)
+    for step, s in enumerate((0.0, 10_000.0, 20_000.0)):
+        builder.step(step, s, 10_000).kernel("gemm", s + 100, 3000, launch_ts=s + 20)
+        builder.kernel("norm", s + 3100, 1000, launch_ts=s + 30)
+    return builder.write(directory / "source_single.json.gz")
+
+
+SOURCES = {"fixture fleetscope-fast": lambda directory: FIXTURE, "hand-built single gpu": _single_gpu_source}
+
+
+@pytest.fixture(params=sorted(SOURCES))
+def source(request, tmp_path) -> Path:
+    return SOURCES[request.param](tmp_path)
+
+
+@pytest.mark.parametrize("late_cause", sorted(EXPECTED))
+def test_each_injected_cause_is_named_with_its_amount(source, tmp_path, late_cause):
+    late_us = LATE_US if late_cause != LATE_SLOW_KERNELS else 0.0
+    make_trace_set(source, tmp_path / "set", TraceSetSpec(
+        ranks=4, ranks_per_host=4, late_rank=LATE_RANK, late_us=late_us, late_cause=late_cause,
+        slow_factor=SLOW_FACTOR, inserted_allreduce_us=5000.0))
+    report = analyze(tmp_path / "set", use_hta=False)
+    window = report.windows[0]
+    assert window.stragglers.waited_for_rank == LATE_RANK and window.stragglers.consistent
+    (finding,) = window.causes.findings
+    assert (finding.rank, finding.cause) == (LATE_RANK, EXPECTED[late_cause])
+    assert finding.wait_share == 1.0 and finding.explained_share >= 0.85
+    if late_cause == LATE_SLOW_KERNELS:
+        assert finding.op_duration_ratio == pytest.approx(SLOW_FACTOR, rel=0.005)
+        # the slowdown the kernel ratio predicts is what the rank was late by, within 15%: the peers' compute
+        # is counted from the previous collective's end, and a step's first kernels may run before it
+        assert finding.expected_slowdown_us == pytest.approx(finding.mean_lateness_us, rel=0.15)
+    else:
+        assert finding.median_lateness_us == pytest.approx(late_us, abs=1.0)
+        assert finding.op_duration_ratio == pytest.approx(1.0, abs=1e-9)      # same kernels, same speed
+    for what_if in finding.what_if:                                             # one collective per step
+        assert what_if.caused_wait_ms == pytest.approx(finding.median_lateness_us / 1000, rel=0.01)
+        assert what_if.projected_step_ms == pytest.approx(what_if.step_time_ms - what_if.caused_wait_ms, abs=1e-9)
+    assert f"rank {LATE_RANK} is the straggler" in report.verdict and f"cause: {EXPECTED[late_cause]}" in report.verdict
+
+
+def _results(tmp_path: Path, builders: list[KinetoBuilder]):
+    paths = [b.write(tmp_path / f"rank{b.rank}.json") for b in builders]
+    return [analyze_trace(TraceSource(path=p, label=p.name, window=None)) for p in paths]
+
+
+def test_a_rank_causing_all_waiting_at_few_collectives_is_named(tmp_path):
+    # 4 all-reduces per step; rank 2 is 400 us late at the first only, the others arrive together.
+    builders = []
+    for rank in range(3):
+        builder = KinetoBuilder(rank=rank, world_size=3)
+        for step, s in enumerate((0.0, 4000.0)):
+            builder.step(step, s, 4000)
+            for k in range(4):
+                start = s + 1000 * k
+                arrival = start + (700 if rank == 2 and k == 0 else 300)
+                builder.kernel("gemm", start + 100, 200, launch_ts=start + 10)
+                builder.kernel(NCCL, arrival, start + 900 - arrival, launch_ts=start + 20, stream=20)
+        builders.append(builder)
+    report = analyze(_write_all(tmp_path, builders), use_hta=False)
+    stragglers = report.windows[0].stragglers
+    top = stragglers.by_wait[0]
+    assert (top.rank, top.times_last, top.collectives, top.score) == (2, 2, 8, 1.0)
+    assert stragglers.consistent and "spread" not in stragglers.verdict
+    assert "rank 2 at collectives: it causes 100% of all waiting" in stragglers.verdict
+    assert "last at 2 of 8 (25%)" in stragglers.verdict
+    assert "rank 2 is the straggler" in report.verdict and "no single straggler" not in report.verdict
+
+
+def _write_all(directory: Path, builders: list[KinetoBuilder]) -> Path:
+    for builder in builders:
+        builder.write(directory / "set" / f"rank{builder.rank}.json")
+    return directory / "set"
+
+
+def test_a_backward_straggler_is_found_from_bucket_arrivals(tmp_path):
+    # DDP-like: three gradient buckets reduced inside backward; rank 1 computes 300 us more before the
+    # first bucket. The host's backward range ends when the last bucket is done, on every rank alike.
+    builders = []
+    for rank in range(3):
+        builder = KinetoBuilder(rank=rank, world_size=3)
+        for step, s in enumerate((0.0, 5000.0)):
+            builder.step(step, s, 5000).annotation("forward", s + 10, 990).annotation("backward", s + 1000, 3500)
+            builder.kernel("fwd_gemm", s + 100, 800, launch_ts=s + 20)
+            extra = 300.0 if rank == 1 else 0.0
+            builder.kernel("bwd_gemm", s + 1000, 500, launch_ts=s + 1005)
+            if extra:
+                builder.kernel("bwd_expert_gemm", s + 1500, extra, launch_ts=s + 1010)
+            for bucket in range(3):
+                begin = s + 1500 + 1000 * bucket
+                arrival = begin + (extra if bucket == 0 else 0.0)
+                builder.kernel(NCCL, arrival, begin + 800 - arrival, launch_ts=s + 1020 + bucket, stream=20)
+                if bucket < 2:
+                    builder.kernel("bwd_gemm", begin + 800, 200, launch_ts=s + 1030 + bucket)
+        builders.append(builder)
+    report = analyze(_write_all(tmp_path, builders), use_hta=False)
+    window = report.windows[0]
+    phases = {r.rank: [s.phases_ms["backward"] for s in r.steps] for r in window.ranks}
+    assert phases[0] == phases[1] == phases[2]           # the phase times cannot tell
+    (finding,) = window.causes.findings
+    assert (finding.rank, finding.phase, finding.cause) == (1, "backward", CAUSE_WORK)
+    assert finding.phase_vs_peers_pct == pytest.approx(0.0, abs=1e-9)
+    assert finding.median_lateness_us == pytest.approx(300.0, abs=1.0)
+    assert "gradient buckets" in finding.explanation
+
+
+def test_a_rank_leaving_the_previous_collective_late_is_a_network_straggler(tmp_path):
+    # Rank 1's first all-reduce takes 200 us longer (its link is slow); it then reaches the second 200 us late.
+    builders = []
+    for rank in range(3):
+        builder = KinetoBuilder(rank=rank, world_size=3)
+        slow = 200.0 if rank == 1 else 0.0
+        for step, s in enumerate((0.0, 1000.0)):
+            builder.step(step, s, 1000).kernel("gemm", s + 100, 200, launch_ts=s + 10)
+            builder.kernel(NCCL, s + 300, 200 + slow, launch_ts=s + 20, stream=20)
+            builder.kernel("gemm2", s + 500 + slow, 200, launch_ts=s + 30)
+            builder.kernel(NCCL, s + 700 + slow, 250 - slow, launch_ts=s + 40, stream=20)
+        builders.append(builder)
+    results = _results(tmp_path, builders)
+    matrix = arrival_matrix(results)
+    (finding,) = find_causes(results, matrix, find_stragglers(results, matrix), ClockAlignment()).findings
+    assert (finding.rank, finding.cause) == (1, CAUSE_NETWORK)
+    assert finding.mean_carried_us == pytest.approx(200.0, abs=1e-6)
+
+
+def test_clock_uncertainty_larger_than_the_lateness_tells_nothing(tmp_path):
+    builders = []
+    for rank in range(3):
+        builder = KinetoBuilder(rank=rank, world_size=3, host="node1" if rank == 2 else "node0")
+        for step, s in enumerate((0.0, 1000.0)):
+            builder.step(step, s, 1000).kernel("gemm", s + 100, 200, launch_ts=s + 10)
+            arrival = 550.0 if rank == 2 else 300.0
+            builder.kernel(NCCL, s + arrival, 900 - arrival, launch_ts=s + 20, stream=20)
+        builders.append(builder)
+    results = _results(tmp_path, builders)
+    matrix = arrival_matrix(results)
+    stragglers = find_stragglers(results, matrix)
+
+    def clock(uncertainty_us: float) -> ClockAlignment:
+        return ClockAlignment(reference_rank=0, reference_host="node0", hosts=[
+            HostClock(host="node0", ranks=[0, 1], offset_us=0.0, source="reference host"),
+            HostClock(host="node1", ranks=[2], offset_us=0.0, source=SOURCE_MEASURED,
+                      measured_offset_us=0.0, measured_uncertainty_us=uncertainty_us)])
+
+    (unsure,) = find_causes(results, matrix, stragglers, clock(1000.0)).findings
+    assert (unsure.rank, unsure.cause, unsure.clock_uncertainty_us) == (2, CAUSE_CLOCK, 1000.0)
+    (sure,) = find_causes(results, matrix, stragglers, clock(10.0)).findings
+    assert sure.cause == CAUSE_HOST
+
+
+def test_causes_reach_the_json_the_terminal_and_the_html(tmp_path):
+    from fleetscope.analysis import render_terminal
+    from fleetscope.analysis.render.html import render_html
+    from fleetscope.analysis.report.model import Report
+
+    make_trace_set(_single_gpu_source(tmp_path), tmp_path / "set", TraceSetSpec(
+        ranks=3, late_rank=1, late_us=LATE_US, late_cause=LATE_EXTRA_WORK, inserted_allreduce_us=5000.0))
+    report = analyze(tmp_path / "set", use_hta=False)
+    again = Report.from_json(report.to_json())
+    assert again.windows[0].causes == report.windows[0].causes
+    text = render_terminal(report)
+    assert "Causes\n  window -: work imbalance: rank 1" in text
+    assert "2.00 ms of it waiting for rank 1" in text
+    html = render_html(report)
+    assert "<h2>Causes of waiting</h2>" in html and "<td class=\"l\">work imbalance</td>" in html

@@ -1,0 +1,127 @@
+"""The regression gate: several runs per side, a seeded noise model, sustained drops only, environments."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fleetscope.analysis.gate import EXIT_OK, EXIT_REFUSED, EXIT_REGRESSION, gate
+from fleetscope.analysis.history import history
+from fleetscope.analysis.render.gate_terminal import render_gate, render_history
+from fleetscope.analysis.render.history_html import render_history_html
+from fleetscope.cli.main import main
+from fleetscope.traces.layout import RunLayout
+
+ENV = {"gpu_model": "NVIDIA H200", "gpu_count": 8, "driver": "580.1", "cuda": "13.0", "torch": "2.11.0",
+       "nccl": "2.28.9", "transformers": "5.17.0", "fleetscope": "0.1.0", "python": "3.11.7"}
+STEPS = 20
+
+
+def _run(root: Path, name: str, *, step_ms: float, noise_pct: float = 1.0, seed: int = 0, tokens: float = 1000.0,
+         memory_mb: float | None = 500.0, data_ms: float = 2.0, env: dict | None = ENV,
+         started: str = "2026-11-01T00:00:00+00:00") -> Path:
+    """A run with two ranks' step metrics (step 0 start-up, one profiled step) and a job.json."""
+    layout = RunLayout.at(root / name)
+    rng = np.random.default_rng(seed)
+    for rank in (0, 1):
+        lines = [{"step": 0, "rank": rank, "step_time_ms": 10 * step_ms, "tokens_per_s": 1.0}]
+        for step in range(1, STEPS + 1):
+            jitter = 1 + rng.normal(0, noise_pct / 100)
+            lines.append({"step": step, "rank": rank, "step_time_ms": step_ms * jitter,
+                          "tokens_per_s": tokens / jitter, "max_memory_allocated_mb": memory_mb,
+                          "data_ms": data_ms, "profiled": step == 5})
+        layout.metrics_file(rank).parent.mkdir(parents=True, exist_ok=True)
+        layout.metrics_file(rank).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    record = {"started_at": started, **({"environment": env} if env is not None else {})}
+    layout.job_file.write_text(json.dumps(record))
+    return layout.root
+
+
+def _metric(result, name):
+    return next(m for m in result.metrics if m.name == name)
+
+
+def test_the_same_distribution_does_not_fail(tmp_path):
+    base = [_run(tmp_path, f"b{i}", step_ms=100, seed=i) for i in range(3)]
+    new = [_run(tmp_path, f"n{i}", step_ms=100, seed=10 + i) for i in range(3)]
+    result = gate(base, new)
+    assert result.exit_code == EXIT_OK and not result.regressions
+    step = _metric(result, "step_time_ms")
+    assert step.gated and step.base_steps == 3 * (STEPS - 1) and step.interval_pct[0] < 0 < step.interval_pct[1]
+    assert gate(base, new).metrics == result.metrics                  # seeded: the same answer every time
+
+
+def test_a_sustained_slowdown_fails_on_every_gated_metric(tmp_path):
+    base = [_run(tmp_path, f"b{i}", step_ms=100, seed=i) for i in range(2)]
+    new = [_run(tmp_path, f"n{i}", step_ms=110, tokens=900, memory_mb=560, data_ms=2.5, seed=10 + i)
+           for i in range(2)]
+    result = gate(base, new)
+    assert result.exit_code == EXIT_REGRESSION
+    assert {m.name for m in result.regressions} == {"step_time_ms", "tokens_per_s", "peak_memory_mb", "data_time_ms"}
+    step = _metric(result, "step_time_ms")
+    assert step.change_pct == pytest.approx(10.0, abs=1.0)           # 10% slower, 1% step noise
+    assert step.interval_pct[0] > 5 and all(c > 5 for c in step.new_run_changes_pct)
+    assert _metric(result, "tokens_per_s").change_pct == pytest.approx(-10.0, abs=1.0)
+    assert "REGRESSION" in render_gate(result)
+
+
+def test_one_slow_new_run_is_not_sustained(tmp_path):
+    base = [_run(tmp_path, f"b{i}", step_ms=100, seed=i) for i in range(2)]
+    new = [_run(tmp_path, "n0", step_ms=130, seed=10), _run(tmp_path, "n1", step_ms=100, seed=11)]
+    result = gate(base, new)
+    step = _metric(result, "step_time_ms")
+    assert not step.regression and "not in every new run" in step.reason
+    assert step.new_run_changes_pct[0] > 25 and abs(step.new_run_changes_pct[1]) < 2
+    assert result.exit_code == EXIT_OK
+
+
+def test_a_drop_inside_the_noise_does_not_fail(tmp_path):
+    base = [_run(tmp_path, "b0", step_ms=100, noise_pct=30, seed=1)]
+    new = [_run(tmp_path, "n0", step_ms=106, noise_pct=30, seed=2)]
+    step = _metric(gate(base, new), "step_time_ms")
+    assert step.interval_pct[0] < 0 < step.interval_pct[1] and not step.regression
+
+
+def test_differing_environments_are_refused_unless_allowed(tmp_path):
+    base = _run(tmp_path, "b0", step_ms=100)
+    new = _run(tmp_path, "n0", step_ms=100, env={**ENV, "torch": "2.12.0", "gpu_count": 4})
+    refused = gate([base], [new])
+    assert refused.exit_code == EXIT_REFUSED and refused.refused and not refused.metrics
+    assert refused.environment_differences == {"gpu_count": ["8", "4"], "torch": ["2.11.0", "2.12.0"]}
+    assert "torch (2.11.0 vs 2.12.0)" in refused.verdict
+    allowed = gate([base], [new], allow_env_change=True)
+    assert allowed.exit_code == EXIT_OK and any("environments differ" in n for n in allowed.notes)
+
+
+def test_a_run_without_fingerprint_is_compared_with_a_note(tmp_path):
+    result = gate([_run(tmp_path, "b0", step_ms=100)], [_run(tmp_path, "n0", step_ms=100, env=None)])
+    assert result.exit_code == EXIT_OK
+    assert any("n0: no environment fingerprint" in n for n in result.notes)
+
+
+def test_the_cli_gates_several_runs_and_keeps_the_pair_form(tmp_path, capsys):
+    base = [str(_run(tmp_path, f"b{i}", step_ms=100, seed=i)) for i in range(2)]
+    new = [str(_run(tmp_path, f"n{i}", step_ms=110, seed=10 + i)) for i in range(2)]
+    args = ["compare", "--base", base[0], "--base", base[1], "--new", new[0], "--new", new[1]]
+    assert main(args) == EXIT_REGRESSION
+    assert "every new run worse" in capsys.readouterr().out
+    assert main(["compare", "--base", base[0], "--new", base[1]]) == EXIT_OK
+    assert main(["compare", base[0], "--new", new[0]]) == 2                    # both forms at once
+    other = str(_run(tmp_path, "other", step_ms=100, env={**ENV, "nccl": "2.29.1"}))
+    assert main(["compare", base[0], other]) == 2
+    assert "nccl (2.28.9 vs 2.29.1)" in capsys.readouterr().err
+
+
+def test_history_orders_runs_by_date_and_marks_the_regression(tmp_path, capsys):
+    for index, (name, step_ms) in enumerate([("r-c", 100), ("r-a", 101), ("r-d", 99), ("r-b", 125)]):
+        _run(tmp_path / "runs", name, step_ms=step_ms, seed=index, started=f"2026-11-0{index + 1}T00:00:00+00:00")
+    result = history(tmp_path / "runs")
+    assert [Path(r.path).name for r in result.runs] == ["r-c", "r-a", "r-d", "r-b"]
+    assert [r.regressions for r in result.runs][:3] == [[], [], []]
+    assert "step_time_ms" in result.runs[3].regressions
+    assert "!" in render_history(result).splitlines()[-2]
+    html = render_history_html(result)
+    assert html.count("<svg") == 4 and 'fill="#e15759"' in html
+    assert main(["history", str(tmp_path / "runs")]) == 0
+    assert (tmp_path / "runs" / "history.html").read_text() == html

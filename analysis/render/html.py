@@ -23,7 +23,9 @@ body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
 h1{font-size:20px}h2{font-size:16px;margin-top:28px;border-bottom:1px solid #ddd}h3{font-size:14px}
 table{border-collapse:collapse;font-size:12px;margin:8px 0}
 td,th{border:1px solid #ddd;padding:3px 6px;text-align:right}th{background:#f4f4f4}
-td.l,th.l{text-align:left}.bad{color:#b00020;font-weight:600}.ok{color:#1b7f3b;font-weight:600}
+td.l,th.l{text-align:left}
+td.l{max-width:640px;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+td.l:hover{white-space:normal;overflow-wrap:anywhere}.bad{color:#b00020;font-weight:600}.ok{color:#1b7f3b;font-weight:600}
 .note{color:#555;font-size:12px}.scroll{overflow-x:auto}
 """
 
@@ -268,12 +270,18 @@ def _table(header: list[str], rows: list[list[str]], *, left: tuple[int, ...] = 
            raw_last: list[str] | None = None) -> str:
     """`raw_last`: one HTML cell per row appended unescaped (markup this module made)."""
     def cells(tag: str, values: list[str]) -> str:
-        return "".join(f"<{tag}{_LEFT if i in left else ''}>{escape(v)}</{tag}>" for i, v in enumerate(values))
+        # long left-aligned texts (mangled kernel names) show one line; the whole text on hover / as a tooltip
+        return "".join(f"<{tag}{_LEFT if i in left else ''}{_title(v) if i in left and tag == 'td' else ''}>"
+                       f"{escape(v)}</{tag}>" for i, v in enumerate(values))
 
     extra = raw_last or [""] * len(rows)
     return ("<table><tr>" + cells("th", header) + "</tr>"
             + "".join("<tr>" + cells("td", row) + (f"<td>{cell}</td>" if raw_last else "") + "</tr>"
                       for row, cell in zip(rows, extra)) + "</table>")
+
+
+def _title(text: str) -> str:
+    return f' title="{escape(text, quote=True)}"' if len(text) > 80 else ""
 
 
 def _f(value: float | None, digits: int = 1) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .capture import read_capture_records
 from .kineto import TraceReadError, decode_trace, distributed_rank, profiler_steps, read_raw
 from .layout import TRACE_SUFFIX, WINDOW_RE, RunLayout, parse_trace_file_name
 from .manifest import Manifest, MissingRank, TraceProblem, TraceRecord, save_manifest
@@ -47,13 +48,16 @@ def build_manifest(layout: RunLayout, *, workers: int | None = None) -> Manifest
     traces = [r for r in results if isinstance(r, TraceRecord)]
     problems += [r for r in results if isinstance(r, TraceProblem)]
     world_size = _expected_world_size(layout, traces)
+    captures, capture_problems = read_capture_records(layout)
+    problems += [TraceProblem(path=p.split(":", 1)[0], reason=p.split(": ", 1)[1]) for p in capture_problems]
     return Manifest(
         run_dir=str(layout.root),
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         world_size=world_size,
         traces=sorted(traces, key=lambda t: (t.window or 0, t.rank, t.attempt)),
         problems=sorted(problems, key=lambda p: p.path),
-        missing=_missing_ranks(layout, traces, world_size),
+        missing=_missing_ranks(layout, traces, world_size, captures),
+        captures=captures,
     )
 
 
@@ -134,14 +138,18 @@ def _expected_world_size(layout: RunLayout, traces: list[TraceRecord]) -> int | 
     return max((t.rank for t in traces), default=-1) + 1 or None
 
 
-def _missing_ranks(layout: RunLayout, traces: list[TraceRecord], world_size: int | None) -> list[MissingRank]:
+def _missing_ranks(layout: RunLayout, traces: list[TraceRecord], world_size: int | None,
+                   captures: list | None = None) -> list[MissingRank]:
+    """Ranks with no trace in a window; a requested window limited to some ranks expects only those."""
     if not world_size:
         return []
+    chosen = {c.window: set(c.ranks) for c in captures or [] if c.ranks is not None}
     windows = sorted({t.window for t in traces if t.window is not None})
     if not windows:
         windows = sorted(_window_of(d) for d in layout.traces_dir.glob("window*") if _window_of(d) is not None)
     missing = []
     for window in windows or [None]:
         present = {t.rank for t in traces if t.window == window}
-        missing += [MissingRank(rank=r, window=window) for r in range(world_size) if r not in present]
+        expected = chosen.get(window, range(world_size))
+        missing += [MissingRank(rank=r, window=window) for r in range(world_size) if r not in present and r in expected]
     return missing

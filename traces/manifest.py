@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .capture import CaptureRecord
 from .layout import RunLayout
 from .writer import write_bytes_atomically
 
@@ -56,6 +57,8 @@ class Manifest:
     traces: list[TraceRecord] = field(default_factory=list)
     problems: list[TraceProblem] = field(default_factory=list)
     missing: list[MissingRank] = field(default_factory=list)
+    captures: list[CaptureRecord] = field(default_factory=list)
+    """Unplanned windows: requested (by whom, when) or triggered (why); traces/capture.py."""
     version: int = MANIFEST_VERSION
 
     @property
@@ -84,6 +87,7 @@ class Manifest:
             traces=[TraceRecord(**t) for t in data.get("traces", [])],
             problems=[TraceProblem(**p) for p in data.get("problems", [])],
             missing=[MissingRank(**m) for m in data.get("missing", [])],
+            captures=[CaptureRecord(**c) for c in data.get("captures", [])],
         )
 
     def resolve(self, record: TraceRecord) -> Path:

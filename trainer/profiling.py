@@ -89,6 +89,10 @@ class WindowedProfiler:
             yield
         self._advance(step)
 
+    def add_window(self, window: Window) -> None:
+        """Record one more window (an on-demand or triggered one); it must start after the current step."""
+        self._windows[window.warmup_start] = window
+
     def close(self) -> None:
         """Stop a window cut short (training ended or failed inside it); nothing is exported."""
         if self._profiler is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fleetscope.analysis.cross_rank.capture import capture_section
 from fleetscope.analysis.cross_rank.placement import place_traces
 from fleetscope.analysis.cross_rank.records import trainer_evidence
 from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
@@ -61,6 +62,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         link_peak_gbps=link_peak_gbps,
         trainer=trainer_evidence(inputs.layout, placement.results, inputs.world_size),
     )
+    report.capture = capture_section(inputs.layout, inputs.world_size)
     _write_outputs(report, inputs, json_out, html_out, write_default_outputs)
     return report
 

@@ -15,6 +15,7 @@ from ..traces.layout import RunLayout
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, exit_code
 from .jobargs import add_job_arguments, job_spec_from_args
 from .pipeline import describe_manifest, postprocess
+from .capture_commands import register as register_capture
 from .query_command import register as register_query
 from .render import print_failed_job, print_outputs, print_state_change, print_submitted, render_status
 
@@ -308,5 +309,5 @@ def progress_printer(label: str):
 
 REGISTRY = [
     register_launch, register_train, register_gather, register_analyze, register_merge, register_postprocess,
-    register_demo, register_compare, register_query,
+    register_demo, register_compare, register_query, register_capture,
 ]

@@ -17,10 +17,13 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import sys
 import threading
 import time
+import traceback
 
 import torch
+import torch.distributed as dist
 
 from ..traces.capture import now_iso
 from ..traces.flight_recorder import HangMarker, write_dump, write_hang_marker
@@ -55,8 +58,30 @@ def flight_recorder_document(rank: int, reason: str, step: int) -> dict | None:
         return None
     dump = pickle.loads(raw)  # this process's own buffer, produced just now
     return {"rank": rank, "reason": reason, "at": now_iso(), "step": step, "version": str(dump.get("version", "")),
-            "pg_config": dump.get("pg_config", {}), "pg_status": dump.get("pg_status", {}),
-            "entries": [_json_entry(e) for e in dump.get("entries", [])]}
+            "pg_config": process_groups() or dump.get("pg_config", {}), "pg_config_recorded": dump.get("pg_config", {}),
+            "pg_status": dump.get("pg_status", {}), "entries": [_json_entry(e) for e in dump.get("entries", [])],
+            "python_stack": main_thread_stack()}
+
+
+def process_groups() -> dict[str, dict[str, str]]:
+    """Every process group of this rank as the Flight Recorder's pg_config has it ({name: {name, desc, ranks}}),
+    taken from c10d: on gloo the recorder's own pg_config can lack the ranks."""
+    from torch.distributed.distributed_c10d import _world
+
+    groups = {}
+    for group, name in list(_world.pg_names.items()):
+        try:
+            ranks = dist.get_process_group_ranks(group)
+        except (RuntimeError, ValueError):
+            continue
+        groups[name] = {"name": name, "desc": getattr(group, "group_desc", ""), "ranks": str(ranks)}
+    return groups
+
+
+def main_thread_stack() -> list[dict[str, object]]:
+    """Where this rank's main thread is now (innermost last): what it was doing instead of the collective."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    return [{"name": f.name, "filename": f.filename, "line": f.lineno} for f in traceback.extract_stack(frame)] if frame else []
 
 
 def _json_entry(entry: dict) -> dict:

@@ -8,6 +8,7 @@ run real 2-rank jobs (tiny model, gloo, CPU).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -298,3 +299,93 @@ def test_hang_command(tmp_path, capsys):
     assert "never entered" in capsys.readouterr().out
     assert json.loads((tmp_path / "hang.json").read_text())["late_ranks"] == [1]
     assert cli_main(["hang", str(tmp_path / "elsewhere")]) == 1
+
+
+# --- real 2-rank jobs (gloo, CPU, tiny model) ---------------------------------------------------------
+
+slow = pytest.mark.slow
+JOB = ["-m", "fleetscope.trainer", "--device", "cpu", "--parallel", "ddp", "--model", "qwen3_moe", "--preset", "tiny",
+       "--batch-size", "2", "--seq-len", "32", "--set", "observability.clock_round_trips=0"]
+
+
+def _torchrun_command(run_dir: Path, steps: int, *settings: str) -> list[str]:
+    extra = [arg for setting in settings for arg in ("--set", setting)]
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+            *JOB, "--run-dir", str(run_dir), "--steps", str(steps), *extra]
+
+
+def _job(run_dir: Path, steps: int, *settings: str, profile: str = "off") -> subprocess.Popen:
+    command = _torchrun_command(run_dir, steps, *settings)
+    command[command.index("--steps"):command.index("--steps")] = ["--profile", profile]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _trace_steps(manifest, window):
+    return {t.rank: t.steps for t in manifest.traces_in_window(window)}
+
+
+@slow
+def test_a_window_requested_from_another_process_mid_run(tmp_path):
+    run_dir = tmp_path / "run"
+    job = _job(run_dir, 60, "profiler.request_poll_steps=2", "faults.straggle_rank=0", "faults.straggle_ms=100",
+               profile="wait=1,warmup=1,active=2,repeat=1")
+    metrics = RunLayout.at(run_dir).metrics_file(0)
+    deadline = time.monotonic() + 120
+    while (not metrics.exists() or len(metrics.read_text().splitlines()) < 6) and time.monotonic() < deadline:
+        assert job.poll() is None, job.stdout.read()
+        time.sleep(0.2)
+    asked = fleetscope("profile", str(run_dir), "--steps", "2", "--warmup", "1", "--wait", "--timeout", "120")
+    out, _ = job.communicate(timeout=180)
+    assert asked.returncode == 0, asked.stdout + asked.stderr + out[-3000:]
+    assert "accepted: window 1" in asked.stdout and "published: window 1 (2 trace(s))" in asked.stdout
+    assert job.returncode == 0, out[-3000:]
+    manifest = build_manifest(RunLayout.at(run_dir))
+    steps = _trace_steps(manifest, 1)
+    assert steps[0] == steps[1] and len(steps[0]) == 2 and steps[0][0] >= 6, steps
+    assert _trace_steps(manifest, 0) == {0: [2, 3], 1: [2, 3]}
+    assert [(c.window, c.kind, c.request) for c in manifest.captures] == [(1, "requested", 1)]
+    analyzed = fleetscope("analyze", str(run_dir), "--no-hta")
+    assert analyzed.returncode == 0, analyzed.stderr
+    assert "window 1 (requested, steps" in analyzed.stdout
+    report = json.loads(RunLayout.at(run_dir).report_json.read_text())
+    assert [w["window"] for w in report["windows"]] == [0, 1]
+    assert report["capture"]["windows"][0]["kind"] == "requested"
+
+
+@slow
+def test_a_slow_rank_triggers_windows_on_every_rank_and_the_cap_holds(tmp_path):
+    run_dir, slow_from = tmp_path / "run", 6
+    job = _job(run_dir, 34, "profiler.trigger=step_time>5x", "profiler.max_triggered_windows=2",
+               "profiler.trigger_cooldown=2", "faults.straggle_rank=1", "faults.straggle_ms=250",
+               f"faults.slow_from_step={slow_from}")
+    out, _ = job.communicate(timeout=300)
+    assert job.returncode == 0, out[-3000:]
+    layout = RunLayout.at(run_dir)
+    manifest = build_manifest(layout)
+    assert [c.kind for c in manifest.captures] == ["triggered", "triggered"], out[-3000:]
+    for capture in manifest.captures:
+        steps = _trace_steps(manifest, capture.window)
+        assert set(steps) == {0, 1} and steps[0] == steps[1] == list(range(capture.active_start, capture.end))
+        assert min(steps[0]) >= slow_from and "on rank 1" in capture.reason
+    # Without the cap a third would have fired and fit: the next trigger may fire at end + 1 + cooldown, and
+    # its window (agreed 2 steps later, starting 2 after that, 3 steps long) ends by then + 7.
+    assert manifest.captures[-1].end + 1 + 2 + 7 <= 34
+
+
+@slow
+def test_a_hung_rank_is_detected_dumped_and_named(tmp_path):
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    job = _job(run_dir, 30, "faults.hang_rank=1", "faults.hang_step=4", "observability.hang_timeout_s=5",
+               "observability.hang_grace_s=5")
+    out, _ = job.communicate(timeout=240)
+    assert job.returncode != 0 and "exitcode: 86" in out, out[-3000:]
+    assert time.monotonic() - started < 200
+    layout = RunLayout.at(run_dir)
+    assert all(layout.flight_recorder_file(rank).is_file() for rank in (0, 1))
+    hang = fleetscope("hang", str(run_dir))
+    assert hang.returncode == 0, hang.stderr
+    assert "rank(s) [0] wait in collective" in hang.stdout and "that rank(s) [1] never entered" in hang.stdout
+    assert "injected_hang" in hang.stdout

@@ -191,6 +191,15 @@ def test_triggered_windows_are_capped_under_a_permanently_slow_rank(tmp_path):
     assert [r.kind for r in records] == ["triggered", "triggered"] and "on rank 1" in records[0].reason
 
 
+def test_a_resumed_run_numbers_its_windows_after_the_earlier_attempts(tmp_path):
+    layout = RunLayout.at(tmp_path)
+    layout.window_dir(4).mkdir(parents=True)
+    controllers, opened = _controllers(tmp_path, planned=[Window(0, 1, 2, 3)], request_poll_steps=1)
+    submit_request(layout, steps=1, warmup=0, ranks=None)
+    _agree(controllers, 5)
+    assert opened[0] == opened[1] == [Window(5, 7, 7, 8)]
+
+
 def test_rank_step_time_compares_ranks_through_the_agreement(tmp_path):
     controllers, opened = _controllers(tmp_path, world=4, trigger="rank_step_time>2x", trigger_every=5,
                                        on_demand="false")
@@ -379,7 +388,7 @@ def test_a_hung_rank_is_detected_dumped_and_named(tmp_path):
     run_dir = tmp_path / "run"
     started = time.monotonic()
     job = _job(run_dir, 30, "faults.hang_rank=1", "faults.hang_step=4", "observability.hang_timeout_s=5",
-               "observability.hang_grace_s=5")
+               "observability.hang_grace_s=5", profile="wait=1,warmup=1,active=2")
     out, _ = job.communicate(timeout=240)
     assert job.returncode != 0 and "exitcode: 86" in out, out[-3000:]
     assert time.monotonic() - started < 200
@@ -388,4 +397,23 @@ def test_a_hung_rank_is_detected_dumped_and_named(tmp_path):
     hang = fleetscope("hang", str(run_dir))
     assert hang.returncode == 0, hang.stderr
     assert "rank(s) [0] wait in collective" in hang.stdout and "that rank(s) [1] never entered" in hang.stdout
-    assert "injected_hang" in hang.stdout
+    assert "injected_hang" in hang.stdout and "last profiled window: window000" in hang.stdout
+    analyzed = fleetscope("analyze", str(run_dir), "--no-hta")
+    assert "Hang (Flight Recorder)" in analyzed.stdout, analyzed.stdout + analyzed.stderr
+    assert json.loads(layout.report_json.read_text())["capture"]["hang"]["late_ranks"] == [1]
+
+
+def test_the_overhead_benchmark_takes_the_median_of_per_repeat_ratios():
+    from test_bench_plans import load
+
+    bench = load("capture_overhead")
+    def rows(ms, agreement):
+        return [{"step": s, "step_time_ms": ms, "stop_agreement_ms": agreement} for s in range(10)]
+    pairs = [{"off": rows(10.0, 0.1), "on": rows(10.1, 0.1)}, {"off": rows(20.0, 0.2), "on": rows(20.0, 0.3)},
+             {"off": rows(10.0, 0.1), "on": rows(10.4, 0.1)}]
+    summary = bench.summarize(pairs, type("Args", (), dict(device="cpu", nproc=2, preset="tiny", batch=2, seq=64,
+                                                              steps=10, skip=0, sequential=False))())
+    assert [r["median_ratio"] for r in summary["repeats"]] == [1.01, 1.0, 1.04]
+    assert summary["median_ratio_on_off"] == 1.01 and summary["overhead_pct"] == 1.0
+    summary["host_cost_us_per_step"] = {"votes_observe_agreed": 3.0}
+    assert "| 1 | 20.00 | 20.00 | 1.0000 |" in bench.table(summary)

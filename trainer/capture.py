@@ -36,7 +36,7 @@ from ..traces.capture import (
     write_capture_record,
     write_status,
 )
-from ..traces.layout import RunLayout, parse_trace_file_name
+from ..traces.layout import WINDOW_RE, RunLayout, parse_trace_file_name
 from .config import TrainConfig
 from .metrics import StepMetrics
 from .profiling import Window
@@ -48,6 +48,13 @@ REQUEST_SLOT, TRIGGER_SLOT = 0, 1
 FIXED_SLOTS = 2
 FIRST_START_AFTER = 2
 """A window agreed with step p's metrics starts at p + 2 at the earliest: step p + 1 is already running."""
+
+
+def _windows_on_disk(layout: RunLayout) -> list[int]:
+    """Window indices an earlier attempt of the run already used (read before any rank can add one: the
+    first agreement needs every rank): a resumed job numbers its unplanned windows after them."""
+    names = [p.name for p in layout.traces_dir.glob("window*")] + [p.stem for p in layout.captures_dir.glob("window*.json")]
+    return [int(m["index"]) for m in map(WINDOW_RE.match, names) if m]
 
 
 class RequestPoller:
@@ -94,7 +101,7 @@ class CaptureController:
         self._profiler, self._total = config.profiler, config.steps
         self._layout, self._rank, self._world = layout, rank, world_size
         self._known = list(planned)
-        self._next_index = max((w.index for w in planned), default=-1) + 1
+        self._next_index = max([w.index for w in planned] + _windows_on_disk(layout), default=-1) + 1
         self._open_window = open_window
         triggers = parse_triggers(self._profiler.trigger)
         self._local = LocalTriggers(triggers, self._profiler.trigger_history)

@@ -269,7 +269,7 @@ class ObservabilityConfig:
     memory_history_entries: int = 100_000
     """Allocation events kept in the history ring buffer."""
     flight_recorder_entries: int = 2000
-    """PyTorch Flight Recorder ring buffer per rank (TORCH_FR_BUFFER_SIZE, TORCH_NCCL_TRACE_BUFFER_SIZE; set
+    """PyTorch Flight Recorder ring buffer per rank (TORCH_FR_BUFFER_SIZE, gloo and NCCL; set
     before the process group starts unless already in the environment); 0: off."""
     hang_timeout_s: float = 600.0
     """A rank that completes no step for this long dumps its Flight Recorder, asks every rank to dump, and

@@ -1,8 +1,9 @@
 """Flight Recorder in every rank, and a hang detector that dumps it into the run directory.
 
-`enable_flight_recorder` sets PyTorch's ring-buffer variables before the process group starts
-(TORCH_FR_BUFFER_SIZE for gloo and the generic recorder, TORCH_NCCL_TRACE_BUFFER_SIZE for NCCL, plus NCCL's
-own dump on a collective timeout into flight_recorder/nccl_trace_rank_<R>). Values already in the environment win.
+`enable_flight_recorder` sets PyTorch's ring-buffer size before the process group starts
+(TORCH_FR_BUFFER_SIZE, for gloo and NCCL alike; TORCH_NCCL_TRACE_BUFFER_SIZE is its deprecated name), plus
+NCCL's own dump on a collective timeout into flight_recorder/nccl_trace_rank_<R> (a pickle, which fleetscope
+does not read). Values already in the environment win.
 
 `HangWatchdog` is a daemon thread per rank. The loop reports each completed step; when none completes for
 `observability.hang_timeout_s`, the rank writes a hang marker, asks every rank to dump (a flag file every
@@ -35,6 +36,7 @@ log = logging.getLogger("fleetscope.trainer")
 EXIT_HUNG = 86
 """Exit status of a rank stopped by the hang detector."""
 FR_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+"""The recorder's size; the second is its deprecated NCCL-era name (either one set by the user wins)."""
 POLL_S = 1.0
 
 
@@ -42,11 +44,12 @@ def enable_flight_recorder(config: ObservabilityConfig, layout: RunLayout) -> No
     """Call before the process group exists: the recorder reads its size when the group is created."""
     if not config.flight_recorder_entries:
         return
-    for name in FR_VARIABLES:
-        os.environ.setdefault(name, str(config.flight_recorder_entries))
+    if not any(name in os.environ for name in FR_VARIABLES):
+        os.environ[FR_VARIABLES[0]] = str(config.flight_recorder_entries)
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     layout.flight_recorder_dir.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(layout.flight_recorder_dir / "nccl_trace_rank_"))
+    if "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in os.environ:
+        os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(layout.flight_recorder_dir / "nccl_trace_rank_"))
 
 
 def flight_recorder_document(rank: int, reason: str, step: int) -> dict | None:

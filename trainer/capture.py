@@ -88,7 +88,8 @@ class RequestPoller:
 class Unplanned:
     window: Window
     kind: str
-    request: CaptureRequest | None
+    request: int | None
+    """The request number (None: triggered)."""
     ranks: list[int] | None
     published: bool = False
 
@@ -164,8 +165,8 @@ class CaptureController:
             if reason and step >= self._quiet_until and self._may_trigger(step):
                 self._fire("triggered", step, writer=0, reason=f"after step {step}: {reason}",
                            trigger=self._rank_trigger.text)
-        if winner == self._rank or (winner >= 0 and not self._may_trigger(step)):
-            self._trigger_reason = None
+        if winner >= 0 and (winner == self._rank or not self._may_trigger(step)):
+            self._trigger_reason = None  # taken, or capped / cooling down: a new anomaly must fire anew
 
     def _may_trigger(self, step: int) -> bool:
         return self._triggered < self._profiler.max_triggered_windows and step >= self._quiet_until
@@ -192,7 +193,7 @@ class CaptureController:
                                                        f"{warmup + active} steps starting after step {step} completes")
             return
         ranks = request.ranks if request else None
-        self._open(Unplanned(window, "requested", request, ranks))
+        self._open(Unplanned(window, "requested", number, ranks))
         self._status(number, "accepted", window=window, ranks=ranks)
         if self._rank == 0:
             write_capture_record(self._layout, CaptureRecord(
@@ -252,12 +253,9 @@ class CaptureController:
         for item in self._unplanned:
             if not item.published and item.window.end - 1 <= step:
                 item.published = True
-                if item.request is not None or item.kind == "requested":
-                    self._status(self._request_number(item), "published", window=item.window, ranks=item.ranks,
+                if item.request is not None:
+                    self._status(item.request, "published", window=item.window, ranks=item.ranks,
                                  traces=self._traces(item.window.index))
-
-    def _request_number(self, item: Unplanned) -> int:
-        return item.request.number if item.request else -1
 
     def _traces(self, window: int) -> list[str]:
         directory = self._layout.window_dir(window)
@@ -265,7 +263,7 @@ class CaptureController:
 
     def _status(self, number: int, state: str, *, window: Window | None = None, ranks: list[int] | None = None,
                 traces: list[str] | None = None, reason: str = "") -> None:
-        if self._rank != 0 or number < 0:
+        if self._rank != 0:
             return
         fields = dict(window=window.index, warmup_start=window.warmup_start, active_start=window.active_start,
                       end=window.end) if window else {}
@@ -280,7 +278,7 @@ class CaptureController:
         how = f"failed ({type(error).__name__})" if error is not None else "ended"
         for item in self._unplanned:
             if not item.published and item.request is not None:
-                self._status(item.request.number, "aborted", window=item.window, ranks=item.ranks,
+                self._status(item.request, "aborted", window=item.window, ranks=item.ranks,
                              traces=self._traces(item.window.index),
                              reason=f"the job {how} after {steps_done} steps, inside the window "
                                     f"(steps {item.window.warmup_start}-{item.window.end - 1})")

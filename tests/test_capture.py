@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -417,3 +418,36 @@ def test_the_overhead_benchmark_takes_the_median_of_per_repeat_ratios():
     assert summary["median_ratio_on_off"] == 1.01 and summary["overhead_pct"] == 1.0
     summary["host_cost_us_per_step"] = {"votes_observe_agreed": 3.0}
     assert "| 1 | 20.00 | 20.00 | 1.0000 |" in bench.table(summary)
+
+
+SIGNAL_SCRIPT = """
+import sys, time
+from fleetscope.traces.layout import RunLayout
+from fleetscope.trainer.config import ObservabilityConfig
+from fleetscope.trainer.hang import HangWatchdog
+from fleetscope.trainer.preemption import StopRequests
+import torch
+stops = StopRequests(torch.device("cpu"))
+watchdog = HangWatchdog(ObservabilityConfig(hang_timeout_s=600), RunLayout.at(sys.argv[1]), 3, 4).start()
+print("ready", flush=True)
+time.sleep(60)   # the main thread never reaches a step boundary
+"""
+
+
+def test_a_stop_signal_dumps_the_flight_recorder_while_the_main_thread_is_blocked(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", SIGNAL_SCRIPT, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "TORCH_FR_BUFFER_SIZE": "10"})
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        child.send_signal(signal.SIGTERM)
+        dump = RunLayout.at(tmp_path).flight_recorder_file(3)
+        deadline = time.monotonic() + 20
+        while not dump.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert dump.exists() and child.poll() is None
+        document = json.loads(dump.read_text())
+        assert document["reason"] == "stop_signal" and document["rank"] == 3
+        assert any(frame["name"] == "<module>" for frame in document["python_stack"])
+    finally:
+        child.kill()
+        child.wait()

@@ -10,7 +10,9 @@ does not read). Values already in the environment win.
 watchdog looks for once a second), dumps its own buffer, waits up to `hang_grace_s` for the other ranks'
 dumps and ends the process with EXIT_HUNG, which makes torchrun / srun stop the rest of the job. A rank
 blocked inside a collective still runs this thread: the collective's wait releases the GIL.
-The dumps are also written when a rank fails (a collective timeout raises) and when it stops on a signal.
+The dumps are also written when a rank fails (a collective timeout raises) and as soon as a stop signal
+(SIGTERM, SIGUSR1/2: preemption, requeue, time limit) arrives, even in a rank blocked in a collective: the
+watchdog reads the signal numbers from the wakeup pipe of `signal.set_wakeup_fd`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import select
+import signal
 import sys
 import threading
 import time
@@ -30,6 +34,7 @@ from ..traces.capture import now_iso
 from ..traces.flight_recorder import HangMarker, write_dump, write_hang_marker
 from ..traces.layout import RunLayout
 from .config import ObservabilityConfig
+from .preemption import STOP_SIGNALS
 
 log = logging.getLogger("fleetscope.trainer")
 
@@ -101,6 +106,26 @@ def dump_flight_recorder(layout: RunLayout, rank: int, reason: str, step: int) -
     return True
 
 
+STOP_SIGNAL_NUMBERS = frozenset(int(sig) for sig in STOP_SIGNALS)
+
+
+def _signal_pipe() -> tuple[int, int] | None:
+    """A pipe that receives the number of every signal with a Python handler (signal.set_wakeup_fd); None off
+    the main thread, or when something else already owns the wakeup fd."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    os.set_blocking(write_fd, False)
+    previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    if previous != -1:
+        signal.set_wakeup_fd(previous)  # someone else's: leave it to them
+        os.close(read_fd)
+        os.close(write_fd)
+        return None
+    return read_fd, write_fd
+
+
 class HangWatchdog:
     """Detects a rank that stops making progress; see the module docstring. `progress(steps_done)` each step."""
 
@@ -115,9 +140,11 @@ class HangWatchdog:
         self._dumped = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._wakeup: tuple[int, int] | None = None
 
     def start(self) -> "HangWatchdog":
         if self._timeout > 0:
+            self._wakeup = _signal_pipe()
             self._thread = threading.Thread(target=self._watch, name="fleetscope-hang-watchdog", daemon=True)
             self._thread.start()
         return self
@@ -128,6 +155,9 @@ class HangWatchdog:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._wakeup is not None and threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(-1)
+            self._wakeup = None  # the thread closes the pipe when it sees the stop
 
     def dump(self, reason: str) -> None:
         """Dump this rank's buffer once (later calls do nothing)."""
@@ -136,12 +166,40 @@ class HangWatchdog:
             dump_flight_recorder(self._layout, self._rank, reason, self._steps_done)
 
     def _watch(self) -> None:
-        while not self._stop.wait(min(POLL_S, self._timeout / 4)):
-            stalled = time.monotonic() - self._last
-            if self._armed and stalled > self._timeout:
-                self._on_hang(stalled)
-            elif not self._dumped and self._fresh(self._layout.dump_request_flag):
-                self.dump("dump_requested")
+        pipe = self._wakeup
+        try:
+            while not self._stop.is_set():
+                if self._wait_for_signal(pipe, min(POLL_S, self._timeout / 4)):
+                    self.dump("stop_signal")
+                self._check()
+        finally:
+            for fd in pipe or ():
+                os.close(fd)
+
+    def _wait_for_signal(self, pipe: tuple[int, int] | None, timeout: float) -> bool:
+        """Sleep up to `timeout`; True when a stop signal arrived meanwhile. The C-level handler writes the
+        signal number to the wakeup pipe at once, even while the main thread is blocked in a collective and
+        the Python handler (preemption.StopRequests) cannot run yet."""
+        if pipe is None:
+            self._stop.wait(timeout)
+            return False
+        readable, _, _ = select.select([pipe[0]], [], [], timeout)
+        if not readable:
+            return False
+        try:
+            received = os.read(pipe[0], 64)
+        except BlockingIOError:
+            return False
+        return any(number in received for number in STOP_SIGNAL_NUMBERS)
+
+    def _check(self) -> None:
+        if self._stop.is_set():
+            return
+        stalled = time.monotonic() - self._last
+        if self._armed and stalled > self._timeout:
+            self._on_hang(stalled)
+        elif not self._dumped and self._fresh(self._layout.dump_request_flag):
+            self.dump("dump_requested")
 
     def _on_hang(self, stalled: float) -> None:
         log.error("rank %d: no step completed for %.0f s after %d steps: dumping the Flight Recorder and "

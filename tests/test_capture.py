@@ -232,6 +232,12 @@ def test_gather_copies_capture_records_and_expects_only_the_chosen_ranks(tmp_pat
     assert [(m.rank, m.window) for m in manifest.missing] == [(1, 0)]
     section = capture_section(layout)
     assert section.windows[0].kind == "requested" and "requested by" in section.windows[0].why
+    from fleetscope.analysis.render.capture_html import capture_html
+    from fleetscope.analysis.report.model import Report
+    report = Report(created_at="now", source_path=str(tmp_path), source_kind="run_dir", world_size=2, complete=True,
+                    capture=section)
+    assert "<h2>Unplanned windows</h2>" in capture_html(report) and "requested by" in capture_html(report)
+    assert Report.from_json(json.loads(json.dumps(report.to_json()))).capture == section
 
 
 def test_profile_command_refuses_what_it_cannot_do(tmp_path, capsys):
@@ -451,3 +457,16 @@ def test_a_stop_signal_dumps_the_flight_recorder_while_the_main_thread_is_blocke
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_hang_report_round_trips_through_report_json(tmp_path):
+    from fleetscope.analysis.render.capture_html import capture_html
+    from fleetscope.analysis.render.terminal import render_terminal
+    from fleetscope.analysis.report.model import Report
+
+    layout = _hang_dir(tmp_path)
+    report = Report(created_at="now", source_path=str(tmp_path), source_kind="run_dir", world_size=2, complete=True,
+                    capture=capture_section(layout))
+    again = Report.from_json(json.loads(json.dumps(report.to_json())))
+    assert again.capture == report.capture and again.capture.hang.late_rank_stacks.keys() == {1}
+    assert "Hang (Flight Recorder)" in render_terminal(again) and "never entered" in capture_html(again)

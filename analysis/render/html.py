@@ -11,6 +11,7 @@ from fleetscope.analysis.render.open_in_perfetto import StepRanges
 from fleetscope.analysis.per_rank.collectives import step_label
 from fleetscope.analysis.per_rank.utilization import Utilization
 from fleetscope.analysis.render import svg
+from fleetscope.analysis.render.capture_html import capture_html
 from fleetscope.analysis.render.evidence_html import evidence_sections
 from fleetscope.analysis.report.model import RankSummary, Report, WindowReport
 
@@ -49,6 +50,7 @@ def render_html(report: Report, *, trace_ranges: StepRanges | None = None) -> st
         _kernel_section(report),
         _straggler_section(report, trace_ranges),
         evidence_sections(report),
+        capture_html(report),
         _clock_section(report),
         _hta_section(report),
         perfetto.help_box(),

@@ -20,6 +20,8 @@ from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 WAIT_POLL_S = 0.5
 ENDED_GRACE_S = 10.0
 """After job.json says the job ended, how long `--wait` still waits for rank 0's last status."""
+QUIET_NOTE_S = 120.0
+"""`--wait` says so once when rank 0 has recorded no step for this long (a job without job.json may be gone)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -80,9 +82,13 @@ def handle_profile(args: argparse.Namespace) -> int:
 
 def wait_for_request(layout: RunLayout, request: CaptureRequest, *, timeout_s: float) -> int:
     """Print each state the request reaches; EXIT_OK once its traces are published."""
-    started, shown, ended_at = time.monotonic(), None, None
+    started, shown, ended_at, quiet_noted = time.monotonic(), None, None, False
     while True:
         status = read_status(layout, request.number)
+        if not quiet_noted and shown is None and _seconds_since_last_step(layout) > QUIET_NOTE_S:
+            quiet_noted = True
+            print(f"note: no rank 0 step recorded for over {QUIET_NOTE_S:.0f} s; the job may have stopped "
+                  "(still waiting: Ctrl-C or --timeout)", flush=True)
         if status is not None and status.state != shown:
             shown = status.state
             print(describe_status(status), flush=True)
@@ -111,6 +117,14 @@ def describe_status(status: RequestStatus) -> str:
         return f"published: window {status.window} ({len(status.traces)} trace(s)):\n" + "\n".join(
             f"  {t}" for t in status.traces)
     return f"{status.state.replace('_', ' ')}: {status.reason}"
+
+
+def _seconds_since_last_step(layout: RunLayout) -> float:
+    """Seconds since rank 0 last wrote a step record (0 when it never did: the job may be starting)."""
+    try:
+        return time.time() - layout.metrics_file(0).stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _job_ended(layout: RunLayout) -> str | None:

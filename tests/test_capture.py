@@ -470,3 +470,14 @@ def test_the_hang_report_round_trips_through_report_json(tmp_path):
     again = Report.from_json(json.loads(json.dumps(report.to_json())))
     assert again.capture == report.capture and again.capture.hang.late_rank_stacks.keys() == {1}
     assert "Hang (Flight Recorder)" in render_terminal(again) and "never entered" in capture_html(again)
+
+
+def test_profile_wait_notes_a_silent_job_and_gives_up_at_its_timeout(tmp_path):
+    metrics = RunLayout.at(tmp_path).metrics_file(0)
+    metrics.parent.mkdir()
+    metrics.write_text("")
+    os.utime(metrics, (time.time() - 3600, time.time() - 3600))
+    asked = fleetscope("profile", str(tmp_path), "--wait", "--timeout", "1")
+    assert asked.returncode == 1
+    assert "note: no rank 0 step recorded for over 120 s" in asked.stdout
+    assert "gave up after 1 s; the request stays in place (state: not seen yet)" in asked.stdout

@@ -32,7 +32,7 @@ from .models import build_model
 from .observability import MemorySnapshots, mllog_line
 from .preemption import LEVEL_NONE, LEVEL_NOTICE, StopReason, StopRequests
 from .parallel import parallelize
-from .profiling import PublishedTrace, WindowedProfiler, plan_windows
+from .profiling import PublishedTrace, Window, WindowedProfiler, plan_windows
 from .runtime import Runtime
 
 log = logging.getLogger("fleetscope.trainer")
@@ -323,7 +323,8 @@ class TrainingRun:
             return self.stops.agreed_flag(self.capture.votes(step))
         return None
 
-    def _open_window(self, window) -> None:
+    def _open_window(self, window: Window) -> None:
+        """An unplanned window this rank records (trainer/capture.py agreed it with every rank)."""
         self.profiler.add_window(window)
         self.profiled_steps.update(range(window.warmup_start, window.end))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fleetscope.traces.outputs import guard_output
 from fleetscope.traces.safe_read import InputRefused, read_metadata
+from fleetscope.analysis.cross_rank.capture import capture_section
 from fleetscope.analysis.cross_rank.placement import place_traces
 from fleetscope.analysis.cross_rank.records import trainer_evidence
 from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
@@ -69,6 +70,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         link_peak_gbps=link_peak_gbps,
         trainer=trainer_evidence(inputs.layout, placement.results, inputs.world_size),
     )
+    report.capture = capture_section(inputs.layout, inputs.world_size)
     _write_outputs(report, json_out, html_out)
     return report
 

@@ -20,6 +20,7 @@ from ..traces.outputs import guard_output
 from ..traces.validate import UsageError
 from .jobargs import add_job_arguments, job_spec_from_args
 from .pipeline import describe_manifest, postprocess
+from .capture_commands import register as register_capture
 from .query_command import register as register_query
 from .render import print_failed_job, print_outputs, print_state_change, print_submitted, render_status
 
@@ -364,5 +365,5 @@ def progress_printer(label: str):
 
 REGISTRY = [
     register_launch, register_train, register_collect, register_gather, register_analyze, register_merge,
-    register_postprocess, register_demo, register_compare, register_query,
+    register_postprocess, register_demo, register_compare, register_query, register_capture,
 ]

@@ -248,7 +248,7 @@ def test_the_api_module_imports_neither_transformers_nor_scheduler_packages():
                                         check=True).stdout.split()
     others = [m for m in fleetscope_modules if not m.startswith("fleetscope.traces")]
     assert others == ["fleetscope.trainer", "fleetscope.trainer.config", "fleetscope.trainer.families",
-                      "fleetscope.trainer.profiling", "fleetscope.trainer.user_profiling"]
+                      "fleetscope.trainer.profiling", "fleetscope.trainer.triggers", "fleetscope.trainer.user_profiling"]
 
 
 # --- collecting traces a program wrote itself ------------------------------------------------------------------

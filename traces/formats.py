@@ -42,6 +42,8 @@ INJECTED_LEAK = INJECTED_PREFIX + "leak"
 """faults.leak_mb_per_step: the allocation of the tensors kept alive."""
 INJECTED_SLOW_PHASE = INJECTED_PREFIX + "slow_phase"
 """faults.slow_phase*: a sleep inside the forward / backward / optimizer_step range."""
+INJECTED_HANG = INJECTED_PREFIX + "hang"
+"""faults.hang_rank / hang_step: a rank that blocks forever before its step's collectives."""
 
 
 def step_marker(step: int) -> str:

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .capture import read_capture_records
 from .kineto import TraceReadError, decode_trace, distributed_rank, profiler_steps, read_raw
 from .layout import TRACE_SUFFIX, WINDOW_RE, RunLayout, parse_trace_file_name
 from .manifest import Manifest, MissingRank, TraceProblem, TraceRecord, save_manifest, split_duplicates
 from .safe_read import InputRefused, entry_problem, read_metadata
-from .validate import checked_world_size, missing_below, rank_problem
+from .validate import checked_world_size, MAX_LISTED_RANKS, missing_below, rank_problem
 
 _PARALLEL_THRESHOLD = 4
 
@@ -53,7 +54,9 @@ def build_manifest(layout: RunLayout, *, workers: int | None = None) -> Manifest
     world_size = _expected_world_size(layout, traces)
     traces, foreign = _consistent_with(traces, world_size)
     problems += foreign
-    missing, missing_total = _missing_ranks(layout, traces, world_size)
+    captures, capture_problems = read_capture_records(layout)
+    problems += [TraceProblem(path=p.split(":", 1)[0], reason=p.split(": ", 1)[1]) for p in capture_problems]
+    missing, missing_total = _missing_ranks(layout, traces, world_size, captures)
     return Manifest(
         run_dir=str(layout.root),
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -62,6 +65,7 @@ def build_manifest(layout: RunLayout, *, workers: int | None = None) -> Manifest
         problems=sorted(problems, key=lambda p: p.path),
         missing=missing,
         missing_total=missing_total if missing_total > len(missing) else None,
+        captures=captures,
     )
 
 
@@ -166,17 +170,24 @@ def _expected_world_size(layout: RunLayout, traces: list[TraceRecord]) -> int | 
     return checked_world_size(max((t.rank for t in traces), default=-1) + 1 or None)
 
 
-def _missing_ranks(layout: RunLayout, traces: list[TraceRecord],
-                   world_size: int | None) -> tuple[list[MissingRank], int]:
-    """(the first missing ranks of each window, how many are missing in all): bounded whatever size is declared."""
+def _missing_ranks(layout: RunLayout, traces: list[TraceRecord], world_size: int | None,
+                   captures: list | None = None) -> tuple[list[MissingRank], int]:
+    """(the first missing ranks of each window, how many are missing in all): bounded whatever size is
+    declared; a requested window limited to some ranks expects only those."""
     if not world_size:
         return [], 0
+    chosen = {c.window: set(c.ranks) for c in captures or [] if c.ranks is not None}
     windows = sorted({t.window for t in traces if t.window is not None})
     if not windows and layout.traces_dir.is_dir():
         windows = sorted(_window_of(d) for d in layout.traces_dir.glob("window*") if _window_of(d) is not None)
     missing, total = [], 0
     for window in windows or [None]:
-        listed, count = missing_below(world_size, {t.rank for t in traces if t.window == window})
+        present = {t.rank for t in traces if t.window == window}
+        if window in chosen:
+            absent = sorted(chosen[window] - present)
+            listed, count = absent[:MAX_LISTED_RANKS], len(absent)
+        else:
+            listed, count = missing_below(world_size, present)
         missing += [MissingRank(rank=r, window=window) for r in listed]
         total += count
     return missing, total

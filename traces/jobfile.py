@@ -7,10 +7,12 @@ what is there and replaces the file atomically, so a reader never sees a half-wr
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime, timezone
 from typing import Any
 
 from .layout import RunLayout
+from .safe_read import read_metadata
 from .writer import write_bytes_atomically
 
 FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -23,10 +25,11 @@ def now_iso() -> str:
 
 def read_job_record(layout: RunLayout) -> dict[str, Any]:
     try:
-        return json.loads(layout.job_file.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as error:
+        if not os.path.lexists(layout.job_file):
+            return {}
+        record = json.loads(read_metadata(layout.job_file, within=layout.root))
+        return record if isinstance(record, dict) else {}
+    except (OSError, ValueError, RecursionError) as error:
         raise ValueError(f"{layout.job_file}: unreadable job record: {error}") from error
 
 

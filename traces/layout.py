@@ -14,6 +14,9 @@ Every path a writer or a reader uses is built here, so the two can never disagre
       report/                  report.json, report.html, merged.perfetto-trace
       checkpoints/
       memory/rank<R>.<when>.pickle   CUDA allocator snapshots (open at pytorch.org/memory_viz)
+      requests/request<N>.json        on-demand profiling requests (`fleetscope profile`); .status.json beside
+      captures/window<NNN>.json       why an unplanned window was recorded (requested or triggered)
+      flight_recorder/rank<R>.json    Flight Recorder dump of a rank; hang.rank<R>.json: who saw no progress
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ LOGS_DIR = "logs"
 REPORT_DIR = "report"
 CHECKPOINTS_DIR = "checkpoints"
 MEMORY_DIR = "memory"
+REQUESTS_DIR = "requests"
+CAPTURES_DIR = "captures"
+FLIGHT_RECORDER_DIR = "flight_recorder"
 COMPILE_SUFFIX = ".compile.json"
 MOE_SUFFIX = ".moe.jsonl"
 STEP_METRICS_RE = re.compile(r"^rank(?P<rank>\d+)\.jsonl$")
@@ -180,6 +186,43 @@ class RunLayout:
 
     def trace_file(self, window: int, rank: int, host: str, attempt: int = 0) -> Path:
         return self.window_dir(window) / trace_file_name(rank, host, attempt)
+
+    @property
+    def requests_dir(self) -> Path:
+        return self.root / REQUESTS_DIR
+
+    def request_file(self, number: int) -> Path:
+        """`requests/request<N>.json`: one on-demand profiling request (traces/capture.py)."""
+        return self.requests_dir / f"request{number}.json"
+
+    def request_status_file(self, number: int) -> Path:
+        """`requests/request<N>.status.json`: what became of request N (written by rank 0)."""
+        return self.requests_dir / f"request{number}.status.json"
+
+    @property
+    def captures_dir(self) -> Path:
+        return self.root / CAPTURES_DIR
+
+    def capture_record(self, window: int) -> Path:
+        """`captures/window<NNN>.json`: why unplanned window NNN was recorded."""
+        return self.captures_dir / f"{window_name(window)}.json"
+
+    @property
+    def flight_recorder_dir(self) -> Path:
+        return self.root / FLIGHT_RECORDER_DIR
+
+    def flight_recorder_file(self, rank: int) -> Path:
+        """`flight_recorder/rank<R>.json`: the rank's Flight Recorder entries (traces/flight_recorder.py)."""
+        return self.flight_recorder_dir / f"rank{rank}.json"
+
+    def hang_marker(self, rank: int) -> Path:
+        """`flight_recorder/hang.rank<R>.json`: rank R saw no step progress for too long."""
+        return self.flight_recorder_dir / f"hang.rank{rank}.json"
+
+    @property
+    def dump_request_flag(self) -> Path:
+        """`flight_recorder/dump-requested`: present once any rank asks every rank to dump."""
+        return self.flight_recorder_dir / "dump-requested"
 
     def is_run_dir(self) -> bool:
         """A run directory has a job file, a manifest, or a traces/ folder."""

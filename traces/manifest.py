@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from .capture import CaptureRecord
 from .layout import RunLayout
 from .safe_read import InputRefused, read_metadata
 from .validate import relative_path_problem, rank_problem, world_size_problem
@@ -63,6 +64,8 @@ class Manifest:
     missing: list[MissingRank] = field(default_factory=list)
     missing_total: int | None = None
     """How many ranks are missing in all when `missing` lists only the first ones (validate.py)."""
+    captures: list[CaptureRecord] = field(default_factory=list)
+    """Unplanned windows: requested (by whom, when) or triggered (why); traces/capture.py."""
     version: int = MANIFEST_VERSION
 
     @property
@@ -95,10 +98,12 @@ class Manifest:
         traces, problems = _entries(data, "traces", TraceRecord, _record_problem)
         listed, more = _entries(data, "problems", TraceProblem, lambda p: None)
         missing, bad_missing = _entries(data, "missing", MissingRank, lambda m: rank_problem(m.rank))
+        captures, bad_captures = _entries(data, "captures", CaptureRecord, _capture_problem)
         kept, duplicates = split_duplicates(traces)
         return cls(run_dir=str(data.get("run_dir", "")), created_at=str(data.get("created_at", "")),
                    world_size=data.get("world_size"), traces=kept,
-                   problems=problems + more + bad_missing + listed + duplicates, missing=missing,
+                   problems=problems + more + bad_missing + bad_captures + listed + duplicates, missing=missing,
+                   captures=captures,
                    missing_total=data.get("missing_total") if type(data.get("missing_total")) is int else None)
 
     def resolve(self, record: TraceRecord) -> Path:
@@ -128,6 +133,19 @@ def _entries(data: dict, key: str, kind: type, check) -> tuple[list, list["Trace
             bad.append(TraceProblem(path=(named or f"manifest.json {key}[{index}]")[:300],
                                     reason=f"manifest entry {key}[{index}]: {why}: not used"))
     return good, bad
+
+
+def _capture_problem(record: CaptureRecord) -> str | None:
+    """An unplanned window's record names a window and (when limited) real ranks, bounded in number."""
+    if record.window < 0:
+        return f"window {record.window} is negative"
+    if record.ranks is not None and len(record.ranks) > MAX_CAPTURE_RANKS:
+        return f"{len(record.ranks)} ranks listed (at most {MAX_CAPTURE_RANKS})"
+    return next((why for why in map(rank_problem, record.ranks or []) if why), None)
+
+
+MAX_CAPTURE_RANKS = 1 << 20
+"""As many ranks as a believable world size (validate.py)."""
 
 
 def _record_problem(record: "TraceRecord") -> str | None:

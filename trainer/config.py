@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .families import EP_MODEL_TYPES, FAMILIES, PRESETS
+from .triggers import parse_triggers
 
 ParallelMode = Literal["ddp", "fsdp", "tp", "fsdp_tp"]
 PARALLEL_MODES: tuple[str, ...] = typing.get_args(ParallelMode)
@@ -138,11 +139,40 @@ class ProfilerSchedule:
     """Record Python stacks (large traces)."""
     profile_memory: bool = False
     """Record allocations."""
+    on_demand: bool = True
+    """Honour `fleetscope profile` requests (rank 0 looks for them at step boundaries)."""
+    request_poll_steps: int = 10
+    """Rank 0 looks for new requests every this many steps ..."""
+    request_poll_seconds: float = 5.0
+    """... or when this many seconds passed since it last looked, whichever comes first."""
+    trigger: str = ""
+    """Anomaly triggers that record a window on every rank, e.g. `step_time>2x,rank_step_time>1.5x`
+    (trainer/triggers.py); empty: none."""
+    trigger_history: int = 20
+    """Steps in the rolling median that relative step_time / data_time triggers compare against."""
+    trigger_every: int = 10
+    """rank_step_time: compare the ranks' step times every this many steps."""
+    trigger_warmup: int = 1
+    """Warmup steps of a triggered window."""
+    trigger_active: int = 2
+    """Recorded steps of a triggered window."""
+    max_triggered_windows: int = 2
+    """At most this many triggered windows per run attempt (a sick job cannot fill the disk)."""
+    trigger_cooldown: int = 50
+    """Steps after a triggered window ends before a trigger may fire again."""
 
     def __post_init__(self) -> None:
-        for name in ("skip_first", "wait", "warmup", "repeat"):
+        for name in ("skip_first", "wait", "warmup", "repeat", "trigger_warmup", "max_triggered_windows",
+                     "trigger_cooldown"):
             require(getattr(self, name) >= 0, f"profiler.{name}", f"must be >= 0, got {getattr(self, name)}")
         require(self.active >= 1, "profiler.active", f"must be >= 1, got {self.active}")
+        for name in ("request_poll_steps", "trigger_history", "trigger_every", "trigger_active"):
+            require(getattr(self, name) >= 1, f"profiler.{name}", f"must be >= 1, got {getattr(self, name)}")
+        require(self.request_poll_seconds > 0, "profiler.request_poll_seconds", "must be > 0")
+        try:
+            parse_triggers(self.trigger)
+        except ValueError as error:
+            raise ConfigError(f"profiler.trigger: {error}") from None
 
     @property
     def cycle_steps(self) -> int:
@@ -270,9 +300,20 @@ class ObservabilityConfig:
     `moe_flush_steps` steps and at the end of the run."""
     moe_flush_steps: int = 100
     """Steps kept on the device before the MoE records are copied to the host and written (bounds memory)."""
+    flight_recorder_entries: int = 2000
+    """PyTorch Flight Recorder ring buffer per rank (TORCH_FR_BUFFER_SIZE, gloo and NCCL; set
+    before the process group starts unless already in the environment); 0: off."""
+    hang_timeout_s: float = 600.0
+    """A rank that completes no step for this long dumps its Flight Recorder, asks every rank to dump, and
+    stops the job (trainer/hang.py); 0: no hang detector."""
+    hang_grace_s: float = 15.0
+    """After a hang is detected, how long a rank waits for the other ranks' dumps before it exits."""
 
     def __post_init__(self) -> None:
         require(self.clock_round_trips >= 0, "observability.clock_round_trips", "must be >= 0")
+        require(self.flight_recorder_entries >= 0, "observability.flight_recorder_entries", "must be >= 0")
+        require(self.hang_timeout_s >= 0, "observability.hang_timeout_s", "must be >= 0")
+        require(self.hang_grace_s >= 0, "observability.hang_grace_s", "must be >= 0")
         require(self.memory_snapshot_step >= -1, "observability.memory_snapshot_step", "must be >= -1")
         require(self.memory_history_entries >= 1, "observability.memory_history_entries", "must be >= 1")
         require(self.moe_flush_steps >= 1, "observability.moe_flush_steps", f"must be >= 1, got {self.moe_flush_steps}")
@@ -325,6 +366,12 @@ class FaultConfig:
     expert_skew: float = 0.0
     """Zipf-like load skew: expert e's router logit gets -expert_skew * ln(e + 1) added, so softmax router
     probabilities scale like (e + 1)^-expert_skew before top-k; 0: off."""
+    slow_from_step: int = -1
+    """The straggle fault (straggle_rank, straggle_ms) starts at this step; -1: from the first step."""
+    hang_rank: int = -1
+    """Rank that blocks forever before its step's collectives at `hang_step` (a hang to detect); -1: none."""
+    hang_step: int = 0
+    """Step at which `hang_rank` blocks."""
 
     def __post_init__(self) -> None:
         require(self.crash_step >= 0, "faults.crash_step", "must be >= 0")
@@ -337,6 +384,8 @@ class FaultConfig:
                  f"must be one of {typing.get_args(SlowPhase)}, got {self.slow_phase!r}")
         require(self.slow_phase_ms >= 0, "faults.slow_phase_ms", f"must be >= 0, got {self.slow_phase_ms}")
         require(self.slow_phase_rank >= -1, "faults.slow_phase_rank", f"must be >= -1, got {self.slow_phase_rank}")
+        require(self.slow_from_step >= -1, "faults.slow_from_step", f"must be >= -1, got {self.slow_from_step}")
+        require(self.hang_step >= 0, "faults.hang_step", f"must be >= 0, got {self.hang_step}")
         require(self.slow_phase == "none" or self.slow_phase_ms > 0, "faults.slow_phase_ms",
                  f"must be > 0 when faults.slow_phase is {self.slow_phase!r}")
         require(self.hot_expert >= -1, "faults.hot_expert", f"must be >= -1, got {self.hot_expert}")
@@ -351,6 +400,10 @@ class FaultConfig:
     def data_delay_for(self, rank: int) -> float:
         """ms of injected data-loading delay per batch on `rank`."""
         return self.data_delay_ms if rank == self.data_delay_rank else 0.0
+
+    def straggles(self, rank: int, step: int) -> bool:
+        """Whether the straggle fault delays `rank` at `step`."""
+        return rank == self.straggle_rank and self.straggle_ms > 0 and step >= self.slow_from_step
 
     def slow_phase_delay(self, phase: str, rank: int) -> float:
         """ms of injected delay inside `phase` on `rank`."""

@@ -11,6 +11,7 @@ from .config import TrainConfig
 from ..traces.layout import RunLayout
 from .loop import Preempted, train
 from .models import check_model_support
+from .hang import enable_flight_recorder
 from .observability import measure_clock
 from .preemption import EXIT_PREEMPTED, StopReason
 from .runtime import init_runtime
@@ -32,6 +33,7 @@ def run(config: TrainConfig) -> int:
 
 def run_rank(config: TrainConfig) -> RankOutcome:
     check_model_support(config.model, config.parallel, config.faults)
+    enable_flight_recorder(config.observability, RunLayout.at(config.run_dir))
     runtime = init_runtime(config)
     try:
         measure_clock(config.observability, RunLayout.at(config.run_dir))

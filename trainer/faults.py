@@ -13,6 +13,7 @@ compiled region breaks the graph anyway.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -22,6 +23,7 @@ from torch.utils.data import default_collate
 
 from ..traces.formats import INJECTED_DATA_DELAY as DATA_DELAY
 from ..traces.formats import INJECTED_GRAPH_BREAK as GRAPH_BREAK
+from ..traces.formats import INJECTED_HANG as HANG
 from ..traces.formats import INJECTED_LEAK as LEAK
 from ..traces.formats import INJECTED_SLOW_PHASE as SLOW_PHASE
 from ..traces.formats import INJECTED_SYNC as SYNC
@@ -124,3 +126,12 @@ class MemoryLeak:
         if not self.active:
             return None
         return sum(t.numel() for t in self._kept) / 2**20
+
+
+def injected_hang(rank: int, step: int) -> None:
+    """Block forever before the step's collectives (faults.hang_rank / hang_step): the others wait in one."""
+    logging.getLogger("fleetscope.trainer").warning("rank %d blocks forever at step %d (faults.hang_rank)",
+                                                    rank, step)
+    with record_function(HANG):
+        while True:
+            time.sleep(3600)

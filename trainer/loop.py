@@ -25,7 +25,9 @@ from .flops import FlopModel, flop_model, peak_tflops
 from .loss import CausalLMTrainingModule
 from .comm_timing import Clock, DdpCommTimer, StepBuckets, TimedSpan
 from .compile_record import CompileWatch
-from .faults import MemoryLeak, install_layer_faults, slow_phase
+from .capture import CaptureController
+from .faults import MemoryLeak, injected_hang, install_layer_faults, slow_phase
+from .hang import HangWatchdog
 from .moe_stats import MoeStats
 from .metrics import MemorySample, MetricsWriter, PhaseTimer, StepMemory, StepMetrics, StepTiming
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -33,7 +35,7 @@ from .models import build_model
 from .observability import MemorySnapshots, mllog_line
 from .preemption import LEVEL_NONE, LEVEL_NOTICE, StopReason, StopRequests
 from .parallel import parallelize
-from .profiling import PublishedTrace, WindowedProfiler, plan_windows
+from .profiling import PublishedTrace, Window, WindowedProfiler, plan_windows
 from .runtime import Runtime
 
 log = logging.getLogger("fleetscope.trainer")
@@ -207,7 +209,9 @@ def inject_faults(step: int, config: TrainConfig, runtime: Runtime) -> None:
         raise InjectedFault(f"injected crash on rank {runtime.rank} at step {step} (faults.crash_rank)")
     if runtime.rank == faults.signal_rank and step == faults.signal_step:
         os.kill(os.getpid(), signal.SIGUSR1)
-    if runtime.rank == faults.straggle_rank and faults.straggle_ms > 0:
+    if runtime.rank == faults.hang_rank and step == faults.hang_step:
+        injected_hang(runtime.rank, step)
+    if faults.straggles(runtime.rank, step):
         with torch.profiler.record_function(INJECTED_DELAY):
             time.sleep(faults.straggle_ms / 1e3)
 
@@ -291,6 +295,9 @@ class TrainingRun:
         self.clock = Clock(runtime.use_cuda)
         self._window_ended = False
         self.history: list[StepMetrics] = []
+        self.capture = CaptureController(config=config, layout=self.layout, rank=runtime.rank,
+                                         world_size=runtime.world_size, planned=windows, open_window=self._open_window)
+        self.watchdog = HangWatchdog(config.observability, self.layout, runtime.rank, runtime.world_size).start()
 
     def _resume(self) -> None:
         found = latest_checkpoint(self.layout) if self.config.checkpoint.resume else None
@@ -315,6 +322,7 @@ class TrainingRun:
                     if self.state.moe is not None:
                         self.state.moe.end_step(step)
                 self.memory.after_step(step)
+                self.watchdog.progress(step + 1)
                 self.state.step = step + 1
                 launched = self._launched(step, loss)
                 # The previous step's GPU work is done or nearly so: reading it costs no stall.
@@ -326,7 +334,14 @@ class TrainingRun:
             if pending is not None and (level := self._finish(pending)):
                 self._stop_for_scheduler(level)
             self._maybe_save_at_exit()
+        except BaseException as error:
+            self.watchdog.dump("stop_signal" if isinstance(error, Preempted) else "error")
+            self.capture.close(self.state.step, None if isinstance(error, Preempted) else error)
+            raise
+        else:
+            self.capture.close(self.state.step, None)
         finally:
+            self.watchdog.stop()
             self.profiler.close()
             self.writer.close()
             if self.state.moe is not None:
@@ -346,7 +361,7 @@ class TrainingRun:
         buckets = self.state.comm_timer.finish_step() if self.state.comm_timer is not None else None
         leaked = self.state.leak.kept_mb if self.state.leak is not None else None
         start = self.clock.now()
-        flag = self._stop_flag()
+        flag = self._stop_flag(step)
         agreement = TimedSpan(self.clock, start, self.clock.now()) if flag is not None else None
         return PendingStep(step, loss, timing, step in self.profiled_steps, flag, memory=memory, buckets=buckets,
                            agreement=agreement, compiled_frames=compiled, leaked_mb=leaked)
@@ -358,8 +373,16 @@ class TrainingRun:
             self.memory.on_out_of_memory()
             raise
 
-    def _stop_flag(self) -> torch.Tensor | None:
-        return self.stops.agreed_flag() if self.runtime.world_size > 1 or self.stops.requested_by else None
+    def _stop_flag(self, step: int) -> torch.Tensor | None:
+        """The stop-level agreement after `step`, carrying the capture votes (trainer/capture.py)."""
+        if self.runtime.world_size > 1 or self.stops.requested_by or self.capture.active:
+            return self.stops.agreed_flag(self.capture.votes(step))
+        return None
+
+    def _open_window(self, window: Window) -> None:
+        """An unplanned window this rank records (trainer/capture.py agreed it with every rank)."""
+        self.profiler.add_window(window)
+        self.profiled_steps.update(range(window.warmup_start, window.end))
 
     def _finish(self, pending: PendingStep) -> float:
         """Record a step's metrics; the agreed stop level after it (preemption.py; 0: go on)."""
@@ -367,11 +390,16 @@ class TrainingRun:
             step_metrics(pending.step, pending.loss, pending.timing.durations_ms(), self.config, self.runtime,
                          self.state, pending.profiled), **pending.evidence())
         self.writer.write(metrics)
+        self.capture.observe(metrics)
         self.history.append(metrics)
         _log_step(metrics, self.runtime)
         if self.config.observability.mllog:
             print_whole_line(mllog_line(metrics))
-        return float(pending.stop_flag) if pending.stop_flag is not None else LEVEL_NONE
+        if pending.stop_flag is None:
+            return LEVEL_NONE
+        level, *votes = pending.stop_flag.tolist()
+        self.capture.agreed(pending.step, votes)
+        return level
 
     def _on_published(self, trace: PublishedTrace) -> None:
         _log_published(trace)

@@ -51,9 +51,10 @@ class StopRequests:
         self.requested_by = signal.Signals(signum).name
         self.level = max(self.level, LEVEL_NOTICE if signum in NOTICE_SIGNALS else LEVEL_TERMINATE)
 
-    def agreed_flag(self) -> torch.Tensor:
-        """A tensor that becomes the highest stop level of any rank on every rank (not read yet)."""
-        flag = torch.tensor([self.level], device=self._device)
+    def agreed_flag(self, extra: list[float] = ()) -> torch.Tensor:
+        """A tensor that becomes the highest stop level of any rank on every rank (not read yet); `extra`
+        values ride along, max-reduced too (trainer/capture.py's votes), after the level."""
+        flag = torch.tensor([self.level, *extra], device=self._device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return flag
 

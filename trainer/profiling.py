@@ -115,6 +115,9 @@ class WindowedProfiler:
         if self._marker is not None:
             marker, self._marker = self._marker, None
             marker.__exit__(None, None, None)
+    def add_window(self, window: Window) -> None:
+        """Record one more window (an on-demand or triggered one); it must start after the current step."""
+        self._windows[window.warmup_start] = window
 
     def close(self) -> None:
         """Stop a window cut short (training ended or failed inside it); nothing is exported."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from fleetscope.analysis.merge.sources import MergeProblem
+from fleetscope.traces.safe_read import read_metadata
 from fleetscope.analysis.merge.window import ReportView
 from fleetscope.traces.layout import RunLayout
 
@@ -32,8 +33,8 @@ def load_report(source: ReportSource, layout: RunLayout | None, problems: list[M
     if isinstance(source, Mapping):
         return dict(source)
     try:
-        loaded = json.loads(Path(source).read_text())
-    except (OSError, ValueError) as error:
+        loaded = json.loads(read_metadata(Path(source)))
+    except (OSError, ValueError, RecursionError) as error:
         problems.append(MergeProblem(path=str(source), reason=f"analysis report not used: {error}"))
         return None
     if not isinstance(loaded, dict):

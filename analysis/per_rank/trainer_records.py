@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from fleetscope.traces.formats import read_metric_records
 from fleetscope.traces.layout import RunLayout
+from fleetscope.traces.safe_read import read_metadata
 
 LEAK_SKIP_STEPS = 2
 LEAK_MIN_STEPS = 4
@@ -168,8 +169,9 @@ def read_rank_records(layout: RunLayout, rank: int, traced_steps: set[int]) -> R
     compiled = None
     if compile_path.is_file():
         try:
-            compiled = compile_evidence(json.loads(compile_path.read_text()), profiled | traced_steps)
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
+            record = json.loads(read_metadata(compile_path, within=layout.root))
+            compiled = compile_evidence(record, profiled | traced_steps)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as error:
             problems.append(f"{compile_path.name}: unreadable ({error})")
     return RankRecords(rank=rank, memory=memory_evidence(records) if records else None,
                        input=input_evidence(records) if records else None, compile=compiled, problems=problems)

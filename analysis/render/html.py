@@ -11,6 +11,7 @@ from fleetscope.analysis.render.open_in_perfetto import StepRanges
 from fleetscope.analysis.per_rank.collectives import step_label
 from fleetscope.analysis.per_rank.utilization import Utilization
 from fleetscope.analysis.render import svg
+from fleetscope.analysis.render.capture_html import capture_html
 from fleetscope.analysis.render.evidence_html import evidence_sections
 from fleetscope.analysis.render.cause_html import cause_section, critical_path_section
 from fleetscope.analysis.report.model import RankSummary, Report, WindowReport
@@ -54,6 +55,7 @@ def render_html(report: Report, *, trace_ranges: StepRanges | None = None) -> st
         cause_section(report),
         critical_path_section(report),
         evidence_sections(report),
+        capture_html(report),
         _clock_section(report),
         _hta_section(report),
         perfetto.help_box(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fleetscope.analysis.per_rank.collectives import step_label
+from fleetscope.analysis.render.capture_text import capture_sections
 from fleetscope.analysis.render.evidence_text import evidence_sections
 from fleetscope.analysis.render.cause_terminal import cause_lines, critical_path_lines
 from fleetscope.analysis.report.model import Report, WindowReport
@@ -21,6 +22,7 @@ def render_terminal(report: Report) -> str:
         cause_lines(report),
         critical_path_lines(report),
         *evidence_sections(report),
+        *capture_sections(report),
         _clock_lines(report),
         _hta_lines(report),
         _problems(report),

@@ -103,6 +103,20 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           graph_break_count, graph_breaks[] {reason, count}, recompiles[] {compile_id,
                           function, reason}, cuda_graphs, cudagraph_skip_reasons[], steps_with_compilations[],
                           compiled_in_timed_steps[]} | null}
+    capture               CaptureSection (cross_rank/capture.py, hang.py) | null (no unplanned window, no dump):
+                          {windows[] {window, kind ("requested" | "triggered"), steps ("12-13": recorded
+                          steps), ranks[] | null (all), why (who asked and when / which trigger, on what value)},
+                          problems[],
+                          hang {dumped_ranks[], missing_dumps[], detected_by[] {rank, step (steps done),
+                          seconds (without progress), at}, dump_reasons {rank: hang | dump_requested | error |
+                          stop_signal}, late_ranks[] (never entered the collective others wait in), verdict,
+                          groups[] {group, desc, ranks[], members[] {rank, last_entered Call | null,
+                          last_completed_seq | null}, waiting_in Call | null, waiting_ranks[], late_ranks[],
+                          mismatches[] ("#seq: ranks [..]: signature; ...")}, late_rank_stacks {rank:
+                          ["function (file:line)", innermost first]}, last_steps {rank: last step with metrics},
+                          last_window, log_tails {rank: lines[]}, pytorch_analysis[] (PyTorch's own matcher),
+                          problems[]} | null; Call {seq (collective_seq_id), name, input_sizes, input_dtypes,
+                          state, frames[] (recorded stack, innermost first)}
 
 Definitions of every metric: utilization.py (busy/idle/comm/overlap), stragglers.py (arrival, lateness,
 wait, score), causes.py (straggler causes, what-if), bandwidth.py and comm_bytes.py (collective sizes and bandwidth), gpu_time.py (GPU time by
@@ -121,6 +135,7 @@ from typing import Any
 
 from fleetscope.analysis.cross_rank.bandwidth import Bandwidth
 from fleetscope.analysis.cross_rank.causes import CauseAnalysis
+from fleetscope.analysis.cross_rank.capture import CaptureSection
 from fleetscope.analysis.cross_rank.clock_align import ClockAlignment
 from fleetscope.analysis.cross_rank.critical_path import CriticalPaths
 from fleetscope.analysis.cross_rank.hta_views import HtaViews
@@ -228,6 +243,7 @@ class Report:
     ranks: list[RankSummary] = field(default_factory=list)
     windows: list[WindowReport] = field(default_factory=list)
     trainer: TrainerEvidence | None = None
+    capture: CaptureSection | None = None
 
     @property
     def analyzed_ranks(self) -> list[int]:

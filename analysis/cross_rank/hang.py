@@ -1,0 +1,284 @@
+"""Why a job hung, from the ranks' Flight Recorder dumps (traces/flight_recorder.py).
+
+Per process group: the last collective each rank entered (its highest collective_seq_id) and completed
+(the recorder's pg_status; NCCL also marks entries `completed`), the collective the most advanced ranks wait
+in, the ranks that never entered it, and collectives whose type, sizes or dtypes differ across ranks at
+the same sequence number. Joined with who detected the hang, each waiting rank's recorded stack, each
+late rank's main-thread stack at dump time, the last profiled window and the tail of the ranks' logs.
+
+PyTorch's own analyzer (torch.distributed.flight_recorder.components.builder.build_collectives) runs on
+the same entries as a cross-check and its mismatch verdicts are listed; we go beyond it where it does not
+fit: it needs every rank's pg_config with ranks (gloo's recorder leaves them empty, so the trainer records
+them from c10d), it reads pickles (we read JSON, never unpickling a run directory), and it does not name
+the late rank of a hang or say what that rank was doing instead.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fleetscope.traces.flight_recorder import Dumps, read_dumps
+from fleetscope.traces.formats import read_metric_records
+from fleetscope.traces.layout import WINDOW_RE, RunLayout
+from fleetscope.traces.manifest import load_manifest
+
+LOG_TAIL_LINES = 3
+LOG_READ_BYTES = 64 * 1024
+FRAMES_SHOWN = 6
+TORCH_PATH = "/site-packages/torch/"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Call:
+    """One collective as one rank recorded it."""
+
+    seq: int
+    name: str
+    input_sizes: list = field(default_factory=list)
+    input_dtypes: list = field(default_factory=list)
+    state: str = ""
+    frames: list[str] = field(default_factory=list)
+    """`function (file:line)`, innermost first."""
+
+    @property
+    def signature(self) -> str:
+        return f"{self.name} sizes={self.input_sizes} dtypes={self.input_dtypes}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankInGroup:
+    rank: int
+    last_entered: Call | None
+    last_completed_seq: int | None
+    """From the recorder's pg_status (None: not recorded)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupHang:
+    group: str
+    desc: str
+    ranks: list[int]
+    members: list[RankInGroup]
+    waiting_in: Call | None
+    """The collective the most advanced ranks entered last (None: every rank is at the same one)."""
+    waiting_ranks: list[int]
+    late_ranks: list[int]
+    """Members that never entered `waiting_in`."""
+    mismatches: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HangReport:
+    dumped_ranks: list[int]
+    missing_dumps: list[int]
+    detected_by: list[dict[str, Any]]
+    """{rank, step, seconds, at}: ranks whose watchdog saw no progress."""
+    dump_reasons: dict[int, str]
+    groups: list[GroupHang]
+    late_ranks: list[int]
+    verdict: str
+    late_rank_stacks: dict[int, list[str]] = field(default_factory=dict)
+    """Main-thread stack of each late rank when it dumped, innermost first."""
+    last_steps: dict[int, int] = field(default_factory=dict)
+    """Last step each rank wrote metrics for."""
+    last_window: str = ""
+    log_tails: dict[int, list[str]] = field(default_factory=dict)
+    pytorch_analysis: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def analyze_hang(layout: RunLayout, world_size: int | None = None) -> HangReport | None:
+    """The hang report of a run directory; None when it holds no Flight Recorder dump."""
+    dumps = read_dumps(layout)
+    if not dumps.by_rank:
+        return None
+    world = world_size or max([*dumps.by_rank, *(m.rank for m in dumps.markers)]) + 1
+    groups = [_group_hang(name, desc, ranks, dumps) for name, desc, ranks in _groups(dumps)]
+    late = sorted({r for g in groups for r in g.late_ranks})
+    report = HangReport(
+        dumped_ranks=sorted(dumps.by_rank), missing_dumps=[r for r in range(world) if r not in dumps.by_rank],
+        detected_by=[asdict(m) for m in dumps.markers],
+        dump_reasons={r: str(d.get("reason", "")) for r, d in sorted(dumps.by_rank.items())},
+        groups=groups, late_ranks=late, verdict=_verdict(groups, dumps),
+        late_rank_stacks={r: _frames(dumps.by_rank[r].get("python_stack", []), innermost_last=True)
+                          for r in late if r in dumps.by_rank},
+        last_steps=_last_steps(layout, world), last_window=_last_window(layout),
+        log_tails={r: _log_tail(layout, r) for r in late or sorted(dumps.by_rank)},
+        pytorch_analysis=pytorch_cross_check(dumps), problems=dumps.problems,
+    )
+    return report
+
+
+def _groups(dumps: Dumps) -> list[tuple[str, str, list[int]]]:
+    """(name, desc, member ranks) of every process group seen in the dumps' entries."""
+    configs: dict[str, dict] = {}
+    for dump in dumps.by_rank.values():
+        for name, config in dump.get("pg_config", {}).items():
+            if isinstance(config, dict):
+                configs.setdefault(str(name), config)
+    seen: dict[str, str] = {}
+    for dump in dumps.by_rank.values():
+        for entry in dump["entries"]:
+            name, desc = _group_of(entry)
+            seen.setdefault(name, desc)
+    groups = []
+    for name, desc in sorted(seen.items()):
+        ranks = _ranks(configs.get(name, {}).get("ranks")) or sorted(dumps.by_rank)
+        groups.append((name, desc, ranks))
+    return groups
+
+
+def _group_of(entry: dict) -> tuple[str, str]:
+    group = entry.get("process_group") or ["?", ""]
+    return str(group[0]), str(group[1]) if len(group) > 1 else ""
+
+
+def _ranks(text: Any) -> list[int]:
+    try:
+        value = ast.literal_eval(text) if isinstance(text, str) else text
+        return sorted(int(r) for r in value) if isinstance(value, (list, tuple)) else []
+    except (ValueError, SyntaxError, TypeError):
+        return []
+
+
+def _group_hang(name: str, desc: str, ranks: list[int], dumps: Dumps) -> GroupHang:
+    calls = {r: _calls(dumps.by_rank[r], name) for r in ranks if r in dumps.by_rank}
+    members = [RankInGroup(rank=r, last_entered=calls[r][-1] if calls[r] else None,
+                           last_completed_seq=_completed(dumps.by_rank[r], name, calls[r])) for r in calls]
+    furthest = max((m.last_entered.seq for m in members if m.last_entered), default=None)
+    waiting_in, waiting, late = None, [], []
+    if furthest is not None:
+        waiting = [m.rank for m in members if m.last_entered and m.last_entered.seq == furthest]
+        late = [r for r in ranks if r not in waiting]
+        if late:
+            waiting_in = next(m.last_entered for m in members if m.rank == waiting[0])
+        else:
+            waiting = []
+    return GroupHang(group=name, desc=desc, ranks=ranks, members=members, waiting_in=waiting_in,
+                     waiting_ranks=waiting, late_ranks=late, mismatches=_mismatches(calls))
+
+
+def _calls(dump: dict, group: str) -> list[Call]:
+    calls = [Call(seq=e["collective_seq_id"], name=e["profiling_name"], input_sizes=e.get("input_sizes") or [],
+                  input_dtypes=e.get("input_dtypes") or [], state=str(e.get("state", "")),
+                  frames=_frames(e.get("frames") or []))
+             for e in dump["entries"] if _group_of(e)[0] == group and not e.get("is_p2p")]
+    return sorted(calls, key=lambda c: c.seq)
+
+
+def _completed(dump: dict, group: str, calls: list[Call]) -> int | None:
+    status = dump.get("pg_status", {}).get(group)
+    if isinstance(status, dict) and type(status.get("last_completed_collective")) is int:
+        return status["last_completed_collective"]
+    done = [c.seq for c in calls if c.state == "completed"]
+    return max(done) if done else None
+
+
+def _frames(frames: list, *, innermost_last: bool = False) -> list[str]:
+    """`function (file:line)`, innermost first: the innermost frame, then frames outside torch itself."""
+    frames = [f for f in frames if isinstance(f, dict)]
+    frames = frames[::-1] if innermost_last else frames
+    kept = frames[:1] + [f for f in frames[1:] if TORCH_PATH not in str(f.get("filename", ""))]
+    return [f"{f.get('name', '?')} ({f.get('filename', '?')}:{f.get('line', '?')})" for f in kept[:FRAMES_SHOWN]]
+
+
+def _mismatches(calls: dict[int, list[Call]]) -> list[str]:
+    """Sequence numbers at which ranks recorded different collectives (type, sizes or dtypes)."""
+    by_seq: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for rank, rank_calls in calls.items():
+        for call in rank_calls:
+            by_seq[call.seq][call.signature].append(rank)
+    return [f"#{seq}: " + "; ".join(f"ranks {ranks}: {sig}" for sig, ranks in variants.items())
+            for seq, variants in sorted(by_seq.items()) if len(variants) > 1]
+
+
+def _verdict(groups: list[GroupHang], dumps: Dumps) -> str:
+    stuck = [g for g in groups if g.late_ranks and g.waiting_in]
+    parts = []
+    for group in stuck:
+        call = group.waiting_in
+        parts.append(f"in process group {group.group} ({group.desc or 'no description'}), rank(s) "
+                     f"{group.waiting_ranks} wait in collective #{call.seq} {call.name} (sizes {call.input_sizes}) "
+                     f"that rank(s) {group.late_ranks} never entered")
+    for group in groups:
+        if group.mismatches:
+            parts.append(f"process group {group.group}: {len(group.mismatches)} mismatched collective(s), "
+                         f"first {group.mismatches[0]}")
+    if not parts:
+        return (f"every dumped rank ({sorted(dumps.by_rank)}) entered the same collectives: no rank is behind "
+                "in any process group (a hang inside one collective, or no hang)")
+    return "; ".join(parts)
+
+
+def _last_steps(layout: RunLayout, world: int) -> dict[int, int]:
+    steps = {}
+    for rank in range(world):
+        path = layout.metrics_file(rank)
+        if path.is_file():
+            records = read_metric_records(path).records
+            if records:
+                steps[rank] = max(r["step"] for r in records)
+    return steps
+
+
+def _last_window(layout: RunLayout) -> str:
+    windows = sorted((int(m["index"]), d) for d in layout.traces_dir.glob("window*") if (m := WINDOW_RE.match(d.name)))
+    if not windows:
+        return ""
+    index, directory = windows[-1]
+    steps = _window_steps(layout, index)
+    files = sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
+    return f"{directory.name}{f' (steps {steps})' if steps else ''}: {len(files)} trace(s)"
+
+
+def _window_steps(layout: RunLayout, index: int) -> str:
+    try:
+        manifest = load_manifest(layout)
+        steps = sorted({s for t in manifest.traces if t.window == index for s in t.steps})
+        return f"{steps[0]}-{steps[-1]}" if steps else ""
+    except (OSError, ValueError, AttributeError, TypeError):
+        return ""
+
+
+def _log_tail(layout: RunLayout, rank: int) -> list[str]:
+    """The last lines of the run's logs that the trainer wrote for `rank` (`... rank<R> LEVEL ...`)."""
+    marker = f" rank{rank} "
+    lines = []
+    for path in sorted(layout.logs_dir.rglob("*.log")) if layout.logs_dir.is_dir() else []:
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(max(0, path.stat().st_size - LOG_READ_BYTES))
+                text = handle.read().decode(errors="replace")
+        except OSError:
+            continue
+        lines += [line.strip() for line in text.splitlines() if marker in line]
+    return lines[-LOG_TAIL_LINES:]
+
+
+def pytorch_cross_check(dumps: Dumps) -> list[str]:
+    """PyTorch's Flight Recorder matcher over the same entries: its mismatch verdicts, or why it could not run."""
+    try:
+        from torch.distributed.flight_recorder.components.builder import build_collectives, build_groups_memberships
+        from torch.distributed.flight_recorder.components.utils import align_trace_from_beginning
+    except ImportError as error:
+        return [f"PyTorch's Flight Recorder analysis is not available: {error}"]
+    entries = {r: [{**e, "process_group": tuple(e.get("process_group") or ("", ""))} for e in d["entries"]]
+               for r, d in dumps.by_rank.items()}
+    configs = {r: d.get("pg_config", {}) for r, d in dumps.by_rank.items()}
+    version = str(next(iter(dumps.by_rank.values())).get("version", ""))
+    logging.getLogger("Flight Recorder").setLevel(logging.CRITICAL)
+    try:
+        _, groups, _, memberships, guids = build_groups_memberships(configs)
+        _, collectives, _ = build_collectives(align_trace_from_beginning(entries), groups, memberships, guids, version)
+    except Exception as error:  # its input checks raise anything from KeyError to ValueError
+        return [f"PyTorch's Flight Recorder analysis could not run on these dumps: {type(error).__name__}: {error}"]
+    failed = [c for c in collectives if not c.pass_check]
+    lines = [f"PyTorch's matcher: {len(collectives)} collective(s) matched across ranks, {len(failed)} failed a check"]
+    for collective in failed[:5]:
+        lines.append(f"  #{collective.collective_seq_id} {collective.collective_name}: "
+                     f"{collective.type_of_mismatch or 'mismatch'}; missing ranks {sorted(collective.missing_ranks or [])}")
+    return lines

@@ -1,0 +1,27 @@
+"""HTML of the report's `capture` section: unplanned windows (why each was taken) and the hang report."""
+
+from __future__ import annotations
+
+from html import escape
+
+from fleetscope.analysis.render.capture_text import render_hang
+from fleetscope.analysis.render.evidence_html import table
+from fleetscope.analysis.report.model import Report
+
+
+def capture_html(report: Report) -> str:
+    """Empty when the report has no capture section."""
+    section = report.capture
+    if section is None:
+        return ""
+    parts = []
+    if section.windows:
+        rows = [[str(w.window), w.kind, w.steps, "all" if w.ranks is None else ", ".join(map(str, w.ranks)), w.why]
+                for w in section.windows]
+        parts.append("<h2>Unplanned windows</h2>" + table(["window", "kind", "steps", "ranks", "why"], rows, left=(4,)))
+    if section.problems:
+        parts.append("<ul>" + "".join(f"<li>{escape(p)}</li>" for p in section.problems) + "</ul>")
+    if section.hang is not None:
+        parts.append(f"<h2>Hang (Flight Recorder)</h2><p>{escape(section.hang.verdict)}</p>"
+                     f"<pre>{escape(render_hang(section.hang))}</pre>")
+    return "".join(parts)

@@ -1,0 +1,61 @@
+"""Terminal text of the report's `capture` section: unplanned windows and the hang report."""
+
+from __future__ import annotations
+
+from fleetscope.analysis.cross_rank.capture import CaptureSection
+from fleetscope.analysis.cross_rank.hang import HangReport
+from fleetscope.analysis.report.model import Report
+
+
+def capture_sections(report: Report) -> list[str]:
+    """The capture sections of a report (none when it has no capture section)."""
+    section = report.capture
+    if section is None:
+        return []
+    return [text for text in (_windows(section), render_hang(section.hang) if section.hang else "") if text]
+
+
+def _windows(section: CaptureSection) -> str:
+    if not section.windows and not section.problems:
+        return ""
+    lines = ["Unplanned windows"]
+    for window in section.windows:
+        ranks = "all ranks" if window.ranks is None else f"ranks {window.ranks}"
+        lines.append(f"  window {window.window} ({window.kind}, steps {window.steps}, {ranks}): {window.why}")
+    lines += [f"  problem: {p}" for p in section.problems]
+    return "\n".join(lines)
+
+
+def render_hang(hang: HangReport) -> str:
+    """The hang report as plain text (what `fleetscope hang` prints)."""
+    lines = ["Hang (Flight Recorder)", f"  {hang.verdict}"]
+    for marker in hang.detected_by:
+        lines.append(f"  rank {marker['rank']} saw no progress for {marker['seconds']:.0f} s after "
+                     f"{marker['step']} steps ({marker['at']})")
+    lines.append(f"  dumps: ranks {hang.dumped_ranks}" + (f"; MISSING ranks {hang.missing_dumps}" if hang.missing_dumps
+                                                          else ""))
+    for group in hang.groups:
+        lines.append(f"  process group {group.group} ({group.desc or '-'}, ranks {group.ranks}):")
+        for member in group.members:
+            call = member.last_entered
+            entered = f"#{call.seq} {call.name} {call.input_sizes} {call.input_dtypes}" if call else "nothing"
+            done = "-" if member.last_completed_seq is None else f"#{member.last_completed_seq}"
+            lines.append(f"    rank {member.rank}: last entered {entered}; last completed {done}")
+        if group.waiting_in is not None:
+            lines.append(f"    waiting in #{group.waiting_in.seq} {group.waiting_in.name}, recorded at:")
+            lines += [f"      {frame}" for frame in group.waiting_in.frames]
+        lines += [f"    MISMATCH {m}" for m in group.mismatches]
+    for rank, frames in hang.late_rank_stacks.items():
+        lines.append(f"  rank {rank} was here instead (main thread, innermost first):")
+        lines += [f"    {frame}" for frame in frames]
+    if hang.last_steps:
+        lines.append("  last step with metrics: " + ", ".join(f"rank {r}: {s}" for r, s in hang.last_steps.items()))
+    if hang.last_window:
+        lines.append(f"  last profiled window: {hang.last_window}")
+    for rank, tail in hang.log_tails.items():
+        if tail:
+            lines.append(f"  rank {rank} log:")
+            lines += [f"    {line}" for line in tail]
+    lines += [f"  {line}" for line in hang.pytorch_analysis]
+    lines += [f"  problem: {p}" for p in hang.problems]
+    return "\n".join(lines)

@@ -1,0 +1,149 @@
+"""`fleetscope profile` (record a window of a running job now) and `fleetscope hang` (why a job hung)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from ..analysis.cross_rank.hang import analyze_hang
+from ..analysis.render.capture_text import render_hang
+from ..traces.atomic import write_bytes_atomically
+from ..traces.capture import CaptureRequest, RequestStatus, read_status, submit_request
+from ..traces.jobfile import FINAL_STATUSES, read_job_record
+from ..traces.layout import RunLayout
+from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+WAIT_POLL_S = 0.5
+ENDED_GRACE_S = 10.0
+"""After job.json says the job ended, how long `--wait` still waits for rank 0's last status."""
+QUIET_NOTE_S = 120.0
+"""`--wait` says so once when rank 0 has recorded no step for this long (a job without job.json may be gone)."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    profile = sub.add_parser("profile", help="ask a running job to record one profiling window now")
+    profile.add_argument("run_dir")
+    profile.add_argument("--steps", type=_count(1), default=2, help="recorded steps (default 2)")
+    profile.add_argument("--warmup", type=_count(0), default=1, help="profiled steps discarded first (default 1)")
+    profile.add_argument("--ranks", type=_ranks, default=None, metavar="0,3,8", help="only these ranks (default all)")
+    profile.add_argument("--wait", action="store_true", help="wait until the window's traces are published")
+    profile.add_argument("--timeout", type=float, default=0.0, help="--wait at most this many seconds (0: no limit)")
+    profile.set_defaults(handler=handle_profile)
+    hang = sub.add_parser("hang", help="why a job hung, from its ranks' Flight Recorder dumps")
+    hang.add_argument("run_dir")
+    hang.add_argument("--json", dest="json_out", default=None, help="also write the hang report as JSON here")
+    hang.set_defaults(handler=handle_hang)
+
+
+def _count(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
+    return parse
+
+
+def _ranks(text: str) -> list[int]:
+    try:
+        ranks = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ranks, got {text!r}") from None
+    if not ranks or ranks[0] < 0:
+        raise argparse.ArgumentTypeError(f"expected ranks >= 0, got {text!r}")
+    return ranks
+
+
+def handle_profile(args: argparse.Namespace) -> int:
+    layout = RunLayout.at(args.run_dir)
+    if not layout.root.is_dir() or not (layout.is_run_dir() or layout.metrics_dir.is_dir()):
+        print(f"fleetscope profile: {layout.root} is not a run directory", file=sys.stderr)
+        return EXIT_USAGE
+    ended = _job_ended(layout)
+    if ended:
+        print(f"fleetscope profile: the job already ended ({ended}); nothing to profile", file=sys.stderr)
+        return EXIT_FAILED
+    request = submit_request(layout, steps=args.steps, warmup=args.warmup, ranks=args.ranks)
+    ranks = "all ranks" if request.ranks is None else f"ranks {request.ranks}"
+    print(f"fleetscope: request {request.number} written ({layout.relative(layout.request_file(request.number))}): "
+          f"{request.warmup} warmup + {request.steps} recorded step(s) on {ranks}", flush=True)
+    if not args.wait:
+        print(f"status: {layout.request_status_file(request.number)}")
+        return EXIT_OK
+    return wait_for_request(layout, request, timeout_s=args.timeout)
+
+
+def wait_for_request(layout: RunLayout, request: CaptureRequest, *, timeout_s: float) -> int:
+    """Print each state the request reaches; EXIT_OK once its traces are published."""
+    started, shown, ended_at, quiet_noted = time.monotonic(), None, None, False
+    while True:
+        status = read_status(layout, request.number)
+        if not quiet_noted and shown is None and _seconds_since_last_step(layout) > QUIET_NOTE_S:
+            quiet_noted = True
+            print(f"note: no rank 0 step recorded for over {QUIET_NOTE_S:.0f} s; the job may have stopped "
+                  "(still waiting: Ctrl-C or --timeout)", flush=True)
+        if status is not None and status.state != shown:
+            shown = status.state
+            print(describe_status(status), flush=True)
+            if status.final:
+                return EXIT_OK if status.state == "published" else EXIT_FAILED
+        ended = _job_ended(layout)
+        if ended and ended_at is None:
+            ended_at = time.monotonic()
+        if ended_at is not None and time.monotonic() - ended_at > ENDED_GRACE_S:
+            print(f"the job ended ({ended}) before request {request.number} was "
+                  f"{'recorded' if shown == 'accepted' else 'served'}", flush=True)
+            return EXIT_FAILED
+        if timeout_s and time.monotonic() - started > timeout_s:
+            print(f"gave up after {timeout_s:g} s; the request stays in place "
+                  f"(state: {shown or 'not seen yet'})", flush=True)
+            return EXIT_FAILED
+        time.sleep(WAIT_POLL_S)
+
+
+def describe_status(status: RequestStatus) -> str:
+    ranks = f"ranks {status.ranks}"
+    if status.state == "accepted":
+        return (f"accepted: window {status.window}, warmup from step {status.warmup_start}, records steps "
+                f"{status.active_start}-{status.end - 1} on {ranks}")
+    if status.state == "published":
+        return f"published: window {status.window} ({len(status.traces)} trace(s)):\n" + "\n".join(
+            f"  {t}" for t in status.traces)
+    return f"{status.state.replace('_', ' ')}: {status.reason}"
+
+
+def _seconds_since_last_step(layout: RunLayout) -> float:
+    """Seconds since rank 0 last wrote a step record (0 when it never did: the job may be starting)."""
+    try:
+        return time.time() - layout.metrics_file(0).stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _job_ended(layout: RunLayout) -> str | None:
+    """The final status job.json records (None: still running, or no job.json)."""
+    try:
+        status = read_job_record(layout).get("status")
+    except ValueError:
+        return None
+    return status if status in FINAL_STATUSES else None
+
+
+def handle_hang(args: argparse.Namespace) -> int:
+    layout = RunLayout.at(args.run_dir)
+    report = analyze_hang(layout)
+    if report is None:
+        print(f"fleetscope hang: no Flight Recorder dump under {layout.flight_recorder_dir}", file=sys.stderr)
+        return EXIT_FAILED
+    print(render_hang(report))
+    if args.json_out:
+        write_bytes_atomically((json.dumps(asdict(report), indent=1) + "\n").encode(), Path(args.json_out))
+        print(f"json: {args.json_out}")
+    return EXIT_OK

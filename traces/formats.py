@@ -36,6 +36,27 @@ INJECTED_LEAK = INJECTED_PREFIX + "leak"
 """faults.leak_mb_per_step: the allocation of the tensors kept alive."""
 INJECTED_SLOW_PHASE = INJECTED_PREFIX + "slow_phase"
 """faults.slow_phase*: a sleep inside the forward / backward / optimizer_step range."""
+INJECTED_SLOW_STAGE = INJECTED_PREFIX + "slow_stage"
+"""faults.slow_stage*: a sleep inside every micro-batch forward of one pipeline stage."""
+MICROBATCH_PREFIX = "microbatch["
+"""`microbatch[<i>]` ranges: one per micro-batch (gradient accumulation: its forward and backward; pipeline
+parallel: each of its stage forwards and backwards, inside a `pp_forward` / `pp_backward` range)."""
+PP_FORWARD = "pp_forward"
+PP_BACKWARD = "pp_backward"
+"""Ranges of one pipeline stage's forward / backward of one micro-batch (the stage's compute)."""
+
+
+def microbatch_range(index: int) -> str:
+    """The record_function name of micro-batch `index`."""
+    return f"{MICROBATCH_PREFIX}{index}]"
+
+
+def parse_microbatch_range(name: str) -> int | None:
+    """i of a `microbatch[i]` range, else None."""
+    if not (name.startswith(MICROBATCH_PREFIX) and name.endswith("]")):
+        return None
+    digits = name[len(MICROBATCH_PREFIX):-1]
+    return int(digits) if digits.isascii() and digits.isdigit() else None
 
 
 def step_marker(step: int) -> str:

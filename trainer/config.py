@@ -26,6 +26,8 @@ DataSource = Literal["synthetic", "text", "tokens"]
 Tokenizer = Literal["bytes", "bpe"]
 TokenDtype = Literal["uint16", "uint32"]
 SlowPhase = Literal["none", "forward", "backward", "optimizer_step"]
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+ReduceDtype = Literal["auto", "fp32", "bf16"]
 
 
 class ConfigError(ValueError):
@@ -70,8 +72,36 @@ class ParallelConfig:
     """FSDP2: keep sharded parameters and optimizer state in host memory."""
     backend: Backend = "auto"
     """Process-group backend: nccl on CUDA and gloo on CPU (auto), or forced (gloo on CUDA tensors)."""
+    dp_replicate: int = 1
+    """HSDP (modes fsdp, fsdp_tp): replicas of the sharded model, e.g. one per node; FSDP2 shards inside a
+    replica and all-reduces gradients across replicas. 1: plain FSDP."""
+    dp_shard: int = 0
+    """HSDP: ranks one replica shards over (e.g. the GPUs of a node); 0: the rest of the data-parallel degree,
+    world_size / (pp * tp * dp_replicate)."""
+    reshard_every: int = 1
+    """FSDP2 with reshard_after_forward: free the gathered parameters of every Nth block only (the others stay
+    gathered from forward to backward: less traffic, more memory). 1: every block."""
+    reshard_to: int = 0
+    """FSDP2 reshard_after_forward as an int: after forward, keep the parameters of a resharding block sharded
+    over this many ranks (a divisor of the shard degree, e.g. the GPUs of a node) instead of all; 0: all."""
+    forward_prefetch: int = 0
+    """FSDP2: blocks whose all-gather is issued ahead in forward (set_modules_to_forward_prefetch); 0: FSDP's
+    default of one implicit prefetch."""
+    backward_prefetch: int = 0
+    """FSDP2: blocks whose all-gather is issued ahead in backward (set_modules_to_backward_prefetch); 0: default."""
+    reduce_dtype: ReduceDtype = "auto"
+    """FSDP2 gradient reduce-scatter dtype (MixedPrecisionPolicy.reduce_dtype): auto (fp32 under bf16 on CUDA,
+    else the parameters' dtype), fp32 or bf16."""
+    pp: int = 1
+    """Pipeline-parallel stages (one per rank of a pp group); the decoder blocks are split evenly."""
+    pp_schedule: PipelineSchedule = "1f1b"
+    """Pipeline schedule: gpipe (all forwards, then all backwards), 1f1b, or interleaved_1f1b (two stages per
+    rank, round-robin)."""
+    pp_microbatches: int = 4
+    """Micro-batches per step that the pipeline schedule splits each rank's batch into."""
 
     def __post_init__(self) -> None:
+        self._check_hybrid()
         require(self.mode in PARALLEL_MODES, "parallel.mode", f"must be one of {PARALLEL_MODES}, got {self.mode!r}")
         require(self.tp >= 1, "parallel.tp", f"must be >= 1, got {self.tp}")
         require(self.mode in ("tp", "fsdp_tp") or self.tp == 1, "parallel.tp",
@@ -79,12 +109,50 @@ class ParallelConfig:
         require(self.bucket_cap_mb > 0, "parallel.bucket_cap_mb", "must be > 0")
         require(self.backend in typing.get_args(Backend), "parallel.backend", f"unknown backend {self.backend!r}")
 
+    def _check_hybrid(self) -> None:
+        fsdp = self.mode in ("fsdp", "fsdp_tp")
+        require(self.dp_replicate >= 1, "parallel.dp_replicate", f"must be >= 1, got {self.dp_replicate}")
+        require(self.dp_shard >= 0, "parallel.dp_shard", f"must be >= 0, got {self.dp_shard}")
+        require(fsdp or (self.dp_replicate == 1 and self.dp_shard == 0), "parallel.dp_replicate",
+                f"HSDP shards with FSDP2; parallel.mode {self.mode!r} does not")
+        require(self.reshard_every >= 1, "parallel.reshard_every", f"must be >= 1, got {self.reshard_every}")
+        require(self.reshard_to >= 0, "parallel.reshard_to", f"must be >= 0, got {self.reshard_to}")
+        for name in ("forward_prefetch", "backward_prefetch"):
+            require(getattr(self, name) >= 0, f"parallel.{name}", f"must be >= 0, got {getattr(self, name)}")
+        require(self.reduce_dtype in typing.get_args(ReduceDtype), "parallel.reduce_dtype",
+                f"must be one of {typing.get_args(ReduceDtype)}, got {self.reduce_dtype!r}")
+        require(self.pp >= 1, "parallel.pp", f"must be >= 1, got {self.pp}")
+        require(self.pp_schedule in typing.get_args(PipelineSchedule), "parallel.pp_schedule",
+                f"must be one of {typing.get_args(PipelineSchedule)}, got {self.pp_schedule!r}")
+        require(self.pp_microbatches >= 1, "parallel.pp_microbatches", f"must be >= 1, got {self.pp_microbatches}")
+        require(self.pp == 1 or self.tp == 1, "parallel.pp",
+                "pipeline x tensor parallel is not supported; use pp with ddp or fsdp over the data-parallel ranks")
+        require(self.pp == 1 or self.pp_schedule == "gpipe" or self.pp_microbatches >= self.pp,
+                "parallel.pp_microbatches", f"{self.pp_schedule} needs at least pp={self.pp} micro-batches")
+
+    @property
+    def stages_per_rank(self) -> int:
+        """Pipeline stages each rank holds (2 for the interleaved schedule)."""
+        return 2 if self.pp > 1 and self.pp_schedule == "interleaved_1f1b" else 1
+
 
 def check_degrees(config: ParallelConfig, world_size: int) -> None:
     """Parallel degrees against the world size (launcher and trainer both call this, before any
     process group exists)."""
     if world_size % config.tp:
         raise ConfigError(f"parallel.tp: {config.tp} does not divide the world size {world_size}")
+    if world_size % (config.tp * config.pp):
+        raise ConfigError(f"parallel.pp: pp={config.pp} x tp={config.tp} does not divide the world size {world_size}")
+    dp = world_size // (config.tp * config.pp)
+    if dp % config.dp_replicate:
+        raise ConfigError(f"parallel.dp_replicate: {config.dp_replicate} does not divide the data-parallel "
+                          f"degree {dp} (world {world_size} / pp {config.pp} / tp {config.tp})")
+    shard = config.dp_shard or dp // config.dp_replicate
+    if config.reshard_to and (shard % config.reshard_to or config.reshard_to == 1):
+        raise ConfigError(f"parallel.reshard_to: {config.reshard_to} must be > 1 and divide the shard degree {shard}")
+    if config.dp_shard and config.dp_replicate * config.dp_shard != dp:
+        raise ConfigError(f"parallel.dp_shard: dp_replicate {config.dp_replicate} x dp_shard {config.dp_shard} "
+                          f"must equal the data-parallel degree {dp}")
     if config.mode == "tp" and config.tp != world_size:
         raise ConfigError(f"parallel.tp: mode 'tp' shards over all {world_size} ranks, so tp must be "
                           f"{world_size} (got {config.tp}); use fsdp_tp for data x tensor parallel")
@@ -168,8 +236,13 @@ class OptimConfig:
     """Fused AdamW kernel (CUDA; ignored on CPU)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value; 0 disables."""
+    accumulation_steps: int = 1
+    """Micro-batches (of data.batch_size sequences each) accumulated per optimizer step; gradients are
+    synchronized on the last one only, and each micro-batch's loss is scaled by 1 / accumulation_steps."""
 
     def __post_init__(self) -> None:
+        require(self.accumulation_steps >= 1, "optim.accumulation_steps",
+                f"must be >= 1, got {self.accumulation_steps}")
         require(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
         require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
         require(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
@@ -339,6 +412,17 @@ class TrainConfig:
         require(not (self.faults.graph_break and self.performance.compile == "none"), "faults.graph_break",
                  "breaks a compiled region; performance.compile is none")
         require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+        self._check_pipeline()
+
+    def _check_pipeline(self) -> None:
+        parallel = self.parallel
+        if parallel.pp == 1:
+            return
+        require(self.optim.accumulation_steps == 1, "optim.accumulation_steps",
+                "the pipeline schedule accumulates over parallel.pp_microbatches already; keep it 1 with pp > 1")
+        require(self.data.batch_size % parallel.pp_microbatches == 0, "parallel.pp_microbatches",
+                f"{parallel.pp_microbatches} does not divide data.batch_size {self.data.batch_size}")
+        require(self.performance.compile == "none", "performance.compile", "is not supported with parallel.pp > 1")
 
 
 # --- `section.field=value` overrides -------------------------------------------------------

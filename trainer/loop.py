@@ -23,6 +23,7 @@ from .flops import FlopModel, flop_model, peak_tflops
 from .loss import CausalLMTrainingModule
 from .comm_timing import Clock, DdpCommTimer, StepBuckets, TimedSpan
 from .compile_record import CompileWatch
+from .accumulation import gradient_sync, micro_step, take_micro_batches
 from .faults import MemoryLeak, install_layer_faults, slow_phase
 from .metrics import MemorySample, MetricsWriter, PhaseTimer, StepMemory, StepMetrics, StepTiming
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -96,21 +97,20 @@ def phase(name: str, runtime: Runtime) -> Iterator[None]:
 
 def train_step(state: TrainState, batches: Iterator[torch.Tensor], config: TrainConfig, runtime: Runtime,
                timer: PhaseTimer) -> torch.Tensor:
-    """One optimizer step; returns the loss (a tensor: reading it is the caller's sync point)."""
+    """One optimizer step over optim.accumulation_steps micro-batches; returns the mean loss (a tensor:
+    reading it is the caller's sync point)."""
     timer.mark("data")
-    input_ids = next(batches).to(runtime.device, non_blocking=True)
+    count = config.optim.accumulation_steps
+    micro_batches = [ids.to(runtime.device, non_blocking=True) for ids in take_micro_batches(batches, count)]
     inject_faults(state.step, config, runtime)
     if state.leak is not None:
         state.leak.step()
     with phase("train_step", runtime):
-        timer.mark("forward")
-        with phase("forward", runtime), autocast_context(config, runtime):
-            slow_phase("forward", config.faults, runtime.rank)
-            loss = state.model(input_ids)
-        timer.mark("backward")
-        with phase("backward", runtime):
-            slow_phase("backward", config.faults, runtime.rank)
-            loss.backward()
+        losses = []
+        for index, input_ids in enumerate(micro_batches):
+            with micro_step(index, count), gradient_sync(state.model, enabled=index == count - 1):
+                losses.append(forward_backward(state, input_ids, config, runtime, timer, scale=1.0 / count))
+        loss = losses[0] if count == 1 else torch.stack(losses).mean()
         timer.mark("optimizer")
         with phase("optimizer_step", runtime):
             slow_phase("optimizer_step", config.faults, runtime.rank)
@@ -119,6 +119,20 @@ def train_step(state: TrainState, batches: Iterator[torch.Tensor], config: Train
             state.optimizer.step()
             state.optimizer.zero_grad(set_to_none=True)
         timer.mark("end")
+    return loss.detach()
+
+
+def forward_backward(state: TrainState, input_ids: torch.Tensor, config: TrainConfig, runtime: Runtime,
+                     timer: PhaseTimer, *, scale: float) -> torch.Tensor:
+    """Forward and backward of one micro-batch, its loss scaled by `scale` for the gradient; the unscaled loss."""
+    timer.mark("forward")
+    with phase("forward", runtime), autocast_context(config, runtime):
+        slow_phase("forward", config.faults, runtime.rank)
+        loss = state.model(input_ids)
+    timer.mark("backward")
+    with phase("backward", runtime):
+        slow_phase("backward", config.faults, runtime.rank)
+        (loss * scale if scale != 1.0 else loss).backward()
     return loss.detach()
 
 
@@ -163,7 +177,7 @@ def inject_faults(step: int, config: TrainConfig, runtime: Runtime) -> None:
 def step_metrics(step: int, loss: torch.Tensor, spans: dict[str, float], config: TrainConfig,
                  runtime: Runtime, state: TrainState, profiled: bool) -> StepMetrics:
     step_ms = sum(spans.values())
-    tokens = config.data.batch_size * config.data.seq_len
+    tokens = config.data.batch_size * config.data.seq_len * config.optim.accumulation_steps
     peak = peak_tflops(runtime.device)
     achieved_tflops = state.flops.per_token(config.data.seq_len) * tokens / (step_ms / 1e3) / 1e12 if step_ms else 0.0
     return StepMetrics(
@@ -246,9 +260,10 @@ class TrainingRun:
             self.state.step = load_checkpoint(found[1], model=self.state.model, optimizer=self.state.optimizer)
 
     def _batches(self) -> Iterator[torch.Tensor]:
+        micro = self.config.optim.accumulation_steps  # the loader counts micro-batches
         plan = data_plan(self.config.data, vocab_size=self.state.vocab_size, seed=self.config.seed,
-                              steps=self.config.steps, dp_rank=self.runtime.dp_rank, dp_size=self.runtime.dims.dp)
-        return iter(build_loader(self.config.data, plan=plan, start_step=self.state.step,
+                              steps=self.config.steps * micro, dp_rank=self.runtime.dp_rank, dp_size=self.runtime.dims.dp)
+        return iter(build_loader(self.config.data, plan=plan, start_step=self.state.step * micro,
                                  use_cuda=self.runtime.use_cuda,
                                  delay_ms=self.config.faults.data_delay_for(self.runtime.rank)))
 

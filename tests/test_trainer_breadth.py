@@ -8,8 +8,12 @@ order of floating-point reductions differs: step-0 loss within 1e-5, a 5-step tr
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from helpers import REPO, mean_losses, torchrun
+
+from fleetscope.trainer.families import FAMILIES as ALL_FAMILIES
 
 pytestmark = pytest.mark.slow
 
@@ -18,23 +22,59 @@ FAMILIES = ("qwen3_moe", "mixtral")
 STEPS = 5
 STEP0_TOLERANCE = 1e-5
 TRAJECTORY_TOLERANCE = 5e-4
-# processes -> {case: overrides}; each process count is one torchrun training every case.
+PP = "parallel.pp=2,data.batch_size=8"  # 2 stages, 4 micro-batches of 2 sequences
+FOUR_BLOCKS = "{out}/four_blocks"  # a 4-block qwen3_moe config: interleaving 2 stages per rank needs 4 blocks
+# processes -> {case: overrides}; each process count is one torchrun training every case. `case@f+g` limits the
+# families of a case.
 CASES = {
-    1: {"reference": "parallel.mode=ddp,data.batch_size=8"},
+    1: {
+        f"reference@{'+'.join(ALL_FAMILIES)}": "parallel.mode=ddp,data.batch_size=8",
+        "reference_four_blocks@qwen3_moe": f"data.batch_size=8,model.path={FOUR_BLOCKS}",
+    },
     2: {
         # 2 ranks x 2 micro-batches x 2 sequences = 8 sequences per optimizer step.
         "ddp_accumulation": "parallel.mode=ddp,data.batch_size=2,optim.accumulation_steps=2",
         "fsdp_accumulation": "parallel.mode=fsdp,data.batch_size=2,optim.accumulation_steps=2",
+        "pp_gpipe": f"{PP},parallel.pp_schedule=gpipe",
+        f"pp_1f1b@{'+'.join(ALL_FAMILIES)}": f"{PP},parallel.pp_schedule=1f1b",
+        "pp_interleaved@qwen3_moe": f"{PP},parallel.pp_schedule=interleaved_1f1b,model.path={FOUR_BLOCKS}",
+    },
+    4: {
+        # HSDP 2 x 2: 4 ranks x 2 sequences.
+        "hsdp": "parallel.mode=fsdp,parallel.dp_replicate=2,data.batch_size=2",
+        "hsdp_knobs": "parallel.mode=fsdp,parallel.dp_replicate=2,parallel.dp_shard=2,parallel.reshard_every=2,"
+                      "parallel.forward_prefetch=1,parallel.backward_prefetch=1,parallel.reduce_dtype=fp32,"
+                      "data.batch_size=2",
+        # (dp_replicate 2, dp_shard 1, tp 2): 2 data-parallel ranks x 4 sequences.
+        "hsdp_tp": "parallel.mode=fsdp_tp,parallel.tp=2,parallel.dp_replicate=2,data.batch_size=4",
+        # 2 stages x 2 data-parallel ranks x 4 sequences (2 micro-batches of 2).
+        "pp_fsdp": "parallel.pp=2,parallel.mode=fsdp,parallel.pp_microbatches=2,data.batch_size=4",
+        "pp_ddp": "parallel.pp=2,parallel.mode=ddp,parallel.pp_schedule=gpipe,parallel.pp_microbatches=2,"
+                  "data.batch_size=4",
     },
 }
-NPROC = {case: nproc for nproc, cases in CASES.items() for case in cases}
+NPROC = {case.partition("@")[0]: nproc for nproc, cases in CASES.items() for case in cases}
+CASE_FAMILIES = {case.partition("@")[0]: tuple(case.partition("@")[2].split("+")) if "@" in case else FAMILIES
+                 for cases in CASES.values() for case in cases}
+
+
+def write_four_block_config(path) -> None:
+    from fleetscope.trainer.config import ModelConfig
+    from fleetscope.trainer.models import build_config
+
+    config = build_config(ModelConfig(family="qwen3_moe"))
+    config.num_hidden_layers = 4
+    if getattr(config, "layer_types", None):
+        config.layer_types = [config.layer_types[0]] * 4
+    config.save_pretrained(path)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("breadth")
+    write_four_block_config(FOUR_BLOCKS.format(out=out))
     for nproc, cases in CASES.items():
-        arguments = [f"--case={name}={overrides}" for name, overrides in cases.items()]
+        arguments = [f"--case={name}={overrides.format(out=out)}" for name, overrides in cases.items()]
         completed = torchrun(nproc, SCRIPT, "--out", str(out), "--steps", str(STEPS),
                              "--families", ",".join(FAMILIES), *arguments, timeout=900)
         assert completed.returncode == 0, f"{nproc} ranks:\n{completed.stderr[-4000:]}"
@@ -45,13 +85,24 @@ def losses(runs, case: str, family: str) -> list[float]:
     return mean_losses(runs / case / family, NPROC[case])
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("case", [c for c in NPROC if c != "reference"])
+COMPARED = [(case, family) for case in NPROC if not case.startswith("reference") for family in CASE_FAMILIES[case]]
+
+
+@pytest.mark.parametrize("case, family", COMPARED)
 def test_layout_matches_the_large_batch_step(runs, case, family):
-    reference = losses(runs, "reference", family)
+    reference = losses(runs, "reference_four_blocks" if case == "pp_interleaved" else "reference", family)
     sharded = losses(runs, case, family)
     assert len(reference) == len(sharded) == STEPS
     assert len(set(round(x, 6) for x in reference)) == STEPS, "the reference must learn"
     assert abs(sharded[0] - reference[0]) < STEP0_TOLERANCE, (sharded[0], reference[0])
     worst = max(abs(a - b) for a, b in zip(sharded, reference))
     assert worst < TRAJECTORY_TOLERANCE, (sharded, reference)
+
+
+def test_accumulation_and_pipeline_count_optimizer_steps(runs):
+    """One metrics record per optimizer step, its tokens the whole accumulated batch of the rank; a pipeline
+    stage's tokens are its share of its data-parallel rank's batch."""
+    for case, tokens in (("ddp_accumulation", 2 * 2 * 32), ("pp_1f1b", 8 * 32 / 2)):
+        rows = [json.loads(line) for line in (runs / case / "qwen3_moe" / "metrics" / "rank0.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == list(range(STEPS))
+        assert all(abs(r["tokens_per_s"] * r["step_time_ms"] / 1e3 - tokens) < 1e-6 * tokens for r in rows)

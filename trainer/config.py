@@ -357,6 +357,10 @@ class FaultConfig:
     """Delay added inside `slow_phase`, per step."""
     slow_phase_rank: int = -1
     """Rank that gets the slow phase; -1: every rank."""
+    slow_stage: int = -1
+    """Pipeline stage (parallel.pp > 1) whose every micro-batch forward sleeps `slow_stage_ms`; -1: none."""
+    slow_stage_ms: float = 0.0
+    """Delay per micro-batch forward of `slow_stage`."""
 
     def __post_init__(self) -> None:
         require(self.crash_step >= 0, "faults.crash_step", "must be >= 0")
@@ -369,6 +373,8 @@ class FaultConfig:
                  f"must be one of {typing.get_args(SlowPhase)}, got {self.slow_phase!r}")
         require(self.slow_phase_ms >= 0, "faults.slow_phase_ms", f"must be >= 0, got {self.slow_phase_ms}")
         require(self.slow_phase_rank >= -1, "faults.slow_phase_rank", f"must be >= -1, got {self.slow_phase_rank}")
+        require(self.slow_stage >= -1, "faults.slow_stage", f"must be >= -1, got {self.slow_stage}")
+        require(self.slow_stage_ms >= 0, "faults.slow_stage_ms", f"must be >= 0, got {self.slow_stage_ms}")
         require(self.slow_phase == "none" or self.slow_phase_ms > 0, "faults.slow_phase_ms",
                  f"must be > 0 when faults.slow_phase is {self.slow_phase!r}")
 
@@ -416,8 +422,13 @@ class TrainConfig:
 
     def _check_pipeline(self) -> None:
         parallel = self.parallel
+        stages = parallel.pp * parallel.stages_per_rank
+        require(self.faults.slow_stage < stages, "faults.slow_stage",
+                f"{self.faults.slow_stage} is not a pipeline stage (there are {stages})")
         if parallel.pp == 1:
             return
+        require(not (self.checkpoint.every or self.checkpoint.at_exit), "checkpoint.every",
+                "checkpoints of pipeline stages are not supported (parallel.pp > 1)")
         require(self.optim.accumulation_steps == 1, "optim.accumulation_steps",
                 "the pipeline schedule accumulates over parallel.pp_microbatches already; keep it 1 with pp > 1")
         require(self.data.batch_size % parallel.pp_microbatches == 0, "parallel.pp_microbatches",

@@ -31,6 +31,7 @@ from .models import build_model
 from .observability import MemorySnapshots, mllog_line
 from .preemption import LEVEL_NONE, LEVEL_NOTICE, StopReason, StopRequests
 from .parallel import parallelize
+from .pipeline_parallel import Pipeline, build_pipeline, global_grad_norm
 from .profiling import PublishedTrace, WindowedProfiler, plan_windows
 from .runtime import Runtime
 
@@ -47,10 +48,14 @@ class TrainState:
     """Times DDP's gradient all-reduces (None: not DDP)."""
     leak: MemoryLeak | None = None
     """The faults.leak_mb_per_step fault (None: off)."""
+    pipeline: Pipeline | None = None
+    """This rank's pipeline stages and schedule (None: parallel.pp is 1)."""
     step: int = 0
 
 
 def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
+    if runtime.dims.pp > 1:
+        return build_pipeline_state(config, runtime)
     sharded = runtime.dims.tp > 1
     causal_lm = build_model(config.model, seed=config.seed).to(runtime.device)
     vocab_size = causal_lm.config.vocab_size
@@ -74,6 +79,15 @@ def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
     leak = MemoryLeak(config.faults.leak_mb_per_step, runtime.device) if config.faults.leak_mb_per_step else None
     return TrainState(model=model, optimizer=optimizer, vocab_size=vocab_size, flops=flops, comm_timer=comm_timer,
                       leak=leak)
+
+
+def build_pipeline_state(config: TrainConfig, runtime: Runtime) -> TrainState:
+    pipeline = build_pipeline(config, dims=runtime.dims, mesh=runtime.mesh, rank=runtime.rank, device=runtime.device)
+    optimizer = torch.optim.AdamW(pipeline.modules.parameters(), lr=config.optim.lr,
+                                  weight_decay=config.optim.weight_decay, fused=config.optim.fused and runtime.use_cuda)
+    leak = MemoryLeak(config.faults.leak_mb_per_step, runtime.device) if config.faults.leak_mb_per_step else None
+    return TrainState(model=pipeline.modules, optimizer=optimizer, vocab_size=pipeline.vocab_size,
+                      flops=pipeline.flops, leak=leak, pipeline=pipeline)
 
 
 def autocast_context(config: TrainConfig, runtime: Runtime) -> contextlib.AbstractContextManager:
@@ -106,16 +120,20 @@ def train_step(state: TrainState, batches: Iterator[torch.Tensor], config: Train
     if state.leak is not None:
         state.leak.step()
     with phase("train_step", runtime):
-        losses = []
-        for index, input_ids in enumerate(micro_batches):
-            with micro_step(index, count), gradient_sync(state.model, enabled=index == count - 1):
-                losses.append(forward_backward(state, input_ids, config, runtime, timer, scale=1.0 / count))
-        loss = losses[0] if count == 1 else torch.stack(losses).mean()
+        if state.pipeline is not None:
+            loss = pipeline_step(state.pipeline, micro_batches[0], config, runtime, timer)
+        else:
+            losses = []
+            for index, input_ids in enumerate(micro_batches):
+                with micro_step(index, count), gradient_sync(state.model, enabled=index == count - 1):
+                    losses.append(forward_backward(state, input_ids, config, runtime, timer, scale=1.0 / count))
+            loss = losses[0] if count == 1 else torch.stack(losses).mean()
         timer.mark("optimizer")
         with phase("optimizer_step", runtime):
             slow_phase("optimizer_step", config.faults, runtime.rank)
             if config.optim.grad_clip:
-                clip_grad_norm(list(state.model.parameters()), config.optim.grad_clip)
+                clip_grad_norm(list(state.model.parameters()), config.optim.grad_clip,
+                               stage_group=state.pipeline.group if state.pipeline is not None else None)
             state.optimizer.step()
             state.optimizer.zero_grad(set_to_none=True)
         timer.mark("end")
@@ -136,7 +154,20 @@ def forward_backward(state: TrainState, input_ids: torch.Tensor, config: TrainCo
     return loss.detach()
 
 
-def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+def pipeline_step(pipeline: Pipeline, input_ids: torch.Tensor, config: TrainConfig, runtime: Runtime,
+                  timer: PhaseTimer) -> torch.Tensor:
+    """The pipeline schedule over this rank's batch: forward_ms holds the whole schedule (its forwards and
+    backwards interleave), backward_ms the loss broadcast from the last stage."""
+    timer.mark("forward")
+    with phase("forward", runtime), autocast_context(config, runtime):
+        slow_phase("forward", config.faults, runtime.rank)
+        pipeline.schedule_step(input_ids)
+    timer.mark("backward")
+    return pipeline.agreed_loss()
+
+
+def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float,
+                   stage_group: "torch.distributed.ProcessGroup | None" = None) -> torch.Tensor:
     """Clip the global gradient norm without a host sync; any mix of plain and DTensor gradients.
 
     Gradients are normed in foreach groups: plain tensors, and DTensors per device mesh (FSDP x TP
@@ -148,11 +179,13 @@ def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> tor
         if parameter.grad is not None:
             key = parameter.grad.device_mesh if isinstance(parameter.grad, DTensor) else None
             groups.setdefault(key, []).append(parameter.grad)
-    if not groups:
+    if not groups and stage_group is None:
         return torch.zeros(())
     norms = [norm.full_tensor() if isinstance(norm, DTensor) else norm
              for group in groups.values() for norm in torch._foreach_norm(group)]
-    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms])) if norms else torch.zeros(())
+    if stage_group is not None:  # pipeline stages: the norm of the whole model's gradient
+        total = global_grad_norm(total, stage_group)
     scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for group in groups.values():
         torch._foreach_mul_(group, scale.to(group[0].device))
@@ -177,7 +210,7 @@ def inject_faults(step: int, config: TrainConfig, runtime: Runtime) -> None:
 def step_metrics(step: int, loss: torch.Tensor, spans: dict[str, float], config: TrainConfig,
                  runtime: Runtime, state: TrainState, profiled: bool) -> StepMetrics:
     step_ms = sum(spans.values())
-    tokens = config.data.batch_size * config.data.seq_len * config.optim.accumulation_steps
+    tokens = config.data.batch_size * config.data.seq_len * config.optim.accumulation_steps / runtime.dims.pp
     peak = peak_tflops(runtime.device)
     achieved_tflops = state.flops.per_token(config.data.seq_len) * tokens / (step_ms / 1e3) / 1e12 if step_ms else 0.0
     return StepMetrics(

@@ -93,7 +93,7 @@ def parallelize(
         return _apply_fsdp(model, dims.fsdp_mesh(mesh), parallel=parallel, performance=performance, device=device)
     if dims.dp == 1:
         return model  # one replica: nothing to synchronize
-    return _apply_ddp(model, mesh["dp"], parallel=parallel, device=device)
+    return _apply_ddp(model, mesh["dp"], parallel=parallel, device=device, pipelined=dims.pp > 1)
 
 
 def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
@@ -194,10 +194,15 @@ def set_prefetch(layers: list[torch.nn.Module], *, forward: int, backward: int) 
                 layer.set_modules_to_backward_prefetch(preceding)
 
 
-def _apply_ddp(model, dp_mesh: DeviceMesh, *, parallel: ParallelConfig, device: torch.device) -> torch.nn.Module:
+def _apply_ddp(model, dp_mesh: DeviceMesh, *, parallel: ParallelConfig, device: torch.device,
+               pipelined: bool = False) -> torch.nn.Module:
+    """DDP over the dp axis. A pipeline stage runs several backwards per step (one per micro-batch, the
+    last one synchronized): DDP's first-iteration bucket rebuild would count every parameter once per
+    micro-batch and fail, and `find_unused_parameters` is what turns that rebuild off."""
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(
-        model, device_ids=device_ids, process_group=dp_mesh.get_group(), bucket_cap_mb=parallel.bucket_cap_mb
+        model, device_ids=device_ids, process_group=dp_mesh.get_group(), bucket_cap_mb=parallel.bucket_cap_mb,
+        find_unused_parameters=pipelined,
     )

@@ -1,7 +1,8 @@
 """Run under torchrun: train several parallel layouts ("cases") in one process group, each with its own
 device mesh, each model family into <out>/<case>/<family>.
 
-    --case NAME=override,override,...   (repeatable; overrides are `section.field=value`)
+    --case NAME=override,override,...          (repeatable; overrides are `section.field=value`)
+    --case NAME@family+family=override,...     (only these families for this case)
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def main() -> int:
     cases = []
     for case in args.case:
         name, _, overrides = case.partition("=")
-        for family in args.families.split(","):
+        name, _, only = name.partition("@")
+        for family in only.split("+") if only else args.families.split(","):
             cases.append(apply_overrides(TrainConfig(run_dir=f"{args.out}/{name}/{family}"), [
                 *COMMON, *args.common, f"model.family={family}", f"steps={args.steps}",
                 *[o for o in overrides.split(",") if o]]))

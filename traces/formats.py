@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,57 @@ parallel: each of its stage forwards and backwards, inside a `pp_forward` / `pp_
 PP_FORWARD = "pp_forward"
 PP_BACKWARD = "pp_backward"
 """Ranges of one pipeline stage's forward / backward of one micro-batch (the stage's compute)."""
+
+
+P2P_MARKER_PREFIX = "pp_p2p["
+"""`pp_p2p[<send|recv> <forward|backward> mb=<i> peer=<global rank>]`: an empty range the pipeline stage opens
+right before it issues each send / recv of a micro-batch's activations (forward) or gradients (backward), in
+issue order: what the trace's own send / recv events do not say (peer, micro-batch, direction)."""
+PP_SCHEDULE_PREFIX = "pp_schedule["
+"""`pp_schedule[<schedule> stages=<n> microbatches=<m> rank_stages=<i>,<j>]`: an empty range once per step on
+every pipeline rank: the schedule, the number of stages and micro-batches, the stages this rank holds."""
+_P2P_MARKER_RE = re.compile(r"^pp_p2p\[(send|recv) (forward|backward) mb=(\d+) peer=(\d+)\]$")
+_PP_SCHEDULE_RE = re.compile(r"^pp_schedule\[(\S+) stages=(\d+) microbatches=(\d+) rank_stages=([\d,]+)\]$")
+
+
+@dataclass(frozen=True, slots=True)
+class P2PMarker:
+    kind: str
+    """send or recv"""
+    direction: str
+    """forward (activations, to the next stage) or backward (gradients, to the previous stage)"""
+    microbatch: int
+    peer: int
+    """Global rank of the other side."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleMarker:
+    schedule: str
+    stages: int
+    microbatches: int
+    rank_stages: tuple[int, ...]
+
+
+def p2p_marker(kind: str, direction: str, microbatch: int, peer: int) -> str:
+    return f"{P2P_MARKER_PREFIX}{kind} {direction} mb={microbatch} peer={peer}]"
+
+
+def parse_p2p_marker(name: str) -> P2PMarker | None:
+    match = _P2P_MARKER_RE.match(name) if name.startswith(P2P_MARKER_PREFIX) else None
+    return P2PMarker(match[1], match[2], int(match[3]), int(match[4])) if match else None
+
+
+def schedule_marker(schedule: str, stages: int, microbatches: int, rank_stages: list[int]) -> str:
+    return (f"{PP_SCHEDULE_PREFIX}{schedule} stages={stages} microbatches={microbatches} "
+            f"rank_stages={','.join(map(str, rank_stages))}]")
+
+
+def parse_schedule_marker(name: str) -> ScheduleMarker | None:
+    match = _PP_SCHEDULE_RE.match(name) if name.startswith(PP_SCHEDULE_PREFIX) else None
+    if match is None:
+        return None
+    return ScheduleMarker(match[1], int(match[2]), int(match[3]), tuple(int(i) for i in match[4].split(",")))
 
 
 def microbatch_range(index: int) -> str:

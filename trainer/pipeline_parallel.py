@@ -29,7 +29,8 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
                                           ScheduleInterleaved1F1B)
 from torch.profiler import record_function
 
-from ..traces.formats import INJECTED_SLOW_STAGE, PP_BACKWARD, PP_FORWARD, microbatch_range
+from ..traces.formats import (INJECTED_SLOW_STAGE, PP_BACKWARD, PP_FORWARD, microbatch_range, p2p_marker,
+                              schedule_marker)
 from .config import ConfigError, FaultConfig, TrainConfig
 from .fast_moe import install_fast_experts
 from .faults import install_layer_faults
@@ -131,6 +132,26 @@ class TracedStage(PipelineStage):
             return super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward,
                                               last_backward=last_backward)
 
+    # The schedule issues the ops these return right away: a marker per op names its peer and micro-batch.
+    def get_fwd_recv_ops(self, fwd_chunk_id):
+        return _marked(super().get_fwd_recv_ops(fwd_chunk_id), "recv", "forward", fwd_chunk_id)
+
+    def get_fwd_send_ops(self, fwd_chunk_id):
+        return _marked(super().get_fwd_send_ops(fwd_chunk_id), "send", "forward", fwd_chunk_id)
+
+    def get_bwd_recv_ops(self, bwd_chunk_id):
+        return _marked(super().get_bwd_recv_ops(bwd_chunk_id), "recv", "backward", bwd_chunk_id)
+
+    def get_bwd_send_ops(self, bwd_chunk_id):
+        return _marked(super().get_bwd_send_ops(bwd_chunk_id), "send", "backward", bwd_chunk_id)
+
+
+def _marked(ops: list, kind: str, direction: str, microbatch: int) -> list:
+    for op in ops:
+        with record_function(p2p_marker(kind, direction, microbatch, op.peer)):
+            pass
+    return ops
+
 
 @dataclass
 class Pipeline:
@@ -146,6 +167,10 @@ class Pipeline:
     """Global rank that holds the last stage (and so the loss)."""
     vocab_size: int
     flops: FlopModel
+    schedule_name: str = "1f1b"
+    """parallel.pp_schedule"""
+    microbatches: int = 1
+    """parallel.pp_microbatches"""
     _losses: list[torch.Tensor] = field(default_factory=list)
     _device: torch.device = torch.device("cpu")
 
@@ -161,6 +186,9 @@ class Pipeline:
         """Forward and backward of every micro-batch of `input_ids` (the first stage reads the tokens, the
         last the labels)."""
         self._losses: list[torch.Tensor] = []
+        with record_function(schedule_marker(self.schedule_name, self.stages[0].num_stages,
+                                             self.microbatches, [s.stage_index for s in self.stages])):
+            pass
         kwargs = {"target": input_ids, "losses": self._losses} if self.last else {}
         args = (input_ids,) if self.first else ()
         self.schedule.step(*args, **kwargs)
@@ -200,7 +228,8 @@ def build_pipeline(config: TrainConfig, *, dims: ParallelDims, mesh: DeviceMesh,
     schedule = schedule_class(stage_arg, n_microbatches=parallel.pp_microbatches, loss_fn=next_token_loss)
     last_stage_rank = dist.get_global_rank(group, dims.pp - 1)
     return Pipeline(stages=stages, modules=torch.nn.ModuleList(modules), schedule=schedule, group=group,
-                    last_stage_rank=last_stage_rank, vocab_size=vocab_size, flops=flops)
+                    last_stage_rank=last_stage_rank, vocab_size=vocab_size, flops=flops,
+                    schedule_name=parallel.pp_schedule, microbatches=parallel.pp_microbatches)
 
 
 def slow_stage_ms(faults: FaultConfig, stage_index: int) -> float:

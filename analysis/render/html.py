@@ -12,6 +12,7 @@ from fleetscope.analysis.per_rank.collectives import step_label
 from fleetscope.analysis.per_rank.utilization import Utilization
 from fleetscope.analysis.render import svg
 from fleetscope.analysis.render.evidence_html import evidence_sections
+from fleetscope.analysis.render.pipeline_section import pipeline_html
 from fleetscope.analysis.report.model import RankSummary, Report, WindowReport
 
 HTA_ROWS_SHOWN = 20
@@ -48,6 +49,7 @@ def render_html(report: Report, *, trace_ranges: StepRanges | None = None) -> st
         _step_heatmap(report),
         _kernel_section(report),
         _straggler_section(report, trace_ranges),
+        pipeline_html(report),
         evidence_sections(report),
         _clock_section(report),
         _hta_section(report),

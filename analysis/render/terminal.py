@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fleetscope.analysis.per_rank.collectives import step_label
 from fleetscope.analysis.render.evidence_text import evidence_sections
+from fleetscope.analysis.render.pipeline_section import pipeline_text
 from fleetscope.analysis.report.model import Report, WindowReport
 
 MAX_RANK_ROWS = 32
@@ -17,6 +18,7 @@ def render_terminal(report: Report) -> str:
         _header(report),
         _rank_table(report),
         _stragglers(report),
+        pipeline_text(report),
         *evidence_sections(report),
         _clock_lines(report),
         _hta_lines(report),

@@ -45,7 +45,7 @@ def _span(name, ts, dur, tid=1, cat="cpu_op"):
     return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": float(ts), "dur": float(dur)}
 
 
-def _stage_trace(rank: int, *, compute_us: float, recv_us: float) -> dict:
+def _stage_trace(rank: int, *, compute_us: float, recv_us: float, markers: bool = True) -> dict:
     """One step of a 2-stage GPipe pipeline with 2 micro-batches, as gloo records it on CPU."""
     peer = 1 - rank
     events = [_span("ProfilerStep#3", 0, 1000, cat="user_annotation"),
@@ -67,6 +67,8 @@ def _stage_trace(rank: int, *, compute_us: float, recv_us: float) -> dict:
                            _span("c10d::send", t + 1, 1), _span("gloo:send", t + 1, 5)]
                 t += 7
     events.append(_span("gloo:all_reduce", 900, 20, tid=2))
+    if not markers:
+        events = [e for e in events if not e["name"].startswith(("pp_p2p[", "pp_schedule["))]
     return {"distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2}, "baseTimeNanoseconds": 0,
             "traceEvents": events}
 
@@ -92,6 +94,13 @@ def test_sends_and_receives_leave_collectives_and_pair_up(tmp_path):
     assert stage1.compute_per_microbatch_ms == pytest.approx(0.3) and stage0.compute_per_microbatch_ms == pytest.approx(0.04)
     assert pipeline.slowest_rank == 1 and pipeline.slowest_stages == [1]
     assert pipeline.verdict.startswith("stage 1 (rank 1) is the slowest pipeline stage")
+
+
+def test_sends_without_stage_markers_are_still_no_collectives(tmp_path):
+    results = [_result(tmp_path, r, compute_us=100, recv_us=50, markers=False) for r in (0, 1)]
+    assert all([key[1] for key in r.collectives.keys] == ["gloo:all_reduce"] for r in results)
+    pipeline = analyze_pipeline(results)
+    assert pipeline.schedule is None and pipeline.transfers == 0 and pipeline.ranks[0].bubble_ms == pytest.approx(0.1)
 
 
 def test_equal_stages_name_no_slow_stage(tmp_path):

@@ -106,3 +106,11 @@ def test_accumulation_and_pipeline_count_optimizer_steps(runs):
         rows = [json.loads(line) for line in (runs / case / "qwen3_moe" / "metrics" / "rank0.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows] == list(range(STEPS))
         assert all(abs(r["tokens_per_s"] * r["step_time_ms"] / 1e3 - tokens) < 1e-6 * tokens for r in rows)
+
+
+def test_inner_micro_batches_skip_the_gradient_all_reduce(runs):
+    """DDP's comm hook fires once per bucket all-reduce: the tiny model's gradients fit one 25 MiB bucket, so one
+    all-reduce per optimizer step means the first micro-batch's backward ran under no_sync (else: 2)."""
+    for rank in (0, 1):
+        path = runs / "ddp_accumulation" / "qwen3_moe" / "metrics" / f"rank{rank}.jsonl"
+        assert [json.loads(line)["comm_buckets"] for line in path.read_text().splitlines()] == [1] * STEPS

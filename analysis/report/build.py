@@ -242,12 +242,14 @@ def _overall_verdict(windows: list[WindowReport], summaries: list[RankSummary],
 
 def _pipeline_sentences(windows: list[WindowReport]) -> list[str]:
     """A pipeline job's verdict comes from its stages (cross_rank/pipeline.py): its ranks finish the schedule
-    at different times by design, so who arrives last at the collectives around it names no straggler."""
+    at different times by design, so who arrives last at the collectives around it names no straggler.
+    Sends and receives without a known schedule add their sentence next to the collectives' one."""
     pipelines = [w.pipeline for w in windows if w.pipeline is not None]
     if not pipelines:
         return []
-    slow = [p for p in pipelines if p.slowest_rank is not None]
-    chosen = slow[0] if slow else pipelines[0]
+    chosen = next((p for p in pipelines if p.slowest_rank is not None), pipelines[0])
+    if chosen.schedule is None:
+        return [_waited_for_sentence(windows), chosen.verdict]
     return [chosen.verdict, "waits at collectives in a pipeline job follow the schedule and are not taken "
                             "for a straggler (see the Stragglers section for them)"]
 

@@ -35,6 +35,8 @@ CASES = {
         # 2 ranks x 2 micro-batches x 2 sequences = 8 sequences per optimizer step.
         "ddp_accumulation": "parallel.mode=ddp,data.batch_size=2,optim.accumulation_steps=2",
         "fsdp_accumulation": "parallel.mode=fsdp,data.batch_size=2,optim.accumulation_steps=2",
+        "fsdp_accumulation_traced@qwen3_moe": "parallel.mode=fsdp,data.batch_size=2,optim.accumulation_steps=2,"
+                                              "profiler.enabled=true",
         "pp_gpipe": f"{PP},parallel.pp_schedule=gpipe",
         f"pp_1f1b@{'+'.join(ALL_FAMILIES)}": f"{PP},parallel.pp_schedule=1f1b",
         "pp_interleaved@qwen3_moe": f"{PP},parallel.pp_schedule=interleaved_1f1b,model.path={FOUR_BLOCKS}",
@@ -114,3 +116,22 @@ def test_inner_micro_batches_skip_the_gradient_all_reduce(runs):
     for rank in (0, 1):
         path = runs / "ddp_accumulation" / "qwen3_moe" / "metrics" / f"rank{rank}.jsonl"
         assert [json.loads(line)["comm_buckets"] for line in path.read_text().splitlines()] == [1] * STEPS
+
+
+def test_fsdp_reduce_scatters_on_the_last_micro_batch_only(runs):
+    """In the profiled steps, FSDP2's gradient reduce-scatters (one per block, one for the root) all run inside
+    the last micro-batch's range; the first micro-batch's backward issues none."""
+    import gzip
+
+    (trace,) = (runs / "fsdp_accumulation_traced" / "qwen3_moe" / "traces").glob("window000/rank0.*.json.gz")
+    events = [e for e in json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"] if e.get("ph") == "X"]
+    ranges = [e for e in events if e["name"] in ("microbatch[0]", "microbatch[1]")]
+    scatters = [e for e in events if e["name"] == "c10d::_reduce_scatter_base_"]
+    inside = {name: 0 for name in ("microbatch[0]", "microbatch[1]")}
+    for scatter in scatters:
+        for span in ranges:
+            if span["ts"] <= scatter["ts"] <= span["ts"] + span["dur"] and span["tid"] == scatter["tid"]:
+                inside[span["name"]] += 1
+    profiled_steps = sum(1 for e in events if e["name"].startswith("ProfilerStep#"))
+    blocks = 2  # the tiny preset
+    assert inside == {"microbatch[0]": 0, "microbatch[1]": (blocks + 1) * profiled_steps}, inside

@@ -144,8 +144,12 @@ def test_report_names_the_slow_stage_and_the_bubble(slow_runs, tmp_path, case, s
     assert "is the straggler" not in report.verdict
     matched = [i.name for i in window.stragglers.worst_instances]
     assert matched and not any("send" in name or "recv" in name for name in matched)
-    data = json.loads((tmp_path / "report.json").read_text())
-    assert data["windows"][0]["pipeline"]["slowest_rank"] == slow_rank
+    from fleetscope.analysis.analyze import load_report_json
+    from fleetscope.analysis.render.terminal import render_terminal
+
+    reloaded = load_report_json(tmp_path / "report.json")
+    assert reloaded.windows[0].pipeline == pipeline
+    assert f"stage {slow_rank} (rank {slow_rank}) is the slowest" in render_terminal(reloaded).split("Pipeline (")[1]
 
 
 @pytest.mark.slow

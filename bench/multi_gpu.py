@@ -15,6 +15,9 @@ gathers, analyzes and merges each run directory and prints one table:
   - expert parallelism: FSDP2 and DDP with ep = N (every GPU holds 1/N of the experts), FSDP2 with ep = 2 x
     edp = N/2 (N >= 4), and ep = N with the hot-expert fault (expert 3 draws most tokens): tokens/s and the
     MoE records' load imbalance (hottest expert's tokens / mean) and all-to-all volume per step.
+  - parallel breadth (plan_breadth_jobs): gradient accumulation (FSDP2, 4 micro-batches), HSDP (2 replicas
+    x N/2 shards, N >= 4), pipeline parallel 2 stages x FSDP2 over N/2 (GPipe, 1F1B, interleaved 1F1B) and
+    1F1B with stage 1 slowed by --straggle-ms per micro-batch -> the report's pipeline bubble and slowest stage.
 With --device cpu (gloo) the same script runs on a laptop, which is how it is tested.
 """
 
@@ -65,10 +68,25 @@ def expert_parallel_jobs(nproc: int, hot_expert: int = 3) -> list[Job]:
     return jobs
 
 
+def plan_breadth_jobs(nproc: int, straggle_ms: float) -> list[Job]:
+    """Accumulation, HSDP and pipeline jobs (pure); pipelines need 2 GPUs, HSDP 4."""
+    fsdp = ["--parallel", "fsdp"]
+    jobs = [Job("accumulation-fsdp", nproc, [*fsdp, "--set", "optim.accumulation_steps=4"])]
+    if nproc >= 4 and nproc % 2 == 0:
+        jobs.append(Job("hsdp", nproc, [*fsdp, "--set", "parallel.dp_replicate=2"]))
+    if nproc >= 2 and nproc % 2 == 0:
+        pipeline = [*fsdp, "--set", "parallel.pp=2", "--set", "parallel.pp_microbatches=4"]
+        for schedule in ("gpipe", "1f1b", "interleaved_1f1b"):
+            jobs.append(Job(f"pp-{schedule}", nproc, [*pipeline, "--set", f"parallel.pp_schedule={schedule}"]))
+        jobs.append(Job("pp-slow-stage", nproc, [*pipeline, "--set", "parallel.pp_schedule=1f1b",
+                                                 "--set", "faults.slow_stage=1", "--set", f"faults.slow_stage_ms={straggle_ms}"]))
+    return jobs
+
+
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out).absolute()
     failed = []
-    for job in plan_jobs(args.nproc, args.straggle_ms):
+    for job in plan_jobs(args.nproc, args.straggle_ms) + plan_breadth_jobs(args.nproc, args.straggle_ms):
         command = [sys.executable, "-m", "fleetscope.cli.main", "launch", "--no-post", "--device", args.device,
                    "--nproc-per-node", str(job.nproc), "--preset", args.preset, "--steps", str(args.steps),
                    "--batch-size", str(args.batch), "--seq-len", str(args.seq), "--profile", args.profile,
@@ -113,7 +131,16 @@ def report_summary(run_dir: Path) -> dict:
 
     return {"busy_pct": mean("busy_pct"), "idle_pct": mean("idle_pct"), "comm_pct": mean("comm_pct"),
             "overlap_pct": mean("overlap_pct"), "verdict": data.get("verdict"),
-            "hta_overlap_pct": _hta_overlap(data)}
+            "hta_overlap_pct": _hta_overlap(data), "pipeline": _pipeline(data)}
+
+
+def _pipeline(report: dict) -> dict | None:
+    """Bubble per rank, the schedule's own bubble and the slowest stage of the first pipeline window."""
+    window = next((w["pipeline"] for w in report.get("windows", []) if w.get("pipeline")), None)
+    if window is None:
+        return None
+    return {"bubble_pct": {r["rank"]: round(r["bubble_pct"], 1) for r in window["ranks"]},
+            "theoretical_bubble_pct": window["theoretical_bubble_pct"], "slowest_rank": window["slowest_rank"]}
 
 
 def _hta_overlap(report: dict) -> float | None:
@@ -181,6 +208,9 @@ def table(rows: dict, scaling: float | None) -> str:
     lines.append(f"\nweak scaling efficiency (FSDP2, N GPUs vs 1): {_fmt(scaling)}")
     if "straggler" in rows:
         lines.append(f"straggler run verdict: {rows['straggler']['verdict']}")
+    for name, row in rows.items():
+        if row.get("pipeline"):
+            lines.append(f"{name}: pipeline {row['pipeline']}")
     return "\n".join(lines)
 
 

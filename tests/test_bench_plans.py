@@ -34,6 +34,24 @@ def test_multi_gpu_expert_parallel_jobs():
     assert multi_gpu.expert_parallel_jobs(1) == []
 
 
+def test_multi_gpu_breadth_jobs_cover_accumulation_hsdp_and_every_pipeline_schedule():
+    multi_gpu = load("multi_gpu")
+    jobs = {job.name: job for job in multi_gpu.plan_breadth_jobs(8, straggle_ms=20)}
+    assert set(jobs) == {"accumulation-fsdp", "hsdp", "pp-gpipe", "pp-1f1b", "pp-interleaved_1f1b", "pp-slow-stage"}
+    assert "parallel.dp_replicate=2" in jobs["hsdp"].args and "faults.slow_stage_ms=20" in jobs["pp-slow-stage"].args
+    assert {job.name for job in multi_gpu.plan_breadth_jobs(2, straggle_ms=20)} == set(jobs) - {"hsdp"}
+    # Every planned job is a valid configuration for its world size (checked as the launcher checks it).
+    from fleetscope.launcher.spec import JobSpec
+    from fleetscope.trainer.config import TrainConfig, apply_overrides
+    for nproc in (2, 8):
+        for job in multi_gpu.plan_breadth_jobs(nproc, straggle_ms=20):
+            sets = [job.args[i + 1] for i, a in enumerate(job.args) if a == "--set"]
+            mode = job.args[job.args.index("--parallel") + 1]
+            train = apply_overrides(TrainConfig(run_dir="/r"), [f"parallel.mode={mode}", "model.preset=small",
+                                                                "data.batch_size=8", *sets])
+            JobSpec(train=train, nproc_per_node=nproc)
+
+
 def test_profiler_overhead_summary_separates_windows():
     overhead = load("profiler_overhead")
     off = [{"step": s, "step_time_ms": 10.0, "profiled": False} for s in range(30)]

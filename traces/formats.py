@@ -44,6 +44,78 @@ INJECTED_SLOW_PHASE = INJECTED_PREFIX + "slow_phase"
 """faults.slow_phase*: a sleep inside the forward / backward / optimizer_step range."""
 INJECTED_HANG = INJECTED_PREFIX + "hang"
 """faults.hang_rank / hang_step: a rank that blocks forever before its step's collectives."""
+INJECTED_SLOW_STAGE = INJECTED_PREFIX + "slow_stage"
+"""faults.slow_stage*: a sleep inside every micro-batch forward of one pipeline stage."""
+MICROBATCH_PREFIX = "microbatch["
+"""`microbatch[<i>]` ranges: one per micro-batch (gradient accumulation: its forward and backward; pipeline
+parallel: each of its stage forwards and backwards, inside a `pp_forward` / `pp_backward` range)."""
+PP_FORWARD = "pp_forward"
+PP_BACKWARD = "pp_backward"
+"""Ranges of one pipeline stage's forward / backward of one micro-batch (the stage's compute)."""
+
+
+P2P_MARKER_PREFIX = "pp_p2p["
+"""`pp_p2p[<send|recv> <forward|backward> mb=<i> peer=<global rank>]`: an empty range the pipeline stage opens
+right before it issues each send / recv of a micro-batch's activations (forward) or gradients (backward), in
+issue order: what the trace's own send / recv events do not say (peer, micro-batch, direction)."""
+PP_SCHEDULE_PREFIX = "pp_schedule["
+"""`pp_schedule[<schedule> stages=<n> microbatches=<m> rank_stages=<i>,<j>]`: an empty range once per step on
+every pipeline rank: the schedule, the number of stages and micro-batches, the stages this rank holds."""
+_P2P_MARKER_RE = re.compile(r"^pp_p2p\[(send|recv) (forward|backward) mb=(\d+) peer=(\d+)\]$")
+_PP_SCHEDULE_RE = re.compile(r"^pp_schedule\[(\S+) stages=(\d+) microbatches=(\d+) rank_stages=([\d,]+)\]$")
+
+
+@dataclass(frozen=True, slots=True)
+class P2PMarker:
+    kind: str
+    """send or recv"""
+    direction: str
+    """forward (activations, to the next stage) or backward (gradients, to the previous stage)"""
+    microbatch: int
+    peer: int
+    """Global rank of the other side."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleMarker:
+    schedule: str
+    stages: int
+    microbatches: int
+    rank_stages: tuple[int, ...]
+
+
+def p2p_marker(kind: str, direction: str, microbatch: int, peer: int) -> str:
+    return f"{P2P_MARKER_PREFIX}{kind} {direction} mb={microbatch} peer={peer}]"
+
+
+def parse_p2p_marker(name: str) -> P2PMarker | None:
+    match = _P2P_MARKER_RE.match(name) if name.startswith(P2P_MARKER_PREFIX) else None
+    return P2PMarker(match[1], match[2], int(match[3]), int(match[4])) if match else None
+
+
+def schedule_marker(schedule: str, stages: int, microbatches: int, rank_stages: list[int]) -> str:
+    return (f"{PP_SCHEDULE_PREFIX}{schedule} stages={stages} microbatches={microbatches} "
+            f"rank_stages={','.join(map(str, rank_stages))}]")
+
+
+def parse_schedule_marker(name: str) -> ScheduleMarker | None:
+    match = _PP_SCHEDULE_RE.match(name) if name.startswith(PP_SCHEDULE_PREFIX) else None
+    if match is None:
+        return None
+    return ScheduleMarker(match[1], int(match[2]), int(match[3]), tuple(int(i) for i in match[4].split(",")))
+
+
+def microbatch_range(index: int) -> str:
+    """The record_function name of micro-batch `index`."""
+    return f"{MICROBATCH_PREFIX}{index}]"
+
+
+def parse_microbatch_range(name: str) -> int | None:
+    """i of a `microbatch[i]` range, else None."""
+    if not (name.startswith(MICROBATCH_PREFIX) and name.endswith("]")):
+        return None
+    digits = name[len(MICROBATCH_PREFIX):-1]
+    return int(digits) if digits.isascii() and digits.isdigit() else None
 
 
 def step_marker(step: int) -> str:

@@ -27,6 +27,8 @@ DataSource = Literal["synthetic", "text", "tokens"]
 Tokenizer = Literal["bytes", "bpe"]
 TokenDtype = Literal["uint16", "uint32"]
 SlowPhase = Literal["none", "forward", "backward", "optimizer_step"]
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+ReduceDtype = Literal["auto", "fp32", "bf16"]
 
 
 class ConfigError(ValueError):
@@ -57,6 +59,10 @@ class ModelConfig:
         require(not self.load_weights or bool(self.path), "model.load_weights", "needs model.path")
 
 
+
+EP_MODES: tuple[str, ...] = ("ddp", "fsdp")
+"""Parallel modes that compose with expert parallelism (parallel.ep > 1)."""
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParallelConfig:
     mode: ParallelMode = "ddp"
@@ -75,8 +81,36 @@ class ParallelConfig:
     """Expert-parallel degree: routed experts are split into `ep` equal slices, one per rank of an `ep` mesh
     axis carved out of the data-parallel ranks; tokens travel to their experts by all-to-all. The
     world_size / ep data-parallel replicas of each slice reduce its gradients (mode ddp or fsdp; no tp)."""
+    dp_replicate: int = 1
+    """HSDP (modes fsdp, fsdp_tp): replicas of the sharded model, e.g. one per node; FSDP2 shards inside a
+    replica and all-reduces gradients across replicas. 1: plain FSDP."""
+    dp_shard: int = 0
+    """HSDP: ranks one replica shards over (e.g. the GPUs of a node); 0: the rest of the data-parallel degree,
+    world_size / (pp * tp * dp_replicate)."""
+    reshard_every: int = 1
+    """FSDP2 with reshard_after_forward: free the gathered parameters of every Nth block only (the others stay
+    gathered from forward to backward: less traffic, more memory). 1: every block."""
+    reshard_to: int = 0
+    """FSDP2 reshard_after_forward as an int: after forward, keep the parameters of a resharding block sharded
+    over this many ranks (a divisor of the shard degree, e.g. the GPUs of a node) instead of all; 0: all."""
+    forward_prefetch: int = 0
+    """FSDP2: blocks whose all-gather is issued ahead in forward (set_modules_to_forward_prefetch); 0: FSDP's
+    default of one implicit prefetch."""
+    backward_prefetch: int = 0
+    """FSDP2: blocks whose all-gather is issued ahead in backward (set_modules_to_backward_prefetch); 0: default."""
+    reduce_dtype: ReduceDtype = "auto"
+    """FSDP2 gradient reduce-scatter dtype (MixedPrecisionPolicy.reduce_dtype): auto (fp32 under bf16 on CUDA,
+    else the parameters' dtype), fp32 or bf16."""
+    pp: int = 1
+    """Pipeline-parallel stages (one per rank of a pp group); the decoder blocks are split evenly."""
+    pp_schedule: PipelineSchedule = "1f1b"
+    """Pipeline schedule: gpipe (all forwards, then all backwards), 1f1b, or interleaved_1f1b (two stages per
+    rank, round-robin)."""
+    pp_microbatches: int = 4
+    """Micro-batches per step that the pipeline schedule splits each rank's batch into."""
 
     def __post_init__(self) -> None:
+        self._check_hybrid()
         require(self.mode in PARALLEL_MODES, "parallel.mode", f"must be one of {PARALLEL_MODES}, got {self.mode!r}")
         require(self.tp >= 1, "parallel.tp", f"must be >= 1, got {self.tp}")
         require(self.mode in ("tp", "fsdp_tp") or self.tp == 1, "parallel.tp",
@@ -89,8 +123,31 @@ class ParallelConfig:
                 "plan shards every expert's FFN across tp ranks, which leaves no whole experts to distribute")
 
 
-EP_MODES: tuple[str, ...] = ("ddp", "fsdp")
-"""Parallel modes that compose with expert parallelism (parallel.ep > 1)."""
+    def _check_hybrid(self) -> None:
+        fsdp = self.mode in ("fsdp", "fsdp_tp")
+        require(self.dp_replicate >= 1, "parallel.dp_replicate", f"must be >= 1, got {self.dp_replicate}")
+        require(self.dp_shard >= 0, "parallel.dp_shard", f"must be >= 0, got {self.dp_shard}")
+        require(fsdp or (self.dp_replicate == 1 and self.dp_shard == 0), "parallel.dp_replicate",
+                f"HSDP shards with FSDP2; parallel.mode {self.mode!r} does not")
+        require(self.reshard_every >= 1, "parallel.reshard_every", f"must be >= 1, got {self.reshard_every}")
+        require(self.reshard_to >= 0, "parallel.reshard_to", f"must be >= 0, got {self.reshard_to}")
+        for name in ("forward_prefetch", "backward_prefetch"):
+            require(getattr(self, name) >= 0, f"parallel.{name}", f"must be >= 0, got {getattr(self, name)}")
+        require(self.reduce_dtype in typing.get_args(ReduceDtype), "parallel.reduce_dtype",
+                f"must be one of {typing.get_args(ReduceDtype)}, got {self.reduce_dtype!r}")
+        require(self.pp >= 1, "parallel.pp", f"must be >= 1, got {self.pp}")
+        require(self.pp_schedule in typing.get_args(PipelineSchedule), "parallel.pp_schedule",
+                f"must be one of {typing.get_args(PipelineSchedule)}, got {self.pp_schedule!r}")
+        require(self.pp_microbatches >= 1, "parallel.pp_microbatches", f"must be >= 1, got {self.pp_microbatches}")
+        require(self.pp == 1 or self.tp == 1, "parallel.pp",
+                "pipeline x tensor parallel is not supported; use pp with ddp or fsdp over the data-parallel ranks")
+        require(self.pp == 1 or self.pp_schedule == "gpipe" or self.pp_microbatches >= self.pp,
+                "parallel.pp_microbatches", f"{self.pp_schedule} needs at least pp={self.pp} micro-batches")
+
+    @property
+    def stages_per_rank(self) -> int:
+        """Pipeline stages each rank holds (2 for the interleaved schedule)."""
+        return 2 if self.pp > 1 and self.pp_schedule == "interleaved_1f1b" else 1
 
 
 def check_degrees(config: ParallelConfig, world_size: int) -> None:
@@ -98,6 +155,18 @@ def check_degrees(config: ParallelConfig, world_size: int) -> None:
     process group exists)."""
     if world_size % config.tp:
         raise ConfigError(f"parallel.tp: {config.tp} does not divide the world size {world_size}")
+    if world_size % (config.tp * config.pp):
+        raise ConfigError(f"parallel.pp: pp={config.pp} x tp={config.tp} does not divide the world size {world_size}")
+    dp = world_size // (config.tp * config.pp)
+    if dp % config.dp_replicate:
+        raise ConfigError(f"parallel.dp_replicate: {config.dp_replicate} does not divide the data-parallel "
+                          f"degree {dp} (world {world_size} / pp {config.pp} / tp {config.tp})")
+    shard = config.dp_shard or dp // config.dp_replicate
+    if config.reshard_to and (shard % config.reshard_to or config.reshard_to == 1):
+        raise ConfigError(f"parallel.reshard_to: {config.reshard_to} must be > 1 and divide the shard degree {shard}")
+    if config.dp_shard and config.dp_replicate * config.dp_shard != dp:
+        raise ConfigError(f"parallel.dp_shard: dp_replicate {config.dp_replicate} x dp_shard {config.dp_shard} "
+                          f"must equal the data-parallel degree {dp}")
     if config.mode == "tp" and config.tp != world_size:
         raise ConfigError(f"parallel.tp: mode 'tp' shards over all {world_size} ranks, so tp must be "
                           f"{world_size} (got {config.tp}); use fsdp_tp for data x tensor parallel")
@@ -224,8 +293,13 @@ class OptimConfig:
     """Fused AdamW kernel (CUDA; ignored on CPU)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value; 0 disables."""
+    accumulation_steps: int = 1
+    """Micro-batches (of data.batch_size sequences each) accumulated per optimizer step; gradients are
+    synchronized on the last one only, and each micro-batch's loss is scaled by 1 / accumulation_steps."""
 
     def __post_init__(self) -> None:
+        require(self.accumulation_steps >= 1, "optim.accumulation_steps",
+                f"must be >= 1, got {self.accumulation_steps}")
         require(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
         require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
         require(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
@@ -372,6 +446,10 @@ class FaultConfig:
     """Rank that blocks forever before its step's collectives at `hang_step` (a hang to detect); -1: none."""
     hang_step: int = 0
     """Step at which `hang_rank` blocks."""
+    slow_stage: int = -1
+    """Pipeline stage (parallel.pp > 1) whose every micro-batch forward sleeps `slow_stage_ms`; -1: none."""
+    slow_stage_ms: float = 0.0
+    """Delay per micro-batch forward of `slow_stage`."""
 
     def __post_init__(self) -> None:
         require(self.crash_step >= 0, "faults.crash_step", "must be >= 0")
@@ -386,6 +464,8 @@ class FaultConfig:
         require(self.slow_phase_rank >= -1, "faults.slow_phase_rank", f"must be >= -1, got {self.slow_phase_rank}")
         require(self.slow_from_step >= -1, "faults.slow_from_step", f"must be >= -1, got {self.slow_from_step}")
         require(self.hang_step >= 0, "faults.hang_step", f"must be >= 0, got {self.hang_step}")
+        require(self.slow_stage >= -1, "faults.slow_stage", f"must be >= -1, got {self.slow_stage}")
+        require(self.slow_stage_ms >= 0, "faults.slow_stage_ms", f"must be >= 0, got {self.slow_stage_ms}")
         require(self.slow_phase == "none" or self.slow_phase_ms > 0, "faults.slow_phase_ms",
                  f"must be > 0 when faults.slow_phase is {self.slow_phase!r}")
         require(self.hot_expert >= -1, "faults.hot_expert", f"must be >= -1, got {self.hot_expert}")
@@ -451,6 +531,24 @@ class TrainConfig:
         require(self.parallel.ep == 1 or not (self.checkpoint.every or self.checkpoint.at_exit), "checkpoint.every",
                 "checkpoints of expert-parallel runs are not supported: every rank holds different experts under "
                 "the same parameter names (set parallel.ep=1, or checkpoint.every=0 and checkpoint.at_exit=false)")
+        require(self.parallel.ep == 1 or not (self.parallel.pp > 1 or self.parallel.dp_replicate > 1), "parallel.ep",
+                "expert parallelism composes with plain DDP/FSDP2 (parallel.pp=1, parallel.dp_replicate=1) only")
+        self._check_pipeline()
+
+    def _check_pipeline(self) -> None:
+        parallel = self.parallel
+        stages = parallel.pp * parallel.stages_per_rank
+        require(self.faults.slow_stage < stages, "faults.slow_stage",
+                f"{self.faults.slow_stage} is not a pipeline stage (there are {stages})")
+        if parallel.pp == 1:
+            return
+        require(not (self.checkpoint.every or self.checkpoint.at_exit), "checkpoint.every",
+                "checkpoints of pipeline stages are not supported (parallel.pp > 1)")
+        require(self.optim.accumulation_steps == 1, "optim.accumulation_steps",
+                "the pipeline schedule accumulates over parallel.pp_microbatches already; keep it 1 with pp > 1")
+        require(self.data.batch_size % parallel.pp_microbatches == 0, "parallel.pp_microbatches",
+                f"{parallel.pp_microbatches} does not divide data.batch_size {self.data.batch_size}")
+        require(self.performance.compile == "none", "performance.compile", "is not supported with parallel.pp > 1")
 
 
 # --- `section.field=value` overrides -------------------------------------------------------

@@ -25,6 +25,7 @@ from .flops import FlopModel, flop_model, peak_tflops
 from .loss import CausalLMTrainingModule
 from .comm_timing import Clock, DdpCommTimer, StepBuckets, TimedSpan
 from .compile_record import CompileWatch
+from .accumulation import gradient_sync, micro_step, take_micro_batches
 from .capture import CaptureController
 from .faults import MemoryLeak, injected_hang, install_layer_faults, slow_phase
 from .hang import HangWatchdog
@@ -35,6 +36,7 @@ from .models import build_model
 from .observability import MemorySnapshots, mllog_line
 from .preemption import LEVEL_NONE, LEVEL_NOTICE, StopReason, StopRequests
 from .parallel import parallelize
+from .pipeline_parallel import Pipeline, build_pipeline, global_grad_norm
 from .profiling import PublishedTrace, Window, WindowedProfiler, plan_windows
 from .runtime import Runtime
 
@@ -57,10 +59,14 @@ class TrainState:
     """Expert-parallel experts' parameters: each rank holds a different slice (grad norm sums over ep)."""
     ep_group: object = None
     """The expert-parallel process group (None: no expert parallelism)."""
+    pipeline: Pipeline | None = None
+    """This rank's pipeline stages and schedule (None: parallel.pp is 1)."""
     step: int = 0
 
 
 def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
+    if runtime.dims.pp > 1:
+        return build_pipeline_state(config, runtime)
     sharded = runtime.dims.tp > 1
     causal_lm = build_model(config.model, seed=config.seed).to(runtime.device)
     vocab_size = causal_lm.config.vocab_size
@@ -106,6 +112,15 @@ def install_moe(causal_lm: torch.nn.Module, config: TrainConfig, runtime: Runtim
     return stats
 
 
+def build_pipeline_state(config: TrainConfig, runtime: Runtime) -> TrainState:
+    pipeline = build_pipeline(config, dims=runtime.dims, mesh=runtime.mesh, rank=runtime.rank, device=runtime.device)
+    optimizer = torch.optim.AdamW(pipeline.modules.parameters(), lr=config.optim.lr,
+                                  weight_decay=config.optim.weight_decay, fused=config.optim.fused and runtime.use_cuda)
+    leak = MemoryLeak(config.faults.leak_mb_per_step, runtime.device) if config.faults.leak_mb_per_step else None
+    return TrainState(model=pipeline.modules, optimizer=optimizer, vocab_size=pipeline.vocab_size,
+                      flops=pipeline.flops, leak=leak, pipeline=pipeline)
+
+
 def autocast_context(config: TrainConfig, runtime: Runtime) -> contextlib.AbstractContextManager:
     if runtime.use_cuda and config.performance.precision == "bf16":
         return torch.autocast("cuda", dtype=torch.bfloat16)
@@ -127,46 +142,76 @@ def phase(name: str, runtime: Runtime) -> Iterator[None]:
 
 def train_step(state: TrainState, batches: Iterator[torch.Tensor], config: TrainConfig, runtime: Runtime,
                timer: PhaseTimer) -> torch.Tensor:
-    """One optimizer step; returns the loss (a tensor: reading it is the caller's sync point)."""
+    """One optimizer step over optim.accumulation_steps micro-batches; returns the mean loss (a tensor:
+    reading it is the caller's sync point)."""
     timer.mark("data")
-    input_ids = next(batches).to(runtime.device, non_blocking=True)
+    count = config.optim.accumulation_steps
+    micro_batches = [ids.to(runtime.device, non_blocking=True) for ids in take_micro_batches(batches, count)]
     inject_faults(state.step, config, runtime)
     if state.leak is not None:
         state.leak.step()
     with phase("train_step", runtime):
-        timer.mark("forward")
-        with phase("forward", runtime), autocast_context(config, runtime):
-            slow_phase("forward", config.faults, runtime.rank)
-            loss = state.model(input_ids)
-        timer.mark("backward")
-        with phase("backward", runtime):
-            slow_phase("backward", config.faults, runtime.rank)
-            loss.backward()
+        if state.pipeline is not None:
+            loss = pipeline_step(state.pipeline, micro_batches[0], config, runtime, timer)
+        else:
+            losses = []
+            for index, input_ids in enumerate(micro_batches):
+                with micro_step(index, count), gradient_sync(state.model, enabled=index == count - 1):
+                    losses.append(forward_backward(state, input_ids, config, runtime, timer, scale=1.0 / count))
+            loss = losses[0] if count == 1 else torch.stack(losses).mean()
         timer.mark("optimizer")
         with phase("optimizer_step", runtime):
             slow_phase("optimizer_step", config.faults, runtime.rank)
             if config.optim.grad_clip:
                 clip_grad_norm(list(state.model.parameters()), config.optim.grad_clip,
-                               expert_params=state.expert_params, ep_group=state.ep_group)
+                               expert_params=state.expert_params, ep_group=state.ep_group,
+                               stage_group=state.pipeline.group if state.pipeline is not None else None)
             state.optimizer.step()
             state.optimizer.zero_grad(set_to_none=True)
         timer.mark("end")
     return loss.detach()
 
 
+def forward_backward(state: TrainState, input_ids: torch.Tensor, config: TrainConfig, runtime: Runtime,
+                     timer: PhaseTimer, *, scale: float) -> torch.Tensor:
+    """Forward and backward of one micro-batch, its loss scaled by `scale` for the gradient; the unscaled loss."""
+    timer.mark("forward")
+    with phase("forward", runtime), autocast_context(config, runtime):
+        slow_phase("forward", config.faults, runtime.rank)
+        loss = state.model(input_ids)
+    timer.mark("backward")
+    with phase("backward", runtime):
+        slow_phase("backward", config.faults, runtime.rank)
+        (loss * scale if scale != 1.0 else loss).backward()
+    return loss.detach()
+
+
+def pipeline_step(pipeline: Pipeline, input_ids: torch.Tensor, config: TrainConfig, runtime: Runtime,
+                  timer: PhaseTimer) -> torch.Tensor:
+    """The pipeline schedule over this rank's batch: forward_ms holds the whole schedule (its forwards and
+    backwards interleave), backward_ms the loss broadcast from the last stage."""
+    timer.mark("forward")
+    with phase("forward", runtime), autocast_context(config, runtime):
+        slow_phase("forward", config.faults, runtime.rank)
+        pipeline.schedule_step(input_ids)
+    timer.mark("backward")
+    return pipeline.agreed_loss()
+
+
 def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float, *,
-                   expert_params: list[torch.nn.Parameter] = (), ep_group=None) -> torch.Tensor:
+                   expert_params: list[torch.nn.Parameter] = (), ep_group=None,
+                   stage_group: "torch.distributed.ProcessGroup | None" = None) -> torch.Tensor:
     """Clip the global gradient norm without a host sync; any mix of plain and DTensor gradients.
 
     Gradients are normed in foreach groups: plain tensors, and DTensors per device mesh (FSDP x TP
     mixes 1-D and 2-D meshes); a DTensor norm is the whole tensor's after `full_tensor`. Expert-parallel
-    experts' squared norms are summed over the ep group (each rank holds other experts). Then every
-    gradient is scaled by one device scalar.
+    experts' squared norms are summed over the ep group (each rank holds other experts), pipeline stages'
+    over the stage group. Then every gradient is scaled by one device scalar.
     """
     experts = {id(p) for p in expert_params}
     shared = _grad_groups([p for p in parameters if id(p) not in experts])
     sharded = _grad_groups([p for p in parameters if id(p) in experts])
-    if not shared and not expert_params:
+    if not shared and not expert_params and stage_group is None:
         return torch.zeros(())
     total_sq = _squared_norm(shared)
     if expert_params:  # every ep rank joins the all-reduce, with or without expert gradients
@@ -175,7 +220,9 @@ def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float, *,
             expert_sq = torch.zeros((), device=expert_params[0].device)
         dist.all_reduce(expert_sq, group=ep_group)
         total_sq = expert_sq if total_sq is None else total_sq + expert_sq.to(total_sq.device)
-    total = total_sq.sqrt()
+    total = total_sq.sqrt() if total_sq is not None else torch.zeros(())
+    if stage_group is not None:  # pipeline stages: the norm of the whole model's gradient
+        total = global_grad_norm(total, stage_group)
     scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for group in (*shared.values(), *sharded.values()):
         torch._foreach_mul_(group, scale.to(group[0].device))
@@ -219,7 +266,7 @@ def inject_faults(step: int, config: TrainConfig, runtime: Runtime) -> None:
 def step_metrics(step: int, loss: torch.Tensor, spans: dict[str, float], config: TrainConfig,
                  runtime: Runtime, state: TrainState, profiled: bool) -> StepMetrics:
     step_ms = sum(spans.values())
-    tokens = config.data.batch_size * config.data.seq_len
+    tokens = config.data.batch_size * config.data.seq_len * config.optim.accumulation_steps / runtime.dims.pp
     peak = peak_tflops(runtime.device)
     achieved_tflops = state.flops.per_token(config.data.seq_len) * tokens / (step_ms / 1e3) / 1e12 if step_ms else 0.0
     return StepMetrics(
@@ -305,9 +352,10 @@ class TrainingRun:
             self.state.step = load_checkpoint(found[1], model=self.state.model, optimizer=self.state.optimizer)
 
     def _batches(self) -> Iterator[torch.Tensor]:
+        micro = self.config.optim.accumulation_steps  # the loader counts micro-batches
         plan = data_plan(self.config.data, vocab_size=self.state.vocab_size, seed=self.config.seed,
-                              steps=self.config.steps, dp_rank=self.runtime.dp_rank, dp_size=self.runtime.dims.dp)
-        return iter(build_loader(self.config.data, plan=plan, start_step=self.state.step,
+                              steps=self.config.steps * micro, dp_rank=self.runtime.dp_rank, dp_size=self.runtime.dims.dp)
+        return iter(build_loader(self.config.data, plan=plan, start_step=self.state.step * micro,
                                  use_cuda=self.runtime.use_cuda,
                                  delay_ms=self.config.faults.data_delay_for(self.runtime.rank)))
 

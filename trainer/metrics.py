@@ -20,13 +20,15 @@ class StepTiming:
         self._use_cuda = use_cuda
 
     def durations_ms(self) -> dict[str, float]:
-        """`{phase: ms}` between consecutive marks (the last mark only ends the previous phase)."""
+        """`{phase: ms}` between consecutive marks, summed per phase name (the last mark only ends the previous
+        phase)."""
         if self._use_cuda:
             self._marks[-1][1].synchronize()
-        return {
-            name: start.elapsed_time(end) if self._use_cuda else (end - start) * 1e3
-            for (name, start), (_, end) in zip(self._marks, self._marks[1:])
-        }
+        durations: dict[str, float] = {}
+        for (name, start), (_, end) in zip(self._marks, self._marks[1:]):
+            # A phase repeated in one step (a forward per accumulated micro-batch) adds up.
+            durations[name] = durations.get(name, 0.0) + (start.elapsed_time(end) if self._use_cuda else (end - start) * 1e3)
+        return durations
 
 
 class PhaseTimer:

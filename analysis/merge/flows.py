@@ -12,7 +12,9 @@ Three kinds, each attached to slices through Perfetto flow ids:
   joins the slices of one id in time order, so the arrows run from the first rank to arrive to the
   last: the last arrow points at the rank everyone waited for. The instances are the ones the per-rank
   parse found and the report matches (per_rank/collectives.py, handed over in `WindowContext`): this
-  module only finds the slice each was parsed from.
+  module only finds the slice each was parsed from;
+* point-to-point flows: an arrow from each send to the receive that took its data (the pair the pipeline
+  analysis makes from the stages' markers, cross_rank/pipeline.py), one flow id per transfer.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from fleetscope.analysis.per_rank.names import (
     collective_name,
     is_comm_kernel,
     is_gloo_span,
+    point_to_point_kind,
 )
 
 if TYPE_CHECKING:
@@ -64,6 +67,8 @@ class FlowPlan:
     launch_flow_count: int = 0
     trace_flow_count: int = 0
     collective_flow_count: int = 0
+    p2p_flow_count: int = 0
+    """Sends and receives bound to a point-to-point flow (a transfer has two)."""
 
 
 def plan_flows(grouped: "GroupedEvents", tracks: "RankTracks", context: "WindowContext") -> FlowPlan:
@@ -80,7 +85,32 @@ def plan_flows(grouped: "GroupedEvents", tracks: "RankTracks", context: "WindowC
         for key, hit in plan.collectives.items():
             plan.outgoing[hit.ident].append(collective_flow_id(key, context.window_key))
         plan.collective_flow_count = len(plan.collectives)
+        _plan_p2p_flows(located, context, plan)
     return plan
+
+
+_P2P_FLOW_BIT = 1 << 62
+
+
+def p2p_flow_id(key: tuple, window_key: int) -> int:
+    """The same on the sending and the receiving rank for one transfer (sources.transfer_key)."""
+    digest = hashlib.blake2b(f"p2p|window {window_key}|{key}".encode(), digest_size=8).digest()
+    return _COLLECTIVE_FLOW_BIT | _P2P_FLOW_BIT | (int.from_bytes(digest, "big") >> 2)
+
+
+def _plan_p2p_flows(located: dict[int, _Located], context: "WindowContext", plan: FlowPlan) -> None:
+    """Start a flow at each send's slice and end it at the matching receive's (the slice starting there)."""
+    by_start: dict[int, list[int]] = defaultdict(list)
+    for ident, where in located.items():
+        if _may_be_collective(where.name):
+            by_start[where.start_ns].append(ident)
+    for start_ns, key, kind in context.p2p:
+        ident = next((i for i in by_start.get(start_ns, ()) if point_to_point_kind(located[i].name)), None)
+        if ident is None:
+            continue
+        ends = plan.outgoing if kind == "send" else plan.terminating
+        ends[ident].append(p2p_flow_id(key, context.window_key))
+        plan.p2p_flow_count += 1
 
 
 def collective_flow_id(key: CollectiveKey, window_key: int) -> int:

@@ -333,6 +333,7 @@ class _MergeSession:
             steps=tuple((step, clock.to_ns(start), clock.to_ns(end)) for step, start, end in model.steps),
             collectives=tuple((clock.to_ns(start), key) for start, key in model.collectives),
             collective_source=model.collective_source,
+            p2p=tuple((clock.to_ns(start), key, kind) for start, key, kind in model.p2p),
         )
         plan = plan_window(document["traceEvents"], tracks, context)
         if self.origin_ns is None:
@@ -364,7 +365,8 @@ def _add_totals(totals: Counter, plan: WindowPlan) -> None:
                   overlay_instants=plan.overlay_instant_count,
                   counters=plan.counter_sample_count, overlaps=plan.overlap_lane_count,
                   filtered=plan.filtered_count,
-                  flows=plan.flows.launch_flow_count + plan.flows.trace_flow_count + plan.flows.collective_flow_count)
+                  flows=plan.flows.launch_flow_count + plan.flows.trace_flow_count + plan.flows.collective_flow_count
+                  + plan.flows.p2p_flow_count)
 
 
 def _summary(source: RankSource, tracks: RankTracks, files: list[str], totals: Counter,

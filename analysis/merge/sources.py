@@ -20,6 +20,8 @@ from fleetscope.analysis.inputs.resolve import rank_from_name, resolve_input
 from fleetscope.analysis.inputs.sources import TraceFailure, TraceSource
 from fleetscope.analysis.per_rank.cache import ResultCache
 from fleetscope.analysis.per_rank.collectives import CollectiveKey
+from fleetscope.analysis.per_rank.names import P2P_RECV, P2P_SEND
+from fleetscope.analysis.per_rank.p2p import OUTSIDE_STEPS
 from fleetscope.analysis.per_rank.parse import parse_traces
 from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.traces.layout import RunLayout
@@ -50,6 +52,8 @@ class WindowModel:
     collectives: tuple[tuple[float, CollectiveKey], ...] = ()
     """(start_us, instance key) of each collective the report matches across ranks."""
     collective_source: str | None = None
+    p2p: tuple[tuple[float, tuple, str], ...] = ()
+    """(start_us, transfer key, send|recv) of each send / receive in a step whose peer is known (flows.p2p_flow_id)."""
 
     @classmethod
     def of(cls, result: RankResult) -> "WindowModel":
@@ -58,7 +62,15 @@ class WindowModel:
             steps=tuple((s.step, s.start_us, s.end_us) for s in result.steps),
             collectives=tuple((float(start), key) for start, key in zip(calls.start_us, calls.keys)),
             collective_source=calls.source,
+            p2p=tuple((c.start_us, transfer_key(result.rank, c), c.kind) for c in result.p2p.calls
+                      if c.peer is not None and c.kind in (P2P_SEND, P2P_RECV) and c.step != OUTSIDE_STEPS),
         )
+
+
+def transfer_key(rank: int | None, call) -> tuple:
+    """(step, direction, micro-batch, sender, receiver): the same on the sending and the receiving rank."""
+    sender, receiver = (rank, call.peer) if call.kind == P2P_SEND else (call.peer, rank)
+    return (call.step, call.direction, call.microbatch, sender, receiver)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -59,6 +59,8 @@ class WindowContext:
     collectives: tuple[tuple[int, CollectiveKey], ...] = ()
     """(start_ns, instance key) on the merged clock, from the per-rank parse."""
     collective_source: str | None = None
+    p2p: tuple[tuple[int, tuple, str], ...] = ()
+    """(start_ns, transfer key, send|recv) of the sends / receives with a known peer (sources.WindowModel)."""
 
 
 @dataclass(kw_only=True)

@@ -14,6 +14,7 @@ Where a rank's collective time comes from, by what the trace holds:
     was exchanged. The step is the one that launched the kernel (CUDA correlation), else the one it ran in.
   - gloo traces: `gloo:*` spans on the `pt_gloo_runloop` threads.
   - otherwise: host collective ops (`c10d::*`, functional collectives).
+Point-to-point sends and receives are no collectives and are left out (p2p.py keeps them).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from fleetscope.analysis.per_rank.names import (
     is_comm_kernel,
     is_gloo_span,
 )
+from fleetscope.analysis.per_rank.p2p import point_to_point_mask
 from fleetscope.analysis.per_rank.steps import StepTiming
 
 SOURCE_NCCL = "nccl kernels"
@@ -85,13 +87,14 @@ def find_collectives(events: TraceEvents, steps: list[StepTiming],
     """The rank's collective calls from the best source its trace offers; `compute` is the rank's
     computation (for interval_compute_us; none given: zeros)."""
     compute = compute if compute is not None else Intervals.empty()
-    kernels = events.of_kind(Kind.KERNEL) & events.names_matching(is_comm_kernel)
+    collective = ~point_to_point_mask(events)
+    kernels = events.of_kind(Kind.KERNEL) & events.names_matching(is_comm_kernel) & collective
     if kernels.any():
         return _keyed(events, kernels, events.launch_start_us(kernels), steps, compute, SOURCE_NCCL)
-    gloo = events.names_matching(is_gloo_span)
+    gloo = events.names_matching(is_gloo_span) & collective
     if gloo.any():
         return _keyed(events, gloo, events.start_us[gloo], steps, compute, SOURCE_GLOO)
-    host = events.of_kind(Kind.CPU_OP) & events.names_matching(_is_host_collective)
+    host = events.of_kind(Kind.CPU_OP) & events.names_matching(_is_host_collective) & collective
     if host.any():
         return _keyed(events, host, events.start_us[host], steps, compute, SOURCE_HOST)
     return CollectiveCalls.none()

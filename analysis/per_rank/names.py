@@ -35,6 +35,36 @@ def is_gloo_span(name: str) -> bool:
     return name.startswith(GLOO_SPAN_PREFIX)
 
 
+P2P_SEND, P2P_RECV, P2P_UNKNOWN = "send", "recv", "send/recv"
+_P2P_HOST_OPS = {"c10d::send": P2P_SEND, "c10d::recv_": P2P_RECV, "c10d::recv_any_source_": P2P_RECV}
+_P2P_GLOO_SPANS = {"gloo:send": P2P_SEND, "gloo:recv": P2P_RECV}
+
+
+def point_to_point_kind(name: str, collective_arg: str | None = None, launching_op: str | None = None) -> str | None:
+    """P2P_SEND / P2P_RECV for a point-to-point event (P2P_UNKNOWN: one whose direction the trace does not say),
+    None for a collective or anything else.
+
+    Point-to-point is not a collective: only two ranks take part, so it has no "last rank to arrive".
+    gloo: `gloo:send` / `gloo:recv` spans and the `c10d::send` / `c10d::recv_` host ops. NCCL runs sends
+    and receives as `SendRecv` kernels, but also uneven all-to-alls: a SendRecv kernel counts as
+    point-to-point unless its `Collective name` arg or the host op that launched it says otherwise
+    ("all_to_allv" ... stay collectives); with neither recorded, it is taken for point-to-point."""
+    kind = _P2P_HOST_OPS.get(name) or _P2P_GLOO_SPANS.get(name)
+    if kind is not None:
+        return kind
+    if _kernel_op(name) != "SendRecv":
+        return None
+    for text in (collective_arg, launching_op):
+        if text:
+            folded = text.lower().replace("_", "")
+            if "recv" in folded and "send" not in folded:
+                return P2P_RECV
+            if "send" in folded and "recv" not in folded:
+                return P2P_SEND
+            return P2P_UNKNOWN if folded.endswith(("sendrecv", "batchisendirecv", "coalesced")) else None
+    return P2P_UNKNOWN
+
+
 PROCESS_GROUP_NAME_ARG = "Process Group Name"
 PROCESS_GROUP_DESCRIPTION_ARG = "Process Group Description"
 """Kineto args naming the process group of a collective (on NCCL kernels and `record_param_comms`)."""

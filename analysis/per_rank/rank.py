@@ -24,6 +24,7 @@ from fleetscope.analysis.per_rank.events import (
 from fleetscope.analysis.per_rank.gpu_time import GpuTime, measure_gpu_time
 from fleetscope.analysis.per_rank.host_stalls import HostStalls, find_host_stalls
 from fleetscope.analysis.per_rank.kernels import KernelTotal, OpDuration, op_durations, top_kernels
+from fleetscope.analysis.per_rank.p2p import PointToPoint, find_point_to_point
 from fleetscope.analysis.per_rank.steps import StepTiming, find_steps
 from fleetscope.analysis.per_rank.utilization import (
     Utilization,
@@ -70,6 +71,8 @@ class RankResult:
     """Syncs, tensor reads, copies to the host, input waits per step; GPU idle gaps by cause."""
     op_durations: list[OpDuration] = dataclasses.field(default_factory=list)
     """Median duration of each compute kernel (host op on CPU) name (kernels.py)."""
+    p2p: PointToPoint = dataclasses.field(default_factory=PointToPoint.none)
+    """Point-to-point sends / receives and pipeline-stage compute (p2p.py); no collectives."""
     remarks: list[str] = dataclasses.field(default_factory=list)
     """Things about the file a reader should know (e.g. invalid UTF-8 that was replaced)."""
     from_cache: bool = False
@@ -114,6 +117,7 @@ def analyze_bytes(source: TraceSource, raw: bytes) -> RankResult:
         gpu_time=measure_gpu_time(events, steps),
         host_stalls=find_host_stalls(events, steps),
         op_durations=op_durations(events),
+        p2p=find_point_to_point(events, steps),
         remarks=remarks + _world_size_remarks(info),
     )
 

@@ -14,6 +14,7 @@ from fleetscope.analysis.render import svg
 from fleetscope.analysis.render.capture_html import capture_html
 from fleetscope.analysis.render.evidence_html import evidence_sections
 from fleetscope.analysis.render.cause_html import cause_section, critical_path_section
+from fleetscope.analysis.render.pipeline_section import pipeline_html
 from fleetscope.analysis.report.model import RankSummary, Report, WindowReport
 
 HTA_ROWS_SHOWN = 20
@@ -54,6 +55,7 @@ def render_html(report: Report, *, trace_ranges: StepRanges | None = None) -> st
         _straggler_section(report, trace_ranges),
         cause_section(report),
         critical_path_section(report),
+        pipeline_html(report),
         evidence_sections(report),
         capture_html(report),
         _clock_section(report),

@@ -6,6 +6,7 @@ from fleetscope.analysis.per_rank.collectives import step_label
 from fleetscope.analysis.render.capture_text import capture_sections
 from fleetscope.analysis.render.evidence_text import evidence_sections
 from fleetscope.analysis.render.cause_terminal import cause_lines, critical_path_lines
+from fleetscope.analysis.render.pipeline_section import pipeline_text
 from fleetscope.analysis.report.model import Report, WindowReport
 
 MAX_RANK_ROWS = 32
@@ -21,6 +22,7 @@ def render_terminal(report: Report) -> str:
         _stragglers(report),
         cause_lines(report),
         critical_path_lines(report),
+        pipeline_text(report),
         *evidence_sections(report),
         *capture_sections(report),
         _clock_lines(report),

@@ -14,6 +14,7 @@ from fleetscope.analysis.cross_rank.causes import find_causes
 from fleetscope.analysis.cross_rank.critical_path import critical_paths
 from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset, align_clocks
 from fleetscope.analysis.cross_rank.hta_views import HtaViews, run_hta, skipped
+from fleetscope.analysis.cross_rank.pipeline import analyze_pipeline
 from fleetscope.analysis.cross_rank.records import TrainerEvidence
 from fleetscope.analysis.cross_rank.stragglers import (
     DEFAULT_MIN_LATENESS_US,
@@ -181,6 +182,7 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
         hta=hta(results, stragglers),
         gpu_time=combine_gpu_time([r.gpu_time for r in results]),
         bandwidth=collective_bandwidth(results, aligned, link_peak_gbps),
+        pipeline=analyze_pipeline(results),
         notes=_window_notes(results),
         causes=find_causes(results, aligned, stragglers, clock),
         critical_path=critical_paths(results, aligned, clock.offsets_us()),
@@ -283,10 +285,24 @@ def _overall_verdict(windows: list[WindowReport], summaries: list[RankSummary],
                      if excess < EVEN_STEPS_PCT else
                      f"slowest rank: {slowest.rank} ({slowest.step_time.mean_ms:.2f} ms mean step, "
                      f"{excess:+.1f}% vs the median rank)")
-    parts.append(_waited_for_sentence(windows))
+    parts += _pipeline_sentences(windows) or [_waited_for_sentence(windows)]
     if failures or missing:
         parts.append(f"partial: {len(failures)} unusable trace(s), {len(missing)} missing rank trace(s)")
     return "; ".join(p for p in parts if p) + "."
+
+
+def _pipeline_sentences(windows: list[WindowReport]) -> list[str]:
+    """A pipeline job's verdict comes from its stages (cross_rank/pipeline.py): its ranks finish the schedule
+    at different times by design, so who arrives last at the collectives around it names no straggler.
+    Sends and receives without a known schedule add their sentence next to the collectives' one."""
+    pipelines = [w.pipeline for w in windows if w.pipeline is not None]
+    if not pipelines:
+        return []
+    chosen = next((p for p in pipelines if p.slowest_rank is not None), pipelines[0])
+    if chosen.schedule is None:
+        return [_waited_for_sentence(windows), chosen.verdict]
+    return [chosen.verdict, "waits at collectives in a pipeline job follow the schedule and are not taken "
+                            "for a straggler (see the Stragglers section for them)"]
 
 
 def _waited_for_sentence(windows: list[WindowReport]) -> str:

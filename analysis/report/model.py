@@ -88,6 +88,16 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           members, summed), wait_pct (wait / (wait + moving)), algbw_gbps
                           (total_bytes / moving time, 1e9 B/s), busbw_gbps (algbw x nccl-tests
                           factor), peak_busbw_gbps, peak_pct, verdict}} | null
+        pipeline          PipelineReport | null (no point-to-point traffic): {schedule, stages, microbatches
+                          (from the stages' pp_schedule markers; null without), theoretical_bubble_pct
+                          ((p-1)/(m+p-1) for gpipe/1f1b, (p-1)/(v m+p-1) interleaved), p2p_source ("gloo
+                          spans" | "nccl SendRecv kernels" | "host send/recv ops"), ranks[] {rank, stages[],
+                          steps, step_ms, bubble_ms (time in receives per step), bubble_pct (of the step),
+                          forward_wait_ms (for activations), backward_wait_ms (for gradients),
+                          compute_per_microbatch_ms (pp_forward + pp_backward per micro-batch), sends, recvs},
+                          transfers (sends paired with their receive), unpaired, slowest_rank,
+                          slowest_stages[], verdict}; sends and receives are never counted as
+                          collectives (cross_rank/pipeline.py)
     trainer               TrainerEvidence, from metrics/rank<R>.jsonl and rank<R>.compile.json | null:
                           {status ("ok" | "not recorded"), reason, missing_ranks[], warnings[] (leak
                           suspicion, allocation retries/OOMs, input wait >= 10% of step time, compilation in
@@ -121,7 +131,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
 Definitions of every metric: utilization.py (busy/idle/comm/overlap), stragglers.py (arrival, lateness,
 wait, score), causes.py (straggler causes, what-if), bandwidth.py and comm_bytes.py (collective sizes and bandwidth), gpu_time.py (GPU time by
 phase, range and category), host_stalls.py (syncs, input waits, idle causes), trainer_records.py (memory,
-input, compile records), collectives.py (collective times and keys), clock_align.py (clock offsets),
+input, compile records), collectives.py (collective times and keys), pipeline.py and p2p.py (sends,
+receives, bubbles, stage compute), clock_align.py (clock offsets),
 steps.py (steps and phases), kernels.py (kernel totals).
 """
 
@@ -139,6 +150,7 @@ from fleetscope.analysis.cross_rank.capture import CaptureSection
 from fleetscope.analysis.cross_rank.clock_align import ClockAlignment
 from fleetscope.analysis.cross_rank.critical_path import CriticalPaths
 from fleetscope.analysis.cross_rank.hta_views import HtaViews
+from fleetscope.analysis.cross_rank.pipeline import PipelineReport
 from fleetscope.analysis.cross_rank.records import TrainerEvidence
 from fleetscope.analysis.cross_rank.stragglers import Stragglers
 from fleetscope.analysis.inputs.sources import (  # noqa: F401  (part of the report's model)
@@ -204,6 +216,8 @@ class WindowReport:
     """GPU time of the window's ranks summed (gpu_time.py)."""
     bandwidth: Bandwidth | None = None
     """Collective bandwidth per (type, group, size bucket), bandwidth.py."""
+    pipeline: PipelineReport | None = None
+    """Point-to-point transfers, bubble per stage and the slowest stage (cross_rank/pipeline.py)."""
     notes: list[str] = field(default_factory=list)
     causes: CauseAnalysis = field(default_factory=CauseAnalysis)
     """Why each straggler is late (cross_rank/causes.py)."""

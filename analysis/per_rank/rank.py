@@ -24,6 +24,7 @@ from fleetscope.analysis.per_rank.events import (
 from fleetscope.analysis.per_rank.gpu_time import GpuTime, measure_gpu_time
 from fleetscope.analysis.per_rank.host_stalls import HostStalls, find_host_stalls
 from fleetscope.analysis.per_rank.kernels import KernelTotal, top_kernels
+from fleetscope.analysis.per_rank.moe import MoeRankTimes, measure_moe
 from fleetscope.analysis.per_rank.steps import StepTiming, find_steps
 from fleetscope.analysis.per_rank.utilization import (
     Utilization,
@@ -68,6 +69,8 @@ class RankResult:
     """GPU time by phase, user range and kernel category (gpu_time.py); None without GPU activity."""
     host_stalls: HostStalls | None = None
     """Syncs, tensor reads, copies to the host, input waits per step; GPU idle gaps by cause."""
+    moe: MoeRankTimes | None = None
+    """MoE range times and all-to-all calls by layer (moe.py); None without MoE ranges."""
     remarks: list[str] = dataclasses.field(default_factory=list)
     """Things about the file a reader should know (e.g. invalid UTF-8 that was replaced)."""
     from_cache: bool = False
@@ -89,6 +92,7 @@ def analyze_bytes(source: TraceSource, raw: bytes) -> RankResult:
     steps, step_source = find_steps(events)
     timeline = build_timeline(events)
     info = document.get("distributedInfo")
+    collectives = find_collectives(events, steps, timeline.compute)
     return RankResult(
         label=source.label,
         path=str(source.path),
@@ -107,10 +111,11 @@ def analyze_bytes(source: TraceSource, raw: bytes) -> RankResult:
         steps=steps,
         step_source=step_source,
         utilization=measure_utilization(events, steps, timeline),
-        collectives=find_collectives(events, steps, timeline.compute),
+        collectives=collectives,
         top_kernels=top_kernels(events),
         gpu_time=measure_gpu_time(events, steps),
         host_stalls=find_host_stalls(events, steps),
+        moe=measure_moe(events, steps, collectives),
         remarks=remarks + _world_size_remarks(info),
     )
 

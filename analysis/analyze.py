@@ -12,6 +12,7 @@ from pathlib import Path
 from fleetscope.traces.outputs import guard_output
 from fleetscope.traces.safe_read import InputRefused, read_metadata
 from fleetscope.analysis.cross_rank.placement import place_traces
+from fleetscope.analysis.cross_rank.moe import load_moe_records
 from fleetscope.analysis.cross_rank.records import trainer_evidence
 from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
 from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
@@ -63,9 +64,15 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         min_lateness_us=min_lateness_us,
         link_peak_gbps=link_peak_gbps,
         trainer=trainer_evidence(inputs.layout, placement.results, inputs.world_size),
+        moe_records=load_moe_records(inputs.layout, _record_ranks(placement.results, inputs.world_size)),
     )
     _write_outputs(report, json_out, html_out)
     return report
+
+
+def _record_ranks(results: list[RankResult], world_size: int | None) -> list[int]:
+    """The ranks whose records to read: every rank of the job when its size is known."""
+    return list(range(world_size)) if world_size else [r.rank for r in results]
 
 
 def _guarded_outputs(inputs: AnalysisInput, json_out, html_out,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fleetscope.analysis.per_rank.collectives import step_label
 from fleetscope.analysis.render.evidence_text import evidence_sections
+from fleetscope.analysis.render.moe_text import moe_section
 from fleetscope.analysis.report.model import Report, WindowReport
 
 MAX_RANK_ROWS = 32
@@ -18,6 +19,7 @@ def render_terminal(report: Report) -> str:
         _rank_table(report),
         _stragglers(report),
         *evidence_sections(report),
+        moe_section(report.moe),
         _clock_lines(report),
         _hta_lines(report),
         _problems(report),

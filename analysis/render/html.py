@@ -12,6 +12,7 @@ from fleetscope.analysis.per_rank.collectives import step_label
 from fleetscope.analysis.per_rank.utilization import Utilization
 from fleetscope.analysis.render import svg
 from fleetscope.analysis.render.evidence_html import evidence_sections
+from fleetscope.analysis.render.moe_html import moe_section
 from fleetscope.analysis.report.model import RankSummary, Report, WindowReport
 
 HTA_ROWS_SHOWN = 20
@@ -49,6 +50,7 @@ def render_html(report: Report, *, trace_ranges: StepRanges | None = None) -> st
         _kernel_section(report),
         _straggler_section(report, trace_ranges),
         evidence_sections(report),
+        moe_section(report.moe),
         _clock_section(report),
         _hta_section(report),
         perfetto.help_box(),

@@ -17,6 +17,7 @@ from fleetscope.analysis.cross_rank.records import trainer_evidence
 from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
 from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
 from fleetscope.analysis.per_rank.cache import ResultCache, open_cache
+from fleetscope.analysis.per_rank.names import comm_kernel_rule
 from fleetscope.analysis.per_rank.parse import Progress, parse_traces
 from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.report.build import (
@@ -33,7 +34,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
             write_default_outputs: bool = True, use_hta: bool = True, hta_max_ranks: int = DEFAULT_HTA_MAX_RANKS,
             workers: int | None = None, min_lateness_us: float = DEFAULT_MIN_LATENESS_US,
             progress: Progress | None = None, use_cache: bool = True, cache_dir: Path | None = None,
-            link_peak_gbps: float | None = None) -> Report:
+            link_peak_gbps: float | None = None, comm_kernel_pattern: str | None = None) -> Report:
     """Analyze a run directory, a directory of Kineto traces, or one trace file.
 
     Writes the JSON report to `json_out` and the HTML report to `html_out` when given. For a run directory,
@@ -45,11 +46,15 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     Per-trace results are kept in the parsed-trace cache (result_cache.py; `cache_dir`, default
     default_cache_dir()) unless `use_cache` is false. `link_peak_gbps` replaces the table of peak bus
     bandwidths (cross_rank/bandwidth.py) that collective bandwidth is compared with (CLI `--link-peak`).
+    Kernels whose names match the regular expression `comm_kernel_pattern` count as communication besides
+    NCCL's (e.g. DeepEP-style dispatch/combine kernels; CLI `--comm-kernel-pattern`, names.comm_kernel_rule).
     """
+    comm_kernel_rule(comm_kernel_pattern)  # an invalid pattern fails here, before any work
     inputs = resolve_input(path)
     json_out, html_out = _guarded_outputs(inputs, json_out, html_out, write_default_outputs)
     cache, cache_off = open_cache(cache_dir) if use_cache else (None, None)
-    outcomes = parse_traces(inputs.sources, workers=workers, progress=progress, cache=cache)
+    outcomes = parse_traces(inputs.sources, workers=workers, progress=progress, cache=cache,
+                            comm_kernel_pattern=comm_kernel_pattern)
     placement = place_traces(inputs, outcomes)
     report = build_report(
         source_path=str(inputs.root),

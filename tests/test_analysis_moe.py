@@ -208,3 +208,35 @@ def test_real_run_without_fault_has_no_imbalance_finding(ep_reports):
     assert all(layer.expert_max_over_mean < HOT_EXPERT_MIN_RATIO for layer in moe.layers)
     data = json.loads(Path(ep_reports["ep4_none"].source_path, "report", "report.json").read_text())
     assert data["moe"]["layers"][0]["split_tokens"] and data["moe"]["findings"] == []
+
+
+def test_a_configured_comm_kernel_pattern_counts_non_nccl_kernels_as_the_exchange(tmp_path):
+    """DeepEP-style dispatch kernels in the dispatch range: communication only with the pattern; rank 1's
+    starts 30 us after rank 0's, both end together."""
+    for rank in (0, 1):
+        builder = KinetoBuilder(rank=rank, world_size=2)
+        builder.step(0, 0.0, 1000.0)
+        builder.annotation(moe_range("dispatch", 0), 100.0, 50.0)
+        builder.complete(moe_range("dispatch", 0), "gpu_user_annotation", 200.0, 100.0, pid=0, tid=20)
+        builder.kernel("deep_ep::intranode::dispatch<8, 768>", 200.0 + 30 * rank, 80.0 - 30 * rank,
+                       launch_ts=110.0, stream=20)
+        builder.kernel("sm90_xmma_gemm_bf16", 400.0, 100.0, launch_ts=160.0)
+        builder.write(tmp_path / f"rank{rank}.pt.trace.json")
+    plain = analyze(tmp_path, write_default_outputs=False, use_hta=False, use_cache=False)
+    assert plain.moe.layers[0].ranks[0].dispatch_wait_ms is None and plain.ranks[0].comm_pct == 0
+    custom = analyze(tmp_path, write_default_outputs=False, use_hta=False, use_cache=False,
+                     comm_kernel_pattern=r"deep_ep::.*dispatch")
+    rank0, rank1 = custom.moe.layers[0].ranks
+    assert rank0.dispatch_wait_ms == pytest.approx(0.030) and rank1.dispatch_wait_ms == 0.0
+    assert custom.ranks[0].comm_pct > 0
+    with pytest.raises(ValueError, match="comm_kernel_pattern"):
+        analyze(tmp_path, write_default_outputs=False, comm_kernel_pattern="(")
+
+
+def test_the_cache_key_covers_the_comm_kernel_pattern(tmp_path):
+    from fleetscope.analysis.per_rank.cache import ResultCache
+
+    source = resolve_input(_gloo_ep_rank(0).write(tmp_path / "rank0.pt.trace.json")).sources[0]
+    cache = ResultCache(tmp_path)
+    assert cache.key(source, b"x") != cache.key(source, b"x", "deep_ep")
+    assert cache.key(source, b"x") == cache.key(source, b"x", None)

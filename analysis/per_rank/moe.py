@@ -12,7 +12,8 @@ Definitions (all sums over the trace, microseconds; per step = divided by `steps
   - grouped_gemm_us: GPU time of GEMM kernels (names.kernel_category == gemm) that start inside a GPU
     `moe/experts[layer L]` range; expert_kernel_us: every kernel starting there;
   - a collective call belongs to layer L's dispatch (combine) when it is an all-to-all
-    (names.is_all_to_all_call) and its start lies inside a `moe/dispatch[layer L]` (`moe/combine`) range
+    (names.is_all_to_all_call), or a kernel of the configured non-NCCL communication pattern
+    (names.custom_comm_kernel, e.g. DeepEP-style dispatch kernels), and its start lies inside a `moe/dispatch[layer L]` (`moe/combine`) range
     of the same time line: the GPU ranges for communication kernels, the host ranges for gloo spans and
     host ops. Backward all-to-alls run outside every MoE range and are not attributed.
 """
@@ -66,8 +67,10 @@ class MoeRankTimes:
     all_to_alls: list[MoeAllToAll]
 
 
-def measure_moe(events: TraceEvents, steps: list[StepTiming], collectives: CollectiveCalls) -> MoeRankTimes | None:
-    """The MoE view of one rank's trace; None when it holds no MoE range."""
+def measure_moe(events: TraceEvents, steps: list[StepTiming], collectives: CollectiveCalls,
+                custom_comm=None) -> MoeRankTimes | None:
+    """The MoE view of one rank's trace; None when it holds no MoE range. `custom_comm(name)`: communication
+    kernels that are not NCCL's (names.custom_comm_kernel), attributed like all-to-alls."""
     parsed = [parse_moe_range(name) for name in events.names]
     if not any(parsed):
         return None
@@ -80,7 +83,7 @@ def measure_moe(events: TraceEvents, steps: list[StepTiming], collectives: Colle
     times = [_layer_times(events, host, gpu, parsed, layer, kernels.get(layer)) for layer in layers]
     timeline = gpu if collectives.source == SOURCE_NCCL else host
     return MoeRankTimes(steps=max(len(steps), 1), layers=times,
-                        all_to_alls=_attributed(events, timeline, parsed, collectives))
+                        all_to_alls=_attributed(events, timeline, parsed, collectives, custom_comm))
 
 
 def _layer_times(events: TraceEvents, host: np.ndarray, gpu: np.ndarray, parsed: list, layer: int,
@@ -123,8 +126,8 @@ def _kernels_in_expert_ranges(events: TraceEvents, gpu: np.ndarray, parsed: list
     return {layer: (gemm, every) for layer, (gemm, every) in found.items()}
 
 
-def _attributed(events: TraceEvents, timeline: np.ndarray, parsed: list,
-                collectives: CollectiveCalls) -> list[MoeAllToAll]:
+def _attributed(events: TraceEvents, timeline: np.ndarray, parsed: list, collectives: CollectiveCalls,
+                custom_comm=None) -> list[MoeAllToAll]:
     if not len(collectives) or not timeline.size:
         return []
     kinds = collectives.sizes.collective if collectives.sizes is not None else [None] * len(collectives)
@@ -140,6 +143,6 @@ def _attributed(events: TraceEvents, timeline: np.ndarray, parsed: list,
             key = collectives.keys[call]
             if position < 0 or collectives.start_us[call] >= ends[position]:
                 continue
-            if is_all_to_all_call(key[1], kinds[call]):
+            if is_all_to_all_call(key[1], kinds[call]) or (custom_comm is not None and custom_comm(key[1])):
                 found.append(MoeAllToAll(key=key, kind=kind, layer=layers[position]))
     return sorted(found, key=lambda a: a.key)

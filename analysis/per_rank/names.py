@@ -185,3 +185,27 @@ def is_all_to_all_call(name: str, collective: str | None = None) -> bool:
         return collective == ALL_TO_ALL
     folded = name.lower().replace("_", "")
     return any(needle in folded for needle in _ALL_TO_ALL_NEEDLES)
+
+
+# --- communication kernels that are not NCCL's ------------------------------------------------------
+
+
+def custom_comm_kernel(pattern: str | None):
+    """`pattern` (a regular expression searched in kernel names, e.g. DeepEP-style `deep_ep::.*dispatch`) as
+    a predicate, or None without one. Raises ValueError naming the pattern when it is not a valid one."""
+    if not pattern:
+        return None
+    try:
+        compiled = re.compile(pattern)
+    except re.error as error:
+        raise ValueError(f"comm_kernel_pattern {pattern!r}: {error}") from None
+    return lambda name: compiled.search(name) is not None
+
+
+def comm_kernel_rule(pattern: str | None):
+    """What counts as a communication kernel: NCCL/RCCL kernels (is_comm_kernel), and those matching
+    `pattern` when one is given (custom_comm_kernel)."""
+    custom = custom_comm_kernel(pattern)
+    if custom is None:
+        return is_comm_kernel
+    return lambda name: is_comm_kernel(name) or custom(name)

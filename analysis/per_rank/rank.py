@@ -25,6 +25,7 @@ from fleetscope.analysis.per_rank.gpu_time import GpuTime, measure_gpu_time
 from fleetscope.analysis.per_rank.host_stalls import HostStalls, find_host_stalls
 from fleetscope.analysis.per_rank.kernels import KernelTotal, top_kernels
 from fleetscope.analysis.per_rank.moe import MoeRankTimes, measure_moe
+from fleetscope.analysis.per_rank.names import comm_kernel_rule, custom_comm_kernel
 from fleetscope.analysis.per_rank.steps import StepTiming, find_steps
 from fleetscope.analysis.per_rank.utilization import (
     Utilization,
@@ -84,15 +85,17 @@ class RankResult:
         return dataclasses.replace(self, rank=rank, rank_source=rank_source, window=window)
 
 
-def analyze_bytes(source: TraceSource, raw: bytes) -> RankResult:
-    """The RankResult of one trace file's stored bytes (raises TraceReadError for a file that is no trace)."""
+def analyze_bytes(source: TraceSource, raw: bytes, comm_kernel_pattern: str | None = None) -> RankResult:
+    """The RankResult of one trace file's stored bytes (raises TraceReadError for a file that is no trace);
+    kernels matching `comm_kernel_pattern` count as communication too (names.comm_kernel_rule)."""
     document, events, remarks = _read_events(source.path, raw)
     trace_rank, world_size = distributed_rank(document)
     rank, rank_source = _resolve_rank(source, trace_rank)
     steps, step_source = find_steps(events)
-    timeline = build_timeline(events)
+    is_comm = comm_kernel_rule(comm_kernel_pattern)
+    timeline = build_timeline(events, is_comm)
     info = document.get("distributedInfo")
-    collectives = find_collectives(events, steps, timeline.compute)
+    collectives = find_collectives(events, steps, timeline.compute, is_comm)
     return RankResult(
         label=source.label,
         path=str(source.path),
@@ -115,7 +118,7 @@ def analyze_bytes(source: TraceSource, raw: bytes) -> RankResult:
         top_kernels=top_kernels(events),
         gpu_time=measure_gpu_time(events, steps),
         host_stalls=find_host_stalls(events, steps),
-        moe=measure_moe(events, steps, collectives),
+        moe=measure_moe(events, steps, collectives, custom_comm_kernel(comm_kernel_pattern)),
         remarks=remarks + _world_size_remarks(info),
     )
 

@@ -241,3 +241,57 @@ def test_the_cache_key_covers_the_comm_kernel_pattern(tmp_path):
     cache = ResultCache(tmp_path)
     assert cache.key(source, b"x") != cache.key(source, b"x", "deep_ep")
     assert cache.key(source, b"x") == cache.key(source, b"x", None)
+
+
+def test_merge_view_counts_what_each_local_expert_received():
+    from fleetscope.analysis.merge.moe_overlays import moe_merge_views
+
+    records = _records(0, hot=True) + _records(1, hot=True)
+    report = {"moe": {"ep": 2, "findings": [{"layer": 0, "expert": 3, "ranks": [1], "sentence": "s",
+                                             "tokens_vs_mean": 3.0, "cost_ms_per_step": 0.05}]}}
+
+    class Layout:  # the two ranks' records, as load_moe_records reads them
+        def moe_file(self, rank):
+            return _written(records, rank)
+
+    views = moe_merge_views(Layout(), report, [0, 1])
+    assert views[0].expert_tokens == {0: {0: 80.0, 1: 60.0}, 1: {0: 80.0, 1: 60.0}}
+    assert views[1].expert_tokens[1] == {2: 60.0, 3: 600.0}
+    assert views[0].findings == [] and [m[1] for m in views[1].marks(5)] == ["hot expert 3 (layer 0)"]
+    ((key, unit, samples), _) = views[1].counters([(0, 100, 200), (1, 200, 300)])
+    assert key[2] == "tokens: expert 2" and unit == "tokens" and samples == [(100, 60.0), (200, 60.0)]
+
+
+_WRITTEN: dict = {}
+
+
+def _written(records: list[MoeRecord], rank: int) -> Path:
+    import tempfile
+
+    path = Path(_WRITTEN.setdefault("dir", tempfile.mkdtemp())) / f"rank{rank}.moe.jsonl"
+    path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in records if r.rank == rank))
+    return path
+
+
+@pytest.mark.slow
+def test_real_merge_has_expert_counters_and_hot_expert_marks(ep_reports, tmp_path):
+    from fleetscope.analysis.merge.perfetto.check import check_trace
+    from fleetscope.analysis.merge.run import merge
+    from fleetscope.traces.formats import read_moe_records
+
+    run = Path(ep_reports["ep2_dp2_hot"].source_path)
+    check = check_trace(merge(run, tmp_path / "out.perfetto-trace").output)
+    assert check.ok, check.problems[:5]
+    records = [r for rank in range(4) for r in read_moe_records(run / "metrics" / f"rank{rank}.moe.jsonl")]
+    for process in check.processes():
+        rank = int(process.name.split()[1])
+        counters = {t.name: [v for _, v in check.counter_values[t.uuid]] for t in check.tracks.values()
+                    if t.is_counter and check.process_of(t.uuid).uuid == process.uuid and t.name.startswith("tokens")}
+        local = [2 * (rank % 2), 2 * (rank % 2) + 1]
+        assert sorted(counters) == [f"tokens: expert {e}" for e in local]
+        profiled = ep_reports["ep2_dp2_hot"].windows[0].steps
+        own = [sum(sum(r.recv_tokens) for r in records if r.rank == rank and r.step == step) for step in profiled]
+        assert [sum(values) for values in zip(*counters.values())] == own
+        marks = [i.name for i in check.instants if check.process_of(i.track_uuid).uuid == process.uuid
+                 and i.name.startswith("hot expert")]
+        assert marks == (["hot expert 2 (layer 0)", "hot expert 2 (layer 1)"] if rank in (1, 3) else [])

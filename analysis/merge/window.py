@@ -59,6 +59,8 @@ class WindowContext:
     collectives: tuple[tuple[int, CollectiveKey], ...] = ()
     """(start_ns, instance key) on the merged clock, from the per-rank parse."""
     collective_source: str | None = None
+    moe: Any = None
+    """The rank's MoE overlay data (moe_overlays.MoeMergeView), None without MoE records or findings."""
 
 
 @dataclass(kw_only=True)

@@ -295,3 +295,14 @@ def test_real_merge_has_expert_counters_and_hot_expert_marks(ep_reports, tmp_pat
         marks = [i.name for i in check.instants if check.process_of(i.track_uuid).uuid == process.uuid
                  and i.name.startswith("hot expert")]
         assert marks == (["hot expert 2 (layer 0)", "hot expert 2 (layer 1)"] if rank in (1, 3) else [])
+
+
+def test_the_straggler_verdict_names_the_moe_imbalance_of_the_rank_waited_for(gloo_results):
+    from fleetscope.analysis.cross_rank.moe import moe_imbalance_hints
+    from fleetscope.analysis.cross_rank.stragglers import find_stragglers
+
+    hints = moe_imbalance_hints(_records(0, hot=True) + _records(1, hot=True))
+    assert list(hints) == [1] and hints[1].startswith("moe_imbalance (expert 3")
+    late = find_stragglers(gloo_results, arrival_matrix(gloo_results), min_lateness_us=1.0, cause_hints=hints)
+    assert late.waited_for_rank == 1 and "likely cause: moe_imbalance (expert 3" in late.verdict
+    assert moe_imbalance_hints(_records(0, hot=False) + _records(1, hot=False)) == {}

@@ -113,6 +113,21 @@ class MoeReport:
     findings: list[MoeFinding] = field(default_factory=list)
 
 
+MOE_IMBALANCE = "moe_imbalance"
+"""The cause hint (stragglers.find_stragglers `cause_hints`) for a rank holding a hot expert."""
+
+
+def moe_imbalance_hints(records: list[MoeRecord]) -> dict[int, str]:
+    """rank -> why it may be late: the hottest expert it holds (routing records only, no traces)."""
+    report = moe_report(records, [])
+    hints: dict[int, str] = {}
+    for finding in sorted(report.findings if report else [], key=lambda f: -f.tokens_vs_mean):
+        for rank in finding.ranks:
+            hints.setdefault(rank, f"{MOE_IMBALANCE} (expert {finding.expert}, which it holds, received "
+                                   f"{finding.tokens_vs_mean:.1f}x the mean tokens in layer {finding.layer})")
+    return hints
+
+
 def load_moe_records(layout: RunLayout | None, ranks: list[int]) -> list[MoeRecord]:
     """Every rank's MoE records (none for a trace directory, or a run without MoE records)."""
     if layout is None:

@@ -13,7 +13,7 @@ from fleetscope.analysis.cross_rank.arrivals import arrival_matrix
 from fleetscope.analysis.cross_rank.bandwidth import collective_bandwidth
 from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset, align_clocks
 from fleetscope.analysis.cross_rank.hta_views import HtaViews, run_hta, skipped
-from fleetscope.analysis.cross_rank.moe import MoeWindow, moe_report, moe_window
+from fleetscope.analysis.cross_rank.moe import MoeWindow, moe_imbalance_hints, moe_report, moe_window
 from fleetscope.analysis.cross_rank.records import TrainerEvidence
 from fleetscope.analysis.cross_rank.stragglers import (
     DEFAULT_MIN_LATENESS_US,
@@ -129,7 +129,8 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
     matrix = arrival_matrix(results)
     clock = align_clocks(matrix, _ranks_by_host(results), measured)
     aligned = matrix.shifted(clock.offsets_us()) if matrix is not None else None
-    stragglers = find_stragglers(results, aligned, min_lateness_us=min_lateness_us)
+    stragglers = find_stragglers(results, aligned, min_lateness_us=min_lateness_us,
+                                 cause_hints=moe_imbalance_hints(list(moe_records)))
     report = WindowReport(
         window=window,
         steps=sorted({s.step for r in results for s in r.steps}),

@@ -243,18 +243,18 @@ def test_the_cache_key_covers_the_comm_kernel_pattern(tmp_path):
     assert cache.key(source, b"x") == cache.key(source, b"x", None)
 
 
-def test_merge_view_counts_what_each_local_expert_received():
+def test_merge_view_counts_what_each_local_expert_received(tmp_path):
     from fleetscope.analysis.merge.moe_overlays import moe_merge_views
+    from fleetscope.traces.layout import RunLayout
 
+    layout = RunLayout.at(tmp_path)
+    layout.metrics_dir.mkdir(parents=True)
     records = _records(0, hot=True) + _records(1, hot=True)
+    for rank in (0, 1):
+        layout.moe_file(rank).write_text("".join(json.dumps(r.to_json()) + "\n" for r in records if r.rank == rank))
     report = {"moe": {"ep": 2, "findings": [{"layer": 0, "expert": 3, "ranks": [1], "sentence": "s",
                                              "tokens_vs_mean": 3.0, "cost_ms_per_step": 0.05}]}}
-
-    class Layout:  # the two ranks' records, as load_moe_records reads them
-        def moe_file(self, rank):
-            return _written(records, rank)
-
-    views = moe_merge_views(Layout(), report, [0, 1])
+    views = moe_merge_views(layout, report, [0, 1])
     assert views[0].expert_tokens == {0: {0: 80.0, 1: 60.0}, 1: {0: 80.0, 1: 60.0}}
     assert views[1].expert_tokens[1] == {2: 60.0, 3: 600.0}
     assert views[0].findings == [] and [m[1] for m in views[1].marks(5)] == ["hot expert 3 (layer 0)"]
@@ -262,15 +262,24 @@ def test_merge_view_counts_what_each_local_expert_received():
     assert key[2] == "tokens: expert 2" and unit == "tokens" and samples == [(100, 60.0), (200, 60.0)]
 
 
-_WRITTEN: dict = {}
+def test_moe_fields_are_in_the_documented_schema(gloo_results):
+    import dataclasses
+    import re
 
+    from fleetscope.analysis.report import model as report_module
 
-def _written(records: list[MoeRecord], rank: int) -> Path:
-    import tempfile
+    def keys(value):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                yield from ([key] if isinstance(key, str) else [])
+                yield from keys(item)
+        elif isinstance(value, list):
+            for item in value:
+                yield from keys(item)
 
-    path = Path(_WRITTEN.setdefault("dir", tempfile.mkdtemp())) / f"rank{rank}.moe.jsonl"
-    path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in records if r.rank == rank))
-    return path
+    found = set(keys(dataclasses.asdict(_view(gloo_results, hot=True))))
+    assert {"split_tokens", "combine_cost_ms", "holder_last_pct"} <= found
+    assert {k for k in found if not re.search(rf"\b{k}\b", report_module.__doc__)} == set()
 
 
 @pytest.mark.slow

@@ -13,9 +13,10 @@ Definitions (all sums over the trace, microseconds; per step = divided by `steps
     `moe/experts[layer L]` range; expert_kernel_us: every kernel starting there;
   - a collective call belongs to layer L's dispatch (combine) when it is an all-to-all
     (names.is_all_to_all_call), or a kernel of the configured non-NCCL communication pattern
-    (names.custom_comm_kernel, e.g. DeepEP-style dispatch kernels), and its start lies inside a `moe/dispatch[layer L]` (`moe/combine`) range
-    of the same time line: the GPU ranges for communication kernels, the host ranges for gloo spans and
-    host ops. Backward all-to-alls run outside every MoE range and are not attributed.
+    (names.custom_comm_kernel, e.g. DeepEP-style dispatch kernels), and it was issued inside a host
+    `moe/dispatch[layer L]` (`moe/combine`) range: for communication kernels their launch (the
+    cuda_runtime call with their correlation id, as collectives.py orders them), for gloo spans and host
+    ops their start. Backward all-to-alls run outside every MoE range and are not attributed.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from fleetscope.traces.formats import MOE_COMBINE, MOE_DISPATCH, MOE_EXPERTS, pa
 
 from fleetscope.analysis.per_rank.collectives import SOURCE_NCCL, CollectiveCalls, CollectiveKey
 from fleetscope.analysis.per_rank.events import Kind, TraceEvents
-from fleetscope.analysis.per_rank.names import CATEGORY_GEMM, is_all_to_all_call, kernel_category
+from fleetscope.analysis.per_rank.names import CATEGORY_GEMM, is_all_to_all_call, is_comm_kernel, kernel_category
 from fleetscope.analysis.per_rank.steps import StepTiming
 
 ATTRIBUTED_KINDS = (MOE_DISPATCH, MOE_COMBINE)
@@ -68,9 +69,10 @@ class MoeRankTimes:
 
 
 def measure_moe(events: TraceEvents, steps: list[StepTiming], collectives: CollectiveCalls,
-                custom_comm=None) -> MoeRankTimes | None:
-    """The MoE view of one rank's trace; None when it holds no MoE range. `custom_comm(name)`: communication
-    kernels that are not NCCL's (names.custom_comm_kernel), attributed like all-to-alls."""
+                is_comm=is_comm_kernel, custom_comm=None) -> MoeRankTimes | None:
+    """The MoE view of one rank's trace; None when it holds no MoE range. `is_comm(name)`: the
+    communication kernels collectives.py found the calls from (names.comm_kernel_rule); `custom_comm(name)`:
+    those that are not NCCL's (names.custom_comm_kernel), attributed like all-to-alls."""
     parsed = [parse_moe_range(name) for name in events.names]
     if not any(parsed):
         return None
@@ -81,9 +83,9 @@ def measure_moe(events: TraceEvents, steps: list[StepTiming], collectives: Colle
     layers = sorted({parsed[i][1] for i in events.name_id[host].tolist() + events.name_id[gpu].tolist()})
     kernels = _kernels_in_expert_ranges(events, gpu, parsed)
     times = [_layer_times(events, host, gpu, parsed, layer, kernels.get(layer)) for layer in layers]
-    timeline = gpu if collectives.source == SOURCE_NCCL else host
+    issued_us = _issue_times(events, collectives, is_comm)
     return MoeRankTimes(steps=max(len(steps), 1), layers=times,
-                        all_to_alls=_attributed(events, timeline, parsed, collectives, custom_comm))
+                        all_to_alls=_attributed(events, host, parsed, collectives, issued_us, custom_comm))
 
 
 def _layer_times(events: TraceEvents, host: np.ndarray, gpu: np.ndarray, parsed: list, layer: int,
@@ -126,9 +128,18 @@ def _kernels_in_expert_ranges(events: TraceEvents, gpu: np.ndarray, parsed: list
     return {layer: (gemm, every) for layer, (gemm, every) in found.items()}
 
 
+def _issue_times(events: TraceEvents, collectives: CollectiveCalls, is_comm) -> np.ndarray:
+    """When the host issued each call, in `collectives` order: for kernels their launches, sorted (the
+    order collectives.py keys them in), else the calls' own starts."""
+    if collectives.source != SOURCE_NCCL:
+        return collectives.start_us
+    kernels = events.of_kind(Kind.KERNEL) & events.names_matching(is_comm)
+    return np.sort(events.launch_start_us(kernels))
+
+
 def _attributed(events: TraceEvents, timeline: np.ndarray, parsed: list, collectives: CollectiveCalls,
-                custom_comm=None) -> list[MoeAllToAll]:
-    if not len(collectives) or not timeline.size:
+                issued_us: np.ndarray, custom_comm=None) -> list[MoeAllToAll]:
+    if not len(collectives) or not timeline.size or issued_us.size != len(collectives):
         return []
     kinds = collectives.sizes.collective if collectives.sizes is not None else [None] * len(collectives)
     found = []
@@ -138,10 +149,10 @@ def _attributed(events: TraceEvents, timeline: np.ndarray, parsed: list, collect
             continue
         starts, ends = events.start_us[chosen], events.end_us[chosen]
         layers = [parsed[events.name_id[i]][1] for i in chosen]
-        slot = np.searchsorted(starts, collectives.start_us, side="right") - 1
+        slot = np.searchsorted(starts, issued_us, side="right") - 1
         for call, position in enumerate(slot.tolist()):
             key = collectives.keys[call]
-            if position < 0 or collectives.start_us[call] >= ends[position]:
+            if position < 0 or issued_us[call] >= ends[position]:
                 continue
             if is_all_to_all_call(key[1], kinds[call]) or (custom_comm is not None and custom_comm(key[1])):
                 found.append(MoeAllToAll(key=key, kind=kind, layer=layers[position]))

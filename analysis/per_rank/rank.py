@@ -118,7 +118,7 @@ def analyze_bytes(source: TraceSource, raw: bytes, comm_kernel_pattern: str | No
         top_kernels=top_kernels(events),
         gpu_time=measure_gpu_time(events, steps),
         host_stalls=find_host_stalls(events, steps),
-        moe=measure_moe(events, steps, collectives, custom_comm_kernel(comm_kernel_pattern)),
+        moe=measure_moe(events, steps, collectives, is_comm, custom_comm_kernel(comm_kernel_pattern)),
         remarks=remarks + _world_size_remarks(info),
     )
 

@@ -13,10 +13,12 @@ from fleetscope.traces.outputs import guard_output
 from fleetscope.traces.safe_read import InputRefused, read_metadata
 from fleetscope.analysis.cross_rank.capture import capture_section
 from fleetscope.analysis.cross_rank.placement import place_traces
+from fleetscope.analysis.cross_rank.moe import load_moe_records
 from fleetscope.analysis.cross_rank.records import trainer_evidence
 from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
 from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
 from fleetscope.analysis.per_rank.cache import ResultCache, open_cache
+from fleetscope.analysis.per_rank.names import comm_kernel_rule
 from fleetscope.analysis.per_rank.parse import Progress, parse_traces
 from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.report.build import (
@@ -35,7 +37,8 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
             hta_ranks: str | list[int] = HTA_RANKS_AUTO, workers: int | None = None,
             min_lateness_us: float = DEFAULT_MIN_LATENESS_US, progress: Progress | None = None,
             hta_progress: Progress | None = None, use_cache: bool = True,
-            cache_dir: Path | None = None, link_peak_gbps: float | None = None) -> Report:
+            cache_dir: Path | None = None, link_peak_gbps: float | None = None,
+            comm_kernel_pattern: str | None = None) -> Report:
     """Analyze a run directory, a directory of Kineto traces, or one trace file.
 
     Writes the JSON report to `json_out` and the HTML report to `html_out` when given. For a run directory,
@@ -50,11 +53,15 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     Per-trace results are kept in the parsed-trace cache (result_cache.py; `cache_dir`, default
     default_cache_dir()) unless `use_cache` is false. `link_peak_gbps` replaces the table of peak bus
     bandwidths (cross_rank/bandwidth.py) that collective bandwidth is compared with (CLI `--link-peak`).
+    Kernels whose names match the regular expression `comm_kernel_pattern` count as communication besides
+    NCCL's (e.g. DeepEP-style dispatch/combine kernels; CLI `--comm-kernel-pattern`, names.comm_kernel_rule).
     """
+    comm_kernel_rule(comm_kernel_pattern)  # an invalid pattern fails here, before any work
     inputs = resolve_input(path)
     json_out, html_out = _guarded_outputs(inputs, json_out, html_out, write_default_outputs)
     cache, cache_off = open_cache(cache_dir) if use_cache else (None, None)
-    outcomes = parse_traces(inputs.sources, workers=workers, progress=progress, cache=cache)
+    outcomes = parse_traces(inputs.sources, workers=workers, progress=progress, cache=cache,
+                            comm_kernel_pattern=comm_kernel_pattern)
     placement = place_traces(inputs, outcomes)
     report = build_report(
         source_path=str(inputs.root),
@@ -69,10 +76,16 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         min_lateness_us=min_lateness_us,
         link_peak_gbps=link_peak_gbps,
         trainer=trainer_evidence(inputs.layout, placement.results, inputs.world_size),
+        moe_records=load_moe_records(inputs.layout, _record_ranks(placement.results, inputs.world_size)),
     )
     report.capture = capture_section(inputs.layout, inputs.world_size)
     _write_outputs(report, json_out, html_out)
     return report
+
+
+def _record_ranks(results: list[RankResult], world_size: int | None) -> list[int]:
+    """The ranks whose records to read: every rank of the job when its size is known."""
+    return list(range(world_size)) if world_size else [r.rank for r in results]
 
 
 def _guarded_outputs(inputs: AnalysisInput, json_out, html_out,

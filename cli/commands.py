@@ -191,6 +191,7 @@ def register_analyze(sub: argparse._SubParsersAction) -> None:
                         help="parsed-trace cache (default: $FLEETSCOPE_CACHE_DIR, else ~/.cache/fleetscope/analysis)")
     parser.add_argument("--link-peak", type=_positive_float, default=None, metavar="GBPS",
                         help="peak bus bandwidth of the links (GB/s), instead of the table of known links")
+    parser.add_argument("--comm-kernel-pattern", default=None, metavar="REGEX", help="kernels matching it communicate too (e.g. DeepEP dispatch/combine kernels), besides NCCL's")
     parser.set_defaults(handler=handle_analyze)
 
 
@@ -207,7 +208,7 @@ def handle_analyze(args: argparse.Namespace) -> int:
     report = analyze(layout.root, json_out=json_out, html_out=html_out, use_hta=not args.no_hta,
                      hta_ranks=parse_hta_ranks(args.hta_ranks), progress=progress_printer("analyze"),
                      hta_progress=progress_printer("HTA"), use_cache=not args.no_cache, cache_dir=args.cache_dir,
-                     link_peak_gbps=args.link_peak)
+                     link_peak_gbps=args.link_peak, comm_kernel_pattern=args.comm_kernel_pattern)
     print(render_terminal(report))
     for label, path in (("json", json_out), ("html", html_out)):
         if path:

@@ -141,8 +141,11 @@ class Stragglers:
 
 
 def find_stragglers(results: list[RankResult], matrix: ArrivalMatrix | None, *,
-                    min_lateness_us: float = DEFAULT_MIN_LATENESS_US) -> Stragglers:
-    """Straggler ranking of one window; `matrix` already on the common clock (None: no collectives)."""
+                    min_lateness_us: float = DEFAULT_MIN_LATENESS_US,
+                    cause_hints: dict[int, str] | None = None) -> Stragglers:
+    """Straggler ranking of one window; `matrix` already on the common clock (None: no collectives).
+    `cause_hints[rank]`: a cause other analyses know for that rank (e.g. moe_imbalance, cross_rank/moe.py),
+    added to the verdict when it is the rank that causes the most waiting."""
     by_step = rank_by_step_time(results)
     slowest = by_step[0].rank if by_step else None
     shared = matrix.present.sum(axis=0) >= 2 if matrix is not None else None
@@ -171,8 +174,14 @@ def find_stragglers(results: list[RankResult], matrix: ArrivalMatrix | None, *,
         worst_instances=sorted(instances, key=lambda i: -i.lateness_us)[:WORST_INSTANCES_KEPT],
         detail_ranks=list(shared_matrix.ranks),
         details=_details(shared_matrix),
-        verdict=_verdict(by_step, waits, top, consistent),
+        verdict=_with_hint(_verdict(by_step, waits, top, consistent), top, cause_hints or {}),
     )
+
+
+def _with_hint(verdict: str, top: RankWait | None, hints: dict[int, str]) -> str:
+    if top is None or top.rank not in hints:
+        return verdict
+    return f"{verdict.rstrip('.')}; likely cause: {hints[top.rank]}."
 
 
 def _unmatched(matrix: ArrivalMatrix) -> int:

@@ -12,9 +12,11 @@ The analysis track holds
       CPU traces (idle = no `cpu_op` and no gloo collective in flight on any thread):
         `idle: no op running`;
   * straggler marks from the analysis report, when one is given: where this rank arrived last at a
-    collective (and how late), and a summary with the report's verdict as debug annotations.
+    collective (and how late), and a summary with the report's verdict as debug annotations;
+  * hot-expert marks from the report's MoE findings (moe_overlays.py).
 Counters: `step time (ms)` and `idle (%)`, one sample at each step's start. A step's range runs to the
-next step's start (the last one to its own end), so idle % covers the gaps between steps too.
+next step's start (the last one to its own end), so idle % covers the gaps between steps too. MoE runs
+also get `tokens: expert <E>` counters, one per local expert (moe_overlays.py).
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ def plan_overlays(grouped: "GroupedEvents", inputs: OverlayInputs, flows: "FlowP
         step_samples.append((start, (end - start) / 1e6))
         idle_samples.append((start, idle_pct))
     instants = _report_marks(context.report, flows, ranges, grouped)
+    if context.moe is not None:
+        instants += context.moe.marks(ranges[0][1] if ranges else grouped.first_ts_ns())
     if not slices and not instants:
         return plan
     tracks.register(ANALYSIS_TRACK, ANALYSIS_TRACK_NAME, GROUP_ANALYSIS)
@@ -115,6 +119,8 @@ def plan_overlays(grouped: "GroupedEvents", inputs: OverlayInputs, flows: "FlowP
         plan.instant_count = len(instants)
     _add_counter(STEP_TIME_TRACK, "ms", step_samples, tracks, plan, new_tracks)
     _add_counter(IDLE_TRACK, "%", idle_samples, tracks, plan, new_tracks)
+    for key, unit, samples in context.moe.counters(ranges) if context.moe is not None else ():
+        _add_counter(key, unit, samples, tracks, plan, new_tracks)
     return plan
 
 

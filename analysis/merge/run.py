@@ -41,6 +41,7 @@ from fleetscope.analysis.merge.perfetto.writer import (
     write_preamble,
 )
 from fleetscope.analysis.merge.plan import WindowPlan, plan_window
+from fleetscope.analysis.merge.moe_overlays import moe_merge_views
 from fleetscope.analysis.merge.report_view import (
     ReportSource,
     load_report,
@@ -177,7 +178,9 @@ def merge(
     try:
         with atomic_output(destination, fsync=False) as handle, _cyclic_gc_paused():
             session = _MergeSession(stream=PacketStream(handle), options=options, report=report_json,
-                                    json_writer=json_writer, problems=problems, notes=notes)
+                                    json_writer=json_writer, problems=problems, notes=notes,
+                                    moe=moe_merge_views(inputs.run_layout, report_json, [s.rank for s in selected])
+                                    if options.overlays else {})
             summaries = _merge_ranks(session, selected, handle, destination, progress)
             session.stream.flush()
         if json_writer is not None:
@@ -270,6 +273,8 @@ class _MergeSession:
     preamble_written: bool = False
     clock_choice: dict[int, tuple[int, str]] = field(default_factory=dict)
     """rank -> (offset ns, source) used for its first merged window."""
+    moe: dict = field(default_factory=dict)
+    """rank -> MoeMergeView (moe_overlays.py)."""
 
     def merge_rank(self, source: RankSource, progress: Callable[[RankMergeSummary], None] | None) -> RankMergeSummary:
         emitter = _RankEmitter(writer=SequenceWriter(stream=self.stream, sequence_id=rank_sequence_id(source.rank)),
@@ -334,6 +339,7 @@ class _MergeSession:
             collectives=tuple((clock.to_ns(start), key) for start, key in model.collectives),
             collective_source=model.collective_source,
             p2p=tuple((clock.to_ns(start), key, kind) for start, key, kind in model.p2p),
+            moe=self.moe.get(source.rank),
         )
         plan = plan_window(document["traceEvents"], tracks, context)
         if self.origin_ns is None:
@@ -459,6 +465,8 @@ class _PartJob:
     json_base_ns: int | None
     part_path: Path
     json_part_path: Path | None
+    moe: dict = field(default_factory=dict)
+    """This rank's entry of the session's MoE overlay data."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -499,6 +507,7 @@ def _part_job(session: _MergeSession, source: RankSource, destination: Path) -> 
         json_base_ns=json_writer.base_ns if json_writer else None,
         part_path=destination.with_name(stem + ".part"),
         json_part_path=destination.with_name(stem + ".json.part") if json_writer else None,
+        moe={source.rank: session.moe[source.rank]} if source.rank in session.moe else {},
     )
 
 
@@ -509,7 +518,7 @@ def merge_part(job: _PartJob) -> _PartOutcome:
     with open(job.part_path, "wb") as handle, _cyclic_gc_paused():
         session = _MergeSession(stream=PacketStream(handle), options=job.options, report=job.report,
                                 json_writer=json_writer, problems=[], notes=[], origin_ns=job.origin_ns,
-                                preamble_written=True)
+                                preamble_written=True, moe=job.moe)
         summary = session.merge_rank(job.source, None)
         session.stream.flush()
     if json_writer is not None:

@@ -61,6 +61,8 @@ class WindowContext:
     collective_source: str | None = None
     p2p: tuple[tuple[int, tuple, str], ...] = ()
     """(start_ns, transfer key, send|recv) of the sends / receives with a known peer (sources.WindowModel)."""
+    moe: Any = None
+    """The rank's MoE overlay data (moe_overlays.MoeMergeView), None without MoE records or findings."""
 
 
 @dataclass(kw_only=True)

@@ -66,10 +66,13 @@ def default_cache_dir() -> Path:
 class ResultCache:
     directory: Path
 
-    def key(self, source: "TraceSource", raw: bytes) -> str:
+    def key(self, source: "TraceSource", raw: bytes, comm_kernel_pattern: str | None = None) -> str:
+        """Also keyed by the parse's one option, `comm_kernel_pattern` (names.comm_kernel_rule)."""
         digest = hashlib.blake2b(_FORMAT, digest_size=20)
         digest.update(code_digest().encode())
         digest.update(repr((source.label, source.window, source.rank, source.host)).encode())
+        if comm_kernel_pattern:
+            digest.update(repr(("comm_kernel_pattern", comm_kernel_pattern)).encode())
         digest.update(hashlib.blake2b(raw, digest_size=32).digest())
         return digest.hexdigest()
 

@@ -83,12 +83,13 @@ class CollectiveCalls:
 
 
 def find_collectives(events: TraceEvents, steps: list[StepTiming],
-                     compute: Intervals | None = None) -> CollectiveCalls:
+                     compute: Intervals | None = None, is_comm=is_comm_kernel) -> CollectiveCalls:
     """The rank's collective calls from the best source its trace offers; `compute` is the rank's
-    computation (for interval_compute_us; none given: zeros)."""
+    computation (for interval_compute_us; none given: zeros); `is_comm(name)`: which kernels communicate
+    (names.comm_kernel_rule)."""
     compute = compute if compute is not None else Intervals.empty()
     collective = ~point_to_point_mask(events)
-    kernels = events.of_kind(Kind.KERNEL) & events.names_matching(is_comm_kernel) & collective
+    kernels = events.of_kind(Kind.KERNEL) & events.names_matching(is_comm) & collective
     if kernels.any():
         return _keyed(events, kernels, events.launch_start_us(kernels), steps, compute, SOURCE_NCCL)
     gloo = events.names_matching(is_gloo_span) & collective

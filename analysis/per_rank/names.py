@@ -198,3 +198,44 @@ def is_input_wait(name: str) -> bool:
 def is_kept_host_op(name: str) -> bool:
     """`cpu_op` events kept on GPU traces (where others are left out): collectives and tensor reads."""
     return is_comm_cpu_op(name) or is_tensor_read_op(name)
+
+
+# --- expert parallelism: all-to-all calls ----------------------------------------------------------
+
+_ALL_TO_ALL_NEEDLES = ("alltoall", "alltoallv")
+"""What the name of an all-to-all call contains, lower case without "_": `c10d::alltoall_base_`,
+`gloo:all_to_all`, `_c10d_functional::all_to_all_single`, `all_to_allv`."""
+
+
+def is_all_to_all_call(name: str, collective: str | None = None) -> bool:
+    """An all-to-all collective call, by its type (`collective_type`, from the `Collective name` arg of
+    NCCL kernels and `record_param_comms`: NCCL runs an uneven all-to-all as SendRecv kernels) or else its
+    own name (host ops, gloo spans)."""
+    if collective is not None:
+        return collective == ALL_TO_ALL
+    folded = name.lower().replace("_", "")
+    return any(needle in folded for needle in _ALL_TO_ALL_NEEDLES)
+
+
+# --- communication kernels that are not NCCL's ------------------------------------------------------
+
+
+def custom_comm_kernel(pattern: str | None):
+    """`pattern` (a regular expression searched in kernel names, e.g. DeepEP-style `deep_ep::.*dispatch`) as
+    a predicate, or None without one. Raises ValueError naming the pattern when it is not a valid one."""
+    if not pattern:
+        return None
+    try:
+        compiled = re.compile(pattern)
+    except re.error as error:
+        raise ValueError(f"comm_kernel_pattern {pattern!r}: {error}") from None
+    return lambda name: compiled.search(name) is not None
+
+
+def comm_kernel_rule(pattern: str | None):
+    """What counts as a communication kernel: NCCL/RCCL kernels (is_comm_kernel), and those matching
+    `pattern` when one is given (custom_comm_kernel)."""
+    custom = custom_comm_kernel(pattern)
+    if custom is None:
+        return is_comm_kernel
+    return lambda name: is_comm_kernel(name) or custom(name)

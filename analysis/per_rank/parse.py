@@ -25,10 +25,10 @@ Progress = Callable[[int, int], None]
 
 
 def parse_traces(sources: list[TraceSource], *, workers: int | None = None, progress: Progress | None = None,
-                    cache: ResultCache | None = None) -> list[RankResult | TraceFailure]:
+                    cache: ResultCache | None = None, comm_kernel_pattern: str | None = None) -> list[RankResult | TraceFailure]:
     """analyze_trace over every source, in parallel when worthwhile; results in input order."""
     workers = workers or min(len(sources), os.cpu_count() or 1)
-    one = functools.partial(analyze_trace, cache=cache)
+    one = functools.partial(analyze_trace, cache=cache, comm_kernel_pattern=comm_kernel_pattern)
     if len(sources) < PARALLEL_THRESHOLD or workers <= 1:
         return _with_progress(map(one, sources), len(sources), progress)
     with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -45,11 +45,12 @@ def _with_progress(outcomes, total: int, progress: Progress | None) -> list:
     return collected
 
 
-def analyze_trace(source: TraceSource, cache: ResultCache | None = None) -> RankResult | TraceFailure:
+def analyze_trace(source: TraceSource, cache: ResultCache | None = None,
+                  comm_kernel_pattern: str | None = None) -> RankResult | TraceFailure:
     """Read, parse and analyze one trace file (or find its result in `cache`); a bad file becomes a
     TraceFailure, never an exception."""
     try:
-        return _cached_or_analyzed(source, cache)
+        return _cached_or_analyzed(source, cache, comm_kernel_pattern)
     except TraceReadError as error:
         return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=error.reason)
     except (ValueError, TypeError, KeyError, AttributeError, OverflowError, IndexError, RecursionError,
@@ -60,16 +61,16 @@ def analyze_trace(source: TraceSource, cache: ResultCache | None = None) -> Rank
         return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=reason)
 
 
-def _cached_or_analyzed(source: TraceSource, cache: ResultCache | None) -> RankResult:
+def _cached_or_analyzed(source: TraceSource, cache: ResultCache | None, comm_kernel_pattern: str | None) -> RankResult:
     raw = read_raw(source.path, within=source.within, expected_size=source.expected_bytes,
                    expected_sha256=source.expected_sha256)
     if cache is None:
-        return analyze_bytes(source, raw)
-    key = cache.key(source, raw)
+        return analyze_bytes(source, raw, comm_kernel_pattern)
+    key = cache.key(source, raw, comm_kernel_pattern)
     cached = cache.load(key)
     if cached is not None:
         # the same bytes may sit at another path (a copied run directory)
         return dataclasses.replace(cached, path=str(source.path), from_cache=True)
-    result = analyze_bytes(source, raw)
+    result = analyze_bytes(source, raw, comm_kernel_pattern)
     cache.store(key, result)
     return result

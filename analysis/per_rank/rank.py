@@ -25,6 +25,8 @@ from fleetscope.analysis.per_rank.gpu_time import GpuTime, measure_gpu_time
 from fleetscope.analysis.per_rank.host_stalls import HostStalls, find_host_stalls
 from fleetscope.analysis.per_rank.kernels import KernelTotal, OpDuration, op_durations, top_kernels
 from fleetscope.analysis.per_rank.p2p import PointToPoint, find_point_to_point
+from fleetscope.analysis.per_rank.moe import MoeRankTimes, measure_moe
+from fleetscope.analysis.per_rank.names import comm_kernel_rule, custom_comm_kernel
 from fleetscope.analysis.per_rank.steps import StepTiming, find_steps
 from fleetscope.analysis.per_rank.utilization import (
     Utilization,
@@ -73,6 +75,8 @@ class RankResult:
     """Median duration of each compute kernel (host op on CPU) name (kernels.py)."""
     p2p: PointToPoint = dataclasses.field(default_factory=PointToPoint.none)
     """Point-to-point sends / receives and pipeline-stage compute (p2p.py); no collectives."""
+    moe: MoeRankTimes | None = None
+    """MoE range times and all-to-all calls by layer (moe.py); None without MoE ranges."""
     remarks: list[str] = dataclasses.field(default_factory=list)
     """Things about the file a reader should know (e.g. invalid UTF-8 that was replaced)."""
     from_cache: bool = False
@@ -86,14 +90,17 @@ class RankResult:
         return dataclasses.replace(self, rank=rank, rank_source=rank_source, window=window)
 
 
-def analyze_bytes(source: TraceSource, raw: bytes) -> RankResult:
-    """The RankResult of one trace file's stored bytes (raises TraceReadError for a file that is no trace)."""
+def analyze_bytes(source: TraceSource, raw: bytes, comm_kernel_pattern: str | None = None) -> RankResult:
+    """The RankResult of one trace file's stored bytes (raises TraceReadError for a file that is no trace);
+    kernels matching `comm_kernel_pattern` count as communication too (names.comm_kernel_rule)."""
     document, events, remarks = _read_events(source.path, raw)
     trace_rank, world_size = distributed_rank(document)
     rank, rank_source = _resolve_rank(source, trace_rank)
     steps, step_source = find_steps(events)
-    timeline = build_timeline(events)
+    is_comm = comm_kernel_rule(comm_kernel_pattern)
+    timeline = build_timeline(events, is_comm)
     info = document.get("distributedInfo")
+    collectives = find_collectives(events, steps, timeline.compute, is_comm)
     return RankResult(
         label=source.label,
         path=str(source.path),
@@ -112,12 +119,13 @@ def analyze_bytes(source: TraceSource, raw: bytes) -> RankResult:
         steps=steps,
         step_source=step_source,
         utilization=measure_utilization(events, steps, timeline),
-        collectives=find_collectives(events, steps, timeline.compute),
+        collectives=collectives,
         top_kernels=top_kernels(events),
         gpu_time=measure_gpu_time(events, steps),
         host_stalls=find_host_stalls(events, steps),
         op_durations=op_durations(events),
         p2p=find_point_to_point(events, steps),
+        moe=measure_moe(events, steps, collectives, is_comm, custom_comm_kernel(comm_kernel_pattern)),
         remarks=remarks + _world_size_remarks(info),
     )
 

@@ -93,9 +93,10 @@ class Timeline:
     memory: Intervals
 
 
-def build_timeline(events: TraceEvents) -> Timeline:
-    """GPU basis when the trace holds GPU activity, CPU basis otherwise (see the module docstring)."""
-    return _gpu_timeline(events) if events.has_gpu_activity else _cpu_timeline(events)
+def build_timeline(events: TraceEvents, is_comm=is_comm_kernel) -> Timeline:
+    """GPU basis when the trace holds GPU activity, CPU basis otherwise (see the module docstring);
+    `is_comm(name)` says which kernels communicate (names.comm_kernel_rule)."""
+    return _gpu_timeline(events, is_comm) if events.has_gpu_activity else _cpu_timeline(events)
 
 
 def measure_utilization(events: TraceEvents, steps: list[StepTiming],
@@ -141,9 +142,9 @@ def _intervals(events: TraceEvents, mask: np.ndarray) -> Intervals:
     return Intervals(events.start_us[mask], events.end_us[mask])
 
 
-def _gpu_timeline(events: TraceEvents) -> Timeline:
+def _gpu_timeline(events: TraceEvents, is_comm=is_comm_kernel) -> Timeline:
     kernels = events.of_kind(Kind.KERNEL)
-    comm = kernels & events.names_matching(is_comm_kernel)
+    comm = kernels & events.names_matching(is_comm)
     return Timeline(
         basis=BASIS_GPU,
         compute=_intervals(events, kernels & ~comm),

@@ -15,6 +15,7 @@ from fleetscope.analysis.render.capture_html import capture_html
 from fleetscope.analysis.render.evidence_html import evidence_sections
 from fleetscope.analysis.render.cause_html import cause_section, critical_path_section
 from fleetscope.analysis.render.pipeline_section import pipeline_html
+from fleetscope.analysis.render.moe_html import moe_section
 from fleetscope.analysis.report.model import RankSummary, Report, WindowReport
 
 HTA_ROWS_SHOWN = 20
@@ -58,6 +59,7 @@ def render_html(report: Report, *, trace_ranges: StepRanges | None = None) -> st
         pipeline_html(report),
         evidence_sections(report),
         capture_html(report),
+        moe_section(report.moe),
         _clock_section(report),
         _hta_section(report),
         perfetto.help_box(),

@@ -7,6 +7,7 @@ from fleetscope.analysis.render.capture_text import capture_sections
 from fleetscope.analysis.render.evidence_text import evidence_sections
 from fleetscope.analysis.render.cause_terminal import cause_lines, critical_path_lines
 from fleetscope.analysis.render.pipeline_section import pipeline_text
+from fleetscope.analysis.render.moe_text import moe_section
 from fleetscope.analysis.report.model import Report, WindowReport
 
 MAX_RANK_ROWS = 32
@@ -25,6 +26,7 @@ def render_terminal(report: Report) -> str:
         pipeline_text(report),
         *evidence_sections(report),
         *capture_sections(report),
+        moe_section(report.moe),
         _clock_lines(report),
         _hta_lines(report),
         _problems(report),

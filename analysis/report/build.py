@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from typing import Callable
 
 import numpy as np
+from fleetscope.traces.formats import MoeRecord
 from fleetscope.analysis.cross_rank.arrivals import arrival_matrix
 from fleetscope.analysis.cross_rank.bandwidth import collective_bandwidth
 from fleetscope.analysis.cross_rank.causes import find_causes
@@ -15,6 +16,7 @@ from fleetscope.analysis.cross_rank.critical_path import critical_paths
 from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset, align_clocks
 from fleetscope.analysis.cross_rank.hta_views import HtaViews, run_hta, skipped
 from fleetscope.analysis.cross_rank.pipeline import analyze_pipeline
+from fleetscope.analysis.cross_rank.moe import MoeWindow, moe_imbalance_hints, moe_report, moe_window
 from fleetscope.analysis.cross_rank.records import TrainerEvidence
 from fleetscope.analysis.cross_rank.stragglers import (
     DEFAULT_MIN_LATENESS_US,
@@ -130,15 +132,17 @@ def build_report(*, source_path: str, source_kind: str, results: list[RankResult
                  notes: list[str], hta: HtaRunner | None = None,
                  measured_offsets: dict[int, MeasuredOffset] | None = None,
                  min_lateness_us: float = DEFAULT_MIN_LATENESS_US,
-                 link_peak_gbps: float | None = None, trainer: TrainerEvidence | None = None) -> Report:
+                 link_peak_gbps: float | None = None, trainer: TrainerEvidence | None = None,
+                 moe_records: list[MoeRecord] | None = None) -> Report:
     """Assemble the report. `measured_offsets[rank]`: that rank's clock minus rank 0's, from its clock file;
     `link_peak_gbps`: peak bus bandwidth of every link, instead of bandwidth.py's table; `trainer`: the
-    run's trainer records (cross_rank/records.py)."""
+    run's trainer records (cross_rank/records.py); `moe_records`: its MoE routing records (cross_rank/moe.py)."""
     hta = hta or hta_runner()
-    windows = [
-        _window_report(window, group, hta, measured_offsets or {}, min_lateness_us, link_peak_gbps)
+    built = [
+        _window_report(window, group, hta, measured_offsets or {}, min_lateness_us, link_peak_gbps, moe_records or [])
         for window, group in _by_window(results)
     ]
+    windows = [window for window, _ in built]
     summaries = _rank_summaries(windows)
     all_steps = [s.step_time_ms for w in windows for r in w.ranks for s in r.steps]
     return Report(
@@ -155,6 +159,7 @@ def build_report(*, source_path: str, source_kind: str, results: list[RankResult
         ranks=summaries,
         windows=windows,
         trainer=trainer,
+        moe=moe_report(moe_records or [], [moe for _, moe in built]),
     )
 
 
@@ -167,12 +172,14 @@ def _by_window(results: list[RankResult]) -> list[tuple[int | None, list[RankRes
 
 def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner,
                    measured: dict[int, MeasuredOffset], min_lateness_us: float,
-                   link_peak_gbps: float | None = None) -> WindowReport:
+                   link_peak_gbps: float | None = None,
+                   moe_records: list[MoeRecord] = ()) -> tuple[WindowReport, MoeWindow | None]:
     matrix = arrival_matrix(results)
     clock = align_clocks(matrix, _ranks_by_host(results), measured)
     aligned = matrix.shifted(clock.offsets_us()) if matrix is not None else None
-    stragglers = find_stragglers(results, aligned, min_lateness_us=min_lateness_us)
-    return WindowReport(
+    stragglers = find_stragglers(results, aligned, min_lateness_us=min_lateness_us,
+                                 cause_hints=moe_imbalance_hints(list(moe_records)))
+    report = WindowReport(
         window=window,
         steps=sorted({s.step for r in results for s in r.steps}),
         ranks=[_rank_report(r) for r in results],
@@ -187,6 +194,7 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
         causes=find_causes(results, aligned, stragglers, clock),
         critical_path=critical_paths(results, aligned, clock.offsets_us()),
     )
+    return report, moe_window(results, aligned, list(moe_records))
 
 
 def _ranks_by_host(results: list[RankResult]) -> dict[str, list[int]]:

@@ -128,10 +128,37 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           problems[]} | null; Call {seq (collective_seq_id), name, input_sizes, input_dtypes,
                           state, frames[] (recorded stack, innermost first)}
 
+    moe                   MoeReport, the MoE view (cross_rank/moe.py) | null (no MoE ranges or records):
+                          {status ("ok" | "not recorded": no metrics/rank<R>.moe.jsonl), reason, ep
+                          (expert-parallel degree), num_experts, hot_expert_min_ratio (an expert with at
+                          least this many times the mean expert's tokens in a layer is a finding; 1.5),
+                          layers[] {layer, record_steps (steps with records), tokens_per_expert[] (token
+                          copies routed to each global expert, all ranks summed, mean per step),
+                          expert_max_over_mean, hottest_expert, tokens_per_rank {rank: token copies its
+                          experts received per step}, rank_max_over_mean (most loaded rank over its ep
+                          group's mean, worst group; null with ep 1), split_tokens[src][dst],
+                          split_bytes[src][dst] (dispatch sends per step between global ranks, labelled by
+                          split_ranks[]), ranks[] {rank, host_ms {kind: ms per profiled step of the
+                          moe/<kind>[layer L] host ranges: router, dispatch, split_sizes_d2h, experts,
+                          combine}, gpu_ms {kind: GPU range ms per step}, grouped_gemm_ms (GEMM kernels
+                          inside moe/experts, GPU ms per step), split_sizes_d2h_ms (the host-synchronizing
+                          copy of the all-to-all split sizes, host ms per step, trace),
+                          split_sizes_d2h_record_ms (the same from the records, every recorded step),
+                          dispatch_wait_ms, dispatch_transfer_ms, combine_wait_ms, combine_transfer_ms
+                          (at the layer's forward all-to-alls, per member of its ep group: wait = last
+                          member's start - own start, transfer = own end - last member's start; ms per
+                          step), combine_last_pct (how often this rank started last at the combine),
+                          combine_cost_ms (over those combines, the others' mean wait for it, ms per
+                          step), recv_tokens}},
+                          findings[] {layer, expert, tokens_vs_mean (x), ep_rank (null: ep 1), ranks[]
+                          (global ranks holding the expert: ep rank k holds experts [k E/ep, (k+1) E/ep)),
+                          holder_last_pct, cost_ms_per_step (the holders' combine_cost_ms summed), sentence}
+
 Definitions of every metric: utilization.py (busy/idle/comm/overlap), stragglers.py (arrival, lateness,
 wait, score), causes.py (straggler causes, what-if), bandwidth.py and comm_bytes.py (collective sizes and bandwidth), gpu_time.py (GPU time by
 phase, range and category), host_stalls.py (syncs, input waits, idle causes), trainer_records.py (memory,
-input, compile records), collectives.py (collective times and keys), pipeline.py and p2p.py (sends,
+input, compile records), collectives.py (collective times and keys), moe.py (per_rank: MoE range times; cross_rank: routing, all-to-all waits,
+hot experts), pipeline.py and p2p.py (sends,
 receives, bubbles, stage compute), clock_align.py (clock offsets),
 steps.py (steps and phases), kernels.py (kernel totals).
 """
@@ -151,6 +178,7 @@ from fleetscope.analysis.cross_rank.clock_align import ClockAlignment
 from fleetscope.analysis.cross_rank.critical_path import CriticalPaths
 from fleetscope.analysis.cross_rank.hta_views import HtaViews
 from fleetscope.analysis.cross_rank.pipeline import PipelineReport
+from fleetscope.analysis.cross_rank.moe import MoeReport
 from fleetscope.analysis.cross_rank.records import TrainerEvidence
 from fleetscope.analysis.cross_rank.stragglers import Stragglers
 from fleetscope.analysis.inputs.sources import (  # noqa: F401  (part of the report's model)
@@ -258,6 +286,7 @@ class Report:
     windows: list[WindowReport] = field(default_factory=list)
     trainer: TrainerEvidence | None = None
     capture: CaptureSection | None = None
+    moe: MoeReport | None = None
 
     @property
     def analyzed_ranks(self) -> list[int]:

@@ -29,6 +29,9 @@ import sys
 import time
 from pathlib import Path
 
+from fleetscope.traces.formats import read_metric_records
+from fleetscope.traces.layout import RunLayout
+
 PROFILE = "off"
 OFF = ["profiler.on_demand=false", "profiler.trigger=", "observability.flight_recorder_entries=0",
        "observability.hang_timeout_s=0"]
@@ -85,8 +88,8 @@ def finish(job) -> list[dict]:
     if process.wait():
         raise SystemExit(f"{run_dir}: launch failed ({process.returncode}):\n{log.read_text()[-3000:]}")
     rows = []
-    for path in sorted((run_dir / "metrics").glob("rank*.jsonl")):
-        rows += [json.loads(line) for line in path.read_text().splitlines()]
+    for path in RunLayout.at(run_dir).step_metrics_files():  # not the .moe.jsonl / .compile.json records
+        rows += read_metric_records(path).records
     if any((run_dir / "captures").glob("*.json")):
         raise SystemExit(f"{run_dir}: a window was triggered; the comparison needs runs without windows")
     return rows

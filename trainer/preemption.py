@@ -54,6 +54,9 @@ class StopRequests:
     def agreed_flag(self, extra: list[float] = ()) -> torch.Tensor:
         """A tensor that becomes the highest stop level of any rank on every rank (not read yet); `extra`
         values ride along, max-reduced too (trainer/capture.py's votes), after the level."""
+        if dist.get_world_size() == 1:
+            # One rank agrees with itself: no collective, no host-to-device copy (the values are read on the host).
+            return torch.tensor([self.level, *extra])
         flag = torch.tensor([self.level, *extra], device=self._device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return flag

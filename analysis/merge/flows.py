@@ -99,7 +99,9 @@ def p2p_flow_id(key: tuple, window_key: int) -> int:
 
 
 def _plan_p2p_flows(located: dict[int, _Located], context: "WindowContext", plan: FlowPlan) -> None:
-    """Start a flow at each send's slice and end it at the matching receive's (the slice starting there)."""
+    """One flow id on a transfer's send slice and its receive slice, joined in time order as collective flows
+    are: a receive is often posted before its send starts, and a flow that ended before it began would be
+    dropped by the trace processor."""
     by_start: dict[int, list[int]] = defaultdict(list)
     for ident, where in located.items():
         if _may_be_collective(where.name):
@@ -108,8 +110,7 @@ def _plan_p2p_flows(located: dict[int, _Located], context: "WindowContext", plan
         ident = next((i for i in by_start.get(start_ns, ()) if point_to_point_kind(located[i].name)), None)
         if ident is None:
             continue
-        ends = plan.outgoing if kind == "send" else plan.terminating
-        ends[ident].append(p2p_flow_id(key, context.window_key))
+        plan.outgoing[ident].append(p2p_flow_id(key, context.window_key))
         plan.p2p_flow_count += 1
 
 

@@ -333,7 +333,7 @@ def test_foreign_traces_of_another_job_or_beyond_the_world_size_are_named(tmp_pa
     good_rank(5, world_size=2).write(root / "rank5.json")
     report = analyze(root, use_hta=False)
     assert report.analyzed_ranks == [0, 1] and not report.complete
-    assert _problem(report, "world size 8 differs").label == "other_job_rank1.json"
+    assert _problem(report, "world size 8, the run's is 2").label == "other_job_rank1.json"
     assert _problem(report, "rank 5 is not below the world size 2").label == "rank5.json"
 
 

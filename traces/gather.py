@@ -19,7 +19,7 @@ from .kineto import TraceReadError, decode_trace, distributed_rank, profiler_ste
 from .layout import TRACE_SUFFIX, WINDOW_RE, RunLayout, parse_trace_file_name
 from .manifest import Manifest, MissingRank, TraceProblem, TraceRecord, save_manifest, split_duplicates
 from .safe_read import InputRefused, entry_problem, read_metadata
-from .validate import checked_world_size, MAX_LISTED_RANKS, missing_below, rank_problem
+from .validate import MAX_LISTED_RANKS, checked_world_size, membership_problem, missing_below, rank_problem
 
 _PARALLEL_THRESHOLD = 4
 
@@ -74,10 +74,7 @@ def _consistent_with(traces: list[TraceRecord], world_size: int | None) -> tuple
     in distributedInfo: another job's trace) are problems, not silently merged into this run."""
     kept, problems = [], []
     for trace in traces:
-        why = rank_problem(trace.rank, world_size)
-        if why is None and world_size and trace.world_size and trace.world_size != world_size:
-            why = (f"distributedInfo says world size {trace.world_size}, the run's is {world_size} "
-                   "(another job's trace?)")
+        why = rank_problem(trace.rank) or membership_problem(trace.rank, trace.world_size, world_size)
         if why is None:
             kept.append(trace)
         else:

@@ -62,6 +62,16 @@ def rank_problem(value: Any, world_size: int | None = None) -> str | None:
     return None
 
 
+def membership_problem(rank: Any, declared_world_size: Any, world_size: int | None) -> str | None:
+    """Why a trace is not one of this job's ranks: it declares another world size than the job's (another
+    job's trace?), or its rank is not below the world size; None when it belongs. One rule for run
+    directories (gather) and foreign trace directories (placement)."""
+    if world_size and declared_world_size and declared_world_size != world_size:
+        return (f"distributedInfo says world size {declared_world_size}, the run's is {world_size} "
+                "(another job's trace?)")
+    return rank_problem(rank, world_size) if rank is not None else None
+
+
 def clock_offset_problem(offset_us: Any, uncertainty_us: Any) -> str | None:
     if not is_finite_number(offset_us) or not is_finite_number(uncertainty_us) or uncertainty_us < 0:
         return "offset or uncertainty is not a finite number"

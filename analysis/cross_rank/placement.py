@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fleetscope.traces.validate import missing_below, missing_note, rank_problem
+from fleetscope.traces.validate import membership_problem, missing_below, missing_note
 
 from fleetscope.analysis.inputs.sources import (
     SOURCE_RUN_DIR,
@@ -57,12 +57,7 @@ def _one_job(results: list[RankResult]) -> tuple[list[RankResult], list[TraceFai
     expected = max(sorted(set(sizes)), key=sizes.count)
     kept, strays = [], []
     for result in results:
-        if result.world_size and result.world_size != expected:
-            why = f"world size {result.world_size} differs from the other traces' {expected} (another job's trace?)"
-        elif result.rank is not None:
-            why = rank_problem(result.rank, expected)
-        else:
-            why = None
+        why = membership_problem(result.rank, result.world_size, expected)
         if why is None:
             kept.append(result)
         else:

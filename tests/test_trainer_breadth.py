@@ -53,6 +53,9 @@ CASES = {
         "pp_fsdp": "parallel.pp=2,parallel.mode=fsdp,parallel.pp_microbatches=2,data.batch_size=4",
         "pp_ddp": "parallel.pp=2,parallel.mode=ddp,parallel.pp_schedule=gpipe,parallel.pp_microbatches=2,"
                   "data.batch_size=4",
+        # 4 stages of one block each (the 4-block model), both schedules, 4 micro-batches of 2 sequences.
+        "pp4_gpipe@qwen3_moe": f"parallel.pp=4,data.batch_size=8,parallel.pp_schedule=gpipe,model.path={FOUR_BLOCKS}",
+        "pp4_1f1b@qwen3_moe": f"parallel.pp=4,data.batch_size=8,parallel.pp_schedule=1f1b,model.path={FOUR_BLOCKS}",
     },
 }
 NPROC = {case.partition("@")[0]: nproc for nproc, cases in CASES.items() for case in cases}
@@ -92,7 +95,8 @@ COMPARED = [(case, family) for case in NPROC if not case.startswith("reference")
 
 @pytest.mark.parametrize("case, family", COMPARED)
 def test_layout_matches_the_large_batch_step(runs, case, family):
-    reference = losses(runs, "reference_four_blocks" if case == "pp_interleaved" else "reference", family)
+    four_blocks = case == "pp_interleaved" or case.startswith("pp4_")
+    reference = losses(runs, "reference_four_blocks" if four_blocks else "reference", family)
     sharded = losses(runs, case, family)
     assert len(reference) == len(sharded) == STEPS
     assert len(set(round(x, 6) for x in reference)) == STEPS, "the reference must learn"

@@ -57,3 +57,29 @@ def test_a_window_requested_while_a_two_node_job_runs(slurm_cluster: SlurmCluste
     assert manifest["missing"] == [] and manifest["problems"] == []
     report = json.loads(layout.report_json.read_text())
     assert report["capture"]["windows"][0]["ranks"] == [1, 2] and report["complete"]
+
+
+def test_a_hung_rank_on_two_nodes_is_stopped_dumped_and_named(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Rank 3 (on n2) blocks before step 4's collectives: every rank's watchdog sees no step for 5 s, every rank
+    dumps its Flight Recorder into the run directory on shared storage, the job ends in bounded time, and
+    `fleetscope hang` names rank 3 and the collective the others wait in."""
+    run_dir = tmp_path / "run"
+    layout = RunLayout.at(run_dir)
+    started = time.monotonic()
+    launched = fleetscope(
+        "launch", "--scheduler", "submitit", "--run-dir", str(run_dir), "--partition", slurm_cluster.partition,
+        "--nodes", "2", "--nproc-per-node", "2", "--device", "cpu", "--parallel", "ddp", "--steps", "30",
+        "--profile", "wait=1,warmup=1,active=2", "--cpus-per-task", "1", "--time", "10",
+        "--set", "faults.hang_rank=3", "--set", "faults.hang_step=4", "--set", "observability.hang_timeout_s=5",
+        "--set", "observability.hang_grace_s=10")
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    record = json.loads(layout.job_file.read_text())
+    state = wait_for_job(record["job_id"], poll_s=1, timeout_s=JOB_TIMEOUT_S)
+    assert state.finished and state.state != "COMPLETED", slurm_cluster.log_tail()
+    assert time.monotonic() - started < JOB_TIMEOUT_S
+    assert all(layout.flight_recorder_file(rank).is_file() for rank in range(4)), slurm_cluster.log_tail()
+    hang = fleetscope("hang", str(run_dir))
+    assert hang.returncode == 0, hang.stdout + hang.stderr
+    # rank 3 never reached step 4's collectives; a rank stuck behind it in an earlier one may be late too
+    assert "furthest behind: rank(s) [3]" in hang.stdout or "that rank(s) [3] never entered" in hang.stdout, \
+        hang.stdout

@@ -196,6 +196,21 @@ def _mismatches(calls: dict[int, list[Call]]) -> list[str]:
             for seq, variants in sorted(by_seq.items()) if len(variants) > 1]
 
 
+def _furthest_behind(group: GroupHang) -> str:
+    """Among the late ranks, the ones that entered the fewest collectives: the others wait for them, directly or
+    through ranks stuck in an earlier collective behind them (said only when the late ranks differ)."""
+    late = [m for m in group.members if m.rank in group.late_ranks]
+    entered = {m.rank: m.last_entered.seq if m.last_entered else -1 for m in late}
+    if len(set(entered.values())) < 2:
+        return ""
+    lowest = min(entered.values())
+    behind = sorted(r for r, seq in entered.items() if seq == lowest)
+    last = next(m.last_entered for m in late if m.rank == behind[0])
+    what = f"last entered #{last.seq} {last.name}" if last else "entered none"
+    return (f"; furthest behind: rank(s) {behind} ({what}): the others wait for it, directly or through the "
+            f"ranks stuck in an earlier collective")
+
+
 def _verdict(groups: list[GroupHang], dumps: Dumps) -> str:
     stuck = [g for g in groups if g.late_ranks and g.waiting_in]
     parts = []
@@ -203,7 +218,7 @@ def _verdict(groups: list[GroupHang], dumps: Dumps) -> str:
         call = group.waiting_in
         parts.append(f"in process group {group.group} ({group.desc or 'no description'}), rank(s) "
                      f"{group.waiting_ranks} wait in collective #{call.seq} {call.name} (sizes {call.input_sizes}) "
-                     f"that rank(s) {group.late_ranks} never entered")
+                     f"that rank(s) {group.late_ranks} never entered" + _furthest_behind(group))
     for group in groups:
         if group.mismatches:
             parts.append(f"process group {group.group}: {len(group.mismatches)} mismatched collective(s), "

@@ -177,6 +177,9 @@ def test_interrupted_job_checkpoints_resumes_and_keeps_both_attempts_traces(
     assert trace_attempts(layout, 1) == {(rank, 1) for rank in range(WORLD_SIZE)}
     assert steps_of(layout.metrics_file(0))[-1] == 9
     assert layout.merged_trace.exists() and layout.report_json.exists()
+    # every rank dumped its Flight Recorder when the interruption reached it, before the requeue
+    assert all(layout.flight_recorder_file(rank).is_file() for rank in range(WORLD_SIZE)), \
+        sorted(p.name for p in layout.flight_recorder_dir.glob("*")) if layout.flight_recorder_dir.is_dir() else []
     if interruption == "time-limit notice":
         # the trainer took the notice (not submitit's handler, which would end rank 0 before any checkpoint)
         rank0_log = (layout.logs_dir / "slurm" / f"{job_id}_0_log.err").read_text()

@@ -189,7 +189,7 @@ def register_analyze(sub: argparse._SubParsersAction) -> None:
                         help="parse every trace again instead of reusing results of identical trace files")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="parsed-trace cache (default: $FLEETSCOPE_CACHE_DIR, else ~/.cache/fleetscope/analysis)")
-    parser.add_argument("--link-peak", type=_positive_float, default=None, metavar="GBPS",
+    parser.add_argument("--link-peak", type=positive_number, default=None, metavar="GBPS",
                         help="peak bus bandwidth of the links (GB/s), instead of the table of known links")
     parser.add_argument("--comm-kernel-pattern", default=None, metavar="REGEX", help="kernels matching it communicate too (e.g. DeepEP dispatch/combine kernels), besides NCCL's")
     parser.set_defaults(handler=handle_analyze)
@@ -216,17 +216,6 @@ def handle_analyze(args: argparse.Namespace) -> int:
     if not report.ranks:
         return EXIT_FAILED  # nothing analyzed is a failure, not a partial result
     return EXIT_OK if report.complete else EXIT_PARTIAL
-
-
-def _positive_float(text: str) -> float:
-    """A finite number > 0 (argparse exits 2 with this message otherwise)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
 
 
 def register_merge(sub: argparse._SubParsersAction) -> None:
@@ -318,17 +307,18 @@ def register_compare(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("base", nargs="?", type=existing_input, help="run directory or report.json")
     parser.add_argument("new", nargs="?", type=existing_input, help="run directory or report.json")
     cause_commands.add_gate_arguments(parser)
-    parser.add_argument("--threshold", type=positive_percent, default=5.0,
+    parser.add_argument("--threshold", type=positive_number, default=5.0,
                         help="percent drop in throughput / rise in step time that fails (default 5)")
     parser.set_defaults(handler=handle_compare)
 
 
-def positive_percent(text: str) -> float:
-    """A threshold in percent: finite and > 0 (nan, inf, 0 or a negative one would disable the gate)."""
+def positive_number(text: str) -> float:
+    """A finite number > 0: a threshold in percent (nan, inf, 0 or a negative one would disable the gate), or a
+    link's peak bandwidth."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of percent, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
     return value

@@ -9,9 +9,9 @@ import torch.distributed as dist
 
 from .config import TrainConfig
 from ..traces.layout import RunLayout
-from .loop import Preempted, train
+from .loop import JobHung, Preempted, train
 from .models import check_model_support
-from .hang import enable_flight_recorder
+from .hang import EXIT_HUNG, enable_flight_recorder
 from .observability import measure_clock
 from .preemption import EXIT_PREEMPTED, StopReason
 from .runtime import init_runtime
@@ -41,7 +41,14 @@ def run_rank(config: TrainConfig) -> RankOutcome:
         dist.barrier()
     except Preempted as stop:
         log.warning("%s; exiting with status %d", stop, EXIT_PREEMPTED)
-        return RankOutcome(exit_code=EXIT_PREEMPTED, stop=stop.reason)
-    finally:
         dist.destroy_process_group()
+        return RankOutcome(exit_code=EXIT_PREEMPTED, stop=stop.reason)
+    except JobHung as hung:
+        # No teardown: the group lost a member, and destroying a broken NCCL communicator can block.
+        log.error("%s; exiting with status %d", hung, EXIT_HUNG)
+        return RankOutcome(exit_code=EXIT_HUNG)
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    dist.destroy_process_group()
     return RankOutcome(exit_code=0)

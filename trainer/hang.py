@@ -8,7 +8,8 @@ does not read). Values already in the environment win.
 `HangWatchdog` is a daemon thread per rank. The loop reports each completed step; when none completes for
 `observability.hang_timeout_s`, the rank writes a hang marker, asks every rank to dump (a flag file every
 watchdog looks for once a second), dumps its own buffer, waits up to `hang_grace_s` for the other ranks'
-dumps and ends the process with EXIT_HUNG, which makes torchrun / srun stop the rest of the job. A rank
+dumps and ends the process with EXIT_HUNG, which makes torchrun / srun stop the rest of the job. A rank whose
+collective fails because a hung peer left ends with EXIT_HUNG as well (`job_hung`, entry.run_rank). A rank
 blocked inside a collective still runs this thread: the collective's wait releases the GIL.
 The dumps are also written when a rank fails (a collective timeout raises) and as soon as a stop signal
 (SIGTERM, SIGUSR1/2: preemption, requeue, time limit) arrives, even in a rank blocked in a collective: the
@@ -213,6 +214,11 @@ class HangWatchdog:
             time.sleep(0.2)
         logging.shutdown()
         os._exit(EXIT_HUNG)
+
+    def job_hung(self) -> bool:
+        """A rank of this attempt gave up on a hang: a collective failing now is that rank leaving the job, and
+        this rank ends as hung too (so the exit status does not depend on who noticed first)."""
+        return self._timeout > 0 and any(self._fresh(self._layout.hang_marker(r)) for r in range(self._world))
 
     def _all_dumped(self) -> bool:
         return all(self._fresh(self._layout.flight_recorder_file(r)) for r in range(self._world))

@@ -308,6 +308,10 @@ class PendingStep:
         )
 
 
+class JobHung(Exception):
+    """This rank failed while the job was being stopped for a hang (a peer's hang detector gave up)."""
+
+
 class Preempted(Exception):
     """Every rank stopped at the same step on a scheduler's request, after saving a checkpoint."""
 
@@ -383,8 +387,11 @@ class TrainingRun:
                 self._stop_for_scheduler(level)
             self._maybe_save_at_exit()
         except BaseException as error:
-            self.watchdog.dump("stop_signal" if isinstance(error, Preempted) else "error")
+            hung = isinstance(error, Exception) and not isinstance(error, Preempted) and self.watchdog.job_hung()
+            self.watchdog.dump("stop_signal" if isinstance(error, Preempted) else "hang" if hung else "error")
             self.capture.close(self.state.step, None if isinstance(error, Preempted) else error)
+            if hung:
+                raise JobHung(f"stopped at step {self.state.step}: the job hung ({error})") from error
             raise
         else:
             self.capture.close(self.state.step, None)

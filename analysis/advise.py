@@ -71,6 +71,17 @@ class Evidence:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Change:
+    """A change a relaunch of the same job can make (`fleetscope tune --apply`): trainer arguments and
+    environment variables, applied over the run's own configuration."""
+
+    train_args: tuple[str, ...] = ()
+    """Trainer arguments, e.g. ("--set", "parallel.bucket_cap_mb=12.5") or ("--compile", "reduce-overhead")."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment variables of every rank, e.g. (("PYTORCH_ALLOC_CONF", "expandable_segments:True"),)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Finding:
     rule: str
     title: str
@@ -82,6 +93,8 @@ class Finding:
     change: str
     """The exact change: a command-line option, an environment variable, or an action."""
     why: str
+    apply: Change | None = None
+    """The change as a relaunch can make it (None: an action for a person, e.g. replacing a GPU)."""
 
 
 @dataclass(frozen=True, kw_only=True)

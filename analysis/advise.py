@@ -12,6 +12,8 @@ returns a `Finding` or None, and its docstring says when it fires and how it est
 
 from __future__ import annotations
 
+import math
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -34,6 +36,17 @@ LAUNCH_RECOVERABLE = 0.5
 EXPOSED_COMM_SHARE = 0.15
 OVERLAP_RECOVERABLE = 0.5
 """Share of the exposed communication smaller buckets are assumed to hide behind backward."""
+DEFAULT_BUCKET_MB = 25.0
+"""DDP's default bucket_cap_mb: large enough that an all-reduce's fixed cost is small beside moving it."""
+SMALL_BUCKET_MB = 1.0
+"""Buckets below this (mean MiB per all-reduce) are latency-bound: each all-reduce costs a launch, a
+rendezvous of the ranks and a few network round trips whatever it carries (NCCL and gloo reach their
+bandwidth only at several MiB)."""
+MANY_BUCKETS = 8
+"""At least this many all-reduces per step of small buckets: the fixed costs add up."""
+FEW_BUCKETS = 2
+"""At most this many buckets, the last one holding LATE_BUCKET_SHARE of the gradients: nothing overlaps."""
+LATE_BUCKET_SHARE = 0.5
 FRAGMENTATION_RATIO = 1.3
 """Reserved / allocated peak memory above this: the caching allocator holds fragmented blocks."""
 STRAGGLER_SHARE = 0.5
@@ -50,6 +63,17 @@ class Evidence:
     forward on the host (an injected straggler sleep does), the trace's range only the fetch."""
     data_source: str = ""
     comm_exposed_ms: float | None = None
+    comm_buckets: float | None = None
+    """DDP gradient buckets all-reduced per step (step metrics, slowest rank, median over steps)."""
+    comm_mb: float | None = None
+    """MiB of gradients all-reduced per step (step metrics)."""
+    comm_last_bucket_mb: float | None = None
+    """MiB of the bucket ready last in each step (step metrics)."""
+    trace_collectives_per_step: float | None = None
+    """Collectives per profiled step matched across ranks in the trace (median over steps; gradient
+    all-reduces plus the trainer's own between steps)."""
+    trace_allreduce_mb: float | None = None
+    """Mean MiB per all-reduce in the trace, where it records sizes (NCCL; gloo spans carry none)."""
     peak_allocated_mb: float | None = None
     peak_reserved_mb: float | None = None
     alloc_retries: int = 0
@@ -79,6 +103,22 @@ class Change:
     """Trainer arguments, e.g. ("--set", "parallel.bucket_cap_mb=12.5") or ("--compile", "reduce-overhead")."""
     env: tuple[tuple[str, str], ...] = ()
     """Environment variables of every rank, e.g. (("PYTORCH_ALLOC_CONF", "expandable_segments:True"),)."""
+
+    def command_text(self) -> str:
+        """The change as a person types it: NAME=VALUE words, then the trainer arguments, shell-quoted."""
+        words = [f"{name}={shlex.quote(value)}" for name, value in self.env]
+        return " ".join(words + [shlex.quote(arg) for arg in self.train_args])
+
+
+def settings_change(*assignments: str) -> Change:
+    """`--set section.field=value` for each assignment."""
+    return Change(train_args=tuple(word for assignment in assignments for word in ("--set", assignment)))
+
+
+def _applied(change: Change, note: str = "") -> dict[str, Any]:
+    """A finding's `change` text and `apply`, both from one Change (the text never says what apply does not)."""
+    text = change.command_text()
+    return {"change": f"{text} ({note})" if note else text, "apply": change}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +151,9 @@ def _gain(evidence: Evidence, gain_ms: float | None) -> tuple[float | None, floa
     return gain_ms, 100.0 * gain_ms / evidence.step_ms
 
 
+DATA_WORKERS_CHANGE = settings_change(f"data.num_workers={RECOMMENDED_WORKERS}", "data.persistent_workers=true")
+
+
 def data_workers(e: Evidence) -> Finding | None:
     """Data loading (median data_ms of the slowest rank) over DATA_SHARE of the step with no worker
     processes: workers prefetch the next batches while the step runs, so up to data_ms per step is saved."""
@@ -123,7 +166,7 @@ def data_workers(e: Evidence) -> Finding | None:
                              "step_ms": round(e.step_ms, 3), "num_workers": workers},
                    expected_gain_ms=gain, expected_gain_pct=pct,
                    confidence="high" if e.data_ms >= 2 * DATA_SHARE * e.step_ms else "medium",
-                   change=f"--set data.num_workers={RECOMMENDED_WORKERS} --set data.persistent_workers=true",
+                   **_applied(DATA_WORKERS_CHANGE),
                    why=f"{e.data_ms:.1f} ms of each {e.step_ms:.1f} ms step is spent loading data in the training "
                        "process; worker processes load the next batches while the GPU computes")
 
@@ -141,33 +184,129 @@ def cuda_graphs(e: Evidence) -> Finding | None:
     return Finding(rule="cuda_graphs", title="the GPU waits for the host to launch kernels",
                    evidence={"gpu_idle_pct": round(e.idle_pct, 1), "compile": compiled},
                    expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
-                   change=f"--compile {mode}",
+                   **_applied(Change(train_args=("--compile", mode))),
                    why=f"the GPU is idle {e.idle_pct:.0f}% of the profiled steps; compiling fuses kernels and "
                        + ("CUDA graphs replay the launches without the host" if mode == "reduce-overhead" else
                           "cuts launches (CUDA graphs need fixed parameter addresses, which FSDP does not keep)"))
 
 
+@dataclass(frozen=True, kw_only=True)
+class BucketPlan:
+    """Which way the DDP bucket size should move, and the evidence that says so."""
+
+    direction: str
+    """"raise" (many small, latency-bound all-reduces), "lower" (one large bucket ready at the end of
+    backward, nothing to overlap it with) or "split" (exposed with several buckets: start earlier)."""
+    bucket_mb: float
+    """The proposed bucket_cap_mb."""
+    buckets: float | None
+    mean_bucket_mb: float | None
+    new_buckets: float | None
+    """Buckets per step expected at the proposed size."""
+
+
+def plan_buckets(e: Evidence) -> BucketPlan | None:
+    """The direction from the buckets themselves (step metrics: count and MiB per step; else the trace's
+    collectives per step and, on NCCL, its all-reduce sizes). None: no change that would differ."""
+    bucket = float(e.setting("parallel", "bucket_cap_mb", DEFAULT_BUCKET_MB))
+    buckets = e.comm_buckets if e.comm_buckets is not None else e.trace_collectives_per_step
+    mean_mb = (e.comm_mb / e.comm_buckets if e.comm_mb is not None and e.comm_buckets else e.trace_allreduce_mb)
+    small = mean_mb < SMALL_BUCKET_MB if mean_mb is not None else bucket < SMALL_BUCKET_MB
+    if buckets is not None and buckets >= MANY_BUCKETS and small:
+        target = DEFAULT_BUCKET_MB if bucket < DEFAULT_BUCKET_MB else 4 * bucket
+        return BucketPlan(direction="raise", bucket_mb=target, buckets=buckets, mean_bucket_mb=mean_mb,
+                          new_buckets=_buckets_at(e, target, buckets, bucket))
+    late_share = (e.comm_last_bucket_mb / e.comm_mb if e.comm_last_bucket_mb is not None and e.comm_mb else None)
+    if buckets is not None and buckets <= FEW_BUCKETS and (late_share is None or late_share >= LATE_BUCKET_SHARE):
+        target = max(SMALL_BUCKET_MB, min(bucket / 2, (e.comm_mb or 2 * bucket) / 4))
+        new_buckets = _buckets_at(e, target, buckets, bucket)
+        if target >= bucket or (new_buckets is not None and new_buckets <= buckets):
+            return None                     # the gradients fit one small bucket: splitting cannot overlap
+        return BucketPlan(direction="lower", bucket_mb=target, buckets=buckets, mean_bucket_mb=mean_mb,
+                          new_buckets=new_buckets)
+    if bucket / 2 < SMALL_BUCKET_MB:
+        return None
+    return BucketPlan(direction="split", bucket_mb=bucket / 2, buckets=buckets, mean_bucket_mb=mean_mb,
+                      new_buckets=_buckets_at(e, bucket / 2, buckets, bucket))
+
+
+def _buckets_at(e: Evidence, target_mb: float, buckets: float, bucket_mb: float) -> float | None:
+    """Buckets per step at `target_mb`: the gradient MiB over it (at least 1), else scaled from now."""
+    if e.comm_mb is not None:
+        return float(max(1, math.ceil(e.comm_mb / target_mb)))
+    return max(1.0, buckets * bucket_mb / target_mb) if buckets else None
+
+
 def gradient_buckets(e: Evidence) -> Finding | None:
-    """DDP with exposed communication over EXPOSED_COMM_SHARE of the span and little overlap (< 50%), and no
-    straggler causing most of the waiting (then the exposed time is waiting for it): smaller buckets start
-    the first all-reduce earlier in backward; assumed to hide OVERLAP_RECOVERABLE of it."""
+    """DDP with exposed communication over EXPOSED_COMM_SHARE of the span; the direction comes from the
+    buckets (plan_buckets):
+      raise  MANY_BUCKETS or more per step, SMALL_BUCKET_MB or less each: every all-reduce pays a fixed
+             cost; larger buckets (DEFAULT_BUCKET_MB) pay it fewer times. Gain: the exposed time in
+             proportion to the all-reduces removed (exposed x (1 - new/old buckets)); confidence medium.
+             A straggler does not silence it: fewer all-reduces also means fewer rendezvous to wait at.
+      lower  FEW_BUCKETS or fewer, the last holding LATE_BUCKET_SHARE of the gradients, overlap < 50%:
+             that bucket is ready only when backward ends; smaller ones start during backward.
+      split  exposed with several buckets and overlap < 50%: halve the bucket to start earlier.
+    lower and split are assumed to hide OVERLAP_RECOVERABLE of the exposed time (confidence low), and stay
+    silent when a straggler causes most of the waiting (then the exposed time is waiting for it)."""
     if e.setting("parallel", "mode") != "ddp" or e.exposed_comm_pct is None:
         return None
-    if any(f.wait_share >= STRAGGLER_SHARE for f in e.stragglers):
-        return None             # the exposed time is then mostly waiting for that rank: buckets do not help
-    if e.exposed_comm_pct < 100 * EXPOSED_COMM_SHARE or (e.overlap_pct or 0.0) >= 50.0:
+    if e.exposed_comm_pct < 100 * EXPOSED_COMM_SHARE:
         return None
-    bucket = float(e.setting("parallel", "bucket_cap_mb", 25.0))
+    plan = plan_buckets(e)
+    if plan is None:
+        return None
+    if plan.direction != "raise":
+        if any(f.wait_share >= STRAGGLER_SHARE for f in e.stragglers) or (e.overlap_pct or 0.0) >= 50.0:
+            return None             # the exposed time is then mostly waiting for that rank: buckets do not help
+    bucket = float(e.setting("parallel", "bucket_cap_mb", DEFAULT_BUCKET_MB))
     exposed_ms = e.comm_exposed_ms if e.comm_exposed_ms is not None else (
         e.exposed_comm_pct / 100 * e.step_ms if e.step_ms else None)
-    gain, pct = _gain(e, OVERLAP_RECOVERABLE * exposed_ms if exposed_ms is not None else None)
-    return Finding(rule="gradient_buckets", title="gradient all-reduces are not hidden behind backward",
-                   evidence={"exposed_comm_pct": round(e.exposed_comm_pct, 1),
-                             "overlap_pct": round(e.overlap_pct or 0.0, 1), "bucket_cap_mb": bucket},
-                   expected_gain_ms=gain, expected_gain_pct=pct, confidence="low",
-                   change=f"--set parallel.bucket_cap_mb={max(bucket / 2, 1):g}",
-                   why=f"{e.exposed_comm_pct:.0f}% of the step is communication nothing overlaps "
-                       f"({e.overlap_pct or 0:.0f}% overlap); smaller buckets are ready, and sent, earlier in backward")
+    if plan.direction == "raise":
+        kept = plan.new_buckets / plan.buckets if plan.new_buckets is not None and plan.buckets else 1.0
+        gain_ms = exposed_ms * (1.0 - kept) if exposed_ms is not None else None
+    else:
+        gain_ms = OVERLAP_RECOVERABLE * exposed_ms if exposed_ms is not None else None
+    gain, pct = _gain(e, gain_ms)
+    return Finding(rule="gradient_buckets", title=_BUCKET_TITLES[plan.direction],
+                   evidence=_bucket_evidence(e, plan, bucket), expected_gain_ms=gain, expected_gain_pct=pct,
+                   confidence="medium" if plan.direction == "raise" else "low",
+                   **_applied(settings_change(f"parallel.bucket_cap_mb={plan.bucket_mb:g}")),
+                   why=_bucket_why(e, plan, bucket))
+
+
+_BUCKET_TITLES = {
+    "raise": "many small gradient all-reduces: each pays a fixed cost",
+    "lower": "the gradients all-reduce in one bucket after backward",
+    "split": "gradient all-reduces are not hidden behind backward",
+}
+
+
+def _bucket_evidence(e: Evidence, plan: BucketPlan, bucket: float) -> dict[str, float | int | str]:
+    evidence: dict[str, float | int | str] = {"exposed_comm_pct": round(e.exposed_comm_pct or 0.0, 1),
+                                              "overlap_pct": round(e.overlap_pct or 0.0, 1), "bucket_cap_mb": bucket}
+    known = {"buckets_per_step": plan.buckets, "mean_bucket_mb": plan.mean_bucket_mb,
+             "grad_mb_per_step": e.comm_mb, "last_bucket_mb": e.comm_last_bucket_mb,
+             "trace_collectives_per_step": e.trace_collectives_per_step, "expected_buckets": plan.new_buckets}
+    evidence.update({k: round(v, 4) for k, v in known.items() if v is not None})
+    return evidence
+
+
+def _bucket_why(e: Evidence, plan: BucketPlan, bucket: float) -> str:
+    exposed = f"{e.exposed_comm_pct:.0f}% of the step is communication nothing overlaps ({e.overlap_pct or 0:.0f}% overlap)"
+    count = f"{plan.buckets:.0f} all-reduces per step" if plan.buckets is not None else "the all-reduces"
+    size = f" of {plan.mean_bucket_mb:.3g} MiB on average" if plan.mean_bucket_mb is not None else ""
+    if plan.direction == "raise":
+        return (f"{exposed}; {count}{size} (bucket_cap_mb={bucket:g}): each pays a launch, a rendezvous of the "
+                f"ranks and network round trips whatever it carries; {plan.bucket_mb:g} MiB buckets need "
+                f"{plan.new_buckets or 1:.0f}")
+    if plan.direction == "lower":
+        return (f"{exposed}; {count}{size}, the last ready only when backward ends; {plan.bucket_mb:g} MiB "
+                "buckets are ready, and sent, while backward still runs")
+    return f"{exposed}; smaller buckets are ready, and sent, earlier in backward"
+
+
+EXPANDABLE = "expandable_segments:True"
 
 
 def allocator(e: Evidence) -> Finding | None:
@@ -181,9 +320,12 @@ def allocator(e: Evidence) -> Finding | None:
     evidence = {"alloc_retries": e.alloc_retries}
     if ratio is not None:
         evidence.update(peak_reserved_mb=round(e.peak_reserved_mb, 1), peak_allocated_mb=round(e.peak_allocated_mb, 1))
+    current = str(e.setting("performance", "alloc_conf", "") or "")
+    conf = f"{current},{EXPANDABLE}" if current else EXPANDABLE
     return Finding(rule="allocator", title="the CUDA caching allocator fragments", evidence=evidence,
                    expected_gain_ms=None, expected_gain_pct=None, confidence="high" if e.alloc_retries else "medium",
-                   change="PYTORCH_ALLOC_CONF=expandable_segments:True (or --set performance.alloc_conf=expandable_segments:True)",
+                   **_applied(settings_change(f"performance.alloc_conf={conf}"),
+                              note=f"PYTORCH_ALLOC_CONF={conf} for other programs"),
                    why="reserved memory well above what tensors use, or allocation retries (each one frees the cache "
                        "and synchronizes); expandable segments grow one mapping instead of caching odd-sized blocks")
 
@@ -195,7 +337,7 @@ def memory_pressure(e: Evidence) -> Finding | None:
     return Finding(rule="memory_pressure", title="the step runs out of memory headroom",
                    evidence={"ooms": e.ooms, "alloc_retries": e.alloc_retries},
                    expected_gain_ms=None, expected_gain_pct=None, confidence="medium",
-                   change="--set performance.activation_checkpointing=selective",
+                   **_applied(settings_change("performance.activation_checkpointing=selective")),
                    why="activations are recomputed in backward instead of kept: less peak memory (room for the "
                        "allocator, or a larger batch) for about a third more compute in the checkpointed blocks")
 
@@ -222,13 +364,18 @@ def straggler(e: Evidence) -> Finding | None:
     gain, pct = _gain(e, float(np.mean(saved)) if saved else None)
     evidence = {"rank": top.rank, "wait_share": round(top.wait_share, 3),
                 "mean_lateness_ms": round(top.mean_lateness_us / 1000, 3)}
-    change, kind = _STRAGGLER_CHANGES[top.cause], top.cause
+    change, kind = {"change": _STRAGGLER_CHANGES[top.cause]}, top.cause
     if top.cause == CAUSE_HOST and (top.data_loader_excess_ms or 0.0) >= INPUT_WAIT_SHARE * top.mean_lateness_us / 1000:
         evidence["data_loader_excess_ms"] = round(top.data_loader_excess_ms, 3)
-        change, kind = f"--set data.num_workers={RECOMMENDED_WORKERS} (its input pipeline is the delay)", "input wait"
+        if e.setting("data", "num_workers", 0) < RECOMMENDED_WORKERS:
+            change = _applied(DATA_WORKERS_CHANGE, note="its input pipeline is the delay")
+        else:
+            change = {"change": "its input pipeline is the delay although it has workers: more workers, or a faster "
+                                "source (local copy, pre-tokenized data)"}
+        kind = "input wait"
     return Finding(rule="straggler", title=f"rank {top.rank} holds the others back ({kind})", evidence=evidence,
                    expected_gain_ms=gain, expected_gain_pct=pct, confidence="high" if top.explained_share >= 0.8 else "medium",
-                   change=change, why=top.explanation)
+                   **change, why=top.explanation)
 
 
 RULES: tuple[Callable[[Evidence], Finding | None], ...] = (
@@ -287,7 +434,10 @@ def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
         step_ms=per_step_max("step_time_ms"),
         data_ms=trace_data_ms if trace_data_ms is not None else per_step_max("data_ms"),
         data_source="trace DataLoader ranges" if trace_data_ms is not None else "step metrics data_ms",
-        comm_exposed_ms=per_step_max("comm_exposed_ms"), peak_allocated_mb=per_step_max("max_memory_allocated_mb"),
+        comm_exposed_ms=per_step_max("comm_exposed_ms"), comm_buckets=per_step_max("comm_buckets"),
+        comm_mb=per_step_max("comm_mb"), comm_last_bucket_mb=per_step_max("comm_last_bucket_mb"),
+        trace_collectives_per_step=_trace_collectives_per_step(report), trace_allreduce_mb=_trace_allreduce_mb(report),
+        peak_allocated_mb=per_step_max("max_memory_allocated_mb"),
         peak_reserved_mb=per_step_max("max_memory_reserved_mb"), alloc_retries=total("alloc_retries"),
         ooms=total("ooms"), basis=utilization[0].basis if utilization else None,
         idle_pct=mean_of([u.idle_pct for u in utilization]),
@@ -307,3 +457,17 @@ def _trace_data_loader_ms(report: Report | None) -> float | None:
                     key = (window.window, step.step)
                     by_step[key] = max(by_step.get(key, 0.0), step.data_loader_ms)
     return float(np.median(list(by_step.values()))) if by_step else None
+
+
+def _trace_collectives_per_step(report: Report | None) -> float | None:
+    """Median over profiled steps of the collectives matched across ranks in the step (stragglers.by_step)."""
+    counts = [s.collectives for w in (report.windows if report else []) if w.stragglers for s in w.stragglers.by_step]
+    return float(np.median(counts)) if counts else None
+
+
+def _trace_allreduce_mb(report: Report | None) -> float | None:
+    """Mean MiB per all-reduce over the trace's sized all-reduces (bandwidth rows); None: no sizes."""
+    rows = [r for w in (report.windows if report else []) if w.bandwidth for r in w.bandwidth.rows
+            if r.collective == "all_reduce" and r.instances]
+    instances = sum(r.instances for r in rows)
+    return sum(r.total_bytes for r in rows) / instances / 2**20 if instances else None

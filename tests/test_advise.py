@@ -55,9 +55,55 @@ def test_exposed_ddp_communication_asks_for_smaller_buckets_unless_a_straggler_e
     assert "gradient_buckets" not in waiting
 
 
+def test_many_tiny_buckets_ask_for_larger_ones_even_beside_a_straggler():
+    """12 all-reduces of 0.07 MiB per step (bucket_cap_mb=0.01): latency-bound, the fix is FEWER buckets."""
+    tiny = {**CONFIG, "parallel": {"mode": "ddp", "bucket_cap_mb": 0.01}}
+    evidence = dict(exposed_comm_pct=45.0, comm_exposed_ms=12.0, overlap_pct=30.0, comm_buckets=12.0, comm_mb=0.8,
+                    comm_last_bucket_mb=0.06, config=tiny)
+    finding = _rules(**evidence, stragglers=[_cause(CAUSE_HOST)])["gradient_buckets"]
+    assert finding.change == "--set parallel.bucket_cap_mb=25"
+    assert finding.apply.train_args == ("--set", "parallel.bucket_cap_mb=25")
+    assert finding.evidence["buckets_per_step"] == 12 and finding.evidence["expected_buckets"] == 1
+    assert finding.expected_gain_ms == pytest.approx(12.0 * (1 - 1 / 12))     # exposed x all-reduces removed
+    # without sizes in the metrics, the trace's collectives per step and the configured cap say the same
+    bare = _rules(exposed_comm_pct=45.0, comm_exposed_ms=12.0, overlap_pct=30.0, trace_collectives_per_step=13.0,
+                  config=tiny)["gradient_buckets"]
+    assert bare.apply.train_args == ("--set", "parallel.bucket_cap_mb=25")
+
+
+def test_one_large_late_bucket_asks_for_smaller_ones_and_a_small_model_gets_nothing():
+    big = {**CONFIG, "parallel": {"mode": "ddp", "bucket_cap_mb": 200.0}}
+    late = dict(exposed_comm_pct=30.0, comm_exposed_ms=30.0, overlap_pct=5.0, comm_buckets=1.0, comm_last_bucket_mb=100.0)
+    finding = _rules(**late, comm_mb=100.0, config=big)["gradient_buckets"]
+    assert finding.change == "--set parallel.bucket_cap_mb=25" and finding.evidence["expected_buckets"] == 4
+    assert finding.expected_gain_ms == pytest.approx(15.0)
+    # 0.8 MiB of gradients fit any bucket: no size splits them, so no advice
+    assert "gradient_buckets" not in _rules(**{**late, "comm_last_bucket_mb": 0.8}, comm_mb=0.8)
+
+
+def test_every_knob_finding_states_the_change_it_applies():
+    from fleetscope.analysis.advise import RULES
+
+    evidence = Evidence(**{**HEALTHY, "data_ms": 30.0, "idle_pct": 40.0, "exposed_comm_pct": 30.0, "overlap_pct": 10.0,
+                           "peak_reserved_mb": 2000.0, "alloc_retries": 3})
+    findings = [f for f in (rule(evidence) for rule in RULES) if f is not None]
+    assert {f.rule for f in findings} == {"data_workers", "cuda_graphs", "gradient_buckets", "allocator",
+                                          "memory_pressure"}
+    for finding in findings:
+        assert finding.apply is not None and finding.change.startswith(finding.apply.command_text())
+    device = _rules(stragglers=[_cause(CAUSE_SLOW_DEVICE)])["straggler"]
+    assert device.apply is None                       # replacing a GPU is not a relaunch setting
+    inputs = _rules(stragglers=[_cause(CAUSE_HOST, data_loader_excess_ms=18.0)])["straggler"]
+    assert inputs.apply.train_args == ("--set", "data.num_workers=8", "--set", "data.persistent_workers=true")
+
+
 def test_fragmentation_and_retries_ask_for_expandable_segments_and_checkpointing():
     rules = _rules(peak_reserved_mb=2000.0, alloc_retries=3)
-    assert rules["allocator"].change.startswith("PYTORCH_ALLOC_CONF=expandable_segments:True")
+    assert rules["allocator"].change.startswith("--set performance.alloc_conf=expandable_segments:True")
+    assert "PYTORCH_ALLOC_CONF=expandable_segments:True" in rules["allocator"].change
+    kept = {**CONFIG, "performance": {**CONFIG["performance"], "alloc_conf": "max_split_size_mb:128"}}
+    merged = _rules(peak_reserved_mb=2000.0, config=kept)["allocator"].apply
+    assert merged.train_args == ("--set", "performance.alloc_conf=max_split_size_mb:128,expandable_segments:True")
     assert rules["memory_pressure"].change == "--set performance.activation_checkpointing=selective"
     assert set(_rules(peak_reserved_mb=1500.0)) == {"allocator"}
 

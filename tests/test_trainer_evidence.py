@@ -125,6 +125,9 @@ def test_bucket_estimate_spans_first_ready_to_last_done():
     estimate = StepBuckets(clock, [[1.000, 1.004], [1.002, 1.010]]).estimate()
     assert estimate.buckets == 2
     assert estimate.comm_ms == pytest.approx(10.0) and estimate.comm_exposed_ms == pytest.approx(8.0)
+    assert estimate.total_mb is None and estimate.last_bucket_mb is None       # sizes not noted
+    sized = StepBuckets(clock, [[1.000, 1.004], [1.002, 1.010]], [3 * 2**20, 2**19]).estimate()
+    assert sized.total_mb == pytest.approx(3.5) and sized.last_bucket_mb == pytest.approx(0.5)
     assert StepBuckets(clock, []).estimate() is None
     assert StepBuckets(clock, [[1.0, None]]).estimate() is None  # never completed: no number
 
@@ -245,6 +248,7 @@ def test_ddp_communication_estimates_on_every_rank(baseline):
     for rank in range(2):
         for row in metrics(run_dir, rank):
             assert row["comm_buckets"] >= 1
+            assert 0 < row["comm_last_bucket_mb"] <= row["comm_mb"]
             assert 0 < row["comm_exposed_ms"] <= row["comm_ms"] < row["step_time_ms"]
             assert row["stop_agreement_ms"] is not None and row["stop_agreement_ms"] >= 0
 

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+MIB = 1024 * 1024
+"""DDP's bucket_cap_mb counts MiB."""
+
 
 class Clock:
     """A point in time: perf_counter on CPU, a timing CUDA event on the current stream on CUDA."""
@@ -51,14 +54,19 @@ class CommEstimate:
     comm_exposed_ms: float
     """Last bucket ready -> last bucket's all-reduce done."""
     buckets: int
+    total_mb: float | None = None
+    """MiB of gradients all-reduced (every bucket's flat buffer); None when sizes were not noted."""
+    last_bucket_mb: float | None = None
+    """MiB of the bucket that became ready last (the all-reduce the step waits for)."""
 
 
 class StepBuckets:
-    """The (ready, done) points of one step's gradient buckets."""
+    """The (ready, done) points of one step's gradient buckets, and each bucket's size in bytes."""
 
-    def __init__(self, clock: Clock, points: list[list[object]]):
+    def __init__(self, clock: Clock, points: list[list[object]], sizes: list[int] | None = None):
         self._clock = clock
         self._points = points
+        self._sizes = sizes if sizes is not None and len(sizes) == len(points) else None
 
     def estimate(self) -> CommEstimate | None:
         """None when the step all-reduced nothing (or a bucket never completed)."""
@@ -69,8 +77,10 @@ class StepBuckets:
                     for i, (ready, _) in enumerate(self._points)]
         done_ms = [self._clock.ms_between(first_ready, done) for _, done in self._points]
         last_done = max(done_ms)
+        sizes_mb = [size / MIB for size in self._sizes] if self._sizes else None
         return CommEstimate(comm_ms=last_done, comm_exposed_ms=max(0.0, last_done - max(ready_ms)),
-                            buckets=len(self._points))
+                            buckets=len(self._points), total_mb=sum(sizes_mb) if sizes_mb else None,
+                            last_bucket_mb=sizes_mb[ready_ms.index(max(ready_ms))] if sizes_mb else None)
 
 
 class DdpCommTimer:
@@ -79,6 +89,7 @@ class DdpCommTimer:
     def __init__(self, use_cuda: bool):
         self._clock = Clock(use_cuda)
         self._points: list[list[object]] = []
+        self._sizes: list[int] = []
 
     def install(self, ddp_model: torch.nn.Module, process_group) -> None:
         ddp_model.register_comm_hook(state=process_group, hook=self._hook)
@@ -89,6 +100,8 @@ class DdpCommTimer:
 
         point = [self._clock.now(), None]
         self._points.append(point)
+        buffer = bucket.buffer()
+        self._sizes.append(buffer.numel() * buffer.element_size())
 
         def done(future: torch.futures.Future) -> torch.Tensor:
             point[1] = self._clock.now()
@@ -98,8 +111,8 @@ class DdpCommTimer:
 
     def finish_step(self) -> StepBuckets:
         """This step's buckets (call after the step is launched); the next step starts empty."""
-        buckets = StepBuckets(self._clock, self._points)
-        self._points = []
+        buckets = StepBuckets(self._clock, self._points, self._sizes)
+        self._points, self._sizes = [], []
         return buckets
 
 

@@ -302,7 +302,8 @@ class PendingStep:
             max_memory_allocated_mb=self.memory.peak_allocated_mb, max_memory_reserved_mb=self.memory.peak_reserved_mb,
             alloc_retries=self.memory.alloc_retries, ooms=self.memory.ooms,
             comm_ms=comm.comm_ms if comm else None, comm_exposed_ms=comm.comm_exposed_ms if comm else None,
-            comm_buckets=comm.buckets if comm else None,
+            comm_buckets=comm.buckets if comm else None, comm_mb=comm.total_mb if comm else None,
+            comm_last_bucket_mb=comm.last_bucket_mb if comm else None,
             stop_agreement_ms=self.agreement.ms() if self.agreement is not None else None,
             compiled_frames=self.compiled_frames, fault_leaked_mb=self.leaked_mb,
         )

@@ -137,6 +137,12 @@ class StepMetrics:
     ranks to reach it. Part of backward_ms. None without DDP."""
     comm_buckets: int | None = None
     """DDP only: gradient buckets all-reduced this step. None without DDP."""
+    comm_mb: float | None = None
+    """DDP only: MiB of gradients all-reduced this step (every bucket's flat buffer summed): with comm_buckets,
+    the mean bucket size the advisor reads (many tiny buckets pay a fixed cost per all-reduce). None without DDP."""
+    comm_last_bucket_mb: float | None = None
+    """DDP only: MiB of the bucket that became ready last this step (the all-reduce the step waits for once
+    backward is done). None without DDP."""
     stop_agreement_ms: float | None = None
     """ms of the stop-flag all-reduce every rank issues right after the step (outside step_time_ms); since
     it is blocking on gloo, it includes waiting for the slowest rank to finish its step. CUDA: event time.

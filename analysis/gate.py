@@ -114,6 +114,21 @@ class GateResult:
         return f"REGRESSION (threshold {self.threshold_pct:g}%, every new run worse): {worst}"
 
 
+def direction(metric: MetricGate) -> str:
+    """"gain" when the bootstrap interval lies wholly on the better side of no change, "loss" when wholly on
+    the worse side, else "unclear" (also for an ungated metric). Says which way a deliberate change moved
+    a metric; the threshold decides only regressions."""
+    if not metric.gated or metric.interval_pct is None:
+        return "unclear"
+    low, high = metric.interval_pct
+    better_up = metric.higher_is_better
+    if (low > 0 and better_up) or (high < 0 and not better_up):
+        return "gain"
+    if (high < 0 and better_up) or (low > 0 and not better_up):
+        return "loss"
+    return "unclear"
+
+
 def step_samples(run_dir: Path) -> dict[str, np.ndarray]:
     """Metric name -> one value per steady step of the run (module docstring)."""
     by_step: dict[int, list[dict]] = {}
@@ -203,7 +218,8 @@ def _metric_gate(metric: GatedMetric, base: list[dict[str, np.ndarray]], new: li
     sustained = all(sign * c >= threshold_pct for c in per_run)
     regression = large and beyond_noise and sustained
     return MetricGate(**summary, change_pct=change, interval_pct=interval, new_run_changes_pct=per_run, gated=True,
-                      regression=regression, reason=_reason(large, beyond_noise, sustained, threshold_pct))
+                      regression=regression,
+                      reason="better" if sign * change < 0 else _reason(large, beyond_noise, sustained, threshold_pct))
 
 
 def _change_pct(base: float, new: float) -> float:

@@ -33,6 +33,21 @@ def render_gate(result) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_directions(result, directions: dict[str, str]) -> str:
+    """One line per gated metric: which way it moved and whether that is a gain (`directions`: name ->
+    gate.direction of it). Ends with a newline; empty when nothing was gated."""
+    lines = []
+    for m in result.metrics:
+        if not m.gated or m.change_pct is None:
+            continue
+        better = "higher" if m.higher_is_better else "lower"
+        verdict = {"gain": "a GAIN beyond the noise", "loss": "a LOSS beyond the noise",
+                   "unclear": "within the noise"}[directions.get(m.name, "unclear")]
+        lines.append(f"  {m.name}: {_num(m.base_median)} -> {_num(m.new_median)} ({m.change_pct:+.1f}%; "
+                     f"{better} is better): {verdict}")
+    return "".join(line + "\n" for line in lines)
+
+
 def render_history(result) -> str:
     """One row per run, oldest first; a '!' marks a metric the run regresses (ends with a newline)."""
     names = result.metrics

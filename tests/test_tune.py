@@ -95,6 +95,17 @@ def test_a_record_this_version_cannot_relaunch_is_refused(tmp_path):
         job_spec_from_record({**recorded, "scheduler": "cron"})
 
 
+def test_change_values_reach_the_command_line_quoted(tmp_path):
+    from fleetscope.launcher.schedulers.local import plan_local
+    from fleetscope.launcher.slurm_request import export_lines
+
+    relaunch = plan_relaunch(_recorded(_spec(tmp_path / "run")), source_run=tmp_path / "run",
+                             new_run_dir=tmp_path / "new", env=(("NCCL_ALGO", "Ring; touch /tmp/x 'q'"),))
+    quoted = "NCCL_ALGO='Ring; touch /tmp/x '\"'\"'q'\"'\"''"
+    assert quoted in plan_local(relaunch.spec).render()
+    assert f"export {quoted}" in export_lines(relaunch.spec.rank_environment())
+
+
 def test_a_users_own_program_takes_environment_changes_only(tmp_path):
     entry = UserEntry(program="/opt/train.py", workdir="/opt")
     recorded = _recorded(_spec(tmp_path / "run", entry=entry))

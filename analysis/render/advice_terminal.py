@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 
 def render_advice(advice) -> str:
     """One block per finding, largest expected gain first (ends with a newline)."""
@@ -13,5 +15,7 @@ def render_advice(advice) -> str:
         evidence = ", ".join(f"{k}={v}" for k, v in f.evidence.items())
         lines += [f"{index}. {f.title} [{f.rule}; confidence {f.confidence}; {gain}]",
                   f"   change:   {f.change}", f"   evidence: {evidence}", f"   why:      {f.why}"]
+        if getattr(f, "apply", None) is not None:
+            lines.append(f"   try it:   fleetscope tune {shlex.quote(str(advice.run))} --apply {index}")
     lines += [f"note: {n}" for n in advice.notes]
     return "\n".join(lines) + "\n"

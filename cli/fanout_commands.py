@@ -35,7 +35,7 @@ from ..traces.fanout import (
     write_reduce_record,
     write_task_record,
 )
-from ..traces.layout import RunLayout, fanout_task_log, parsed_trace_cache_dir
+from ..traces.layout import RunLayout, fanout_dir, fanout_task_log, parsed_trace_cache_dir
 from ..traces.validate import UsageError
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
 
@@ -158,14 +158,15 @@ def follow(plan: FanoutPlan, array_job_id: str, reduce_job_id: str) -> int:
     from .render import print_outputs
 
     layout = RunLayout.at(plan.config.run_dir)
-    wait_for_job(array_job_id)
-    states = array_task_states(array_job_id, plan.tasks)
+    wait_for_job(array_job_id, on_change=lambda status: _announce(f"array job {array_job_id}", status))
+    reduce = wait_for_job(reduce_job_id, on_change=lambda status: _announce(f"reduce job {reduce_job_id}", status))
+    # by then accounting holds every task that ran
+    states = array_task_states(array_job_id, plan.tasks, timeout_s=10.0)
     failed_tasks = print_task_outcomes(plan, layout, array_job_id, states)
-    reduce = wait_for_job(reduce_job_id)
     record = read_reduce_record(layout, array_job_id)
     if record is None:
         print(f"reduce job {reduce_job_id}: {reduce.state} ({reduce.exit_code}) and left no record; log: "
-              f"{layout.root}/logs/slurm/fanout-{array_job_id}/reduce-{reduce_job_id}.out", file=sys.stderr)
+              f"{fanout_dir(layout, array_job_id) / f'reduce-{reduce_job_id}.out'}", file=sys.stderr)
         return EXIT_FAILED
     print_reduce(record, reduce_job_id, reduce.state)
     print_outputs({name: Path(path) for name, path in record.outputs.items()})
@@ -175,6 +176,10 @@ def follow(plan: FanoutPlan, array_job_id: str, reduce_job_id: str) -> int:
     return EXIT_OK if clean else EXIT_PARTIAL
 
 
+def _announce(label: str, status) -> None:
+    print(f"{label}: {status.state}", flush=True)
+
+
 def print_task_outcomes(plan: FanoutPlan, layout: RunLayout, array_job_id: str, states: dict) -> int:
     """One line per task; a failed one names its ranks, Slurm's state and its log. Returns the failures."""
     failures = 0
@@ -182,7 +187,7 @@ def print_task_outcomes(plan: FanoutPlan, layout: RunLayout, array_job_id: str, 
         state = states.get(task)
         record, why = read_task_record(layout, array_job_id, task)
         where = f" on {state.nodes}" if state is not None and state.nodes else ""
-        slurm_state = state.state if state is not None else "not in accounting"
+        slurm_state = state.state if state is not None else "NEVER RAN (no accounting record: cancelled before it started?)"
         if record is not None and (state is None or state.state == "COMPLETED"):
             counts = record.counts
             print(f"  task {task}: COMPLETED{where}, {describe_keys(keys)}: {counts.traces} trace(s), "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 from fleetscope.traces.outputs import guard_output
 from fleetscope.traces.safe_read import InputRefused, read_metadata
@@ -17,6 +18,7 @@ from fleetscope.analysis.cross_rank.moe import load_moe_records
 from fleetscope.analysis.cross_rank.records import trainer_evidence
 from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
 from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
+from fleetscope.analysis.inputs.sources import TraceFailure
 from fleetscope.analysis.per_rank.cache import ResultCache, open_cache
 from fleetscope.analysis.per_rank.names import comm_kernel_rule
 from fleetscope.analysis.per_rank.parse import Progress, parse_traces
@@ -38,7 +40,8 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
             min_lateness_us: float = DEFAULT_MIN_LATENESS_US, progress: Progress | None = None,
             hta_progress: Progress | None = None, use_cache: bool = True,
             cache_dir: Path | None = None, link_peak_gbps: float | None = None,
-            comm_kernel_pattern: str | None = None) -> Report:
+            comm_kernel_pattern: str | None = None,
+            on_parsed: Callable[[list[RankResult | TraceFailure]], None] | None = None) -> Report:
     """Analyze a run directory, a directory of Kineto traces, or one trace file.
 
     Writes the JSON report to `json_out` and the HTML report to `html_out` when given. For a run directory,
@@ -55,6 +58,8 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     bandwidths (cross_rank/bandwidth.py) that collective bandwidth is compared with (CLI `--link-peak`).
     Kernels whose names match the regular expression `comm_kernel_pattern` count as communication besides
     NCCL's (e.g. DeepEP-style dispatch/combine kernels; CLI `--comm-kernel-pattern`, names.comm_kernel_rule).
+    `on_parsed(outcomes)` gets the per-trace outcomes of the parse (RankResult.from_cache tells a cache hit),
+    e.g. for the reduce step of a fanned-out parse to record that it parsed nothing.
     """
     comm_kernel_rule(comm_kernel_pattern)  # an invalid pattern fails here, before any work
     inputs = resolve_input(path)
@@ -62,6 +67,8 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     cache, cache_off = open_cache(cache_dir) if use_cache else (None, None)
     outcomes = parse_traces(inputs.sources, workers=workers, progress=progress, cache=cache,
                             comm_kernel_pattern=comm_kernel_pattern)
+    if on_parsed is not None:
+        on_parsed(outcomes)
     placement = place_traces(inputs, outcomes)
     report = build_report(
         source_path=str(inputs.root),

@@ -14,7 +14,7 @@ from ..launcher.schedulers.slurm import wait_for_run, waited_verdict
 from ..launcher.spec import JobSpec
 from ..trainer.config import ConfigError
 from ..traces.layout import RunLayout
-from . import cause_commands
+from . import cause_commands, fanout_commands
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, exit_code
 from ..traces.outputs import guard_output
 from ..traces.validate import UsageError
@@ -158,11 +158,15 @@ def register_postprocess(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("postprocess", help="gather + analyze + merge a finished run directory")
     parser.add_argument("run_dir")
     parser.add_argument("--timings", action="store_true", help="print each stage's wall time (stderr)")
+    fanout_commands.add_fanout_arguments(parser)
     parser.set_defaults(handler=handle_postprocess)
 
 
 def handle_postprocess(args: argparse.Namespace) -> int:
-    post = postprocess(args.run_dir)
+    if args.slurm:
+        return fanout_commands.handle_fanout_postprocess(args)
+    fanout_commands.refuse_slurm_only_flags(args)
+    post = postprocess(args.run_dir, cache_dir=args.cache_dir)
     print_outputs(post.outputs)
     if args.timings:
         for stage, seconds in post.seconds.items():
@@ -357,4 +361,5 @@ def progress_printer(label: str):
 REGISTRY = [
     register_launch, register_train, register_collect, register_gather, register_analyze, register_merge,
     register_postprocess, register_demo, register_compare, register_query, register_capture,
+    *fanout_commands.REGISTRY,
 ]

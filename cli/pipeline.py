@@ -28,13 +28,22 @@ class PostprocessResult:
         return not self.errors and self.manifest_complete and self.report_complete
 
 
-def postprocess(run_dir: str | Path, *, echo: bool = True) -> PostprocessResult:
-    """Gather, analyze and merge a run directory; every step runs even if an earlier one failed."""
+def postprocess(run_dir: str | Path, *, echo: bool = True, gather_traces: bool = True,
+                cache_dir: Path | None = None, on_parsed=None) -> PostprocessResult:
+    """Gather, analyze and merge a run directory; every step runs even if an earlier one failed.
+
+    `gather_traces=False` keeps the manifest as it is (the reduce step of a fanned-out parse: the array
+    tasks' cache entries are keyed by what that manifest says of each trace); `cache_dir` is the
+    parsed-trace cache of both analyze and merge (default: default_cache_dir()); `on_parsed(outcomes)`
+    gets analyze's per-trace outcomes (analysis.analyze)."""
     layout = RunLayout.at(run_dir)
     result = PostprocessResult(run_dir=layout.root)
-    _timed(result, "gather", lambda: _gather(layout, result, echo))
-    _timed(result, "analyze", lambda: _analyze(layout, result, echo))
-    _timed(result, "merge", lambda: _merge(layout, result, echo))
+    if gather_traces:
+        _timed(result, "gather", lambda: _gather(layout, result, echo))
+    else:
+        _timed(result, "manifest", lambda: _read_manifest(layout, result))
+    _timed(result, "analyze", lambda: _analyze(layout, result, echo, cache_dir, on_parsed))
+    _timed(result, "merge", lambda: _merge(layout, result, echo, cache_dir))
     return result
 
 
@@ -57,6 +66,13 @@ def _gather(layout: RunLayout, result: PostprocessResult, echo: bool) -> None:
         print(describe_manifest(manifest))
 
 
+def _read_manifest(layout: RunLayout, result: PostprocessResult) -> None:
+    from ..traces.manifest import load_manifest
+
+    result.manifest_complete = load_manifest(layout).complete
+    result.outputs["manifest"] = layout.manifest_file
+
+
 def describe_manifest(manifest) -> str:
     lines = [f"gathered {len(manifest.traces)} trace(s) of world size {manifest.world_size} "
              f"in {len(manifest.windows)} window(s)"]
@@ -67,12 +83,14 @@ def describe_manifest(manifest) -> str:
     return "\n".join(lines + ([f"  missing: {counted}"] if counted else []))
 
 
-def _analyze(layout: RunLayout, result: PostprocessResult, echo: bool) -> None:
+def _analyze(layout: RunLayout, result: PostprocessResult, echo: bool, cache_dir: Path | None,
+             on_parsed) -> None:
     from ..analysis import analyze
     from ..analysis.render.terminal import render_terminal
 
     report = analyze(layout.root, json_out=layout.report_json, html_out=layout.report_html,
-                     progress=progress_callback("analyze"), hta_progress=progress_callback("HTA", "ranks"))
+                     progress=progress_callback("analyze"), hta_progress=progress_callback("HTA", "ranks"),
+                     cache_dir=cache_dir, on_parsed=on_parsed)
     result.report_complete = report.complete
     result.outputs["report_json"] = layout.report_json
     result.outputs["report_html"] = layout.report_html
@@ -80,10 +98,11 @@ def _analyze(layout: RunLayout, result: PostprocessResult, echo: bool) -> None:
         print(render_terminal(report))
 
 
-def _merge(layout: RunLayout, result: PostprocessResult, echo: bool) -> None:
+def _merge(layout: RunLayout, result: PostprocessResult, echo: bool, cache_dir: Path | None) -> None:
     from ..analysis.merge.run import merge
 
-    merged = merge(layout.root, layout.merged_trace, progress=counting(progress_callback("merge", "ranks")))
+    merged = merge(layout.root, layout.merged_trace, progress=counting(progress_callback("merge", "ranks")),
+                   cache_dir=cache_dir)
     result.outputs["merged_trace"] = layout.merged_trace
     if layout.report_json.is_file():
         _link_report_to_trace(layout, merged)

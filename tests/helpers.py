@@ -65,3 +65,25 @@ def check_in_engine(trace: Path, result=None) -> None:
         pytest.skip("no trace_processor_shell (set FLEETSCOPE_TRACE_PROCESSOR)")
     problems = verify_merge(result, trace_processor=binary) if result is not None else verify_trace_file(trace, binary)
     assert problems == [], f"{trace}: {problems}"
+
+
+SYNTHETIC_SOURCE = Path(__file__).parent / "fixtures" / "gpu" / "h200-small-fleetscope-fast-2steps.json.gz"
+"""A real H200 rank trace of fleetscope's trainer (2 steps): the source of synthetic run directories."""
+
+
+def synthetic_run_dir(root: Path, ranks: int, *, ranks_per_host: int = 4, late_rank: int | None = None,
+                      late_us: float = 0.0) -> Path:
+    """A run directory of `ranks` ranks made from SYNTHETIC_SOURCE by analysis/synthetic.py (one window,
+    hosts node0, node1, ...; a late rank when asked), laid out as the trainer writes it (no manifest yet)."""
+    from fleetscope.analysis.synthetic import TraceSetSpec, make_trace_set
+    from fleetscope.traces.layout import RunLayout
+
+    layout = RunLayout.at(root)
+    staging = root.parent / f"{root.name}.staging"
+    spec = TraceSetSpec(ranks=ranks, ranks_per_host=ranks_per_host, late_rank=late_rank, late_us=late_us)
+    for rank, path in enumerate(make_trace_set(SYNTHETIC_SOURCE, staging, spec)):
+        destination = layout.trace_file(0, rank, f"node{rank // ranks_per_host}")
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        path.rename(destination)
+    staging.rmdir()
+    return root

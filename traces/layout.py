@@ -17,6 +17,7 @@ Every path a writer or a reader uses is built here, so the two can never disagre
       requests/request<N>.json        on-demand profiling requests (`fleetscope profile`); .status.json beside
       captures/window<NNN>.json       why an unplanned window was recorded (requested or triggered)
       flight_recorder/rank<R>.json    Flight Recorder dump of a rank; hang.rank<R>.json: who saw no progress
+      cache/parsed-traces/            the parsed-trace cache of a parse fanned out over Slurm (shared storage)
 """
 
 from __future__ import annotations
@@ -266,6 +267,37 @@ def torchx_node_logs_dir(layout: RunLayout, replica: str) -> Path:
 
 def torchx_local_logs_dir(layout: RunLayout) -> Path:
     return layout.logs_dir / TORCHX_LOCAL_LOGS_SUBDIR
+
+
+PARSED_TRACE_CACHE_SUBDIR = "cache/parsed-traces"
+"""The parsed-trace cache a Slurm fan-out fills by default: on the run directory's filesystem, which every
+node already sees (the traces are read from it)."""
+FANOUT_FORMAT = "fanout-{array_job_id}"
+"""One fan-out's records: <run>/logs/slurm/fanout-<array job>/task<I>.json and reduce.json."""
+FANOUT_TASK_LOG_PATTERN = "fanout-%A_%a.out"
+"""sbatch's pattern of an array task's log (%A: array job, %a: task), in <run>/logs/slurm/."""
+
+
+def parsed_trace_cache_dir(layout: RunLayout) -> Path:
+    return layout.root / PARSED_TRACE_CACHE_SUBDIR
+
+
+def fanout_dir(layout: RunLayout, array_job_id: str) -> Path:
+    return slurm_logs_dir(layout) / FANOUT_FORMAT.format(array_job_id=array_job_id)
+
+
+def fanout_task_record(layout: RunLayout, array_job_id: str, task: int) -> Path:
+    return fanout_dir(layout, array_job_id) / f"task{task}.json"
+
+
+def fanout_reduce_record(layout: RunLayout, array_job_id: str) -> Path:
+    return fanout_dir(layout, array_job_id) / "reduce.json"
+
+
+def fanout_task_log(layout: RunLayout, array_job_id: str, task: int) -> Path:
+    """What FANOUT_TASK_LOG_PATTERN expands to for one task."""
+    name = FANOUT_TASK_LOG_PATTERN.replace("%A", array_job_id).replace("%a", str(task))
+    return slurm_logs_dir(layout) / name
 
 
 COLLECTED_SUBDIR = "collected"

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ...traces.jobfile import now_iso, read_job_record, write_job_record
-from ...traces.layout import RunLayout, slurm_logs_dir, submitit_rank_stderr
+from ...traces.layout import RunLayout, fanout_dir, slurm_logs_dir, submitit_rank_stderr
 from ..failures import RankFailure, collect_failures, earliest_per_rank, root_causes
 from ..scheduler import LaunchPlan, Submission, Verdict, existing_outputs
+from ..fanout import FanoutPlan
 from ..slurm_request import PostprocessJob
 from ..spec import JobSpec, spec_record
 
@@ -144,6 +145,58 @@ def parse_scontrol_job(text: str) -> list[ComponentState]:
             restarts=int(restarts) if restarts.isdigit() else None,
         ))
     return components
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubmittedFanout:
+    array_job_id: str
+    reduce_job_id: str
+    array_script: Path
+    reduce_script: Path
+
+
+def submit_fanout(plan: FanoutPlan) -> SubmittedFanout:
+    """Write the array script into <run>/logs/slurm/, submit the array, then its reduce job after it (the
+    reduce script, which names the array, beside the fan-out's records). If the reduce cannot be submitted
+    the array is cancelled: tasks whose results nobody would reduce are not left running."""
+    layout = RunLayout.at(plan.config.run_dir)
+    logs = slurm_logs_dir(layout)
+    logs.mkdir(parents=True, exist_ok=True)
+    array_script = logs / f"fanout-parse-{plan.token}.sh"
+    array_script.write_text(plan.array_script)
+    array_job_id = submit_batch_script([*plan.array_sbatch, str(array_script)])
+    try:
+        folder = fanout_dir(layout, array_job_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        reduce_script = folder / "reduce.sh"
+        reduce_script.write_text(plan.reduce_script(array_job_id))
+        reduce_job_id = submit_batch_script([*plan.reduce_sbatch(array_job_id), str(reduce_script)])
+    except (OSError, RuntimeError, ValueError):
+        cancel_jobs([array_job_id])
+        raise
+    return SubmittedFanout(array_job_id=array_job_id, reduce_job_id=reduce_job_id, array_script=array_script,
+                           reduce_script=reduce_script)
+
+
+def array_task_states(array_job_id: str, tasks: int, *, timeout_s: float = 60.0,
+                      poll_s: float = 1.0) -> dict[int, ComponentState]:
+    """Each task of a finished array job from accounting (state, exit code, node), waiting a little for
+    slurmdbd to hold every task; tasks accounting never shows are absent."""
+    require_job_id(array_job_id)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        accounted = _run(["sacct", "-X", "--parsable2", "--noheader", f"--format={SACCT_FORMAT}", "-j",
+                          array_job_id])
+        states = {}
+        if accounted.returncode == 0:
+            for component in parse_sacct(accounted.stdout):
+                head, _, task = component.job_id.partition("_")
+                if head == array_job_id and task.isdigit():
+                    states[int(task)] = component
+        finished = all(c.state not in ACTIVE_STATES for c in states.values())
+        if (len(states) >= tasks and finished) or time.monotonic() >= deadline:
+            return states
+        time.sleep(poll_s)
 
 
 SACCT_FORMAT = "JobID,State,ExitCode,NodeList,Reason"

@@ -113,6 +113,8 @@ class MoeReport:
     hot_expert_min_ratio: float = HOT_EXPERT_MIN_RATIO
     layers: list[MoeLayerReport] = field(default_factory=list)
     findings: list[MoeFinding] = field(default_factory=list)
+    ep_groups: list[list[int]] = field(default_factory=list)
+    """Global ranks of each expert-parallel group, by ep rank (records; empty with ep = 1 or no records)."""
 
 
 MOE_IMBALANCE = "moe_imbalance"
@@ -240,7 +242,9 @@ def moe_report(records: list[MoeRecord], windows: list[MoeWindow | None]) -> Moe
         by_layer[record.layer].append(record)
     layers = [_layer_report(layer, by_layer[layer], windows) for layer in sorted(set(by_layer) | _window_layers(windows))]
     findings = [f for f in (_finding(layer, ep, experts, by_layer[layer.layer]) for layer in layers) if f]
-    return MoeReport(status=STATUS_OK, ep=ep, num_experts=experts, layers=layers, findings=findings)
+    groups = [list(g) for g in sorted({tuple(r.ep_ranks) for r in records if r.ep > 1})]
+    return MoeReport(status=STATUS_OK, ep=ep, num_experts=experts, layers=layers, findings=findings,
+                     ep_groups=groups)
 
 
 def _window_layers(windows: list[MoeWindow]) -> set[int]:

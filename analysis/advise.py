@@ -372,7 +372,7 @@ class PlacementPlan:
     """A change of where experts live, and how much of the hottest ep rank's excess load it leaves."""
 
     action: str
-    """"swap" (exchange the hot expert with the coldest expert of the coldest ep rank) or "replicate"
+    """"swap" (exchange the hot expert with the expert of the coldest ep rank that balances best) or "replicate"
     (a second copy of the hot expert on the coldest ep rank takes half its tokens)."""
     expert: int
     to_ep_rank: int
@@ -395,8 +395,7 @@ def plan_placement(tokens_per_expert: list[float], ep: int, expert: int) -> Plac
     cold = min((k for k in range(ep) if k != hot), key=lambda k: loads[k])
     tokens = float(tokens_per_expert[expert])
     plans = []
-    if per > 1:
-        partner = min(range(cold * per, (cold + 1) * per), key=lambda x: tokens_per_expert[x])
+    for partner in range(cold * per, (cold + 1) * per) if per > 1 else ():
         moved = tokens - float(tokens_per_expert[partner])
         after = list(loads)
         after[hot], after[cold] = loads[hot] - moved, loads[cold] + moved
@@ -413,7 +412,7 @@ def plan_placement(tokens_per_expert: list[float], ep: int, expert: int) -> Plac
 def moe_expert_placement(e: Evidence) -> Finding | None:
     """Fires with expert parallelism when a hot expert's ep rank is overloaded: its layer's
     rank_max_over_mean >= RANK_OVERLOAD_RATIO and that rank is the heaviest. The change moves load off it
-    (plan_placement: swap the hot expert with the coldest rank's coldest expert, or replicate it there).
+    (plan_placement: swap the hot expert with the coldest rank's expert that balances best, or replicate it there).
     Gain: the holders' extra expert compute over the median other rank (what the others wait for at the
     combine), times the share of the excess load the plan removes, summed over the layers with that hot
     expert. Confidence medium when the holders were observed arriving last at the combine in at least half

@@ -132,6 +132,24 @@ def moe_imbalance_hints(records: list[MoeRecord]) -> dict[int, str]:
     return hints
 
 
+def uneven_routing_hints(records: list[MoeRecord]) -> dict[int, str]:
+    """rank -> "uneven routing: expert E (layer L) on rank R" for each rank holding a hot expert (routing
+    records only; hottest first, one clause per expert with the layers it is hot in)."""
+    report = moe_report(records, [])
+    layers: dict[tuple[int, int], list[int]] = defaultdict(list)
+    ratio: dict[tuple[int, int], float] = defaultdict(float)
+    for finding in report.findings if report else []:
+        for rank in finding.ranks:
+            layers[(rank, finding.expert)].append(finding.layer)
+            ratio[(rank, finding.expert)] = max(ratio[(rank, finding.expert)], finding.tokens_vs_mean)
+    clauses: dict[int, list[str]] = defaultdict(list)
+    for (rank, expert) in sorted(layers, key=lambda k: -ratio[k]):
+        found = sorted(layers[(rank, expert)])
+        where = f"layer {found[0]}" if len(found) == 1 else f"layers {', '.join(map(str, found))}"
+        clauses[rank].append(f"expert {expert} ({where}) on rank {rank}")
+    return {rank: "uneven routing: " + ", ".join(parts) for rank, parts in clauses.items()}
+
+
 def load_moe_records(layout: RunLayout | None, ranks: list[int]) -> list[MoeRecord]:
     """Every rank's MoE records (none for a trace directory, or a run without MoE records)."""
     if layout is None:

@@ -21,6 +21,8 @@ from fleetscope.analysis.per_rank.names import (
     DTYPE_ARG,
     EXTERNAL_ID_ARG,
     GROUP_SIZE_ARG,
+    IN_SPLIT_ARG,
+    OUT_SPLIT_ARG,
     IN_NELEMS_ARG,
     OUT_NELEMS_ARG,
     PROCESS_GROUP_DESCRIPTION_ARG,
@@ -168,6 +170,8 @@ class _Args(msgspec.Struct):
     out_nelems: Any = msgspec.field(default=None, name=OUT_NELEMS_ARG)
     dtype: Any = msgspec.field(default=None, name=DTYPE_ARG)
     group_size: Any = msgspec.field(default=None, name=GROUP_SIZE_ARG)
+    in_split: Any = msgspec.field(default=None, name=IN_SPLIT_ARG)
+    out_split: Any = msgspec.field(default=None, name=OUT_SPLIT_ARG)
     external_id: Any = msgspec.field(default=None, name=EXTERNAL_ID_ARG)
 
 
@@ -328,12 +332,22 @@ def _note_group(args: _Args, row: int, group_index: dict[tuple, int], grouped_ro
 
 
 def _note_message(args: _Args, row: int, index: dict[tuple, int], rows: list[tuple[int, int]]) -> None:
-    """Record event `row`'s collective message (in/out element counts, dtype, group size)."""
+    """Record event `row`'s collective message (in/out element counts, dtype, group size, split sizes)."""
     identity = (_str_or_none(args.collective), _int_or(args.in_nelems, NO_ID), _int_or(args.out_nelems, NO_ID),
-                _str_or_none(args.dtype), _int_or(args.group_size, NO_ID))
+                _str_or_none(args.dtype), _int_or(args.group_size, NO_ID), _split_text(args.in_split),
+                _split_text(args.out_split))
     if identity[1] == NO_ID and identity[2] == NO_ID:
         return
     rows.append((row, index.setdefault(identity, len(index))))
+
+
+def _split_text(value: Any) -> str | None:
+    """A split-size arg as text: Kineto writes "[3, 4]" (a JSON string); a list is taken as written."""
+    if type(value) is str:
+        return value
+    if type(value) is list:
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return None
 
 
 def _message_column(index: dict[tuple, int], rows: list[tuple[int, int]], count: int) -> tuple[list[tuple], np.ndarray]:

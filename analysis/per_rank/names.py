@@ -76,6 +76,8 @@ IN_NELEMS_ARG = "In msg nelems"
 OUT_NELEMS_ARG = "Out msg nelems"
 DTYPE_ARG = "dtype"
 GROUP_SIZE_ARG = "Group size"
+IN_SPLIT_ARG = "In split size"
+OUT_SPLIT_ARG = "Out split size"
 """Kineto args describing a collective's message (on NCCL kernels and `record_param_comms`, PyTorch >= 2.3;
 gloo traces have none)."""
 

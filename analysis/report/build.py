@@ -194,7 +194,7 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
         top_kernels=combine_kernels([r.top_kernels for r in results]),
         hta=hta(results, stragglers),
         gpu_time=combine_gpu_time([r.gpu_time for r in results]),
-        bandwidth=collective_bandwidth(results, aligned, link_peak_gbps),
+        bandwidth=collective_bandwidth(results, aligned, link_peak_gbps, list(moe_records)),
         pipeline=analyze_pipeline(results),
         notes=_window_notes(results),
         causes=find_causes(results, aligned, stragglers, clock, routing=uneven_routing_hints(list(moe_records))),

@@ -89,7 +89,13 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           summed over instances), wait_us (last arrival - own arrival, mean over
                           members, summed), wait_pct (wait / (wait + moving)), algbw_gbps
                           (total_bytes / moving time, 1e9 B/s), busbw_gbps (algbw x nccl-tests
-                          factor), peak_busbw_gbps, peak_pct, verdict}} | null
+                          factor), peak_busbw_gbps, peak_pct, verdict, split_status {source: instances}
+                          (all-to-all: where the bytes per peer come from: "trainer records" (the MoE
+                          records, whole), "trace" (In/Out split size args), "even" ("[]"), "split sizes
+                          truncated" (the profiler cut the list at 30 entries: none guessed), "not
+                          recorded"; an all-to-all instance's bytes are its busiest sender's), max_peer_bytes
+                          (most bytes one member sent one peer in one instance), sender_max_over_mean
+                          (busiest over mean sender, worst instance)}} | null
         pipeline          PipelineReport | null (no point-to-point traffic): {schedule, stages, microbatches
                           (from the stages' pp_schedule markers; null without), theoretical_bubble_pct
                           ((p-1)/(m+p-1) for gpipe/1f1b, (p-1)/(v m+p-1) interleaved), p2p_source ("gloo

@@ -240,3 +240,28 @@ def test_real_straggler_cause_of_the_hot_rank_names_the_uneven_routing(ep_runs):
     assert all(c.routing in c.explanation for c in causes)
     clean = analyze(ep_runs / "none", use_hta=False, use_cache=False, write_default_outputs=False)
     assert all(c.routing == "" for w in clean.windows for c in w.causes.findings)
+
+
+@pytest.mark.slow
+def test_real_moe_all_to_all_bytes_come_whole_from_the_trainers_records(ep_runs):
+    """gloo traces carry no message sizes; the records give every token all-to-all's bytes per peer: each
+    rank dispatches 4 x 128 tokens x top-2 rows of 64 fp32 (256 bytes), and returns in combine what its
+    experts received (the hot rank 3 the most)."""
+    import json
+
+    from fleetscope.analysis import analyze
+
+    report = analyze(ep_runs / "hot", use_hta=False, use_cache=False, write_default_outputs=False)
+    window = report.windows[0]
+    (row,) = [r for r in window.bandwidth.rows if r.collective == "all_to_all"]
+    records = [json.loads(line) for rank in range(4)
+               for line in (ep_runs / "hot" / "metrics" / f"rank{rank}.moe.jsonl").read_text().splitlines()]
+    profiled = [r for r in records if r["step"] in window.steps]
+    assert all(sum(r["send_bytes"]) == 4 * 128 * 2 * 256 for r in profiled)
+    combine = {}
+    for r in profiled:
+        key = (r["step"], r["layer"])
+        combine[key] = max(combine.get(key, 0), sum(r["recv_bytes"]))
+    assert row.split_status == {"trainer records": 2 * len(combine)}          # dispatch and combine, per layer and step
+    assert row.total_bytes == len(combine) * 4 * 128 * 2 * 256 + sum(combine.values())
+    assert row.sender_max_over_mean == pytest.approx(2.0, abs=0.1)            # rank 3 returns ~2x the mean

@@ -243,17 +243,18 @@ def test_real_straggler_cause_of_the_hot_rank_names_the_uneven_routing(ep_runs):
 
 
 @pytest.mark.slow
-def test_real_moe_all_to_all_bytes_come_whole_from_the_trainers_records(ep_runs):
-    """gloo traces carry no message sizes; the records give every token all-to-all's bytes per peer: each
-    rank dispatches 4 x 128 tokens x top-2 rows of 64 fp32 (256 bytes), and returns in combine what its
-    experts received (the hot rank 3 the most)."""
+def test_real_moe_all_to_all_bytes_from_the_records_and_from_the_traces_split_sizes_agree(ep_runs, tmp_path):
+    """Each rank dispatches 4 x 128 tokens x top-2 rows of 64 fp32 (256 bytes) and returns in combine what
+    its experts received (the hot rank 3 the most); backward runs both exchanges in reverse. The records
+    give the forward ones whole; the traces (record_shapes) list every c10d::alltoall_base_'s split sizes."""
     import json
+    import shutil
 
     from fleetscope.analysis import analyze
 
     report = analyze(ep_runs / "hot", use_hta=False, use_cache=False, write_default_outputs=False)
     window = report.windows[0]
-    (row,) = [r for r in window.bandwidth.rows if r.collective == "all_to_all"]
+    (row,) = [r for r in window.bandwidth.rows if r.collective == "all_to_all" and r.bucket_min_bytes == 2**18]
     records = [json.loads(line) for rank in range(4)
                for line in (ep_runs / "hot" / "metrics" / f"rank{rank}.moe.jsonl").read_text().splitlines()]
     profiled = [r for r in records if r["step"] in window.steps]
@@ -262,6 +263,13 @@ def test_real_moe_all_to_all_bytes_come_whole_from_the_trainers_records(ep_runs)
     for r in profiled:
         key = (r["step"], r["layer"])
         combine[key] = max(combine.get(key, 0), sum(r["recv_bytes"]))
-    assert row.split_status == {"trainer records": 2 * len(combine)}          # dispatch and combine, per layer and step
-    assert row.total_bytes == len(combine) * 4 * 128 * 2 * 256 + sum(combine.values())
+    forward = len(combine) * 4 * 128 * 2 * 256 + sum(combine.values())
+    assert row.split_status == {"trainer records": 2 * len(combine), "trace": 2 * len(combine)}
+    assert row.total_bytes == 2 * forward                                     # backward moves as much again
     assert row.sender_max_over_mean == pytest.approx(2.0, abs=0.1)            # rank 3 returns ~2x the mean
+    # without the records, the traces' own split sizes give the same bytes
+    shutil.copytree(ep_runs / "hot", tmp_path / "run", ignore=shutil.ignore_patterns("*.moe.jsonl", "report"))
+    alone = analyze(tmp_path / "run", use_hta=False, use_cache=False, write_default_outputs=False)
+    (trace_row,) = [r for r in alone.windows[0].bandwidth.rows if r.collective == "all_to_all"
+                    and r.bucket_min_bytes == 2**18]
+    assert trace_row.split_status == {"trace": 4 * len(combine)} and trace_row.total_bytes == 2 * forward

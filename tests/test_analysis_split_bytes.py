@@ -115,3 +115,38 @@ def test_the_trainers_records_replace_truncated_split_sizes(tmp_path):
     (row,) = analyze(run, use_hta=False, use_cache=False).windows[0].bandwidth.rows
     assert row.split_status == {SPLIT_RECORDS: 2}
     assert row.total_bytes == 2 * sum(SENDS[1]) * ROW_BYTES and row.max_peer_bytes == 600 * ROW_BYTES
+
+
+def _gloo_rank(rank: int, *, extra_span: bool = False) -> KinetoBuilder:
+    """A gloo all-to-all per step with record_shapes args: the issuing c10d::alltoall_base_ op lists the
+    output / input dims ([rows, 64] fp32) and the output / input split sizes; rank 1 sends twice as much."""
+    sends = SENDS[rank]
+    receives = [SENDS[peer][rank] for peer in (0, 1)]
+    builder = KinetoBuilder(rank=rank, world_size=2, backend="gloo")
+    for index, start in enumerate((0.0, 1000.0)):
+        builder.step(index + 1, start, 1000.0)
+        builder.complete("c10d::alltoall_base_", "cpu_op", start + 90, 5.0, args={
+            "Concrete Inputs": ["", "", "", str(receives), str(sends), "False", "-1"],
+            "Input type": ["float", "float", "", "ScalarList", "ScalarList", "Scalar", "Scalar"],
+            "Input Dims": [[sum(receives), 64], [sum(sends), 64], [], [], [], [], []]})
+        builder.gloo(start + 100 + 200 * rank, 400.0 - 200 * rank, name="gloo:all_to_all")
+        if extra_span:                                   # an all-to-all no alltoall_base_ op issued
+            builder.gloo(start + 600, 100.0, name="gloo:all_to_all")
+    return builder
+
+
+def test_gloo_all_to_all_bytes_come_from_the_issuing_host_ops_split_sizes(tmp_path):
+    for rank in (0, 1):
+        _gloo_rank(rank).write(tmp_path / f"rank{rank}.json.gz")
+    (row,) = analyze(tmp_path, use_hta=False, use_cache=False).windows[0].bandwidth.rows
+    assert row.split_status == {SPLIT_TRACE: 2}
+    assert row.total_bytes == 2 * sum(SENDS[1]) * 64 * 4            # the busiest sender, 800 rows of 256 B
+    assert row.max_peer_bytes == 600 * 64 * 4
+    assert row.algbw_gbps == pytest.approx(800 * 256 / 200e-6 / 1e9, rel=1e-6)     # moves from 300 to 500 us
+
+
+def test_gloo_spans_that_do_not_pair_with_host_ops_stay_unsized(tmp_path):
+    for rank in (0, 1):
+        _gloo_rank(rank, extra_span=True).write(tmp_path / f"rank{rank}.json.gz")
+    bandwidth = analyze(tmp_path, use_hta=False, use_cache=False).windows[0].bandwidth
+    assert bandwidth.rows == [] and bandwidth.status == "not recorded"

@@ -171,7 +171,7 @@ def _sizes_by_key(results: list[RankResult]) -> dict[CollectiveKey, tuple[float,
     found: dict[CollectiveKey, tuple[float, str, str | None, int]] = {}
     for result in results:
         sizes = result.collectives.sizes
-        if sizes is None or result.collectives.source != SOURCE_NCCL:
+        if sizes is None:
             continue
         for key, size, kind, group, members in zip(result.collectives.keys, sizes.bytes, sizes.collective,
                                                    sizes.group, sizes.group_size.tolist()):
@@ -254,7 +254,8 @@ def _not_recorded_reason(results: list[RankResult]) -> str:
         return "no collectives in the traces"
     if SOURCE_NCCL not in sources:
         return (f"collectives come from {', '.join(sources)}: those record no message sizes "
-                "(gloo CPU traces have no record_param_comms / NCCL kernel args)")
+                "(gloo CPU traces have no record_param_comms / NCCL kernel args; with record_shapes, all-to-alls "
+                "are sized from the c10d::alltoall_base_ ops that issue them)")
     return "NCCL kernels carry no 'In msg nelems' / 'dtype' args (PyTorch older than 2.3?)"
 
 

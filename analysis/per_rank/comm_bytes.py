@@ -14,7 +14,10 @@ All-to-all split sizes (`In split size` / `Out split size`, "[r0, r1, ...]": dim
 from each group member, in group rank order; "[]" for an even split) give the bytes per peer: rows x the
 row's elements (in msg nelems / the rows sent; out msg nelems / the rows received) x the element size. The
 profiler writes at most 30 entries and then "..." (kTruncatLength): such a list says SPLIT_TRUNCATED and no
-per-peer bytes are guessed (the totals still come from the nelems). The trainer's own records
+per-peer bytes are guessed (the totals still come from the nelems). gloo spans carry no message args;
+with record_shapes, the c10d::alltoall_base_ op that issued one lists the tensors' dims and type and both
+split lists (events.py reads them as a message): the k-th such op and the k-th gloo all-to-all span, in
+start order, are paired when their counts agree and every op starts before its span. The trainer's own records
 (metrics/rank<R>.moe.jsonl) keep them whole; cross_rank/bandwidth.py prefers them where they apply.
 """
 
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from fleetscope.analysis.per_rank.events import NO_ID, TraceEvents
-from fleetscope.analysis.per_rank.names import ALL_TO_ALL, collective_type
+from fleetscope.analysis.per_rank.names import ALL_TO_ALL, ALL_TO_ALL_BASE_OP, collective_type, is_gloo_span
 
 SPLIT_TRACE, SPLIT_EVEN, SPLIT_TRUNCATED = "trace", "even", "split sizes truncated"
 SPLIT_RECORDS, SPLIT_NOT_RECORDED = "trainer records", "not recorded"
@@ -82,8 +85,10 @@ def message_sizes(events: TraceEvents, indices: np.ndarray) -> MessageSizes:
     sizes = np.full(indices.size, np.nan)
     group_size = np.full(indices.size, NO_ID, dtype=np.int32)
     types, groups, splits = [], [], []
+    issued_by = _issuing_host_ops(events, indices)
     for slot, index in enumerate(indices):
         message = events.message_of(int(index))
+        message = message if message is not None else issued_by.get(int(index))
         name = events.names[events.name_id[index]]
         collective_arg = message[0] if message else None
         types.append(collective_type(collective_arg, name))
@@ -103,6 +108,24 @@ def message_bytes(in_nelems: int, out_nelems: int, dtype: str | None) -> float:
     if element is None or elements < 0:
         return float("nan")
     return float(elements * element)
+
+
+def _issuing_host_ops(events: TraceEvents, indices: np.ndarray) -> dict[int, tuple]:
+    """gloo all-to-all span index -> the message of the c10d::alltoall_base_ op that issued it (module
+    docstring); empty unless every such span pairs with one op."""
+    if events.message_id is None or ALL_TO_ALL_BASE_OP not in events.names:
+        return {}
+    op_name = events.names.index(ALL_TO_ALL_BASE_OP)
+    ops = np.flatnonzero((events.name_id == op_name) & (events.message_id != NO_ID))
+    span_names = {i for i, name in enumerate(events.names) if is_gloo_span(name) and "all_to_all" in name}
+    spans = np.asarray([i for i in indices.tolist() if int(events.name_id[i]) in span_names], dtype=np.int64)
+    if not ops.size or ops.size != spans.size:
+        return {}
+    ops = ops[np.argsort(events.start_us[ops], kind="stable")]
+    spans = spans[np.argsort(events.start_us[spans], kind="stable")]
+    if np.any(events.start_us[ops] > events.start_us[spans]):
+        return {}
+    return {int(span): events.message_of(int(op)) for span, op in zip(spans, ops)}
 
 
 def parse_split(text: str | None) -> tuple[list[int] | None, bool]:

@@ -23,6 +23,10 @@ from fleetscope.analysis.per_rank.names import (
     GROUP_SIZE_ARG,
     IN_SPLIT_ARG,
     OUT_SPLIT_ARG,
+    ALL_TO_ALL_BASE_OP,
+    CONCRETE_INPUTS_ARG,
+    INPUT_DIMS_ARG,
+    INPUT_TYPE_ARG,
     IN_NELEMS_ARG,
     OUT_NELEMS_ARG,
     PROCESS_GROUP_DESCRIPTION_ARG,
@@ -172,6 +176,10 @@ class _Args(msgspec.Struct):
     group_size: Any = msgspec.field(default=None, name=GROUP_SIZE_ARG)
     in_split: Any = msgspec.field(default=None, name=IN_SPLIT_ARG)
     out_split: Any = msgspec.field(default=None, name=OUT_SPLIT_ARG)
+    # kept undecoded (record_shapes puts them on every op): decoded for c10d::alltoall_base_ only
+    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=CONCRETE_INPUTS_ARG)
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_DIMS_ARG)
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_TYPE_ARG)
     external_id: Any = msgspec.field(default=None, name=EXTERNAL_ID_ARG)
 
 
@@ -308,6 +316,8 @@ def build_table(events: list[_Event]) -> TraceEvents:
             _note_group(args, len(name_ids) - 1, group_index, grouped_rows)
         if args is not None and args.in_nelems is not None:
             _note_message(args, len(name_ids) - 1, message_index, message_rows)
+        elif args is not None and args.concrete_inputs and name == ALL_TO_ALL_BASE_OP:
+            _note_host_all_to_all(args, len(name_ids) - 1, message_index, message_rows)
     groups = _group_column(group_index, grouped_rows, len(name_ids)) if grouped_rows else None
     messages = _message_column(message_index, message_rows, len(name_ids)) if message_rows else None
     table = _to_table(name_index, name_ids, kinds, starts, durs, threads, devices, correlations,
@@ -339,6 +349,41 @@ def _note_message(args: _Args, row: int, index: dict[tuple, int], rows: list[tup
     if identity[1] == NO_ID and identity[2] == NO_ID:
         return
     rows.append((row, index.setdefault(identity, len(index))))
+
+
+HOST_TYPE_NAMES = {"float": "Float", "double": "Double", "c10::Half": "Half", "c10::BFloat16": "BFloat16",
+                   "long int": "Long", "int": "Int", "short int": "Short", "signed char": "Char",
+                   "unsigned char": "Byte", "bool": "Bool"}
+"""Host op `Input type` names (C++ type names) -> the dtype names of NCCL args (comm_bytes.DTYPE_BYTES)."""
+
+
+def _note_host_all_to_all(args: _Args, row: int, index: dict[tuple, int], rows: list[tuple[int, int]]) -> None:
+    """Record a c10d::alltoall_base_ op's message from its record_shapes args: output and input tensors'
+    dims and type, output and input split sizes (names.ALL_TO_ALL_BASE_OP); nothing where they do not parse."""
+    try:
+        concrete, dims, types = (msgspec.json.decode(raw) for raw in (args.concrete_inputs, args.input_dims, args.input_type))
+    except msgspec.DecodeError:
+        return
+    if not (isinstance(concrete, list) and isinstance(dims, list) and isinstance(types, list)
+            and len(concrete) >= 5 and len(dims) >= 2 and len(types) >= 2):
+        return
+    sizes = [_elements(d) for d in dims[:2]]
+    dtype = HOST_TYPE_NAMES.get(types[1]) if isinstance(types[1], str) else None
+    out_split, in_split = _split_text(concrete[3]), _split_text(concrete[4])
+    if None in sizes or dtype is None or in_split is None or out_split is None:
+        return
+    members = in_split.count(",") + 1 if in_split.strip("[] ") else NO_ID
+    identity = ("all_to_all", sizes[1], sizes[0], dtype, members, in_split, out_split)
+    rows.append((row, index.setdefault(identity, len(index))))
+
+
+def _elements(dims: Any) -> int | None:
+    if not isinstance(dims, list) or not all(type(d) is int and d >= 0 for d in dims):
+        return None
+    count = 1
+    for d in dims:
+        count *= d
+    return count
 
 
 def _split_text(value: Any) -> str | None:

@@ -418,16 +418,7 @@ def moe_expert_placement(e: Evidence) -> Finding | None:
     expert. Confidence medium when the holders were observed arriving last at the combine in at least half
     of the instances, else low. No trainer option places experts: the change is an action."""
     moe = e.moe
-    if moe is None or moe.ep <= 1:
-        return None
-    candidates = []
-    for finding in moe.findings:
-        layer = _layer(moe, finding.layer)
-        if layer is None or not finding.ranks or (layer.rank_max_over_mean or 0.0) < RANK_OVERLOAD_RATIO:
-            continue
-        plan = plan_placement(layer.tokens_per_expert, moe.ep, finding.expert)
-        if plan is not None:
-            candidates.append((finding, layer, plan))
+    candidates = _placement_candidates(moe) if moe is not None and moe.ep > 1 else []
     if not candidates:
         return None
     finding, layer, plan = max(candidates, key=lambda c: (round(c[1].rank_max_over_mean, 2), c[0].holder_last_pct or 0.0))
@@ -435,15 +426,7 @@ def moe_expert_placement(e: Evidence) -> Finding | None:
     extra = [(_holder_extra_ms(moe, f), p) for f, p in same]
     known = [x * (1.0 - p.remaining_excess) for x, p in extra if x is not None]
     gain, pct = _gain(e, float(sum(known)) if known else None)
-    target = [group[plan.to_ep_rank] for group in moe.ep_groups if plan.to_ep_rank < len(group)]
-    target_text = f"rank{'s' if len(target) > 1 else ''} {', '.join(map(str, target))}" if target else f"ep rank {plan.to_ep_rank}"
     holders = ", ".join(map(str, finding.ranks))
-    if plan.action == "swap":
-        change = (f"place expert {finding.expert} on {target_text} and expert {plan.swap_with} on rank {holders} "
-                  f"(swap them), in every MoE layer where it is hot")
-    else:
-        change = (f"replicate expert {finding.expert} on {target_text} (a second copy takes half its tokens; "
-                  f"its gradients are averaged over both)")
     observed = [f for f, _ in same if (f.holder_last_pct or 0.0) >= 50.0]
     evidence: dict[str, float | int | str] = {
         "source": MOE_RULES_SOURCE, "expert": finding.expert, "layer": finding.layer, "ranks": holders,
@@ -454,12 +437,40 @@ def moe_expert_placement(e: Evidence) -> Finding | None:
     if finding.cost_ms_per_step is not None:
         evidence["combine_wait_caused_ms"] = round(finding.cost_ms_per_step, 3)
     return Finding(rule="moe_expert_placement",
-                   title=f"rank {holders} holds hot expert {finding.expert} (layer {finding.layer}): "
-                         f"{layer.rank_max_over_mean:.1f}x its ep group's mean tokens",
+                   title=f"{_ranks_text(finding.ranks)} {'holds' if len(finding.ranks) == 1 else 'hold'} hot expert "
+                         f"{finding.expert} (layer {finding.layer}): {layer.rank_max_over_mean:.1f}x its ep group's "
+                         "mean tokens",
                    evidence=evidence, expected_gain_ms=gain, expected_gain_pct=pct,
-                   confidence="medium" if observed else "low", change=change, apply=None,
+                   confidence="medium" if observed else "low", change=_placement_change(moe, finding, plan), apply=None,
                    why=(f"{finding.sentence}; moving load off it leaves {100 * plan.remaining_excess:.0f}% of its "
                         "excess (same waiting as moe_load_balance: fix the routing or the placement)"))
+
+
+def _placement_candidates(moe: MoeReport) -> list[tuple[MoeFinding, MoeLayerReport, PlacementPlan]]:
+    """The hot-expert findings whose ep rank is overloaded, with the placement that relieves it."""
+    candidates = []
+    for finding in moe.findings:
+        layer = _layer(moe, finding.layer)
+        if layer is None or not finding.ranks or (layer.rank_max_over_mean or 0.0) < RANK_OVERLOAD_RATIO:
+            continue
+        plan = plan_placement(layer.tokens_per_expert, moe.ep, finding.expert)
+        if plan is not None:
+            candidates.append((finding, layer, plan))
+    return candidates
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def _placement_change(moe: MoeReport, finding: MoeFinding, plan: PlacementPlan) -> str:
+    target = [group[plan.to_ep_rank] for group in moe.ep_groups if plan.to_ep_rank < len(group)]
+    where = _ranks_text(target) if target else f"ep rank {plan.to_ep_rank}"
+    if plan.action == "swap":
+        return (f"place expert {finding.expert} on {where} and expert {plan.swap_with} on {_ranks_text(finding.ranks)} "
+                f"(swap them) in layer {finding.layer}, and alike in each layer where it is as hot")
+    return (f"replicate expert {finding.expert} on {where} (a second copy takes half its tokens; its gradients "
+            "are averaged over both)")
 
 
 def _a2a_and_experts_ms(moe: MoeReport) -> tuple[float, float] | None:

@@ -119,6 +119,19 @@ def test_placement_swaps_when_ranks_hold_several_experts():
     assert plan_placement(tokens, 2, 1) is None            # expert 1's rank is not the heavier one
 
 
+def test_placement_names_every_ep_groups_ranks():
+    # ep 2 x dp 2: ep groups [0, 1] and [2, 3]; hot expert 3 lives on ep rank 1 = ranks 1 and 3
+    from dataclasses import replace
+
+    moe = _section([300.0, 300.0, 300.0, 1500.0], ep=2)
+    moe = replace(moe, ep_groups=[[0, 1], [2, 3]], findings=[replace(f, ranks=[1, 3]) for f in moe.findings])
+    finding = _rules(moe, hosts={r: "node0" for r in range(4)})["moe_expert_placement"]
+    assert finding.title.startswith("ranks 1, 3 hold hot expert 3 (layer 0)")
+    # loads 600 / 1800: a copy on ep rank 0 leaves 1350 / 1050 (swapping would only exchange the loads)
+    assert finding.change.startswith("replicate expert 3 on ranks 0, 2")
+    assert finding.evidence["remaining_excess_share"] == pytest.approx(150 / 600)
+
+
 def test_placement_needs_an_overloaded_rank():
     # 8 experts over ep 4: the hot expert 7 (2x) shares rank 3 with the coldest expert: rank load 1.18x the mean
     tokens = [350.0, 350.0, 350.0, 350.0, 350.0, 350.0, 50.0, 800.0]

@@ -176,10 +176,6 @@ class _Args(msgspec.Struct):
     group_size: Any = msgspec.field(default=None, name=GROUP_SIZE_ARG)
     in_split: Any = msgspec.field(default=None, name=IN_SPLIT_ARG)
     out_split: Any = msgspec.field(default=None, name=OUT_SPLIT_ARG)
-    # kept undecoded (record_shapes puts them on every op): decoded for c10d::alltoall_base_ only
-    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=CONCRETE_INPUTS_ARG)
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_DIMS_ARG)
-    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_TYPE_ARG)
     external_id: Any = msgspec.field(default=None, name=EXTERNAL_ID_ARG)
 
 
@@ -205,7 +201,26 @@ class _Document(msgspec.Struct):
     host_name: Any = None
 
 
+class _ArgsWithShapes(_Args):
+    """_Args plus the record_shapes args, kept undecoded (every op has them) and decoded for
+    c10d::alltoall_base_ only: used for traces that hold such an op with those args (decode_selectively)."""
+
+    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=CONCRETE_INPUTS_ARG)
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_DIMS_ARG)
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_TYPE_ARG)
+
+
+class _EventWithShapes(_Event):
+    args: Union[_ArgsWithShapes, None] = None
+
+
+class _DocumentWithShapes(_Document):
+    traceEvents: list[_EventWithShapes]
+
+
 _DECODER = msgspec.json.Decoder(_Document)
+_DECODER_WITH_SHAPES = msgspec.json.Decoder(_DocumentWithShapes)
+_SHAPE_MARKERS = (ALL_TO_ALL_BASE_OP.encode(), CONCRETE_INPUTS_ARG.encode())
 TRACE_METADATA_KEYS = ("distributedInfo", "baseTimeNanoseconds", "host_name")
 
 
@@ -214,8 +229,9 @@ def decode_selectively(data: bytes) -> tuple[dict[str, Any], list[_Event]] | Non
 
     None when this fast decoder cannot take the file (other shapes, integers beyond 64 bits, invalid
     UTF-8, invalid JSON): the generic parser then decides, and explains what is wrong."""
+    decoder = _DECODER_WITH_SHAPES if all(marker in data for marker in _SHAPE_MARKERS) else _DECODER
     try:
-        document = _DECODER.decode(data)
+        document = decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     return {key: getattr(document, key) for key in TRACE_METADATA_KEYS}, document.traceEvents
@@ -316,7 +332,7 @@ def build_table(events: list[_Event]) -> TraceEvents:
             _note_group(args, len(name_ids) - 1, group_index, grouped_rows)
         if args is not None and args.in_nelems is not None:
             _note_message(args, len(name_ids) - 1, message_index, message_rows)
-        elif args is not None and args.concrete_inputs and name == ALL_TO_ALL_BASE_OP:
+        elif name == ALL_TO_ALL_BASE_OP and args is not None and getattr(args, "concrete_inputs", None):
             _note_host_all_to_all(args, len(name_ids) - 1, message_index, message_rows)
     groups = _group_column(group_index, grouped_rows, len(name_ids)) if grouped_rows else None
     messages = _message_column(message_index, message_rows, len(name_ids)) if message_rows else None

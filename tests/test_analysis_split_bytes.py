@@ -150,3 +150,27 @@ def test_gloo_spans_that_do_not_pair_with_host_ops_stay_unsized(tmp_path):
         _gloo_rank(rank, extra_span=True).write(tmp_path / f"rank{rank}.json.gz")
     bandwidth = analyze(tmp_path, use_hta=False, use_cache=False).windows[0].bandwidth
     assert bandwidth.rows == [] and bandwidth.status == "not recorded"
+
+
+@pytest.mark.parametrize("in_split", [12, "[1, 2", "[1.5, 2]", "[nan]", "[" + "9" * 400 + ", 1]", "[[1], [2]]"])
+def test_odd_split_args_are_not_recorded_and_nothing_breaks(tmp_path, in_split):
+    for rank in (0, 1):
+        builder = _rank(rank)
+        for event in builder.events:
+            if "In split size" in event["args"]:
+                event["args"]["In split size"] = in_split
+        builder.write(tmp_path / f"rank{rank}.json.gz")
+    (row,) = analyze(tmp_path, use_hta=False, use_cache=False).windows[0].bandwidth.rows
+    # (the 400-digit count parses but disagrees with the elements sent: not recorded either)
+    assert row.split_status == {SPLIT_NOT_RECORDED: 2} and row.max_peer_bytes is None
+    assert row.total_bytes == 2 * max(sum(SENDS[0]), SENDS[0][0] + SENDS[1][0]) * ROW_BYTES   # the trace's own size
+
+
+def test_odd_record_shapes_args_leave_the_gloo_all_to_all_unsized(tmp_path):
+    for rank in (0, 1):
+        builder = _gloo_rank(rank)
+        for event in builder.events:
+            if event["name"] == "c10d::alltoall_base_":
+                event["args"]["Input Dims"] = [[-1, 64], "x"]
+        builder.write(tmp_path / f"rank{rank}.json.gz")
+    assert analyze(tmp_path, use_hta=False, use_cache=False).windows[0].bandwidth.rows == []

@@ -201,6 +201,18 @@ def test_the_straggler_cause_of_a_hot_expert_rank_names_the_uneven_routing(tmp_p
     assert uneven_routing_hints(_records(0, hot=False) + _records(1, hot=False)) == {}
 
 
+def test_the_h200_fixture_without_expert_parallelism_gets_balancing_without_a_time_estimate():
+    """The real 1-GPU H200 MoE run (16 experts top-2, the router biased towards expert 3: 8x the mean)."""
+    from helpers import REPO
+
+    rules = {f.rule: f for f in advise(REPO / "tests" / "fixtures" / "gpu" / "h200-small-moe").findings}
+    balance = rules["moe_load_balance"]
+    assert (balance.evidence["expert"], balance.evidence["ep"], balance.evidence["ranks"]) == (3, 1, "all")
+    assert balance.evidence["tokens_vs_mean"] == pytest.approx(8.0, abs=0.05)
+    assert balance.expected_gain_ms is None and balance.confidence == "low"
+    assert "moe_expert_placement" not in rules and "moe_ep_degree" not in rules
+
+
 # --- real gloo runs of the trainer (slow): one run per case, shared by the tests below ------------------
 
 RUNS = {"hot": ["parallel.ep=4", "faults.hot_expert=3"], "none": ["parallel.ep=4"]}

@@ -21,7 +21,9 @@ from typing import Any, Callable
 import numpy as np
 from fleetscope.analysis.analyze import analyze, load_report_json
 from fleetscope.analysis.compare import steady_metrics
+from fleetscope.analysis.cross_rank.bandwidth import INTER_NODE, INTRA_NODE, PEAK_BUSBW_GBPS
 from fleetscope.analysis.cross_rank.causes import CAUSE_HOST, CAUSE_SLOW_DEVICE, CAUSE_WORK
+from fleetscope.analysis.cross_rank.moe import MoeFinding, MoeLayerReport, MoeRankLayer, MoeReport
 from fleetscope.analysis.report.model import Report
 from fleetscope.traces.jobfile import read_job_record
 from fleetscope.traces.layout import RunLayout
@@ -89,6 +91,10 @@ class Evidence:
     """The report's straggler cause findings (causes.py), all windows."""
     config: dict[str, Any] = field(default_factory=dict)
     """job.json spec.train: the trainer configuration of the run."""
+    moe: MoeReport | None = None
+    """The report's MoE section (cross_rank/moe.py): routing, per-rank MoE phase times, hot experts."""
+    rank_hosts: dict[int, str] = field(default_factory=dict)
+    """rank -> host, from the trace report (which ranks share a node)."""
 
     def setting(self, section: str, name: str, default: Any = None) -> Any:
         return (self.config.get(section) or {}).get(name, default)
@@ -378,8 +384,319 @@ def straggler(e: Evidence) -> Finding | None:
                    **change, why=top.explanation)
 
 
+MOE_RULES_SOURCE = "the report's MoE section"
+RANK_OVERLOAD_RATIO = 1.25
+"""An ep rank whose experts receive at least this many times its ep group's mean tokens (MoE section
+rank_max_over_mean) holds too much of the load: expert placement can move some of it."""
+ALL_TO_ALL_VS_EXPERTS = 1.0
+"""The MoE all-to-alls' transfer time at least this many times the experts' compute: the exchange, not
+the experts, sets the MoE layers' time."""
+ALL_TO_ALL_STEP_SHARE = 0.25
+"""... and at least this share of the step (both are needed: a cheap exchange is not worth a new EP degree)."""
+AUX_LOSS_COEF = 0.01
+"""The load-balancing loss coefficient suggested (Switch Transformer's; transformers' defaults are 0.001-0.01)."""
+AUX_LOSS_FAMILIES = ("mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "gpt_oss")
+"""Families whose transformers config has router_aux_loss_coef / output_router_logits."""
+BIAS_BALANCED_FAMILIES = ("deepseek_v3",)
+"""Families whose router adds a per-expert bias for balancing (e_score_correction_bias) instead of a loss."""
+
+
+def _router_fault(e: Evidence) -> str | None:
+    """The trainer fault that biases the router in this run (its configuration), as a --set to undo it."""
+    if int(e.setting("faults", "hot_expert", -1)) >= 0:
+        return "faults.hot_expert=-1"
+    if float(e.setting("faults", "expert_skew", 0.0)) > 0:
+        return "faults.expert_skew=0"
+    return None
+
+
+def _layer(moe: MoeReport, index: int) -> MoeLayerReport | None:
+    return next((layer for layer in moe.layers if layer.layer == index), None)
+
+
+def _expert_ms(rank: MoeRankLayer) -> float | None:
+    """One rank's expert compute in one layer, ms per step: the GPU `moe/experts` range, else its GEMMs,
+    else the host range (CPU traces)."""
+    if "experts" in rank.gpu_ms:
+        return rank.gpu_ms["experts"]
+    if rank.grouped_gemm_ms is not None:
+        return rank.grouped_gemm_ms
+    return rank.host_ms.get("experts")
+
+
+def _holder_extra_ms(moe: MoeReport, finding: MoeFinding) -> float | None:
+    """How much longer the hot expert's ranks compute their experts than the median other rank, in the
+    finding's layer (ms per step): what the others wait for at the combine. None: no range times."""
+    layer = _layer(moe, finding.layer)
+    if layer is None or not finding.ranks:
+        return None
+    times = {r.rank: _expert_ms(r) for r in layer.ranks}
+    holders = [times[r] for r in finding.ranks if times.get(r) is not None]
+    others = [v for r, v in times.items() if r not in finding.ranks and v is not None]
+    if not holders or not others:
+        return None
+    return max(max(holders) - float(np.median(others)), 0.0)
+
+
+def _hot_cost(moe: MoeReport, findings: list[MoeFinding]) -> tuple[float | None, float | None]:
+    """(extra expert compute of the hot ranks, the measured combine waiting they cause), ms per step,
+    summed over the findings' layers; None where unknown."""
+    extra = [x for x in (_holder_extra_ms(moe, f) for f in findings) if x is not None]
+    waited = [f.cost_ms_per_step for f in findings if f.cost_ms_per_step is not None]
+    return (float(sum(extra)) if extra else None), (float(sum(waited)) if waited else None)
+
+
+def _hottest(findings: list[MoeFinding]) -> MoeFinding:
+    """The finding with the most tokens over the mean (to 1%), then the most observed waiting."""
+    return max(findings, key=lambda f: (round(f.tokens_vs_mean, 2), f.holder_last_pct or 0.0, f.cost_ms_per_step or 0.0))
+
+
+def _balance_change(e: Evidence) -> tuple[str, Change | None]:
+    fault = _router_fault(e)
+    if fault is not None:
+        return (f"--set {fault} (this run's router fault is the imbalance; in a real job: the load-balancing "
+                "loss or router bias below)", Change(train_args=("--set", fault)))
+    family = str(e.setting("model", "family", ""))
+    capacity = "; or cap each expert at 1.25x the mean tokens per expert (capacity factor 1.25: overflow tokens skip the layer)"
+    if family in AUX_LOSS_FAMILIES:
+        return (f"train with the router's load-balancing loss: transformers config output_router_logits=True, "
+                f"router_aux_loss_coef={AUX_LOSS_COEF:g} (the trainer's fused loss does not add it: no option yet)"
+                + capacity, None)
+    if family in BIAS_BALANCED_FAMILIES:
+        return ("update the router's e_score_correction_bias after every step (auxiliary-loss-free balancing: "
+                "bias[e] -= 1e-3 * sign(tokens[e] - mean tokens))" + capacity, None)
+    return ("raise the router's load-balancing loss coefficient (or update a per-expert router bias towards "
+            "the mean load)" + capacity, None)
+
+
+def moe_load_balance(e: Evidence) -> Finding | None:
+    """Fires when the MoE section names a hot expert (an expert with >= its hot_expert_min_ratio times the
+    mean expert's tokens in a layer). Gain, with expert parallelism: the hot experts' ranks' extra expert
+    compute over the median other rank, summed over the layers (what the others wait for at each combine;
+    balanced routing removes it: an upper bound); none without expert parallelism (every rank runs every
+    expert: the imbalance only makes some GEMMs larger). Confidence high when the waiting is also observed
+    (the holders arrived last at the combine in at least half of the instances), medium with ep > 1
+    otherwise, low with ep 1. The change: undo this run's router fault (faults.hot_expert / expert_skew)
+    where one is set, else the family's balancing mechanism (load-balancing loss, router bias) or a capacity factor."""
+    moe = e.moe
+    if moe is None or not moe.findings:
+        return None
+    top = _hottest(moe.findings)
+    extra_ms, waited_ms = _hot_cost(moe, moe.findings)
+    gain, pct = _gain(e, extra_ms if moe.ep > 1 else None)
+    observed = [f for f in moe.findings if (f.holder_last_pct or 0.0) >= 50.0]
+    confidence = "low" if moe.ep <= 1 else ("high" if observed else "medium")
+    evidence: dict[str, float | int | str] = {
+        "source": MOE_RULES_SOURCE, "expert": top.expert, "layer": top.layer,
+        "tokens_vs_mean": round(top.tokens_vs_mean, 3), "layers_with_hot_expert": len(moe.findings),
+        "ep": moe.ep, "ranks": ", ".join(map(str, top.ranks)) or "all"}
+    layer = _layer(moe, top.layer)
+    if layer is not None and layer.rank_max_over_mean is not None:
+        evidence["rank_max_over_mean"] = round(layer.rank_max_over_mean, 3)
+    if extra_ms is not None:
+        evidence["hot_rank_extra_expert_ms"] = round(extra_ms, 3)
+    if waited_ms is not None:
+        evidence["combine_wait_caused_ms"] = round(waited_ms, 3)
+    change, apply = _balance_change(e)
+    where = f" on rank{'s' if len(top.ranks) > 1 else ''} {', '.join(map(str, top.ranks))}" if top.ranks else ""
+    return Finding(rule="moe_load_balance",
+                   title=f"uneven routing: expert {top.expert} (layer {top.layer}){where} gets "
+                         f"{top.tokens_vs_mean:.1f}x the mean tokens",
+                   evidence=evidence, expected_gain_ms=gain, expected_gain_pct=pct, confidence=confidence,
+                   change=change, apply=apply,
+                   why=top.sentence + ("" if extra_ms is None else
+                                       f"; its ranks compute their experts {extra_ms:.2f} ms per step longer than the others"))
+
+
+def _ep_loads(layer: MoeLayerReport, ep: int) -> list[float]:
+    """Tokens per ep rank of one layer (all groups summed): expert e lives on ep rank e // (E / ep)."""
+    per = len(layer.tokens_per_expert) // ep
+    return [float(sum(layer.tokens_per_expert[k * per:(k + 1) * per])) for k in range(ep)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementPlan:
+    """A change of where experts live, and how much of the hottest ep rank's excess load it leaves."""
+
+    action: str
+    """"swap" (exchange the hot expert with the expert of the coldest ep rank that balances best) or "replicate"
+    (a second copy of the hot expert on the coldest ep rank takes half its tokens)."""
+    expert: int
+    to_ep_rank: int
+    swap_with: int | None
+    remaining_excess: float
+    """The heaviest ep rank's load over the mean after the change, as a share of today's (0: balanced)."""
+
+
+def plan_placement(tokens_per_expert: list[float], ep: int, expert: int) -> PlacementPlan | None:
+    """The better of swapping and replicating the hot `expert` (pure: loads in, plan out); None when the
+    hot expert's ep rank is not the heaviest or nothing improves."""
+    per = len(tokens_per_expert) // ep
+    if ep <= 1 or per < 1:
+        return None
+    loads = [float(sum(tokens_per_expert[k * per:(k + 1) * per])) for k in range(ep)]
+    mean, hot = float(np.mean(loads)), expert // per
+    excess = max(loads) - mean
+    if excess <= 0 or loads[hot] < max(loads):
+        return None
+    cold = min((k for k in range(ep) if k != hot), key=lambda k: loads[k])
+    tokens = float(tokens_per_expert[expert])
+    plans = []
+    for partner in range(cold * per, (cold + 1) * per) if per > 1 else ():
+        moved = tokens - float(tokens_per_expert[partner])
+        after = list(loads)
+        after[hot], after[cold] = loads[hot] - moved, loads[cold] + moved
+        plans.append(PlacementPlan(action="swap", expert=expert, to_ep_rank=cold, swap_with=partner,
+                                   remaining_excess=max(max(after) - mean, 0.0) / excess))
+    after = list(loads)
+    after[hot], after[cold] = loads[hot] - tokens / 2, loads[cold] + tokens / 2
+    plans.append(PlacementPlan(action="replicate", expert=expert, to_ep_rank=cold, swap_with=None,
+                               remaining_excess=max(max(after) - mean, 0.0) / excess))
+    best = min(plans, key=lambda p: p.remaining_excess)
+    return best if best.remaining_excess < 1.0 else None
+
+
+def moe_expert_placement(e: Evidence) -> Finding | None:
+    """Fires with expert parallelism when a hot expert's ep rank is overloaded: its layer's
+    rank_max_over_mean >= RANK_OVERLOAD_RATIO and that rank is the heaviest. The change moves load off it
+    (plan_placement: swap the hot expert with the coldest rank's expert that balances best, or replicate it there).
+    Gain: the holders' extra expert compute over the median other rank (what the others wait for at the
+    combine), times the share of the excess load the plan removes, summed over the layers with that hot
+    expert. Confidence medium when the holders were observed arriving last at the combine in at least half
+    of the instances, else low. No trainer option places experts: the change is an action."""
+    moe = e.moe
+    candidates = _placement_candidates(moe) if moe is not None and moe.ep > 1 else []
+    if not candidates:
+        return None
+    finding, layer, plan = max(candidates, key=lambda c: (round(c[1].rank_max_over_mean, 2), c[0].holder_last_pct or 0.0))
+    same = [(f, p) for f, _, p in candidates if f.expert == finding.expert]
+    extra = [(_holder_extra_ms(moe, f), p) for f, p in same]
+    known = [x * (1.0 - p.remaining_excess) for x, p in extra if x is not None]
+    gain, pct = _gain(e, float(sum(known)) if known else None)
+    holders = ", ".join(map(str, finding.ranks))
+    observed = [f for f, _ in same if (f.holder_last_pct or 0.0) >= 50.0]
+    evidence: dict[str, float | int | str] = {
+        "source": MOE_RULES_SOURCE, "expert": finding.expert, "layer": finding.layer, "ranks": holders,
+        "tokens_vs_mean": round(finding.tokens_vs_mean, 3), "rank_max_over_mean": round(layer.rank_max_over_mean, 3),
+        "ep": moe.ep, "plan": plan.action, "remaining_excess_share": round(plan.remaining_excess, 3)}
+    if finding.holder_last_pct is not None:
+        evidence["holder_last_pct"] = round(finding.holder_last_pct, 1)
+    if finding.cost_ms_per_step is not None:
+        evidence["combine_wait_caused_ms"] = round(finding.cost_ms_per_step, 3)
+    return Finding(rule="moe_expert_placement",
+                   title=f"{_ranks_text(finding.ranks)} {'holds' if len(finding.ranks) == 1 else 'hold'} hot expert "
+                         f"{finding.expert} (layer {finding.layer}): {layer.rank_max_over_mean:.1f}x its ep group's "
+                         "mean tokens",
+                   evidence=evidence, expected_gain_ms=gain, expected_gain_pct=pct,
+                   confidence="medium" if observed else "low", change=_placement_change(moe, finding, plan), apply=None,
+                   why=(f"{finding.sentence}; moving load off it leaves {100 * plan.remaining_excess:.0f}% of its "
+                        "excess (same waiting as moe_load_balance: fix the routing or the placement)"))
+
+
+def _placement_candidates(moe: MoeReport) -> list[tuple[MoeFinding, MoeLayerReport, PlacementPlan]]:
+    """The hot-expert findings whose ep rank is overloaded, with the placement that relieves it."""
+    candidates = []
+    for finding in moe.findings:
+        layer = _layer(moe, finding.layer)
+        if layer is None or not finding.ranks or (layer.rank_max_over_mean or 0.0) < RANK_OVERLOAD_RATIO:
+            continue
+        plan = plan_placement(layer.tokens_per_expert, moe.ep, finding.expert)
+        if plan is not None:
+            candidates.append((finding, layer, plan))
+    return candidates
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def _placement_change(moe: MoeReport, finding: MoeFinding, plan: PlacementPlan) -> str:
+    target = [group[plan.to_ep_rank] for group in moe.ep_groups if plan.to_ep_rank < len(group)]
+    where = _ranks_text(target) if target else f"ep rank {plan.to_ep_rank}"
+    if plan.action == "swap":
+        return (f"place expert {finding.expert} on {where} and expert {plan.swap_with} on {_ranks_text(finding.ranks)} "
+                f"(swap them) in layer {finding.layer}, and alike in each layer where it is as hot")
+    return (f"replicate expert {finding.expert} on {where} (a second copy takes half its tokens; its gradients "
+            "are averaged over both)")
+
+
+def _a2a_and_experts_ms(moe: MoeReport) -> tuple[float, float] | None:
+    """(forward dispatch + combine transfer, expert compute), ms per step: mean over ranks, summed over
+    layers. None when no layer has both."""
+    a2a, experts = 0.0, 0.0
+    for layer in moe.layers:
+        transfer = [r.dispatch_transfer_ms + r.combine_transfer_ms for r in layer.ranks
+                    if r.dispatch_transfer_ms is not None and r.combine_transfer_ms is not None]
+        compute = [x for x in (_expert_ms(r) for r in layer.ranks) if x is not None]
+        if transfer and compute:
+            a2a += float(np.mean(transfer))
+            experts += float(np.mean(compute))
+    return (a2a, experts) if experts > 0 else None
+
+
+def _ep_spans_nodes(e: Evidence) -> bool:
+    groups = e.moe.ep_groups if e.moe else []
+    return any(len({e.rank_hosts.get(r) for r in group if r in e.rank_hosts}) > 1 for group in groups)
+
+
+def _ranks_per_node(e: Evidence) -> int:
+    counts: dict[str, int] = {}
+    for host in e.rank_hosts.values():
+        counts[host] = counts.get(host, 0) + 1
+    return min(counts.values()) if counts else 0
+
+
+def _smaller_ep(ep: int, experts: int, fit: int) -> int:
+    """The largest divisor of ep (so it still divides the data-parallel ranks) that divides the experts
+    and is at most `fit` (< ep)."""
+    return max(d for d in range(1, ep) if ep % d == 0 and experts % d == 0 and d <= fit)
+
+
+def moe_ep_degree(e: Evidence) -> Finding | None:
+    """GPU basis, ep > 1: the MoE all-to-alls' transfer (dispatch + combine, mean over ranks, summed over
+    layers; backward runs the reverse exchanges, counted as much again) at least ALL_TO_ALL_VS_EXPERTS
+    times the experts' compute and ALL_TO_ALL_STEP_SHARE of the step. The change: an EP degree that fits
+    one node where the ep groups span nodes, else half the degree. Gain: exchange time scales with the
+    share of tokens that leave the rank ((ep - 1) / ep) over the link's bus bandwidth (bandwidth.py
+    PEAK_BUSBW_GBPS: NVLink inside a node, the NIC across nodes): saved = exchange x (1 - new/old). CPU
+    traces are left out: gloo's exchange time there is the processes' scheduling, not a link. Confidence
+    low: fewer ranks per group also hold more experts (memory) and the grouped GEMMs grow."""
+    moe = e.moe
+    if moe is None or moe.ep <= 1 or e.basis != "gpu" or not e.step_ms:
+        return None
+    times = _a2a_and_experts_ms(moe)
+    if times is None:
+        return None
+    forward_ms, experts_ms = times
+    exchange_ms = 2.0 * forward_ms
+    if forward_ms < ALL_TO_ALL_VS_EXPERTS * experts_ms or exchange_ms < ALL_TO_ALL_STEP_SHARE * e.step_ms:
+        return None
+    spans = _ep_spans_nodes(e)
+    per_node = _ranks_per_node(e)
+    fit = per_node if spans and 1 <= per_node < moe.ep else moe.ep // 2
+    new_ep = _smaller_ep(moe.ep, moe.num_experts, fit)
+    old_cost = (moe.ep - 1) / moe.ep / PEAK_BUSBW_GBPS[INTER_NODE if spans else INTRA_NODE]
+    new_cost = (new_ep - 1) / new_ep / PEAK_BUSBW_GBPS[INTRA_NODE if new_ep <= per_node or not spans else INTER_NODE]
+    gain, pct = _gain(e, exchange_ms * (1.0 - new_cost / old_cost))
+    where = "across nodes" if spans else "inside a node"
+    return Finding(rule="moe_ep_degree", title=f"the MoE all-to-alls cost more than the experts (ep {moe.ep}, {where})",
+                   evidence={"source": MOE_RULES_SOURCE, "ep": moe.ep, "num_experts": moe.num_experts,
+                             "all_to_all_forward_ms": round(forward_ms, 3), "expert_compute_ms": round(experts_ms, 3),
+                             "all_to_all_step_pct": round(100 * exchange_ms / e.step_ms, 1),
+                             "ep_spans_nodes": str(spans), "ranks_per_node": per_node},
+                   expected_gain_ms=gain, expected_gain_pct=pct, confidence="low",
+                   change=f"--set parallel.ep={new_ep}", apply=Change(train_args=("--set", f"parallel.ep={new_ep}")),
+                   why=(f"the dispatch and combine all-to-alls move tokens for {forward_ms:.2f} ms per step in forward "
+                        f"(about as much again in backward) while the experts compute for {experts_ms:.2f} ms; "
+                        + (f"ep {new_ep} keeps every exchange on one node's links" if spans and new_ep <= per_node
+                           else f"ep {new_ep} keeps {100 / new_ep:.0f}% of the tokens on their rank instead of "
+                                f"{100 / moe.ep:.0f}%")
+                        + (" (ep 1: every rank holds every expert)" if new_ep == 1 else "")))
+
+
 RULES: tuple[Callable[[Evidence], Finding | None], ...] = (
-    straggler, data_workers, cuda_graphs, gradient_buckets, allocator, memory_pressure)
+    straggler, data_workers, cuda_graphs, gradient_buckets, allocator, memory_pressure,
+    moe_load_balance, moe_expert_placement, moe_ep_degree)
 
 
 def advise_evidence(evidence: Evidence, run: str = "") -> Advice:
@@ -444,7 +761,8 @@ def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
         exposed_comm_pct=mean_of([100 * u.exposed_comm_us / u.span_us for u in utilization if u.span_us > 0]),
         overlap_pct=mean_of([u.overlap_pct for u in utilization]),
         stragglers=[f for w in (report.windows if report else []) for f in w.causes.findings],
-        config=spec.get("train") or {})
+        config=spec.get("train") or {},
+        moe=report.moe if report else None, rank_hosts={r.rank: r.host for r in (report.ranks if report else [])})
 
 
 def _trace_data_loader_ms(report: Report | None) -> float | None:

@@ -12,6 +12,13 @@ n is the `Group size` arg (the ranks whose traces hold the instance, where more 
 intra-node when all the ranks holding it are on one host, else inter-node, and is compared with that
 link's peak bus bandwidth (PEAK_BUSBW_GBPS, or the `link_peak_gbps` override of analyze(), CLI
 `--link-peak`).
+
+All-to-all with bytes per peer (comm_bytes.py SplitBytes): an instance's bytes are the most any member
+sent (the busiest sender sets the time; with uneven splits each member's `In msg nelems` differs). Bytes
+per peer come from the trainer's records where they apply (metrics/rank<R>.moe.jsonl: every split whole,
+for the token all-to-all of each MoE layer's dispatch and combine, the last one issued in the range, in
+steps that ran the layer's forward once), else from the trace's split sizes; a list the profiler cut at
+30 entries gives none ("split sizes truncated"), and the instance keeps the trace's own size.
 """
 
 from __future__ import annotations
@@ -21,8 +28,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
+from fleetscope.traces.formats import MOE_COMBINE, MOE_DISPATCH, MoeRecord
+
 from fleetscope.analysis.cross_rank.arrivals import ArrivalMatrix
 from fleetscope.analysis.per_rank.collectives import SOURCE_NCCL, CollectiveKey
+from fleetscope.analysis.per_rank.comm_bytes import (
+    SPLIT_NOT_RECORDED,
+    SPLIT_RECORDS,
+    SPLIT_TRUNCATED,
+    SplitBytes,
+)
 from fleetscope.analysis.per_rank.names import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -69,6 +84,12 @@ class BandwidthRow:
     peak_pct: float
     """busbw as a percentage of peak_busbw_gbps."""
     verdict: str
+    split_status: dict[str, int] = field(default_factory=dict)
+    """All-to-all: instances by where their bytes per peer come from (comm_bytes.py SPLIT_*); empty otherwise."""
+    max_peer_bytes: float | None = None
+    """All-to-all: the most bytes one member sent one peer in one instance (None: no bytes per peer)."""
+    sender_max_over_mean: float | None = None
+    """All-to-all: over the instances, the largest busiest-sender / mean-sender bytes (1: even)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,17 +140,19 @@ def format_bytes(size: float) -> str:
 
 
 def collective_bandwidth(results: list[RankResult], matrix: ArrivalMatrix | None,
-                         link_peak_gbps: float | None = None) -> Bandwidth:
-    """The window's bandwidth rows from the clock-aligned arrival `matrix`."""
+                         link_peak_gbps: float | None = None, moe_records: list[MoeRecord] = ()) -> Bandwidth:
+    """The window's bandwidth rows from the clock-aligned arrival `matrix`; `moe_records`: the trainer's
+    MoE records, preferred for the bytes per peer of the MoE token all-to-alls."""
     peaks, peak_source = _peaks(link_peak_gbps)
-    sizes = _sizes_by_key(results)
+    splits = _splits_by_key(results, list(moe_records))
+    sizes = _with_split_sizes(_sizes_by_key(results), splits)
     if not sizes:
         return Bandwidth(status=STATUS_NOT_RECORDED, reason=_not_recorded_reason(results),
                          peak_busbw_gbps=peaks, peak_source=peak_source)
     if matrix is None:
         return Bandwidth(status=STATUS_NO_MATRIX, peak_busbw_gbps=peaks, peak_source=peak_source,
                          reason="fewer than two ranks with collectives: wait and data movement cannot be told apart")
-    rows, measured, skipped = _rows(matrix, sizes, peaks)
+    rows, measured, skipped = _rows(matrix, sizes, peaks, splits)
     return Bandwidth(status=STATUS_OK, rows=rows, peak_busbw_gbps=peaks, peak_source=peak_source,
                      instances_with_bytes=measured, instances_without_bytes=skipped)
 
@@ -148,7 +171,7 @@ def _sizes_by_key(results: list[RankResult]) -> dict[CollectiveKey, tuple[float,
     found: dict[CollectiveKey, tuple[float, str, str | None, int]] = {}
     for result in results:
         sizes = result.collectives.sizes
-        if sizes is None or result.collectives.source != SOURCE_NCCL:
+        if sizes is None:
             continue
         for key, size, kind, group, members in zip(result.collectives.keys, sizes.bytes, sizes.collective,
                                                    sizes.group, sizes.group_size.tolist()):
@@ -157,19 +180,90 @@ def _sizes_by_key(results: list[RankResult]) -> dict[CollectiveKey, tuple[float,
     return found
 
 
+def _splits_by_key(results: list[RankResult], records: list[MoeRecord]) -> dict[CollectiveKey, dict[int, SplitBytes]]:
+    """Instance key -> rank -> its bytes per peer: the trainer's records where they apply, else the trace's."""
+    found: dict[CollectiveKey, dict[int, SplitBytes]] = defaultdict(dict)
+    for result in results:
+        sizes = result.collectives.sizes
+        for key, split in zip(result.collectives.keys, sizes.splits if sizes is not None else []):
+            if split is not None:
+                found[key][result.rank] = split
+    for (rank, key), split in _record_splits(results, records).items():
+        found[key][rank] = split
+    return dict(found)
+
+
+def _record_splits(results: list[RankResult], records: list[MoeRecord]) -> dict[tuple[int, CollectiveKey], SplitBytes]:
+    """(rank, key) -> bytes per ep peer from the records, for the last all-to-all each rank issued in each
+    MoE layer's dispatch (sends its send_bytes) and combine (returns its recv_bytes), in the steps where
+    the trace shows one forward of the layer per profiled step (records sum every forward of a step)."""
+    by_step = {(r.rank, r.step, r.layer): r for r in records}
+    found = {}
+    for result in results:
+        moe = result.moe
+        if moe is None:
+            continue
+        once = {(layer.layer, kind) for layer in moe.layers for kind in (MOE_DISPATCH, MOE_COMBINE)
+                if layer.calls.get(kind) == moe.steps}
+        last: dict[tuple[int, int, str], CollectiveKey] = {}
+        for call in moe.all_to_alls:                     # sorted by key: ordinals in issue order
+            if (call.layer, call.kind) in once:
+                last[(call.key[0], call.layer, call.kind)] = call.key
+        for (step, layer, kind), key in last.items():
+            record = by_step.get((result.rank, step, layer))
+            if record is None:
+                continue
+            send, recv = (record.send_bytes, record.recv_bytes) if kind == MOE_DISPATCH else (
+                record.recv_bytes, record.send_bytes)
+            found[(result.rank, key)] = SplitBytes(status=SPLIT_RECORDS, send_bytes=tuple(map(float, send)),
+                                                   recv_bytes=tuple(map(float, recv)))
+    return found
+
+
+def _with_split_sizes(sizes: dict[CollectiveKey, tuple[float, str, str | None, int]],
+                      splits: dict[CollectiveKey, dict[int, SplitBytes]]) -> dict:
+    """All-to-all instances sized by their busiest sender where bytes per peer are known (also instances
+    whose trace records no message, e.g. gloo, when the trainer's records cover them)."""
+    sized = dict(sizes)
+    for key, by_rank in splits.items():
+        sent = [sum(s.send_bytes) for s in by_rank.values() if s.known]
+        if not sent:
+            continue
+        _, kind, group, members = sized.get(key, (0.0, ALL_TO_ALL, None, -1))
+        if kind == ALL_TO_ALL:
+            sized[key] = (float(max(sent)), kind, group, members)
+    return sized
+
+
+def _instance_split(by_rank: dict[int, SplitBytes] | None, present_ranks: list[int]) -> tuple[str, float | None, float | None]:
+    """(status, largest bytes one member sent one peer, busiest over mean sender) of one all-to-all instance."""
+    members = [by_rank.get(r) for r in present_ranks] if by_rank else []
+    if not members or any(m is None or not m.known for m in members):
+        truncated = any(m is not None and m.status == SPLIT_TRUNCATED for m in members)
+        return (SPLIT_TRUNCATED if truncated else SPLIT_NOT_RECORDED), None, None
+    statuses = {m.status for m in members}
+    status = SPLIT_RECORDS if SPLIT_RECORDS in statuses else sorted(statuses)[0]
+    sent = [sum(m.send_bytes) for m in members]
+    mean = float(np.mean(sent))
+    return status, max(max(m.send_bytes) for m in members), (max(sent) / mean if mean > 0 else None)
+
+
 def _not_recorded_reason(results: list[RankResult]) -> str:
     sources = sorted({r.collectives.source for r in results if r.collectives.source})
     if not sources:
         return "no collectives in the traces"
     if SOURCE_NCCL not in sources:
         return (f"collectives come from {', '.join(sources)}: those record no message sizes "
-                "(gloo CPU traces have no record_param_comms / NCCL kernel args)")
+                "(gloo CPU traces have no record_param_comms / NCCL kernel args; with record_shapes, all-to-alls "
+                "are sized from the c10d::alltoall_base_ ops that issue them)")
     return "NCCL kernels carry no 'In msg nelems' / 'dtype' args (PyTorch older than 2.3?)"
 
 
-def _rows(matrix: ArrivalMatrix, sizes: dict, peaks: dict[str, float]) -> tuple[list[BandwidthRow], int, int]:
+def _rows(matrix: ArrivalMatrix, sizes: dict, peaks: dict[str, float],
+          splits: dict[CollectiveKey, dict[int, SplitBytes]] | None = None) -> tuple[list[BandwidthRow], int, int]:
     totals: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0])
     scopes: dict[tuple, set[str]] = defaultdict(set)
+    split_rows: dict[tuple, list] = defaultdict(lambda: [defaultdict(int), None, None])
     skipped = 0
     for column, key in enumerate(matrix.keys):
         instance = _instance(matrix, column)
@@ -187,7 +281,14 @@ def _rows(matrix: ArrivalMatrix, sizes: dict, peaks: dict[str, float]) -> tuple[
         total[3] += wait_us
         total[4] = max(total[4], members)
         scopes[row_key] |= hosts
-    rows = [_row(key, total, scopes[key], peaks) for key, total in totals.items()]
+        if kind == ALL_TO_ALL:
+            present = [rank for rank, here in zip(matrix.ranks, matrix.present[:, column]) if here]
+            status, peer_max, imbalance = _instance_split((splits or {}).get(key), present)
+            counts = split_rows[row_key]
+            counts[0][status] += 1
+            counts[1] = max(v for v in (counts[1], peer_max) if v is not None) if peer_max is not None else counts[1]
+            counts[2] = max(v for v in (counts[2], imbalance) if v is not None) if imbalance is not None else counts[2]
+    rows = [_row(key, total, scopes[key], peaks, split_rows.get(key)) for key, total in totals.items()]
     rows.sort(key=lambda r: -r.moving_us)
     return rows, sum(r.instances for r in rows), skipped
 
@@ -206,7 +307,7 @@ def _instance(matrix: ArrivalMatrix, column: int) -> tuple[float, float, int, se
     return moving_us, float(np.mean(last_arrival - starts)), int(present.sum()), hosts
 
 
-def _row(key: tuple, total: list, hosts: set[str], peaks: dict[str, float]) -> BandwidthRow:
+def _row(key: tuple, total: list, hosts: set[str], peaks: dict[str, float], split: list | None = None) -> BandwidthRow:
     (kind, group, (low, high)), (instances, size, moving_us, wait_us, members) = key, total
     scope = INTRA_NODE if len(hosts) == 1 else INTER_NODE
     algbw = size / moving_us / 1e3
@@ -221,4 +322,16 @@ def _row(key: tuple, total: list, hosts: set[str], peaks: dict[str, float]) -> B
                         size_bucket=bucket, members=members, scope=scope, instances=instances,
                         total_bytes=size, moving_us=moving_us, wait_us=wait_us, wait_pct=wait_pct,
                         algbw_gbps=algbw, busbw_gbps=busbw, peak_busbw_gbps=peak,
-                        peak_pct=100.0 * busbw / peak, verdict=verdict)
+                        peak_pct=100.0 * busbw / peak, verdict=verdict + _split_verdict(split),
+                        split_status=dict(split[0]) if split else {}, max_peer_bytes=split[1] if split else None,
+                        sender_max_over_mean=split[2] if split else None)
+
+
+def _split_verdict(split: list | None) -> str:
+    if not split:
+        return ""
+    if split[0].get(SPLIT_TRUNCATED):
+        return f"; split sizes truncated in {split[0][SPLIT_TRUNCATED]} instance(s): no bytes per peer there"
+    if split[2] is not None and split[2] > 1.0:
+        return f"; the busiest sender moves {split[2]:.2f}x the mean"
+    return ""

@@ -121,6 +121,9 @@ class StragglerCause:
     """Mean over steps of its DataLoader fetch time (steps.py) minus the peers' median: where a host-side
     delay is input wait, this is about the lateness. None: the traces record no DataLoader ranges."""
     what_if: list[StepWhatIf] = field(default_factory=list)
+    routing: str = ""
+    """What the MoE view knows about the rank's expert load ("uneven routing: expert E (layer L) on rank R",
+    cross_rank/moe.py uneven_routing_hints); "" when it holds no hot expert or the run has no MoE records."""
     explanation: str = ""
 
 
@@ -131,13 +134,15 @@ class CauseAnalysis:
 
 
 def find_causes(results: list[RankResult], matrix: ArrivalMatrix | None, stragglers: Stragglers,
-                clock: ClockAlignment) -> CauseAnalysis:
-    """Cause of each straggler's lateness; `matrix` on the common clock (the one stragglers were found on)."""
+                clock: ClockAlignment, routing: dict[int, str] | None = None) -> CauseAnalysis:
+    """Cause of each straggler's lateness; `matrix` on the common clock (the one stragglers were found on);
+    `routing[rank]`: the MoE view's uneven routing on that rank, named in its explanation."""
     if matrix is None or not stragglers.by_wait:
         return CauseAnalysis()
     shared = matrix.columns(matrix.present.sum(axis=0) >= 2)
     terms = _instance_terms(shared)
-    findings = [_finding(rank_wait.rank, rank_wait.score, shared, terms, results, clock, stragglers.min_lateness_us)
+    findings = [_finding(rank_wait.rank, rank_wait.score, shared, terms, results, clock, stragglers.min_lateness_us,
+                         (routing or {}).get(rank_wait.rank, ""))
                 for rank_wait in stragglers.by_wait if rank_wait.times_last and rank_wait.score >= MIN_WAIT_SHARE]
     return CauseAnalysis(findings=findings)
 
@@ -178,7 +183,7 @@ def _nan_median(values: np.ndarray) -> float:
 
 
 def _finding(rank: int, share: float, m: ArrivalMatrix, terms: _Terms, results: list[RankResult],
-             clock: ClockAlignment, min_lateness_us: float) -> StragglerCause:
+             clock: ClockAlignment, min_lateness_us: float, routing: str = "") -> StragglerCause:
     row = m.ranks.index(rank)
     late = (terms.last_row == row) & (terms.lateness_us >= min_lateness_us)
     known = late & np.isfinite(terms.carried_us) & np.isfinite(terms.extra_idle_us) & np.isfinite(terms.extra_compute_us)
@@ -203,7 +208,8 @@ def _finding(rank: int, share: float, m: ArrivalMatrix, terms: _Terms, results: 
         mean_extra_compute_us=compute, mean_extra_idle_us=idle, mean_carried_us=carried, op_duration_ratio=ratio,
         ops_compared=compared, expected_slowdown_us=slowdown, clock_uncertainty_us=uncertainty, phase=phase,
         phase_vs_peers_pct=_phase_vs_peers_pct(results, rank, phase),
-        data_loader_excess_ms=data_loader_excess_ms(results, rank), what_if=_what_if(m, terms, late, row, results))
+        data_loader_excess_ms=data_loader_excess_ms(results, rank), what_if=_what_if(m, terms, late, row, results),
+        routing=routing)
     return _with_explanation(finding)
 
 
@@ -356,7 +362,7 @@ def explain(f: StragglerCause) -> str:
                         if f.op_duration_ratio is None or f.op_duration_ratio < SLOW_DEVICE_RATIO else
                         f"while its kernels run {ratio} as long, which accounts for only "
                         f"{(f.expected_slowdown_us or 0.0) / 1000:.2f} ms of it")
-                     + ": more work, e.g. uneven expert routing"),
+                     + (f": more work: {f.routing}" if f.routing else ": more work, e.g. uneven expert routing")),
         CAUSE_SLOW_DEVICE: (f"runs the same kernels {ratio} as long as its peers ({f.ops_compared} names), "
                             f"{f.mean_extra_compute_us / 1000:.2f} ms more compute for the same work: a slow device"),
         CAUSE_HOST: (f"is idle {f.mean_extra_idle_us / 1000:.2f} ms longer than its peers before each, not computing "
@@ -373,6 +379,8 @@ def explain(f: StragglerCause) -> str:
     others = [f"{c} {100 * v:.0f}%" for c, v in f.cause_shares.items() if c != f.cause and v >= MIXED_SHARE]
     if others:
         sentence += f" (that is {100 * f.explained_share:.0f}% of its lateness; also {', '.join(others)})"
+    if f.routing and f.cause != CAUSE_WORK:
+        sentence += f"; the MoE view shows {f.routing}"
     if f.cause == CAUSE_HOST and f.data_loader_excess_ms is not None and f.data_loader_excess_ms > 0:
         sentence += f"; its DataLoader fetch takes {f.data_loader_excess_ms:.2f} ms per step more than its peers'"
     if f.phase == "backward" and f.phase_vs_peers_pct is not None:

@@ -113,6 +113,8 @@ class MoeReport:
     hot_expert_min_ratio: float = HOT_EXPERT_MIN_RATIO
     layers: list[MoeLayerReport] = field(default_factory=list)
     findings: list[MoeFinding] = field(default_factory=list)
+    ep_groups: list[list[int]] = field(default_factory=list)
+    """Global ranks of each expert-parallel group, by ep rank (records; empty with ep = 1 or no records)."""
 
 
 MOE_IMBALANCE = "moe_imbalance"
@@ -128,6 +130,24 @@ def moe_imbalance_hints(records: list[MoeRecord]) -> dict[int, str]:
             hints.setdefault(rank, f"{MOE_IMBALANCE} (expert {finding.expert}, which it holds, received "
                                    f"{finding.tokens_vs_mean:.1f}x the mean tokens in layer {finding.layer})")
     return hints
+
+
+def uneven_routing_hints(records: list[MoeRecord]) -> dict[int, str]:
+    """rank -> "uneven routing: expert E (layer L) on rank R" for each rank holding a hot expert (routing
+    records only; hottest first, one clause per expert with the layers it is hot in)."""
+    report = moe_report(records, [])
+    layers: dict[tuple[int, int], list[int]] = defaultdict(list)
+    ratio: dict[tuple[int, int], float] = defaultdict(float)
+    for finding in report.findings if report else []:
+        for rank in finding.ranks:
+            layers[(rank, finding.expert)].append(finding.layer)
+            ratio[(rank, finding.expert)] = max(ratio[(rank, finding.expert)], finding.tokens_vs_mean)
+    clauses: dict[int, list[str]] = defaultdict(list)
+    for (rank, expert) in sorted(layers, key=lambda k: -ratio[k]):
+        found = sorted(layers[(rank, expert)])
+        where = f"layer {found[0]}" if len(found) == 1 else f"layers {', '.join(map(str, found))}"
+        clauses[rank].append(f"expert {expert} ({where}) on rank {rank}")
+    return {rank: "uneven routing: " + ", ".join(parts) for rank, parts in clauses.items()}
 
 
 def load_moe_records(layout: RunLayout | None, ranks: list[int]) -> list[MoeRecord]:
@@ -240,7 +260,9 @@ def moe_report(records: list[MoeRecord], windows: list[MoeWindow | None]) -> Moe
         by_layer[record.layer].append(record)
     layers = [_layer_report(layer, by_layer[layer], windows) for layer in sorted(set(by_layer) | _window_layers(windows))]
     findings = [f for f in (_finding(layer, ep, experts, by_layer[layer.layer]) for layer in layers) if f]
-    return MoeReport(status=STATUS_OK, ep=ep, num_experts=experts, layers=layers, findings=findings)
+    groups = [list(g) for g in sorted({tuple(r.ep_ranks) for r in records if r.ep > 1})]
+    return MoeReport(status=STATUS_OK, ep=ep, num_experts=experts, layers=layers, findings=findings,
+                     ep_groups=groups)
 
 
 def _window_layers(windows: list[MoeWindow]) -> set[int]:

@@ -21,6 +21,12 @@ from fleetscope.analysis.per_rank.names import (
     DTYPE_ARG,
     EXTERNAL_ID_ARG,
     GROUP_SIZE_ARG,
+    IN_SPLIT_ARG,
+    OUT_SPLIT_ARG,
+    ALL_TO_ALL_BASE_OP,
+    CONCRETE_INPUTS_ARG,
+    INPUT_DIMS_ARG,
+    INPUT_TYPE_ARG,
     IN_NELEMS_ARG,
     OUT_NELEMS_ARG,
     PROCESS_GROUP_DESCRIPTION_ARG,
@@ -168,6 +174,8 @@ class _Args(msgspec.Struct):
     out_nelems: Any = msgspec.field(default=None, name=OUT_NELEMS_ARG)
     dtype: Any = msgspec.field(default=None, name=DTYPE_ARG)
     group_size: Any = msgspec.field(default=None, name=GROUP_SIZE_ARG)
+    in_split: Any = msgspec.field(default=None, name=IN_SPLIT_ARG)
+    out_split: Any = msgspec.field(default=None, name=OUT_SPLIT_ARG)
     external_id: Any = msgspec.field(default=None, name=EXTERNAL_ID_ARG)
 
 
@@ -193,7 +201,26 @@ class _Document(msgspec.Struct):
     host_name: Any = None
 
 
+class _ArgsWithShapes(_Args):
+    """_Args plus the record_shapes args, kept undecoded (every op has them) and decoded for
+    c10d::alltoall_base_ only: used for traces that hold such an op with those args (decode_selectively)."""
+
+    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=CONCRETE_INPUTS_ARG)
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_DIMS_ARG)
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_TYPE_ARG)
+
+
+class _EventWithShapes(_Event):
+    args: Union[_ArgsWithShapes, None] = None
+
+
+class _DocumentWithShapes(_Document):
+    traceEvents: list[_EventWithShapes]
+
+
 _DECODER = msgspec.json.Decoder(_Document)
+_DECODER_WITH_SHAPES = msgspec.json.Decoder(_DocumentWithShapes)
+_SHAPE_MARKERS = (ALL_TO_ALL_BASE_OP.encode(), CONCRETE_INPUTS_ARG.encode())
 TRACE_METADATA_KEYS = ("distributedInfo", "baseTimeNanoseconds", "host_name")
 
 
@@ -202,8 +229,9 @@ def decode_selectively(data: bytes) -> tuple[dict[str, Any], list[_Event]] | Non
 
     None when this fast decoder cannot take the file (other shapes, integers beyond 64 bits, invalid
     UTF-8, invalid JSON): the generic parser then decides, and explains what is wrong."""
+    decoder = _DECODER_WITH_SHAPES if all(marker in data for marker in _SHAPE_MARKERS) else _DECODER
     try:
-        document = _DECODER.decode(data)
+        document = decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     return {key: getattr(document, key) for key in TRACE_METADATA_KEYS}, document.traceEvents
@@ -304,6 +332,8 @@ def build_table(events: list[_Event]) -> TraceEvents:
             _note_group(args, len(name_ids) - 1, group_index, grouped_rows)
         if args is not None and args.in_nelems is not None:
             _note_message(args, len(name_ids) - 1, message_index, message_rows)
+        elif name == ALL_TO_ALL_BASE_OP and args is not None and getattr(args, "concrete_inputs", None):
+            _note_host_all_to_all(args, len(name_ids) - 1, message_index, message_rows)
     groups = _group_column(group_index, grouped_rows, len(name_ids)) if grouped_rows else None
     messages = _message_column(message_index, message_rows, len(name_ids)) if message_rows else None
     table = _to_table(name_index, name_ids, kinds, starts, durs, threads, devices, correlations,
@@ -328,12 +358,57 @@ def _note_group(args: _Args, row: int, group_index: dict[tuple, int], grouped_ro
 
 
 def _note_message(args: _Args, row: int, index: dict[tuple, int], rows: list[tuple[int, int]]) -> None:
-    """Record event `row`'s collective message (in/out element counts, dtype, group size)."""
+    """Record event `row`'s collective message (in/out element counts, dtype, group size, split sizes)."""
     identity = (_str_or_none(args.collective), _int_or(args.in_nelems, NO_ID), _int_or(args.out_nelems, NO_ID),
-                _str_or_none(args.dtype), _int_or(args.group_size, NO_ID))
+                _str_or_none(args.dtype), _int_or(args.group_size, NO_ID), _split_text(args.in_split),
+                _split_text(args.out_split))
     if identity[1] == NO_ID and identity[2] == NO_ID:
         return
     rows.append((row, index.setdefault(identity, len(index))))
+
+
+HOST_TYPE_NAMES = {"float": "Float", "double": "Double", "c10::Half": "Half", "c10::BFloat16": "BFloat16",
+                   "long int": "Long", "int": "Int", "short int": "Short", "signed char": "Char",
+                   "unsigned char": "Byte", "bool": "Bool"}
+"""Host op `Input type` names (C++ type names) -> the dtype names of NCCL args (comm_bytes.DTYPE_BYTES)."""
+
+
+def _note_host_all_to_all(args: _Args, row: int, index: dict[tuple, int], rows: list[tuple[int, int]]) -> None:
+    """Record a c10d::alltoall_base_ op's message from its record_shapes args: output and input tensors'
+    dims and type, output and input split sizes (names.ALL_TO_ALL_BASE_OP); nothing where they do not parse."""
+    try:
+        concrete, dims, types = (msgspec.json.decode(raw) for raw in (args.concrete_inputs, args.input_dims, args.input_type))
+    except msgspec.DecodeError:
+        return
+    if not (isinstance(concrete, list) and isinstance(dims, list) and isinstance(types, list)
+            and len(concrete) >= 5 and len(dims) >= 2 and len(types) >= 2):
+        return
+    sizes = [_elements(d) for d in dims[:2]]
+    dtype = HOST_TYPE_NAMES.get(types[1]) if isinstance(types[1], str) else None
+    out_split, in_split = _split_text(concrete[3]), _split_text(concrete[4])
+    if None in sizes or dtype is None or in_split is None or out_split is None:
+        return
+    members = in_split.count(",") + 1 if in_split.strip("[] ") else NO_ID
+    identity = ("all_to_all", sizes[1], sizes[0], dtype, members, in_split, out_split)
+    rows.append((row, index.setdefault(identity, len(index))))
+
+
+def _elements(dims: Any) -> int | None:
+    if not isinstance(dims, list) or not all(type(d) is int and d >= 0 for d in dims):
+        return None
+    count = 1
+    for d in dims:
+        count *= d
+    return count
+
+
+def _split_text(value: Any) -> str | None:
+    """A split-size arg as text: Kineto writes "[3, 4]" (a JSON string); a list is taken as written."""
+    if type(value) is str:
+        return value
+    if type(value) is list:
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return None
 
 
 def _message_column(index: dict[tuple, int], rows: list[tuple[int, int]], count: int) -> tuple[list[tuple], np.ndarray]:

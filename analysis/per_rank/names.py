@@ -76,6 +76,12 @@ IN_NELEMS_ARG = "In msg nelems"
 OUT_NELEMS_ARG = "Out msg nelems"
 DTYPE_ARG = "dtype"
 GROUP_SIZE_ARG = "Group size"
+IN_SPLIT_ARG = "In split size"
+OUT_SPLIT_ARG = "Out split size"
+CONCRETE_INPUTS_ARG, INPUT_DIMS_ARG, INPUT_TYPE_ARG = "Concrete Inputs", "Input Dims", "Input type"
+"""Host op args of traces with record_shapes: c10d::alltoall_base_ lists its split sizes there (gloo and
+every backend), as `c10d::alltoall_base_(output, input, group, output_split_sizes, input_split_sizes, ...)`."""
+ALL_TO_ALL_BASE_OP = "c10d::alltoall_base_"
 """Kineto args describing a collective's message (on NCCL kernels and `record_param_comms`, PyTorch >= 2.3;
 gloo traces have none)."""
 

@@ -16,7 +16,13 @@ from fleetscope.analysis.cross_rank.critical_path import critical_paths
 from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset, align_clocks
 from fleetscope.analysis.cross_rank.hta_views import HtaViews, run_hta, skipped
 from fleetscope.analysis.cross_rank.pipeline import analyze_pipeline
-from fleetscope.analysis.cross_rank.moe import MoeWindow, moe_imbalance_hints, moe_report, moe_window
+from fleetscope.analysis.cross_rank.moe import (
+    MoeWindow,
+    moe_imbalance_hints,
+    moe_report,
+    moe_window,
+    uneven_routing_hints,
+)
 from fleetscope.analysis.cross_rank.records import TrainerEvidence
 from fleetscope.analysis.cross_rank.stragglers import (
     DEFAULT_MIN_LATENESS_US,
@@ -188,10 +194,10 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
         top_kernels=combine_kernels([r.top_kernels for r in results]),
         hta=hta(results, stragglers),
         gpu_time=combine_gpu_time([r.gpu_time for r in results]),
-        bandwidth=collective_bandwidth(results, aligned, link_peak_gbps),
+        bandwidth=collective_bandwidth(results, aligned, link_peak_gbps, list(moe_records)),
         pipeline=analyze_pipeline(results),
         notes=_window_notes(results),
-        causes=find_causes(results, aligned, stragglers, clock),
+        causes=find_causes(results, aligned, stragglers, clock, routing=uneven_routing_hints(list(moe_records))),
         critical_path=critical_paths(results, aligned, clock.offsets_us()),
     )
     return report, moe_window(results, aligned, list(moe_records))

@@ -68,7 +68,9 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           late_instances, median_lateness_us, mean_lateness_us, mean_extra_compute_us,
                           mean_extra_idle_us, mean_carried_us, op_duration_ratio, ops_compared, expected_slowdown_us,
                           clock_uncertainty_us, phase, phase_vs_peers_pct, data_loader_excess_ms, what_if[] {step, step_time_ms,
-                          caused_wait_ms, projected_step_ms}, explanation}}: why each rank causing >= 20% of
+                          caused_wait_ms, projected_step_ms}, routing ("uneven routing: expert E (layer L) on
+                          rank R" where the MoE section names a hot expert the rank holds; "" otherwise),
+                          explanation}}: why each rank causing >= 20% of
                           the waiting is late, and its steps if it were on time (causes.py)
         critical_path     {steps[] {step, length_us, segments[] {kind ("compute" | "host gap" |
                           "data movement" | "work"), rank, collective, start_us (after the
@@ -87,7 +89,13 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           summed over instances), wait_us (last arrival - own arrival, mean over
                           members, summed), wait_pct (wait / (wait + moving)), algbw_gbps
                           (total_bytes / moving time, 1e9 B/s), busbw_gbps (algbw x nccl-tests
-                          factor), peak_busbw_gbps, peak_pct, verdict}} | null
+                          factor), peak_busbw_gbps, peak_pct, verdict, split_status {source: instances}
+                          (all-to-all: where the bytes per peer come from: "trainer records" (the MoE
+                          records, whole), "trace" (In/Out split size args), "even" ("[]"), "split sizes
+                          truncated" (the profiler cut the list at 30 entries: none guessed), "not
+                          recorded"; an all-to-all instance's bytes are its busiest sender's), max_peer_bytes
+                          (most bytes one member sent one peer in one instance), sender_max_over_mean
+                          (busiest over mean sender, worst instance)}} | null
         pipeline          PipelineReport | null (no point-to-point traffic): {schedule, stages, microbatches
                           (from the stages' pp_schedule markers; null without), theoretical_bubble_pct
                           ((p-1)/(m+p-1) for gpipe/1f1b, (p-1)/(v m+p-1) interleaved), p2p_source ("gloo
@@ -152,7 +160,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           step), recv_tokens}},
                           findings[] {layer, expert, tokens_vs_mean (x), ep_rank (null: ep 1), ranks[]
                           (global ranks holding the expert: ep rank k holds experts [k E/ep, (k+1) E/ep)),
-                          holder_last_pct, cost_ms_per_step (the holders' combine_cost_ms summed), sentence}
+                          holder_last_pct, cost_ms_per_step (the holders' combine_cost_ms summed), sentence},
+                          ep_groups[][] (global ranks of each expert-parallel group, by ep rank; records)
 
 Definitions of every metric: utilization.py (busy/idle/comm/overlap), stragglers.py (arrival, lateness,
 wait, score), causes.py (straggler causes, what-if), bandwidth.py and comm_bytes.py (collective sizes and bandwidth), gpu_time.py (GPU time by

@@ -18,7 +18,6 @@ from fleetscope.trainer.loss import CausalLMTrainingModule
 from fleetscope.trainer.models import build_model
 from fleetscope.trainer.runtime import init_runtime
 
-SEQUENCES, SEQ_LEN = 8, 32
 
 
 def main() -> int:
@@ -27,27 +26,30 @@ def main() -> int:
     parser.add_argument("--mode", required=True)
     parser.add_argument("--ep", type=int, required=True)
     parser.add_argument("--family", default="qwen3_moe")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (mode fsdp_tp)")
+    parser.add_argument("--sequences", type=int, default=8, help="global batch, split over the data-parallel ranks")
+    parser.add_argument("--seq-len", type=int, default=32)
     args = parser.parse_args()
     config = apply_overrides(TrainConfig(run_dir=args.out), [
         f"model.family={args.family}", f"parallel.mode={args.mode}", f"parallel.ep={args.ep}",
-        "performance.device=cpu", "profiler.enabled=false", "observability.clock_round_trips=0",
+        f"parallel.tp={args.tp}", "performance.device=cpu", "profiler.enabled=false", "observability.clock_round_trips=0",
     ])
     runtime = init_runtime(config)
     try:
-        compare(config, runtime)
+        compare(config, runtime, sequences=args.sequences, seq_len=args.seq_len)
     finally:
         dist.destroy_process_group()
     return 0
 
 
-def compare(config: TrainConfig, runtime) -> None:
+def compare(config: TrainConfig, runtime, *, sequences: int, seq_len: int) -> None:
     generator = torch.Generator().manual_seed(1)
-    batch = torch.randint(3, 512, (SEQUENCES, SEQ_LEN), generator=generator)
+    batch = torch.randint(3, 512, (sequences, seq_len), generator=generator)
     reference = CausalLMTrainingModule(build_model(config.model, seed=config.seed), fused_loss=True, chunk_tokens=4096)
     reference(batch).backward()
     expected = {name: p.grad for name, p in reference.named_parameters()}
     state = build_state(config, runtime)
-    per_rank = SEQUENCES // runtime.dims.dp
+    per_rank = sequences // runtime.dims.dp
     state.model(batch[runtime.dp_rank * per_rank:(runtime.dp_rank + 1) * per_rank]).backward()
     expert_names = {id(p) for p in state.expert_params}
     ep_rank = runtime.dims.ep_rank(runtime.rank)

@@ -32,6 +32,8 @@ def test_multi_gpu_expert_parallel_jobs():
     assert set(jobs) == {"ep2-fsdp", "ep2-ddp", "ep2-hot-expert"}
     assert "parallel.ep=2" in jobs["ep2-ddp"].args and "faults.hot_expert=3" in jobs["ep2-hot-expert"].args
     assert multi_gpu.expert_parallel_jobs(1) == []
+    wide = {job.name: job for job in multi_gpu.expert_parallel_jobs(8)}
+    assert wide["ep2-tp2-fsdp"].args == ["--parallel", "fsdp_tp", "--tp", "2", "--set", "parallel.ep=2"]
 
 
 def test_multi_gpu_breadth_jobs_cover_accumulation_hsdp_and_every_pipeline_schedule():

@@ -217,15 +217,16 @@ def _row_bytes(hidden_TD: torch.Tensor, dtype: torch.dtype) -> int:
 
 def grouped_moe_forward(self: torch.nn.Module, hidden_TD: torch.Tensor, expert_TK: torch.Tensor,
                         weight_TK: torch.Tensor) -> torch.Tensor:
-    """Dispatch, experts and combine as named phases; across the ep group when the layer is sharded."""
+    """Dispatch, experts and combine as named phases; across the ep group when the layer is sharded, on this
+    TP rank's share of the tokens under tensor parallelism."""
     layer: MoeLayer = getattr(self, MOE_LAYER_ATTRIBUTE)
     use_cuda = layer.use_nvtx
     dtype = compute_dtype(hidden_TD)
-    shard = layer.shard
-    if shard is not None and shard.tp > 1:
-        num_tokens = hidden_TD.shape[0]
-        hidden_TD, expert_TK, weight_TK = split_for_tp((hidden_TD, expert_TK, weight_TK), shard)
+    num_tokens = hidden_TD.shape[0]
+    split_over_tp = layer.shard is not None and layer.shard.tp > 1
     with moe_phase(MOE_DISPATCH, layer, use_cuda):
+        if split_over_tp:
+            hidden_TD, expert_TK, weight_TK = split_for_tp((hidden_TD, expert_TK, weight_TK), layer.shard)
         x_SD, routed = permute_by_expert(hidden_TD, expert_TK, layer.num_experts, dtype)
         if layer.shard is None:
             if layer.counter is not None:
@@ -242,8 +243,8 @@ def grouped_moe_forward(self: torch.nn.Module, hidden_TD: torch.Tensor, expert_T
         if layer.shard is not None:
             y_SD = return_tokens(y_SD, exchange, layer.shard)
         out_TD = combine_weighted(y_SD, routed, weight_TK, hidden_TD.dtype)
-        if shard is not None and shard.tp > 1:
-            out_TD = gather_from_tp(out_TD, shard, num_tokens)
+        if split_over_tp:
+            out_TD = gather_from_tp(out_TD, layer.shard, num_tokens)
         return out_TD
 
 

@@ -1,6 +1,7 @@
 """Run under torchrun: one backward of an expert-parallel model against the unsharded model's on the whole
 batch, parameter by parameter (every rank builds the reference itself). AdamW is almost blind to a gradient's
-scale, so loss trajectories alone would miss a wrong expert-gradient factor; this compares the gradients.
+scale, so loss trajectories alone would miss a wrong expert-gradient factor; this compares the gradients,
+and the global gradient norm the trainer clips with against the unsharded model's.
 Prints `grads match` on rank 0 or raises."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from fleetscope.trainer.config import TrainConfig, apply_overrides
-from fleetscope.trainer.loop import build_state
+from fleetscope.trainer.loop import build_state, clip_grad_norm
 from fleetscope.trainer.loss import CausalLMTrainingModule
 from fleetscope.trainer.models import build_model
 from fleetscope.trainer.runtime import init_runtime
@@ -66,8 +67,17 @@ def compare(config: TrainConfig, runtime, *, sequences: int, seq_len: int) -> No
         worst = max(worst, error)
     if not state.expert_params:
         raise AssertionError("no expert-parallel parameters found")
+    check_grad_norm(state, torch.stack([g.norm() for g in expected.values()]).norm().item(), runtime.rank)
     if runtime.rank == 0:
         print(f"grads match (worst relative difference {worst:.2e})", flush=True)
+
+
+def check_grad_norm(state, want: float, rank: int) -> None:
+    """The norm clip_grad_norm computes (no clipping at this threshold) is the unsharded model's."""
+    total = clip_grad_norm(list(state.model.parameters()), 1e9, expert_params=state.expert_params,
+                           ep_group=state.ep_group).item()
+    if abs(total - want) > 1e-4 * want:
+        raise AssertionError(f"rank {rank}: gradient norm {total:.6g}, unsharded model's {want:.6g}")
 
 
 if __name__ == "__main__":

@@ -218,6 +218,25 @@ def test_moe_records_hold_the_split_matrix(runs):
         assert record.send_bytes == [n * 64 * 4 for n in record.send_tokens]  # hidden 64, fp32
 
 
+@pytest.mark.slow
+def test_moe_records_under_tp_count_each_token_once(runs):
+    """tp 2 x ep 2: each TP rank dispatches its share of the replicated tokens, so the records of all ranks add
+    up to the global batch's token copies once (not tp times), and each ep group (one TP lane) is consistent."""
+    nproc = LAYOUTS["ep2_tp2"][0]
+    records = {rank: read_moe_records(runs / "ep2_tp2" / ONE_FAMILY / "metrics" / f"rank{rank}.moe.jsonl")
+               for rank in range(nproc)}
+    by_key = {(r.rank, r.step, r.layer): r for rows in records.values() for r in rows}
+    assert len(by_key) == nproc * STEPS * 2
+    for step in range(STEPS):
+        for layer in range(2):
+            sent = sum(sum(by_key[(rank, step, layer)].send_tokens) for rank in range(nproc))
+            assert sent == 8 * 32 * 2  # global sequences x seq_len x top-k
+    for (rank, step, layer), record in by_key.items():
+        assert record.ep_ranks == [rank % 2, rank % 2 + 2]  # the TP lane: same tp index, adjacent dp ranks
+        for peer_rank, peer in enumerate(record.ep_ranks):
+            assert record.recv_tokens[peer_rank] == by_key[(peer, step, layer)].send_tokens[record.ep_rank]
+
+
 # (mode, processes, tp, family, global sequences, sequence length); under tp the odd token counts per rank
 # (3 x 31 = 93 with 4 ranks, 31 with 8) give the TP ranks uneven shares.
 GRADIENT_CASES = [

@@ -271,13 +271,17 @@ def gather_from_tp(share_TD: torch.Tensor, shard: ExpertShard, num_tokens: int) 
     return _GatherFromTp.apply(share_TD, shard, num_tokens)
 
 
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+"""torch 2.13 renamed all_gather_into_tensor (which now warns on every call)."""
+
+
 def _all_gather_shares(share: torch.Tensor, shard: ExpertShard, num_tokens: int) -> torch.Tensor:
     """All-gather of uneven row shares: each padded to the largest share, gathered, padding dropped."""
     widest = tp_share(num_tokens, shard.tp, 0)[1]
     padded = share.new_zeros(widest, *share.shape[1:])
     padded[:share.shape[0]] = share
     gathered = share.new_empty(shard.tp * widest, *share.shape[1:])
-    dist.all_gather_into_tensor(gathered, padded.contiguous(), group=shard.tp_group)
+    _all_gather_single(gathered, padded.contiguous(), group=shard.tp_group)
     pieces = [gathered[rank * widest:rank * widest + tp_share(num_tokens, shard.tp, rank)[1]]
               for rank in range(shard.tp)]
     return torch.cat(pieces)

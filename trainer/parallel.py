@@ -16,7 +16,9 @@ from .models import decoder_layers
 class ParallelDims:
     """The one owner of parallel degrees: pipeline x data-parallel x tensor-parallel = world size, where
     data-parallel = dp_replicate x dp_shard (HSDP; plain DDP/FSDP have dp_replicate 1); expert parallelism
-    splits the data-parallel ranks into ep groups (ep fastest) x expert-data-parallel replicas (edp)."""
+    splits the data-parallel ranks into ep groups (ep fastest) x expert-data-parallel replicas (edp). Under
+    tensor parallelism each TP lane (the ranks of one tp index) holds its own ep groups, so every rank of a TP
+    group holds the same expert slice."""
 
     world_size: int
     dp: int

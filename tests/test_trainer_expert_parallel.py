@@ -258,14 +258,18 @@ def test_expert_gradients_equal_the_unsharded_model(tmp_path, mode, nproc, tp, f
 
 
 @pytest.mark.slow
-def test_hot_expert_fault_draws_the_most_tokens(tmp_path):
-    completed = torchrun(2, SCRIPT, "--out", str(tmp_path), "--mode", "ddp", "--ep", "2", "--batch", "4",
-                         "--steps", "2", "--families", ONE_FAMILY, "--set", f"faults.hot_expert={HOT_EXPERT}",
-                         timeout=600)
+@pytest.mark.parametrize("mode,nproc,tp", [("ddp", 2, 1), ("fsdp_tp", 4, 2)])
+def test_hot_expert_fault_draws_the_most_tokens(tmp_path, mode, nproc, tp):
+    """Under EP x TP too: the router (replicated, outside the TP plan) carries the fault's bias on every rank."""
+    completed = torchrun(nproc, SCRIPT, "--out", str(tmp_path), "--mode", mode, "--ep", "2", "--tp", str(tp),
+                         "--batch", "4", "--steps", "2", "--families", ONE_FAMILY,
+                         "--set", f"faults.hot_expert={HOT_EXPERT}", timeout=600)
     assert completed.returncode == 0, completed.stderr[-4000:]
-    for rank in range(2):
+    for rank in range(nproc):
         records = read_moe_records(tmp_path / ONE_FAMILY / "metrics" / f"rank{rank}.moe.jsonl")
         assert records and set(MOE_RECORD_FIELDS) <= set(records[0].to_json())
         for record in records:
             counts = record.tokens_per_expert
-            assert counts.index(max(counts)) == HOT_EXPERT and counts[HOT_EXPERT] > 2 * sorted(counts)[-2], counts
+            # top-2 of 4 experts: unbiased, an expert draws about half the tokens; the hot one draws ~all of them
+            tokens = sum(counts) // 2
+            assert counts.index(max(counts)) == HOT_EXPERT and counts[HOT_EXPERT] >= 0.9 * tokens, counts

@@ -13,7 +13,7 @@ gathers, analyzes and merges each run directory and prints one table:
   - straggler: DDP with the last rank sleeping --straggle-ms before every step -> who and how much
     the report finds;
   - expert parallelism: FSDP2 and DDP with ep = N (every GPU holds 1/N of the experts), FSDP2 with ep = 2 x
-    edp = N/2 (N >= 4), and ep = N with the hot-expert fault (expert 3 draws most tokens): tokens/s and the
+    edp = N/2 (N >= 4), FSDP2 x TP with tp = 2 x ep = 2 (N a multiple of 4), and ep = N with the hot-expert fault (expert 3 draws most tokens): tokens/s and the
     MoE records' load imbalance (hottest expert's tokens / mean) and all-to-all volume per step.
   - parallel breadth (plan_breadth_jobs): gradient accumulation (FSDP2, 4 micro-batches), HSDP (2 replicas
     x N/2 shards, N >= 4), pipeline parallel 2 stages x FSDP2 over N/2 (GPipe, 1F1B, interleaved 1F1B) and
@@ -63,6 +63,8 @@ def expert_parallel_jobs(nproc: int, hot_expert: int = 3) -> list[Job]:
             Job(f"ep{nproc}-ddp", nproc, ["--parallel", "ddp", "--set", f"parallel.ep={nproc}"])]
     if nproc >= 4:
         jobs.append(Job(f"ep2-fsdp-edp{nproc // 2}", nproc, ["--parallel", "fsdp", "--set", "parallel.ep=2"]))
+    if nproc % 4 == 0:  # TP inside pairs of GPUs, the routed experts split over ep = 2 TP groups (edp = N/4)
+        jobs.append(Job("ep2-tp2-fsdp", nproc, ["--parallel", "fsdp_tp", "--tp", "2", "--set", "parallel.ep=2"]))
     jobs.append(Job(f"ep{nproc}-hot-expert", nproc, ["--parallel", "fsdp", "--set", f"parallel.ep={nproc}",
                                                      "--set", f"faults.hot_expert={hot_expert}"]))
     return jobs

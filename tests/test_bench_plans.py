@@ -20,7 +20,8 @@ def test_multi_gpu_jobs_cover_modes_scaling_buckets_and_a_straggler():
     multi_gpu = load("multi_gpu")
     jobs = {job.name: job for job in multi_gpu.plan_jobs(8, straggle_ms=20)}
     assert set(jobs) == {"mode-ddp", "mode-fsdp", "mode-tp", "mode-fsdp_tp", "scaling-fsdp-1", "bucket-25",
-                         "bucket-50", "straggler", "ep8-fsdp", "ep8-ddp", "ep2-fsdp-edp4", "ep8-hot-expert"}
+                         "bucket-50", "straggler", "ep8-fsdp", "ep8-ddp", "ep2-fsdp-edp4", "ep2-tp2-fsdp",
+                         "ep8-hot-expert"}
     assert jobs["mode-tp"].args[-1] == "8" and jobs["scaling-fsdp-1"].nproc == 1
     assert "faults.straggle_rank=7" in jobs["straggler"].args
     assert "mode-fsdp_tp" not in {job.name for job in multi_gpu.plan_jobs(2, straggle_ms=20)}
@@ -32,6 +33,9 @@ def test_multi_gpu_expert_parallel_jobs():
     assert set(jobs) == {"ep2-fsdp", "ep2-ddp", "ep2-hot-expert"}
     assert "parallel.ep=2" in jobs["ep2-ddp"].args and "faults.hot_expert=3" in jobs["ep2-hot-expert"].args
     assert multi_gpu.expert_parallel_jobs(1) == []
+    wide = {job.name: job for job in multi_gpu.expert_parallel_jobs(8)}
+    assert wide["ep2-tp2-fsdp"].args == ["--parallel", "fsdp_tp", "--tp", "2", "--set", "parallel.ep=2"]
+    assert "ep2-tp2-fsdp" not in {job.name for job in multi_gpu.expert_parallel_jobs(6)}  # dp 3: no ep 2
 
 
 def test_multi_gpu_breadth_jobs_cover_accumulation_hsdp_and_every_pipeline_schedule():

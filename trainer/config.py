@@ -60,8 +60,9 @@ class ModelConfig:
 
 
 
-EP_MODES: tuple[str, ...] = ("ddp", "fsdp")
-"""Parallel modes that compose with expert parallelism (parallel.ep > 1)."""
+EP_MODES: tuple[str, ...] = ("ddp", "fsdp", "fsdp_tp")
+"""Parallel modes that compose with expert parallelism (parallel.ep > 1); `tp` shards over every rank and
+leaves no data-parallel ranks to spread the experts over."""
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParallelConfig:
@@ -80,7 +81,8 @@ class ParallelConfig:
     ep: int = 1
     """Expert-parallel degree: routed experts are split into `ep` equal slices, one per rank of an `ep` mesh
     axis carved out of the data-parallel ranks; tokens travel to their experts by all-to-all. The
-    world_size / ep data-parallel replicas of each slice reduce its gradients (mode ddp or fsdp; no tp)."""
+    world_size / (tp * ep) data-parallel replicas of each slice reduce its gradients (modes ddp, fsdp and
+    fsdp_tp: with tp the routed experts stay whole and each TP rank dispatches its share of the tokens)."""
     dp_replicate: int = 1
     """HSDP (modes fsdp, fsdp_tp): replicas of the sharded model, e.g. one per node; FSDP2 shards inside a
     replica and all-reduces gradients across replicas. 1: plain FSDP."""
@@ -119,8 +121,8 @@ class ParallelConfig:
         require(self.backend in typing.get_args(Backend), "parallel.backend", f"unknown backend {self.backend!r}")
         require(self.ep >= 1, "parallel.ep", f"must be >= 1, got {self.ep}")
         require(self.ep == 1 or self.mode in EP_MODES, "parallel.ep",
-                f"is {self.ep} but parallel.mode {self.mode!r} is not one of {EP_MODES}: the family's tensor-parallel "
-                "plan shards every expert's FFN across tp ranks, which leaves no whole experts to distribute")
+                f"is {self.ep} but parallel.mode {self.mode!r} is not one of {EP_MODES}: mode 'tp' shards over every "
+                "rank, which leaves no data-parallel ranks to spread the experts over (use fsdp_tp)")
 
 
     def _check_hybrid(self) -> None:
@@ -525,14 +527,16 @@ class TrainConfig:
         require(not (self.faults.graph_break and self.performance.compile == "none"), "faults.graph_break",
                  "breaks a compiled region; performance.compile is none")
         require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
-        require(not (self.faults.biases_router and self.parallel.tp > 1), "faults.hot_expert",
+        require(not (self.faults.biases_router and self.parallel.tp > 1 and self.parallel.ep == 1),
+                "faults.hot_expert",
                 "the router faults (hot_expert, expert_skew) need the trainer's MoE layers, which tensor-parallel "
-                "runs (parallel.tp > 1) keep as transformers built them")
+                "runs without expert parallelism (parallel.tp > 1, parallel.ep = 1) keep as transformers built them")
         require(self.parallel.ep == 1 or not (self.checkpoint.every or self.checkpoint.at_exit), "checkpoint.every",
                 "checkpoints of expert-parallel runs are not supported: every rank holds different experts under "
                 "the same parameter names (set parallel.ep=1, or checkpoint.every=0 and checkpoint.at_exit=false)")
         require(self.parallel.ep == 1 or not (self.parallel.pp > 1 or self.parallel.dp_replicate > 1), "parallel.ep",
-                "expert parallelism composes with plain DDP/FSDP2 (parallel.pp=1, parallel.dp_replicate=1) only")
+                "expert parallelism composes with DDP, FSDP2 and FSDP2 x TP without pipeline or HSDP axes only "
+                "(parallel.pp=1, parallel.dp_replicate=1)")
         self._check_pipeline()
 
     def _check_pipeline(self) -> None:

@@ -17,6 +17,14 @@ gradient is scaled by 1/ep in backward; the expert-data-parallel replicas (edp) 
 the `edp` axis, or gradient hooks beside DDP), which together is the mean over all data-parallel ranks,
 as for every other parameter. Shared experts are ordinary modules: replicated (or FSDP-sharded) like the
 attention.
+
+With tensor parallelism (mode fsdp_tp) the routed experts stay whole and out of the TP plan: every rank of
+a TP group holds the same expert slice, and the group's ranks see the same (replicated) tokens. Rather than
+dispatch them tp times, each TP rank dispatches its 1/tp share of the tokens (`split_for_tp`: forward
+slices, backward all-gathers the share's gradients into the replicated gradient) and the combined outputs
+are all-gathered over the TP group (`gather_from_tp`: backward keeps this rank's share of the replicated
+gradient). The experts of one TP group then saw different tokens: their gradients are scaled by tp/ep and
+FSDP2 averages them over the 2-D (edp, tp) mesh, which is again the mean over all data-parallel ranks.
 """
 
 from __future__ import annotations
@@ -55,10 +63,21 @@ class ExpertShard:
     ep_rank: int
     num_experts: int
     """Global expert count."""
+    tp_group: dist.ProcessGroup | None = None
+    """The tensor-parallel group whose ranks share this slice and split its tokens (None: no TP)."""
+    tp: int = 1
+    tp_rank: int = 0
 
     @property
     def local_experts(self) -> int:
         return self.num_experts // self.ep
+
+    @property
+    def grad_scale(self) -> float:
+        """Factor on the local experts' gradients that makes the replicas' average the data-parallel mean:
+        1/ep for the ep group's token copies, x tp because each TP rank saw only its share of the tokens
+        and the TP ranks' gradients are averaged, not summed."""
+        return self.tp / self.ep
 
 
 @dataclass
@@ -198,11 +217,16 @@ def _row_bytes(hidden_TD: torch.Tensor, dtype: torch.dtype) -> int:
 
 def grouped_moe_forward(self: torch.nn.Module, hidden_TD: torch.Tensor, expert_TK: torch.Tensor,
                         weight_TK: torch.Tensor) -> torch.Tensor:
-    """Dispatch, experts and combine as named phases; across the ep group when the layer is sharded."""
+    """Dispatch, experts and combine as named phases; across the ep group when the layer is sharded, on this
+    TP rank's share of the tokens under tensor parallelism."""
     layer: MoeLayer = getattr(self, MOE_LAYER_ATTRIBUTE)
     use_cuda = layer.use_nvtx
     dtype = compute_dtype(hidden_TD)
+    num_tokens = hidden_TD.shape[0]
+    split_over_tp = layer.shard is not None and layer.shard.tp > 1
     with moe_phase(MOE_DISPATCH, layer, use_cuda):
+        if split_over_tp:
+            hidden_TD, expert_TK, weight_TK = split_for_tp((hidden_TD, expert_TK, weight_TK), layer.shard)
         x_SD, routed = permute_by_expert(hidden_TD, expert_TK, layer.num_experts, dtype)
         if layer.shard is None:
             if layer.counter is not None:
@@ -218,7 +242,77 @@ def grouped_moe_forward(self: torch.nn.Module, hidden_TD: torch.Tensor, expert_T
     with moe_phase(MOE_COMBINE, layer, use_cuda):
         if layer.shard is not None:
             y_SD = return_tokens(y_SD, exchange, layer.shard)
-        return combine_weighted(y_SD, routed, weight_TK, hidden_TD.dtype)
+        out_TD = combine_weighted(y_SD, routed, weight_TK, hidden_TD.dtype)
+        if split_over_tp:
+            out_TD = gather_from_tp(out_TD, layer.shard, num_tokens)
+        return out_TD
+
+
+# --- tokens split over the tensor-parallel group -----------------------------------------------------
+
+
+def tp_share(num_tokens: int, tp: int, tp_rank: int) -> tuple[int, int]:
+    """(start, rows) of a TP rank's share of `num_tokens` replicated tokens: contiguous, the first
+    num_tokens % tp ranks one row more (torch.tensor_split's rule)."""
+    base, extra = divmod(num_tokens, tp)
+    start = tp_rank * base + min(tp_rank, extra)
+    return start, base + (tp_rank < extra)
+
+
+def split_for_tp(tensors: tuple[torch.Tensor, ...], shard: ExpertShard) -> tuple[torch.Tensor, ...]:
+    """This TP rank's share of the rows of each (replicated) tensor; integer tensors are sliced plainly."""
+    start, rows = tp_share(tensors[0].shape[0], shard.tp, shard.tp_rank)
+    return tuple(_SplitForTp.apply(t, start, rows, shard) if t.is_floating_point() else t[start:start + rows]
+                 for t in tensors)
+
+
+def gather_from_tp(share_TD: torch.Tensor, shard: ExpertShard, num_tokens: int) -> torch.Tensor:
+    """Every TP rank's share of the rows, in order: the replicated [num_tokens, ...] tensor."""
+    return _GatherFromTp.apply(share_TD, shard, num_tokens)
+
+
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+"""torch 2.13 renamed all_gather_into_tensor (which now warns on every call)."""
+
+
+def _all_gather_shares(share: torch.Tensor, shard: ExpertShard, num_tokens: int) -> torch.Tensor:
+    """All-gather of uneven row shares: each padded to the largest share, gathered, padding dropped."""
+    widest = tp_share(num_tokens, shard.tp, 0)[1]
+    padded = share.new_zeros(widest, *share.shape[1:])
+    padded[:share.shape[0]] = share
+    gathered = share.new_empty(shard.tp * widest, *share.shape[1:])
+    _all_gather_single(gathered, padded.contiguous(), group=shard.tp_group)
+    pieces = [gathered[rank * widest:rank * widest + tp_share(num_tokens, shard.tp, rank)[1]]
+              for rank in range(shard.tp)]
+    return torch.cat(pieces)
+
+
+class _SplitForTp(torch.autograd.Function):
+    """Forward: this rank's rows of a replicated tensor. Backward: the TP ranks' share gradients gathered,
+    which is the replicated tensor's whole gradient on every rank (each share fed only its own rank)."""
+
+    @staticmethod
+    def forward(ctx, full: torch.Tensor, start: int, rows: int, shard: ExpertShard) -> torch.Tensor:
+        ctx.shard, ctx.num_tokens = shard, full.shape[0]
+        return full[start:start + rows]
+
+    @staticmethod
+    def backward(ctx, grad_share: torch.Tensor):
+        return _all_gather_shares(grad_share.contiguous(), ctx.shard, ctx.num_tokens), None, None, None
+
+
+class _GatherFromTp(torch.autograd.Function):
+    """Forward: the shares all-gathered into the replicated tensor. Backward: this rank's rows of the
+    replicated gradient (every TP rank holds the same whole gradient, so no reduction)."""
+
+    @staticmethod
+    def forward(ctx, share: torch.Tensor, shard: ExpertShard, num_tokens: int) -> torch.Tensor:
+        ctx.start, ctx.rows = tp_share(num_tokens, shard.tp, shard.tp_rank)
+        return _all_gather_shares(share, shard, num_tokens)
+
+    @staticmethod
+    def backward(ctx, grad_full: torch.Tensor):
+        return grad_full[ctx.start:ctx.start + ctx.rows].contiguous(), None, None
 
 
 # --- expert parallelism ------------------------------------------------------------------------------
@@ -272,7 +366,7 @@ def local_experts(experts: torch.nn.Module, exchange: Exchange, shard: ExpertSha
     local_R = torch.repeat_interleave(expert_of_chunk, exchange.recv_counts_PL.reshape(-1), output_size=rows)
     order_R = torch.argsort(local_R, stable=True)
     offsets_L = torch.cumsum(exchange.recv_counts_PL.sum(dim=0), dim=0, dtype=torch.int32)
-    scaled = _GradScaledExperts(experts, 1.0 / shard.ep)
+    scaled = _GradScaledExperts(experts, shard.grad_scale)
     y_RD = expert_ffn(scaled, exchange.x_RD[order_R], offsets_L)
     return y_RD[torch.argsort(order_R)]
 
@@ -306,9 +400,14 @@ class _GradScaledExperts:
         return value
 
 
-def apply_expert_parallel(model: torch.nn.Module, ep_mesh: DeviceMesh) -> list[torch.nn.Module]:
-    """Keep this rank's slice of every installed MoE layer's experts; returns the sharded experts modules."""
+def apply_expert_parallel(model: torch.nn.Module, ep_mesh: DeviceMesh,
+                          tp_mesh: DeviceMesh | None = None) -> list[torch.nn.Module]:
+    """Keep this rank's slice of every installed MoE layer's experts (the TP group, when given, splits the
+    tokens it dispatches); returns the sharded experts modules."""
     ep, ep_rank = ep_mesh.size(), ep_mesh.get_local_rank()
+    tp_options = {}
+    if tp_mesh is not None and tp_mesh.size() > 1:
+        tp_options = dict(tp_group=tp_mesh.get_group(), tp=tp_mesh.size(), tp_rank=tp_mesh.get_local_rank())
     sharded = []
     for module in model.modules():
         layer = getattr(module, MOE_LAYER_ATTRIBUTE, None)
@@ -316,7 +415,8 @@ def apply_expert_parallel(model: torch.nn.Module, ep_mesh: DeviceMesh) -> list[t
             continue
         if not layer.grouped:
             raise ConfigError(f"parallel.ep: layer {layer.index}'s experts were not installed for expert parallelism")
-        layer.shard = ExpertShard(group=ep_mesh.get_group(), ep=ep, ep_rank=ep_rank, num_experts=layer.num_experts)
+        layer.shard = ExpertShard(group=ep_mesh.get_group(), ep=ep, ep_rank=ep_rank, num_experts=layer.num_experts,
+                                  **tp_options)
         _keep_slice(module, layer.shard)
         sharded.append(module)
     return sharded

@@ -71,8 +71,9 @@ def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
     causal_lm = build_model(config.model, seed=config.seed).to(runtime.device)
     vocab_size = causal_lm.config.vocab_size
     flops = flop_model(causal_lm)
-    # The fast paths work on whole (unsharded by tp) expert and LM-head weights.
-    moe = None if sharded else install_moe(causal_lm, config, runtime)
+    # The fast paths work on whole (unsharded by tp) expert and LM-head weights; expert parallelism keeps the
+    # routed experts whole under tp too.
+    moe = None if sharded and runtime.dims.ep == 1 else install_moe(causal_lm, config, runtime)
     model = CausalLMTrainingModule(causal_lm, fused_loss=config.performance.fused_loss and not sharded,
                                    chunk_tokens=config.performance.loss_chunk_tokens)
     install_layer_faults(model, config.faults)  # before compiling: the hooks must run inside the blocks

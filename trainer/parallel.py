@@ -16,7 +16,9 @@ from .models import decoder_layers
 class ParallelDims:
     """The one owner of parallel degrees: pipeline x data-parallel x tensor-parallel = world size, where
     data-parallel = dp_replicate x dp_shard (HSDP; plain DDP/FSDP have dp_replicate 1); expert parallelism
-    splits the data-parallel ranks into ep groups (ep fastest) x expert-data-parallel replicas (edp)."""
+    splits the data-parallel ranks into ep groups (ep fastest) x expert-data-parallel replicas (edp). Under
+    tensor parallelism each TP lane (the ranks of one tp index) holds its own ep groups, so every rank of a TP
+    group holds the same expert slice."""
 
     world_size: int
     dp: int
@@ -84,6 +86,12 @@ class ParallelDims:
         """The mesh FSDP2 shards over: 2-D (dp_replicate, dp_shard) for HSDP, else the flat dp axis."""
         return mesh["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else mesh["dp"]
 
+    def expert_fsdp_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
+        """The mesh FSDP2 keeps expert-parallel experts on: the edp replicas of a slice; with TP, whose ranks
+        hold the same slice but dispatch different tokens, 2-D (edp replicate, tp shard): the gradient
+        average then runs over both."""
+        return mesh["edp", "tp"] if self.tp > 1 else mesh["edp"]
+
     def dp_rank(self, global_rank: int) -> int:
         """Data-parallel rank of a global rank (tp is the fastest-varying mesh axis, pp the slowest)."""
         return (global_rank // self.tp) % self.dp
@@ -117,13 +125,13 @@ def parallelize(
     Every rank holds the same seeded weights when this runs, so sharding slices them locally. Expert
     parallelism needs the MoE layers installed (expert_parallel.install_moe_layers) beforehand.
     """
-    experts = apply_expert_parallel(model, mesh["ep"]) if dims.ep > 1 else []
+    experts = apply_expert_parallel(model, mesh["ep"], mesh["tp"]) if dims.ep > 1 else []
     if dims.tp > 1:
-        apply_tensor_parallel(model, mesh["tp"])
+        apply_tensor_parallel(model, mesh["tp"], keep_whole=experts)
     apply_activation_checkpointing(model, performance.activation_checkpointing)
     apply_regional_compile(model, performance.compile, backend=performance.compile_backend)
     if dims.mode in ("fsdp", "fsdp_tp"):
-        expert_mesh = mesh["edp"] if experts else None
+        expert_mesh = dims.expert_fsdp_mesh(mesh) if experts else None
         return _apply_fsdp(model, dims.fsdp_mesh(mesh), parallel=parallel, performance=performance, device=device,
                            experts=experts, expert_mesh=expert_mesh)
     if experts and dims.edp > 1:
@@ -135,12 +143,14 @@ def parallelize(
                       pipelined=dims.pp > 1)
 
 
-def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
+def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh, *,
+                          keep_whole: list[torch.nn.Module] = ()) -> None:
     """Shard with the family's own tensor-parallel plan (its transformers config's `base_model_tp_plan`:
     attention heads colwise/rowwise, experts' FFN packed-colwise/rowwise with an output all-reduce,
-    vocabulary-sharded embedding and LM head where the family plans them)."""
+    vocabulary-sharded embedding and LM head where the family plans them), less every entry on or inside
+    the `keep_whole` modules (expert-parallel experts: whole experts, on plain replicated inputs)."""
     causal_lm = getattr(model, "causal_lm", model)
-    plan = tensor_parallel_plan(causal_lm)
+    plan = without_modules(tensor_parallel_plan(causal_lm), causal_lm, keep_whole)
     try:
         from transformers.distributed.tensor_parallel import apply_tensor_parallelism
     except ImportError:
@@ -164,6 +174,14 @@ def tensor_parallel_plan(causal_lm: torch.nn.Module) -> dict[str, str]:
             f"version (tensor parallel needs transformers >= 5.24; this environment has {transformers.__version__})"
         )
     return expand(plan)
+
+
+def without_modules(plan: dict[str, str], root: torch.nn.Module, modules: list[torch.nn.Module]) -> dict[str, str]:
+    """The plan less the entries naming one of `modules` (qualified names under `root`) or anything inside one."""
+    wanted = {id(module) for module in modules}
+    names = [name for name, module in root.named_modules() if id(module) in wanted]
+    return {key: style for key, style in plan.items()
+            if not any(key == name or key.startswith(name + ".") for name in names)}
 
 
 def apply_activation_checkpointing(model: torch.nn.Module, policy: str) -> None:

@@ -32,7 +32,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           the step, GPU time), input_wait_us (DataLoader fetch spans, host wall)},
                           idle_by_cause_us {cause: us}, idle_gaps_by_cause {cause: gaps}: GPU idle time
                           inside the steps by cause ("input wait", "host collective", "host sync",
-                          "short gaps" < 10 us, "host busy elsewhere"; host_stalls.py)} | null (no steps)
+                          "short gaps" < 10 us, "device dependency" (the next GPU work was already
+                          launched), "host busy elsewhere"; host_stalls.py)} | null (no steps)
         top_kernels[]     {name, count, total_us, ranks, category}: kernels with the most GPU time, all ranks
                           summed; category as in gpu_time
         gpu_time          GpuTime, the window's ranks summed | null (no GPU activity): {total_us (kernel,
@@ -70,7 +71,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           clock_uncertainty_us, phase, phase_vs_peers_pct, data_loader_excess_ms, what_if[] {step, step_time_ms,
                           caused_wait_ms, projected_step_ms}, explanation}}: why each rank causing >= 20% of
                           the waiting is late, and its steps if it were on time (causes.py)
-        critical_path     {steps[] {step, length_us, segments[] {kind ("compute" | "host gap" |
+        critical_path     {steps[] {step, length_us, start_ns (the path's start on the clock the merge
+                          draws with: epoch ns, less the window's clock offsets), segments[] {kind ("compute" | "host gap" |
                           "data movement" | "work"), rank, collective, start_us (after the
                           path's start), duration_us, share}}, by_rank[] {rank, kind, duration_us, share}}:
                           the chain across ranks that set each step's end (critical_path.py)

@@ -112,7 +112,8 @@ def _memory_counters(memory: Any) -> list[StepCounter]:
 
 
 def sync_marks(grouped: "GroupedEvents", ranges: list[tuple[int, int, int]]) -> list[tuple[int, str, dict]]:
-    """A mark at each host sync and tensor read that starts inside a drawn step (host_stalls.py's calls)."""
+    """A mark at each host sync and tensor read that starts inside a drawn step, from its start to its end
+    as the parse found them (`steps`: not extended to the next step), as host_stalls.py counts them."""
     if not ranges:
         return []
     spans = [(start, end) for _, start, end in ranges]

@@ -106,7 +106,7 @@ def plan_overlays(grouped: "GroupedEvents", inputs: OverlayInputs, flows: "FlowP
     if context.moe is not None:
         instants += context.moe.marks(ranges[0][1] if ranges else grouped.first_ts_ns())
     instants += [(ts, name, notes, EVIDENCE_CATEGORY) for ts, name, notes in
-                 (evidence.stall_marks(ranges) if evidence is not None else []) + sync_marks(grouped, ranges)]
+                 (evidence.stall_marks(ranges) if evidence is not None else []) + sync_marks(grouped, inputs.steps)]
     path_slices, _ = plan_path_track(report.critical_path if report is not None else None, context.clock.offset_ns,
                                      tracks, plan.operations, new_tracks, flows, FIRST_MADE_UP_IDENT)
     plan.slice_count += path_slices

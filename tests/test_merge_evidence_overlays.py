@@ -195,3 +195,34 @@ def test_the_path_moves_with_the_clock_offset_the_merge_removes():
     assert rank0.slices[0].annotations["waited_for_rank"] == 1 and rank1.report_offset_ns == 500
     assert rank_path({"steps": [{"step": 4, "segments": []}]}, rank=0, window_key=0, report_offset_ns=0) is None
     assert json.dumps(rank0.slices[0].annotations)
+
+
+@requires_trace_processor
+def test_each_collective_carries_its_bandwidth_and_a_slow_one_is_marked(tmp_path):
+    """Two ranks, a 96 MiB all-reduce per step moving 400 us after the last arrival (test_analysis_bandwidth):
+    every rank marks both instances with the report's figures; on a 1000 GB/s link they are slow."""
+    from test_analysis_bandwidth import NELEMS, nccl_rank
+    for rank in (0, 1):
+        nccl_rank(rank).write(tmp_path / "set" / f"rank{rank}.json.gz")
+    for peak, slow in ((None, False), (1000.0, True)):
+        report = analyze(tmp_path / "set", use_hta=False, use_cache=False, link_peak_gbps=peak)
+        out = tmp_path / f"merged-{peak}.perfetto-trace"
+        merge(tmp_path / "set", out, report=report, use_cache=False)
+        rows = run_query(out, RANK_OF_SLICE + """
+SELECT r.rank, s.name, s.ts, EXTRACT_ARG(s.arg_set_id, 'debug.busbw_gbps') AS busbw,
+       EXTRACT_ARG(s.arg_set_id, 'debug.peak_pct') AS peak_pct, EXTRACT_ARG(s.arg_set_id, 'debug.bytes') AS bytes,
+       EXTRACT_ARG(s.arg_set_id, 'debug.verdict') AS verdict
+FROM slice s JOIN rank_track r USING (track_id)
+WHERE s.name LIKE 'bandwidth: %' OR s.name LIKE 'slow collective: %' ORDER BY r.rank, s.ts, s.name""",
+                         trace_processor())
+        instances = report.windows[0].bandwidth.instances
+        marks = [r for r in rows if r["name"].startswith("bandwidth: ")]
+        assert [r["rank"] for r in marks] == ["0", "0", "1", "1"]
+        for row, instance in zip(marks, instances * 2):
+            assert row["name"] == "bandwidth: all_reduce 64 MiB-256 MiB"
+            assert float(row["busbw"]) == pytest.approx(instance.busbw_gbps, rel=1e-6)
+            assert float(row["peak_pct"]) == pytest.approx(instance.peak_pct, rel=1e-6)
+            assert float(row["bytes"]) == NELEMS * 2
+        slow_marks = [r for r in rows if r["name"].startswith("slow collective: ")]
+        assert len(slow_marks) == (4 if slow else 0)
+        assert all("25% of bus peak" in r["verdict"] for r in slow_marks)

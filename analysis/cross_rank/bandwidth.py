@@ -11,7 +11,10 @@ A row sums its instances: algbw = total bytes / total moving time; wait_pct = wa
 n is the `Group size` arg (the ranks whose traces hold the instance, where more or no arg). The row is
 intra-node when all the ranks holding it are on one host, else inter-node, and is compared with that
 link's peak bus bandwidth (PEAK_BUSBW_GBPS, or the `link_peak_gbps` override of analyze(), CLI
-`--link-peak`).
+`--link-peak`). A row is slow when its messages are at least SLOW_MIN_BYTES (smaller ones are bound by
+latency, not by the link) and its busbw is below SLOW_PEAK_PCT of the peak.
+Each timed instance is also kept (up to INSTANCES_KEPT, in instance order) with its own algbw, busbw and
+share of its row's peak, for the merged trace's marks over each collective.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ PEAK_SOURCES = {INTRA_NODE: "NVLink 4 (H100/H200 SXM), 450 GB/s per direction",
 BUCKET_BASE = 4
 """Message sizes are bucketed in powers of 4 bytes (1 MiB, 4 MiB, 16 MiB, ...)."""
 STATUS_OK, STATUS_NOT_RECORDED, STATUS_NO_MATRIX = "ok", "not recorded", "not matched"
+SLOW_PEAK_PCT = 50.0
+SLOW_MIN_BYTES = 1 << 20
+INSTANCES_KEPT = 5000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +75,28 @@ class BandwidthRow:
     peak_pct: float
     """busbw as a percentage of peak_busbw_gbps."""
     verdict: str
+    slow: bool = False
+    """Messages of at least SLOW_MIN_BYTES moving below SLOW_PEAK_PCT of the link's peak."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceBandwidth:
+    """One timed collective instance (module docstring)."""
+
+    step: int
+    name: str
+    ordinal: int
+    """The instance key (collectives.py), as in stragglers' worst_instances."""
+    row: int
+    """Index of its row in Bandwidth.rows."""
+    bytes: float
+    members: int
+    moving_us: float
+    wait_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    peak_pct: float
+    """busbw as a percentage of its row's peak."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +114,8 @@ class Bandwidth:
     instances_with_bytes: int = 0
     instances_without_bytes: int = 0
     """Matched instances whose size no rank recorded, or whose movement time is not positive."""
+    instances: list[InstanceBandwidth] = field(default_factory=list)
+    """Up to INSTANCES_KEPT timed instances, in instance order."""
 
 
 def bus_factor(collective: str, members: int) -> float:
@@ -129,9 +159,10 @@ def collective_bandwidth(results: list[RankResult], matrix: ArrivalMatrix | None
     if matrix is None:
         return Bandwidth(status=STATUS_NO_MATRIX, peak_busbw_gbps=peaks, peak_source=peak_source,
                          reason="fewer than two ranks with collectives: wait and data movement cannot be told apart")
-    rows, measured, skipped = _rows(matrix, sizes, peaks)
+    rows, instances, skipped = _rows(matrix, sizes, peaks)
     return Bandwidth(status=STATUS_OK, rows=rows, peak_busbw_gbps=peaks, peak_source=peak_source,
-                     instances_with_bytes=measured, instances_without_bytes=skipped)
+                     instances_with_bytes=sum(r.instances for r in rows), instances_without_bytes=skipped,
+                     instances=instances)
 
 
 def _peaks(override: float | None) -> tuple[dict[str, float], str]:
@@ -167,9 +198,11 @@ def _not_recorded_reason(results: list[RankResult]) -> str:
     return "NCCL kernels carry no 'In msg nelems' / 'dtype' args (PyTorch older than 2.3?)"
 
 
-def _rows(matrix: ArrivalMatrix, sizes: dict, peaks: dict[str, float]) -> tuple[list[BandwidthRow], int, int]:
+def _rows(matrix: ArrivalMatrix, sizes: dict,
+          peaks: dict[str, float]) -> tuple[list[BandwidthRow], list[InstanceBandwidth], int]:
     totals: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0])
     scopes: dict[tuple, set[str]] = defaultdict(set)
+    timed: list[tuple[CollectiveKey, tuple, float, float, float, int]] = []
     skipped = 0
     for column, key in enumerate(matrix.keys):
         instance = _instance(matrix, column)
@@ -187,9 +220,21 @@ def _rows(matrix: ArrivalMatrix, sizes: dict, peaks: dict[str, float]) -> tuple[
         total[3] += wait_us
         total[4] = max(total[4], members)
         scopes[row_key] |= hosts
-    rows = [_row(key, total, scopes[key], peaks) for key, total in totals.items()]
-    rows.sort(key=lambda r: -r.moving_us)
-    return rows, sum(r.instances for r in rows), skipped
+        timed.append((key, row_key, size, moving_us, wait_us, members))
+    rows = sorted(((_row(key, total, scopes[key], peaks), key) for key, total in totals.items()),
+                  key=lambda item: -item[0].moving_us)
+    index = {key: position for position, (_, key) in enumerate(rows)}
+    instances = [_instance_row(entry, index[entry[1]], rows[index[entry[1]]][0]) for entry in timed[:INSTANCES_KEPT]]
+    return [row for row, _ in rows], instances, skipped
+
+
+def _instance_row(entry: tuple, position: int, row: BandwidthRow) -> InstanceBandwidth:
+    (step, name, ordinal), _, size, moving_us, wait_us, members = entry
+    algbw = size / moving_us / 1e3
+    busbw = algbw * bus_factor(row.collective, members)
+    return InstanceBandwidth(step=step, name=name, ordinal=ordinal, row=position, bytes=size, members=members,
+                             moving_us=moving_us, wait_us=wait_us, algbw_gbps=algbw, busbw_gbps=busbw,
+                             peak_pct=100.0 * busbw / row.peak_busbw_gbps)
 
 
 def _instance(matrix: ArrivalMatrix, column: int) -> tuple[float, float, int, set[str]] | None:
@@ -221,4 +266,5 @@ def _row(key: tuple, total: list, hosts: set[str], peaks: dict[str, float]) -> B
                         size_bucket=bucket, members=members, scope=scope, instances=instances,
                         total_bytes=size, moving_us=moving_us, wait_us=wait_us, wait_pct=wait_pct,
                         algbw_gbps=algbw, busbw_gbps=busbw, peak_busbw_gbps=peak,
-                        peak_pct=100.0 * busbw / peak, verdict=verdict)
+                        peak_pct=100.0 * busbw / peak, verdict=verdict,
+                        slow=low >= SLOW_MIN_BYTES and 100.0 * busbw / peak < SLOW_PEAK_PCT)

@@ -12,7 +12,11 @@ Marks:
   * `host stalls (step N)` at the start of each step with syncs, tensor reads or D2H copies, annotated
     with that step's host_stalls entry;
   * `host sync: <call>` at each blocking call of the rank's events inside a drawn step (the calls
-    host_stalls.py counts: names.is_host_sync_call, names.is_tensor_read_op), with its duration.
+    host_stalls.py counts: names.is_host_sync_call, names.is_tensor_read_op), with its duration;
+  * `bandwidth: <collective> <size>` at the start of each collective instance of the rank that the report
+    timed (windows[].bandwidth.instances[]: algbw, busbw, % of the link's peak, bytes, data movement and
+    wait), and `slow collective: <collective> <size>` with the row's verdict where bandwidth.py calls the
+    instance's row slow.
 What the report lacks is not drawn: no counter without values, no marks without stalls.
 """
 
@@ -46,6 +50,12 @@ class RankEvidence:
     counters: list[StepCounter] = field(default_factory=list)
     stalls: dict[int, dict[str, Any]] = field(default_factory=dict)
     """step -> its host_stalls.steps[] entry, for steps with a stall."""
+    collectives: dict[tuple, list[tuple[str, dict[str, Any]]]] = field(default_factory=dict)
+    """Collective instance key (step, name, ordinal) -> (mark name, annotations) to draw at its start."""
+
+    def collective_marks(self, hits: dict) -> list[tuple[int, str, dict]]:
+        """Marks at the instances found on this rank (`hits`: key -> flows.CollectiveHit)."""
+        return [(hit.start_ns, name, notes) for key, hit in hits.items() for name, notes in self.collectives.get(key, ())]
 
     def counter_samples(self, ranges: list[tuple[int, int, int]]) -> list[tuple[tuple, str, list[tuple[int, float]]]]:
         """(counter track key, unit, samples at the drawn steps' starts) per counter with a value."""
@@ -77,7 +87,32 @@ def rank_evidence(window: dict, rank_entry: dict | None, trainer_rank: dict | No
     if trainer_rank is not None:
         counters += _memory_counters(trainer_rank.get("memory"))
     counters = [c for c in counters if c.values]
-    return RankEvidence(counters=counters, stalls=stalls) if counters or stalls else None
+    collectives = _bandwidth_marks(window.get("bandwidth"))
+    if not (counters or stalls or collectives):
+        return None
+    return RankEvidence(counters=counters, stalls=stalls, collectives=collectives)
+
+
+_INSTANCE_FIELDS = ("bytes", "members", "moving_us", "wait_us", "algbw_gbps", "busbw_gbps", "peak_pct")
+
+
+def _bandwidth_marks(bandwidth: Any) -> dict[tuple, list[tuple[str, dict[str, Any]]]]:
+    if not isinstance(bandwidth, dict):
+        return {}
+    rows = bandwidth.get("rows") if isinstance(bandwidth.get("rows"), list) else []
+    marks: dict[tuple, list[tuple[str, dict[str, Any]]]] = {}
+    for instance in _dicts(bandwidth.get("instances")):
+        row = rows[instance["row"]] if _int(instance.get("row")) and 0 <= instance["row"] < len(rows) else None
+        if not isinstance(row, dict) or not (_int(instance.get("step")) and _int(instance.get("ordinal"))):
+            continue
+        what = f"{row.get('collective')} {row.get('size_bucket')}"
+        notes = {k: instance[k] for k in _INSTANCE_FIELDS if _number(instance.get(k))}
+        notes.update({k: row[k] for k in ("scope", "group", "peak_busbw_gbps") if row.get(k) is not None})
+        found = [(f"bandwidth: {what}", notes)]
+        if row.get("slow") is True:
+            found.append((f"slow collective: {what}", {"verdict": str(row.get("verdict") or ""), **notes}))
+        marks[(instance["step"], str(instance.get("name")), instance["ordinal"])] = found
+    return marks
 
 
 def _step_counters(steps: list[dict]) -> list[StepCounter]:

@@ -105,8 +105,10 @@ def plan_overlays(grouped: "GroupedEvents", inputs: OverlayInputs, flows: "FlowP
     instants = _report_marks(report, flows, ranges, grouped)
     if context.moe is not None:
         instants += context.moe.marks(ranges[0][1] if ranges else grouped.first_ts_ns())
+    evidence_marks = evidence.stall_marks(ranges) + evidence.collective_marks(flows.collectives) \
+        if evidence is not None else []
     instants += [(ts, name, notes, EVIDENCE_CATEGORY) for ts, name, notes in
-                 (evidence.stall_marks(ranges) if evidence is not None else []) + sync_marks(grouped, inputs.steps)]
+                 evidence_marks + sync_marks(grouped, inputs.steps)]
     path_slices, _ = plan_path_track(report.critical_path if report is not None else None, context.clock.offset_ns,
                                      tracks, plan.operations, new_tracks, flows, FIRST_MADE_UP_IDENT)
     plan.slice_count += path_slices

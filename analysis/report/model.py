@@ -89,7 +89,10 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           summed over instances), wait_us (last arrival - own arrival, mean over
                           members, summed), wait_pct (wait / (wait + moving)), algbw_gbps
                           (total_bytes / moving time, 1e9 B/s), busbw_gbps (algbw x nccl-tests
-                          factor), peak_busbw_gbps, peak_pct, verdict}} | null
+                          factor), peak_busbw_gbps, peak_pct, verdict, slow (messages >= 1 MiB below 50%
+                          of the peak)}, instances[] {step, name, ordinal (the instance key), row (index in
+                          rows[]), bytes, members, moving_us, wait_us, algbw_gbps, busbw_gbps, peak_pct}
+                          (the first 5,000 timed instances)} | null
         pipeline          PipelineReport | null (no point-to-point traffic): {schedule, stages, microbatches
                           (from the stages' pp_schedule markers; null without), theoretical_bubble_pct
                           ((p-1)/(m+p-1) for gpipe/1f1b, (p-1)/(v m+p-1) interleaved), p2p_source ("gloo

@@ -11,7 +11,9 @@ between ranks where the path crosses a collective.
     not how they interleave) and are drawn one after the other, compute first;
   * a flow joins the segment of the rank waited for (the last to arrive: its data movement) to the
     waiting rank's next segment; its id is the same on both ranks (made from window, step and crossing),
-    with the cross-rank bit set, so ranks merged in different processes still meet.
+    with the cross-rank bit set, so ranks merged in different processes still meet. Like the collective
+    flows, both ends carry it as an outgoing id and the engine joins them in time order: a merge that
+    moved one rank's clock away from the report's may turn an arrow round, never drop it.
 A report without the path (an older report, a window without collectives on two ranks) draws nothing.
 """
 
@@ -133,8 +135,7 @@ def plan_path_track(path: RankPath | None, clock_offset_ns: int, tracks: "RankTr
     slices, ident = [], first_ident
     for piece in path.slices:
         if piece.flows_out or piece.flows_in:
-            flows.outgoing[ident].extend(piece.flows_out)
-            flows.terminating[ident].extend(piece.flows_in)
+            flows.outgoing[ident].extend(piece.flows_out + piece.flows_in)   # joined in time order
             slices.append((piece.start_ns + shift, piece.end_ns + shift, piece.kind, PATH_CATEGORY, ident,
                            piece.annotations))
             ident -= 1

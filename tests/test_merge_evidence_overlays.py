@@ -147,6 +147,8 @@ SELECT t.name, c.value FROM counter c JOIN process_counter_track t ON t.id = c.t
     assert values["peak allocated (MiB)"] == pytest.approx([memory.allocated_mb[memory.steps.index(s)] for s in drawn])
     assert values["peak reserved (MiB)"] == pytest.approx([memory.reserved_mb[memory.steps.index(s)] for s in drawn])
     assert values["data loader (ms)"] == pytest.approx([s.data_loader_ms for s in rank.steps])
+    metrics = {r["step"]: r for r in map(json.loads, (run / "metrics" / "rank0.jsonl").read_text().splitlines())}
+    assert values["trainer data (ms)"] == pytest.approx([metrics[s]["data_ms"] for s in drawn])
     assert values["phase forward (ms)"] == pytest.approx([s.phases_ms["forward"] for s in rank.steps])
     assert values["host sync (ms)"] == pytest.approx([s.sync_us / 1000 for s in rank.host_stalls.steps])
     assert values["tensor reads"] == [s.tensor_reads for s in rank.host_stalls.steps]

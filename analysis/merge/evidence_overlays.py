@@ -7,7 +7,8 @@ report/model.py):
   * `phase <name> (ms)`: the step's phases_ms (forward, backward, optimizer_step);
   * `host sync (ms)`, `tensor reads`, `D2H copies (ms)`: windows[].ranks[].host_stalls.steps[];
   * `peak allocated (MiB)`, `peak reserved (MiB)`: the trainer's per-step allocator peaks
-    (trainer.ranks[].memory, from metrics/rank<R>.jsonl).
+    (trainer.ranks[].memory, from metrics/rank<R>.jsonl);
+  * `trainer data (ms)`: the trainer's own input wait per step (trainer.ranks[].input.data_ms).
 Marks:
   * `host stalls (step N)` at the start of each step with syncs, tensor reads or D2H copies, annotated
     with that step's host_stalls entry;
@@ -85,7 +86,7 @@ def rank_evidence(window: dict, rank_entry: dict | None, trainer_rank: dict | No
                   if _int(s.get("step")) and any(_number(s.get(k)) and s[k] > 0
                                                  for k in ("sync_count", "tensor_reads", "dtoh_count"))}
     if trainer_rank is not None:
-        counters += _memory_counters(trainer_rank.get("memory"))
+        counters += _memory_counters(trainer_rank.get("memory")) + _input_counters(trainer_rank.get("input"))
     counters = [c for c in counters if c.values]
     collectives = _bandwidth_marks(window.get("bandwidth"))
     if not (counters or stalls or collectives):
@@ -144,6 +145,16 @@ def _memory_counters(memory: Any) -> list[StepCounter]:
             counters.append(StepCounter(label=label, unit="MiB", values={
                 step: float(value) for step, value in zip(memory["steps"], values) if _int(step) and _number(value)}))
     return counters
+
+
+def _input_counters(found: Any) -> list[StepCounter]:
+    if not isinstance(found, dict):
+        return []
+    steps, values = found.get("recorded_steps"), found.get("data_ms")
+    if not isinstance(steps, list) or not isinstance(values, list) or len(steps) != len(values):
+        return []
+    return [StepCounter(label="trainer data (ms)", unit="ms", values={
+        step: float(value) for step, value in zip(steps, values) if _int(step) and _number(value)})]
 
 
 def sync_marks(grouped: "GroupedEvents", ranges: list[tuple[int, int, int]]) -> list[tuple[int, str, dict]]:

@@ -275,3 +275,30 @@ def test_the_read_back_refuses_a_counter_value_that_is_not_finite(tmp_path):
             writer.counter(ts, (1 << 32) | 1, value)
         stream.flush()
     assert check_trace(path).problems == [f"counter track {(1 << 32) | 1}: 2 values not finite (first at 2000)"]
+
+
+def expected_crossings(report) -> list[tuple[int, str, int, str]]:
+    """(rank waited for, its segment, waiting rank, its segment) wherever consecutive segments change rank."""
+    crossings = []
+    for path in report.windows[0].critical_path.steps:
+        for before, after in zip(path.segments, path.segments[1:]):
+            if before.rank != after.rank:
+                crossings.append((before.rank, before.kind, after.rank, after.kind))
+    return crossings
+
+
+@requires_trace_processor
+def test_the_path_of_a_real_two_rank_ddp_run_is_drawn_as_the_report_has_it(tmp_path):
+    """A real DDP run on the H200 host (2 ranks, gloo): the path crosses ranks at gloo collectives."""
+    run = tmp_path / "run"
+    shutil.copytree(GPU / "h200-ddp-gloo-2rank", run)
+    report = analyze(run, use_hta=False, use_cache=False)
+    result = merge(run, tmp_path / "merged.perfetto-trace", report=report, use_cache=False)
+    assert verify_merge(result, engine=True) == []
+    rows, expected = path_rows(result.output), expected_path_slices(report)
+    assert len(rows) == len(expected) > 0
+    for row, (step, rank, kind, start, duration, _) in zip(rows, expected):
+        assert (int(row["step"]), int(row["rank"]), row["kind"]) == (step, rank, kind)
+        assert abs(int(row["ts"]) - start) <= 1000 and abs(int(row["dur"]) - duration) <= 1000
+    crossings = expected_crossings(report)
+    assert crossings and sorted(path_flows(result.output)) == sorted(crossings)

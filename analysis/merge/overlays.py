@@ -14,7 +14,9 @@ The analysis track holds
   * host-stall marks and per-step evidence counters from the report (evidence_overlays.py).
 A `critical path` track holds the report's critical-path segments on this rank (critical_path_overlays.py).
 Counters: `step time (ms)` and `idle (%)`, one sample at each step's start. A step's range runs to the
-next step's start (the last one to its own end); idle % is the analysis's idle gaps in that range. MoE
+next step's start (the last one to its own end); idle % is the analysis's idle gaps in that range (it
+finds them inside the steps' own ranges, so time between one step's end and the next one's start is not
+idle). MoE
 runs also get `tokens: expert <E>` counters, one per local expert (moe_overlays.py).
 """
 

@@ -302,3 +302,20 @@ def test_the_path_of_a_real_two_rank_ddp_run_is_drawn_as_the_report_has_it(tmp_p
         assert abs(int(row["ts"]) - start) <= 1000 and abs(int(row["dur"]) - duration) <= 1000
     crossings = expected_crossings(report)
     assert crossings and sorted(path_flows(result.output)) == sorted(crossings)
+    # every rank has its own evidence counters, with its own report values
+    counters = run_query(result.output, f"""
+SELECT p.pid - {PROCESS_PID_BASE} AS rank, t.name, c.value FROM counter c
+JOIN process_counter_track t ON t.id = c.track_id JOIN process p USING (upid) ORDER BY rank, t.name, c.ts""",
+                         trace_processor())
+    values = defaultdict(list)
+    for row in counters:
+        values[(int(row["rank"]), row["name"])].append(float(row["value"]))
+    for records in report.trainer.ranks:
+        rank_report = next(r for r in report.windows[0].ranks if r.rank == records.rank)
+        drawn = [s.step for s in rank_report.steps]
+        memory = records.memory
+        assert values[(records.rank, "peak allocated (MiB)")] == pytest.approx(
+            [memory.allocated_mb[memory.steps.index(s)] for s in drawn])
+        assert values[(records.rank, "host sync (ms)")] == pytest.approx(
+            [s.sync_us / 1000 for s in rank_report.host_stalls.steps])
+    assert {r.rank for r in report.trainer.ranks} == {0, 1}

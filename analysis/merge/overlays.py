@@ -89,6 +89,36 @@ def plan_overlays(grouped: "GroupedEvents", inputs: OverlayInputs, flows: "FlowP
     plan = OverlayPlan()
     ranges = inputs.step_ranges()
     plan.step_ranges = list(ranges)
+    slices, step_samples, idle_samples = _step_slices(ranges, context)
+    report = context.report
+    evidence = report.evidence if report is not None else None
+    instants = _instants(grouped, inputs, flows, ranges, context)
+    if slices or instants:
+        tracks.register(ANALYSIS_TRACK, ANALYSIS_TRACK_NAME, GROUP_ANALYSIS)
+    if slices:
+        lay_out_track(ANALYSIS_TRACK, slices, tracks, plan.operations, new_tracks)
+        plan.slice_count += len(slices)
+    if instants:
+        uuid = tracks.uuid(ANALYSIS_TRACK, 0, new_tracks)
+        plan.operations += [(ts, OP_INSTANT, uuid, name, category, NO_EVENT, notes)
+                            for ts, name, notes, category in instants]
+        plan.instant_count = len(instants)
+    path_slices, _ = plan_path_track(report.critical_path if report is not None else None, context.clock.offset_ns,
+                                     tracks, plan.operations, new_tracks, flows, FIRST_MADE_UP_IDENT)
+    plan.slice_count += path_slices
+    if not slices and not instants:
+        return plan
+    _add_counter(STEP_TIME_TRACK, "ms", step_samples, tracks, plan, new_tracks)
+    _add_counter(IDLE_TRACK, "%", idle_samples, tracks, plan, new_tracks)
+    for key, unit, samples in context.moe.counters(ranges) if context.moe is not None else ():
+        _add_counter(key, unit, samples, tracks, plan, new_tracks)
+    for key, unit, samples in evidence.counter_samples(ranges) if evidence is not None else ():
+        _add_counter(key, unit, samples, tracks, plan, new_tracks)
+    return plan
+
+
+def _step_slices(ranges: list[StepRange], context: "WindowContext") -> tuple[list[Slice], list, list]:
+    """The steps and their idle gaps (the analysis's), and the step-time and idle-% samples."""
     gaps = sorted(context.idle_gaps)
     basis = context.idle_basis
     slices: list[Slice] = []
@@ -102,36 +132,20 @@ def plan_overlays(grouped: "GroupedEvents", inputs: OverlayInputs, flows: "FlowP
         step_samples.append((start, (end - start) / 1e6))
         if basis is not None:
             idle_samples.append((start, idle_pct))
+    return slices, step_samples, idle_samples
+
+
+def _instants(grouped: "GroupedEvents", inputs: OverlayInputs, flows: "FlowPlan", ranges: list[StepRange],
+              context: "WindowContext") -> list[tuple[int, str, dict, str]]:
+    """(ts_ns, name, annotations, category) of every mark on the analysis track."""
     report = context.report
-    evidence = report.evidence if report is not None else None
-    instants = _report_marks(report, flows, ranges, grouped)
+    marks = [(ts, name, notes, STRAGGLER_CATEGORY) for ts, name, notes in _report_marks(report, flows, ranges, grouped)]
     if context.moe is not None:
-        instants += context.moe.marks(ranges[0][1] if ranges else grouped.first_ts_ns())
-    evidence_marks = evidence.stall_marks(ranges) + evidence.collective_marks(flows.collectives) \
-        if evidence is not None else []
-    instants += [(ts, name, notes, EVIDENCE_CATEGORY) for ts, name, notes in
-                 evidence_marks + sync_marks(grouped, inputs.steps)]
-    path_slices, _ = plan_path_track(report.critical_path if report is not None else None, context.clock.offset_ns,
-                                     tracks, plan.operations, new_tracks, flows, FIRST_MADE_UP_IDENT)
-    plan.slice_count += path_slices
-    if not slices and not instants:
-        return plan
-    tracks.register(ANALYSIS_TRACK, ANALYSIS_TRACK_NAME, GROUP_ANALYSIS)
-    if slices:
-        lay_out_track(ANALYSIS_TRACK, slices, tracks, plan.operations, new_tracks)
-        plan.slice_count += len(slices)
-    if instants:
-        uuid = tracks.uuid(ANALYSIS_TRACK, 0, new_tracks)
-        plan.operations += [(mark[0], OP_INSTANT, uuid, mark[1], mark[3] if len(mark) > 3 else STRAGGLER_CATEGORY,
-                             NO_EVENT, mark[2]) for mark in instants]
-        plan.instant_count = len(instants)
-    _add_counter(STEP_TIME_TRACK, "ms", step_samples, tracks, plan, new_tracks)
-    _add_counter(IDLE_TRACK, "%", idle_samples, tracks, plan, new_tracks)
-    for key, unit, samples in context.moe.counters(ranges) if context.moe is not None else ():
-        _add_counter(key, unit, samples, tracks, plan, new_tracks)
-    for key, unit, samples in evidence.counter_samples(ranges) if evidence is not None else ():
-        _add_counter(key, unit, samples, tracks, plan, new_tracks)
-    return plan
+        marks += [(ts, name, notes, STRAGGLER_CATEGORY)
+                  for ts, name, notes in context.moe.marks(ranges[0][1] if ranges else grouped.first_ts_ns())]
+    evidence = report.evidence if report is not None else None
+    found = evidence.stall_marks(ranges) + evidence.collective_marks(flows.collectives) if evidence is not None else []
+    return marks + [(ts, name, notes, EVIDENCE_CATEGORY) for ts, name, notes in found + sync_marks(grouped, inputs.steps)]
 
 
 def _add_counter(key: tuple, unit: str, samples: list[tuple[int, float]], tracks: RankTracks,

@@ -169,7 +169,10 @@ def test_a_report_without_the_data_draws_nothing_and_does_not_fail(tmp_path):
     traces = jumping_path_set(tmp_path / "set")
     report = analyze(traces, use_hta=False, use_cache=False).to_json()
     for window in report["windows"]:
-        window["critical_path"] = {"steps": [{"step": 0, "segments": [{"rank": "x"}]}, "junk", {"step": True}]}
+        window["critical_path"] = {"steps": [
+            {"step": 0, "segments": [{"rank": "x"}]}, "junk", {"step": True},
+            {"step": 1, "start_ns": 2**70, "segments": [{"rank": 0, "kind": "work", "duration_us": 1.0}]},
+            {"step": 2, "start_ns": 5, "segments": [{"rank": 0, "kind": "work", "duration_us": 1e300}]}]}
         for rank in window["ranks"]:
             rank["steps"] = [{"step": 0, "data_loader_ms": "slow", "phases_ms": [1]}, 7]
             rank["host_stalls"] = {"steps": "none"}
@@ -180,6 +183,9 @@ def test_a_report_without_the_data_draws_nothing_and_does_not_fail(tmp_path):
     names = {t.name for t in check.tracks.values()}
     assert PATH_TRACK_NAME not in names and "data loader (ms)" not in names and "peak allocated (MiB)" not in names
     assert "fleetscope analysis" in names
+    shares = rank_path({"steps": [{"step": 3, "start_ns": 10, "segments": [
+        {"rank": 0, "kind": "work", "duration_us": 2.0, "share": "most"}]}]}, rank=0, window_key=0, report_offset_ns=0)
+    assert [(s.start_ns, s.end_ns, s.annotations["share_pct"]) for s in shares.slices] == [(10, 2010, 0.0)]
 
 
 def test_the_path_moves_with_the_clock_offset_the_merge_removes():

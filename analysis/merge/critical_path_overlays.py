@@ -33,6 +33,9 @@ PATH_TRACK_NAME = "critical path"
 PATH_TRACK = ("analysis", PATH_TRACK_NAME, "")
 PATH_CATEGORY = "fleetscope.critical_path"
 _CROSS_RANK_FLOW_BIT = 1 << 63
+MAX_START_NS = 1 << 62
+MAX_SEGMENT_US = 1e12
+"""Bounds of what a report may place (a step start, a segment): the sums stay inside int64 nanoseconds."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,7 +77,8 @@ def rank_path(critical_path: Any, *, rank: int, window_key: int, report_offset_n
 
 
 def _step_slices(path: Any, rank: int, window_key: int) -> list[PathSlice]:
-    if not isinstance(path, dict) or not _is_int(path.get("step")) or not _is_int(path.get("start_ns")):
+    if not isinstance(path, dict) or not _is_int(path.get("step")) or not _is_int(path.get("start_ns")) \
+            or not 0 <= path["start_ns"] < MAX_START_NS:
         return []
     segments = [s for s in path.get("segments") or () if _valid_segment(s)] \
         if isinstance(path.get("segments"), list) else []
@@ -102,7 +106,8 @@ def _with_flow_out(piece: PathSlice, flow_id: int) -> PathSlice:
 
 
 def _annotations(step: int, segment: dict, waited_on: dict | None) -> dict[str, Any]:
-    notes = {"step": step, "share_pct": round(100.0 * float(segment.get("share") or 0.0), 3),
+    share = segment.get("share") if _is_number(segment.get("share")) else 0.0
+    notes = {"step": step, "share_pct": round(100.0 * share, 3),
              "duration_us": segment["duration_us"], "collective": str(segment.get("collective") or "")}
     if waited_on is not None:
         notes["waited_for_rank"] = waited_on["rank"]
@@ -112,7 +117,7 @@ def _annotations(step: int, segment: dict, waited_on: dict | None) -> dict[str, 
 
 def _valid_segment(segment: Any) -> bool:
     return (isinstance(segment, dict) and _is_int(segment.get("rank")) and isinstance(segment.get("kind"), str)
-            and _is_number(segment.get("duration_us")) and segment["duration_us"] >= 0)
+            and _is_number(segment.get("duration_us")) and 0 <= segment["duration_us"] < MAX_SEGMENT_US)
 
 
 def _is_int(value: Any) -> bool:

@@ -16,7 +16,7 @@ Known effects can be injected:
         communication kernels are refused (their compute and collectives interleave).
 A source without communication kernels (a single-GPU recording) gets one all-reduce kernel per step after
 the step's last GPU activity, with its host launch (`cudaLaunchKernel`, linked by correlation id) at the end
-of that step, so collectives exist to match and belong to their step.
+of that step (never after the kernel starts), so collectives exist to match and belong to their step.
 
 Files are written as two gzip members (a small per-rank header, then the events, compressed once and
 shared), which every gzip reader, HTA's included, reads as one stream; N ranks cost little more than one.
@@ -189,7 +189,7 @@ def _with_collectives(events: list[Any], duration_us: float) -> list[Any]:
     added = []
     for index, (step, gpu_end, device) in enumerate(_step_gpu_ends(events)):
         correlation = _INSERTED_CORRELATION_BASE + index
-        added.append(_launch(step, correlation))
+        added.append(_launch(step, correlation, gpu_end))
         added.append(_allreduce_after(gpu_end, device, duration_us, correlation))
     return events + added
 
@@ -213,10 +213,11 @@ def _step_gpu_ends(events: list[Any]) -> list[tuple[dict[str, Any], float, int]]
     return ends
 
 
-def _launch(step: dict[str, Any], correlation: int) -> dict[str, Any]:
-    """The host launch of an inserted all-reduce, at the end of its step (so it belongs to that step)."""
+def _launch(step: dict[str, Any], correlation: int, gpu_end: float) -> dict[str, Any]:
+    """The host launch of an inserted all-reduce, at the end of its step (so it belongs to that step), and
+    never after the kernel it launches starts (at gpu_end + 5 us)."""
     return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": step.get("pid"),
-            "tid": step.get("tid"), "ts": step["ts"] + step["dur"] - 10.0, "dur": 5.0,
+            "tid": step.get("tid"), "ts": min(step["ts"] + step["dur"] - 10.0, gpu_end), "dur": 5.0,
             "args": {"correlation": correlation, "External id": correlation}}
 
 

@@ -156,3 +156,20 @@ def test_the_group_size_arg_sets_the_bus_factor_when_some_members_have_no_trace(
     (row,) = write_ranks(tmp_path, group_size=4).windows[0].bandwidth.rows
     assert row.members == 4
     assert row.busbw_gbps == pytest.approx(row.algbw_gbps * 2 * 3 / 4, rel=1e-9)
+
+
+def test_each_instance_is_kept_and_a_row_below_half_the_peak_is_slow(tmp_path):
+    """96 MiB moved in 400 us: busbw 251.7 GB/s for 2 ranks (factor 1): 56% of NVLink's 450 GB/s (not
+    slow), 25% of a 1000 GB/s link (slow)."""
+    for rank in (0, 1):
+        nccl_rank(rank).write(tmp_path / f"rank{rank}.json.gz")
+    busbw = NELEMS * 2 / 400e-6 / 1e9
+    fast = analyze(tmp_path, use_hta=False, use_cache=False).windows[0].bandwidth
+    slow = analyze(tmp_path, use_hta=False, use_cache=False, link_peak_gbps=1000.0).windows[0].bandwidth
+    assert not fast.rows[0].slow and slow.rows[0].slow
+    assert [(i.step, i.name, i.ordinal, i.row) for i in fast.instances] == [
+        (1, "nccl:AllReduce [mesh_dp pg 0]", 0, 0), (2, "nccl:AllReduce [mesh_dp pg 0]", 0, 0)]
+    for instance in fast.instances:
+        assert instance.busbw_gbps == pytest.approx(busbw, rel=1e-6) and instance.bytes == NELEMS * 2
+        assert instance.moving_us == pytest.approx(400.0) and instance.wait_us == pytest.approx(100.0)
+        assert instance.peak_pct == pytest.approx(100 * busbw / 450.0, rel=1e-6)

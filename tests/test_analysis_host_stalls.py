@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from fleetscope.analysis.analyze import analyze
 from fleetscope.analysis.per_rank.host_stalls import (
+    IDLE_DEVICE,
     IDLE_HOST,
     IDLE_HOST_COMM,
     IDLE_INPUT,
@@ -70,3 +72,31 @@ def test_a_gap_long_after_a_sync_is_the_host_busy_elsewhere():
     sync = Intervals.of([50.0], [100.0 + SYNC_SLACK_US / 2])        # returned just before the first gap
     none = Intervals.empty()
     assert gap_causes(gaps, none, none, sync).tolist() == [IDLE_SYNC, IDLE_HOST]
+
+
+def test_cpu_traces_have_idle_gaps_with_one_cause_and_no_gpu_totals(tmp_path):
+    """CPU basis: step 0-1000 us, ops 0-100 and 300-400 (main thread), a gloo span 600-700: gaps 100-300,
+    400-600 and 700-1000, each `no op running`; the report's GPU idle totals stay empty."""
+    from fleetscope.analysis.per_rank.host_stalls import IDLE_NO_OP
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(0, 0, 1000.0)
+    builder.complete("aten::mm", "cpu_op", 0, 100.0).complete("aten::add", "cpu_op", 300, 100.0)
+    builder.gloo(600, 100.0)
+    builder.write(tmp_path / "rank0.json.gz")
+    report = analyze(tmp_path, use_hta=False, use_cache=False)
+    from fleetscope.analysis.per_rank.parse import analyze_trace
+    from fleetscope.analysis.inputs.sources import TraceSource
+    result = analyze_trace(TraceSource(path=tmp_path / "rank0.json.gz", label="rank0", window=None))
+    gaps = result.idle_gaps
+    assert gaps.basis == "cpu" and gaps.causes() == [IDLE_NO_OP] * 3
+    origin = result.steps[0].start_us
+    assert [(a - origin, b - origin) for a, b in zip(gaps.starts_us.tolist(), gaps.ends_us.tolist())] == [
+        (100, 300), (400, 600), (700, 1000)]
+    assert report.windows[0].ranks[0].host_stalls.idle_by_cause_us == {}
+
+
+def test_a_gap_before_work_that_was_already_queued_is_a_device_dependency():
+    gaps = Intervals.of([100.0, 500.0], [200.0, 600.0])
+    none = Intervals.empty()
+    queued = np.asarray([True, False])
+    assert gap_causes(gaps, none, none, none, queued_before=queued).tolist() == [IDLE_DEVICE, IDLE_HOST]

@@ -11,6 +11,7 @@ import pytest
 
 from fleetscope.traces.clock import ClockOffset, write_clock_offset
 
+from fleetscope.analysis.analyze import analyze
 from fleetscope.analysis.merge.run import PROCESS_PID_BASE, merge
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.perfetto.check import CROSS_RANK_FLOW_BIT, check_trace
@@ -74,7 +75,7 @@ def test_analysis_track_has_steps_idle_gaps_and_counters(traces, tmp_path):
     assert (step.start_ns, step.end_ns) == (BASE_NS, BASE_NS + 1_000_000)
     # GPU busy: [30, 90] and [95, 395] us; gaps 30 us and 5 us are below 50 us, so only the tail is drawn
     assert [(s.name, s.start_ns - BASE_NS, s.end_ns - BASE_NS) for s in analysis if s.name.startswith("idle")] == [
-        ("idle: nothing queued", 395_000, 1_000_000)]
+        ("idle: host busy elsewhere", 395_000, 1_000_000)]
     assert step.annotations["idle_pct"] == pytest.approx(64.0)
     assert step.annotations["idle_basis"] == "gpu"
     counters = {t.name: check.counter_values[t.uuid] for t in check.tracks.values()
@@ -83,7 +84,8 @@ def test_analysis_track_has_steps_idle_gaps_and_counters(traces, tmp_path):
     assert counters["idle (%)"] == [(BASE_NS, pytest.approx(64.0))]
 
 
-def test_idle_gap_categories_say_who_the_gpu_waited_for(tmp_path):
+def test_idle_gaps_carry_the_analysis_causes(tmp_path):
+    """The merge draws the per-rank analysis's gaps and causes (host_stalls.find_idle_gaps), no rule of its own."""
     events = [
         complete("ProfilerStep#0", 0, 200, cat="user_annotation"),
         complete("cudaLaunchKernel", 0, 1, cat="cuda_runtime", args={"correlation": 1}),  # not after its kernel
@@ -96,7 +98,10 @@ def test_idle_gap_categories_say_who_the_gpu_waited_for(tmp_path):
     write_trace(tmp_path / "t" / "rank0.json", kineto_document(0, events))
     check = check_trace(merge(tmp_path / "t", tmp_path / "out.perfetto-trace").output)
     gaps = [(s.name, (s.start_ns - BASE_NS) // 1000) for s in check.slices if s.name.startswith("idle")]
-    assert gaps == [("idle: host launch", 10), ("idle: dependency", 70), ("idle: nothing queued", 140)]
+    assert gaps == [("idle: host busy elsewhere", 10), ("idle: device dependency", 70),
+                    ("idle: host busy elsewhere", 140)]
+    stalls = analyze(tmp_path / "t", use_hta=False, use_cache=False).windows[0].ranks[0].host_stalls
+    assert stalls.idle_gaps_by_cause == {"host busy elsewhere": 2, "device dependency": 1}
 
 
 def test_report_marks_the_straggler_at_its_collective(traces, tmp_path):

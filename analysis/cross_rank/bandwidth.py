@@ -19,6 +19,10 @@ per peer come from the trainer's records where they apply (metrics/rank<R>.moe.j
 for the token all-to-all of each MoE layer's dispatch and combine, the last one issued in the range, in
 steps that ran the layer's forward once), else from the trace's split sizes; a list the profiler cut at
 30 entries gives none ("split sizes truncated"), and the instance keeps the trace's own size.
+A row is slow when its messages are at least SLOW_MIN_BYTES (smaller ones are bound by
+latency, not by the link) and its busbw is below SLOW_PEAK_PCT of the peak.
+Each timed instance is also kept (up to INSTANCES_KEPT, in instance order) with its own algbw, busbw and
+share of its row's peak, for the merged trace's marks over each collective.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ PEAK_SOURCES = {INTRA_NODE: "NVLink 4 (H100/H200 SXM), 450 GB/s per direction",
 BUCKET_BASE = 4
 """Message sizes are bucketed in powers of 4 bytes (1 MiB, 4 MiB, 16 MiB, ...)."""
 STATUS_OK, STATUS_NOT_RECORDED, STATUS_NO_MATRIX = "ok", "not recorded", "not matched"
+SLOW_PEAK_PCT = 50.0
+SLOW_MIN_BYTES = 1 << 20
+INSTANCES_KEPT = 5000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +97,28 @@ class BandwidthRow:
     """All-to-all: the most bytes one member sent one peer in one instance (None: no bytes per peer)."""
     sender_max_over_mean: float | None = None
     """All-to-all: over the instances, the largest busiest-sender / mean-sender bytes (1: even)."""
+    slow: bool = False
+    """Messages of at least SLOW_MIN_BYTES moving below SLOW_PEAK_PCT of the link's peak."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceBandwidth:
+    """One timed collective instance (module docstring)."""
+
+    step: int
+    name: str
+    ordinal: int
+    """The instance key (collectives.py), as in stragglers' worst_instances."""
+    row: int
+    """Index of its row in Bandwidth.rows."""
+    bytes: float
+    members: int
+    moving_us: float
+    wait_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    peak_pct: float
+    """busbw as a percentage of its row's peak."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +136,8 @@ class Bandwidth:
     instances_with_bytes: int = 0
     instances_without_bytes: int = 0
     """Matched instances whose size no rank recorded, or whose movement time is not positive."""
+    instances: list[InstanceBandwidth] = field(default_factory=list)
+    """Up to INSTANCES_KEPT timed instances, in instance order."""
 
 
 def bus_factor(collective: str, members: int) -> float:
@@ -152,9 +183,10 @@ def collective_bandwidth(results: list[RankResult], matrix: ArrivalMatrix | None
     if matrix is None:
         return Bandwidth(status=STATUS_NO_MATRIX, peak_busbw_gbps=peaks, peak_source=peak_source,
                          reason="fewer than two ranks with collectives: wait and data movement cannot be told apart")
-    rows, measured, skipped = _rows(matrix, sizes, peaks, splits)
+    rows, instances, skipped = _rows(matrix, sizes, peaks, splits)
     return Bandwidth(status=STATUS_OK, rows=rows, peak_busbw_gbps=peaks, peak_source=peak_source,
-                     instances_with_bytes=measured, instances_without_bytes=skipped)
+                     instances_with_bytes=sum(r.instances for r in rows), instances_without_bytes=skipped,
+                     instances=instances)
 
 
 def _peaks(override: float | None) -> tuple[dict[str, float], str]:
@@ -260,10 +292,12 @@ def _not_recorded_reason(results: list[RankResult]) -> str:
 
 
 def _rows(matrix: ArrivalMatrix, sizes: dict, peaks: dict[str, float],
-          splits: dict[CollectiveKey, dict[int, SplitBytes]] | None = None) -> tuple[list[BandwidthRow], int, int]:
+          splits: dict[CollectiveKey, dict[int, SplitBytes]] | None = None,
+          ) -> tuple[list[BandwidthRow], list[InstanceBandwidth], int]:
     totals: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0])
     scopes: dict[tuple, set[str]] = defaultdict(set)
     split_rows: dict[tuple, list] = defaultdict(lambda: [defaultdict(int), None, None])
+    timed: list[tuple[CollectiveKey, tuple, float, float, float, int]] = []
     skipped = 0
     for column, key in enumerate(matrix.keys):
         instance = _instance(matrix, column)
@@ -288,9 +322,21 @@ def _rows(matrix: ArrivalMatrix, sizes: dict, peaks: dict[str, float],
             counts[0][status] += 1
             counts[1] = max(v for v in (counts[1], peer_max) if v is not None) if peer_max is not None else counts[1]
             counts[2] = max(v for v in (counts[2], imbalance) if v is not None) if imbalance is not None else counts[2]
-    rows = [_row(key, total, scopes[key], peaks, split_rows.get(key)) for key, total in totals.items()]
-    rows.sort(key=lambda r: -r.moving_us)
-    return rows, sum(r.instances for r in rows), skipped
+        timed.append((key, row_key, size, moving_us, wait_us, members))
+    rows = sorted(((_row(key, total, scopes[key], peaks, split_rows.get(key)), key) for key, total in totals.items()),
+                  key=lambda item: -item[0].moving_us)
+    index = {key: position for position, (_, key) in enumerate(rows)}
+    instances = [_instance_row(entry, index[entry[1]], rows[index[entry[1]]][0]) for entry in timed[:INSTANCES_KEPT]]
+    return [row for row, _ in rows], instances, skipped
+
+
+def _instance_row(entry: tuple, position: int, row: BandwidthRow) -> InstanceBandwidth:
+    (step, name, ordinal), _, size, moving_us, wait_us, members = entry
+    algbw = size / moving_us / 1e3
+    busbw = algbw * bus_factor(row.collective, members)
+    return InstanceBandwidth(step=step, name=name, ordinal=ordinal, row=position, bytes=size, members=members,
+                             moving_us=moving_us, wait_us=wait_us, algbw_gbps=algbw, busbw_gbps=busbw,
+                             peak_pct=100.0 * busbw / row.peak_busbw_gbps)
 
 
 def _instance(matrix: ArrivalMatrix, column: int) -> tuple[float, float, int, set[str]] | None:
@@ -324,7 +370,8 @@ def _row(key: tuple, total: list, hosts: set[str], peaks: dict[str, float], spli
                         algbw_gbps=algbw, busbw_gbps=busbw, peak_busbw_gbps=peak,
                         peak_pct=100.0 * busbw / peak, verdict=verdict + _split_verdict(split),
                         split_status=dict(split[0]) if split else {}, max_peer_bytes=split[1] if split else None,
-                        sender_max_over_mean=split[2] if split else None)
+                        sender_max_over_mean=split[2] if split else None,
+                        slow=low >= SLOW_MIN_BYTES and 100.0 * busbw / peak < SLOW_PEAK_PCT)
 
 
 def _split_verdict(split: list | None) -> str:

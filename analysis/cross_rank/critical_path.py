@@ -16,7 +16,7 @@ step found on at least two ranks:
     the previous step's collective).
 Segments tile the path: their durations sum to its length; share = duration / length. The late rank's compute
 before each collective it holds up is on the path; a rank that is never last is never on it (except the tail).
-The merged Perfetto trace does not draw the path (merge/ owns that); this is the data.
+The merged Perfetto trace draws the path (merge/critical_path_overlays.py); this is the data.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ class StepPath:
     step: int
     length_us: float
     """From the path's start (a step start) to the step's end."""
+    start_ns: int = 0
+    """The path's start as epoch nanoseconds on the common clock (each rank's time less its clock offset):
+    the clock of the merged trace, so segment starts there are start_ns + start_us * 1000."""
     segments: list[PathSegment] = field(default_factory=list)
     """In time order."""
 
@@ -140,7 +143,7 @@ def _step_path(step: int, m: ArrivalMatrix, by_rank: dict[int, RankResult],
         t = begin
         if begin <= windows.get(rank, (begin, begin))[0]:
             break
-    return _assemble(step, segments, t, path_end)
+    return _assemble(step, segments, t, path_end, m.base_time_ns)
 
 
 def _finite(values: np.ndarray | None, row: int, column: int) -> float:
@@ -149,13 +152,14 @@ def _finite(values: np.ndarray | None, row: int, column: int) -> float:
 
 
 def _assemble(step: int, raw: list[tuple[str, int, str, float, float]], path_start: float,
-              path_end: float) -> StepPath:
+              path_end: float, base_time_ns: int) -> StepPath:
     length = path_end - path_start
     kept = [s for s in reversed(raw) if s[4] > 0]
     segments = [PathSegment(kind=kind, rank=rank, collective=label, start_us=start - path_start,
                             duration_us=duration, share=duration / length if length > 0 else 0.0)
                 for kind, rank, label, start, duration in kept]
-    return StepPath(step=step, length_us=length, segments=segments)
+    return StepPath(step=step, length_us=length, segments=segments,
+                    start_ns=base_time_ns + round(path_start * 1000))
 
 
 def _by_rank(paths: list[StepPath]) -> list[PathShare]:

@@ -62,8 +62,6 @@ class FlowPlan:
     """ident -> flow ids that end at the event's slice."""
     collectives: dict[CollectiveKey, CollectiveHit] = field(default_factory=dict)
     collective_source: str | None = None
-    launch_end_by_correlation: dict[int, int] = field(default_factory=dict)
-    """CUDA correlation id -> when the CPU call that launched it returned."""
     launch_flow_count: int = 0
     trace_flow_count: int = 0
     collective_flow_count: int = 0
@@ -76,7 +74,6 @@ def plan_flows(grouped: "GroupedEvents", tracks: "RankTracks", context: "WindowC
     plan = FlowPlan()
     located = _locate_slices(grouped)
     launches = _launches_by_correlation(grouped, located)
-    plan.launch_end_by_correlation = {c: located[ident].end_ns for c, ident in launches.items()}
     if context.options.flows:
         _plan_launch_flows(grouped, located, launches, tracks, plan)
         _plan_trace_flows(grouped, tracks, plan)

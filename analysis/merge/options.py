@@ -24,8 +24,9 @@ class MergeOptions:
     """Arrows joining the same collective instance on every rank, in arrival order: the last arrow
     points at the rank that arrived last."""
     overlays: bool = True
-    """A `fleetscope analysis` track per rank (steps, idle gaps, straggler marks) and counters (step time,
-    idle %, memory when the trace recorded it)."""
+    """A `fleetscope analysis` track per rank (steps, idle gaps by cause, straggler, host-sync and bandwidth
+    marks), a `critical path` track where the report has one, and counters (step time, idle %, memory when
+    the trace recorded it, the report's per-step evidence)."""
     event_args: bool = False
     """Copy each event's Kineto args into debug annotations (bigger output: about 2x for GPU traces)."""
     min_idle_gap_us: float = 50.0

@@ -3,29 +3,33 @@ analysis` track and counters.
 
 The analysis track holds
   * one slice per training step: the steps the per-rank parse found (per_rank/steps.py);
-  * idle gaps inside the steps, drawn when at least `min_idle_gap_us` long, named by their category:
-      GPU traces (idle = no kernel, memcpy or memset on any stream of the rank):
-        `idle: host launch`  the next GPU work was launched only after the GPU ran out of work;
-        `idle: dependency`   the next GPU work was already launched: it waited on a sync, an event
-                             or another stream;
-        `idle: nothing queued` no GPU work until the step's end;
-      CPU traces (idle = no `cpu_op` and no gloo collective in flight on any thread):
-        `idle: no op running`;
+  * idle gaps inside the steps, drawn when at least `min_idle_gap_us` long, named `idle: <cause>`: the
+    gaps and causes of the per-rank analysis (host_stalls.find_idle_gaps, the one rule for both the report
+    and this track): GPU traces (no kernel, memcpy or memset on any stream) `input wait`, `host
+    collective`, `host sync`, `short gaps`, `device dependency`, `host busy elsewhere`; CPU traces (no
+    `cpu_op` and no collective in flight on any thread) `no op running`;
   * straggler marks from the analysis report, when one is given: where this rank arrived last at a
     collective (and how late), and a summary with the report's verdict as debug annotations;
-  * hot-expert marks from the report's MoE findings (moe_overlays.py).
+  * hot-expert marks from the report's MoE findings (moe_overlays.py);
+  * host-stall marks and per-step evidence counters from the report (evidence_overlays.py).
+A `critical path` track holds the report's critical-path segments on this rank (critical_path_overlays.py).
 Counters: `step time (ms)` and `idle (%)`, one sample at each step's start. A step's range runs to the
-next step's start (the last one to its own end), so idle % covers the gaps between steps too. MoE runs
-also get `tokens: expert <E>` counters, one per local expert (moe_overlays.py).
+next step's start (the last one to its own end); idle % is the analysis's idle gaps in that range (it
+finds them inside the steps' own ranges, so time between one step's end and the next one's start is not
+idle). MoE
+runs also get `tokens: expert <E>` counters, one per local expert (moe_overlays.py).
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fleetscope.analysis.merge.critical_path_overlays import plan_path_track
+from fleetscope.analysis.merge.evidence_overlays import EVIDENCE_CATEGORY, sync_marks
 from fleetscope.analysis.merge.tracks import (
+    FIRST_MADE_UP_IDENT,
     GROUP_ANALYSIS,
     GROUP_COUNTER,
     NO_EVENT,
@@ -36,7 +40,6 @@ from fleetscope.analysis.merge.tracks import (
     lay_out_track,
 )
 from fleetscope.analysis.merge.window import ReportView, StepRange
-from fleetscope.analysis.per_rank.names import is_gloo_span
 
 if TYPE_CHECKING:
     from fleetscope.analysis.merge.flows import FlowPlan
@@ -50,13 +53,6 @@ IDLE_TRACK = ("counter", "fleetscope", "idle (%)")
 STEP_CATEGORY = "fleetscope.step"
 IDLE_CATEGORY = "fleetscope.idle"
 STRAGGLER_CATEGORY = "fleetscope.straggler"
-
-IDLE_HOST_LAUNCH = "host launch"
-IDLE_DEPENDENCY = "dependency"
-IDLE_NOTHING_QUEUED = "nothing queued"
-IDLE_NO_OP = "no op running"
-_GPU_ACTIVITY_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-_CPU_OP_CATEGORIES = ("cpu_op", "operator")
 
 
 
@@ -93,35 +89,63 @@ def plan_overlays(grouped: "GroupedEvents", inputs: OverlayInputs, flows: "FlowP
     plan = OverlayPlan()
     ranges = inputs.step_ranges()
     plan.step_ranges = list(ranges)
-    basis, busy = _busy_union(grouped)
-    slices: list[Slice] = []
-    step_samples, idle_samples = [], []
-    for step, start, end in ranges:
-        gaps = idle_gaps(busy, start, end)
-        idle_pct = 100.0 * sum(b - a for a, b, _ in gaps) / (end - start) if end > start else 0.0
-        slices.append((start, end, f"step {step}", STEP_CATEGORY, NO_EVENT, {
-            "step": step, "step_time_ms": (end - start) / 1e6, "idle_pct": round(idle_pct, 2), "idle_basis": basis}))
-        slices += _gap_slices(gaps, basis, grouped, flows, context.options.min_idle_gap_us)
-        step_samples.append((start, (end - start) / 1e6))
-        idle_samples.append((start, idle_pct))
-    instants = _report_marks(context.report, flows, ranges, grouped)
-    if context.moe is not None:
-        instants += context.moe.marks(ranges[0][1] if ranges else grouped.first_ts_ns())
-    if not slices and not instants:
-        return plan
-    tracks.register(ANALYSIS_TRACK, ANALYSIS_TRACK_NAME, GROUP_ANALYSIS)
+    slices, step_samples, idle_samples = _step_slices(ranges, context)
+    report = context.report
+    evidence = report.evidence if report is not None else None
+    instants = _instants(grouped, inputs, flows, ranges, context)
+    if slices or instants:
+        tracks.register(ANALYSIS_TRACK, ANALYSIS_TRACK_NAME, GROUP_ANALYSIS)
     if slices:
         lay_out_track(ANALYSIS_TRACK, slices, tracks, plan.operations, new_tracks)
-        plan.slice_count = len(slices)
+        plan.slice_count += len(slices)
     if instants:
         uuid = tracks.uuid(ANALYSIS_TRACK, 0, new_tracks)
-        plan.operations += [(ts, OP_INSTANT, uuid, name, STRAGGLER_CATEGORY, NO_EVENT, notes) for ts, name, notes in instants]
+        plan.operations += [(ts, OP_INSTANT, uuid, name, category, NO_EVENT, notes)
+                            for ts, name, notes, category in instants]
         plan.instant_count = len(instants)
+    path_slices, _ = plan_path_track(report.critical_path if report is not None else None, context.clock.offset_ns,
+                                     tracks, plan.operations, new_tracks, flows, FIRST_MADE_UP_IDENT)
+    plan.slice_count += path_slices
+    if not slices and not instants:
+        return plan
     _add_counter(STEP_TIME_TRACK, "ms", step_samples, tracks, plan, new_tracks)
     _add_counter(IDLE_TRACK, "%", idle_samples, tracks, plan, new_tracks)
     for key, unit, samples in context.moe.counters(ranges) if context.moe is not None else ():
         _add_counter(key, unit, samples, tracks, plan, new_tracks)
+    for key, unit, samples in evidence.counter_samples(ranges) if evidence is not None else ():
+        _add_counter(key, unit, samples, tracks, plan, new_tracks)
     return plan
+
+
+def _step_slices(ranges: list[StepRange], context: "WindowContext") -> tuple[list[Slice], list, list]:
+    """The steps and their idle gaps (the analysis's), and the step-time and idle-% samples."""
+    gaps = sorted(context.idle_gaps)
+    basis = context.idle_basis
+    slices: list[Slice] = []
+    step_samples, idle_samples = [], []
+    for step, start, end in ranges:
+        inside = gaps_within(gaps, start, end)
+        idle_pct = 100.0 * sum(b - a for a, b, _ in inside) / (end - start) if end > start else 0.0
+        slices.append((start, end, f"step {step}", STEP_CATEGORY, NO_EVENT, {
+            "step": step, "step_time_ms": (end - start) / 1e6, "idle_pct": round(idle_pct, 2), "idle_basis": basis}))
+        slices += _gap_slices(inside, context.options.min_idle_gap_us)
+        step_samples.append((start, (end - start) / 1e6))
+        if basis is not None:
+            idle_samples.append((start, idle_pct))
+    return slices, step_samples, idle_samples
+
+
+def _instants(grouped: "GroupedEvents", inputs: OverlayInputs, flows: "FlowPlan", ranges: list[StepRange],
+              context: "WindowContext") -> list[tuple[int, str, dict, str]]:
+    """(ts_ns, name, annotations, category) of every mark on the analysis track."""
+    report = context.report
+    marks = [(ts, name, notes, STRAGGLER_CATEGORY) for ts, name, notes in _report_marks(report, flows, ranges, grouped)]
+    if context.moe is not None:
+        marks += [(ts, name, notes, STRAGGLER_CATEGORY)
+                  for ts, name, notes in context.moe.marks(ranges[0][1] if ranges else grouped.first_ts_ns())]
+    evidence = report.evidence if report is not None else None
+    found = evidence.stall_marks(ranges) + evidence.collective_marks(flows.collectives) if evidence is not None else []
+    return marks + [(ts, name, notes, EVIDENCE_CATEGORY) for ts, name, notes in found + sync_marks(grouped, inputs.steps)]
 
 
 def _add_counter(key: tuple, unit: str, samples: list[tuple[int, float]], tracks: RankTracks,
@@ -134,69 +158,23 @@ def _add_counter(key: tuple, unit: str, samples: list[tuple[int, float]], tracks
     plan.counter_sample_count += len(samples)
 
 
-# --- idle gaps --------------------------------------------------------------------------------
+# --- idle gaps (the per-rank analysis's, host_stalls.find_idle_gaps) ---------------------------
 
-def _busy_union(grouped: "GroupedEvents") -> tuple[str, list[tuple[int, int, int]]]:
-    """("gpu" | "cpu", union of busy intervals as (start, end, ident of the event that opened it))."""
-    gpu = [(s[0], s[1], s[4]) for thread, slices in grouped.slices.items() if grouped.is_gpu(thread)
-           for s in slices if s[3] in _GPU_ACTIVITY_CATEGORIES]
-    if gpu:
-        return "gpu", merge_intervals(gpu)
-    cpu = [(s[0], s[1], s[4]) for thread, slices in grouped.slices.items() if not grouped.is_gpu(thread)
-           for s in slices if s[3] in _CPU_OP_CATEGORIES or is_gloo_span(s[2])]
-    return "cpu", merge_intervals(cpu)
-
-
-def merge_intervals(intervals: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """Union of (start, end, ident) intervals; each union interval keeps the ident of its first member."""
-    merged: list[tuple[int, int, int]] = []
-    for start, end, ident in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            if end > merged[-1][1]:
-                merged[-1] = (merged[-1][0], end, merged[-1][2])
-        else:
-            merged.append((start, end, ident))
-    return merged
+def gaps_within(gaps: list[tuple[int, int, str]], start: int, end: int) -> list[tuple[int, int, str]]:
+    """The sorted `gaps` clipped to [start, end)."""
+    index = max(bisect_left(gaps, (start,)) - 1, 0)
+    stop = bisect_right(gaps, (end,))
+    inside = []
+    for gap_start, gap_end, cause in gaps[index:stop]:
+        clipped = (max(gap_start, start), min(gap_end, end))
+        if clipped[1] > clipped[0]:
+            inside.append((clipped[0], clipped[1], cause))
+    return inside
 
 
-def idle_gaps(busy: list[tuple[int, int, int]], start: int, end: int) -> list[tuple[int, int, int]]:
-    """Gaps of [start, end) not covered by `busy`, as (gap_start, gap_end, ident of the work after the
-    gap or NO_EVENT when nothing starts before `end`)."""
-    gaps = []
-    cursor = start
-    index = max(bisect_left(busy, (start,)) - 1, 0)
-    while index < len(busy) and busy[index][0] < end:
-        busy_start, busy_end, ident = busy[index]
-        if busy_start > cursor:
-            gaps.append((cursor, busy_start, ident))
-        cursor = max(cursor, busy_end)
-        index += 1
-    if cursor < end:
-        gaps.append((cursor, end, NO_EVENT))
-    return gaps
-
-
-def _gap_slices(gaps: list[tuple[int, int, int]], basis: str, grouped: "GroupedEvents", flows: "FlowPlan",
-                min_gap_us: float) -> list[Slice]:
-    drawn = []
-    for gap_start, gap_end, next_ident in gaps:
-        if gap_end - gap_start < min_gap_us * 1000:
-            continue
-        category = gap_category(basis, gap_start, next_ident, grouped, flows)
-        drawn.append((gap_start, gap_end, f"idle: {category}", IDLE_CATEGORY, NO_EVENT,
-                      {"idle_us": (gap_end - gap_start) / 1000}))
-    return drawn
-
-
-def gap_category(basis: str, gap_start: int, next_ident: int, grouped: "GroupedEvents", flows: "FlowPlan") -> str:
-    if basis == "cpu":
-        return IDLE_NO_OP
-    if next_ident == NO_EVENT:
-        return IDLE_NOTHING_QUEUED
-    launch_end = flows.launch_end_by_correlation.get(grouped.correlation_of.get(next_ident))
-    if launch_end is None or launch_end > gap_start:
-        return IDLE_HOST_LAUNCH
-    return IDLE_DEPENDENCY
+def _gap_slices(gaps: list[tuple[int, int, str]], min_gap_us: float) -> list[Slice]:
+    return [(gap_start, gap_end, f"idle: {cause}", IDLE_CATEGORY, NO_EVENT, {"idle_us": (gap_end - gap_start) / 1000})
+            for gap_start, gap_end, cause in gaps if gap_end - gap_start >= min_gap_us * 1000]
 
 
 # --- marks from the analysis report -----------------------------------------------------------

@@ -1,6 +1,7 @@
 """The analysis report, as the merge reads it for its overlays.
 
-The merge takes from it the straggler marks and, when the caller gives no offsets, the clock offsets
+The merge takes from it the straggler marks, the critical path (critical_path_overlays.py), the per-step
+evidence (evidence_overlays.py) and, when the caller gives no offsets, the clock offsets
 the analysis used, so the merged timeline and the report agree on who arrived when. Only the report's
 JSON form is read (the schema documented in report.py), so a `Report` object, its
 `to_json()` dict and a `report.json` file all work, and the merge does not depend on how the analysis
@@ -13,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from fleetscope.analysis.merge.critical_path_overlays import rank_path
+from fleetscope.analysis.merge.evidence_overlays import rank_evidence
 from fleetscope.analysis.merge.sources import MergeProblem
 from fleetscope.traces.safe_read import read_metadata
 from fleetscope.analysis.merge.window import ReportView
@@ -49,7 +52,11 @@ def report_view(report: dict | None, *, rank: int, window_key: int, first_window
         return None
     window = _dict(_window_entry(report.get("windows"), window_key))
     stragglers = _dict(window.get("stragglers"))
+    trainer = _dict(report.get("trainer"))
     return ReportView(
+        critical_path=rank_path(window.get("critical_path"), rank=rank, window_key=window_key,
+                                report_offset_ns=report_clock_offsets_ns(report, window_key).get(rank, 0)),
+        evidence=rank_evidence(window, _rank_entry(window.get("ranks"), rank), _rank_entry(trainer.get("ranks"), rank)),
         rank_summary=_rank_entry(report.get("ranks"), rank) if first_window else None,
         report_verdict=str(report.get("verdict") or ""),
         window_verdict=str(stragglers.get("verdict") or ""),

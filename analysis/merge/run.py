@@ -340,6 +340,8 @@ class _MergeSession:
             collective_source=model.collective_source,
             p2p=tuple((clock.to_ns(start), key, kind) for start, key, kind in model.p2p),
             moe=self.moe.get(source.rank),
+            idle_gaps=tuple((clock.to_ns(start), clock.to_ns(end), cause) for start, end, cause in model.idle_gaps),
+            idle_basis=model.idle_basis,
         )
         plan = plan_window(document["traceEvents"], tracks, context)
         if self.origin_ns is None:
@@ -425,9 +427,9 @@ class _RankEmitter:
         ts, _, uuid, name, category, end_ns, ident, annotations = operation
         outgoing = flows.outgoing.get(ident, ())
         terminating = flows.terminating.get(ident, ())
-        args = annotations if ident == NO_EVENT or not self._needs_args else _event_args(events, ident)
+        args = annotations if ident <= NO_EVENT or not self._needs_args else _event_args(events, ident)
         self.writer.slice_begin(ts, uuid, name, category, flow_ids=outgoing, terminating_flow_ids=terminating,
-                                annotations=args if (self.event_args or ident == NO_EVENT) else None)
+                                annotations=args if (self.event_args or ident <= NO_EVENT) else None)
         if self.json_writer is not None:
             self.json_writer.complete(self.pid, uuid, name, category, ts, end_ns, args)
             for flow_id in outgoing:

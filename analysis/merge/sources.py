@@ -54,6 +54,9 @@ class WindowModel:
     collective_source: str | None = None
     p2p: tuple[tuple[float, tuple, str], ...] = ()
     """(start_us, transfer key, send|recv) of each send / receive in a step whose peer is known (flows.p2p_flow_id)."""
+    idle_gaps: tuple[tuple[float, float, str], ...] = ()
+    """(start_us, end_us, cause) of each idle gap inside the steps (host_stalls.find_idle_gaps)."""
+    idle_basis: str | None = None
 
     @classmethod
     def of(cls, result: RankResult) -> "WindowModel":
@@ -64,7 +67,16 @@ class WindowModel:
             collective_source=calls.source,
             p2p=tuple((c.start_us, transfer_key(result.rank, c), c.kind) for c in result.p2p.calls
                       if c.peer is not None and c.kind in (P2P_SEND, P2P_RECV) and c.step != OUTSIDE_STEPS),
+            idle_gaps=_idle_gaps(result),
+            idle_basis=result.idle_gaps.basis if result.idle_gaps is not None else None,
         )
+
+
+def _idle_gaps(result: RankResult) -> tuple[tuple[float, float, str], ...]:
+    gaps = result.idle_gaps
+    if gaps is None:
+        return ()
+    return tuple(zip(gaps.starts_us.tolist(), gaps.ends_us.tolist(), gaps.causes()))
 
 
 def transfer_key(rank: int | None, call) -> tuple:

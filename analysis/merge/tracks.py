@@ -53,6 +53,9 @@ OP_END, OP_BEGIN, OP_INSTANT, OP_COUNTER = 0, 1, 2, 3
 (ts_ns, OP_COUNTER, uuid, value)."""
 NO_EVENT = -1
 """The `ident` of slices and instants the merge made up (overlays): they have no Kineto event."""
+FIRST_MADE_UP_IDENT = -2
+"""Made-up slices that carry flows get idents counting down from here (unique in their window, so the
+window's FlowPlan can key their flows); every ident < 0 is a made-up slice."""
 
 Slice = tuple[int, int, str, str, int, Any]
 """(start_ns, end_ns, name, category, ident, annotations): ident is the event's index in the

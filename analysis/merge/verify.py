@@ -4,15 +4,18 @@
 thread descriptors) and compares its processes and per-process slice counts with the `MergeResult`;
 with a trace processor (`trace_processor=PATH`, or the one `find_trace_processor` finds when
 `engine=True`) it also loads the trace in Perfetto's engine and compares the engine's tables with the
-merge's counts (perfetto/sql.py). `verify_trace_file(path)` does the same for a file alone, with the
+merge's counts (perfetto/sql.py). The critical-path tracks are checked too: the segments of one step form a
+chain across ranks, and every arrow that starts on a critical-path slice ends on one of another rank. `verify_trace_file(path)` does the same for a file alone, with the
 read-back as the expectation.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
+from fleetscope.analysis.merge.critical_path_overlays import PATH_TRACK_NAME
 from fleetscope.analysis.merge.perfetto.check import CROSS_RANK_FLOW_BIT, TraceCheck, check_trace
 from fleetscope.analysis.merge.perfetto.sql import (
     EngineExpectations,
@@ -20,6 +23,7 @@ from fleetscope.analysis.merge.perfetto.sql import (
     find_trace_processor,
 )
 from fleetscope.analysis.merge.run import MergeResult
+from fleetscope.analysis.merge.sources import CLOCK_GIVEN
 
 
 def verify_merge(result: MergeResult, *, trace_processor: str | Path | None = None,
@@ -37,17 +41,47 @@ def verify_merge(result: MergeResult, *, trace_processor: str | Path | None = No
     threads = check.thread_count_by_process()
     problems += [f"{s.process_name}: {threads.get(s.process_name, 0)} threads in the file, the merge made "
                  f"{s.thread_count}" for s in result.per_rank if s.files and threads.get(s.process_name, 0) != s.thread_count]
+    if not any(s.clock_source == CLOCK_GIVEN for s in result.per_rank):
+        problems += critical_path_problems(check)     # given offsets move ranks off the report's clock
     binary = find_trace_processor(trace_processor) if (engine or trace_processor) else None
     if binary is not None:
         problems += check_with_trace_processor(result.output, binary, expected=merge_expectations(result, check)).problems
     return problems
 
 
+def critical_path_problems(check: TraceCheck, tolerance_ns: int = 1000) -> list[str]:
+    """The segments of one step form a chain: across ranks, in time order, none starts more than
+    `tolerance_ns` before the previous one ends (a merge that removed other clock offsets than the
+    report's moves a rank's segments off the chain); a crossing joins two ranks' segments."""
+    on_path = {uuid for uuid, track in check.tracks.items() if track.name.startswith(PATH_TRACK_NAME)}
+    by_step: dict[Any, list] = defaultdict(list)
+    for piece in check.slices:
+        if piece.track_uuid in on_path:
+            by_step[(piece.annotations or {}).get("step")].append(piece)
+    problems = []
+    for step, pieces in sorted(by_step.items(), key=str):
+        pieces.sort(key=lambda p: (p.start_ns, p.end_ns))
+        for before, after in zip(pieces, pieces[1:]):
+            if after.start_ns < before.end_ns - tolerance_ns:
+                problems.append(f"critical path of step {step}: {_owner(check, after)}'s segment at {after.start_ns} "
+                                f"starts {(before.end_ns - after.start_ns) / 1000:.1f} us before "
+                                f"{_owner(check, before)}'s ends (clock offsets other than the report's?)")
+    for flow_id, start, end in check.arrows:
+        if start[0] in on_path and (end[0] not in on_path or check.process_of(start[0]) is check.process_of(end[0])):
+            problems.append(f"critical-path flow {flow_id} does not join two ranks' critical-path segments")
+    return problems
+
+
+def _owner(check: TraceCheck, piece) -> str:
+    process = check.process_of(piece.track_uuid)
+    return process.name if process is not None else f"track {piece.track_uuid}"
+
+
 def verify_trace_file(path: str | Path, trace_processor: str | Path) -> list[str]:
     """Problems of a merged trace on its own: the read-back's invariants, and the engine's tables
     compared with the read-back."""
     check = check_trace(path)
-    return list(check.problems) + check_with_trace_processor(
+    return list(check.problems) + critical_path_problems(check) + check_with_trace_processor(
         path, trace_processor, expected=readback_expectations(check)).problems
 
 

@@ -28,6 +28,10 @@ class ReportView:
     """This rank's `by_wait[]` entry in the window."""
     late_instances: list[dict[str, Any]] = field(default_factory=list)
     """`worst_instances[]` of the window where this rank arrived last."""
+    critical_path: Any = None
+    """This rank's segments of the window's critical path (critical_path_overlays.RankPath) or None."""
+    evidence: Any = None
+    """Per-step evidence for counters and marks (evidence_overlays.RankEvidence) or None."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,6 +67,11 @@ class WindowContext:
     """(start_ns, transfer key, send|recv) of the sends / receives with a known peer (sources.WindowModel)."""
     moe: Any = None
     """The rank's MoE overlay data (moe_overlays.MoeMergeView), None without MoE records or findings."""
+    idle_gaps: tuple[tuple[int, int, str], ...] = ()
+    """(start_ns, end_ns, cause) of every idle gap inside the steps, from the per-rank analysis
+    (host_stalls.find_idle_gaps: the one rule for idle gaps and their causes)."""
+    idle_basis: str | None = None
+    """"gpu" | "cpu": what the gaps are idle time of; None when the analysis found none to measure."""
 
 
 @dataclass(kw_only=True)

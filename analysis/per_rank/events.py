@@ -131,11 +131,19 @@ class TraceEvents:
     def launch_start_us(self, selected: np.ndarray) -> np.ndarray:
         """For the selected GPU events, when the host launched them (the `cuda_runtime` event with the
         same correlation id); their own start where no launch is recorded."""
+        return self._launch_time_us(selected, self.start_us)
+
+    def launch_end_us(self, selected: np.ndarray) -> np.ndarray:
+        """For the selected GPU events, when their launch call returned; their own start where no launch
+        is recorded."""
+        return self._launch_time_us(selected, self.end_us)
+
+    def _launch_time_us(self, selected: np.ndarray, launch_times_us: np.ndarray) -> np.ndarray:
         own_start = self.start_us[selected]
         launches = self.of_kind(Kind.CUDA_RUNTIME) & (self.correlation != NO_ID)
         if not launches.any():
             return own_start
-        launch_ids, launch_starts = self.correlation[launches], self.start_us[launches]
+        launch_ids, launch_starts = self.correlation[launches], launch_times_us[launches]
         order = np.argsort(launch_ids, kind="stable")
         launch_ids, launch_starts = launch_ids[order], launch_starts[order]
         wanted = self.correlation[selected]

@@ -15,7 +15,13 @@ that applies:
   - IDLE_SYNC: it starts while the host is blocked in a sync or a tensor read, or within SYNC_SLACK_US
     after one returns (the GPU drained, and waits for the host to launch again);
   - IDLE_SHORT: shorter than SHORT_GAP_US (launch overhead between back-to-back kernels);
+  - IDLE_DEVICE: the GPU work that ends it had been launched (its launch call had returned) before the
+    gap began: the GPU waited on an event, another stream or a peer, not on the host;
   - IDLE_HOST: otherwise: the host was busy elsewhere (Python, launches, a sleep) and launched late.
+CPU traces (no GPU activity) have idle gaps on the CPU basis of utilization.py (no op and no collective
+running on any thread inside the steps), all with the cause IDLE_NO_OP; they are not in idle_by_cause_us.
+`find_idle_gaps` is the one rule for idle gaps and their causes: the report's totals and the merged trace's
+`idle: <cause>` slices both come from it.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, Kind, TraceEvents
-from fleetscope.analysis.per_rank.intervals import Intervals, covered_between, subtract, union
+from fleetscope.analysis.per_rank.intervals import Intervals, covered_between, subtract, union, union_of
 from fleetscope.analysis.per_rank.names import (
     is_comm_cpu_op,
     is_device_to_host_copy,
@@ -34,10 +40,14 @@ from fleetscope.analysis.per_rank.names import (
     is_tensor_read_op,
 )
 from fleetscope.analysis.per_rank.steps import StepTiming
+from fleetscope.analysis.per_rank.utilization import BASIS_CPU, BASIS_GPU, Timeline
 
 IDLE_INPUT, IDLE_HOST_COMM, IDLE_SYNC = "input wait", "host collective", "host sync"
-IDLE_SHORT, IDLE_HOST = "short gaps", "host busy elsewhere"
-IDLE_CAUSES = (IDLE_INPUT, IDLE_HOST_COMM, IDLE_SYNC, IDLE_SHORT, IDLE_HOST)
+IDLE_SHORT, IDLE_DEVICE, IDLE_HOST = "short gaps", "device dependency", "host busy elsewhere"
+IDLE_CAUSES = (IDLE_INPUT, IDLE_HOST_COMM, IDLE_SYNC, IDLE_SHORT, IDLE_DEVICE, IDLE_HOST)
+IDLE_NO_OP = "no op running"
+GAP_CAUSES = IDLE_CAUSES + (IDLE_NO_OP,)
+"""Every cause an IdleGaps entry can carry, by code."""
 SYNC_SLACK_US = 20.0
 SHORT_GAP_US = 10.0
 
@@ -64,8 +74,73 @@ class HostStalls:
     """Number of idle gaps by cause."""
 
 
-def find_host_stalls(events: TraceEvents, steps: list[StepTiming]) -> HostStalls | None:
-    """None without steps (nothing to assign the stalls to)."""
+@dataclass(frozen=True, kw_only=True)
+class IdleGaps:
+    """Every idle gap of one rank inside its profiled steps (trace clock), with its cause."""
+
+    basis: str
+    """BASIS_GPU | BASIS_CPU (utilization.py): what was idle."""
+    starts_us: np.ndarray
+    ends_us: np.ndarray
+    cause_codes: np.ndarray
+    """Index into GAP_CAUSES, per gap."""
+
+    def __len__(self) -> int:
+        return int(self.starts_us.size)
+
+    def causes(self) -> list[str]:
+        return [GAP_CAUSES[code] for code in self.cause_codes.tolist()]
+
+
+def find_idle_gaps(events: TraceEvents, steps: list[StepTiming], timeline: Timeline) -> IdleGaps | None:
+    """The gaps of the steps not covered by the timeline's busy time, each with its cause (module
+    docstring); None without steps or without anything measured."""
+    if not steps:
+        return None
+    spans = union(Intervals.of([s.start_us for s in steps], [s.end_us for s in steps]))
+    if timeline.basis == BASIS_CPU:
+        busy = union_of(timeline.compute, timeline.comm_busy)
+        if not len(busy):
+            return None
+        gaps = subtract(spans, busy)
+        return IdleGaps(basis=BASIS_CPU, starts_us=gaps.starts_us, ends_us=gaps.ends_us,
+                        cause_codes=np.full(len(gaps), GAP_CAUSES.index(IDLE_NO_OP), dtype=np.int8))
+    return _gpu_idle_gaps(events, spans)
+
+
+def _gpu_idle_gaps(events: TraceEvents, spans: Intervals) -> IdleGaps:
+    host = events.of_kind(Kind.CUDA_RUNTIME, Kind.CPU_OP, Kind.USER_ANNOTATION)
+    syncs = events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_host_sync_call)
+    reads = events.of_kind(Kind.CPU_OP) & events.names_matching(is_tensor_read_op)
+    inputs = host & events.names_matching(is_input_wait)
+    host_comm = host & events.names_matching(lambda n: is_gloo_span(n) or is_comm_cpu_op(n))
+    blocking = syncs | reads
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    gaps = subtract(spans, union(Intervals(events.start_us[gpu], events.end_us[gpu])))
+    causes = gap_causes(gaps, Intervals(events.start_us[inputs], events.end_us[inputs]),
+                        Intervals(events.start_us[host_comm], events.end_us[host_comm]),
+                        Intervals(events.start_us[blocking], events.end_us[blocking] + SYNC_SLACK_US),
+                        queued_before=_queued_before(events, gpu, gaps))
+    codes = np.asarray([GAP_CAUSES.index(c) for c in causes.tolist()], dtype=np.int8)
+    return IdleGaps(basis=BASIS_GPU, starts_us=gaps.starts_us, ends_us=gaps.ends_us, cause_codes=codes)
+
+
+def _queued_before(events: TraceEvents, gpu: np.ndarray, gaps: Intervals) -> np.ndarray:
+    """Per gap: the GPU work starting at its end had been launched (launch call returned) before it began."""
+    if not len(gaps) or not gpu.any():
+        return np.zeros(len(gaps), dtype=bool)
+    starts = events.start_us[gpu]
+    launched = events.launch_end_us(gpu)
+    order = np.argsort(starts, kind="stable")
+    starts, launched = starts[order], launched[order]
+    slot = np.clip(np.searchsorted(starts, gaps.ends_us), 0, starts.size - 1)
+    follows = np.abs(starts[slot] - gaps.ends_us) < 1e-6
+    return follows & (launched[slot] <= gaps.starts_us)
+
+
+def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGaps | None = None) -> HostStalls | None:
+    """None without steps (nothing to assign the stalls to); the idle causes are those of `gaps`
+    (find_idle_gaps) on the GPU basis."""
     if not steps:
         return None
     host = events.of_kind(Kind.CUDA_RUNTIME, Kind.CPU_OP, Kind.USER_ANNOTATION)
@@ -75,8 +150,7 @@ def find_host_stalls(events: TraceEvents, steps: list[StepTiming]) -> HostStalls
     dtoh = events.of_kind(Kind.GPU_MEMCPY) & events.names_matching(is_device_to_host_copy)
     dtoh_launch = events.launch_start_us(dtoh)
     per_step = [_step_stalls(events, step, syncs, reads, inputs, dtoh, dtoh_launch) for step in steps]
-    host_comm = host & events.names_matching(lambda n: is_gloo_span(n) or is_comm_cpu_op(n))
-    idle_us, idle_count = _idle_causes(events, steps, syncs | reads, inputs, host_comm)
+    idle_us, idle_count = _idle_totals(gaps)
     return HostStalls(steps=per_step, idle_by_cause_us=idle_us, idle_gaps_by_cause=idle_count)
 
 
@@ -95,24 +169,21 @@ def _step_stalls(events: TraceEvents, step: StepTiming, syncs: np.ndarray, reads
     )
 
 
-def _idle_causes(events: TraceEvents, steps: list[StepTiming], blocking: np.ndarray, inputs: np.ndarray,
-                 host_comm: np.ndarray) -> tuple[dict[str, float], dict[str, int]]:
-    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
-    if not gpu.any():
+def _idle_totals(gaps: IdleGaps | None) -> tuple[dict[str, float], dict[str, int]]:
+    if gaps is None or gaps.basis != BASIS_GPU or not len(gaps):
         return {}, {}
-    spans = union(Intervals.of([s.start_us for s in steps], [s.end_us for s in steps]))
-    gaps = subtract(spans, union(Intervals(events.start_us[gpu], events.end_us[gpu])))
-    causes = gap_causes(gaps, Intervals(events.start_us[inputs], events.end_us[inputs]),
-                        Intervals(events.start_us[host_comm], events.end_us[host_comm]),
-                        Intervals(events.start_us[blocking], events.end_us[blocking] + SYNC_SLACK_US))
     lengths = gaps.ends_us - gaps.starts_us
-    idle_us = {c: float(lengths[causes == c].sum()) for c in IDLE_CAUSES if np.any(causes == c)}
-    idle_count = {c: int(np.count_nonzero(causes == c)) for c in idle_us}
+    codes = gaps.cause_codes
+    idle_us = {c: float(lengths[codes == GAP_CAUSES.index(c)].sum()) for c in IDLE_CAUSES
+               if np.any(codes == GAP_CAUSES.index(c))}
+    idle_count = {c: int(np.count_nonzero(codes == GAP_CAUSES.index(c))) for c in idle_us}
     return idle_us, idle_count
 
 
-def gap_causes(gaps: Intervals, input_time: Intervals, comm_time: Intervals, blocked: Intervals) -> np.ndarray:
-    """The cause (IDLE_CAUSES) of each gap; `blocked`: host syncs and tensor reads, slack included."""
+def gap_causes(gaps: Intervals, input_time: Intervals, comm_time: Intervals, blocked: Intervals,
+               queued_before: np.ndarray | None = None) -> np.ndarray:
+    """The cause (IDLE_CAUSES) of each gap; `blocked`: host syncs and tensor reads, slack included;
+    `queued_before`: per gap, the work after it was launched before it began (None: unknown)."""
     lengths = gaps.ends_us - gaps.starts_us
     by_input = covered_between(input_time, gaps.starts_us, gaps.ends_us) >= 0.5 * lengths
     by_comm = covered_between(comm_time, gaps.starts_us, gaps.ends_us) >= 0.5 * lengths
@@ -120,5 +191,6 @@ def gap_causes(gaps: Intervals, input_time: Intervals, comm_time: Intervals, blo
     slot = np.searchsorted(blocked.starts_us, gaps.starts_us, side="right") - 1
     by_sync = (slot >= 0) & (blocked.ends_us[np.clip(slot, 0, None)] >= gaps.starts_us) if len(blocked) else \
         np.zeros(len(gaps), dtype=bool)
-    return np.select([by_input, by_comm, by_sync, lengths < SHORT_GAP_US],
-                     [IDLE_INPUT, IDLE_HOST_COMM, IDLE_SYNC, IDLE_SHORT], default=IDLE_HOST)
+    by_device = queued_before if queued_before is not None else np.zeros(len(gaps), dtype=bool)
+    return np.select([by_input, by_comm, by_sync, lengths < SHORT_GAP_US, by_device],
+                     [IDLE_INPUT, IDLE_HOST_COMM, IDLE_SYNC, IDLE_SHORT, IDLE_DEVICE], default=IDLE_HOST)

@@ -22,7 +22,7 @@ from fleetscope.analysis.per_rank.events import (
     extract_events,
 )
 from fleetscope.analysis.per_rank.gpu_time import GpuTime, measure_gpu_time
-from fleetscope.analysis.per_rank.host_stalls import HostStalls, find_host_stalls
+from fleetscope.analysis.per_rank.host_stalls import HostStalls, IdleGaps, find_host_stalls, find_idle_gaps
 from fleetscope.analysis.per_rank.kernels import KernelTotal, OpDuration, op_durations, top_kernels
 from fleetscope.analysis.per_rank.p2p import PointToPoint, find_point_to_point
 from fleetscope.analysis.per_rank.moe import MoeRankTimes, measure_moe
@@ -71,6 +71,8 @@ class RankResult:
     """GPU time by phase, user range and kernel category (gpu_time.py); None without GPU activity."""
     host_stalls: HostStalls | None = None
     """Syncs, tensor reads, copies to the host, input waits per step; GPU idle gaps by cause."""
+    idle_gaps: IdleGaps | None = None
+    """Every idle gap inside the steps with its cause (host_stalls.find_idle_gaps): what the merge draws."""
     op_durations: list[OpDuration] = dataclasses.field(default_factory=list)
     """Median duration of each compute kernel (host op on CPU) name (kernels.py)."""
     p2p: PointToPoint = dataclasses.field(default_factory=PointToPoint.none)
@@ -101,6 +103,7 @@ def analyze_bytes(source: TraceSource, raw: bytes, comm_kernel_pattern: str | No
     timeline = build_timeline(events, is_comm)
     info = document.get("distributedInfo")
     collectives = find_collectives(events, steps, timeline.compute, is_comm)
+    idle_gaps = find_idle_gaps(events, steps, timeline)
     return RankResult(
         label=source.label,
         path=str(source.path),
@@ -122,7 +125,8 @@ def analyze_bytes(source: TraceSource, raw: bytes, comm_kernel_pattern: str | No
         collectives=collectives,
         top_kernels=top_kernels(events),
         gpu_time=measure_gpu_time(events, steps),
-        host_stalls=find_host_stalls(events, steps),
+        host_stalls=find_host_stalls(events, steps, idle_gaps),
+        idle_gaps=idle_gaps,
         op_durations=op_durations(events),
         p2p=find_point_to_point(events, steps),
         moe=measure_moe(events, steps, collectives, is_comm, custom_comm_kernel(comm_kernel_pattern)),

@@ -55,6 +55,9 @@ class InputEvidence:
     max_data_ms: float
     data_pct: float
     """Sum of data_ms over the sum of step_time_ms, percent."""
+    recorded_steps: list[int] = field(default_factory=list)
+    data_ms: list[float] = field(default_factory=list)
+    """data_ms of each of recorded_steps (the steps whose record has both data_ms and step_time_ms)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,7 +137,8 @@ def input_evidence(records: list[dict[str, Any]]) -> InputEvidence | None:
     data = np.asarray([r["data_ms"] for r in timed], dtype=np.float64)
     total = float(sum(r["step_time_ms"] for r in timed))
     return InputEvidence(steps=len(timed), mean_data_ms=float(data.mean()), max_data_ms=float(data.max()),
-                         data_pct=100.0 * float(data.sum()) / total if total > 0 else 0.0)
+                         data_pct=100.0 * float(data.sum()) / total if total > 0 else 0.0,
+                         recorded_steps=[int(r["step"]) for r in timed], data_ms=data.tolist())
 
 
 def compile_evidence(record: dict[str, Any], timed_steps: set[int]) -> CompileEvidence:

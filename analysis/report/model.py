@@ -32,7 +32,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           the step, GPU time), input_wait_us (DataLoader fetch spans, host wall)},
                           idle_by_cause_us {cause: us}, idle_gaps_by_cause {cause: gaps}: GPU idle time
                           inside the steps by cause ("input wait", "host collective", "host sync",
-                          "short gaps" < 10 us, "host busy elsewhere"; host_stalls.py)} | null (no steps)
+                          "short gaps" < 10 us, "device dependency" (the next GPU work was already
+                          launched), "host busy elsewhere"; host_stalls.py)} | null (no steps)
         top_kernels[]     {name, count, total_us, ranks, category}: kernels with the most GPU time, all ranks
                           summed; category as in gpu_time
         gpu_time          GpuTime, the window's ranks summed | null (no GPU activity): {total_us (kernel,
@@ -72,7 +73,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           rank R" where the MoE section names a hot expert the rank holds; "" otherwise),
                           explanation}}: why each rank causing >= 20% of
                           the waiting is late, and its steps if it were on time (causes.py)
-        critical_path     {steps[] {step, length_us, segments[] {kind ("compute" | "host gap" |
+        critical_path     {steps[] {step, length_us, start_ns (the path's start on the clock the merge
+                          draws with: epoch ns, less the window's clock offsets), segments[] {kind ("compute" | "host gap" |
                           "data movement" | "work"), rank, collective, start_us (after the
                           path's start), duration_us, share}}, by_rank[] {rank, kind, duration_us, share}}:
                           the chain across ranks that set each step's end (critical_path.py)
@@ -95,7 +97,10 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           truncated" (the profiler cut the list at 30 entries: none guessed), "not
                           recorded"; an all-to-all instance's bytes are its busiest sender's), max_peer_bytes
                           (most bytes one member sent one peer in one instance), sender_max_over_mean
-                          (busiest over mean sender, worst instance)}} | null
+                          (busiest over mean sender, worst instance), slow (messages >= 1 MiB below 50%
+                          of the peak)}, instances[] {step, name, ordinal (the instance key), row (index in
+                          rows[]), bytes, members, moving_us, wait_us, algbw_gbps, busbw_gbps, peak_pct}
+                          (the first 5,000 timed instances)} | null
         pipeline          PipelineReport | null (no point-to-point traffic): {schedule, stages, microbatches
                           (from the stages' pp_schedule markers; null without), theoretical_bubble_pct
                           ((p-1)/(m+p-1) for gpipe/1f1b, (p-1)/(v m+p-1) interleaved), p2p_source ("gloo
@@ -116,7 +121,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           step of the reserved peak), fragmentation_pct, alloc_retries, ooms (summed),
                           growth_mb_per_step (least-squares slope after the first 2 steps, >= 4 steps),
                           leak_suspected (slope >= 1 MiB/step)} | null,
-                          input {steps, mean_data_ms, max_data_ms, data_pct (data_ms over step_time_ms)} | null,
+                          input {steps, mean_data_ms, max_data_ms, data_pct (data_ms over step_time_ms),
+                          recorded_steps[], data_ms[] (the trainer's data_ms of each of those steps)} | null,
                           compile {mode, backend, final, compile_time_s, frames_compiled, graphs,
                           graph_break_count, graph_breaks[] {reason, count}, recompiles[] {compile_id,
                           function, reason}, cuda_graphs, cudagraph_skip_reasons[], steps_with_compilations[],

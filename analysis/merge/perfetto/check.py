@@ -7,11 +7,13 @@ open slice).
 
 Checked: every track event names a described track; every interned id (names, categories,
 annotation names) resolves on its sequence; per track, begins and ends balance and no end comes
-before its begin; every flow arrow joins two slices, and a rank's own flows are complete.
+before its begin; every flow arrow joins two slices, and a rank's own flows are complete; every counter
+value is finite (the engine drops or mis-scales the others).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,7 +215,15 @@ def check_trace(path: str | Path) -> TraceCheck:
         _rebuild_track(uuid, events, check)
     _check_flows(check)
     _check_threads(check)
+    _check_counters(check)
     return check
+
+
+def _check_counters(check: TraceCheck) -> None:
+    for uuid, samples in check.counter_values.items():
+        bad = [ts for ts, value in samples if not math.isfinite(value)]
+        if bad:
+            check.problems.append(f"counter track {uuid}: {len(bad)} values not finite (first at {bad[0]})")
 
 
 def _add_track(descriptor: pb.TrackDescriptor, check: TraceCheck) -> None:

@@ -58,10 +58,24 @@ FROM slice s JOIN rank_of_track r ON s.track_id = r.track_id JOIN track t ON t.i
 WHERE t.name LIKE 'fleetscope analysis%' AND s.name LIKE 'idle%'
 GROUP BY r.pid, s.name ORDER BY r.pid, total_ms DESC
 """
-"""GPU idle gaps per rank by cause, from the `fleetscope analysis` track's `idle: <cause>` slices."""
+"""Idle gaps per rank by cause, from the `fleetscope analysis` track's `idle: <cause>` slices (the per-rank
+analysis's gaps and causes, host_stalls.py)."""
+
+CRITICAL_PATH = f"""
+WITH {RANK_OF_TRACK}
+SELECT EXTRACT_ARG(s.arg_set_id, 'debug.step') AS step, r.rank, s.name AS segment, s.ts,
+       ROUND(s.dur / 1e6, 3) AS dur_ms, EXTRACT_ARG(s.arg_set_id, 'debug.share_pct') AS share_pct,
+       EXTRACT_ARG(s.arg_set_id, 'debug.collective') AS collective,
+       EXTRACT_ARG(s.arg_set_id, 'debug.waited_for_rank') AS waited_for_rank
+FROM slice s JOIN rank_of_track r ON s.track_id = r.track_id JOIN track t ON t.id = s.track_id
+WHERE t.name LIKE 'critical path%'
+ORDER BY CAST(EXTRACT_ARG(s.arg_set_id, 'debug.step') AS INT), s.ts, r.pid
+"""
+"""Each step's cross-rank critical path, segment by segment, from the `critical path` tracks."""
 
 NAMED_QUERIES = {
     "top-kernels": TOP_KERNELS,
     "collective-waits": COLLECTIVE_WAITS,
     "idle-gaps": IDLE_GAPS,
+    "critical-path": CRITICAL_PATH,
 }

@@ -141,9 +141,9 @@ def write_rank_summary(writer: SequenceWriter, plan: RankSummaryPlan) -> None:
 def estimated_summary_bytes(models: Iterable[WindowModel]) -> int:
     """About what one rank's summary takes in the file (descriptors, a slice per window and step,
     counters, arrival marks); measured on GPU and CPU traces, rounded up."""
-    total = 600
+    total = 800
     for model in models:
-        total += 220 + 170 * len(model.steps) + 24 * min(len(model.collectives), MAX_ARRIVALS_PER_WINDOW)
+        total += 300 + 220 * len(model.steps) + 30 * min(len(model.collectives), MAX_ARRIVALS_PER_WINDOW)
     return total
 
 

@@ -115,6 +115,9 @@ def test_named_ranks_of_a_report():
         (12, "hot expert 6 of layer 1"), (13, "hot expert 6 of layer 1"),
     ]
     assert report_named_ranks({"windows": "not a list", "moe": None}) == []
+    hostile = {"windows": [{"ranks": [{}, {}], "stragglers": {"waited_for_rank": True, "slowest_rank": "3"},
+                            "causes": {"findings": [{"rank": None}]}, "critical_path": {"by_rank": [{"rank": 1}]}}]}
+    assert report_named_ranks(hostile) == []
 
 
 def test_rank_ranges_are_short():

@@ -124,10 +124,10 @@ def report_named_ranks(report: dict | None) -> list[tuple[int, str]]:
     windows = _dicts(report.get("windows"))
     for key, reason in (("waited_for_rank", "straggler: the rank the others wait for"),
                         ("slowest_rank", "straggler: slowest step time")):
-        named += [(w["stragglers"][key], reason) for w in windows
-                  if isinstance(_dict(w.get("stragglers")).get(key), int) and len(_dicts(w.get("ranks"))) > 1]
-    named += _capped([(f["rank"], f"straggler cause: {f.get('cause') or 'unexplained'}") for w in windows
-                      for f in _dicts(_dict(w.get("causes")).get("findings")) if isinstance(f.get("rank"), int)])
+        named += [(rank, reason) for w in windows if len(_dicts(w.get("ranks"))) > 1
+                  for rank in _ints([_dict(w.get("stragglers")).get(key)])]
+    named += _capped([(rank, f"straggler cause: {f.get('cause') or 'unexplained'}") for w in windows
+                      for f in _dicts(_dict(w.get("causes")).get("findings")) for rank in _ints([f.get("rank")])])
     named += [(rank, "critical path") for rank in _critical_path_ranks(windows)]
     named += _capped([(rank, f"hot expert {f.get('expert')} of layer {f.get('layer')}")
                       for f in _dicts(_dict(report.get("moe")).get("findings")) for rank in _ints(f.get("ranks"))])
@@ -146,7 +146,7 @@ def _critical_path_ranks(windows: list[dict]) -> list[int]:
     for window in windows:
         for entry in _dicts(_dict(window.get("critical_path")).get("by_rank")):
             share = entry.get("share")
-            if isinstance(entry.get("rank"), int) and isinstance(share, (int, float)) and share > 0:
+            if _ints([entry.get("rank")]) and isinstance(share, (int, float)) and share > 0:
                 shares[entry["rank"]] = shares.get(entry["rank"], 0.0) + float(share)
     return sorted(shares, key=lambda r: (-shares[r], r))[:MAX_CRITICAL_PATH_RANKS]
 

@@ -27,10 +27,11 @@ def describe_merge(result) -> list[str]:
 
 def describe_focus(plan: FocusPlan) -> list[str]:
     total = len(plan.chosen) + len(plan.left_out)
+    if not plan.left_out:
+        return [f"size budget {megabytes(plan.budget_bytes)}: every rank fits (estimated "
+                f"{megabytes(plan.estimated_bytes - plan.summary_bytes)}): all {total} in full, nothing left out"]
     lines = [f"size budget {megabytes(plan.budget_bytes)}: {len(plan.chosen)} of {total} ranks in full "
              f"(estimated {megabytes(plan.estimated_bytes)} with the summary of every rank)"]
-    if not plan.left_out:
-        return lines + ["  every rank fits: nothing left out"]
     for reason, ranks in _by_reason(plan).items():
         lines.append(f"  in full, {reason}: {rank_ranges(ranks)}")
     lines.append(f"  left out (summary only): {len(plan.left_out)} ranks: {rank_ranges(plan.left_out)}")

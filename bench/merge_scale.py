@@ -1,7 +1,18 @@
 """How the merged Perfetto trace scales with the number of ranks.
 
+    python bench/merge_scale.py --focus [--ranks 64,256,1024] [--all-up-to 256] [--out bench.json]
     python bench/merge_scale.py [--source TRACE] [--ranks 8,64,256] [--steps 4] [--json-ranks 8,64]
                                 [--work DIR] [--out bench.json]
+
+`--focus`: the DEFAULT `fleetscope merge` (what a user gets: the focus set in full within the size
+budget, and a summary track of every rank) against `--ranks all` in the same run, on N-rank sets made by
+analysis/synthetic.py from the H200 fixture (as bench/postprocess_scale.py makes them: 8 ranks per
+host). Each merge is `python -m fleetscope.cli.main merge SET -o OUT [--ranks all]` in its own process with
+a private, empty parsed-trace cache (both cold). Reported per N and mode: output bytes (every file),
+ranks drawn in full, wall time, peak RSS of the whole process tree (sum over the process and its
+descendants, sampled every 0.1 s), and the trace processor's load time and peak RSS on the output; then
+the ratios default / all. `--ranks all` runs only for N <= `--all-up-to` (its merge time grows with N).
+Without `--focus`, every rank in full (`--ranks all`) as below:
 
 From one real GPU trace (default: the H200 fixture, a stock transformers eager step with ~3,150
 kernels) it builds N-rank sets: the trace's steps are tiled to `--steps` steps, and each rank is the
@@ -275,8 +286,95 @@ def _size(count: int) -> str:
     return f"{count}B"
 
 
+# --- default (focus set) against --ranks all --------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class FocusRow:
+    ranks: int
+    mode: str
+    """"default" or "all"."""
+    output_bytes: int
+    ranks_in_full: int
+    wall_s: float
+    peak_tree_rss_mb: float
+    engine_load_s: float | None
+    engine_peak_rss_mb: float | None
+    exit_code: int
+
+
+def run_focus_scale(source: Path, rank_counts: list[int], all_up_to: int, work: Path,
+                    engine: Path | None) -> list[FocusRow]:
+    from postprocess_scale import make_run
+
+    rows = []
+    for ranks in rank_counts:
+        run_dir = make_run(source, work / f"set{ranks}", ranks)
+        modes = ["default"] + (["all"] if ranks <= all_up_to else [])
+        for mode in modes:
+            rows.append(_focus_row(run_dir, ranks, mode, work, engine))
+            print(format_focus_row(rows[-1]), flush=True)
+        shutil.rmtree(run_dir)
+    return rows
+
+
+def _focus_row(run_dir: Path, ranks: int, mode: str, work: Path, engine: Path | None) -> FocusRow:
+    from postprocess_scale import run_watched
+
+    out = work / f"{mode}{ranks}" / "merged.perfetto-trace"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "fleetscope.cli.main", "merge", str(run_dir), "-o", str(out)]
+    command += ["--ranks", "all"] if mode == "all" else []
+    env = {**os.environ, "FLEETSCOPE_CACHE_DIR": str(work / f"cache-{mode}{ranks}")}
+    exit_code, wall, peak_mb, output = run_watched(command, env)
+    files = sorted(out.parent.glob("*.perfetto-trace"))
+    loaded = measure_engine(out, engine) if engine and out.is_file() else {}
+    row = FocusRow(ranks=ranks, mode=mode, output_bytes=sum(f.stat().st_size for f in files),
+                   ranks_in_full=_ranks_in_full(output), wall_s=round(wall, 1), peak_tree_rss_mb=peak_mb,
+                   engine_load_s=loaded.get("elapsed_s"), engine_peak_rss_mb=loaded.get("peak_rss_mb"),
+                   exit_code=exit_code)
+    if exit_code != 0:
+        print(output[-2000:], file=sys.stderr)
+    shutil.rmtree(out.parent)
+    shutil.rmtree(work / f"cache-{mode}{ranks}", ignore_errors=True)
+    return row
+
+
+def _ranks_in_full(output: str) -> int:
+    for line in output.splitlines():
+        if line.startswith("merged ") and " rank(s) in full" in line:
+            return int(line.split()[1])
+    return -1
+
+
+FOCUS_HEADER = (f"{'ranks':>5} {'mode':>8} {'in full':>7} {'output':>9} {'wall s':>7} {'tree RSS':>9} "
+                f"{'engine s':>8} {'engine RSS':>10} {'exit':>4}")
+
+
+def format_focus_row(row: FocusRow) -> str:
+    return (f"{row.ranks:>5} {row.mode:>8} {row.ranks_in_full:>7} {_size(row.output_bytes):>9} {row.wall_s:>7.1f} "
+            f"{row.peak_tree_rss_mb:>7.0f}MB {_or_dash(row.engine_load_s, '.1f'):>8} "
+            f"{_or_dash(row.engine_peak_rss_mb, '.0f', 'MB'):>10} {row.exit_code:>4}")
+
+
+def focus_ratios(rows: list[FocusRow]) -> list[str]:
+    """Default over all, per N where both ran."""
+    lines = []
+    by_key = {(r.ranks, r.mode): r for r in rows}
+    for ranks in sorted({r.ranks for r in rows}):
+        default, every = by_key.get((ranks, "default")), by_key.get((ranks, "all"))
+        if default is None or every is None:
+            continue
+        engine = (f", engine RSS {default.engine_peak_rss_mb / every.engine_peak_rss_mb:.2f}x"
+                  if default.engine_peak_rss_mb and every.engine_peak_rss_mb else "")
+        lines.append(f"{ranks} ranks, default / --ranks all: size {default.output_bytes / every.output_bytes:.2f}x, "
+                     f"wall {default.wall_s / every.wall_s:.2f}x{engine}")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--focus", action="store_true", help="the default merge against --ranks all (docstring)")
+    parser.add_argument("--all-up-to", type=int, default=256, help="--focus: run --ranks all up to this many ranks")
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
     parser.add_argument("--ranks", default="8,64,256")
     parser.add_argument("--steps", type=int, default=4)
@@ -298,6 +396,8 @@ def main() -> int:
     if not args.no_engine:
         from fleetscope.analysis.merge.perfetto.sql import find_trace_processor
         engine = find_trace_processor(args.trace_processor)
+    if args.focus:
+        return _main_focus(args, rank_counts, engine)
     json_ranks = {int(n) for n in args.json_ranks.split(",") if n}
     with tempfile.TemporaryDirectory(prefix="merge_scale_") as scratch:
         work = args.work or Path(scratch)
@@ -307,6 +407,19 @@ def main() -> int:
     if args.out:
         args.out.write_text(json.dumps([asdict(r) | {"vs_json": r.vs_json} for r in rows], indent=2) + "\n")
     return 0
+
+
+def _main_focus(args: argparse.Namespace, rank_counts: list[int], engine: Path | None) -> int:
+    with tempfile.TemporaryDirectory(prefix="merge_focus_") as scratch:
+        work = args.work or Path(scratch)
+        print(f"trace processor: {engine or 'none found (engine columns skipped)'}", flush=True)
+        print(f"source: {args.source}\n{FOCUS_HEADER}", flush=True)
+        rows = run_focus_scale(args.source, rank_counts, args.all_up_to, work, engine)
+    for line in focus_ratios(rows):
+        print(line)
+    if args.out:
+        args.out.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+    return 0 if all(r.exit_code == 0 for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -228,7 +228,14 @@ def register_merge(sub: argparse._SubParsersAction) -> None:
                         help="run directory, or a directory of *.json / *.json.gz traces")
     parser.add_argument("-o", "--output", default=None,
                         help="output .perfetto-trace (default: <run>/report/merged.perfetto-trace)")
-    parser.add_argument("--ranks", type=_int_set, default=None, metavar="0,3,8", help="only these ranks")
+    parser.add_argument("--ranks", type=_rank_choice, default=None, metavar="all|0,3,8",
+                        help="all: every rank in full (no summary); a list: only these ranks. Default: the ranks "
+                             "the report names, their group peers, the median rank and one per host, within "
+                             "--budget-mb, plus a summary track of every rank")
+    parser.add_argument("--budget-mb", type=positive_number, default=None, metavar="MB",
+                        help=f"size budget of the default output (default {DEFAULT_BUDGET_MB} MB)")
+    parser.add_argument("--shard-ranks", type=_positive_int, default=None, metavar="N",
+                        help="every rank in full, N ranks per file (the same clock), plus a summary file")
     parser.add_argument("--steps", type=_int_set, default=None, metavar="4,5", help="only these training steps")
     parser.add_argument("--window", type=_time_window, default=None, metavar="START:END",
                         help="only this time window, seconds after the first event")
@@ -244,6 +251,25 @@ def register_merge(sub: argparse._SubParsersAction) -> None:
                         help="--verify with this trace_processor_shell (default: $FLEETSCOPE_TRACE_PROCESSOR, "
                              "../shared/tools/ next to the repo, or PATH; without one only the read-back runs)")
     parser.set_defaults(handler=handle_merge)
+
+
+def _rank_choice(text: str) -> frozenset[int] | str:
+    return RANKS_ALL if text.strip() == RANKS_ALL else _int_set(text)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+RANKS_ALL = "all"
+DEFAULT_BUDGET_MB = 400
+"""analysis/merge/focus.py DEFAULT_BUDGET_BYTES in MB, for the help text (the CLI imports the analysis lazily)."""
 
 
 def _int_set(text: str) -> frozenset[int]:
@@ -275,7 +301,9 @@ def handle_merge(args: argparse.Namespace) -> int:
     from ..analysis.merge.run import merge
     from ..analysis.merge.options import MergeOptions
     from ..analysis.merge.perfetto.sql import find_trace_processor
-    from ..analysis.merge.verify import verify_merge
+    from ..analysis.merge.verify import verify_outputs
+    from ..analysis.merge.focus import FocusConfig
+    from .merge_messages import describe_merge
 
     layout = RunLayout.at(args.path)
     if args.output is None and not layout.is_run_dir():
@@ -284,23 +312,30 @@ def handle_merge(args: argparse.Namespace) -> int:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
     output = guard_output(args.output or layout.merged_trace, analyzed=layout.root)
     chrome_json = None if args.json is None else guard_output(args.json or layout.merged_json, analyzed=layout.root)
-    options = MergeOptions(ranks=args.ranks, steps=args.steps, time_window_s=args.window,
+    if args.shard_ranks is not None and (args.ranks is not None or chrome_json is not None):
+        raise UsageError("--shard-ranks draws every rank: it cannot be combined with --ranks or --json")
+    if args.budget_mb is not None and (args.ranks is not None or args.shard_ranks is not None):
+        raise UsageError("--budget-mb sizes the default focus set: it cannot be combined with --ranks or --shard-ranks")
+    budget = FocusConfig(budget_bytes=round(args.budget_mb * 1e6)) if args.budget_mb is not None else FocusConfig()
+    options = MergeOptions(ranks=args.ranks if args.ranks != RANKS_ALL else None,
+                           focus=None if args.ranks == RANKS_ALL else budget, shard_ranks=args.shard_ranks,
+                           steps=args.steps, time_window_s=args.window,
                            drop_python_functions=args.no_python, flows=not args.no_flows,
                            collective_flows=not args.no_flows, overlays=not args.no_overlays,
                            event_args=args.args, chrome_json=chrome_json, workers=args.workers)
     result = merge(layout.root, output, options=options, progress=_merge_progress())
-    size_mb = output.stat().st_size / 1e6 if output.is_file() else 0.0
-    print(f"merged {len(result.ranks)} rank(s) into {output} ({size_mb:.1f} MB)")
+    for line in describe_merge(result):
+        print(line)
     for problem in result.problems:
         print(f"  problem: {problem}", file=sys.stderr)
-    failures = verify_merge(result, trace_processor=args.trace_processor, engine=True) if (
+    failures = verify_outputs(result, trace_processor=args.trace_processor, engine=True) if (
         args.verify or args.trace_processor) else []
     for failure in failures:
         print(f"  verification failed: {failure}", file=sys.stderr)
     if (args.verify or args.trace_processor) and not failures:
         engine = find_trace_processor(args.trace_processor)
         print(f"verified: read back{f', and loaded in {engine}' if engine else ' (no trace processor found)'}")
-    print(f"open it at https://ui.perfetto.dev -> 'Open trace file' -> {output}")
+    print(f"open it at https://ui.perfetto.dev -> 'Open trace file' -> {result.outputs[0]}")
     if failures or not result.ranks:
         return EXIT_FAILED
     return EXIT_OK if not result.problems else EXIT_PARTIAL

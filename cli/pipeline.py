@@ -107,8 +107,9 @@ def _merge(layout: RunLayout, result: PostprocessResult, echo: bool, cache_dir: 
     if layout.report_json.is_file():
         _link_report_to_trace(layout, merged)
     if echo:
-        print(f"merged {len(merged.ranks)} rank(s) into {layout.merged_trace} "
-              f"({layout.merged_trace.stat().st_size / 1e6:.1f} MB)")
+        from .merge_messages import describe_merge
+
+        print("\n".join(describe_merge(merged)))
 
 
 def _link_report_to_trace(layout: RunLayout, merged) -> None:

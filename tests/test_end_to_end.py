@@ -11,12 +11,15 @@ from pathlib import Path
 
 import pytest
 from helpers import fleetscope
+from fleetscope.analysis.merge.critical_path_overlays import PATH_TRACK_NAME
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 pytestmark = pytest.mark.slow
 
 WINDOWS = 2
 OVERLAY_TRACK = "fleetscope analysis"
+ANALYSIS_TRACKS = (OVERLAY_TRACK, PATH_TRACK_NAME)
+"""Tracks the merge draws from the analysis, not copied from the traces."""
 
 
 @pytest.fixture(scope="module", params=["ddp", "fsdp", "tp"])
@@ -97,7 +100,7 @@ def merged_slices_per_process(path: Path) -> tuple[dict[int, str], Counter]:
     for packet in trace.packet:
         event = packet.track_event
         if packet.HasField("track_event") and event.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
-            if track_name.get(event.track_uuid) != OVERLAY_TRACK:
+            if not track_name.get(event.track_uuid, "").startswith(ANALYSIS_TRACKS):
                 slices[track_pid[event.track_uuid]] += 1
     return names, slices
 

@@ -5,11 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetscope.analysis.merge.focus import FocusConfig
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MergeOptions:
     ranks: frozenset[int] | None = None
-    """Merge only these ranks (None: all)."""
+    """Merge only these ranks, in full and without a summary (None: as `focus` and `shard_ranks` say)."""
+    focus: FocusConfig | None = FocusConfig()
+    """Draw in full only the focus set (focus.py) that fits its size budget, and a summary of every rank
+    (summary.py). None: every rank in full and no summary (`--ranks all`)."""
+    shard_ranks: int | None = None
+    """Every rank in full, this many ranks per file (`<name>.ranks<A>-<B>.perfetto-trace`, the same clock),
+    plus a summary file of every rank (`<name>.summary.perfetto-trace`); `focus` is not used."""
     steps: frozenset[int] | None = None
     """Keep only events that overlap these training steps (N of `ProfilerStep#N`); a step lasts from its
     start to the next step's start (its own end for the last one). None: every event."""
@@ -44,6 +52,12 @@ class MergeOptions:
             start, end = self.time_window_s
             if not end > start:
                 raise ValueError(f"time_window_s must be (start, end) with end > start, got {self.time_window_s}")
+        if self.shard_ranks is not None and self.shard_ranks < 1:
+            raise ValueError(f"shard_ranks must be >= 1, got {self.shard_ranks}")
+        if self.shard_ranks is not None and self.ranks is not None:
+            raise ValueError("shard_ranks and ranks cannot be combined")
+        if self.shard_ranks is not None and self.chrome_json is not None:
+            raise ValueError("shard_ranks and chrome_json cannot be combined (one JSON file per merge)")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.min_idle_gap_us < 0:

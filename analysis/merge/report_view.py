@@ -112,3 +112,55 @@ def report_clock_offsets_ns(report: dict | None, window_key: int) -> dict[int, i
         if isinstance(offset_us, (int, float)) and not isinstance(offset_us, bool) and isinstance(ranks, list):
             offsets.update({rank: round(offset_us * 1000) for rank in ranks if isinstance(rank, int)})
     return offsets
+
+
+MAX_NAMED_PER_KIND = 8
+"""Ranks one kind of finding may name for the focus set (a hot expert of a wide job has many holders)."""
+MAX_CRITICAL_PATH_RANKS = 4
+
+
+def report_named_ranks(report: dict | None) -> list[tuple[int, str]]:
+    """(rank, reason) of every rank the report points at, most telling first: hang late ranks, the
+    rank others wait for, the slowest rank, straggler causes, critical-path ranks, hot-expert holders
+    (the merge's focus set, focus.py)."""
+    if report is None:
+        return []
+    hang = _dict(_dict(report.get("capture")).get("hang"))
+    named = _capped([(r, "hang: never entered the collective the others wait in")
+                     for r in _ints(hang.get("late_ranks"))])
+    windows = _dicts(report.get("windows"))
+    for key, reason in (("waited_for_rank", "straggler: the rank the others wait for"),
+                        ("slowest_rank", "straggler: slowest step time")):
+        named += [(rank, reason) for w in windows if len(_dicts(w.get("ranks"))) > 1
+                  for rank in _ints([_dict(w.get("stragglers")).get(key)])]
+    named += _capped([(rank, f"straggler cause: {f.get('cause') or 'unexplained'}") for w in windows
+                      for f in _dicts(_dict(w.get("causes")).get("findings")) for rank in _ints([f.get("rank")])])
+    named += [(rank, "critical path") for rank in _critical_path_ranks(windows)]
+    named += _capped([(rank, f"hot expert {f.get('expert')} of layer {f.get('layer')}")
+                      for f in _dicts(_dict(report.get("moe")).get("findings")) for rank in _ints(f.get("ranks"))])
+    return named
+
+
+def report_groups(report: dict | None) -> dict[str, list[int]]:
+    """Process group label -> member ranks the report knows (the hang view's groups)."""
+    hang = _dict(_dict(_dict(report or {}).get("capture")).get("hang"))
+    return {str(g.get("group")): _ints(g.get("ranks")) for g in _dicts(hang.get("groups")) if _ints(g.get("ranks"))}
+
+
+def _critical_path_ranks(windows: list[dict]) -> list[int]:
+    """Ranks with the largest summed share of the critical path, over the windows."""
+    shares: dict[int, float] = {}
+    for window in windows:
+        for entry in _dicts(_dict(window.get("critical_path")).get("by_rank")):
+            share = entry.get("share")
+            if _ints([entry.get("rank")]) and isinstance(share, (int, float)) and share > 0:
+                shares[entry["rank"]] = shares.get(entry["rank"], 0.0) + float(share)
+    return sorted(shares, key=lambda r: (-shares[r], r))[:MAX_CRITICAL_PATH_RANKS]
+
+
+def _ints(value: Any) -> list[int]:
+    return [v for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, list) else []
+
+
+def _capped(named: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    return named[:MAX_NAMED_PER_KIND]

@@ -20,6 +20,7 @@ the same bytes faster).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import shutil
@@ -33,7 +34,17 @@ from typing import IO, Any, Callable, Iterator, Mapping
 
 from fleetscope.analysis.merge.chrome_json import ChromeJsonWriter
 from fleetscope.analysis.merge.flows import FlowPlan
+from fleetscope.analysis.merge.focus import FocusPlan
 from fleetscope.analysis.merge.options import MergeOptions
+from fleetscope.analysis.merge.outputs import PlannedOutput, plan_merge_focus, planned_outputs
+from fleetscope.analysis.merge.summary import (
+    SUMMARY_SEQUENCE_ID,
+    RankSummaryCount,
+    SummaryWindow,
+    plan_rank_summary,
+    summary_process,
+    write_rank_summary,
+)
 from fleetscope.analysis.merge.perfetto.writer import (
     PacketStream,
     SequenceWriter,
@@ -129,6 +140,17 @@ class MergeResult:
     unsupported phase), counted per file and reason."""
     chrome_json: Path | None = None
     chrome_json_uncompressed_bytes: int | None = None
+    summary: list[RankSummaryCount] = field(default_factory=list)
+    """The summary tracks of every rank (summary.py), when the file holds them."""
+    focus: FocusPlan | None = None
+    """The focus set of a default merge: which ranks are in full and why, and what was left out."""
+    shards: list["MergeResult"] = field(default_factory=list)
+    """With `shard_ranks`: one result per shard file (this result is the summary file's)."""
+
+    @property
+    def outputs(self) -> list[Path]:
+        """Every file written: the shards, then this one."""
+        return [shard.output for shard in self.shards] + [self.output]
 
     @property
     def slice_count(self) -> int:
@@ -160,29 +182,59 @@ def merge(
     `path`: a run directory or any directory of Kineto traces (or one trace file).
     `out`: default `report/merged.perfetto-trace` in a run directory, else `merged.perfetto-trace`
     next to the traces. The file is replaced atomically when the merge is done.
-    `options`: what to keep and add (MergeOptions). `offsets_ns`: rank -> clock offset to rank 0 (ns),
-    overriding `clock/rank<R>.json`. `report`: the analysis report (a Report, its JSON dict or a path)
-    for straggler marks; a run directory's report/report.json is used when not given.
+    `options`: what to keep and add (MergeOptions): by default the focus set in full and a summary of
+    every rank (focus.py, summary.py); `ranks`, `focus=None` (all) or `shard_ranks` otherwise.
+    `offsets_ns`: rank -> clock offset to rank 0 (ns), overriding `clock/rank<R>.json`. `report`: the
+    analysis report (a Report, its JSON dict or a path) for straggler marks and the focus set; a run
+    directory's report/report.json is used when not given.
     `progress` is called after each rank. Each file's steps and collective instances come from the
     per-rank parse, through the parsed-trace cache (`use_cache`, `cache_dir`) as `analyze` uses it.
+    With `shard_ranks`, the result is the summary file's and `shards` holds one result per shard.
     """
     options = options or MergeOptions()
     started = time.perf_counter()
     cache = open_cache(cache_dir)[0] if use_cache else None
     inputs = find_merge_inputs(path, offsets_ns=offsets_ns, cache=cache)
-    selected = _select_ranks(inputs, options.ranks)
     destination = _output_path(inputs, out)
     problems, notes = list(inputs.problems), []
-    report_json = load_report(report, inputs.run_layout, problems) if options.overlays else None
-    json_writer = ChromeJsonWriter(options.chrome_json) if options.chrome_json else None
+    report_json = load_report(report, inputs.run_layout, problems) if (
+        options.overlays or _plans_focus(options)) else None
+    focus = plan_merge_focus(inputs, report_json, options.focus) if _plans_focus(options) else None
+    files = planned_outputs(inputs, destination, options, focus)
+    origin: list[int | None] = [None]
+    results = [_merge_file(inputs, planned, options, report_json if options.overlays else None, problems, notes,
+                           origin, progress) for planned in files]
+    result = results[-1]
+    shards = results[:-1] if options.shard_ranks is not None else []
+    return dataclasses.replace(
+        result, elapsed_s=time.perf_counter() - started, focus=focus, shards=shards,
+        ranks=sorted({r for each in results for r in each.ranks}),
+        slices_per_rank={r: n for each in results for r, n in each.slices_per_rank.items()},
+        input_bytes=sum(each.input_bytes for each in results))
+
+
+def _plans_focus(options: MergeOptions) -> bool:
+    return options.focus is not None and options.ranks is None and options.shard_ranks is None
+
+
+def _merge_file(inputs: MergeInputs, planned: "PlannedOutput", options: MergeOptions, report_json: dict | None,
+                problems: list[MergeProblem], notes: list[MergeProblem], origin: list[int | None],
+                progress: Callable[[RankMergeSummary], None] | None) -> MergeResult:
+    """One output file: its ranks in full, then the summary of `planned.summary_of`; `origin` carries the
+    time origin from file to file (shards count `time_window_s` from the same instant)."""
+    started = time.perf_counter()
+    destination = planned.path
+    json_writer = ChromeJsonWriter(options.chrome_json) if options.chrome_json and planned.sources else None
     try:
         with atomic_output(destination, fsync=False) as handle, _cyclic_gc_paused():
             session = _MergeSession(stream=PacketStream(handle), options=options, report=report_json,
-                                    json_writer=json_writer, problems=problems, notes=notes,
-                                    moe=moe_merge_views(inputs.run_layout, report_json, [s.rank for s in selected])
+                                    json_writer=json_writer, problems=problems, notes=notes, origin_ns=origin[0],
+                                    moe=moe_merge_views(inputs.run_layout, report_json, [s.rank for s in planned.sources])
                                     if options.overlays else {})
-            summaries = _merge_ranks(session, selected, handle, destination, progress)
+            summaries = _merge_ranks(session, planned.sources, handle, destination, progress)
+            summary_counts = write_summaries(session, planned) if planned.summary_of else []
             session.stream.flush()
+            origin[0] = session.origin_ns
         if json_writer is not None:
             json_writer.close()
     except BaseException:
@@ -195,39 +247,30 @@ def merge(
         ranks=[s.rank for s in merged],
         slices_per_rank={s.rank: s.slice_count for s in merged},
         output_bytes=destination.stat().st_size,
-        input_bytes=sum(f.bytes for source in selected for f in source.files),
+        input_bytes=sum(f.bytes for source in planned.sources for f in source.files),
         elapsed_s=time.perf_counter() - started,
         per_rank=summaries,
         problems=problems,
         notes=notes,
         chrome_json=json_writer.path if json_writer else None,
         chrome_json_uncompressed_bytes=json_writer.uncompressed_bytes if json_writer else None,
+        summary=summary_counts,
     )
 
 
 def _merge_ranks(session: "_MergeSession", sources: list[RankSource], handle: IO[bytes], destination: Path,
                  progress: Callable[[RankMergeSummary], None] | None) -> list[RankMergeSummary]:
     """Every rank into the output, in rank order. With `options.workers` > 1, the first rank with events
-    is merged here (it fixes the time origin and the JSON clock), the others in worker processes that
+    is merged here (it writes the file's preamble and fixes the time origin and the JSON clock), the others in worker processes that
     each write one rank's packets to a part file, appended here in rank order."""
     pending = list(sources)
     summaries = []
-    while pending and (session.options.workers <= 1 or session.origin_ns is None):
+    while pending and (session.options.workers <= 1 or not session.preamble_written):
         summaries.append(session.merge_rank(pending.pop(0), progress))
     if pending:
         session.stream.flush()
         summaries += merge_in_workers(session, pending, handle, destination, progress)
     return summaries
-
-
-def _select_ranks(inputs: MergeInputs, ranks: frozenset[int] | None) -> list[RankSource]:
-    if ranks is None:
-        return inputs.ranks
-    available = {source.rank for source in inputs.ranks}
-    unknown = sorted(set(ranks) - available)
-    if unknown:
-        raise ValueError(f"ranks {unknown} not found under {inputs.root} (available: {sorted(available)})")
-    return [source for source in inputs.ranks if source.rank in ranks]
 
 
 def _output_path(inputs: MergeInputs, out: str | Path | None) -> Path:
@@ -251,6 +294,27 @@ def _cyclic_gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def write_summaries(session: "_MergeSession", planned: PlannedOutput) -> list[RankSummaryCount]:
+    """The summary of every rank of `planned.summary_of`, one rank at a time, after the ranks in full."""
+    writer = SequenceWriter(stream=session.stream, sequence_id=SUMMARY_SEQUENCE_ID)
+    in_full = {source.rank for source in planned.sources}
+    counts = []
+    for source in planned.summary_of:
+        plan = plan_rank_summary(source.rank, source.host, session.summary_windows(source),
+                                 note=planned.notes.get(source.rank, ""), steps=session.options.steps)
+        if not counts:
+            if not session.preamble_written:
+                write_preamble(session.stream, sequence_id=_PREAMBLE_SEQUENCE_ID, first_timestamp_ns=plan.first_ns or 0)
+                session.preamble_written = True
+            writer.track(summary_process())
+        write_rank_summary(writer, plan)
+        counts.append(RankSummaryCount(rank=source.rank, slice_count=plan.slice_count, instant_count=plan.instant_count,
+                                       counter_sample_count=plan.counter_sample_count,
+                                       arrivals_left_out=plan.arrivals_left_out, first_ns=plan.first_ns,
+                                       last_ns=plan.last_ns, in_full=source.rank in in_full))
+    return counts
 
 
 def rank_sequence_id(rank: int) -> int:
@@ -306,6 +370,16 @@ class _MergeSession:
         if progress is not None:
             progress(summary)
         return summary
+
+    def summary_windows(self, source: RankSource) -> list[SummaryWindow]:
+        """The rank's files as the summary draws them, on the clock its full tracks use."""
+        windows = []
+        for position, trace_file in enumerate(source.files):
+            window_key = trace_file.window if trace_file.window is not None else position
+            offset_ns, _ = self._clock_offset(source, window_key)
+            windows.append(SummaryWindow(window=window_key, model=trace_file.model,
+                                         clock=WindowClock(base_ns=trace_file.model.base_time_ns, offset_ns=offset_ns)))
+        return windows
 
     def _start_rank(self, emitter: "_RankEmitter", source: RankSource, tracks: RankTracks, plan: WindowPlan) -> None:
         first_ns = plan.first_ts_ns or 0

@@ -57,10 +57,22 @@ class WindowModel:
     idle_gaps: tuple[tuple[float, float, str], ...] = ()
     """(start_us, end_us, cause) of each idle gap inside the steps (host_stalls.find_idle_gaps)."""
     idle_basis: str | None = None
+    collective_ends_us: tuple[float, ...] = ()
+    """End of each collective of `collectives` (same order): the summary's comm time per step."""
+    utilization: tuple[float, float, float] | None = None
+    """(busy, idle, comm) percent of the window's span (per_rank/utilization.py); None: nothing measured."""
+    event_count: int = 0
+    base_time_ns: int = 0
+    """The trace's `baseTimeNanoseconds` (the summary places a rank without reading its trace)."""
+    bounds_us: tuple[float, float] | None = None
+    """(first start, last end) of the trace's events, trace clock."""
+    groups: frozenset[str] = frozenset()
+    """Process groups the rank's collectives name (per_rank/comm_bytes.py): the focus set's peers."""
 
     @classmethod
     def of(cls, result: RankResult) -> "WindowModel":
         calls = result.collectives
+        use = result.utilization
         return cls(
             steps=tuple((s.step, s.start_us, s.end_us) for s in result.steps),
             collectives=tuple((float(start), key) for start, key in zip(calls.start_us, calls.keys)),
@@ -69,6 +81,13 @@ class WindowModel:
                       if c.peer is not None and c.kind in (P2P_SEND, P2P_RECV) and c.step != OUTSIDE_STEPS),
             idle_gaps=_idle_gaps(result),
             idle_basis=result.idle_gaps.basis if result.idle_gaps is not None else None,
+            collective_ends_us=tuple(float(end) for end in calls.end_us),
+            utilization=(use.busy_pct, use.idle_pct, use.comm_pct) if use is not None else None,
+            event_count=result.event_count,
+            base_time_ns=result.base_time_ns,
+            bounds_us=(result.first_start_us, result.last_end_us)
+            if result.first_start_us is not None and result.last_end_us is not None else None,
+            groups=frozenset(g for g in (calls.sizes.group if calls.sizes is not None else ()) if g),
         )
 
 

@@ -24,6 +24,7 @@ from fleetscope.analysis.merge.perfetto.sql import (
 )
 from fleetscope.analysis.merge.run import MergeResult
 from fleetscope.analysis.merge.sources import CLOCK_GIVEN
+from fleetscope.analysis.merge.summary import SUMMARY_PID, SUMMARY_PROCESS_NAME
 
 
 def verify_merge(result: MergeResult, *, trace_processor: str | Path | None = None,
@@ -33,8 +34,10 @@ def verify_merge(result: MergeResult, *, trace_processor: str | Path | None = No
     problems = list(check.problems)
     expected = expected_slices_by_process(result)
     processes = [p.name for p in check.processes()]
-    if processes != list(expected):
-        problems.append(f"processes {processes} != the merged ranks {list(expected)}")
+    expected_processes = ([SUMMARY_PROCESS_NAME] if result.summary else []) + list(expected)
+    if processes != expected_processes:
+        problems.append(f"processes {_listed(processes)} != the merged ranks {_listed(expected_processes)}")
+    problems += summary_problems(result, check) + flow_end_problems(result, check)
     found = check.slice_count_by_process()
     problems += [f"{name}: {found.get(name, 0)} slices in the file, the merge wrote {count}"
                  for name, count in expected.items() if found.get(name, 0) != count]
@@ -77,6 +80,71 @@ def _owner(check: TraceCheck, piece) -> str:
     return process.name if process is not None else f"track {piece.track_uuid}"
 
 
+def verify_outputs(result: MergeResult, *, trace_processor: str | Path | None = None,
+                   engine: bool = False) -> list[str]:
+    """`verify_merge` of every file a merge wrote (the shards and the summary file when sharded)."""
+    problems = []
+    for each in [*result.shards, result]:
+        problems += [f"{each.output.name}: {p}" for p in verify_merge(each, trace_processor=trace_processor,
+                                                                      engine=engine)]
+    return problems
+
+
+def summary_problems(result: MergeResult, check: TraceCheck) -> list[str]:
+    """Every summarized rank has its summary tracks with the slices, instants and counter samples written."""
+    found = summary_counts(check)
+    problems = []
+    for count in result.summary:
+        got = found.get(count.rank, (0, 0, 0))
+        if got != (count.slice_count, count.instant_count, count.counter_sample_count):
+            problems.append(f"rank {count.rank}: summary holds (slices, instants, counter samples) {got}, "
+                            f"the merge wrote {(count.slice_count, count.instant_count, count.counter_sample_count)}")
+    extra = sorted(set(found) - {c.rank for c in result.summary})
+    if extra:
+        problems.append(f"summary tracks of ranks the merge did not summarize: {extra[:10]}")
+    return problems
+
+
+def summary_counts(check: TraceCheck) -> dict[int, tuple[int, int, int]]:
+    """rank -> (slices, instants, counter samples) on the summary process's `rank R: ...` tracks."""
+    counts: dict[int, list[int]] = {}
+
+    def rank_of(uuid: int) -> int | None:
+        process = check.process_of(uuid)
+        name = check.tracks[uuid].name if uuid in check.tracks else ""
+        if process is None or process.pid != SUMMARY_PID or not name.startswith("rank ") or ":" not in name:
+            return None
+        text = name[len("rank "):name.index(":")]
+        return int(text) if text.isdigit() else None
+
+    for position, items in enumerate((check.slices, check.instants)):
+        for item in items:
+            rank = rank_of(item.track_uuid)
+            if rank is not None:
+                counts.setdefault(rank, [0, 0, 0])[position] += 1
+    for uuid, samples in check.counter_values.items():
+        rank = rank_of(uuid)
+        if rank is not None:
+            counts.setdefault(rank, [0, 0, 0])[2] += len(samples)
+    return {rank: tuple(values) for rank, values in counts.items()}
+
+
+def flow_end_problems(result: MergeResult, check: TraceCheck) -> list[str]:
+    """Arrows join slices of ranks drawn in full only (never the summary, never a rank left out)."""
+    present = {s.process_name for s in result.per_rank if s.files}
+    stray = Counter()
+    for _, start, end in check.arrows:
+        for uuid in (start[0], end[0]):
+            process = check.process_of(uuid)
+            if process is None or process.name not in present:
+                stray[process.name if process else "no process"] += 1
+    return [f"{count} flow ends on {name}, not a rank drawn in full" for name, count in sorted(stray.items())]
+
+
+def _listed(names: list[str]) -> str:
+    return str(names) if len(names) <= 12 else f"{names[:6]} ... ({len(names)} in all)"
+
+
 def verify_trace_file(path: str | Path, trace_processor: str | Path) -> list[str]:
     """Problems of a merged trace on its own: the read-back's invariants, and the engine's tables
     compared with the read-back."""
@@ -96,13 +164,16 @@ def merge_expectations(result: MergeResult, check: TraceCheck) -> EngineExpectat
     merged = [s for s in result.per_rank if s.files]
     firsts = [s.first_timestamp_ns for s in merged if s.first_timestamp_ns is not None]
     lasts = [s.last_timestamp_ns for s in merged if s.last_timestamp_ns is not None]
+    firsts += [c.first_ns for c in result.summary if c.first_ns is not None]
+    lasts += [c.last_ns for c in result.summary if c.last_ns is not None]
     return EngineExpectations(
         slices_by_process={s.process_name: s.slice_count + s.overlay_slice_count + s.instant_count
                            + s.overlay_instant_count for s in merged},
         threads_by_process={s.process_name: s.thread_count for s in merged},
         cross_rank_flows=cross_rank_arrows(check),
-        counter_samples=sum(s.counter_sample_count for s in merged),
+        counter_samples=sum(s.counter_sample_count for s in merged) + sum(c.counter_sample_count for c in result.summary),
         time_bounds_ns=(min(firsts), max(lasts)) if firsts and lasts else None,
+        summary_slices={c.rank: c.slice_count for c in result.summary if c.slice_count},
     )
 
 
@@ -111,7 +182,9 @@ def readback_expectations(check: TraceCheck) -> EngineExpectations:
     timestamps += [i.ts_ns for i in check.instants]
     timestamps += [ts for samples in check.counter_values.values() for ts, _ in samples]
     return EngineExpectations(
-        slices_by_process=dict(check.slice_count_by_process() + check.instant_count_by_process()),
+        slices_by_process={name: count for name, count in
+                           (check.slice_count_by_process() + check.instant_count_by_process()).items()
+                           if name != SUMMARY_PROCESS_NAME},
         threads_by_process=dict(check.thread_count_by_process()),
         cross_rank_flows=cross_rank_arrows(check),
         counter_samples=sum(len(samples) for samples in check.counter_values.values()),

@@ -12,6 +12,7 @@ should hold (`EngineExpectations`):
   * thread tracks per process (the engine's `thread` table);
   * cross-rank flows per collective instance (flow ids with the top bit set);
   * counter samples;
+  * the summary track of each rank (`rank R: steps`, merge/summary.py) and its slices;
   * every slice and counter inside the merge's first and last timestamps.
 An unmatched slice end leaves no row in `stats`, which is why the counts are compared too.
 """
@@ -104,6 +105,9 @@ SELECT 'cross_flow', CAST(f.trace_id AS TEXT), CAST(COUNT(*) AS TEXT), ''
 UNION ALL
 SELECT 'counters', '', CAST(COUNT(*) AS TEXT), '' FROM counter
 UNION ALL
+SELECT 'summary_track', name, CAST((SELECT COUNT(*) FROM slice s WHERE s.track_id = t.id) AS TEXT), ''
+  FROM track t WHERE name GLOB 'rank *: steps'
+UNION ALL
 SELECT 'slice_bounds', CAST(MIN(ts) AS TEXT), CAST(MAX(ts + dur) AS TEXT), '' FROM slice
 UNION ALL
 SELECT 'counter_bounds', CAST(MIN(ts) AS TEXT), CAST(MAX(ts) AS TEXT), '' FROM counter
@@ -121,6 +125,8 @@ class EngineExpectations:
     counter_samples: int | None = None
     time_bounds_ns: tuple[int, int] | None = None
     """Every slice and counter lies within [first, last] of the merged clock."""
+    summary_slices: Mapping[int, int] | None = None
+    """rank -> slices on its summary track `rank R: steps` (merge/summary.py); every other rank has none."""
 
 
 @dataclass(kw_only=True)
@@ -129,6 +135,7 @@ class SqlCheck:
     threads_by_process: dict[str, int] = field(default_factory=dict)
     cross_rank_flows: dict[int, int] = field(default_factory=dict)
     counter_samples: int = 0
+    summary_slices: dict[int, int] = field(default_factory=dict)
     slice_bounds_ns: tuple[int, int] | None = None
     counter_bounds_ns: tuple[int, int] | None = None
     error_stats: dict[str, int] = field(default_factory=dict)
@@ -170,6 +177,8 @@ def read_check_rows(rows: list[dict[str, str]]) -> SqlCheck:
             check.cross_rank_flows[int(a) % (1 << 64)] = int(b)
         elif kind == "counters":
             check.counter_samples = int(b)
+        elif kind == "summary_track" and a.split(":")[0][len("rank "):].isdigit():
+            check.summary_slices[int(a.split(":")[0][len("rank "):])] = int(b)
         elif kind in ("slice_bounds", "counter_bounds") and a:
             bounds = (int(a), int(b))
             if kind == "slice_bounds":
@@ -195,6 +204,10 @@ def compare(check: SqlCheck, expected: EngineExpectations) -> list[str]:
     if expected.counter_samples is not None and check.counter_samples != expected.counter_samples:
         problems.append(f"the trace processor sees {check.counter_samples} counter samples, "
                         f"expected {expected.counter_samples}")
+    if expected.summary_slices is not None and check.summary_slices != dict(expected.summary_slices):
+        differ = sorted(set(check.summary_slices.items()) ^ set(expected.summary_slices.items()))
+        problems.append(f"summary tracks: the trace processor sees {len(check.summary_slices)} ranks' summaries, "
+                        f"expected {len(expected.summary_slices)} (first differences, rank and slices: {differ[:5]})")
     if expected.time_bounds_ns is not None:
         first, last = expected.time_bounds_ns
         for what, bounds in (("slices", check.slice_bounds_ns), ("counters", check.counter_bounds_ns)):

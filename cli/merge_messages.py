@@ -1,0 +1,84 @@
+"""What `merge` and `postprocess` print about a merge: the files, the size budget, which ranks are drawn in
+full and why, and what was left out (counts and short rank ranges, never a thousand numbers)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ..analysis.merge.focus import FocusPlan
+
+MAX_LISTED = 12
+"""Rank numbers shown per line; the rest is counted."""
+_PEER_PREFIX = "process-group peer of rank "
+_HOST_PREFIX = "first rank of host "
+
+
+def describe_merge(result) -> list[str]:
+    """Lines for a MergeResult (analysis/merge/run.py)."""
+    lines = [f"merged {len(result.ranks)} rank(s) in full into {len(result.outputs)} file(s):"]
+    lines += [f"  {path} ({path.stat().st_size / 1e6:.1f} MB)" for path in result.outputs if path.is_file()]
+    if result.summary:
+        lines.append(f"  summary tracks of all {len(result.summary)} ranks (process 'fleetscope summary (every rank)')"
+                     + ("" if not result.shards else f" in {result.output.name}"))
+    if result.focus is not None:
+        lines += describe_focus(result.focus)
+    return lines
+
+
+def describe_focus(plan: FocusPlan) -> list[str]:
+    total = len(plan.chosen) + len(plan.left_out)
+    if not plan.left_out:
+        return [f"size budget {megabytes(plan.budget_bytes)}: every rank fits (estimated "
+                f"{megabytes(plan.estimated_bytes - plan.summary_bytes)}): all {total} in full, nothing left out"]
+    lines = [f"size budget {megabytes(plan.budget_bytes)}: {len(plan.chosen)} of {total} ranks in full "
+             f"(estimated {megabytes(plan.estimated_bytes)} with the summary of every rank)"]
+    for reason, ranks in _by_reason(plan).items():
+        lines.append(f"  in full, {reason}: {rank_ranges(ranks)}")
+    lines.append(f"  left out (summary only): {len(plan.left_out)} ranks: {rank_ranges(plan.left_out)}")
+    if plan.over_budget:
+        lines.append(f"  over the budget: {len(plan.over_budget)} more candidates "
+                     f"({_kinds(c.reasons for c in plan.over_budget)})")
+    lines.append("  everything in full: --ranks all, or --shard-ranks N (N ranks per file, plus the summary file)")
+    return lines
+
+
+def megabytes(count: int) -> str:
+    return f"{count / 1e6:.0f} MB" if count >= 10e6 else f"{count / 1e6:.3g} MB"
+
+
+def _by_reason(plan: FocusPlan) -> dict[str, list[int]]:
+    """Reason -> ranks; peers and host leaders are grouped into one line each."""
+    grouped: dict[str, list[int]] = defaultdict(list)
+    for choice in plan.chosen:
+        for reason in choice.reasons:
+            grouped[_kind(reason)].append(choice.rank)
+    return dict(grouped)
+
+
+def _kind(reason: str) -> str:
+    if reason.startswith(_PEER_PREFIX):
+        return "process-group peers of the ranks above"
+    if reason.startswith(_HOST_PREFIX):
+        return "one rank per host"
+    return reason
+
+
+def _kinds(reason_lists) -> str:
+    counts: dict[str, int] = defaultdict(int)
+    for reasons in reason_lists:
+        counts[_kind(reasons[0])] += 1
+    return ", ".join(f"{kind}: {count}" for kind, count in counts.items())
+
+
+def rank_ranges(ranks) -> str:
+    """`0-7,9,12-15`, at most MAX_LISTED runs, then how many ranks more."""
+    ordered = sorted(set(ranks))
+    runs: list[tuple[int, int]] = []
+    for rank in ordered:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], rank)
+        else:
+            runs.append((rank, rank))
+    shown = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:MAX_LISTED])
+    hidden = sum(b - a + 1 for a, b in runs[MAX_LISTED:])
+    return shown + (f" ... (+{hidden} more)" if hidden else "")

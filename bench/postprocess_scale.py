@@ -42,7 +42,7 @@ from fleetscope.analysis.synthetic import TraceSetSpec, make_trace_set
 from fleetscope.traces.layout import RunLayout, trace_file_name, window_name
 
 DEFAULT_SOURCE = Path(__file__).resolve().parents[1] / "tests/fixtures/gpu/h200-small-hf-eager-2steps.json.gz"
-_STAGE_RE = re.compile(r"^(gather|analyze|merge) took (\d+(?:\.\d+)?) s$", re.MULTILINE)
+_STAGE_RE = re.compile(r"^(gather|analyze|merge) took (\d+(?:\.\d+)?) s \(CPU (\d+(?:\.\d+)?) s\)$", re.MULTILINE)
 SAMPLE_SECONDS = 0.1
 STOCK_HTA = textwrap.dedent("""
     import logging, sys, warnings
@@ -76,9 +76,11 @@ def run_postprocess(run_dir: Path, cache_dir: Path) -> dict:
     command = [sys.executable, "-m", "fleetscope.cli.main", "postprocess", str(run_dir), "--timings"]
     load_before = _load_average()
     exit_code, wall, peak_mb, output = run_watched(command, env)
-    stages = {name: float(seconds) for name, seconds in _STAGE_RE.findall(output)}
+    found = _STAGE_RE.findall(output)
+    stages = {name: float(seconds) for name, seconds, _ in found}
+    stages_cpu = {name: float(cpu) for name, _, cpu in found}
     return {"exit": exit_code, "wall_s": round(wall, 2), "cpu_s": _LAST_CPU["cpu_s"], "stages_s": stages,
-            "peak_tree_rss_mb": peak_mb, "load_average": [load_before, _load_average()]}
+            "stages_cpu_s": stages_cpu, "peak_tree_rss_mb": peak_mb, "load_average": [load_before, _load_average()]}
 
 
 def _load_average() -> float:
@@ -107,6 +109,9 @@ def with_stock_hta(measured: dict, trace_dir: Path, ranks: int | None, max_ranks
     before_merge = sum(measured["stages_s"].get(stage, 0.0) for stage in ("gather", "analyze"))
     if stock["exit"] == 0 and before_merge > 0:
         measured["stock_hta_over_gather_analyze"] = round(stock["wall_s"] / before_merge, 1)
+    cpu_before_merge = sum(measured["stages_cpu_s"].get(stage, 0.0) for stage in ("gather", "analyze"))
+    if stock["exit"] == 0 and cpu_before_merge > 0:
+        measured["stock_hta_cpu_over_gather_analyze_cpu"] = round(stock["cpu_s"] / cpu_before_merge, 1)
     if stock["exit"] == 0 and measured["stages_s"].get("analyze"):
         measured["stock_hta_over_analyze"] = round(stock["wall_s"] / measured["stages_s"]["analyze"], 1)
     return measured
@@ -121,11 +126,14 @@ def markdown_row(label: str, measured: dict) -> str:
     def ratio(key: str) -> str:
         return f"{measured[key]}x" if key in measured else "not measured"
 
-    cells = [label, measured["wall_s"], measured["cpu_s"], *(stages.get(s, "-") for s in ("gather", "analyze", "merge")),
+    cpu = measured["stages_cpu_s"]
+    cells = [label, measured["wall_s"], measured["cpu_s"],
+             *(f"{stages.get(s, '-')} ({cpu.get(s, '-')})" for s in ("gather", "analyze", "merge")),
              measured["peak_tree_rss_mb"], stock["wall_s"] if measured_stock else "not run",
              stock["cpu_s"] if measured_stock else "-",
              stock["peak_tree_rss_mb"] if measured_stock else "-", ratio("stock_hta_over_analyze"),
-             ratio("stock_hta_over_gather_analyze"), ratio("stock_hta_over_postprocess"),
+             ratio("stock_hta_over_gather_analyze"), ratio("stock_hta_cpu_over_gather_analyze_cpu"),
+             ratio("stock_hta_over_postprocess"),
              " / ".join(str(v) for v in measured["load_average"])]
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
@@ -201,10 +209,11 @@ def main() -> int:
                 shutil.rmtree(run_dir, ignore_errors=True)
             shutil.rmtree(cache, ignore_errors=True)
     if args.markdown:
-        print("| input | postprocess wall s | postprocess CPU s | gather s | analyze s (incl. HTA's views) | "
-              "merge s | peak tree RSS MB | stock HTA wall s | stock HTA CPU s | stock HTA peak MB | "
-              "HTA / analyze | HTA / (gather + analyze) | HTA / postprocess | load average before / after |")
-        print("|---" * 14 + "|")
+        print("| input | postprocess wall s | postprocess CPU s | gather wall (CPU) s | analyze wall (CPU) s, "
+              "incl. HTA's views | merge wall (CPU) s | peak tree RSS MB | stock HTA wall s | stock HTA CPU s | "
+              "stock HTA peak MB | HTA / analyze | HTA / (gather + analyze) | HTA CPU / (gather + analyze) CPU | "
+              "HTA / postprocess | load average before / after |")
+        print("|---" * 15 + "|")
         for result in results:
             print(markdown_row(result["input"], result))
     if args.out:

@@ -53,9 +53,10 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     HTA JSON loader): on `hta_ranks` auto (the ranks the report points at: slowest, waited for, fastest,
     median, one per host; at most `hta_max_ranks` per window), all, or a list of ranks.
     `progress(done, total)` as traces are parsed, `hta_progress(done, total)` as HTA ranks finish.
-    Per-trace results are kept in the parsed-trace cache (result_cache.py; `cache_dir`, default
-    default_cache_dir()) unless `use_cache` is false. `link_peak_gbps` replaces the table of peak bus
-    bandwidths (cross_rank/bandwidth.py) that collective bandwidth is compared with (CLI `--link-peak`).
+    Per-trace results, and HTA's views of each HTA rank, are kept in the parsed-trace cache (per_rank/cache.py,
+    per_rank/hta_cache.py; `cache_dir`, default default_cache_dir()) unless `use_cache` is false.
+    `link_peak_gbps` replaces the table of peak bus bandwidths (cross_rank/bandwidth.py) that collective
+    bandwidth is compared with (CLI `--link-peak`).
     Kernels whose names match the regular expression `comm_kernel_pattern` count as communication besides
     NCCL's (e.g. DeepEP-style dispatch/combine kernels; CLI `--comm-kernel-pattern`, names.comm_kernel_rule).
     `on_parsed(outcomes)` gets the per-trace outcomes of the parse (RankResult.from_cache tells a cache hit),
@@ -78,7 +79,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         missing=placement.missing,
         world_size=inputs.world_size,
         notes=inputs.notes + placement.notes + _cache_notes(cache, cache_off, outcomes),
-        hta=hta_runner(hta_max_ranks, hta_ranks, hta_progress) if use_hta else no_hta,
+        hta=hta_runner(hta_max_ranks, hta_ranks, hta_progress, _cache_directory(cache)) if use_hta else no_hta,
         measured_offsets=inputs.measured_offsets,
         min_lateness_us=min_lateness_us,
         link_peak_gbps=link_peak_gbps,
@@ -88,6 +89,11 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     report.capture = capture_section(inputs.layout, inputs.world_size)
     _write_outputs(report, json_out, html_out)
     return report
+
+
+def _cache_directory(cache: ResultCache | None) -> Path | None:
+    """Where HTA's per-rank views are kept: beside the parsed traces, under the same checks."""
+    return None if cache is None else cache.directory
 
 
 def _record_ranks(results: list[RankResult], world_size: int | None) -> list[int]:

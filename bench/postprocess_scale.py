@@ -11,17 +11,24 @@ its own multiprocessing) + temporal breakdown + idle-time breakdown + comm/comp 
 breakdown, all ranks; the ratios of its wall time to the whole `postprocess` and to its analyze stage
 (which includes HTA's views) are printed.
 
-    python bench/postprocess_scale.py --ranks 8 64            # synthetic sets
+Stock HTA runs only on sets of at most --stock-hta-max-ranks ranks (default 64: at 256 ranks it alone
+takes over ten minutes on a 2-core machine); beyond that its ratio is printed as not measured, never
+extrapolated. The machine's load average is recorded before and after each run (a shared machine slows
+every number; both tools alike only on average).
+
+    python bench/postprocess_scale.py                         # 8, 64, 256 and 1,024 synthetic ranks
+    python bench/postprocess_scale.py --ranks 8 64 --markdown
     python bench/postprocess_scale.py --run-dir runs/demo     # an existing run (e.g. the demo's)
-    python bench/postprocess_scale.py --ranks 256 --no-stock-hta
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -35,7 +42,7 @@ from fleetscope.analysis.synthetic import TraceSetSpec, make_trace_set
 from fleetscope.traces.layout import RunLayout, trace_file_name, window_name
 
 DEFAULT_SOURCE = Path(__file__).resolve().parents[1] / "tests/fixtures/gpu/h200-small-hf-eager-2steps.json.gz"
-_STAGE_RE = re.compile(r"^(gather|analyze|merge) took (\d+(?:\.\d+)?) s$", re.MULTILINE)
+_STAGE_RE = re.compile(r"^(gather|analyze|merge) took (\d+(?:\.\d+)?) s \(CPU (\d+(?:\.\d+)?) s\)$", re.MULTILINE)
 SAMPLE_SECONDS = 0.1
 STOCK_HTA = textwrap.dedent("""
     import logging, sys, warnings
@@ -67,20 +74,73 @@ def make_run(source: Path, root: Path, ranks: int) -> Path:
 def run_postprocess(run_dir: Path, cache_dir: Path) -> dict:
     env = {**os.environ, "FLEETSCOPE_CACHE_DIR": str(cache_dir)}
     command = [sys.executable, "-m", "fleetscope.cli.main", "postprocess", str(run_dir), "--timings"]
+    load_before = _load_average()
     exit_code, wall, peak_mb, output = run_watched(command, env)
-    stages = {name: float(seconds) for name, seconds in _STAGE_RE.findall(output)}
-    return {"exit": exit_code, "wall_s": round(wall, 2), "stages_s": stages, "peak_tree_rss_mb": peak_mb}
+    found = _STAGE_RE.findall(output)
+    stages = {name: float(seconds) for name, seconds, _ in found}
+    stages_cpu = {name: float(cpu) for name, _, cpu in found}
+    return {"exit": exit_code, "wall_s": round(wall, 2), "cpu_s": _LAST_CPU["cpu_s"], "stages_s": stages,
+            "stages_cpu_s": stages_cpu, "peak_tree_rss_mb": peak_mb, "load_average": [load_before, _load_average()]}
+
+
+def _load_average() -> float:
+    """The 1-minute load average (of a machine with os.cpu_count() cores)."""
+    return round(os.getloadavg()[0], 1)
 
 
 def run_stock_hta(trace_dir: Path) -> dict:
+    load_before = _load_average()
     exit_code, wall, peak_mb, output = run_watched([sys.executable, "-c", STOCK_HTA, str(trace_dir)], dict(os.environ))
-    return {"exit": exit_code, "wall_s": round(wall, 2), "peak_tree_rss_mb": peak_mb,
+    return {"exit": exit_code, "wall_s": round(wall, 2), "cpu_s": _LAST_CPU["cpu_s"], "peak_tree_rss_mb": peak_mb,
+            "load_average": [load_before, _load_average()],
             **({"error": output.strip().splitlines()[-1][:200]} if exit_code and output.strip() else {})}
+
+
+def with_stock_hta(measured: dict, trace_dir: Path, ranks: int | None, max_ranks: int) -> dict:
+    """`measured` plus stock HTA's run and the ratios, or the reason it was not run."""
+    if max_ranks < 0:
+        return {**measured, "stock_hta": "not measured (--no-stock-hta)"}
+    if ranks is not None and ranks > max_ranks:
+        return {**measured, "stock_hta": f"not measured (more than {max_ranks} ranks)"}
+    stock = run_stock_hta(trace_dir)
+    measured = {**measured, "stock_hta": stock}
+    if stock["exit"] == 0 and measured["wall_s"] > 0:
+        measured["stock_hta_over_postprocess"] = round(stock["wall_s"] / measured["wall_s"], 1)
+    before_merge = sum(measured["stages_s"].get(stage, 0.0) for stage in ("gather", "analyze"))
+    if stock["exit"] == 0 and before_merge > 0:
+        measured["stock_hta_over_gather_analyze"] = round(stock["wall_s"] / before_merge, 1)
+    cpu_before_merge = sum(measured["stages_cpu_s"].get(stage, 0.0) for stage in ("gather", "analyze"))
+    if stock["exit"] == 0 and cpu_before_merge > 0:
+        measured["stock_hta_cpu_over_gather_analyze_cpu"] = round(stock["cpu_s"] / cpu_before_merge, 1)
+    if stock["exit"] == 0 and measured["stages_s"].get("analyze"):
+        measured["stock_hta_over_analyze"] = round(stock["wall_s"] / measured["stages_s"]["analyze"], 1)
+    return measured
+
+
+def markdown_row(label: str, measured: dict) -> str:
+    """One row of the results table (README order: stages, memory, stock HTA, ratios)."""
+    stages = measured["stages_s"]
+    stock = measured.get("stock_hta")
+    measured_stock = isinstance(stock, dict) and stock.get("exit") == 0
+
+    def ratio(key: str) -> str:
+        return f"{measured[key]}x" if key in measured else "not measured"
+
+    cpu = measured["stages_cpu_s"]
+    cells = [label, measured["wall_s"], measured["cpu_s"],
+             *(f"{stages.get(s, '-')} ({cpu.get(s, '-')})" for s in ("gather", "analyze", "merge")),
+             measured["peak_tree_rss_mb"], stock["wall_s"] if measured_stock else "not run",
+             stock["cpu_s"] if measured_stock else "-",
+             stock["peak_tree_rss_mb"] if measured_stock else "-", ratio("stock_hta_over_analyze"),
+             ratio("stock_hta_over_gather_analyze"), ratio("stock_hta_cpu_over_gather_analyze_cpu"),
+             ratio("stock_hta_over_postprocess"),
+             " / ".join(str(v) for v in measured["load_average"])]
+    return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
 def run_watched(command: list[str], env: dict) -> tuple[int, float, float, str]:
     """(exit code, wall seconds, peak RSS of the process tree in MB, stdout+stderr)."""
-    with tempfile.TemporaryFile("w+") as sink:
+    with tempfile.TemporaryFile("w+") as sink, _cpu_seconds_into(_LAST_CPU):
         started = time.perf_counter()
         process = psutil.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
         peak = 0
@@ -90,6 +150,19 @@ def run_watched(command: list[str], env: dict) -> tuple[int, float, float, str]:
         wall = time.perf_counter() - started
         sink.seek(0)
         return process.returncode, wall, round(peak / 2**20, 1), sink.read()
+
+
+_LAST_CPU: dict[str, float] = {}
+
+
+@contextlib.contextmanager
+def _cpu_seconds_into(sink: dict[str, float]):
+    """CPU seconds (user + system) of the children waited for inside the block, and of their waited-for
+    descendants (the worker pools): far less sensitive to a loaded machine than wall time."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    yield
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    sink["cpu_s"] = round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 1)
 
 
 def _tree_rss(process: psutil.Process) -> int:
@@ -109,27 +182,40 @@ def _tree_rss(process: psutil.Process) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
-    parser.add_argument("--ranks", type=int, nargs="*", default=[8, 64])
+    parser.add_argument("--ranks", type=int, nargs="*", default=[8, 64, 256, 1024])
     parser.add_argument("--run-dir", type=Path, action="append", default=[], help="an existing run directory")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
     parser.add_argument("--no-stock-hta", action="store_true", help="skip the stock HTA run")
+    parser.add_argument("--stock-hta-max-ranks", type=int, default=64,
+                        help="run stock HTA only on sets of at most this many ranks (default 64)")
+    parser.add_argument("--markdown", action="store_true", help="also print the results as a table")
     args = parser.parse_args()
+    max_ranks = -1 if args.no_stock_hta else args.stock_hta_max_ranks
     results = []
+    print(f"{os.cpu_count()} cores; load average {_load_average()} at the start", flush=True)
     with tempfile.TemporaryDirectory(prefix="fleetscope-bench-") as scratch:
-        targets = [(f"{n} synthetic ranks", make_run(args.source, Path(scratch) / f"set{n}", n)) for n in args.ranks]
-        targets += [(str(path), path) for path in args.run_dir]
-        for label, run_dir in targets:
+        targets = [(f"{n} synthetic ranks", n, None) for n in args.ranks]
+        targets += [(str(path), None, path) for path in args.run_dir]
+        for label, ranks, run_dir in targets:
+            if run_dir is None:  # made just before it is measured, removed after: 1,024 ranks are 1.9 GB
+                run_dir = make_run(args.source, Path(scratch) / f"set{ranks}", ranks)
             cache = Path(scratch) / f"cache-{len(results)}"
             measured = run_postprocess(run_dir, cache)
-            if not args.no_stock_hta:
-                stock = run_stock_hta(RunLayout.at(run_dir).traces_dir / window_name(0))
-                measured["stock_hta"] = stock
-                if stock["exit"] == 0 and measured["wall_s"] > 0:
-                    measured["stock_hta_over_postprocess"] = round(stock["wall_s"] / measured["wall_s"], 1)
-                if stock["exit"] == 0 and measured["stages_s"].get("analyze"):
-                    measured["stock_hta_over_analyze"] = round(stock["wall_s"] / measured["stages_s"]["analyze"], 1)
+            measured = with_stock_hta(measured, RunLayout.at(run_dir).traces_dir / window_name(0),
+                                      ranks, max_ranks)
             results.append({"input": label, **measured})
             print(f"{label}: {json.dumps(measured)}", flush=True)
+            if ranks is not None:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.rmtree(cache, ignore_errors=True)
+    if args.markdown:
+        print("| input | postprocess wall s | postprocess CPU s | gather wall (CPU) s | analyze wall (CPU) s, "
+              "incl. HTA's views | merge wall (CPU) s | peak tree RSS MB | stock HTA wall s | stock HTA CPU s | "
+              "stock HTA peak MB | HTA / analyze | HTA / (gather + analyze) | HTA CPU / (gather + analyze) CPU | "
+              "HTA / postprocess | load average before / after |")
+        print("|---" * 15 + "|")
+        for result in results:
+            print(markdown_row(result["input"], result))
     if args.out:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -157,7 +157,7 @@ def handle_collect(args: argparse.Namespace) -> int:
 def register_postprocess(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("postprocess", help="gather + analyze + merge a finished run directory")
     parser.add_argument("run_dir")
-    parser.add_argument("--timings", action="store_true", help="print each stage's wall time (stderr)")
+    parser.add_argument("--timings", action="store_true", help="print each stage's wall time and CPU time (stderr)")
     fanout_commands.add_fanout_arguments(parser)
     parser.set_defaults(handler=handle_postprocess)
 
@@ -170,7 +170,7 @@ def handle_postprocess(args: argparse.Namespace) -> int:
     print_outputs(post.outputs)
     if args.timings:
         for stage, seconds in post.seconds.items():
-            print(f"{stage} took {seconds:.2f} s", file=sys.stderr)
+            print(f"{stage} took {seconds:.2f} s (CPU {post.cpu_seconds.get(stage, 0.0):.2f} s)", file=sys.stderr)
     if post.errors:
         return EXIT_FAILED
     return EXIT_OK if post.complete else EXIT_PARTIAL

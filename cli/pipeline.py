@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import sys
 import time
 import traceback
@@ -22,6 +23,8 @@ class PostprocessResult:
     outputs: dict[str, Path] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
+    """Per stage: CPU time of this process and of the worker processes it waited for (user + system)."""
 
     @property
     def complete(self) -> bool:
@@ -47,8 +50,13 @@ def postprocess(run_dir: str | Path, *, echo: bool = True, gather_traces: bool =
     return result
 
 
+def _cpu_seconds() -> float:
+    own, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + workers.ru_utime + workers.ru_stime
+
+
 def _timed(result: PostprocessResult, name: str, step) -> None:
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), _cpu_seconds()
     try:
         step()
     except Exception as error:  # noqa: BLE001 - one failed stage must not stop the others
@@ -56,6 +64,7 @@ def _timed(result: PostprocessResult, name: str, step) -> None:
         print(f"fleetscope: {name} failed: {error}", file=sys.stderr)
         traceback.print_exc(file=sys.stderr)
     result.seconds[name] = time.perf_counter() - started
+    result.cpu_seconds[name] = _cpu_seconds() - cpu_started
 
 
 def _gather(layout: RunLayout, result: PostprocessResult, echo: bool) -> None:

@@ -216,3 +216,19 @@ def _one_result(build):
     with tempfile.TemporaryDirectory() as directory:
         path = build(0, world_size=1).write(Path(directory) / "rank0.json")
         return analyze_trace(TraceSource(path=path, label="rank0.json", window=None))
+
+
+def test_merge_after_analyze_reads_every_trace_from_the_cache(tmp_path):
+    """postprocess parses each trace once: merge finds analyze's entries (none is written again)."""
+    from fleetscope.analysis.merge.run import merge
+    from hostile_runs import make_run
+
+    layout = make_run(tmp_path / "run", world_size=5)
+    cache = tmp_path / "cache"
+    analyze(layout.root, use_hta=False, cache_dir=cache)
+    written = {entry.name: entry.stat().st_ino for entry in _entries(cache)}
+    assert len(written) == 5
+    merged = merge(layout.root, cache_dir=cache)
+    assert len(merged.ranks) == 5
+    assert {entry.name: entry.stat().st_ino for entry in _entries(cache)} == written
+    assert _hits(layout.root, cache) == list(range(5))

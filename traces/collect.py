@@ -27,7 +27,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .kineto import TraceReadError, decode_trace, distributed_rank, read_raw
+from .kineto import TraceReadError, identify_trace, read_raw
 from .layout import RunLayout, collected_claim
 from .writer import publish_trace
 
@@ -90,11 +90,10 @@ def _matches(pattern: str) -> list[str]:
 def _inspect(path: Path, collection: Collection) -> FoundTrace | None:
     try:
         raw = read_raw(path)
-        document = decode_trace(raw, path)
+        info_rank = identify_trace(raw, path).rank
     except TraceReadError as error:
         collection.skipped.append((str(path), error.reason))
         return None
-    info_rank, _ = distributed_rank(document)
     named = NAME_RANK_RE.findall(path.name)
     name_rank = int(named[-1]) if named else None
     if info_rank is not None and name_rank is not None and info_rank != name_rank:

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .capture import read_capture_records
-from .kineto import TraceReadError, decode_trace, distributed_rank, profiler_steps, read_raw
+from .kineto import TraceReadError, identify_trace, read_raw
 from .layout import TRACE_SUFFIX, WINDOW_RE, RunLayout, parse_trace_file_name
 from .manifest import Manifest, MissingRank, TraceProblem, TraceRecord, save_manifest, split_duplicates
 from .safe_read import InputRefused, entry_problem, read_metadata
@@ -126,30 +126,29 @@ def _inspect_all(candidates: list[_Candidate], workers: int | None) -> list[Trac
 def _inspect(candidate: _Candidate) -> TraceRecord | TraceProblem:
     try:
         raw = read_raw(candidate.path, within=candidate.root)
-        document = decode_trace(raw, candidate.path)
+        identity = identify_trace(raw, candidate.path)
     except TraceReadError as error:
         return TraceProblem(path=candidate.relative, rank=candidate.rank, window=candidate.window, reason=error.reason)
     except (RecursionError, MemoryError) as error:  # one bad file is that file's problem only
         return TraceProblem(path=candidate.relative, rank=candidate.rank, window=candidate.window,
                             reason=f"could not be read: {type(error).__name__}")
-    trace_rank, world_size = distributed_rank(document)
+    trace_rank = identity.rank
     if trace_rank is not None and candidate.rank is not None and trace_rank != candidate.rank:
         return TraceProblem(
             path=candidate.relative, rank=candidate.rank, window=candidate.window,
             reason=f"file name says rank {candidate.rank} but distributedInfo says rank {trace_rank}",
         )
-    events = document["traceEvents"]
     return TraceRecord(
         path=candidate.relative,
         rank=candidate.rank if candidate.rank is not None else (trace_rank or 0),
-        host=str(document.get("host_name") or candidate.host or "unknown-host"),
+        host=str(identity.host_name or candidate.host or "unknown-host"),
         window=candidate.window,
         attempt=candidate.attempt,
-        steps=profiler_steps(events),
+        steps=identity.steps,
         bytes=len(raw),
         sha256=hashlib.sha256(raw).hexdigest(),
-        world_size=world_size,
-        event_count=len(events),
+        world_size=identity.world_size,
+        event_count=identity.event_count,
     )
 
 

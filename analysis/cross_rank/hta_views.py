@@ -12,6 +12,7 @@ reference the fast path is tested against.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleetscope.analysis.per_rank.hta_cache import cached_rank_hta
 from fleetscope.analysis.per_rank.hta_rank import (
     LAUNCH_DELAY_CUTOFF_US,
     LAUNCH_RUNTIME_CUTOFF_US,
@@ -28,7 +30,6 @@ from fleetscope.analysis.per_rank.hta_rank import (
     analysis_of,
     one_line,
     quietly,
-    rank_hta,
     trace_of,
 )
 
@@ -63,16 +64,18 @@ def skipped(reason: str) -> HtaViews:
 
 
 def run_hta(trace_files: dict[int, Path], *, has_comm_kernels: bool = True, step_names: tuple[str, ...] = (),
-            workers: int | None = None, progress: Progress | None = None) -> HtaViews:
+            workers: int | None = None, progress: Progress | None = None,
+            cache_dir: Path | None = None) -> HtaViews:
     """HTA's views of the window's traces from frames built per rank in worker processes; never raises for
     HTA's own failures. `has_comm_kernels`: whether the traces hold NCCL kernels (HTA's straggler view
     needs them); `step_names`: the ProfilerStep names of these ranks (HTA's step filter counts them over
-    all ranks); `progress(done, total)` as ranks finish."""
+    all ranks); `progress(done, total)` as ranks finish; `cache_dir`: the parsed-trace cache's directory
+    (open_cache), where each rank's views are kept (per_rank/hta_cache.py), or None for no cache."""
     if not trace_files:
         return skipped("no readable trace")
     ranks = sorted(trace_files)
     try:
-        per_rank = _per_rank(trace_files, step_names, workers, progress)
+        per_rank = _per_rank(trace_files, step_names, workers, progress, cache_dir)
     except Exception as error:  # noqa: BLE001 - HTA raises anything from asserts to KeyErrors
         return HtaViews(status=STATUS_FAILED, reason=f"HTA could not load the traces: {one_line(error)}")
     joins = _joins(per_rank)
@@ -122,20 +125,22 @@ class _RankError(Exception):
 
 
 def _per_rank(trace_files: dict[int, Path], step_names: tuple[str, ...], workers: int | None,
-              progress: Progress | None) -> list[RankHta]:
-    """rank_hta for every rank, one worker process per rank when there are several; in rank order."""
+              progress: Progress | None, cache_dir: Path | None = None) -> list[RankHta]:
+    """rank_hta (through the cache) for every rank, one worker process per rank when there are several;
+    in rank order."""
     ranks = sorted(trace_files)
     paths = [str(Path(trace_files[r]).absolute()) for r in ranks]
     names = [tuple(step_names)] * len(ranks)
+    one = functools.partial(cached_rank_hta, cache_dir=None if cache_dir is None else str(cache_dir))
     workers = min(len(ranks), workers or os.cpu_count() or 1)
     collected: list[RankHta] = []
     if workers <= 1 or len(ranks) < 2:
-        outcomes = map(rank_hta, paths, ranks, names)
+        outcomes = map(one, paths, ranks, names)
         return _collect(outcomes, len(ranks), progress)
     import hta.trace_analysis  # noqa: F401 - imported before the pool forks: workers inherit it (~1 s each)
 
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        collected = _collect(pool.map(rank_hta, paths, ranks, names, chunksize=1), len(ranks), progress)
+        collected = _collect(pool.map(one, paths, ranks, names, chunksize=1), len(ranks), progress)
     return collected
 
 

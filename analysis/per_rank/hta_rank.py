@@ -51,10 +51,11 @@ class RankHta:
     """Which loader built the frame: fleetscope (hta_frame.py) or hta (HTA's own, as a fallback)."""
 
 
-def rank_hta(path: str | Path, rank: int, step_names: tuple[str, ...] = ()) -> RankHta:
+def rank_hta(path: str | Path, rank: int, step_names: tuple[str, ...] = (), *, raw: bytes | None = None) -> RankHta:
     """HTA's per-rank views of the trace at `path` as rank `rank`. `step_names`: every ProfilerStep name in
-    the window's HTA ranks (HTA's step filter depends on how many there are across ranks)."""
-    trace, loader = quietly(lambda: load_rank_trace(path, rank, step_names))
+    the window's HTA ranks (HTA's step filter depends on how many there are across ranks); `raw`: the
+    file's stored bytes when the caller has read them already."""
+    trace, loader = quietly(lambda: load_rank_trace(path, rank, step_names, raw=raw))
     analysis = analysis_of(trace)
     frames, errors = {}, {}
     for name, view in _views(rank).items():
@@ -67,13 +68,13 @@ def rank_hta(path: str | Path, rank: int, step_names: tuple[str, ...] = ()) -> R
                    min_ts=trace.min_ts, loader=loader)
 
 
-def load_rank_trace(path: str | Path, rank: int, step_names: tuple[str, ...] = ()):
+def load_rank_trace(path: str | Path, rank: int, step_names: tuple[str, ...] = (), *, raw: bytes | None = None):
     """(hta Trace holding only `rank`, aligned and step-filtered as HTA's load_traces does, loader name)."""
     from hta.common.trace import Trace, transform_correlation_to_index
     from hta.common.trace_symbol_table import TraceSymbolTable
 
     logging.getLogger("hta").setLevel(logging.ERROR)
-    built = decode_hta_frame(decompress(read_raw(Path(path)), Path(path)))
+    built = decode_hta_frame(decompress(read_raw(Path(path)) if raw is None else raw, Path(path)))
     table = TraceSymbolTable()
     if built is not None:
         frame, meta, loader = built.frame, built.meta, "fleetscope"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -67,9 +68,10 @@ def parse_hta_ranks(text: str) -> str | list[int]:
 
 
 def hta_runner(max_ranks: int = DEFAULT_HTA_MAX_RANKS, ranks: str | list[int] = HTA_RANKS_AUTO,
-               progress: Callable[[int, int], None] | None = None) -> HtaRunner:
+               progress: Callable[[int, int], None] | None = None, cache_dir: Path | None = None) -> HtaRunner:
     """HTA on a window's GPU traces: `ranks` auto (the ranks the report points at, at most `max_ranks`),
-    all, or a list; skipped with the reason when it does not apply."""
+    all, or a list; skipped with the reason when it does not apply. Each rank's views are kept in the
+    parsed-trace cache's directory `cache_dir` when given (per_rank/hta_cache.py)."""
     if max_ranks < 1:
         raise ValueError(f"hta max_ranks must be >= 1, got {max_ranks}")
 
@@ -83,7 +85,7 @@ def hta_runner(max_ranks: int = DEFAULT_HTA_MAX_RANKS, ranks: str | list[int] = 
         picked = [r for r in gpu if r.rank in chosen]
         has_comm_kernels = any(r.collectives.source == SOURCE_NCCL for r in gpu)
         views = run_hta({r.rank: r.path for r in picked}, has_comm_kernels=has_comm_kernels,
-                        step_names=_profiler_step_names(picked), progress=progress)
+                        step_names=_profiler_step_names(picked), progress=progress, cache_dir=cache_dir)
         if len(chosen) < len(gpu):
             how = ("the slowest, the one waited for, the fastest, the median, then one per host"
                    if ranks == HTA_RANKS_AUTO else "as requested")

@@ -8,8 +8,9 @@ collective times, top kernels; kilobytes, never the events). An entry is found b
   - what was known about the file before reading it (label, window, and rank and host from a manifest);
   - the analysis code: a digest of the source files that compute a RankResult, so results of another
     fleetscope version are never read.
-Where: $FLEETSCOPE_CACHE_DIR, else $XDG_CACHE_HOME/fleetscope/analysis, else ~/.cache/fleetscope/analysis;
-never inside the analyzed directory. Entries are a checksum and a msgpack document of the RankResult
+Where: $FLEETSCOPE_CACHE_DIR, else $XDG_CACHE_HOME/fleetscope/analysis, else ~/.cache/fleetscope/analysis
+(the default is never inside the analyzed directory; a Slurm fan-out puts its shared cache under the run
+directory, launcher/fanout.py, because every node sees that filesystem). Entries are a checksum and a msgpack document of the RankResult
 dataclasses (numpy arrays as dtype + shape + raw bytes, from a short list of dtypes): decoding one can
 build those types and nothing else, so a planted entry can at worst be a wrong result for identical
 bytes, never code, and a damaged one fails its checksum. Even so,

@@ -8,6 +8,7 @@ field. Any field can be set from the command line with `--set section.field=valu
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -51,12 +52,19 @@ class ModelConfig:
     """Local directory with a transformers config.json (and weights, if `load_weights`); overrides preset."""
     load_weights: bool = False
     """Load weights from `path` with from_pretrained instead of random initialisation."""
+    router_aux_loss_coef: float = 0.0
+    """Weight of the routers' load-balancing loss added to the training loss (trainer/load_balance.py:
+    E * sum_e f_e * P_e per MoE layer, averaged over layers; 1.0 at balanced routing); 0: off (nothing is
+    computed). Typical: 0.001-0.01. Not with parallel.pp > 1, nor with tensor parallelism without
+    expert parallelism."""
 
     def __post_init__(self) -> None:
         require(self.family in FAMILIES, "model.family",
                  f"unknown family {self.family!r}; known: {', '.join(FAMILIES)}")
         require(self.preset in PRESETS, "model.preset", f"must be one of {', '.join(PRESETS)}, got {self.preset!r}")
         require(not self.load_weights or bool(self.path), "model.load_weights", "needs model.path")
+        require(math.isfinite(self.router_aux_loss_coef) and self.router_aux_loss_coef >= 0,
+                "model.router_aux_loss_coef", f"must be a finite number >= 0, got {self.router_aux_loss_coef}")
 
 
 
@@ -537,7 +545,19 @@ class TrainConfig:
         require(self.parallel.ep == 1 or not (self.parallel.pp > 1 or self.parallel.dp_replicate > 1), "parallel.ep",
                 "expert parallelism composes with DDP, FSDP2 and FSDP2 x TP without pipeline or HSDP axes only "
                 "(parallel.pp=1, parallel.dp_replicate=1)")
+        self._check_load_balance()
         self._check_pipeline()
+
+    def _check_load_balance(self) -> None:
+        """The balancing loss needs the trainer's MoE layers (trainer/expert_parallel.py) on every router."""
+        if self.model.router_aux_loss_coef == 0:
+            return
+        require(self.parallel.pp == 1, "model.router_aux_loss_coef",
+                "the load-balancing loss is not supported with pipeline parallelism (parallel.pp > 1): the "
+                "pipeline stages compute only the language-model loss")
+        require(not (self.parallel.tp > 1 and self.parallel.ep == 1), "model.router_aux_loss_coef",
+                "the load-balancing loss needs the trainer's MoE layers, which tensor-parallel runs without "
+                "expert parallelism (parallel.tp > 1, parallel.ep = 1) keep as transformers built them")
 
     def _check_pipeline(self) -> None:
         parallel = self.parallel

@@ -45,6 +45,7 @@ from .config import ConfigError, FaultConfig
 from .fast_moe import (RoutedTokens, combine_weighted, compute_dtype, expert_ffn, permute_by_expert,
                        supports_fast_experts, supports_grouped_ffn)
 from .faults import router_logit_bias
+from .load_balance import RouterBalance, router_term
 from .models import decoder_layers
 from .moe_stats import LayerCounter, MoeStats
 
@@ -94,6 +95,10 @@ class MoeLayer:
     """What the router faults add to the router's logits (None: off)."""
     shard: ExpertShard | None = None
     """Set by apply_expert_parallel (None: every expert local)."""
+    balance: RouterBalance | None = None
+    """Where the router's load-balancing term goes (None: model.router_aux_loss_coef is 0, nothing computed)."""
+    sigmoid_scores: bool = False
+    """The router scores experts with a sigmoid (DeepSeek-V3: it has e_score_correction_bias), not a softmax."""
 
 
 @contextlib.contextmanager
@@ -143,9 +148,11 @@ def _num_experts(experts: torch.nn.Module) -> int:
 
 
 def install_moe_layers(model: torch.nn.Module, *, faults: FaultConfig, stats: MoeStats | None, grouped: bool,
-                       device: torch.device, expert_parallel: bool) -> list[MoeLayer]:
+                       device: torch.device, expert_parallel: bool,
+                       balance: RouterBalance | None = None) -> list[MoeLayer]:
     """Ranges, records and router faults on every MoE block; grouped GEMMs where `grouped` allows it (and
-    always under expert parallelism, which needs them). Returns the installed layers."""
+    always under expert parallelism, which needs them); each router's load-balancing term into `balance`
+    when given. Returns the installed layers."""
     layers, use_cuda = [], device.type == "cuda"
     for index, block in moe_blocks(model):
         experts = block.experts
@@ -154,13 +161,14 @@ def install_moe_layers(model: torch.nn.Module, *, faults: FaultConfig, stats: Mo
                               "stacked [E, ...] weights the trainer can split")
         use_grouped = expert_parallel or (grouped and supports_fast_experts(experts))
         counter = stats.counter(index) if stats is not None else None
+        router = _router_of(block)
         layer = MoeLayer(index=index, num_experts=_num_experts(experts), grouped=use_grouped, counter=counter,
-                         use_nvtx=use_cuda)
+                         use_nvtx=use_cuda, balance=balance,
+                         sigmoid_scores=isinstance(getattr(router, "e_score_correction_bias", None), torch.Tensor))
         bias_E = router_logit_bias(faults, layer.num_experts)
         layer.logit_bias_E = bias_E.to(device) if bias_E is not None else None
         # Bound methods of shared functions, state on the modules (not per-layer closures): compiled blocks
         # share one code object and then guard on the same functions in every layer, compiling once.
-        router = _router_of(block)
         setattr(router, MOE_ROUTER_ATTRIBUTE, layer)
         router.forward = types.MethodType(routed_forward, router)
         setattr(experts, MOE_LAYER_ATTRIBUTE, layer)
@@ -170,13 +178,21 @@ def install_moe_layers(model: torch.nn.Module, *, faults: FaultConfig, stats: Mo
 
 
 def routed_forward(self: torch.nn.Module, hidden_states: torch.Tensor, *args, **kwargs):
-    """The router's own forward (its class's) in a `moe/router` range, under the router faults' logit bias."""
+    """The router's own forward (its class's) in a `moe/router` range, under the router faults' logit bias;
+    its load-balancing term recorded when the loss is on. Every supported router returns (logits, weights,
+    chosen experts)."""
     layer: MoeLayer = getattr(self, MOE_ROUTER_ATTRIBUTE)
     with moe_phase(MOE_ROUTER, layer, layer.use_nvtx):
         if layer.logit_bias_E is None:
-            return type(self).forward(self, hidden_states, *args, **kwargs)
-        with LogitBias(layer.logit_bias_E):
-            return type(self).forward(self, hidden_states, *args, **kwargs)
+            routed = type(self).forward(self, hidden_states, *args, **kwargs)
+        else:
+            with LogitBias(layer.logit_bias_E):
+                routed = type(self).forward(self, hidden_states, *args, **kwargs)
+        if layer.balance is not None:
+            logits, _, expert_index = routed
+            layer.balance.record(layer.index, router_term(logits, expert_index, layer.num_experts,
+                                                          sigmoid_scores=layer.sigmoid_scores))
+        return routed
 
 
 class LogitBias(torch.overrides.TorchFunctionMode):

@@ -18,10 +18,11 @@ from torch.distributed.tensor import DTensor
 
 from ..traces.formats import INJECTED_DELAY
 from ..traces.layout import RunLayout
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
 from .data import build_loader, data_plan
 from .expert_parallel import expert_parameter_names, install_moe_layers, moe_blocks
 from .flops import FlopModel, flop_model, peak_tflops
+from .load_balance import RouterBalance
 from .loss import CausalLMTrainingModule
 from .comm_timing import Clock, DdpCommTimer, StepBuckets, TimedSpan
 from .compile_record import CompileWatch
@@ -73,9 +74,10 @@ def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
     flops = flop_model(causal_lm)
     # The fast paths work on whole (unsharded by tp) expert and LM-head weights; expert parallelism keeps the
     # routed experts whole under tp too.
-    moe = None if sharded and runtime.dims.ep == 1 else install_moe(causal_lm, config, runtime)
+    balance = RouterBalance(config.model.router_aux_loss_coef) if config.model.router_aux_loss_coef > 0 else None
+    moe = None if sharded and runtime.dims.ep == 1 else install_moe(causal_lm, config, runtime, balance)
     model = CausalLMTrainingModule(causal_lm, fused_loss=config.performance.fused_loss and not sharded,
-                                   chunk_tokens=config.performance.loss_chunk_tokens)
+                                   chunk_tokens=config.performance.loss_chunk_tokens, balance=balance)
     install_layer_faults(model, config.faults)  # before compiling: the hooks must run inside the blocks
     model = parallelize(model, dims=runtime.dims, mesh=runtime.mesh, parallel=config.parallel,
                         performance=config.performance, device=runtime.device)
@@ -95,10 +97,14 @@ def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
                       leak=leak, moe=moe, expert_params=expert_params, ep_group=ep_group)
 
 
-def install_moe(causal_lm: torch.nn.Module, config: TrainConfig, runtime: Runtime) -> MoeStats | None:
-    """Ranges, routing records and router faults on every MoE layer (grouped GEMMs where enabled); the
-    record keeper, or None when records are off or the model has no MoE layer."""
+def install_moe(causal_lm: torch.nn.Module, config: TrainConfig, runtime: Runtime,
+                balance: RouterBalance | None = None) -> MoeStats | None:
+    """Ranges, routing records, router faults and the load-balancing terms on every MoE layer (grouped GEMMs
+    where enabled); the record keeper, or None when records are off or the model has no MoE layer."""
     blocks = moe_blocks(causal_lm)
+    if balance is not None and not blocks:
+        raise ConfigError(f"model.router_aux_loss_coef: {type(causal_lm).__name__} has no MoE block with a router "
+                          "the trainer can balance")
     stats = None
     if config.observability.moe_records and blocks:
         dims = runtime.dims
@@ -109,7 +115,7 @@ def install_moe(causal_lm: torch.nn.Module, config: TrainConfig, runtime: Runtim
                          path=RunLayout.at(config.run_dir).moe_file(runtime.rank),
                          flush_steps=config.observability.moe_flush_steps, device=runtime.device)
     install_moe_layers(causal_lm, faults=config.faults, stats=stats, grouped=config.performance.fast_experts,
-                       device=runtime.device, expert_parallel=runtime.dims.ep > 1)
+                       device=runtime.device, expert_parallel=runtime.dims.ep > 1, balance=balance)
     return stats
 
 

@@ -459,14 +459,30 @@ def _balance_change(e: Evidence) -> tuple[str, Change | None]:
     family = str(e.setting("model", "family", ""))
     capacity = "; or cap each expert at 1.25x the mean tokens per expert (capacity factor 1.25: overflow tokens skip the layer)"
     if family in AUX_LOSS_FAMILIES:
-        return (f"train with the router's load-balancing loss: transformers config output_router_logits=True, "
-                f"router_aux_loss_coef={AUX_LOSS_COEF:g} (the trainer's fused loss does not add it: no option yet)"
-                + capacity, None)
+        change = _aux_loss_change(e)
+        if change is not None:
+            applied = _applied(change, "the trainer's router load-balancing loss" + capacity)
+            return applied["change"], applied["apply"]
+        return (f"train with the router's load-balancing loss (router_aux_loss_coef={AUX_LOSS_COEF:g}; the trainer's "
+                "model.router_aux_loss_coef needs its MoE layers: no pipeline, no tensor parallelism without "
+                "expert parallelism)" + capacity, None)
     if family in BIAS_BALANCED_FAMILIES:
         return ("update the router's e_score_correction_bias after every step (auxiliary-loss-free balancing: "
                 "bias[e] -= 1e-3 * sign(tokens[e] - mean tokens))" + capacity, None)
     return ("raise the router's load-balancing loss coefficient (or update a per-expert router bias towards "
             "the mean load)" + capacity, None)
+
+
+def _aux_loss_change(e: Evidence) -> Change | None:
+    """`--set model.router_aux_loss_coef=...` for a run the trainer can balance (trainer/load_balance.py: its MoE
+    layers wrap every router unless the run is pipelined or tensor-parallel without expert parallelism, which
+    its configuration refuses); AUX_LOSS_COEF, or twice the run's own coefficient where it already has one."""
+    parallel = {name: e.setting("parallel", name, 1) for name in ("pp", "tp", "ep")}
+    if int(parallel["pp"]) > 1 or (int(parallel["tp"]) > 1 and int(parallel["ep"]) <= 1):
+        return None
+    current = float(e.setting("model", "router_aux_loss_coef", 0.0) or 0.0)
+    coef = AUX_LOSS_COEF if current < AUX_LOSS_COEF else 2 * current
+    return settings_change(f"model.router_aux_loss_coef={coef:g}")
 
 
 def moe_load_balance(e: Evidence) -> Finding | None:
@@ -477,7 +493,9 @@ def moe_load_balance(e: Evidence) -> Finding | None:
     expert: the imbalance only makes some GEMMs larger). Confidence high when the waiting is also observed
     (the holders arrived last at the combine in at least half of the instances), medium with ep > 1
     otherwise, low with ep 1. The change: undo this run's router fault (faults.hot_expert / expert_skew)
-    where one is set, else the family's balancing mechanism (load-balancing loss, router bias) or a capacity factor."""
+    where one is set, else the family's balancing mechanism or a capacity factor: the trainer's load-balancing
+    loss (applied: --set model.router_aux_loss_coef) for the softmax-routed families where the run's layout
+    allows it; DeepSeek-V3's router bias update (text: the trainer has no such update)."""
     moe = e.moe
     if moe is None or not moe.findings:
         return None

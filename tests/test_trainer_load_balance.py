@@ -203,4 +203,4 @@ def test_the_loss_evens_out_a_skewed_router_with_and_without_expert_parallelism(
     reference = mean_losses(tmp_path / "on" / "qwen3_moe", 2)
     sharded = mean_losses(tmp_path / "on_ep2" / "qwen3_moe", 2)
     assert abs(sharded[0] - reference[0]) < 1e-5, (sharded, reference)
-    assert max(abs(a - b) for a, b in zip(sharded[:6], reference[:6])) < 5e-4, (sharded, reference)
+    assert max(abs(a - b) for a, b in zip(sharded, reference)) < 5e-4, (sharded, reference)

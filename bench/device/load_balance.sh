@@ -5,7 +5,8 @@
 # loss, the median step time of the last 10 steps and, per step, the coefficient of variation of the tokens per
 # expert (std / mean, mean over layers). From the repo root:
 #   bash bench/device/load_balance.sh "$OUT"
-# Writes $OUT/load-balance.log. Budget: ~5 min (2 runs of 40 steps, compile ~1 min each).
+# Writes $OUT/load-balance.log. Budget: ~5 min (2 runs of 40 steps, compile ~1 min each). Not yet run on a GPU
+# (its summary step was checked on a CPU run's records).
 set -u
 source bench/device/setup.sh
 out="$1"

@@ -204,3 +204,22 @@ def test_the_loss_evens_out_a_skewed_router_with_and_without_expert_parallelism(
     sharded = mean_losses(tmp_path / "on_ep2" / "qwen3_moe", 2)
     assert abs(sharded[0] - reference[0]) < 1e-5, (sharded, reference)
     assert max(abs(a - b) for a, b in zip(sharded, reference)) < 5e-4, (sharded, reference)
+
+
+@pytest.mark.slow
+def test_the_loss_is_the_same_under_ep_x_tp(tmp_path):
+    """tp 2 x ep 2 (4 ranks, dp 2) against plain DDP on 2 ranks, the loss on: the router runs on the TP group's
+    replicated tokens, so each TP rank adds the same term; softmax (qwen3_moe) and sigmoid (deepseek_v3) routers."""
+    families = "qwen3_moe,deepseek_v3"
+    common = ("--batch", "4", "--steps", "6", "--families", families, *SKEWED,
+              "--set", f"model.router_aux_loss_coef={COEF}")
+    for name, nproc, layout in (("ddp", 2, ("--mode", "ddp")), ("ep_tp", 4, ("--mode", "fsdp_tp", "--tp", "2",
+                                                                             "--ep", "2"))):
+        completed = torchrun(nproc, SCRIPT, "--out", str(tmp_path / name), *layout, *common, timeout=900)
+        assert completed.returncode == 0, completed.stderr[-4000:]
+    for family in families.split(","):
+        reference = mean_losses(tmp_path / "ddp" / family, 2)
+        sharded = mean_losses(tmp_path / "ep_tp" / family, 4)
+        assert len(reference) == len(sharded) == 6
+        assert abs(sharded[0] - reference[0]) < 1e-5, (family, sharded, reference)
+        assert max(abs(a - b) for a, b in zip(sharded, reference)) < 5e-4, (family, sharded, reference)

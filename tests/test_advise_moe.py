@@ -74,7 +74,7 @@ def test_a_hot_expert_gets_load_balancing_with_the_waiting_it_causes_as_gain():
     assert finding.change.startswith("--set model.router_aux_loss_coef=0.01 (the trainer's router load-balancing")
     # the family decides the mechanism: DeepSeek-V3 balances with a router bias
     deepseek = {**CONFIG, "model": {"family": "deepseek_v3"}}
-    assert "e_score_correction_bias" in _rules(_section(), config=deepseek)["moe_load_balance"].change
+    assert "router_bias_update_rate" in _rules(_section(), config=deepseek)["moe_load_balance"].change
 
 
 def test_the_load_balancing_loss_is_applied_where_the_trainer_can_add_it(tmp_path):
@@ -92,16 +92,25 @@ def test_the_load_balancing_loss_is_applied_where_the_trainer_can_add_it(tmp_pat
         finding = balance(parallel=refused)
         assert finding.apply is None and "router_aux_loss_coef=0.01" in finding.change
     assert balance(parallel={"mode": "fsdp_tp", "tp": 2, "ep": 2}).apply is not None
-    assert balance(model={"family": "deepseek_v3"}).apply is None  # its mechanism is the router bias
+    # DeepSeek-V3's mechanism is the router bias update
+    deepseek = balance(model={"family": "deepseek_v3"})
+    assert deepseek.apply.train_args == ("--set", "model.router_bias_update_rate=0.001")
+    assert deepseek.change.startswith("--set model.router_bias_update_rate=0.001 (the trainer's auxiliary-loss-free")
+    assert balance(model={"family": "deepseek_v3"}, parallel={"pp": 2}).apply is None
     # the relaunch takes the change: the recorded job with the coefficient set, and nothing else
     from fleetscope.launcher.relaunch import plan_relaunch
     from fleetscope.launcher.spec import JobSpec, spec_record
-    from fleetscope.trainer.config import TrainConfig
+    from fleetscope.trainer.config import ModelConfig, TrainConfig
     recorded = spec_record(JobSpec(train=TrainConfig(run_dir=str(tmp_path / "run"))))["spec"]
     relaunch = plan_relaunch(recorded, source_run=tmp_path / "run", new_run_dir=tmp_path / "new",
                              train_args=balance().apply.train_args)
     assert relaunch.spec.train.model.router_aux_loss_coef == 0.01
     assert relaunch.assignments == ("model.router_aux_loss_coef=0.01",)
+    recorded = spec_record(JobSpec(train=TrainConfig(run_dir=str(tmp_path / "run"),
+                                                     model=ModelConfig(family="deepseek_v3"))))["spec"]
+    relaunch = plan_relaunch(recorded, source_run=tmp_path / "run", new_run_dir=tmp_path / "new",
+                             train_args=deepseek.apply.train_args)
+    assert relaunch.spec.train.model.router_bias_update_rate == 0.001
 
 
 def test_an_injected_router_fault_is_undone_by_the_relaunch():

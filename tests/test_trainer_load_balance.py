@@ -15,7 +15,7 @@ from fleetscope.traces.formats import read_moe_records
 from fleetscope.trainer.config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
 from fleetscope.trainer.expert_parallel import install_moe_layers, moe_blocks
 from fleetscope.trainer.config import FaultConfig
-from fleetscope.trainer.load_balance import RouterBalance, load_balancing_loss, router_term
+from fleetscope.trainer.load_balance import RouterBalance, bias_step, load_balancing_loss, router_term
 from fleetscope.trainer.loss import CausalLMTrainingModule, causal_lm_loss
 from fleetscope.trainer.models import build_model
 
@@ -138,6 +138,51 @@ def test_the_term_reaches_the_routers(family):
     assert module.causal_lm.lm_head.weight.grad is None
 
 
+# --- the router-bias update (DeepSeek-V3's auxiliary-loss-free balancing) ---------------------------
+
+
+def test_the_bias_step_moves_towards_the_mean_load():
+    # mean load 1: expert 0 over it (-rate), expert 1 at it (0), experts 2 and 3 under it (+rate); per layer
+    loads = torch.tensor([[3.0, 1.0, 0.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
+    assert torch.equal(bias_step(loads, 0.01), 0.01 * torch.tensor([[-1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]))
+
+
+def test_the_bias_update_counts_the_step_and_moves_every_router_bias():
+    causal_lm = build_model(ModelConfig(family="deepseek_v3"), seed=0)
+    _, update = install_moe_layers(causal_lm, faults=FaultConfig(expert_skew=1.0), stats=None, grouped=True,
+                                   device=torch.device("cpu"), expert_parallel=False, bias_rate=0.25)
+    routers = [block.gate for _, block in moe_blocks(causal_lm)]
+    chosen = []
+    for router in routers:
+        router.register_forward_hook(lambda _m, _args, out: chosen.append(out[2].reshape(-1)))
+    with torch.no_grad():
+        causal_lm.model(input_ids=_tokens(), use_cache=False)
+    update.update()
+    for router, experts in zip(routers, chosen):
+        loads = torch.bincount(experts, minlength=4).float()
+        assert loads.sum() == 2 * 16 * 2  # sequences x tokens x top-2
+        expected = 0.25 * torch.sign(loads.mean() - loads)
+        assert torch.equal(router.e_score_correction_bias, expected), (loads, router.e_score_correction_bias)
+    assert update.loads_of(0).sum() == 0  # the next step counts from zero
+
+
+def test_the_bias_update_needs_a_router_with_a_bias():
+    with pytest.raises(ConfigError, match=r"^model\.router_bias_update_rate: the qwen3_moe router has no "
+                                          r"e_score_correction_bias"):
+        ModelConfig(family="qwen3_moe", router_bias_update_rate=0.001)
+    with pytest.raises(ConfigError, match=r"^model\.router_bias_update_rate: must be a finite number >= 0"):
+        ModelConfig(family="deepseek_v3", router_bias_update_rate=-1.0)
+    with pytest.raises(ConfigError, match=r"^model\.router_bias_update_rate: .*pipeline parallelism"):
+        TrainConfig(run_dir="r", model=ModelConfig(family="deepseek_v3", router_bias_update_rate=0.001),
+                    parallel=ParallelConfig(pp=2))
+    # a model read from a path is checked when it is built: its routers, not its family name, decide
+    causal_lm = build_model(ModelConfig(family="mixtral"), seed=0)
+    with pytest.raises(ConfigError, match=r"^model\.router_bias_update_rate: the routers of layers \[0, 1\] have "
+                                          r"no e_score_correction_bias"):
+        install_moe_layers(causal_lm, faults=FaultConfig(), stats=None, grouped=True, device=torch.device("cpu"),
+                           expert_parallel=False, bias_rate=0.001)
+
+
 # --- settings -------------------------------------------------------------------------------------
 
 
@@ -223,3 +268,20 @@ def test_the_loss_is_the_same_under_ep_x_tp(tmp_path):
         assert len(reference) == len(sharded) == 6
         assert abs(sharded[0] - reference[0]) < 1e-5, (family, sharded, reference)
         assert max(abs(a - b) for a, b in zip(sharded, reference)) < 5e-4, (family, sharded, reference)
+
+
+@pytest.mark.slow
+def test_the_bias_update_evens_out_a_skewed_deepseek_router(tmp_path):
+    """deepseek_v3, 2 ranks, the default learning rate: with the bias update the tokens per expert even out
+    (the bias does it, not the weights); without it the skew holds."""
+    cv = {}
+    for rate in (0.0, 0.01):
+        out = tmp_path / str(rate)
+        completed = torchrun(2, SCRIPT, "--out", str(out), "--mode", "ddp", "--batch", "4", "--steps", "16",
+                             "--families", "deepseek_v3", "--set", "faults.expert_skew=1.0",
+                             "--set", f"model.router_bias_update_rate={rate}", timeout=600)
+        assert completed.returncode == 0, completed.stderr[-4000:]
+        cv[rate] = _imbalance_per_step(out / "deepseek_v3")
+    late = slice(12, None)
+    assert min(cv[0.0][late]) > 0.85, cv[0.0]
+    assert cv[0.01][0] > 0.85 and max(cv[0.01][late]) < 0.7, cv[0.01]

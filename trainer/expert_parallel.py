@@ -45,7 +45,7 @@ from .config import ConfigError, FaultConfig
 from .fast_moe import (RoutedTokens, combine_weighted, compute_dtype, expert_ffn, permute_by_expert,
                        supports_fast_experts, supports_grouped_ffn)
 from .faults import router_logit_bias
-from .load_balance import RouterBalance, router_term
+from .load_balance import RouterBalance, RouterBiasUpdate, count_routed, router_term
 from .models import decoder_layers
 from .moe_stats import LayerCounter, MoeStats
 
@@ -99,6 +99,8 @@ class MoeLayer:
     """Where the router's load-balancing term goes (None: model.router_aux_loss_coef is 0, nothing computed)."""
     sigmoid_scores: bool = False
     """The router scores experts with a sigmoid (DeepSeek-V3: it has e_score_correction_bias), not a softmax."""
+    bias_loads_E: torch.Tensor | None = None
+    """This layer's row of the router-bias update's loads (None: model.router_bias_update_rate is 0)."""
 
 
 @contextlib.contextmanager
@@ -149,10 +151,12 @@ def _num_experts(experts: torch.nn.Module) -> int:
 
 def install_moe_layers(model: torch.nn.Module, *, faults: FaultConfig, stats: MoeStats | None, grouped: bool,
                        device: torch.device, expert_parallel: bool,
-                       balance: RouterBalance | None = None) -> list[MoeLayer]:
+                       balance: RouterBalance | None = None,
+                       bias_rate: float = 0.0) -> tuple[list[MoeLayer], RouterBiasUpdate | None]:
     """Ranges, records and router faults on every MoE block; grouped GEMMs where `grouped` allows it (and
     always under expert parallelism, which needs them); each router's load-balancing term into `balance`
-    when given. Returns the installed layers."""
+    when given; with `bias_rate`, the loads of DeepSeek-V3-style routers for their bias update. Returns the
+    installed layers and the bias update (None: no rate)."""
     layers, use_cuda = [], device.type == "cuda"
     for index, block in moe_blocks(model):
         experts = block.experts
@@ -174,7 +178,26 @@ def install_moe_layers(model: torch.nn.Module, *, faults: FaultConfig, stats: Mo
         setattr(experts, MOE_LAYER_ATTRIBUTE, layer)
         experts.forward = types.MethodType(grouped_moe_forward if use_grouped else native_moe_forward, experts)
         layers.append(layer)
-    return layers
+    return layers, _bias_update(layers, model, bias_rate, device)
+
+
+def _bias_update(layers: list[MoeLayer], model: torch.nn.Module, rate: float,
+                 device: torch.device) -> RouterBiasUpdate | None:
+    """The router-bias update over every installed layer, each layer's load row attached (None: rate 0)."""
+    if rate == 0 or not layers:
+        return None
+    routers = {layer.index: _router_of(block) for index, block in moe_blocks(model) for layer in layers
+               if layer.index == index}
+    missing = [index for index, router in routers.items()
+               if not isinstance(getattr(router, "e_score_correction_bias", None), torch.Tensor)]
+    if missing:
+        raise ConfigError(f"model.router_bias_update_rate: the routers of layers {missing} have no "
+                          "e_score_correction_bias to update (DeepSeek-V3-style routers only)")
+    update = RouterBiasUpdate(rate, {index: router.e_score_correction_bias for index, router in routers.items()},
+                              layers[0].num_experts, device)
+    for layer in layers:
+        layer.bias_loads_E = update.loads_of(layer.index)
+    return update
 
 
 def routed_forward(self: torch.nn.Module, hidden_states: torch.Tensor, *args, **kwargs):
@@ -192,6 +215,8 @@ def routed_forward(self: torch.nn.Module, hidden_states: torch.Tensor, *args, **
             logits, _, expert_index = routed
             layer.balance.record(layer.index, router_term(logits, expert_index, layer.num_experts,
                                                           sigmoid_scores=layer.sigmoid_scores))
+        if layer.bias_loads_E is not None:
+            count_routed(layer.bias_loads_E, routed[2])
         return routed
 
 

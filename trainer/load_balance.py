@@ -85,3 +85,52 @@ class RouterBalance:
         if term is None:
             return loss
         return loss + self.coef * term.to(loss.device)
+
+
+# --- auxiliary-loss-free balancing (DeepSeek-V3) ---------------------------------------------------
+
+
+def bias_step(loads_LE: torch.Tensor, rate: float) -> torch.Tensor:
+    """DeepSeek-V3's update of each layer's expert bias: +rate for experts under the layer's mean load, -rate
+    over it, 0 at it (loads: token copies per expert, any scale)."""
+    mean_L1 = loads_LE.mean(dim=1, keepdim=True)
+    return rate * torch.sign(mean_L1 - loads_LE)
+
+
+class RouterBiasUpdate:
+    """`model.router_bias_update_rate`: after every optimizer step, each router's `e_score_correction_bias`
+    (added to the sigmoid scores before top-k, not to the weights) moves by `bias_step` of the step's loads.
+
+    Loads are the token copies each layer's router chose during the step's forwards (all micro-batches),
+    counted on the device and summed over every rank of the job by one all-reduce per step (no host sync):
+    every rank then makes the same update, so the replicated bias stays equal everywhere (TP ranks count the
+    same replicated tokens, which scales every expert's load alike and leaves the sign unchanged)."""
+
+    def __init__(self, rate: float, biases: dict[int, torch.Tensor], num_experts: int, device: torch.device):
+        self.rate = rate
+        self._biases = biases
+        self._loads_LE = torch.zeros(len(biases), num_experts, dtype=torch.float32, device=device)
+        self._rows = {layer: row for row, layer in enumerate(sorted(biases))}
+
+    def loads_of(self, layer: int) -> torch.Tensor:
+        """The accumulator row of one layer (a view: routers add into it in place)."""
+        return self._loads_LE[self._rows[layer]]
+
+    def update(self, group: "torch.distributed.ProcessGroup | None" = None) -> None:
+        """The step's bias update, then zeroed loads; call after the optimizer step on every rank."""
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size(group) > 1:
+            torch.distributed.all_reduce(self._loads_LE, group=group)
+        step_LE = bias_step(self._loads_LE, self.rate)
+        with torch.no_grad():
+            for layer, row in self._rows.items():
+                self._biases[layer].add_(step_LE[row].to(self._biases[layer].dtype))
+        self._loads_LE.zero_()
+
+
+def count_routed(loads_E: torch.Tensor, expert_index: torch.Tensor) -> None:
+    """Add one forward's chosen experts to a layer's loads; not the forwards that activation checkpointing
+    runs again in backward (each step counts every real forward once)."""
+    if not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1:
+        return
+    expert_S = expert_index.reshape(-1).long()
+    loads_E.scatter_add_(0, expert_S, torch.ones_like(expert_S, dtype=loads_E.dtype))

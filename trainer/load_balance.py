@@ -1,4 +1,5 @@
-"""The router's load-balancing loss (Switch Transformer, GShard, Mixtral): the one owner of its formula.
+"""Router load balancing: the load-balancing loss (Switch Transformer, GShard, Mixtral) and DeepSeek-V3's
+auxiliary-loss-free bias update, the one owner of both formulas.
 
 Per MoE layer, over the tokens this rank routes in one micro-batch:
 

@@ -399,6 +399,8 @@ AUX_LOSS_FAMILIES = ("mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "gpt_oss")
 """Families whose transformers config has router_aux_loss_coef / output_router_logits."""
 BIAS_BALANCED_FAMILIES = ("deepseek_v3",)
 """Families whose router adds a per-expert bias for balancing (e_score_correction_bias) instead of a loss."""
+BIAS_UPDATE_RATE = 0.001
+"""The bias update rate suggested (DeepSeek-V3's gamma)."""
 
 
 def _router_fault(e: Evidence) -> str | None:
@@ -459,14 +461,37 @@ def _balance_change(e: Evidence) -> tuple[str, Change | None]:
     family = str(e.setting("model", "family", ""))
     capacity = "; or cap each expert at 1.25x the mean tokens per expert (capacity factor 1.25: overflow tokens skip the layer)"
     if family in AUX_LOSS_FAMILIES:
-        return (f"train with the router's load-balancing loss: transformers config output_router_logits=True, "
-                f"router_aux_loss_coef={AUX_LOSS_COEF:g} (the trainer's fused loss does not add it: no option yet)"
-                + capacity, None)
+        change = _raised_setting(e, "router_aux_loss_coef", AUX_LOSS_COEF)
+        if change is not None:
+            applied = _applied(change, "the trainer's router load-balancing loss" + capacity)
+            return applied["change"], applied["apply"]
+        return (f"train with the router's load-balancing loss (router_aux_loss_coef={AUX_LOSS_COEF:g}; the trainer's "
+                "model.router_aux_loss_coef needs its MoE layers: no pipeline, no tensor parallelism without "
+                "expert parallelism)" + capacity, None)
     if family in BIAS_BALANCED_FAMILIES:
+        change = _raised_setting(e, "router_bias_update_rate", BIAS_UPDATE_RATE)
+        if change is not None:
+            applied = _applied(change, "the trainer's auxiliary-loss-free router bias update" + capacity)
+            return applied["change"], applied["apply"]
         return ("update the router's e_score_correction_bias after every step (auxiliary-loss-free balancing: "
-                "bias[e] -= 1e-3 * sign(tokens[e] - mean tokens))" + capacity, None)
+                "bias[e] -= 1e-3 * sign(tokens[e] - mean tokens); the trainer's model.router_bias_update_rate "
+                "needs its MoE layers: no pipeline, no tensor parallelism without expert parallelism)" + capacity,
+                None)
     return ("raise the router's load-balancing loss coefficient (or update a per-expert router bias towards "
             "the mean load)" + capacity, None)
+
+
+def _raised_setting(e: Evidence, name: str, suggested: float) -> Change | None:
+    """`--set model.<name>=...` (router_aux_loss_coef, router_bias_update_rate) for a run the trainer can
+    balance (trainer/load_balance.py: its MoE layers wrap every router unless the run is pipelined or
+    tensor-parallel without expert parallelism, which its configuration refuses); `suggested`, or twice the
+    run's own value where it already has one. None: the layout cannot take it."""
+    parallel = {key: e.setting("parallel", key, 1) for key in ("pp", "tp", "ep")}
+    if int(parallel["pp"]) > 1 or (int(parallel["tp"]) > 1 and int(parallel["ep"]) <= 1):
+        return None
+    current = float(e.setting("model", name, 0.0) or 0.0)
+    value = suggested if current < suggested else 2 * current
+    return settings_change(f"model.{name}={value:g}")
 
 
 def moe_load_balance(e: Evidence) -> Finding | None:
@@ -477,7 +502,9 @@ def moe_load_balance(e: Evidence) -> Finding | None:
     expert: the imbalance only makes some GEMMs larger). Confidence high when the waiting is also observed
     (the holders arrived last at the combine in at least half of the instances), medium with ep > 1
     otherwise, low with ep 1. The change: undo this run's router fault (faults.hot_expert / expert_skew)
-    where one is set, else the family's balancing mechanism (load-balancing loss, router bias) or a capacity factor."""
+    where one is set, else the family's balancing mechanism or a capacity factor: the trainer's load-balancing
+    loss (--set model.router_aux_loss_coef) for the softmax-routed families, DeepSeek-V3's router bias update
+    (--set model.router_bias_update_rate), applied where the run's layout lets the trainer do it."""
     moe = e.moe
     if moe is None or not moe.findings:
         return None

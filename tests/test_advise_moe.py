@@ -69,11 +69,48 @@ def test_a_hot_expert_gets_load_balancing_with_the_waiting_it_causes_as_gain():
     assert finding.evidence["expert"] == 3 and finding.evidence["ranks"] == "3"
     assert finding.title.startswith("uneven routing: expert 3 (layer 0) on rank 3")
     assert finding.expected_gain_ms == pytest.approx(2 * (5.0 - 2.0))      # 3 ms extra per layer, 2 layers
-    assert finding.confidence == "high" and finding.apply is None
-    assert "router_aux_loss_coef=0.01" in finding.change
+    assert finding.confidence == "high"
+    assert finding.apply == Change(train_args=("--set", "model.router_aux_loss_coef=0.01"))
+    assert finding.change.startswith("--set model.router_aux_loss_coef=0.01 (the trainer's router load-balancing")
     # the family decides the mechanism: DeepSeek-V3 balances with a router bias
     deepseek = {**CONFIG, "model": {"family": "deepseek_v3"}}
-    assert "e_score_correction_bias" in _rules(_section(), config=deepseek)["moe_load_balance"].change
+    assert "router_bias_update_rate" in _rules(_section(), config=deepseek)["moe_load_balance"].change
+
+
+def test_the_load_balancing_loss_is_applied_where_the_trainer_can_add_it(tmp_path):
+    def balance(**sections):
+        config = {**CONFIG, **{name: {**CONFIG.get(name, {}), **value} for name, value in sections.items()}}
+        return _rules(_section(), config=config)["moe_load_balance"]
+
+    assert balance(model={"family": "mixtral"}).apply.train_args == ("--set", "model.router_aux_loss_coef=0.01")
+    # a run that already has the loss: twice its coefficient
+    raised = balance(model={"family": "olmoe", "router_aux_loss_coef": 0.01})
+    assert raised.apply.train_args == ("--set", "model.router_aux_loss_coef=0.02")
+    assert raised.change.startswith("--set model.router_aux_loss_coef=0.02 ")
+    # layouts whose configuration refuses the loss (pipeline; TP without EP): advice in words only
+    for refused in ({"pp": 2, "ep": 1}, {"mode": "fsdp_tp", "tp": 2, "ep": 1}):
+        finding = balance(parallel=refused)
+        assert finding.apply is None and "router_aux_loss_coef=0.01" in finding.change
+    assert balance(parallel={"mode": "fsdp_tp", "tp": 2, "ep": 2}).apply is not None
+    # DeepSeek-V3's mechanism is the router bias update
+    deepseek = balance(model={"family": "deepseek_v3"})
+    assert deepseek.apply.train_args == ("--set", "model.router_bias_update_rate=0.001")
+    assert deepseek.change.startswith("--set model.router_bias_update_rate=0.001 (the trainer's auxiliary-loss-free")
+    assert balance(model={"family": "deepseek_v3"}, parallel={"pp": 2}).apply is None
+    # the relaunch takes the change: the recorded job with the coefficient set, and nothing else
+    from fleetscope.launcher.relaunch import plan_relaunch
+    from fleetscope.launcher.spec import JobSpec, spec_record
+    from fleetscope.trainer.config import ModelConfig, TrainConfig
+    recorded = spec_record(JobSpec(train=TrainConfig(run_dir=str(tmp_path / "run"))))["spec"]
+    relaunch = plan_relaunch(recorded, source_run=tmp_path / "run", new_run_dir=tmp_path / "new",
+                             train_args=balance().apply.train_args)
+    assert relaunch.spec.train.model.router_aux_loss_coef == 0.01
+    assert relaunch.assignments == ("model.router_aux_loss_coef=0.01",)
+    recorded = spec_record(JobSpec(train=TrainConfig(run_dir=str(tmp_path / "run"),
+                                                     model=ModelConfig(family="deepseek_v3"))))["spec"]
+    relaunch = plan_relaunch(recorded, source_run=tmp_path / "run", new_run_dir=tmp_path / "new",
+                             train_args=deepseek.apply.train_args)
+    assert relaunch.spec.train.model.router_bias_update_rate == 0.001
 
 
 def test_an_injected_router_fault_is_undone_by_the_relaunch():

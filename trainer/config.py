@@ -8,12 +8,13 @@ field. Any field can be set from the command line with `--set section.field=valu
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .families import EP_MODEL_TYPES, FAMILIES, PRESETS
+from .families import BIAS_ROUTER_FAMILIES, EP_MODEL_TYPES, FAMILIES, PRESETS
 from .triggers import parse_triggers
 
 ParallelMode = Literal["ddp", "fsdp", "tp", "fsdp_tp"]
@@ -51,12 +52,29 @@ class ModelConfig:
     """Local directory with a transformers config.json (and weights, if `load_weights`); overrides preset."""
     load_weights: bool = False
     """Load weights from `path` with from_pretrained instead of random initialisation."""
+    router_aux_loss_coef: float = 0.0
+    """Weight of the routers' load-balancing loss added to the training loss (trainer/load_balance.py:
+    E * sum_e f_e * P_e per MoE layer, averaged over layers; 1.0 at balanced routing); 0: off (nothing is
+    computed). Typical: 0.001-0.01. Not with parallel.pp > 1, nor with tensor parallelism without
+    expert parallelism."""
+    router_bias_update_rate: float = 0.0
+    """Auxiliary-loss-free balancing (DeepSeek-V3): after every optimizer step, each router's
+    `e_score_correction_bias` moves by +rate for experts under the layer's mean load over the step (all
+    ranks) and -rate over it (trainer/load_balance.py); 0: off. DeepSeek-V3's: 0.001. Routers with that bias
+    only (family deepseek_v3); same layouts as router_aux_loss_coef."""
 
     def __post_init__(self) -> None:
         require(self.family in FAMILIES, "model.family",
                  f"unknown family {self.family!r}; known: {', '.join(FAMILIES)}")
         require(self.preset in PRESETS, "model.preset", f"must be one of {', '.join(PRESETS)}, got {self.preset!r}")
         require(not self.load_weights or bool(self.path), "model.load_weights", "needs model.path")
+        require(math.isfinite(self.router_aux_loss_coef) and self.router_aux_loss_coef >= 0,
+                "model.router_aux_loss_coef", f"must be a finite number >= 0, got {self.router_aux_loss_coef}")
+        require(math.isfinite(self.router_bias_update_rate) and self.router_bias_update_rate >= 0,
+                "model.router_bias_update_rate", f"must be a finite number >= 0, got {self.router_bias_update_rate}")
+        require(not self.router_bias_update_rate or bool(self.path) or self.family in BIAS_ROUTER_FAMILIES,
+                "model.router_bias_update_rate", f"the {self.family} router has no e_score_correction_bias to "
+                f"update (families with one: {', '.join(BIAS_ROUTER_FAMILIES)}); use model.router_aux_loss_coef")
 
 
 
@@ -537,7 +555,21 @@ class TrainConfig:
         require(self.parallel.ep == 1 or not (self.parallel.pp > 1 or self.parallel.dp_replicate > 1), "parallel.ep",
                 "expert parallelism composes with DDP, FSDP2 and FSDP2 x TP without pipeline or HSDP axes only "
                 "(parallel.pp=1, parallel.dp_replicate=1)")
+        self._check_load_balance()
         self._check_pipeline()
+
+    def _check_load_balance(self) -> None:
+        """The balancing loss and the bias update need the trainer's MoE layers (trainer/expert_parallel.py)
+        on every router."""
+        for name in ("router_aux_loss_coef", "router_bias_update_rate"):
+            if getattr(self.model, name) == 0:
+                continue
+            require(self.parallel.pp == 1, f"model.{name}",
+                    "load balancing is not supported with pipeline parallelism (parallel.pp > 1): the pipeline "
+                    "stages run the routers as transformers built them")
+            require(not (self.parallel.tp > 1 and self.parallel.ep == 1), f"model.{name}",
+                    "load balancing needs the trainer's MoE layers, which tensor-parallel runs without "
+                    "expert parallelism (parallel.tp > 1, parallel.ep = 1) keep as transformers built them")
 
     def _check_pipeline(self) -> None:
         parallel = self.parallel

@@ -45,6 +45,7 @@ from .config import ConfigError, FaultConfig
 from .fast_moe import (RoutedTokens, combine_weighted, compute_dtype, expert_ffn, permute_by_expert,
                        supports_fast_experts, supports_grouped_ffn)
 from .faults import router_logit_bias
+from .load_balance import RouterBalance, RouterBiasUpdate, count_routed, router_term
 from .models import decoder_layers
 from .moe_stats import LayerCounter, MoeStats
 
@@ -94,6 +95,12 @@ class MoeLayer:
     """What the router faults add to the router's logits (None: off)."""
     shard: ExpertShard | None = None
     """Set by apply_expert_parallel (None: every expert local)."""
+    balance: RouterBalance | None = None
+    """Where the router's load-balancing term goes (None: model.router_aux_loss_coef is 0, nothing computed)."""
+    sigmoid_scores: bool = False
+    """The router scores experts with a sigmoid (DeepSeek-V3: it has e_score_correction_bias), not a softmax."""
+    bias_loads_E: torch.Tensor | None = None
+    """This layer's row of the router-bias update's loads (None: model.router_bias_update_rate is 0)."""
 
 
 @contextlib.contextmanager
@@ -143,9 +150,13 @@ def _num_experts(experts: torch.nn.Module) -> int:
 
 
 def install_moe_layers(model: torch.nn.Module, *, faults: FaultConfig, stats: MoeStats | None, grouped: bool,
-                       device: torch.device, expert_parallel: bool) -> list[MoeLayer]:
+                       device: torch.device, expert_parallel: bool,
+                       balance: RouterBalance | None = None,
+                       bias_rate: float = 0.0) -> tuple[list[MoeLayer], RouterBiasUpdate | None]:
     """Ranges, records and router faults on every MoE block; grouped GEMMs where `grouped` allows it (and
-    always under expert parallelism, which needs them). Returns the installed layers."""
+    always under expert parallelism, which needs them); each router's load-balancing term into `balance`
+    when given; with `bias_rate`, the loads of DeepSeek-V3-style routers for their bias update. Returns the
+    installed layers and the bias update (None: no rate)."""
     layers, use_cuda = [], device.type == "cuda"
     for index, block in moe_blocks(model):
         experts = block.experts
@@ -154,29 +165,59 @@ def install_moe_layers(model: torch.nn.Module, *, faults: FaultConfig, stats: Mo
                               "stacked [E, ...] weights the trainer can split")
         use_grouped = expert_parallel or (grouped and supports_fast_experts(experts))
         counter = stats.counter(index) if stats is not None else None
+        router = _router_of(block)
         layer = MoeLayer(index=index, num_experts=_num_experts(experts), grouped=use_grouped, counter=counter,
-                         use_nvtx=use_cuda)
+                         use_nvtx=use_cuda, balance=balance,
+                         sigmoid_scores=isinstance(getattr(router, "e_score_correction_bias", None), torch.Tensor))
         bias_E = router_logit_bias(faults, layer.num_experts)
         layer.logit_bias_E = bias_E.to(device) if bias_E is not None else None
         # Bound methods of shared functions, state on the modules (not per-layer closures): compiled blocks
         # share one code object and then guard on the same functions in every layer, compiling once.
-        router = _router_of(block)
         setattr(router, MOE_ROUTER_ATTRIBUTE, layer)
         router.forward = types.MethodType(routed_forward, router)
         setattr(experts, MOE_LAYER_ATTRIBUTE, layer)
         experts.forward = types.MethodType(grouped_moe_forward if use_grouped else native_moe_forward, experts)
         layers.append(layer)
-    return layers
+    return layers, _bias_update(layers, model, bias_rate, device)
+
+
+def _bias_update(layers: list[MoeLayer], model: torch.nn.Module, rate: float,
+                 device: torch.device) -> RouterBiasUpdate | None:
+    """The router-bias update over every installed layer, each layer's load row attached (None: rate 0)."""
+    if rate == 0 or not layers:
+        return None
+    routers = {layer.index: _router_of(block) for index, block in moe_blocks(model) for layer in layers
+               if layer.index == index}
+    missing = [index for index, router in routers.items()
+               if not isinstance(getattr(router, "e_score_correction_bias", None), torch.Tensor)]
+    if missing:
+        raise ConfigError(f"model.router_bias_update_rate: the routers of layers {missing} have no "
+                          "e_score_correction_bias to update (DeepSeek-V3-style routers only)")
+    update = RouterBiasUpdate(rate, {index: router.e_score_correction_bias for index, router in routers.items()},
+                              layers[0].num_experts, device)
+    for layer in layers:
+        layer.bias_loads_E = update.loads_of(layer.index)
+    return update
 
 
 def routed_forward(self: torch.nn.Module, hidden_states: torch.Tensor, *args, **kwargs):
-    """The router's own forward (its class's) in a `moe/router` range, under the router faults' logit bias."""
+    """The router's own forward (its class's) in a `moe/router` range, under the router faults' logit bias;
+    its load-balancing term recorded when the loss is on. Every supported router returns (logits, weights,
+    chosen experts)."""
     layer: MoeLayer = getattr(self, MOE_ROUTER_ATTRIBUTE)
     with moe_phase(MOE_ROUTER, layer, layer.use_nvtx):
         if layer.logit_bias_E is None:
-            return type(self).forward(self, hidden_states, *args, **kwargs)
-        with LogitBias(layer.logit_bias_E):
-            return type(self).forward(self, hidden_states, *args, **kwargs)
+            routed = type(self).forward(self, hidden_states, *args, **kwargs)
+        else:
+            with LogitBias(layer.logit_bias_E):
+                routed = type(self).forward(self, hidden_states, *args, **kwargs)
+        if layer.balance is not None:
+            logits, _, expert_index = routed
+            layer.balance.record(layer.index, router_term(logits, expert_index, layer.num_experts,
+                                                          sigmoid_scores=layer.sigmoid_scores))
+        if layer.bias_loads_E is not None:
+            count_routed(layer.bias_loads_E, routed[2])
+        return routed
 
 
 class LogitBias(torch.overrides.TorchFunctionMode):

@@ -109,6 +109,9 @@ EP_MODEL_TYPES: tuple[str, ...] = ("mixtral", "qwen3_moe", "qwen2_moe", "olmoe",
 """transformers model types whose MoE block expert parallelism splits (trainer/expert_parallel.py): each
 block calls `experts(hidden, top_k_index, top_k_weights)` on routing decided beforehand, with every expert's
 weights stacked on dim 0 of 3-D parameters. Shared experts (qwen2_moe, deepseek_v3) stay replicated."""
+BIAS_ROUTER_FAMILIES: tuple[str, ...] = ("deepseek_v3",)
+"""Families whose router adds a per-expert `e_score_correction_bias` to its scores before top-k (what
+model.router_bias_update_rate updates)."""
 NUM_EXPERTS_ATTRIBUTES: tuple[str, ...] = ("num_local_experts", "num_experts", "n_routed_experts")
 """Config attributes that hold the routed-expert count, by family naming."""
 

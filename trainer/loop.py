@@ -18,10 +18,11 @@ from torch.distributed.tensor import DTensor
 
 from ..traces.formats import INJECTED_DELAY
 from ..traces.layout import RunLayout
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
 from .data import build_loader, data_plan
 from .expert_parallel import expert_parameter_names, install_moe_layers, moe_blocks
 from .flops import FlopModel, flop_model, peak_tflops
+from .load_balance import RouterBalance, RouterBiasUpdate
 from .loss import CausalLMTrainingModule
 from .comm_timing import Clock, DdpCommTimer, StepBuckets, TimedSpan
 from .compile_record import CompileWatch
@@ -61,6 +62,8 @@ class TrainState:
     """The expert-parallel process group (None: no expert parallelism)."""
     pipeline: Pipeline | None = None
     """This rank's pipeline stages and schedule (None: parallel.pp is 1)."""
+    router_bias: RouterBiasUpdate | None = None
+    """The routers' bias update after every optimizer step (None: model.router_bias_update_rate is 0)."""
     step: int = 0
 
 
@@ -73,9 +76,11 @@ def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
     flops = flop_model(causal_lm)
     # The fast paths work on whole (unsharded by tp) expert and LM-head weights; expert parallelism keeps the
     # routed experts whole under tp too.
-    moe = None if sharded and runtime.dims.ep == 1 else install_moe(causal_lm, config, runtime)
+    balance = RouterBalance(config.model.router_aux_loss_coef) if config.model.router_aux_loss_coef > 0 else None
+    moe, router_bias = (None, None) if sharded and runtime.dims.ep == 1 else install_moe(causal_lm, config, runtime,
+                                                                                         balance)
     model = CausalLMTrainingModule(causal_lm, fused_loss=config.performance.fused_loss and not sharded,
-                                   chunk_tokens=config.performance.loss_chunk_tokens)
+                                   chunk_tokens=config.performance.loss_chunk_tokens, balance=balance)
     install_layer_faults(model, config.faults)  # before compiling: the hooks must run inside the blocks
     model = parallelize(model, dims=runtime.dims, mesh=runtime.mesh, parallel=config.parallel,
                         performance=config.performance, device=runtime.device)
@@ -92,13 +97,20 @@ def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
     expert_params = [p for name, p in model.named_parameters() if name in expert_names]
     ep_group = runtime.mesh["ep"].get_group() if runtime.dims.ep > 1 else None
     return TrainState(model=model, optimizer=optimizer, vocab_size=vocab_size, flops=flops, comm_timer=comm_timer,
-                      leak=leak, moe=moe, expert_params=expert_params, ep_group=ep_group)
+                      leak=leak, moe=moe, expert_params=expert_params, ep_group=ep_group, router_bias=router_bias)
 
 
-def install_moe(causal_lm: torch.nn.Module, config: TrainConfig, runtime: Runtime) -> MoeStats | None:
-    """Ranges, routing records and router faults on every MoE layer (grouped GEMMs where enabled); the
-    record keeper, or None when records are off or the model has no MoE layer."""
+def install_moe(causal_lm: torch.nn.Module, config: TrainConfig, runtime: Runtime,
+                balance: RouterBalance | None = None) -> tuple[MoeStats | None, RouterBiasUpdate | None]:
+    """Ranges, routing records, router faults and the load-balancing terms on every MoE layer (grouped GEMMs
+    where enabled); the record keeper (None when records are off or the model has no MoE layer) and the
+    router-bias update (None: model.router_bias_update_rate is 0)."""
     blocks = moe_blocks(causal_lm)
+    for name, value in (("router_aux_loss_coef", config.model.router_aux_loss_coef),
+                        ("router_bias_update_rate", config.model.router_bias_update_rate)):
+        if value and not blocks:
+            raise ConfigError(f"model.{name}: {type(causal_lm).__name__} has no MoE block with a router the "
+                              "trainer can balance")
     stats = None
     if config.observability.moe_records and blocks:
         dims = runtime.dims
@@ -108,9 +120,11 @@ def install_moe(causal_lm: torch.nn.Module, config: TrainConfig, runtime: Runtim
                          rank=runtime.rank,
                          path=RunLayout.at(config.run_dir).moe_file(runtime.rank),
                          flush_steps=config.observability.moe_flush_steps, device=runtime.device)
-    install_moe_layers(causal_lm, faults=config.faults, stats=stats, grouped=config.performance.fast_experts,
-                       device=runtime.device, expert_parallel=runtime.dims.ep > 1)
-    return stats
+    _, router_bias = install_moe_layers(causal_lm, faults=config.faults, stats=stats,
+                                        grouped=config.performance.fast_experts, device=runtime.device,
+                                        expert_parallel=runtime.dims.ep > 1, balance=balance,
+                                        bias_rate=config.model.router_bias_update_rate)
+    return stats, router_bias
 
 
 def build_pipeline_state(config: TrainConfig, runtime: Runtime) -> TrainState:
@@ -169,6 +183,8 @@ def train_step(state: TrainState, batches: Iterator[torch.Tensor], config: Train
                                stage_group=state.pipeline.group if state.pipeline is not None else None)
             state.optimizer.step()
             state.optimizer.zero_grad(set_to_none=True)
+            if state.router_bias is not None:
+                state.router_bias.update()
         timer.mark("end")
     return loss.detach()
 

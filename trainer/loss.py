@@ -13,6 +13,8 @@ import functools
 
 import torch
 
+from .load_balance import RouterBalance
+
 IGNORE_INDEX = -100
 
 
@@ -94,22 +96,31 @@ class CausalLMTrainingModule(torch.nn.Module):
     """The unit every parallel wrapper sees: token ids in, mean next-token loss out.
 
     With `fused_loss` the decoder's hidden states go straight into the chunked fused loss (the
-    LM head's logits never exist for the whole batch); otherwise transformers computes its loss.
+    LM head's logits never exist for the whole batch); otherwise transformers computes its loss. With
+    `balance` (model.router_aux_loss_coef > 0) the routers' load-balancing term is added to either.
     """
 
-    def __init__(self, causal_lm: torch.nn.Module, *, fused_loss: bool, chunk_tokens: int):
+    def __init__(self, causal_lm: torch.nn.Module, *, fused_loss: bool, chunk_tokens: int,
+                 balance: RouterBalance | None = None):
         super().__init__()
         self.causal_lm = causal_lm
         self.fused_loss = fused_loss
         self.chunk_tokens = chunk_tokens
+        self.balance = balance
 
     @property
     def config(self):
         return self.causal_lm.config
 
     def forward(self, input_ids_BS: torch.Tensor) -> torch.Tensor:
+        loss = self._language_model_loss(input_ids_BS)
+        return loss if self.balance is None else self.balance.added_to(loss)
+
+    def _language_model_loss(self, input_ids_BS: torch.Tensor) -> torch.Tensor:
         if not self.fused_loss:
-            return self.causal_lm(input_ids=input_ids_BS, labels=input_ids_BS, use_cache=False).loss
+            # With the trainer's balancing loss on, transformers' own (output_router_logits) stays off: one owner.
+            router_logits = {} if self.balance is None else {"output_router_logits": False}
+            return self.causal_lm(input_ids=input_ids_BS, labels=input_ids_BS, use_cache=False, **router_logits).loss
         hidden_BSD = self.causal_lm.model(input_ids=input_ids_BS, use_cache=False).last_hidden_state
         return causal_lm_loss(hidden_BSD, self.causal_lm.lm_head.weight, input_ids_BS,
                               chunk_tokens=self.chunk_tokens)

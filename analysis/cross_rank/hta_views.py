@@ -17,6 +17,7 @@ import logging
 import math
 import os
 from collections.abc import Callable
+import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,11 +138,17 @@ def _per_rank(trace_files: dict[int, Path], step_names: tuple[str, ...], workers
     if workers <= 1 or len(ranks) < 2:
         outcomes = map(one, paths, ranks, names)
         return _collect(outcomes, len(ranks), progress)
-    import hta.trace_analysis  # noqa: F401 - imported before the pool forks: workers inherit it (~1 s each)
-
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_hta_worker_context()) as pool:
         collected = _collect(pool.map(one, paths, ranks, names, chunksize=1), len(ranks), progress)
     return collected
+
+
+def _hta_worker_context() -> multiprocessing.context.BaseContext:
+    """Workers forked from a server that imported HTA once, not from this process: by now it holds every
+    rank's result (hundreds of MB at 1,024 ranks), which forked workers would carry as their own."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["hta.trace_analysis", "fleetscope.analysis.per_rank.hta_cache"])
+    return context
 
 
 def _collect(outcomes, total: int, progress: Progress | None) -> list[RankHta]:

@@ -67,6 +67,7 @@ from fleetscope.analysis.merge.sources import (
     RankSource,
     TraceFile,
     find_merge_inputs,
+    idle_gap_rows,
 )
 from fleetscope.analysis.merge.tracks import (
     NO_EVENT,
@@ -414,8 +415,9 @@ class _MergeSession:
             collective_source=model.collective_source,
             p2p=tuple((clock.to_ns(start), key, kind) for start, key, kind in model.p2p),
             moe=self.moe.get(source.rank),
-            idle_gaps=tuple((clock.to_ns(start), clock.to_ns(end), cause) for start, end, cause in model.idle_gaps),
-            idle_basis=model.idle_basis,
+            idle_gaps=tuple((clock.to_ns(start), clock.to_ns(end), cause)
+                            for start, end, cause in idle_gap_rows(model.idle_gaps)),
+            idle_basis=model.idle_gaps.basis if model.idle_gaps is not None else None,
         )
         plan = plan_window(document["traceEvents"], tracks, context)
         if self.origin_ns is None:

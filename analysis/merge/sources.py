@@ -20,6 +20,7 @@ from fleetscope.analysis.inputs.resolve import rank_from_name, resolve_input
 from fleetscope.analysis.inputs.sources import TraceFailure, TraceSource
 from fleetscope.analysis.per_rank.cache import ResultCache
 from fleetscope.analysis.per_rank.collectives import CollectiveKey
+from fleetscope.analysis.per_rank.host_stalls import IdleGaps
 from fleetscope.analysis.per_rank.names import P2P_RECV, P2P_SEND
 from fleetscope.analysis.per_rank.p2p import OUTSIDE_STEPS
 from fleetscope.analysis.per_rank.parse import parse_traces
@@ -54,9 +55,9 @@ class WindowModel:
     collective_source: str | None = None
     p2p: tuple[tuple[float, tuple, str], ...] = ()
     """(start_us, transfer key, send|recv) of each send / receive in a step whose peer is known (flows.p2p_flow_id)."""
-    idle_gaps: tuple[tuple[float, float, str], ...] = ()
-    """(start_us, end_us, cause) of each idle gap inside the steps (host_stalls.find_idle_gaps)."""
-    idle_basis: str | None = None
+    idle_gaps: IdleGaps | None = None
+    """Each idle gap inside the steps with its cause (host_stalls.find_idle_gaps), kept as the parse's
+    arrays: a model is held for every rank (the summary), and a GPU trace has thousands of gaps."""
     collective_ends_us: tuple[float, ...] = ()
     """End of each collective of `collectives` (same order): the summary's comm time per step."""
     utilization: tuple[float, float, float] | None = None
@@ -79,8 +80,7 @@ class WindowModel:
             collective_source=calls.source,
             p2p=tuple((c.start_us, transfer_key(result.rank, c), c.kind) for c in result.p2p.calls
                       if c.peer is not None and c.kind in (P2P_SEND, P2P_RECV) and c.step != OUTSIDE_STEPS),
-            idle_gaps=_idle_gaps(result),
-            idle_basis=result.idle_gaps.basis if result.idle_gaps is not None else None,
+            idle_gaps=result.idle_gaps,
             collective_ends_us=tuple(float(end) for end in calls.end_us),
             utilization=(use.busy_pct, use.idle_pct, use.comm_pct) if use is not None else None,
             event_count=result.event_count,
@@ -91,11 +91,11 @@ class WindowModel:
         )
 
 
-def _idle_gaps(result: RankResult) -> tuple[tuple[float, float, str], ...]:
-    gaps = result.idle_gaps
+def idle_gap_rows(gaps: IdleGaps | None) -> list[tuple[float, float, str]]:
+    """(start_us, end_us, cause) of each gap."""
     if gaps is None:
-        return ()
-    return tuple(zip(gaps.starts_us.tolist(), gaps.ends_us.tolist(), gaps.causes()))
+        return []
+    return list(zip(gaps.starts_us.tolist(), gaps.ends_us.tolist(), gaps.causes()))
 
 
 def transfer_key(rank: int | None, call) -> tuple:

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from fleetscope.analysis import analyze
@@ -454,6 +454,35 @@ def test_hostile_all_to_all_args_lose_no_rank(changes):
         for rank in (0, 1):
             alltoall_rank(rank, changes).write(root / f"rank{rank}.json")
         assert analyze_in_process(root, tmp, valid_labels={"rank0.json", "rank1.json"}) == EXIT_OK
+
+
+@functools.lru_cache(maxsize=None)
+def _advised_template() -> Path:
+    """A run with traces, MoE records and its report.json, built once per session and copied per example."""
+    root = Path(tempfile.mkdtemp(prefix="fleetscope-fuzz-advise-"))
+    atexit.register(shutil.rmtree, root, True)
+    layout = make_run(root / "run", 2)
+    write_moe_records(layout)
+    analyze(layout.root, use_hta=False)
+    return layout.root
+
+
+@fuzz_settings(120)
+@given(operations=value_mutations)
+@example(operations=[([11], None)])          # "ranks": null was an advise traceback
+@example(operations=[([12, 0], None)])       # a window that is null, too
+def test_advise_over_a_damaged_report_json_names_the_file(operations, capsys):
+    with workspace() as tmp:
+        run = tmp / "run"
+        shutil.copytree(_advised_template(), run)
+        layout = RunLayout.at(run)
+        layout.report_json.write_bytes(dumps(mutate_values(json.loads(layout.report_json.read_text()), operations)))
+        before = digests(run)
+        capsys.readouterr()
+        rc = main(["advise", str(run)])
+        assert rc in (EXIT_OK, EXIT_FAILED) and digests(run) == before
+        if rc == EXIT_FAILED:
+            assert f"{layout.report_json}: cannot read report" in capsys.readouterr().err
 
 
 # --- the corpus: inputs that once broke the contract -------------------------------------------------

@@ -691,3 +691,28 @@ def test_the_per_peer_entries_of_one_rank_are_bounded(tmp_path, monkeypatch):
     calls.append(dict(calls[0]))                            # the same message as the first: no new entries
     (row,) = _alltoall_rows(tmp_path, calls)
     assert row.split_status == {"trace": 3, "not recorded": 1}
+
+
+# --- advise over a report.json written by anyone ---------------------------------------------------
+
+
+@pytest.mark.parametrize("path, value", [
+    (["ranks"], None), (["ranks", 0, "rank"], []), (["ranks", 0], None), (["windows", 0], None),
+    (["windows", 0, "ranks", 0, "steps", 0], None), (["moe", "layers"], "x"), (["step_time"], [1]),
+    (["world_size"], "2"), (["complete"], 1),
+])
+def test_advise_names_a_report_json_of_the_wrong_shape(tmp_path, capsys, path, value):
+    """Report.from_json took any value for any field: None for a list of ranks, a list for a rank number
+    (TypeError / AttributeError tracebacks in advise's rules)."""
+    layout = make_run(tmp_path / "run", 2)
+    write_moe_records(layout)
+    analyze(layout.root, use_hta=False)
+    report = json.loads(layout.report_json.read_text())
+    node = report
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    layout.report_json.write_text(json.dumps(report))
+    assert main(["advise", str(layout.root)]) == 1
+    err = capsys.readouterr().err
+    assert f"{layout.report_json}: cannot read report: TypeError: " in err, err

@@ -725,7 +725,7 @@ def advise(run_dir: str | Path) -> Advice:
     notes = []
     report = None
     if layout.report_json.is_file():
-        report = load_report_json(layout.report_json)
+        report = load_report_json(layout.report_json, within=layout.root)
     elif layout.traces_dir.is_dir():
         report = analyze(layout.root, write_default_outputs=False, use_hta=False)
     else:

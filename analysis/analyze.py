@@ -136,10 +136,11 @@ def write_report_json(report: Report, path: Path) -> Path:
     return path
 
 
-def load_report_json(path: str | Path) -> Report:
-    """Read a report JSON written by `analyze` (any path); ValueError naming the file for anything else."""
+def load_report_json(path: str | Path, *, within: Path | None = None) -> Report:
+    """Read a report JSON written by `analyze` (any path; a run's own report only from inside the run
+    when `within` is its directory); ValueError naming the file for anything else."""
     try:
-        data = json.loads(read_metadata(Path(path)))
+        data = json.loads(read_metadata(Path(path), within=within))
         if not isinstance(data, dict):
             raise ValueError(f"top level is {type(data).__name__}, expected an object")
         return Report.from_json(data)

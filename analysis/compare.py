@@ -131,7 +131,7 @@ def _load_side(path: Path) -> _Side:
         run_dir = path.parent.parent if path.parent.name == REPORT_DIR else None
     elif path.is_dir():
         layout = RunLayout.at(path)
-        report = (load_report_json(layout.report_json) if layout.report_json.is_file()
+        report = (load_report_json(layout.report_json, within=layout.root) if layout.report_json.is_file()
                   else analyze(path, write_default_outputs=False))
         run_dir = path
     else:

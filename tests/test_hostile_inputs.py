@@ -716,3 +716,19 @@ def test_advise_names_a_report_json_of_the_wrong_shape(tmp_path, capsys, path, v
     assert main(["advise", str(layout.root)]) == 1
     err = capsys.readouterr().err
     assert f"{layout.report_json}: cannot read report: TypeError: " in err, err
+
+
+def test_a_runs_report_json_symlinked_out_of_the_run_is_not_read(tmp_path, capsys):
+    """advise and compare read RUN/report/report.json through the safe reader without a bound: a symlink to
+    another run's report made that run's findings this run's."""
+    from fleetscope.analysis.compare import compare
+
+    other = make_recorded_run(tmp_path / "other")
+    analyze(make_run(other.root, 2, gathered=True).root, use_hta=False)
+    layout = make_run(tmp_path / "run", 2)
+    layout.report_dir.mkdir()
+    layout.report_json.symlink_to(other.report_json)
+    assert main(["advise", str(layout.root)]) == 1
+    assert f"{layout.report_json}: cannot read report: resolves outside" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="resolves outside"):
+        compare(layout.root, other.root)

@@ -59,6 +59,7 @@ def plan_relaunch(spec_fields: Any, *, source_run: Path, new_run_dir: Path, trai
     except ConfigError as error:  # the record is the problem, not the change: name the file
         raise ConfigError(f"{RunLayout.at(source_run).job_file}: {error}") from error
     assignments = tuple(change_assignments(train_args)) + tuple(overrides)
+    refuse_run_dir_setting(assignments)
     changed_env = change_environment(env)
     if recorded.entry is not None:
         refuse_trainer_settings(assignments)
@@ -98,6 +99,14 @@ def change_environment(env: Sequence[tuple[str, str]]) -> dict[str, str]:
             raise ConfigError(f"change.env {name}: the value must be text, got {type(value).__name__}")
         checked[name] = require_plain_text(value, f"change.env {name}")
     return checked
+
+
+def refuse_run_dir_setting(assignments: Sequence[str]) -> None:
+    """The new run directory is --run-dir's (checked: new or empty, not the tuned run); a `run_dir=`
+    assignment applied after it would send the job somewhere unchecked."""
+    found = [a for a in assignments if a.partition("=")[0].strip() == "run_dir"]
+    if found:
+        raise ConfigError(f"{found[0]}: the new run directory is set by --run-dir only")
 
 
 def refuse_trainer_settings(assignments: Sequence[str]) -> None:

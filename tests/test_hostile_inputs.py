@@ -732,3 +732,16 @@ def test_a_runs_report_json_symlinked_out_of_the_run_is_not_read(tmp_path, capsy
     assert f"{layout.report_json}: cannot read report: resolves outside" in capsys.readouterr().err
     with pytest.raises(ValueError, match="resolves outside"):
         compare(layout.root, other.root)
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("run_dir=/etc", "set by --run-dir only"),          # was applied after --run-dir's checks: the job went there
+    ("run_dir=RUN", "set by --run-dir only"),           # ... or into the tuned run itself
+    ("parallel.bucket_cap_mb=inf", "expected a finite number"),
+    ("parallel.bucket_cap_mb=1e400", "expected a finite number"),
+])
+def test_tune_set_cannot_move_the_run_or_set_a_non_finite_number(tmp_path, capsys, setting, message):
+    layout = make_recorded_run(tmp_path / "run")
+    setting = setting.replace("RUN", str(layout.root))
+    assert main(["tune", str(layout.root), "--apply", "1", "--dry-run", "--set", setting]) == 2
+    assert message in capsys.readouterr().err

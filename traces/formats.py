@@ -154,10 +154,11 @@ class MetricRecords:
     """How many lines were skipped in all."""
 
 
-def read_metric_records(path: Path, *, max_bad_lines_kept: int = 20) -> MetricRecords:
-    """Every step record of a metrics file: JSON objects with an integer `step` and finite numbers."""
+def read_metric_records(path: Path, *, within: Path | None = None, max_bad_lines_kept: int = 20) -> MetricRecords:
+    """Every step record of a metrics file: JSON objects with an integer `step` and finite numbers. With
+    `within` (the run directory) a file that resolves outside it is refused (InputRefused)."""
     records, bad, count = [], [], 0
-    data = read_metadata(path)  # the safe reader: a FIFO or a symlink loop is refused, never opened
+    data = read_metadata(path, within=within)  # the safe reader: a FIFO or a symlink loop is refused, never opened
     for number, raw in enumerate(data.splitlines(), start=1):
         if not raw.strip():
             continue

@@ -76,7 +76,10 @@ def recorded_spec(layout: RunLayout) -> dict:
     """job.json's launch spec; a UsageError when the directory holds no run fleetscope launched."""
     if not layout.root.is_dir():
         raise UsageError(f"{layout.root}: no such run directory")
-    record = read_job_record(layout)
+    try:
+        record = read_job_record(layout)
+    except ValueError as error:  # damaged or planted: the relaunch is refused, as for a bad spec
+        raise UsageError(str(error)) from error
     spec = record.get("spec")
     if not isinstance(spec, dict):
         why = "has no job.json" if not record else "records no launch spec (spec)"

@@ -745,3 +745,30 @@ def test_tune_set_cannot_move_the_run_or_set_a_non_finite_number(tmp_path, capsy
     setting = setting.replace("RUN", str(layout.root))
     assert main(["tune", str(layout.root), "--apply", "1", "--dry-run", "--set", setting]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_step_metrics_symlinked_out_of_the_run_are_not_read(tmp_path, capsys):
+    """metrics/rank<R>.jsonl was read through the safe reader without a bound: a symlink to another run's
+    metrics became this run's evidence (advise, compare, the report's trainer section)."""
+    from fleetscope.analysis.compare import read_steady_metrics
+
+    layout = make_recorded_run(tmp_path / "run")
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text("".join(json.dumps({"step": s, "rank": 1, "step_time_ms": 1.0}) + "\n" for s in range(6)))
+    layout.metrics_file(1).unlink()
+    layout.metrics_file(1).symlink_to(elsewhere)
+    steady, notes = read_steady_metrics(layout)
+    assert list(steady) == [0] and any("rank1.jsonl: not read: resolves outside" in n for n in notes)
+    make_run(layout.root, 2)
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    (rank1,) = [r for r in report.trainer.ranks if r.rank == 1]
+    assert rank1.input is None and rank1.problems == [f"rank1.jsonl: not read: resolves outside {layout.root} "
+                                                      "(symlink or path escape): not read"]
+
+
+@pytest.mark.parametrize("content", [b'{"spec": {', b"[" * 100000])
+def test_tune_refuses_an_unreadable_job_record_with_exit_2(tmp_path, capsys, content):
+    layout = make_recorded_run(tmp_path / "run")
+    layout.job_file.write_bytes(content)
+    assert main(["tune", str(layout.root), "--apply", "1", "--dry-run"]) == 2
+    assert f"{layout.job_file}: unreadable job record" in capsys.readouterr().err

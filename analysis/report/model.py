@@ -175,10 +175,13 @@ steps.py (steps and phases), kernels.py (kernel totals).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from fleetscope.analysis.cross_rank.bandwidth import Bandwidth
 from fleetscope.analysis.cross_rank.causes import CauseAnalysis
@@ -326,8 +329,9 @@ def _build(cls: type, data: Any, where: str = "") -> Any:
     return cls(**values)
 
 
-_SCALARS = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
-"""The JSON types a scalar field accepts (an integer stands for a float; a bool is no number)."""
+_SCALARS = {bool: (bool, np.bool_), int: (numbers.Integral,), float: (numbers.Real,), str: (str,)}
+"""What a scalar field accepts: its JSON type, or the numpy scalar a report built in memory holds (an
+integer stands for a float; a bool is no number)."""
 
 
 def _convert(hint: Any, value: Any, where: str) -> Any:
@@ -360,7 +364,8 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
 
 
 def _is_scalar(hint: Any, value: Any) -> bool:
-    return type(value) in _SCALARS.get(hint, ())
+    is_bool = isinstance(value, (bool, np.bool_))
+    return isinstance(value, _SCALARS.get(hint, ())) and (hint is bool) == is_bool
 
 
 def _require_type(value: Any, kind: type, where: str) -> None:

@@ -97,7 +97,19 @@ class Evidence:
     """rank -> host, from the trace report (which ranks share a node)."""
 
     def setting(self, section: str, name: str, default: Any = None) -> Any:
-        return (self.config.get(section) or {}).get(name, default)
+        """A recorded setting; `default` also where job.json (written by anyone) holds something of another
+        type than the default's there (numbers stand for numbers; bools are not numbers)."""
+        values = self.config.get(section) if isinstance(self.config, dict) else None
+        value = values.get(name, default) if isinstance(values, dict) else default
+        return value if default is None or _same_kind(value, default) else default
+
+
+def _same_kind(value: Any, default: Any) -> bool:
+    if isinstance(default, bool) or isinstance(value, bool):
+        return type(value) is type(default)
+    if isinstance(default, (int, float)):
+        return type(value) in (int, float) and math.isfinite(value)
+    return isinstance(value, type(default))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -740,7 +752,7 @@ def advise(run_dir: str | Path) -> Advice:
     notes = []
     report = None
     if layout.report_json.is_file():
-        report = load_report_json(layout.report_json)
+        report = load_report_json(layout.report_json, within=layout.root)
     elif layout.traces_dir.is_dir():
         report = analyze(layout.root, write_default_outputs=False, use_hta=False)
     else:
@@ -766,7 +778,8 @@ def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
     def total(key: str) -> int:
         return int(sum(r.get(key) or 0 for rows in by_step.values() for r in rows if isinstance(r.get(key), int)))
 
-    spec = read_job_record(layout).get("spec") or {}
+    spec = read_job_record(layout).get("spec")
+    train = spec.get("train") if isinstance(spec, dict) else None
     utilization = [r.utilization for w in (report.windows if report else []) for r in w.ranks if r.utilization]
 
     def mean_of(values: list[float | None]) -> float | None:
@@ -788,7 +801,7 @@ def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
         exposed_comm_pct=mean_of([100 * u.exposed_comm_us / u.span_us for u in utilization if u.span_us > 0]),
         overlap_pct=mean_of([u.overlap_pct for u in utilization]),
         stragglers=[f for w in (report.windows if report else []) for f in w.causes.findings],
-        config=spec.get("train") or {},
+        config=train if isinstance(train, dict) else {},
         moe=report.moe if report else None, rank_hosts={r.rank: r.host for r in (report.ranks if report else [])})
 
 

@@ -14,7 +14,7 @@ from fleetscope.traces.outputs import guard_output
 from fleetscope.traces.safe_read import InputRefused, read_metadata
 from fleetscope.analysis.cross_rank.capture import capture_section
 from fleetscope.analysis.cross_rank.placement import place_traces
-from fleetscope.analysis.cross_rank.moe import load_moe_records
+from fleetscope.analysis.cross_rank.moe import load_moe_records_noted
 from fleetscope.analysis.cross_rank.records import trainer_evidence
 from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
 from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
@@ -71,6 +71,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     if on_parsed is not None:
         on_parsed(outcomes)
     placement = place_traces(inputs, outcomes)
+    moe_records, moe_notes = load_moe_records_noted(inputs.layout, _record_ranks(placement.results, inputs.world_size))
     report = build_report(
         source_path=str(inputs.root),
         source_kind=inputs.kind,
@@ -78,13 +79,13 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         failures=inputs.failures + placement.failures,
         missing=placement.missing,
         world_size=inputs.world_size,
-        notes=inputs.notes + placement.notes + _cache_notes(cache, cache_off, outcomes),
+        notes=inputs.notes + placement.notes + _cache_notes(cache, cache_off, outcomes) + moe_notes,
         hta=hta_runner(hta_max_ranks, hta_ranks, hta_progress, _cache_directory(cache)) if use_hta else no_hta,
         measured_offsets=inputs.measured_offsets,
         min_lateness_us=min_lateness_us,
         link_peak_gbps=link_peak_gbps,
         trainer=trainer_evidence(inputs.layout, placement.results, inputs.world_size),
-        moe_records=load_moe_records(inputs.layout, _record_ranks(placement.results, inputs.world_size)),
+        moe_records=moe_records,
     )
     report.capture = capture_section(inputs.layout, inputs.world_size)
     _write_outputs(report, json_out, html_out)
@@ -141,10 +142,11 @@ def write_report_json(report: Report, path: Path) -> Path:
     return path
 
 
-def load_report_json(path: str | Path) -> Report:
-    """Read a report JSON written by `analyze` (any path); ValueError naming the file for anything else."""
+def load_report_json(path: str | Path, *, within: Path | None = None) -> Report:
+    """Read a report JSON written by `analyze` (any path; a run's own report only from inside the run
+    when `within` is its directory); ValueError naming the file for anything else."""
     try:
-        data = json.loads(read_metadata(Path(path)))
+        data = json.loads(read_metadata(Path(path), within=within))
         if not isinstance(data, dict):
             raise ValueError(f"top level is {type(data).__name__}, expected an object")
         return Report.from_json(data)

@@ -131,7 +131,7 @@ def _load_side(path: Path) -> _Side:
         run_dir = path.parent.parent if path.parent.name == REPORT_DIR else None
     elif path.is_dir():
         layout = RunLayout.at(path)
-        report = (load_report_json(layout.report_json) if layout.report_json.is_file()
+        report = (load_report_json(layout.report_json, within=layout.root) if layout.report_json.is_file()
                   else analyze(path, write_default_outputs=False))
         run_dir = path
     else:
@@ -152,7 +152,7 @@ def read_steady_metrics(layout: RunLayout) -> tuple[dict[int, list[dict]], list[
     for path in layout.step_metrics_files():
         match = STEP_METRICS_RE.match(path.name)  # the file name, not its lines, says whose metrics they are
         try:
-            read = read_metric_records(path)
+            read = read_metric_records(path, within=layout.root)
         except ValueError as error:  # the safe reader's refusal (a FIFO, a symlink out, too large)
             notes.append(f"{layout.relative(path)}: not read: {getattr(error, 'reason', error)}")
             continue

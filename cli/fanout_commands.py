@@ -36,11 +36,11 @@ from ..traces.fanout import (
     write_task_record,
 )
 from ..traces.layout import RunLayout, fanout_dir, fanout_task_log, parsed_trace_cache_dir
-from ..traces.validate import UsageError
+from ..traces.validate import UsageError, is_inside
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
 
-_JOB_ID = re.compile(r"^[0-9]+$")
-_TOKEN = re.compile(r"^[0-9a-f]{8,64}$")
+_JOB_ID = re.compile(r"^[0-9]+\Z")
+_TOKEN = re.compile(r"^[0-9a-f]{8,64}\Z")
 
 
 # --- postprocess --slurm ------------------------------------------------------------------------
@@ -91,7 +91,11 @@ def fanout_cache_dir(explicit: Path | None, layout: RunLayout) -> tuple[Path, st
         return explicit.expanduser().absolute(), "--cache-dir"
     if os.environ.get(CACHE_DIR_ENV):
         return Path(os.environ[CACHE_DIR_ENV]).expanduser().absolute(), f"${CACHE_DIR_ENV}"
-    return parsed_trace_cache_dir(layout), "beside the traces, on the run directory's filesystem"
+    default = parsed_trace_cache_dir(layout)
+    if not is_inside(default, layout.root):
+        raise UsageError(f"{default}: resolves outside {layout.root} (a symlink in the run directory?): the "
+                         "cache is not written there; give --cache-dir")
+    return default, "beside the traces, on the run directory's filesystem"
 
 
 def shard_keys_of(sources) -> list[ShardKey]:

@@ -126,5 +126,5 @@ def _link_report_to_trace(layout: RunLayout, merged) -> None:
     from ..analysis import load_report_json, render_html
     from ..traces.writer import write_bytes_atomically
 
-    html = render_html(load_report_json(layout.report_json), trace_ranges=merged.step_ranges_ns())
+    html = render_html(load_report_json(layout.report_json, within=layout.root), trace_ranges=merged.step_ranges_ns())
     write_bytes_atomically(html.encode(), layout.report_html)

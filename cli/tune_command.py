@@ -9,6 +9,7 @@ regression, 1 regression (or the new job failed), 2 refused or bad usage.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 
@@ -18,7 +19,9 @@ from ..traces.layout import RunLayout
 from ..traces.validate import UsageError
 from .exit_codes import EXIT_FAILED, EXIT_OK
 
-_RULE_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+_RULE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+_FINDING_NUMBER = re.compile(r"[0-9]{1,9}")
+"""ASCII digits only: str.isdigit() also takes superscripts and other scripts' digits, which int() refuses."""
 
 
 def register_tune(sub: argparse._SubParsersAction) -> None:
@@ -73,7 +76,10 @@ def recorded_spec(layout: RunLayout) -> dict:
     """job.json's launch spec; a UsageError when the directory holds no run fleetscope launched."""
     if not layout.root.is_dir():
         raise UsageError(f"{layout.root}: no such run directory")
-    record = read_job_record(layout)
+    try:
+        record = read_job_record(layout)
+    except ValueError as error:  # damaged or planted: the relaunch is refused, as for a bad spec
+        raise UsageError(str(error)) from error
     spec = record.get("spec")
     if not isinstance(spec, dict):
         why = "has no job.json" if not record else "records no launch spec (spec)"
@@ -85,17 +91,17 @@ def recorded_spec(layout: RunLayout) -> dict:
 def pick_finding(findings: list, wanted: str, run: Path) -> tuple[int, object]:
     """(number, finding) for `wanted`: a 1-based number as `advise` prints it, or a rule name."""
     listing = "; ".join(f"{i}. {f.rule}" for i, f in enumerate(findings, 1)) or "none"
-    if wanted.isdigit():
+    if _FINDING_NUMBER.fullmatch(wanted):
         index = int(wanted)
         if not 1 <= index <= len(findings):
             raise UsageError(f"--apply {wanted}: no such finding for {run} (findings: {listing})")
-    elif _RULE_NAME.match(wanted):
+    elif _RULE_NAME.fullmatch(wanted):
         matches = [i for i, f in enumerate(findings, 1) if f.rule == wanted]
         if not matches:
             raise UsageError(f"--apply {wanted}: no finding of that rule for {run} (findings: {listing})")
         index = matches[0]
     else:
-        raise UsageError(f"--apply: expected a finding number or a rule name, got {wanted!r}")
+        raise UsageError(f"--apply: expected a finding number or a rule name, got {wanted[:40]!r}")
     finding = findings[index - 1]
     if finding.apply is None:
         raise UsageError(f"--apply {wanted}: finding {index} ({finding.rule}) is not a setting a relaunch can "
@@ -114,10 +120,17 @@ def default_tune_dir(run: Path, rule: str) -> Path:
 
 
 def refuse_nonempty(new_dir: Path) -> None:
-    """Nothing already in the new run directory is written over."""
+    """Nothing already in the new run directory is written over, and a run directory that cannot be made
+    is refused before anything starts (--dry-run says so too)."""
+    if os.path.islink(new_dir) and not new_dir.exists():
+        raise ConfigError(f"run_dir: {new_dir} is a broken symlink (to {os.readlink(new_dir)}); tune does not "
+                          "create directories through it (choose another --run-dir)")
     if new_dir.exists() and (not new_dir.is_dir() or any(new_dir.iterdir())):
         raise ConfigError(f"run_dir: {new_dir} exists and is not an empty directory; tune writes a new run only "
                           "into a new or empty directory (choose another --run-dir)")
+    blocking = next((parent for parent in new_dir.parents if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        raise ConfigError(f"run_dir: {new_dir} cannot be created: {blocking} is not a directory")
 
 
 def describe_relaunch(relaunch, tuned_from: dict) -> str:

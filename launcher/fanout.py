@@ -35,8 +35,8 @@ MAX_ARRAY_TASKS = 1000
 VISIBILITY_FILE_FORMAT = ".fanout-visible-{token}"
 """Written into the cache directory before submission; every task and the reduce must see it there, or
 the directory is not on storage shared with the submitting host."""
-_TOKEN = re.compile(r"^[0-9a-f]{8,64}$")
-_MEMORY = re.compile(r"^[0-9]+[KMGT]?$")
+_TOKEN = re.compile(r"^[0-9a-f]{8,64}\Z")
+_MEMORY = re.compile(r"^[0-9]+[KMGT]?\Z")
 _NOT_EXTRA = frozenset({"array", "chdir"})
 """Options an extra must not set besides those slurm_request owns (the array is this plan's)."""
 

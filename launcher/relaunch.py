@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -20,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from ..traces.layout import RunLayout
 from ..trainer.config import ConfigError, add_train_arguments, apply_overrides, train_assignments
 from .spec import JobSpec
 from .untrusted import require_plain_text
 
-CHANGE_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+CHANGE_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*\Z")
 """Names a change may set: upper-case shell variable names (PYTORCH_ALLOC_CONF, NCCL_*)."""
 USER_PROGRAM_SETTINGS = ("profiler.",)
 """Trainer settings that still mean something when the job runs the user's own program."""
@@ -52,8 +54,12 @@ def plan_relaunch(spec_fields: Any, *, source_run: Path, new_run_dir: Path, trai
     A ConfigError names what cannot be applied; nothing is touched."""
     source_run, new_run_dir = Path(source_run).absolute(), Path(new_run_dir).absolute()
     refuse_source_as_target(source_run, new_run_dir)
-    recorded = job_spec_from_record(spec_fields)
+    try:
+        recorded = job_spec_from_record(spec_fields)
+    except ConfigError as error:  # the record is the problem, not the change: name the file
+        raise ConfigError(f"{RunLayout.at(source_run).job_file}: {error}") from error
     assignments = tuple(change_assignments(train_args)) + tuple(overrides)
+    refuse_run_dir_setting(assignments)
     changed_env = change_environment(env)
     if recorded.entry is not None:
         refuse_trainer_settings(assignments)
@@ -95,6 +101,14 @@ def change_environment(env: Sequence[tuple[str, str]]) -> dict[str, str]:
     return checked
 
 
+def refuse_run_dir_setting(assignments: Sequence[str]) -> None:
+    """The new run directory is --run-dir's (checked: new or empty, not the tuned run); a `run_dir=`
+    assignment applied after it would send the job somewhere unchecked."""
+    found = [a for a in assignments if a.partition("=")[0].strip() == "run_dir"]
+    if found:
+        raise ConfigError(f"{found[0]}: the new run directory is set by --run-dir only")
+
+
 def refuse_trainer_settings(assignments: Sequence[str]) -> None:
     ignored = [a for a in assignments if not a.startswith(USER_PROGRAM_SETTINGS)]
     if ignored:
@@ -119,6 +133,11 @@ def _build(cls: type, fields: Any, where: str) -> Any:
     if unknown:
         raise ConfigError(f"{where}{unknown[0]}: not a setting of this fleetscope version (the run was recorded by "
                           "another one?); relaunch it with `fleetscope launch` instead")
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in fields
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{where}{missing[0]}: missing from job.json (a required setting without a default): the "
+                          "record is damaged; relaunch it with `fleetscope launch` instead")
     return cls(**{name: _value(hints[name], value, f"{where}{name}") for name, value in fields.items()})
 
 
@@ -146,8 +165,19 @@ def _value(hint: Any, value: Any, where: str) -> Any:
 
 
 def _scalar(hint: Any, value: Any, where: str) -> Any:
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if hint in (bool, int, float, str) and isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
+    if hint is float and type(value) in (int, float):
+        return _finite(value, where)
+    if hint in (bool, int, str) and isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
         return value
     raise ConfigError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
+
+
+def _finite(value: int | float, where: str) -> float:
+    """A JSON number as a float setting: NaN, Infinity and integers beyond float range are no setting."""
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigError(f"{where}: expected a finite number, got {str(value)[:40]}")
+    return number

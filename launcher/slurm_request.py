@@ -28,9 +28,9 @@ POSTPROCESS_MODULE = "fleetscope.cli.main"
 TIME_LIMIT_SIGNAL_SECONDS = 90
 """submitit asks Slurm for USR2 this long before the time limit (`--signal=USR2@90`); it then requeues."""
 
-_NAME_ALPHABET = re.compile(r"^[A-Za-z0-9_.+:-]+$")
+_NAME_ALPHABET = re.compile(r"^[A-Za-z0-9_.+:-]+\Z")
 _SBATCH_OPTION = re.compile(r"^--(?P<key>[a-z][a-z0-9-]*)(?:=(?P<value>.*))?$", re.DOTALL)
-_MEMORY = re.compile(r"^[0-9]+[KMGT]?$")
+_MEMORY = re.compile(r"^[0-9]+[KMGT]?\Z")
 # Options the plan sets itself: an extra option must not silently contradict it.
 _OWNED_SBATCH_OPTIONS = frozenset({
     "nodes", "ntasks-per-node", "ntasks", "output", "error", "job-name", "partition", "time", "account", "qos",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..traces.launch_env import user_environment
+from ..traces.validate import world_size_problem
 from ..trainer.config import TrainConfig, check_degrees, require, train_argv
 from .untrusted import require_plain_fields, require_plain_text, require_plain_value
 
@@ -20,7 +21,7 @@ TRAINER_MODULE = "fleetscope.trainer"
 Scheduler = Literal["local", "submitit", "torchx", "torchx_local"]
 SCHEDULERS: tuple[str, ...] = typing.get_args(Scheduler)
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Variables every rank needs to run safely on shared multi-GPU hosts (NVLink multicast off).
 DEFAULT_ENV: dict[str, str] = {
     "NCCL_NVLS_ENABLE": "0",
@@ -123,12 +124,14 @@ class JobSpec:
         require(self.scheduler in SCHEDULERS, "scheduler", f"must be one of {SCHEDULERS}, got {self.scheduler!r}")
         require(self.nodes >= 1, "nodes", f"must be >= 1, got {self.nodes}")
         require(self.nproc_per_node >= 1, "nproc_per_node", f"must be >= 1, got {self.nproc_per_node}")
+        require(world_size_problem(self.world_size) is None, "nodes x nproc_per_node",
+                str(world_size_problem(self.world_size)))
         require(self.scheduler not in ("local", "torchx_local") or self.nodes == 1, "nodes",
                  f"the {self.scheduler} scheduler runs on this node only; use submitit or torchx for several nodes")
         if self.entry is None:
             check_degrees(self.train.parallel, self.world_size)
         for name in self.env:
-            require(bool(_ENV_NAME.match(name)), "env", f"{name!r} is not a valid environment variable name")
+            require(isinstance(name, str) and bool(_ENV_NAME.match(name)), "env", f"{name!r} is not a valid environment variable name")
         require(bool(self.python), "python", "must not be empty")
         # Everything below reaches command lines, batch scripts, AppDefs, environments or paths.
         require_plain_fields(self.train)

@@ -8,6 +8,9 @@ symlink, a FIFO or a directory), runs the commands in-process, and checks the co
   - every problem names its file; the untouched ranks are still analyzed;
   - no input byte changes (sha256 of every input file before and after);
   - the report is JSON without NaN (what `--json` writes).
+The commands that read what a job left behind are fuzzed the same way: `tune --dry-run` over a damaged
+job.json (exit 0 or 2, nothing created), the fan-out's task records (a damaged one is a task that did not
+complete), MoE records (`analyze` and `advise`), and the all-to-all message args of a trace.
 Runs are derandomized (the same examples every run, no example database written). Inputs that once
 broke the contract live in tests/fuzz_corpus/ and are replayed by test_corpus_case.
 """
@@ -29,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from fleetscope.analysis import analyze
@@ -38,7 +41,16 @@ from fleetscope.analysis.per_rank.cache import ENTRY_SUFFIX
 from fleetscope.cli.main import main
 from fleetscope.traces.formats import read_metric_records
 from fleetscope.traces.layout import RunLayout
-from hostile_runs import digests, good_rank, make_run, make_trace_dir
+from hostile_runs import (
+    alltoall_rank,
+    digests,
+    good_rank,
+    make_recorded_run,
+    make_run,
+    make_trace_dir,
+    moe_line,
+    write_moe_records,
+)
 
 pytestmark = pytest.mark.fuzz
 
@@ -354,6 +366,125 @@ def test_the_cli_exit_code_of_a_damaged_run(operations, target):
         assert (done.returncode == EXIT_OK) == json.loads(layout.report_json.read_text())["complete"]
 
 
+# --- what a job left behind: job.json (tune), task records (fan-out), MoE records, all-to-all args --------
+
+
+def _damaged(data: bytes, operations) -> bytes:
+    if isinstance(operations[0][0], str):
+        return mutate_bytes(data, operations)
+    return dumps(mutate_values(json.loads(data), operations))
+
+
+def tune_dry_run(layout: RunLayout) -> int:
+    """`fleetscope tune RUN --apply 1 --dry-run` in-process, and its contract: exit 0 (planned) or 2 (refused:
+    job.json unreadable or not a spec this version relaunches); no input changed; nothing created beside the run."""
+    before, around = digests(layout.root), sorted(os.listdir(layout.root.parent))
+    rc = main(["tune", str(layout.root), "--apply", "1", "--dry-run"])
+    assert rc in (EXIT_OK, 2), rc
+    assert digests(layout.root) == before and sorted(os.listdir(layout.root.parent)) == around
+    return rc
+
+
+@fuzz_settings(80)
+@given(operations=st.one_of(byte_mutations, value_mutations))
+def test_a_damaged_job_record_is_refused_or_planned_never_a_crash(operations):
+    with workspace() as tmp:
+        layout = make_recorded_run(tmp / "run")
+        layout.job_file.write_bytes(_damaged(layout.job_file.read_bytes(), operations))
+        tune_dry_run(layout)
+
+
+def _task_record(tmp: Path) -> tuple[RunLayout, Path]:
+    from fleetscope.traces.fanout import ParseCounts, TaskRecord, TraceProblem, write_task_record
+
+    layout = make_run(tmp / "run", 3, gathered=False)
+    counts = ParseCounts(traces=2, parsed=1, failed=[TraceProblem(label="rank9.json", reason="not JSON")])
+    record = TaskRecord(array_job_id="77", task=0, tasks=2, node="n0", ranks=[0, 1], counts=counts,
+                        cache_dir=str(tmp / "cache"), seconds=1.5)
+    return layout, write_task_record(layout, record)
+
+
+@fuzz_settings(150)
+@given(operations=st.one_of(byte_mutations, value_mutations))
+def test_a_damaged_task_record_is_a_task_that_did_not_complete(operations):
+    from fleetscope.cli.fanout_commands import incomplete_tasks
+    from fleetscope.launcher.fanout import shard_blocks
+    from fleetscope.traces.fanout import read_task_record
+
+    with workspace() as tmp:
+        layout, path = _task_record(tmp)
+        original = path.read_bytes()
+        path.write_bytes(_damaged(original, operations))
+        record, why = read_task_record(layout, "77", 0)
+        assert (record is None) == bool(why)
+        if record is not None:   # what was read back is what a task writes
+            assert all(type(k) is int or isinstance(k, str) for k in record.ranks)
+            assert all(isinstance(p.label, str) and isinstance(p.reason, str) for p in record.counts.failed)
+        tasks = incomplete_tasks(layout, "77", shard_blocks([0, 1, 2], 2))
+        assert 1 in [t.task for t in tasks] and all(t.reason for t in tasks)
+
+
+@fuzz_settings(50)
+@given(operations=st.one_of(byte_mutations, value_mutations))
+def test_damaged_moe_records_are_skipped_and_named(operations):
+    with workspace() as tmp:
+        layout = make_run(tmp / "run", 2)
+        write_moe_records(layout, extra={1: [_damaged(moe_line(1, 9).encode(), operations).decode("latin-1")]})
+        labels = {layout.relative(layout.trace_file(0, r, "node0")) for r in range(2)}
+        assert analyze_in_process(layout.root, tmp, valid_labels=labels) == EXIT_OK
+        data = json.loads((tmp / "report.json").read_text())
+        assert data["moe"]["status"] == "ok"
+        assert main(["advise", str(layout.root)]) == EXIT_OK
+
+
+_A2A_ARGS = ["Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size", "In split size",
+             "Out split size", "Process Group Name", "Process Group Description"]
+_A2A_VALUES = [*HOSTILE_VALUES, 2**40, 2**62, 10**9, "[]", "[-1, 3]", "[1, ...]", "[" * 100, [[1]], ["a"],
+               [10**30, 1], "[" + ", ".join(["1"] * 5000) + "]"]
+
+
+@fuzz_settings(60)
+@given(changes=st.lists(st.dictionaries(st.sampled_from(_A2A_ARGS), st.sampled_from(_A2A_VALUES), max_size=4),
+                        min_size=1, max_size=4))
+def test_hostile_all_to_all_args_lose_no_rank(changes):
+    """Message args only size a collective: whatever they hold, both ranks are analyzed."""
+    with workspace() as tmp:
+        root = tmp / "traces"
+        root.mkdir()
+        for rank in (0, 1):
+            alltoall_rank(rank, changes).write(root / f"rank{rank}.json")
+        assert analyze_in_process(root, tmp, valid_labels={"rank0.json", "rank1.json"}) == EXIT_OK
+
+
+@functools.lru_cache(maxsize=None)
+def _advised_template() -> Path:
+    """A run with traces, MoE records and its report.json, built once per session and copied per example."""
+    root = Path(tempfile.mkdtemp(prefix="fleetscope-fuzz-advise-"))
+    atexit.register(shutil.rmtree, root, True)
+    layout = make_run(root / "run", 2)
+    write_moe_records(layout)
+    analyze(layout.root, use_hta=False)
+    return layout.root
+
+
+@fuzz_settings(120)
+@given(operations=value_mutations)
+@example(operations=[([11], None)])          # "ranks": null was an advise traceback
+@example(operations=[([12, 0], None)])       # a window that is null, too
+def test_advise_over_a_damaged_report_json_names_the_file(operations, capsys):
+    with workspace() as tmp:
+        run = tmp / "run"
+        shutil.copytree(_advised_template(), run)
+        layout = RunLayout.at(run)
+        layout.report_json.write_bytes(dumps(mutate_values(json.loads(layout.report_json.read_text()), operations)))
+        before = digests(run)
+        capsys.readouterr()
+        rc = main(["advise", str(run)])
+        assert rc in (EXIT_OK, EXIT_FAILED) and digests(run) == before
+        if rc == EXIT_FAILED:
+            assert f"{layout.report_json}: cannot read report" in capsys.readouterr().err
+
+
 # --- the corpus: inputs that once broke the contract -------------------------------------------------
 
 
@@ -364,7 +495,9 @@ def _corpus_cases() -> list[Path]:
 @pytest.mark.parametrize("case", _corpus_cases(), ids=lambda p: p.name)
 def test_corpus_case(case, tmp_path):
     """The file's name says where it goes: trace-* (rank 2 of three traces, analyzed and merged),
-    manifest-*, clock-* (rank 1's clock file), metrics-* (rank 1's metrics of the new side of a compare)."""
+    manifest-*, clock-* (rank 1's clock file), metrics-* (rank 1's metrics of the new side of a compare),
+    moe-* (lines appended to rank 1's MoE records), job-* (job.json of a run `tune` relaunches: refused),
+    task-* (task 0's record of a parse fan-out: a task that did not complete)."""
     kind = case.name.split("-", 1)[0]
     layout = make_run(tmp_path / "run", 3)
     labels = {layout.relative(layout.trace_file(0, r, "node0")) for r in range(3)}
@@ -387,5 +520,25 @@ def test_corpus_case(case, tmp_path):
             _metrics(layout, rank, 1000.0)
         shutil.copyfile(case, layout.metrics_file(1))
         assert not compare(base.root, layout.root).regressions
+    elif kind == "moe":
+        write_moe_records(layout, ranks=(0, 1, 2))
+        with layout.moe_file(1).open("ab") as handle:
+            handle.write(case.read_bytes())
+        assert analyze_in_process(layout.root, tmp_path, valid_labels=labels) == EXIT_OK
+        assert main(["advise", str(layout.root)]) == EXIT_OK
+    elif kind == "job":
+        recorded = make_recorded_run(tmp_path / "recorded")
+        shutil.copyfile(case, recorded.job_file)
+        assert tune_dry_run(recorded) == 2
+    elif kind == "task":
+        from fleetscope.cli.fanout_commands import incomplete_tasks
+        from fleetscope.launcher.fanout import shard_blocks
+        from fleetscope.traces.layout import fanout_task_record
+
+        path = fanout_task_record(layout, "77", 0)
+        path.parent.mkdir(parents=True)
+        shutil.copyfile(case, path)
+        assert "unreadable record" in incomplete_tasks(layout, "77", shard_blocks([0, 1, 2], 2))[0].reason
     else:
-        pytest.fail(f"{case.name}: corpus files are named trace-*, manifest-*, clock-* or metrics-*")
+        pytest.fail(f"{case.name}: corpus files are named trace-*, manifest-*, clock-*, metrics-*, moe-*, job-* "
+                    "or task-*")

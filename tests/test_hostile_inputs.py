@@ -11,7 +11,17 @@ import pytest
 
 from fleetscope.analysis import analyze
 from fleetscope.cli.main import main
-from hostile_runs import digests, edit_manifest, good_rank, make_run, make_trace_dir
+from hostile_runs import (
+    alltoall_rank,
+    digests,
+    edit_manifest,
+    good_rank,
+    make_recorded_run,
+    make_run,
+    make_trace_dir,
+    moe_line,
+    write_moe_records,
+)
 
 
 def _said(report) -> list[str]:
@@ -438,3 +448,327 @@ def test_gather_says_how_many_ranks_are_missing_when_it_lists_only_the_first(tmp
     out = capsys.readouterr().out
     assert out.count("  missing: rank") == 64 and f"{(1 << 20) - 2} rank trace(s) missing in all" in out
     assert json.loads(layout.manifest_file.read_text())["missing_total"] == (1 << 20) - 2
+
+
+
+# --- tune: a job record written by anyone, and the new run directory ----------------------------------
+
+
+def _spec_edit(path: list[str], value):
+    def edit(job: dict) -> None:
+        node = job["spec"]
+        for key in path[:-1]:
+            node = node[key]
+        if value is _DELETE:
+            del node[path[-1]]
+        else:
+            node[path[-1]] = value
+    return edit
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_spec_edit(["train"], _DELETE), "spec.train: missing from job.json"),               # was a TypeError
+    (_spec_edit(["train", "run_dir"], _DELETE), "spec.train.run_dir: missing"),          # was a TypeError
+    (_spec_edit(["entry"], {}), "spec.entry.program: missing"),                          # was a TypeError
+    (_spec_edit(["train", "parallel", "bucket_cap_mb"], 10**400), "expected a finite number"),  # OverflowError
+    (_spec_edit(["train", "parallel", "bucket_cap_mb"], float("inf")), "expected a finite number"),  # was used
+    (_spec_edit(["nproc_per_node"], 10**30), "beyond 1048576"),                          # was planned
+    (_spec_edit(["env"], {"A\n": "1"}), "env"),
+])
+def test_tune_refuses_a_damaged_job_record_naming_the_file_and_the_field(tmp_path, capsys, edit, message):
+    layout = make_recorded_run(tmp_path / "run")
+    job = json.loads(layout.job_file.read_text())
+    edit(job)
+    layout.job_file.write_text(json.dumps(job))
+    before = digests(tmp_path)
+    assert main(["tune", str(layout.root), "--apply", "1", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert str(layout.job_file) in err and message in err, err
+    assert digests(tmp_path) == before and not (tmp_path / "run-tune-data_workers").exists()
+
+
+@pytest.mark.parametrize("wanted", ["²", "١", "9" * 5000, "data_workers\n"])
+def test_tune_apply_is_an_ascii_finding_number_or_a_rule_name(tmp_path, capsys, wanted):
+    """str.isdigit() took '²' (then int() failed: exit 1) and Arabic-Indic digits; 5000 digits overflowed
+    int()'s limit (exit 1, a message about sys.set_int_max_str_digits)."""
+    layout = make_recorded_run(tmp_path / "run")
+    assert main(["tune", str(layout.root), "--apply", wanted, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "expected a finding number or a rule name" in err and len(err) < 300
+
+
+def test_tune_refuses_a_new_run_directory_it_cannot_make_before_anything_runs(tmp_path, capsys):
+    layout = make_recorded_run(tmp_path / "run")
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "not-there")
+    assert main(["tune", str(layout.root), "--apply", "1", "--dry-run", "--run-dir", str(dangling)]) == 2
+    assert "broken symlink" in capsys.readouterr().err and not (tmp_path / "not-there").exists()
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    assert main(["tune", str(layout.root), "--apply", "1", "--dry-run", "--run-dir", str(a_file / "new")]) == 2
+    assert f"{a_file} is not a directory" in capsys.readouterr().err and a_file.read_text() == "mine"
+
+
+# --- the parse fan-out: forged task records, ids, symlinked record and cache directories ----------------
+
+
+def _fanout_run(tmp_path):
+    from fleetscope.traces.fanout import ParseCounts, TaskRecord, write_task_record
+
+    layout = make_run(tmp_path / "run", 3)
+    record = TaskRecord(array_job_id="77", task=0, tasks=2, node="n0", ranks=[0, 1], counts=ParseCounts(traces=2),
+                        cache_dir=str(tmp_path / "cache"), seconds=1.0)
+    return layout, write_task_record(layout, record)
+
+
+@pytest.mark.parametrize("forge", [
+    lambda r: b"[" * 100000,                                        # RecursionError: was a traceback
+    lambda r: json.dumps({**r, "ranks": [{}]}).encode(),          # unhashable: was a traceback
+    lambda r: json.dumps({**r, "ranks": [[1]]}).encode(),
+    lambda r: json.dumps({**r, "ranks": 5}).encode(),             # not iterable: was a traceback
+    lambda r: json.dumps({**r, "ranks": [-1, True]}).encode(),
+    lambda r: json.dumps({**r, "counts": {"failed": [{"label": 1}]}}).encode(),
+    lambda r: json.dumps({**r, "seconds": "x"}).encode(),         # reached an f-string format: ValueError
+    lambda r: json.dumps({k: v for k, v in r.items() if k != "node"}).encode(),
+])
+def test_a_forged_task_record_is_a_task_that_did_not_complete(tmp_path, forge):
+    from fleetscope.cli.fanout_commands import incomplete_tasks
+    from fleetscope.launcher.fanout import shard_blocks
+
+    layout, path = _fanout_run(tmp_path)
+    path.write_bytes(forge(json.loads(path.read_text())))
+    incomplete = incomplete_tasks(layout, "77", shard_blocks([0, 1, 2], 2))
+    assert [t.task for t in incomplete] == [0, 1]
+    assert "unreadable record" in incomplete[0].reason and str(path) in incomplete[0].reason
+
+
+def test_reduce_shards_with_a_forged_record_parses_that_tasks_ranks_itself(tmp_path, capsys):
+    layout, path = _fanout_run(tmp_path)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "ranks": [{"x": 1}]}))
+    rc = main(["reduce-shards", str(layout.root), "--of", "2", "--cache-dir", str(tmp_path / "cache"),
+               "--array-job", "77"])
+    err = capsys.readouterr().err
+    assert rc == 3 and "task 0 did not complete" in err and "unreadable record" in err
+    assert json.loads(layout.report_json.read_text())["complete"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["parse-shard", "RUN", "--shard", "0", "--of", "2", "--cache-dir", "CACHE", "--array-job", "77\n"],
+    ["parse-shard", "RUN", "--shard", "0", "--of", "2", "--cache-dir", "CACHE", "--visible", "deadbeef\n"],
+    ["postprocess", "RUN", "--slurm", "--dry-run", "--mem", "16G\n"],
+    ["postprocess", "RUN", "--slurm", "--dry-run", "--partition", "gpu\n"],
+])
+def test_ids_and_names_with_a_trailing_newline_are_refused(tmp_path, capsys, argv):
+    """`^...$` matches before a final newline: "77\n" was taken as a job id (a directory fanout-77<newline>
+    was created), "16G\n" and "gpu\n" reached sbatch's arguments."""
+    layout = make_run(tmp_path / "run", 3)
+    argv = [str(layout.root) if a == "RUN" else str(tmp_path / "cache") if a == "CACHE" else a for a in argv]
+    assert main(argv) == 2
+    assert "not" in capsys.readouterr().err
+    assert not [p for p in layout.root.rglob("*") if "\n" in p.name]
+
+
+def test_a_task_record_is_never_written_through_a_symlinked_fanout_directory(tmp_path, capsys):
+    layout = make_run(tmp_path / "run", 3)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "task0.json").write_text("someone else's")
+    (layout.logs_dir / "slurm").mkdir(parents=True)
+    (layout.logs_dir / "slurm" / "fanout-80").symlink_to(outside)
+    assert main(["parse-shard", str(layout.root), "--shard", "0", "--of", "2", "--cache-dir", str(tmp_path / "cache"),
+                 "--array-job", "80"]) == 1
+    assert "resolves outside" in capsys.readouterr().err
+    assert sorted(os.listdir(outside)) == ["task0.json"] and (outside / "task0.json").read_text() == "someone else's"
+
+
+def test_the_default_fanout_cache_must_stay_inside_the_run(tmp_path, capsys, monkeypatch):
+    from fleetscope.analysis.per_rank.cache import CACHE_DIR_ENV
+
+    monkeypatch.delenv(CACHE_DIR_ENV, raising=False)
+    layout = make_run(tmp_path / "run", 3)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (layout.root / "cache").symlink_to(elsewhere)
+    assert main(["postprocess", str(layout.root), "--slurm", "--dry-run"]) == 2
+    assert "resolves outside" in capsys.readouterr().err and not os.listdir(elsewhere)
+
+
+# --- advise and the MoE records -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("line, why", [
+    (moe_line(1, 9, ep="x"), "ep 'x'"),                                   # was a TypeError in advise
+    (moe_line(1, 9, ep=10**9), "ep 1000000000"),                          # was a ZeroDivisionError
+    (moe_line(1, 9, ep_ranks=[[0], [1]]), "ep_ranks"),                    # unhashable: was a TypeError
+    (moe_line(1, 9, tokens_per_expert=["a", "b", "c", "d"]), "tokens_per_expert"),   # numpy error, no file
+    (moe_line(1, 9, tokens_per_expert=[float("nan")] * 4), "tokens_per_expert"),
+    (moe_line(1, 9, tokens_per_expert=[-5, 1, 1, 10**30]), "tokens_per_expert"),
+    (moe_line(1, 9, layer="0"), "layer"),                                  # was a TypeError
+    (moe_line(1, 9, send_bytes="xx"), "send_bytes"),                       # was a TypeError
+    (moe_line(1, 9, send_bytes=[1, 2, 3]), "send_bytes has 3 entries"),
+    (moe_line(1, 9, split_sizes_d2h_ms="x"), "split_sizes_d2h_ms"),        # was a numpy TypeError
+    ("[" * 100000, "not JSON"),
+    ('{"pad": "' + "x" * (5 << 20) + '"}', "longer than a record"),
+])
+def test_damaged_moe_records_are_named_and_the_rest_are_used(tmp_path, capsys, line, why):
+    layout = make_run(tmp_path / "run", 2)
+    write_moe_records(layout, extra={1: [line]})
+    before = digests(layout.root)
+    assert main(["advise", str(layout.root)]) == 0
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    note = next(n for n in report.notes if "metrics/rank1.moe.jsonl" in n)
+    assert "1 bad line(s) skipped (line 5: " in note and why in note, note
+    assert report.moe.status == "ok" and report.moe.layers[0].record_steps == 4
+    assert digests(layout.root) == before
+
+
+def test_moe_records_of_another_shape_are_left_out_and_named(tmp_path):
+    layout = make_run(tmp_path / "run", 2)
+    write_moe_records(layout, extra={1: [moe_line(1, 9, tokens_per_expert=[1])]})   # was a numpy shape error
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert any("rank1.moe.jsonl: 1 record(s) left out" in n for n in report.notes)
+    assert report.moe.num_experts == 4
+
+
+def test_a_moe_record_file_that_is_a_fifo_is_named_not_opened(tmp_path):
+    layout = make_run(tmp_path / "run", 2)
+    write_moe_records(layout, ranks=(0,))
+    os.mkfifo(layout.moe_file(1))
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    assert any("rank1.moe.jsonl: a FIFO" in n for n in report.notes)
+
+
+@pytest.mark.parametrize("spec", [
+    "x", [], {"train": []}, {"train": {"parallel": []}}, {"train": {"model": 3, "parallel": {"mode": 5}}},
+    {"train": {"parallel": {"bucket_cap_mb": "x", "mode": "ddp"}, "data": {"num_workers": "z"}}},
+    {"train": {"performance": {"compile": 7, "activation_checkpointing": None}, "faults": {"hot_expert": "1"}}},
+])
+def test_advise_takes_a_job_record_of_any_shape(tmp_path, capsys, spec):
+    """Rules read settings from job.json's spec.train: a spec of another shape or type was an
+    AttributeError or TypeError (a traceback)."""
+    layout = make_recorded_run(tmp_path / "run")
+    layout.job_file.write_text(json.dumps({"spec": spec}))
+    assert main(["advise", str(layout.root)]) == 0
+    assert "data_workers" in capsys.readouterr().out
+
+
+# --- all-to-all split sizes in a trace ---------------------------------------------------------------
+
+
+def _alltoall_rows(tmp_path, calls: list[dict]):
+    for rank in (0, 1):
+        alltoall_rank(rank, calls).write(tmp_path / f"rank{rank}.json")
+    report = analyze(tmp_path, use_hta=False, use_cache=False, write_default_outputs=False)
+    assert report.analyzed_ranks == [0, 1], [(p.label, p.reason) for p in report.problems]
+    return report.windows[0].bandwidth.rows
+
+
+@pytest.mark.parametrize("group_size", [2**40, 2**62])
+def test_an_absurd_group_size_loses_no_rank(tmp_path, group_size):
+    """An even split ("[]") of 2^40 peers was a MemoryError (of 10^9 peers: 8 GB per call, the process
+    killed by the OOM killer); 2^62 overflowed the int32 group-size column: either way the rank was lost."""
+    even = {"Group size": group_size, "In split size": "[]", "Out split size": "[]"}
+    (row,) = _alltoall_rows(tmp_path, [even])
+    assert row.split_status == {"not recorded": 1} and row.total_bytes == 800 * 16 * 2
+
+
+def test_a_split_list_beyond_the_world_size_bound_is_not_read(tmp_path):
+    from fleetscope.analysis.per_rank.comm_bytes import parse_split
+    from fleetscope.traces.validate import MAX_WORLD_SIZE
+
+    assert parse_split("[" + ", ".join(["1"] * (MAX_WORLD_SIZE + 1)) + "]") == (None, False)
+    assert parse_split("[" + ", ".join(["1"] * 64) + "]") == ([1] * 64, False)
+
+
+def test_the_per_peer_entries_of_one_rank_are_bounded(tmp_path, monkeypatch):
+    from fleetscope.analysis.per_rank import comm_bytes
+
+    monkeypatch.setattr(comm_bytes, "MAX_PEER_ENTRIES", 8)   # 2 calls x (2 send + 2 recv entries)
+    calls = [{"In split size": f"[{300 + k}, {500 - k}]"} for k in range(3)]
+    calls.append(dict(calls[0]))                            # the same message as the first: no new entries
+    (row,) = _alltoall_rows(tmp_path, calls)
+    assert row.split_status == {"trace": 3, "not recorded": 1}
+
+
+# --- advise over a report.json written by anyone ---------------------------------------------------
+
+
+@pytest.mark.parametrize("path, value", [
+    (["ranks"], None), (["ranks", 0, "rank"], []), (["ranks", 0], None), (["windows", 0], None),
+    (["windows", 0, "ranks", 0, "steps", 0], None), (["moe", "layers"], "x"), (["step_time"], [1]),
+    (["world_size"], "2"), (["complete"], 1),
+])
+def test_advise_names_a_report_json_of_the_wrong_shape(tmp_path, capsys, path, value):
+    """Report.from_json took any value for any field: None for a list of ranks, a list for a rank number
+    (TypeError / AttributeError tracebacks in advise's rules)."""
+    layout = make_run(tmp_path / "run", 2)
+    write_moe_records(layout)
+    analyze(layout.root, use_hta=False)
+    report = json.loads(layout.report_json.read_text())
+    node = report
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    layout.report_json.write_text(json.dumps(report))
+    assert main(["advise", str(layout.root)]) == 1
+    err = capsys.readouterr().err
+    assert f"{layout.report_json}: cannot read report: TypeError: " in err, err
+
+
+def test_a_runs_report_json_symlinked_out_of_the_run_is_not_read(tmp_path, capsys):
+    """advise and compare read RUN/report/report.json through the safe reader without a bound: a symlink to
+    another run's report made that run's findings this run's."""
+    from fleetscope.analysis.compare import compare
+
+    other = make_recorded_run(tmp_path / "other")
+    analyze(make_run(other.root, 2, gathered=True).root, use_hta=False)
+    layout = make_run(tmp_path / "run", 2)
+    layout.report_dir.mkdir()
+    layout.report_json.symlink_to(other.report_json)
+    assert main(["advise", str(layout.root)]) == 1
+    assert f"{layout.report_json}: cannot read report: resolves outside" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="resolves outside"):
+        compare(layout.root, other.root)
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("run_dir=/etc", "set by --run-dir only"),          # was applied after --run-dir's checks: the job went there
+    ("run_dir=RUN", "set by --run-dir only"),           # ... or into the tuned run itself
+    ("parallel.bucket_cap_mb=inf", "expected a finite number"),
+    ("parallel.bucket_cap_mb=1e400", "expected a finite number"),
+])
+def test_tune_set_cannot_move_the_run_or_set_a_non_finite_number(tmp_path, capsys, setting, message):
+    layout = make_recorded_run(tmp_path / "run")
+    setting = setting.replace("RUN", str(layout.root))
+    assert main(["tune", str(layout.root), "--apply", "1", "--dry-run", "--set", setting]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_step_metrics_symlinked_out_of_the_run_are_not_read(tmp_path, capsys):
+    """metrics/rank<R>.jsonl was read through the safe reader without a bound: a symlink to another run's
+    metrics became this run's evidence (advise, compare, the report's trainer section)."""
+    from fleetscope.analysis.compare import read_steady_metrics
+
+    layout = make_recorded_run(tmp_path / "run")
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text("".join(json.dumps({"step": s, "rank": 1, "step_time_ms": 1.0}) + "\n" for s in range(6)))
+    layout.metrics_file(1).unlink()
+    layout.metrics_file(1).symlink_to(elsewhere)
+    steady, notes = read_steady_metrics(layout)
+    assert list(steady) == [0] and any("rank1.jsonl: not read: resolves outside" in n for n in notes)
+    make_run(layout.root, 2)
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False)
+    (rank1,) = [r for r in report.trainer.ranks if r.rank == 1]
+    assert rank1.input is None and rank1.problems == [f"rank1.jsonl: not read: resolves outside {layout.root} "
+                                                      "(symlink or path escape): not read"]
+
+
+@pytest.mark.parametrize("content", [b'{"spec": {', b"[" * 100000])
+def test_tune_refuses_an_unreadable_job_record_with_exit_2(tmp_path, capsys, content):
+    layout = make_recorded_run(tmp_path / "run")
+    layout.job_file.write_bytes(content)
+    assert main(["tune", str(layout.root), "--apply", "1", "--dry-run"]) == 2
+    assert f"{layout.job_file}: unreadable job record" in capsys.readouterr().err

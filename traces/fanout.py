@@ -8,6 +8,7 @@ failure, out of memory) leaves no record: readers treat a missing or unreadable 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 
 from .layout import RunLayout, fanout_reduce_record, fanout_task_record
 from .safe_read import read_metadata
+from .validate import MAX_WORLD_SIZE, is_finite_number, is_inside, is_int
 from .writer import write_bytes_atomically
 
 
@@ -57,9 +59,14 @@ class TaskRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "TaskRecord":
-        counts = dict(data["counts"])
-        counts["failed"] = [TraceProblem(**problem) for problem in counts.get("failed", [])]
-        return cls(**{**data, "counts": ParseCounts(**counts)})
+        """The record `to_json` wrote; a ValueError names the first field that is not what it wrote."""
+        _require_fields(cls, data)
+        for name in ("array_job_id", "node", "cache_dir"):
+            _require(isinstance(data[name], str), name, "not text")
+        for name in ("task", "tasks"):
+            _require(is_int(data[name]) and data[name] >= 0, name, "not a non-negative integer")
+        _require(is_finite_number(data["seconds"]), "seconds", "not a finite number")
+        return cls(**{**data, "ranks": _shard_keys(data["ranks"], "ranks"), "counts": _counts(data["counts"])})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,21 +98,84 @@ class ReduceRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "ReduceRecord":
-        counts = dict(data["counts"])
-        counts["failed"] = [TraceProblem(**problem) for problem in counts.get("failed", [])]
-        return cls(**{**data, "counts": ParseCounts(**counts),
-                      "incomplete": [IncompleteTask(**task) for task in data.get("incomplete", [])]})
+        _require_fields(cls, data)
+        _require(isinstance(data["array_job_id"], str), "array_job_id", "not text")
+        _require(is_int(data["tasks"]) and data["tasks"] >= 0, "tasks", "not a non-negative integer")
+        _require(isinstance(data["complete"], bool), "complete", "not true or false")
+        for name, kind in (("outputs", str), ("seconds", float)):
+            values = data[name]
+            _require(isinstance(values, dict) and all(
+                isinstance(v, str) if kind is str else is_finite_number(v) for v in values.values()), name,
+                f"not an object of {'paths' if kind is str else 'seconds'}")
+        _require(isinstance(data["errors"], list) and all(isinstance(e, str) for e in data["errors"]), "errors",
+                 "not a list of text")
+        return cls(**{**data, "counts": _counts(data["counts"]),
+                      "incomplete": [_incomplete(task) for task in _list(data["incomplete"], "incomplete")]})
+
+
+# --- what a record read back must hold (another user or a broken job may have written it) -----------
+
+
+def _require(condition: bool, field_name: str, why: str) -> None:
+    if not condition:
+        raise ValueError(f"field {field_name}: {why}")
+
+
+def _require_fields(cls: type, data: Any) -> None:
+    _require(isinstance(data, dict), "(top level)", "not an object")
+    names = {f.name for f in dataclasses.fields(cls)}
+    missing, unknown = sorted(names - set(data)), sorted(set(data) - names)
+    _require(not missing, missing[0] if missing else "", "missing")
+    _require(not unknown, unknown[0] if unknown else "", "not a field of this record")
+
+
+def _list(value: Any, field_name: str) -> list:
+    _require(isinstance(value, list) and len(value) <= MAX_WORLD_SIZE, field_name,
+             f"not a list of at most {MAX_WORLD_SIZE} entries")
+    return value
+
+
+def _shard_keys(value: Any, field_name: str) -> list[int | str]:
+    keys = _list(value, field_name)
+    _require(all((is_int(k) and 0 <= k < MAX_WORLD_SIZE) or isinstance(k, str) for k in keys), field_name,
+             "holds something that is neither a rank nor a trace label")
+    return keys
+
+
+def _problem(value: Any, field_name: str) -> TraceProblem:
+    _require(isinstance(value, dict) and set(value) == {"label", "reason"}
+             and all(isinstance(v, str) for v in value.values()), field_name, "not a {label, reason} object")
+    return TraceProblem(**value)
+
+
+def _counts(value: Any) -> ParseCounts:
+    _require(isinstance(value, dict) and set(value) <= {"traces", "hits", "parsed", "failed"}, "counts",
+             "not an object of parse counts")
+    for name in ("traces", "hits", "parsed"):
+        _require(is_int(value.get(name, 0)) and value.get(name, 0) >= 0, f"counts.{name}",
+                 "not a non-negative integer")
+    failed = [_problem(p, "counts.failed") for p in _list(value.get("failed", []), "counts.failed")]
+    return ParseCounts(**{**value, "failed": failed})
+
+
+def _incomplete(value: Any) -> IncompleteTask:
+    _require(isinstance(value, dict) and set(value) == {"task", "ranks", "log_path", "reason"}, "incomplete",
+             "not an incomplete-task object")
+    _require(is_int(value["task"]) and value["task"] >= 0, "incomplete.task", "not a non-negative integer")
+    _require(isinstance(value["log_path"], str) and isinstance(value["reason"], str), "incomplete",
+             "log_path or reason is not text")
+    return IncompleteTask(**{**value, "ranks": _shard_keys(value["ranks"], "incomplete.ranks")})
 
 
 def write_task_record(layout: RunLayout, record: TaskRecord) -> Path:
     path = fanout_task_record(layout, record.array_job_id, record.task)
-    _write_json(record.to_json(), path)
+    _write_json(record.to_json(), path, layout)
     return path
 
 
 def write_reduce_record(layout: RunLayout, record: ReduceRecord) -> Path:
     path = fanout_reduce_record(layout, record.array_job_id)
-    _write_json(record.to_json(), path)
+    _write_json(record.to_json(), path, layout)
     return path
 
 
@@ -116,7 +186,7 @@ def read_task_record(layout: RunLayout, array_job_id: str, task: int) -> tuple[T
         return None, f"no record {path} (the task did not finish)"
     try:
         record = TaskRecord.from_json(_read_json(path, layout))
-    except (OSError, ValueError, TypeError, KeyError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         return None, f"{path}: unreadable record: {type(error).__name__}: {str(error)[:200]}"
     if (record.array_job_id, record.task) != (array_job_id, task):
         return None, f"{path}: record of another task ({record.array_job_id}_{record.task})"
@@ -127,12 +197,16 @@ def read_reduce_record(layout: RunLayout, array_job_id: str) -> ReduceRecord | N
     path = fanout_reduce_record(layout, array_job_id)
     try:
         return ReduceRecord.from_json(_read_json(path, layout))
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 
-def _write_json(data: dict[str, Any], path: Path) -> None:
+def _write_json(data: dict[str, Any], path: Path, layout: RunLayout) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    if not is_inside(path.parent, layout.root):
+        # logs/slurm/fanout-<job> replaced by a symlink: a record is never written outside the run
+        raise OSError(f"{path.parent}: resolves outside {layout.root} (symlink?): the record {path.name} is not "
+                      "written there")
     write_bytes_atomically((json.dumps(data, indent=1, allow_nan=False) + "\n").encode(), path)
 
 

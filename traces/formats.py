@@ -16,12 +16,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .safe_read import read_metadata
+from .validate import MAX_WORLD_SIZE
 
 STEP_MARKER_PREFIX = "ProfilerStep#"
 TRAIN_STEP = "train_step"
@@ -152,10 +154,11 @@ class MetricRecords:
     """How many lines were skipped in all."""
 
 
-def read_metric_records(path: Path, *, max_bad_lines_kept: int = 20) -> MetricRecords:
-    """Every step record of a metrics file: JSON objects with an integer `step` and finite numbers."""
+def read_metric_records(path: Path, *, within: Path | None = None, max_bad_lines_kept: int = 20) -> MetricRecords:
+    """Every step record of a metrics file: JSON objects with an integer `step` and finite numbers. With
+    `within` (the run directory) a file that resolves outside it is refused (InputRefused)."""
     records, bad, count = [], [], 0
-    data = read_metadata(path)  # the safe reader: a FIFO or a symlink loop is refused, never opened
+    data = read_metadata(path, within=within)  # the safe reader: a FIFO or a symlink loop is refused, never opened
     for number, raw in enumerate(data.splitlines(), start=1):
         if not raw.strip():
             continue
@@ -259,15 +262,106 @@ MOE_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(MoeRecord))
 MOE_REQUIRED_FIELDS = tuple(f.name for f in dataclasses.fields(MoeRecord) if f.default is dataclasses.MISSING)
 
 
+MAX_MOE_LINE_BYTES = 4 << 20
+"""A record is kilobytes (one count per expert and per ep peer); a longer line is not one this trainer wrote."""
+MAX_EXPERTS = 1 << 16
+"""More experts than any MoE model has (DeepSeek-V3: 256); beyond it tokens_per_expert is not believed."""
+MAX_COUNT = 2**53
+"""Token and byte counts stay below this (exact as floats, as the analysis sums them)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoeRecords:
+    """The well-formed records of one `rank<R>.moe.jsonl` file, and what was wrong with the other lines."""
+
+    path: Path
+    records: list[MoeRecord] = field(default_factory=list)
+    bad_line_count: int = 0
+    first_problem: str | None = None
+    """(line N: why) of the first line skipped."""
+
+
+def read_moe_file(path: Path) -> MoeRecords:
+    """Every well-formed record of a `rank<R>.moe.jsonl` file, read line by line (the file grows with the
+    run); lines that are not a record as MoeRecord describes it are counted and skipped. The caller checks
+    the entry first (safe_read.entry_problem): this opens without following a final symlink, never blocks."""
+    records, bad, first = [], 0, None
+    with open(os.open(path, _STREAM_FLAGS), "rb") as handle:
+        for number, raw in enumerate(_bounded_lines(handle, MAX_MOE_LINE_BYTES), start=1):
+            why = "longer than a record" if raw is None else None
+            if raw is not None and not raw.strip():
+                continue
+            if why is None:
+                try:
+                    data = json.loads(raw)
+                except (ValueError, RecursionError) as error:
+                    why = f"not JSON ({type(error).__name__})"
+                else:
+                    why = moe_record_problem(data)
+            if why is None:
+                records.append(MoeRecord(**{name: data[name] for name in MOE_RECORD_FIELDS if name in data}))
+                continue
+            bad += 1
+            first = first or f"line {number}: {why}"
+    return MoeRecords(path=path, records=records, bad_line_count=bad, first_problem=first)
+
+
 def read_moe_records(path: Path) -> list[MoeRecord]:
     """Every well-formed record of a `rank<R>.moe.jsonl` file (other lines are skipped)."""
-    records = []
-    with open(path, "rb") as handle:
-        for raw in handle:
-            try:
-                data = json.loads(raw)
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(data, dict) and set(MOE_REQUIRED_FIELDS) <= set(data):
-                records.append(MoeRecord(**{name: data[name] for name in MOE_RECORD_FIELDS if name in data}))
-    return records
+    return read_moe_file(path).records
+
+
+_STREAM_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _bounded_lines(handle, limit: int):
+    """The file's lines; None in place of a line longer than `limit` bytes (never held whole)."""
+    while True:
+        line = handle.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line
+            continue
+        while line and not line.endswith(b"\n"):
+            line = handle.readline(limit + 1)
+        yield None
+
+
+def _counts_problem(value: Any, name: str, length: int | None = None) -> str | None:
+    if not isinstance(value, list) or not all(type(v) is int and 0 <= v < MAX_COUNT for v in value):
+        return f"{name} is not a list of non-negative integers"
+    if length is not None and len(value) != length:
+        return f"{name} has {len(value)} entries, not one per ep rank ({length})"
+    return None
+
+
+def moe_record_problem(data: Any) -> str | None:
+    """Why `data` is not a MoeRecord as the trainer writes it (types, bounds, list lengths), or None."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    missing = [name for name in MOE_REQUIRED_FIELDS if name not in data]
+    if missing:
+        return f"no {missing[0]}"
+    for name in ("step", "layer", "rank", "ep_rank"):
+        if type(data[name]) is not int or not 0 <= data[name] < MAX_COUNT:
+            return f"{name} is not a non-negative integer"
+    ep = data["ep"]
+    if type(ep) is not int or not 1 <= ep <= MAX_WORLD_SIZE or data["ep_rank"] >= ep:
+        return f"ep {ep!r} is not a group size above ep_rank {data['ep_rank']}"
+    ranks = data["ep_ranks"]
+    if not isinstance(ranks, list) or len(ranks) != ep or not all(type(r) is int and 0 <= r < MAX_WORLD_SIZE
+                                                                  for r in ranks):
+        return "ep_ranks is not a list of ep ranks"
+    experts = data["tokens_per_expert"]
+    problem = _counts_problem(experts, "tokens_per_expert") or next(
+        (p for p in (_counts_problem(data[name], name, ep) for name in
+                     ("send_tokens", "send_bytes", "recv_tokens", "recv_bytes")) if p), None)
+    if problem:
+        return problem
+    if not 1 <= len(experts) <= MAX_EXPERTS:
+        return f"tokens_per_expert has {len(experts)} entries (1..{MAX_EXPERTS})"
+    d2h = data.get("split_sizes_d2h_ms")
+    if d2h is not None and not (type(d2h) in (int, float) and math.isfinite(d2h) and d2h >= 0):
+        return "split_sizes_d2h_ms is not a finite non-negative number"
+    return None

@@ -673,9 +673,11 @@ def parse_value(text: str, hint: Any, key: str) -> Any:
         return lowered in ("true", "1", "yes")
     if hint in (int, float):
         try:
-            return hint(text)
+            value = hint(text)
         except ValueError:
-            raise ConfigError(f"{key}: expected {hint.__name__}, got {text!r}") from None
+            raise ConfigError(f"{key}: expected {hint.__name__}, got {text[:40]!r}") from None
+        require(hint is int or math.isfinite(value), key, f"expected a finite number, got {text[:40]!r}")
+        return value
     return text
 
 

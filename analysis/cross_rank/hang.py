@@ -234,7 +234,10 @@ def _last_steps(layout: RunLayout, world: int) -> dict[int, int]:
     for rank in range(world):
         path = layout.metrics_file(rank)
         if path.is_file():
-            records = read_metric_records(path).records
+            try:
+                records = read_metric_records(path, within=layout.root).records
+            except ValueError:  # refused by the safe reader (a symlink out of the run): no last step known
+                continue
             if records:
                 steps[rank] = max(r["step"] for r in records)
     return steps

@@ -25,11 +25,13 @@ Definitions (per MoE layer; "per step" = summed, then divided by the steps count
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
-from fleetscope.traces.formats import MOE_COMBINE, MOE_DISPATCH, MOE_SPLIT_SIZES_D2H, MoeRecord, read_moe_records
+from fleetscope.traces.formats import MOE_COMBINE, MOE_DISPATCH, MOE_SPLIT_SIZES_D2H, MoeRecord, read_moe_file
+from fleetscope.traces.safe_read import entry_problem
 from fleetscope.traces.layout import RunLayout
 
 from fleetscope.analysis.cross_rank.arrivals import ArrivalMatrix
@@ -152,14 +154,38 @@ def uneven_routing_hints(records: list[MoeRecord]) -> dict[int, str]:
 
 def load_moe_records(layout: RunLayout | None, ranks: list[int]) -> list[MoeRecord]:
     """Every rank's MoE records (none for a trace directory, or a run without MoE records)."""
+    return load_moe_records_noted(layout, ranks)[0]
+
+
+def load_moe_records_noted(layout: RunLayout | None, ranks: list[int]) -> tuple[list[MoeRecord], list[str]]:
+    """(every rank's well-formed MoE records, a note per file with lines or records left out). The records
+    of one job agree on the ep degree and the expert count: those that disagree with the first rank's
+    (another job's file, a damaged one) are left out and named."""
     if layout is None:
-        return []
-    found = []
+        return [], []
+    found, notes = [], []
     for rank in sorted(set(ranks)):
         path = layout.moe_file(rank)
-        if path.is_file():
-            found += read_moe_records(path)
-    return found
+        if not os.path.lexists(path):
+            continue
+        problem = entry_problem(path, within=layout.root)
+        if problem:
+            notes.append(f"{layout.relative(path)}: {problem}")
+            continue
+        read = read_moe_file(path)
+        if read.bad_line_count:
+            notes.append(f"{layout.relative(path)}: {read.bad_line_count} bad line(s) skipped ({read.first_problem})")
+        reference = found[0] if found else (read.records[0] if read.records else None)
+        kept = [r for r in read.records if _record_shape(r) == _record_shape(reference)]
+        if len(kept) < len(read.records):
+            notes.append(f"{layout.relative(path)}: {len(read.records) - len(kept)} record(s) left out: their ep "
+                         "degree or expert count differs from the run's other records")
+        found += kept
+    return found, notes
+
+
+def _record_shape(record: MoeRecord) -> tuple[int, int]:
+    return record.ep, len(record.tokens_per_expert)
 
 
 # --- per window: arrivals at the attributed all-to-alls ---------------------------------------------

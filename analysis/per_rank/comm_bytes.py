@@ -19,6 +19,11 @@ with record_shapes, the c10d::alltoall_base_ op that issued one lists the tensor
 split lists (events.py reads them as a message): the k-th such op and the k-th gloo all-to-all span, in
 start order, are paired when their counts agree and every op starts before its span. The trainer's own records
 (metrics/rank<R>.moe.jsonl) keep them whole; cross_rank/bandwidth.py prefers them where they apply.
+
+A trace is untrusted: a `Group size` beyond traces/validate.MAX_WORLD_SIZE is not recorded (an even split
+of 10^9 peers would be 10^9 entries), a split list longer than that is not read, and one rank's calls keep
+at most MAX_PEER_ENTRIES per-peer entries in all (identical messages share theirs); past that, a call's
+bytes per peer are SPLIT_NOT_RECORDED (its total still counts).
 """
 
 from __future__ import annotations
@@ -28,11 +33,16 @@ from dataclasses import dataclass, field
 import numpy as np
 from fleetscope.analysis.per_rank.events import NO_ID, TraceEvents
 from fleetscope.analysis.per_rank.names import ALL_TO_ALL, ALL_TO_ALL_BASE_OP, collective_type, is_gloo_span
+from fleetscope.traces.validate import MAX_WORLD_SIZE, checked_world_size
 
 SPLIT_TRACE, SPLIT_EVEN, SPLIT_TRUNCATED = "trace", "even", "split sizes truncated"
 SPLIT_RECORDS, SPLIT_NOT_RECORDED = "trainer records", "not recorded"
 """Where an all-to-all's bytes per peer come from: the trace's split sizes, an even split ("[]"), none
 (the profiler cut the list at 30 entries), the trainer's records, or nothing recorded."""
+
+MAX_PEER_ENTRIES = 1 << 22
+"""Per-peer byte entries one rank's all-to-all calls keep in all (module docstring): a real trace needs far
+fewer (a thousand calls of a 256-member group is a quarter million)."""
 
 MESSAGE_FIELDS = ("collective", "in_nelems", "out_nelems", "dtype", "group_size", "in_split", "out_split")
 """Order of the fields of `TraceEvents.messages` entries."""
@@ -86,6 +96,7 @@ def message_sizes(events: TraceEvents, indices: np.ndarray) -> MessageSizes:
     group_size = np.full(indices.size, NO_ID, dtype=np.int32)
     types, groups, splits = [], [], []
     issued_by = _issuing_host_ops(events, indices)
+    split_of = _SplitMemo()
     for slot, index in enumerate(indices):
         message = events.message_of(int(index))
         message = message if message is not None else issued_by.get(int(index))
@@ -95,10 +106,29 @@ def message_sizes(events: TraceEvents, indices: np.ndarray) -> MessageSizes:
         groups.append(events.group_of(int(index)))
         if message is not None:
             sizes[slot] = message_bytes(*message[1:4])
-            group_size[slot] = message[4]
-        splits.append(split_bytes(*message[1:]) if message is not None and types[-1] == ALL_TO_ALL else None)
+            group_size[slot] = checked_world_size(message[4]) or NO_ID
+        splits.append(split_of(message[1:]) if message is not None and types[-1] == ALL_TO_ALL else None)
     return MessageSizes(bytes=sizes, group_size=group_size, collective=types, group=groups,
                         splits=splits if any(s is not None for s in splits) else [])
+
+
+class _SplitMemo:
+    """split_bytes of each distinct message once, within the MAX_PEER_ENTRIES budget of one rank."""
+
+    def __init__(self) -> None:
+        self.known: dict[tuple, SplitBytes] = {}
+        self.entries = 0
+
+    def __call__(self, message: tuple) -> SplitBytes:
+        found = self.known.get(message)
+        if found is None:
+            # past the budget nothing more is computed: a split costs time as well as memory
+            found = split_bytes(*message) if self.entries < MAX_PEER_ENTRIES else SplitBytes(status=SPLIT_NOT_RECORDED)
+            self.entries += len(found.send_bytes) + len(found.recv_bytes)
+            if self.entries > MAX_PEER_ENTRIES:
+                found = SplitBytes(status=SPLIT_NOT_RECORDED)
+            self.known[message] = found
+        return found
 
 
 def message_bytes(in_nelems: int, out_nelems: int, dtype: str | None) -> float:
@@ -134,7 +164,7 @@ def parse_split(text: str | None) -> tuple[list[int] | None, bool]:
     if not isinstance(text, str):
         return None, False
     body = text.strip().strip('"').strip()
-    if not (body.startswith("[") and body.endswith("]")):
+    if not (body.startswith("[") and body.endswith("]")) or body.count(",") >= MAX_WORLD_SIZE:
         return None, False
     items = [item.strip() for item in body[1:-1].split(",") if item.strip()]
     if items and items[-1] == "...":
@@ -157,7 +187,7 @@ def split_bytes(in_nelems: int, out_nelems: int, dtype: str | None, group_size: 
     if element is None or send is None or recv is None or in_nelems < 0 or out_nelems < 0:
         return SplitBytes(status=SPLIT_NOT_RECORDED)
     if not send and not recv:
-        if group_size < 1 or in_nelems % group_size or out_nelems % group_size:
+        if checked_world_size(group_size) is None or in_nelems % group_size or out_nelems % group_size:
             return SplitBytes(status=SPLIT_NOT_RECORDED)
         return SplitBytes(status=SPLIT_EVEN, send_bytes=(in_nelems / group_size * element,) * group_size,
                           recv_bytes=(out_nelems / group_size * element,) * group_size)

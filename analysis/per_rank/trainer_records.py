@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from fleetscope.traces.formats import read_metric_records
+from fleetscope.traces.formats import MetricRecords, read_metric_records
 from fleetscope.traces.layout import RunLayout
 from fleetscope.traces.safe_read import read_metadata
 
@@ -164,7 +164,11 @@ def read_rank_records(layout: RunLayout, rank: int, traced_steps: set[int]) -> R
         return None
     problems, records = [], []
     if metrics_path.is_file():
-        read = read_metric_records(metrics_path)
+        try:
+            read = read_metric_records(metrics_path, within=layout.root)
+        except ValueError as error:  # refused by the safe reader (a symlink out of the run)
+            problems.append(f"{metrics_path.name}: not read: {getattr(error, 'reason', error)}")
+            read = MetricRecords(path=metrics_path)
         records = read.records
         if read.bad_lines:
             problems.append(f"{metrics_path.name}: {len(read.bad_lines)} line(s) skipped "

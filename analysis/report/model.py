@@ -181,10 +181,13 @@ steps.py (steps and phases), kernels.py (kernel totals).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from fleetscope.analysis.cross_rank.bandwidth import Bandwidth
 from fleetscope.analysis.cross_rank.causes import CauseAnalysis
@@ -318,30 +321,59 @@ class Report:
         return _build(cls, data)
 
 
-def _build(cls: type, data: Any) -> Any:
-    """A dataclass instance from its asdict() form, following the field type hints."""
+def _build(cls: type, data: Any, where: str = "") -> Any:
+    """A dataclass instance from its asdict() form, following the field type hints. A report.json is
+    read back from a run directory anyone may have written: a value of another type than its field's
+    raises TypeError naming the field (load_report_json names the file)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{where or cls.__name__}: expected an object, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     values = {}
     for item in dataclasses.fields(cls):
         if item.name in data:
-            values[item.name] = _convert(hints[item.name], data[item.name])
+            values[item.name] = _convert(hints[item.name], data[item.name], f"{where}{item.name}")
     return cls(**values)
 
 
-def _convert(hint: Any, value: Any) -> Any:
-    if value is None:
-        return None
+_SCALARS = {bool: (bool, np.bool_), int: (numbers.Integral,), float: (numbers.Real,), str: (str,)}
+"""What a scalar field accepts: its JSON type, or the numpy scalar a report built in memory holds (an
+integer stands for a float; a bool is no number)."""
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    if hint is Any:
+        return value
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _convert(options[0], value) if len(options) == 1 else value
+        if value is None and len(options) < len(typing.get_args(hint)):
+            return None
+        if len(options) == 1:
+            return _convert(options[0], value, where)
+        if any(_is_scalar(option, value) for option in options):
+            return value
+        raise TypeError(f"{where}: {type(value).__name__} is none of {hint}")
     if origin is list:
         (item_hint,) = typing.get_args(hint)
-        return [_convert(item_hint, v) for v in value]
+        _require_type(value, list, where)
+        return [_convert(item_hint, v, f"{where}[]") for v in value]
     if origin is dict:
         key_hint, value_hint = typing.get_args(hint)
+        _require_type(value, dict, where)
         key = int if key_hint is int else (lambda k: k)   # JSON object keys are strings
-        return {key(k): _convert(value_hint, v) for k, v in value.items()}
+        return {key(k): _convert(value_hint, v, f"{where}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(hint):
-        return _build(hint, value)
+        return _build(hint, value, f"{where}.")
+    if hint in _SCALARS and not _is_scalar(hint, value):
+        raise TypeError(f"{where}: expected {hint.__name__}, got {type(value).__name__}")
     return value
+
+
+def _is_scalar(hint: Any, value: Any) -> bool:
+    is_bool = isinstance(value, (bool, np.bool_))
+    return isinstance(value, _SCALARS.get(hint, ())) and (hint is bool) == is_bool
+
+
+def _require_type(value: Any, kind: type, where: str) -> None:
+    if not isinstance(value, kind):
+        raise TypeError(f"{where}: expected a {kind.__name__}, got {type(value).__name__}")

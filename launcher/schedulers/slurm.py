@@ -36,7 +36,7 @@ ACTIVE_STATES = frozenset({
     "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT",
 })
 """States of a job that is not over (a requeued job comes back to PENDING)."""
-_JOB_ID = re.compile(r"^[0-9]+$")
+_JOB_ID = re.compile(r"^[0-9]+\Z")
 COMMAND_TIMEOUT_S = 60
 
 

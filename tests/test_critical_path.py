@@ -35,8 +35,9 @@ def test_the_late_ranks_compute_is_on_the_path(tmp_path):
     assert paths.by_rank[0].rank == 2 and paths.by_rank[0].kind == SEGMENT_COMPUTE
 
 
-def test_the_path_jumps_to_whichever_rank_arrives_last(tmp_path):
-    # Two all-reduces per step: rank 1 is 200 us late at the first, rank 2 is 300 us late at the second.
+def jumping_path_set(directory: Path) -> Path:
+    """Three ranks, two all-reduces per step: rank 1 is 200 us late at the first, rank 2 300 us late at
+    the second, so each step's path runs rank 1 -> rank 2 -> rank 0."""
     for rank in range(3):
         builder = KinetoBuilder(rank=rank, world_size=3)
         for step, s in enumerate((0.0, 2000.0)):
@@ -48,8 +49,12 @@ def test_the_path_jumps_to_whichever_rank_arrives_last(tmp_path):
             builder.kernel("gemm", s + 700, second - 700, launch_ts=s + 30)
             builder.kernel(NCCL, s + second, 1500 - second, launch_ts=s + 40, stream=20)
             builder.kernel("optimizer", s + 1500, 400, launch_ts=s + 50)
-        builder.write(tmp_path / "set" / f"rank{rank}.json")
-    report = analyze(tmp_path / "set", use_hta=False)
+        builder.write(directory / f"rank{rank}.json")
+    return directory
+
+
+def test_the_path_jumps_to_whichever_rank_arrives_last(tmp_path):
+    report = analyze(jumping_path_set(tmp_path / "set"), use_hta=False)
     for path in report.windows[0].critical_path.steps:
         chain = [(s.kind, s.rank, s.collective, s.duration_us) for s in path.segments]
         assert chain == [

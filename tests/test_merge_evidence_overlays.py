@@ -20,7 +20,7 @@ from fleetscope.analysis.merge.run import PROCESS_PID_BASE, merge
 from fleetscope.analysis.merge.verify import verify_merge
 from fleetscope.analysis.synthetic import LATE_EXTRA_WORK, TraceSetSpec, make_trace_set
 from helpers import requires_trace_processor, trace_processor
-from test_analysis_helpers import KinetoBuilder
+from test_critical_path import jumping_path_set
 
 GPU = Path(__file__).parent / "fixtures" / "gpu"
 EVIDENCE = GPU / "h200-small-evidence"
@@ -31,24 +31,6 @@ WITH rank_track AS (
   SELECT pt.id AS track_id, p.pid - {PROCESS_PID_BASE} AS rank, pt.name AS track
   FROM process_track pt JOIN process p USING (upid) WHERE p.name LIKE 'rank %'
 )"""
-
-
-def jumping_path_set(directory: Path) -> Path:
-    """Three ranks, two all-reduces per step (tests/test_critical_path.py): rank 1 is 200 us late at the
-    first, rank 2 300 us late at the second, so each step's path runs rank 1 -> rank 2 -> rank 0."""
-    for rank in range(3):
-        builder = KinetoBuilder(rank=rank, world_size=3)
-        for step, s in enumerate((0.0, 2000.0)):
-            builder.step(step, s, 2000)
-            first = 300.0 + (200.0 if rank == 1 else 0.0)
-            builder.kernel("gemm", s + 100, first - 100, launch_ts=s + 10)
-            builder.kernel(NCCL, s + first, 700 - first, launch_ts=s + 20, stream=20)
-            second = 1000.0 + (300.0 if rank == 2 else 0.0)
-            builder.kernel("gemm", s + 700, second - 700, launch_ts=s + 30)
-            builder.kernel(NCCL, s + second, 1500 - second, launch_ts=s + 40, stream=20)
-            builder.kernel("optimizer", s + 1500, 400, launch_ts=s + 50)
-        builder.write(directory / f"rank{rank}.json")
-    return directory
 
 
 def expected_path_slices(report) -> list[tuple[int, int, str, int, int, int]]:

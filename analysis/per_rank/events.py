@@ -168,7 +168,7 @@ class TraceEvents:
         return bool(self.of_kind(*GPU_ACTIVITY_KINDS).any())
 
 
-class _Args(msgspec.Struct):
+class _Args(msgspec.Struct, gc=False):
     """The few `args` fields the analysis reads; msgspec skips every other key without building it."""
 
     correlation: Any = None
@@ -191,7 +191,7 @@ _ARG_KEYS = dict(zip(_Args.__struct_fields__, _Args.__struct_encode_fields__))
 """Attribute name -> the key it is read from in a trace's `args`."""
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
     ph: Any = None
     name: Any = None
     cat: Any = None
@@ -202,7 +202,7 @@ class _Event(msgspec.Struct):
     args: Union[_Args, None] = None
 
 
-class _Document(msgspec.Struct):
+class _Document(msgspec.Struct, gc=False):
     traceEvents: list[_Event]
     distributedInfo: Any = None
     baseTimeNanoseconds: Any = None

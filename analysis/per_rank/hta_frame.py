@@ -38,7 +38,7 @@ _RAW_ARGS = frozenset(("input_dims", "input_type", "input_strides"))
 _MISSING = msgspec.UNSET
 
 
-class _HtaArgs(msgspec.Struct):
+class _HtaArgs(msgspec.Struct, gc=False):
     """Defaults are HTA's (HTA_ARGS): an absent key reads as HTA's default, an explicit null as None."""
 
     stream: Any = -1
@@ -56,7 +56,7 @@ class _HtaArgs(msgspec.Struct):
 _NO_ARGS = _HtaArgs()
 
 
-class _HtaEvent(msgspec.Struct):
+class _HtaEvent(msgspec.Struct, gc=False):
     cat: Any = None
     name: Any = None
     pid: Any = None
@@ -66,7 +66,7 @@ class _HtaEvent(msgspec.Struct):
     args: Union[_HtaArgs, None, msgspec.Raw] = None
 
 
-class _HtaDocument(msgspec.Struct):
+class _HtaDocument(msgspec.Struct, gc=False):
     traceEvents: list[_HtaEvent]
     schemaVersion: Any = _MISSING
     distributedInfo: Any = _MISSING

@@ -42,7 +42,7 @@ def postprocess(run_dir: str | Path, *, echo: bool = True, gather_traces: bool =
     layout = RunLayout.at(run_dir)
     result = PostprocessResult(run_dir=layout.root)
     if gather_traces:
-        _timed(result, "gather", lambda: _gather(layout, result, echo))
+        _timed(result, "gather", lambda: _gather(layout, result, echo, cache_dir))
     else:
         _timed(result, "manifest", lambda: _read_manifest(layout, result))
     _timed(result, "analyze", lambda: _analyze(layout, result, echo, cache_dir, on_parsed))
@@ -67,12 +67,22 @@ def _timed(result: PostprocessResult, name: str, step) -> None:
     result.cpu_seconds[name] = _cpu_seconds() - cpu_started
 
 
-def _gather(layout: RunLayout, result: PostprocessResult, echo: bool) -> None:
-    manifest = gather(layout.root)
+def _gather(layout: RunLayout, result: PostprocessResult, echo: bool, cache_dir: Path | None) -> None:
+    manifest = gather(layout.root, inspector=_parsing_inspector(cache_dir))
     result.manifest_complete = manifest.complete
     result.outputs["manifest"] = layout.manifest_file
     if echo:
         print(describe_manifest(manifest))
+
+
+def _parsing_inspector(cache_dir: Path | None):
+    """The per-rank parse in gather's pass over the traces (analysis.per_rank.parse.ParsingInspector),
+    when the parsed-trace cache is usable; analyze then finds every trace parsed."""
+    from ..analysis.per_rank.cache import open_cache
+    from ..analysis.per_rank.parse import ParsingInspector
+
+    cache, _ = open_cache(cache_dir)
+    return ParsingInspector(cache.directory) if cache is not None else None
 
 
 def _read_manifest(layout: RunLayout, result: PostprocessResult) -> None:

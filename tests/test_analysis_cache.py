@@ -232,3 +232,44 @@ def test_merge_after_analyze_reads_every_trace_from_the_cache(tmp_path):
     assert len(merged.ranks) == 5
     assert {entry.name: entry.stat().st_ino for entry in _entries(cache)} == written
     assert _hits(layout.root, cache) == list(range(5))
+
+
+def test_postprocess_gather_parses_each_trace_for_analyze_with_the_same_report(tmp_path):
+    """postprocess's gather reads each trace once for itself and the parse (ParsingInspector): analyze then
+    finds every trace in the cache, and its report is the one an uncached analyze gives."""
+    from fleetscope.analysis.per_rank.parse import ParsingInspector
+    from fleetscope.traces.gather import gather
+    from hostile_runs import make_run
+
+    layout = make_run(tmp_path / "run", world_size=5)   # above the pool threshold: gather's workers parse
+    reference = analyze(layout.root, use_hta=False, use_cache=False, write_default_outputs=False)
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    manifest = gather(layout.root, inspector=ParsingInspector(cache))
+    assert len(manifest.traces) == 5 and len(_entries(cache)) == 5
+    written = {entry.name: entry.stat().st_ino for entry in _entries(cache)}
+    cached = analyze(layout.root, use_hta=False, cache_dir=cache, write_default_outputs=False)
+    assert _hit_note(cached).startswith("5 of 5 trace(s) read from the parsed-trace cache")
+    assert _comparable(cached) == _comparable(reference)
+    assert {entry.name: entry.stat().st_ino for entry in _entries(cache)} == written
+    gather(layout.root, inspector=ParsingInspector(cache))   # a second gather keeps the entries it finds
+    assert {entry.name: entry.stat().st_ino for entry in _entries(cache)} == written
+
+
+def test_a_trace_the_parse_cannot_use_is_still_judged_by_gather_and_explained_by_analyze(tmp_path):
+    from fleetscope.analysis.per_rank.parse import ParsingInspector
+    from fleetscope.traces.gather import gather
+    from hostile_runs import make_run
+
+    layout = make_run(tmp_path / "run", world_size=4)
+    victim = sorted(layout.traces_dir.rglob("rank2.*"))[0]
+    victim.write_bytes(b'{"traceEvents": [1, 2, 3]}')   # valid JSON, events that are not objects
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    plain = gather(layout.root)
+    inspected = gather(layout.root, inspector=ParsingInspector(cache))
+    assert inspected.traces == plain.traces
+    assert [p.reason for p in inspected.problems] == [p.reason for p in plain.problems]
+    assert len(_entries(cache)) == 3
+    report = analyze(layout.root, use_hta=False, cache_dir=cache, write_default_outputs=False)
+    assert _hit_note(report).startswith("3 of 4 trace(s)")

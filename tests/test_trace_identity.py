@@ -1,4 +1,5 @@
-"""gather's cheap inspection (kineto.identify_trace) judges a file exactly as the full parse does.
+"""gather's cheap inspection (kineto.identify_trace) judges a file exactly as the full parse does, and so
+does postprocess's gather, which identifies a file from the per-rank parse's own decode (ParsingInspector).
 
 identify_trace decodes only event names and the identifying fields; the reference is the identity read
 from the whole document (decode_trace). On intact traces, real and built, and on traces damaged the way
@@ -15,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fleetscope.analysis.per_rank.parse import ParsingInspector
 from fleetscope.traces.kineto import TraceReadError, _identity_of, decode_trace, identify_trace
 from hostile_runs import good_rank
 from test_fuzz import byte_mutations, dumps, fuzz_settings, mutate_bytes, mutate_values, value_mutations
@@ -30,9 +32,17 @@ def _outcome(identify, raw: bytes):
         return ("refused", error.reason)
 
 
+def _gathered(raw: bytes):
+    """What postprocess's gather records: the identity from the parse's own decode (ParsingInspector),
+    identify_trace where that decoder does not take the file."""
+    inspected = ParsingInspector(Path("unused-cache")).identify(raw, NAME)
+    return inspected[0] if inspected is not None else identify_trace(raw, NAME)
+
+
 def _both(raw: bytes):
     cheap = _outcome(lambda data: identify_trace(data, NAME), raw)
     full = _outcome(lambda data: _identity_of(decode_trace(data, NAME)), raw)
+    assert _outcome(_gathered, raw) == cheap
     return cheap, full
 
 

@@ -12,16 +12,31 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
+from typing import Any, Protocol
 
 from .capture import read_capture_records
-from .kineto import TraceReadError, identify_trace, read_raw
+from .kineto import TraceIdentity, TraceReadError, identify_trace, read_raw
 from .layout import TRACE_SUFFIX, WINDOW_RE, RunLayout, parse_trace_file_name
 from .manifest import Manifest, MissingRank, TraceProblem, TraceRecord, save_manifest, split_duplicates
 from .safe_read import InputRefused, entry_problem, read_metadata
 from .validate import MAX_LISTED_RANKS, checked_world_size, membership_problem, missing_below, rank_problem
 
 _PARALLEL_THRESHOLD = 4
+
+
+class TraceInspector(Protocol):
+    """A later stage reading each trace's bytes in the same pass as gather (postprocess: the per-rank parse
+    fills its cache here instead of inflating and decoding every file a second time). Runs in gather's
+    worker processes, so it must pickle."""
+
+    def identify(self, raw: bytes, path: Path) -> tuple[TraceIdentity, Any] | None:
+        """The identity identify_trace would give these bytes, and what `keep` needs; None leaves the file
+        to identify_trace (anything odd), and `keep` is then not called."""
+
+    def keep(self, record: TraceRecord, state: Any, root: Path) -> None:
+        """Called once the file is accepted, with its manifest record; must not raise."""
 
 
 @dataclass(frozen=True)
@@ -36,19 +51,21 @@ class _Candidate:
     """The run directory: the file must resolve inside it."""
 
 
-def gather(run_dir: str | Path, *, workers: int | None = None) -> Manifest:
-    """Build and write `manifest.json` for a run directory; returns the manifest."""
+def gather(run_dir: str | Path, *, workers: int | None = None, inspector: TraceInspector | None = None) -> Manifest:
+    """Build and write `manifest.json` for a run directory; returns the manifest. `inspector` reads each
+    trace in the same pass (TraceInspector)."""
     layout = RunLayout.at(run_dir)
     if not layout.root.is_dir():
         raise FileNotFoundError(f"{layout.root}: run directory does not exist")
-    manifest = build_manifest(layout, workers=workers)
+    manifest = build_manifest(layout, workers=workers, inspector=inspector)
     save_manifest(manifest, layout)
     return manifest
 
 
-def build_manifest(layout: RunLayout, *, workers: int | None = None) -> Manifest:
+def build_manifest(layout: RunLayout, *, workers: int | None = None,
+                   inspector: TraceInspector | None = None) -> Manifest:
     candidates, problems = _find_candidates(layout)
-    results = _inspect_all(candidates, workers)
+    results = _inspect_all(candidates, workers, inspector)
     traces, duplicates = split_duplicates([r for r in results if isinstance(r, TraceRecord)])
     problems += duplicates + [r for r in results if isinstance(r, TraceProblem)]
     world_size = _expected_world_size(layout, traces)
@@ -115,18 +132,26 @@ def _window_of(directory: Path) -> int | None:
     return int(match["index"]) if match else None
 
 
-def _inspect_all(candidates: list[_Candidate], workers: int | None) -> list[TraceRecord | TraceProblem]:
+def _inspect_all(candidates: list[_Candidate], workers: int | None,
+                 inspector: TraceInspector | None) -> list[TraceRecord | TraceProblem]:
+    inspect = partial(_inspect, inspector=inspector)
     if len(candidates) < _PARALLEL_THRESHOLD:
-        return [_inspect(c) for c in candidates]
+        return [inspect(c) for c in candidates]
     workers = workers or min(len(candidates), os.cpu_count() or 1)
+    # one file per task when each is parsed in full: the slowest file no longer waits behind three others
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_inspect, candidates, chunksize=4))
+        return list(pool.map(inspect, candidates, chunksize=1 if inspector else 4))
 
 
-def _inspect(candidate: _Candidate) -> TraceRecord | TraceProblem:
+def _inspect(candidate: _Candidate, inspector: TraceInspector | None = None) -> TraceRecord | TraceProblem:
+    state = None
     try:
         raw = read_raw(candidate.path, within=candidate.root)
-        identity = identify_trace(raw, candidate.path)
+        inspected = inspector.identify(raw, candidate.path) if inspector is not None else None
+        if inspected is not None:
+            identity, state = inspected
+        else:
+            identity = identify_trace(raw, candidate.path)
     except TraceReadError as error:
         return TraceProblem(path=candidate.relative, rank=candidate.rank, window=candidate.window, reason=error.reason)
     except (RecursionError, MemoryError) as error:  # one bad file is that file's problem only
@@ -138,7 +163,7 @@ def _inspect(candidate: _Candidate) -> TraceRecord | TraceProblem:
             path=candidate.relative, rank=candidate.rank, window=candidate.window,
             reason=f"file name says rank {candidate.rank} but distributedInfo says rank {trace_rank}",
         )
-    return TraceRecord(
+    record = TraceRecord(
         path=candidate.relative,
         rank=candidate.rank if candidate.rank is not None else (trace_rank or 0),
         host=str(identity.host_name or candidate.host or "unknown-host"),
@@ -150,6 +175,9 @@ def _inspect(candidate: _Candidate) -> TraceRecord | TraceProblem:
         world_size=identity.world_size,
         event_count=identity.event_count,
     )
+    if inspector is not None and state is not None:
+        inspector.keep(record, state, candidate.root)
+    return record
 
 
 def _expected_world_size(layout: RunLayout, traces: list[TraceRecord]) -> int | None:

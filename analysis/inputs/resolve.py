@@ -72,11 +72,7 @@ def _run_dir_input(layout: RunLayout) -> AnalysisInput:
     if superseded:
         notes.append(f"{len(superseded)} trace(s) from earlier attempts of a requeued job were not analyzed")
     notes += [n for n in [missing_note(len(manifest.missing), manifest.missing_total)] if n]
-    sources = [
-        TraceSource(path=manifest.resolve(r), label=r.path, window=r.window, rank=r.rank, host=r.host,
-                    within=layout.root, expected_bytes=r.bytes, expected_sha256=r.sha256)
-        for r in records
-    ]
+    sources = [record_source(r, layout.root) for r in records]
     failures = [TraceFailure(label=p.path, window=p.window, rank=p.rank, reason=p.reason) for p in manifest.problems]
     clock_files, clock_problems = read_clock_offsets(layout)
     return AnalysisInput(
@@ -86,6 +82,14 @@ def _run_dir_input(layout: RunLayout) -> AnalysisInput:
         measured_offsets={rank: MeasuredOffset(offset_us=c.offset_us, uncertainty_us=c.uncertainty_us)
                           for rank, c in clock_files.items()},
     )
+
+
+def record_source(record: TraceRecord, run_dir: Path) -> TraceSource:
+    """How analyze reads the trace a manifest record names (also what the parsed-trace cache is keyed by)."""
+    path = Path(record.path)
+    return TraceSource(path=path if path.is_absolute() else run_dir / path, label=record.path, window=record.window,
+                       rank=record.rank, host=record.host, within=run_dir, expected_bytes=record.bytes,
+                       expected_sha256=record.sha256)
 
 
 def _manifest_of(layout: RunLayout):

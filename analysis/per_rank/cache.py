@@ -82,6 +82,10 @@ class ResultCache:
         data = read_private_file(self.directory / f"{key}{ENTRY_SUFFIX}")
         return decode_entry(data) if data is not None else None
 
+    def contains(self, key: str) -> bool:
+        """An entry is there (not checked: `load` may still find it damaged and miss)."""
+        return (self.directory / f"{key}{ENTRY_SUFFIX}").is_file()
+
     def store(self, key: str, result: "RankResult") -> None:
         """Write the entry atomically; a failure (disk full, permissions) only costs the cache. A planted
         symlink in the entry's place is replaced by the rename, never followed."""

@@ -10,12 +10,16 @@ import dataclasses
 import functools
 import os
 from concurrent.futures import ProcessPoolExecutor
-from typing import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
+from fleetscope.analysis.inputs.resolve import record_source
 from fleetscope.analysis.inputs.sources import TraceFailure, TraceSource
 from fleetscope.analysis.per_rank.cache import ResultCache
-from fleetscope.analysis.per_rank.rank import RankResult, analyze_bytes
-from fleetscope.traces.kineto import TraceReadError, read_raw
+from fleetscope.analysis.per_rank.rank import RankResult, analyze_bytes, analyze_decoded, decode_identified
+from fleetscope.traces.kineto import TraceIdentity, TraceReadError, read_raw
+from fleetscope.traces.manifest import TraceRecord
 
 PARALLEL_THRESHOLD = 4
 """Below this many traces, a process pool costs more than it saves."""
@@ -45,6 +49,10 @@ def _with_progress(outcomes, total: int, progress: Progress | None) -> list:
     return collected
 
 
+_UNFORESEEN = (ValueError, TypeError, KeyError, AttributeError, OverflowError, IndexError, RecursionError, MemoryError)
+"""What a file shaped in a way no check foresaw can raise in the parse: that file's failure only."""
+
+
 def analyze_trace(source: TraceSource, cache: ResultCache | None = None,
                   comm_kernel_pattern: str | None = None) -> RankResult | TraceFailure:
     """Read, parse and analyze one trace file (or find its result in `cache`); a bad file becomes a
@@ -53,8 +61,7 @@ def analyze_trace(source: TraceSource, cache: ResultCache | None = None,
         return _cached_or_analyzed(source, cache, comm_kernel_pattern)
     except TraceReadError as error:
         return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=error.reason)
-    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, IndexError, RecursionError,
-            MemoryError) as error:
+    except _UNFORESEEN as error:
         # A file shaped in a way no check above foresaw (or too deep or too large to hold): name it with
         # the error, analyze the other ranks.
         reason = f"could not be analyzed: {type(error).__name__}: {str(error)[:300]}"
@@ -74,3 +81,34 @@ def _cached_or_analyzed(source: TraceSource, cache: ResultCache | None, comm_ker
     result = analyze_bytes(source, raw, comm_kernel_pattern)
     cache.store(key, result)
     return result
+
+
+@dataclass(frozen=True)
+class ParsingInspector:
+    """gather's TraceInspector for postprocess: each trace's per-rank parse in gather's own pass over its
+    bytes, stored in the parsed-trace cache under the key analyze will look up (the source its manifest
+    record gives), so each file is inflated and decoded once for both stages. A file the fast decoder does
+    not take, or whose parse fails, is left to identify_trace and to analyze, which explain it."""
+
+    cache_directory: Path
+    """An already opened (checked) cache directory (cache.open_cache)."""
+    comm_kernel_pattern: str | None = None
+
+    def identify(self, raw: bytes, path: Path) -> tuple[TraceIdentity, Any] | None:
+        try:
+            decoded = decode_identified(path, raw)
+        except (TraceReadError, *_UNFORESEEN):
+            return None
+        return None if decoded is None else (decoded[0], (raw, decoded[1]))
+
+    def keep(self, record: TraceRecord, state: Any, root: Path) -> None:
+        raw, decoded = state
+        cache, source = ResultCache(self.cache_directory), record_source(record, root)
+        key = cache.key(source, raw, self.comm_kernel_pattern)
+        if cache.contains(key):
+            return
+        try:
+            result = analyze_decoded(source, decoded, self.comm_kernel_pattern)
+        except (TraceReadError, *_UNFORESEEN):
+            return
+        cache.store(key, result)

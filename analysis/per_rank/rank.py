@@ -33,7 +33,14 @@ from fleetscope.analysis.per_rank.utilization import (
     build_timeline,
     measure_utilization,
 )
-from fleetscope.traces.kineto import decode_trace, decompress, distributed_rank
+from fleetscope.traces.kineto import (
+    TraceIdentity,
+    decode_trace,
+    decompress,
+    distinct_names,
+    distributed_rank,
+    identity_of_fields,
+)
 
 RANK_FROM_MANIFEST = "manifest"
 RANK_FROM_TRACE = "distributedInfo"
@@ -92,10 +99,37 @@ class RankResult:
         return dataclasses.replace(self, rank=rank, rank_source=rank_source, window=window)
 
 
+@dataclass(frozen=True)
+class DecodedTrace:
+    """A trace's metadata (`distributedInfo`, `baseTimeNanoseconds`, `host_name`), event table and remarks."""
+
+    metadata: dict
+    events: TraceEvents
+    remarks: list[str]
+
+
 def analyze_bytes(source: TraceSource, raw: bytes, comm_kernel_pattern: str | None = None) -> RankResult:
     """The RankResult of one trace file's stored bytes (raises TraceReadError for a file that is no trace);
     kernels matching `comm_kernel_pattern` count as communication too (names.comm_kernel_rule)."""
-    document, events, remarks = _read_events(source.path, raw)
+    return analyze_decoded(source, DecodedTrace(*_read_events(source.path, raw)), comm_kernel_pattern)
+
+
+def decode_identified(path: Path, raw: bytes) -> tuple[TraceIdentity, DecodedTrace] | None:
+    """One decode of a trace's bytes giving both what gather records of it (the identity identify_trace
+    gives, from the same fields) and what analyze_decoded needs; None for anything the fast decoder does
+    not take (the generic readers then decide, and explain)."""
+    decoded = decode_selectively(decompress(raw, path))
+    if decoded is None:
+        return None
+    metadata, events = decoded
+    identity = identity_of_fields(distributed_info=metadata["distributedInfo"], host_name=metadata["host_name"],
+                                  event_names=distinct_names(events), event_count=len(events))
+    return identity, DecodedTrace(metadata, build_table(events), [])
+
+
+def analyze_decoded(source: TraceSource, decoded: DecodedTrace, comm_kernel_pattern: str | None = None) -> RankResult:
+    """analyze_bytes after the decode."""
+    document, events, remarks = decoded.metadata, decoded.events, decoded.remarks
     trace_rank, world_size = distributed_rank(document)
     rank, rank_source = _resolve_rank(source, trace_rank)
     steps, step_source = find_steps(events)

@@ -245,7 +245,8 @@ def register_merge(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--args", action="store_true", help="keep each event's args (larger output)")
     parser.add_argument("--json", nargs="?", const="", default=None, metavar="PATH",
                         help="also write merged Chrome JSON (default: <run>/report/merged.trace.json.gz)")
-    parser.add_argument("--workers", type=int, default=1, help="ranks merged at once")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="ranks merged at once (default: one per core, at most 8)")
     parser.add_argument("--verify", action="store_true", help="read the output back and check it")
     parser.add_argument("--trace-processor", default=None, metavar="PATH",
                         help="--verify with this trace_processor_shell (default: $FLEETSCOPE_TRACE_PROCESSOR, "
@@ -308,7 +309,7 @@ def handle_merge(args: argparse.Namespace) -> int:
     layout = RunLayout.at(args.path)
     if args.output is None and not layout.is_run_dir():
         raise UsageError("-o OUT.perfetto-trace is required for a directory that is not a run directory")
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
     output = guard_output(args.output or layout.merged_trace, analyzed=layout.root)
     chrome_json = None if args.json is None else guard_output(args.json or layout.merged_json, analyzed=layout.root)

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from fleetscope.analysis.merge.focus import FocusConfig
+
+
+MAX_DEFAULT_WORKERS = 8
+"""Each merge worker holds one decoded trace (a few hundred MB for a large one): more than this by default
+would trade memory for little, as the parent appends every part to one file."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,9 +47,9 @@ class MergeOptions:
     """Idle gaps shorter than this are counted in idle % but not drawn."""
     chrome_json: Path | None = None
     """Also write the merged events as Chrome JSON (gzip when the name ends in .gz) here."""
-    workers: int = 1
-    """Processes that merge ranks at once (each holds one rank's trace in memory). The output is the
-    same for any number."""
+    workers: int | None = None
+    """Processes that merge ranks at once (each holds one rank's trace in memory); None: one per usable
+    core, at most MAX_DEFAULT_WORKERS. The output is the same for any number."""
 
     def __post_init__(self) -> None:
         if self.ranks is not None and any(r < 0 for r in self.ranks):
@@ -58,10 +64,18 @@ class MergeOptions:
             raise ValueError("shard_ranks and ranks cannot be combined")
         if self.shard_ranks is not None and self.chrome_json is not None:
             raise ValueError("shard_ranks and chrome_json cannot be combined (one JSON file per merge)")
-        if self.workers < 1:
+        if self.workers is not None and self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.min_idle_gap_us < 0:
             raise ValueError(f"min_idle_gap_us must be >= 0, got {self.min_idle_gap_us}")
+
+    @property
+    def worker_count(self) -> int:
+        """`workers`, or the default: one per core this process may run on, at most MAX_DEFAULT_WORKERS."""
+        if self.workers is not None:
+            return self.workers
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, min(usable, MAX_DEFAULT_WORKERS))
 
     @property
     def filters_events(self) -> bool:

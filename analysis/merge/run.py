@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import multiprocessing
 import os
 import shutil
 import time
@@ -261,12 +262,12 @@ def _merge_file(inputs: MergeInputs, planned: "PlannedOutput", options: MergeOpt
 
 def _merge_ranks(session: "_MergeSession", sources: list[RankSource], handle: IO[bytes], destination: Path,
                  progress: Callable[[RankMergeSummary], None] | None) -> list[RankMergeSummary]:
-    """Every rank into the output, in rank order. With `options.workers` > 1, the first rank with events
+    """Every rank into the output, in rank order. With `options.worker_count` > 1, the first rank with events
     is merged here (it writes the file's preamble and fixes the time origin and the JSON clock), the others in worker processes that
     each write one rank's packets to a part file, appended here in rank order."""
     pending = list(sources)
     summaries = []
-    while pending and (session.options.workers <= 1 or not session.preamble_written):
+    while pending and (session.options.worker_count <= 1 or len(pending) < 2 or not session.preamble_written):
         summaries.append(session.merge_rank(pending.pop(0), progress))
     if pending:
         session.stream.flush()
@@ -532,7 +533,7 @@ def _event_args(events: list[Any], ident: int) -> dict | None:
     return args if isinstance(args, dict) and args else None
 
 
-# --- worker processes (options.workers > 1) -----------------------------------------------------
+# --- worker processes (options.worker_count > 1) -----------------------------------------------------
 
 @dataclass(frozen=True, kw_only=True)
 class _PartJob:
@@ -556,12 +557,13 @@ class _PartOutcome:
 
 def merge_in_workers(session: _MergeSession, sources: list[RankSource], handle: IO[bytes], destination: Path,
                      progress: Callable[[RankMergeSummary], None] | None) -> list[RankMergeSummary]:
-    """Merge `sources` in `session.options.workers` processes; parts are appended in rank order as they
+    """Merge `sources` in `session.options.worker_count` processes; parts are appended in rank order as they
     finish, so memory stays one rank per worker and disk one part per finished-but-not-appended rank."""
     jobs = [_part_job(session, source, destination) for source in sources]
     summaries = []
     try:
-        with ProcessPoolExecutor(max_workers=session.options.workers) as pool:
+        with ProcessPoolExecutor(max_workers=min(session.options.worker_count, len(jobs)),
+                                 mp_context=_worker_context()) as pool:
             for job, outcome in zip(jobs, pool.map(merge_part, jobs)):
                 _append_part(job, handle, session.json_writer)
                 session.problems.extend(outcome.problems)
@@ -575,6 +577,14 @@ def merge_in_workers(session: _MergeSession, sources: list[RankSource], handle: 
             if job.json_part_path is not None:
                 job.json_part_path.unlink(missing_ok=True)
     return summaries
+
+
+def _worker_context() -> multiprocessing.context.BaseContext:
+    """Workers forked from a server that imported the merge, not from this process: it holds every rank's
+    parsed model (hundreds of MB at 1,024 ranks), which forked workers would carry as their own."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
 
 
 def _part_job(session: _MergeSession, source: RankSource, destination: Path) -> _PartJob:

@@ -17,6 +17,7 @@ from fleetscope.analysis.cross_rank.placement import place_traces
 from fleetscope.analysis.cross_rank.moe import load_moe_records_noted
 from fleetscope.analysis.cross_rank.records import trainer_evidence
 from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
+from fleetscope.analysis.cross_rank.hta_views import start_hta_workers
 from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
 from fleetscope.analysis.inputs.sources import TraceFailure
 from fleetscope.analysis.per_rank.cache import ResultCache, open_cache
@@ -66,6 +67,8 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     inputs = resolve_input(path)
     json_out, html_out = _guarded_outputs(inputs, json_out, html_out, write_default_outputs)
     cache, cache_off = open_cache(cache_dir) if use_cache else (None, None)
+    if use_hta:
+        start_hta_workers()
     outcomes = parse_traces(inputs.sources, workers=workers, progress=progress, cache=cache,
                             comm_kernel_pattern=comm_kernel_pattern)
     if on_parsed is not None:

@@ -15,6 +15,7 @@ time, dropping kernels outside the traced steps) are HTA's own functions, called
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Union
 
 import msgspec
@@ -112,21 +113,26 @@ def _columns(events: list[_HtaEvent]):
     """Per-column lists of the events HTA keeps, in trace order, and the dtype pandas gives the columns
     it infers over every event; None for time values the column-wise path does not reproduce
     (non-numeric): those files go to HTA's own loader."""
-    starts = [e.ts for e in events]
-    durs = [e.dur for e in events]
-    cats = [e.cat for e in events]
+    # map + attrgetter walks the events in C: about twice as fast as comprehensions over ~100k events
+    starts = list(map(_TS, events))
+    durs = list(map(_DUR, events))
+    cats = list(map(_CAT, events))
     kinds: dict[str, Any] = {"ts": _pandas_kind(set(map(type, starts))), "dur": _pandas_kind(set(map(type, durs))),
-                             "pid": _pandas_kind({type(e.pid) for e in events}),
-                             "tid": _pandas_kind({type(e.tid) for e in events})}
+                             "pid": _pandas_kind(set(map(type, map(_PID, events)))),
+                             "tid": _pandas_kind(set(map(type, map(_TID, events))))}
     kinds["ts_missing"] = None in starts
     if kinds["ts"] not in ("int", "float") or kinds["dur"] not in ("int", "float"):
         return None
     index = [i for i, (s, d, c) in enumerate(zip(starts, durs, cats))
              if d is not None and c is not None and s is not None and c != "Trace"]
-    kept = [events[i] for i in index]
-    args = [a if type(a) is _HtaArgs else _NO_ARGS for a in (e.args for e in kept)]
-    return (index, [cats[i] for i in index], [e.name for e in kept], [e.pid for e in kept],
-            [e.tid for e in kept], [starts[i] for i in index], [durs[i] for i in index], args, kinds, len(events))
+    kept = list(map(events.__getitem__, index))
+    args = [a if type(a) is _HtaArgs else _NO_ARGS for a in map(_ARGS, kept)]
+    return (index, list(map(cats.__getitem__, index)), list(map(_NAME, kept)), list(map(_PID, kept)),
+            list(map(_TID, kept)), list(map(starts.__getitem__, index)), list(map(durs.__getitem__, index)), args,
+            kinds, len(events))
+
+
+_TS, _DUR, _CAT, _NAME, _PID, _TID, _ARGS = map(attrgetter, ("ts", "dur", "cat", "name", "pid", "tid", "args"))
 
 
 def _pandas_kind(types: set[type]) -> str:
@@ -189,8 +195,6 @@ def _symbols(cats: list, names: list) -> tuple[list[str], np.ndarray, np.ndarray
 
 
 def _arg_columns(args: list) -> dict[str, Any]:
-    from operator import attrgetter
-
     import pandas as pd
 
     columns = {}
@@ -219,7 +223,7 @@ def _inferred(values: list):
 
 def _raw_values(args: list, column: str, default: str) -> list:
     """A nested column: the raw JSON of every row that has it decoded in one call, the default elsewhere."""
-    raws = [getattr(a, column) for a in args]
+    raws = list(map(attrgetter(column), args))
     present = [i for i, raw in enumerate(raws) if raw is not None and raw is not _MISSING]
     values: list = [default] * len(raws)
     if present:

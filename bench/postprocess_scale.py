@@ -9,7 +9,9 @@ of RSS over the process and all its descendants, sampled every 0.1 s with psutil
 In the same run, on the same traces, stock HTA: `TraceAnalysis(trace_dir=...)` (HTA's own JSON loader,
 its own multiprocessing) + temporal breakdown + idle-time breakdown + comm/comp overlap + kernel
 breakdown, all ranks; the ratios of its wall time to the whole `postprocess` and to its analyze stage
-(which includes HTA's views) are printed.
+(which includes HTA's views) are printed. Memory: the peak sums of RSS and of PSS over the process tree
+(RSS counts a page shared by forked workers in each of them; PSS shares it out, so its sum is what the
+tree holds).
 
 Stock HTA runs only on sets of at most --stock-hta-max-ranks ranks (default 64: at 256 ranks it alone
 takes over ten minutes on a 2-core machine); beyond that its ratio is printed as not measured, never
@@ -80,7 +82,8 @@ def run_postprocess(run_dir: Path, cache_dir: Path) -> dict:
     stages = {name: float(seconds) for name, seconds, _ in found}
     stages_cpu = {name: float(cpu) for name, _, cpu in found}
     return {"exit": exit_code, "wall_s": round(wall, 2), "cpu_s": _LAST_CPU["cpu_s"], "stages_s": stages,
-            "stages_cpu_s": stages_cpu, "peak_tree_rss_mb": peak_mb, "load_average": [load_before, _load_average()]}
+            "stages_cpu_s": stages_cpu, "peak_tree_rss_mb": peak_mb, "peak_tree_pss_mb": _LAST_CPU["peak_pss_mb"],
+            "load_average": [load_before, _load_average()]}
 
 
 def _load_average() -> float:
@@ -92,7 +95,7 @@ def run_stock_hta(trace_dir: Path) -> dict:
     load_before = _load_average()
     exit_code, wall, peak_mb, output = run_watched([sys.executable, "-c", STOCK_HTA, str(trace_dir)], dict(os.environ))
     return {"exit": exit_code, "wall_s": round(wall, 2), "cpu_s": _LAST_CPU["cpu_s"], "peak_tree_rss_mb": peak_mb,
-            "load_average": [load_before, _load_average()],
+            "peak_tree_pss_mb": _LAST_CPU["peak_pss_mb"], "load_average": [load_before, _load_average()],
             **({"error": output.strip().splitlines()[-1][:200]} if exit_code and output.strip() else {})}
 
 
@@ -109,9 +112,8 @@ def with_stock_hta(measured: dict, trace_dir: Path, ranks: int | None, max_ranks
     before_merge = sum(measured["stages_s"].get(stage, 0.0) for stage in ("gather", "analyze"))
     if stock["exit"] == 0 and before_merge > 0:
         measured["stock_hta_over_gather_analyze"] = round(stock["wall_s"] / before_merge, 1)
-    cpu_before_merge = sum(measured["stages_cpu_s"].get(stage, 0.0) for stage in ("gather", "analyze"))
-    if stock["exit"] == 0 and cpu_before_merge > 0:
-        measured["stock_hta_cpu_over_gather_analyze_cpu"] = round(stock["cpu_s"] / cpu_before_merge, 1)
+    if stock["exit"] == 0 and measured["cpu_s"] > 0:
+        measured["stock_hta_cpu_over_postprocess_cpu"] = round(stock["cpu_s"] / measured["cpu_s"], 1)
     if stock["exit"] == 0 and measured["stages_s"].get("analyze"):
         measured["stock_hta_over_analyze"] = round(stock["wall_s"] / measured["stages_s"]["analyze"], 1)
     return measured
@@ -126,30 +128,32 @@ def markdown_row(label: str, measured: dict) -> str:
     def ratio(key: str) -> str:
         return f"{measured[key]}x" if key in measured else "not measured"
 
-    cpu = measured["stages_cpu_s"]
-    cells = [label, measured["wall_s"], measured["cpu_s"],
-             *(f"{stages.get(s, '-')} ({cpu.get(s, '-')})" for s in ("gather", "analyze", "merge")),
-             measured["peak_tree_rss_mb"], stock["wall_s"] if measured_stock else "not run",
-             stock["cpu_s"] if measured_stock else "-",
-             stock["peak_tree_rss_mb"] if measured_stock else "-", ratio("stock_hta_over_analyze"),
-             ratio("stock_hta_over_gather_analyze"), ratio("stock_hta_cpu_over_gather_analyze_cpu"),
-             ratio("stock_hta_over_postprocess"),
-             " / ".join(str(v) for v in measured["load_average"])]
+    cells = [label, measured["wall_s"], measured["cpu_s"], *(stages.get(s, "-") for s in ("gather", "analyze", "merge")),
+             measured["peak_tree_rss_mb"], measured["peak_tree_pss_mb"],
+             stock["wall_s"] if measured_stock else "not run", stock["cpu_s"] if measured_stock else "-",
+             stock["peak_tree_rss_mb"] if measured_stock else "-", stock["peak_tree_pss_mb"] if measured_stock else "-",
+             ratio("stock_hta_over_analyze"), ratio("stock_hta_over_gather_analyze"), ratio("stock_hta_over_postprocess"),
+             ratio("stock_hta_cpu_over_postprocess_cpu"), " / ".join(str(v) for v in measured["load_average"])]
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
 def run_watched(command: list[str], env: dict) -> tuple[int, float, float, str]:
-    """(exit code, wall seconds, peak RSS of the process tree in MB, stdout+stderr)."""
+    """(exit code, wall seconds, peak RSS of the process tree in MB, stdout+stderr); the peak PSS of the
+    tree and the CPU seconds go to _LAST_CPU."""
     with tempfile.TemporaryFile("w+") as sink, _cpu_seconds_into(_LAST_CPU):
         started = time.perf_counter()
         process = psutil.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
-        peak = 0
+        peak_rss = peak_pss = 0
+        unwaited_cpu: dict[int, float] = {}
         while process.poll() is None:
-            peak = max(peak, _tree_rss(process))
+            rss, pss = _tree_memory(process, unwaited_cpu)
+            peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
             time.sleep(SAMPLE_SECONDS)
         wall = time.perf_counter() - started
         sink.seek(0)
-        return process.returncode, wall, round(peak / 2**20, 1), sink.read()
+        _LAST_CPU["unwaited_cpu_s"] = sum(unwaited_cpu.values())
+        _LAST_CPU["peak_pss_mb"] = round(peak_pss / 2**20, 1)
+        return process.returncode, wall, round(peak_rss / 2**20, 1), sink.read()
 
 
 _LAST_CPU: dict[str, float] = {}
@@ -157,26 +161,36 @@ _LAST_CPU: dict[str, float] = {}
 
 @contextlib.contextmanager
 def _cpu_seconds_into(sink: dict[str, float]):
-    """CPU seconds (user + system) of the children waited for inside the block, and of their waited-for
-    descendants (the worker pools): far less sensitive to a loaded machine than wall time."""
+    """CPU seconds (user + system) of the children waited for inside the block, of their waited-for
+    descendants (the worker pools), and of the forkserver processes nobody waits for (HTA's and the
+    merge's workers: sampled, so up to SAMPLE_SECONDS of each one's last CPU time is missed): far less
+    sensitive to a loaded machine than wall time."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     yield
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    sink["cpu_s"] = round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 1)
+    waited = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    sink["cpu_s"] = round(waited + sink.pop("unwaited_cpu_s", 0.0), 1)
 
 
-def _tree_rss(process: psutil.Process) -> int:
-    total = 0
+def _tree_memory(process: psutil.Process, unwaited_cpu: dict[int, float]) -> tuple[int, int]:
+    """(sum of RSS, sum of PSS) over the process and its descendants. RSS counts pages shared by forked
+    workers once in each of them; PSS splits each shared page among its sharers, so its sum is what the
+    tree really holds. Also notes the CPU time of forkserver processes (`unwaited_cpu`, by pid)."""
+    rss = pss = 0
     try:
         members = [process, *process.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0
+        return 0, 0
     for member in members:
         try:
-            total += member.memory_info().rss
-        except psutil.NoSuchProcess:
+            memory = member.memory_full_info()
+            rss, pss = rss + memory.rss, pss + getattr(memory, "pss", memory.rss)
+            if member is not process and "forkserver" in " ".join(member.cmdline()):
+                times = member.cpu_times()
+                unwaited_cpu[member.pid] = times.user + times.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
-    return total
+    return rss, pss
 
 
 def main() -> int:
@@ -209,11 +223,11 @@ def main() -> int:
                 shutil.rmtree(run_dir, ignore_errors=True)
             shutil.rmtree(cache, ignore_errors=True)
     if args.markdown:
-        print("| input | postprocess wall s | postprocess CPU s | gather wall (CPU) s | analyze wall (CPU) s, "
-              "incl. HTA's views | merge wall (CPU) s | peak tree RSS MB | stock HTA wall s | stock HTA CPU s | "
-              "stock HTA peak MB | HTA / analyze | HTA / (gather + analyze) | HTA CPU / (gather + analyze) CPU | "
-              "HTA / postprocess | load average before / after |")
-        print("|---" * 15 + "|")
+        print("| input | postprocess wall s | postprocess CPU s | gather s | analyze s (incl. HTA's views) | merge s | "
+              "peak tree RSS MB | peak tree PSS MB | stock HTA wall s | stock HTA CPU s | stock HTA peak RSS MB | "
+              "stock HTA peak PSS MB | HTA / analyze | HTA / (gather + analyze) | HTA / postprocess | "
+              "HTA CPU / postprocess CPU | load average before / after |")
+        print("|---" * 17 + "|")
         for result in results:
             print(markdown_row(result["input"], result))
     if args.out:

@@ -140,8 +140,17 @@ def _per_rank(trace_files: dict[int, Path], step_names: tuple[str, ...], workers
         outcomes = map(one, paths, ranks, names)
         return _collect(outcomes, len(ranks), progress)
     with ProcessPoolExecutor(max_workers=workers, mp_context=_hta_worker_context()) as pool:
-        collected = _collect(pool.map(one, paths, ranks, names, chunksize=1), len(ranks), progress)
+        outcomes = pool.map(one, paths, ranks, names, chunksize=1)
+        _import_joins()
+        collected = _collect(outcomes, len(ranks), progress)
     return collected
+
+
+def _import_joins() -> None:
+    """Import what joining the ranks' views needs here (HTA's straggler view, pandas: a few tenths of a
+    second) while the workers compute, not after them."""
+    import hta.analyzers.straggler  # noqa: F401
+    import hta.trace_analysis  # noqa: F401
 
 
 _HTA_WORKER_MODULES = ["hta.trace_analysis", "hta.common.trace", "fleetscope.analysis.per_rank.hta_cache",

@@ -580,11 +580,10 @@ def merge_in_workers(session: _MergeSession, sources: list[RankSource], handle: 
 
 
 def _worker_context() -> multiprocessing.context.BaseContext:
-    """Workers forked from a server that imported the merge, not from this process: it holds every rank's
-    parsed model (hundreds of MB at 1,024 ranks), which forked workers would carry as their own."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
-    return context
+    """Fresh interpreters that import only the merge: this process holds every rank's parsed model
+    (hundreds of MB at 1,024 ranks), and the forkserver HTA's views used holds HTA, either of which
+    forked workers would carry as their own."""
+    return multiprocessing.get_context("spawn")
 
 
 def _part_job(session: _MergeSession, source: RankSource, destination: Path) -> _PartJob:

@@ -146,7 +146,9 @@ def find_merge_inputs(path: str | Path, *, offsets_ns: Mapping[int, int] | None 
                       cache: ResultCache | None = None, workers: int | None = None) -> MergeInputs:
     """The traces under `path` grouped by rank, sorted by rank; `offsets_ns` overrides clock files."""
     inputs = resolve_input(path)
-    outcomes = parse_traces(inputs.sources, cache=cache, workers=workers)
+    # after analyze (postprocess) this process holds HTA and the report's leftovers: spawned workers
+    # read the cache entries without a copy of it each
+    outcomes = parse_traces(inputs.sources, cache=cache, workers=workers, fresh_workers=True)
     placement = place_traces(inputs, outcomes)
     by_label = {source.label: source for source in inputs.sources}
     problems = [_failure_problem(f, by_label) for f in inputs.failures + placement.failures]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -29,13 +30,17 @@ Progress = Callable[[int, int], None]
 
 
 def parse_traces(sources: list[TraceSource], *, workers: int | None = None, progress: Progress | None = None,
-                    cache: ResultCache | None = None, comm_kernel_pattern: str | None = None) -> list[RankResult | TraceFailure]:
-    """analyze_trace over every source, in parallel when worthwhile; results in input order."""
+                 cache: ResultCache | None = None, comm_kernel_pattern: str | None = None,
+                 fresh_workers: bool = False) -> list[RankResult | TraceFailure]:
+    """analyze_trace over every source, in parallel when worthwhile; results in input order.
+    `fresh_workers`: workers are new interpreters rather than forks of this process, for a caller that
+    holds much memory already (forked workers would each carry it)."""
     workers = workers or min(len(sources), os.cpu_count() or 1)
     one = functools.partial(analyze_trace, cache=cache, comm_kernel_pattern=comm_kernel_pattern)
     if len(sources) < PARALLEL_THRESHOLD or workers <= 1:
         return _with_progress(map(one, sources), len(sources), progress)
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    context = multiprocessing.get_context("spawn") if fresh_workers else None
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         return _with_progress(pool.map(one, sources, chunksize=1), len(sources), progress)
 
 

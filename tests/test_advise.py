@@ -1,6 +1,5 @@
 """The advisor: each rule fires on its evidence with the exact change, and stays silent on a healthy run."""
 
-from pathlib import Path
 
 import pytest
 

@@ -2,7 +2,6 @@
 forward (`faults.straggle_*`): a host-side delay with a known amount."""
 
 import json
-from pathlib import Path
 
 import pytest
 from helpers import fleetscope

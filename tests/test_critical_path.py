@@ -58,12 +58,12 @@ def test_the_path_jumps_to_whichever_rank_arrives_last(tmp_path):
     for path in report.windows[0].critical_path.steps:
         chain = [(s.kind, s.rank, s.collective, s.duration_us) for s in path.segments]
         assert chain == [
-            (SEGMENT_COMPUTE, 1, f"nccl:AllReduce #0", 400.0),
-            (SEGMENT_IDLE, 1, f"nccl:AllReduce #0", 100.0),
-            (SEGMENT_TRANSFER, 1, f"nccl:AllReduce #0", 200.0),
-            (SEGMENT_COMPUTE, 2, f"nccl:AllReduce #1", 600.0),
-            (SEGMENT_TRANSFER, 2, f"nccl:AllReduce #1", 200.0),
-            ("work", 0, f"nccl:AllReduce #1", 500.0),
+            (SEGMENT_COMPUTE, 1, "nccl:AllReduce #0", 400.0),
+            (SEGMENT_IDLE, 1, "nccl:AllReduce #0", 100.0),
+            (SEGMENT_TRANSFER, 1, "nccl:AllReduce #0", 200.0),
+            (SEGMENT_COMPUTE, 2, "nccl:AllReduce #1", 600.0),
+            (SEGMENT_TRANSFER, 2, "nccl:AllReduce #1", 200.0),
+            ("work", 0, "nccl:AllReduce #1", 500.0),
         ]
         assert path.length_us == 2000.0
     assert "Critical path" in render_terminal(report)

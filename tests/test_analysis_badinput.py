@@ -3,12 +3,15 @@ and `complete` tells complete from partial."""
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 
 from fleetscope.analysis import analyze
 from fleetscope.analysis.per_rank.events import build_table, decode_selectively, extract_events
 from test_analysis_helpers import KinetoBuilder, gpu_rank
+
+GPU_FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 
 
 def _good(rank, world_size=2):
@@ -140,9 +143,47 @@ def test_fast_and_generic_decoders_build_the_same_table():
     assert sorted(fast.group_id.tolist()).count(0) == 1      # the odd group name is no group
 
 
-@pytest.mark.parametrize("data", [b"[]", b'{"traceEvents": {}}', b'{"traceEvents": [1, "x"]}'])
+@pytest.mark.parametrize("data", [b"[]", b'{"traceEvents": {}}', b'{"traceEvents": [1, "x"]}',
+                                  b'{"traceEvents": [{"ph": "Q", "name": "ProfilerStep#1"}]}',
+                                  b'{"traceEvents": [{"name": "no phase"}]}', b'{"traceEvents": [{"ph": 7}]}'])
 def test_odd_shapes_go_to_the_generic_decoder(data):
     assert decode_selectively(data) is None
+
+
+def _same_tables(fast, generic) -> None:
+    assert fast.names == generic.names and fast.thread_names == generic.thread_names
+    for column in ("name_id", "kind", "start_us", "dur_us", "thread", "device", "correlation"):
+        assert getattr(fast, column).tolist() == getattr(generic, column).tolist(), column
+    for column in ("group_id", "message_id", "external_id"):
+        fast_column, generic_column = getattr(fast, column), getattr(generic, column)
+        assert (fast_column is None) == (generic_column is None), column
+        assert fast_column is None or fast_column.tolist() == generic_column.tolist(), column
+    assert (fast.groups, fast.messages, fast.op_of_external, fast.dropped, fast.omitted_host_ops) == (
+        generic.groups, generic.messages, generic.op_of_external, generic.dropped, generic.omitted_host_ops)
+
+
+@pytest.mark.parametrize("fixture", ["h200-small-hf-eager-2steps.json.gz", "h200-small-moe", "h200-ddp-gloo-2rank"])
+def test_the_fast_decoder_reads_real_traces_of_every_phase_as_the_generic_one(fixture):
+    """Flow arrows, instants, metadata: each phase decodes to its own class on the fast path, holding only
+    what the table reads of it; the table equals the generic decoder's."""
+    path = GPU_FIXTURES / fixture
+    path = path if path.is_file() else sorted(path.rglob("*.json.gz"))[0]
+    data = gzip.decompress(path.read_bytes())
+    document = json.loads(data)
+    phases = {event.get("ph") for event in document["traceEvents"]}
+    assert {"X", "M"} <= phases and len(phases) >= 3
+    _, fast_events = decode_selectively(data)
+    _same_tables(build_table(fast_events), extract_events(document))
+
+
+def test_a_phase_outside_the_format_is_skipped_as_the_generic_decoder_skips_it():
+    document = gpu_rank(0).document()
+    document["traceEvents"].insert(3, {"ph": "Q", "name": "odd", "ts": 1.0})
+    data = json.dumps(document).encode()
+    assert decode_selectively(data) is None          # the generic decoder takes the file
+    del document["traceEvents"][3]
+    _, fast_events = decode_selectively(json.dumps(document).encode())
+    _same_tables(build_table(fast_events), extract_events(json.loads(data)))
 
 
 

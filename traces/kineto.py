@@ -184,7 +184,7 @@ def identify_trace(raw: bytes, path: Path) -> TraceIdentity:
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return _identity_of(_document_of(data, path))
     return identity_of_fields(distributed_info=fields.distributedInfo, host_name=fields.host_name,
-                              event_names=distinct_names(fields.traceEvents),
+                              event_names=_distinct_names(fields.traceEvents),
                               event_count=len(fields.traceEvents))
 
 
@@ -197,7 +197,7 @@ def identity_of_fields(*, distributed_info: Any, host_name: Any, event_names: It
                          steps=_steps_of_names(event_names), event_count=event_count)
 
 
-def distinct_names(events: list[Any]) -> Iterable[Any]:
+def _distinct_names(events: list[Any]) -> Iterable[Any]:
     """The `name` attribute of decoded events, each value once (a trace has ~1,000 names for ~100,000
     events); every name as it is when one is unhashable (a list in a hostile file)."""
     try:

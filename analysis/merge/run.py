@@ -21,17 +21,15 @@ the same bytes faster).
 from __future__ import annotations
 
 import dataclasses
-import gc
 import multiprocessing
 import os
 import shutil
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, Mapping
+from typing import IO, Any, Callable, Mapping
 
 from fleetscope.analysis.merge.chrome_json import ChromeJsonWriter
 from fleetscope.analysis.merge.flows import FlowPlan
@@ -81,6 +79,7 @@ from fleetscope.analysis.merge.tracks import (
 )
 from fleetscope.analysis.merge.window import WindowClock, WindowContext
 from fleetscope.analysis.per_rank.cache import open_cache
+from fleetscope.analysis.per_rank.parse import cyclic_gc_paused
 from fleetscope.traces.atomic import atomic_output
 from fleetscope.traces.kineto import TraceReadError, distributed_rank, read_trace
 from fleetscope.traces.layout import MERGED_TRACE
@@ -228,7 +227,7 @@ def _merge_file(inputs: MergeInputs, planned: "PlannedOutput", options: MergeOpt
     destination = planned.path
     json_writer = ChromeJsonWriter(options.chrome_json) if options.chrome_json and planned.sources else None
     try:
-        with atomic_output(destination, fsync=False) as handle, _cyclic_gc_paused():
+        with atomic_output(destination, fsync=False) as handle, cyclic_gc_paused():
             session = _MergeSession(stream=PacketStream(handle), options=options, report=report_json,
                                     json_writer=json_writer, problems=problems, notes=notes, origin_ns=origin[0],
                                     moe=moe_merge_views(inputs.run_layout, report_json, [s.rank for s in planned.sources])
@@ -282,20 +281,6 @@ def _output_path(inputs: MergeInputs, out: str | Path | None) -> Path:
         return inputs.run_layout.merged_trace
     directory = inputs.root if inputs.root.is_dir() else inputs.root.parent
     return directory / MERGED_TRACE
-
-
-@contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    """Parsing a trace allocates millions of containers, and Python's cyclic collector would walk them
-    again and again (about half of the parse time); the merge makes no reference cycles, so reference
-    counting alone frees everything it drops."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def write_summaries(session: "_MergeSession", planned: PlannedOutput) -> list[RankSummaryCount]:
@@ -602,7 +587,7 @@ def merge_part(job: _PartJob) -> _PartOutcome:
     """One rank into a part file (runs in a worker process)."""
     json_writer = ChromeJsonWriter.fragment(job.json_part_path, base_ns=job.json_base_ns) \
         if job.json_part_path is not None else None
-    with open(job.part_path, "wb") as handle, _cyclic_gc_paused():
+    with open(job.part_path, "wb") as handle, cyclic_gc_paused():
         session = _MergeSession(stream=PacketStream(handle), options=job.options, report=job.report,
                                 json_writer=json_writer, problems=[], notes=[], origin_ns=job.origin_ns,
                                 preamble_written=True, moe=job.moe)

@@ -12,7 +12,7 @@ import dataclasses
 import enum
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 import msgspec
 import numpy as np
@@ -202,8 +202,44 @@ class _Event(msgspec.Struct, gc=False):
     args: Union[_Args, None] = None
 
 
+class _Phased(msgspec.Struct, gc=False, tag_field="ph"):
+    """The fast decoder's events, one class per phase (`ph` is the tag): a complete event decodes every
+    field the table reads, thread metadata what thread names need, every other phase (flow arrows are a
+    quarter of a GPU trace) only its name and category, so their other values are never built."""
+
+
+class _Complete(_Phased, tag="X"):
+    ph: ClassVar[str] = "X"
+    name: Any = None
+    cat: Any = None
+    ts: Any = None
+    dur: Any = 0
+    pid: Any = None
+    tid: Any = None
+    args: Union[_Args, None] = None
+
+
+class _Metadata(_Phased, tag="M"):
+    ph: ClassVar[str] = "M"
+    name: Any = None
+    cat: Any = None
+    tid: Any = None
+    args: Union[_Args, None] = None
+
+
+CHROME_PHASES = ("B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "V", "v", "R", "c",
+                 "(", ")")
+"""Phases of the Chrome trace event format besides X and M; an event of any other phase sends the file to
+the generic decoder (which skips it, as build_table does every phase but X and M)."""
+_OTHER_PHASES = tuple(
+    msgspec.defstruct(f"_Phase{index}", [("name", Any, None), ("cat", Any, None)], bases=(_Phased,), tag=phase,
+                      namespace={"ph": phase}, module=__name__)
+    for index, phase in enumerate(CHROME_PHASES))
+_AnyPhase = Union[(_Complete, _Metadata, *_OTHER_PHASES)]
+
+
 class _Document(msgspec.Struct, gc=False):
-    traceEvents: list[_Event]
+    traceEvents: list[_AnyPhase]
     distributedInfo: Any = None
     baseTimeNanoseconds: Any = None
     host_name: Any = None
@@ -218,12 +254,19 @@ class _ArgsWithShapes(_Args):
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_TYPE_ARG)
 
 
-class _EventWithShapes(_Event):
+class _CompleteWithShapes(_Phased, tag="X"):
+    ph: ClassVar[str] = "X"
+    name: Any = None
+    cat: Any = None
+    ts: Any = None
+    dur: Any = 0
+    pid: Any = None
+    tid: Any = None
     args: Union[_ArgsWithShapes, None] = None
 
 
 class _DocumentWithShapes(_Document):
-    traceEvents: list[_EventWithShapes]
+    traceEvents: list[Union[(_CompleteWithShapes, _Metadata, *_OTHER_PHASES)]]
 
 
 _DECODER = msgspec.json.Decoder(_Document)
@@ -232,7 +275,7 @@ _SHAPE_MARKERS = (ALL_TO_ALL_BASE_OP.encode(), CONCRETE_INPUTS_ARG.encode())
 TRACE_METADATA_KEYS = ("distributedInfo", "baseTimeNanoseconds", "host_name")
 
 
-def decode_selectively(data: bytes) -> tuple[dict[str, Any], list[_Event]] | None:
+def decode_selectively(data: bytes) -> tuple[dict[str, Any], list[Any]] | None:
     """(metadata, events) of a trace's JSON bytes, decoding only the fields the analysis reads.
 
     None when this fast decoder cannot take the file (other shapes, integers beyond 64 bits, invalid
@@ -268,13 +311,18 @@ def extract_events(document: dict[str, Any]) -> TraceEvents:
     return table
 
 
-def build_table(events: list[_Event]) -> TraceEvents:
+def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> TraceEvents:
     """The columnar table of decoded events, built in one pass that judges every value.
 
     This loop is the hot path of the whole analysis (every event of every rank), hence plain int codes,
     inlined type checks and local names. (Measured: one list comprehension per column, checked with
-    numpy, was slower, as it walks every event once per column.)
+    numpy, was slower, as it walks every event once per column.) `names_seen`, when given, receives the
+    name of every event that has a string name, of any phase, kept or not (what gather's identity reads),
+    at the price of the lookups the loop makes anyway.
     """
+    collect = names_seen is not None
+    seen = names_seen.add if collect else None
+    dropped_names: list[str] = []
     name_index: dict[str, int] = {}
     name_ids, kinds, starts, durs, threads, devices, correlations = [], [], [], [], [], [], []
     thread_names: dict[int, str] = {}
@@ -292,6 +340,8 @@ def build_table(events: list[_Event]) -> TraceEvents:
     external_rows: list[tuple[int, int]] = []
     for event in events:
         if event.ph != "X":
+            if collect and type(event.name) is str:
+                seen(event.name)
             if event.ph == "M" and event.name == "thread_name":
                 _add_thread_name(thread_names, event)
             continue
@@ -311,6 +361,8 @@ def build_table(events: list[_Event]) -> TraceEvents:
             problem = _time_problem(start, dur)
             if problem:
                 dropped[problem] = dropped.get(problem, 0) + 1
+                if collect and type(event.name) is str:
+                    dropped_names.append(event.name)
                 continue
         name = event.name
         name_id = name_index.get(name) if type(name) is str else None
@@ -342,6 +394,10 @@ def build_table(events: list[_Event]) -> TraceEvents:
             _note_message(args, len(name_ids) - 1, message_index, message_rows)
         elif name == ALL_TO_ALL_BASE_OP and args is not None and getattr(args, "concrete_inputs", None):
             _note_host_all_to_all(args, len(name_ids) - 1, message_index, message_rows)
+    if collect:
+        # every other string name is a key of these (a non-string name interned as its str() is never a step
+        # marker, all gather looks for)
+        names_seen.update(name_index, host_op_kept, dropped_names)
     groups = _group_column(group_index, grouped_rows, len(name_ids)) if grouped_rows else None
     messages = _message_column(message_index, message_rows, len(name_ids)) if message_rows else None
     table = _to_table(name_index, name_ids, kinds, starts, durs, threads, devices, correlations,

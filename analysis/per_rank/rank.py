@@ -37,7 +37,6 @@ from fleetscope.traces.kineto import (
     TraceIdentity,
     decode_trace,
     decompress,
-    distinct_names,
     distributed_rank,
     identity_of_fields,
 )
@@ -122,9 +121,11 @@ def decode_identified(path: Path, raw: bytes) -> tuple[TraceIdentity, DecodedTra
     if decoded is None:
         return None
     metadata, events = decoded
+    names: set[str] = set()
+    table = build_table(events, names_seen=names)
     identity = identity_of_fields(distributed_info=metadata["distributedInfo"], host_name=metadata["host_name"],
-                                  event_names=distinct_names(events), event_count=len(events))
-    return identity, DecodedTrace(metadata, build_table(events), [])
+                                  event_names=names, event_count=len(events))
+    return identity, DecodedTrace(metadata, table, [])
 
 
 def analyze_decoded(source: TraceSource, decoded: DecodedTrace, comm_kernel_pattern: str | None = None) -> RankResult:

@@ -139,16 +139,16 @@ def _per_rank(trace_files: dict[int, Path], step_names: tuple[str, ...], workers
     if workers <= 1 or len(ranks) < 2:
         outcomes = map(one, paths, ranks, names)
         return _collect(outcomes, len(ranks), progress)
+    _import_joins()
     with ProcessPoolExecutor(max_workers=workers, mp_context=_hta_worker_context()) as pool:
-        outcomes = pool.map(one, paths, ranks, names, chunksize=1)
-        _import_joins()
-        collected = _collect(outcomes, len(ranks), progress)
+        collected = _collect(pool.map(one, paths, ranks, names, chunksize=1), len(ranks), progress)
     return collected
 
 
 def _import_joins() -> None:
     """Import what joining the ranks' views needs here (HTA's straggler view, pandas: a few tenths of a
-    second) while the workers compute, not after them."""
+    second) while the workers' server still imports HTA itself (start_hta_workers), not after the workers
+    are done: starting workers waits for that server."""
     import hta.analyzers.straggler  # noqa: F401
     import hta.trace_analysis  # noqa: F401
 

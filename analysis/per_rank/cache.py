@@ -67,14 +67,17 @@ def default_cache_dir() -> Path:
 class ResultCache:
     directory: Path
 
-    def key(self, source: "TraceSource", raw: bytes, comm_kernel_pattern: str | None = None) -> str:
-        """Also keyed by the parse's one option, `comm_kernel_pattern` (names.comm_kernel_rule)."""
+    def key(self, source: "TraceSource", raw: bytes, comm_kernel_pattern: str | None = None, *,
+            verified_sha256: str | None = None) -> str:
+        """Also keyed by the parse's one option, `comm_kernel_pattern` (names.comm_kernel_rule).
+        `verified_sha256`: the sha256 of `raw` when the caller has just checked it (the manifest's, as
+        read_raw checks it), which spares hashing the bytes a second time."""
         digest = hashlib.blake2b(_FORMAT, digest_size=20)
         digest.update(code_digest().encode())
         digest.update(repr((source.label, source.window, source.rank, source.host)).encode())
         if comm_kernel_pattern:
             digest.update(repr(("comm_kernel_pattern", comm_kernel_pattern)).encode())
-        digest.update(hashlib.blake2b(raw, digest_size=32).digest())
+        digest.update((verified_sha256 or hashlib.sha256(raw).hexdigest()).encode())
         return digest.hexdigest()
 
     def load(self, key: str) -> "RankResult | None":

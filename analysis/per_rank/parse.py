@@ -37,6 +37,18 @@ def parse_traces(sources: list[TraceSource], *, workers: int | None = None, prog
     """analyze_trace over every source, in parallel when worthwhile; results in input order.
     `fresh_workers`: workers are new interpreters rather than forks of this process, for a caller that
     holds much memory already (forked workers would each carry it)."""
+    found = [_cached(source, cache, comm_kernel_pattern) for source in sources] if cache is not None else []
+    hits = sum(result is not None for result in found)
+    if progress is not None and hits:
+        progress(hits, len(sources))
+    missing = [source for source, result in zip(sources, found) if result is None] if found else list(sources)
+    parsed = iter(_parse_all(missing, workers, cache, comm_kernel_pattern, fresh_workers,
+                             _offset_progress(progress, hits, len(sources))))
+    return [result if result is not None else next(parsed) for result in found] if found else list(parsed)
+
+
+def _parse_all(sources: list[TraceSource], workers: int | None, cache: ResultCache | None,
+               comm_kernel_pattern: str | None, fresh_workers: bool, progress: Progress | None) -> list:
     workers = workers or min(len(sources), os.cpu_count() or 1)
     one = functools.partial(analyze_trace, cache=cache, comm_kernel_pattern=comm_kernel_pattern)
     if len(sources) < PARALLEL_THRESHOLD or workers <= 1:
@@ -44,6 +56,27 @@ def parse_traces(sources: list[TraceSource], *, workers: int | None = None, prog
     context = multiprocessing.get_context("spawn") if fresh_workers else None
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         return _with_progress(pool.map(one, sources, chunksize=1), len(sources), progress)
+
+
+def _offset_progress(progress: Progress | None, done_before: int, total: int) -> Progress | None:
+    """progress(done, total) over all sources, for the ones parsed after `done_before` cache hits."""
+    if progress is None:
+        return None
+    return lambda done, _: progress(done_before + done, total)
+
+
+def _cached(source: TraceSource, cache: ResultCache, comm_kernel_pattern: str | None) -> RankResult | None:
+    """The source's cached result, read here: a cache entry is kilobytes, so this process reads hits
+    faster than a worker pool starts (and forks none). None for a miss or a file that cannot be read
+    (analyze_trace then parses it, or names what is wrong)."""
+    try:
+        raw = read_raw(source.path, within=source.within, expected_size=source.expected_bytes,
+                       expected_sha256=source.expected_sha256)
+        cached = cache.load(cache.key(source, raw, comm_kernel_pattern, verified_sha256=source.expected_sha256))
+    except (TraceReadError, *_UNFORESEEN):
+        return None
+    # the same bytes may sit at another path (a copied run directory)
+    return None if cached is None else dataclasses.replace(cached, path=str(source.path), from_cache=True)
 
 
 
@@ -95,7 +128,7 @@ def _cached_or_analyzed(source: TraceSource, cache: ResultCache | None, comm_ker
                    expected_sha256=source.expected_sha256)
     if cache is None:
         return analyze_bytes(source, raw, comm_kernel_pattern)
-    key = cache.key(source, raw, comm_kernel_pattern)
+    key = cache.key(source, raw, comm_kernel_pattern, verified_sha256=source.expected_sha256)
     cached = cache.load(key)
     if cached is not None:
         # the same bytes may sit at another path (a copied run directory)
@@ -127,7 +160,7 @@ class ParsingInspector:
     def keep(self, record: TraceRecord, state: Any, root: Path) -> None:
         raw, decoded = state
         cache, source = ResultCache(self.cache_directory), record_source(record, root)
-        key = cache.key(source, raw, self.comm_kernel_pattern)
+        key = cache.key(source, raw, self.comm_kernel_pattern, verified_sha256=record.sha256)
         if cache.contains(key):
             return
         try:

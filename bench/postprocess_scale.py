@@ -4,7 +4,7 @@ Builds a run directory of N synthetic ranks from one real GPU trace (analysis/sy
 a copy with its own rank, host and clock), then runs `fleetscope postprocess RUN` as a subprocess,
 with no special flags and a private, empty parsed-trace cache (a cold run, what a user gets the first
 time), and reports the wall time of each stage and the peak memory of the whole process tree (largest sum
-of RSS over the process and all its descendants, sampled every 0.1 s with psutil).
+of RSS over the process and all its descendants, sampled every 0.2 s with psutil; PSS every 1 s).
 
 In the same run, on the same traces, stock HTA: `TraceAnalysis(trace_dir=...)` (HTA's own JSON loader,
 its own multiprocessing) + temporal breakdown + idle-time breakdown + comm/comp overlap + kernel
@@ -45,7 +45,8 @@ from fleetscope.traces.layout import RunLayout, trace_file_name, window_name
 
 DEFAULT_SOURCE = Path(__file__).resolve().parents[1] / "tests/fixtures/gpu/h200-small-hf-eager-2steps.json.gz"
 _STAGE_RE = re.compile(r"^(gather|analyze|merge) took (\d+(?:\.\d+)?) s \(CPU (\d+(?:\.\d+)?) s\)$", re.MULTILINE)
-SAMPLE_SECONDS = 0.1
+SAMPLE_SECONDS = 0.2
+PSS_EVERY = 5
 STOCK_HTA = textwrap.dedent("""
     import logging, sys, warnings
     warnings.simplefilter("ignore")
@@ -83,7 +84,7 @@ def run_postprocess(run_dir: Path, cache_dir: Path) -> dict:
     stages_cpu = {name: float(cpu) for name, _, cpu in found}
     return {"exit": exit_code, "wall_s": round(wall, 2), "cpu_s": _LAST_CPU["cpu_s"], "stages_s": stages,
             "stages_cpu_s": stages_cpu, "peak_tree_rss_mb": peak_mb, "peak_tree_pss_mb": _LAST_CPU["peak_pss_mb"],
-            "load_average": [load_before, _load_average()]}
+            "peak_rss_at_s": _LAST_CPU["peak_rss_at_s"], "load_average": [load_before, _load_average()]}
 
 
 def _load_average() -> float:
@@ -144,15 +145,21 @@ def run_watched(command: list[str], env: dict) -> tuple[int, float, float, str]:
         started = time.perf_counter()
         process = psutil.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
         peak_rss = peak_pss = 0
+        peak_at = 0.0
         unwaited_cpu: dict[int, float] = {}
+        samples = 0
         while process.poll() is None:
-            rss, pss = _tree_memory(process, unwaited_cpu)
-            peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+            # PSS walks every page table: read it every PSS_EVERY-th sample only, RSS is cheap
+            rss, pss = _tree_memory(process, unwaited_cpu, with_pss=samples % PSS_EVERY == 0)
+            if rss > peak_rss:
+                peak_rss, peak_at = rss, time.perf_counter() - started
+            peak_pss, samples = max(peak_pss, pss), samples + 1
             time.sleep(SAMPLE_SECONDS)
         wall = time.perf_counter() - started
         sink.seek(0)
         _LAST_CPU["unwaited_cpu_s"] = sum(unwaited_cpu.values())
         _LAST_CPU["peak_pss_mb"] = round(peak_pss / 2**20, 1)
+        _LAST_CPU["peak_rss_at_s"] = round(peak_at, 1)
         return process.returncode, wall, round(peak_rss / 2**20, 1), sink.read()
 
 
@@ -172,7 +179,18 @@ def _cpu_seconds_into(sink: dict[str, float]):
     sink["cpu_s"] = round(waited + sink.pop("unwaited_cpu_s", 0.0), 1)
 
 
-def _tree_memory(process: psutil.Process, unwaited_cpu: dict[int, float]) -> tuple[int, int]:
+_FORKSERVER_PIDS: dict[int, bool] = {}
+
+
+def _is_forkserver(member: psutil.Process) -> bool:
+    """A forkserver or one of its workers (its command line says so; read once per process)."""
+    known = _FORKSERVER_PIDS.get(member.pid)
+    if known is None:
+        known = _FORKSERVER_PIDS[member.pid] = "forkserver" in " ".join(member.cmdline())
+    return known
+
+
+def _tree_memory(process: psutil.Process, unwaited_cpu: dict[int, float], *, with_pss: bool) -> tuple[int, int]:
     """(sum of RSS, sum of PSS) over the process and its descendants. RSS counts pages shared by forked
     workers once in each of them; PSS splits each shared page among its sharers, so its sum is what the
     tree really holds. Also notes the CPU time of forkserver processes (`unwaited_cpu`, by pid)."""
@@ -183,9 +201,12 @@ def _tree_memory(process: psutil.Process, unwaited_cpu: dict[int, float]) -> tup
         return 0, 0
     for member in members:
         try:
-            memory = member.memory_full_info()
-            rss, pss = rss + memory.rss, pss + getattr(memory, "pss", memory.rss)
-            if member is not process and "forkserver" in " ".join(member.cmdline()):
+            if with_pss:
+                memory = member.memory_full_info()
+                rss, pss = rss + memory.rss, pss + getattr(memory, "pss", memory.rss)
+            else:
+                rss += member.memory_info().rss
+            if member is not process and _is_forkserver(member):
                 times = member.cpu_times()
                 unwaited_cpu[member.pid] = times.user + times.system
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

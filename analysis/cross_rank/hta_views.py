@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetscope.analysis.per_rank.hta_cache import cached_rank_hta
+from fleetscope.analysis.per_rank.hta_cache import cached_rank_hta, hta_code_digest
 from fleetscope.analysis.per_rank.hta_rank import (
     LAUNCH_DELAY_CUTOFF_US,
     LAUNCH_RUNTIME_CUTOFF_US,
@@ -133,7 +133,8 @@ def _per_rank(trace_files: dict[int, Path], step_names: tuple[str, ...], workers
     ranks = sorted(trace_files)
     paths = [str(Path(trace_files[r]).absolute()) for r in ranks]
     names = [tuple(step_names)] * len(ranks)
-    one = functools.partial(cached_rank_hta, cache_dir=None if cache_dir is None else str(cache_dir))
+    one = functools.partial(cached_rank_hta, cache_dir=None if cache_dir is None else str(cache_dir),
+                            code_digest=None if cache_dir is None else hta_code_digest())
     workers = min(len(ranks), workers or os.cpu_count() or 1)
     collected: list[RankHta] = []
     if workers <= 1 or len(ranks) < 2:

@@ -72,12 +72,13 @@ class _Entry(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def cached_rank_hta(path: str | Path, rank: int, step_names: tuple[str, ...] = (),
-                    cache_dir: str | None = None) -> RankHta:
-    """rank_hta, through the cache in `cache_dir` when given (a directory open_cache accepted)."""
+                    cache_dir: str | None = None, code_digest: str | None = None) -> RankHta:
+    """rank_hta, through the cache in `cache_dir` when given (a directory open_cache accepted).
+    `code_digest`: hta_code_digest() when the caller has it (each worker would compute it again)."""
     if cache_dir is None:
         return rank_hta(path, rank, step_names)
     raw = read_raw(Path(path))
-    entry = Path(cache_dir) / f"{hta_key(raw, rank, step_names)}{ENTRY_SUFFIX}"
+    entry = Path(cache_dir) / f"{hta_key(raw, rank, step_names, code_digest)}{ENTRY_SUFFIX}"
     data = read_private_file(entry)
     cached = decode_entry(data) if data is not None else None
     if cached is not None and cached.rank == rank:
@@ -88,9 +89,9 @@ def cached_rank_hta(path: str | Path, rank: int, step_names: tuple[str, ...] = (
     return result
 
 
-def hta_key(raw: bytes, rank: int, step_names: tuple[str, ...]) -> str:
+def hta_key(raw: bytes, rank: int, step_names: tuple[str, ...], code_digest: str | None = None) -> str:
     digest = hashlib.blake2b(_FORMAT, digest_size=20)
-    digest.update(hta_code_digest().encode())
+    digest.update((code_digest or hta_code_digest()).encode())
     digest.update(repr((rank, tuple(step_names))).encode())
     digest.update(hashlib.blake2b(raw, digest_size=32).digest())
     return digest.hexdigest()

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 from fleetscope.analysis.inputs.resolve import record_source
 from fleetscope.analysis.inputs.sources import TraceFailure, TraceSource
-from fleetscope.analysis.per_rank.cache import ResultCache
+from fleetscope.analysis.per_rank.cache import ResultCache, code_digest
 from fleetscope.analysis.per_rank.rank import RankResult, analyze_bytes, analyze_decoded, decode_identified
 from fleetscope.traces.kineto import TraceIdentity, TraceReadError, read_raw
 from fleetscope.traces.manifest import TraceRecord
@@ -148,6 +148,9 @@ class ParsingInspector:
     cache_directory: Path
     """An already opened (checked) cache directory (cache.open_cache)."""
     comm_kernel_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        code_digest()  # computed here once, so gather's forked workers inherit it instead of each reading the sources
 
     def identify(self, raw: bytes, path: Path) -> tuple[TraceIdentity, Any] | None:
         try:

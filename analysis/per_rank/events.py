@@ -191,17 +191,6 @@ _ARG_KEYS = dict(zip(_Args.__struct_fields__, _Args.__struct_encode_fields__))
 """Attribute name -> the key it is read from in a trace's `args`."""
 
 
-class _Event(msgspec.Struct, gc=False):
-    ph: Any = None
-    name: Any = None
-    cat: Any = None
-    ts: Any = None
-    dur: Any = 0
-    pid: Any = None
-    tid: Any = None
-    args: Union[_Args, None] = None
-
-
 class _Phased(msgspec.Struct, gc=False, tag_field="ph"):
     """The fast decoder's events, one class per phase (`ph` is the tag): a complete event decodes every
     field the table reads, thread metadata what thread names need, every other phase (flow arrows are a
@@ -236,6 +225,15 @@ _OTHER_PHASES = tuple(
                       namespace={"ph": phase}, module=__name__)
     for index, phase in enumerate(CHROME_PHASES))
 _AnyPhase = Union[(_Complete, _Metadata, *_OTHER_PHASES)]
+_OTHER_PHASE_CLASS = {cls.ph: cls for cls in _OTHER_PHASES}
+
+
+class _UnknownPhase(msgspec.Struct, gc=False):
+    """The generic path's event of a phase outside the format (or none): skipped like every phase but X and M."""
+
+    ph: ClassVar[str] = ""
+    name: Any = None
+    cat: Any = None
 
 
 class _Document(msgspec.Struct, gc=False):
@@ -254,14 +252,7 @@ class _ArgsWithShapes(_Args):
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_TYPE_ARG)
 
 
-class _CompleteWithShapes(_Phased, tag="X"):
-    ph: ClassVar[str] = "X"
-    name: Any = None
-    cat: Any = None
-    ts: Any = None
-    dur: Any = 0
-    pid: Any = None
-    tid: Any = None
+class _CompleteWithShapes(_Complete, tag="X"):
     args: Union[_ArgsWithShapes, None] = None
 
 
@@ -288,18 +279,29 @@ def decode_selectively(data: bytes) -> tuple[dict[str, Any], list[Any]] | None:
     return {key: getattr(document, key) for key in TRACE_METADATA_KEYS}, document.traceEvents
 
 
-def events_from_document(document: dict[str, Any]) -> tuple[list[_Event], int]:
-    """Generic path: the events of an already parsed document, and how many were not JSON objects."""
+def events_from_document(document: dict[str, Any]) -> tuple[list[Any], int]:
+    """Generic path: the events of an already parsed document as the fast decoder's classes, and how many
+    were not JSON objects."""
     events, skipped = [], 0
     for raw in document["traceEvents"]:
         if not isinstance(raw, dict):
             skipped += 1
             continue
+        events.append(_event_of(raw))
+    return events, skipped
+
+
+def _event_of(raw: dict[str, Any]) -> Any:
+    phase, name, cat = raw.get("ph"), raw.get("name"), raw.get("cat")
+    if phase == "X" or phase == "M":
         args = raw.get("args")
         args = _Args(**{field: args.get(key) for field, key in _ARG_KEYS.items()}) if isinstance(args, dict) else None
-        events.append(_Event(ph=raw.get("ph"), name=raw.get("name"), cat=raw.get("cat"), ts=raw.get("ts"),
-                             dur=raw.get("dur", 0), pid=raw.get("pid"), tid=raw.get("tid"), args=args))
-    return events, skipped
+        if phase == "M":
+            return _Metadata(name=name, cat=cat, tid=raw.get("tid"), args=args)
+        return _Complete(name=name, cat=cat, ts=raw.get("ts"), dur=raw.get("dur", 0), pid=raw.get("pid"),
+                         tid=raw.get("tid"), args=args)
+    other = _OTHER_PHASE_CLASS.get(phase, _UnknownPhase) if type(phase) is str else _UnknownPhase
+    return other(name=name, cat=cat)
 
 
 def extract_events(document: dict[str, Any]) -> TraceEvents:
@@ -524,7 +526,7 @@ def _time_problem(start: Any, dur: Any) -> str | None:
     return None
 
 
-def _add_thread_name(thread_names: dict[int, str], event: _Event) -> None:
+def _add_thread_name(thread_names: dict[int, str], event: Any) -> None:
     name = event.args.name if event.args else None
     if isinstance(name, str):
         key = _thread_key(event.tid)

@@ -12,9 +12,9 @@ import gc
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from fleetscope.analysis.inputs.resolve import record_source
@@ -75,9 +75,12 @@ def _cached(source: TraceSource, cache: ResultCache, comm_kernel_pattern: str | 
         cached = cache.load(cache.key(source, raw, comm_kernel_pattern, verified_sha256=source.expected_sha256))
     except (TraceReadError, *_UNFORESEEN):
         return None
-    # the same bytes may sit at another path (a copied run directory)
-    return None if cached is None else dataclasses.replace(cached, path=str(source.path), from_cache=True)
+    return None if cached is None else _as_hit(cached, source)
 
+
+def _as_hit(cached: RankResult, source: TraceSource) -> RankResult:
+    # the same bytes may sit at another path (a copied run directory)
+    return dataclasses.replace(cached, path=str(source.path), from_cache=True)
 
 
 @contextmanager
@@ -131,8 +134,7 @@ def _cached_or_analyzed(source: TraceSource, cache: ResultCache | None, comm_ker
     key = cache.key(source, raw, comm_kernel_pattern, verified_sha256=source.expected_sha256)
     cached = cache.load(key)
     if cached is not None:
-        # the same bytes may sit at another path (a copied run directory)
-        return dataclasses.replace(cached, path=str(source.path), from_cache=True)
+        return _as_hit(cached, source)
     result = analyze_bytes(source, raw, comm_kernel_pattern)
     cache.store(key, result)
     return result

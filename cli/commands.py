@@ -22,6 +22,7 @@ from .jobargs import add_job_arguments, job_spec_from_args
 from .pipeline import describe_manifest, postprocess
 from .capture_commands import register as register_capture
 from .query_command import register as register_query
+from .run_commands import int_at_least
 from .render import print_failed_job, print_outputs, print_state_change, print_submitted, render_status
 
 
@@ -234,7 +235,7 @@ def register_merge(sub: argparse._SubParsersAction) -> None:
                              "--budget-mb, plus a summary track of every rank")
     parser.add_argument("--budget-mb", type=positive_number, default=None, metavar="MB",
                         help=f"size budget of the default output (default {DEFAULT_BUDGET_MB} MB)")
-    parser.add_argument("--shard-ranks", type=_positive_int, default=None, metavar="N",
+    parser.add_argument("--shard-ranks", type=int_at_least(1), default=None, metavar="N",
                         help="every rank in full, N ranks per file (the same clock), plus a summary file")
     parser.add_argument("--steps", type=_int_set, default=None, metavar="4,5", help="only these training steps")
     parser.add_argument("--window", type=_time_window, default=None, metavar="START:END",
@@ -257,15 +258,6 @@ def register_merge(sub: argparse._SubParsersAction) -> None:
 def _rank_choice(text: str) -> frozenset[int] | str:
     return RANKS_ALL if text.strip() == RANKS_ALL else _int_set(text)
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 RANKS_ALL = "all"

@@ -32,14 +32,21 @@ def register_logs(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=handle_logs)
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+def int_at_least(minimum: int):
+    """An argparse type: an integer of at least `minimum`, or a usage error saying so."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+non_negative_int = int_at_least(0)
 
 
 def handle_logs(args: argparse.Namespace) -> int:

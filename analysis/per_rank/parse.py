@@ -37,14 +37,14 @@ def parse_traces(sources: list[TraceSource], *, workers: int | None = None, prog
     """analyze_trace over every source, in parallel when worthwhile; results in input order.
     `fresh_workers`: workers are new interpreters rather than forks of this process, for a caller that
     holds much memory already (forked workers would each carry it)."""
-    found = [_cached(source, cache, comm_kernel_pattern) for source in sources] if cache is not None else []
+    found = [_cached(source, cache, comm_kernel_pattern) if cache is not None else None for source in sources]
     hits = sum(result is not None for result in found)
     if progress is not None and hits:
         progress(hits, len(sources))
-    missing = [source for source, result in zip(sources, found) if result is None] if found else list(sources)
+    missing = [source for source, result in zip(sources, found) if result is None]
     parsed = iter(_parse_all(missing, workers, cache, comm_kernel_pattern, fresh_workers,
                              _offset_progress(progress, hits, len(sources))))
-    return [result if result is not None else next(parsed) for result in found] if found else list(parsed)
+    return [result if result is not None else next(parsed) for result in found]
 
 
 def _parse_all(sources: list[TraceSource], workers: int | None, cache: ResultCache | None,

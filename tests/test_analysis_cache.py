@@ -273,3 +273,46 @@ def test_a_trace_the_parse_cannot_use_is_still_judged_by_gather_and_explained_by
     assert len(_entries(cache)) == 3
     report = analyze(layout.root, use_hta=False, cache_dir=cache, write_default_outputs=False)
     assert _hit_note(report).startswith("3 of 4 trace(s)")
+
+
+def _imports_by_parsing_the_module(path: Path, module: str) -> set[str]:
+    """The reference for the import scan: every import node of the whole module's syntax tree."""
+    import ast
+    import importlib.util
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_bytes())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""), module.rpartition(".")[0]) \
+                if node.level else node.module or ""
+            names |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+    return {name for name in names if name.startswith("fleetscope.")}
+
+
+@pytest.mark.parametrize("root", [result_cache.RESULT_MODULE, "fleetscope.analysis.per_rank.hta_rank",
+                                  "fleetscope.analysis.analyze", "fleetscope.cli.main"])
+def test_the_import_scan_of_the_code_digest_finds_what_parsing_each_module_finds(root):
+    files = result_cache.result_source_files(root)
+    assert len(files) > 3
+    for module, path in files.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        scanned = set(result_cache._fleetscope_imports(path, module, path.name == "__init__.py"))
+        assert scanned == _imports_by_parsing_the_module(path, package + ".x" if path.name == "__init__.py"
+                                                         else module), module
+
+
+def test_the_import_scan_follows_statements_over_lines_and_skips_prose(tmp_path):
+    source = tmp_path / "mod.py"
+    source.write_text(
+        '"""Docs.\n\nfrom the trace we learn (a sentence, not an import)\nimport this is prose\n"""\n'
+        "from fleetscope.traces import (\n    kineto,\n  layout)\n"
+        "import fleetscope.analysis.per_rank.events as events, os\n"
+        "def f():\n    from fleetscope.analysis.per_rank.steps \\\n        import find_steps  # (unbalanced\n"
+        "    from . import sibling  # a comment ( with a parenthesis\n")
+    found = set(result_cache._fleetscope_imports(source, "fleetscope.analysis.mod", False))
+    assert found == {"fleetscope.traces", "fleetscope.traces.kineto", "fleetscope.traces.layout",
+                     "fleetscope.analysis.per_rank.events", "fleetscope.analysis.per_rank.steps",
+                     "fleetscope.analysis.per_rank.steps.find_steps", "fleetscope.analysis",
+                     "fleetscope.analysis.sibling"}

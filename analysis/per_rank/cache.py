@@ -30,6 +30,7 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,7 +235,7 @@ def _fleetscope_imports(path: Path, module: str, is_package: bool) -> list[str]:
     followed: their `__init__` re-exports for users and computes nothing a result depends on."""
     package = module if is_package else module.rpartition(".")[0]
     names = []
-    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+    for node in _import_nodes(path.read_bytes()):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -243,3 +244,37 @@ def _fleetscope_imports(path: Path, module: str, is_package: bool) -> list[str]:
             names.append(base)
             names += [f"{base}.{alias.name}" for alias in node.names]
     return [n for n in names if n.startswith("fleetscope.")]
+
+
+_IMPORT_START = re.compile(rb"^[ \t]*(?:import|from)[ \t]", re.MULTILINE)
+
+
+def _import_nodes(source: bytes) -> list[ast.AST]:
+    """The import statements of a module's source, each parsed on its own: every digest is computed at
+    the start of a command, and parsing whole modules was most of that. A line that only looks like an
+    import (in a docstring) does not parse and is skipped; one inside a string that does parse can only
+    add a module to the digest, never leave one out."""
+    nodes: list[ast.AST] = []
+    for match in _IMPORT_START.finditer(source):
+        try:
+            tree = ast.parse(_import_statement(source, match.start()).decode("utf-8", "replace"))
+        except SyntaxError:
+            continue
+        nodes += [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    return nodes
+
+
+def _import_statement(source: bytes, start: int) -> bytes:
+    """The statement starting at `start`, without comments (an import holds no string, so `#` always
+    starts one), followed over open parentheses and trailing backslashes."""
+    lines, depth, position = [], 0, start
+    while position < len(source):
+        end = source.find(b"\n", position)
+        end = len(source) if end < 0 else end
+        line = source[position:end].split(b"#", 1)[0].rstrip()
+        lines.append(line.rstrip(b"\\"))
+        depth += line.count(b"(") - line.count(b")")
+        position = end + 1
+        if depth <= 0 and not line.endswith(b"\\"):
+            break
+    return b" ".join(lines).strip()

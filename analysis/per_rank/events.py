@@ -126,7 +126,10 @@ class TraceEvents:
         return by_id[self.name_id] if len(self.names) else np.zeros(len(self), dtype=bool)
 
     def of_kind(self, *kinds: Kind) -> np.ndarray:
-        return np.isin(self.kind, np.asarray(kinds, dtype=np.int8))
+        # a lookup table over the int8 codes: several times faster than np.isin, called ~30 times a rank
+        wanted = np.zeros(256, dtype=bool)
+        wanted[np.asarray(kinds, dtype=np.int8).view(np.uint8)] = True
+        return wanted[np.asarray(self.kind, dtype=np.int8).view(np.uint8)]
 
     def launch_start_us(self, selected: np.ndarray) -> np.ndarray:
         """For the selected GPU events, when the host launched them (the `cuda_runtime` event with the

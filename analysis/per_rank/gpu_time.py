@@ -22,6 +22,7 @@ import numpy as np
 from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
 from fleetscope.analysis.per_rank.names import (
     CATEGORY_MEMORY,
+    KERNEL_CATEGORIES,
     PHASES,
     kernel_category,
     profiler_step_number,
@@ -56,22 +57,33 @@ def measure_gpu_time(events: TraceEvents, steps: list[StepTiming]) -> GpuTime | 
     indices = np.flatnonzero(gpu)
     launch_us, launch_thread = _launches(events, gpu)
     durations = events.dur_us[indices]
+    categories = _categories(events, indices)
     return GpuTime(
         total_us=float(durations.sum()),
-        by_phase_us=_sum_by(_phase_of(events, steps, launch_us), durations),
-        by_category_us=_sum_by(categories := _categories(events, indices), durations),
-        category_counts={c: categories.count(c) for c in sorted(set(categories))},
-        by_range_us=_top(_sum_by(_range_of(events, launch_us, launch_thread), durations), TOP_RANGES_KEPT),
-        by_op_us=_top(_sum_by(_op_of(events, indices), durations), TOP_RANGES_KEPT),
+        by_phase_us=_summed(_phase_of(events, steps, launch_us), durations),
+        by_category_us=_summed(categories, durations),
+        category_counts=_counts(categories),
+        by_range_us=_top(_summed(_range_of(events, launch_us, launch_thread), durations), TOP_RANGES_KEPT),
+        by_op_us=_top(_summed(_op_of(events, indices), durations), TOP_RANGES_KEPT),
     )
 
 
-def _op_of(events: TraceEvents, indices: np.ndarray) -> list[str | None]:
-    """The host op that launched each GPU event (by `External id`), None where unknown."""
+@dataclass(frozen=True)
+class _Labels:
+    """A label for each GPU event, as codes into `names` (-1: none), so that sums are numpy's."""
+
+    codes: np.ndarray
+    names: list[str]
+
+
+def _op_of(events: TraceEvents, indices: np.ndarray) -> _Labels:
+    """The host op that launched each GPU event (by `External id`), none where unknown."""
     if events.external_id is None or not events.op_of_external:
-        return [None] * indices.size
-    ops = events.op_of_external
-    return [ops.get(external) for external in events.external_id[indices].tolist()]
+        return _Labels(np.full(indices.size, -1, dtype=np.int64), [])
+    op_of, code_of = events.op_of_external.get, {}
+    codes = np.fromiter((-1 if (op := op_of(external)) is None else code_of.setdefault(op, len(code_of))
+                         for external in events.external_id[indices].tolist()), dtype=np.int64, count=indices.size)
+    return _Labels(codes, list(code_of))
 
 
 def _launches(events: TraceEvents, gpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -89,14 +101,17 @@ def _launches(events: TraceEvents, gpu: np.ndarray) -> tuple[np.ndarray, np.ndar
     return launch_us, thread
 
 
-def _phase_of(events: TraceEvents, steps: list[StepTiming], times_us: np.ndarray) -> list[str]:
-    labels = np.full(times_us.size, PHASE_OUTSIDE, dtype=object)
-    labels[_inside_any([s.start_us for s in steps], [s.end_us for s in steps], times_us)] = PHASE_OTHER
+_PHASE_LABELS = [PHASE_OUTSIDE, PHASE_OTHER, *PHASES]
+
+
+def _phase_of(events: TraceEvents, steps: list[StepTiming], times_us: np.ndarray) -> _Labels:
+    codes = np.zeros(times_us.size, dtype=np.int64)
+    codes[_inside_any([s.start_us for s in steps], [s.end_us for s in steps], times_us)] = 1
     host = events.of_kind(Kind.USER_ANNOTATION, Kind.CPU_OP)
-    for phase in PHASES:          # train_step first: the phases inside it overwrite it
+    for code, phase in enumerate(PHASES, start=2):   # train_step first: the phases inside it overwrite it
         mask = host & events.names_matching(lambda n, p=phase: n == p)
-        labels[_inside_any(events.start_us[mask], events.end_us[mask], times_us)] = phase
-    return labels.tolist()
+        codes[_inside_any(events.start_us[mask], events.end_us[mask], times_us)] = code
+    return _Labels(codes, _PHASE_LABELS)
 
 
 def _inside_any(starts_us, ends_us, times_us: np.ndarray) -> np.ndarray:
@@ -111,19 +126,19 @@ def _inside_any(starts_us, ends_us, times_us: np.ndarray) -> np.ndarray:
     return (slot >= 0) & (times_us < ends[np.clip(slot, 0, None)])
 
 
-def _range_of(events: TraceEvents, times_us: np.ndarray, threads: np.ndarray) -> list[str | None]:
-    """Innermost user range on the launching thread containing each launch; one sweep per thread
-    (ranges of one thread nest, so a stack holds the open ones)."""
+def _range_of(events: TraceEvents, times_us: np.ndarray, threads: np.ndarray) -> _Labels:
+    """Innermost user range on the launching thread containing each launch (codes are name ids); one
+    sweep per thread (ranges of one thread nest, so a stack holds the open ones)."""
     user = np.flatnonzero(events.of_kind(Kind.USER_ANNOTATION) & events.names_matching(_is_user_range))
-    labels: list[str | None] = [None] * times_us.size
+    codes = np.full(times_us.size, -1, dtype=np.int64)
     for thread in np.unique(events.thread[user]).tolist():
         ranges = user[events.thread[user] == thread]          # sorted by start, as the table is
         launches = np.flatnonzero(threads == thread)
         launches = launches[np.argsort(times_us[launches], kind="stable")]
         for slot, name_id in _innermost(events.start_us[ranges].tolist(), events.end_us[ranges].tolist(),
                                         events.name_id[ranges].tolist(), times_us[launches].tolist()):
-            labels[int(launches[slot])] = events.names[name_id]
-    return labels
+            codes[int(launches[slot])] = name_id
+    return _Labels(codes, list(events.names))
 
 
 def _innermost(starts: list[float], ends: list[float], name_ids: list[int], times: list[float]):
@@ -145,18 +160,35 @@ def _is_user_range(name: str) -> bool:
     return name not in PHASES and profiler_step_number(name) is None
 
 
-def _categories(events: TraceEvents, indices: np.ndarray) -> list[str]:
-    by_name = [kernel_category(name) for name in events.names]
-    memory = {int(Kind.GPU_MEMCPY), int(Kind.GPU_MEMSET)}
-    return [CATEGORY_MEMORY if int(events.kind[i]) in memory else by_name[events.name_id[i]] for i in indices]
+_CATEGORY_LABELS = sorted({*KERNEL_CATEGORIES, CATEGORY_MEMORY})
 
 
-def _sum_by(labels: list, durations: np.ndarray) -> dict[str, float]:
-    totals: dict[str, float] = {}
-    for label, duration in zip(labels, durations.tolist()):
-        if label is not None:
-            totals[label] = totals.get(label, 0.0) + duration
-    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+def _categories(events: TraceEvents, indices: np.ndarray) -> _Labels:
+    code_of = {category: code for code, category in enumerate(_CATEGORY_LABELS)}
+    by_name = np.asarray([code_of[kernel_category(name)] for name in events.names], dtype=np.int64)
+    codes = by_name[events.name_id[indices]] if by_name.size else np.zeros(indices.size, dtype=np.int64)
+    codes[np.isin(events.kind[indices], (int(Kind.GPU_MEMCPY), int(Kind.GPU_MEMSET)))] = code_of[CATEGORY_MEMORY]
+    return _Labels(codes, _CATEGORY_LABELS)
+
+
+def _summed(labels: _Labels, durations: np.ndarray) -> dict[str, float]:
+    """Duration per label, largest first (equal sums: the label seen first first); labels no event has
+    are left out. np.bincount adds in event order, as a loop would."""
+    present = labels.codes >= 0
+    codes = labels.codes[present]
+    if not codes.size:
+        return {}
+    totals = np.bincount(codes, weights=durations[present], minlength=len(labels.names))
+    seen, first = np.unique(codes, return_index=True)
+    order = sorted(range(seen.size), key=lambda i: (-totals[seen[i]], first[i]))
+    return {labels.names[seen[i]]: float(totals[seen[i]]) for i in order}
+
+
+def _counts(labels: _Labels) -> dict[str, int]:
+    """Events per label, labels in alphabetical order."""
+    counts = np.bincount(labels.codes[labels.codes >= 0], minlength=len(labels.names))
+    return {labels.names[code]: int(counts[code]) for code in sorted(np.flatnonzero(counts).tolist(),
+                                                                      key=labels.names.__getitem__)}
 
 
 def _top(totals: dict[str, float], keep: int) -> dict[str, float]:

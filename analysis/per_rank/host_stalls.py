@@ -121,7 +121,8 @@ def _gpu_idle_gaps(events: TraceEvents, spans: Intervals) -> IdleGaps:
                         Intervals(events.start_us[host_comm], events.end_us[host_comm]),
                         Intervals(events.start_us[blocking], events.end_us[blocking] + SYNC_SLACK_US),
                         queued_before=_queued_before(events, gpu, gaps))
-    codes = np.asarray([GAP_CAUSES.index(c) for c in causes.tolist()], dtype=np.int8)
+    code_of = {cause: code for code, cause in enumerate(GAP_CAUSES)}
+    codes = np.fromiter(map(code_of.__getitem__, causes.tolist()), dtype=np.int8, count=len(causes))
     return IdleGaps(basis=BASIS_GPU, starts_us=gaps.starts_us, ends_us=gaps.ends_us, cause_codes=codes)
 
 

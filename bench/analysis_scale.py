@@ -15,8 +15,8 @@ Both tools run in a fresh subprocess each (imports included in the time):
     benchmark's own (so it parses every trace, and stores the results);
   - ours-warm: the same command again, now finding every trace's result in that cache (what a second
     `analyze`, a `compare` or a `postprocess` of the same run costs; HTA's views are computed again);
-  - HTA: `TraceAnalysis(trace_dir=dir)` + temporal breakdown + idle-time breakdown (HTA's default: rank 0)
-    + comm/comp overlap, with HTA's own multiprocessing.
+  - HTA: stock HTA (bench/stock_hta.py: HTA's own JSON loader and multiprocessing, and the six views
+    the default report holds, on all ranks).
 Peak memory is the largest sum of PSS over the subprocess and all its descendants, sampled every 0.1 s
 (PSS counts pages shared between forked workers once, so neither tool is charged twice for them).
 """
@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
+import stock_hta
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SOURCE = REPO / "tests" / "fixtures" / "gpu" / "h200-small-hf-eager-2steps.json.gz"
@@ -50,17 +51,6 @@ OURS = textwrap.dedent("""
     assert {"temporal_breakdown", "idle_time_breakdown", "comm_comp_overlap"} <= set(hta.tables), hta
 """)
 
-HTA = textwrap.dedent("""
-    import logging, sys, warnings
-    warnings.simplefilter("ignore")
-    logging.disable(logging.WARNING)
-    from hta.trace_analysis import TraceAnalysis
-    analysis = TraceAnalysis(trace_dir=sys.argv[1])
-    assert len(analysis.t.traces) == int(sys.argv[3]), len(analysis.t.traces)
-    analysis.get_temporal_breakdown(visualize=False)
-    analysis.get_idle_time_breakdown(visualize=False)
-    analysis.get_comm_comp_overlap(visualize=False)
-""")
 
 
 @dataclass(frozen=True)
@@ -73,11 +63,20 @@ class Measurement:
     error: str = ""
 
 
-def run_measured(tool: str, script: str, trace_dir: Path, ranks: int, timeout_s: float,
+def ours_command(trace_dir: Path, report: Path, ranks: int) -> list[str]:
+    return [sys.executable, "-c", OURS, str(trace_dir), str(report), str(ranks)]
+
+
+def stock_hta_command(trace_dir: Path, report: Path, ranks: int) -> list[str]:
+    return [sys.executable, stock_hta.SCRIPT, str(trace_dir), str(ranks)]
+
+
+def run_measured(tool: str, command_of, trace_dir: Path, ranks: int, timeout_s: float,
                  cache_dir: Path | None = None) -> Measurement:
+    """`command_of(trace_dir, report_path, ranks)` run and watched."""
     env = dict(os.environ, **({"FLEETSCOPE_CACHE_DIR": str(cache_dir)} if cache_dir else {}))
     with tempfile.TemporaryDirectory() as scratch:
-        command = [sys.executable, "-c", script, str(trace_dir), str(Path(scratch) / "report.json"), str(ranks)]
+        command = command_of(trace_dir, Path(scratch) / "report.json", ranks)
         start = time.perf_counter()
         process = psutil.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         peak = _watch(process, start + timeout_s)
@@ -161,11 +160,11 @@ def main() -> int:
         if ranks in args.ranks:
             cache_dir = workdir / f"cache{ranks}"
             for tool in ("ours", "ours-warm"):
-                results.append(run_measured(tool, OURS, directory, ranks, args.timeout, cache_dir))
+                results.append(run_measured(tool, ours_command, directory, ranks, args.timeout, cache_dir))
                 print(f"  {tool} {results[-1].wall_s:.1f} s {results[-1].peak_pss_mb:.0f} MB {results[-1].error}", flush=True)
             shutil.rmtree(cache_dir, ignore_errors=True)
         if ranks in args.hta_ranks:
-            results.append(run_measured("hta", HTA, directory, ranks, args.timeout))
+            results.append(run_measured("hta", stock_hta_command, directory, ranks, args.timeout))
             print(f"  hta  {results[-1].wall_s:.1f} s {results[-1].peak_pss_mb:.0f} MB {results[-1].error}", flush=True)
         shutil.rmtree(directory)
     print_table(results)

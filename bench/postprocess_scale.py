@@ -6,10 +6,10 @@ with no special flags and a private, empty parsed-trace cache (a cold run, what 
 time), and reports the wall time of each stage and the peak memory of the whole process tree (largest sum
 of RSS over the process and all its descendants, sampled every 0.2 s with psutil; PSS every 1 s).
 
-In the same run, on the same traces, stock HTA: `TraceAnalysis(trace_dir=...)` (HTA's own JSON loader,
-its own multiprocessing) + temporal breakdown + idle-time breakdown + comm/comp overlap + kernel
-breakdown, all ranks; the ratios of its wall time to the whole `postprocess` and to its analyze stage
-(which includes HTA's views) are printed. Memory: the peak sums of RSS and of PSS over the process tree
+In the same run, on the same traces, stock HTA (bench/stock_hta.py: HTA's own JSON loader and
+multiprocessing, and the six views the default report holds, on all ranks); the ratios of its wall time
+to the whole `postprocess`, to gather + analyze (what stock HTA's work corresponds to: reading every trace
+and HTA's views; it writes no merged trace) and to the analyze stage are printed. Memory: the peak sums of RSS and of PSS over the process tree
 (RSS counts a page shared by forked workers in each of them; PSS shares it out, so its sum is what the
 tree holds).
 
@@ -35,11 +35,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
 import psutil
+import stock_hta
 from fleetscope.analysis.synthetic import TraceSetSpec, make_trace_set
 from fleetscope.traces.layout import RunLayout, trace_file_name, window_name
 
@@ -47,18 +47,6 @@ DEFAULT_SOURCE = Path(__file__).resolve().parents[1] / "tests/fixtures/gpu/h200-
 _STAGE_RE = re.compile(r"^(gather|analyze|merge) took (\d+(?:\.\d+)?) s \(CPU (\d+(?:\.\d+)?) s\)$", re.MULTILINE)
 SAMPLE_SECONDS = 0.2
 PSS_EVERY = 5
-STOCK_HTA = textwrap.dedent("""
-    import logging, sys, warnings
-    warnings.simplefilter("ignore")
-    logging.disable(logging.WARNING)
-    from hta.trace_analysis import TraceAnalysis
-    analysis = TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True)
-    ranks = sorted(analysis.t.traces)
-    analysis.get_temporal_breakdown(visualize=False)
-    analysis.get_idle_time_breakdown(ranks=ranks, visualize=False, show_idle_interval_stats=True)
-    analysis.get_comm_comp_overlap(visualize=False)
-    analysis.get_gpu_kernel_breakdown(visualize=False)
-""")
 
 
 def make_run(source: Path, root: Path, ranks: int) -> Path:
@@ -94,7 +82,7 @@ def _load_average() -> float:
 
 def run_stock_hta(trace_dir: Path) -> dict:
     load_before = _load_average()
-    exit_code, wall, peak_mb, output = run_watched([sys.executable, "-c", STOCK_HTA, str(trace_dir)], dict(os.environ))
+    exit_code, wall, peak_mb, output = run_watched([sys.executable, stock_hta.SCRIPT, str(trace_dir)], dict(os.environ))
     return {"exit": exit_code, "wall_s": round(wall, 2), "cpu_s": _LAST_CPU["cpu_s"], "peak_tree_rss_mb": peak_mb,
             "peak_tree_pss_mb": _LAST_CPU["peak_pss_mb"], "load_average": [load_before, _load_average()],
             **({"error": output.strip().splitlines()[-1][:200]} if exit_code and output.strip() else {})}

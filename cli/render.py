@@ -9,7 +9,8 @@ from ..launcher.failures import RankFailure
 from ..launcher.scheduler import RunStatus, Submission
 from ..launcher.schedulers.local import RecordedRunStatus
 from ..launcher.schedulers.slurm import SlurmJobStatus, SlurmRunStatus
-from ..traces.layout import RunLayout
+from ..traces.fanout import FanoutState
+from ..traces.layout import RunLayout, fanout_task_log
 
 
 def print_failed_job(layout: RunLayout, submission: Submission, *, post_ran: bool) -> None:
@@ -90,4 +91,39 @@ def _failure_lines(failures: list[RankFailure]) -> list[str]:
         lines.append(f"  log: {first.log_path}")
     if others:
         lines.append("then failed: " + ", ".join(f"rank {f.rank}" for f in others))
+    return lines
+
+
+def render_fanouts(layout: RunLayout, states: list[FanoutState]) -> list[str]:
+    """What each parse fan-out of the run has done, from its records (traces/fanout.py)."""
+    lines = []
+    for state in states:
+        lines += _fanout_lines(layout, state)
+    return lines
+
+
+def _fanout_lines(layout: RunLayout, state: FanoutState) -> list[str]:
+    planned = "?" if state.planned_tasks is None else str(state.planned_tasks)
+    traces = sum(record.counts.traces for record in state.finished)
+    parsed = sum(record.counts.parsed for record in state.finished)
+    unreadable_traces = sum(len(record.counts.failed) for record in state.finished)
+    lines = [f"parse fan-out, array job {state.array_job_id}: {len(state.finished)} of {planned} task(s) done "
+             f"({traces} trace(s): {parsed} parsed, {traces - parsed - unreadable_traces} already cached, "
+             f"{unreadable_traces} unreadable); records: {state.directory}"]
+    if state.planned_tasks is None:
+        lines.append("  no task has finished yet (pending or running: sacct -j "
+                     f"{state.array_job_id})")
+    for task in state.missing_tasks:
+        lines.append(f"  task {task}: no record (pending, running, or it died; the reduce parses its traces): "
+                     f"log {fanout_task_log(layout, state.array_job_id, task)}")
+    lines += [f"  {why}" for why in state.unreadable]
+    if state.reduce is None:
+        lines.append(f"  reduce: {state.reduce_problem}")
+    else:
+        counts = state.reduce.counts
+        verdict = "complete" if state.reduce.complete and not state.reduce.errors else "partial"
+        lines.append(f"  reduce: done, {verdict}: {counts.traces} trace(s): {counts.hits} from the cache, "
+                     f"{counts.parsed} parsed by the reduce, {len(counts.failed)} unreadable; "
+                     f"{len(state.reduce.incomplete)} task(s) it found incomplete")
+        lines += [f"    failed: {error}" for error in state.reduce.errors]
     return lines

@@ -7,13 +7,15 @@ import sys
 from pathlib import Path
 
 from ..launcher.runs import cancel_run, log_files, run_status, scheduler_of_run
+from ..traces.fanout import fanout_states
 from ..traces.layout import RunLayout
 from .exit_codes import EXIT_FAILED, EXIT_OK, exit_code
-from .render import render_status
+from .render import render_fanouts, render_status
 
 
 def register_status(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("status", help="state of a run (Slurm: asked live), and which rank failed first")
+    parser = sub.add_parser("status", help="state of a run (Slurm: asked live), which rank failed first, and "
+                            "what each parse fan-out has done")
     parser.add_argument("run_dir")
     parser.set_defaults(handler=handle_status)
 
@@ -21,6 +23,9 @@ def register_status(sub: argparse._SubParsersAction) -> None:
 def handle_status(args: argparse.Namespace) -> int:
     status = run_status(args.run_dir)
     print(render_status(status))
+    layout = RunLayout.at(args.run_dir)
+    for line in render_fanouts(layout, fanout_states(layout)):
+        print(line)
     return exit_code(status.verdict)
 
 

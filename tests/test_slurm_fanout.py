@@ -2,7 +2,7 @@
 the per-rank parse runs as an array job whose tasks run on both nodes and fill the parsed-trace cache beside
 the run, then one reduce job builds the report and the merged trace from that cache without parsing a trace;
 its report equals a local `fleetscope analyze` of the same traces. A task cancelled before it ran is named
-(task, ranks, log) and the reduce still reports every rank.
+(task, ranks, log) and the reduce still reports every rank. `fleetscope status` shows what the records say.
 """
 
 from __future__ import annotations
@@ -97,6 +97,10 @@ def test_array_tasks_on_both_nodes_fill_the_cache_and_the_reduce_parses_nothing(
     assert comparable(fanned_out) == comparable(json.loads((tmp_path / "local.json").read_text()))
     assert layout.merged_trace.stat().st_size > 0
     assert "8 trace(s): 8 from the cache, 0 parsed by the reduce" in done.stdout
+    (run_dir / "job.json").write_text(json.dumps({"scheduler": "local", "status": "succeeded"}))  # status needs a run
+    status = fleetscope("status", str(run_dir))
+    assert (f"parse fan-out, array job {array_job}: {TASKS} of {TASKS} task(s) done ({RANKS} trace(s): {RANKS} "
+            "parsed") in status.stdout and "reduce: done, complete" in status.stdout, status.stdout + status.stderr
 
 
 def test_a_cancelled_task_is_named_and_the_reduce_still_reports_every_rank(

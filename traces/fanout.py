@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .layout import RunLayout, fanout_reduce_record, fanout_task_record
+from .layout import FANOUT_FORMAT, RunLayout, fanout_reduce_record, fanout_task_record, slurm_logs_dir
 from .safe_read import read_metadata
 from .validate import MAX_WORLD_SIZE, is_finite_number, is_inside, is_int
 from .writer import write_bytes_atomically
@@ -194,11 +195,81 @@ def read_task_record(layout: RunLayout, array_job_id: str, task: int) -> tuple[T
 
 
 def read_reduce_record(layout: RunLayout, array_job_id: str) -> ReduceRecord | None:
+    return _reduce_record_or_why(layout, array_job_id)[0]
+
+
+def _reduce_record_or_why(layout: RunLayout, array_job_id: str) -> tuple[ReduceRecord | None, str]:
     path = fanout_reduce_record(layout, array_job_id)
+    if not os.path.lexists(path):
+        return None, "no record yet (waiting for the tasks, running, or it died)"
     try:
-        return ReduceRecord.from_json(_read_json(path, layout))
-    except (OSError, ValueError, RecursionError):
-        return None
+        return ReduceRecord.from_json(_read_json(path, layout)), ""
+    except (OSError, ValueError, RecursionError) as error:
+        return None, f"{path}: unreadable record: {type(error).__name__}: {str(error)[:200]}"
+
+
+# --- what the records say of each fan-out of a run (fleetscope status) --------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class FanoutState:
+    """One fan-out as its records show it (no scheduler asked: this holds after Slurm forgot the jobs)."""
+
+    array_job_id: str
+    directory: str
+    planned_tasks: int | None
+    """From the records (each holds the array's task count); None while none is written."""
+    finished: list[TaskRecord]
+    """Tasks with a valid record, by task number."""
+    unreadable: list[str] = field(default_factory=list)
+    """Task records present but not usable: why, one line each."""
+    reduce: ReduceRecord | None = None
+    reduce_problem: str = ""
+
+    @property
+    def missing_tasks(self) -> list[int]:
+        """Planned tasks without a valid record (still running, pending, or died)."""
+        done = {record.task for record in self.finished}
+        return [task for task in range(self.planned_tasks or 0) if task not in done]
+
+
+_FANOUT_DIR = re.compile("^" + re.escape(FANOUT_FORMAT).replace(re.escape("{array_job_id}"), "([0-9]{1,20})") + "$")
+_TASK_RECORD = re.compile(r"^task([0-9]{1,7})\.json$")
+
+
+def fanout_states(layout: RunLayout) -> list[FanoutState]:
+    """Every fan-out of the run, by array job id; a folder that is not a fan-out's (another name, a
+    symlink) is not read."""
+    try:
+        entries = list(os.scandir(slurm_logs_dir(layout)))
+    except OSError:
+        return []
+    found = sorted((int(m.group(1)), entry) for entry in entries
+                   if (m := _FANOUT_DIR.match(entry.name)) and entry.is_dir(follow_symlinks=False))
+    return [_fanout_state(layout, str(job), Path(entry.path)) for job, entry in found]
+
+
+def _fanout_state(layout: RunLayout, array_job_id: str, directory: Path) -> FanoutState:
+    tasks = sorted(int(m.group(1)) for name in _names_in(directory) if (m := _TASK_RECORD.match(name)))
+    finished, unreadable = [], []
+    for task in tasks[:MAX_WORLD_SIZE]:
+        record, why = read_task_record(layout, array_job_id, task)
+        if record is None:
+            unreadable.append(why)
+        else:
+            finished.append(record)
+    reduce, reduce_problem = _reduce_record_or_why(layout, array_job_id)
+    counts = [record.tasks for record in finished] + ([reduce.tasks] if reduce is not None else [])
+    return FanoutState(array_job_id=array_job_id, directory=str(directory),
+                       planned_tasks=max(counts) if counts else None, finished=finished, unreadable=unreadable,
+                       reduce=reduce, reduce_problem=reduce_problem)
+
+
+def _names_in(directory: Path) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
 
 
 def _write_json(data: dict[str, Any], path: Path, layout: RunLayout) -> None:

@@ -232,7 +232,8 @@ def register_merge(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--ranks", type=_rank_choice, default=None, metavar="all|0,3,8",
                         help="all: every rank in full (no summary); a list: only these ranks. Default: the ranks "
                              "the report names, their group peers, the median rank and one per host, within "
-                             "--budget-mb, plus a summary track of every rank")
+                             "--budget-mb (every rank when all fit: a smaller budget merges faster), plus a summary "
+                             "track of every rank")
     parser.add_argument("--budget-mb", type=positive_number, default=None, metavar="MB",
                         help=f"size budget of the default output (default {DEFAULT_BUDGET_MB} MB)")
     parser.add_argument("--shard-ranks", type=int_at_least(1), default=None, metavar="N",

@@ -94,6 +94,10 @@ def _failure_lines(failures: list[RankFailure]) -> list[str]:
     return lines
 
 
+LISTED_TASKS = 10
+"""Tasks named one per line in `fleetscope status`; the rest are counted."""
+
+
 def render_fanouts(layout: RunLayout, states: list[FanoutState]) -> list[str]:
     """What each parse fan-out of the run has done, from its records (traces/fanout.py)."""
     lines = []
@@ -113,10 +117,15 @@ def _fanout_lines(layout: RunLayout, state: FanoutState) -> list[str]:
     if state.planned_tasks is None:
         lines.append("  no task has finished yet (pending or running: sacct -j "
                      f"{state.array_job_id})")
-    for task in state.missing_tasks:
+    missing = state.missing_tasks
+    for task in missing[:LISTED_TASKS]:
         lines.append(f"  task {task}: no record (pending, running, or it died; the reduce parses its traces): "
                      f"log {fanout_task_log(layout, state.array_job_id, task)}")
-    lines += [f"  {why}" for why in state.unreadable]
+    if len(missing) > LISTED_TASKS:
+        lines.append(f"  ... and {len(missing) - LISTED_TASKS} more task(s) without a record")
+    lines += [f"  {why}" for why in state.unreadable[:LISTED_TASKS]]
+    if len(state.unreadable) > LISTED_TASKS:
+        lines.append(f"  ... and {len(state.unreadable) - LISTED_TASKS} more unreadable task record(s)")
     if state.reduce is None:
         lines.append(f"  reduce: {state.reduce_problem}")
     else:

@@ -93,3 +93,20 @@ def test_folders_that_are_no_fanouts_are_not_read(tmp_path):
     assert fanout_states(layout) == []
     done = _status(layout)
     assert done.returncode == 0 and "parse fan-out" not in done.stdout, done.stdout + done.stderr
+
+
+def test_a_thousand_task_array_lists_ten_missing_tasks_and_counts_the_rest(tmp_path):
+    layout = _run(tmp_path)
+    write_task_record(layout, _task(0, tasks=1000))
+    done = _status(layout)
+    assert "1 of 1000 task(s) done" in done.stdout and "task 10: no record" in done.stdout
+    assert "task 11: no record" not in done.stdout and "... and 989 more task(s) without a record" in done.stdout
+
+
+def test_a_record_claiming_an_impossible_task_count_is_unreadable(tmp_path):
+    layout = _run(tmp_path)
+    record = _task(0).to_json() | {"tasks": 10**12}
+    fanout_dir(layout, ARRAY).mkdir(parents=True)
+    fanout_task_record(layout, ARRAY, 0).write_text(json.dumps(record))
+    (state,) = fanout_states(layout)
+    assert state.planned_tasks is None and "field tasks: not an integer from 0 to" in state.unreadable[0]

@@ -65,7 +65,8 @@ class TaskRecord:
         for name in ("array_job_id", "node", "cache_dir"):
             _require(isinstance(data[name], str), name, "not text")
         for name in ("task", "tasks"):
-            _require(is_int(data[name]) and data[name] >= 0, name, "not a non-negative integer")
+            _require(is_int(data[name]) and 0 <= data[name] <= MAX_WORLD_SIZE, name,
+                     f"not an integer from 0 to {MAX_WORLD_SIZE}")
         _require(is_finite_number(data["seconds"]), "seconds", "not a finite number")
         return cls(**{**data, "ranks": _shard_keys(data["ranks"], "ranks"), "counts": _counts(data["counts"])})
 
@@ -101,7 +102,8 @@ class ReduceRecord:
     def from_json(cls, data: dict[str, Any]) -> "ReduceRecord":
         _require_fields(cls, data)
         _require(isinstance(data["array_job_id"], str), "array_job_id", "not text")
-        _require(is_int(data["tasks"]) and data["tasks"] >= 0, "tasks", "not a non-negative integer")
+        _require(is_int(data["tasks"]) and 0 <= data["tasks"] <= MAX_WORLD_SIZE, "tasks",
+                 f"not an integer from 0 to {MAX_WORLD_SIZE}")
         _require(isinstance(data["complete"], bool), "complete", "not true or false")
         for name, kind in (("outputs", str), ("seconds", float)):
             values = data[name]
@@ -233,7 +235,7 @@ class FanoutState:
         return [task for task in range(self.planned_tasks or 0) if task not in done]
 
 
-_FANOUT_DIR = re.compile("^" + re.escape(FANOUT_FORMAT).replace(re.escape("{array_job_id}"), "([0-9]{1,20})") + "$")
+_FANOUT_DIR = re.compile("^" + re.escape(FANOUT_FORMAT).replace(re.escape("{array_job_id}"), "([1-9][0-9]{0,19})") + "$")
 _TASK_RECORD = re.compile(r"^task([0-9]{1,7})\.json$")
 
 
@@ -244,9 +246,9 @@ def fanout_states(layout: RunLayout) -> list[FanoutState]:
         entries = list(os.scandir(slurm_logs_dir(layout)))
     except OSError:
         return []
-    found = sorted((int(m.group(1)), entry) for entry in entries
+    found = sorted(((int(m.group(1)), m.group(1)), entry.path) for entry in entries
                    if (m := _FANOUT_DIR.match(entry.name)) and entry.is_dir(follow_symlinks=False))
-    return [_fanout_state(layout, str(job), Path(entry.path)) for job, entry in found]
+    return [_fanout_state(layout, job, Path(path)) for (_, job), path in found]
 
 
 def _fanout_state(layout: RunLayout, array_job_id: str, directory: Path) -> FanoutState:

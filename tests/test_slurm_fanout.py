@@ -2,12 +2,14 @@
 the per-rank parse runs as an array job whose tasks run on both nodes and fill the parsed-trace cache beside
 the run, then one reduce job builds the report and the merged trace from that cache without parsing a trace;
 its report equals a local `fleetscope analyze` of the same traces. A task cancelled before it ran is named
-(task, ranks, log) and the reduce still reports every rank. `fleetscope status` shows what the records say.
+(task, ranks, log) and the reduce still reports every rank; so is a task killed while it runs. `fleetscope
+status` shows what the records say.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -132,3 +134,44 @@ def test_a_cancelled_task_is_named_and_the_reduce_still_reports_every_rank(
     assert reduce["counts"]["hits"] == RANKS - len(cancelled_ranks)
     report = json.loads(layout.report_json.read_text())
     assert sorted(rank["rank"] for rank in report["ranks"]) == list(range(RANKS))
+
+
+def test_a_task_killed_while_running_is_named_and_the_reduce_parses_its_ranks(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    run_dir = gathered_run(tmp_path / "run")
+    layout = RunLayout.at(run_dir)
+    killed = TASKS - 1
+    started = tmp_path / "killed-task-started"
+    # the real python, but the last task first waits (as on a node that stops answering) until it is killed
+    wrapper = tmp_path / "python-that-holds-one-task"
+    wrapper.write_text(f'#!/bin/sh\nif [ "${{SLURM_ARRAY_TASK_ID:-}}" = "{killed}" ]; then\n'
+                       f"  touch {shlex.quote(str(started))}; sleep 300\nfi\n"
+                       f'exec {shlex.quote(sys.executable)} "$@"\n')
+    wrapper.chmod(0o755)
+    follow = subprocess.Popen([sys.executable, "-m", "fleetscope.cli.main",
+                               *fanout_args(run_dir, slurm_cluster, "--python", str(wrapper))],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert started.exists(), slurm_cluster.log_tail()
+        array_job = array_job_of(run_dir)
+        slurm_cluster.run("scancel", f"{array_job}_{killed}")
+        stdout, stderr = follow.communicate(timeout=TIMEOUT_S)
+    finally:
+        follow.kill()
+
+    assert follow.returncode == 3, stdout + stderr + slurm_cluster.log_tail()  # partial
+    killed_ranks = list(shard_blocks(range(RANKS), TASKS)[killed])
+    log = str(fanout_task_log(layout, array_job, killed))
+    assert f"task {killed}: CANCELLED" in stderr and log in stderr, stderr
+    reduce = json.loads((fanout_dir(layout, array_job) / "reduce.json").read_text())
+    assert [(t["task"], t["ranks"]) for t in reduce["incomplete"]] == [(killed, killed_ranks)]
+    assert reduce["counts"]["parsed"] == len(killed_ranks) and reduce["counts"]["hits"] == RANKS - len(killed_ranks)
+    report = json.loads(layout.report_json.read_text())
+    assert sorted(rank["rank"] for rank in report["ranks"]) == list(range(RANKS))
+    assert report["windows"][0]["stragglers"]["waited_for_rank"] == LATE_RANK
+    (run_dir / "job.json").write_text(json.dumps({"scheduler": "local", "status": "succeeded"}))
+    status = fleetscope("status", str(run_dir))
+    assert f"{TASKS - 1} of {TASKS} task(s) done" in status.stdout and f"task {killed}: no record" in status.stdout

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
+from typing import NoReturn
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -29,5 +31,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def exit_without_teardown(code: int) -> NoReturn:
+    """Exit once Python's exit handlers have run, without the interpreter's teardown. With torch 2.13 a
+    rank that had finished (every file written and closed, its process group destroyed) now and then died
+    in that teardown, "terminate called without an active exception" then a segmentation fault (a
+    profiler thread meeting destroyed C++ statics, pytorch/kineto#1051), and torchrun reported a failed
+    rank: about one demo run in eight on a 2-core machine."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or gone: nothing left to lose
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())

@@ -13,6 +13,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,25 @@ def array_job_of(run_dir: Path) -> str:
     folders = sorted(slurm_logs_dir(RunLayout.at(run_dir)).glob("fanout-*[0-9]"))
     assert len(folders) == 1, folders
     return folders[0].name.removeprefix("fanout-")
+
+
+def fanout_cancelling(run_dir: Path, cluster: SlurmCluster, task: int, ready: Callable[[], bool],
+                      *extra: str) -> tuple[subprocess.Popen, str, str, str]:
+    """Run the fan-out, `scancel` array task `task` once `ready()`, and wait for the command to finish:
+    (the process, its stdout, its stderr, the array job)."""
+    follow = subprocess.Popen([sys.executable, "-m", "fleetscope.cli.main", *fanout_args(run_dir, cluster, *extra)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ready(), cluster.log_tail()
+        array_job = array_job_of(run_dir)
+        cluster.run("scancel", f"{array_job}_{task}")
+        stdout, stderr = follow.communicate(timeout=TIMEOUT_S)
+    finally:
+        follow.kill()
+    return follow, stdout, stderr, array_job
 
 
 def accounted(cluster: SlurmCluster, job_id: str) -> dict[str, dict[str, str]]:
@@ -110,18 +130,9 @@ def test_a_cancelled_task_is_named_and_the_reduce_still_reports_every_rank(
     run_dir = gathered_run(tmp_path / "run")
     layout = RunLayout.at(run_dir)
     # one task at a time, so the last one is still pending when it is cancelled
-    follow = subprocess.Popen([sys.executable, "-m", "fleetscope.cli.main",
-                               *fanout_args(run_dir, slurm_cluster, "--max-running", "1")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not list(slurm_logs_dir(layout).glob("fanout-*[0-9]")) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        array_job = array_job_of(run_dir)
-        slurm_cluster.run("scancel", f"{array_job}_{TASKS - 1}")
-        stdout, stderr = follow.communicate(timeout=TIMEOUT_S)
-    finally:
-        follow.kill()
+    follow, stdout, stderr, array_job = fanout_cancelling(
+        run_dir, slurm_cluster, TASKS - 1, lambda: bool(list(slurm_logs_dir(layout).glob("fanout-*[0-9]"))),
+        "--max-running", "1")
 
     assert follow.returncode == 3, stdout + stderr + slurm_cluster.log_tail()  # partial
     cancelled_ranks = list(shard_blocks(range(RANKS), TASKS)[TASKS - 1])
@@ -148,19 +159,8 @@ def test_a_task_killed_while_running_is_named_and_the_reduce_parses_its_ranks(
                        f"  touch {shlex.quote(str(started))}; sleep 300\nfi\n"
                        f'exec {shlex.quote(sys.executable)} "$@"\n')
     wrapper.chmod(0o755)
-    follow = subprocess.Popen([sys.executable, "-m", "fleetscope.cli.main",
-                               *fanout_args(run_dir, slurm_cluster, "--python", str(wrapper))],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not started.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert started.exists(), slurm_cluster.log_tail()
-        array_job = array_job_of(run_dir)
-        slurm_cluster.run("scancel", f"{array_job}_{killed}")
-        stdout, stderr = follow.communicate(timeout=TIMEOUT_S)
-    finally:
-        follow.kill()
+    follow, stdout, stderr, array_job = fanout_cancelling(run_dir, slurm_cluster, killed, started.exists,
+                                                          "--python", str(wrapper))
 
     assert follow.returncode == 3, stdout + stderr + slurm_cluster.log_tail()  # partial
     killed_ranks = list(shard_blocks(range(RANKS), TASKS)[killed])

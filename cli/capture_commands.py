@@ -16,6 +16,7 @@ from ..traces.capture import CaptureRequest, RequestStatus, read_status, submit_
 from ..traces.jobfile import FINAL_STATUSES, read_job_record
 from ..traces.layout import RunLayout
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from .run_commands import int_at_least
 
 WAIT_POLL_S = 0.5
 ENDED_GRACE_S = 10.0
@@ -27,8 +28,8 @@ QUIET_NOTE_S = 120.0
 def register(sub: argparse._SubParsersAction) -> None:
     profile = sub.add_parser("profile", help="ask a running job to record one profiling window now")
     profile.add_argument("run_dir")
-    profile.add_argument("--steps", type=_count(1), default=2, help="recorded steps (default 2)")
-    profile.add_argument("--warmup", type=_count(0), default=1, help="profiled steps discarded first (default 1)")
+    profile.add_argument("--steps", type=int_at_least(1), default=2, help="recorded steps (default 2)")
+    profile.add_argument("--warmup", type=int_at_least(0), default=1, help="profiled steps discarded first (default 1)")
     profile.add_argument("--ranks", type=_ranks, default=None, metavar="0,3,8", help="only these ranks (default all)")
     profile.add_argument("--wait", action="store_true", help="wait until the window's traces are published")
     profile.add_argument("--timeout", type=float, default=0.0, help="--wait at most this many seconds (0: no limit)")
@@ -37,18 +38,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     hang.add_argument("run_dir")
     hang.add_argument("--json", dest="json_out", default=None, help="also write the hang report as JSON here")
     hang.set_defaults(handler=handle_hang)
-
-
-def _count(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
-        return value
-    return parse
 
 
 def _ranks(text: str) -> list[int]:

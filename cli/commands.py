@@ -108,14 +108,16 @@ def build_launch_parser() -> argparse.ArgumentParser:
 def register_train(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("train", help="one rank of a run (what torchrun/srun start on every GPU)",
                             add_help=False)
-    parser.add_argument("trainer_args", nargs=argparse.REMAINDER)
-    parser.set_defaults(handler=lambda args: _run_trainer(args.trainer_args))
+    parser.add_argument("trainer_args", nargs=argparse.REMAINDER,
+                        help="the trainer's flags (`fleetscope train --help` lists them)")
+    parser.set_defaults(handler=lambda args: run_trainer(args.trainer_args))
 
 
-def _run_trainer(argv: list[str]) -> int:
+def run_trainer(argv: list[str]) -> int:
     from ..trainer.__main__ import main as trainer_main
 
-    return trainer_main(argv)
+    code = trainer_main(argv)
+    return 0 if code is None else code  # None: torch's @record returns it for --help (SystemExit 0)
 
 
 def register_gather(sub: argparse._SubParsersAction) -> None:

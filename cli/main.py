@@ -24,7 +24,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    if words[:1] == ["train"]:  # one rank: the trainer parses every flag after `train` itself, --help too
+        args = argparse.Namespace(command="train", handler=lambda _: commands.run_trainer(words[1:]))
+    else:
+        args = parser.parse_args(words)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

@@ -47,4 +47,5 @@ def exit_without_teardown(code: int) -> NoReturn:
 
 
 if __name__ == "__main__":
-    exit_without_teardown(main())
+    code = main()
+    exit_without_teardown(0 if code is None else code)  # None: what @record returns for --help (SystemExit 0)

@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 from ..analysis.cross_rank.hang import analyze_hang
 from ..analysis.render.capture_text import render_hang
 from ..traces.atomic import write_bytes_atomically
 from ..traces.capture import CaptureRequest, RequestStatus, read_status, submit_request
 from ..traces.jobfile import FINAL_STATUSES, read_job_record
+from ..traces.jsontext import strict_dumps
 from ..traces.layout import RunLayout
+from ..traces.outputs import guard_output
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from .run_commands import int_at_least
+from .terminal_text import escape_controls
 
 WAIT_POLL_S = 0.5
 ENDED_GRACE_S = 10.0
@@ -127,12 +128,13 @@ def _job_ended(layout: RunLayout) -> str | None:
 
 def handle_hang(args: argparse.Namespace) -> int:
     layout = RunLayout.at(args.run_dir)
+    json_out = guard_output(args.json_out, analyzed=layout.root) if args.json_out else None
     report = analyze_hang(layout)
     if report is None:
         print(f"fleetscope hang: no Flight Recorder dump under {layout.flight_recorder_dir}", file=sys.stderr)
         return EXIT_FAILED
-    print(render_hang(report))
-    if args.json_out:
-        write_bytes_atomically((json.dumps(asdict(report), indent=1) + "\n").encode(), Path(args.json_out))
-        print(f"json: {args.json_out}")
+    print(escape_controls(render_hang(report)))
+    if json_out:
+        write_bytes_atomically((strict_dumps(asdict(report), indent=1) + "\n").encode(), json_out)
+        print(f"json: {json_out}")
     return EXIT_OK

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
+from ..traces.jsontext import strict_dumps
+from ..traces.outputs import guard_output
 from .exit_codes import EXIT_USAGE
+from .terminal_text import escape_controls
 
 
 def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,6 +22,9 @@ def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-env-change", action="store_true",
                         help="compare runs whose environment fingerprints (job.json) differ")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
+    parser.add_argument("--allow-different-jobs", action="store_true",
+                        help="compare runs of different jobs (world size, model, parallel layout, batch, sequence, "
+                             "precision differ); refused with exit 2 by default")
 
 
 def wants_gate(args: argparse.Namespace) -> bool:
@@ -75,12 +82,15 @@ def handle_history(args: argparse.Namespace) -> int:
     from ..analysis.render.history_html import render_history_html
     from ..traces.atomic import write_bytes_atomically
 
-    if not args.threshold > 0:
-        print(f"fleetscope history: --threshold must be > 0, got {args.threshold}", file=sys.stderr)
+    if not (math.isfinite(args.threshold) and args.threshold > 0):
+        print(f"fleetscope history: --threshold must be a finite number > 0, got {args.threshold}", file=sys.stderr)
         return EXIT_USAGE
+    if not Path(args.root).is_dir():
+        print(f"fleetscope history: {args.root}: not a directory", file=sys.stderr)
+        return EXIT_USAGE
+    out = guard_output(args.html_out or Path(args.root) / "history.html", analyzed=Path(args.root))
     result = history(args.root, threshold_pct=args.threshold)
-    print(render_history(result), end="")
-    out = Path(args.html_out) if args.html_out else Path(args.root) / "history.html"
+    print(escape_controls(render_history(result)), end="")
     write_bytes_atomically(render_history_html(result).encode(), out)
     print(f"trend page: {out}")
     return 0
@@ -95,16 +105,16 @@ def register_advise(sub: argparse._SubParsersAction) -> None:
 
 def handle_advise(args: argparse.Namespace) -> int:
     import dataclasses
-    import json
 
     from ..analysis.advise import advise
     from ..analysis.render.advice_terminal import render_advice
     from ..traces.atomic import write_bytes_atomically
 
+    json_out = guard_output(args.json_out, analyzed=Path(args.run)) if args.json_out else None
     advice = advise(args.run)
-    print(render_advice(advice), end="")
-    if args.json_out:
-        write_bytes_atomically((json.dumps(dataclasses.asdict(advice), indent=2) + "\n").encode(), Path(args.json_out))
+    print(escape_controls(render_advice(advice)), end="")
+    if json_out:
+        write_bytes_atomically((strict_dumps(dataclasses.asdict(advice), indent=2) + "\n").encode(), json_out)
     return 0
 
 

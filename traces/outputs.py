@@ -1,4 +1,5 @@
-"""The one guard in front of every file fleetscope writes from a read command (analyze, merge).
+"""The one guard in front of every file fleetscope writes from a read command (analyze, merge, advise --json,
+hang --json, history --html, postprocess).
 
 A report or merged trace pointed at an input (a trace, the manifest, a metrics file, anything the tool did
 not write) would destroy it. `guard_output` refuses, before any work is done, to write
@@ -26,7 +27,9 @@ _REPORT_HEAD_RE = re.compile(rb'^\{\s*"schema_version":\s*\d+,\s*"created_at":\s
 """report.json: Report.to_json's first fields, in their order."""
 _MERGED_JSON_HEAD = b'{"schemaVersion":1,"displayTimeUnit":"ms","baseTimeNanoseconds":'
 """merged.trace.json.gz: the Chrome JSON writer's header (Kineto's own traces are indented)."""
-_HTML_MARK = b"<title>fleetscope report: "
+_HTML_MARKS = (b"<title>fleetscope report: ", b"<title>fleetscope history: ")
+_COMMAND_JSON_HEAD_RE = re.compile(rb'^\{\n  "run": "(?:[^"\\\n]|\\.)*",\n  "findings": \[|^\{\n "dumped_ranks": \[')
+"""advise --json (Advice: run, then findings) and hang --json (HangReport: dumped_ranks first)."""
 
 
 class OutputRefused(UsageError):
@@ -46,7 +49,9 @@ def is_own_output(path: Path) -> bool:
         # a Perfetto protobuf stream starts with packet field 1 (length-delimited); nothing else is checked
         return head[:1] == b"\x0a" or name == MERGED_TRACE and not head
     if name.endswith((".html", ".htm")):
-        return _HTML_MARK in head
+        return any(mark in head for mark in _HTML_MARKS)
+    if _COMMAND_JSON_HEAD_RE.match(head):
+        return True
     return bool(_REPORT_HEAD_RE.match(head)) or _MERGED_JSON_HEAD in head[:len(_MERGED_JSON_HEAD)]
 
 
@@ -67,6 +72,9 @@ def _output_problem(destination: Path, analyzed: Path, inputs: list[Path]) -> st
     layout = RunLayout.at(analyzed)
     if layout.traces_dir.is_dir() and is_inside(destination, layout.traces_dir):
         return f"it is inside the analyzed run's {layout.traces_dir.name}/"
+    inside = _inside_a_runs_traces(destination)
+    if inside:
+        return f"it is inside the traces/ of the run {inside}"
     try:
         info = os.lstat(destination)
     except FileNotFoundError:
@@ -77,6 +85,15 @@ def _output_problem(destination: Path, analyzed: Path, inputs: list[Path]) -> st
         return "it exists and is not a regular file"
     if not is_own_output(destination):
         return "it exists and is not a fleetscope output (remove it or choose another path)"
+    return None
+
+
+def _inside_a_runs_traces(destination: Path) -> Path | None:
+    """The run whose traces/ holds `destination` (any run, not only the analyzed one), or None."""
+    for folder in Path(os.path.realpath(destination.parent)).joinpath(destination.name).parents:
+        run = RunLayout.at(folder.parent)
+        if folder.name == run.traces_dir.name and (run.job_file.is_file() or run.manifest_file.is_file()):
+            return run.root
     return None
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from datetime import datetime
 from pathlib import Path
 
 from ..launcher.spec import SCHEDULERS, JobSpec, SlurmOptions, UserEntry
 from ..launcher.untrusted import require_plain_text
+from ..traces import cupti
 from ..trainer.config import ConfigError, TrainConfig, add_train_arguments, apply_overrides, train_assignments
+from .run_commands import int_at_least
 
 _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _PYTHON_NAME = re.compile(r"^python[0-9.]*$")
@@ -17,9 +20,15 @@ _PYTHON_NAME = re.compile(r"^python[0-9.]*$")
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     job = parser.add_argument_group("job")
-    job.add_argument("--scheduler", choices=SCHEDULERS, default="local")
-    job.add_argument("--nodes", type=int, default=1)
-    job.add_argument("--nproc-per-node", type=int, default=2, help="processes (GPUs) per node")
+    job.add_argument("--scheduler", choices=SCHEDULERS, default="local",
+                     help="where the ranks run: local (torchrun on this node), submitit or torchx (Slurm), "
+                          "torchx_local (TorchX's local_cwd on this node) (default: local)")
+    job.add_argument("--nodes", "--nnodes", dest="nodes", type=int_at_least(1), default=1,
+                     help="nodes (torchrun's --nnodes; more than 1 needs submitit or torchx) (default: 1)")
+    job.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=int_at_least(1),
+                     default=None, metavar="N",
+                     help="processes per node, one per GPU (default: 1 with local and torchx_local, as torchrun; "
+                          "on Slurm it must be given: fleetscope does not guess a node's GPUs)")
     job.add_argument("--run-dir", default=None, help="run directory (default: RUNS_ROOT/<model>-<mode>-<time>)")
     job.add_argument("--runs-root", default="runs", help="where new run directories are created")
     job.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
@@ -27,20 +36,26 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--python", default=None, help="python on the nodes (default: this interpreter)")
     add_train_arguments(parser.add_argument_group("training (any field: --set section.field=value)"))
     slurm = parser.add_argument_group("slurm (submitit, torchx)")
-    slurm.add_argument("--job-name", default=None)
-    slurm.add_argument("--partition", default=None)
-    slurm.add_argument("--time", dest="time_minutes", type=int, default=None, help="minutes")
-    slurm.add_argument("--account", default=None)
-    slurm.add_argument("--qos", default=None)
-    slurm.add_argument("--cpus-per-task", type=int, default=None)
-    slurm.add_argument("--mem", dest="mem_per_node", default=None, help="memory per node, e.g. 200G")
-    slurm.add_argument("--gpus-per-node", type=int, default=None)
-    slurm.add_argument("--sbatch-opt", dest="extra_sbatch", action="append", default=[], metavar="--OPTION=VALUE")
+    slurm.add_argument("--job-name", default=None, help="Slurm job name (default: fleetscope)")
+    slurm.add_argument("--partition", default=None, help="partition (default: the cluster's default)")
+    slurm.add_argument("--time", dest="time_minutes", type=slurm_minutes, default=None, metavar="TIME",
+                       help="wall-time limit as sbatch takes it: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
+                            "D-HH:MM:SS (seconds round up to a minute) (default: 60 minutes)")
+    slurm.add_argument("--account", default=None, help="account to charge (default: the cluster's default)")
+    slurm.add_argument("--qos", default=None, help="quality of service (default: the cluster's default)")
+    slurm.add_argument("--cpus-per-task", type=int_at_least(1), default=None, metavar="N",
+                       help="CPUs per rank (default: the cluster's default)")
+    slurm.add_argument("--mem", dest="mem_per_node", default=None,
+                       help="memory per node, e.g. 200G, 4096M (default: the cluster's default)")
+    slurm.add_argument("--gpus-per-node", type=int_at_least(0), default=None, metavar="N",
+                       help="GPUs to request per node (default: one per process, 0 with --device cpu)")
+    slurm.add_argument("--sbatch-opt", dest="extra_sbatch", action="append", default=[], metavar="--OPTION=VALUE",
+                       help="a further sbatch option, e.g. --sbatch-opt=--exclusive (repeatable; default: none)")
     own = parser.add_argument_group("your own training program (after --)")
     own.add_argument("--collect-traces", default=None, metavar="GLOB",
-                     help="after the job, file the Kineto traces the program wrote itself (e.g. "
-                          "'outputs/profile_trace/iteration_*/rank*_trace.json', relative to this directory) "
-                          "into the run directory, on every node")
+                     help="after the job, file the Kineto traces the program wrote itself (torchtitan: "
+                          "'outputs/profiling/traces/iteration_*/rank*_trace.json.gz', relative to this directory) "
+                          "into the run directory, on every node (default: none)")
     own.add_argument("program", nargs=argparse.REMAINDER, metavar="-- python train.py ARGS | -- -m MODULE ARGS",
                      help="run this on every rank instead of fleetscope's trainer; it gets FLEETSCOPE_RUN_DIR "
                           "and the --profile schedule (fleetscope.trainer.user_profiling reads them)")
@@ -69,10 +84,44 @@ def job_spec_from_args(args: argparse.Namespace) -> JobSpec:
                                                                                              provisional, entry)
     train = train_config_from_args(args, run_dir=str(run_dir))
     return JobSpec(
-        train=train, scheduler=args.scheduler, nodes=args.nodes, nproc_per_node=args.nproc_per_node,
-        env=_parse_env(args.env), slurm=_slurm_options(args), entry=entry,
+        train=train, scheduler=args.scheduler, nodes=args.nodes, nproc_per_node=nproc_per_node(args),
+        env={**cupti.inherited_setting(os.environ), **_parse_env(args.env)}, slurm=_slurm_options(args), entry=entry,
         **({"python": python} if python else {}),
     )
+
+
+SLURM_SCHEDULERS = ("submitit", "torchx")
+
+
+def nproc_per_node(args: argparse.Namespace) -> int:
+    """--nproc-per-node as given; else 1 on this node (torchrun's default) and a refusal on Slurm, where a
+    guess would silently become a GPU request per node."""
+    if args.nproc_per_node is not None:
+        return args.nproc_per_node
+    if args.scheduler in SLURM_SCHEDULERS:
+        raise ConfigError(f"nproc_per_node: --scheduler {args.scheduler} needs --nproc-per-node N (processes per "
+                          "node, one per GPU; it also sets the GPUs requested unless --gpus-per-node is given)")
+    return 1
+
+
+_SLURM_TIME = re.compile(r"(?:(?P<days>[0-9]+)-)?(?P<clock>[0-9]+(?::[0-9]+){0,2})")
+
+
+def slurm_minutes(text: str) -> int:
+    """An argparse type: sbatch's --time formats (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) as whole minutes,
+    seconds rounded up."""
+    match = _SLURM_TIME.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expected minutes, HH:MM:SS or D-HH:MM (as sbatch --time), got {text!r}")
+    parts = [int(part) for part in match["clock"].split(":")]
+    if match["days"] is not None:  # D-H, D-H:M, D-H:M:S
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+        hours += 24 * int(match["days"])
+    elif len(parts) == 3:  # H:M:S
+        hours, minutes, seconds = parts
+    else:  # M, M:S
+        hours, minutes, seconds = 0, parts[0], parts[1] if len(parts) == 2 else 0
+    return hours * 60 + minutes + (1 if seconds else 0)
 
 
 USER_PROGRAM_SETTINGS = ("profiler.", "performance.device=")

@@ -119,7 +119,8 @@ def test_a_real_run_with_slow_data_loading_on_rank_0(tmp_path, capsys):
     from helpers import fleetscope
 
     run_dir = tmp_path / "run"
-    completed = fleetscope("launch", "--run-dir", str(run_dir), "--parallel", "ddp", "--device", "cpu",
+    completed = fleetscope("launch", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--parallel", "ddp",
+                           "--device", "cpu",
                            "--steps", "8", "--profile", "wait=1,warmup=1,active=3,repeat=1",
                            "--set", "faults.data_delay_rank=0", "--set", "faults.data_delay_ms=30")
     assert completed.returncode == 0, completed.stderr[-4000:]

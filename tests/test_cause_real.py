@@ -19,7 +19,8 @@ cores only adds to it)."""
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> dict:
     run_dir = tmp_path_factory.mktemp("straggle") / "run"
-    completed = fleetscope("launch", "--run-dir", str(run_dir), "--parallel", "ddp", "--device", "cpu",
+    completed = fleetscope("launch", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--parallel", "ddp",
+                           "--device", "cpu",
                            "--steps", "8", "--profile", "wait=1,warmup=1,active=3,repeat=1",
                            "--set", "faults.straggle_rank=1", "--set", f"faults.straggle_ms={STRAGGLE_MS:g}",
                            timeout=600)
@@ -94,7 +95,8 @@ def test_the_sleep_is_on_every_steps_critical_path(report):
 def test_a_rank_slow_in_backward_is_found_at_the_gradient_buckets(tmp_path):
     """faults.slow_phase=backward: rank 1 sleeps 100 ms inside backward, before its gradient buckets."""
     run_dir = tmp_path / "run"
-    completed = fleetscope("launch", "--run-dir", str(run_dir), "--parallel", "ddp", "--device", "cpu",
+    completed = fleetscope("launch", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--parallel", "ddp",
+                           "--device", "cpu",
                            "--steps", "8", "--profile", "wait=1,warmup=1,active=3,repeat=1",
                            "--set", "faults.slow_phase=backward", "--set", "faults.slow_phase_rank=1",
                            "--set", f"faults.slow_phase_ms={STRAGGLE_MS:g}", timeout=600)

@@ -25,7 +25,7 @@ ANALYSIS_TRACKS = (OVERLAY_TRACK, PATH_TRACK_NAME)
 @pytest.fixture(scope="module", params=["ddp", "fsdp", "tp"])
 def run(request, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp(request.param) / "run"
-    completed = fleetscope("launch", "--run-dir", str(run_dir), "--parallel", request.param,
+    completed = fleetscope("launch", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--parallel", request.param,
                            *(["--tp", "2"] if request.param == "tp" else []), "--device", "cpu",
                            "--steps", "8", "--profile", "wait=1,warmup=1,active=2,repeat=2", timeout=900)
     assert completed.returncode == 0, completed.stderr[-4000:]

@@ -75,7 +75,7 @@ def test_installed_it_imports_plans_a_user_script_and_gates_tensor_parallel(user
     ran = subprocess.run([python, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert ran.returncode == 0 and "not launched by `fleetscope launch`" in ran.stderr, ran.stderr
     slurm = subprocess.run([str(user_venv / "bin" / "fleetscope"), "launch", "--dry-run", "--scheduler", "submitit",
-                            "--run-dir", str(tmp_path / "run"), "--", "python", str(script)],
+                            "--nproc-per-node", "8", "--run-dir", str(tmp_path / "run"), "--", "python", str(script)],
                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert slurm.returncode == 2 and "fleetscope[slurm]" in slurm.stderr, slurm.stderr
     probe = ("from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM\n"

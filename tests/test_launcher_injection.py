@@ -312,7 +312,7 @@ def test_a_job_slurm_forgot_before_it_ended_is_unknown(tmp_path):
 
 @pytest.mark.parametrize("argv", [
     ["launch", "--scheduler", "slurm"], ["launch", "--nodes", "x"], ["launch", "--nodes", "0", "--dry-run"],
-    ["launch", "--sbatch-opt", "-N 2", "--scheduler", "submitit", "--dry-run"],
+    ["launch", "--sbatch-opt", "-N 2", "--scheduler", "submitit", "--nproc-per-node", "2", "--dry-run"],
     ["launch", "--env", "1BAD=x", "--dry-run"], ["launch", "--time", "0", "--dry-run"],
     ["status"], ["status", "{tmp}/not-a-run"], ["logs", "{tmp}/not-a-run"], ["logs", "{tmp}/local", "--tail", "-1"],
     ["cancel", "{tmp}/not-a-run"], ["cancel", "{tmp}/local"],

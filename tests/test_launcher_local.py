@@ -15,8 +15,8 @@ from fleetscope.launcher.schedulers.local import plan_local
 
 GOLDEN = REPO / "tests" / "golden" / "local"
 HOSTILE_ARGS = [
-    "--python", "/opt/venv/bin/python", "--run-dir", "/shared/runs/moe run;rm -rf ~", "--model", "mixtral",
-    "--parallel", "fsdp", "--steps", "20", "--profile", "wait=2,warmup=1,active=3,repeat=2",
+    "--python", "/opt/venv/bin/python", "--nproc-per-node", "2", "--run-dir", "/shared/runs/moe run;rm -rf ~",
+    "--model", "mixtral", "--parallel", "fsdp", "--steps", "20", "--profile", "wait=2,warmup=1,active=3,repeat=2",
     "--env", "NCCL_DEBUG=INFO", "--set", "performance.alloc_conf=expandable_segments:True",
     "--set", "data.path=/data/it's here.txt", "--set", "data.source=text",
 ]
@@ -56,7 +56,7 @@ def test_rank_environment_keeps_multicast_off_and_passes_user_variables():
     (["--env", "NOEQUALS"], "env: expected NAME=VALUE"),
 ])
 def test_bad_configuration_exits_2_naming_the_field(tmp_path, args, message):
-    completed = fleetscope("launch", "--run-dir", str(tmp_path / "run"), *args, cwd=tmp_path)
+    completed = fleetscope("launch", "--run-dir", str(tmp_path / "run"), "--nproc-per-node", "2", *args, cwd=tmp_path)
     assert completed.returncode == 2
     assert message in completed.stderr
     assert not (tmp_path / "run").exists()
@@ -74,7 +74,7 @@ def test_an_existing_run_is_never_reused_without_resume(tmp_path):
 @pytest.mark.slow
 def test_a_failing_rank_fails_the_launch_with_its_error_and_keeps_the_traces(tmp_path):
     run = tmp_path / "run"
-    completed = fleetscope("launch", "--run-dir", str(run), "--device", "cpu", "--steps", "8",
+    completed = fleetscope("launch", "--run-dir", str(run), "--nproc-per-node", "2", "--device", "cpu", "--steps", "8",
                            "--profile", "wait=1,warmup=1,active=2", "--set", "faults.crash_rank=1",
                            "--set", "faults.crash_step=5", cwd=tmp_path)
     assert completed.returncode == 1
@@ -89,8 +89,8 @@ def test_a_failing_rank_fails_the_launch_with_its_error_and_keeps_the_traces(tmp
 @pytest.mark.slow
 def test_torchx_local_scheduler_runs_the_same_job_through_the_cli(tmp_path):
     run = tmp_path / "run"
-    completed = fleetscope("launch", "--scheduler", "torchx_local", "--run-dir", str(run), "--device", "cpu",
-                           "--steps", "4", "--profile", "wait=1,warmup=1,active=2", cwd=tmp_path)
+    completed = fleetscope("launch", "--scheduler", "torchx_local", "--run-dir", str(run), "--nproc-per-node", "2",
+                           "--device", "cpu", "--steps", "4", "--profile", "wait=1,warmup=1,active=2", cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr[-3000:]
     job = json.loads((run / "job.json").read_text())
     assert job["status"] == "succeeded" and job["plan"]["kind"] == "torchx_local"
@@ -102,9 +102,9 @@ def test_torchx_local_scheduler_runs_the_same_job_through_the_cli(tmp_path):
 @pytest.mark.slow
 def test_torchx_local_failure_names_the_failing_rank(tmp_path):
     run = tmp_path / "run"
-    completed = fleetscope("launch", "--scheduler", "torchx_local", "--run-dir", str(run), "--device", "cpu",
-                           "--steps", "6", "--profile", "wait=1,warmup=1,active=2", "--set", "faults.crash_rank=1",
-                           "--set", "faults.crash_step=4", "--no-post", cwd=tmp_path)
+    completed = fleetscope("launch", "--scheduler", "torchx_local", "--run-dir", str(run), "--nproc-per-node", "2",
+                           "--device", "cpu", "--steps", "6", "--profile", "wait=1,warmup=1,active=2",
+                           "--set", "faults.crash_rank=1", "--set", "faults.crash_step=4", "--no-post", cwd=tmp_path)
     assert completed.returncode == 1
     assert "InjectedFault: injected crash on rank 1 at step 4" in completed.stderr
     assert json.loads((run / "job.json").read_text())["status"] == "failed"

@@ -205,7 +205,8 @@ def test_a_tiny_bucket_is_advised_larger_and_the_relaunch_is_faster(tmp_path, ca
     from fleetscope.analysis.advise import advise
 
     run = tmp_path / "tiny_bucket"
-    completed = fleetscope("launch", "--run-dir", str(run), "--parallel", "ddp", "--device", "cpu", "--steps", "14",
+    completed = fleetscope("launch", "--nproc-per-node", "2", "--run-dir", str(run), "--parallel", "ddp", "--device",
+                           "cpu", "--steps", "14",
                            "--batch-size", "2", "--seq-len", "32", "--profile", "wait=1,warmup=1,active=2,repeat=1",
                            "--set", f"parallel.bucket_cap_mb={TINY_BUCKET_MB:g}", timeout=600)
     assert completed.returncode == 0, completed.stderr[-4000:]

@@ -36,7 +36,8 @@ def check_run(run: Path, *, windows: int, steps: list[int]) -> dict:
 
 def test_ddp_tutorial_script_with_the_windows_line(tmp_path):
     run = tmp_path / "run"
-    completed = fleetscope("launch", "--run-dir", str(run), "--profile", "wait=1,warmup=1,active=2,repeat=2",
+    completed = fleetscope("launch", "--nproc-per-node", "2", "--run-dir", str(run), "--profile",
+                           "wait=1,warmup=1,active=2,repeat=2",
                            "--", "python", str(EXAMPLES / "ddp_windows.py"), "--steps", "10", cwd=tmp_path)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     check_run(run, windows=2, steps=[2, 3, 6, 7])
@@ -46,7 +47,8 @@ def test_ddp_tutorial_script_with_the_windows_line(tmp_path):
 
 def test_script_driving_torch_profiler_with_trace_handler(tmp_path):
     run = tmp_path / "run"
-    completed = fleetscope("launch", "--run-dir", str(run), "--", "python", str(EXAMPLES / "own_profiler.py"),
+    completed = fleetscope("launch", "--nproc-per-node", "2", "--run-dir", str(run), "--", "python",
+                           str(EXAMPLES / "own_profiler.py"),
                            "--steps", "10", cwd=tmp_path)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     check_run(run, windows=2, steps=[2, 3, 6, 7])
@@ -56,7 +58,7 @@ def test_script_driving_torch_profiler_with_trace_handler(tmp_path):
 def test_torchtitan_layout_collected_with_collect_traces(tmp_path):
     run = tmp_path / "run"
     pattern = "outputs/profiling/traces/iteration_*/rank*_trace.json.gz"
-    completed = fleetscope("launch", "--run-dir", str(run), "--collect-traces", pattern,
+    completed = fleetscope("launch", "--nproc-per-node", "2", "--run-dir", str(run), "--collect-traces", pattern,
                            "--", "python", str(EXAMPLES / "torchtitan_layout.py"), "--dump-folder", "outputs",
                            "--steps", "10", cwd=tmp_path)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
@@ -77,7 +79,8 @@ def test_a_failing_user_module_fails_the_launch_and_its_status(tmp_path):
     script = tmp_path / "crash.py"
     script.write_text("import os, sys\nif os.environ['RANK'] == '1':\n    raise SystemExit(3)\n")
     run = tmp_path / "run"
-    completed = fleetscope("launch", "--run-dir", str(run), "--no-post", "--", "-m", "crash", cwd=tmp_path)
+    completed = fleetscope("launch", "--nproc-per-node", "2", "--run-dir", str(run), "--no-post", "--", "-m", "crash",
+                           cwd=tmp_path)
     assert completed.returncode == 1
     status = fleetscope("status", str(run), cwd=tmp_path)
     assert status.returncode == 1 and "failed" in status.stdout
@@ -85,7 +88,7 @@ def test_a_failing_user_module_fails_the_launch_and_its_status(tmp_path):
 
 def test_ddp_script_through_torchx_local(tmp_path):
     run = tmp_path / "run"
-    completed = fleetscope("launch", "--scheduler", "torchx_local", "--run-dir", str(run),
+    completed = fleetscope("launch", "--nproc-per-node", "2", "--scheduler", "torchx_local", "--run-dir", str(run),
                            "--profile", "wait=1,warmup=1,active=2,repeat=2",
                            "--", "python", str(EXAMPLES / "ddp_windows.py"), "--steps", "10", cwd=tmp_path)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]

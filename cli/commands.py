@@ -30,14 +30,23 @@ from .render import print_failed_job, print_outputs, print_state_change, print_s
 
 
 def register_launch(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("launch", help="start a training job (local torchrun or Slurm)")
+    parser = sub.add_parser("launch", help="start a training job (local torchrun or Slurm)",
+                            description=LAUNCH_DESCRIPTION)
     add_job_arguments(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the exact command; run nothing")
     parser.add_argument("--resume", action="store_true", help="allow an existing run directory (resume)")
-    parser.add_argument("--no-post", action="store_true", help="skip gather/analyze/merge after the job")
+    parser.add_argument("--no-postprocess", dest="no_post", action="store_true",
+                        help="skip gather/analyze/merge after the job")
+    parser.add_argument("--no-post", dest="no_post", action="store_true", help=argparse.SUPPRESS)  # older spelling
     parser.add_argument("--wait", action="store_true",
                         help="Slurm: wait for the job and its post-processing, then print the outcome")
     parser.set_defaults(handler=handle_launch)
+
+
+LAUNCH_DESCRIPTION = (
+    "Start a training job: fleetscope's trainer, or your program after --. Every rank runs with NVLink "
+    "multicast off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1: NVLS and "
+    "symmetric-memory multicast can fail or hang on shared multi-GPU hosts); --env NAME=VALUE overrides any of them.")
 
 
 def handle_launch(args: argparse.Namespace) -> int:
@@ -79,10 +88,12 @@ def report_submission(spec: JobSpec, plan: LaunchPlan, outcome: LaunchOutcome, *
 
 def register_demo(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("demo", help="2-rank CPU run of the tiny MoE, profiled, analyzed, merged")
-    parser.add_argument("--runs-root", default="runs")
-    parser.add_argument("--model", default="qwen3_moe")
-    parser.add_argument("--parallel", default="fsdp")
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--runs-root", default="runs", help="where the run directory is created (default: runs)")
+    parser.add_argument("--model", default="qwen3_moe",
+                        help="model family: mixtral, qwen3_moe, qwen2_moe, olmoe, deepseek_v3, gpt_oss "
+                             "(default: qwen3_moe)")
+    parser.add_argument("--parallel", default="fsdp", help="parallel mode: ddp, fsdp, tp, fsdp_tp (default: fsdp)")
+    parser.add_argument("--steps", type=int_at_least(1), default=10, help="training steps (default: 10)")
     parser.set_defaults(handler=handle_demo)
 
 
@@ -150,6 +161,9 @@ def handle_collect(args: argparse.Namespace) -> int:
     from ..traces.collect import collect_traces
     from ..traces.launch_env import restart_attempt
 
+    if not RunLayout.at(args.run_dir).root.is_dir():
+        raise UsageError(f"{RunLayout.at(args.run_dir).root}: no such run directory (collect-traces files traces "
+                         "into a run that exists; it creates none)")
     collection = collect_traces(str(Path(args.pattern).expanduser().absolute()), RunLayout.at(args.run_dir),
                                 ranks=set(args.ranks) if args.ranks is not None else None,
                                 attempt=restart_attempt())
@@ -165,7 +179,36 @@ def register_postprocess(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=handle_postprocess)
 
 
+def postprocess_refusal(run_dir: str) -> int | None:
+    """Before postprocess writes anything into `run_dir` (manifest.json, report/): EXIT_USAGE for a path that
+    is missing or not a directory, EXIT_FAILED for a directory with no traces/ folder of traces (not a run:
+    $HOME, /, an empty folder), after saying so; None to go on."""
+    import os
+    import stat
+
+    from ..traces.kineto import find_trace_like_entries
+
+    layout = RunLayout.at(run_dir)
+    try:
+        is_dir = stat.S_ISDIR(os.stat(layout.root).st_mode)
+    except OSError as error:
+        print(f"fleetscope postprocess: {layout.root}: {error.strerror or error}", file=sys.stderr)
+        return EXIT_USAGE
+    if not is_dir:
+        print(f"fleetscope postprocess: {layout.root}: not a directory", file=sys.stderr)
+        return EXIT_USAGE
+    traces = layout.traces_dir
+    if traces.is_symlink() or not traces.is_dir() or not find_trace_like_entries(traces):
+        print(f"fleetscope postprocess: {layout.root}: no traces under {traces.name}/ (not a run directory, or "
+              "a run that recorded none): nothing written", file=sys.stderr)
+        return EXIT_FAILED
+    return None
+
+
 def handle_postprocess(args: argparse.Namespace) -> int:
+    refused = postprocess_refusal(args.run_dir)
+    if refused is not None:
+        return refused
     if args.slurm:
         return fanout_commands.handle_fanout_postprocess(args)
     fanout_commands.refuse_slurm_only_flags(args)
@@ -371,7 +414,8 @@ def handle_compare(args: argparse.Namespace) -> int:
     refused = cause_commands.environment_refusal(args)
     if refused is not None:
         return refused
-    comparison = compare(args.base, args.new, threshold_pct=args.threshold)
+    comparison = compare(args.base, args.new, threshold_pct=args.threshold,
+                         allow_different_jobs=args.allow_different_jobs)
     print(render_comparison(comparison))
     return comparison.exit_code
 

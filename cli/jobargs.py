@@ -30,9 +30,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                      help="processes per node, one per GPU (default: 1 with local and torchx_local, as torchrun; "
                           "on Slurm it must be given: fleetscope does not guess a node's GPUs)")
     job.add_argument("--run-dir", default=None, help="run directory (default: RUNS_ROOT/<model>-<mode>-<time>)")
-    job.add_argument("--runs-root", default="runs", help="where new run directories are created")
+    job.add_argument("--runs-root", default="runs", help="where new run directories are created (default: runs)")
     job.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                     help="environment for every rank (repeatable)")
+                     help="environment for every rank (repeatable; default: none besides multicast off, above)")
     job.add_argument("--python", default=None, help="python on the nodes (default: this interpreter)")
     add_train_arguments(parser.add_argument_group("training (any field: --set section.field=value)"))
     slurm = parser.add_argument_group("slurm (submitit, torchx)")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from ..trainer.config import ConfigError
 from ..traces.validate import UsageError
-from . import cause_commands, commands, exit_codes, run_commands, tune_command
+from . import cause_commands, commands, config_command, exit_codes, run_commands, tune_command
 from .exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 
 
@@ -17,7 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleetscope", description=f"{__doc__}\n{exit_codes.__doc__}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register in [*commands.REGISTRY, *run_commands.REGISTRY, *cause_commands.REGISTRY, *tune_command.REGISTRY]:
+    for register in [*commands.REGISTRY, *run_commands.REGISTRY, *cause_commands.REGISTRY, *tune_command.REGISTRY,
+                     *config_command.REGISTRY]:
         register(sub)
     return parser
 

@@ -8,6 +8,7 @@ field. Any field can be set from the command line with `--set section.field=valu
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -249,6 +250,10 @@ class ProfilerSchedule:
     """At most this many triggered windows per run attempt (a sick job cannot fill the disk)."""
     trigger_cooldown: int = 50
     """Steps after a triggered window ends before a trigger may fire again."""
+    cupti_teardown: bool = True
+    """Unsubscribe CUPTI after each window (`TEARDOWN_CUPTI=1` on every rank, traces/cupti.py): steps after a
+    window then cost what unprofiled steps cost. Applied on CUDA >= 12.6 with windows at least one step apart
+    (wait >= 1 or a single window); a TEARDOWN_CUPTI the user sets wins."""
 
     def __post_init__(self) -> None:
         for name in ("skip_first", "wait", "warmup", "repeat", "trigger_warmup", "max_triggered_windows",
@@ -266,6 +271,11 @@ class ProfilerSchedule:
     @property
     def cycle_steps(self) -> int:
         return self.wait + self.warmup + self.active
+
+    @property
+    def windows_apart(self) -> bool:
+        """Planned windows leave at least one step between them (a profiler never starts right after one stopped)."""
+        return self.wait >= 1 or self.repeat == 1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -610,7 +620,12 @@ def apply_overrides(config: Any, assignments: list[str]) -> Any:
 def _field_type(cls: type, path: list[str], key: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    require(path[0] in names, key, f"unknown setting; known here: {', '.join(sorted(names))}")
+    if path[0] not in names:
+        close = difflib.get_close_matches(path[0], names, n=1)
+        parents = key.split(".")[:-len(path)]
+        hint = f"did you mean {'.'.join([*parents, close[0], *path[1:]])}? " if close else ""
+        raise ConfigError(f"{key}: unknown setting; {hint}known here: {', '.join(sorted(names))} "
+                          "(`fleetscope config` lists every field)")
     hint = hints[path[0]]
     is_section = dataclasses.is_dataclass(hint)
     if len(path) == 1:
@@ -697,13 +712,26 @@ TRAIN_SHORTCUTS: dict[str, tuple[str, str]] = {
 
 def add_train_arguments(parser: Any) -> None:
     """The training flags: a few shortcuts, --profile, and --set for any field."""
-    parser.add_argument("--steps", type=int, default=None, help="training steps")
+    defaults = TrainConfig(run_dir="-")
+    parser.add_argument("--steps", type=int, default=None, help=f"training steps (default: {defaults.steps})")
     for flag, (key, choices) in TRAIN_SHORTCUTS.items():
-        parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, default=None, help=f"{choices} ({key})")
+        default = format_value(config_value(defaults, key))
+        parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, default=None,
+                            help=f"{choices} ({key}; default: {default})")
     parser.add_argument("--profile", default=None, metavar="wait=1,warmup=1,active=2,repeat=1",
-                        help="profiler schedule fields, comma separated; 'off' disables profiling")
+                        help="profiler schedule fields, comma separated; 'off' disables profiling (default: "
+                             f"wait={defaults.profiler.wait},warmup={defaults.profiler.warmup},"
+                             f"active={defaults.profiler.active},repeat={defaults.profiler.repeat})")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                        help="any config field, e.g. --set performance.compile=default (repeatable)")
+                        help="any config field, e.g. --set performance.compile=default (repeatable; "
+                             "`fleetscope config` lists them all; default: none)")
+
+
+def config_value(config: Any, key: str) -> Any:
+    """The value of a dotted field, e.g. `parallel.tp`."""
+    for name in key.split("."):
+        config = getattr(config, name)
+    return config
 
 
 def train_assignments(args: Any) -> list[str]:

@@ -12,6 +12,7 @@ returns a `Finding` or None, and its docstring says when it fires and how it est
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shlex
 from dataclasses import dataclass, field
@@ -24,6 +25,14 @@ from fleetscope.analysis.compare import steady_metrics
 from fleetscope.analysis.cross_rank.bandwidth import INTER_NODE, INTRA_NODE, PEAK_BUSBW_GBPS
 from fleetscope.analysis.cross_rank.causes import CAUSE_HOST, CAUSE_SLOW_DEVICE, CAUSE_WORK
 from fleetscope.analysis.cross_rank.moe import MoeFinding, MoeLayerReport, MoeRankLayer, MoeReport
+from fleetscope.analysis.quantities import (
+    JobStraggler,
+    bounded_gain,
+    job_straggler,
+    metrics_basis,
+    metrics_step_time_ms,
+    step_ranges,
+)
 from fleetscope.analysis.report.model import Report
 from fleetscope.traces.jobfile import read_job_record
 from fleetscope.traces.layout import RunLayout
@@ -59,6 +68,9 @@ INPUT_WAIT_SHARE = 0.5
 @dataclass(frozen=True, kw_only=True)
 class Evidence:
     step_ms: float | None = None
+    """The run's step time from step metrics (analysis/quantities.py metrics_step_time_ms)."""
+    step_basis: str = ""
+    """Where step_ms comes from (analysis/quantities.py metrics_basis)."""
     data_ms: float | None = None
     """The trace's DataLoader fetch time per step where the trace has it (slowest rank, median over
     steps), else the step metrics' data_ms: the metric's span also holds whatever else runs before the
@@ -89,6 +101,10 @@ class Evidence:
     overlap_pct: float | None = None
     stragglers: list[Any] = field(default_factory=list)
     """The report's straggler cause findings (causes.py), all windows."""
+    straggler_windows: list[int | None] = field(default_factory=list)
+    """The window of each of `stragglers`, in the same order."""
+    job_straggler: JobStraggler | None = None
+    """The rank the report's verdict names (analysis/quantities.py job_straggler)."""
     config: dict[str, Any] = field(default_factory=dict)
     """job.json spec.train: the trainer configuration of the run."""
     moe: MoeReport | None = None
@@ -153,6 +169,18 @@ class Finding:
     why: str
     apply: Change | None = None
     """The change as a relaunch can make it (None: an action for a person, e.g. replacing a GPU)."""
+    gain_of_ms: float | None = None
+    """The step time expected_gain_pct is of (analysis/quantities.py Gain)."""
+    gain_basis: str = ""
+    """Where gain_of_ms comes from ("step metrics, steady steps 4-9 (6), slowest rank per step")."""
+    recovers: str = ""
+    """The time the change recovers (RECOVERS): findings recovering the same time overlap, not additive."""
+    overlaps: list[str] = field(default_factory=list)
+    """Rules of the other findings that recover the same time as this one."""
+    ranks: list[int] = field(default_factory=list)
+    """Ranks the finding is about (empty: every rank)."""
+    windows: list[int | None] = field(default_factory=list)
+    """Profiling windows its trace evidence comes from (empty: step metrics or configuration only)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,12 +189,27 @@ class Advice:
     findings: list[Finding] = field(default_factory=list)
     """Largest expected gain first (findings without an estimate last)."""
     notes: list[str] = field(default_factory=list)
+    combined_gain_ms: float | None = None
+    """At most this much per step from all findings together: per recovered time the largest gain, summed,
+    never more than the step (overlapping findings count once)."""
+    combined_gain_of_ms: float | None = None
+    combined_gain_basis: str = ""
+
+
+RECOVERS = {
+    "data_workers": "input wait", "cuda_graphs": "host-side time", "gradient_buckets": "exposed communication",
+    "allocator": "allocator", "memory_pressure": "memory", "moe_load_balance": "expert imbalance",
+    "moe_expert_placement": "expert imbalance", "moe_ep_degree": "all-to-all exchange",
+}
+"""The time each rule's change recovers; the straggler rule's depends on its cause (_straggler_recovers)."""
 
 
 def _gain(evidence: Evidence, gain_ms: float | None) -> tuple[float | None, float | None]:
-    if gain_ms is None or not evidence.step_ms:
-        return gain_ms, None
-    return gain_ms, 100.0 * gain_ms / evidence.step_ms
+    """A gain against the run's step time (step metrics), bounded by it (analysis/quantities.py)."""
+    bounded = bounded_gain(gain_ms, evidence.step_ms, evidence.step_basis)
+    if bounded is None:
+        return (None if gain_ms is None or not math.isfinite(gain_ms) else max(gain_ms, 0.0)), None
+    return bounded.ms, bounded.pct
 
 
 DATA_WORKERS_CHANGE = settings_change(f"data.num_workers={RECOMMENDED_WORKERS}", "data.persistent_workers=true")
@@ -365,35 +408,69 @@ _STRAGGLER_CHANGES = {
                        "clocks, power and thermals (nvidia-smi -q -d PERFORMANCE)",
     CAUSE_WORK: "balance the work: for MoE, raise the router's load-balancing loss or the expert capacity so "
                 "tokens spread evenly",
-    CAUSE_HOST: "find the host-side delay on that rank (its CPU threads in the merged trace: data loading, "
-                "syncs, other processes on its CPUs); pin its CPUs or give it more data workers",
+    CAUSE_HOST: "find the host-side delay on that rank (its CPU threads in the merged trace: syncs, Python, "
+                "other processes on its CPUs) and pin its CPUs",
 }
 
 
 def straggler(e: Evidence) -> Finding | None:
-    """The rank causing most of the waiting (>= STRAGGLER_SHARE) for a cause with a remedy; gain: the mean
-    what-if saving over its steps (causes.py). A host-side delay that is its DataLoader (INPUT_WAIT_SHARE)
-    gets data workers as the change."""
-    top = max((f for f in e.stragglers if f.wait_share >= STRAGGLER_SHARE and f.cause in _STRAGGLER_CHANGES),
-              key=lambda f: f.wait_share, default=None)
-    if top is None:
+    """The rank the verdict names (analysis/quantities.py job_straggler: most waiting caused over all windows)
+    when it causes >= STRAGGLER_SHARE of the waiting for a cause with a remedy. Its cause: its cause finding
+    in the window where it causes the largest share. Gain: the mean what-if saving over its steps in every
+    window (causes.py, clamped to the step's compute floor), as a share of those steps' mean time. A host-side
+    delay that is its DataLoader (INPUT_WAIT_SHARE of its lateness) gets data workers as the change; data
+    workers are never suggested when its DataLoader takes no longer than its peers'."""
+    job = e.job_straggler
+    if job is None or job.share < STRAGGLER_SHARE:
         return None
-    saved = [w.step_time_ms - w.projected_step_ms for w in top.what_if]
-    gain, pct = _gain(e, float(np.mean(saved)) if saved else None)
-    evidence = {"rank": top.rank, "wait_share": round(top.wait_share, 3),
+    own = [(f, w) for f, w in zip(e.stragglers, _padded(e.straggler_windows, len(e.stragglers))) if f.rank == job.rank]
+    top, _ = max(own, key=lambda fw: fw[0].wait_share, default=(None, None))
+    if top is None or top.cause not in _STRAGGLER_CHANGES:
+        return None
+    what_if = [(w, step) for f, w in own for step in f.what_if]
+    saved = [step.step_time_ms - step.projected_step_ms for _, step in what_if]
+    of_ms = float(np.mean([step.step_time_ms for _, step in what_if])) if what_if else None
+    bounded = bounded_gain(float(np.mean(saved)) if saved else None, of_ms, _what_if_basis(what_if))
+    windows = sorted({w for _, w in own}, key=lambda w: -1 if w is None else w)
+    evidence = {"rank": job.rank, "wait_share": round(job.share, 3), "windows": _windows_text(windows),
                 "mean_lateness_ms": round(top.mean_lateness_us / 1000, 3)}
     change, kind = {"change": _STRAGGLER_CHANGES[top.cause]}, top.cause
-    if top.cause == CAUSE_HOST and (top.data_loader_excess_ms or 0.0) >= INPUT_WAIT_SHARE * top.mean_lateness_us / 1000:
-        evidence["data_loader_excess_ms"] = round(top.data_loader_excess_ms, 3)
+    excess = top.data_loader_excess_ms
+    if top.cause == CAUSE_HOST and excess is not None and excess > 0 and excess >= INPUT_WAIT_SHARE * top.mean_lateness_us / 1000:
+        evidence["data_loader_excess_ms"] = round(excess, 3)
         if e.setting("data", "num_workers", 0) < RECOMMENDED_WORKERS:
             change = _applied(DATA_WORKERS_CHANGE, note="its input pipeline is the delay")
         else:
             change = {"change": "its input pipeline is the delay although it has workers: more workers, or a faster "
                                 "source (local copy, pre-tokenized data)"}
         kind = "input wait"
-    return Finding(rule="straggler", title=f"rank {top.rank} holds the others back ({kind})", evidence=evidence,
-                   expected_gain_ms=gain, expected_gain_pct=pct, confidence="high" if top.explained_share >= 0.8 else "medium",
-                   **change, why=top.explanation)
+    held = "holds the others back" if job.consistent else "causes the most waiting"
+    return Finding(rule="straggler", title=f"rank {job.rank} {held} ({kind})", evidence=evidence,
+                   expected_gain_ms=bounded.ms if bounded else None, expected_gain_pct=bounded.pct if bounded else None,
+                   gain_of_ms=bounded.of_ms if bounded else None, gain_basis=bounded.basis if bounded else "",
+                   confidence="high" if top.explained_share >= 0.8 and job.consistent else "medium",
+                   **change, why=top.explanation, recovers=_straggler_recovers(kind), ranks=[job.rank],
+                   windows=windows)
+
+
+def _padded(windows: list, count: int) -> list:
+    return list(windows) + [None] * (count - len(windows))
+
+
+def _windows_text(windows: list[int | None]) -> str:
+    return ", ".join("-" if w is None else str(w) for w in windows) or "-"
+
+
+def _what_if_basis(what_if: list) -> str:
+    by_window: dict = {}
+    for window, step in what_if:
+        by_window.setdefault(window, []).append(step.step)
+    parts = [f"window {'-' if w is None else w} steps {step_ranges(steps)}" for w, steps in by_window.items()]
+    return f"trace, the steps it was late in ({'; '.join(parts)}), slowest rank per step"
+
+
+def _straggler_recovers(kind: str) -> str:
+    return {"input wait": "input wait", CAUSE_HOST: "host-side time"}.get(kind, f"straggler ({kind})")
 
 
 MOE_RULES_SOURCE = "the report's MoE section"
@@ -739,9 +816,43 @@ RULES: tuple[Callable[[Evidence], Finding | None], ...] = (
 
 
 def advise_evidence(evidence: Evidence, run: str = "") -> Advice:
-    findings = [f for f in (rule(evidence) for rule in RULES) if f is not None]
+    findings = [_with_basis(f, evidence) for f in (rule(evidence) for rule in RULES) if f is not None]
+    findings = _mark_overlaps(findings)
     findings.sort(key=lambda f: -(f.expected_gain_ms if f.expected_gain_ms is not None else -1.0))
-    return Advice(run=run, findings=findings)
+    combined = _combined_gain(findings, evidence)
+    return Advice(run=run, findings=findings, combined_gain_ms=combined.ms if combined else None,
+                  combined_gain_of_ms=combined.of_ms if combined else None,
+                  combined_gain_basis=combined.basis if combined else "")
+
+
+def _with_basis(finding: Finding, e: Evidence) -> Finding:
+    """The denominator of a rule's percentage, where the rule took it from the run's step time (_gain)."""
+    changes: dict[str, Any] = {}
+    if not finding.recovers:
+        changes["recovers"] = RECOVERS.get(finding.rule, finding.rule)
+    if finding.expected_gain_pct is not None and finding.gain_of_ms is None:
+        changes.update(gain_of_ms=e.step_ms, gain_basis=e.step_basis)
+    return dataclasses.replace(finding, **changes) if changes else finding
+
+
+def _mark_overlaps(findings: list[Finding]) -> list[Finding]:
+    """Findings that recover the same time name each other: their gains are not additive."""
+    by_time: dict[str, list[str]] = {}
+    for f in findings:
+        by_time.setdefault(f.recovers, []).append(f.rule)
+    return [dataclasses.replace(f, overlaps=[r for r in by_time[f.recovers] if r != f.rule]) for f in findings]
+
+
+def _combined_gain(findings: list[Finding], e: Evidence):
+    """Per recovered time the largest gain (as a share of its own step), summed, against the run's step time;
+    never more than the step."""
+    best: dict[str, float] = {}
+    for f in findings:
+        if f.expected_gain_pct is not None:
+            best[f.recovers] = max(best.get(f.recovers, 0.0), f.expected_gain_pct)
+    if not best or not e.step_ms:
+        return None
+    return bounded_gain(e.step_ms * sum(best.values()) / 100.0, e.step_ms, e.step_basis)
 
 
 def advise(run_dir: str | Path) -> Advice:
@@ -787,8 +898,10 @@ def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
         return float(np.mean(known)) if known else None
 
     trace_data_ms = _trace_data_loader_ms(report)
+    steady = steady_metrics(layout)
+    windows = report.windows if report else []
     return Evidence(
-        step_ms=per_step_max("step_time_ms"),
+        step_ms=metrics_step_time_ms(steady), step_basis=metrics_basis(steady),
         data_ms=trace_data_ms if trace_data_ms is not None else per_step_max("data_ms"),
         data_source="trace DataLoader ranges" if trace_data_ms is not None else "step metrics data_ms",
         comm_exposed_ms=per_step_max("comm_exposed_ms"), comm_buckets=per_step_max("comm_buckets"),
@@ -800,7 +913,9 @@ def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
         idle_pct=mean_of([u.idle_pct for u in utilization]),
         exposed_comm_pct=mean_of([100 * u.exposed_comm_us / u.span_us for u in utilization if u.span_us > 0]),
         overlap_pct=mean_of([u.overlap_pct for u in utilization]),
-        stragglers=[f for w in (report.windows if report else []) for f in w.causes.findings],
+        stragglers=[f for w in windows for f in w.causes.findings],
+        straggler_windows=[w.window for w in windows for _ in w.causes.findings],
+        job_straggler=job_straggler(windows),
         config=train if isinstance(train, dict) else {},
         moe=report.moe if report else None, rank_hosts={r.rank: r.host for r in (report.ranks if report else [])})
 

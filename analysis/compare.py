@@ -4,9 +4,12 @@ Each side is a run directory or a report JSON. Two sources of numbers:
   - step metrics (`metrics/rank<R>.jsonl`, the trainer's per-step lines), over steady steps: every step
     except each rank's first (start-up) and those recorded inside a profiler window (profiler overhead).
     throughput_tokens_per_s = the sum over ranks of each rank's median tokens/s;
-    step_time_ms = the median over ranks of each rank's median step time.
+    step_time_ms = the median over steady steps of the slowest rank's step time (quantities.py).
   - the trace report (report.json, or analyze() run without writing when a run directory has none):
-    trace_step_time_ms (mean ProfilerStep time over all ranks), busy/idle/comm/overlap percentages.
+    trace_step_time_ms (the report's step time: median over profiled steps of the slowest rank, quantities.py),
+    busy/idle/comm/overlap percentages (changes in percentage points, not relative).
+Runs of different jobs (world size, model, parallel layout, batch, sequence, precision: job_identity.py) are
+refused unless allow_different_jobs.
 
 The run regresses (exit code 1) when throughput drops, or step time rises, by at least threshold_pct.
 Gates: throughput_tokens_per_s and step_time_ms when both sides have step metrics, else
@@ -25,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 from fleetscope.analysis.analyze import analyze, load_report_json
+from fleetscope.analysis.job_identity import DifferentJobs, differences_text, identity_differences, job_identity
+from fleetscope.analysis.quantities import is_share, metrics_basis, metrics_step_time_ms, steady_step_records
 from fleetscope.analysis.report.model import Report
 from fleetscope.traces.formats import read_metric_records
 from fleetscope.traces.layout import REPORT_DIR, STEP_METRICS_RE, RunLayout
@@ -44,7 +49,9 @@ class MetricDelta:
     gated: bool
     """Part of the exit decision."""
     delta_pct: float | None = None
-    """(new - base) / base * 100; None when a side lacks the metric."""
+    """(new - base) / base * 100; None when a side lacks the metric, or for a percentage metric."""
+    delta_points: float | None = None
+    """new - base in percentage points, for a percentage metric (`*_pct`, quantities.is_share)."""
     regression: bool = False
     """Gated, and worse by at least the threshold."""
 
@@ -90,13 +97,20 @@ class _Side:
     """Rank -> its steady step-metric lines (empty when the run has no metrics)."""
     notes: list[str] = field(default_factory=list)
     """Metrics files with bad lines or that could not be read."""
+    identity: dict[str, str] = field(default_factory=dict)
+    """What job it is (job_identity.py)."""
 
 
-def compare(base: str | Path, new: str | Path, *, threshold_pct: float = DEFAULT_THRESHOLD_PCT) -> Comparison:
-    """Compare two runs (run directories or report JSONs); `Comparison.exit_code` is the CI answer."""
+def compare(base: str | Path, new: str | Path, *, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
+            allow_different_jobs: bool = False) -> Comparison:
+    """Compare two runs (run directories or report JSONs); `Comparison.exit_code` is the CI answer. Runs of
+    different jobs (job_identity.py) raise DifferentJobs (exit 2) unless `allow_different_jobs`."""
     if not isinstance(threshold_pct, (int, float)) or not math.isfinite(threshold_pct) or threshold_pct <= 0:
         raise UsageError(f"threshold_pct must be a finite number > 0, got {threshold_pct!r}")
     before, after = _load_side(Path(base)), _load_side(Path(new))
+    differences = identity_differences([before.identity, after.identity])
+    if differences and not allow_different_jobs:
+        raise DifferentJobs(differences)
     before, after, rank_notes = _common_ranks(before, after)
     with_metrics = bool(before.steady) and bool(after.steady)
     metrics = _metric_deltas(before, after, with_metrics, threshold_pct)
@@ -105,6 +119,12 @@ def compare(base: str | Path, new: str | Path, *, threshold_pct: float = DEFAULT
               if not side.report.complete]
     if not with_metrics:
         notes.append("step metrics missing on a side: trace step time is the gate")
+    if differences:
+        notes.append(f"different jobs compared (--allow-different-jobs): {differences_text(differences)}")
+    sizes = [side.identity.get("world size", "?") for side in (before, after)]
+    notes.append(f"world size {sizes[0]} -> {sizes[1]}; step_time_ms: {metrics_basis(before.steady)} -> "
+                 f"{metrics_basis(after.steady)}; trace_step_time_ms: the report's step time (median, "
+                 f"{before.report.step_time_basis or 'trace'} -> {after.report.step_time_basis or 'trace'})")
     return Comparison(base_path=before.path, new_path=after.path, threshold_pct=threshold_pct,
                       metrics=metrics, ranks=_rank_deltas(before.report, after.report), notes=notes)
 
@@ -137,7 +157,7 @@ def _load_side(path: Path) -> _Side:
     else:
         raise FileNotFoundError(f"{path}: no such run directory or report")
     steady, notes = read_steady_metrics(RunLayout.at(run_dir)) if run_dir is not None else ({}, [])
-    return _Side(str(path), report, steady, notes)
+    return _Side(str(path), report, steady, notes, job_identity(run_dir, report.world_size))
 
 
 
@@ -162,8 +182,7 @@ def read_steady_metrics(layout: RunLayout) -> tuple[dict[int, list[dict]], list[
         lines = read.records
         if not lines:
             continue
-        first_step = min(m["step"] for m in lines)
-        kept = [m for m in lines if m["step"] != first_step and not m.get("profiled", False)]
+        kept = steady_step_records(lines)
         if kept:
             steady[int(match.group(1))] = kept
     return steady, notes
@@ -180,9 +199,8 @@ def _throughput(side: _Side) -> float | None:
 
 
 def _step_time(side: _Side) -> float | None:
-    per_rank = [_median_of(lines, "step_time_ms") for lines in side.steady.values()]
-    per_rank = [v for v in per_rank if v is not None]
-    return float(np.median(per_rank)) if per_rank else None
+    """The run's step time from step metrics (quantities.py): median over steady steps of the slowest rank."""
+    return metrics_step_time_ms(side.steady)
 
 
 def _rank_mean(report: Report, attribute: str) -> float | None:
@@ -198,7 +216,7 @@ def _metric_deltas(before: _Side, after: _Side, with_metrics: bool, threshold_pc
             ("step_time_ms", _step_time(before), _step_time(after), False, True),
             ("mfu_pct", _median_all(before, "mfu_pct"), _median_all(after, "mfu_pct"), True, False),
         ]
-    trace_step = [s.report.step_time.mean_ms if s.report.step_time else None for s in (before, after)]
+    trace_step = [s.report.step_time.median_ms if s.report.step_time else None for s in (before, after)]
     rows.append(("trace_step_time_ms", *trace_step, False, not with_metrics))
     for attribute, higher_is_better in (("busy_pct", True), ("idle_pct", False), ("comm_pct", False),
                                         ("overlap_pct", True)):
@@ -213,6 +231,9 @@ def _median_all(side: _Side, key: str) -> float | None:
 
 def _delta(name: str, base: float | None, new: float | None, higher_is_better: bool, gated: bool,
            threshold_pct: float) -> MetricDelta:
+    if base is not None and new is not None and is_share(name):
+        return MetricDelta(name=name, base=base, new=new, higher_is_better=higher_is_better, gated=gated,
+                           delta_points=new - base)
     if base is None or new is None or base == 0:
         return MetricDelta(name=name, base=base, new=new, higher_is_better=higher_is_better, gated=gated)
     change_pct = 100.0 * (new - base) / abs(base)

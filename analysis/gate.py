@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 from fleetscope.analysis.compare import DEFAULT_THRESHOLD_PCT, steady_metrics
+from fleetscope.analysis.job_identity import DifferentJobs, differences_text, identity_differences, job_identity
 from fleetscope.traces.environment import FINGERPRINT_FIELDS
 from fleetscope.traces.jobfile import read_job_record
 from fleetscope.traces.layout import RunLayout
@@ -114,11 +115,18 @@ class GateResult:
         return f"REGRESSION (threshold {self.threshold_pct:g}%, every new run worse): {worst}"
 
 
+PRACTICAL_CHANGE_PCT = 1.0
+"""A change smaller than this (in percent) is "within the noise" whatever its interval: step times of one
+job move by that much from run to run on a quiet machine."""
+
+
 def direction(metric: MetricGate) -> str:
     """"gain" when the bootstrap interval lies wholly on the better side of no change, "loss" when wholly on
-    the worse side, else "unclear" (also for an ungated metric). Says which way a deliberate change moved
-    a metric; the threshold decides only regressions."""
-    if not metric.gated or metric.interval_pct is None:
+    the worse side, else "unclear" (also for an ungated metric, and for a change below PRACTICAL_CHANGE_PCT).
+    Says which way a deliberate change moved a metric; the threshold decides only regressions."""
+    if not metric.gated or metric.interval_pct is None or metric.change_pct is None:
+        return "unclear"
+    if abs(metric.change_pct) < PRACTICAL_CHANGE_PCT:
         return "unclear"
     low, high = metric.interval_pct
     better_up = metric.higher_is_better
@@ -152,8 +160,9 @@ def _is_number(value: Any) -> bool:
 
 
 def gate(base_runs: list[str | Path], new_runs: list[str | Path], *, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
-         allow_env_change: bool = False, seed: int = DEFAULT_SEED) -> GateResult:
-    """Gate NEW against BASE (each a list of run directories); `GateResult.exit_code` is the CI answer."""
+         allow_env_change: bool = False, seed: int = DEFAULT_SEED, allow_different_jobs: bool = False) -> GateResult:
+    """Gate NEW against BASE (each a list of run directories); `GateResult.exit_code` is the CI answer. Runs of
+    different jobs (job_identity.py) raise DifferentJobs (exit 2) unless `allow_different_jobs`."""
     if not threshold_pct > 0:
         raise ValueError(f"threshold_pct must be > 0, got {threshold_pct}")
     if not base_runs or not new_runs:
@@ -162,7 +171,12 @@ def gate(base_runs: list[str | Path], new_runs: list[str | Path], *, threshold_p
         if not Path(run).is_dir():
             raise FileNotFoundError(f"{run}: not a run directory")
     names = ([str(r) for r in base_runs], [str(r) for r in new_runs])
+    jobs = identity_differences([job_identity(r) for r in [*base_runs, *new_runs]])
+    if jobs and not allow_different_jobs:
+        raise DifferentJobs(jobs)
     differences, notes = environment_check([*base_runs, *new_runs])
+    if jobs:
+        notes.append(f"different jobs gated (--allow-different-jobs): {differences_text(jobs)}")
     if differences and not allow_env_change:
         return GateResult(base_runs=names[0], new_runs=names[1], threshold_pct=threshold_pct,
                           environment_differences=differences, refused=True, notes=notes)

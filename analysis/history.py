@@ -3,7 +3,9 @@
 A run is a directory with a job.json or step metrics, found at any depth below the root (its subfolders
 are not searched further). Its date: job.json `started_at`, else `created_at`, else the newest metrics file's
 modification time. Each run's values are the medians of its steady steps (gate.py). A run is marked as a
-regression of a metric when gate.py, with the up to BASELINE_RUNS runs before it as base, finds one.
+regression of a metric when gate.py, with the up to BASELINE_RUNS runs of the same job before it as base
+(job_identity.py: world size, model, parallel layout, batch, sequence, precision), finds one; a run whose job
+differs from every earlier one is gated against nothing and says so (`job_note`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from fleetscope.analysis.compare import DEFAULT_THRESHOLD_PCT
 from fleetscope.analysis.gate import DEFAULT_SEED, GATED, gate, step_samples
+from fleetscope.analysis.job_identity import differences_text, identity_differences, job_identity
 from fleetscope.traces.jobfile import read_job_record
 from fleetscope.traces.layout import RunLayout
 
@@ -30,7 +33,9 @@ class HistoryRun:
     medians: dict[str, float] = field(default_factory=dict)
     """Gated metric -> median over the run's steady steps."""
     regressions: list[str] = field(default_factory=list)
-    """Gated metrics where this run regresses against the runs before it."""
+    """Gated metrics where this run regresses against the runs of its job before it."""
+    job_note: str = ""
+    """Set when no earlier run is the same job: what differs from the run before it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,13 +79,18 @@ def run_date(run: Path) -> str:
 def history(root: str | Path, *, threshold_pct: float = DEFAULT_THRESHOLD_PCT, seed: int = DEFAULT_SEED) -> History:
     runs = sorted(find_runs(Path(root)), key=lambda r: (run_date(r), str(r)))
     entries = []
+    identities = [job_identity(run) for run in runs]
     for index, run in enumerate(runs):
         samples = step_samples(run)
         medians = {m.name: float(np.median(samples[m.name])) for m in GATED if m.name in samples}
-        regressions = []
-        if index:
-            result = gate(runs[max(0, index - BASELINE_RUNS):index], [run], threshold_pct=threshold_pct,
-                          allow_env_change=True, seed=seed)
+        regressions, note = [], ""
+        same = [runs[i] for i in range(index) if not identity_differences([identities[i], identities[index]])]
+        if same:
+            result = gate(same[-BASELINE_RUNS:], [run], threshold_pct=threshold_pct, allow_env_change=True, seed=seed)
             regressions = [m.name for m in result.regressions]
-        entries.append(HistoryRun(path=str(run), date=run_date(run), medians=medians, regressions=regressions))
+        elif index:
+            note = ("a different job from the runs before it, not gated: "
+                    + differences_text(identity_differences([identities[index - 1], identities[index]])))
+        entries.append(HistoryRun(path=str(run), date=run_date(run), medians=medians, regressions=regressions,
+                                  job_note=note))
     return History(root=str(root), threshold_pct=threshold_pct, runs=entries)

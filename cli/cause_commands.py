@@ -43,7 +43,8 @@ def handle_gate(args: argparse.Namespace) -> int:
         print("fleetscope compare: --base and --new each need at least one run directory", file=sys.stderr)
         return EXIT_USAGE
     result = gate(args.base_runs, args.new_runs, threshold_pct=args.threshold,
-                  allow_env_change=args.allow_env_change, seed=args.seed)
+                  allow_env_change=args.allow_env_change, seed=args.seed,
+                  allow_different_jobs=args.allow_different_jobs)
     print(render_gate(result), end="")
     return result.exit_code
 

@@ -5,6 +5,7 @@ import pytest
 
 from fleetscope.analysis.advise import Evidence, advise, advise_evidence
 from fleetscope.analysis.cross_rank.causes import CAUSE_HOST, CAUSE_SLOW_DEVICE, StepWhatIf, StragglerCause
+from fleetscope.analysis.quantities import JobStraggler
 from fleetscope.cli.main import main
 
 CONFIG = {"parallel": {"mode": "ddp", "bucket_cap_mb": 25.0}, "data": {"num_workers": 0},
@@ -14,6 +15,10 @@ HEALTHY = dict(step_ms=100.0, data_ms=1.0, comm_exposed_ms=2.0, peak_allocated_m
 
 
 def _rules(**changes) -> dict:
+    if changes.get("stragglers") and "job_straggler" not in changes:
+        top = max(changes["stragglers"], key=lambda f: f.wait_share)   # the report's verdict names it
+        changes["job_straggler"] = JobStraggler(rank=top.rank, caused_us=1.0, share=top.wait_share, times_last=4,
+                                                collectives=8, consistent=True, windows=(0,))
     return {f.rule: f for f in advise_evidence(Evidence(**{**HEALTHY, **changes})).findings}
 
 

@@ -53,6 +53,7 @@ from fleetscope.analysis.cross_rank.clock_align import (
 )
 from fleetscope.analysis.cross_rank.stragglers import Stragglers, others_median
 from fleetscope.analysis.per_rank.rank import RankResult
+from fleetscope.analysis.quantities import clamp_caused_wait_ms
 
 CAUSE_WORK = "work imbalance"
 CAUSE_SLOW_DEVICE = "slow device"
@@ -78,9 +79,13 @@ class StepWhatIf:
     step_time_ms: float
     """The step's time on its slowest rank."""
     caused_wait_ms: float
-    """Sum of this rank's lateness at the step's instances where it was last."""
+    """Sum of this rank's lateness at the step's instances where it was last (less what it inherited),
+    clamped to [0, step_time_ms - floor_ms] (analysis/quantities.py: clamp_caused_wait_ms)."""
     projected_step_ms: float
-    """step_time_ms - caused_wait_ms (module docstring)."""
+    """step_time_ms - caused_wait_ms (module docstring): never below floor_ms."""
+    floor_ms: float = 0.0
+    """The step's compute floor: what its other ranks computed between its collectives (analysis/quantities.py);
+    0 when not known."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,15 +139,17 @@ class CauseAnalysis:
 
 
 def find_causes(results: list[RankResult], matrix: ArrivalMatrix | None, stragglers: Stragglers,
-                clock: ClockAlignment, routing: dict[int, str] | None = None) -> CauseAnalysis:
+                clock: ClockAlignment, routing: dict[int, str] | None = None,
+                floors_ms: dict[int, float] | None = None) -> CauseAnalysis:
     """Cause of each straggler's lateness; `matrix` on the common clock (the one stragglers were found on);
-    `routing[rank]`: the MoE view's uneven routing on that rank, named in its explanation."""
+    `routing[rank]`: the MoE view's uneven routing on that rank, named in its explanation; `floors_ms[step]`:
+    a known compute floor of the step, below which no what-if goes (besides the peers' own computation)."""
     if matrix is None or not stragglers.by_wait:
         return CauseAnalysis()
     shared = matrix.columns(matrix.present.sum(axis=0) >= 2)
     terms = _instance_terms(shared)
     findings = [_finding(rank_wait.rank, rank_wait.score, shared, terms, results, clock, stragglers.min_lateness_us,
-                         (routing or {}).get(rank_wait.rank, ""))
+                         (routing or {}).get(rank_wait.rank, ""), floors_ms or {})
                 for rank_wait in stragglers.by_wait if rank_wait.times_last and rank_wait.score >= MIN_WAIT_SHARE]
     return CauseAnalysis(findings=findings)
 
@@ -183,7 +190,8 @@ def _nan_median(values: np.ndarray) -> float:
 
 
 def _finding(rank: int, share: float, m: ArrivalMatrix, terms: _Terms, results: list[RankResult],
-             clock: ClockAlignment, min_lateness_us: float, routing: str = "") -> StragglerCause:
+             clock: ClockAlignment, min_lateness_us: float, routing: str = "",
+             floors_ms: dict[int, float] | None = None) -> StragglerCause:
     row = m.ranks.index(rank)
     late = (terms.last_row == row) & (terms.lateness_us >= min_lateness_us)
     known = late & np.isfinite(terms.carried_us) & np.isfinite(terms.extra_idle_us) & np.isfinite(terms.extra_compute_us)
@@ -208,7 +216,7 @@ def _finding(rank: int, share: float, m: ArrivalMatrix, terms: _Terms, results: 
         mean_extra_compute_us=compute, mean_extra_idle_us=idle, mean_carried_us=carried, op_duration_ratio=ratio,
         ops_compared=compared, expected_slowdown_us=slowdown, clock_uncertainty_us=uncertainty, phase=phase,
         phase_vs_peers_pct=_phase_vs_peers_pct(results, rank, phase),
-        data_loader_excess_ms=data_loader_excess_ms(results, rank), what_if=_what_if(m, terms, late, row, results),
+        data_loader_excess_ms=data_loader_excess_ms(results, rank), what_if=_what_if(m, terms, late, row, results, floors_ms or {}),
         routing=routing)
     return _with_explanation(finding)
 
@@ -321,7 +329,7 @@ def _phase_vs_peers_pct(results: list[RankResult], rank: int, phase: str) -> flo
 
 
 def _what_if(m: ArrivalMatrix, terms: _Terms, late: np.ndarray, row: int,
-             results: list[RankResult]) -> list[StepWhatIf]:
+             results: list[RankResult], floors_ms: dict[int, float]) -> list[StepWhatIf]:
     step_times: dict[int, float] = {}
     for result in results:
         for step in result.steps:
@@ -330,9 +338,42 @@ def _what_if(m: ArrivalMatrix, terms: _Terms, late: np.ndarray, row: int,
     for column, amount in enumerate(_caused_us(m, terms, late, row)):
         if late[column]:
             caused[m.keys[column][0]] = caused.get(m.keys[column][0], 0.0) + amount / 1000.0
-    return [StepWhatIf(step=step, step_time_ms=step_times[step], caused_wait_ms=caused[step],
-                       projected_step_ms=step_times[step] - caused[step])
-            for step in sorted(step_times) if step in caused]
+    peers = _peer_compute_ms(m, row)
+    what_if = []
+    for step in sorted(step_times):
+        if step not in caused:
+            continue
+        floor = min(max(floors_ms.get(step, 0.0), peers.get(step, 0.0), 0.0), step_times[step])
+        wait = clamp_caused_wait_ms(caused[step], step_times[step], floor)
+        what_if.append(StepWhatIf(step=step, step_time_ms=step_times[step], caused_wait_ms=wait,
+                                  projected_step_ms=step_times[step] - wait, floor_ms=floor))
+    return what_if
+
+
+def _peer_compute_ms(m: ArrivalMatrix, row: int) -> dict[int, float]:
+    """step -> the computation its other ranks needed between the step's collectives (the median over them
+    of each instance's interval compute, summed, less the step's first instance, whose interval starts in the
+    step before): the step cannot be shorter were this rank on time."""
+    others = np.delete(m.interval_compute_us, row, axis=0)
+    if others.size == 0:
+        return {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # an instance no other rank took part in
+        medians = np.nanmedian(others, axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        starts = np.nanmedian(m.start_us, axis=0)
+    first: dict[int, int] = {}   # each step's first collective: its interval reaches back into the step before
+    for column, start in enumerate(starts):
+        step = m.keys[column][0]
+        if np.isfinite(start) and (step not in first or start < starts[first[step]]):
+            first[step] = column
+    floors: dict[int, float] = {}
+    for column, value in enumerate(medians):
+        step = m.keys[column][0]
+        if np.isfinite(value) and value > 0 and first.get(step) != column:
+            floors[step] = floors.get(step, 0.0) + float(value) / 1000.0
+    return floors
 
 
 def _caused_us(m: ArrivalMatrix, terms: _Terms, late: np.ndarray, row: int) -> np.ndarray:

@@ -57,5 +57,7 @@ def render_history(result) -> str:
         rows.append((run.date, run.path, *cells))
     regressed = sum(1 for r in result.runs if r.regressions)
     summary = (f"{len(result.runs)} run(s) under {result.root}; {regressed} with a regression "
-               f"(each gated against the runs before it, threshold {result.threshold_pct:g}%; '!' marks it)")
-    return (_table(rows) + "\n" if result.runs else "") + summary + "\n"
+               f"(each gated against the runs of the same job before it, threshold {result.threshold_pct:g}%; "
+               "'!' marks it; values: medians over steady steps, step metrics, slowest rank per step)")
+    jobs = [f"note: {r.path}: {r.job_note}" for r in result.runs if getattr(r, "job_note", "")]
+    return (_table(rows) + "\n" if result.runs else "") + "".join(j + "\n" for j in jobs) + summary + "\n"

@@ -73,8 +73,9 @@ def render_html(report: Report, *, trace_ranges: StepRanges | None = None) -> st
 def _header(report: Report) -> str:
     state = '<span class="ok">complete</span>' if report.complete else '<span class="bad">partial</span>'
     steps = report.step_time
-    step_line = (f"step time: mean {steps.mean_ms:.2f} ms, median {steps.median_ms:.2f} ms, "
-                 f"max {steps.max_ms:.2f} ms over {steps.count} rank-steps") if steps else "no step annotations"
+    step_line = (f"step time: median {steps.median_ms:.2f} ms, mean {steps.mean_ms:.2f} ms, "
+                 f"max {steps.max_ms:.2f} ms over {steps.count} steps ({report.step_time_basis or 'trace'})"
+                 if steps else "no step annotations")
     return (f"<h1>fleetscope report</h1><p>{escape(report.source_path)} ({escape(report.source_kind)}), "
             f"{state}; world size {report.world_size or '?'}, {len(report.ranks)} rank(s), "
             f"{len(report.windows)} window(s); created {escape(report.created_at)}</p>"
@@ -101,7 +102,8 @@ def _rank_table(ranks: list[RankSummary]) -> str:
              _f(s.step_time.max_ms if s.step_time else None, 2), _f(s.busy_pct), _f(s.idle_pct), _f(s.comm_pct),
              _f(s.overlap_pct), s.basis or "-"] for s in ranks]
     return ("<h2>Ranks</h2><p class=\"note\">Definitions: busy/idle/comm are shares of the profiled steps' "
-            "span; overlap is the share of communication time hidden behind computation.</p>"
+            "span; overlap is the share of communication time hidden behind computation; step times are each rank's own "
+            "profiled steps (trace).</p>"
             + _table(header, rows, left=(1,)))
 
 

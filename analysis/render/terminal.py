@@ -50,8 +50,8 @@ def _header(report: Report) -> str:
         f"fleetscope analysis of {report.source_path} ({report.source_kind.replace('_', ' ')}): {state}",
         f"world size {report.world_size or '?'} | {len(report.windows)} window(s) | "
         f"{len(report.ranks)} rank(s) analyzed"
-        + (f" | step time mean {steps.mean_ms:.2f} ms, median {steps.median_ms:.2f} ms over {steps.count} steps"
-           if steps else ""),
+        + (f" | step time median {steps.median_ms:.2f} ms, mean {steps.mean_ms:.2f} ms over {steps.count} steps "
+           f"({report.step_time_basis or 'trace'})" if steps else ""),
         f"verdict: {report.verdict}",
     ]
     return "\n".join(lines)
@@ -71,7 +71,7 @@ def _rank_table(report: Report) -> str:
              for row in rows]
     if len(ranks) < len(report.ranks):
         lines.append(f"... {len(report.ranks) - len(ranks)} more ranks in the JSON/HTML report")
-    return "Per rank (all windows)\n" + "\n".join(lines)
+    return "Per rank (all windows; each rank's own profiled steps, trace)\n" + "\n".join(lines)
 
 
 def _shown_ranks(report: Report):
@@ -101,8 +101,11 @@ def _stragglers(report: Report) -> str:
 
 
 def _worst_collectives(window: WindowReport) -> list[str]:
+    """The worst instances of the rank the window's verdict names first: the examples under a headline show it."""
     threshold = window.stragglers.min_lateness_us
-    worst = [i for i in window.stragglers.worst_instances if i.lateness_us >= threshold][:WORST_COLLECTIVES_SHOWN]
+    named = window.stragglers.waited_for_rank
+    late = [i for i in window.stragglers.worst_instances if i.lateness_us >= threshold]
+    worst = sorted(late, key=lambda i: (i.last_rank != named, -i.lateness_us))[:WORST_COLLECTIVES_SHOWN]
     return [f"  {step_label(i.step, prefix='step ')} {i.name} #{i.ordinal}: rank {i.last_rank} arrived {i.lateness_us / 1000:.2f} ms "
             f"after the others ({i.participants} ranks; {_extra_compute(i.extra_compute_us)})" for i in worst]
 
@@ -153,10 +156,11 @@ def _listed(title: str, lines: list[str]) -> str:
 
 def render_comparison(comparison) -> str:
     """A `compare` result as a terminal table (ends with a newline)."""
-    rows = [("metric", "base", "new", "change", "")]
+    rows = [("metric", "base", "new", "change", "gated")]
     for m in comparison.metrics:
-        mark = "REGRESSION" if m.regression else ("gate" if m.gated else "")
-        change = "-" if m.delta_pct is None else f"{m.delta_pct:+.1f}%"
+        mark = "REGRESSION" if m.regression else ("yes" if m.gated else "no")
+        change = ("-" if m.delta_pct is None and getattr(m, "delta_points", None) is None else
+                  f"{m.delta_points:+.1f} pt" if getattr(m, "delta_points", None) is not None else f"{m.delta_pct:+.1f}%")
         rows.append((m.name, _num(m.base, 2), _num(m.new, 2), change, mark))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     table = "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))

@@ -37,6 +37,11 @@ from fleetscope.analysis.per_rank.gpu_time import combine_gpu_time
 from fleetscope.analysis.per_rank.kernels import combine as combine_kernels
 from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.per_rank.steps import STEP_SOURCE_PROFILER, StepStats
+from fleetscope.analysis.quantities import (
+    job_straggler,
+    trace_basis,
+    trace_step_times,
+)
 from fleetscope.analysis.report.model import (
     MissingTrace,
     Problem,
@@ -152,7 +157,7 @@ def build_report(*, source_path: str, source_kind: str, results: list[RankResult
     ]
     windows = [window for window, _ in built]
     summaries = _rank_summaries(windows)
-    all_steps = [s.step_time_ms for w in windows for r in w.ranks for s in r.steps]
+    job_steps = list(trace_step_times(windows).values())
     return Report(
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         source_path=source_path,
@@ -163,7 +168,8 @@ def build_report(*, source_path: str, source_kind: str, results: list[RankResult
         missing=missing,
         notes=notes,
         verdict=_overall_verdict(windows, summaries, failures, missing),
-        step_time=StepStats.of(all_steps),
+        step_time=StepStats.of(job_steps),
+        step_time_basis=trace_basis(windows),
         ranks=summaries,
         windows=windows,
         trainer=trainer,
@@ -187,6 +193,7 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
     aligned = matrix.shifted(clock.offsets_us()) if matrix is not None else None
     stragglers = find_stragglers(results, aligned, min_lateness_us=min_lateness_us,
                                  cause_hints=moe_imbalance_hints(list(moe_records)))
+    paths = critical_paths(results, aligned, clock.offsets_us())
     report = WindowReport(
         window=window,
         steps=sorted({s.step for r in results for s in r.steps}),
@@ -200,7 +207,7 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
         pipeline=analyze_pipeline(results),
         notes=_window_notes(results),
         causes=find_causes(results, aligned, stragglers, clock, routing=uneven_routing_hints(list(moe_records))),
-        critical_path=critical_paths(results, aligned, clock.offsets_us()),
+        critical_path=paths,
     )
     return report, moe_window(results, aligned, list(moe_records))
 
@@ -325,25 +332,15 @@ def _waited_for_sentence(windows: list[WindowReport]) -> str:
     matched = sum(w.stragglers.matched_collectives for w in windows)
     if not matched:
         return "no collectives matched across ranks"
-    caused: dict[int, float] = defaultdict(float)
-    last: dict[int, int] = defaultdict(int)
-    taken: dict[int, int] = defaultdict(int)  # a rank outside a sub-group takes part in fewer than all
-    for window in windows:
-        for wait in window.stragglers.by_wait:
-            caused[wait.rank] += wait.caused_wait_us
-            last[wait.rank] += wait.times_last
-            taken[wait.rank] += wait.collectives
-    total = sum(caused.values())
-    top = max(caused, key=lambda r: (caused[r], -r))
-    if last[top] == 0:
+    top = job_straggler(windows)
+    if top is None:
         return f"no rank keeps the others waiting at {matched} matched collectives"
-    consistent = [w.stragglers.waited_for_rank for w in windows if w.stragglers.consistent]
-    if consistent and all(rank == top for rank in consistent) and len(consistent) * 2 >= len(windows):
-        return (f"rank {top} is the straggler: the others wait for it, last at {last[top]} of the {taken[top]} "
-                f"collectives it took part in, {100 * caused[top] / total:.0f}% of all waiting "
-                f"({caused[top] / 1000:.2f} ms){_cause_clause(windows, top)}")
-    return (f"no single straggler at collectives: rank {top} causes the most waiting "
-            f"({100 * caused[top] / total:.0f}%, last at {last[top]} of its {taken[top]})")
+    if top.consistent:
+        return (f"rank {top.rank} is the straggler: the others wait for it, last at {top.times_last} of the "
+                f"{top.collectives} collectives it took part in, {100 * top.share:.0f}% of all waiting "
+                f"({top.caused_us / 1000:.2f} ms){_cause_clause(windows, top.rank)}")
+    return (f"no single straggler at collectives: rank {top.rank} causes the most waiting "
+            f"({100 * top.share:.0f}%, last at {top.times_last} of its {top.collectives})")
 
 
 def _cause_clause(windows: list[WindowReport], rank: int) -> str:

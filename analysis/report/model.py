@@ -11,7 +11,9 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
     missing[]             {rank, window}: ranks with no trace in a window
     notes[]               plain-language remarks (attempts ignored, ranks numbered by file order, ...)
     verdict               one paragraph: slowest rank, the rank others wait for
-    step_time             StepStats over every step of every rank: {count, mean_ms, median_ms, min_ms, max_ms, std_ms}
+    step_time             StepStats over the profiled steps, per step the slowest rank's time (analysis/quantities.py):
+                          {count, mean_ms, median_ms, min_ms, max_ms, std_ms}
+    step_time_basis       where step_time comes from: "trace, profiled steps 2-3, 6-7, slowest rank per step"
     ranks[]               RankSummary, across all windows:
         rank, host, windows, step_time (StepStats | null),
         span_us, busy_pct, idle_pct, comm_pct, overlap_pct (null: no communication), basis ("gpu" | "cpu")
@@ -69,7 +71,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           late_instances, median_lateness_us, mean_lateness_us, mean_extra_compute_us,
                           mean_extra_idle_us, mean_carried_us, op_duration_ratio, ops_compared, expected_slowdown_us,
                           clock_uncertainty_us, phase, phase_vs_peers_pct, data_loader_excess_ms, what_if[] {step, step_time_ms,
-                          caused_wait_ms, projected_step_ms}, routing ("uneven routing: expert E (layer L) on
+                          caused_wait_ms (clamped to the step less floor_ms), projected_step_ms, floor_ms (what
+                          its peers computed between the step's collectives: no what-if goes below it)}, routing ("uneven routing: expert E (layer L) on
                           rank R" where the MoE section names a hot expert the rank holds; "" otherwise),
                           explanation}}: why each rank causing >= 20% of
                           the waiting is late, and its steps if it were on time (causes.py)
@@ -300,6 +303,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     verdict: str = ""
     step_time: StepStats | None = None
+    step_time_basis: str = ""
     ranks: list[RankSummary] = field(default_factory=list)
     windows: list[WindowReport] = field(default_factory=list)
     trainer: TrainerEvidence | None = None

@@ -1,0 +1,218 @@
+"""The one definition of each quantity fleetscope prints: the report, advise, both compare forms, history,
+the gate and the merged trace's counters all take their numbers from these functions, and print the basis
+string next to them ("trace, profiled steps 2-3, 6-7, slowest rank per step").
+
+step time, trace         per profiled step (a `ProfilerStep#N` or `train_step` range), the slowest rank's wall
+                         time: a synchronous job's step ends when its last rank's does. The run's figure is the
+                         StepStats of those per-step times (median first). `trace_step_times`.
+step time, step metrics  per steady step, the slowest rank's `step_time_ms`; the run's figure is the median over
+                         steady steps. Steady steps: every step of a rank's metrics except its first (start-up,
+                         compilation) and those recorded inside a profiler window (`profiled`: the profiler's own
+                         cost); `steady_step_records`. `metrics_step_times`.
+waiting caused           by a late rank at a collective: its lateness over the others, less what it inherited
+                         from an earlier collective it was also last at (causes.py); per step clamped to
+                         [0, step time - the step's compute floor]. `clamp_caused_wait_ms`.
+compute floor            of a step, for a late rank: what its other ranks computed between the step's
+                         collectives (the median over them per collective, summed; causes.py); no what-if
+                         goes below it.
+what-if                  the step's time less the waiting a rank caused in it: never below the compute floor.
+gain                     ms per step a change could save, never more than the step it is taken from less that
+                         step's floor; its percentage is of a denominator printed beside it (`Gain`).
+percentage metrics       (`*_pct`): compared in percentage points, never as a relative change (`is_share`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import numpy as np
+
+BASIS_TRACE = "trace"
+BASIS_STEP_METRICS = "step metrics"
+SLOWEST_RANK = "slowest rank per step"
+
+
+def step_ranges(steps: Iterable[int]) -> str:
+    """2, 3, 4, 7, 9, 10 -> "2-4, 7, 9-10" (steps sorted, duplicates once)."""
+    ordered = sorted(set(int(s) for s in steps))
+    if not ordered:
+        return "none"
+    parts, start, previous = [], ordered[0], ordered[0]
+    for step in ordered[1:] + [None]:
+        if step is not None and step == previous + 1:
+            previous = step
+            continue
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+        if step is not None:
+            start = previous = step
+    if len(parts) > 8:
+        parts = parts[:4] + ["..."] + parts[-3:]
+    return ", ".join(parts)
+
+
+def is_share(metric_name: str) -> bool:
+    """A percentage metric (`*_pct`): its change is told in points, not as a relative change."""
+    return metric_name.endswith("_pct")
+
+
+def finite(value: object) -> float | None:
+    """A real, finite number as float; None for anything else (bools, NaN, inf, strings)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def pct_of(part: float | None, whole: float | None) -> float | None:
+    """100 x part / whole; None when either is unknown or whole is not positive."""
+    if part is None or whole is None or not whole > 0:
+        return None
+    return 100.0 * part / whole
+
+
+# -- step time, trace --------------------------------------------------------------------------------
+
+
+def trace_step_times(windows) -> dict[tuple[int | None, int], float]:
+    """(window, step) -> the slowest rank's wall time of that profiled step, ms (module docstring)."""
+    times: dict[tuple[int | None, int], float] = {}
+    for window in windows:
+        for rank in window.ranks:
+            for step in rank.steps:
+                key = (window.window, step.step)
+                times[key] = max(times.get(key, 0.0), float(step.step_time_ms))
+    return times
+
+
+def trace_basis(windows) -> str:
+    """"trace, profiled steps 2-3, 6-7, slowest rank per step" (windows named when there are several)."""
+    steps = sorted({step for (_, step) in trace_step_times(windows)})
+    if not steps:
+        return f"{BASIS_TRACE}: no profiled steps"
+    return f"{BASIS_TRACE}, profiled steps {step_ranges(steps)}, {SLOWEST_RANK}"
+
+
+# -- step time, step metrics -------------------------------------------------------------------------
+
+
+def steady_step_records(records: list[dict]) -> list[dict]:
+    """One rank's steady step records: all but its first step and those inside profiler windows."""
+    steps = [r["step"] for r in records if isinstance(r.get("step"), int) and not isinstance(r.get("step"), bool)]
+    if not steps:
+        return []
+    first = min(steps)
+    return [r for r in records if r.get("step") != first and not r.get("profiled", False)]
+
+
+def metrics_step_times(steady: Mapping[int, list[dict]], key: str = "step_time_ms") -> dict[int, float]:
+    """step -> the slowest rank's value of `key` in that steady step (ms)."""
+    by_step: dict[int, float] = {}
+    for records in steady.values():
+        for record in records:
+            value = finite(record.get(key))
+            step = record.get("step")
+            if value is None or not isinstance(step, int):
+                continue
+            by_step[step] = max(by_step.get(step, value), value)
+    return by_step
+
+
+def metrics_step_time_ms(steady: Mapping[int, list[dict]], key: str = "step_time_ms") -> float | None:
+    """The run's step time from step metrics: the median over steady steps of the slowest rank's value."""
+    values = list(metrics_step_times(steady, key).values())
+    return float(np.median(values)) if values else None
+
+
+def metrics_basis(steady: Mapping[int, list[dict]]) -> str:
+    steps = metrics_step_times(steady)
+    if not steps:
+        return f"{BASIS_STEP_METRICS}: no steady steps"
+    return f"{BASIS_STEP_METRICS}, steady steps {step_ranges(steps)} ({len(steps)}), {SLOWEST_RANK}"
+
+
+# -- waiting, what-if, gain --------------------------------------------------------------------------
+
+
+def clamp_caused_wait_ms(caused_ms: float, step_ms: float, floor_ms: float | None) -> float:
+    """The waiting a rank caused in a step, clamped to [0, step - floor] (module docstring)."""
+    floor = min(max(floor_ms or 0.0, 0.0), step_ms)
+    return float(min(max(caused_ms, 0.0), max(step_ms - floor, 0.0)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gain:
+    """A saving per step and what its percentage is of."""
+
+    ms: float
+    of_ms: float
+    basis: str
+    """Where the denominator comes from ("step metrics, steady steps 4-9 (6), slowest rank per step")."""
+
+    @property
+    def pct(self) -> float:
+        return 100.0 * self.ms / self.of_ms
+
+    def text(self) -> str:
+        return f"{self.ms:.2f} ms/step ({self.pct:.0f}% of {self.of_ms:.2f} ms, {self.basis})"
+
+
+def bounded_gain(gain_ms: float | None, of_ms: float | None, basis: str, floor_ms: float = 0.0) -> Gain | None:
+    """A gain no larger than its step less the step's floor, nor below 0; None when either is unknown."""
+    if gain_ms is None or of_ms is None or not of_ms > 0 or not math.isfinite(gain_ms):
+        return None
+    ceiling = max(of_ms - max(floor_ms, 0.0), 0.0)
+    return Gain(ms=float(min(max(gain_ms, 0.0), ceiling)), of_ms=float(of_ms), basis=basis)
+
+
+# -- who the others wait for -------------------------------------------------------------------------
+
+CONSISTENT_WINDOW_SHARE = 0.5
+"""The job's straggler is the same rank as each window's consistent straggler in at least this share of windows."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobStraggler:
+    """The rank that causes the most waiting over all windows (stragglers.py's caused_wait_us summed)."""
+
+    rank: int
+    caused_us: float
+    share: float
+    """Of all waiting caused, all windows."""
+    times_last: int
+    collectives: int
+    consistent: bool
+    """Every window with a consistent straggler names this rank, and at least half the windows have one:
+    the verdict calls it "the straggler"; otherwise "causes the most waiting"."""
+    windows: tuple[int | None, ...]
+    """Windows where it causes the most waiting."""
+
+
+def job_straggler(windows) -> JobStraggler | None:
+    """The verdict's rank (module docstring of this class); None when no rank was ever last."""
+    caused: dict[int, float] = defaultdict(float)
+    last: dict[int, int] = defaultdict(int)
+    taken: dict[int, int] = defaultdict(int)
+    top_in: dict[int, list] = defaultdict(list)
+    for window in windows:
+        waits = window.stragglers.by_wait
+        for wait in waits:
+            caused[wait.rank] += wait.caused_wait_us
+            last[wait.rank] += wait.times_last
+            taken[wait.rank] += wait.collectives
+        if waits:
+            leader = max(waits, key=lambda w: (w.caused_wait_us, -w.rank))
+            if leader.caused_wait_us > 0:
+                top_in[leader.rank].append(window.window)
+    total = sum(caused.values())
+    if not caused or total <= 0:
+        return None
+    top = max(caused, key=lambda r: (caused[r], -r))
+    if last[top] == 0:
+        return None
+    named = [w.stragglers.waited_for_rank for w in windows if w.stragglers.consistent]
+    consistent = bool(named) and all(r == top for r in named) and len(named) >= CONSISTENT_WINDOW_SHARE * len(windows)
+    return JobStraggler(rank=top, caused_us=caused[top], share=caused[top] / total, times_last=last[top],
+                        collectives=taken[top], consistent=consistent, windows=tuple(top_in.get(top, ())))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -150,9 +151,10 @@ def register_collect(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("collect-traces", help="file traces a program wrote itself into a run directory "
                                                    "(what --collect-traces runs on every node after the job)")
     parser.add_argument("run_dir")
-    parser.add_argument("pattern", metavar="GLOB", help="e.g. 'outputs/profile_trace/iteration_*/rank*_trace.json'")
-    parser.add_argument("--rank", dest="ranks", type=int, action="append", default=None,
-                        help="collect only this rank's traces (repeatable)")
+    parser.add_argument("pattern", metavar="GLOB",
+                        help="e.g. torchtitan's 'outputs/profiling/traces/iteration_*/rank*_trace.json.gz'")
+    parser.add_argument("--ranks", "--rank", dest="ranks", type=_int_list, action="extend", default=None,
+                        metavar="R[,R...]", help="collect only these ranks' traces (repeatable; default: every rank)")
     parser.set_defaults(handler=handle_collect)
 
 
@@ -173,8 +175,14 @@ def handle_collect(args: argparse.Namespace) -> int:
 
 def register_postprocess(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("postprocess", help="gather + analyze + merge a finished run directory")
-    parser.add_argument("run_dir")
+    parser.add_argument("run_dir", help="the run directory")
     parser.add_argument("--timings", action="store_true", help="print each stage's wall time and CPU time (stderr)")
+    stages = parser.add_argument_group("what analyze and merge take (not with --slurm)")
+    stages.add_argument("--no-cache", action="store_true", help="analyze, merge: parse every trace again")
+    stages.add_argument("--no-hta", action="store_true", help="analyze: skip Holistic Trace Analysis (GPU traces)")
+    stages.add_argument("--link-peak", type=positive_number, default=None, metavar="GBPS",
+                        help="analyze: peak bus bandwidth of the links in GB/s (default: the table of known links)")
+    add_merge_selection(stages)
     fanout_commands.add_fanout_arguments(parser)
     parser.set_defaults(handler=handle_postprocess)
 
@@ -205,14 +213,22 @@ def postprocess_refusal(run_dir: str) -> int | None:
     return None
 
 
+_STAGE_FLAGS = ("no_cache", "no_hta", "link_peak", "ranks", "budget_mb")
+
+
 def handle_postprocess(args: argparse.Namespace) -> int:
     refused = postprocess_refusal(args.run_dir)
     if refused is not None:
         return refused
     if args.slurm:
+        given = [f"--{name.replace('_', '-')}" for name in _STAGE_FLAGS if getattr(args, name) not in (None, False)]
+        if given:
+            raise UsageError(f"{', '.join(given)}: not with --slurm (the fanned-out parse and its reduce take "
+                             "the defaults)")
         return fanout_commands.handle_fanout_postprocess(args)
     fanout_commands.refuse_slurm_only_flags(args)
-    post = postprocess(args.run_dir, cache_dir=args.cache_dir)
+    post = postprocess(args.run_dir, cache_dir=args.cache_dir, use_cache=not args.no_cache, use_hta=not args.no_hta,
+                       link_peak_gbps=args.link_peak, merge_options=merge_selection(args))
     print_outputs(post.outputs)
     if args.timings:
         for stage, seconds in post.seconds.items():
@@ -274,13 +290,7 @@ def register_merge(sub: argparse._SubParsersAction) -> None:
                         help="run directory, or a directory of *.json / *.json.gz traces")
     parser.add_argument("-o", "--output", default=None,
                         help="output .perfetto-trace (default: <run>/report/merged.perfetto-trace)")
-    parser.add_argument("--ranks", type=_rank_choice, default=None, metavar="all|0,3,8",
-                        help="all: every rank in full (no summary); a list: only these ranks. Default: the ranks "
-                             "the report names, their group peers, the median rank and one per host, within "
-                             "--budget-mb (every rank when all fit: a smaller budget merges faster), plus a summary "
-                             "track of every rank")
-    parser.add_argument("--budget-mb", type=positive_number, default=None, metavar="MB",
-                        help=f"size budget of the default output (default {DEFAULT_BUDGET_MB} MB)")
+    add_merge_selection(parser)
     parser.add_argument("--shard-ranks", type=int_at_least(1), default=None, metavar="N",
                         help="every rank in full, N ranks per file (the same clock), plus a summary file")
     parser.add_argument("--steps", type=_int_set, default=None, metavar="4,5", help="only these training steps")
@@ -299,6 +309,33 @@ def register_merge(sub: argparse._SubParsersAction) -> None:
                         help="--verify with this trace_processor_shell (default: $FLEETSCOPE_TRACE_PROCESSOR, "
                              "../shared/tools/ next to the repo, or PATH; without one only the read-back runs)")
     parser.set_defaults(handler=handle_merge)
+
+
+def add_merge_selection(parser) -> None:
+    """--ranks and --budget-mb: which ranks the merged trace draws (merge, postprocess)."""
+    parser.add_argument("--ranks", type=_rank_choice, default=None, metavar="all|0,3,8",
+                        help="merge: all: every rank in full (no summary); a list: only these ranks. Default: the "
+                             "ranks the report names, their group peers, the median rank and one per host, within "
+                             "--budget-mb (every rank when all fit: a smaller budget merges faster), plus a summary "
+                             "track of every rank")
+    parser.add_argument("--budget-mb", type=positive_number, default=None, metavar="MB",
+                        help=f"merge: size budget of the default output (default {DEFAULT_BUDGET_MB} MB)")
+
+
+def merge_selection(args: argparse.Namespace, *, shard_ranks: int | None = None):
+    """The MergeOptions that --ranks, --budget-mb and --shard-ranks select (the rest at their defaults)."""
+    from ..analysis.merge.focus import FocusConfig
+    from ..analysis.merge.options import MergeOptions
+
+    if args.budget_mb is not None and (args.ranks is not None or shard_ranks is not None):
+        raise UsageError("--budget-mb sizes the default focus set: it cannot be combined with --ranks or --shard-ranks")
+    budget = FocusConfig(budget_bytes=round(args.budget_mb * 1e6)) if args.budget_mb is not None else FocusConfig()
+    return MergeOptions(ranks=args.ranks if args.ranks != RANKS_ALL else None,
+                        focus=None if args.ranks == RANKS_ALL else budget, shard_ranks=shard_ranks)
+
+
+def _int_list(text: str) -> list[int]:
+    return sorted(_int_set(text))
 
 
 def _rank_choice(text: str) -> frozenset[int] | str:
@@ -338,10 +375,8 @@ def existing_input(text: str) -> str:
 
 def handle_merge(args: argparse.Namespace) -> int:
     from ..analysis.merge.run import merge
-    from ..analysis.merge.options import MergeOptions
     from ..analysis.merge.perfetto.sql import find_trace_processor
     from ..analysis.merge.verify import verify_outputs
-    from ..analysis.merge.focus import FocusConfig
     from .merge_messages import describe_merge
 
     layout = RunLayout.at(args.path)
@@ -353,15 +388,11 @@ def handle_merge(args: argparse.Namespace) -> int:
     chrome_json = None if args.json is None else guard_output(args.json or layout.merged_json, analyzed=layout.root)
     if args.shard_ranks is not None and (args.ranks is not None or chrome_json is not None):
         raise UsageError("--shard-ranks draws every rank: it cannot be combined with --ranks or --json")
-    if args.budget_mb is not None and (args.ranks is not None or args.shard_ranks is not None):
-        raise UsageError("--budget-mb sizes the default focus set: it cannot be combined with --ranks or --shard-ranks")
-    budget = FocusConfig(budget_bytes=round(args.budget_mb * 1e6)) if args.budget_mb is not None else FocusConfig()
-    options = MergeOptions(ranks=args.ranks if args.ranks != RANKS_ALL else None,
-                           focus=None if args.ranks == RANKS_ALL else budget, shard_ranks=args.shard_ranks,
-                           steps=args.steps, time_window_s=args.window,
-                           drop_python_functions=args.no_python, flows=not args.no_flows,
-                           collective_flows=not args.no_flows, overlays=not args.no_overlays,
-                           event_args=args.args, chrome_json=chrome_json, workers=args.workers)
+    options = dataclasses.replace(merge_selection(args, shard_ranks=args.shard_ranks), steps=args.steps,
+                                  time_window_s=args.window, drop_python_functions=args.no_python,
+                                  flows=not args.no_flows, collective_flows=not args.no_flows,
+                                  overlays=not args.no_overlays, event_args=args.args, chrome_json=chrome_json,
+                                  workers=args.workers)
     result = merge(layout.root, output, options=options, progress=_merge_progress())
     for line in describe_merge(result):
         print(line)

@@ -86,3 +86,84 @@ def test_history_threshold_must_be_finite(tmp_path, threshold):
     (tmp_path / "runs").mkdir()
     assert main(["history", str(tmp_path / "runs"), "--threshold", threshold]) == 2
     assert not (tmp_path / "runs" / "history.html").exists()
+
+
+# --- escapes: nothing written where it does not belong ----------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["empty", "home_like", "traceless_run"])
+def test_postprocess_writes_nothing_into_a_directory_without_traces(tmp_path, capsys, kind):
+    target = tmp_path / "target"
+    target.mkdir()
+    if kind == "home_like":
+        (target / "notes.txt").write_text("mine")
+        (target / "data.json").write_text("{}")
+    if kind == "traceless_run":
+        (target / "job.json").write_text("{}")
+        (target / "traces").mkdir()
+    before = sorted(p.name for p in target.rglob("*"))
+    assert main(["postprocess", str(target)]) == 1
+    err = capsys.readouterr().err
+    assert "no traces" in err and "Traceback" not in err
+    assert sorted(p.name for p in target.rglob("*")) == before
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_postprocess_of_a_missing_path_or_a_file_is_one_line_and_exit_2(tmp_path, capfd, kind):
+    target = tmp_path / "target"
+    if kind == "file":
+        target.write_text("x")
+    assert main(["postprocess", str(target)]) == 2
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and len(err.strip().splitlines()) == 1
+
+
+def test_collect_traces_creates_no_run_directory(tmp_path):
+    from test_analysis_helpers import KinetoBuilder
+
+    KinetoBuilder(rank=0, world_size=1).write(tmp_path / "prog" / "rank0_trace.json")
+    assert main(["collect-traces", str(tmp_path / "nowhere"), str(tmp_path / "prog" / "*.json")]) == 2
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_collect_traces_does_not_follow_symlinked_directories(tmp_path):
+    import subprocess
+    import sys
+
+    from test_analysis_helpers import KinetoBuilder
+
+    prog = tmp_path / "prog"
+    KinetoBuilder(rank=0, world_size=1).write(prog / "iteration_1" / "rank0_trace.json.gz")
+    (prog / "up1").symlink_to("..")
+    (prog / "iteration_1" / "up2").symlink_to("..")
+    (prog / "iteration_1" / "again").symlink_to(".")
+    run = tmp_path / "run"
+    run.mkdir()
+    done = subprocess.run([sys.executable, "-m", "fleetscope.cli.main", "collect-traces", str(run),
+                           f"{prog}/**/*.json.gz"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "collected 1 trace(s)" in done.stdout
+    assert len(list(RunLayout.at(run).traces_dir.rglob("*.json.gz"))) == 1
+
+
+def test_collect_traces_skips_fleetscope_traces_of_other_runs(tmp_path, capsys, monkeypatch):
+    other = make_run(tmp_path / "work" / "other-run")
+    (other.root / "job.json").write_text("{}")
+    run = tmp_path / "new-run"
+    run.mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    assert main(["collect-traces", str(run), "**/*.json.gz"]) == 3
+    out = capsys.readouterr().out
+    assert "collected 0 trace(s)" in out and "inside the traces/ of the run" in out
+    assert not RunLayout.at(run).traces_dir.exists()
+
+
+def test_collect_traces_never_replaces_a_runs_own_window(tmp_path, capsys):
+    from test_analysis_helpers import KinetoBuilder
+
+    layout = make_run(tmp_path / "run")
+    before = digests(layout.traces_dir)
+    KinetoBuilder(rank=0, world_size=2).write(tmp_path / "prog" / "rank0_trace.json")
+    assert main(["collect-traces", str(layout.root), str(tmp_path / "prog" / "*.json")]) == 3
+    assert "already holds rank 0's trace" in capsys.readouterr().out
+    assert digests(layout.traces_dir) == before

@@ -19,16 +19,18 @@ under `<run>/logs/collected/` before publishing.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import hashlib
 import os
 import re
 import socket
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .kineto import TraceReadError, identify_trace, read_raw
-from .layout import RunLayout, collected_claim
+from .layout import RunLayout, collected_claim, parse_trace_file_name, run_holding_traces
 from .writer import publish_trace
 
 ITERATION_RE = re.compile(r"iteration_(\d+)")
@@ -68,12 +70,16 @@ def collect_traces(pattern: str, layout: RunLayout, *, ranks: set[int] | None = 
     """Publish every trace `pattern` matches on this node into the run directory (see the module docstring).
     `ranks`: collect only these ranks (a task that knows its own rank); `host`: the name in the file names."""
     collection = Collection(pattern=pattern)
-    found = [trace for trace in (_inspect(Path(p), collection) for p in _matches(pattern)) if trace is not None]
+    paths = [p for p in _matches(pattern, collection) if not _in_a_runs_traces(p, collection)]
+    found = [trace for trace in (_inspect(Path(p), collection) for p in paths) if trace is not None]
     host = host or socket.gethostname()
     for trace, window in _assign_windows(found, collection):
         if ranks is not None and trace.rank not in ranks:
             continue
         published = None
+        claim = collected_claim(layout, window, trace.rank, trace.digest)
+        if not claim.exists() and _slot_taken(layout, trace, window, collection):
+            continue
         if _claim(layout, trace, window):
             published = publish_trace(trace.source, layout, window=window, rank=trace.rank, host=host,
                                       attempt=attempt)
@@ -82,9 +88,103 @@ def collect_traces(pattern: str, layout: RunLayout, *, ranks: set[int] | None = 
     return collection
 
 
-def _matches(pattern: str) -> list[str]:
-    return sorted(path for path in glob.glob(pattern, recursive=True)
-                  if path.endswith(TRACE_ENDINGS) and os.path.isfile(path))
+def _matches(pattern: str, collection: Collection) -> list[str]:
+    """The regular files `pattern` matches (glob syntax, `**` any depth), each file once (by inode). Symlinked
+    directories below the pattern's literal prefix are not followed (two links to a parent would make a
+    recursive glob endless); at most MAX_WALKED_DIRS directories are listed and MAX_MATCHES files kept,
+    and a walk cut short is said in `collection.skipped`."""
+    parts = Path(pattern).parts
+    literal = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+    root, rest = Path(*parts[:literal]) if literal else Path("."), list(parts[literal:])
+    budget = _WalkBudget()
+    candidates = _walk(root, rest, budget, 0) if rest else iter([root])
+    found: dict[tuple[int, int], str] = {}
+    for path in candidates:
+        if not str(path).endswith(TRACE_ENDINGS):
+            continue
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(info.st_mode):
+            found.setdefault((info.st_dev, info.st_ino), str(path))
+        if len(found) >= MAX_MATCHES:
+            budget.cut = f"stopped at {MAX_MATCHES} matching files"
+            break
+    if budget.cut:
+        collection.skipped.append((pattern, f"{budget.cut}: the rest of the pattern's matches were not looked at"))
+    return sorted(found.values())
+
+
+MAX_WALKED_DIRS = 100_000
+MAX_MATCHES = 100_000
+MAX_DEPTH = 64
+
+
+@dataclass
+class _WalkBudget:
+    dirs_left: int = MAX_WALKED_DIRS
+    cut: str = ""
+
+
+def _walk(directory: Path, parts: list[str], budget: _WalkBudget, depth: int):
+    """Paths under `directory` matching the pattern components `parts` (glob rules: `*` skips dot names)."""
+    head, rest = parts[0], parts[1:]
+    if head == "**":
+        if rest:
+            yield from _walk(directory, rest, budget, depth)
+        for entry in _listing(directory, budget, depth):
+            if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=False):
+                yield from _walk(Path(entry.path), parts, budget, depth + 1)
+        return
+    for entry in _listing(directory, budget, depth):
+        if entry.name.startswith(".") and not head.startswith("."):
+            continue
+        if not fnmatch.fnmatchcase(entry.name, head):
+            continue
+        if not rest:
+            yield Path(entry.path)
+        elif entry.is_dir(follow_symlinks=False):
+            yield from _walk(Path(entry.path), rest, budget, depth + 1)
+
+
+def _listing(directory: Path, budget: _WalkBudget, depth: int) -> list[os.DirEntry]:
+    if depth > MAX_DEPTH:
+        budget.cut = budget.cut or f"stopped at {MAX_DEPTH} directory levels"
+        return []
+    if budget.dirs_left <= 0:
+        budget.cut = budget.cut or f"stopped after listing {MAX_WALKED_DIRS} directories"
+        return []
+    budget.dirs_left -= 1
+    try:
+        with os.scandir(directory) as entries:
+            return sorted(entries, key=lambda entry: entry.name)
+    except OSError:
+        return []
+
+
+def _in_a_runs_traces(path: str, collection: Collection) -> bool:
+    """A match inside a run directory's traces/ (fleetscope's own traces of this or another run) is skipped."""
+    run = run_holding_traces(path)
+    if run is not None:
+        collection.skipped.append((path, f"inside the traces/ of the run {run}: fleetscope's own trace, "
+                                         "not a program's (not collected)"))
+    return run is not None
+
+
+def _slot_taken(layout: RunLayout, trace: FoundTrace, window: int, collection: Collection) -> bool:
+    """Whether the run already holds a trace of this rank in this window that no collection of this file
+    filed (publishing would make it an earlier attempt, silently replaced): then skipped with the reason."""
+    directory = layout.window_dir(window)
+    try:
+        names = os.listdir(directory) if directory.is_dir() else []
+    except OSError:
+        names = []
+    held = sorted(n for n in names if (parsed := parse_trace_file_name(n)) and parsed.rank == trace.rank)
+    if held:
+        collection.skipped.append((str(trace.source), f"the run's {directory.name}/ already holds rank {trace.rank}'s "
+                                                      f"trace {held[0]}: not collected over it"))
+    return bool(held)
 
 
 def _inspect(path: Path, collection: Collection) -> FoundTrace | None:

@@ -22,6 +22,7 @@ Every path a writer or a reader uses is built here, so the two can never disagre
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -307,3 +308,14 @@ COLLECTED_SUBDIR = "collected"
 def collected_claim(layout: RunLayout, window: int, rank: int, digest: str) -> Path:
     """The claim one collected file's content makes on its rank and window (created exclusively, once)."""
     return layout.logs_dir / COLLECTED_SUBDIR / f"{window_name(window)}.rank{rank}.{digest[:32]}"
+
+
+def run_holding_traces(path: str | Path) -> Path | None:
+    """The run directory (one with a job file or a manifest) whose traces/ holds `path`, symlinks resolved;
+    None when `path` lies in no run's traces/."""
+    real = Path(os.path.realpath(path))
+    for folder in real.parents:
+        run = RunLayout.at(folder.parent)
+        if folder.name == TRACES_DIR and (run.job_file.is_file() or run.manifest_file.is_file()):
+            return run.root
+    return None

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .kineto import find_trace_like_entries
-from .layout import MERGED_TRACE, RunLayout
+from .layout import MERGED_TRACE, RunLayout, run_holding_traces
 from .validate import UsageError, is_inside
 
 _HEAD_BYTES = 4096
@@ -72,7 +72,7 @@ def _output_problem(destination: Path, analyzed: Path, inputs: list[Path]) -> st
     layout = RunLayout.at(analyzed)
     if layout.traces_dir.is_dir() and is_inside(destination, layout.traces_dir):
         return f"it is inside the analyzed run's {layout.traces_dir.name}/"
-    inside = _inside_a_runs_traces(destination)
+    inside = run_holding_traces(destination)
     if inside:
         return f"it is inside the traces/ of the run {inside}"
     try:
@@ -85,15 +85,6 @@ def _output_problem(destination: Path, analyzed: Path, inputs: list[Path]) -> st
         return "it exists and is not a regular file"
     if not is_own_output(destination):
         return "it exists and is not a fleetscope output (remove it or choose another path)"
-    return None
-
-
-def _inside_a_runs_traces(destination: Path) -> Path | None:
-    """The run whose traces/ holds `destination` (any run, not only the analyzed one), or None."""
-    for folder in Path(os.path.realpath(destination.parent)).joinpath(destination.name).parents:
-        run = RunLayout.at(folder.parent)
-        if folder.name == run.traces_dir.name and (run.job_file.is_file() or run.manifest_file.is_file()):
-            return run.root
     return None
 
 

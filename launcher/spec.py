@@ -10,6 +10,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..traces import cupti
 from ..traces.launch_env import user_environment
 from ..traces.validate import world_size_problem
 from ..trainer.config import TrainConfig, check_degrees, require, train_argv
@@ -143,13 +144,17 @@ class JobSpec:
         return self.nodes * self.nproc_per_node
 
     def rank_environment(self) -> dict[str, str]:
-        """Environment added for every rank: safety defaults, the allocator setting, the user's."""
+        """Environment added for every rank: safety defaults, the allocator setting, CUPTI teardown after each
+        window (traces/cupti.py), the user's (which wins)."""
         environment = dict(DEFAULT_ENV)
         if self.train.performance.alloc_conf:
             environment["PYTORCH_ALLOC_CONF"] = self.train.performance.alloc_conf
         if self.entry is not None:
             environment.update(user_environment(run_dir=self.train.run_dir, scheduler=self.scheduler,
                                                 schedule=dataclasses.asdict(self.train.profiler)))
+        profiler = self.train.profiler
+        environment.update(cupti.launcher_environment(enabled=profiler.cupti_teardown,
+                                                      windows_apart=profiler.windows_apart, user_env=self.env))
         environment.update(self.env)
         return environment
 

@@ -48,6 +48,9 @@ REQUEST_SLOT, TRIGGER_SLOT = 0, 1
 FIXED_SLOTS = 2
 FIRST_START_AFTER = 2
 """A window agreed with step p's metrics starts at p + 2 at the earliest: step p + 1 is already running."""
+WINDOW_GAP_STEPS = 1
+"""Unprofiled steps between an on-demand or triggered window and any other: a profiler never starts right after
+one stopped (kineto PR #1554: a race with CUPTI teardown, traces/cupti.py)."""
 
 
 def _windows_on_disk(layout: RunLayout) -> list[int]:
@@ -228,14 +231,15 @@ class CaptureController:
                         window.end - 1, reason)
 
     def _place(self, step: int, warmup: int, active: int) -> Window | None:
-        """The first window of warmup + active steps from step + 2 that overlaps no known window (None: none fits)."""
+        """The first window of warmup + active steps from step + 2 that keeps WINDOW_GAP_STEPS from every known
+        window (None: none fits)."""
         start = step + FIRST_START_AFTER
         moved = True
         while moved:
             moved = False
             for known in self._known:
-                if start < known.end and start + warmup + active > known.warmup_start:
-                    start, moved = known.end, True
+                if start < known.end + WINDOW_GAP_STEPS and start + warmup + active + WINDOW_GAP_STEPS > known.warmup_start:
+                    start, moved = known.end + WINDOW_GAP_STEPS, True
         if start + warmup + active > self._total:
             return None
         window = Window(self._next_index, start, start + warmup, start + warmup + active)

@@ -16,8 +16,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
+from ..traces import cupti
 from ..traces.formats import step_marker
 from ..traces.layout import RunLayout
 from ..traces.writer import publish_trace
@@ -131,6 +133,7 @@ class WindowedProfiler:
         window = self._windows.get(step)
         if window is None or self._profiler is not None:
             return
+        cupti.guard_rank_environment(torch.version.cuda)  # before the profiler starts: kineto reads it then
         self._window = window
         self._profiler = profile(
             activities=self._activities,

@@ -38,6 +38,7 @@ from ..traces.fanout import (
 from ..traces.layout import RunLayout, fanout_dir, fanout_task_log, parsed_trace_cache_dir
 from ..traces.validate import UsageError, is_inside
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
+from .jobargs import slurm_minutes
 
 _JOB_ID = re.compile(r"^[0-9]+\Z")
 _TOKEN = re.compile(r"^[0-9a-f]{8,64}\Z")
@@ -51,16 +52,21 @@ def add_fanout_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--slurm", action="store_true", help="fan the parse out over a Slurm array job")
     group.add_argument("--array-tasks", type=int, default=None, metavar="N",
                        help="array tasks (default: one per 64 ranks, at most 1000)")
-    group.add_argument("--max-running", type=int, default=None, metavar="M", help="at most M tasks at once")
-    group.add_argument("--partition", default="")
-    group.add_argument("--account", default="")
-    group.add_argument("--qos", default="")
-    group.add_argument("--time", dest="time_minutes", type=int, default=60, help="minutes per task and reduce")
-    group.add_argument("--cpus-per-task", type=int, default=1)
-    group.add_argument("--mem", default="", help="memory per task, e.g. 16G")
-    group.add_argument("--job-name", default="fleetscope")
-    group.add_argument("--sbatch-opt", dest="extra_sbatch", action="append", default=[], metavar="--OPTION=VALUE")
-    group.add_argument("--python", default=sys.executable, help="python with fleetscope on every node")
+    group.add_argument("--max-running", type=int, default=None, metavar="M",
+                       help="at most M tasks at once (default: no limit)")
+    group.add_argument("--partition", default="", help="partition (default: the cluster's default)")
+    group.add_argument("--account", default="", help="account to charge (default: the cluster's default)")
+    group.add_argument("--qos", default="", help="quality of service (default: the cluster's default)")
+    group.add_argument("--time", dest="time_minutes", type=slurm_minutes, default=60, metavar="TIME",
+                       help="wall-time limit of each task and of the reduce, as sbatch takes it: minutes, "
+                            "HH:MM:SS, D-HH:MM (default: 60 minutes)")
+    group.add_argument("--cpus-per-task", type=int, default=1, metavar="N", help="CPUs per task (default: 1)")
+    group.add_argument("--mem", default="", help="memory per task, e.g. 16G (default: the cluster's default)")
+    group.add_argument("--job-name", default="fleetscope", help="Slurm job name (default: fleetscope)")
+    group.add_argument("--sbatch-opt", dest="extra_sbatch", action="append", default=[], metavar="--OPTION=VALUE",
+                       help="a further sbatch option (repeatable; default: none)")
+    group.add_argument("--python", default=sys.executable,
+                       help="python with fleetscope on every node (default: this interpreter)")
     group.add_argument("--cache-dir", type=Path, default=None,
                        help="parsed-trace cache on shared storage (default: $FLEETSCOPE_CACHE_DIR if set, "
                             "else RUN/cache/parsed-traces)")

@@ -32,21 +32,25 @@ class PostprocessResult:
 
 
 def postprocess(run_dir: str | Path, *, echo: bool = True, gather_traces: bool = True,
-                cache_dir: Path | None = None, on_parsed=None) -> PostprocessResult:
+                cache_dir: Path | None = None, on_parsed=None, use_cache: bool = True, use_hta: bool = True,
+                link_peak_gbps: float | None = None, merge_options=None) -> PostprocessResult:
     """Gather, analyze and merge a run directory; every step runs even if an earlier one failed.
 
     `gather_traces=False` keeps the manifest as it is (the reduce step of a fanned-out parse: the array
     tasks' cache entries are keyed by what that manifest says of each trace); `cache_dir` is the
     parsed-trace cache of both analyze and merge (default: default_cache_dir()); `on_parsed(outcomes)`
-    gets analyze's per-trace outcomes (analysis.analyze)."""
+    gets analyze's per-trace outcomes (analysis.analyze). `use_cache`, `use_hta` and `link_peak_gbps` go to
+    analyze, `use_cache` and `merge_options` (analysis.merge.options.MergeOptions) to merge."""
     layout = RunLayout.at(run_dir)
     result = PostprocessResult(run_dir=layout.root)
     if gather_traces:
         _timed(result, "gather", lambda: _gather(layout, result, echo, cache_dir))
     else:
         _timed(result, "manifest", lambda: _read_manifest(layout, result))
-    _timed(result, "analyze", lambda: _analyze(layout, result, echo, cache_dir, on_parsed))
-    _timed(result, "merge", lambda: _merge(layout, result, echo, cache_dir))
+    analyze_options = {"use_cache": use_cache, "use_hta": use_hta, "link_peak_gbps": link_peak_gbps}
+    _timed(result, "analyze", lambda: _analyze(layout, result, echo, cache_dir, on_parsed, analyze_options))
+    _timed(result, "merge", lambda: _merge(layout, result, echo, cache_dir,
+                                           {"use_cache": use_cache, "options": merge_options}))
     return result
 
 
@@ -103,13 +107,13 @@ def describe_manifest(manifest) -> str:
 
 
 def _analyze(layout: RunLayout, result: PostprocessResult, echo: bool, cache_dir: Path | None,
-             on_parsed) -> None:
+             on_parsed, options: dict) -> None:
     from ..analysis import analyze
     from ..analysis.render.terminal import render_terminal
 
     report = analyze(layout.root, json_out=layout.report_json, html_out=layout.report_html,
                      progress=progress_callback("analyze"), hta_progress=progress_callback("HTA", "ranks"),
-                     cache_dir=cache_dir, on_parsed=on_parsed)
+                     cache_dir=cache_dir, on_parsed=on_parsed, **options)
     result.report_complete = report.complete
     result.outputs["report_json"] = layout.report_json
     result.outputs["report_html"] = layout.report_html
@@ -117,11 +121,11 @@ def _analyze(layout: RunLayout, result: PostprocessResult, echo: bool, cache_dir
         print(render_terminal(report))
 
 
-def _merge(layout: RunLayout, result: PostprocessResult, echo: bool, cache_dir: Path | None) -> None:
+def _merge(layout: RunLayout, result: PostprocessResult, echo: bool, cache_dir: Path | None, options: dict) -> None:
     from ..analysis.merge.run import merge
 
     merged = merge(layout.root, layout.merged_trace, progress=counting(progress_callback("merge", "ranks")),
-                   cache_dir=cache_dir)
+                   cache_dir=cache_dir, **options)
     result.outputs["merged_trace"] = layout.merged_trace
     if layout.report_json.is_file():
         _link_report_to_trace(layout, merged)

@@ -73,7 +73,8 @@ def register_history(sub: argparse._SubParsersAction) -> None:
                                             "regressions marked")
     parser.add_argument("root", help="directory holding run directories (any depth)")
     parser.add_argument("--html", dest="html_out", help="write the trend page here (default ROOT/history.html)")
-    parser.add_argument("--threshold", type=float, default=5.0, help="percent that counts as a regression")
+    parser.add_argument("--threshold", type=float, default=5.0,
+                        help="percent that counts as a regression (default: 5)")
     parser.set_defaults(handler=handle_history)
 
 

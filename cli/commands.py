@@ -134,7 +134,7 @@ def run_trainer(argv: list[str]) -> int:
 
 def register_gather(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("gather", help="verify a run's traces and write manifest.json")
-    parser.add_argument("run_dir")
+    parser.add_argument("run_dir", help="the run directory")
     parser.set_defaults(handler=handle_gather)
 
 
@@ -150,7 +150,7 @@ def handle_gather(args: argparse.Namespace) -> int:
 def register_collect(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("collect-traces", help="file traces a program wrote itself into a run directory "
                                                    "(what --collect-traces runs on every node after the job)")
-    parser.add_argument("run_dir")
+    parser.add_argument("run_dir", help="the run directory the traces are filed into")
     parser.add_argument("pattern", metavar="GLOB",
                         help="e.g. torchtitan's 'outputs/profiling/traces/iteration_*/rank*_trace.json.gz'")
     parser.add_argument("--ranks", "--rank", dest="ranks", type=_int_list, action="extend", default=None,
@@ -250,7 +250,7 @@ def register_analyze(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-hta", action="store_true", help="skip Holistic Trace Analysis (GPU traces)")
     parser.add_argument("--hta-ranks", default="auto", metavar="auto|all|LIST",
                         help="ranks HTA's views cover: auto (slowest, waited for, fastest, median, one per host; "
-                             "at most 16 per window), all, or a list like 0,3,7")
+                             "at most 16 per window), all, or a list like 0,3,7 (default: auto)")
     parser.add_argument("--no-cache", action="store_true",
                         help="parse every trace again instead of reusing results of identical trace files")
     parser.add_argument("--cache-dir", type=Path, default=None,

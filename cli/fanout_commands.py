@@ -245,7 +245,7 @@ def register_reduce_shards(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_shard_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir")
+    parser.add_argument("run_dir", help="the run directory")
     parser.add_argument("--of", type=int, required=True, metavar="N", help="tasks of the fan-out")
     parser.add_argument("--cache-dir", type=Path, required=True, help="the shared parsed-trace cache")
     parser.add_argument("--visible", default=None, metavar="TOKEN",

@@ -1,5 +1,11 @@
-"""`fleetscope`: launch, train, collect-traces, gather, analyze, merge, compare, demo; status, logs, cancel of a run;
-advise and tune (apply a finding to a relaunch, then compare)."""
+"""`fleetscope`: launch and profile (MoE) training on every rank, then analyze its traces.
+
+  start a job     launch, demo, train (one rank: what torchrun starts), config (every --set field)
+  while it runs   status, logs, cancel, profile (record a window now), hang (why it hung)
+  after it ran    gather, collect-traces, postprocess (gather + analyze + merge), analyze, merge, query
+  on Slurm        postprocess --slurm: parse-shard tasks of an array job, then reduce-shards
+  across runs     compare, history, advise, tune (apply a finding to a relaunch, then compare)
+"""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from .render import render_fanouts, render_status
 def register_status(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("status", help="state of a run (Slurm: asked live), which rank failed first, and "
                             "what each parse fan-out has done")
-    parser.add_argument("run_dir")
+    parser.add_argument("run_dir", help="the run directory")
     parser.set_defaults(handler=handle_status)
 
 
@@ -31,9 +31,9 @@ def handle_status(args: argparse.Namespace) -> int:
 
 def register_logs(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("logs", help="the scheduler's and the ranks' logs of a run")
-    parser.add_argument("run_dir")
+    parser.add_argument("run_dir", help="the run directory")
     parser.add_argument("--tail", type=non_negative_int, default=20,
-                        help="last lines of each log (0: list the files only)")
+                        help="last lines of each log (0: list the files only; default: 20)")
     parser.set_defaults(handler=handle_logs)
 
 
@@ -69,7 +69,7 @@ def handle_logs(args: argparse.Namespace) -> int:
 
 def register_cancel(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("cancel", help="cancel a run's Slurm jobs (training and post-processing)")
-    parser.add_argument("run_dir")
+    parser.add_argument("run_dir", help="the run directory")
     parser.add_argument("--no-postprocess", action="store_true",
                         help="cancel the post-processing job too (by default it still gathers, analyzes and "
                              "merges whatever the cancelled job wrote)")

@@ -22,7 +22,7 @@ from ..traces.validate import UsageError
 from .jobargs import add_job_arguments, job_spec_from_args
 from .pipeline import describe_manifest, postprocess
 from .capture_commands import register as register_capture
-from .query_command import register as register_query
+from .query_command import FETCH_HINT, register as register_query
 from .run_commands import int_at_least
 from .render import print_failed_job, print_outputs, print_state_change, print_submitted, render_status
 
@@ -306,8 +306,9 @@ def register_merge(sub: argparse._SubParsersAction) -> None:
                         help="ranks merged at once (default: one per core, at most 8)")
     parser.add_argument("--verify", action="store_true", help="read the output back and check it")
     parser.add_argument("--trace-processor", default=None, metavar="PATH",
-                        help="--verify with this trace_processor_shell (default: $FLEETSCOPE_TRACE_PROCESSOR, "
-                             "../shared/tools/ next to the repo, or PATH; without one only the read-back runs)")
+                        help="--verify with this trace_processor_shell (default: $FLEETSCOPE_TRACE_PROCESSOR, else "
+                             "trace_processor_shell on PATH; without one only the read-back runs; "
+                             f"{FETCH_HINT})")
     parser.set_defaults(handler=handle_merge)
 
 

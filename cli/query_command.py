@@ -8,6 +8,13 @@ import sys
 
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
+FETCH_HINT = ("to get one, the perfetto package fleetscope depends on downloads the build it pins (SHA-256 "
+              "checked, kept in ~/.local/share/perfetto) and prints its path: python -c 'from "
+              "perfetto.prebuilts.perfetto_prebuilts import get_perfetto_prebuilt as get; from "
+              "perfetto.prebuilts.manifests.trace_processor_shell import TRACE_PROCESSOR_SHELL_MANIFEST as tp; "
+              "print(get(tp))'")
+"""Where a trace_processor_shell comes from, for help texts and the message when none is found."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from ..analysis.merge.perfetto.queries import NAMED_QUERIES
@@ -17,8 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("sql", nargs="?", default=None, help="one SQL statement (the last one's rows are printed)")
     parser.add_argument("--named", choices=sorted(NAMED_QUERIES), default=None, help="a query shipped with fleetscope")
     parser.add_argument("--trace-processor", default=None, metavar="PATH",
-                        help="trace_processor_shell (default: $FLEETSCOPE_TRACE_PROCESSOR, ../shared/tools/ "
-                             "next to the repo, or PATH)")
+                        help="trace_processor_shell (default: $FLEETSCOPE_TRACE_PROCESSOR, else "
+                             f"trace_processor_shell on PATH; {FETCH_HINT})")
     parser.set_defaults(handler=handle_query)
 
 
@@ -35,8 +42,8 @@ def handle_query(args: argparse.Namespace) -> int:
         print(error, file=sys.stderr)
         return EXIT_USAGE
     if binary is None:
-        print("no trace_processor_shell found: pass --trace-processor PATH or set FLEETSCOPE_TRACE_PROCESSOR "
-              "(a build of Perfetto's trace processor)", file=sys.stderr)
+        print("no trace_processor_shell found: pass --trace-processor PATH, set FLEETSCOPE_TRACE_PROCESSOR or put "
+              f"one on PATH; {FETCH_HINT}", file=sys.stderr)
         return EXIT_USAGE
     try:
         rows = run_query(args.trace, NAMED_QUERIES[args.named] if args.named else args.sql, binary)

@@ -25,6 +25,7 @@ from fleetscope.analysis.compare import steady_metrics
 from fleetscope.analysis.cross_rank.bandwidth import INTER_NODE, INTRA_NODE, PEAK_BUSBW_GBPS
 from fleetscope.analysis.cross_rank.causes import CAUSE_HOST, CAUSE_SLOW_DEVICE, CAUSE_WORK
 from fleetscope.analysis.cross_rank.moe import MoeFinding, MoeLayerReport, MoeRankLayer, MoeReport
+from fleetscope.analysis.invariants import audit, auditing, check_advice
 from fleetscope.analysis.quantities import (
     JobStraggler,
     bounded_gain,
@@ -871,8 +872,10 @@ def advise(run_dir: str | Path) -> Advice:
     evidence = gather_evidence(layout, report)
     if evidence.step_ms is None:
         notes.append("no steady step metrics: no time estimates")
-    advice = advise_evidence(evidence, str(run_dir))
-    return Advice(run=advice.run, findings=advice.findings, notes=notes)
+    advice = dataclasses.replace(advise_evidence(evidence, str(run_dir)), notes=notes)
+    if auditing():
+        audit("advice", run_dir, check_advice(advice, report))
+    return advice
 
 
 def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:

@@ -24,6 +24,7 @@ from fleetscope.analysis.per_rank.cache import ResultCache, open_cache
 from fleetscope.analysis.per_rank.names import comm_kernel_rule
 from fleetscope.analysis.per_rank.parse import Progress, parse_traces
 from fleetscope.analysis.per_rank.rank import RankResult
+from fleetscope.analysis.invariants import audit, auditing, check_report
 from fleetscope.analysis.report.build import (
     DEFAULT_HTA_MAX_RANKS,
     HTA_RANKS_AUTO,
@@ -91,6 +92,8 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         moe_records=moe_records,
     )
     report.capture = capture_section(inputs.layout, inputs.world_size)
+    if auditing():
+        audit("report", json_out or path, check_report(report))
     _write_outputs(report, json_out, html_out)
     return report
 

@@ -257,6 +257,9 @@ def register_analyze(sub: argparse._SubParsersAction) -> None:
                         help="parsed-trace cache (default: $FLEETSCOPE_CACHE_DIR, else ~/.cache/fleetscope/analysis)")
     parser.add_argument("--link-peak", type=positive_number, default=None, metavar="GBPS",
                         help="peak bus bandwidth of the links (GB/s), instead of the table of known links")
+    parser.add_argument("--check", action="store_true",
+                        help="also check the report's invariants (analysis/invariants.py: no negative times, shares "
+                             "that sum, what-ifs within their step, the verdict's rank); exit 1 when one breaks")
     parser.add_argument("--comm-kernel-pattern", default=None, metavar="REGEX", help="kernels matching it communicate too (e.g. DeepEP dispatch/combine kernels), besides NCCL's")
     parser.set_defaults(handler=handle_analyze)
 
@@ -281,7 +284,19 @@ def handle_analyze(args: argparse.Namespace) -> int:
             print(f"{label}: {path}")
     if not report.ranks:
         return EXIT_FAILED  # nothing analyzed is a failure, not a partial result
+    if args.check and not _invariants_hold(report):
+        return EXIT_FAILED
     return EXIT_OK if report.complete else EXIT_PARTIAL
+
+
+def _invariants_hold(report) -> bool:
+    from ..analysis.invariants import check_report
+
+    problems = check_report(report)
+    print(f"check: {len(problems)} invariant violation(s)" if problems else "check: every invariant holds")
+    for problem in problems[:50]:
+        print(f"  {problem}")
+    return not problems
 
 
 def register_merge(sub: argparse._SubParsersAction) -> None:

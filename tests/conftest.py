@@ -1,5 +1,10 @@
 """Shared fixtures of the test suite."""
 
+import json
+import os
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from helpers import check_in_engine, trace_processor
@@ -10,6 +15,26 @@ MERGED_TRACE_GLOB = "*.perfetto-trace"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "damaged_trace: the test damages a merged trace on purpose (no engine check)")
+    # Every report and advice fleetscope builds during the suite, in this process or any it starts, is checked
+    # against analysis/invariants.py; the violations land here and fail the test that caused them.
+    os.environ.setdefault("FLEETSCOPE_INVARIANTS_LOG", tempfile.mkdtemp(prefix="fleetscope-invariants-"))
+
+
+_violations_read: dict = {}
+"""Violation file -> bytes already reported."""
+
+
+@pytest.fixture(autouse=True)
+def reports_keep_their_invariants():
+    """After each test, every report and advice built since the last check kept analysis/invariants.py's rules."""
+    yield
+    found = []
+    for log in sorted(Path(os.environ["FLEETSCOPE_INVARIANTS_LOG"]).glob("violations-*.jsonl")):
+        data = log.read_bytes()
+        new, _violations_read[log] = data[_violations_read.get(log, 0):], len(data)
+        found += [json.loads(line) for line in new.decode().splitlines() if line.strip()]
+    assert not found, "invariants broken:\n" + "\n".join(
+        f"{v['kind']} {v['path']}: " + "; ".join(v["problems"][:5]) for v in found)
 
 
 @pytest.fixture(autouse=True)

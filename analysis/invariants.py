@@ -1,0 +1,207 @@
+"""Rules every report, advice and merged trace must keep, whatever the input: a checker, not a test fixture.
+
+`fleetscope analyze --check` runs it for users; the test suite runs it on every report and advice
+fleetscope writes (FLEETSCOPE_INVARIANTS_LOG: each writer appends what broke, tests/conftest.py fails the
+test). Each rule returns human-readable violations ("windows[0].causes.findings[1].what_if[2]: ..."):
+
+  no negative time        every *_us / *_ms / *_pct field is >= 0, except the signed differences
+                          (SIGNED: against peers, offsets, starts);
+  shares                  percentages within [0, 100]; busy + idle = 100 per rank and window; critical-path
+                          segment shares sum to 1 per step, and a window's by-rank shares to 1;
+  what-if                 0 <= caused wait <= step - floor, projected = step - caused wait >= floor;
+  step time               the report's step_time is quantities.trace_step_times' StepStats;
+  verdict                 the rank the verdict names is quantities.job_straggler's;
+  idle by cause           a rank's idle time by cause sums to no more than its idle time;
+  advice                  every gain in [0, its denominator], its percentage that share of the printed
+                          denominator, the combined gain at most the step, overlaps named both ways, the
+                          straggler finding's rank the verdict's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+from fleetscope.analysis.quantities import job_straggler, trace_step_times
+from fleetscope.analysis.report.model import Report
+
+LOG_ENV = "FLEETSCOPE_INVARIANTS_LOG"
+"""A directory: when set, every report and advice fleetscope writes is checked, and violations are appended
+to a file in it (the test suite sets it)."""
+SIGNED = ("extra", "excess", "vs_", "offset", "start", "slowdown", "carried", "delta", "change", "growth",
+          "interval", "skew")
+"""Fields that hold a signed difference (against peers, a clock, a base run) or a position, not a duration."""
+TOLERANCE_MS = 1e-6
+SHARE_TOLERANCE = 1e-3
+PCT_TOLERANCE = 0.05
+
+
+def check_report(report: Report) -> list[str]:
+    """Every rule of the module docstring that a report alone can break."""
+    data = report.to_json()
+    problems = list(_non_negative(data)) + list(_percentages(data))
+    problems += _utilization_sums(report) + _path_shares(report) + _what_ifs(report)
+    problems += _step_time(report) + _verdict_rank(report) + _idle_by_cause(report)
+    return problems
+
+
+def _numbers(data: Any, where: str = "") -> Iterator[tuple[str, str, float]]:
+    if isinstance(data, dict):
+        for key, value in data.items():
+            path = f"{where}.{key}" if where else str(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                yield path, str(key), float(value)
+            else:
+                yield from _numbers(value, path)
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            yield from _numbers(value, f"{where}[{index}]")
+
+
+def _is_timed(key: str) -> bool:
+    return key.endswith(("_us", "_ms", "_pct")) and not any(part in key for part in SIGNED)
+
+
+def _non_negative(data: dict) -> Iterator[str]:
+    for path, key, value in _numbers(data):
+        if _is_timed(key) and (not math.isfinite(value) or value < -TOLERANCE_MS):
+            yield f"{path}: {value!r} (a time or share cannot be negative or infinite)"
+
+
+def _percentages(data: dict) -> Iterator[str]:
+    for path, key, value in _numbers(data):
+        if key.endswith("_pct") and _is_timed(key) and key != "peak_pct" and value > 100.0 + PCT_TOLERANCE:
+            yield f"{path}: {value:.3f}% (over 100%)"
+
+
+def _utilization_sums(report: Report) -> list[str]:
+    problems = []
+    for w, window in enumerate(report.windows):
+        for r, rank in enumerate(window.ranks):
+            u = rank.utilization
+            if u is not None and u.span_us > 0 and abs(u.busy_pct + u.idle_pct - 100.0) > PCT_TOLERANCE:
+                problems.append(f"windows[{w}].ranks[{r}].utilization: busy {u.busy_pct:.3f}% + idle "
+                                f"{u.idle_pct:.3f}% != 100%")
+    return problems
+
+
+def _path_shares(report: Report) -> list[str]:
+    problems = []
+    for w, window in enumerate(report.windows):
+        paths = window.critical_path
+        for s, step in enumerate(paths.steps):
+            total = sum(seg.share for seg in step.segments)
+            if step.segments and step.length_us > 0 and abs(total - 1.0) > SHARE_TOLERANCE:
+                problems.append(f"windows[{w}].critical_path.steps[{s}]: segment shares sum to {total:.4f}, not 1")
+        total = sum(share.share for share in paths.by_rank)
+        if paths.by_rank and abs(total - 1.0) > SHARE_TOLERANCE:
+            problems.append(f"windows[{w}].critical_path.by_rank: shares sum to {total:.4f}, not 1")
+    return problems
+
+
+def _what_ifs(report: Report) -> list[str]:
+    problems = []
+    for w, window in enumerate(report.windows):
+        for f, finding in enumerate(window.causes.findings):
+            for i, step in enumerate(finding.what_if):
+                where = f"windows[{w}].causes.findings[{f}].what_if[{i}] (step {step.step})"
+                if step.caused_wait_ms < -TOLERANCE_MS or step.caused_wait_ms > step.step_time_ms - step.floor_ms + TOLERANCE_MS:
+                    problems.append(f"{where}: caused wait {step.caused_wait_ms:.3f} ms outside [0, step "
+                                    f"{step.step_time_ms:.3f} - floor {step.floor_ms:.3f}] ms")
+                if abs(step.projected_step_ms - (step.step_time_ms - step.caused_wait_ms)) > 1e-3:
+                    problems.append(f"{where}: projected {step.projected_step_ms:.3f} ms != step - caused wait")
+                if step.projected_step_ms < step.floor_ms - TOLERANCE_MS:
+                    problems.append(f"{where}: projected {step.projected_step_ms:.3f} ms below its floor "
+                                    f"{step.floor_ms:.3f} ms")
+    return problems
+
+
+def _step_time(report: Report) -> list[str]:
+    times = list(trace_step_times(report.windows).values())
+    stats = report.step_time
+    if not times:
+        return [] if stats is None else ["step_time: present although no rank has a profiled step"]
+    if stats is None:
+        return ["step_time: missing although ranks have profiled steps"]
+    expected = (len(times), float(np.median(times)), float(np.mean(times)))
+    shown = (stats.count, stats.median_ms, stats.mean_ms)
+    if shown[0] != expected[0] or any(abs(a - b) > 1e-6 for a, b in zip(shown[1:], expected[1:])):
+        return [f"step_time: count/median/mean {shown} differ from the slowest rank per profiled step {expected}"]
+    return []
+
+
+_VERDICT_RANK = re.compile(r"rank (\d+) (?:is the straggler|causes the most waiting)")
+
+
+def _verdict_rank(report: Report) -> list[str]:
+    named = _VERDICT_RANK.search(report.verdict)
+    if named is None:
+        return []
+    top = job_straggler(report.windows)
+    if top is None or top.rank != int(named.group(1)):
+        return [f"verdict names rank {named.group(1)}, the waiting points at "
+                f"{'no rank' if top is None else f'rank {top.rank}'}"]
+    return []
+
+
+def _idle_by_cause(report: Report) -> list[str]:
+    problems = []
+    for w, window in enumerate(report.windows):
+        for r, rank in enumerate(window.ranks):
+            stalls, u = rank.host_stalls, rank.utilization
+            if stalls is None or u is None:
+                continue
+            total = sum(stalls.idle_by_cause_us.values())
+            if total > u.idle_us * (1 + 1e-6) + 1.0:
+                problems.append(f"windows[{w}].ranks[{r}]: idle by cause {total:.1f} us exceeds its idle "
+                                f"{u.idle_us:.1f} us")
+    return problems
+
+
+def check_advice(advice: Any, report: Report | None) -> list[str]:
+    """The advice rules of the module docstring (duck-typed: analysis/advise.py's Advice)."""
+    problems = []
+    for index, f in enumerate(advice.findings, 1):
+        where = f"finding {index} ({f.rule})"
+        if f.expected_gain_ms is not None and f.expected_gain_ms < -TOLERANCE_MS:
+            problems.append(f"{where}: negative gain {f.expected_gain_ms:.3f} ms")
+        of_ms = getattr(f, "gain_of_ms", None)
+        if f.expected_gain_pct is not None:
+            if not of_ms or not getattr(f, "gain_basis", ""):
+                problems.append(f"{where}: a percentage without its denominator and basis")
+            elif abs(f.expected_gain_pct - 100.0 * f.expected_gain_ms / of_ms) > 1e-6:
+                problems.append(f"{where}: {f.expected_gain_pct:.2f}% is not {f.expected_gain_ms:.3f} of {of_ms:.3f} ms")
+            elif f.expected_gain_ms > of_ms + TOLERANCE_MS:
+                problems.append(f"{where}: gain {f.expected_gain_ms:.3f} ms exceeds its step {of_ms:.3f} ms")
+        for other in getattr(f, "overlaps", []):
+            partner = next((g for g in advice.findings if g.rule == other), None)
+            if partner is None or f.rule not in partner.overlaps:
+                problems.append(f"{where}: overlaps {other}, which does not name it back")
+    combined, of_ms = getattr(advice, "combined_gain_ms", None), getattr(advice, "combined_gain_of_ms", None)
+    if combined is not None and (of_ms is None or combined > of_ms + TOLERANCE_MS or combined < 0):
+        problems.append(f"combined gain {combined:.3f} ms outside [0, the step {of_ms}]")
+    top = job_straggler(report.windows) if report is not None else None
+    for f in advice.findings:
+        if report is not None and f.rule == "straggler" and (top is None or f.ranks != [top.rank]):
+            problems.append(f"straggler finding names rank(s) {f.ranks}, the verdict "
+                            f"{'no rank' if top is None else f'rank {top.rank}'}")
+    return problems
+
+
+def audit(kind: str, path: str | Path, problems: list[str]) -> None:
+    """Append violations to LOG_ENV's directory when it is set (the test suite reads them back)."""
+    directory = os.environ.get(LOG_ENV)
+    if not directory or not problems:
+        return
+    record = json.dumps({"kind": kind, "path": str(path), "problems": problems[:50]})
+    with open(Path(directory) / f"violations-{os.getpid()}.jsonl", "a", encoding="utf-8") as out:
+        out.write(record + "\n")
+
+
+def auditing() -> bool:
+    return bool(os.environ.get(LOG_ENV))

@@ -79,7 +79,7 @@ class UserEntry:
     program and of `collect_traces` mean the same on every scheduler."""
     collect_traces: str = ""
     """A glob of Kineto traces the program writes itself (e.g. torchtitan's
-    `outputs/profile_trace/iteration_*/rank*_trace.json`), filed into the run directory after the job
+    `outputs/profiling/traces/iteration_*/rank*_trace.json.gz`), filed into the run directory after the job
     on each node; relative to `workdir`. Empty: none."""
 
     def __post_init__(self) -> None:

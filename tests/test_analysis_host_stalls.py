@@ -92,7 +92,9 @@ def test_cpu_traces_have_idle_gaps_with_one_cause_and_no_gpu_totals(tmp_path):
     origin = result.steps[0].start_us
     assert [(a - origin, b - origin) for a, b in zip(gaps.starts_us.tolist(), gaps.ends_us.tolist())] == [
         (100, 300), (400, 600), (700, 1000)]
-    assert report.windows[0].ranks[0].host_stalls.idle_by_cause_us == {}
+    stalls = report.windows[0].ranks[0].host_stalls       # the same gaps the merged trace draws as `idle:` slices
+    assert stalls.idle_by_cause_us == pytest.approx({IDLE_NO_OP: 700.0})
+    assert stalls.idle_gaps_by_cause == {IDLE_NO_OP: 3}
 
 
 def test_a_gap_before_work_that_was_already_queued_is_a_device_dependency():

@@ -19,7 +19,8 @@ that applies:
     gap began: the GPU waited on an event, another stream or a peer, not on the host;
   - IDLE_HOST: otherwise: the host was busy elsewhere (Python, launches, a sleep) and launched late.
 CPU traces (no GPU activity) have idle gaps on the CPU basis of utilization.py (no op and no collective
-running on any thread inside the steps), all with the cause IDLE_NO_OP; they are not in idle_by_cause_us.
+running on any thread inside the steps), all with the cause IDLE_NO_OP, which idle_by_cause_us holds too:
+the report's idle by cause and the merged trace's `idle:` slices are the same gaps on either basis.
 `find_idle_gaps` is the one rule for idle gaps and their causes: the report's totals and the merged trace's
 `idle: <cause>` slices both come from it.
 """
@@ -141,7 +142,7 @@ def _queued_before(events: TraceEvents, gpu: np.ndarray, gaps: Intervals) -> np.
 
 def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGaps | None = None) -> HostStalls | None:
     """None without steps (nothing to assign the stalls to); the idle causes are those of `gaps`
-    (find_idle_gaps) on the GPU basis."""
+    (find_idle_gaps), on the GPU basis or the CPU one ("no op running")."""
     if not steps:
         return None
     host = events.of_kind(Kind.CUDA_RUNTIME, Kind.CPU_OP, Kind.USER_ANNOTATION)
@@ -171,11 +172,11 @@ def _step_stalls(events: TraceEvents, step: StepTiming, syncs: np.ndarray, reads
 
 
 def _idle_totals(gaps: IdleGaps | None) -> tuple[dict[str, float], dict[str, int]]:
-    if gaps is None or gaps.basis != BASIS_GPU or not len(gaps):
+    if gaps is None or not len(gaps):
         return {}, {}
     lengths = gaps.ends_us - gaps.starts_us
     codes = gaps.cause_codes
-    idle_us = {c: float(lengths[codes == GAP_CAUSES.index(c)].sum()) for c in IDLE_CAUSES
+    idle_us = {c: float(lengths[codes == GAP_CAUSES.index(c)].sum()) for c in GAP_CAUSES
                if np.any(codes == GAP_CAUSES.index(c))}
     idle_count = {c: int(np.count_nonzero(codes == GAP_CAUSES.index(c))) for c in idle_us}
     return idle_us, idle_count

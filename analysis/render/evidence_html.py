@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from fleetscope.analysis.per_rank.host_stalls import IDLE_CAUSES
+from fleetscope.analysis.per_rank.host_stalls import GAP_CAUSES
 from fleetscope.analysis.per_rank.names import PHASES
 from fleetscope.analysis.render.evidence_text import compile_line, stall_totals
 from fleetscope.analysis.report.model import Report, WindowReport
@@ -105,16 +105,16 @@ def _time(report: Report) -> str:
 
 def _stalls(report: Report) -> str:
     parts = []
-    header = ["rank", "syncs/step", "blocked ms/step", "tensor reads/step", "copies to host/step",
-              "input wait ms/step", *(f"idle: {cause} ms" for cause in IDLE_CAUSES)]
     for window in report.windows:
         rows = []
-        for rank in window.ranks:
-            if rank.host_stalls is None:
-                continue
+        stalled = [rank for rank in window.ranks if rank.host_stalls is not None]
+        causes = [c for c in GAP_CAUSES if any(c in r.host_stalls.idle_by_cause_us for r in stalled)]
+        header = ["rank", "syncs/step", "blocked ms/step", "tensor reads/step", "copies to host/step",
+                  "input wait ms/step", *(f"idle: {cause} ms" for cause in causes)]
+        for rank in stalled:
             t, idle = stall_totals(rank.host_stalls), rank.host_stalls.idle_by_cause_us
             rows.append([str(rank.rank), _f(t["syncs"]), _f(t["sync_ms"], 3), _f(t["reads"]), _f(t["dtoh"]),
-                         _f(t["input_ms"], 3), *(_f(idle.get(cause, 0.0) / 1000, 3) for cause in IDLE_CAUSES)])
+                         _f(t["input_ms"], 3), *(_f(idle.get(cause, 0.0) / 1000, 3) for cause in causes)])
         if rows:
             parts.append(_window_title(window) + table(header, rows))
     if not parts:
@@ -123,7 +123,8 @@ def _stalls(report: Report) -> str:
             "aten::_local_scalar_dense (.item()); input wait: DataLoader fetches. GPU idle gaps inside the "
             "steps get one cause each: input wait (half covered by a fetch), host collective (half covered by "
             "gloo/c10d communication on the host), host sync (starts during or just "
-            "after a sync), short gaps (&lt; 10 us), host busy elsewhere.</p>" + "".join(parts))
+            "after a sync), short gaps (&lt; 10 us), device dependency, host busy elsewhere; on CPU traces the idle "
+            "time inside the steps is where no op runs (no op running), the merged trace's idle slices.</p>" + "".join(parts))
 
 
 _MEMORY_HEADER = ["rank", "steps", "peak allocated MiB", "peak reserved MiB", "fragmentation MiB",

@@ -86,6 +86,11 @@ def stall_totals(stalls) -> dict[str, float]:
     }
 
 
+def _idle_word(rank) -> str:
+    """Whose idle time: the GPU's, or on a CPU trace the host's (no op running)."""
+    return "CPU" if rank.utilization is not None and rank.utilization.basis == "cpu" else "GPU"
+
+
 def _stalls(report: Report) -> str:
     lines = []
     for window in report.windows:
@@ -98,7 +103,7 @@ def _stalls(report: Report) -> str:
                                sorted(idle.items(), key=lambda item: -item[1])) or "-"
             lines.append(f"{_w(window)}rank {rank.rank}: per step {t['syncs']:.1f} syncs ({t['sync_ms']:.2f} ms "
                          f"blocked), {t['reads']:.1f} tensor reads, {t['dtoh']:.1f} copies to host, input wait "
-                         f"{t['input_ms']:.2f} ms; GPU idle by cause: {causes}")
+                         f"{t['input_ms']:.2f} ms; {_idle_word(rank)} idle by cause: {causes}")
         if len(ranks) > STALL_RANKS_SHOWN:
             lines.append(f"{_w(window)}... {len(ranks) - STALL_RANKS_SHOWN} more ranks in the JSON/HTML report")
     return _titled("Host stalls (ranks with the most blocked + input time first)", lines)

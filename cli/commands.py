@@ -59,6 +59,7 @@ def handle_launch(args: argparse.Namespace) -> int:
         return EXIT_OK
     if spec.entry is not None and not spec.entry.module and not Path(spec.entry.program).is_file():
         raise ConfigError(f"entry.program: {spec.entry.program}: no such file (nothing was started)")
+    check_input_files(spec)
     announce = (lambda: print(f"fleetscope: running {spec.world_size} rank(s) into {plan.run_dir}", flush=True)
                 if spec.scheduler == "local" else None)
     outcome = launch(scheduler, plan, resume=args.resume, postprocess=None if args.no_post else postprocess,
@@ -67,6 +68,25 @@ def handle_launch(args: argparse.Namespace) -> int:
         print_foreground_outcome(plan, outcome)
         return exit_code(outcome.verdict)
     return report_submission(spec, plan, outcome, wait=args.wait)
+
+
+def check_input_files(spec: JobSpec) -> None:
+    """The trainer's input files, where this host sees what the ranks will (local, torchx_local): a missing
+    one fails every rank after start-up, so it is refused here, naming the field. On Slurm the nodes may
+    see paths this host does not: a missing one is only noted."""
+    if spec.entry is not None:
+        return
+    train = spec.train
+    inputs = [("data.path", Path(train.data.path).expanduser(), Path.is_file)] if train.data.source != "synthetic" \
+        else []
+    if train.model.path:
+        inputs.append(("model.path", Path(train.model.path).expanduser() / "config.json", Path.is_file))
+    for field_name, path, exists in inputs:
+        if exists(path):
+            continue
+        if spec.scheduler in ("local", "torchx_local"):
+            raise ConfigError(f"{field_name}: {path}: no such file (nothing was started)")
+        print(f"fleetscope: note: {field_name} {path} is not on this host; the nodes must see it", file=sys.stderr)
 
 
 def print_foreground_outcome(plan: LaunchPlan, outcome: LaunchOutcome) -> None:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from ..traces import cupti
 from ..traces.launch_env import user_environment
 from ..traces.validate import world_size_problem
-from ..trainer.config import TrainConfig, check_degrees, require, train_argv
+from ..trainer.config import TrainConfig, check_degrees, check_fault_ranks, require, train_argv
 from .untrusted import require_plain_fields, require_plain_text, require_plain_value
 
 TRAINER_MODULE = "fleetscope.trainer"
@@ -131,6 +131,7 @@ class JobSpec:
                  f"the {self.scheduler} scheduler runs on this node only; use submitit or torchx for several nodes")
         if self.entry is None:
             check_degrees(self.train.parallel, self.world_size)
+            check_fault_ranks(self.train.faults, self.world_size)
         for name in self.env:
             require(isinstance(name, str) and bool(_ENV_NAME.match(name)), "env", f"{name!r} is not a valid environment variable name")
         require(bool(self.python), "python", "must not be empty")

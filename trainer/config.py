@@ -196,6 +196,19 @@ def check_degrees(config: ParallelConfig, world_size: int) -> None:
                           f"ranks (world size {world_size}, tp {config.tp})")
 
 
+FAULT_RANK_FIELDS = ("crash_rank", "straggle_rank", "signal_rank", "data_delay_rank", "slow_phase_rank", "hang_rank")
+"""FaultConfig fields that name a rank (-1: none)."""
+
+
+def check_fault_ranks(faults: "FaultConfig", world_size: int) -> None:
+    """A fault aimed at a rank the job does not have would silently do nothing: refuse it before start."""
+    for name in FAULT_RANK_FIELDS:
+        rank = getattr(faults, name)
+        if rank >= world_size:
+            raise ConfigError(f"faults.{name}: rank {rank} is not in the job (world size {world_size}, ranks "
+                              f"0..{world_size - 1})")
+
+
 def check_expert_degree(config: ParallelConfig, *, num_experts: int, model_type: str, name: str) -> None:
     """Expert parallelism against the model: whole experts per rank, an MoE block the trainer can split."""
     if config.ep == 1:

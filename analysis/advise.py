@@ -415,15 +415,15 @@ _STRAGGLER_CHANGES = {
 
 
 def straggler(e: Evidence) -> Finding | None:
-    """The rank the verdict names (analysis/quantities.py job_straggler: most waiting caused over all windows)
-    when it causes >= STRAGGLER_SHARE of the waiting for a cause with a remedy. Its cause: its cause finding
+    """The rank the verdict names the straggler (analysis/quantities.py job_straggler: most waiting caused over
+    all windows, consistently) when it causes >= STRAGGLER_SHARE of the waiting for a cause with a remedy. Its cause: its cause finding
     in the window where it causes the largest share. Gain: the mean what-if saving over its steps in every
     window (causes.py, clamped to the step's compute floor), as a share of those steps' mean time. A host-side
     delay that is its DataLoader (INPUT_WAIT_SHARE of its lateness) gets data workers as the change; data
     workers are never suggested when its DataLoader takes no longer than its peers'."""
     job = e.job_straggler
-    if job is None or job.share < STRAGGLER_SHARE:
-        return None
+    if job is None or not job.consistent or job.share < STRAGGLER_SHARE:
+        return None             # the verdict names no straggler (no single rank the others wait for): neither does advise
     own = [(f, w) for f, w in zip(e.stragglers, _padded(e.straggler_windows, len(e.stragglers))) if f.rank == job.rank]
     top, _ = max(own, key=lambda fw: fw[0].wait_share, default=(None, None))
     if top is None or top.cause not in _STRAGGLER_CHANGES:
@@ -445,11 +445,10 @@ def straggler(e: Evidence) -> Finding | None:
             change = {"change": "its input pipeline is the delay although it has workers: more workers, or a faster "
                                 "source (local copy, pre-tokenized data)"}
         kind = "input wait"
-    held = "holds the others back" if job.consistent else "causes the most waiting"
-    return Finding(rule="straggler", title=f"rank {job.rank} {held} ({kind})", evidence=evidence,
+    return Finding(rule="straggler", title=f"rank {job.rank} holds the others back ({kind})", evidence=evidence,
                    expected_gain_ms=bounded.ms if bounded else None, expected_gain_pct=bounded.pct if bounded else None,
                    gain_of_ms=bounded.of_ms if bounded else None, gain_basis=bounded.basis if bounded else "",
-                   confidence="high" if top.explained_share >= 0.8 and job.consistent else "medium",
+                   confidence="high" if top.explained_share >= 0.8 else "medium",
                    **change, why=top.explanation, recovers=_straggler_recovers(kind), ranks=[job.rank],
                    windows=windows)
 

@@ -102,12 +102,16 @@ def _evidence(**changes) -> Evidence:
 
 def test_the_straggler_finding_names_the_verdicts_rank_and_every_window_it_is_late_in():
     # Window 0: rank 1 causes 90% of a little waiting; over both windows rank 0 causes the most (the verdict's).
-    job = JobStraggler(rank=0, caused_us=9e4, share=0.6, times_last=30, collectives=60, consistent=False,
+    job = JobStraggler(rank=0, caused_us=9e4, share=0.6, times_last=30, collectives=60, consistent=True,
                        windows=(1,))
     evidence = _evidence(stragglers=[_cause(1, 0.9), _cause(0, 0.8)], straggler_windows=[0, 1], job_straggler=job)
     (finding,) = [f for f in advise_evidence(evidence).findings if f.rule == "straggler"]
-    assert finding.ranks == [0] and finding.title.startswith("rank 0 causes the most waiting")
+    assert finding.ranks == [0] and finding.title.startswith("rank 0 holds the others back")
     assert finding.windows == [1] and finding.evidence["windows"] == "1"
+    # "no single straggler" in the verdict (the demo: each of 2 ranks causes half the waiting): no straggler advice
+    undecided = dataclasses.replace(job, consistent=False, share=0.5)
+    evidence = dataclasses.replace(evidence, job_straggler=undecided)
+    assert [f.rule for f in advise_evidence(evidence).findings if f.rule == "straggler"] == []
 
 
 def test_no_data_worker_advice_when_its_dataloader_is_no_slower_than_its_peers():

@@ -392,6 +392,10 @@ def _with_explanation(f: StragglerCause) -> StragglerCause:
     return dataclasses.replace(f, explanation=explain(f))
 
 
+DATA_LOADER_MENTION_MS = 0.05
+"""A DataLoader excess below this (or a tenth of the lateness) explains nothing and is not mentioned."""
+
+
 def explain(f: StragglerCause) -> str:
     """One sentence: the cause and the figures it rests on."""
     head = (f"rank {f.rank} ({100 * f.wait_share:.0f}% of the waiting, last at {f.late_instances} collectives, "
@@ -422,7 +426,8 @@ def explain(f: StragglerCause) -> str:
         sentence += f" (that is {100 * f.explained_share:.0f}% of its lateness; also {', '.join(others)})"
     if f.routing and f.cause != CAUSE_WORK:
         sentence += f"; the MoE view shows {f.routing}"
-    if f.cause == CAUSE_HOST and f.data_loader_excess_ms is not None and f.data_loader_excess_ms > 0:
+    if f.cause == CAUSE_HOST and f.data_loader_excess_ms is not None and \
+            f.data_loader_excess_ms >= max(DATA_LOADER_MENTION_MS, 0.1 * f.mean_lateness_us / 1000):
         sentence += f"; its DataLoader fetch takes {f.data_loader_excess_ms:.2f} ms per step more than its peers'"
     if f.phase == "backward" and f.phase_vs_peers_pct is not None:
         sentence += "; found from its late arrival at collectives issued in backward (gradient buckets)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fleetscope.analysis.quantities import trace_step_times
 from fleetscope.analysis.report.model import Report
 
 
@@ -31,9 +32,11 @@ def critical_path_lines(report: Report) -> str:
         label = "-" if window.window is None else str(window.window)
         top = ", ".join(f"rank {s.rank} {s.kind} {100 * s.share:.0f}%" for s in paths.by_rank[:4])
         lines.append(f"window {label}: {top}")
+        step_ms = {step: ms for (w, step), ms in trace_step_times([window]).items()}
         for path in paths.steps[:PATH_STEPS_SHOWN]:
             chain = " -> ".join(f"r{s.rank} {s.kind}{' (' + s.collective + ')' if s.collective else ''} "
                                 f"{s.duration_us / 1000:.2f} ms" for s in path.segments
                                 if s.share >= PATH_SEGMENT_MIN_SHARE)
-            lines.append(f"  step {path.step} ({path.length_us / 1000:.2f} ms): {chain}")
+            of_step = f" of the {step_ms[path.step]:.2f} ms step" if path.step in step_ms else ""
+            lines.append(f"  step {path.step} (path {path.length_us / 1000:.2f} ms{of_step}): {chain}")
     return "Critical path (segments that set each step's end)\n" + "\n".join(f"  {l}" for l in lines) if lines else ""

@@ -1,0 +1,78 @@
+"""What `launch` and its neighbours check before anything starts, and the spellings they accept (torchrun's,
+sbatch's, the older ones)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from fleetscope.cli.commands import build_launch_parser
+from fleetscope.cli.jobargs import job_spec_from_args, slurm_minutes
+from fleetscope.cli.main import build_parser, main
+
+
+def spec_of(*argv: str):
+    return job_spec_from_args(build_launch_parser().parse_args(list(argv)))
+
+
+@pytest.mark.parametrize("text, minutes", [
+    ("90", 90), ("5:30", 6), ("01:30:00", 90), ("2-0", 2880), ("1-02:30", 1590), ("1-00:00:01", 1441), ("0:0:59", 1),
+])
+def test_time_takes_sbatch_formats(text, minutes):
+    assert slurm_minutes(text) == minutes
+
+
+@pytest.mark.parametrize("text", ["1h", "1:2:3:4", "-5", "1-", ""])
+def test_time_refuses_what_sbatch_would(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        slurm_minutes(text)
+
+
+def test_torchrun_spellings_and_one_process_per_node_by_default(tmp_path):
+    assert spec_of("--run-dir", str(tmp_path / "r")).nproc_per_node == 1
+    spec = spec_of("--scheduler", "submitit", "--nnodes", "2", "--nproc_per_node", "4", "--time", "1-00:00",
+                   "--run-dir", str(tmp_path / "r"))
+    assert (spec.nodes, spec.nproc_per_node, spec.slurm.time_minutes) == (2, 4, 1440)
+
+
+@pytest.mark.parametrize("scheduler", ["submitit", "torchx"])
+def test_slurm_refuses_to_guess_the_processes_per_node(scheduler, tmp_path, capsys):
+    assert main(["launch", "--scheduler", scheduler, "--run-dir", str(tmp_path / "r"), "--dry-run"]) == 2
+    assert "nproc_per_node" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--set", "faults.crash_rank=1"], "faults.crash_rank"),
+    (["--nproc-per-node", "2", "--set", "faults.straggle_rank=2"], "faults.straggle_rank"),
+    (["--set", "faults.hang_rank=3"], "faults.hang_rank"),
+    (["--set", "data.source=text", "--set", "data.path=absent.txt"], "data.path"),
+    (["--set", "model.path=absent-model"], "model.path"),
+    (["--set", "parallel.bucket_cap=5"], "did you mean parallel.bucket_cap_mb?"),
+])
+def test_what_cannot_work_exits_2_naming_the_field_and_starts_nothing(argv, field, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["launch", "--run-dir", str(tmp_path / "run"), "--device", "cpu", *argv]) == 2
+    assert field in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_both_spellings_of_no_postprocess_and_of_ranks():
+    parser = build_parser()
+    for flag in ("--no-post", "--no-postprocess"):
+        assert parser.parse_args(["launch", flag]).no_post is True
+    for argv in (["--rank", "3", "--rank", "1"], ["--ranks", "1,3"]):
+        assert sorted(parser.parse_args(["collect-traces", "RUN", "GLOB", *argv]).ranks) == [1, 3]
+
+
+def test_postprocess_takes_its_stages_options_and_refuses_them_with_slurm(tmp_path, capsys):
+    parser = build_parser()
+    args = parser.parse_args(["postprocess", "RUN", "--no-cache", "--no-hta", "--link-peak", "400", "--ranks", "0,1",
+                              "--budget-mb", "50"])
+    assert (args.no_cache, args.no_hta, args.link_peak, args.ranks, args.budget_mb) == (
+        True, True, 400.0, frozenset({0, 1}), 50.0)
+    run = tmp_path / "run"
+    (run / "traces").mkdir(parents=True)
+    (run / "traces" / "rank0.json").write_text("{}")
+    assert main(["postprocess", str(run), "--slurm", "--no-hta", "--dry-run"]) == 2
+    assert "--no-hta: not with --slurm" in capsys.readouterr().err

@@ -4,6 +4,7 @@ sbatch's, the older ones)."""
 from __future__ import annotations
 
 import argparse
+import shlex
 
 import pytest
 
@@ -76,3 +77,19 @@ def test_postprocess_takes_its_stages_options_and_refuses_them_with_slurm(tmp_pa
     (run / "traces" / "rank0.json").write_text("{}")
     assert main(["postprocess", str(run), "--slurm", "--no-hta", "--dry-run"]) == 2
     assert "--no-hta: not with --slurm" in capsys.readouterr().err
+
+
+def test_torchx_local_dry_run_prints_paste_able_commands_named_after_the_run(tmp_path, capsys):
+    pytest.importorskip("torchx")
+    run = tmp_path / "my-run"
+    assert main(["launch", "--scheduler", "torchx_local", "--run-dir", str(run), "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    header, *commands = out.strip().split("\ncd -- ")
+    app_id = header.split("app ", 1)[1].split(",")[0]
+    assert app_id.startswith("my-run-")
+    [command] = commands
+    words = shlex.split("cd -- " + command)
+    assert words[words.index("--rdzv-id") + 1] == app_id
+    assert f"TORCHX_JOB_ID=local_cwd://torchx/{app_id}" in words
+    assert "CUDA_VISIBLE_DEVICES" not in err and "{" not in header  # no TorchX GPU banner, no pprint'd dict
+    assert not run.exists()

@@ -11,6 +11,7 @@ The job is still TorchX's: `torchx status slurm://fleetscope/<job id>` works (wi
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,19 +218,38 @@ class TorchXLocalPlan:
     run_dir: Path
 
     def render(self) -> str:
-        return f"# torchx (local_cwd): the processes TorchX starts\n{self.dryrun_info}"
+        """What TorchX starts, one shell line per replica (paste-able), under a header with its app id."""
+        request = self.dryrun_info.request
+        header = (f"# torchx (local_cwd): app {request.app_id}, also the rendezvous id (a launch draws a new one); "
+                  f"TorchX's logs in {request.log_dir}, the ranks' in "
+                  f"{torchx_node_logs_dir(RunLayout.at(self.run_dir), '<replica>')}; it starts, per replica:")
+        return "\n".join([header, *(replica_command(replica) for replicas in request.role_params.values()
+                                    for replica in replicas)])
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": "torchx_local", "command": self.render()}
+
+
+def replica_command(replica: Any) -> str:
+    """One local_cwd replica (TorchX's ReplicaParam) as a shell line: its directory, the variables TorchX adds
+    (PATH in front of the caller's, as local_cwd joins them), its argv; every value quoted."""
+    env = dict(replica.env)
+    path = env.pop("PATH", "")
+    assignments = [f'PATH={shlex.quote(path)}:"$PATH"'] if path else []
+    assignments += [f"{name}={shlex.quote(value)}" for name, value in sorted(env.items())]
+    command = " ".join([*assignments, *(shlex.quote(arg) for arg in replica.args)])
+    return f"cd -- {shlex.quote(replica.cwd)} && {command}" if replica.cwd else command
 
 
 def plan_torchx_local(spec: JobSpec) -> TorchXLocalPlan:
     """TorchX's dry run for local_cwd (it writes nothing and starts nothing)."""
     from torchx.runner import get_runner
 
-    resources = SlurmResources.from_spec(spec)
-    app = build_appdef(spec, resources)
+    # No GPUs in the request: local_cwd assigns none to its one replica (torchrun's ranks see this host's GPUs),
+    # and a GPU request would only print TorchX's warning about replicas sharing GPUs, on CPU jobs too.
+    resources = dataclasses.replace(SlurmResources.from_spec(spec), gpus_per_node=0)
     layout = RunLayout.at(spec.train.run_dir)
+    app = dataclasses.replace(build_appdef(spec, resources), name=safe_job_label(layout.root.name))  # app id: run's
     with get_runner() as runner:
         info = runner.dryrun(app, "local_cwd", cfg={"log_dir": str(torchx_local_logs_dir(layout))})
     return TorchXLocalPlan(spec=spec, app=app, dryrun_info=info, run_dir=layout.root)

@@ -89,7 +89,9 @@ def test_torchx_local_dry_run_prints_paste_able_commands_named_after_the_run(tmp
     assert app_id.startswith("my-run-")
     [command] = commands
     words = shlex.split("cd -- " + command)
-    assert words[words.index("--rdzv-id") + 1] == app_id
+    assert words[-3:-1] == ["bash", "-c"]
+    torchrun = shlex.split(words[-1].splitlines()[-1])  # the node script's last line: exec torchrun ...
+    assert torchrun[torchrun.index("--rdzv-id") + 1] == app_id
     assert f"TORCHX_JOB_ID=local_cwd://torchx/{app_id}" in words
     assert "CUDA_VISIBLE_DEVICES" not in err and "{" not in header  # no TorchX GPU banner, no pprint'd dict
     assert not run.exists()

@@ -34,7 +34,8 @@ from fleetscope.analysis.quantities import (
     metrics_step_time_ms,
     step_ranges,
 )
-from fleetscope.analysis.report.model import Report
+from fleetscope.analysis.render.advice_terminal import gain_text
+from fleetscope.analysis.report.model import Report, TopFinding
 from fleetscope.traces.jobfile import read_job_record
 from fleetscope.traces.layout import RunLayout
 
@@ -855,26 +856,42 @@ def _combined_gain(findings: list[Finding], e: Evidence):
     return bounded_gain(e.step_ms * sum(best.values()) / 100.0, e.step_ms, e.step_basis)
 
 
-def advise(run_dir: str | Path) -> Advice:
-    """The advice for one run directory (its report.json, else an analysis of its traces)."""
-    layout = RunLayout.at(run_dir)
-    if not layout.root.is_dir():
-        raise FileNotFoundError(f"{run_dir}: not a run directory")
+def advise(path: str | Path) -> Advice:
+    """The advice for a run directory (its report.json, else an analysis of its traces), a directory of traces
+    or one trace file (what `analyze` accepts: every trace-based rule applies; step metrics and settings
+    only where a run directory has them)."""
+    source = Path(path)
+    layout = RunLayout.at(source if source.is_dir() else source.parent)
+    if not source.exists():
+        raise FileNotFoundError(f"{path}: no such run directory, trace directory or trace file")
     notes = []
     report = None
-    if layout.report_json.is_file():
+    if source.is_dir() and layout.report_json.is_file():
         report = load_report_json(layout.report_json, within=layout.root)
-    elif layout.traces_dir.is_dir():
-        report = analyze(layout.root, write_default_outputs=False, use_hta=False)
     else:
-        notes.append("no traces: advice from step metrics and configuration only")
+        try:
+            report = analyze(source, write_default_outputs=False, use_hta=False)
+        except (FileNotFoundError, ValueError) as error:
+            notes.append(f"no traces analyzed ({error}): advice from step metrics and configuration only")
     evidence = gather_evidence(layout, report)
     if evidence.step_ms is None:
-        notes.append("no steady step metrics: no time estimates")
-    advice = dataclasses.replace(advise_evidence(evidence, str(run_dir)), notes=notes)
+        notes.append("no steady step metrics (no run directory with metrics/): gains are not estimated as a share "
+                     "of the step")
+    advice = dataclasses.replace(advise_evidence(evidence, str(path)), notes=notes)
     if auditing():
-        audit("advice", run_dir, check_advice(advice, report))
+        audit("advice", path, check_advice(advice, report))
     return advice
+
+
+TOP_FINDINGS = 3
+
+
+def top_findings(root: Path, report: Report) -> list[TopFinding]:
+    """The advice the report shows next to its verdict: the same findings `advise` gives, largest gain first."""
+    advice = advise_evidence(gather_evidence(RunLayout.at(root), report), str(root))
+    return [TopFinding(rule=f.rule, title=f.title, gain=gain_text(f), change=f.change, confidence=f.confidence,
+                       ranks=list(f.ranks), windows=list(f.windows), overlaps=list(f.overlaps))
+            for f in advice.findings[:TOP_FINDINGS]]
 
 
 def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:

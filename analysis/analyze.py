@@ -43,7 +43,8 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
             hta_progress: Progress | None = None, use_cache: bool = True,
             cache_dir: Path | None = None, link_peak_gbps: float | None = None,
             comm_kernel_pattern: str | None = None,
-            on_parsed: Callable[[list[RankResult | TraceFailure]], None] | None = None) -> Report:
+            on_parsed: Callable[[list[RankResult | TraceFailure]], None] | None = None,
+            advisor: Callable[[Path, Report], list] | None = None) -> Report:
     """Analyze a run directory, a directory of Kineto traces, or one trace file.
 
     Writes the JSON report to `json_out` and the HTML report to `html_out` when given. For a run directory,
@@ -63,6 +64,8 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     NCCL's (e.g. DeepEP-style dispatch/combine kernels; CLI `--comm-kernel-pattern`, names.comm_kernel_rule).
     `on_parsed(outcomes)` gets the per-trace outcomes of the parse (RankResult.from_cache tells a cache hit),
     e.g. for the reduce step of a fanned-out parse to record that it parsed nothing.
+    `advisor(root, report)` returns the findings shown next to the verdict (Report.advice; the CLI passes
+    analysis/advise.py's top_findings, which this module cannot import: advise reads reports this writes).
     """
     comm_kernel_rule(comm_kernel_pattern)  # an invalid pattern fails here, before any work
     inputs = resolve_input(path)
@@ -92,6 +95,8 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         moe_records=moe_records,
     )
     report.capture = capture_section(inputs.layout, inputs.world_size)
+    if advisor is not None:
+        report.advice = list(advisor(inputs.layout.root if inputs.layout is not None else Path(path), report))
     if auditing():
         audit("report", json_out or path, check_report(report))
     _write_outputs(report, json_out, html_out)

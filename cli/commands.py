@@ -286,6 +286,7 @@ def register_analyze(sub: argparse._SubParsersAction) -> None:
 
 def handle_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
+    from ..analysis.advise import top_findings
     from ..analysis.render.terminal import render_terminal
     from ..analysis.report.build import parse_hta_ranks
 
@@ -297,7 +298,8 @@ def handle_analyze(args: argparse.Namespace) -> int:
     report = analyze(layout.root, json_out=json_out, html_out=html_out, use_hta=not args.no_hta,
                      hta_ranks=parse_hta_ranks(args.hta_ranks), progress=progress_printer("analyze"),
                      hta_progress=progress_printer("HTA"), use_cache=not args.no_cache, cache_dir=args.cache_dir,
-                     link_peak_gbps=args.link_peak, comm_kernel_pattern=args.comm_kernel_pattern)
+                     link_peak_gbps=args.link_peak, comm_kernel_pattern=args.comm_kernel_pattern,
+                     advisor=top_findings)
     print(render_terminal(report))
     for label, path in (("json", json_out), ("html", html_out)):
         if path:

@@ -109,11 +109,12 @@ def describe_manifest(manifest) -> str:
 def _analyze(layout: RunLayout, result: PostprocessResult, echo: bool, cache_dir: Path | None,
              on_parsed, options: dict) -> None:
     from ..analysis import analyze
+    from ..analysis.advise import top_findings
     from ..analysis.render.terminal import render_terminal
 
     report = analyze(layout.root, json_out=layout.report_json, html_out=layout.report_html,
                      progress=progress_callback("analyze"), hta_progress=progress_callback("HTA", "ranks"),
-                     cache_dir=cache_dir, on_parsed=on_parsed, **options)
+                     cache_dir=cache_dir, on_parsed=on_parsed, advisor=top_findings, **options)
     result.report_complete = report.complete
     result.outputs["report_json"] = layout.report_json
     result.outputs["report_html"] = layout.report_html

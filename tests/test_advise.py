@@ -1,11 +1,14 @@
 """The advisor: each rule fires on its evidence with the exact change, and stays silent on a healthy run."""
 
 
+import json
+
 import pytest
 
 from fleetscope.analysis.advise import Evidence, advise, advise_evidence
 from fleetscope.analysis.cross_rank.causes import CAUSE_HOST, CAUSE_SLOW_DEVICE, StepWhatIf, StragglerCause
 from fleetscope.analysis.quantities import JobStraggler
+from fleetscope.analysis.render.advice_terminal import gain_text
 from fleetscope.cli.main import main
 
 CONFIG = {"parallel": {"mode": "ddp", "bucket_cap_mb": 25.0}, "data": {"num_workers": 0},
@@ -138,3 +141,9 @@ def test_a_real_run_with_slow_data_loading_on_rank_0(tmp_path, capsys):
     assert main(["advise", str(run_dir), "--json", str(tmp_path / "advice.json")]) == 0
     assert "--set data.num_workers=8" in capsys.readouterr().out
     assert (tmp_path / "advice.json").is_file()
+    # advise is a view of the report: the report shows the same findings, with the same gains, next to its verdict
+    report = json.loads((run_dir / "report" / "report.json").read_text())
+    shown = [(f["rule"], f["gain"]) for f in report["advice"]]
+    assert shown == [(f.rule, gain_text(f)) for f in advise(run_dir).findings[:len(shown)]] and shown
+    assert "rank 0 is the straggler" in report["verdict"] and straggler.ranks == [0]
+    assert "advice 1: " in completed.stdout

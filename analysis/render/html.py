@@ -79,7 +79,18 @@ def _header(report: Report) -> str:
     return (f"<h1>fleetscope report</h1><p>{escape(report.source_path)} ({escape(report.source_kind)}), "
             f"{state}; world size {report.world_size or '?'}, {len(report.ranks)} rank(s), "
             f"{len(report.windows)} window(s); created {escape(report.created_at)}</p>"
-            f"<p><b>Verdict:</b> {escape(report.verdict)}</p><p>{escape(step_line)}</p>")
+            f"<p><b>Verdict:</b> {escape(report.verdict)}</p>{_advice(report)}<p>{escape(step_line)}</p>")
+
+
+def _advice(report: Report) -> str:
+    """The advisor's top findings, next to the verdict (Report.advice)."""
+    if not report.advice:
+        return ""
+    items = "".join(
+        f"<li><b>{escape(f.title)}</b> [{escape(f.rule)}; confidence {escape(f.confidence)}; {escape(f.gain)}]"
+        + (f" (overlaps {escape(', '.join(f.overlaps))}: not additive)" if f.overlaps else "")
+        + f"<br>change: <code>{escape(f.change)}</code></li>" for f in report.advice)
+    return f"<p><b>Advice</b> (fleetscope advise RUN gives the evidence):</p><ol>{items}</ol>"
 
 
 def _problems(report: Report) -> str:

@@ -54,6 +54,12 @@ def _header(report: Report) -> str:
            f"({report.step_time_basis or 'trace'})" if steps else ""),
         f"verdict: {report.verdict}",
     ]
+    for index, finding in enumerate(report.advice, 1):
+        lines.append(f"advice {index}: {finding.title} [{finding.rule}; confidence {finding.confidence}; {finding.gain}]"
+                     + (f" (overlaps {', '.join(finding.overlaps)}: not additive)" if finding.overlaps else ""))
+        lines.append(f"  change: {finding.change}")
+    if report.advice:
+        lines.append("  (fleetscope advise RUN: the evidence; fleetscope tune RUN --apply RULE: try it)")
     return "\n".join(lines)
 
 

@@ -11,6 +11,9 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
     missing[]             {rank, window}: ranks with no trace in a window
     notes[]               plain-language remarks (attempts ignored, ranks numbered by file order, ...)
     verdict               one paragraph: slowest rank, the rank others wait for
+    advice[]              the advisor's top findings (analysis/advise.py, the same as `fleetscope advise`): {rule,
+                          title, gain (with its denominator and basis), change, confidence, ranks[], windows[],
+                          overlaps[] (rules recovering the same time)}; empty when analyzed without the advisor
     step_time             StepStats over the profiled steps, per step the slowest rank's time (analysis/quantities.py):
                           {count, mean_ms, median_ms, min_ms, max_ms, std_ms}
     step_time_basis       where step_time comes from: "trace, profiled steps 2-3, 6-7, slowest rank per step"
@@ -290,6 +293,21 @@ class RankSummary:
     overlap_pct: float | None
 
 
+@dataclass(frozen=True, kw_only=True)
+class TopFinding:
+    """One of the advisor's findings as the report shows it next to the verdict (analysis/advise.py)."""
+
+    rule: str
+    title: str
+    gain: str
+    """"expected gain up to X ms/step (P% of S ms, basis)" or "gain not estimated"."""
+    change: str
+    confidence: str
+    ranks: list[int] = field(default_factory=list)
+    windows: list[int | None] = field(default_factory=list)
+    overlaps: list[str] = field(default_factory=list)
+
+
 @dataclass(kw_only=True)
 class Report:
     schema_version: int = SCHEMA_VERSION
@@ -302,6 +320,7 @@ class Report:
     missing: list[MissingTrace] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     verdict: str = ""
+    advice: list[TopFinding] = field(default_factory=list)
     step_time: StepStats | None = None
     step_time_basis: str = ""
     ranks: list[RankSummary] = field(default_factory=list)

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import NoReturn
 
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
 from .config import ConfigError, parse_train_args
 
@@ -20,15 +20,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_train_args(sys.argv[1:] if argv is None else argv)
     except ConfigError as error:
-        print(f"fleetscope trainer: bad configuration: {error}", file=sys.stderr)
-        return 2
+        return refuse(error)
     from .entry import run  # torch-heavy imports only after the configuration is known to be valid
 
     try:
         return run(config)
     except ConfigError as error:
-        print(f"fleetscope trainer: bad configuration: {error}", file=sys.stderr)
-        return 2
+        return refuse(error)
+
+
+def refuse(error: ConfigError) -> int:
+    """A configuration this rank cannot run: one line on stderr and in torchrun's error file (launchers name
+    the first failed rank with this line), exit status 2, no traceback."""
+    print(f"fleetscope trainer: bad configuration: {error}", file=sys.stderr)
+    ErrorHandler().record_exception(error)  # writes only under torchrun (TORCHELASTIC_ERROR_FILE)
+    return 2
 
 
 def exit_without_teardown(code: int) -> NoReturn:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from ..launcher.failures import RankFailure
+from ..launcher.runs import recorded_anything
 from ..launcher.scheduler import RunStatus, Submission
 from ..launcher.schedulers.local import RecordedRunStatus
 from ..launcher.schedulers.slurm import SlurmJobStatus, SlurmRunStatus
@@ -24,6 +25,8 @@ def print_failed_job(layout: RunLayout, submission: Submission, *, post_ran: boo
         print(f"  no rank left an error file; see the logs under {layout.logs_dir}", file=sys.stderr)
     if post_ran:
         print("  traces written before the failure are kept and were gathered.", file=sys.stderr)
+    elif not recorded_anything(layout):
+        print("  no step finished and no trace was written: nothing to gather, analyze or merge.", file=sys.stderr)
 
 
 def print_outputs(outputs: dict[str, Path]) -> None:
@@ -38,7 +41,7 @@ def print_outputs(outputs: dict[str, Path]) -> None:
 
 def print_submitted(submission: Submission, layout: RunLayout, *, nodes: int, nproc_per_node: int) -> None:
     after = (f"post-processing job {submission.postprocess_job_id} runs after it" if submission.postprocess_job_id
-             else "no post-processing job (--no-post)")
+             else "no post-processing job (--no-postprocess)")
     print(f"fleetscope: submitted Slurm job {submission.job_id} ({submission.scheduler}, {nodes} node(s) x "
           f"{nproc_per_node}); {after}")
     print(f"  run directory: {layout.root}")

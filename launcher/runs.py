@@ -75,8 +75,16 @@ def launch(scheduler: Scheduler, plan: LaunchPlan, *, resume: bool, postprocess:
         on_start()
     submission = scheduler.submit(plan, layout)
     write_job_record(layout, environment=environment_fingerprint())   # what `compare` checks runs share
-    post = postprocess(layout.root) if postprocess is not None and submission.finished else None
+    post = None
+    if postprocess is not None and submission.finished and (submission.succeeded or recorded_anything(layout)):
+        post = postprocess(layout.root)  # a failed job that recorded nothing leaves nothing to gather
     return LaunchOutcome(submission=submission, post=post)
+
+
+def recorded_anything(layout: RunLayout) -> bool:
+    """Whether a run wrote a trace or finished a step (a step-metrics line), e.g. before it failed."""
+    traced = layout.traces_dir.is_dir() and any(path.is_file() for path in layout.traces_dir.rglob("*"))
+    return traced or any(path.stat().st_size > 0 for path in layout.step_metrics_files())
 
 
 def scheduler_of_run(layout: RunLayout) -> Scheduler:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ...trainer.config import ConfigError
 from ...traces.collect import Collection, collect_traces
@@ -74,14 +76,41 @@ def run_local(plan: LocalPlan) -> LocalResult:
     starts in its workdir, and the traces it wrote itself are collected once it is over (any outcome)."""
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     entry = plan.spec.entry
-    completed = subprocess.run(plan.argv, env={**os.environ, **plan.env}, check=False,
-                               cwd=entry.workdir if entry is not None else None)
+    layout = RunLayout.at(plan.run_dir)
+    with subprocess.Popen(plan.argv, env={**os.environ, **plan.env}, cwd=entry.workdir if entry is not None else None,
+                          stderr=subprocess.PIPE, text=True, errors="replace") as torchrun:
+        pass_stderr(torchrun.stderr, sys.stderr, layout.logs_dir / TORCHRUN_STDERR)
+        returncode = torchrun.wait()
     if entry is not None and entry.collect_glob:
-        report_collection(collect_traces(entry.collect_glob, RunLayout.at(plan.run_dir)))
-    if completed.returncode == 0:
+        report_collection(collect_traces(entry.collect_glob, layout))
+    if returncode == 0:
         return LocalResult(returncode=0)
-    return LocalResult(returncode=completed.returncode,
-                       failures=collect_failures(RunLayout.at(plan.run_dir).logs_dir))
+    return LocalResult(returncode=returncode, failures=collect_failures(layout.logs_dir))
+
+
+TORCHRUN_STDERR = "torchrun.stderr.log"
+"""torchrun's own traceback and failure summary of a failed local job, under <run>/logs/."""
+
+
+def pass_stderr(lines: Iterable[str], out: TextIO, summary_path: Path) -> None:
+    """torchrun's stderr, line by line, less its own traceback and ChildFailedError summary (the launch then
+    names the failed ranks and their messages, from the error files): that block goes to `summary_path`,
+    with a line saying so. The ranks' lines (prefixed `[default<R>]:`) always pass; a block that never reaches
+    the summary's closing rule is passed on whole."""
+    held: list[str] = []
+    for line in lines:
+        if not held and line.rstrip("\n") != "Traceback (most recent call last):":
+            out.write(line)
+            out.flush()
+            continue
+        held.append(line)
+        if line.startswith("=" * 20) and any(seen.startswith("Root Cause") for seen in held):
+            summary_path.parent.mkdir(parents=True, exist_ok=True)
+            with summary_path.open("a") as summary:
+                summary.writelines(held)
+            out.write(f"fleetscope: torchrun's traceback and failure summary: {summary_path}\n")
+            held = []
+    out.writelines(held)
 
 
 def report_collection(collection: Collection) -> None:

@@ -95,3 +95,49 @@ def test_torchx_local_dry_run_prints_paste_able_commands_named_after_the_run(tmp
     assert f"TORCHX_JOB_ID=local_cwd://torchx/{app_id}" in words
     assert "CUDA_VISIBLE_DEVICES" not in err and "{" not in header  # no TorchX GPU banner, no pprint'd dict
     assert not run.exists()
+
+
+TORCHRUN_FAILURE = """[default0]:fleetscope trainer: bad configuration: faults.hot_expert: 99 is not an expert
+E1202 failed (exitcode: 2) local_rank: 0
+Traceback (most recent call last):
+  File "run.py", line 1032, in <module>
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+fleetscope.trainer FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+============================================================
+after
+"""
+
+
+def test_torchruns_own_traceback_goes_to_a_log_and_the_ranks_lines_pass(tmp_path):
+    import io
+
+    from fleetscope.launcher.schedulers.local import pass_stderr
+
+    out, summary = io.StringIO(), tmp_path / "logs" / "torchrun.stderr.log"
+    pass_stderr(io.StringIO(TORCHRUN_FAILURE), out, summary)
+    shown = out.getvalue().splitlines()
+    assert shown[:2] == TORCHRUN_FAILURE.splitlines()[:2]
+    assert shown[2] == f"fleetscope: torchrun's traceback and failure summary: {summary}" and shown[3:] == ["after"]
+    assert summary.read_text().startswith("Traceback") and "Root Cause" in summary.read_text()
+    unfinished = "Traceback (most recent call last):\n  File x\nRuntimeError: boom\n"
+    out = io.StringIO()
+    pass_stderr(io.StringIO(unfinished), out, tmp_path / "other.log")
+    assert out.getvalue() == unfinished and not (tmp_path / "other.log").exists()
+
+
+def test_a_failed_run_that_recorded_nothing_is_not_post_processed(tmp_path):
+    from fleetscope.launcher.runs import recorded_anything
+    from fleetscope.traces.layout import RunLayout
+
+    layout = RunLayout.at(tmp_path)
+    assert not recorded_anything(layout)
+    layout.metrics_dir.mkdir()
+    layout.metrics_file(0).write_text("")
+    assert not recorded_anything(layout)
+    layout.metrics_file(0).write_text('{"step": 0}\n')
+    assert recorded_anything(layout)

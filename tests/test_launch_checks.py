@@ -4,6 +4,7 @@ sbatch's, the older ones)."""
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 
 import pytest
@@ -141,3 +142,18 @@ def test_a_failed_run_that_recorded_nothing_is_not_post_processed(tmp_path):
     assert not recorded_anything(layout)
     layout.metrics_file(0).write_text('{"step": 0}\n')
     assert recorded_anything(layout)
+
+
+@pytest.mark.slow
+def test_a_rank_refusing_its_configuration_is_named_in_one_line_without_torchruns_traceback(tmp_path):
+    from helpers import fleetscope
+
+    run = tmp_path / "run"
+    completed = fleetscope("launch", "--nproc-per-node", "2", "--run-dir", str(run), "--device", "cpu", "--steps", "2",
+                           "--set", "faults.hot_expert=99", cwd=tmp_path)   # checked where the model is built
+    assert completed.returncode == 1
+    assert re.search(r"rank [01]( \[failed first\])?: ConfigError: faults.hot_expert: 99 is not an expert of "
+                     r"qwen3_moe", completed.stderr), completed.stderr[-2000:]
+    assert "Traceback" not in completed.stderr and "ChildFailedError" not in completed.stderr
+    assert "nothing to gather, analyze or merge" in completed.stderr
+    assert not (run / "manifest.json").exists() and not (run / "report").exists()

@@ -117,3 +117,13 @@ def test_every_documented_launch_runs_as_a_dry_run(where, argv, tmp_path, monkey
     assert main(argv) == 0, f"{where}: {capsys.readouterr().err}"
     assert capsys.readouterr().out.strip()
     assert list(tmp_path.iterdir()) == [], f"{where}: the dry run wrote {list(tmp_path.iterdir())}"
+
+
+def test_the_readme_names_every_multicast_variable_launch_sets():
+    from fleetscope.launcher.spec import DEFAULT_ENV
+
+    text = " ".join((REPO / "README.md").read_text().split())
+    multicast = {name: value for name, value in DEFAULT_ENV.items() if "NVLS" in name or "MULTICAST" in name}
+    assert len(multicast) == 3
+    for name, value in multicast.items():
+        assert f"`{name}={value}`" in text or f"{name}={value}`" in text, name

@@ -519,7 +519,7 @@ def test_corpus_case(case, tmp_path):
             _metrics(base, rank, 1000.0)
             _metrics(layout, rank, 1000.0)
         shutil.copyfile(case, layout.metrics_file(1))
-        assert not compare(base.root, layout.root).regressions
+        assert not compare(base.root, layout.root, allow_different_jobs=True).regressions   # 2 ranks vs 3
     elif kind == "moe":
         write_moe_records(layout, ranks=(0, 1, 2))
         with layout.moe_file(1).open("ab") as handle:

@@ -137,12 +137,13 @@ def test_findings_are_picked_by_number_or_rule_and_must_carry_a_change(tmp_path)
 def test_direction_says_which_way_a_metric_moved():
     def gate(interval, higher_is_better=False):
         return MetricGate(name="m", higher_is_better=higher_is_better, base_median=1.0, new_median=1.0, base_steps=9,
-                          new_steps=9, change_pct=0.0, interval_pct=interval, gated=True)
+                          new_steps=9, change_pct=sum(interval) / 2, interval_pct=interval, gated=True)
 
     assert direction(gate((-60.0, -40.0))) == "gain" and direction(gate((20.0, 40.0))) == "loss"
     assert direction(gate((20.0, 40.0), higher_is_better=True)) == "gain"
     assert direction(gate((-5.0, 3.0))) == "unclear"
     assert direction(dataclasses.replace(gate((-60.0, -40.0)), gated=False)) == "unclear"
+    assert direction(gate((-0.5, -0.01))) == "unclear"           # -0.3%: below the practical threshold
 
 
 # --- the command on a run directory without a job --------------------------------------------------

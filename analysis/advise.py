@@ -108,7 +108,10 @@ class Evidence:
     job_straggler: JobStraggler | None = None
     """The rank the report's verdict names (analysis/quantities.py job_straggler)."""
     config: dict[str, Any] = field(default_factory=dict)
-    """job.json spec.train: the trainer configuration of the run."""
+    """job.json spec.train: the trainer configuration of the run (empty for any other program)."""
+    program: str = ""
+    """"" for fleetscope's trainer; else what ran ("python train.py ...", or "unknown program" for a folder of
+    traces): the advice is then a code change, and no trainer setting is read or suggested."""
     moe: MoeReport | None = None
     """The report's MoE section (cross_rank/moe.py): routing, per-rank MoE phase times, hot experts."""
     rank_hosts: dict[int, str] = field(default_factory=dict)
@@ -816,8 +819,37 @@ RULES: tuple[Callable[[Evidence], Finding | None], ...] = (
     moe_load_balance, moe_expert_placement, moe_ep_degree)
 
 
+USER_CODE_CHANGES = {
+    "data_workers": f"DataLoader(..., num_workers={RECOMMENDED_WORKERS}, pin_memory=True, persistent_workers=True): "
+                    "load the next batches in worker processes while the step runs",
+    "cuda_graphs": "torch.compile(model, mode='reduce-overhead') (CUDA graphs replay the step's launches; "
+                   "mode='default' where parameters move, as under FSDP)",
+    "gradient_buckets": "DistributedDataParallel(model, bucket_cap_mb=...) as the finding's evidence suggests",
+    "allocator": f"PYTORCH_ALLOC_CONF={EXPANDABLE} in every rank's environment",
+    "memory_pressure": "activation checkpointing (torch.utils.checkpoint) in the largest blocks, or a smaller batch",
+    "moe_load_balance": "a load-balancing loss on the router (or a capacity factor) so tokens spread evenly",
+    "moe_ep_degree": "a smaller expert-parallel degree, or expert groups inside one node",
+}
+"""A rule's change in the user's own code, for any program that is not fleetscope's trainer."""
+_USER_STRAGGLER_INPUT = (f"DataLoader(..., num_workers={RECOMMENDED_WORKERS}, pin_memory=True, "
+                         "persistent_workers=True) on that rank: its input pipeline is the delay")
+
+
+def _in_program_terms(finding: Finding, e: Evidence) -> Finding:
+    """For a program other than fleetscope's trainer: the code change, nothing `tune` could apply."""
+    if not e.program:
+        return finding
+    if finding.rule == "straggler":
+        change = _USER_STRAGGLER_INPUT if "input wait" in finding.title else finding.change
+    else:
+        change = USER_CODE_CHANGES.get(finding.rule, finding.change)
+    evidence = {k: v for k, v in finding.evidence.items() if k not in ("compile", "num_workers", "bucket_cap_mb")}
+    return dataclasses.replace(finding, change=change, apply=None, evidence={**evidence, "program": e.program})
+
+
 def advise_evidence(evidence: Evidence, run: str = "") -> Advice:
-    findings = [_with_basis(f, evidence) for f in (rule(evidence) for rule in RULES) if f is not None]
+    findings = [_in_program_terms(_with_basis(f, evidence), evidence)
+                for f in (rule(evidence) for rule in RULES) if f is not None]
     findings = _mark_overlaps(findings)
     findings.sort(key=lambda f: -(f.expected_gain_ms if f.expected_gain_ms is not None else -1.0))
     combined = _combined_gain(findings, evidence)
@@ -908,8 +940,10 @@ def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
     def total(key: str) -> int:
         return int(sum(r.get(key) or 0 for rows in by_step.values() for r in rows if isinstance(r.get(key), int)))
 
-    spec = read_job_record(layout).get("spec")
-    train = spec.get("train") if isinstance(spec, dict) else None
+    record = read_job_record(layout)
+    spec = record.get("spec")
+    program = _program_of(record)
+    train = spec.get("train") if isinstance(spec, dict) and not program else None
     utilization = [r.utilization for w in (report.windows if report else []) for r in w.ranks if r.utilization]
 
     def mean_of(values: list[float | None]) -> float | None:
@@ -935,8 +969,24 @@ def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
         stragglers=[f for w in windows for f in w.causes.findings],
         straggler_windows=[w.window for w in windows for _ in w.causes.findings],
         job_straggler=job_straggler(windows),
-        config=train if isinstance(train, dict) else {},
+        config=train if isinstance(train, dict) else {}, program=program,
         moe=report.moe if report else None, rank_hosts={r.rank: r.host for r in (report.ranks if report else [])})
+
+
+def _program_of(record: dict) -> str:
+    """"" when job.json says fleetscope's trainer ran; else the user's program, or "unknown program"."""
+    spec = record.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("train"), dict):
+        return "unknown program (no fleetscope run record)"
+    entry = spec.get("entry")
+    if isinstance(entry, dict):
+        words = [str(entry.get("program", "?")), *map(str, entry.get("args") or [])][:8]
+        return _printable(" ".join(shlex.quote(w) for w in words))[:200]
+    return ""
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _trace_data_loader_ms(report: Report | None) -> float | None:

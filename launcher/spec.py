@@ -167,6 +167,22 @@ class JobSpec:
         return ["-m", TRAINER_MODULE, *train_argv(self.train)]
 
 
+USER_PROGRAM_TRAIN_FIELDS = ("run_dir", "profiler")
+"""What of the trainer's configuration a user program's run uses: where it writes, the profiler schedule its
+ranks follow (trainer/user_profiling.py), and of `performance` the device (Slurm's GPU request) and the
+allocator setting (its ranks' environment). The rest configures fleetscope's trainer, which did not run."""
+
+
 def spec_record(spec: JobSpec) -> dict[str, Any]:
-    """The resolved spec as job.json records it, with the world size readers (gather) rely on."""
-    return {"spec": dataclasses.asdict(spec), "world_size": spec.world_size, "scheduler": spec.scheduler}
+    """The resolved spec as job.json records it, with the world size readers (gather) rely on. A user
+    program's record holds the program, its arguments, the environment contract of its ranks and the
+    profiler settings, never a trainer configuration that did not run."""
+    fields = dataclasses.asdict(spec)
+    record: dict[str, Any] = {"spec": fields, "world_size": spec.world_size, "scheduler": spec.scheduler}
+    if spec.entry is not None:
+        train = fields["train"]
+        fields["train"] = {name: train[name] for name in USER_PROGRAM_TRAIN_FIELDS}
+        fields["train"]["performance"] = {"device": spec.train.performance.device,
+                                          "alloc_conf": spec.train.performance.alloc_conf}
+        record["program"] = {"argv": spec.rank_program(), "environment": spec.rank_environment()}
+    return record

@@ -39,8 +39,14 @@ def test_the_record_gives_back_the_launched_spec(tmp_path):
     spec = _spec(tmp_path / "run", "parallel.bucket_cap_mb=0.5", scheduler="submitit", nodes=2, nproc_per_node=4,
                  env={"NCCL_DEBUG": "INFO"}, slurm=SlurmOptions(partition="gpu", extra_sbatch=("--exclusive",)))
     assert job_spec_from_record(_recorded(spec)) == spec
-    entry = _spec(tmp_path / "run", entry=UserEntry(program="/opt/train.py", args=("--lr", "1e-3"), workdir="/opt"))
+    program = UserEntry(program="/opt/train.py", args=("--lr", "1e-3"), workdir="/opt")
+    train = apply_overrides(TrainConfig(run_dir=str(tmp_path / "run")), ["performance.device=cpu", "profiler.active=3"])
+    entry = JobSpec(train=train, entry=program)
     assert job_spec_from_record(_recorded(entry)) == entry
+    # a user program's record holds no trainer configuration that did not run (model, parallel, data, ...)
+    record = spec_record(entry)
+    assert set(record["spec"]["train"]) == {"run_dir", "profiler", "performance"}
+    assert record["program"]["argv"][-3:] == ["/opt/train.py", "--lr", "1e-3"]
 
 
 def test_the_change_then_the_users_settings_are_applied_over_the_same_job(tmp_path):

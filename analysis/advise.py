@@ -101,6 +101,14 @@ class Evidence:
     exposed_comm_pct: float | None = None
     """Mean over ranks of exposed communication / span, from the trace."""
     overlap_pct: float | None = None
+    launch_ms: float | None = None
+    """Host time per step inside launch calls (host_stalls.py), mean over the profiled steps of every rank."""
+    launches: float | None = None
+    """Launch calls per step, the same mean."""
+    syncs: float | None = None
+    tensor_reads: float | None = None
+    idle_cause_ms: dict[str, float] = field(default_factory=dict)
+    """GPU idle per profiled step by cause (host_stalls.py), mean over ranks."""
     stragglers: list[Any] = field(default_factory=list)
     """The report's straggler cause findings (causes.py), all windows."""
     straggler_windows: list[int | None] = field(default_factory=list)
@@ -202,7 +210,8 @@ class Advice:
 
 
 RECOVERS = {
-    "data_workers": "input wait", "cuda_graphs": "host-side time", "gradient_buckets": "exposed communication",
+    "data_workers": "input wait", "cuda_graphs": "host-side time", "host_work": "host-side time",
+    "host_syncs": "host syncs", "gradient_buckets": "exposed communication",
     "allocator": "allocator", "memory_pressure": "memory", "moe_load_balance": "expert imbalance",
     "moe_expert_placement": "expert imbalance", "moe_ep_degree": "all-to-all exchange",
 }
@@ -237,23 +246,97 @@ def data_workers(e: Evidence) -> Finding | None:
                        "process; worker processes load the next batches while the GPU computes")
 
 
+LAUNCH_EVIDENCE_SHARE = 0.3
+"""The host is launch-bound when its time inside launch calls is at least this share of the GPU's idle time,
+or when short gaps between back-to-back kernels are most of that idle time."""
+HOST_WORK_SHARE = 0.5
+"""GPU idle "host busy elsewhere" above this share of the idle time: the host is busy with other work."""
+SYNC_SHARE = 0.10
+"""GPU idle after host syncs above this share of the step: the step drains the GPU at syncs."""
+
+
+DISPATCH_RATE_PER_MS = 10.0
+"""At least this many launches per millisecond of GPU idle time: the host does little between launches but
+dispatch them (eager PyTorch's per-op overhead, 20-50 launches per idle ms on the H200 fixtures): what
+compilation and CUDA graphs remove. A host busy with its own work launches far less often."""
+
+
+def _launch_bound(e: Evidence, idle_ms: float) -> bool:
+    """The GPU's idle time is launch overhead: the host inside launch calls, short gaps between back-to-back
+    kernels, or launches dense enough that dispatching them is all the host does."""
+    short = e.idle_cause_ms.get("short gaps", 0.0)
+    inside = e.launch_ms is not None and e.launch_ms >= LAUNCH_EVIDENCE_SHARE * idle_ms
+    dense = e.launches is not None and idle_ms > 0 and e.launches / idle_ms >= DISPATCH_RATE_PER_MS
+    return inside or dense or short >= 0.5 * idle_ms
+
+
 def cuda_graphs(e: Evidence) -> Finding | None:
-    """GPU idle over IDLE_SHARE of the span (GPU basis) without compilation: the host cannot launch kernels
-    fast enough. CUDA graphs (`reduce-overhead`; plain `default` under FSDP, whose parameters move) replay
-    the step's launches; assumed to recover LAUNCH_RECOVERABLE of the idle time."""
+    """GPU idle over IDLE_SHARE of the span (GPU basis) without compilation, and the evidence is launches
+    (_launch_bound: the host's time inside launch calls, or short gaps between back-to-back kernels): the host
+    cannot launch kernels fast enough. CUDA graphs (`reduce-overhead`; plain `default` under FSDP, whose
+    parameters move) replay the step's launches; assumed to recover LAUNCH_RECOVERABLE of the idle time.
+    A GPU waiting for other host work is host_work's, not this rule's."""
     compiled = e.setting("performance", "compile", "none")
-    if e.basis != "gpu" or e.idle_pct is None or e.idle_pct < 100 * IDLE_SHARE or compiled != "none":
+    if e.basis != "gpu" or e.idle_pct is None or e.idle_pct < 100 * IDLE_SHARE or compiled != "none" or not e.step_ms:
+        return None
+    idle_ms = e.idle_pct / 100 * e.step_ms
+    if not _launch_bound(e, idle_ms):
         return None
     mode = "default" if str(e.setting("parallel", "mode", "")).startswith("fsdp") else "reduce-overhead"
-    idle_ms = e.idle_pct / 100 * e.step_ms if e.step_ms else None
-    gain, pct = _gain(e, LAUNCH_RECOVERABLE * idle_ms if idle_ms is not None else None)
+    gain, pct = _gain(e, LAUNCH_RECOVERABLE * idle_ms)
+    evidence = {"gpu_idle_pct": round(e.idle_pct, 1), "launch_ms_per_step": round(e.launch_ms or 0.0, 3),
+                "launches_per_step": round(e.launches or 0.0, 1), "compile": compiled}
     return Finding(rule="cuda_graphs", title="the GPU waits for the host to launch kernels",
-                   evidence={"gpu_idle_pct": round(e.idle_pct, 1), "compile": compiled},
-                   expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
+                   evidence=evidence, expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
                    **_applied(Change(train_args=("--compile", mode))),
-                   why=f"the GPU is idle {e.idle_pct:.0f}% of the profiled steps; compiling fuses kernels and "
-                       + ("CUDA graphs replay the launches without the host" if mode == "reduce-overhead" else
-                          "cuts launches (CUDA graphs need fixed parameter addresses, which FSDP does not keep)"))
+                   why=f"the GPU is idle {e.idle_pct:.0f}% of the profiled steps while the host makes "
+                       f"{e.launches or 0.0:.0f} launch calls per step ({(e.launches or 0.0) / idle_ms:.0f} per ms of "
+                       f"GPU idle, {e.launch_ms or 0.0:.2f} ms inside them): it does little but dispatch; compiling fuses "
+                       "kernels and " + ("CUDA graphs replay the launches without the host" if mode == "reduce-overhead"
+                                         else "cuts launches (CUDA graphs need fixed parameter addresses, which FSDP "
+                                              "does not keep)"))
+
+
+def host_work(e: Evidence) -> Finding | None:
+    """GPU idle over IDLE_SHARE, most of it (HOST_WORK_SHARE) "host busy elsewhere", and not launch-bound: the
+    host is busy with work that launches nothing (tensors built on the CPU, Python, copies from pageable
+    memory, I/O). Gain, an upper bound: that idle time per step. No setting fixes it: the change is in code."""
+    if e.basis != "gpu" or e.idle_pct is None or e.idle_pct < 100 * IDLE_SHARE or not e.step_ms:
+        return None
+    idle_ms = e.idle_pct / 100 * e.step_ms
+    busy_ms = e.idle_cause_ms.get("host busy elsewhere", 0.0)
+    if busy_ms < HOST_WORK_SHARE * idle_ms or _launch_bound(e, idle_ms):
+        return None
+    gain, pct = _gain(e, busy_ms)
+    return Finding(rule="host_work", title="the GPU waits for host work that launches nothing",
+                   evidence={"gpu_idle_pct": round(e.idle_pct, 1), "host_busy_idle_ms_per_step": round(busy_ms, 3),
+                             "launch_ms_per_step": round(e.launch_ms or 0.0, 3)},
+                   expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
+                   change="move the host work between launches off the step: build batches and tensors on the device "
+                          "(torch.randn(..., device='cuda')), copy with non_blocking=True from pinned memory, keep "
+                          "Python bookkeeping out of the loop; its CPU threads in the merged trace (profile with "
+                          "with_stack for the frames) show which code it is",
+                   why=f"the GPU is idle {e.idle_pct:.0f}% of the step, {busy_ms:.2f} ms per step while the host "
+                       f"was busy elsewhere, but only {e.launch_ms or 0.0:.2f} ms per step inside "
+                       f"{e.launches or 0.0:.0f} launch calls ({(e.launches or 0.0) / idle_ms:.1f} per ms of idle): "
+                       "CUDA graphs would not help; the host's own work holds the GPU back")
+
+
+def host_syncs(e: Evidence) -> Finding | None:
+    """GPU idle right after host syncs and tensor reads (idle cause "host sync") over SYNC_SHARE of the step:
+    each sync drains the GPU queue. Gain: that idle time per step."""
+    sync_ms = e.idle_cause_ms.get("host sync", 0.0)
+    if e.basis != "gpu" or not e.step_ms or sync_ms < SYNC_SHARE * e.step_ms:
+        return None
+    gain, pct = _gain(e, sync_ms)
+    return Finding(rule="host_syncs", title="the step drains the GPU at host syncs",
+                   evidence={"sync_idle_ms_per_step": round(sync_ms, 3), "syncs_per_step": round(e.syncs or 0.0, 1),
+                             "tensor_reads_per_step": round(e.tensor_reads or 0.0, 1)},
+                   expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
+                   change="remove the .item() / torch.cuda.synchronize() calls from the step (keep values on the GPU "
+                          "and read them every N steps); with_stack traces name the frames",
+                   why=f"the GPU waits {sync_ms:.2f} ms per step after host syncs ({e.syncs or 0.0:.1f} syncs and "
+                       f"{e.tensor_reads or 0.0:.1f} tensor reads per step): each one empties the GPU's queue")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -815,7 +898,7 @@ def moe_ep_degree(e: Evidence) -> Finding | None:
 
 
 RULES: tuple[Callable[[Evidence], Finding | None], ...] = (
-    straggler, data_workers, cuda_graphs, gradient_buckets, allocator, memory_pressure,
+    straggler, data_workers, cuda_graphs, host_work, host_syncs, gradient_buckets, allocator, memory_pressure,
     moe_load_balance, moe_expert_placement, moe_ep_degree)
 
 
@@ -829,6 +912,8 @@ USER_CODE_CHANGES = {
     "memory_pressure": "activation checkpointing (torch.utils.checkpoint) in the largest blocks, or a smaller batch",
     "moe_load_balance": "a load-balancing loss on the router (or a capacity factor) so tokens spread evenly",
     "moe_ep_degree": "a smaller expert-parallel degree, or expert groups inside one node",
+    "host_work": None,
+    "host_syncs": None,
 }
 """A rule's change in the user's own code, for any program that is not fleetscope's trainer."""
 _USER_STRAGGLER_INPUT = (f"DataLoader(..., num_workers={RECOMMENDED_WORKERS}, pin_memory=True, "
@@ -842,7 +927,7 @@ def _in_program_terms(finding: Finding, e: Evidence) -> Finding:
     if finding.rule == "straggler":
         change = _USER_STRAGGLER_INPUT if "input wait" in finding.title else finding.change
     else:
-        change = USER_CODE_CHANGES.get(finding.rule, finding.change)
+        change = USER_CODE_CHANGES.get(finding.rule) or finding.change
     evidence = {k: v for k, v in finding.evidence.items() if k not in ("compile", "num_workers", "bucket_cap_mb")}
     return dataclasses.replace(finding, change=change, apply=None, evidence={**evidence, "program": e.program})
 
@@ -907,8 +992,10 @@ def advise(path: str | Path) -> Advice:
             notes.append(f"no traces analyzed ({error}): advice from step metrics and configuration only")
     evidence = gather_evidence(layout, report)
     if evidence.step_ms is None:
-        notes.append("no steady step metrics (no run directory with metrics/): gains are not estimated as a share "
-                     "of the step")
+        notes.append("no step time (no steady step metrics, no profiled steps in the traces): gains are not "
+                     "estimated as a share of the step")
+    elif evidence.step_basis.startswith("trace"):
+        notes.append(f"no steady step metrics: step time from the traces ({evidence.step_basis})")
     advice = dataclasses.replace(advise_evidence(evidence, str(path)), notes=notes)
     if auditing():
         audit("advice", path, check_advice(advice, report))
@@ -954,7 +1041,7 @@ def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
     steady = steady_metrics(layout)
     windows = report.windows if report else []
     return Evidence(
-        step_ms=metrics_step_time_ms(steady), step_basis=metrics_basis(steady),
+        **_step_time(steady, report),
         data_ms=trace_data_ms if trace_data_ms is not None else per_step_max("data_ms"),
         data_source="trace DataLoader ranges" if trace_data_ms is not None else "step metrics data_ms",
         comm_exposed_ms=per_step_max("comm_exposed_ms"), comm_buckets=per_step_max("comm_buckets"),
@@ -966,11 +1053,41 @@ def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
         idle_pct=mean_of([u.idle_pct for u in utilization]),
         exposed_comm_pct=mean_of([100 * u.exposed_comm_us / u.span_us for u in utilization if u.span_us > 0]),
         overlap_pct=mean_of([u.overlap_pct for u in utilization]),
+        **_host_evidence(report),
         stragglers=[f for w in windows for f in w.causes.findings],
         straggler_windows=[w.window for w in windows for _ in w.causes.findings],
         job_straggler=job_straggler(windows),
         config=train if isinstance(train, dict) else {}, program=program,
         moe=report.moe if report else None, rank_hosts={r.rank: r.host for r in (report.ranks if report else [])})
+
+
+def _step_time(steady: dict, report: Report | None) -> dict[str, Any]:
+    """The run's step time from step metrics; without them (a folder of traces, a program that records none)
+    the trace's (quantities.py), named as such."""
+    step_ms = metrics_step_time_ms(steady)
+    if step_ms is None and report is not None and report.step_time is not None:
+        return {"step_ms": report.step_time.median_ms, "step_basis": report.step_time_basis}
+    return {"step_ms": step_ms, "step_basis": metrics_basis(steady)}
+
+
+def _host_evidence(report: Report | None) -> dict[str, Any]:
+    """Launch, sync and idle-by-cause figures per profiled step, mean over every rank's steps (GPU traces)."""
+    stalls = [r.host_stalls for w in (report.windows if report else []) for r in w.ranks
+              if r.host_stalls is not None and r.host_stalls.steps and r.utilization is not None
+              and r.utilization.basis == "gpu"]
+    if not stalls:
+        return {}
+    steps = [s for h in stalls for s in h.steps]
+
+    def per_step(key: str) -> float:
+        return float(np.mean([getattr(s, key) for s in steps]))
+
+    causes: dict[str, float] = {}
+    for h in stalls:
+        for cause, us in h.idle_by_cause_us.items():
+            causes[cause] = causes.get(cause, 0.0) + us / 1000.0 / len(h.steps) / len(stalls)
+    return {"launch_ms": per_step("launch_us") / 1000.0, "launches": per_step("launch_count"),
+            "syncs": per_step("sync_count"), "tensor_reads": per_step("tensor_reads"), "idle_cause_ms": causes}
 
 
 def _program_of(record: dict) -> str:

@@ -47,12 +47,28 @@ def test_data_loading_asks_for_workers_with_its_gain():
 
 
 def test_gpu_idle_asks_for_cuda_graphs_or_plain_compile_under_fsdp():
-    finding = _rules(idle_pct=40.0)["cuda_graphs"]
+    launches = dict(idle_pct=40.0, launch_ms=20.0, launches=900.0)      # the host is inside launch calls
+    finding = _rules(**launches)["cuda_graphs"]
     assert finding.change == "--compile reduce-overhead"
     assert finding.expected_gain_ms == pytest.approx(20.0)          # half of 40% of a 100 ms step
     fsdp = {**CONFIG, "parallel": {"mode": "fsdp"}}
-    assert _rules(idle_pct=40.0, config=fsdp)["cuda_graphs"].change == "--compile default"
-    assert "cuda_graphs" not in _rules(idle_pct=40.0, basis="cpu")
+    assert _rules(**launches, config=fsdp)["cuda_graphs"].change == "--compile default"
+    assert "cuda_graphs" not in _rules(**launches, basis="cpu")
+
+
+def test_gpu_idle_without_launches_is_host_work_not_cuda_graphs():
+    # 40 ms idle per 100 ms step, 35 of it while the host was busy elsewhere, 1 ms in launch calls
+    rules = _rules(idle_pct=40.0, launch_ms=1.0, launches=30.0, idle_cause_ms={"host busy elsewhere": 35.0})
+    assert "cuda_graphs" not in rules
+    assert rules["host_work"].expected_gain_ms == pytest.approx(35.0) and rules["host_work"].apply is None
+    assert "launch" in rules["host_work"].why and "would not help" in rules["host_work"].why
+    # short gaps between back-to-back kernels are launch-bound even when the launch calls are quick
+    assert "cuda_graphs" in _rules(idle_pct=40.0, launch_ms=1.0, idle_cause_ms={"short gaps": 30.0})
+
+
+def test_idle_after_syncs_asks_to_remove_them():
+    finding = _rules(idle_cause_ms={"host sync": 15.0}, syncs=2.0, tensor_reads=24.0)["host_syncs"]
+    assert ".item()" in finding.change and finding.expected_gain_ms == pytest.approx(15.0)
 
 
 def test_exposed_ddp_communication_asks_for_smaller_buckets_unless_a_straggler_explains_it():
@@ -91,7 +107,8 @@ def test_one_large_late_bucket_asks_for_smaller_ones_and_a_small_model_gets_noth
 def test_every_knob_finding_states_the_change_it_applies():
     from fleetscope.analysis.advise import RULES
 
-    evidence = Evidence(**{**HEALTHY, "data_ms": 30.0, "idle_pct": 40.0, "exposed_comm_pct": 30.0, "overlap_pct": 10.0,
+    evidence = Evidence(**{**HEALTHY, "data_ms": 30.0, "idle_pct": 40.0, "launch_ms": 20.0, "exposed_comm_pct": 30.0,
+                           "overlap_pct": 10.0,
                            "peak_reserved_mb": 2000.0, "alloc_retries": 3})
     findings = [f for f in (rule(evidence) for rule in RULES) if f is not None]
     assert {f.rule for f in findings} == {"data_workers", "cuda_graphs", "gradient_buckets", "allocator",

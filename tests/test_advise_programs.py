@@ -2,6 +2,7 @@
 code changes, never fleetscope trainer settings it did not run, and nothing `tune` could apply."""
 
 import dataclasses
+from pathlib import Path
 import json
 
 import pytest
@@ -41,7 +42,8 @@ def test_a_user_programs_advice_is_a_code_change_and_reads_no_trainer_setting(tm
 
 
 def test_gpu_idle_of_a_user_program_is_advised_as_torch_compile_not_a_flag():
-    evidence = Evidence(step_ms=100.0, step_basis="step metrics", basis="gpu", idle_pct=60.0, program="train.py")
+    evidence = Evidence(step_ms=100.0, step_basis="step metrics", basis="gpu", idle_pct=60.0, launch_ms=30.0,
+                        program="train.py")
     (finding,) = [f for f in advise_evidence(evidence).findings if f.rule == "cuda_graphs"]
     assert finding.change.startswith("torch.compile(model, mode='reduce-overhead')")
     assert "compile" not in finding.evidence and finding.apply is None
@@ -69,3 +71,47 @@ def test_a_folder_of_traces_gets_advice_without_a_run_directory(tmp_path):
     (finding,) = [f for f in advice.findings if f.rule == "straggler"]
     assert finding.ranks == [1] and finding.apply is None
     assert finding.change.startswith("DataLoader(") and "--set" not in finding.change
+
+
+def _gpu_rank(directory, rank, *, kernels_per_step, kernel_us, gap_us):
+    """One GPU rank: each 10 ms step runs `kernels_per_step` kernels, each launched just before it, `gap_us`
+    of host time between them (the host's own work, or nothing but the launches)."""
+    builder = KinetoBuilder(rank=rank, world_size=1)
+    for step in range(3):
+        start = step * 10_000.0
+        builder.step(step, start, 10_000)
+        t = start + 10
+        for _ in range(kernels_per_step):
+            builder.kernel("void gemm_kernel<float>(float*)", t + 5, kernel_us, launch_ts=t)
+            t += gap_us
+    builder.write(directory / f"rank{rank}.json")
+    return directory
+
+
+def test_launches_are_counted_per_step_from_the_trace(tmp_path):
+    from fleetscope.analysis import analyze
+
+    report = analyze(_gpu_rank(tmp_path / "t", 0, kernels_per_step=20, kernel_us=50.0, gap_us=400.0), use_hta=False)
+    stalls = report.windows[0].ranks[0].host_stalls
+    assert [s.launch_count for s in stalls.steps] == [20, 20, 20]
+    assert [s.launch_us for s in stalls.steps] == [pytest.approx(80.0)] * 3          # 20 launches of 4 us
+
+
+def test_a_host_bound_program_is_told_what_the_host_does_not_to_use_cuda_graphs(tmp_path):
+    # 20 kernels of 50 us in a 10 ms step, the host 400 us between launches: the GPU idles ~90% of the step
+    # while the host spends 0.08 ms in launch calls: host work, not launch overhead.
+    advice = advise(_gpu_rank(tmp_path / "t", 0, kernels_per_step=20, kernel_us=50.0, gap_us=400.0))
+    rules = {f.rule: f for f in advice.findings}
+    assert "cuda_graphs" not in rules and "host_work" in rules
+    assert rules["host_work"].evidence["launch_ms_per_step"] == pytest.approx(0.08)
+
+
+def test_eager_pytorch_on_the_h200_is_launch_bound_from_its_trace_alone(tmp_path):
+    # a real H200 trace of an eager step (fixture): 20-50 launches per ms of GPU idle, the host only dispatches
+    import shutil
+
+    source = Path(__file__).parent / "fixtures" / "gpu" / "h200-small-evidence" / "traces"
+    shutil.copytree(source, tmp_path / "traces")
+    rules = {f.rule: f for f in advise(tmp_path / "traces").findings}
+    assert "cuda_graphs" in rules and "host_work" not in rules
+    assert rules["cuda_graphs"].apply is None and rules["cuda_graphs"].change.startswith("torch.compile(")

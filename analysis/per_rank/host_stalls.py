@@ -6,7 +6,9 @@ Per step (events assigned by their host start, GPU copies by their launch):
     and the host time spent blocked in them;
   - tensor_reads: `aten::_local_scalar_dense` calls (`.item()` and friends; each copies and syncs);
   - dtoh_count / dtoh_us: device-to-host copies and their GPU time;
-  - input_wait_us: DataLoader fetches (`enumerate(DataLoader)#...`), host wall time.
+  - input_wait_us: DataLoader fetches (`enumerate(DataLoader)#...`), host wall time;
+  - launch_count / launch_us: launch calls (names.HOST_LAUNCH_CALLS) and the host time inside them: the
+    evidence that a GPU waiting for the host waits for launches (and not for other host work).
 GPU idle gaps are the time inside the steps where no kernel, copy or fill runs. Each gets the first cause
 that applies:
   - IDLE_INPUT: at least half of it is covered by a DataLoader fetch;
@@ -38,6 +40,7 @@ from fleetscope.analysis.per_rank.names import (
     is_gloo_span,
     is_host_sync_call,
     is_input_wait,
+    is_launch_call,
     is_tensor_read_op,
 )
 from fleetscope.analysis.per_rank.steps import StepTiming
@@ -62,6 +65,10 @@ class StepStalls:
     dtoh_count: int
     dtoh_us: float
     input_wait_us: float
+    launch_count: int = 0
+    """Launch calls (names.HOST_LAUNCH_CALLS: kernels, graphs, async copies and fills) the host made in the step."""
+    launch_us: float = 0.0
+    """Host time inside them: what replaying the step as a CUDA graph could save on the host."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,13 +158,14 @@ def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGap
     inputs = host & events.names_matching(is_input_wait)
     dtoh = events.of_kind(Kind.GPU_MEMCPY) & events.names_matching(is_device_to_host_copy)
     dtoh_launch = events.launch_start_us(dtoh)
-    per_step = [_step_stalls(events, step, syncs, reads, inputs, dtoh, dtoh_launch) for step in steps]
+    launches = events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_launch_call)
+    per_step = [_step_stalls(events, step, syncs, reads, inputs, dtoh, dtoh_launch, launches) for step in steps]
     idle_us, idle_count = _idle_totals(gaps)
     return HostStalls(steps=per_step, idle_by_cause_us=idle_us, idle_gaps_by_cause=idle_count)
 
 
 def _step_stalls(events: TraceEvents, step: StepTiming, syncs: np.ndarray, reads: np.ndarray,
-                 inputs: np.ndarray, dtoh: np.ndarray, dtoh_launch_us: np.ndarray) -> StepStalls:
+                 inputs: np.ndarray, dtoh: np.ndarray, dtoh_launch_us: np.ndarray, launches: np.ndarray) -> StepStalls:
     inside = (events.start_us >= step.start_us) & (events.start_us < step.end_us)
     copies = (dtoh_launch_us >= step.start_us) & (dtoh_launch_us < step.end_us)
     return StepStalls(
@@ -168,6 +176,8 @@ def _step_stalls(events: TraceEvents, step: StepTiming, syncs: np.ndarray, reads
         dtoh_count=int(np.count_nonzero(copies)),
         dtoh_us=float(events.dur_us[dtoh][copies].sum()),
         input_wait_us=float(events.dur_us[inputs & inside].sum()),
+        launch_count=int(np.count_nonzero(launches & inside)),
+        launch_us=float(events.dur_us[launches & inside].sum()),
     )
 
 

@@ -183,6 +183,18 @@ DATALOADER_PREFIX = "enumerate(DataLoader)#"
 """The record_function PyTorch's DataLoader iterator opens around fetching each batch."""
 
 
+HOST_LAUNCH_CALLS = frozenset({
+    "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cuLaunchKernel", "cuLaunchKernelEx",
+    "cudaGraphLaunch", "cuGraphLaunch", "cudaMemcpyAsync", "cudaMemsetAsync",
+    "hipLaunchKernel", "hipExtLaunchKernel", "hipModuleLaunchKernel", "hipExtModuleLaunchKernel", "hipGraphLaunch",
+    "hipMemcpyAsync", "hipMemsetAsync"})
+"""Runtime/driver calls that hand the GPU work: the host time in them is what CUDA graphs would save."""
+
+
+def is_launch_call(name: str) -> bool:
+    return name in HOST_LAUNCH_CALLS
+
+
 def is_host_sync_call(name: str) -> bool:
     return name in HOST_SYNC_CALLS
 

@@ -34,7 +34,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           host_stalls {steps[] {step, sync_count (cudaStream/Device/EventSynchronize calls),
                           sync_us (host time blocked in them), tensor_reads (aten::_local_scalar_dense:
                           .item() and friends), dtoh_count, dtoh_us (device-to-host copies launched in
-                          the step, GPU time), input_wait_us (DataLoader fetch spans, host wall)},
+                          the step, GPU time), input_wait_us (DataLoader fetch spans, host wall), launch_count,
+                          launch_us (launch calls: kernels, graphs, async copies; host time in them)},
                           idle_by_cause_us {cause: us}, idle_gaps_by_cause {cause: gaps}: GPU idle time
                           inside the steps by cause ("input wait", "host collective", "host sync",
                           "short gaps" < 10 us, "device dependency" (the next GPU work was already

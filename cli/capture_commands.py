@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from dataclasses import asdict
@@ -10,7 +11,15 @@ from dataclasses import asdict
 from ..analysis.cross_rank.hang import analyze_hang
 from ..analysis.render.capture_text import render_hang
 from ..traces.atomic import write_bytes_atomically
-from ..traces.capture import CaptureRequest, RequestStatus, read_status, submit_request
+from ..traces.capture import (
+    MAX_REQUEST_RANKS,
+    MAX_REQUEST_STEPS,
+    CaptureRequest,
+    RequestError,
+    RequestStatus,
+    read_status,
+    submit_request,
+)
 from ..traces.jobfile import FINAL_STATUSES, read_job_record
 from ..traces.jsontext import strict_dumps
 from ..traces.layout import RunLayout
@@ -29,11 +38,13 @@ QUIET_NOTE_S = 120.0
 def register(sub: argparse._SubParsersAction) -> None:
     profile = sub.add_parser("profile", help="ask a running job to record one profiling window now")
     profile.add_argument("run_dir")
-    profile.add_argument("--steps", type=int_at_least(1), default=2, help="recorded steps (default 2)")
-    profile.add_argument("--warmup", type=int_at_least(0), default=1, help="profiled steps discarded first (default 1)")
+    profile.add_argument("--steps", type=int_at_least(1, MAX_REQUEST_STEPS), default=2,
+                         help=f"recorded steps (default 2, at most {MAX_REQUEST_STEPS})")
+    profile.add_argument("--warmup", type=int_at_least(0, MAX_REQUEST_STEPS), default=1,
+                         help="profiled steps discarded first (default 1)")
     profile.add_argument("--ranks", type=_ranks, default=None, metavar="0,3,8", help="only these ranks (default all)")
     profile.add_argument("--wait", action="store_true", help="wait until the window's traces are published")
-    profile.add_argument("--timeout", type=float, default=0.0, help="--wait at most this many seconds (0: no limit)")
+    profile.add_argument("--timeout", type=_seconds, default=0.0, help="--wait at most this many seconds (0: no limit)")
     profile.set_defaults(handler=handle_profile)
     hang = sub.add_parser("hang", help="why a job hung, from its ranks' Flight Recorder dumps")
     hang.add_argument("run_dir")
@@ -51,6 +62,33 @@ def _ranks(text: str) -> list[int]:
     return ranks
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _ranks_problem(layout: RunLayout, ranks: list[int] | None) -> str | None:
+    """Ranks the job does not have (from job.json's world size), or too many of them."""
+    if ranks is None:
+        return None
+    if len(ranks) > MAX_REQUEST_RANKS:
+        return f"--ranks: at most {MAX_REQUEST_RANKS} ranks"
+    try:
+        world = read_job_record(layout).get("world_size")
+    except ValueError:
+        world = None
+    limit = world if type(world) is int and world > 0 else MAX_REQUEST_RANKS
+    beyond = [r for r in ranks if r >= limit]
+    if beyond:
+        return f"--ranks: rank {beyond[0]} is not a rank of this job (world size {limit})"
+    return None
+
+
 def handle_profile(args: argparse.Namespace) -> int:
     layout = RunLayout.at(args.run_dir)
     if not layout.root.is_dir() or not (layout.is_run_dir() or layout.metrics_dir.is_dir()):
@@ -60,7 +98,15 @@ def handle_profile(args: argparse.Namespace) -> int:
     if ended:
         print(f"fleetscope profile: the job already ended ({ended}); nothing to profile", file=sys.stderr)
         return EXIT_FAILED
-    request = submit_request(layout, steps=args.steps, warmup=args.warmup, ranks=args.ranks)
+    problem = _ranks_problem(layout, args.ranks)
+    if problem:
+        print(f"fleetscope profile: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        request = submit_request(layout, steps=args.steps, warmup=args.warmup, ranks=args.ranks)
+    except RequestError as error:
+        print(f"fleetscope profile: {error}", file=sys.stderr)
+        return EXIT_USAGE
     ranks = "all ranks" if request.ranks is None else f"ranks {request.ranks}"
     print(f"fleetscope: request {request.number} written ({layout.relative(layout.request_file(request.number))}): "
           f"{request.warmup} warmup + {request.steps} recorded step(s) on {ranks}", flush=True)

@@ -37,15 +37,18 @@ def register_logs(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=handle_logs)
 
 
-def int_at_least(minimum: int):
-    """An argparse type: an integer of at least `minimum`, or a usage error saying so."""
+def int_at_least(minimum: int, maximum: int | None = None):
+    """An argparse type: an integer of at least `minimum` (and at most `maximum` when given), or a usage
+    error saying so."""
+    bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+            raise argparse.ArgumentTypeError(f"expected an integer {bounds}, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"expected an integer {bounds}, got {value}")
         return value
 
     return parse

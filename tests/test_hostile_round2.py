@@ -167,3 +167,59 @@ def test_collect_traces_never_replaces_a_runs_own_window(tmp_path, capsys):
     assert main(["collect-traces", str(layout.root), str(tmp_path / "prog" / "*.json")]) == 3
     assert "already holds rank 0's trace" in capsys.readouterr().out
     assert digests(layout.traces_dir) == before
+
+
+def _running_job(root: Path, world_size: int = 2) -> RunLayout:
+    layout = RunLayout.at(root)
+    root.mkdir(parents=True)
+    layout.job_file.write_text(json.dumps({"status": "running", "world_size": world_size}))
+    layout.metrics_dir.mkdir()
+    return layout
+
+
+def test_profile_writes_no_request_through_a_symlinked_requests_folder(tmp_path, capsys):
+    layout = _running_job(tmp_path / "run")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    layout.requests_dir.symlink_to(outside)
+    assert main(["profile", str(layout.root)]) == 2
+    assert "symlink" in capsys.readouterr().err
+    assert list(outside.iterdir()) == []
+
+
+def test_profile_writes_no_request_through_a_planted_staging_link(tmp_path):
+    import os
+
+    layout = _running_job(tmp_path / "run")
+    layout.requests_dir.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    (layout.requests_dir / f".request.{os.getpid()}.tmp").symlink_to(victim)
+    assert main(["profile", str(layout.root)]) == 0
+    assert victim.read_text() == "keep" and layout.request_file(1).is_file()
+
+
+def test_request_numbers_beyond_float32_are_not_requests_and_block_nothing(tmp_path):
+    from fleetscope.traces.capture import MAX_REQUEST_NUMBER, request_numbers, submit_request
+    from fleetscope.trainer.capture import RequestPoller
+
+    layout = _running_job(tmp_path / "run")
+    layout.requests_dir.mkdir()
+    layout.request_file(999_999_999).write_text(json.dumps({"steps": 1}))
+    layout.request_file(MAX_REQUEST_NUMBER + 1).write_text(json.dumps({"steps": 1}))
+    poller = RequestPoller(layout, every_steps=1, every_s=0.0)
+    assert poller.poll(1) == []
+    request = submit_request(layout, steps=1, warmup=0, ranks=None)
+    assert request.number == 1 and request_numbers(layout) == [1]
+    assert poller.poll(2, force=True) == [1]
+
+
+@pytest.mark.parametrize("argv", [["--steps", "1001"], ["--warmup", "5000"], ["--timeout", "nan"],
+                                  ["--timeout", "inf"], ["--timeout", "-1"], ["--ranks", "0,99999999"]])
+def test_profile_refuses_bad_arguments_with_exit_2(tmp_path, argv):
+    layout = _running_job(tmp_path / "run")
+    with pytest.raises(SystemExit) as stopped:
+        code = main(["profile", str(layout.root), "--wait", *argv])
+        raise SystemExit(code)
+    assert stopped.value.code == 2
+    assert not layout.requests_dir.exists() or not any(layout.requests_dir.glob("request*.json"))

@@ -26,6 +26,9 @@ from .layout import RunLayout
 from .safe_read import InputRefused, read_input, read_metadata
 
 REQUEST_RE = re.compile(r"^request(?P<number>\d{1,9})\.json$")
+MAX_REQUEST_NUMBER = 1 << 24
+"""The per-step agreement carries a request's number in a float32 tensor: exact up to 2^24. A file
+numbered beyond it is not a request (never taken, never numbered after, never blocks the ones below)."""
 MAX_REQUEST_BYTES = 16 * 1024
 MAX_REQUEST_STEPS = 1000
 MAX_REQUEST_RANKS = 1 << 20
@@ -106,7 +109,8 @@ def request_numbers(layout: RunLayout) -> list[int]:
         names = os.listdir(layout.requests_dir)
     except OSError:
         return []
-    return sorted(int(m["number"]) for m in map(REQUEST_RE.match, names) if m)
+    numbers = (int(m["number"]) for m in map(REQUEST_RE.match, names) if m)
+    return sorted(n for n in numbers if 0 < n <= MAX_REQUEST_NUMBER)
 
 
 def submit_request(layout: RunLayout, *, steps: int, warmup: int, ranks: list[int] | None) -> CaptureRequest:
@@ -114,12 +118,20 @@ def submit_request(layout: RunLayout, *, steps: int, warmup: int, ranks: list[in
     document = {"steps": steps, "warmup": warmup, "ranks": sorted(set(ranks)) if ranks else None,
                 "requested_by": f"{getpass.getuser()}@{socket.gethostname()}"[:200], "requested_at": now_iso()}
     parse_request(0, document)  # the writer checks what the reader will
-    layout.requests_dir.mkdir(parents=True, exist_ok=True)
+    _requests_dir_ready(layout)
     staging = layout.requests_dir / f".request.{os.getpid()}.tmp"
-    staging.write_bytes((json.dumps(document, indent=1) + "\n").encode())
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        staging.unlink(missing_ok=True)
+        with os.fdopen(os.open(staging, flags, 0o644), "wb") as handle:
+            handle.write((json.dumps(document, indent=1) + "\n").encode())
+    except OSError as error:
+        raise RequestError(f"{staging}: cannot write the request: {error.strerror or error}") from None
     try:
         number = (request_numbers(layout) or [0])[-1] + 1
         while True:
+            if number > MAX_REQUEST_NUMBER:
+                raise RequestError(f"{layout.requests_dir}: no request number left (at most {MAX_REQUEST_NUMBER})")
             try:
                 os.link(staging, layout.request_file(number))
                 return parse_request(number, document)
@@ -127,6 +139,16 @@ def submit_request(layout: RunLayout, *, steps: int, warmup: int, ranks: list[in
                 number += 1
     finally:
         staging.unlink(missing_ok=True)
+
+
+def _requests_dir_ready(layout: RunLayout) -> None:
+    """Create requests/ as a real folder of the run; refuse one that is a symlink or leads out of the run."""
+    directory = layout.requests_dir
+    if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
+        raise RequestError(f"{directory}: not a folder of the run (a symlink or a file): no request written")
+    directory.mkdir(exist_ok=True)
+    if os.path.realpath(directory) != os.path.join(os.path.realpath(layout.root), directory.name):
+        raise RequestError(f"{directory}: resolves outside the run directory: no request written")
 
 
 @dataclass(frozen=True, kw_only=True)

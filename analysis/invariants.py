@@ -7,7 +7,8 @@ test). Each rule returns human-readable violations ("windows[0].causes.findings[
   no negative time        every *_us / *_ms / *_pct field is >= 0, except the signed differences
                           (SIGNED: against peers, offsets, starts);
   shares                  percentages within [0, 100]; busy + idle = 100 per rank and window; critical-path
-                          segment shares sum to 1 per step, and a window's by-rank shares to 1;
+                          segment shares sum to 1 per step, and a window's by-rank shares to 1; the ranks'
+                          shares of the waiting sum to 1;
   what-if                 0 <= caused wait <= step - floor, projected = step - caused wait >= floor;
   step time               the report's step_time is quantities.trace_step_times' StepStats;
   verdict                 the rank the verdict names is quantities.job_straggler's;
@@ -101,6 +102,10 @@ def _path_shares(report: Report) -> list[str]:
         total = sum(share.share for share in paths.by_rank)
         if paths.by_rank and abs(total - 1.0) > SHARE_TOLERANCE:
             problems.append(f"windows[{w}].critical_path.by_rank: shares sum to {total:.4f}, not 1")
+        waits = window.stragglers.by_wait
+        total = sum(wait.score for wait in waits)
+        if any(wait.caused_wait_us > 0 for wait in waits) and abs(total - 1.0) > SHARE_TOLERANCE:
+            problems.append(f"windows[{w}].stragglers.by_wait: shares of the waiting sum to {total:.4f}, not 1")
     return problems
 
 

@@ -251,3 +251,23 @@ def test_history_gates_a_run_only_against_runs_of_its_job(tmp_path):
 def test_step_ranges_read_as_a_person_writes_them():
     assert step_ranges([9, 2, 3, 4, 7, 10, 3]) == "2-4, 7, 9-10"
     assert step_ranges([]) == "none"
+
+
+def test_the_examples_under_a_stragglers_headline_show_the_rank_it_names(tmp_path):
+    # Rank 2 is 0.4 ms late at each of 4 collectives a step (most of the waiting); rank 0 once 0.9 ms late.
+    for rank in range(3):
+        builder = KinetoBuilder(rank=rank, world_size=3)
+        for step, s in enumerate((0.0, 5000.0)):
+            builder.step(step, s, 4800)
+            for k in range(4):
+                start = s + 1000 * k
+                late = 400.0 if rank == 2 else (900.0 if rank == 0 and k == 1 and step == 0 else 0.0)
+                end = start + 300 + (900.0 if k == 1 and step == 0 else 400.0) + 100
+                builder.kernel("gemm", start + 50, 200, launch_ts=start + 10)
+                builder.kernel(NCCL, start + 300 + late, end - (start + 300 + late), launch_ts=start + 20, stream=20)
+        builder.write(tmp_path / "set" / f"rank{rank}.json")
+    report = analyze(tmp_path / "set", use_hta=False)
+    assert report.windows[0].stragglers.waited_for_rank == 2
+    lines = render_terminal(report).split("Stragglers\n")[1].split("\n\n")[0].splitlines()
+    assert "the others wait for rank 2" in lines[0]
+    assert "rank 2 arrived" in lines[1]                  # the headline's rank first, not the single worst instance

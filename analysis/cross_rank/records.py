@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fleetscope.analysis.per_rank.profiling_cost import SLOWER_WARN_PCT, slower_after
 from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.per_rank.trainer_records import LEAK_SKIP_STEPS, RankRecords, read_rank_records
 from fleetscope.traces.layout import RunLayout
@@ -55,7 +56,9 @@ def record_warnings(records: RankRecords) -> list[str]:
                         f"syncs), {memory.ooms} OOMs")
     if data is not None and data.data_pct >= INPUT_WARN_PCT:
         warnings.append(f"rank {rank}: waiting for input takes {data.data_pct:.0f}% of step time "
-                        f"(mean {data.mean_data_ms:.2f} ms per step)")
+                        f"(mean {data.mean_data_ms:.2f} ms per step; {data.basis})")
+    if slower_after(records.profiling):
+        warnings.append(profiling_warning(records))
     if compiled is not None and compiled.compiled_in_timed_steps:
         steps = ", ".join(map(str, compiled.compiled_in_timed_steps))
         warnings.append(f"rank {rank}: torch.compile compiled during profiled/traced step(s) {steps}: their "
@@ -65,3 +68,14 @@ def record_warnings(records: RankRecords) -> list[str]:
         warnings.append(f"rank {rank}: {len(compiled.recompiles)} recompile(s); first: {first.get('function')}: "
                         f"{first.get('reason')}")
     return warnings
+
+
+def profiling_warning(records: RankRecords) -> str:
+    """Steps after the last window slower than before the first: what it is and the likely cause."""
+    cost = records.profiling
+    difference = cost.after_vs_before
+    return (f"rank {records.rank}: steps after the last profile window (from step {cost.last_profiled_step + 1}) are "
+            f"{difference.median_pct:.1f}% slower than before the first (interval {difference.low_pct:+.1f}% to "
+            f"{difference.high_pct:+.1f}%, more than {SLOWER_WARN_PCT:.0f}%): likely CUPTI still subscribed after "
+            "profiling (TEARDOWN_CUPTI not 1 on this rank: profiler.cupti_teardown, CUDA < 12.6, or a "
+            "user's TEARDOWN_CUPTI=0)")

@@ -12,7 +12,12 @@ Memory, per rank over its recorded steps (MiB, the allocator's per-step peaks):
   - growth_mb_per_step: least-squares slope of the per-step allocated peak against the step number,
     over the steps after the first LEAK_SKIP_STEPS (which allocate optimizer state and caches);
     leak_suspected when it is at least LEAK_MIN_MB_PER_STEP over at least LEAK_MIN_STEPS steps.
-Input wait: the trainer's `data_ms` (time to get the batch) per step, and its share of step_time_ms.
+Input wait: the trainer's `data_ms` (time to get the batch) per step, and its share of step_time_ms: the
+mean and the share over steady steps only, without the profiled steps (the profiler's own cost is in their
+step time) and the first INPUT_SKIP_STEPS (compilation, warm-up); `basis` says so. recorded_steps / data_ms
+keep every step.
+Profiling cost: the steady steps before the first window, inside the windows and after the last, compared
+(per_rank/profiling_cost.py).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from fleetscope.analysis.per_rank.profiling_cost import ProfilingCost, profiling_cost
 from fleetscope.traces.formats import MetricRecords, read_metric_records
 from fleetscope.traces.layout import RunLayout
 from fleetscope.traces.safe_read import read_metadata
@@ -29,6 +35,8 @@ from fleetscope.traces.safe_read import read_metadata
 LEAK_SKIP_STEPS = 2
 LEAK_MIN_STEPS = 4
 LEAK_MIN_MB_PER_STEP = 1.0
+INPUT_SKIP_STEPS = 1
+"""Step 0 (compilation, first batch, warm-up) is left out of the input share."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +62,9 @@ class InputEvidence:
     mean_data_ms: float
     max_data_ms: float
     data_pct: float
-    """Sum of data_ms over the sum of step_time_ms, percent."""
+    """Sum of data_ms over the sum of step_time_ms, percent (steady steps: see basis)."""
+    basis: str = ""
+    """Which steps mean_data_ms / max_data_ms / data_pct cover."""
     recorded_steps: list[int] = field(default_factory=list)
     data_ms: list[float] = field(default_factory=list)
     """data_ms of each of recorded_steps (the steps whose record has both data_ms and step_time_ms)."""
@@ -86,6 +96,8 @@ class RankRecords:
     memory: MemoryEvidence | None = None
     input: InputEvidence | None = None
     compile: CompileEvidence | None = None
+    profiling: ProfilingCost | None = None
+    """What the profile windows cost this rank (None: no profiled step)."""
     problems: list[str] = field(default_factory=list)
     """Unreadable files or lines."""
 
@@ -132,13 +144,16 @@ def growth_slope(steps: list[int], values: list[float | None]) -> float | None:
 
 def input_evidence(records: list[dict[str, Any]]) -> InputEvidence | None:
     timed = [r for r in records if _number(r.get("data_ms")) is not None and _number(r.get("step_time_ms"))]
-    if not timed:
+    steady = [r for r in timed if int(r["step"]) >= INPUT_SKIP_STEPS and not r.get("profiled")]
+    if not steady:
         return None
-    data = np.asarray([r["data_ms"] for r in timed], dtype=np.float64)
-    total = float(sum(r["step_time_ms"] for r in timed))
-    return InputEvidence(steps=len(timed), mean_data_ms=float(data.mean()), max_data_ms=float(data.max()),
+    data = np.asarray([r["data_ms"] for r in steady], dtype=np.float64)
+    total = float(sum(r["step_time_ms"] for r in steady))
+    left_out = len(timed) - len(steady)
+    return InputEvidence(steps=len(steady), mean_data_ms=float(data.mean()), max_data_ms=float(data.max()),
                          data_pct=100.0 * float(data.sum()) / total if total > 0 else 0.0,
-                         recorded_steps=[int(r["step"]) for r in timed], data_ms=data.tolist())
+                         basis=f"{len(steady)} steady steps; {left_out} left out (step 0 and profiled steps)",
+                         recorded_steps=[int(r["step"]) for r in timed], data_ms=[float(r["data_ms"]) for r in timed])
 
 
 def compile_evidence(record: dict[str, Any], timed_steps: set[int]) -> CompileEvidence:
@@ -182,7 +197,8 @@ def read_rank_records(layout: RunLayout, rank: int, traced_steps: set[int]) -> R
         except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as error:
             problems.append(f"{compile_path.name}: unreadable ({error})")
     return RankRecords(rank=rank, memory=memory_evidence(records) if records else None,
-                       input=input_evidence(records) if records else None, compile=compiled, problems=problems)
+                       input=input_evidence(records) if records else None, compile=compiled,
+                       profiling=profiling_cost(records) if records else None, problems=problems)
 
 
 def _number(value: Any) -> float | None:

@@ -6,7 +6,7 @@ from html import escape
 
 from fleetscope.analysis.per_rank.host_stalls import GAP_CAUSES
 from fleetscope.analysis.per_rank.names import PHASES
-from fleetscope.analysis.render.evidence_text import compile_line, stall_totals
+from fleetscope.analysis.render.evidence_text import compile_line, difference_text, stall_totals
 from fleetscope.analysis.report.model import Report, WindowReport
 
 _LEFT = ' class="l"'
@@ -141,6 +141,16 @@ def _memory_row(records) -> list[str]:
     return [str(records.rank), *cells]
 
 
+_PROFILING_HEADER = ["rank", "before: steps", "before: median ms", "inside: steps", "inside vs before",
+                     "after: steps", "after vs before"]
+
+
+def _profiling_row(records) -> list[str]:
+    cost = records.profiling
+    return [str(records.rank), str(len(cost.before.steps)), _f(cost.before.median_ms, 2), str(len(cost.inside.steps)),
+            difference_text(cost.inside_vs_before), str(len(cost.after.steps)), difference_text(cost.after_vs_before)]
+
+
 def _records(report: Report) -> str:
     trainer = report.trainer
     if trainer is None:
@@ -150,6 +160,12 @@ def _records(report: Report) -> str:
         return head + f"<p>{escape(trainer.status)}: {escape(trainer.reason)}</p>"
     warnings = "".join(f"<li class=\"bad\">{escape(w)}</li>" for w in trainer.warnings)
     body = (f"<ul>{warnings}</ul>" if warnings else "") + table(_MEMORY_HEADER, [_memory_row(r) for r in trainer.ranks])
+    profiled = [r for r in trainer.ranks if r.profiling is not None]
+    if profiled:
+        body += ("<h3>What profiling cost (steady steps before the first window vs inside and after)</h3>"
+                 + table(_PROFILING_HEADER, [_profiling_row(r) for r in profiled])
+                 + f"<p class=\"note\">Median step time difference, 95% bootstrap interval; excluded: "
+                 f"{escape(profiled[0].profiling.excluded)}.</p>")
     compiled = [r for r in trainer.ranks if r.compile is not None]
     if compiled:
         body += "<h3>torch.compile</h3><ul>" + "".join(

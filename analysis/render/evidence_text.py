@@ -128,6 +128,20 @@ def compile_line(compiled) -> str:
             f"{len(compiled.recompiles)} recompiles, compiled in steps {compiled.steps_with_compilations or '-'}")
 
 
+def difference_text(difference) -> str:
+    if difference is None:
+        return "too few steps"
+    return f"{difference.median_pct:+.1f}% [{difference.low_pct:+.1f}, {difference.high_pct:+.1f}]"
+
+
+def profiling_line(cost) -> str:
+    """Steady steps before the first window vs inside the windows and after the last (median, 95% interval)."""
+    before = f"{cost.before.median_ms:.2f} ms" if cost.before.median_ms is not None else "-"
+    return (f"before the first window {before} ({len(cost.before.steps)} steps); inside "
+            f"{difference_text(cost.inside_vs_before)} ({len(cost.inside.steps)} steps); after the last "
+            f"{difference_text(cost.after_vs_before)} ({len(cost.after.steps)} steps); excluded: {cost.excluded}")
+
+
 def _records(report: Report) -> str:
     trainer = report.trainer
     if trainer is None:
@@ -143,6 +157,8 @@ def _records(report: Report) -> str:
                          f"max {records.input.max_data_ms:.2f} ms, {records.input.data_pct:.1f}% of step time")
         if records.compile is not None:
             lines.append(f"rank {records.rank}: {compile_line(records.compile)}")
+        if records.profiling is not None:
+            lines.append(f"rank {records.rank}: profiling cost: {profiling_line(records.profiling)}")
     if len(trainer.ranks) > STALL_RANKS_SHOWN:
         lines.append(f"... {len(trainer.ranks) - STALL_RANKS_SHOWN} more ranks in the JSON/HTML report")
     lines += [f"WARNING {w}" for w in trainer.warnings]

@@ -129,7 +129,14 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           growth_mb_per_step (least-squares slope after the first 2 steps, >= 4 steps),
                           leak_suspected (slope >= 1 MiB/step)} | null,
                           input {steps, mean_data_ms, max_data_ms, data_pct (data_ms over step_time_ms),
-                          recorded_steps[], data_ms[] (the trainer's data_ms of each of those steps)} | null,
+                          basis (steps, mean and share leave out step 0 and the profiled steps),
+                          recorded_steps[], data_ms[] (the trainer's data_ms of every step)} | null,
+                          profiling {first_profiled_step, last_profiled_step, before, inside, after (each
+                          {steps[], median_ms}: steady steps from step 3 before the first window, the profiled
+                          steps, the steps after the last window), after_vs_before, inside_vs_before (each
+                          {median_pct, low_pct, high_pct}: difference of median step_time_ms, 95% bootstrap
+                          interval | null with < 3 steps), excluded} | null (no profiled step)
+                          (per_rank/profiling_cost.py; a warning when after is > 3% slower than before),
                           compile {mode, backend, final, compile_time_s, frames_compiled, graphs,
                           graph_break_count, graph_breaks[] {reason, count}, recompiles[] {compile_id,
                           function, reason}, cuda_graphs, cudagraph_skip_reasons[], steps_with_compilations[],

@@ -223,3 +223,84 @@ def test_profile_refuses_bad_arguments_with_exit_2(tmp_path, argv):
         raise SystemExit(code)
     assert stopped.value.code == 2
     assert not layout.requests_dir.exists() or not any(layout.requests_dir.glob("request*.json"))
+
+
+# --- hang: every run file through the safe reader, bounded, damaged fields named --------------------------
+
+
+def test_a_hang_marker_with_an_absurd_rank_does_not_grow_the_report(tmp_path, capsys):
+    layout = _hang_run(tmp_path / "run")
+    layout.hang_marker(10**12).write_text(json.dumps({"rank": 10**12, "step": 1, "seconds": 5.0, "at": "x"}))
+    layout.hang_marker(7).write_text(json.dumps({"rank": 3, "step": 1, "seconds": 5.0, "at": "x"}))
+    layout.hang_marker(100000).write_text(json.dumps({"rank": 100000, "step": 1, "seconds": 5.0, "at": "x"}))
+    assert main(["hang", str(layout.root)]) == 0
+    out = capsys.readouterr().out
+    assert "does not match the file name" in out and len(out) < 100_000
+    assert max(len(line) for line in out.splitlines()) < 2000
+    assert "99999 of 100001 ranks have no dump" in out
+
+
+def _fifo(path: Path) -> None:
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path)
+
+
+def test_hang_reads_no_log_through_a_symlink_out_of_the_run_and_never_blocks_on_a_fifo(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    layout = _hang_run(tmp_path / "run")
+    secret = tmp_path / "secret.log"
+    secret.write_text("2026 rank1 INFO the secret line\n2026 rank0 INFO the secret line\n")
+    layout.logs_dir.mkdir()
+    (layout.logs_dir / "stolen.log").symlink_to(secret)
+    _fifo(layout.logs_dir / "blocked.log")
+    done = subprocess.run([sys.executable, "-m", "fleetscope.cli.main", "hang", str(layout.root)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "secret line" not in done.stdout
+
+
+@pytest.mark.parametrize("kind", ["symlink", "file"])
+def test_a_window_that_is_a_symlink_or_a_file_is_named_not_listed(tmp_path, capsys, kind):
+    layout = _hang_run(tmp_path / "run")
+    layout.traces_dir.mkdir()
+    if kind == "symlink":
+        layout.window_dir(0).symlink_to("/etc")
+    else:
+        layout.window_dir(0).write_text("x")
+    assert main(["hang", str(layout.root)]) == 0
+    out = capsys.readouterr().out
+    assert "not a window folder" in out and "window000:" not in out.replace("traces/window000:", "")
+
+
+@pytest.mark.parametrize("damage", [
+    {"step": float("inf")}, {"pg_status": ["x"]}, {"pg_config": {"0": {"ranks": "[1e999]"}}},
+    {"entries.process_group": 5}, {"entries.frames": 3}, {"entries.input_sizes": 9},
+])
+def test_damaged_flight_recorder_fields_do_not_crash_hang(tmp_path, capsys, damage):
+    layout = _hang_run(tmp_path / "run")
+    dump = json.loads(layout.flight_recorder_file(1).read_text())
+    for key, value in damage.items():
+        if key.startswith("entries."):
+            for entry in dump["entries"]:
+                entry[key.split(".", 1)[1]] = value
+        else:
+            dump[key] = value
+    layout.flight_recorder_file(1).write_text(json.dumps(dump))
+    assert main(["hang", str(layout.root), "--json", str(tmp_path / "hang.json")]) == 0
+    json.loads((tmp_path / "hang.json").read_text())
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_control_characters_from_a_dump_are_escaped(tmp_path, capsys):
+    layout = _hang_run(tmp_path / "run")
+    dump = json.loads(layout.flight_recorder_file(0).read_text())
+    for entry in dump["entries"]:
+        entry["profiling_name"] = "\x1b]0;owned\x07\x1b[2J\rforged line"
+    layout.flight_recorder_file(0).write_text(json.dumps(dump))
+    assert main(["hang", str(layout.root)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\r" not in out and "\\x1b]0;owned" in out

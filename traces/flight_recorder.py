@@ -13,6 +13,7 @@ The trainer writes JSON (not PyTorch's pickle) so that reading a run directory n
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from .atomic import write_bytes_atomically
 from .safe_read import read_input, read_metadata
 from .layout import RunLayout
+from .validate import MAX_WORLD_SIZE
 
 MAX_DUMP_BYTES = 256 * 2**20
 DUMP_REASONS = ("hang", "dump_requested", "error", "stop_signal")
@@ -67,12 +69,24 @@ def read_dumps(layout: RunLayout) -> Dumps:
         by_rank[rank] = document
     for path in sorted(directory.glob("hang.rank*.json")):
         try:
-            data = json.loads(read_metadata(path, within=layout.root))
-            markers.append(HangMarker(rank=int(data["rank"]), step=int(data["step"]),
-                                      seconds=float(data["seconds"]), at=str(data["at"])))
-        except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
+            markers.append(_marker(json.loads(read_metadata(path, within=layout.root)), path))
+        except (OSError, ValueError, KeyError, TypeError, RecursionError, OverflowError) as error:
             problems.append(f"{path.name}: unusable hang marker ({error})")
     return Dumps(by_rank=by_rank, markers=markers, problems=problems)
+
+
+def _marker(data: Any, path: Path) -> HangMarker:
+    """A hang marker as the trainer writes it; raises ValueError saying what is wrong."""
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    rank, step, seconds = data.get("rank"), data.get("step"), data.get("seconds")
+    if type(rank) is not int or path.name != f"hang.rank{rank}.json" or not 0 <= rank < MAX_WORLD_SIZE:
+        raise ValueError(f"rank {rank!r} does not match the file name")
+    if type(step) is not int or step < 0:
+        raise ValueError(f"step {step!r} is not a step")
+    if type(seconds) not in (int, float) or not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"seconds {seconds!r} is not a finite number of seconds")
+    return HangMarker(rank=rank, step=step, seconds=float(seconds), at=str(data.get("at", ""))[:64])
 
 
 def _dump_problem(document: Any, path: Path) -> int:
@@ -80,7 +94,7 @@ def _dump_problem(document: Any, path: Path) -> int:
     if not isinstance(document, dict):
         raise ValueError("not a JSON object")
     rank = document.get("rank")
-    if type(rank) is not int or path.name != f"rank{rank}.json":
+    if type(rank) is not int or path.name != f"rank{rank}.json" or not 0 <= rank < MAX_WORLD_SIZE:
         raise ValueError(f"rank {rank!r} does not match the file name")
     entries = document.get("entries")
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
@@ -88,6 +102,7 @@ def _dump_problem(document: Any, path: Path) -> int:
     for entry in entries:
         if type(entry.get("collective_seq_id")) is not int or not isinstance(entry.get("profiling_name"), str):
             raise ValueError("an entry without an integer collective_seq_id and a profiling_name")
-    if not isinstance(document.get("pg_config", {}), dict):
-        raise ValueError("pg_config is not an object")
+    for name in ("pg_config", "pg_status"):
+        if not isinstance(document.get(name, {}), dict):
+            raise ValueError(f"{name} is not an object")
     return rank

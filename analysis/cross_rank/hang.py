@@ -17,19 +17,27 @@ from __future__ import annotations
 
 import ast
 import logging
+import os
+import stat
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fleetscope.traces.flight_recorder import Dumps, read_dumps
 from fleetscope.traces.formats import read_metric_records
-from fleetscope.traces.layout import WINDOW_RE, RunLayout
+from fleetscope.traces.layout import STEP_METRICS_RE, WINDOW_RE, RunLayout
 from fleetscope.traces.manifest import load_manifest
+from fleetscope.traces.safe_read import entry_problem
+from fleetscope.traces.validate import MAX_LISTED_RANKS, MAX_WORLD_SIZE
 
 LOG_TAIL_LINES = 3
 LOG_READ_BYTES = 64 * 1024
 FRAMES_SHOWN = 6
 TORCH_PATH = "/site-packages/torch/"
+MAX_LOG_FILES = 4096
+MAX_RANKS_TEXT = 1 << 16
+"""A pg_config `ranks` string longer than this is not parsed (a job's own lists are far shorter)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,11 +104,15 @@ def analyze_hang(layout: RunLayout, world_size: int | None = None) -> HangReport
     dumps = read_dumps(layout)
     if not dumps.by_rank:
         return None
-    world = world_size or max([*dumps.by_rank, *(m.rank for m in dumps.markers)]) + 1
+    world = min(world_size or max([*dumps.by_rank, *(m.rank for m in dumps.markers)]) + 1, MAX_WORLD_SIZE)
     groups = [_group_hang(name, desc, ranks, dumps) for name, desc, ranks in _groups(dumps)]
     late = sorted({r for g in groups for r in g.late_ranks})
+    missing, missing_total = _missing_dumps(world, dumps)
+    problems = list(dumps.problems)
+    if missing_total > len(missing):
+        problems.append(f"{missing_total} of {world} ranks have no dump; the first {len(missing)} are listed")
     report = HangReport(
-        dumped_ranks=sorted(dumps.by_rank), missing_dumps=[r for r in range(world) if r not in dumps.by_rank],
+        dumped_ranks=sorted(dumps.by_rank), missing_dumps=missing,
         detected_by=[asdict(m) for m in dumps.markers],
         dump_reasons={r: str(d.get("reason", "")) for r, d in sorted(dumps.by_rank.items())},
         groups=groups, late_ranks=late, verdict=_verdict(groups, dumps),
@@ -108,9 +120,20 @@ def analyze_hang(layout: RunLayout, world_size: int | None = None) -> HangReport
                           for r in late if r in dumps.by_rank},
         last_steps=_last_steps(layout, world), last_window=_last_window(layout),
         log_tails={r: _log_tail(layout, r) for r in late or sorted(dumps.by_rank)},
-        pytorch_analysis=pytorch_cross_check(dumps), problems=dumps.problems,
+        pytorch_analysis=pytorch_cross_check(dumps), problems=problems + _window_problems(layout),
     )
     return report
+
+
+def _missing_dumps(world: int, dumps: Dumps) -> tuple[list[int], int]:
+    """The first MAX_LISTED_RANKS ranks below `world` without a dump, and how many there are in all."""
+    listed = []
+    for rank in range(world):
+        if rank not in dumps.by_rank:
+            listed.append(rank)
+            if len(listed) == MAX_LISTED_RANKS:
+                break
+    return listed, world - sum(1 for r in dumps.by_rank if r < world)
 
 
 def _groups(dumps: Dumps) -> list[tuple[str, str, list[int]]]:
@@ -134,14 +157,20 @@ def _groups(dumps: Dumps) -> list[tuple[str, str, list[int]]]:
 
 def _group_of(entry: dict) -> tuple[str, str]:
     group = entry.get("process_group") or ["?", ""]
+    if not isinstance(group, (list, tuple)) or not group:
+        group = [str(group), ""]
     return str(group[0]), str(group[1]) if len(group) > 1 else ""
 
 
 def _ranks(text: Any) -> list[int]:
     try:
-        value = ast.literal_eval(text) if isinstance(text, str) else text
-        return sorted(int(r) for r in value) if isinstance(value, (list, tuple)) else []
-    except (ValueError, SyntaxError, TypeError):
+        value = ast.literal_eval(text[:MAX_RANKS_TEXT]) if isinstance(text, str) else text
+        if not isinstance(value, (list, tuple)) or len(value) > MAX_WORLD_SIZE:
+            return []
+        if not all(type(r) is int and 0 <= r < MAX_WORLD_SIZE for r in value):
+            return []  # "[1e999]", floats, negative or absurd ranks: a damaged config, not members
+        return sorted(set(value))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return []
 
 
@@ -163,15 +192,20 @@ def _group_hang(name: str, desc: str, ranks: list[int], dumps: Dumps) -> GroupHa
 
 
 def _calls(dump: dict, group: str) -> list[Call]:
-    calls = [Call(seq=e["collective_seq_id"], name=e["profiling_name"], input_sizes=e.get("input_sizes") or [],
-                  input_dtypes=e.get("input_dtypes") or [], state=str(e.get("state", "")),
+    calls = [Call(seq=e["collective_seq_id"], name=e["profiling_name"], input_sizes=_listed(e.get("input_sizes")),
+                  input_dtypes=_listed(e.get("input_dtypes")), state=str(e.get("state", "")),
                   frames=_frames(e.get("frames") or []))
              for e in dump["entries"] if _group_of(e)[0] == group and not e.get("is_p2p")]
     return sorted(calls, key=lambda c: c.seq)
 
 
+def _listed(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
 def _completed(dump: dict, group: str, calls: list[Call]) -> int | None:
-    status = dump.get("pg_status", {}).get(group)
+    pg_status = dump.get("pg_status", {})
+    status = pg_status.get(group) if isinstance(pg_status, dict) else None
     if isinstance(status, dict) and type(status.get("last_completed_collective")) is int:
         return status["last_completed_collective"]
     done = [c.seq for c in calls if c.state == "completed"]
@@ -180,7 +214,7 @@ def _completed(dump: dict, group: str, calls: list[Call]) -> int | None:
 
 def _frames(frames: list, *, innermost_last: bool = False) -> list[str]:
     """`function (file:line)`, innermost first: the innermost frame, then frames outside torch itself."""
-    frames = [f for f in frames if isinstance(f, dict)]
+    frames = [f for f in frames if isinstance(f, dict)] if isinstance(frames, list) else []
     frames = frames[::-1] if innermost_last else frames
     kept = frames[:1] + [f for f in frames[1:] if TORCH_PATH not in str(f.get("filename", ""))]
     return [f"{f.get('name', '?')} ({f.get('filename', '?')}:{f.get('line', '?')})" for f in kept[:FRAMES_SHOWN]]
@@ -231,25 +265,49 @@ def _verdict(groups: list[GroupHang], dumps: Dumps) -> str:
 
 def _last_steps(layout: RunLayout, world: int) -> dict[int, int]:
     steps = {}
-    for rank in range(world):
-        path = layout.metrics_file(rank)
-        if path.is_file():
-            try:
-                records = read_metric_records(path, within=layout.root).records
-            except ValueError:  # refused by the safe reader (a symlink out of the run): no last step known
-                continue
-            if records:
-                steps[rank] = max(r["step"] for r in records)
+    for path in layout.step_metrics_files():
+        rank = int(STEP_METRICS_RE.match(path.name)["rank"])
+        if rank >= world:
+            continue
+        try:
+            records = read_metric_records(path, within=layout.root).records
+        except ValueError:  # refused by the safe reader (a symlink out of the run): no last step known
+            continue
+        if records:
+            steps[rank] = max(r["step"] for r in records)
     return steps
 
 
+def _windows(layout: RunLayout) -> tuple[list[tuple[int, Path]], list[str]]:
+    """The run's window folders (real directories inside the run), and why any window* entry is not one."""
+    windows, problems = [], []
+    if layout.traces_dir.is_symlink() or not layout.traces_dir.is_dir():
+        return windows, problems
+    for entry in sorted(layout.traces_dir.glob("window*")):
+        if not (match := WINDOW_RE.match(entry.name)):
+            continue
+        if entry.is_symlink() or not entry.is_dir():
+            problems.append(f"{layout.relative(entry)}: {'a symlink' if entry.is_symlink() else 'not a directory'}, "
+                            "not a window folder: not read")
+            continue
+        windows.append((int(match["index"]), entry))
+    return sorted(windows), problems
+
+
+def _window_problems(layout: RunLayout) -> list[str]:
+    return _windows(layout)[1]
+
+
 def _last_window(layout: RunLayout) -> str:
-    windows = sorted((int(m["index"]), d) for d in layout.traces_dir.glob("window*") if (m := WINDOW_RE.match(d.name)))
+    windows, _ = _windows(layout)
     if not windows:
         return ""
     index, directory = windows[-1]
     steps = _window_steps(layout, index)
-    files = sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
+    try:
+        files = sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
+    except OSError:
+        files = []
     return f"{directory.name}{f' (steps {steps})' if steps else ''}: {len(files)} trace(s)"
 
 
@@ -266,15 +324,31 @@ def _log_tail(layout: RunLayout, rank: int) -> list[str]:
     """The last lines of the run's logs that the trainer wrote for `rank` (`... rank<R> LEVEL ...`)."""
     marker = f" rank{rank} "
     lines = []
-    for path in sorted(layout.logs_dir.rglob("*.log")) if layout.logs_dir.is_dir() else []:
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(max(0, path.stat().st_size - LOG_READ_BYTES))
-                text = handle.read().decode(errors="replace")
-        except OSError:
-            continue
+    logs = layout.logs_dir
+    for path in sorted(logs.rglob("*.log"))[:MAX_LOG_FILES] if logs.is_dir() and not logs.is_symlink() else []:
+        text = _tail(path, layout)
         lines += [line.strip() for line in text.splitlines() if marker in line]
     return lines[-LOG_TAIL_LINES:]
+
+
+def _tail(path: Path, layout: RunLayout) -> str:
+    """The last LOG_READ_BYTES of a log: a regular file inside the run (lstat first, never a FIFO or a link
+    out of the run, opened with O_NOFOLLOW | O_NONBLOCK); "" for anything else."""
+    if entry_problem(path, within=layout.root) is not None or path.is_symlink():
+        return ""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    with os.fdopen(descriptor, "rb") as handle:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        try:
+            handle.seek(max(0, info.st_size - LOG_READ_BYTES))
+            return handle.read(LOG_READ_BYTES).decode(errors="replace")
+        except OSError:
+            return ""
 
 
 def pytorch_cross_check(dumps: Dumps) -> list[str]:
@@ -284,7 +358,7 @@ def pytorch_cross_check(dumps: Dumps) -> list[str]:
         from torch.distributed.flight_recorder.components.utils import align_trace_from_beginning
     except ImportError as error:
         return [f"PyTorch's Flight Recorder analysis is not available: {error}"]
-    entries = {r: [{**e, "process_group": tuple(e.get("process_group") or ("", ""))} for e in d["entries"]]
+    entries = {r: [{**e, "process_group": _group_of(e)} for e in d["entries"]]
                for r, d in dumps.by_rank.items()}
     configs = {r: d.get("pg_config", {}) for r, d in dumps.by_rank.items()}
     version = str(next(iter(dumps.by_rank.values())).get("version", ""))

@@ -270,17 +270,25 @@ def _launch_bound(e: Evidence, idle_ms: float) -> bool:
     return inside or dense or short >= 0.5 * idle_ms
 
 
+def _syncs_block_graphs(e: Evidence) -> bool:
+    """A step that syncs with the host (a tensor read or synchronize in every step) and drains the GPU there
+    cannot be captured as one CUDA graph: host_syncs comes first."""
+    per_step = (e.syncs or 0.0) + (e.tensor_reads or 0.0)
+    return per_step >= 1.0 and host_syncs(e) is not None
+
+
 def cuda_graphs(e: Evidence) -> Finding | None:
     """GPU idle over IDLE_SHARE of the span (GPU basis) without compilation, and the evidence is launches
     (_launch_bound: the host's time inside launch calls, or short gaps between back-to-back kernels): the host
     cannot launch kernels fast enough. CUDA graphs (`reduce-overhead`; plain `default` under FSDP, whose
     parameters move) replay the step's launches; assumed to recover LAUNCH_RECOVERABLE of the idle time.
-    A GPU waiting for other host work is host_work's, not this rule's."""
+    A GPU waiting for other host work is host_work's, not this rule's; a step that drains the GPU at host
+    syncs cannot be captured as a graph (host_syncs first)."""
     compiled = e.setting("performance", "compile", "none")
     if e.basis != "gpu" or e.idle_pct is None or e.idle_pct < 100 * IDLE_SHARE or compiled != "none" or not e.step_ms:
         return None
     idle_ms = e.idle_pct / 100 * e.step_ms
-    if not _launch_bound(e, idle_ms):
+    if not _launch_bound(e, idle_ms) or _syncs_block_graphs(e):
         return None
     mode = "default" if str(e.setting("parallel", "mode", "")).startswith("fsdp") else "reduce-overhead"
     gain, pct = _gain(e, LAUNCH_RECOVERABLE * idle_ms)
@@ -336,7 +344,8 @@ def host_syncs(e: Evidence) -> Finding | None:
                    change="remove the .item() / torch.cuda.synchronize() calls from the step (keep values on the GPU "
                           "and read them every N steps); with_stack traces name the frames",
                    why=f"the GPU waits {sync_ms:.2f} ms per step after host syncs ({e.syncs or 0.0:.1f} syncs and "
-                       f"{e.tensor_reads or 0.0:.1f} tensor reads per step): each one empties the GPU's queue")
+                       f"{e.tensor_reads or 0.0:.1f} tensor reads per step): each one empties the GPU's queue, and "
+                       "no CUDA graph can capture a step that syncs")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,49 @@
+"""Ground truth from programs nobody here wrote: bench/planted/programs.py's small PyTorch programs, one
+planted problem each, profiled on one H200 (bench/device/planted_programs.sh; traces and the planted size,
+timed inside each program, in tests/fixtures/gpu/planted/NAME/). advise gets only the folder of traces."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fleetscope.analysis.advise import advise
+
+PLANTED = Path(__file__).parent / "fixtures" / "gpu" / "planted"
+
+
+def _advice(name: str):
+    planted = json.loads((PLANTED / name / "planted.json").read_text())
+    return advise(PLANTED / name / "traces"), planted
+
+
+@pytest.mark.parametrize("name, rule, tolerance", [
+    ("cpu_batch", "host_work", 0.10),             # the batch built by torch.randn on the host: 83.5 ms a step
+    ("slow_dataloader", "data_workers", 0.10),    # 32 samples of 0.5 ms, fetched in the training process
+    ("sync_per_step", "host_syncs", 0.15),        # synchronize, then 5 ms of host work nothing overlaps
+])
+def test_the_top_finding_is_the_planted_problem_with_its_size(name, rule, tolerance):
+    advice, planted = _advice(name)
+    top = advice.findings[0]
+    assert top.rule == rule
+    assert top.expected_gain_ms == pytest.approx(planted["planted_ms_per_step"], rel=tolerance)
+    assert top.apply is None and "--set" not in top.change           # a user program: the code change
+
+
+def test_item_per_layer_is_the_syncs_not_cuda_graphs():
+    advice, _ = _advice("item_per_layer")
+    top = advice.findings[0]
+    assert top.rule == "host_syncs" and top.evidence["tensor_reads_per_step"] == 8.0    # one per layer
+    assert "cuda_graphs" not in {f.rule for f in advice.findings}    # no graph captures a step that syncs
+
+
+def test_many_tiny_kernels_are_launch_bound():
+    advice, _ = _advice("tiny_kernels")
+    top = advice.findings[0]
+    assert top.rule == "cuda_graphs" and top.evidence["launches_per_step"] >= 1000
+    assert top.change.startswith("torch.compile(model, mode='reduce-overhead')")
+
+
+def test_a_healthy_gemm_bound_program_gets_nothing_large():
+    advice, planted = _advice("healthy_gemm")
+    assert all((f.expected_gain_pct or 0.0) < 5.0 for f in advice.findings), advice.findings

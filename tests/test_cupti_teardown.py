@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import fleetscope
 
 from fleetscope.analysis.cross_rank.records import record_warnings
 from fleetscope.analysis.per_rank.profiling_cost import median_difference, profiling_cost
@@ -123,3 +124,16 @@ def test_median_difference_resamples_runs():
     apart = median_difference([[10.0], [20.0], [30.0]], [[20.0], [20.0], [20.0]])
     assert apart.low_pct < -40 and apart.high_pct > 40  # between-run spread shows in the interval
     assert median_difference([], [[1.0]]) is None
+
+
+def test_a_launched_rank_sees_the_teardown_setting(tmp_path):
+    """A real local launch (torchrun, one rank): the program finds TEARDOWN_CUPTI=1 in its own environment."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import json, os, pathlib\n"
+                     "pathlib.Path(os.environ['FLEETSCOPE_RUN_DIR'], 'env.json').write_text(json.dumps(\n"
+                     "    {k: os.environ.get(k) for k in ('TEARDOWN_CUPTI', 'FLEETSCOPE_CUPTI_TEARDOWN')}))\n")
+    run = tmp_path / "run"
+    completed = fleetscope("launch", "--run-dir", str(run), "--nproc-per-node", "1", "--device", "cpu",
+                           "--no-post", "--", "python", str(probe), cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert json.loads((run / "env.json").read_text()) == {"TEARDOWN_CUPTI": "1", "FLEETSCOPE_CUPTI_TEARDOWN": "1"}

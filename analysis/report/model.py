@@ -121,7 +121,7 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
     trainer               TrainerEvidence, from metrics/rank<R>.jsonl and rank<R>.compile.json | null:
                           {status ("ok" | "not recorded"), reason, missing_ranks[], warnings[] (leak
                           suspicion, allocation retries/OOMs, input wait >= 10% of step time, compilation in
-                          profiled/traced steps, recompiles),
+                          profiled/traced steps, recompiles, steps after the last profile window > 3% slower),
                           ranks[] {rank, problems[],
                           memory {steps[], allocated_mb[], reserved_mb[] (per-step allocator peaks, MiB),
                           peak_allocated_mb, peak_reserved_mb, fragmentation_mb (reserved - allocated in the

@@ -154,7 +154,8 @@ def _records(report: Report) -> str:
             lines.append(f"rank {records.rank}: memory: {memory_line(records.memory)}")
         if records.input is not None:
             lines.append(f"rank {records.rank}: input (data_ms): mean {records.input.mean_data_ms:.2f} ms, "
-                         f"max {records.input.max_data_ms:.2f} ms, {records.input.data_pct:.1f}% of step time")
+                         f"max {records.input.max_data_ms:.2f} ms, {records.input.data_pct:.1f}% of step time "
+                         f"({records.input.basis})")
         if records.compile is not None:
             lines.append(f"rank {records.rank}: {compile_line(records.compile)}")
         if records.profiling is not None:

@@ -304,3 +304,46 @@ def test_control_characters_from_a_dump_are_escaped(tmp_path, capsys):
     assert main(["hang", str(layout.root)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "\r" not in out and "\\x1b]0;owned" in out
+
+
+# --- injection: the checked binary is the one run; text from run files is escaped --------------------------
+
+
+def test_query_runs_exactly_the_checked_relative_trace_processor(tmp_path, monkeypatch, capsys):
+    import os
+
+    here, decoy = tmp_path / "here", tmp_path / "bin"
+    here.mkdir(), decoy.mkdir()
+    (here / "tp").write_text("#!/bin/sh\necho 'name'\necho checked\n")
+    (decoy / "tp").write_text("#!/bin/sh\necho 'name'\necho decoy\n")
+    for script in (here / "tp", decoy / "tp"):
+        script.chmod(0o755)
+    (here / "t.perfetto-trace").write_bytes(b"\x0a\x00")
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("PATH", f"{decoy}{os.pathsep}{os.environ['PATH']}")
+    assert main(["query", "t.perfetto-trace", "select 1", "--trace-processor", "tp"]) == 0
+    out = capsys.readouterr().out
+    assert "checked" in out and "decoy" not in out
+
+
+def test_query_of_a_fifo_trace_is_refused_not_waited_on(tmp_path, capsys):
+    import os
+
+    (tmp_path / "tp").write_text("#!/bin/sh\ncat \"$3\" >/dev/null\necho name\necho x\n")
+    (tmp_path / "tp").chmod(0o755)
+    os.mkfifo(tmp_path / "t.perfetto-trace")
+    assert main(["query", str(tmp_path / "t.perfetto-trace"), "select 1", "--trace-processor",
+                 str(tmp_path / "tp")]) == 1
+    assert "FIFO" in capsys.readouterr().err
+
+
+def test_a_query_past_the_engines_timeout_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
+    from fleetscope.analysis.merge.perfetto import sql
+
+    monkeypatch.setattr(sql, "QUERY_TIMEOUT_S", 0.5)
+    (tmp_path / "tp").write_text("#!/bin/sh\nsleep 30\n")
+    (tmp_path / "tp").chmod(0o755)
+    (tmp_path / "t.perfetto-trace").write_bytes(b"\x0a\x00")
+    assert main(["query", str(tmp_path / "t.perfetto-trace"), "select 1", "--trace-processor",
+                 str(tmp_path / "tp")]) == 1
+    assert "did not finish" in capsys.readouterr().err

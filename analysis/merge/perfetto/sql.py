@@ -45,10 +45,10 @@ def find_trace_processor(explicit: str | Path | None = None) -> Path | None:
     if explicit:
         if not _executable(explicit):
             raise FileNotFoundError(f"trace processor {explicit} is not an executable file")
-        return Path(explicit)
+        return Path(os.path.abspath(explicit))  # exactly the file checked: a bare name is not looked up on PATH
     for candidate in (os.environ.get(ENV_VAR), SHARED_BINARY, shutil.which(BINARY_NAME)):
         if candidate and _executable(candidate):
-            return Path(candidate)
+            return Path(os.path.abspath(candidate))
     return None
 
 
@@ -58,11 +58,19 @@ def _executable(path: str | Path) -> bool:
 
 def run_query(trace: str | Path, sql: str, bin_path: str | Path) -> list[dict[str, str]]:
     """Rows (column -> text, '' for NULL) of the last statement of `sql` run on `trace`."""
+    from ....traces.safe_read import entry_problem
+
+    problem = entry_problem(Path(trace))
+    if problem:  # a FIFO would block the engine's open forever
+        raise TraceProcessorError(f"{trace}: {problem}")
     with tempfile.NamedTemporaryFile("w", suffix=".sql") as query:
         query.write(sql)
         query.flush()
-        completed = subprocess.run([str(bin_path), "-q", query.name, str(trace)], capture_output=True,
-                                   text=True, timeout=QUERY_TIMEOUT_S)
+        try:
+            completed = subprocess.run([os.path.abspath(bin_path), "-q", query.name, str(trace)],
+                                       capture_output=True, text=True, timeout=QUERY_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise TraceProcessorError(f"{bin_path} did not finish on {trace} within {QUERY_TIMEOUT_S} s") from None
     if completed.returncode != 0:
         tail = "\n".join(completed.stderr.strip().splitlines()[-5:])
         raise TraceProcessorError(f"{bin_path} failed on {trace} (exit {completed.returncode}): {tail}")

@@ -35,7 +35,7 @@ from ..traces.fanout import (
     write_reduce_record,
     write_task_record,
 )
-from ..traces.layout import RunLayout, fanout_dir, fanout_task_log, parsed_trace_cache_dir
+from ..traces.layout import RunLayout, fanout_dir, fanout_task_log, parsed_trace_cache_dir, run_holding_traces
 from ..traces.validate import UsageError, is_inside
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
 from .jobargs import slurm_minutes
@@ -86,6 +86,15 @@ def refuse_slurm_only_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"{flags}: only with --slurm")
 
 
+def refuse_cache_among_traces(cache_dir: Path, layout: RunLayout) -> Path:
+    """`cache_dir`, unless it lies inside this run's traces/ or any run's (cache files would sit among the
+    traces, and be read as some): then a UsageError."""
+    if is_inside(cache_dir, layout.traces_dir) or run_holding_traces(cache_dir) is not None:
+        raise UsageError(f"--cache-dir {cache_dir}: inside a run's traces/: cache files are not written among "
+                         "traces (give a folder outside traces/)")
+    return cache_dir
+
+
 def fanout_cache_dir(explicit: Path | None, layout: RunLayout) -> tuple[Path, str]:
     """The cache the fan-out fills, and why that one. An explicit choice (--cache-dir, then
     $FLEETSCOPE_CACHE_DIR) is kept and checked from every task; otherwise not the per-user default
@@ -94,9 +103,10 @@ def fanout_cache_dir(explicit: Path | None, layout: RunLayout) -> tuple[Path, st
     from ..analysis.per_rank.cache import CACHE_DIR_ENV
 
     if explicit is not None:
-        return explicit.expanduser().absolute(), "--cache-dir"
+        return refuse_cache_among_traces(explicit.expanduser().absolute(), layout), "--cache-dir"
     if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV]).expanduser().absolute(), f"${CACHE_DIR_ENV}"
+        chosen = Path(os.environ[CACHE_DIR_ENV]).expanduser().absolute()
+        return refuse_cache_among_traces(chosen, layout), f"${CACHE_DIR_ENV}"
     default = parsed_trace_cache_dir(layout)
     if not is_inside(default, layout.root):
         raise UsageError(f"{default}: resolves outside {layout.root} (a symlink in the run directory?): the "
@@ -339,6 +349,7 @@ def _checked_shard_inputs(args: argparse.Namespace):
     if not layout.manifest_file.is_file():
         raise UsageError(f"{layout.manifest_file}: no manifest (the submitting host gathers before the fan-out)")
     cache_dir = args.cache_dir.expanduser().absolute()
+    refuse_cache_among_traces(cache_dir, layout)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     if args.visible is not None:
         if not _TOKEN.match(args.visible):

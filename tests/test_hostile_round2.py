@@ -347,3 +347,12 @@ def test_a_query_past_the_engines_timeout_is_one_line_not_a_traceback(tmp_path, 
     assert main(["query", str(tmp_path / "t.perfetto-trace"), "select 1", "--trace-processor",
                  str(tmp_path / "tp")]) == 1
     assert "did not finish" in capsys.readouterr().err
+
+
+def test_parse_shard_writes_no_cache_among_the_traces(tmp_path, capsys):
+    layout = make_run(tmp_path / "run")
+    before = sorted(p.name for p in layout.traces_dir.rglob("*"))
+    cache = layout.traces_dir / "cache"
+    assert main(["parse-shard", str(layout.root), "--shard", "0", "--of", "1", "--cache-dir", str(cache)]) == 2
+    assert "among" in capsys.readouterr().err
+    assert sorted(p.name for p in layout.traces_dir.rglob("*")) == before

@@ -415,7 +415,8 @@ def handle_merge(args: argparse.Namespace) -> int:
     from ..analysis.merge.run import merge
     from ..analysis.merge.perfetto.sql import find_trace_processor
     from ..analysis.merge.verify import verify_outputs
-    from .merge_messages import describe_merge
+    from .merge_messages import describe_merge, describe_problems
+    from .terminal_text import escape_controls
 
     layout = RunLayout.at(args.path)
     if args.output is None and not layout.is_run_dir():
@@ -434,8 +435,8 @@ def handle_merge(args: argparse.Namespace) -> int:
     result = merge(layout.root, output, options=options, progress=_merge_progress())
     for line in describe_merge(result):
         print(line)
-    for problem in result.problems:
-        print(f"  problem: {problem}", file=sys.stderr)
+    for line in describe_problems(result.problems):
+        print(f"  {escape_controls(line)}", file=sys.stderr)
     failures = verify_outputs(result, trace_processor=args.trace_processor, engine=True) if (
         args.verify or args.trace_processor) else []
     for failure in failures:

@@ -82,3 +82,21 @@ def rank_ranges(ranks) -> str:
     shown = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:MAX_LISTED])
     hidden = sum(b - a + 1 for a, b in runs[MAX_LISTED:])
     return shown + (f" ... (+{hidden} more)" if hidden else "")
+
+
+def describe_problems(problems) -> list[str]:
+    """One line per merge problem as words (rank, file, reason), never a Python repr; problems that share a
+    reason and differ only by rank are one line with their count and rank ranges."""
+    by_reason: dict[str, list[int]] = {}
+    lines = []
+    for problem in problems:
+        if getattr(problem, "path", None) is None and getattr(problem, "rank", None) is not None:
+            by_reason.setdefault(str(problem.reason), []).append(problem.rank)
+            continue
+        where = ": ".join(str(part) for part in (
+            f"rank {problem.rank}" if getattr(problem, "rank", None) is not None else None,
+            getattr(problem, "path", None)) if part)
+        lines.append(f"problem: {where + ': ' if where else ''}{getattr(problem, 'reason', problem)}")
+    for reason, ranks in by_reason.items():
+        lines.append(f"problem: {reason}: {len(ranks)} rank(s) ({rank_ranges(sorted(ranks))})")
+    return lines

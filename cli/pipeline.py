@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..traces.gather import gather
+from .merge_messages import rank_ranges
 from .progress import counting, progress_callback
 from ..traces.layout import RunLayout
 from ..traces.validate import missing_note
@@ -100,8 +101,19 @@ def describe_manifest(manifest) -> str:
     lines = [f"gathered {len(manifest.traces)} trace(s) of world size {manifest.world_size} "
              f"in {len(manifest.windows)} window(s)"]
     lines += [f"  unreadable: {p.path}: {p.reason}" for p in manifest.problems]
-    missing = sorted({(m.window, m.rank) for m in manifest.missing}, key=lambda pair: (pair[0] or 0, pair[1]))
-    lines += [f"  missing: rank {rank} in window {window}" for window, rank in missing]
+    by_window: dict = {}
+    for entry in manifest.missing:
+        by_window.setdefault(entry.window, set()).add(entry.rank)
+    total = manifest.missing_total or len(manifest.missing)
+    for window, ranks in sorted(by_window.items(), key=lambda item: item[0] or 0):
+        count = total if len(by_window) == 1 else len(ranks)
+        of = f" of {manifest.world_size}" if manifest.world_size else ""
+        where = "" if window is None else f" in window {window}"
+        if count > len(ranks) and manifest.world_size:  # the list is capped: the whole set when it is every gap
+            present = {t.rank for t in manifest.traces if t.window == window}
+            every = [r for r in range(manifest.world_size) if r not in present]
+            ranks = set(every) if len(every) == count else ranks
+        lines.append(f"  missing{where}: {count}{of} ranks ({rank_ranges(sorted(ranks))})")
     counted = missing_note(len(manifest.missing), manifest.missing_total)
     return "\n".join(lines + ([f"  missing: {counted}"] if counted else []))
 

@@ -20,6 +20,7 @@ from fleetscope.analysis.cross_rank.stragglers import find_stragglers
 from fleetscope.analysis.inputs.sources import TraceSource
 from fleetscope.analysis.per_rank.parse import analyze_trace
 from fleetscope.analysis.synthetic import (
+    EXTRA_WORK_KERNEL,
     LATE_EXTRA_WORK,
     LATE_HOST,
     LATE_SLOW_KERNELS,
@@ -202,3 +203,65 @@ def test_causes_reach_the_json_the_terminal_and_the_html(tmp_path):
     assert "2.00 ms of it waiting for rank 1" in text
     html = render_html(report)
     assert "<h2>Causes of waiting</h2>" in html and "<td class=\"l\">work imbalance</td>" in html
+
+
+@pytest.mark.parametrize("late_cause", [LATE_EXTRA_WORK, LATE_SLOW_KERNELS])
+def test_kernels_matched_by_identity_tell_more_work_from_a_slow_device(tmp_path, late_cause):
+    # real H200 kernels: the same kernels longer is a slow device with its ratio; an extra kernel is more work, named
+    make_trace_set(FIXTURE, tmp_path / "set", TraceSetSpec(
+        ranks=4, ranks_per_host=4, late_rank=LATE_RANK, late_us=LATE_US if late_cause == LATE_EXTRA_WORK else 0.0,
+        late_cause=late_cause, slow_factor=1.3, inserted_allreduce_us=20000.0))
+    (finding,) = analyze(tmp_path / "set", use_hta=False).windows[0].causes.findings
+    assert finding.rank == LATE_RANK and finding.ops_compared > 10
+    if late_cause == LATE_SLOW_KERNELS:
+        assert finding.cause == CAUSE_SLOW_DEVICE and finding.op_duration_ratio == pytest.approx(1.3, rel=0.005)
+        assert finding.extra_kernels == [] and finding.extra_kernel_us == 0.0
+        assert "1.30x as long" in finding.explanation and "same launch counts" in finding.explanation
+    else:
+        assert finding.cause == CAUSE_WORK and finding.op_duration_ratio == pytest.approx(1.0, abs=1e-9)
+        (extra,) = finding.extra_kernels
+        assert extra.startswith(f"{EXTRA_WORK_KERNEL} (+") and finding.extra_kernel_us > 0
+        assert EXTRA_WORK_KERNEL in finding.explanation
+
+
+def _partly_slow_ranks(gemm_factor: float, extra_gemms: int = 0) -> list[KinetoBuilder]:
+    # per step one GEMM and four elementwise kernels, then an all-reduce; rank 1's GEMMs take gemm_factor as
+    # long (a power-capped device slows the math, not the memory-bound kernels), or it runs extra GEMMs
+    builders = []
+    for rank in range(4):
+        builder = KinetoBuilder(rank=rank, world_size=4)
+        for step, s in enumerate((0.0, 10_000.0, 20_000.0)):
+            builder.step(step, s, 10_000)
+            t = s + 100
+            gemms = 1 + (extra_gemms if rank == 1 else 0)
+            for g in range(gemms):
+                dur = 2000.0 * (gemm_factor if rank == 1 else 1.0)
+                builder.kernel("sm90_xmma_gemm_bf16", t, dur, launch_ts=s + 10 + g)
+                t += dur
+            for k, name in enumerate(("add_kernel", "mul_kernel", "relu_kernel", "copy_kernel")):
+                builder.kernel(name, t, 100, launch_ts=s + 20 + k)
+                t += 100
+            builder.kernel(NCCL, t, s + 8000 - t, launch_ts=s + 30, stream=20)
+        builders.append(builder)
+    return builders
+
+
+def test_only_the_gemms_slower_is_still_a_slow_device(tmp_path):
+    # the median over kernel names is 1.0 (four of five names unchanged): matched by identity, the same
+    # kernels take 1.33x as long
+    results = _results(tmp_path, _partly_slow_ranks(1.5))
+    matrix = arrival_matrix(results)
+    (finding,) = find_causes(results, matrix, find_stragglers(results, matrix), ClockAlignment()).findings
+    assert (finding.rank, finding.cause, finding.ops_compared) == (1, CAUSE_SLOW_DEVICE, 5)
+    assert finding.op_duration_ratio == pytest.approx(3400 / 2400)
+    assert finding.same_kernel_excess_us == pytest.approx(3 * 1000.0) and finding.extra_kernels == []
+
+
+def test_the_same_gemm_run_more_often_is_more_work(tmp_path):
+    results = _results(tmp_path, _partly_slow_ranks(1.0, extra_gemms=1))
+    matrix = arrival_matrix(results)
+    (finding,) = find_causes(results, matrix, find_stragglers(results, matrix), ClockAlignment()).findings
+    assert (finding.rank, finding.cause) == (1, CAUSE_WORK)
+    assert finding.op_duration_ratio == pytest.approx(1.0)
+    assert finding.extra_kernels == ["sm90_xmma_gemm_bf16 (+3 launches, 6.00 ms)"]
+    assert "sm90_xmma_gemm_bf16 (+3 launches" in finding.explanation

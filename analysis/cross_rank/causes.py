@@ -15,11 +15,16 @@ same instances, is its share: the long delays that cause most of the waiting wei
 least `MIN_EXPLAINED_SHARE` (else "unexplained", with the shares):
   - carried -> CAUSE_NETWORK;
   - idle -> CAUSE_HOST (launch gaps, syncs, input wait, CPU contention on that rank);
-  - compute -> CAUSE_SLOW_DEVICE when the rank runs the same kernels slower: the median, over the kernel
-    names (host op names on a CPU trace) both it and its peers ran, of its median duration over the peers'
-    median (`op_duration_ratio`) is at least `SLOW_DEVICE_RATIO` and that slowdown alone accounts for at
-    least half of extra_compute_us; else CAUSE_WORK (more work before the collective: uneven expert routing
-    lengthens only the expert kernels, so the median over names stays near 1).
+  - compute -> the rank's kernels are matched to its peers' by identity (`match_kernels`: per compute kernel
+    name, host op name on a CPU trace, its launch count and median duration against the peers' medians).
+    The launches both ran (the lower count) give the same-kernel time: its duration there over the peers'
+    is `op_duration_ratio` and the difference `same_kernel_excess_us`; launches beyond the peers' count
+    (names the peers never run included) are extra work, `extra_kernel_us`, named in `extra_kernels`.
+    CAUSE_SLOW_DEVICE when the same kernels take at least `SLOW_DEVICE_RATIO` as long and that excess is
+    larger than the extra work (a slow or throttled device, or contention: only some kernels may slow
+    down, e.g. GEMMs under a power cap); else CAUSE_WORK (more or other kernels before the collective),
+    and always CAUSE_WORK where the MoE view names a hot expert on the rank (more tokens make the same
+    expert kernels longer).
 Before all of that, CAUSE_CLOCK: when the clock offset between its host and its peers' hosts is uncertain by
 at least half the median lateness (clock_align.py: the measured uncertainty or the spread of the collective
 estimate; unknown when no offset could be found for a host other than the reference), nothing can be told.
@@ -70,6 +75,7 @@ CLOCK_SHARE = 0.5
 EQUALIZED_PCT = 5.0
 """A backward straggler's phase time within this of its peers' is called equalized in the explanation."""
 MIXED_SHARE = 0.2
+EXTRA_KERNELS_NAMED = 3
 """Another cause holding at least this share of a rank's lateness is named in its explanation."""
 
 
@@ -111,8 +117,16 @@ class StragglerCause:
     mean_extra_idle_us: float
     mean_carried_us: float
     op_duration_ratio: float | None
-    """Median over shared kernel (or host op) names of its median duration / the peers' median; None: none shared."""
+    """Its time in the kernel launches its peers also ran over the peers' time in them (match_kernels);
+    None: no kernel (or host op) name shared."""
     ops_compared: int
+    """Kernel (or host op) names both it and its peers ran."""
+    same_kernel_excess_us: float = 0.0
+    """Its time in those shared launches minus the peers' (the trace's profiled steps)."""
+    extra_kernel_us: float = 0.0
+    """Its time in launches beyond the peers' count of each name (names they never run included)."""
+    extra_kernels: list[str] = field(default_factory=list)
+    """The extra launches with the most time, "name (+N launches, T ms)", at most EXTRA_KERNELS_NAMED."""
     expected_slowdown_us: float | None
     """(op_duration_ratio - 1) x the peers' mean computation before the late instances."""
     clock_uncertainty_us: float | None
@@ -199,37 +213,39 @@ def _finding(rank: int, share: float, m: ArrivalMatrix, terms: _Terms, results: 
     lateness, compute, idle, carried, peer_compute = (
         _mean(t[basis]) for t in (terms.lateness_us, terms.extra_compute_us, terms.extra_idle_us, terms.carried_us,
                                   terms.peer_compute_us))
-    ratio, compared = op_duration_ratio(results, rank)
+    kernels = match_kernels(results, rank)
+    ratio = kernels.ratio
     slowdown = (ratio - 1.0) * peer_compute if ratio is not None else None
     uncertainty = clock_uncertainty_us(clock, rank, [r for r in m.ranks if r != rank])
-    shares, classified = _cause_shares(terms, known, ratio, uncertainty)
+    slow = kernels.same_kernels_slower and not routing
+    shares, classified = _cause_shares(terms, known, slow, uncertainty)
     if shares:
         cause = max(shares, key=lambda c: (shares[c], c))
         explained = shares[cause]
     else:
-        cause, explained = _classify(lateness, compute, idle, carried, ratio, slowdown, uncertainty)
+        cause, explained = _classify(lateness, compute, idle, carried, slow, uncertainty)
     phase = _main_phase(m, late, terms.lateness_us)
     finding = StragglerCause(
         rank=rank, cause=cause, explained_share=explained, cause_shares=shares, classified_lateness_us=classified,
         wait_share=share, late_instances=int(late.sum()),
         median_lateness_us=_nan_median(terms.lateness_us[late]), mean_lateness_us=lateness,
         mean_extra_compute_us=compute, mean_extra_idle_us=idle, mean_carried_us=carried, op_duration_ratio=ratio,
-        ops_compared=compared, expected_slowdown_us=slowdown, clock_uncertainty_us=uncertainty, phase=phase,
+        ops_compared=kernels.names_compared, same_kernel_excess_us=kernels.same_kernel_excess_us,
+        extra_kernel_us=kernels.extra_us, extra_kernels=kernels.extra_kernels, expected_slowdown_us=slowdown, clock_uncertainty_us=uncertainty, phase=phase,
         phase_vs_peers_pct=_phase_vs_peers_pct(results, rank, phase),
         data_loader_excess_ms=data_loader_excess_ms(results, rank), what_if=_what_if(m, terms, late, row, results, floors_ms or {}),
         routing=routing)
     return _with_explanation(finding)
 
 
-def _cause_shares(terms: _Terms, known: np.ndarray, ratio: float | None,
+def _cause_shares(terms: _Terms, known: np.ndarray, slow: bool,
                   uncertainty: float | None) -> tuple[dict[str, float], float]:
     """Each late instance with every term known classified on its own terms; (cause -> share of the summed
     lateness of those instances, that sum)."""
     caused: Counter[str] = Counter()
     for i in np.flatnonzero(known):
-        slowdown = (ratio - 1.0) * float(terms.peer_compute_us[i]) if ratio is not None else None
         cause, _ = _classify(float(terms.lateness_us[i]), float(terms.extra_compute_us[i]),
-                             float(terms.extra_idle_us[i]), float(terms.carried_us[i]), ratio, slowdown, uncertainty)
+                             float(terms.extra_idle_us[i]), float(terms.carried_us[i]), slow, uncertainty)
         caused[cause] += float(terms.lateness_us[i])
     total = sum(caused.values())
     return ({c: v / total for c, v in caused.most_common()} if total > 0 else {}), total
@@ -240,8 +256,9 @@ def _mean(values: np.ndarray) -> float:
     return float(finite.mean()) if finite.size else 0.0
 
 
-def _classify(lateness: float, compute: float, idle: float, carried: float, ratio: float | None,
-              slowdown: float | None, uncertainty: float | None) -> tuple[str, float]:
+def _classify(lateness: float, compute: float, idle: float, carried: float, slow: bool,
+              uncertainty: float | None) -> tuple[str, float]:
+    """`slow`: the rank runs the same kernels longer (match_kernels), so extra compute is a slow device."""
     if uncertainty is None or uncertainty >= CLOCK_SHARE * lateness:
         return CAUSE_CLOCK, 0.0
     shares = {"compute": compute / lateness, "idle": idle / lateness, "carried": carried / lateness} if lateness > 0 else {}
@@ -253,21 +270,55 @@ def _classify(lateness: float, compute: float, idle: float, carried: float, rati
         return CAUSE_NETWORK, explained
     if term == "idle":
         return CAUSE_HOST, explained
-    slow = ratio is not None and ratio >= SLOW_DEVICE_RATIO and slowdown is not None and slowdown >= 0.5 * compute
     return (CAUSE_SLOW_DEVICE if slow else CAUSE_WORK), explained
 
 
-def op_duration_ratio(results: list[RankResult], rank: int) -> tuple[float | None, int]:
-    """(median over names of the rank's median duration / the peers' median, names compared)."""
-    mine = {o.name: o.median_us for r in results if r.rank == rank for o in r.op_durations}
-    peers: dict[str, list[float]] = {}
-    for result in results:
-        if result.rank != rank:
-            for op in result.op_durations:
-                peers.setdefault(op.name, []).append(op.median_us)
-    ratios = [mine[name] / float(np.median(peers[name])) for name in mine
-              if name in peers and float(np.median(peers[name])) > 0]
-    return (float(np.median(ratios)), len(ratios)) if ratios else (None, 0)
+@dataclass(frozen=True, kw_only=True)
+class KernelMatch:
+    """A rank's compute kernels matched to its peers' by name and launch count (module docstring)."""
+
+    ratio: float | None
+    """Its time in the launches both ran over the peers' time in them; None: no name shared."""
+    names_compared: int
+    same_kernel_excess_us: float
+    extra_us: float
+    extra_kernels: list[str]
+
+    @property
+    def same_kernels_slower(self) -> bool:
+        return (self.ratio is not None and self.ratio >= SLOW_DEVICE_RATIO
+                and self.same_kernel_excess_us > self.extra_us)
+
+
+def match_kernels(results: list[RankResult], rank: int) -> KernelMatch:
+    """Per kernel name: the peers' median launch count and median duration against the rank's own."""
+    mine = {o.name: o for r in results if r.rank == rank for o in r.op_durations}
+    peer_ops: dict[str, list] = {}
+    peers = [r for r in results if r.rank != rank]
+    for result in peers:
+        for op in result.op_durations:
+            peer_ops.setdefault(op.name, []).append(op)
+    own_us = peer_us = extra_us = 0.0
+    compared = 0
+    extra: list[tuple[float, str, int]] = []
+    for name, op in mine.items():
+        theirs = peer_ops.get(name, [])
+        # a peer that never runs the name counts 0 launches
+        peer_count = float(np.median([o.count for o in theirs] + [0] * (len(peers) - len(theirs)))) if peers else 0.0
+        shared = min(float(op.count), peer_count)
+        if theirs and shared > 0:
+            compared += 1
+            own_us += shared * op.median_us
+            peer_us += shared * float(np.median([o.median_us for o in theirs]))
+        if op.count > peer_count:
+            surplus = op.count - peer_count
+            extra_us += surplus * op.median_us
+            extra.append((surplus * op.median_us, name, int(round(surplus))))
+    named = [f"{name} (+{n} launches, {us / 1000:.2f} ms)"
+             for us, name, n in sorted(extra, key=lambda e: (-e[0], e[1]))[:EXTRA_KERNELS_NAMED]]
+    ratio = own_us / peer_us if compared and peer_us > 0 else None
+    return KernelMatch(ratio=ratio, names_compared=compared, same_kernel_excess_us=own_us - peer_us,
+                       extra_us=extra_us, extra_kernels=named)
 
 
 def clock_uncertainty_us(clock: ClockAlignment, rank: int, peers: list[int]) -> float | None:
@@ -405,11 +456,13 @@ def explain(f: StragglerCause) -> str:
         CAUSE_WORK: (f"computes {f.mean_extra_compute_us / 1000:.2f} ms more before each "
                      + (f"with kernels of the same speed ({ratio} the peers' durations)"
                         if f.op_duration_ratio is None or f.op_duration_ratio < SLOW_DEVICE_RATIO else
-                        f"while its kernels run {ratio} as long, which accounts for only "
-                        f"{(f.expected_slowdown_us or 0.0) / 1000:.2f} ms of it")
-                     + (f": more work: {f.routing}" if f.routing else ": more work, e.g. uneven expert routing")),
-        CAUSE_SLOW_DEVICE: (f"runs the same kernels {ratio} as long as its peers ({f.ops_compared} names), "
-                            f"{f.mean_extra_compute_us / 1000:.2f} ms more compute for the same work: a slow device"),
+                        f"while the kernels its peers also run take {ratio} as long")
+                     + (f": more work: {f.routing}" if f.routing else
+                        f": more work, kernels its peers do not run as often: {'; '.join(f.extra_kernels)}"
+                        if f.extra_kernels else ": more work, e.g. uneven expert routing")),
+        CAUSE_SLOW_DEVICE: (f"runs the same kernels {ratio} as long as its peers ({f.ops_compared} names, the same "
+                            f"launch counts), {f.mean_extra_compute_us / 1000:.2f} ms more compute for the same "
+                            "work: a slow or throttled device, or contention"),
         CAUSE_HOST: (f"is idle {f.mean_extra_idle_us / 1000:.2f} ms longer than its peers before each, not computing "
                      "more: host-side delay (launch gaps, syncs, input wait, CPU contention)"),
         CAUSE_NETWORK: (f"leaves the previous collective {f.mean_carried_us / 1000:.2f} ms after its peers: "

@@ -73,7 +73,11 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           "network" | "clock uncertainty" | "unexplained"), explained_share, cause_shares
                           {cause: share}, classified_lateness_us, wait_share,
                           late_instances, median_lateness_us, mean_lateness_us, mean_extra_compute_us,
-                          mean_extra_idle_us, mean_carried_us, op_duration_ratio, ops_compared, expected_slowdown_us,
+                          mean_extra_idle_us, mean_carried_us, op_duration_ratio (its time in the kernel launches
+                          its peers also ran over theirs: same names, up to the peers' launch count), ops_compared,
+                          same_kernel_excess_us (its time in those launches minus the peers'), extra_kernel_us
+                          (its time in launches beyond the peers' counts), extra_kernels[] ("name (+N launches,
+                          T ms)": the largest of them), expected_slowdown_us,
                           clock_uncertainty_us, phase, phase_vs_peers_pct, data_loader_excess_ms, what_if[] {step, step_time_ms,
                           caused_wait_ms (clamped to the step less floor_ms), projected_step_ms, floor_ms (what
                           its peers computed between the step's collectives: no what-if goes below it)}, routing ("uneven routing: expert E (layer L) on

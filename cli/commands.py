@@ -237,15 +237,15 @@ _STAGE_FLAGS = ("no_cache", "no_hta", "link_peak", "ranks", "budget_mb")
 
 
 def handle_postprocess(args: argparse.Namespace) -> int:
-    refused = postprocess_refusal(args.run_dir)
-    if refused is not None:
-        return refused
-    if args.slurm:
+    if args.slurm:   # the fan-out checks its run directory itself (exit 2: not a run directory)
         given = [f"--{name.replace('_', '-')}" for name in _STAGE_FLAGS if getattr(args, name) not in (None, False)]
         if given:
             raise UsageError(f"{', '.join(given)}: not with --slurm (the fanned-out parse and its reduce take "
                              "the defaults)")
         return fanout_commands.handle_fanout_postprocess(args)
+    refused = postprocess_refusal(args.run_dir)
+    if refused is not None:
+        return refused
     fanout_commands.refuse_slurm_only_flags(args)
     post = postprocess(args.run_dir, cache_dir=args.cache_dir, use_cache=not args.no_cache, use_hta=not args.no_hta,
                        link_peak_gbps=args.link_peak, merge_options=merge_selection(args))

@@ -54,6 +54,7 @@ def handle_tune(args: argparse.Namespace) -> int:
 
     source = RunLayout.at(Path(args.run).expanduser().absolute())
     spec_fields = recorded_spec(source)
+    validated_spec(spec_fields, source)   # a damaged record is named before any finding is picked from it
     index, finding = pick_finding(advise(source.root).findings, args.apply, source.root)
     new_dir = Path(args.new_run_dir).expanduser().absolute() if args.new_run_dir else default_tune_dir(source.root, finding.rule)
     relaunch = plan_relaunch(spec_fields, source_run=source.root, new_run_dir=new_dir,
@@ -86,6 +87,17 @@ def recorded_spec(layout: RunLayout) -> dict:
         raise UsageError(f"{layout.job_file}: {layout.root} {why}: tune relaunches runs `fleetscope launch` "
                          "started (traces of another trainer can be advised, not relaunched)")
     return spec
+
+
+def validated_spec(spec_fields: dict, layout: RunLayout):
+    """The JobSpec job.json records; a ConfigError naming the file and the field when it is damaged."""
+    from ..launcher.relaunch import job_spec_from_record
+    from ..trainer.config import ConfigError
+
+    try:
+        return job_spec_from_record(spec_fields)
+    except ConfigError as error:
+        raise ConfigError(f"{layout.job_file}: {error}") from error
 
 
 def pick_finding(findings: list, wanted: str, run: Path) -> tuple[int, object]:

@@ -57,12 +57,23 @@ def test_multi_gpu_breadth_jobs_cover_accumulation_hsdp_and_every_pipeline_sched
 
 
 def test_profiler_overhead_summary_separates_windows():
+    import argparse
+
     overhead = load("profiler_overhead")
-    off = [{"step": s, "step_time_ms": 10.0, "profiled": False} for s in range(30)]
-    scheduled = [{"step": s, "step_time_ms": 12.0 if s in (22, 23) else 10.1, "profiled": s in (22, 23)}
-                 for s in range(30)]
-    summary = overhead.summarize(off, scheduled, skip=20)
-    assert summary["outside_overhead_pct"] == 1.0 and summary["inside_overhead_pct"] == 20.0
+
+    def run(inside_ms: float, after_ms: float, profiled: bool) -> list[dict]:
+        return [{"step": s, "profiled": profiled and s in (22, 23),
+                 "step_time_ms": inside_ms if profiled and s in (22, 23) else (after_ms if s > 23 else 10.0)}
+                for s in range(40)]
+
+    runs = {"capture_off": [run(0, 10.0, False)] * 2, "never": [run(0, 10.0, False)] * 2,
+            "profiled": [run(12.0, 10.5, True)] * 2, "teardown": [run(12.0, 10.0, True)] * 2}
+    args = argparse.Namespace(preset="small", batch=4, seq=128, steps=40, compile="none", skip=3)
+    summary = overhead.summarize(runs, args)
+    assert summary["arms"]["profiled"]["after_vs_never"]["median_pct"] == 5.0       # CUPTI kept: 5% slower after
+    assert summary["arms"]["teardown"]["after_vs_never"]["median_pct"] == 0.0
+    assert summary["arms"]["teardown"]["inside_vs_never"]["median_pct"] == 20.0
+    assert summary["capture_on_vs_off"]["median_pct"] == 0.0
 
 
 @requires_trace_processor

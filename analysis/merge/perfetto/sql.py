@@ -23,6 +23,7 @@ import csv
 import io
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -56,11 +57,19 @@ def _executable(path: str | Path) -> bool:
     return Path(path).is_file() and os.access(path, os.X_OK)
 
 
+def _not_a_regular_file(path: Path) -> str | None:
+    """Why the engine must not open `path` (this layer imports nothing of the project: traces/safe_read.py
+    makes the same check for the rest), or None."""
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        return f"cannot stat: {error.strerror or error}"
+    return None if stat.S_ISREG(info.st_mode) else "not a regular file (a FIFO, a device, a directory): not read"
+
+
 def run_query(trace: str | Path, sql: str, bin_path: str | Path) -> list[dict[str, str]]:
     """Rows (column -> text, '' for NULL) of the last statement of `sql` run on `trace`."""
-    from ....traces.safe_read import entry_problem
-
-    problem = entry_problem(Path(trace))
+    problem = _not_a_regular_file(Path(trace))
     if problem:  # a FIFO would block the engine's open forever
         raise TraceProcessorError(f"{trace}: {problem}")
     with tempfile.NamedTemporaryFile("w", suffix=".sql") as query:

@@ -173,3 +173,22 @@ def test_each_instance_is_kept_and_a_row_below_half_the_peak_is_slow(tmp_path):
         assert instance.busbw_gbps == pytest.approx(busbw, rel=1e-6) and instance.bytes == NELEMS * 2
         assert instance.moving_us == pytest.approx(400.0) and instance.wait_us == pytest.approx(100.0)
         assert instance.peak_pct == pytest.approx(100 * busbw / 450.0, rel=1e-6)
+
+
+def test_one_ranks_trace_gives_apparent_bandwidth_as_a_labelled_lower_bound(tmp_path):
+    # only rank 0 profiled (arrives at 300 us, ends at 900 us): no last arrival to measure from
+    from fleetscope.analysis.cross_rank.bandwidth import STATUS_ONE_RANK
+    nccl_rank(0, world=8, group_size=8).write(tmp_path / "rank0.json.gz")
+    report = analyze(tmp_path, use_hta=False, use_cache=False)
+    bandwidth = report.windows[0].bandwidth
+    assert bandwidth.status == STATUS_ONE_RANK and "lower bound" in bandwidth.reason
+    (row,) = bandwidth.rows
+    size = NELEMS * 2
+    apparent = size / (END_US - ARRIVAL_US[0]) / 1e3
+    assert (row.instances, row.members, row.scope) == (2, 8, INTRA_NODE)
+    assert row.algbw_gbps == pytest.approx(apparent) and row.busbw_gbps == pytest.approx(apparent * 2 * 7 / 8)
+    assert len(bandwidth.instances) == 2 and all(i.algbw_gbps == pytest.approx(apparent) for i in bandwidth.instances)
+    assert "lower bound" in row.verdict
+    text, html = render_terminal(report), render_html(report)
+    assert f"bandwidth {STATUS_ONE_RANK}" in text and row.verdict in text
+    assert STATUS_ONE_RANK in html and "lower bound" in html

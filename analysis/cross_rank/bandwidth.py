@@ -23,6 +23,12 @@ A row is slow when its messages are at least SLOW_MIN_BYTES (smaller ones are bo
 latency, not by the link) and its busbw is below SLOW_PEAK_PCT of the peak.
 Each timed instance is also kept (up to INSTANCES_KEPT, in instance order) with its own algbw, busbw and
 share of its row's peak, for the merged trace's marks over each collective.
+
+One rank's trace (users often profile only rank 0: STATUS_ONE_RANK): no last arrival is known, so an
+instance's time is its whole duration, waiting for the others included, and its algbw/busbw are lower
+bounds ("apparent"); a row's algbw/busbw is its best instance's (the least waiting: the estimate), its
+moving_us the summed durations, wait_us 0 (not measurable); n is the `Group size` arg and the scope is
+assumed intra-node up to RANKS_PER_NODE_ASSUMED members (one rank's trace names no peer host).
 """
 
 from __future__ import annotations
@@ -59,6 +65,10 @@ PEAK_SOURCES = {INTRA_NODE: "NVLink 4 (H100/H200 SXM), 450 GB/s per direction",
 BUCKET_BASE = 4
 """Message sizes are bucketed in powers of 4 bytes (1 MiB, 4 MiB, 16 MiB, ...)."""
 STATUS_OK, STATUS_NOT_RECORDED, STATUS_NO_MATRIX = "ok", "not recorded", "not matched"
+STATUS_ONE_RANK = "one rank, lower bound"
+ONE_RANK_REASON = ("one rank's trace: each instance's apparent bandwidth over its whole duration, waiting for the "
+                   "other ranks included (a lower bound); per row the best instance is the estimate")
+RANKS_PER_NODE_ASSUMED = 8
 SLOW_PEAK_PCT = 50.0
 SLOW_MIN_BYTES = 1 << 20
 INSTANCES_KEPT = 5000
@@ -124,8 +134,9 @@ class InstanceBandwidth:
 @dataclass(frozen=True, kw_only=True)
 class Bandwidth:
     status: str
-    """STATUS_OK; STATUS_NOT_RECORDED (no message sizes in the traces); STATUS_NO_MATRIX (fewer than
-    two ranks with collectives: wait and movement cannot be told apart)."""
+    """STATUS_OK; STATUS_NOT_RECORDED (no message sizes in the traces); STATUS_ONE_RANK (one rank's trace:
+    apparent bandwidth, lower bounds, module docstring); STATUS_NO_MATRIX (fewer than two ranks with
+    collectives and no one rank's sizes to bound it)."""
     reason: str = ""
     rows: list[BandwidthRow] = field(default_factory=list)
     """Sorted by moving time, largest first."""
@@ -180,6 +191,13 @@ def collective_bandwidth(results: list[RankResult], matrix: ArrivalMatrix | None
     if not sizes:
         return Bandwidth(status=STATUS_NOT_RECORDED, reason=_not_recorded_reason(results),
                          peak_busbw_gbps=peaks, peak_source=peak_source)
+    holders = [r for r in results if r.collectives.sizes is not None and len(r.collectives)]
+    if matrix is None and len(holders) == 1:
+        rows, instances = _one_rank_rows(holders[0], sizes, peaks)
+        if rows:
+            return Bandwidth(status=STATUS_ONE_RANK, reason=ONE_RANK_REASON, rows=rows, peak_busbw_gbps=peaks,
+                             peak_source=peak_source, instances_with_bytes=sum(r.instances for r in rows),
+                             instances_without_bytes=len(holders[0].collectives) - len(instances), instances=instances)
     if matrix is None:
         return Bandwidth(status=STATUS_NO_MATRIX, peak_busbw_gbps=peaks, peak_source=peak_source,
                          reason="fewer than two ranks with collectives: wait and data movement cannot be told apart")
@@ -328,6 +346,43 @@ def _rows(matrix: ArrivalMatrix, sizes: dict, peaks: dict[str, float],
     index = {key: position for position, (_, key) in enumerate(rows)}
     instances = [_instance_row(entry, index[entry[1]], rows[index[entry[1]]][0]) for entry in timed[:INSTANCES_KEPT]]
     return [row for row, _ in rows], instances, skipped
+
+
+def _one_rank_rows(result: RankResult, sizes: dict, peaks: dict[str, float],
+                   ) -> tuple[list[BandwidthRow], list[InstanceBandwidth]]:
+    """STATUS_ONE_RANK: per instance its whole duration; per (type, group, bucket) the best instance."""
+    calls = result.collectives
+    by_row: dict[tuple, list[tuple]] = defaultdict(list)
+    for key, start, end in zip(calls.keys, calls.start_us.tolist(), calls.end_us.tolist()):
+        if key not in sizes or not end - start > 0:
+            continue
+        size, kind, group, members = sizes[key]
+        by_row[(kind, group, size_bucket(size))].append((key, size, end - start, max(members, 1)))
+    rows = []
+    for (kind, group, (low, high)), entries in by_row.items():
+        members = max(e[3] for e in entries)
+        scope = INTRA_NODE if members <= RANKS_PER_NODE_ASSUMED else INTER_NODE
+        best = max(e[1] / e[2] for e in entries) / 1e3
+        busbw, peak = best * bus_factor(kind, members), peaks[scope]
+        bucket = f"{format_bytes(low)}-{format_bytes(high)}"
+        where = f"{group} ({scope}, assumed)" if group else f"the {scope} group (assumed)"
+        verdict = (f"{kind.replace('_', '-')} of {bucket} on {where}: apparent busbw at least {busbw:.1f} GB/s "
+                   f"({100 * busbw / peak:.0f}% of {peak:g} GB/s), the best of {len(entries)} instance(s) on one "
+                   "rank's trace, waiting for the other ranks included: a lower bound")
+        rows.append((BandwidthRow(
+            collective=kind, group=group, bucket_min_bytes=low, bucket_max_bytes=high, size_bucket=bucket,
+            members=members, scope=scope, instances=len(entries), total_bytes=sum(e[1] for e in entries),
+            moving_us=sum(e[2] for e in entries), wait_us=0.0, wait_pct=0.0, algbw_gbps=best, busbw_gbps=busbw,
+            peak_busbw_gbps=peak, peak_pct=100.0 * busbw / peak, verdict=verdict), entries))
+    rows.sort(key=lambda item: -item[0].moving_us)
+    instances = [InstanceBandwidth(step=key[0], name=key[1], ordinal=key[2], row=position, bytes=size,
+                                   members=members, moving_us=dur, wait_us=0.0, algbw_gbps=size / dur / 1e3,
+                                   busbw_gbps=size / dur / 1e3 * bus_factor(row.collective, members),
+                                   peak_pct=100.0 * size / dur / 1e3 * bus_factor(row.collective, members)
+                                   / row.peak_busbw_gbps)
+                 for position, (row, entries) in enumerate(rows) for key, size, dur, members in entries]
+    instances.sort(key=lambda i: (i.step, i.name, i.ordinal))
+    return [row for row, _ in rows], instances[:INSTANCES_KEPT]
 
 
 def _instance_row(entry: tuple, position: int, row: BandwidthRow) -> InstanceBandwidth:

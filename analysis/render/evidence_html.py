@@ -42,7 +42,9 @@ def _bandwidth(report: Report) -> str:
         title = f"<h3>window {'-' if window.window is None else window.window}</h3>"
         if bandwidth.status != "ok":
             parts.append(f"{title}<p>{escape(bandwidth.status)}: {escape(bandwidth.reason)}</p>")
-            continue
+            if not bandwidth.rows:
+                continue
+            title = ""
         rows = [[r.collective, r.group or "-", r.size_bucket, r.scope, str(r.members), str(r.instances),
                  _f(r.total_bytes / 1e9, 3), _f(r.moving_us / 1000, 2), _f(r.wait_pct), _f(r.algbw_gbps),
                  _f(r.busbw_gbps), _f(r.peak_busbw_gbps, 0), _f(r.peak_pct)] for r in bandwidth.rows]

@@ -27,7 +27,8 @@ def _bandwidth(report: Report) -> str:
         prefix = f"window {'-' if window.window is None else window.window}: "
         if bandwidth.status != "ok":
             lines.append(f"{prefix}bandwidth {bandwidth.status}: {bandwidth.reason}")
-            continue
+            if not bandwidth.rows:
+                continue
         lines += [prefix + row.verdict for row in bandwidth.rows[:BANDWIDTH_ROWS_SHOWN]]
         if len(bandwidth.rows) > BANDWIDTH_ROWS_SHOWN:
             lines.append(f"{prefix}... {len(bandwidth.rows) - BANDWIDTH_ROWS_SHOWN} more rows in the JSON/HTML report")

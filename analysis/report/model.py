@@ -94,7 +94,10 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           columns and units): temporal_breakdown, idle_time_breakdown,
                           idle_interval_stats, comm_comp_overlap, kernel_type_breakdown,
                           kernel_breakdown, cuda_launch_stats (per rank summary), potential_stragglers
-        bandwidth         {status ("ok" | "not recorded" | "not matched"), reason, peak_busbw_gbps {scope: GB/s},
+        bandwidth         {status ("ok" | "not recorded" | "not matched" | "one rank, lower bound": one rank's
+                          trace, rows and instances of apparent bandwidth over whole durations, waiting
+                          included, a row's algbw/busbw its best instance's, wait_us 0, scope assumed from the
+                          group size; bandwidth.py), reason, peak_busbw_gbps {scope: GB/s},
                           peak_source, instances_with_bytes, instances_without_bytes,
                           rows[] {collective, group, bucket_min_bytes, bucket_max_bytes, size_bucket,
                           members, scope ("intra-node" | "inter-node"), instances, total_bytes,

@@ -85,6 +85,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         results=placement.results,
         failures=inputs.failures + placement.failures,
         missing=placement.missing,
+        missing_total=placement.missing_total,
         world_size=inputs.world_size,
         notes=inputs.notes + placement.notes + _cache_notes(cache, cache_off, outcomes) + moe_notes,
         hta=hta_runner(hta_max_ranks, hta_ranks, hta_progress, _cache_directory(cache)) if use_hta else no_hta,

@@ -271,3 +271,13 @@ def test_the_examples_under_a_stragglers_headline_show_the_rank_it_names(tmp_pat
     lines = render_terminal(report).split("Stragglers\n")[1].split("\n\n")[0].splitlines()
     assert "the others wait for rank 2" in lines[0]
     assert "rank 2 arrived" in lines[1]                  # the headline's rank first, not the single worst instance
+
+
+def test_the_verdict_counts_every_missing_rank_not_only_the_listed_ones(tmp_path):
+    for rank in (0, 1):
+        builder = KinetoBuilder(rank=rank, world_size=128)
+        builder.step(3, 0.0, 1000).kernel("gemm", 50, 200, launch_ts=10)
+        builder.write(tmp_path / "set" / f"rank{rank}.json")
+    report = analyze(tmp_path / "set", use_hta=False)
+    assert report.missing_total == 126 and len(report.missing) < 126
+    assert "126 missing rank trace(s)" in report.verdict

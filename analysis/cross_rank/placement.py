@@ -33,6 +33,9 @@ class Placement:
     results: list[RankResult]
     failures: list[TraceFailure] = field(default_factory=list)
     missing: list[MissingTrace] = field(default_factory=list)
+    """The first missing ranks of each window (validate.missing_below): a list, bounded."""
+    missing_total: int = 0
+    """How many rank traces are missing in all, listed or not."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -44,6 +47,7 @@ def place_foreign_traces(results: list[RankResult]) -> Placement:
     placement.failures = strays + placement.failures
     placement.notes = notes + placement.notes
     placement.missing, missing_note = bounded_missing_ranks(placement.results, _world_size(placement.results))
+    placement.missing_total = missing_count(placement.results, _world_size(placement.results))
     placement.notes += [missing_note] if missing_note else []
     return placement
 
@@ -158,13 +162,24 @@ def bounded_missing_ranks(results: list[RankResult], world_size: int | None) -> 
     return missing, missing_note(len(missing), total)
 
 
+def missing_count(results: list[RankResult], world_size: int | None) -> int:
+    """Rank traces missing in all: per window of the results, the ranks below world_size without one."""
+    if not world_size:
+        return 0
+    present: dict[int | None, set[int]] = defaultdict(set)
+    for result in results:
+        present[result.window].add(result.rank)
+    return sum(missing_below(world_size, ranks)[1] for ranks in present.values())
+
+
 def place_traces(inputs: "AnalysisInput", outcomes: list[RankResult | TraceFailure]) -> Placement:
     """Rank and window of every parsed trace: a run directory's manifest already says; foreign traces are
     placed by place_foreign_traces."""
     results = [o for o in outcomes if isinstance(o, RankResult)]
     failures = [o for o in outcomes if isinstance(o, TraceFailure)]
     if inputs.kind == SOURCE_RUN_DIR:
-        placement = Placement(results=results, missing=list(inputs.missing))
+        placement = Placement(results=results, missing=list(inputs.missing),
+                              missing_total=max(inputs.missing_total, len(inputs.missing)))
     else:
         placement = place_foreign_traces(results)
     placement.failures = failures + placement.failures

@@ -42,6 +42,8 @@ class AnalysisInput:
     failures: list[TraceFailure] = field(default_factory=list)
     """Files already known to be unusable (from the manifest)."""
     missing: list[MissingTrace] = field(default_factory=list)
+    missing_total: int = 0
+    """Rank traces missing in all (the manifest lists the first ones only)."""
     world_size: int | None = None
     notes: list[str] = field(default_factory=list)
     layout: RunLayout | None = None
@@ -78,6 +80,7 @@ def _run_dir_input(layout: RunLayout) -> AnalysisInput:
     return AnalysisInput(
         root=layout.root, kind=SOURCE_RUN_DIR, sources=sources, failures=failures,
         missing=[MissingTrace(rank=m.rank, window=m.window) for m in manifest.missing],
+        missing_total=max(manifest.missing_total or 0, len(manifest.missing)),
         world_size=manifest.world_size, notes=notes + clock_problems, layout=layout, clock_problems=clock_problems,
         measured_offsets={rank: MeasuredOffset(offset_us=c.offset_us, uncertainty_us=c.uncertainty_us)
                           for rank, c in clock_files.items()},

@@ -146,7 +146,7 @@ def build_report(*, source_path: str, source_kind: str, results: list[RankResult
                  measured_offsets: dict[int, MeasuredOffset] | None = None,
                  min_lateness_us: float = DEFAULT_MIN_LATENESS_US,
                  link_peak_gbps: float | None = None, trainer: TrainerEvidence | None = None,
-                 moe_records: list[MoeRecord] | None = None) -> Report:
+                 moe_records: list[MoeRecord] | None = None, missing_total: int = 0) -> Report:
     """Assemble the report. `measured_offsets[rank]`: that rank's clock minus rank 0's, from its clock file;
     `link_peak_gbps`: peak bus bandwidth of every link, instead of bandwidth.py's table; `trainer`: the
     run's trainer records (cross_rank/records.py); `moe_records`: its MoE routing records (cross_rank/moe.py)."""
@@ -167,7 +167,8 @@ def build_report(*, source_path: str, source_kind: str, results: list[RankResult
         problems=[Problem(label=f.label, reason=f.reason, window=f.window, rank=f.rank) for f in failures],
         missing=missing,
         notes=notes,
-        verdict=_overall_verdict(windows, summaries, failures, missing),
+        missing_total=max(missing_total, len(missing)),
+        verdict=_overall_verdict(windows, summaries, failures, max(missing_total, len(missing))),
         step_time=StepStats.of(job_steps),
         step_time_basis=trace_basis(windows),
         ranks=summaries,
@@ -295,7 +296,7 @@ def _rank_summary(rank: int, reports: list[RankReport]) -> RankSummary:
 
 
 def _overall_verdict(windows: list[WindowReport], summaries: list[RankSummary],
-                     failures: list[TraceFailure], missing: list[MissingTrace]) -> str:
+                     failures: list[TraceFailure], missing_total: int) -> str:
     parts = []
     if not summaries:
         parts.append("no trace could be analyzed")
@@ -309,8 +310,8 @@ def _overall_verdict(windows: list[WindowReport], summaries: list[RankSummary],
                      f"slowest rank: {slowest.rank} ({slowest.step_time.mean_ms:.2f} ms mean step, "
                      f"{excess:+.1f}% vs the median rank)")
     parts += _pipeline_sentences(windows) or [_waited_for_sentence(windows)]
-    if failures or missing:
-        parts.append(f"partial: {len(failures)} unusable trace(s), {len(missing)} missing rank trace(s)")
+    if failures or missing_total:
+        parts.append(f"partial: {len(failures)} unusable trace(s), {missing_total} missing rank trace(s)")
     return "; ".join(p for p in parts if p) + "."
 
 

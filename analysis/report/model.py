@@ -8,7 +8,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
     world_size            int | null: from job.json / distributedInfo
     complete              bool: every expected rank of every window was analyzed, no file was unusable
     problems[]            {label, window, rank, reason}: files that could not be used
-    missing[]             {rank, window}: ranks with no trace in a window
+    missing[]             {rank, window}: ranks with no trace in a window (the first ones of each window)
+    missing_total         how many rank traces are missing in all, listed in missing[] or not
     notes[]               plain-language remarks (attempts ignored, ranks numbered by file order, ...)
     verdict               one paragraph: slowest rank, the rank others wait for
     advice[]              the advisor's top findings (analysis/advise.py, the same as `fleetscope advise`): {rule,
@@ -333,6 +334,7 @@ class Report:
     complete: bool
     problems: list[Problem] = field(default_factory=list)
     missing: list[MissingTrace] = field(default_factory=list)
+    missing_total: int = 0
     notes: list[str] = field(default_factory=list)
     verdict: str = ""
     advice: list[TopFinding] = field(default_factory=list)

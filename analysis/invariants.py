@@ -5,7 +5,7 @@ fleetscope writes (FLEETSCOPE_INVARIANTS_LOG: each writer appends what broke, te
 test). Each rule returns human-readable violations ("windows[0].causes.findings[1].what_if[2]: ..."):
 
   no negative time        every *_us / *_ms / *_pct field is >= 0, except the signed differences
-                          (SIGNED: against peers, offsets, starts);
+                          (SIGNED: against peers, offsets, starts; fields inside a `*_vs_*` comparison);
   shares                  percentages within [0, 100]; busy + idle = 100 per rank and window; critical-path
                           segment shares sum to 1 per step, and a window's by-rank shares to 1; the ranks'
                           shares of the waiting sum to 1;
@@ -68,15 +68,21 @@ def _is_timed(key: str) -> bool:
     return key.endswith(("_us", "_ms", "_pct")) and not any(part in key for part in SIGNED)
 
 
+def _is_comparison(path: str) -> bool:
+    """A field inside a comparison (`after_vs_before.low_pct`): a signed difference, not a duration."""
+    return "_vs_" in path.rpartition(".")[0]
+
+
 def _non_negative(data: dict) -> Iterator[str]:
     for path, key, value in _numbers(data):
-        if _is_timed(key) and (not math.isfinite(value) or value < -TOLERANCE_MS):
+        if _is_timed(key) and not _is_comparison(path) and (not math.isfinite(value) or value < -TOLERANCE_MS):
             yield f"{path}: {value!r} (a time or share cannot be negative or infinite)"
 
 
 def _percentages(data: dict) -> Iterator[str]:
     for path, key, value in _numbers(data):
-        if key.endswith("_pct") and _is_timed(key) and key != "peak_pct" and value > 100.0 + PCT_TOLERANCE:
+        if key.endswith("_pct") and _is_timed(key) and not _is_comparison(path) and key != "peak_pct" \
+                and value > 100.0 + PCT_TOLERANCE:
             yield f"{path}: {value:.3f}% (over 100%)"
 
 

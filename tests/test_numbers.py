@@ -281,3 +281,12 @@ def test_the_verdict_counts_every_missing_rank_not_only_the_listed_ones(tmp_path
     report = analyze(tmp_path / "set", use_hta=False)
     assert report.missing_total == 126 and len(report.missing) < 126
     assert "126 missing rank trace(s)" in report.verdict
+
+
+def test_signed_differences_inside_a_comparison_are_not_taken_for_negative_times():
+    from fleetscope.analysis.invariants import _non_negative
+
+    data = {"trainer": {"ranks": [{"profiling": {"after_vs_before": {"median_pct": -3.0, "low_pct": -38.3}},
+                                   "wait_us": -1.0}]}}
+    assert list(_non_negative(data)) == ["trainer.ranks[0].wait_us: -1.0 (a time or share cannot be negative or "
+                                         "infinite)"]

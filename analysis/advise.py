@@ -25,6 +25,7 @@ from fleetscope.analysis.compare import steady_metrics
 from fleetscope.analysis.cross_rank.bandwidth import INTER_NODE, INTRA_NODE, PEAK_BUSBW_GBPS
 from fleetscope.analysis.cross_rank.causes import CAUSE_HOST, CAUSE_SLOW_DEVICE, CAUSE_WORK
 from fleetscope.analysis.cross_rank.moe import MoeFinding, MoeLayerReport, MoeRankLayer, MoeReport
+from fleetscope.analysis.job_identity import program_text
 from fleetscope.analysis.invariants import audit, auditing, check_advice
 from fleetscope.analysis.quantities import (
     JobStraggler,
@@ -1023,18 +1024,13 @@ def top_findings(root: Path, report: Report) -> list[TopFinding]:
 
 
 def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
-    by_step: dict[int, list[dict]] = {}
-    for lines in steady_metrics(layout).values():
-        for line in lines:
-            by_step.setdefault(int(line["step"]), []).append(line)
+    steady = steady_metrics(layout)
 
-    def per_step_max(key: str) -> float | None:
-        values = [max(v) for v in ([r[key] for r in rows if isinstance(r.get(key), (int, float))]
-                                   for rows in by_step.values()) if v]
-        return float(np.median(values)) if values else None
+    def per_step_max(key: str) -> float | None:   # the step-metrics rule of quantities.py, for every field
+        return metrics_step_time_ms(steady, key)
 
     def total(key: str) -> int:
-        return int(sum(r.get(key) or 0 for rows in by_step.values() for r in rows if isinstance(r.get(key), int)))
+        return int(sum(r.get(key) or 0 for lines in steady.values() for r in lines if isinstance(r.get(key), int)))
 
     record = read_job_record(layout)
     spec = record.get("spec")
@@ -1047,7 +1043,6 @@ def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
         return float(np.mean(known)) if known else None
 
     trace_data_ms = _trace_data_loader_ms(report)
-    steady = steady_metrics(layout)
     windows = report.windows if report else []
     return Evidence(
         **_step_time(steady, report),
@@ -1105,14 +1100,7 @@ def _program_of(record: dict) -> str:
     if not isinstance(spec, dict) or not isinstance(spec.get("train"), dict):
         return "unknown program (no fleetscope run record)"
     entry = spec.get("entry")
-    if isinstance(entry, dict):
-        words = [str(entry.get("program", "?")), *map(str, entry.get("args") or [])][:8]
-        return _printable(" ".join(shlex.quote(w) for w in words))[:200]
-    return ""
-
-
-def _printable(text: str) -> str:
-    return "".join(c if c.isprintable() else "?" for c in text)
+    return program_text(entry) if isinstance(entry, dict) else ""
 
 
 def _trace_data_loader_ms(report: Report | None) -> float | None:

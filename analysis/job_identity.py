@@ -37,7 +37,7 @@ def job_identity(run_dir: str | Path | None, world_size: int | None = None) -> d
     spec = record.get("spec") if isinstance(record.get("spec"), dict) else {}
     entry = spec.get("entry")
     if isinstance(entry, dict):
-        identity["program"] = _text(_program_text(entry))
+        identity["program"] = program_text(entry)
         return identity
     train = spec.get("train") if isinstance(spec.get("train"), dict) else {}
     for section, name in TRAINER_FIELDS:
@@ -51,10 +51,11 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _program_text(entry: dict) -> str:
-    words = [entry.get("program"), *(entry.get("args") or [])] if isinstance(entry.get("args"), list) else [
-        entry.get("program")]
-    return " ".join(shlex.quote(str(w)) for w in words if w is not None) or repr(entry)[:MAX_VALUE_CHARS]
+def program_text(entry: dict) -> str:
+    """A user program as job.json's `entry` records it ("/opt/train.py --lr 1e-3"), printable and bounded."""
+    args = entry.get("args") if isinstance(entry.get("args"), list) else []
+    words = [entry.get("program"), *args]
+    return _text(" ".join(shlex.quote(str(w)) for w in words if w is not None) or "unknown program")
 
 
 def _text(value: str) -> str:

@@ -46,9 +46,10 @@ def place_foreign_traces(results: list[RankResult]) -> Placement:
     placement = _split_windows(numbered)
     placement.failures = strays + placement.failures
     placement.notes = notes + placement.notes
-    placement.missing, missing_note = bounded_missing_ranks(placement.results, _world_size(placement.results))
-    placement.missing_total = missing_count(placement.results, _world_size(placement.results))
-    placement.notes += [missing_note] if missing_note else []
+    placement.missing, placement.missing_total = bounded_missing_ranks(placement.results,
+                                                                       _world_size(placement.results))
+    note = missing_note(len(placement.missing), placement.missing_total)
+    placement.notes += [note] if note else []
     return placement
 
 
@@ -146,11 +147,11 @@ def _world_size(results: list[RankResult]) -> int | None:
     return max(sizes) if sizes else None
 
 
-def bounded_missing_ranks(results: list[RankResult], world_size: int | None) -> tuple[list[MissingTrace], str | None]:
+def bounded_missing_ranks(results: list[RankResult], world_size: int | None) -> tuple[list[MissingTrace], int]:
     """Ranks below world_size with no analyzed trace, per window: (the first ones of each window
-    (validate.missing_below), a note with the total when not all are listed)."""
+    (validate.missing_below), how many are missing in all)."""
     if not world_size:
-        return [], None
+        return [], 0
     present: dict[int | None, set[int]] = defaultdict(set)
     for result in results:
         present[result.window].add(result.rank)
@@ -159,17 +160,7 @@ def bounded_missing_ranks(results: list[RankResult], world_size: int | None) -> 
         listed, count = missing_below(world_size, present[window])
         missing += [MissingTrace(rank=rank, window=window) for rank in listed]
         total += count
-    return missing, missing_note(len(missing), total)
-
-
-def missing_count(results: list[RankResult], world_size: int | None) -> int:
-    """Rank traces missing in all: per window of the results, the ranks below world_size without one."""
-    if not world_size:
-        return 0
-    present: dict[int | None, set[int]] = defaultdict(set)
-    for result in results:
-        present[result.window].add(result.rank)
-    return sum(missing_below(world_size, ranks)[1] for ranks in present.values())
+    return missing, total
 
 
 def place_traces(inputs: "AnalysisInput", outcomes: list[RankResult | TraceFailure]) -> Placement:

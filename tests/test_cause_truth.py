@@ -224,7 +224,7 @@ def test_kernels_matched_by_identity_tell_more_work_from_a_slow_device(tmp_path,
         assert EXTRA_WORK_KERNEL in finding.explanation
 
 
-def _partly_slow_ranks(gemm_factor: float, extra_gemms: int = 0) -> list[KinetoBuilder]:
+def _partly_slow_ranks(gemm_factor: float, extra_gemms: int = 0, bigger_grid: bool = False) -> list[KinetoBuilder]:
     # per step one GEMM and four elementwise kernels, then an all-reduce; rank 1's GEMMs take gemm_factor as
     # long (a power-capped device slows the math, not the memory-bound kernels), or it runs extra GEMMs
     builders = []
@@ -236,7 +236,8 @@ def _partly_slow_ranks(gemm_factor: float, extra_gemms: int = 0) -> list[KinetoB
             gemms = 1 + (extra_gemms if rank == 1 else 0)
             for g in range(gemms):
                 dur = 2000.0 * (gemm_factor if rank == 1 else 1.0)
-                builder.kernel("sm90_xmma_gemm_bf16", t, dur, launch_ts=s + 10 + g)
+                grid = [264, 2, 1] if bigger_grid and rank == 1 else [132, 1, 1]
+                builder.kernel("sm90_xmma_gemm_bf16", t, dur, launch_ts=s + 10 + g, args={"grid": grid})
                 t += dur
             for k, name in enumerate(("add_kernel", "mul_kernel", "relu_kernel", "copy_kernel")):
                 builder.kernel(name, t, 100, launch_ts=s + 20 + k)
@@ -255,6 +256,17 @@ def test_only_the_gemms_slower_is_still_a_slow_device(tmp_path):
     assert (finding.rank, finding.cause, finding.ops_compared) == (1, CAUSE_SLOW_DEVICE, 5)
     assert finding.op_duration_ratio == pytest.approx(3400 / 2400)
     assert finding.same_kernel_excess_us == pytest.approx(3 * 1000.0) and finding.extra_kernels == []
+
+
+def test_the_same_gemm_on_a_bigger_grid_is_more_work_not_a_slow_device(tmp_path):
+    # more tokens: the same kernel name, launched with four times the blocks and lasting 1.5x; matched by
+    # name alone it read as a slow device (1.33x the same kernels)
+    results = _results(tmp_path, _partly_slow_ranks(1.5, bigger_grid=True))
+    matrix = arrival_matrix(results)
+    (finding,) = find_causes(results, matrix, find_stragglers(results, matrix), ClockAlignment()).findings
+    assert (finding.rank, finding.cause) == (1, CAUSE_WORK)
+    assert finding.op_duration_ratio == pytest.approx(1.0) and finding.ops_compared == 4
+    assert finding.extra_kernels == ["sm90_xmma_gemm_bf16 (grid [264, 2, 1] block [128, 1, 1]) (+3 launches, 9.00 ms)"]
 
 
 def test_the_same_gemm_run_more_often_is_more_work(tmp_path):

@@ -16,7 +16,8 @@ least `MIN_EXPLAINED_SHARE` (else "unexplained", with the shares):
   - carried -> CAUSE_NETWORK;
   - idle -> CAUSE_HOST (launch gaps, syncs, input wait, CPU contention on that rank);
   - compute -> the rank's kernels are matched to its peers' by identity (`match_kernels`: per compute kernel
-    name, host op name on a CPU trace, its launch count and median duration against the peers' medians).
+    name and launch shape (grid and block: a bigger grid of the same name is more work), host op name on a
+    CPU trace, its launch count and median duration against the peers' medians).
     The launches both ran (the lower count) give the same-kernel time: its duration there over the peers'
     is `op_duration_ratio` and the difference `same_kernel_excess_us`; launches beyond the peers' count
     (names the peers never run included) are extra work, `extra_kernel_us`, named in `extra_kernels`.
@@ -291,18 +292,24 @@ class KernelMatch:
 
 
 def match_kernels(results: list[RankResult], rank: int) -> KernelMatch:
-    """Per kernel name: the peers' median launch count and median duration against the rank's own."""
-    mine = {o.name: o for r in results if r.rank == rank for o in r.op_durations}
-    peer_ops: dict[str, list] = {}
+    """Per kernel (name and launch shape): the peers' median launch count and median duration against the
+    rank's own."""
+    mine = {_kernel_identity(o): o for r in results if r.rank == rank for o in r.op_durations}
+    peer_ops: dict[tuple[str, str], list] = {}
     peers = [r for r in results if r.rank != rank]
     for result in peers:
         for op in result.op_durations:
-            peer_ops.setdefault(op.name, []).append(op)
+            peer_ops.setdefault(_kernel_identity(op), []).append(op)
+    shapes_of: dict[str, set[str]] = {}
+    for name, shape in (*mine, *peer_ops):
+        shapes_of.setdefault(name, set()).add(shape)
     own_us = peer_us = extra_us = 0.0
     compared = 0
     extra: list[tuple[float, str, int]] = []
-    for name, op in mine.items():
-        theirs = peer_ops.get(name, [])
+    for identity, op in mine.items():
+        # the launch shape is named where it is what tells two kernels of one name apart
+        name = f"{op.name} ({op.launch_shape})" if len(shapes_of[op.name]) > 1 and op.launch_shape else op.name
+        theirs = peer_ops.get(identity, [])
         # a peer that never runs the name counts 0 launches
         peer_count = float(np.median([o.count for o in theirs] + [0] * (len(peers) - len(theirs)))) if peers else 0.0
         shared = min(float(op.count), peer_count)
@@ -319,6 +326,12 @@ def match_kernels(results: list[RankResult], rank: int) -> KernelMatch:
     ratio = own_us / peer_us if compared and peer_us > 0 else None
     return KernelMatch(ratio=ratio, names_compared=compared, same_kernel_excess_us=own_us - peer_us,
                        extra_us=extra_us, extra_kernels=named)
+
+
+def _kernel_identity(op) -> tuple[str, str]:
+    """The same kernel is the same name launched with the same grid and block: a bigger grid of one name is
+    more work, not the same work done slower."""
+    return op.name, op.launch_shape
 
 
 def clock_uncertainty_us(clock: ClockAlignment, rank: int, peers: list[int]) -> float | None:

@@ -106,6 +106,11 @@ class TraceEvents:
     ones left out of the table: a kernel's `External id` names the innermost op that launched it."""
     external_id: np.ndarray | None = None
     """GPU traces: each event's `External id` (GPU activity only), -1 where none; None on CPU traces."""
+    launch_shapes: list[str] = field(default_factory=list)
+    """String table of kernel launch shapes ("grid [x, y, z] block [x, y, z]", from the kernel's args)."""
+    launch_shape_id: np.ndarray | None = None
+    """Index into `launch_shapes` of each kernel's launch shape, -1 where none; None when no kernel has one
+    (CPU traces, traces without the args). Same name and shape is the same work (cross_rank/causes.py)."""
     dropped: dict[str, int] = field(default_factory=dict)
     """Events left out, by reason (negative duration, non-numeric time)."""
     omitted_host_ops: int = 0
@@ -188,6 +193,8 @@ class _Args(msgspec.Struct, gc=False):
     in_split: Any = msgspec.field(default=None, name=IN_SPLIT_ARG)
     out_split: Any = msgspec.field(default=None, name=OUT_SPLIT_ARG)
     external_id: Any = msgspec.field(default=None, name=EXTERNAL_ID_ARG)
+    grid: Any = None
+    block: Any = None
 
 
 _ARG_KEYS = dict(zip(_Args.__struct_fields__, _Args.__struct_encode_fields__))
@@ -343,6 +350,9 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
     message_rows: list[tuple[int, int]] = []
     op_of_external: dict[int, str] = {}
     external_rows: list[tuple[int, int]] = []
+    shape_index: dict[str, int] = {}
+    shape_rows: list[tuple[int, int]] = []
+    kernel_code = int(Kind.KERNEL)
     for event in events:
         if event.ph != "X":
             if collect and type(event.name) is str:
@@ -384,6 +394,8 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
         if kind in gpu_codes:
             if args is not None and type(args.external_id) is int:
                 external_rows.append((len(name_ids) - 1, args.external_id))
+            if kind == kernel_code and args is not None and args.grid is not None:
+                _note_launch_shape(args, len(name_ids) - 1, shape_index, shape_rows)
             threads.append(_int_or(args.stream if args else None, _int_or(event.tid, NO_ID)))
             devices.append(_int_or(args.device if args else None, _int_or(event.pid, 0)))
         else:
@@ -409,6 +421,8 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
                       thread_names, dropped, groups, messages)
     if skip_host_ops:
         table = _with_externals(table, starts, op_of_external, external_rows, len(name_ids))
+    if shape_rows:
+        table = _with_launch_shapes(table, starts, shape_index, shape_rows, len(name_ids))
     return dataclasses.replace(table, omitted_host_ops=omitted) if omitted else table
 
 
@@ -489,6 +503,34 @@ def _message_column(index: dict[tuple, int], rows: list[tuple[int, int]], count:
     parsed_rows, slots = zip(*rows)
     column[list(parsed_rows)] = slots
     return messages, column
+
+
+def _note_launch_shape(args: _Args, row: int, index: dict[str, int], rows: list[tuple[int, int]]) -> None:
+    """Record kernel `row`'s launch shape: its grid and block, three non-negative ints each."""
+    grid, block = _dims_text(args.grid), _dims_text(args.block)
+    if grid is None:
+        return
+    label = f"grid {grid}" + (f" block {block}" if block is not None else "")
+    rows.append((row, index.setdefault(label, len(index))))
+
+
+def _dims_text(value: Any) -> str | None:
+    if type(value) is not list or not 1 <= len(value) <= 3 or not all(type(v) is int and 0 <= v < 1 << 32 for v in value):
+        return None
+    return "[" + ", ".join(str(v) for v in value) + "]"
+
+
+def _with_launch_shapes(table: TraceEvents, starts: list, index: dict[str, int], rows: list[tuple[int, int]],
+                        count: int) -> TraceEvents:
+    """The table with its launch shape column (kernels), sorted like the other columns."""
+    labels = [""] * len(index)
+    for label, slot in index.items():
+        labels[slot] = label
+    column = np.full(count, NO_ID, dtype=np.int32)
+    parsed_rows, slots = zip(*rows)
+    column[list(parsed_rows)] = slots
+    order = np.argsort(np.asarray(starts, dtype=np.float64), kind="stable")
+    return dataclasses.replace(table, launch_shapes=labels, launch_shape_id=column[order])
 
 
 def _with_externals(table: TraceEvents, starts: list, op_of_external: dict[int, str],

@@ -53,25 +53,35 @@ def combine(per_rank: list[list[KernelTotal]], keep: int = TOP_KERNELS_KEPT) -> 
 
 @dataclass(frozen=True, kw_only=True)
 class OpDuration:
-    """The typical duration of one compute kernel name (or, in a CPU-only trace, one host op name)."""
+    """The typical duration of one compute kernel (name and launch shape) or, in a CPU-only trace, one host
+    op name."""
 
     name: str
     count: int
     median_us: float
+    launch_shape: str = ""
+    """The kernels' grid and block ("grid [x, y, z] block [x, y, z]"); "" where the trace does not say."""
 
 
 def op_durations(events: TraceEvents) -> list[OpDuration]:
-    """Median duration of every non-communication kernel name; host ops (minus collectives) for a trace
-    without kernels. Ranks doing the same work run the same names: a rank whose medians are all longer
-    has a slower device, not more work (cross_rank/causes.py)."""
+    """Median duration of every non-communication kernel, per name and launch shape; host ops (minus
+    collectives) for a trace without kernels. Ranks doing the same work run the same kernels with the same
+    grids: a rank whose medians of those are all longer has a slower device, not more work; a bigger grid of
+    the same name is more work (cross_rank/causes.py)."""
     kernels = events.of_kind(Kind.KERNEL)
     if kernels.any():
         chosen = kernels & ~events.names_matching(is_comm_kernel)
     else:
         chosen = events.of_kind(Kind.CPU_OP) & ~events.names_matching(lambda n: is_comm_cpu_op(n) or is_gloo_span(n))
-    ids, durations = events.name_id[chosen], events.dur_us[chosen]
-    order = np.argsort(ids, kind="stable")
-    ids, durations = ids[order], durations[order]
-    bounds = np.flatnonzero(np.diff(ids)) + 1
-    return [OpDuration(name=events.names[int(group_ids[0])], count=int(group.size), median_us=float(np.median(group)))
-            for group_ids, group in zip(np.split(ids, bounds), np.split(durations, bounds)) if group.size]
+    shape_ids = (events.launch_shape_id[chosen].astype(np.int64) if events.launch_shape_id is not None
+                 else np.full(int(chosen.sum()), -1, dtype=np.int64))
+    keys = events.name_id[chosen].astype(np.int64) * (len(events.launch_shapes) + 1) + (shape_ids + 1)
+    durations = events.dur_us[chosen]
+    order = np.argsort(keys, kind="stable")
+    keys, durations = keys[order], durations[order]
+    bounds = np.flatnonzero(np.diff(keys)) + 1
+    shapes = [""] + list(events.launch_shapes)
+    width = len(events.launch_shapes) + 1
+    return [OpDuration(name=events.names[int(group_keys[0]) // width], count=int(group.size),
+                       median_us=float(np.median(group)), launch_shape=shapes[int(group_keys[0]) % width])
+            for group_keys, group in zip(np.split(keys, bounds), np.split(durations, bounds)) if group.size]

@@ -47,3 +47,39 @@ def test_many_tiny_kernels_are_launch_bound():
 def test_a_healthy_gemm_bound_program_gets_nothing_large():
     advice, planted = _advice("healthy_gemm")
     assert all((f.expected_gain_pct or 0.0) < 5.0 for f in advice.findings), advice.findings
+
+
+PAIRS = Path(__file__).parent / "fixtures" / "gpu" / "planted_pairs"
+
+
+def _straggler_cause(case: str):
+    from fleetscope.analysis.analyze import analyze
+
+    planted = json.loads((PAIRS / case / "planted.json").read_text())
+    report = analyze(PAIRS / case / "traces", use_hta=False)
+    (finding,) = report.windows[0].causes.findings
+    return finding, planted
+
+
+def test_the_same_kernels_longer_are_a_slow_device_with_their_ratio():
+    # bench/planted/pairs.py slow_device: rank 1's kernels confined to 44 of the H200's 132 SMs (a green
+    # context); same names, grids, shapes and counts as rank 0's. Planted: 5.80 ms more compute a step.
+    from fleetscope.analysis.cross_rank.causes import CAUSE_SLOW_DEVICE
+
+    finding, planted = _straggler_cause("slow_device")
+    assert (finding.rank, finding.cause) == (planted["late_rank"], CAUSE_SLOW_DEVICE)
+    assert finding.extra_kernels == [] and finding.extra_kernel_us == 0.0 and finding.ops_compared >= 10
+    assert finding.op_duration_ratio > 1.5
+    assert finding.mean_extra_compute_us / 1000 == pytest.approx(planted["late_ms_per_step"], rel=0.15)
+
+
+def test_more_tokens_on_the_same_kernel_names_are_more_work():
+    # pairs.py more_tokens: rank 1's batch has twice the rows; cuBLAS's persistent GEMMs keep their grid, so
+    # only the launching op's input shapes tell the bigger GEMMs apart. Planted: 4.11 ms more compute a step.
+    from fleetscope.analysis.cross_rank.causes import CAUSE_WORK
+
+    finding, planted = _straggler_cause("more_tokens")
+    assert (finding.rank, finding.cause) == (planted["late_rank"], CAUSE_WORK)
+    assert finding.op_duration_ratio == pytest.approx(1.0, abs=0.1)
+    assert any("[[8192,4096]" in kernel for kernel in finding.extra_kernels), finding.extra_kernels
+    assert finding.mean_extra_compute_us / 1000 == pytest.approx(planted["late_ms_per_step"], rel=0.15)

@@ -58,6 +58,7 @@ from fleetscope.analysis.cross_rank.clock_align import (
     ClockAlignment,
 )
 from fleetscope.analysis.cross_rank.stragglers import Stragglers, others_median
+from fleetscope.analysis.per_rank.names import short_kernel_name
 from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.quantities import clamp_caused_wait_ms
 
@@ -308,7 +309,7 @@ def match_kernels(results: list[RankResult], rank: int) -> KernelMatch:
     extra: list[tuple[float, str, int]] = []
     for identity, op in mine.items():
         # the launch shape is named where it is what tells two kernels of one name apart
-        name = f"{op.name} ({op.launch_shape})" if len(shapes_of[op.name]) > 1 and op.launch_shape else op.name
+        name = _kernel_text(op, several_shapes=len(shapes_of[op.name]) > 1)
         theirs = peer_ops.get(identity, [])
         # a peer that never runs the name counts 0 launches
         peer_count = float(np.median([o.count for o in theirs] + [0] * (len(peers) - len(theirs)))) if peers else 0.0
@@ -332,6 +333,16 @@ def _kernel_identity(op) -> tuple[str, str]:
     """The same kernel is the same name launched with the same grid and block: a bigger grid of one name is
     more work, not the same work done slower."""
     return op.name, op.launch_shape
+
+
+def _kernel_text(op, *, several_shapes: bool) -> str:
+    """A kernel as a reader tells it apart: its short name, and its launch shape where one name runs with
+    several (its launching op's input shapes where recorded, else its grid)."""
+    name = short_kernel_name(op.name)
+    if not several_shapes or not op.launch_shape:
+        return name
+    shape = op.launch_shape
+    return f"{name} ({shape[shape.index('inputs '):] if 'inputs ' in shape else shape})"
 
 
 def clock_uncertainty_us(clock: ClockAlignment, rank: int, peers: list[int]) -> float | None:

@@ -31,6 +31,7 @@ from fleetscope.analysis.per_rank.names import (
     OUT_NELEMS_ARG,
     PROCESS_GROUP_DESCRIPTION_ARG,
     PROCESS_GROUP_NAME_ARG,
+    SEQUENCE_ARG,
     is_kept_host_op,
     process_group_label,
 )
@@ -111,6 +112,9 @@ class TraceEvents:
     launch_shape_id: np.ndarray | None = None
     """Index into `launch_shapes` of each kernel's launch shape, -1 where none; None when no kernel has one
     (CPU traces, traces without the args). Same name and shape is the same work (cross_rank/causes.py)."""
+    sequence: np.ndarray | None = None
+    """Each event's process-group sequence number (names.SEQUENCE_ARG, on NCCL kernels and
+    `record_param_comms` of newer PyTorch), -1 where none; None when no event has one."""
     dropped: dict[str, int] = field(default_factory=dict)
     """Events left out, by reason (negative duration, non-numeric time)."""
     omitted_host_ops: int = 0
@@ -165,6 +169,12 @@ class TraceEvents:
             return None
         return self.messages[self.message_id[index]]
 
+    def sequence_of(self, indices: np.ndarray) -> np.ndarray:
+        """The sequence numbers of the events at `indices` (-1 where the trace records none)."""
+        if self.sequence is None:
+            return np.full(indices.size, NO_ID, dtype=np.int64)
+        return self.sequence[indices]
+
     def group_of(self, index: int) -> str | None:
         """The process group event `index` ran on, when the trace says."""
         if self.group_id is None or self.group_id[index] == NO_ID:
@@ -195,6 +205,10 @@ class _Args(msgspec.Struct, gc=False):
     external_id: Any = msgspec.field(default=None, name=EXTERNAL_ID_ARG)
     grid: Any = None
     block: Any = None
+    sequence: Any = msgspec.field(default=None, name=SEQUENCE_ARG)
+    input_dims: Union[msgspec.Raw, None] = msgspec.field(default=None, name=INPUT_DIMS_ARG)
+    """Kept undecoded by the fast decoder: a kernel's launching op's input shapes are part of the kernel's
+    identity (_note_launch_shape); the generic path gives the parsed value."""
 
 
 _ARG_KEYS = dict(zip(_Args.__struct_fields__, _Args.__struct_encode_fields__))
@@ -258,7 +272,6 @@ class _ArgsWithShapes(_Args):
     c10d::alltoall_base_ only: used for traces that hold such an op with those args (decode_selectively)."""
 
     concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=CONCRETE_INPUTS_ARG)
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_DIMS_ARG)
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_TYPE_ARG)
 
 
@@ -350,8 +363,10 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
     message_rows: list[tuple[int, int]] = []
     op_of_external: dict[int, str] = {}
     external_rows: list[tuple[int, int]] = []
+    dims_of_external: dict[int, Any] = {}
     shape_index: dict[str, int] = {}
     shape_rows: list[tuple[int, int]] = []
+    sequence_rows: list[tuple[int, int]] = []
     kernel_code = int(Kind.KERNEL)
     for event in events:
         if event.ph != "X":
@@ -365,6 +380,8 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
             external = event.args.external_id if event.args is not None else None
             if type(external) is int and type(name) is str:
                 op_of_external[external] = name
+                if event.args.input_dims is not None:
+                    dims_of_external[external] = event.args.input_dims
             kept = host_op_kept.get(name) if type(name) is str else False
             if kept is None:
                 kept = host_op_kept[name] = is_kept_host_op(name)
@@ -395,7 +412,8 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
             if args is not None and type(args.external_id) is int:
                 external_rows.append((len(name_ids) - 1, args.external_id))
             if kind == kernel_code and args is not None and args.grid is not None:
-                _note_launch_shape(args, len(name_ids) - 1, shape_index, shape_rows)
+                dims = dims_of_external.get(args.external_id) if type(args.external_id) is int else None
+                _note_launch_shape(args, dims, len(name_ids) - 1, shape_index, shape_rows)
             threads.append(_int_or(args.stream if args else None, _int_or(event.tid, NO_ID)))
             devices.append(_int_or(args.device if args else None, _int_or(event.pid, 0)))
         else:
@@ -407,6 +425,9 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
                             else NO_ID)
         if args is not None and args.group_name is not None:
             _note_group(args, len(name_ids) - 1, group_index, grouped_rows)
+            sequence = args.sequence
+            if type(sequence) is int and 0 <= sequence <= int_limit:
+                sequence_rows.append((len(name_ids) - 1, sequence))
         if args is not None and args.in_nelems is not None:
             _note_message(args, len(name_ids) - 1, message_index, message_rows)
         elif name == ALL_TO_ALL_BASE_OP and args is not None and getattr(args, "concrete_inputs", None):
@@ -423,6 +444,8 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
         table = _with_externals(table, starts, op_of_external, external_rows, len(name_ids))
     if shape_rows:
         table = _with_launch_shapes(table, starts, shape_index, shape_rows, len(name_ids))
+    if sequence_rows:
+        table = _with_sequence(table, starts, sequence_rows, len(name_ids))
     return dataclasses.replace(table, omitted_host_ops=omitted) if omitted else table
 
 
@@ -460,7 +483,8 @@ def _note_host_all_to_all(args: _Args, row: int, index: dict[tuple, int], rows: 
     """Record a c10d::alltoall_base_ op's message from its record_shapes args: output and input tensors'
     dims and type, output and input split sizes (names.ALL_TO_ALL_BASE_OP); nothing where they do not parse."""
     try:
-        concrete, dims, types = (msgspec.json.decode(raw) for raw in (args.concrete_inputs, args.input_dims, args.input_type))
+        concrete, dims, types = (msgspec.json.decode(raw) if isinstance(raw, msgspec.Raw) else raw
+                                 for raw in (args.concrete_inputs, args.input_dims, args.input_type))
     except msgspec.DecodeError:
         return
     if not (isinstance(concrete, list) and isinstance(dims, list) and isinstance(types, list)
@@ -505,13 +529,39 @@ def _message_column(index: dict[tuple, int], rows: list[tuple[int, int]], count:
     return messages, column
 
 
-def _note_launch_shape(args: _Args, row: int, index: dict[str, int], rows: list[tuple[int, int]]) -> None:
-    """Record kernel `row`'s launch shape: its grid and block, three non-negative ints each."""
+def _note_launch_shape(args: _Args, op_dims: Any, row: int, index: dict[str, int], rows: list[tuple[int, int]]) -> None:
+    """Record kernel `row`'s launch shape: its grid and block (three non-negative ints each) and, where the
+    trace has record_shapes, its launching op's input shapes (a persistent GEMM keeps its grid whatever the
+    sizes: the shapes tell a bigger GEMM apart)."""
     grid, block = _dims_text(args.grid), _dims_text(args.block)
     if grid is None:
         return
     label = f"grid {grid}" + (f" block {block}" if block is not None else "")
+    inputs = _input_dims_text(op_dims)
+    if inputs:
+        label += f" inputs {inputs}"
     rows.append((row, index.setdefault(label, len(index))))
+
+
+_INPUT_DIMS_LIMIT = 512
+"""Bytes of an op's Input Dims kept in a label: enough for any GEMM's shapes; a longer list is cut, as it only
+needs to tell launches apart."""
+
+
+def _input_dims_text(value: Any) -> str:
+    """An op's `Input Dims` as compact text ("" when absent or not a list): Raw from the fast decoder, the
+    parsed value from the generic one."""
+    if isinstance(value, msgspec.Raw):
+        text = bytes(value)
+        if not text.startswith(b"["):
+            return ""
+        return text[:_INPUT_DIMS_LIMIT].decode("utf-8", "replace").replace(" ", "")
+    if type(value) is list:
+        try:
+            return msgspec.json.encode(value)[:_INPUT_DIMS_LIMIT].decode("utf-8", "replace")
+        except (TypeError, OverflowError):
+            return ""
+    return ""
 
 
 def _dims_text(value: Any) -> str | None:
@@ -531,6 +581,15 @@ def _with_launch_shapes(table: TraceEvents, starts: list, index: dict[str, int],
     column[list(parsed_rows)] = slots
     order = np.argsort(np.asarray(starts, dtype=np.float64), kind="stable")
     return dataclasses.replace(table, launch_shapes=labels, launch_shape_id=column[order])
+
+
+def _with_sequence(table: TraceEvents, starts: list, rows: list[tuple[int, int]], count: int) -> TraceEvents:
+    """The table with its sequence number column (events naming a process group), sorted like the others."""
+    column = np.full(count, NO_ID, dtype=np.int64)
+    parsed_rows, numbers = zip(*rows)
+    column[list(parsed_rows)] = numbers
+    order = np.argsort(np.asarray(starts, dtype=np.float64), kind="stable")
+    return dataclasses.replace(table, sequence=column[order])
 
 
 def _with_externals(table: TraceEvents, starts: list, op_of_external: dict[int, str],

@@ -84,6 +84,12 @@ every backend), as `c10d::alltoall_base_(output, input, group, output_split_size
 ALL_TO_ALL_BASE_OP = "c10d::alltoall_base_"
 """Kineto args describing a collective's message (on NCCL kernels and `record_param_comms`, PyTorch >= 2.3;
 gloo traces have none)."""
+SEQUENCE_ARG = "Seq"
+"""The process group's own sequence number of a collective (kSeqNum in PyTorch's profiler utils and Kineto's
+collective args; written by newer PyTorch on `record_param_comms` and copied onto its NCCL kernel, together
+with `Comms Id`, a hash of the group name, this number and the group's topology). Every member of the group
+numbers the same collective alike, so (group, sequence number) names an instance exactly
+(cross_rank/matching.py); gloo records neither."""
 
 
 def process_group_label(group_name: object, description: object) -> str | None:
@@ -161,6 +167,15 @@ event kind); attention: FlashAttention/FMHA/SDPA kernels; GEMM: cuBLAS/CUTLASS/n
 optimizer: fused/foreach optimizer kernels (multi_tensor_apply, Adam); reduction: reductions, softmax,
 norms, scans; elementwise: elementwise/vectorized/pointwise (incl. Triton `triton_poi`), indexing, copies
 and fills; other: everything else (sorting, top-k, Triton kernels without a hint, ...)."""
+
+
+def short_kernel_name(name: str, limit: int = 80) -> str:
+    """A kernel's name without its return type, template arguments and parameters: what a reader recognises
+    ("at::native::vectorized_elementwise_kernel", "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT")."""
+    text = name[5:] if name.startswith("void ") else name
+    cut = min((i for i in (text.find("<"), text.find("(")) if i > 0), default=len(text))
+    text = text[:cut].strip()
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def kernel_category(name: str) -> str:

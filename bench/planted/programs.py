@@ -30,7 +30,8 @@ def _model() -> torch.nn.Module:
     return torch.nn.Sequential(*layers).cuda().to(torch.bfloat16)
 
 
-def _train(name: str, out: Path, step: Callable[[int], None], planted: Callable[[], float], what: str) -> None:
+def _train(name: str, out: Path, step: Callable[[int], None], planted: Callable[[], float], what: str, *,
+           with_stack: bool = False) -> None:
     """Run STEPS steps of `step(i)` under the profiler (steps 3-5 recorded), time the planted part with
     `planted()` (ms) on steps outside the window, and record both."""
     directory = out / name
@@ -38,7 +39,7 @@ def _train(name: str, out: Path, step: Callable[[int], None], planted: Callable[
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
                  schedule=schedule(wait=2, warmup=1, active=3, repeat=1),
                  on_trace_ready=tensorboard_trace_handler(str(directory), worker_name="rank0", use_gzip=True),
-                 record_shapes=True) as prof:
+                 record_shapes=True, with_stack=with_stack) as prof:
         for i in range(STEPS):
             step(i)
             prof.step()
@@ -110,6 +111,48 @@ def item_per_layer(out: Path) -> None:
     _train("item_per_layer", out, step, reads, f"{LAYERS} .item() per step")
 
 
+def item_per_layer_frames(out: Path) -> None:
+    """item_per_layer recorded with with_stack=True: the Python frame of each `.item()` is in the trace."""
+    layers = [torch.nn.Linear(1024, 1024, bias=False).cuda().to(torch.bfloat16) for _ in range(LAYERS)]
+    params = [p for layer in layers for p in layer.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    batch = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+    stats: list[float] = []
+
+    def log_statistic(h: torch.Tensor) -> None:
+        stats.append(h.float().abs().mean().item())
+
+    def step(i: int) -> None:
+        h = batch
+        for layer in layers:
+            h = torch.relu(layer(h))
+            log_statistic(h)
+        h.float().pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def reads() -> float:
+        h = batch.detach()
+        return _timed(lambda: [layer(h).float().abs().mean().item() for layer in layers])
+
+    _train("item_per_layer_frames", out, step, reads, f"{LAYERS} .item() per step, in log_statistic",
+           with_stack=True)
+
+
+def pageable_copy(out: Path) -> None:
+    """The batch lives in ordinary (pageable) host memory and is copied with .cuda() every step: the host
+    blocks in a synchronous copy, and the GPU waits for it."""
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    host_batch = torch.randn(16384, HIDDEN).to(torch.bfloat16)        # 128 MiB, not pinned
+
+    def step(i: int) -> None:
+        _optimizer_step(model, optimizer, host_batch.cuda()[:2048])
+
+    _train("pageable_copy", out, step, lambda: _timed(lambda: host_batch.cuda()),
+           "128 MiB host-to-device copy from pageable memory", with_stack=True)
+
+
 def tiny_kernels(out: Path) -> None:
     """Thousands of tiny elementwise kernels a step (an unfused loss written op by op): launch-bound."""
     x = torch.randn(256, 256, device="cuda", requires_grad=True)
@@ -172,8 +215,8 @@ def sync_per_step(out: Path) -> None:
     _train("sync_per_step", out, step, lambda: 5.0, "synchronize + 5 ms of host work per step")
 
 
-PROGRAMS = {f.__name__: f for f in (healthy_gemm, cpu_batch, item_per_layer, tiny_kernels, slow_dataloader,
-                                    sync_per_step)}
+PROGRAMS = {f.__name__: f for f in (healthy_gemm, cpu_batch, item_per_layer, item_per_layer_frames, pageable_copy,
+                                    tiny_kernels, slow_dataloader, sync_per_step)}
 
 
 def main() -> int:

@@ -206,7 +206,7 @@ class _Args(msgspec.Struct, gc=False):
     grid: Any = None
     block: Any = None
     sequence: Any = msgspec.field(default=None, name=SEQUENCE_ARG)
-    input_dims: Union[msgspec.Raw, None] = msgspec.field(default=None, name=INPUT_DIMS_ARG)
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_DIMS_ARG)
     """Kept undecoded by the fast decoder: a kernel's launching op's input shapes are part of the kernel's
     identity (_note_launch_shape); the generic path gives the parsed value."""
 
@@ -380,7 +380,7 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
             external = event.args.external_id if event.args is not None else None
             if type(external) is int and type(name) is str:
                 op_of_external[external] = name
-                if event.args.input_dims is not None:
+                if event.args.input_dims:
                     dims_of_external[external] = event.args.input_dims
             kept = host_op_kept.get(name) if type(name) is str else False
             if kept is None:

@@ -8,6 +8,7 @@ to the node's stderr. Local status and Slurm status both read failures through t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -93,6 +94,30 @@ def root_causes(stderr_files: list[Path]) -> list[RankFailure]:
     return failures
 
 
+def summary_failures(stderr_files: list[Path]) -> list[RankFailure]:
+    """Every rank torchrun's failure summary lists (its "Root Cause" entry, then its "Failures:" entries),
+    each rank once, the root cause first: what is left of a rank that exited with a status of its own
+    (sys.exit(7)) and wrote no error file."""
+    failures: dict[int, RankFailure] = {}
+    for stderr in stderr_files:
+        try:
+            text = stderr.read_text(errors="replace")
+        except OSError:
+            continue
+        for summary in text.split(_SUMMARY_RULE)[1:]:
+            listed, _, root = summary.partition(_ROOT_CAUSE_HEADER)
+            for section in (root, listed):
+                for entry in _SUMMARY_ENTRY.split(section)[1:]:
+                    failure = _root_cause(entry, stderr)
+                    if failure is not None:
+                        failures.setdefault(failure.rank, failure)
+    return list(failures.values())
+
+
+_SUMMARY_RULE = "-" * 60 + "\nFailures:"
+_SUMMARY_ENTRY = re.compile(r"^\[\d+\]:\s*$", re.MULTILINE)
+
+
 def _root_cause(block: str, stderr: Path) -> RankFailure | None:
     rank = _ROOT_CAUSE_RANK.search(block)
     if rank is None:
@@ -106,7 +131,8 @@ def _root_cause(block: str, stderr: Path) -> RankFailure | None:
         timestamp = int(content.recorded_at) if str(content.recorded_at).isdigit() else None
     code = re.match(r"-?\d+", exitcode)
     return RankFailure(rank=int(rank["rank"]), exitcode=int(code.group()) if code else None,
-                       message=message or f"exit code {exitcode}", timestamp=timestamp, log_path=str(stderr))
+                       message=message or (f"exit code {code.group()}" if code else f"exit code {exitcode}"),
+                       timestamp=timestamp, log_path=str(stderr))
 
 
 def _summary_field(block: str, name: str) -> str:

@@ -139,6 +139,7 @@ class JobSpec:
         require_plain_fields(self.train)
         require_plain_value(self.env, "env")
         require_plain_text(self.python, "python")
+        check_command_size([self.python, *self.rank_program()], self.rank_environment())
 
     @property
     def world_size(self) -> int:
@@ -186,3 +187,29 @@ def spec_record(spec: JobSpec) -> dict[str, Any]:
                                           "alloc_conf": spec.train.performance.alloc_conf}
         record["program"] = {"argv": spec.rank_program(), "environment": spec.rank_environment()}
     return record
+
+
+MAX_ARGUMENT_BYTES = 131072 - 1
+"""Linux's limit on one argument or one NAME=VALUE environment string (MAX_ARG_STRLEN, 32 pages): a longer
+one makes exec fail with "Argument list too long"."""
+MAX_COMMAND_BYTES = 1 << 20
+"""The whole argument list plus environment a rank's command may take: well under Linux's usual ARG_MAX
+(2 MiB and up), with room for the scheduler's own variables."""
+
+
+def check_command_size(argv: list[str], env: dict[str, str]) -> None:
+    """Refuse, at plan time, a command that exec would refuse after the run was recorded as started."""
+    for word in argv:
+        size = len(word.encode("utf-8", "surrogateescape"))
+        if size > MAX_ARGUMENT_BYTES:
+            require(False, "command", f"an argument of the rank command is {size:,} bytes (starts {word[:40]!r}); "
+                           f"exec refuses one over {MAX_ARGUMENT_BYTES + 1:,}")
+    for name, value in env.items():
+        size = len(f"{name}={value}".encode("utf-8", "surrogateescape"))
+        if size > MAX_ARGUMENT_BYTES:
+            require(False, "environment", f"environment variable {name} is {size:,} bytes; exec refuses one over "
+                           f"{MAX_ARGUMENT_BYTES + 1:,}")
+    total = sum(len(w.encode("utf-8", "surrogateescape")) + 1 for w in argv) + sum(
+        len(n.encode("utf-8", "surrogateescape")) + len(v.encode("utf-8", "surrogateescape")) + 2 for n, v in env.items())
+    require(total <= MAX_COMMAND_BYTES, "command", f"the rank command and its environment take {total:,} bytes; "
+                                         f"at most {MAX_COMMAND_BYTES:,} are allowed")

@@ -369,3 +369,48 @@ def test_gather_and_merge_say_missing_ranks_in_one_line_without_reprs(tmp_path, 
     assert main(["merge", str(layout.root)]) in (0, 3)
     captured = capsys.readouterr()
     assert "MergeProblem(" not in captured.out + captured.err and "window None" not in captured.out + captured.err
+
+
+# --- launch: the record says how it ended, with the program's own status --------------------------------
+
+
+def _launch(tmp_path: Path, *argv: str):
+    import subprocess
+    import sys
+
+    program = tmp_path / "prog.py"
+    program.write_text("import sys\nsys.exit(7)\n")
+    return subprocess.run([sys.executable, "-m", "fleetscope.cli.main", "launch", "--run-dir", str(tmp_path / "run"), *argv,
+                           "--", str(program)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+
+def test_a_launch_whose_interpreter_cannot_start_is_recorded_failed(tmp_path):
+    done = _launch(tmp_path, "--python", str(tmp_path / "no-such-python"), "--nproc-per-node", "1")
+    record = json.loads((tmp_path / "run" / "job.json").read_text())
+    assert done.returncode != 0 and record["status"] == "failed"
+    (failure,) = record["failures"]
+    assert failure["exitcode"] == 127 and "no-such-python" in failure["message"]
+    assert "Traceback" not in done.stderr + done.stdout
+
+
+@pytest.mark.slow
+def test_a_user_programs_own_exit_status_reaches_the_failures(tmp_path):
+    # sys.exit(7) writes no torchrun error file: the status comes from torchrun's failure summary
+    done = _launch(tmp_path, "--nproc-per-node", "2")
+    record = json.loads((tmp_path / "run" / "job.json").read_text())
+    assert record["status"] == "failed"
+    assert sorted((f["rank"], f["exitcode"]) for f in record["failures"]) == [(0, 7), (1, 7)]
+    assert "exit code 7" in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize("size", ["one argument", "all together"])
+def test_a_command_exec_would_refuse_is_refused_at_plan_time(tmp_path, capsys, size):
+    # in process: this test's own exec could not pass the argument; a config file or a script can
+    program = tmp_path / "prog.py"
+    program.write_text("pass\n")
+    extra = (["--", str(program), "x" * 200_000] if size == "one argument" else
+             [*[f"--env=BIG{i}={'y' * 100_000}" for i in range(12)], "--", str(program)])
+    assert main(["launch", "--run-dir", str(tmp_path / "run"), "--dry-run", *extra]) == 2
+    err = capsys.readouterr().err
+    assert ("exec refuses" if size == "one argument" else "at most 1,048,576") in err
+    assert not (tmp_path / "run").exists()

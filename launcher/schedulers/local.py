@@ -15,7 +15,7 @@ from ...trainer.config import ConfigError
 from ...traces.collect import Collection, collect_traces
 from ...traces.jobfile import now_iso, read_job_record, write_job_record
 from ...traces.layout import RunLayout
-from ..failures import RankFailure, collect_failures
+from ..failures import RankFailure, collect_failures, summary_failures
 from ..scheduler import Submission, Verdict, existing_outputs
 from ..spec import TRAINER_MODULE, JobSpec, spec_record  # noqa: F401  (TRAINER_MODULE: re-exported)
 
@@ -77,15 +77,26 @@ def run_local(plan: LocalPlan) -> LocalResult:
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     entry = plan.spec.entry
     layout = RunLayout.at(plan.run_dir)
-    with subprocess.Popen(plan.argv, env={**os.environ, **plan.env}, cwd=entry.workdir if entry is not None else None,
-                          stderr=subprocess.PIPE, text=True, errors="replace") as torchrun:
-        pass_stderr(torchrun.stderr, sys.stderr, layout.logs_dir / TORCHRUN_STDERR)
-        returncode = torchrun.wait()
+    try:
+        with subprocess.Popen(plan.argv, env={**os.environ, **plan.env}, cwd=entry.workdir if entry is not None else None,
+                              stderr=subprocess.PIPE, text=True, errors="replace") as torchrun:
+            pass_stderr(torchrun.stderr, sys.stderr, layout.logs_dir / TORCHRUN_STDERR)
+            returncode = torchrun.wait()
+    except OSError as error:
+        # the interpreter or the working directory is missing: no rank ever started
+        return LocalResult(returncode=EXEC_FAILED, failures=[RankFailure(
+            rank=0, exitcode=EXEC_FAILED, message=f"could not start {plan.argv[0]!r}: {error.strerror or error}")])
     if entry is not None and entry.collect_glob:
         report_collection(collect_traces(entry.collect_glob, layout))
     if returncode == 0:
         return LocalResult(returncode=0)
-    return LocalResult(returncode=returncode, failures=collect_failures(layout.logs_dir))
+    failures = (collect_failures(layout.logs_dir)
+                or summary_failures([layout.logs_dir / TORCHRUN_STDERR]))
+    return LocalResult(returncode=returncode, failures=failures)
+
+
+EXEC_FAILED = 127
+"""The shell's status for a command that could not be run: the launch's own when torchrun never started."""
 
 
 TORCHRUN_STDERR = "torchrun.stderr.log"
@@ -162,14 +173,21 @@ class LocalScheduler:
         layout.root.mkdir(parents=True, exist_ok=True)
         write_job_record(layout, **spec_record(plan.spec), plan=plan.to_json(), status="running",
                          started_at=now_iso())
-        result = run_local(plan)
+        try:
+            result = run_local(plan)
+        except BaseException:
+            # Ctrl-C or a crash of the launch itself: the record must not say "running" forever
+            write_job_record(layout, status="failed", returncode=None, finished_at=now_iso(),
+                             failures=[{"rank": 0, "exitcode": None, "message": "the launch was interrupted"}])
+            raise
         write_job_record(layout, status="succeeded" if result.ok else "failed", returncode=result.returncode,
                          failures=[vars(f) for f in result.failures], finished_at=now_iso())
         return Submission(scheduler=self.name, finished=True, succeeded=result.ok, failures=result.failures,
                           detail=f"torchrun exit code {result.returncode}")
 
     def status(self, layout: RunLayout) -> RecordedRunStatus:
-        return RecordedRunStatus.read(layout, failures=collect_failures(layout.logs_dir))
+        return RecordedRunStatus.read(layout, failures=collect_failures(layout.logs_dir)
+                                      or summary_failures([layout.logs_dir / TORCHRUN_STDERR]))
 
     def cancel(self, layout: RunLayout, *, postprocess_too: bool = False) -> list[str]:
         raise ConfigError(f"{layout.root}: a local run ends with the launch command (Ctrl-C); nothing to cancel")

@@ -414,3 +414,50 @@ def test_a_command_exec_would_refuse_is_refused_at_plan_time(tmp_path, capsys, s
     err = capsys.readouterr().err
     assert ("exec refuses" if size == "one argument" else "at most 1,048,576") in err
     assert not (tmp_path / "run").exists()
+
+
+# --- forged metrics lines: refused as bad lines, named, never compared ------------------------------------
+
+
+@pytest.mark.parametrize("forged, why", [
+    ({"tokens_per_s": -1e308}, "tokens_per_s = -1e+308 is outside [0, 1e+12]"),
+    ({"data_ms": 1e308}, "data_ms = 1e+308 is outside [0, 1e+10]"),
+    ({"max_memory_allocated_mb": -5.0}, "max_memory_allocated_mb = -5.0 is outside"),
+    ({"step_time_ms": "fast"}, "step_time_ms 'fast' is not a number"),
+    ({"rank": "one"}, "rank 'one' is not a rank"),
+    ({"rank": -1}, "rank -1 is not a rank"),
+    ({"rank": True}, "rank True is not a rank"),
+])
+def test_a_forged_metrics_line_is_a_bad_line_with_its_reason(tmp_path, forged, why):
+    from fleetscope.traces.formats import metric_line, read_metric_records
+
+    good = {"step": 1, "rank": 0, "loss": -0.5, "step_time_ms": 100.0, "data_ms": 3.0, "tokens_per_s": 200.0}
+    path = tmp_path / "rank0.jsonl"
+    path.write_text(metric_line(good) + json.dumps({**good, "step": 2, **forged}) + "\n")
+    read = read_metric_records(path)
+    assert [r["step"] for r in read.records] == [1] and read.bad_line_count == 1
+    assert why in read.bad_lines[0][1]
+
+
+def test_compare_skips_forged_metrics_lines_and_says_so(tmp_path, capsys):
+    from hostile_runs import make_recorded_run
+
+    runs = []
+    for name in ("base", "new"):
+        make_recorded_run(tmp_path / name)
+        runs.append(make_run(tmp_path / name))
+    metrics = sorted(runs[1].step_metrics_files())[0]
+    line = json.loads(metrics.read_text().splitlines()[3])
+    with metrics.open("a") as handle:
+        for step, forged in enumerate(({"tokens_per_s": -1e308}, {"data_ms": 1e308}, {"rank": "one"}), start=100):
+            handle.write(json.dumps({**line, "step": step, **forged}) + "\n")
+    assert main(["compare", str(runs[0].root), str(runs[1].root)]) == 0
+    out = capsys.readouterr().out
+    assert "3 bad line(s) skipped" in out and "no regression" in out
+    assert "throughput_tokens_per_s  200.00  200.00" in out
+
+
+def test_run_files_are_strict_json(tmp_path):
+    from fleetscope.traces.formats import metric_line
+
+    assert "NaN" not in metric_line({"step": 1, "loss": float("nan"), "data_ms": float("inf")})

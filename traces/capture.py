@@ -24,6 +24,7 @@ from typing import Any
 from .atomic import write_bytes_atomically
 from .layout import RunLayout
 from .safe_read import InputRefused, read_input, read_metadata
+from .jsontext import strict_dumps
 
 REQUEST_RE = re.compile(r"^request(?P<number>\d{1,9})\.json$")
 MAX_REQUEST_NUMBER = 1 << 24
@@ -124,7 +125,7 @@ def submit_request(layout: RunLayout, *, steps: int, warmup: int, ranks: list[in
     try:
         staging.unlink(missing_ok=True)
         with os.fdopen(os.open(staging, flags, 0o644), "wb") as handle:
-            handle.write((json.dumps(document, indent=1) + "\n").encode())
+            handle.write((strict_dumps(document, indent=1) + "\n").encode())
     except OSError as error:
         raise RequestError(f"{staging}: cannot write the request: {error.strerror or error}") from None
     try:
@@ -172,7 +173,7 @@ class RequestStatus:
 
 
 def write_status(layout: RunLayout, number: int, status: RequestStatus) -> None:
-    write_bytes_atomically((json.dumps(asdict(status), indent=1) + "\n").encode(), layout.request_status_file(number))
+    write_bytes_atomically((strict_dumps(asdict(status), indent=1) + "\n").encode(), layout.request_status_file(number))
 
 
 def read_status(layout: RunLayout, number: int) -> RequestStatus | None:
@@ -209,7 +210,7 @@ class CaptureRecord:
 
 
 def write_capture_record(layout: RunLayout, record: CaptureRecord) -> None:
-    write_bytes_atomically((json.dumps(asdict(record), indent=1) + "\n").encode(), layout.capture_record(record.window))
+    write_bytes_atomically((strict_dumps(asdict(record), indent=1) + "\n").encode(), layout.capture_record(record.window))
 
 
 def read_capture_records(layout: RunLayout) -> tuple[list[CaptureRecord], list[str]]:

@@ -36,6 +36,7 @@ from .layout import RunLayout
 from .safe_read import read_metadata
 from .validate import clock_offset_problem, rank_problem
 from .writer import write_bytes_atomically
+from .jsontext import strict_dumps
 
 CLOCK_FILE_VERSION = 1
 DEFAULT_ROUND_TRIPS = 16
@@ -147,7 +148,7 @@ def record_clock_offset(layout: RunLayout, *, group=None, round_trips: int = DEF
 
 
 def write_clock_offset(offset: ClockOffset, path: Path) -> Path:
-    write_bytes_atomically((json.dumps(offset.to_json(), indent=1) + "\n").encode(), path)
+    write_bytes_atomically((strict_dumps(offset.to_json(), indent=1) + "\n").encode(), path)
     return path
 
 

@@ -22,6 +22,7 @@ from .atomic import write_bytes_atomically
 from .safe_read import read_input, read_metadata
 from .layout import RunLayout
 from .validate import MAX_WORLD_SIZE
+from .jsontext import strict_dumps
 
 MAX_DUMP_BYTES = 256 * 2**20
 DUMP_REASONS = ("hang", "dump_requested", "error", "stop_signal")
@@ -39,12 +40,12 @@ class HangMarker:
 
 def write_dump(layout: RunLayout, rank: int, document: dict[str, Any]) -> Path:
     path = layout.flight_recorder_file(rank)
-    write_bytes_atomically((json.dumps(document, default=str) + "\n").encode(), path)
+    write_bytes_atomically((strict_dumps(document, default=str) + "\n").encode(), path)
     return path
 
 
 def write_hang_marker(layout: RunLayout, marker: HangMarker) -> None:
-    write_bytes_atomically((json.dumps(asdict(marker)) + "\n").encode(), layout.hang_marker(marker.rank))
+    write_bytes_atomically((strict_dumps(asdict(marker)) + "\n").encode(), layout.hang_marker(marker.rank))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .jsontext import strict_dumps
 from .safe_read import read_metadata
 from .validate import MAX_WORLD_SIZE
 
@@ -135,11 +136,11 @@ def parse_step_marker(name: str) -> int | None:
 
 def metric_line(record: dict[str, Any]) -> str:
     """One metrics/rank<R>.jsonl line (with its newline)."""
-    return json.dumps(record, separators=(",", ":")) + "\n"
+    return strict_dumps(record, separators=(",", ":")) + "\n"
 
 
 def mllog_line(event: dict[str, Any]) -> str:
-    return MLLOG_PREFIX + json.dumps(event, separators=(",", ":"))
+    return MLLOG_PREFIX + strict_dumps(event, separators=(",", ":"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,7 +187,36 @@ def _record_problem(record: Any) -> str | None:
         return "no integer step"
     if any(isinstance(v, float) and not math.isfinite(v) for v in record.values()):
         return "a non-finite number"
+    rank = record.get("rank")
+    if "rank" in record and not (type(rank) is int and 0 <= rank < MAX_WORLD_SIZE):
+        return f"rank {_shown(rank)} is not a rank (an integer from 0 to {MAX_WORLD_SIZE - 1})"
+    for key, value in record.items():
+        limit = _magnitude_limit(key)
+        if limit is None or value is None:
+            continue
+        if type(value) not in (int, float):
+            return f"{key} {_shown(value)} is not a number"
+        if not 0 <= value <= limit:
+            return f"{key} = {value!r} is outside [0, {limit:g}]"
     return None
+
+
+_MAGNITUDE_LIMITS = (("_ms", 1e10), ("_s", 1e10), ("_mb", 1e10), ("_pct", 1e4), ("tflops", 1e7),
+                     ("_retries", 1e12), ("ooms", 1e12), ("_bytes", 1e18), ("_count", 1e15))
+"""A metrics field named with one of these endings is a time, a size, a share or a count: never negative,
+and never beyond these bounds (over 100 days in ms, 10 PB in MiB, 10,000%): a line that says otherwise was
+not written by a trainer, and would flip a comparison or reach advice."""
+
+
+def _magnitude_limit(key: str) -> float | None:
+    if key == "tokens_per_s":
+        return 1e12
+    return next((limit for ending, limit in _MAGNITUDE_LIMITS if key.endswith(ending)), None)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # --- MoE layers ------------------------------------------------------------------------------

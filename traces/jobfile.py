@@ -14,6 +14,7 @@ from typing import Any
 from .layout import RunLayout
 from .safe_read import read_metadata
 from .writer import write_bytes_atomically
+from .jsontext import strict_dumps
 
 FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 """Recorded statuses after which the job will not change any more."""
@@ -39,5 +40,5 @@ def write_job_record(layout: RunLayout, **fields: Any) -> dict[str, Any]:
     record.update(fields)
     record["updated_at"] = now_iso()
     record.setdefault("created_at", record["updated_at"])
-    write_bytes_atomically((json.dumps(record, indent=2, default=str) + "\n").encode(), layout.job_file)
+    write_bytes_atomically((strict_dumps(record, indent=2, default=str) + "\n").encode(), layout.job_file)
     return record

@@ -15,6 +15,7 @@ from .layout import RunLayout
 from .safe_read import InputRefused, read_metadata
 from .validate import relative_path_problem, rank_problem, world_size_problem
 from .writer import write_bytes_atomically
+from .jsontext import strict_dumps
 
 MANIFEST_VERSION = 1
 
@@ -171,7 +172,7 @@ def split_duplicates(records: list["TraceRecord"]) -> tuple[list["TraceRecord"],
 
 
 def save_manifest(manifest: Manifest, layout: RunLayout) -> Path:
-    text = json.dumps(manifest.to_json(), indent=2, sort_keys=False) + "\n"
+    text = strict_dumps(manifest.to_json(), indent=2, sort_keys=False) + "\n"
     write_bytes_atomically(text.encode(), layout.manifest_file)
     return layout.manifest_file
 

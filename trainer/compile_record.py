@@ -13,12 +13,12 @@ AOTAutograd in the first backward is part of its frame's compile time, not a fra
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict, dataclass, field
 
 from ..traces.atomic import write_bytes_atomically
 from ..traces.layout import RunLayout
+from ..traces.jsontext import strict_dumps
 
 log = logging.getLogger("fleetscope.trainer")
 
@@ -141,7 +141,7 @@ class CompileWatch:
     def write(self, *, final: bool) -> None:
         record = self.record(final=final)
         path = self._layout.compile_file(self._rank)
-        write_bytes_atomically(json.dumps(asdict(record), indent=1).encode(), path)
+        write_bytes_atomically(strict_dumps(asdict(record), indent=1).encode(), path)
         if final and self._rank == 0:
             log.info("compile record: %d graphs, %d graph breaks, %d recompiles, %.1f s compiling: %s",
                      record.graphs, record.graph_break_count, len(record.recompiles), record.compile_time_s, path)

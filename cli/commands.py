@@ -8,7 +8,7 @@ import math
 import sys
 from pathlib import Path
 
-from ..launcher.runs import LaunchOutcome, launch
+from ..launcher.runs import LaunchOutcome, launch, refuse_unusable_run_dir
 from ..launcher.scheduler import LaunchPlan
 from ..launcher.schedulers import scheduler_for
 from ..launcher.schedulers.slurm import wait_for_run, waited_verdict
@@ -52,6 +52,7 @@ LAUNCH_DESCRIPTION = (
 
 def handle_launch(args: argparse.Namespace) -> int:
     spec = job_spec_from_args(args)
+    refuse_unusable_run_dir(Path(spec.train.run_dir))
     scheduler = scheduler_for(spec.scheduler)
     plan = scheduler.plan(spec, postprocess=not args.no_post)
     if args.dry_run:

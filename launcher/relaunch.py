@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from ..traces.layout import RunLayout
 from ..trainer.config import ConfigError, add_train_arguments, apply_overrides, train_assignments
+from .runs import refuse_unusable_run_dir
 from .spec import JobSpec
 from .untrusted import require_plain_text
 
@@ -70,6 +71,7 @@ def plan_relaunch(spec_fields: Any, *, source_run: Path, new_run_dir: Path, trai
 
 def refuse_source_as_target(source_run: Path, new_run_dir: Path) -> None:
     """The relaunch never writes into the run it starts from (nor anywhere inside it)."""
+    refuse_unusable_run_dir(new_run_dir)
     source, target = source_run.resolve(), new_run_dir.resolve()
     if target == source or source in target.parents:
         raise ConfigError(f"run_dir: {new_run_dir} is {'' if target == source else 'inside '}the run being tuned "

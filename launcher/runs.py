@@ -7,6 +7,9 @@ launcher does not depend on.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -42,6 +45,27 @@ class LaunchOutcome:
         return Verdict.OK
 
 
+def refuse_unusable_run_dir(run_dir: Path) -> None:
+    """A run directory must be creatable: every part of its path that exists is a directory, reached through
+    no broken symlink and no symlink loop (a ConfigError naming the part, before anything is planned)."""
+    path = Path(run_dir).absolute()
+    for part in (*reversed(path.parents), path):
+        try:
+            mode = part.lstat().st_mode
+        except FileNotFoundError:
+            return   # from here on nothing exists: the launch creates it
+        except OSError as error:
+            raise ConfigError(f"run_dir: {part}: {error.strerror}") from None
+        if stat.S_ISLNK(mode):
+            try:
+                mode = os.stat(part).st_mode
+            except OSError as error:
+                what = "a symlink loop" if error.errno == errno.ELOOP else "a broken symlink"
+                raise ConfigError(f"run_dir: {part} is {what}") from None
+        if not stat.S_ISDIR(mode):
+            raise ConfigError(f"run_dir: {part} exists and is not a directory")
+
+
 def refuse_existing_run(layout: RunLayout, *, resume: bool) -> None:
     """Nothing of an earlier run is reused or overwritten unless the user asks to resume it, and nothing
     fleetscope did not record (no job.json) is ever written over, --resume or not."""
@@ -70,6 +94,7 @@ def launch(scheduler: Scheduler, plan: LaunchPlan, *, resume: bool, postprocess:
     """Run or submit `plan` into its run directory; post-process a foreground job once it is over.
     `on_start()` runs once the run directory is known to be free, before anything starts."""
     layout = RunLayout.at(plan.run_dir)
+    refuse_unusable_run_dir(layout.root)
     refuse_existing_run(layout, resume=resume)
     if on_start is not None:
         on_start()

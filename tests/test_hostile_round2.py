@@ -461,3 +461,25 @@ def test_run_files_are_strict_json(tmp_path):
     from fleetscope.traces.formats import metric_line
 
     assert "NaN" not in metric_line({"step": 1, "loss": float("nan"), "data_ms": float("inf")})
+
+
+# --- tune and launch: a run directory reached through a loop or a broken symlink is named, never a traceback
+
+
+@pytest.mark.parametrize("where, why", [("loop", "is a symlink loop"), ("loop/inside", "is a symlink loop"),
+                                        ("broken/new", "is a broken symlink"), ("file/new", "is not a directory")])
+def test_a_run_directory_under_a_bad_link_is_refused_by_tune_and_launch(tmp_path, capsys, where, why):
+    import os
+
+    from hostile_runs import make_recorded_run
+
+    layout = make_recorded_run(tmp_path / "run")
+    os.symlink(tmp_path / "loop", tmp_path / "loop")
+    os.symlink(tmp_path / "missing", tmp_path / "broken")
+    (tmp_path / "file").write_text("")
+    target = str(tmp_path / where)
+    assert main(["tune", str(layout.root), "--apply", "1", "--dry-run", "--run-dir", target]) == 2
+    assert why in capsys.readouterr().err
+    assert main(["launch", "--run-dir", target, "--dry-run", "--device", "cpu"]) == 2
+    assert why in capsys.readouterr().err
+    assert not (tmp_path / "missing").exists()

@@ -483,3 +483,15 @@ def test_a_run_directory_under_a_bad_link_is_refused_by_tune_and_launch(tmp_path
     assert main(["launch", "--run-dir", target, "--dry-run", "--device", "cpu"]) == 2
     assert why in capsys.readouterr().err
     assert not (tmp_path / "missing").exists()
+
+
+def test_rank_0_writes_no_request_status_through_a_symlinked_requests_folder(tmp_path):
+    from fleetscope.traces.capture import RequestError, RequestStatus, write_status
+
+    layout = _running_job(tmp_path / "run")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    layout.requests_dir.symlink_to(outside)
+    with pytest.raises(RequestError, match="symlink"):
+        write_status(layout, 1, RequestStatus(state="published", at="now"))
+    assert list(outside.iterdir()) == []

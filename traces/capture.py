@@ -142,14 +142,14 @@ def submit_request(layout: RunLayout, *, steps: int, warmup: int, ranks: list[in
         staging.unlink(missing_ok=True)
 
 
-def _requests_dir_ready(layout: RunLayout) -> None:
+def _requests_dir_ready(layout: RunLayout, *, what: str = "request") -> None:
     """Create requests/ as a real folder of the run; refuse one that is a symlink or leads out of the run."""
     directory = layout.requests_dir
     if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
-        raise RequestError(f"{directory}: not a folder of the run (a symlink or a file): no request written")
+        raise RequestError(f"{directory}: not a folder of the run (a symlink or a file): no {what} written")
     directory.mkdir(exist_ok=True)
     if os.path.realpath(directory) != os.path.join(os.path.realpath(layout.root), directory.name):
-        raise RequestError(f"{directory}: resolves outside the run directory: no request written")
+        raise RequestError(f"{directory}: resolves outside the run directory: no {what} written")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,6 +173,9 @@ class RequestStatus:
 
 
 def write_status(layout: RunLayout, number: int, status: RequestStatus) -> None:
+    """Rank 0's answer to request `number`, in the run's own requests/ folder (RequestError: it is a symlink,
+    a file, or leads out of the run: nothing is written)."""
+    _requests_dir_ready(layout, what="request status")
     write_bytes_atomically((strict_dumps(asdict(status), indent=1) + "\n").encode(), layout.request_status_file(number))
 
 

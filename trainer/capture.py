@@ -122,6 +122,8 @@ class CaptureController:
         self._triggered = 0
         self._quiet_until = -1
         """No trigger fires before this step (cooldown; a window's own steps and the one after it)."""
+        self._status_refused = False
+        """A request status could not be written (requests/ is not the run's own folder): said once."""
 
     @property
     def active(self) -> bool:
@@ -271,9 +273,15 @@ class CaptureController:
             return
         fields = dict(window=window.index, warmup_start=window.warmup_start, active_start=window.active_start,
                       end=window.end) if window else {}
-        write_status(self._layout, number, RequestStatus(
-            state=state, at=now_iso(), ranks=ranks if ranks is not None else list(range(self._world)),
-            traces=traces or [], reason=reason, **fields))
+        try:
+            write_status(self._layout, number, RequestStatus(
+                state=state, at=now_iso(), ranks=ranks if ranks is not None else list(range(self._world)),
+                traces=traces or [], reason=reason, **fields))
+        except (RequestError, OSError) as error:
+            # the window is still captured; only its status cannot be told (training goes on)
+            if not self._status_refused:
+                log.warning("request %d: status not written: %s", number, error)
+            self._status_refused = True
 
     def close(self, steps_done: int, error: BaseException | None) -> None:
         """The job is ending (error: why, None: training finished): say so in every open request's status."""

@@ -11,6 +11,7 @@ from ..launcher.scheduler import RunStatus, Submission
 from ..launcher.schedulers.local import RecordedRunStatus
 from ..launcher.schedulers.slurm import SlurmJobStatus, SlurmRunStatus
 from ..traces.fanout import FanoutState
+from .terminal_text import escape_controls
 from ..traces.layout import RunLayout, fanout_task_log
 
 
@@ -126,7 +127,7 @@ def _fanout_lines(layout: RunLayout, state: FanoutState) -> list[str]:
                      f"log {fanout_task_log(layout, state.array_job_id, task)}")
     if len(missing) > LISTED_TASKS:
         lines.append(f"  ... and {len(missing) - LISTED_TASKS} more task(s) without a record")
-    lines += [f"  {why}" for why in state.unreadable[:LISTED_TASKS]]
+    lines += [f"  {escape_controls(why, keep_newlines=False)}" for why in state.unreadable[:LISTED_TASKS]]
     if len(state.unreadable) > LISTED_TASKS:
         lines.append(f"  ... and {len(state.unreadable) - LISTED_TASKS} more unreadable task record(s)")
     if state.reduce is None:
@@ -137,5 +138,7 @@ def _fanout_lines(layout: RunLayout, state: FanoutState) -> list[str]:
         lines.append(f"  reduce: done, {verdict}: {counts.traces} trace(s): {counts.hits} from the cache, "
                      f"{counts.parsed} parsed by the reduce, {len(counts.failed)} unreadable; "
                      f"{len(state.reduce.incomplete)} task(s) it found incomplete")
-        lines += [f"    failed: {error}" for error in state.reduce.errors]
+        lines += [f"    failed: {escape_controls(error, keep_newlines=False)}" for error in state.reduce.errors[:LISTED_TASKS]]
+        if len(state.reduce.errors) > LISTED_TASKS:
+            lines.append(f"    ... and {len(state.reduce.errors) - LISTED_TASKS} more failure(s)")
     return lines

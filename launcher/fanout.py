@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..trainer.config import ConfigError
+from ..traces.fanout import is_array_job_id
 from ..traces.layout import FANOUT_TASK_LOG_PATTERN, RunLayout, fanout_dir, slurm_logs_dir
 from .slurm_request import POSTPROCESS_MODULE, SbatchOption, require_slurm_name, shell_join
 from .untrusted import require_plain_text
@@ -231,6 +232,6 @@ def _script(purpose: str, argv: list[str], slurm_arguments: str = "") -> str:
 
 
 def _job_id(job_id: str) -> str:
-    if job_id == "<ARRAY_JOB_ID>" or re.fullmatch(r"[0-9]+", job_id):
+    if job_id == "<ARRAY_JOB_ID>" or is_array_job_id(job_id):
         return job_id
     raise ValueError(f"not a Slurm job id: {job_id!r}")

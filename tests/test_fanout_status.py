@@ -50,7 +50,7 @@ def test_status_names_the_finished_tasks_the_missing_one_and_the_reduce(tmp_path
     write_task_record(layout, _task(0, parsed=3, hits=1))
     write_task_record(layout, _task(2, parsed=3, failed=1))
     write_reduce_record(layout, ReduceRecord(
-        array_job_id=ARRAY, tasks=3, counts=ParseCounts(traces=12, hits=7, parsed=4, failed=[]),
+        array_job_id=ARRAY, tasks=3, counts=ParseCounts(traces=12, hits=8, parsed=4, failed=[]),
         incomplete=[IncompleteTask(task=1, ranks=[4, 5, 6, 7], log_path="log", reason="no record")],
         outputs={}, errors=[], seconds={"analyze": 1.0}, complete=True))
 
@@ -60,7 +60,7 @@ def test_status_names_the_finished_tasks_the_missing_one_and_the_reduce(tmp_path
     assert (f"parse fan-out, array job {ARRAY}: 2 of 3 task(s) done (8 trace(s): 6 parsed, 1 already cached, "
             "1 unreadable)") in done.stdout
     assert f"task 1: no record" in done.stdout and str(fanout_task_log(layout, ARRAY, 1)) in done.stdout
-    assert ("reduce: done, complete: 12 trace(s): 7 from the cache, 4 parsed by the reduce, 0 unreadable; "
+    assert ("reduce: done, complete: 12 trace(s): 8 from the cache, 4 parsed by the reduce, 0 unreadable; "
             "1 task(s) it found incomplete") in done.stdout
 
 

@@ -520,7 +520,7 @@ def _fanout_run(tmp_path):
     from fleetscope.traces.fanout import ParseCounts, TaskRecord, write_task_record
 
     layout = make_run(tmp_path / "run", 3)
-    record = TaskRecord(array_job_id="77", task=0, tasks=2, node="n0", ranks=[0, 1], counts=ParseCounts(traces=2),
+    record = TaskRecord(array_job_id="77", task=0, tasks=2, node="n0", ranks=[0, 1], counts=ParseCounts(traces=2, parsed=2),
                         cache_dir=str(tmp_path / "cache"), seconds=1.0)
     return layout, write_task_record(layout, record)
 

@@ -495,3 +495,52 @@ def test_rank_0_writes_no_request_status_through_a_symlinked_requests_folder(tmp
     with pytest.raises(RequestError, match="symlink"):
         write_status(layout, 1, RequestStatus(state="published", at="now"))
     assert list(outside.iterdir()) == []
+
+
+# --- fan-out records: counts that add up, the reduce's word, one id pattern, escaped text -----------------
+
+
+def _fanout_records(tmp_path: Path):
+    from fleetscope.traces.fanout import IncompleteTask, ParseCounts, ReduceRecord, TaskRecord, write_reduce_record, \
+        write_task_record
+
+    layout = make_run(tmp_path / "run", 2)
+    layout.job_file.write_text(json.dumps({"scheduler": "local", "status": "succeeded"}))
+    for task in (0, 1):
+        write_task_record(layout, TaskRecord(array_job_id="77", task=task, tasks=2, node="n0", ranks=[task],
+                                             counts=ParseCounts(traces=1, parsed=1), cache_dir="/c", seconds=1.0))
+    write_reduce_record(layout, ReduceRecord(
+        array_job_id="77", tasks=2, counts=ParseCounts(traces=2, hits=1, parsed=1),
+        incomplete=[IncompleteTask(task=1, ranks=[1], log_path="log", reason="its traces changed")], outputs={},
+        errors=["stage merge failed: \x1b[2J\x1b]0;owned\x07"], seconds={}, complete=False))
+    return layout
+
+
+def test_forged_fanout_counts_that_do_not_add_up_are_an_unreadable_record(tmp_path):
+    from fleetscope.traces.fanout import fanout_states
+    from fleetscope.traces.layout import fanout_task_record
+
+    layout = _fanout_records(tmp_path)
+    path = fanout_task_record(layout, "77", 0)
+    record = json.loads(path.read_text())
+    record["counts"] = {"traces": 10**6, "hits": 5, "parsed": 5, "failed": []}
+    path.write_text(json.dumps(record))
+    (state,) = fanout_states(layout)
+    assert [r.task for r in state.finished] == []          # task 0 forged, task 1 incomplete by the reduce
+    assert any("is not its 1000000 trace(s)" in why for why in state.unreadable)
+    assert any("task 1: the reduce found it incomplete (its traces changed)" in why for why in state.unreadable)
+
+
+def test_status_escapes_text_from_fanout_records(tmp_path, capsys):
+    layout = _fanout_records(tmp_path)
+    assert main(["status", str(layout.root)]) in (0, 1, 3)
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\\x1b[2J" in out
+
+
+@pytest.mark.parametrize("job_id", ["0", "007", "1" * 21, "12a"])
+def test_an_array_job_id_the_reader_refuses_is_refused_by_the_writer(job_id):
+    from fleetscope.launcher.fanout import _job_id
+
+    with pytest.raises(ValueError):
+        _job_id(job_id)

@@ -22,6 +22,17 @@ from .validate import MAX_WORLD_SIZE, is_finite_number, is_inside, is_int
 from .writer import write_bytes_atomically
 
 
+ARRAY_JOB_ID = "[1-9][0-9]{0,19}"
+"""A Slurm job id as the records, their folders and the scripts spell it (the one pattern writer and reader
+share: an id the writer takes is one the reader finds)."""
+MAX_TRACE_COUNT = 1 << 31
+"""More traces than any parse pass counts: a record saying otherwise is forged."""
+
+
+def is_array_job_id(text: object) -> bool:
+    return isinstance(text, str) and re.fullmatch(ARRAY_JOB_ID, text) is not None
+
+
 @dataclass(frozen=True, kw_only=True)
 class TraceProblem:
     label: str
@@ -62,8 +73,9 @@ class TaskRecord:
     def from_json(cls, data: dict[str, Any]) -> "TaskRecord":
         """The record `to_json` wrote; a ValueError names the first field that is not what it wrote."""
         _require_fields(cls, data)
-        for name in ("array_job_id", "node", "cache_dir"):
+        for name in ("node", "cache_dir"):
             _require(isinstance(data[name], str), name, "not text")
+        _require(is_array_job_id(data["array_job_id"]), "array_job_id", "not a Slurm job id")
         for name in ("task", "tasks"):
             _require(is_int(data[name]) and 0 <= data[name] <= MAX_WORLD_SIZE, name,
                      f"not an integer from 0 to {MAX_WORLD_SIZE}")
@@ -101,7 +113,7 @@ class ReduceRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "ReduceRecord":
         _require_fields(cls, data)
-        _require(isinstance(data["array_job_id"], str), "array_job_id", "not text")
+        _require(is_array_job_id(data["array_job_id"]), "array_job_id", "not a Slurm job id")
         _require(is_int(data["tasks"]) and 0 <= data["tasks"] <= MAX_WORLD_SIZE, "tasks",
                  f"not an integer from 0 to {MAX_WORLD_SIZE}")
         _require(isinstance(data["complete"], bool), "complete", "not true or false")
@@ -155,10 +167,14 @@ def _counts(value: Any) -> ParseCounts:
     _require(isinstance(value, dict) and set(value) <= {"traces", "hits", "parsed", "failed"}, "counts",
              "not an object of parse counts")
     for name in ("traces", "hits", "parsed"):
-        _require(is_int(value.get(name, 0)) and value.get(name, 0) >= 0, f"counts.{name}",
-                 "not a non-negative integer")
+        _require(is_int(value.get(name, 0)) and 0 <= value.get(name, 0) <= MAX_TRACE_COUNT, f"counts.{name}",
+                 f"not an integer from 0 to {MAX_TRACE_COUNT}")
     failed = [_problem(p, "counts.failed") for p in _list(value.get("failed", []), "counts.failed")]
-    return ParseCounts(**{**value, "failed": failed})
+    counts = ParseCounts(**{**value, "failed": failed})
+    _require(counts.hits + counts.parsed + len(counts.failed) == counts.traces, "counts",
+             f"{counts.hits} from the cache + {counts.parsed} parsed + {len(counts.failed)} unreadable is not "
+             f"its {counts.traces} trace(s)")
+    return counts
 
 
 def _incomplete(value: Any) -> IncompleteTask:
@@ -235,7 +251,7 @@ class FanoutState:
         return [task for task in range(self.planned_tasks or 0) if task not in done]
 
 
-_FANOUT_DIR = re.compile("^" + re.escape(FANOUT_FORMAT).replace(re.escape("{array_job_id}"), "([1-9][0-9]{0,19})") + "$")
+_FANOUT_DIR = re.compile("^" + re.escape(FANOUT_FORMAT).replace(re.escape("{array_job_id}"), f"({ARRAY_JOB_ID})") + "$")
 _TASK_RECORD = re.compile(r"^task([0-9]{1,7})\.json$")
 
 
@@ -261,6 +277,12 @@ def _fanout_state(layout: RunLayout, array_job_id: str, directory: Path) -> Fano
         else:
             finished.append(record)
     reduce, reduce_problem = _reduce_record_or_why(layout, array_job_id)
+    if reduce is not None:
+        # the reduce's word is the later one: a task it found incomplete is not done, whatever its record says
+        incomplete = {task.task: task.reason for task in reduce.incomplete}
+        unreadable += [f"task {record.task}: the reduce found it incomplete ({incomplete[record.task]})"
+                       for record in finished if record.task in incomplete]
+        finished = [record for record in finished if record.task not in incomplete]
     counts = [record.tasks for record in finished] + ([reduce.tasks] if reduce is not None else [])
     return FanoutState(array_job_id=array_job_id, directory=str(directory),
                        planned_tasks=max(counts) if counts else None, finished=finished, unreadable=unreadable,

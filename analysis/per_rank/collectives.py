@@ -7,6 +7,9 @@ in recent PyTorch carry `Process Group Name`), the group is part of the name: a 
 of ranks {0,1} and one of ranks {2,3} are different instances, and each is compared among its own members
 only. gloo spans and host ops name no group: there, all ranks' collectives are matched in issue order,
 which is exact for data-parallel runs and pairs up corresponding groups' collectives in 2-D runs.
+Newer PyTorch also numbers each collective of a group (`Seq`, names.SEQUENCE_ARG): where every member's
+calls of a group carry that number, cross_rank/matching.py keys the group's instances by it instead of the
+ordinal (exact even when a rank's window starts a collective later or misses one); `sequence` keeps it.
 
 Where a rank's collective time comes from, by what the trace holds:
   - GPU traces: communication kernels (`ncclKernel_*`, `ncclDevKernel_*`); start = when the GPU reached the
@@ -48,7 +51,8 @@ def step_label(step: int, prefix: str = "") -> str:
 
 
 CollectiveKey = tuple[int, str, int]
-"""(step or NO_STEP, collective name, ordinal of that name within the step)."""
+"""(step or NO_STEP, collective name, ordinal of that name within the step); for a group matched by
+sequence numbers (cross_rank/matching.py) the third element is the group's sequence number instead."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +77,9 @@ class CollectiveCalls:
     phases: tuple[str, ...] = ()
     """The phase (`forward`, `backward`, `optimizer_step`; "" for none) whose host range contains each
     collective's issue time: DDP's gradient-bucket all-reduces are issued inside `backward`."""
+    sequence: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    """The process group's sequence number of each call (names.SEQUENCE_ARG), -1 where the trace records
+    none; empty for traces without collectives."""
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -126,7 +133,8 @@ def _keyed(events: TraceEvents, mask: np.ndarray, issue_us: np.ndarray,
                            interval_compute_us=covered_between(compute, previous_end, ends),
                            sizes=message_sizes(events, indices),
                            compute_before_us=covered_between(compute, np.minimum(lower, starts), starts),
-                           previous_end_us=previous_end, phases=_phases_at(events, issue_us))
+                           previous_end_us=previous_end, phases=_phases_at(events, issue_us),
+                           sequence=events.sequence_of(indices))
 
 
 def _step_starts(step_of: np.ndarray, steps: list[StepTiming]) -> np.ndarray:

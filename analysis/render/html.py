@@ -16,6 +16,7 @@ from fleetscope.analysis.render.evidence_html import evidence_sections
 from fleetscope.analysis.render.cause_html import cause_section, critical_path_section
 from fleetscope.analysis.render.pipeline_section import pipeline_html
 from fleetscope.analysis.render.moe_html import moe_section
+from fleetscope.analysis.render.terminal import matching_sentence
 from fleetscope.analysis.report.model import RankSummary, Report, WindowReport
 
 HTA_ROWS_SHOWN = 20
@@ -197,6 +198,8 @@ def _window_stragglers(window: WindowReport, ranges: StepRanges | None) -> str:
     s = window.stragglers
     open_window = perfetto.button(f"window {_opt(window.window)}", perfetto.window_range(ranges, window.window))
     html = f"<h3>window {_opt(window.window)}{open_window}</h3><p>{escape(s.verdict)}</p>"
+    matching = matching_sentence(window.collective_matching)
+    html += f"<p class=\"note\">{escape(matching)}</p>" if matching else ""
     if s.by_step_time:
         ordered = sorted(s.by_step_time, key=lambda r: r.rank)
         html += "<p class=\"note\">Mean step time per rank (ms); red: slowest</p>" + svg.bars(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fleetscope.analysis.cross_rank.matching import METHOD_ORDER, METHOD_SEQUENCE, CollectiveMatching
 from fleetscope.analysis.per_rank.collectives import step_label
 from fleetscope.analysis.render.capture_text import capture_sections
 from fleetscope.analysis.render.evidence_text import evidence_sections
@@ -102,8 +103,33 @@ def _stragglers(report: Report) -> str:
     lines = []
     for window in report.windows:
         lines.append(f"window {_w(window.window)}: {window.stragglers.verdict}")
+        matching = matching_sentence(window.collective_matching)
+        lines += [f"  {matching}"] if matching else []
         lines += _worst_collectives(window)
     return "Stragglers\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
+
+
+MATCHING_GROUPS_NAMED = 3
+
+
+def matching_sentence(matching: CollectiveMatching) -> str:
+    """How the window's collectives were matched across ranks, in one line ("" without collectives)."""
+    if matching.method is None:
+        return ""
+    by_sequence = [g for g in matching.groups if g.method == METHOD_SEQUENCE]
+    by_order = [g for g in matching.groups if g.method == METHOD_ORDER]
+    parts = [f"by {METHOD_SEQUENCE} ({_group_names(by_sequence)})"] if by_sequence else []
+    if by_order:
+        first = by_order[0]
+        why = f"{first.group}: {first.reason}" if first.group else first.reason
+        more = f"; {len(by_order) - 1} more group(s)" if len(by_order) > 1 else ""
+        parts.append(f"by {METHOD_ORDER} ({why}{more})")
+    return "collectives matched across ranks " + "; ".join(parts)
+
+
+def _group_names(groups) -> str:
+    names = [g.group for g in groups[:MATCHING_GROUPS_NAMED]]
+    return ", ".join(names) + (f" and {len(groups) - len(names)} more" if len(groups) > len(names) else "")
 
 
 def _worst_collectives(window: WindowReport) -> list[str]:

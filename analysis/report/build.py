@@ -16,6 +16,7 @@ from fleetscope.analysis.cross_rank.causes import find_causes
 from fleetscope.analysis.cross_rank.critical_path import critical_paths
 from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset, align_clocks
 from fleetscope.analysis.cross_rank.hta_views import HtaViews, run_hta, skipped
+from fleetscope.analysis.cross_rank.matching import match_collectives
 from fleetscope.analysis.cross_rank.pipeline import analyze_pipeline
 from fleetscope.analysis.cross_rank.moe import (
     MoeWindow,
@@ -189,6 +190,7 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
                    measured: dict[int, MeasuredOffset], min_lateness_us: float,
                    link_peak_gbps: float | None = None,
                    moe_records: list[MoeRecord] = ()) -> tuple[WindowReport, MoeWindow | None]:
+    results, matching = match_collectives(results)
     matrix = arrival_matrix(results)
     clock = align_clocks(matrix, _ranks_by_host(results), measured)
     aligned = matrix.shifted(clock.offsets_us()) if matrix is not None else None
@@ -209,6 +211,7 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
         notes=_window_notes(results),
         causes=find_causes(results, aligned, stragglers, clock, routing=uneven_routing_hints(list(moe_records))),
         critical_path=paths,
+        collective_matching=matching,
     )
     return report, moe_window(results, aligned, list(moe_records))
 

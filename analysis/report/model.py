@@ -56,6 +56,13 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           ("reference host" | "measured" | "collectives" | "none"), measured_offset_us,
                           measured_uncertainty_us, collective_offset_us, collective_spread_us,
                           collective_samples}}: offsets removed before matching collectives (clock_align.py)
+        collective_matching {method ("sequence numbers" | "order" | "sequence numbers and order" | null: no
+                          collectives), groups[] {group (process group label; "" for calls naming none), method,
+                          ranks (issuing its collectives), instances, reason (why by order; "" by sequence
+                          numbers)}}: how instances are matched across ranks: by the group's own sequence
+                          numbers (`Seq` of newer PyTorch) where every member records them, else by issue
+                          order within each step (cross_rank/matching.py). Matched by sequence numbers, an
+                          instance's ordinal (stragglers, bandwidth) is the group's sequence number
         stragglers        {by_step_time[] {rank, mean_step_ms, vs_median_pct}, slowest_rank,
                           collective_source, matched_collectives, unmatched_collectives, min_lateness_us,
                           by_wait[] {rank, collectives, times_last, last_pct, caused_wait_us,
@@ -217,6 +224,7 @@ from fleetscope.analysis.cross_rank.capture import CaptureSection
 from fleetscope.analysis.cross_rank.clock_align import ClockAlignment
 from fleetscope.analysis.cross_rank.critical_path import CriticalPaths
 from fleetscope.analysis.cross_rank.hta_views import HtaViews
+from fleetscope.analysis.cross_rank.matching import CollectiveMatching
 from fleetscope.analysis.cross_rank.pipeline import PipelineReport
 from fleetscope.analysis.cross_rank.moe import MoeReport
 from fleetscope.analysis.cross_rank.records import TrainerEvidence
@@ -291,6 +299,9 @@ class WindowReport:
     """Why each straggler is late (cross_rank/causes.py)."""
     critical_path: CriticalPaths = field(default_factory=CriticalPaths)
     """Per step, the cross-rank chain that determined its end (cross_rank/critical_path.py)."""
+    collective_matching: CollectiveMatching = field(default_factory=CollectiveMatching)
+    """How the window's collective instances were matched across ranks, per process group
+    (cross_rank/matching.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)

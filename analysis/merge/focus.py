@@ -6,7 +6,8 @@ compact summary of every rank (summary.py) so that none disappears. Candidates, 
 
   1. the ranks the analysis report names (report_view.report_named_ranks: hang late ranks, the rank
      others wait for, the slowest rank, straggler causes, critical-path ranks, hot-expert holders);
-     without a report, the rank with the slowest median step (`fallback_named`);
+     without a report, the ranks the same findings name when the merge runs the cross-rank stages itself
+     (stages.py; each reason says so), else the rank with the slowest median step (`fallback_named`);
   2. the median rank by step time (what a normal rank looks like);
   3. process-group peers of each named rank: only its smallest group (fewest members), nearest ranks
      first, at most `FocusConfig.max_peers` per named rank;
@@ -110,13 +111,18 @@ def plan_focus(facts: Iterable[RankFacts], named: Iterable[NamedRank], *,
     """The focus set of `facts`' ranks (module docstring); `groups`: process group label -> member ranks."""
     by_rank = {fact.rank: fact for fact in sorted(facts, key=lambda f: f.rank)}
     named = [n for n in named if n.rank in by_rank]
-    if summary_bytes + sum(f.estimated_bytes for f in by_rank.values()) <= config.budget_bytes:
+    if all_fit(by_rank.values(), summary_bytes, config):
         reasons = _reasons_in_order(named)
         chosen = tuple(FocusChoice(rank=r, reasons=tuple(reasons.get(r, [])) + (REASON_ALL_FIT,),
                                    estimated_bytes=f.estimated_bytes) for r, f in by_rank.items())
         return FocusPlan(budget_bytes=config.budget_bytes, summary_bytes=summary_bytes, chosen=chosen)
     candidates = _candidates(by_rank, named, {k: sorted(set(v)) for k, v in (groups or {}).items()}, config)
     return _fit(candidates, by_rank, config.budget_bytes, summary_bytes)
+
+
+def all_fit(facts: Iterable[RankFacts], summary_bytes: int, config: FocusConfig) -> bool:
+    """Every rank in full fits the budget with the summary: then every rank is taken, whatever is named."""
+    return summary_bytes + sum(f.estimated_bytes for f in facts) <= config.budget_bytes
 
 
 def fallback_named(facts: Iterable[RankFacts]) -> list[NamedRank]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from fleetscope.analysis.merge.focus import (
     FULL_BYTES_PER_EVENT,
@@ -20,12 +21,14 @@ from fleetscope.analysis.merge.focus import (
     FocusPlan,
     NamedRank,
     RankFacts,
+    all_fit,
     fallback_named,
     plan_focus,
     rank_median_step_ms,
 )
 from fleetscope.analysis.merge.report_view import report_groups, report_named_ranks
 from fleetscope.analysis.merge.sources import MergeInputs, RankSource
+from fleetscope.analysis.merge.stages import noted
 from fleetscope.analysis.merge.summary import estimated_summary_bytes
 
 PERFETTO_SUFFIX = ".perfetto-trace"
@@ -88,13 +91,22 @@ def _sharded(sources: list[RankSource], destination: Path, per_file: int) -> lis
     return outputs + [PlannedOutput(path=summary_path(destination), sources=[], summary_of=list(sources), notes=notes)]
 
 
-def plan_merge_focus(inputs: MergeInputs, report: dict | None, config: FocusConfig) -> FocusPlan:
-    """The focus set of `inputs`, from the report's findings (a fallback without one) and the per-rank parse."""
+def plan_merge_focus(inputs: MergeInputs, report: dict | None, config: FocusConfig,
+                     analysis: Callable[[], dict | None] | None = None) -> FocusPlan:
+    """The focus set of `inputs`, from the report's findings and the per-rank parse. Without a report,
+    from `analysis()`'s (the cross-rank stages run by the merge, stages.py; called only when not every rank
+    fits the budget), each reason saying so; without either, the rank with the slowest median step."""
     facts = [rank_facts(source) for source in inputs.ranks]
-    named = [NamedRank(rank=rank, reason=reason) for rank, reason in report_named_ranks(report)] \
-        if report is not None else fallback_named(facts)
+    summary_bytes = sum(estimated_summary_bytes(f.model for f in s.files) for s in inputs.ranks)
+    if report is not None:
+        named = [NamedRank(rank=rank, reason=reason) for rank, reason in report_named_ranks(report)]
+    else:
+        own = analysis() if analysis is not None and not all_fit(facts, summary_bytes, config) else None
+        named = [NamedRank(rank=rank, reason=noted(reason)) for rank, reason in report_named_ranks(own)]
+        named = named or fallback_named(facts)
+        report = own
     return plan_focus(facts, named, groups=merge_groups(inputs.ranks, report), config=config,
-                      summary_bytes=sum(estimated_summary_bytes(f.model for f in s.files) for s in inputs.ranks))
+                      summary_bytes=summary_bytes)
 
 
 def rank_facts(source: RankSource) -> RankFacts:

@@ -46,6 +46,33 @@ def load_report(source: ReportSource, layout: RunLayout | None, problems: list[M
     return loaded
 
 
+def report_mismatch(report: dict | None, event_counts: Mapping[tuple[int | None, int], int]) -> str | None:
+    """Why `report` is not a report of the traces whose per-rank parse counted `event_counts` ((window, rank)
+    -> events), or None. Only what the report states is compared (windows[].ranks[] with an event_count):
+    a report that states nothing of its ranks is taken as it is."""
+    stated = {(w.get("window"), r["rank"]): r["event_count"] for w in _dicts(_dict(report).get("windows"))
+              for r in _dicts(w.get("ranks")) if _ints([r.get("rank")]) and _ints([r.get("event_count")])}
+    if not stated:
+        return None
+    for (window, rank), count in sorted(stated.items(), key=lambda item: (str(item[0][0]), item[0][1])):
+        found = event_counts.get((window, rank))
+        if found is None:
+            return f"it analyzed rank {rank} in window {_window_text(window)}, which these traces do not hold"
+        if found != count:
+            return (f"rank {rank} in window {_window_text(window)}: {count:,} events in the report, "
+                    f"{found:,} in the trace")
+    windows = {window for window, _ in stated}
+    extra = sorted((rank, window) for window, rank in event_counts if window in windows and (window, rank) not in stated)
+    if extra:
+        rank, window = extra[0]
+        return f"rank {rank} in window {_window_text(window)} is not in the report ({len(extra)} rank trace(s) in all)"
+    return None
+
+
+def _window_text(window: Any) -> str:
+    return "-" if window is None else str(window)
+
+
 def report_view(report: dict | None, *, rank: int, window_key: int, first_window: bool) -> ReportView | None:
     """What the report says about `rank` in the window numbered `window_key`."""
     if report is None:

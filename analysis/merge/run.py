@@ -56,8 +56,10 @@ from fleetscope.analysis.merge.report_view import (
     ReportSource,
     load_report,
     report_clock_offsets_ns,
+    report_mismatch,
     report_view,
 )
+from fleetscope.analysis.merge.stages import merge_analysis
 from fleetscope.analysis.merge.sources import (
     CLOCK_GIVEN,
     CLOCK_REPORT,
@@ -187,7 +189,9 @@ def merge(
     every rank (focus.py, summary.py); `ranks`, `focus=None` (all) or `shard_ranks` otherwise.
     `offsets_ns`: rank -> clock offset to rank 0 (ns), overriding `clock/rank<R>.json`. `report`: the
     analysis report (a Report, its JSON dict or a path) for straggler marks and the focus set; a run
-    directory's report/report.json is used when not given.
+    directory's report/report.json is used when not given; one that does not match the traces is a
+    problem and is not used. Without a report, the focus set comes from the cross-rank stages run here
+    on the same parse (stages.py).
     `progress` is called after each rank. Each file's steps and collective instances come from the
     per-rank parse, through the parsed-trace cache (`use_cache`, `cache_dir`) as `analyze` uses it.
     With `shard_ranks`, the result is the summary file's and `shards` holds one result per shard.
@@ -200,7 +204,10 @@ def merge(
     problems, notes = list(inputs.problems), []
     report_json = load_report(report, inputs.run_layout, problems) if (
         options.overlays or _plans_focus(options)) else None
-    focus = plan_merge_focus(inputs, report_json, options.focus) if _plans_focus(options) else None
+    report_json = _matching_report(report_json, inputs, problems)
+    focus = plan_merge_focus(inputs, report_json, options.focus, analysis=lambda: merge_analysis(inputs)) \
+        if _plans_focus(options) else None
+    inputs.parsed = None  # the per-rank results: every rank's file keeps what it draws (WindowModel)
     files = planned_outputs(inputs, destination, options, focus)
     origin: list[int | None] = [None]
     results = [_merge_file(inputs, planned, options, report_json if options.overlays else None, problems, notes,
@@ -212,6 +219,16 @@ def merge(
         ranks=sorted({r for each in results for r in each.ranks}),
         slices_per_rank={r: n for each in results for r, n in each.slices_per_rank.items()},
         input_bytes=sum(each.input_bytes for each in results))
+
+
+def _matching_report(report_json: dict | None, inputs: MergeInputs, problems: list[MergeProblem]) -> dict | None:
+    """The report, unless it states ranks or event counts other than the traces' (a report of other
+    traces, or of these before they changed): then it is named a problem and not used."""
+    mismatch = report_mismatch(report_json, inputs.event_counts()) if report_json is not None else None
+    if mismatch is None:
+        return report_json
+    problems.append(MergeProblem(reason=f"analysis report not used: it does not match the traces ({mismatch})"))
+    return None
 
 
 def _plans_focus(options: MergeOptions) -> bool:

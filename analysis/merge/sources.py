@@ -4,8 +4,11 @@ The merge asks the analysis stages, never a parser of its own: `inputs.resolve` 
 holds (run directory and manifest, attempts, any directory of traces), `per_rank.parse` gives each
 file's per-rank model through the parsed-trace cache (after `analyze` a hit: the model is not computed
 again), and `cross_rank.placement` gives every file its rank and window and names duplicates and
-missing ranks. Of each model the merge keeps what it draws: the steps and the collective instances.
-The trace file itself is read once more only to copy its events into the output.
+missing ranks. Each window's collectives are matched across ranks by `cross_rank.matching`, as in the
+report, so the merge's instance keys are the report's. Of each model the merge keeps what it draws: the
+steps and the collective instances; the models themselves stay in `MergeInputs.parsed` for the cross-rank
+stages a merge without a report runs (stages.py). The trace file itself is read once more only to copy its
+events into the output.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset
+from fleetscope.analysis.cross_rank.matching import match_by_window
 from fleetscope.analysis.cross_rank.placement import place_traces
 from fleetscope.analysis.inputs.resolve import rank_from_name, resolve_input
 from fleetscope.analysis.inputs.sources import TraceFailure, TraceSource
@@ -129,6 +134,17 @@ class RankSource:
         return f"rank {self.rank} ({self.host})"
 
 
+@dataclass(frozen=True, kw_only=True)
+class ParsedRanks:
+    """What the cross-rank stages read (report/build.py), from the merge's one parse."""
+
+    results: list[RankResult]
+    """Every placed rank of every window, collectives matched (cross_rank/matching.py)."""
+    source_kind: str
+    world_size: int | None = None
+    measured_offsets: dict[int, MeasuredOffset] = field(default_factory=dict)
+
+
 @dataclass(kw_only=True)
 class MergeInputs:
     root: Path
@@ -136,10 +152,16 @@ class MergeInputs:
     """Set when the input is a run directory."""
     ranks: list[RankSource]
     problems: list[MergeProblem] = field(default_factory=list)
+    parsed: ParsedRanks | None = None
+    """The per-rank results themselves; the merge lets go of them once its focus set is planned."""
 
     @property
     def input_bytes(self) -> int:
         return sum(f.bytes for source in self.ranks for f in source.files)
+
+    def event_counts(self) -> dict[tuple[int | None, int], int]:
+        """(window, rank) -> events the per-rank parse counted (a report of these traces counts the same)."""
+        return {(f.window, source.rank): f.model.event_count for source in self.ranks for f in source.files}
 
 
 def find_merge_inputs(path: str | Path, *, offsets_ns: Mapping[int, int] | None = None,
@@ -157,10 +179,13 @@ def find_merge_inputs(path: str | Path, *, offsets_ns: Mapping[int, int] | None 
     problems += [MergeProblem(reason=f"clock offset not used: {p}") for p in inputs.clock_problems]
     offsets = {rank: (round(m.offset_us * 1000), CLOCK_FILE) for rank, m in inputs.measured_offsets.items()}
     offsets.update({rank: (int(offset), CLOCK_GIVEN) for rank, offset in dict(offsets_ns or {}).items()})
-    ranks = _rank_sources(placement.results, by_label, offsets)
+    results = match_by_window(placement.results)
+    ranks = _rank_sources(results, by_label, offsets)
     if not ranks:
         problems.append(MergeProblem(path=str(inputs.root), reason="no readable Kineto trace found"))
-    return MergeInputs(root=inputs.root, run_layout=inputs.layout, ranks=ranks, problems=problems)
+    parsed = ParsedRanks(results=results, source_kind=inputs.kind, world_size=inputs.world_size,
+                         measured_offsets=dict(inputs.measured_offsets))
+    return MergeInputs(root=inputs.root, run_layout=inputs.layout, ranks=ranks, problems=problems, parsed=parsed)
 
 
 def _failure_problem(failure: TraceFailure, by_label: dict[str, TraceSource]) -> MergeProblem:

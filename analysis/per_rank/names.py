@@ -156,17 +156,20 @@ _CATEGORY_RULES = (
     (CATEGORY_COMM, ("nccl",)),
     (CATEGORY_MEMORY, ("memcpy", "memset")),
     (CATEGORY_ATTENTION, ("flash", "fmha", "attention", "attn", "sdpa", "softmax_warp")),
-    (CATEGORY_GEMM, ("gemm", "cutlass", "cublas", "xmma", "wgmma", "nvjet", "matmul", "gemv", "_mma")),
+    (CATEGORY_GEMM, ("gemm", "cutlass", "cublas", "xmma", "wgmma", "nvjet", "matmul", "gemv", "_mma",
+                     "cijk_")),  # ROCm's Tensile/hipBLASLt GEMMs: Cijk_Alik_Bljk_..._MT64x16x32_...
     (CATEGORY_OPTIMIZER, ("multi_tensor_apply", "adam", "optimizer")),  # not "lamb": C++ "lambda"
-    (CATEGORY_REDUCTION, ("reduce", "reduction", "softmax", "norm", "argmax", "argmin", "cumsum", "scan")),
+    (CATEGORY_REDUCTION, ("reduce", "reduction", "softmax", "norm", "argmax", "argmin", "cumsum", "scan",
+                          "triton_red_", "triton_per_")),
     (CATEGORY_ELEMENTWISE, ("elementwise", "vectorized", "unrolled", "pointwise", "triton_poi", "index",
                             "copy", "fill", "cat_", "gather", "scatter")),
 )
 """Kernel categories by name. Communication: NCCL kernels; memcpy/memset: copies and fills (also by
-event kind); attention: FlashAttention/FMHA/SDPA kernels; GEMM: cuBLAS/CUTLASS/nvjet matrix products;
-optimizer: fused/foreach optimizer kernels (multi_tensor_apply, Adam); reduction: reductions, softmax,
-norms, scans; elementwise: elementwise/vectorized/pointwise (incl. Triton `triton_poi`), indexing, copies
-and fills; other: everything else (sorting, top-k, Triton kernels without a hint, ...)."""
+event kind); attention: FlashAttention/FMHA/SDPA kernels; GEMM: cuBLAS/CUTLASS/nvjet matrix products and
+ROCm's Tensile/hipBLASLt ones (`Cijk_...`); optimizer: fused/foreach optimizer kernels (multi_tensor_apply,
+Adam); reduction: reductions, softmax, norms, scans (incl. Inductor's `triton_red` / persistent `triton_per`);
+elementwise: elementwise/vectorized/pointwise (incl. Triton `triton_poi`), indexing, copies and fills; other:
+everything else (sorting, top-k, Triton kernels without a hint, ...)."""
 
 
 def short_kernel_name(name: str, limit: int = 80) -> str:
@@ -188,8 +191,10 @@ def kernel_category(name: str) -> str:
 
 
 HOST_SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-                             "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize"})
-"""CUDA runtime/driver calls that block the host until the GPU has finished work."""
+                             "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
+                             "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize"})
+"""CUDA/HIP runtime and CUDA driver calls that block the host until the GPU has finished work (ROCm traces
+name the HIP calls in the same `cuda_runtime` category)."""
 TENSOR_READ_OP = "aten::_local_scalar_dense"
 """A GPU tensor's value read on the host (`.item()`, `if tensor:`, `int(tensor)`): a copy plus a sync.
 `aten::item` encloses it, so only this one is counted."""

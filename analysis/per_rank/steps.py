@@ -75,30 +75,33 @@ def find_steps(events: TraceEvents) -> tuple[list[StepTiming], str | None]:
     phase_masks = {phase: host_ranges & events.names_matching(lambda n, p=phase: n == p) for phase in PHASES}
     loader = host_ranges & events.names_matching(lambda n: n.startswith(DATA_LOADER_PREFIX))
     steps = [
-        StepTiming(step=step, start_us=start, step_time_ms=(end - start) / 1000.0,
-                   phases_ms=_phase_times_ms(events, phase_masks, start, end),
-                   data_loader_ms=_phase_times_ms(events, {"data": loader}, start, end).get("data")
+        StepTiming(step=step, start_us=start, step_time_ms=dur / 1000.0,
+                   phases_ms=_phase_times_ms(events, phase_masks, start, start + dur),
+                   data_loader_ms=_phase_times_ms(events, {"data": loader}, start, start + dur).get("data")
                    if loader.any() else None)
-        for step, start, end in windows
+        for step, start, dur in windows
     ]
     return steps, source
 
 
 def _profiler_step_windows(events: TraceEvents, host_ranges: np.ndarray) -> list[tuple[int, float, float]]:
+    """(step, start, duration) of each ProfilerStep range. The duration is the event's own: an end minus a
+    start loses the nanoseconds of epoch timestamps (~1.7e15 us keep 0.25 us in a float64), the
+    duration keeps them (ns-resolution traces write both with 3 decimals)."""
     numbers = [profiler_step_number(n) for n in events.names]
     is_step = events.names_matching(lambda n: profiler_step_number(n) is not None) & host_ranges
     seen: dict[int, tuple[int, float, float]] = {}
     for index in np.flatnonzero(is_step):
         step = numbers[events.name_id[index]]
         if step not in seen:  # a step annotated twice (e.g. a nested profiler) counts once
-            seen[step] = (step, float(events.start_us[index]), float(events.end_us[index]))
+            seen[step] = (step, float(events.start_us[index]), float(events.dur_us[index]))
     return sorted(seen.values(), key=lambda w: w[1])
 
 
 def _train_step_windows(events: TraceEvents, host_ranges: np.ndarray) -> list[tuple[int, float, float]]:
     is_step = events.names_matching(lambda n: n == TRAIN_STEP) & host_ranges
-    starts, ends = events.start_us[is_step], events.end_us[is_step]
-    return [(index, float(s), float(e)) for index, (s, e) in enumerate(zip(starts, ends))]
+    starts, durs = events.start_us[is_step], events.dur_us[is_step]
+    return [(index, float(s), float(d)) for index, (s, d) in enumerate(zip(starts, durs))]
 
 
 def _phase_times_ms(events: TraceEvents, phase_masks: dict[str, np.ndarray],

@@ -79,7 +79,7 @@ def _number_unranked(results: list[RankResult]) -> tuple[list[RankResult], list[
     free = (n for n in range(len(results) + len(taken)) if n not in taken)
     renumbered = {id(r): r.with_placement(rank=next(free), rank_source=RANK_FROM_ORDER, window=r.window)
                   for r in unranked}
-    note = (f"{len(unranked)} trace(s) name no rank (no distributedInfo, no rank<N> in the file name): "
+    note = (f"{len(unranked)} trace(s) name no rank (no rank in distributedInfo, no rank<N> in the file name): "
             "numbered in file-name order")
     return [renumbered.get(id(r), r) for r in results], [note]
 

@@ -25,6 +25,7 @@ from .capture_commands import register as register_capture
 from .query_command import FETCH_HINT, register as register_query
 from .run_commands import int_at_least
 from .render import print_failed_job, print_outputs, print_state_change, print_submitted, render_status
+from .terminal_text import escape_controls
 
 
 # --- launch / demo --------------------------------------------------------------------------
@@ -301,7 +302,7 @@ def handle_analyze(args: argparse.Namespace) -> int:
                      hta_progress=progress_printer("HTA"), use_cache=not args.no_cache, cache_dir=args.cache_dir,
                      link_peak_gbps=args.link_peak, comm_kernel_pattern=args.comm_kernel_pattern,
                      advisor=top_findings)
-    print(render_terminal(report))
+    print(escape_controls(render_terminal(report)))   # names from traces are untrusted text
     for label, path in (("json", json_out), ("html", html_out)):
         if path:
             print(f"{label}: {path}")
@@ -417,7 +418,6 @@ def handle_merge(args: argparse.Namespace) -> int:
     from ..analysis.merge.perfetto.sql import find_trace_processor
     from ..analysis.merge.verify import verify_outputs
     from .merge_messages import describe_merge, describe_problems
-    from .terminal_text import escape_controls
 
     layout = RunLayout.at(args.path)
     if args.output is None and not layout.is_run_dir():

@@ -14,6 +14,7 @@ from .merge_messages import rank_ranges
 from .progress import counting, progress_callback
 from ..traces.layout import RunLayout
 from ..traces.validate import missing_note
+from .terminal_text import escape_controls
 
 
 @dataclass(kw_only=True)
@@ -131,7 +132,7 @@ def _analyze(layout: RunLayout, result: PostprocessResult, echo: bool, cache_dir
     result.outputs["report_json"] = layout.report_json
     result.outputs["report_html"] = layout.report_html
     if echo:
-        print(render_terminal(report))
+        print(escape_controls(render_terminal(report)))   # names from traces are untrusted text
 
 
 def _merge(layout: RunLayout, result: PostprocessResult, echo: bool, cache_dir: Path | None, options: dict) -> None:

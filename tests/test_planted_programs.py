@@ -83,3 +83,29 @@ def test_more_tokens_on_the_same_kernel_names_are_more_work():
     assert finding.op_duration_ratio == pytest.approx(1.0, abs=0.1)
     assert any("[[8192,4096]" in kernel for kernel in finding.extra_kernels), finding.extra_kernels
     assert finding.mean_extra_compute_us / 1000 == pytest.approx(planted["late_ms_per_step"], rel=0.15)
+
+
+def _host_stalls(name: str):
+    from fleetscope.analysis.analyze import analyze
+
+    planted = json.loads((PLANTED / name / "planted.json").read_text())
+    (rank,) = analyze(PLANTED / name / "traces", use_hta=False).windows[0].ranks
+    return rank.host_stalls, planted
+
+
+def test_a_pageable_copy_is_host_time_in_the_copy_call_with_its_frame():
+    # pageable_copy: 128 MiB .cuda() from pageable memory each step; planted 18.6 ms (timed outside the window)
+    stalls, planted = _host_stalls("pageable_copy")
+    per_step = [s.pageable_copy_us / 1000 for s in stalls.steps]
+    assert [s.pageable_copy_count for s in stalls.steps] == [1, 1, 1]
+    assert sorted(per_step)[1] == pytest.approx(planted["planted_ms_per_step"], rel=0.20)
+    (copy,) = [f for f in stalls.frames if f.what == "pageable copy"]
+    assert copy.frame.startswith("programs.py(") and copy.frame.endswith(": step") and copy.count == 3
+
+
+def test_with_stack_names_the_frame_that_holds_each_item():
+    # item_per_layer_frames: the .item() sits in log_statistic, 8 a step, 3 profiled steps
+    stalls, _ = _host_stalls("item_per_layer_frames")
+    (sync,) = [f for f in stalls.frames if f.what == "sync"]
+    assert sync.frame.endswith(": log_statistic") and sync.count == 24
+    assert _host_stalls("item_per_layer")[0].frames == []          # no with_stack, no frames

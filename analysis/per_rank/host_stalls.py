@@ -8,7 +8,12 @@ Per step (events assigned by their host start, GPU copies by their launch):
   - dtoh_count / dtoh_us: device-to-host copies and their GPU time;
   - input_wait_us: DataLoader fetches (`enumerate(DataLoader)#...`), host wall time;
   - launch_count / launch_us: launch calls (names.HOST_LAUNCH_CALLS) and the host time inside them: the
-    evidence that a GPU waiting for the host waits for launches (and not for other host work).
+    evidence that a GPU waiting for the host waits for launches (and not for other host work);
+  - pageable_copy_count / pageable_copy_us: copies from or to pageable host memory and the host time inside
+    their copy calls (the call returns when the copy is done: nothing overlaps it).
+With `with_stack`, `frames` names the program's own Python frames (names.is_program_frame: the innermost
+frame outside torch and other libraries) that hold the host's syncs, tensor reads and pageable copies,
+with their count and host time over the profiled steps.
 GPU idle gaps are the time inside the steps where no kernel, copy or fill runs. Each gets the first cause
 that applies:
   - IDLE_INPUT: at least half of it is covered by a DataLoader fetch;
@@ -32,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, Kind, TraceEvents
+from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
 from fleetscope.analysis.per_rank.intervals import Intervals, covered_between, subtract, union, union_of
 from fleetscope.analysis.per_rank.names import (
     is_comm_cpu_op,
@@ -41,6 +46,8 @@ from fleetscope.analysis.per_rank.names import (
     is_host_sync_call,
     is_input_wait,
     is_launch_call,
+    is_pageable_copy,
+    is_program_frame,
     is_tensor_read_op,
 )
 from fleetscope.analysis.per_rank.steps import StepTiming
@@ -69,6 +76,30 @@ class StepStalls:
     """Launch calls (names.HOST_LAUNCH_CALLS: kernels, graphs, async copies and fills) the host made in the step."""
     launch_us: float = 0.0
     """Host time inside them: what replaying the step as a CUDA graph could save on the host."""
+    pageable_copy_count: int = 0
+    """Copies from or to pageable host memory launched in the step."""
+    pageable_copy_us: float = 0.0
+    """Host time inside their copy calls."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostFrame:
+    """A frame of the program that holds host stalls (with_stack traces)."""
+
+    frame: str
+    """`file.py(LINE): function`, as the trace names it."""
+    what: str
+    """FRAME_SYNC (syncs and tensor reads) or FRAME_PAGEABLE_COPY."""
+    count: int
+    us: float
+    """Host time of those calls over the profiled steps."""
+
+
+FRAME_SYNC, FRAME_PAGEABLE_COPY = "sync", "pageable copy"
+FRAMES_KEPT = 5
+"""Frames kept per kind of stall, the costliest first."""
+FRAME_CALLS_LOOKED_AT = 2000
+"""Stall calls whose frame is looked up per rank (the longest): bounds the work on traces with millions."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +111,8 @@ class HostStalls:
     """GPU idle time inside the steps by cause (IDLE_CAUSES); empty for CPU-only traces."""
     idle_gaps_by_cause: dict[str, int] = field(default_factory=dict)
     """Number of idle gaps by cause."""
+    frames: list[HostFrame] = field(default_factory=list)
+    """with_stack traces: the program's frames that hold its syncs and pageable copies; empty otherwise."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,15 +192,92 @@ def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGap
     dtoh = events.of_kind(Kind.GPU_MEMCPY) & events.names_matching(is_device_to_host_copy)
     dtoh_launch = events.launch_start_us(dtoh)
     launches = events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_launch_call)
-    per_step = [_step_stalls(events, step, syncs, reads, inputs, dtoh, dtoh_launch, launches) for step in steps]
+    pageable = _PageableCopies.of(events)
+    per_step = [_step_stalls(events, step, syncs, reads, inputs, dtoh, dtoh_launch, launches, pageable)
+                for step in steps]
     idle_us, idle_count = _idle_totals(gaps)
-    return HostStalls(steps=per_step, idle_by_cause_us=idle_us, idle_gaps_by_cause=idle_count)
+    inside = _inside_steps(events.start_us, steps)
+    # a tensor read holds its sync: the sync calls (where recorded) are the host's blocked time, counted once
+    frames = (_frames(events, syncs if syncs.any() else reads, inside, FRAME_SYNC)
+              + _frames_of_calls(events, pageable.call_start_us, pageable.call_end_us, pageable.thread, FRAME_PAGEABLE_COPY,
+                                 _inside_steps(pageable.call_start_us, steps)))
+    return HostStalls(steps=per_step, idle_by_cause_us=idle_us, idle_gaps_by_cause=idle_count, frames=frames)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _PageableCopies:
+    """Pageable copies with their copy calls on the host (matched by correlation id)."""
+
+    call_start_us: np.ndarray
+    call_end_us: np.ndarray
+    thread: np.ndarray
+
+    @classmethod
+    def of(cls, events: TraceEvents) -> "_PageableCopies":
+        copies = events.of_kind(Kind.GPU_MEMCPY) & events.names_matching(is_pageable_copy)
+        starts, ends = events.launch_start_us(copies), events.launch_end_us(copies)
+        called = ends > starts          # a copy without its call (no cuda_runtime event) has no host time
+        threads = _call_threads(events, copies)
+        return cls(call_start_us=starts[called], call_end_us=ends[called], thread=threads[called])
+
+
+def _call_threads(events: TraceEvents, selected: np.ndarray) -> np.ndarray:
+    """The host thread of each selected GPU event's launch call (-1 where none is recorded)."""
+    launches = events.of_kind(Kind.CUDA_RUNTIME) & (events.correlation != NO_ID)
+    wanted = events.correlation[selected]
+    if not launches.any():
+        return np.full(wanted.size, NO_ID, dtype=np.int64)
+    ids, threads = events.correlation[launches], events.thread[launches]
+    order = np.argsort(ids, kind="stable")
+    ids, threads = ids[order], threads[order]
+    slot = np.clip(np.searchsorted(ids, wanted), 0, ids.size - 1)
+    return np.where(ids[slot] == wanted, threads[slot], NO_ID)
+
+
+def _inside_steps(times_us: np.ndarray, steps: list[StepTiming]) -> np.ndarray:
+    inside = np.zeros(times_us.size, dtype=bool)
+    for step in steps:
+        inside |= (times_us >= step.start_us) & (times_us < step.end_us)
+    return inside
+
+
+def _frames(events: TraceEvents, calls: np.ndarray, inside: np.ndarray, what: str) -> list[HostFrame]:
+    chosen = calls & inside
+    return _frames_of_calls(events, events.start_us[chosen], events.end_us[chosen], events.thread[chosen], what,
+                            np.ones(int(chosen.sum()), dtype=bool))
+
+
+def _frames_of_calls(events: TraceEvents, starts: np.ndarray, ends: np.ndarray, threads: np.ndarray, what: str,
+                     inside: np.ndarray) -> list[HostFrame]:
+    """The innermost program frame enclosing each call on its thread, summed per frame."""
+    python = events.of_kind(Kind.PYTHON_FUNCTION)
+    if not python.any() or not inside.any():
+        return []
+    program = python & events.names_matching(is_program_frame)
+    f_start, f_end = events.start_us[program], events.end_us[program]
+    f_thread, f_name = events.thread[program], events.name_id[program]
+    starts, ends, threads = starts[inside], ends[inside], threads[inside]
+    longest = np.argsort(starts - ends, kind="stable")[:FRAME_CALLS_LOOKED_AT]
+    totals: dict[int, list[float]] = {}
+    for index in longest.tolist():
+        holds = (f_start <= starts[index]) & (f_end >= ends[index]) & (f_thread == threads[index])
+        if not holds.any():
+            continue
+        candidates = np.flatnonzero(holds)
+        innermost = candidates[np.argmax(f_start[candidates])]
+        entry = totals.setdefault(int(f_name[innermost]), [0, 0.0])
+        entry[0] += 1
+        entry[1] += float(ends[index] - starts[index])
+    ranked = sorted(totals.items(), key=lambda item: (-item[1][1], events.names[item[0]]))[:FRAMES_KEPT]
+    return [HostFrame(frame=events.names[name], what=what, count=int(count), us=us) for name, (count, us) in ranked]
 
 
 def _step_stalls(events: TraceEvents, step: StepTiming, syncs: np.ndarray, reads: np.ndarray,
-                 inputs: np.ndarray, dtoh: np.ndarray, dtoh_launch_us: np.ndarray, launches: np.ndarray) -> StepStalls:
+                 inputs: np.ndarray, dtoh: np.ndarray, dtoh_launch_us: np.ndarray, launches: np.ndarray,
+                 pageable: _PageableCopies) -> StepStalls:
     inside = (events.start_us >= step.start_us) & (events.start_us < step.end_us)
     copies = (dtoh_launch_us >= step.start_us) & (dtoh_launch_us < step.end_us)
+    paged = (pageable.call_start_us >= step.start_us) & (pageable.call_start_us < step.end_us)
     return StepStalls(
         step=step.step,
         sync_count=int(np.count_nonzero(syncs & inside)),
@@ -178,6 +288,8 @@ def _step_stalls(events: TraceEvents, step: StepTiming, syncs: np.ndarray, reads
         input_wait_us=float(events.dur_us[inputs & inside].sum()),
         launch_count=int(np.count_nonzero(launches & inside)),
         launch_us=float(events.dur_us[launches & inside].sum()),
+        pageable_copy_count=int(np.count_nonzero(paged)),
+        pageable_copy_us=float((pageable.call_end_us - pageable.call_start_us)[paged].sum()),
     )
 
 

@@ -228,6 +228,23 @@ def is_device_to_host_copy(name: str) -> bool:
     return name.startswith(_DEVICE_TO_HOST)
 
 
+def is_pageable_copy(name: str) -> bool:
+    """A GPU copy from or to pageable host memory (`Memcpy HtoD (Pageable -> Device)`): the host stays in the
+    copy call until it is done, and nothing of it overlaps the GPU's work."""
+    return name.startswith("Memcpy ") and "Pageable" in name
+
+
+LIBRARY_FRAME_MARKERS = ("site-packages/", "dist-packages/", "/torch/", "torch/", "<built-in", "<frozen", "threading.py",
+                         "contextlib.py", "runpy.py", "<string>")
+"""Python frames (with_stack's `python_function` events) of libraries, not of the program: the frame that
+holds a sync is the innermost one outside these."""
+
+
+def is_program_frame(name: str) -> bool:
+    """A with_stack frame (`file.py(LINE): function`) of the program itself, not of a library."""
+    return not any(marker in name for marker in LIBRARY_FRAME_MARKERS) and "(" in name
+
+
 def is_input_wait(name: str) -> bool:
     """A DataLoader fetch (`enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`, multi-process too)."""
     return name.startswith(DATALOADER_PREFIX)

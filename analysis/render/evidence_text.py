@@ -84,7 +84,14 @@ def stall_totals(stalls) -> dict[str, float]:
         "reads": sum(s.tensor_reads for s in steps) / count,
         "dtoh": sum(s.dtoh_count for s in steps) / count,
         "input_ms": sum(s.input_wait_us for s in steps) / count / 1000,
+        "pageable": sum(s.pageable_copy_count for s in steps) / count,
+        "pageable_ms": sum(s.pageable_copy_us for s in steps) / count / 1000,
     }
+
+
+def _count(mean: float) -> str:
+    """A per-step mean of a count: whole when it is ("74 tensor reads"), else one decimal."""
+    return f"{mean:.0f}" if abs(mean - round(mean)) < 0.05 else f"{mean:.1f}"
 
 
 def _idle_word(rank) -> str:
@@ -102,9 +109,14 @@ def _stalls(report: Report) -> str:
             idle = rank.host_stalls.idle_by_cause_us
             causes = ", ".join(f"{cause} {us / 1000:.2f} ms" for cause, us in
                                sorted(idle.items(), key=lambda item: -item[1])) or "-"
-            lines.append(f"{_w(window)}rank {rank.rank}: per step {t['syncs']:.1f} syncs ({t['sync_ms']:.2f} ms "
-                         f"blocked), {t['reads']:.1f} tensor reads, {t['dtoh']:.1f} copies to host, input wait "
+            paged = (f", {_count(t['pageable'])} pageable copies ({t['pageable_ms']:.2f} ms on the host)"
+                     if t["pageable"] else "")
+            lines.append(f"{_w(window)}rank {rank.rank}: per step {_count(t['syncs'])} syncs ({t['sync_ms']:.2f} ms "
+                         f"blocked), {_count(t['reads'])} tensor reads, {_count(t['dtoh'])} copies to host{paged}, input wait "
                          f"{t['input_ms']:.2f} ms; {_idle_word(rank)} idle by cause: {causes}")
+            lines += [f"{_w(window)}  held at {f.frame}: {f.count} {f.what} "
+                      f"call(s), {f.us / 1000:.2f} ms over the profiled steps"
+                      for f in rank.host_stalls.frames]
         if len(ranks) > STALL_RANKS_SHOWN:
             lines.append(f"{_w(window)}... {len(ranks) - STALL_RANKS_SHOWN} more ranks in the JSON/HTML report")
     return _titled("Host stalls (ranks with the most blocked + input time first)", lines)

@@ -36,7 +36,11 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           sync_us (host time blocked in them), tensor_reads (aten::_local_scalar_dense:
                           .item() and friends), dtoh_count, dtoh_us (device-to-host copies launched in
                           the step, GPU time), input_wait_us (DataLoader fetch spans, host wall), launch_count,
-                          launch_us (launch calls: kernels, graphs, async copies; host time in them)},
+                          launch_us (launch calls: kernels, graphs, async copies; host time in them),
+                          pageable_copy_count, pageable_copy_us (copies from or to pageable host memory;
+                          host time inside their copy calls)},
+                          frames[] {frame, what ("sync" | "pageable copy"), count, us}: with_stack
+                          traces, the program's own innermost frames holding those calls (profiled steps),
                           idle_by_cause_us {cause: us}, idle_gaps_by_cause {cause: gaps}: GPU idle time
                           inside the steps by cause ("input wait", "host collective", "host sync",
                           "short gaps" < 10 us, "device dependency" (the next GPU work was already

@@ -27,6 +27,7 @@ from fleetscope.analysis.cross_rank.causes import CAUSE_HOST, CAUSE_SLOW_DEVICE,
 from fleetscope.analysis.cross_rank.moe import MoeFinding, MoeLayerReport, MoeRankLayer, MoeReport
 from fleetscope.analysis.job_identity import program_text
 from fleetscope.analysis.invariants import audit, auditing, check_advice
+from fleetscope.traces.validate import MAX_WORLD_SIZE
 from fleetscope.analysis.quantities import (
     JobStraggler,
     bounded_gain,
@@ -744,9 +745,11 @@ class PlacementPlan:
 def plan_placement(tokens_per_expert: list[float], ep: int, expert: int) -> PlacementPlan | None:
     """The better of swapping and replicating the hot `expert` (pure: loads in, plan out); None when the
     hot expert's ep rank is not the heaviest or nothing improves."""
-    per = len(tokens_per_expert) // ep
-    if ep <= 1 or per < 1:
+    # numbers read back from report.json: a degree or an expert outside the layer's experts plans nothing
+    if type(ep) is not int or type(expert) is not int or not 1 < ep <= len(tokens_per_expert) \
+            or not 0 <= expert < len(tokens_per_expert):
         return None
+    per = len(tokens_per_expert) // ep
     loads = [float(sum(tokens_per_expert[k * per:(k + 1) * per])) for k in range(ep)]
     mean, hot = float(np.mean(loads)), expert // per
     excess = max(loads) - mean
@@ -862,7 +865,8 @@ def _ranks_per_node(e: Evidence) -> int:
 def _smaller_ep(ep: int, experts: int, fit: int) -> int:
     """The largest divisor of ep (so it still divides the data-parallel ranks) that divides the experts
     and is at most `fit` (< ep)."""
-    return max(d for d in range(1, ep) if ep % d == 0 and experts % d == 0 and d <= fit)
+    # bounded by `fit` (never by ep, which a forged report.json may make 10**15)
+    return max((d for d in range(1, min(ep, fit + 1)) if ep % d == 0 and experts % d == 0), default=1)
 
 
 def moe_ep_degree(e: Evidence) -> Finding | None:
@@ -875,7 +879,9 @@ def moe_ep_degree(e: Evidence) -> Finding | None:
     traces are left out: gloo's exchange time there is the processes' scheduling, not a link. Confidence
     low: fewer ranks per group also hold more experts (memory) and the grouped GEMMs grow."""
     moe = e.moe
-    if moe is None or moe.ep <= 1 or e.basis != "gpu" or not e.step_ms:
+    if moe is None or type(moe.ep) is not int or not 1 < moe.ep <= MAX_WORLD_SIZE or e.basis != "gpu" or not e.step_ms:
+        return None
+    if type(moe.num_experts) is not int or moe.num_experts < 1:
         return None
     times = _a2a_and_experts_ms(moe)
     if times is None:

@@ -335,3 +335,28 @@ def test_real_moe_all_to_all_bytes_from_the_records_and_from_the_traces_split_si
     (trace_row,) = [r for r in alone.windows[0].bandwidth.rows if r.collective == "all_to_all"
                     and r.bucket_min_bytes == 2**18]
     assert trace_row.split_status == {"trace": 4 * len(combine)} and trace_row.total_bytes == 2 * forward
+
+
+def test_a_forged_ep_degree_neither_spins_nor_advises(monkeypatch):
+    # report.json read back with moe.ep = 10**15: the divisor search was range(1, ep)
+    import dataclasses
+    import signal
+
+    balanced = [700.0, 700.0, 700.0, 700.0]
+    moe = dataclasses.replace(_section(balanced, hot_ms=2.0, a2a_ms=14.0), ep=10**15)
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("advise spins on a forged ep"))
+    signal.alarm(10)
+    try:
+        rules = _rules(moe, hosts={0: "a", 1: "a", 2: "b", 3: "b"})
+    finally:
+        signal.alarm(0)
+    assert "moe_ep_degree" not in rules and "moe_expert_placement" not in rules
+
+
+@pytest.mark.parametrize("expert", [99, -1])
+def test_a_forged_hot_expert_outside_the_layer_gets_no_placement(expert):
+    import dataclasses
+
+    moe = _section([300.0, 300.0, 300.0, 1500.0], ep=2)
+    moe = dataclasses.replace(moe, findings=[dataclasses.replace(f, expert=expert) for f in moe.findings])
+    assert "moe_expert_placement" not in _rules(moe)

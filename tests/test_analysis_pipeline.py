@@ -137,9 +137,10 @@ def test_report_names_the_slow_stage_and_the_bubble(slow_runs, tmp_path, case, s
     assert pipeline.unpaired == 0 and pipeline.theoretical_bubble_pct == pytest.approx(20.0)
     slow, fast = pipeline.ranks[slow_rank], pipeline.ranks[1 - slow_rank]
     # 15 ms injected per micro-batch forward: the slow stage computes at least that much more per micro-batch,
-    # and the other stage spends most of its step waiting for it in receives.
+    # and the other stage waits for it in receives about 4 x 15 ms a step (tolerance 20%). Its share of the step
+    # depends on how fast this machine computes the rest, so only its order against the slow stage is asserted.
     assert slow.compute_per_microbatch_ms - fast.compute_per_microbatch_ms > 13
-    assert fast.bubble_pct > 50 and fast.bubble_pct > slow.bubble_pct
+    assert fast.bubble_ms > 0.8 * 4 * 15 and fast.bubble_pct > slow.bubble_pct
     assert f"stage {slow_rank} (rank {slow_rank}) is the slowest pipeline stage" in report.verdict
     assert "is the straggler" not in report.verdict
     matched = [i.name for i in window.stragglers.worst_instances]

@@ -510,7 +510,8 @@ def test_tune_refuses_a_new_run_directory_it_cannot_make_before_anything_runs(tm
     a_file = tmp_path / "notes.txt"
     a_file.write_text("mine")
     assert main(["tune", str(layout.root), "--apply", "1", "--dry-run", "--run-dir", str(a_file / "new")]) == 2
-    assert f"{a_file} is not a directory" in capsys.readouterr().err and a_file.read_text() == "mine"
+    err = capsys.readouterr().err
+    assert f"{a_file} exists and is not a directory" in err and a_file.read_text() == "mine"
 
 
 # --- the parse fan-out: forged task records, ids, symlinked record and cache directories ----------------

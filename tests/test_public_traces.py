@@ -30,16 +30,6 @@ DOCUMENTED_EXITS = {EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL}
 TRACEBACK = "Traceback (most recent call last)"
 COMMAND_TIMEOUT_S = 180
 
-LEGACY_CATEGORIES = (
-    "analysis/per_rank/events.py maps Kineto categories case-sensitively and knows only today's names: the "
-    "2021 format's `Operator`, `Kernel`, `Runtime`, `Memcpy`, `Memset` (still read by HTA, whose kernel "
-    "categories list `Kernel`, `Memcpy`, `Memset`) are Kind.OTHER, so kernels, launches and ProfilerStep "
-    "ranges vanish and HTA is skipped as 'CPU-only'. Fix: add them to _KIND_OF_CATEGORY (Operator->CPU_OP, "
-    "Kernel->KERNEL, Memcpy->GPU_MEMCPY, Memset->GPU_MEMSET, Runtime->CUDA_RUNTIME) and Kernel/Memcpy/Memset "
-    "to _GPU_CATEGORY_NAMES; leave build_table's `event.cat == \"cpu_op\"` host-op filter as it is (the 2021 "
-    "format writes ProfilerStep#N as an `Operator`: filtering those drops every step)")
-
-
 # --- what the traces themselves show (read with json, not with fleetscope) -------------------------------
 
 def trace_files(folder: Path) -> list[Path]:
@@ -253,7 +243,7 @@ CASES: dict[str, Expected] = {
         steps_match_the_trace, hta_views_ran, data_loader_advice)),
 }
 
-KNOWN_GAPS = {"hta/legacy_categories": LEGACY_CATEGORIES, "kineto/resnet50_2021": LEGACY_CATEGORIES}
+KNOWN_GAPS: dict[str, str] = {}
 """Folders whose report is wrong today, with the cause: their report test is xfail(strict) until fixed."""
 
 

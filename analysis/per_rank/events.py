@@ -62,12 +62,18 @@ _KIND_OF_CATEGORY = {
     "cuda_runtime": Kind.CUDA_RUNTIME,
     "cuda_driver": Kind.CUDA_RUNTIME,
     "python_function": Kind.PYTHON_FUNCTION,
+    # the category names of 2021-era Kineto traces (HTA still reads them)
+    "Operator": Kind.CPU_OP,
+    "Kernel": Kind.KERNEL,
+    "Memcpy": Kind.GPU_MEMCPY,
+    "Memset": Kind.GPU_MEMSET,
+    "Runtime": Kind.CUDA_RUNTIME,
 }
 
 GPU_ACTIVITY_KINDS = (Kind.KERNEL, Kind.GPU_MEMCPY, Kind.GPU_MEMSET)
 _GPU_TRACK_CODES = frozenset(int(k) for k in (*GPU_ACTIVITY_KINDS, Kind.GPU_USER_ANNOTATION))
 _KIND_CODE = {category: int(kind) for category, kind in _KIND_OF_CATEGORY.items()}
-_GPU_CATEGORY_NAMES = frozenset(("kernel", "gpu_memcpy", "gpu_memset"))
+_GPU_CATEGORY_NAMES = frozenset(("kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"))
 NO_ID = -1
 
 

@@ -1,0 +1,121 @@
+"""A run's evidence: its steady step metrics, its trace report and its configuration, read into one Evidence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from fleetscope.analysis.compare import steady_metrics
+from fleetscope.analysis.job_identity import program_text
+from fleetscope.analysis.quantities import job_straggler, metrics_basis, metrics_step_time_ms
+from fleetscope.analysis.report.model import Report
+from fleetscope.traces.jobfile import read_job_record
+from fleetscope.traces.layout import RunLayout
+
+from .model import Evidence
+
+
+def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
+    steady = steady_metrics(layout)
+
+    def per_step_max(key: str) -> float | None:   # the step-metrics rule of quantities.py, for every field
+        return metrics_step_time_ms(steady, key)
+
+    def total(key: str) -> int:
+        return int(sum(r.get(key) or 0 for lines in steady.values() for r in lines if isinstance(r.get(key), int)))
+
+    record = read_job_record(layout)
+    spec = record.get("spec")
+    program = _program_of(record)
+    train = spec.get("train") if isinstance(spec, dict) and not program else None
+    utilization = [r.utilization for w in (report.windows if report else []) for r in w.ranks if r.utilization]
+
+    def mean_of(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return float(np.mean(known)) if known else None
+
+    trace_data_ms = _trace_data_loader_ms(report)
+    windows = report.windows if report else []
+    return Evidence(
+        **_step_time(steady, report),
+        data_ms=trace_data_ms if trace_data_ms is not None else per_step_max("data_ms"),
+        data_source="trace DataLoader ranges" if trace_data_ms is not None else "step metrics data_ms",
+        comm_exposed_ms=per_step_max("comm_exposed_ms"), comm_buckets=per_step_max("comm_buckets"),
+        comm_mb=per_step_max("comm_mb"), comm_last_bucket_mb=per_step_max("comm_last_bucket_mb"),
+        trace_collectives_per_step=_trace_collectives_per_step(report), trace_allreduce_mb=_trace_allreduce_mb(report),
+        peak_allocated_mb=per_step_max("max_memory_allocated_mb"),
+        peak_reserved_mb=per_step_max("max_memory_reserved_mb"), alloc_retries=total("alloc_retries"),
+        ooms=total("ooms"), basis=utilization[0].basis if utilization else None,
+        idle_pct=mean_of([u.idle_pct for u in utilization]),
+        exposed_comm_pct=mean_of([100 * u.exposed_comm_us / u.span_us for u in utilization if u.span_us > 0]),
+        overlap_pct=mean_of([u.overlap_pct for u in utilization]),
+        **_host_evidence(report),
+        stragglers=[f for w in windows for f in w.causes.findings],
+        straggler_windows=[w.window for w in windows for _ in w.causes.findings],
+        job_straggler=job_straggler(windows),
+        config=train if isinstance(train, dict) else {}, program=program,
+        moe=report.moe if report else None, rank_hosts={r.rank: r.host for r in (report.ranks if report else [])})
+
+
+def _step_time(steady: dict, report: Report | None) -> dict[str, Any]:
+    """The run's step time from step metrics; without them (a folder of traces, a program that records none)
+    the trace's (quantities.py), named as such."""
+    step_ms = metrics_step_time_ms(steady)
+    if step_ms is None and report is not None and report.step_time is not None:
+        return {"step_ms": report.step_time.median_ms, "step_basis": report.step_time_basis}
+    return {"step_ms": step_ms, "step_basis": metrics_basis(steady)}
+
+
+def _host_evidence(report: Report | None) -> dict[str, Any]:
+    """Launch, sync and idle-by-cause figures per profiled step, mean over every rank's steps (GPU traces)."""
+    stalls = [r.host_stalls for w in (report.windows if report else []) for r in w.ranks
+              if r.host_stalls is not None and r.host_stalls.steps and r.utilization is not None
+              and r.utilization.basis == "gpu"]
+    if not stalls:
+        return {}
+    steps = [s for h in stalls for s in h.steps]
+
+    def per_step(key: str) -> float:
+        return float(np.mean([getattr(s, key) for s in steps]))
+
+    causes: dict[str, float] = {}
+    for h in stalls:
+        for cause, us in h.idle_by_cause_us.items():
+            causes[cause] = causes.get(cause, 0.0) + us / 1000.0 / len(h.steps) / len(stalls)
+    return {"launch_ms": per_step("launch_us") / 1000.0, "launches": per_step("launch_count"),
+            "syncs": per_step("sync_count"), "tensor_reads": per_step("tensor_reads"), "idle_cause_ms": causes}
+
+
+def _program_of(record: dict) -> str:
+    """"" when job.json says fleetscope's trainer ran; else the user's program, or "unknown program"."""
+    spec = record.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("train"), dict):
+        return "unknown program (no fleetscope run record)"
+    entry = spec.get("entry")
+    return program_text(entry) if isinstance(entry, dict) else ""
+
+
+def _trace_data_loader_ms(report: Report | None) -> float | None:
+    """Median over profiled steps of the slowest rank's DataLoader fetch time; None: the trace has none."""
+    by_step: dict[tuple[int | None, int], float] = {}
+    for window in report.windows if report else []:
+        for rank in window.ranks:
+            for step in rank.steps:
+                if step.data_loader_ms is not None:
+                    key = (window.window, step.step)
+                    by_step[key] = max(by_step.get(key, 0.0), step.data_loader_ms)
+    return float(np.median(list(by_step.values()))) if by_step else None
+
+
+def _trace_collectives_per_step(report: Report | None) -> float | None:
+    """Median over profiled steps of the collectives matched across ranks in the step (stragglers.by_step)."""
+    counts = [s.collectives for w in (report.windows if report else []) if w.stragglers for s in w.stragglers.by_step]
+    return float(np.median(counts)) if counts else None
+
+
+def _trace_allreduce_mb(report: Report | None) -> float | None:
+    """Mean MiB per all-reduce over the trace's sized all-reduces (bandwidth rows); None: no sizes."""
+    rows = [r for w in (report.windows if report else []) if w.bandwidth for r in w.bandwidth.rows
+            if r.collective == "all_reduce" and r.instances]
+    instances = sum(r.instances for r in rows)
+    return sum(r.total_bytes for r in rows) / instances / 2**20 if instances else None

@@ -1,0 +1,119 @@
+"""The host family: the host launching kernels, busy with other work, or draining the GPU at syncs."""
+
+from __future__ import annotations
+
+from .model import Change, Evidence, Finding, Rule, step_gain, trainer_change
+
+IDLE_SHARE = 0.25
+"""GPU idle above this share of the span (GPU basis) points at launch overhead."""
+LAUNCH_RECOVERABLE = 0.5
+"""Share of the GPU idle time CUDA graphs are assumed to recover (the rest is data, syncs, Python)."""
+LAUNCH_EVIDENCE_SHARE = 0.3
+"""The host is launch-bound when its time inside launch calls is at least this share of the GPU's idle time,
+or when short gaps between back-to-back kernels are most of that idle time."""
+HOST_WORK_SHARE = 0.5
+"""GPU idle "host busy elsewhere" above this share of the idle time: the host is busy with other work."""
+SYNC_SHARE = 0.10
+"""GPU idle after host syncs above this share of the step: the step drains the GPU at syncs."""
+DISPATCH_RATE_PER_MS = 10.0
+"""At least this many launches per millisecond of GPU idle time: the host does little between launches but
+dispatch them (eager PyTorch's per-op overhead, 20-50 launches per idle ms on the H200 fixtures): what
+compilation and CUDA graphs remove. A host busy with its own work launches far less often."""
+
+
+def _launch_bound(e: Evidence, idle_ms: float) -> bool:
+    """The GPU's idle time is launch overhead: the host inside launch calls, short gaps between back-to-back
+    kernels, or launches dense enough that dispatching them is all the host does."""
+    short = e.idle_cause_ms.get("short gaps", 0.0)
+    inside = e.launch_ms is not None and e.launch_ms >= LAUNCH_EVIDENCE_SHARE * idle_ms
+    dense = e.launches is not None and idle_ms > 0 and e.launches / idle_ms >= DISPATCH_RATE_PER_MS
+    return inside or dense or short >= 0.5 * idle_ms
+
+
+def _syncs_block_graphs(e: Evidence) -> bool:
+    """A step that syncs with the host (a tensor read or synchronize in every step) and drains the GPU there
+    cannot be captured as one CUDA graph: host_syncs comes first."""
+    per_step = (e.syncs or 0.0) + (e.tensor_reads or 0.0)
+    return per_step >= 1.0 and host_syncs(e) is not None
+
+
+def cuda_graphs(e: Evidence) -> Finding | None:
+    """GPU idle over IDLE_SHARE of the span (GPU basis) without compilation, and the evidence is launches
+    (_launch_bound: the host's time inside launch calls, or short gaps between back-to-back kernels): the host
+    cannot launch kernels fast enough. CUDA graphs (`reduce-overhead`; plain `default` under FSDP, whose
+    parameters move) replay the step's launches; assumed to recover LAUNCH_RECOVERABLE of the idle time.
+    A GPU waiting for other host work is host_work's, not this rule's; a step that drains the GPU at host
+    syncs cannot be captured as a graph (host_syncs first)."""
+    compiled = e.setting("performance", "compile", "none")
+    if e.basis != "gpu" or e.idle_pct is None or e.idle_pct < 100 * IDLE_SHARE or compiled != "none" or not e.step_ms:
+        return None
+    idle_ms = e.idle_pct / 100 * e.step_ms
+    if not _launch_bound(e, idle_ms) or _syncs_block_graphs(e):
+        return None
+    mode = "default" if str(e.setting("parallel", "mode", "")).startswith("fsdp") else "reduce-overhead"
+    gain, pct = step_gain(e, LAUNCH_RECOVERABLE * idle_ms)
+    evidence = {"gpu_idle_pct": round(e.idle_pct, 1), "launch_ms_per_step": round(e.launch_ms or 0.0, 3),
+                "launches_per_step": round(e.launches or 0.0, 1), "compile": compiled}
+    return Finding(rule="cuda_graphs", title="the GPU waits for the host to launch kernels",
+                   evidence=evidence, expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
+                   **trainer_change(Change(train_args=("--compile", mode))),
+                   why=f"the GPU is idle {e.idle_pct:.0f}% of the profiled steps while the host makes "
+                       f"{e.launches or 0.0:.0f} launch calls per step ({(e.launches or 0.0) / idle_ms:.0f} per ms of "
+                       f"GPU idle, {e.launch_ms or 0.0:.2f} ms inside them): it does little but dispatch; compiling fuses "
+                       "kernels and " + ("CUDA graphs replay the launches without the host" if mode == "reduce-overhead"
+                                         else "cuts launches (CUDA graphs need fixed parameter addresses, which FSDP "
+                                              "does not keep)"))
+
+
+def host_work(e: Evidence) -> Finding | None:
+    """GPU idle over IDLE_SHARE, most of it (HOST_WORK_SHARE) "host busy elsewhere", and not launch-bound: the
+    host is busy with work that launches nothing (tensors built on the CPU, Python, copies from pageable
+    memory, I/O). Gain, an upper bound: that idle time per step. No setting fixes it: the change is in code."""
+    if e.basis != "gpu" or e.idle_pct is None or e.idle_pct < 100 * IDLE_SHARE or not e.step_ms:
+        return None
+    idle_ms = e.idle_pct / 100 * e.step_ms
+    busy_ms = e.idle_cause_ms.get("host busy elsewhere", 0.0)
+    if busy_ms < HOST_WORK_SHARE * idle_ms or _launch_bound(e, idle_ms):
+        return None
+    gain, pct = step_gain(e, busy_ms)
+    return Finding(rule="host_work", title="the GPU waits for host work that launches nothing",
+                   evidence={"gpu_idle_pct": round(e.idle_pct, 1), "host_busy_idle_ms_per_step": round(busy_ms, 3),
+                             "launch_ms_per_step": round(e.launch_ms or 0.0, 3)},
+                   expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
+                   change="move the host work between launches off the step: build batches and tensors on the device "
+                          "(torch.randn(..., device='cuda')), copy with non_blocking=True from pinned memory, keep "
+                          "Python bookkeeping out of the loop; its CPU threads in the merged trace (profile with "
+                          "with_stack for the frames) show which code it is",
+                   why=f"the GPU is idle {e.idle_pct:.0f}% of the step, {busy_ms:.2f} ms per step while the host "
+                       f"was busy elsewhere, but only {e.launch_ms or 0.0:.2f} ms per step inside "
+                       f"{e.launches or 0.0:.0f} launch calls ({(e.launches or 0.0) / idle_ms:.1f} per ms of idle): "
+                       "CUDA graphs would not help; the host's own work holds the GPU back")
+
+
+def host_syncs(e: Evidence) -> Finding | None:
+    """GPU idle right after host syncs and tensor reads (idle cause "host sync") over SYNC_SHARE of the step:
+    each sync drains the GPU queue. Gain: that idle time per step."""
+    sync_ms = e.idle_cause_ms.get("host sync", 0.0)
+    if e.basis != "gpu" or not e.step_ms or sync_ms < SYNC_SHARE * e.step_ms:
+        return None
+    gain, pct = step_gain(e, sync_ms)
+    return Finding(rule="host_syncs", title="the step drains the GPU at host syncs",
+                   evidence={"sync_idle_ms_per_step": round(sync_ms, 3), "syncs_per_step": round(e.syncs or 0.0, 1),
+                             "tensor_reads_per_step": round(e.tensor_reads or 0.0, 1)},
+                   expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
+                   change="remove the .item() / torch.cuda.synchronize() calls from the step (keep values on the GPU "
+                          "and read them every N steps); with_stack traces name the frames",
+                   why=f"the GPU waits {sync_ms:.2f} ms per step after host syncs ({e.syncs or 0.0:.1f} syncs and "
+                       f"{e.tensor_reads or 0.0:.1f} tensor reads per step): each one empties the GPU's queue, and "
+                       "no CUDA graph can capture a step that syncs")
+
+
+RULES = (
+    Rule(find=cuda_graphs, recovers="host-side time",
+         in_user_code="torch.compile(model, mode='reduce-overhead') (CUDA graphs replay the step's launches; "
+                      "mode='default' where parameters move, as under FSDP)"),
+    Rule(find=host_work, recovers="host-side time",
+         change_is_code="no setting moves host work off the step: the finding's change is already a code change"),
+    Rule(find=host_syncs, recovers="host syncs",
+         change_is_code="no setting removes a sync from the step: the finding's change is already a code change"),
+)

@@ -1,0 +1,199 @@
+"""What every rule family shares: the evidence a rule reads, the change it proposes, the finding it returns,
+the rule's registry entry, and the gain and threshold helpers more than one family uses."""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from fleetscope.analysis.quantities import JobStraggler, bounded_gain
+from fleetscope.analysis.cross_rank.moe import MoeReport
+
+STRAGGLER_SHARE = 0.5
+"""A rank causing at least this share of the waiting is the straggler (parallelism); the bucket rules stay
+silent then (communication): the exposed time is waiting for it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evidence:
+    step_ms: float | None = None
+    """The run's step time from step metrics (analysis/quantities.py metrics_step_time_ms)."""
+    step_basis: str = ""
+    """Where step_ms comes from (analysis/quantities.py metrics_basis)."""
+    data_ms: float | None = None
+    """The trace's DataLoader fetch time per step where the trace has it (slowest rank, median over
+    steps), else the step metrics' data_ms: the metric's span also holds whatever else runs before the
+    forward on the host (an injected straggler sleep does), the trace's range only the fetch."""
+    data_source: str = ""
+    comm_exposed_ms: float | None = None
+    comm_buckets: float | None = None
+    """DDP gradient buckets all-reduced per step (step metrics, slowest rank, median over steps)."""
+    comm_mb: float | None = None
+    """MiB of gradients all-reduced per step (step metrics)."""
+    comm_last_bucket_mb: float | None = None
+    """MiB of the bucket ready last in each step (step metrics)."""
+    trace_collectives_per_step: float | None = None
+    """Collectives per profiled step matched across ranks in the trace (median over steps; gradient
+    all-reduces plus the trainer's own between steps)."""
+    trace_allreduce_mb: float | None = None
+    """Mean MiB per all-reduce in the trace, where it records sizes (NCCL; gloo spans carry none)."""
+    peak_allocated_mb: float | None = None
+    peak_reserved_mb: float | None = None
+    alloc_retries: int = 0
+    ooms: int = 0
+    basis: str | None = None
+    """Utilization basis of the trace report ("gpu" | "cpu")."""
+    idle_pct: float | None = None
+    """Mean over ranks of the report's idle share of the span."""
+    exposed_comm_pct: float | None = None
+    """Mean over ranks of exposed communication / span, from the trace."""
+    overlap_pct: float | None = None
+    launch_ms: float | None = None
+    """Host time per step inside launch calls (host_stalls.py), mean over the profiled steps of every rank."""
+    launches: float | None = None
+    """Launch calls per step, the same mean."""
+    syncs: float | None = None
+    tensor_reads: float | None = None
+    idle_cause_ms: dict[str, float] = field(default_factory=dict)
+    """GPU idle per profiled step by cause (host_stalls.py), mean over ranks."""
+    stragglers: list[Any] = field(default_factory=list)
+    """The report's straggler cause findings (causes.py), all windows."""
+    straggler_windows: list[int | None] = field(default_factory=list)
+    """The window of each of `stragglers`, in the same order."""
+    job_straggler: JobStraggler | None = None
+    """The rank the report's verdict names (analysis/quantities.py job_straggler)."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """job.json spec.train: the trainer configuration of the run (empty for any other program)."""
+    program: str = ""
+    """"" for fleetscope's trainer; else what ran ("python train.py ...", or "unknown program" for a folder of
+    traces): the advice is then a code change, and no trainer setting is read or suggested."""
+    moe: MoeReport | None = None
+    """The report's MoE section (cross_rank/moe.py): routing, per-rank MoE phase times, hot experts."""
+    rank_hosts: dict[int, str] = field(default_factory=dict)
+    """rank -> host, from the trace report (which ranks share a node)."""
+
+    def setting(self, section: str, name: str, default: Any = None) -> Any:
+        """A recorded setting; `default` also where job.json (written by anyone) holds something of another
+        type than the default's there (numbers stand for numbers; bools are not numbers)."""
+        values = self.config.get(section) if isinstance(self.config, dict) else None
+        value = values.get(name, default) if isinstance(values, dict) else default
+        return value if default is None or _same_kind(value, default) else default
+
+
+def _same_kind(value: Any, default: Any) -> bool:
+    if isinstance(default, bool) or isinstance(value, bool):
+        return type(value) is type(default)
+    if isinstance(default, (int, float)):
+        return type(value) in (int, float) and math.isfinite(value)
+    return isinstance(value, type(default))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Change:
+    """A change a relaunch of the same job can make (`fleetscope tune --apply`): trainer arguments and
+    environment variables, applied over the run's own configuration."""
+
+    train_args: tuple[str, ...] = ()
+    """Trainer arguments, e.g. ("--set", "parallel.bucket_cap_mb=12.5") or ("--compile", "reduce-overhead")."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment variables of every rank, e.g. (("PYTORCH_ALLOC_CONF", "expandable_segments:True"),)."""
+
+    def command_text(self) -> str:
+        """The change as a person types it: NAME=VALUE words, then the trainer arguments, shell-quoted."""
+        words = [f"{name}={shlex.quote(value)}" for name, value in self.env]
+        return " ".join(words + [shlex.quote(arg) for arg in self.train_args])
+
+
+def settings_change(*assignments: str) -> Change:
+    """`--set section.field=value` for each assignment."""
+    return Change(train_args=tuple(word for assignment in assignments for word in ("--set", assignment)))
+
+
+def trainer_change(change: Change, note: str = "") -> dict[str, Any]:
+    """A finding's `change` text and `apply`, both from one Change (the text never says what apply does not)."""
+    text = change.command_text()
+    return {"change": f"{text} ({note})" if note else text, "apply": change}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    rule: str
+    title: str
+    evidence: dict[str, float | int | str]
+    """The numbers the finding rests on, units in the names."""
+    expected_gain_ms: float | None
+    expected_gain_pct: float | None
+    confidence: str
+    change: str
+    """The exact change: a command-line option, an environment variable, or an action."""
+    why: str
+    apply: Change | None = None
+    """The change as a relaunch can make it (None: an action for a person, e.g. replacing a GPU)."""
+    gain_of_ms: float | None = None
+    """The step time expected_gain_pct is of (analysis/quantities.py Gain)."""
+    gain_basis: str = ""
+    """Where gain_of_ms comes from ("step metrics, steady steps 4-9 (6), slowest rank per step")."""
+    recovers: str = ""
+    """The time the change recovers (Rule.recovers): findings recovering the same time overlap, not additive."""
+    overlaps: list[str] = field(default_factory=list)
+    """Rules of the other findings that recover the same time as this one."""
+    ranks: list[int] = field(default_factory=list)
+    """Ranks the finding is about (empty: every rank)."""
+    windows: list[int | None] = field(default_factory=list)
+    """Profiling windows its trace evidence comes from (empty: step metrics or configuration only)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Advice:
+    run: str
+    findings: list[Finding] = field(default_factory=list)
+    """Largest expected gain first (findings without an estimate last)."""
+    notes: list[str] = field(default_factory=list)
+    combined_gain_ms: float | None = None
+    """At most this much per step from all findings together: per recovered time the largest gain, summed,
+    never more than the step (overlapping findings count once)."""
+    combined_gain_of_ms: float | None = None
+    combined_gain_basis: str = ""
+
+
+UserCodeChange = Callable[[Finding], "str | None"]
+"""The user-code change built from a finding; None: the finding's own change stands."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rule:
+    """One rule of a family: evidence -> a change for fleetscope's trainer (the finding's change and apply)
+    -> the same change in the user's own code, for a program that is not fleetscope's trainer."""
+
+    find: Callable[[Evidence], Finding | None]
+    """The rule: a Finding when the evidence calls for a change, else None. Its name is the finding's rule."""
+    recovers: str = ""
+    """The time its change recovers ("": the finding names it, as the straggler's depends on its cause)."""
+    in_user_code: str | UserCodeChange | None = None
+    """The change in the user's own code, or a function of the finding that builds it."""
+    change_is_code: str = ""
+    """Why there is no in_user_code: the finding's own change already reads as code or as an action."""
+
+    def __post_init__(self) -> None:
+        if (self.in_user_code is None) == (not self.change_is_code):
+            raise ValueError(f"rule {self.name}: in_user_code or change_is_code (why the finding's change is "
+                             "already code), exactly one of them")
+
+    @property
+    def name(self) -> str:
+        return self.find.__name__
+
+    def change_in_user_code(self, finding: Finding) -> str:
+        """The finding's change as a program other than fleetscope's trainer makes it."""
+        text = self.in_user_code(finding) if callable(self.in_user_code) else self.in_user_code
+        return text or finding.change
+
+
+def step_gain(evidence: Evidence, gain_ms: float | None) -> tuple[float | None, float | None]:
+    """A gain against the run's step time (step metrics), bounded by it (analysis/quantities.py)."""
+    bounded = bounded_gain(gain_ms, evidence.step_ms, evidence.step_basis)
+    if bounded is None:
+        return (None if gain_ms is None or not math.isfinite(gain_ms) else max(gain_ms, 0.0)), None
+    return bounded.ms, bounded.pct

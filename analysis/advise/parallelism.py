@@ -1,0 +1,93 @@
+"""The parallelism family: one rank that holds the others back, and why."""
+
+from __future__ import annotations
+
+import numpy as np
+from fleetscope.analysis.cross_rank.causes import CAUSE_HOST, CAUSE_SLOW_DEVICE, CAUSE_WORK
+from fleetscope.analysis.quantities import bounded_gain, step_ranges
+
+from .input import DATA_WORKERS_CHANGE, DATA_WORKERS_IN_CODE, RECOMMENDED_WORKERS
+from .model import STRAGGLER_SHARE, Evidence, Finding, Rule, trainer_change
+
+INPUT_WAIT_SHARE = 0.5
+"""A host-side straggler whose extra DataLoader time is at least this share of its mean lateness waits for input."""
+
+_STRAGGLER_CHANGES = {
+    CAUSE_SLOW_DEVICE: "take the rank's GPU or node out of the pool (e.g. sbatch --exclude=HOST) and check its "
+                       "clocks, power and thermals (nvidia-smi -q -d PERFORMANCE)",
+    CAUSE_WORK: "balance the work: for MoE, raise the router's load-balancing loss or the expert capacity so "
+                "tokens spread evenly",
+    CAUSE_HOST: "find the host-side delay on that rank (its CPU threads in the merged trace: syncs, Python, "
+                "other processes on its CPUs) and pin its CPUs",
+}
+
+
+def straggler(e: Evidence) -> Finding | None:
+    """The rank the verdict names the straggler (analysis/quantities.py job_straggler: most waiting caused over
+    all windows, consistently) when it causes >= STRAGGLER_SHARE of the waiting for a cause with a remedy. Its cause: its cause finding
+    in the window where it causes the largest share. Gain: the mean what-if saving over its steps in every
+    window (causes.py, clamped to the step's compute floor), as a share of those steps' mean time. A host-side
+    delay that is its DataLoader (INPUT_WAIT_SHARE of its lateness) gets data workers as the change; data
+    workers are never suggested when its DataLoader takes no longer than its peers'."""
+    job = e.job_straggler
+    if job is None or not job.consistent or job.share < STRAGGLER_SHARE:
+        return None             # the verdict names no straggler (no single rank the others wait for): neither does advise
+    own = [(f, w) for f, w in zip(e.stragglers, _padded(e.straggler_windows, len(e.stragglers))) if f.rank == job.rank]
+    top, _ = max(own, key=lambda fw: fw[0].wait_share, default=(None, None))
+    if top is None or top.cause not in _STRAGGLER_CHANGES:
+        return None
+    what_if = [(w, step) for f, w in own for step in f.what_if]
+    saved = [step.step_time_ms - step.projected_step_ms for _, step in what_if]
+    of_ms = float(np.mean([step.step_time_ms for _, step in what_if])) if what_if else None
+    bounded = bounded_gain(float(np.mean(saved)) if saved else None, of_ms, _what_if_basis(what_if))
+    windows = sorted({w for _, w in own}, key=lambda w: -1 if w is None else w)
+    evidence = {"rank": job.rank, "wait_share": round(job.share, 3), "windows": _windows_text(windows),
+                "mean_lateness_ms": round(top.mean_lateness_us / 1000, 3)}
+    change, kind = {"change": _STRAGGLER_CHANGES[top.cause]}, top.cause
+    excess = top.data_loader_excess_ms
+    if top.cause == CAUSE_HOST and excess is not None and excess > 0 and excess >= INPUT_WAIT_SHARE * top.mean_lateness_us / 1000:
+        evidence["data_loader_excess_ms"] = round(excess, 3)
+        if e.setting("data", "num_workers", 0) < RECOMMENDED_WORKERS:
+            change = trainer_change(DATA_WORKERS_CHANGE, note="its input pipeline is the delay")
+        else:
+            change = {"change": "its input pipeline is the delay although it has workers: more workers, or a faster "
+                                "source (local copy, pre-tokenized data)"}
+        kind = "input wait"
+    return Finding(rule="straggler", title=f"rank {job.rank} holds the others back ({kind})", evidence=evidence,
+                   expected_gain_ms=bounded.ms if bounded else None, expected_gain_pct=bounded.pct if bounded else None,
+                   gain_of_ms=bounded.of_ms if bounded else None, gain_basis=bounded.basis if bounded else "",
+                   confidence="high" if top.explained_share >= 0.8 else "medium",
+                   **change, why=top.explanation, recovers=_straggler_recovers(kind), ranks=[job.rank],
+                   windows=windows)
+
+
+def _padded(windows: list, count: int) -> list:
+    return list(windows) + [None] * (count - len(windows))
+
+
+def _windows_text(windows: list[int | None]) -> str:
+    return ", ".join("-" if w is None else str(w) for w in windows) or "-"
+
+
+def _what_if_basis(what_if: list) -> str:
+    by_window: dict = {}
+    for window, step in what_if:
+        by_window.setdefault(window, []).append(step.step)
+    parts = [f"window {'-' if w is None else w} steps {step_ranges(steps)}" for w, steps in by_window.items()]
+    return f"trace, the steps it was late in ({'; '.join(parts)}), slowest rank per step"
+
+
+def _straggler_recovers(kind: str) -> str:
+    return {"input wait": "input wait", CAUSE_HOST: "host-side time"}.get(kind, f"straggler ({kind})")
+
+
+def _straggler_in_user_code(finding: Finding) -> str | None:
+    """A rank waiting for its input: the data workers in code. Every other cause's change is an action already."""
+    if "input wait" not in finding.title:
+        return None
+    return f"{DATA_WORKERS_IN_CODE} on that rank: its input pipeline is the delay"
+
+
+RULES = (
+    Rule(find=straggler, in_user_code=_straggler_in_user_code),
+)

@@ -37,17 +37,18 @@ QUIET_NOTE_S = 120.0
 
 def register(sub: argparse._SubParsersAction) -> None:
     profile = sub.add_parser("profile", help="ask a running job to record one profiling window now")
-    profile.add_argument("run_dir")
+    profile.add_argument("run_dir", help="the run directory of a running job")
     profile.add_argument("--steps", type=int_at_least(1, MAX_REQUEST_STEPS), default=2,
-                         help=f"recorded steps (default 2, at most {MAX_REQUEST_STEPS})")
+                         metavar="N",
+                         help=f"how many steps to record (a count; default 2, at most {MAX_REQUEST_STEPS})")
     profile.add_argument("--warmup", type=int_at_least(0, MAX_REQUEST_STEPS), default=1,
                          help="profiled steps discarded first (default 1)")
     profile.add_argument("--ranks", type=_ranks, default=None, metavar="0,3,8", help="only these ranks (default all)")
     profile.add_argument("--wait", action="store_true", help="wait until the window's traces are published")
-    profile.add_argument("--timeout", type=_seconds, default=0.0, help="--wait at most this many seconds (0: no limit)")
+    profile.add_argument("--timeout", type=_seconds, default=0.0, help="--wait at most this many seconds (default 0: no limit)")
     profile.set_defaults(handler=handle_profile)
     hang = sub.add_parser("hang", help="why a job hung, from its ranks' Flight Recorder dumps")
-    hang.add_argument("run_dir")
+    hang.add_argument("run_dir", help="the run directory")
     hang.add_argument("--json", dest="json_out", default=None, help="also write the hang report as JSON here")
     hang.set_defaults(handler=handle_hang)
 
@@ -172,12 +173,24 @@ def _job_ended(layout: RunLayout) -> str | None:
     return status if status in FINAL_STATUSES else None
 
 
+def no_hang_text(layout: RunLayout) -> str:
+    """What `hang` says of a run without a Flight Recorder dump: no rank's watchdog found a collective stuck."""
+    ended = _job_ended(layout)
+    state = f"the job {ended}" if ended else "the job is running or its end was not recorded"
+    return (f"no hang: no rank wrote a Flight Recorder dump under {layout.relative(layout.flight_recorder_dir)} "
+            f"({state}; a rank dumps when its watchdog finds a collective stuck)")
+
+
 def handle_hang(args: argparse.Namespace) -> int:
     layout = RunLayout.at(args.run_dir)
     json_out = guard_output(args.json_out, analyzed=layout.root) if args.json_out else None
     report = analyze_hang(layout)
+    if report is None and layout.is_run_dir():  # a healthy run: nothing hung, nothing failed
+        print(no_hang_text(layout))
+        return EXIT_OK
     if report is None:
-        print(f"fleetscope hang: no Flight Recorder dump under {layout.flight_recorder_dir}", file=sys.stderr)
+        print(f"fleetscope hang: {layout.root} is not a run directory and holds no Flight Recorder dump under "
+              f"{layout.flight_recorder_dir}", file=sys.stderr)
         return EXIT_FAILED
     print(escape_controls(render_hang(report)))
     if json_out:

@@ -116,7 +116,8 @@ def register_demo(sub: argparse._SubParsersAction) -> None:
                         help="model family: mixtral, qwen3_moe, qwen2_moe, olmoe, deepseek_v3, gpt_oss "
                              "(default: qwen3_moe)")
     parser.add_argument("--parallel", default="fsdp", help="parallel mode: ddp, fsdp, tp, fsdp_tp (default: fsdp)")
-    parser.add_argument("--steps", type=int_at_least(1), default=10, help="training steps (default: 10)")
+    parser.add_argument("--steps", type=int_at_least(1), default=10, metavar="N",
+                        help="how many training steps to run (a count; default: 10)")
     parser.set_defaults(handler=handle_demo)
 
 
@@ -332,15 +333,21 @@ def register_merge(sub: argparse._SubParsersAction) -> None:
     add_merge_selection(parser)
     parser.add_argument("--shard-ranks", type=int_at_least(1), default=None, metavar="N",
                         help="every rank in full, N ranks per file (the same clock), plus a summary file")
-    parser.add_argument("--steps", type=_int_set, default=None, metavar="4,5", help="only these training steps")
-    parser.add_argument("--window", type=_time_window, default=None, metavar="START:END",
-                        help="only this time window, seconds after the first event")
+    parser.add_argument("--steps", type=_int_set, default=None, metavar="STEP[,STEP...]",
+                        help="a list of step numbers, e.g. 4,5: only these training steps (default: every step)")
+    parser.add_argument("--time-range", dest="time_range", type=_time_range, default=None, metavar="START:END",
+                        help="only events in this time range, in seconds after the first event (default: all)")
+    parser.add_argument("--window", dest="time_range", type=_time_range, default=None,
+                        help=argparse.SUPPRESS)  # older spelling of --time-range ("window" is a profiling window)
     parser.add_argument("--no-python", action="store_true", help="drop python_function events")
     parser.add_argument("--no-flows", action="store_true", help="no launch->kernel or cross-rank arrows")
     parser.add_argument("--no-overlays", action="store_true", help="no 'fleetscope analysis' tracks")
     parser.add_argument("--args", action="store_true", help="keep each event's args (larger output)")
-    parser.add_argument("--json", nargs="?", const="", default=None, metavar="PATH",
-                        help="also write merged Chrome JSON (default: <run>/report/merged.trace.json.gz)")
+    parser.add_argument("--json-trace", dest="json_trace", nargs="?", const="", default=None, metavar="PATH",
+                        help="also write the merged trace as Chrome JSON (a trace, not a report; default: none; "
+                             "PATH omitted: <run>/report/merged.trace.json.gz)")
+    parser.add_argument("--json", dest="json_trace", nargs="?", const="", default=None,
+                        help=argparse.SUPPRESS)  # older spelling of --json-trace (--json writes a report elsewhere)
     parser.add_argument("--workers", type=int, default=None,
                         help="ranks merged at once (default: one per core, at most 8)")
     parser.add_argument("--verify", action="store_true", help="read the output back and check it")
@@ -359,7 +366,7 @@ def add_merge_selection(parser) -> None:
                              "--budget-mb (every rank when all fit: a smaller budget merges faster), plus a summary "
                              "track of every rank")
     parser.add_argument("--budget-mb", type=positive_number, default=None, metavar="MB",
-                        help=f"merge: size budget of the default output (default {DEFAULT_BUDGET_MB} MB)")
+                        help=f"merge: size budget of the default output in MB, 10^6 bytes (default {DEFAULT_BUDGET_MB} MB)")
 
 
 def merge_selection(args: argparse.Namespace, *, shard_ranks: int | None = None):
@@ -395,7 +402,7 @@ def _int_set(text: str) -> frozenset[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
-def _time_window(text: str) -> tuple[float, float]:
+def _time_range(text: str) -> tuple[float, float]:
     start, sep, end = text.partition(":")
     try:
         window = float(start), float(end)
@@ -425,11 +432,12 @@ def handle_merge(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
     output = guard_output(args.output or layout.merged_trace, analyzed=layout.root)
-    chrome_json = None if args.json is None else guard_output(args.json or layout.merged_json, analyzed=layout.root)
+    chrome_json = None if args.json_trace is None else guard_output(args.json_trace or layout.merged_json,
+                                                                    analyzed=layout.root)
     if args.shard_ranks is not None and (args.ranks is not None or chrome_json is not None):
-        raise UsageError("--shard-ranks draws every rank: it cannot be combined with --ranks or --json")
+        raise UsageError("--shard-ranks draws every rank: it cannot be combined with --ranks or --json-trace")
     options = dataclasses.replace(merge_selection(args, shard_ranks=args.shard_ranks), steps=args.steps,
-                                  time_window_s=args.window, drop_python_functions=args.no_python,
+                                  time_window_s=args.time_range, drop_python_functions=args.no_python,
                                   flows=not args.no_flows, collective_flows=not args.no_flows,
                                   overlays=not args.no_overlays, event_args=args.args, chrome_json=chrome_json,
                                   workers=args.workers)

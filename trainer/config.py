@@ -726,7 +726,8 @@ TRAIN_SHORTCUTS: dict[str, tuple[str, str]] = {
 def add_train_arguments(parser: Any) -> None:
     """The training flags: a few shortcuts, --profile, and --set for any field."""
     defaults = TrainConfig(run_dir="-")
-    parser.add_argument("--steps", type=int, default=None, help=f"training steps (default: {defaults.steps})")
+    parser.add_argument("--steps", type=int, default=None, metavar="N",
+                        help=f"how many training steps to run (a count; default: {defaults.steps})")
     for flag, (key, choices) in TRAIN_SHORTCUTS.items():
         default = format_value(config_value(defaults, key))
         parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, default=None,

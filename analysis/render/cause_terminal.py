@@ -18,12 +18,13 @@ def cause_lines(report: Report) -> str:
     return "Causes\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
 
 PATH_STEPS_SHOWN = 4
-PATH_SEGMENT_MIN_SHARE = 0.02
-"""Segments shorter than this share of their step are left out of the terminal chain (not of the JSON)."""
+PATH_SEGMENTS_SHOWN = 4
+"""A step's longest segments named on its terminal line (in path order); the others are counted (the JSON,
+the HTML report and the merged trace's `critical path` tracks hold every segment)."""
 
 
 def critical_path_lines(report: Report) -> str:
-    """The "Critical path" section: where the path's time went by rank, then the chain of a few steps."""
+    """The "Critical path" section: where the path's time went by rank, then the longest segments of a few steps."""
     lines = []
     for window in report.windows:
         paths = window.critical_path
@@ -34,9 +35,27 @@ def critical_path_lines(report: Report) -> str:
         lines.append(f"window {label}: {top}")
         step_ms = {step: ms for (w, step), ms in trace_step_times([window]).items()}
         for path in paths.steps[:PATH_STEPS_SHOWN]:
-            chain = " -> ".join(f"r{s.rank} {s.kind}{' (' + s.collective + ')' if s.collective else ''} "
-                                f"{s.duration_us / 1000:.2f} ms" for s in path.segments
-                                if s.share >= PATH_SEGMENT_MIN_SHARE)
             of_step = f" of the {step_ms[path.step]:.2f} ms step" if path.step in step_ms else ""
-            lines.append(f"  step {path.step} (path {path.length_us / 1000:.2f} ms{of_step}): {chain}")
-    return "Critical path (segments that set each step's end)\n" + "\n".join(f"  {l}" for l in lines) if lines else ""
+            lines.append(f"  step {path.step} (path {path.length_us / 1000:.2f} ms{of_step}, "
+                         f"{_count(len(path.segments), 'segment')}): {step_segments(path.segments)}")
+    return ("Critical path (segments that set each step's end; the longest per step, in path order)\n"
+            + "\n".join(f"  {l}" for l in lines) if lines else "")
+
+
+def step_segments(segments) -> str:
+    """The PATH_SEGMENTS_SHOWN longest segments in path order, then how many others and their time."""
+    longest = sorted(range(len(segments)), key=lambda i: -segments[i].duration_us)[:PATH_SEGMENTS_SHOWN]
+    shown = "; ".join(_segment(segments[i]) for i in sorted(longest))
+    rest = [s for i, s in enumerate(segments) if i not in longest]
+    if not rest:
+        return shown
+    return f"{shown}; {_count(len(rest), 'more segment')} {sum(s.duration_us for s in rest) / 1000:.2f} ms"
+
+
+def _segment(segment) -> str:
+    on = f" ({segment.collective})" if segment.collective else ""
+    return f"r{segment.rank} {segment.kind}{on} {segment.duration_us / 1000:.2f} ms"
+
+
+def _count(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"

@@ -19,20 +19,27 @@ def _titled(title: str, lines: list[str]) -> str:
 
 
 def _bandwidth(report: Report) -> str:
-    lines = []
+    """A status note (not recorded, not matched, a lower bound) once for every window it applies to, then each
+    window's rows."""
+    notes: dict[str, list[str]] = {}
+    rows = []
     for window in report.windows:
         bandwidth = window.bandwidth
         if bandwidth is None:
             continue
-        prefix = f"window {'-' if window.window is None else window.window}: "
+        label = "-" if window.window is None else str(window.window)
         if bandwidth.status != "ok":
-            lines.append(f"{prefix}bandwidth {bandwidth.status}: {bandwidth.reason}")
-            if not bandwidth.rows:
-                continue
-        lines += [prefix + row.verdict for row in bandwidth.rows[:BANDWIDTH_ROWS_SHOWN]]
+            notes.setdefault(f"bandwidth {bandwidth.status}: {bandwidth.reason}", []).append(label)
+        prefix = f"window {label}: "
+        rows += [prefix + row.verdict for row in bandwidth.rows[:BANDWIDTH_ROWS_SHOWN]]
         if len(bandwidth.rows) > BANDWIDTH_ROWS_SHOWN:
-            lines.append(f"{prefix}... {len(bandwidth.rows) - BANDWIDTH_ROWS_SHOWN} more rows in the JSON/HTML report")
+            rows.append(f"{prefix}... {len(bandwidth.rows) - BANDWIDTH_ROWS_SHOWN} more rows in the JSON/HTML report")
+    lines = [f"{_windows_label(labels)}: {note}" for note, labels in notes.items()] + rows
     return _titled("Collective bandwidth (bus bandwidth vs link peak, nccl-tests formulas)", lines)
+
+
+def _windows_label(labels: list[str]) -> str:
+    return f"window {labels[0]}" if len(labels) == 1 else f"windows {', '.join(labels)}"
 
 
 def _w(window: WindowReport) -> str:
@@ -71,7 +78,9 @@ def _time(report: Report) -> str:
             lines.append(_w(window) + "by user range: " + _shares(gpu.by_range_us, gpu.total_us, keep=5))
         if gpu.by_op_us:
             lines.append(_w(window) + "top ops: " + _shares(gpu.by_op_us, gpu.total_us, keep=5))
-    return _titled("Where the time went (phases on the host; GPU time by the range that launched it)", lines)
+    gpu = any(window.gpu_time is not None for window in report.windows)
+    return _titled("Where the time went (phases on the host" + ("; GPU time by the range that launched it)" if gpu
+                                                              else ")"), lines)
 
 
 def stall_totals(stalls) -> dict[str, float]:

@@ -1,4 +1,10 @@
-"""The terminal summary of a Report: plain text, fixed-width tables, no colors."""
+"""The terminal summary of a Report: plain text, fixed-width tables, no colors.
+
+Units, one per quantity in every terminal section: times in ms; memory in MiB (2^20 bytes, as the caching
+allocator counts it); message sizes in KiB/MiB/GiB (2^10.. bytes, as NCCL's buffers); bandwidth in GB/s
+(10^9 bytes/s, as nccl-tests); file sizes in MB (10^6 bytes, as `merge --budget-mb`). Counts are whole numbers
+when they are (a per-step mean of 74.0 reads "74").
+"""
 
 from __future__ import annotations
 

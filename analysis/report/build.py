@@ -31,6 +31,7 @@ from fleetscope.analysis.cross_rank.stragglers import (
     EVEN_STEPS_PCT,
     Stragglers,
     find_stragglers,
+    versus_typical,
 )
 from fleetscope.analysis.inputs.sources import TraceFailure
 from fleetscope.analysis.per_rank.collectives import SOURCE_NCCL
@@ -311,7 +312,7 @@ def _overall_verdict(windows: list[WindowReport], summaries: list[RankSummary],
         parts.append(f"step times are even across ranks ({slowest.step_time.mean_ms:.2f} ms mean at most)"
                      if excess < EVEN_STEPS_PCT else
                      f"slowest rank: {slowest.rank} ({slowest.step_time.mean_ms:.2f} ms mean step, "
-                     f"{excess:+.1f}% vs the median rank)")
+                     f"{versus_typical(slowest.step_time.mean_ms, {s.rank: s.step_time.mean_ms for s in timed})})")
     parts += _pipeline_sentences(windows) or [_waited_for_sentence(windows)]
     if failures or missing_total:
         parts.append(f"partial: {len(failures)} unusable trace(s), {missing_total} missing rank trace(s)")

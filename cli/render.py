@@ -53,34 +53,44 @@ def print_state_change(label: str, status: SlurmJobStatus) -> None:
     print(f"fleetscope: {label} {status.job_id}: {status.state}", flush=True)
 
 
+STATUS_LABEL_WIDTH = 14
+"""`fleetscope status` prints `label:` left-aligned in this many columns, then the value: every value starts in
+the same column ("failed first:" and "merged_trace:" are the longest labels)."""
+
+
+def _row(label: str, value: object) -> str:
+    return f"{label + ':':<{STATUS_LABEL_WIDTH}}{value}"
+
+
 def render_status(status: RunStatus) -> str:
     if isinstance(status, SlurmRunStatus):
         lines = _slurm_status_lines(status)
     elif isinstance(status, RecordedRunStatus):
-        lines = [f"run:       {status.run_dir}", f"scheduler: {status.scheduler} (ran in the foreground)",
-                 f"state:     {status.recorded_status} (as recorded in job.json)"]
+        lines = [_row("run", status.run_dir), _row("scheduler", f"{status.scheduler} (ran in the foreground)"),
+                 _row("state", f"{status.recorded_status} (as recorded in job.json)")]
     else:
         raise TypeError(f"no rendering for {type(status).__name__}")
     lines += _failure_lines(status.failures)
-    lines += [f"{name + ':':<14}{path}" for name, path in status.outputs.items()]
+    lines += [_row(name, path) for name, path in status.outputs.items()]
     return "\n".join(lines)
 
 
 def _slurm_status_lines(status: SlurmRunStatus) -> list[str]:
     training = status.training
-    lines = [f"run:       {status.run_dir}", f"scheduler: {status.scheduler}, Slurm job {status.job_id}"]
+    lines = [_row("run", status.run_dir), _row("scheduler", f"{status.scheduler}, Slurm job {status.job_id}")]
     if training is None and status.state != "UNKNOWN":
-        lines.append(f"state:     {status.state} (as recorded in job.json: {status.recorded_status}; Slurm no longer "
-                     f"knows the job)")
+        lines.append(_row("state", f"{status.state} (as recorded in job.json: {status.recorded_status}; Slurm no "
+                                   "longer knows the job)"))
     elif training is None:
-        lines.append("state:     UNKNOWN (neither slurmctld nor accounting knows the job)")
+        lines.append(_row("state", "UNKNOWN (neither slurmctld nor accounting knows the job)"))
     else:
         restarts = f", requeued {training.restarts} time(s)" if training.restarts else ""
-        lines.append(f"state:     {training.state} (exit code {training.exit_code}{restarts}; from {training.source})")
-        lines += [f"  {c.job_id}: {c.state} exit {c.exit_code} on {c.nodes or '-'}" for c in training.components
-                  if len(training.components) > 1]
+        lines.append(_row("state", f"{training.state} (exit code {training.exit_code}{restarts}; from "
+                                   f"{training.source})"))
+        lines += [" " * STATUS_LABEL_WIDTH + f"{c.job_id}: {c.state} exit {c.exit_code} on {c.nodes or '-'}"
+                  for c in training.components if len(training.components) > 1]
     if status.postprocess is not None:
-        lines.append(f"post-processing job {status.postprocess_job_id}: {status.postprocess.state}")
+        lines.append(_row("postprocess", f"Slurm job {status.postprocess_job_id}: {status.postprocess.state}"))
     return lines
 
 
@@ -90,11 +100,11 @@ def _failure_lines(failures: list[RankFailure]) -> list[str]:
     first, *others = failures
     exit_code = f" (exit {first.exitcode})" if first.exitcode is not None else ""
     message = first.message.splitlines()[0] if first.message else "no error message"
-    lines = [f"failed first: rank {first.rank}{exit_code}: {message}"]
+    lines = [_row("failed first", f"rank {first.rank}{exit_code}: {message}")]
     if first.log_path:
-        lines.append(f"  log: {first.log_path}")
+        lines.append(_row("its log", first.log_path))
     if others:
-        lines.append("then failed: " + ", ".join(f"rank {f.rank}" for f in others))
+        lines.append(_row("then failed", ", ".join(f"rank {f.rank}" for f in others)))
     return lines
 
 

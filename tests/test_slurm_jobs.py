@@ -119,7 +119,7 @@ def test_crashing_rank_ends_the_job_promptly_and_status_names_it(
     assert time.monotonic() - started < 150
     status = fleetscope("status", str(run_dir))
     assert status.returncode == 1
-    assert "state:     FAILED" in status.stdout
+    assert "state:        FAILED" in status.stdout
     assert "failed first: rank 3" in status.stdout and "InjectedFault" in status.stdout, status.stdout
     assert job_record(run_dir)["slurm"]["failures"][0]["rank"] == 3
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -103,13 +104,26 @@ TORCHRUN_STDERR = "torchrun.stderr.log"
 """torchrun's own traceback and failure summary of a failed local job, under <run>/logs/."""
 
 
+_PROFILER_NOISE = re.compile(r"(\[[^\]\n]*\]:)?(USDT|STAGE):")
+"""Kineto's probe and stage lines (`USDT:... profiler_start`, `STAGE:... Completed Stage: Warm Up`), after
+torchrun's `[default<R>]:` prefix when it adds one."""
+
+
+def is_profiler_noise(line: str) -> bool:
+    """A line the profiler itself prints on every window of every rank: kept in the rank's log, not passed on."""
+    return _PROFILER_NOISE.match(line) is not None
+
+
 def pass_stderr(lines: Iterable[str], out: TextIO, summary_path: Path) -> None:
     """torchrun's stderr, line by line, less its own traceback and ChildFailedError summary (the launch then
     names the failed ranks and their messages, from the error files): that block goes to `summary_path`,
-    with a line saying so. The ranks' lines (prefixed `[default<R>]:`) always pass; a block that never reaches
-    the summary's closing rule is passed on whole."""
+    with a line saying so. The ranks' lines (prefixed `[default<R>]:`) pass, less the profiler's own
+    (`is_profiler_noise`: they stay in each rank's log); a block that never reaches the summary's closing rule
+    is passed on whole."""
     held: list[str] = []
     for line in lines:
+        if is_profiler_noise(line):
+            continue
         if not held and line.rstrip("\n") != "Traceback (most recent call last):":
             out.write(line)
             out.flush()

@@ -20,7 +20,7 @@ from typing import Any
 from ...trainer.config import ConfigError
 from ...traces.jobfile import now_iso, write_job_record
 from ...traces.layout import RunLayout, torchx_local_logs_dir, torchx_node_logs_dir
-from ..failures import RankFailure, collect_failures
+from ..failures import RankFailure, collect_failures, summary_failures
 from ..scheduler import Submission
 from ..slurm_request import (
     PostprocessJob,
@@ -307,8 +307,11 @@ class TorchXLocalScheduler:
 
 
 def local_failures(layout: RunLayout) -> list[RankFailure]:
-    """Failed ranks of a local_cwd run: its one "node" is replica 0, whose local ranks are the global ranks."""
-    return collect_failures(torchx_node_logs_dir(layout, "0"))
+    """Failed ranks of a local_cwd run: its one "node" is replica 0, whose local ranks are the global ranks.
+    Ranks that wrote no error file (a program without torch's @record) are named from torchrun's failure
+    summary in the stderr.log TorchX keeps, as the local scheduler does from its own copy."""
+    return (collect_failures(torchx_node_logs_dir(layout, "0"))
+            or summary_failures(sorted(torchx_local_logs_dir(layout).glob("**/stderr.log"))))
 
     def cancel(self, layout: RunLayout, *, postprocess_too: bool = False) -> list[str]:
         raise ConfigError(f"{layout.root}: a {self.name} run ends with the launch command (Ctrl-C); nothing to cancel")

@@ -30,8 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def handle_query(args: argparse.Namespace) -> int:
-    from ..analysis.merge.perfetto.queries import NAMED_QUERIES
-    from ..analysis.merge.perfetto.sql import TraceProcessorError, find_trace_processor, run_query
+    from ..analysis.merge.perfetto.queries import NAMED_QUERIES, NO_ROWS
+    from ..analysis.merge.perfetto.sql import TraceProcessorError, find_trace_processor, run_query_table
 
     if (args.sql is None) == (args.named is None):
         print("give either SQL or --named NAME", file=sys.stderr)
@@ -46,17 +46,20 @@ def handle_query(args: argparse.Namespace) -> int:
               f"one on PATH; {FETCH_HINT}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        rows = run_query(args.trace, NAMED_QUERIES[args.named] if args.named else args.sql, binary)
+        columns, rows = run_query_table(args.trace, NAMED_QUERIES[args.named] if args.named else args.sql, binary)
     except TraceProcessorError as error:
         print(error, file=sys.stderr)
         return EXIT_FAILED
-    write_rows(rows, sys.stdout)
+    write_rows(rows, sys.stdout, columns=columns)
+    if not rows:
+        print(f"no rows: {NO_ROWS[args.named] if args.named else 'the statement selected nothing'}", file=sys.stderr)
     return EXIT_OK
 
 
-def write_rows(rows: list[dict[str, str]], out) -> None:
-    """CSV with a header (nothing for no rows)."""
-    if rows:
-        writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+def write_rows(rows: list[dict[str, str]], out, *, columns: list[str] | None = None) -> None:
+    """CSV with a header line, the header alone for no rows (nothing without columns either)."""
+    fieldnames = columns or (list(rows[0]) if rows else [])
+    if fieldnames:
+        writer = csv.DictWriter(out, fieldnames=fieldnames, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)

@@ -69,6 +69,11 @@ def _not_a_regular_file(path: Path) -> str | None:
 
 def run_query(trace: str | Path, sql: str, bin_path: str | Path) -> list[dict[str, str]]:
     """Rows (column -> text, '' for NULL) of the last statement of `sql` run on `trace`."""
+    return run_query_table(trace, sql, bin_path)[1]
+
+
+def run_query_table(trace: str | Path, sql: str, bin_path: str | Path) -> tuple[list[str], list[dict[str, str]]]:
+    """The columns and rows of the last statement of `sql` run on `trace` (the columns even without rows)."""
     problem = _not_a_regular_file(Path(trace))
     if problem:  # a FIFO would block the engine's open forever
         raise TraceProcessorError(f"{trace}: {problem}")
@@ -83,16 +88,22 @@ def run_query(trace: str | Path, sql: str, bin_path: str | Path) -> list[dict[st
     if completed.returncode != 0:
         tail = "\n".join(completed.stderr.strip().splitlines()[-5:])
         raise TraceProcessorError(f"{bin_path} failed on {trace} (exit {completed.returncode}): {tail}")
-    return parse_csv_rows(completed.stdout)
+    return parse_csv_table(completed.stdout)
 
 
 def parse_csv_rows(text: str) -> list[dict[str, str]]:
     """The shell's output: a header line then rows, CSV; only the last result is kept (pure)."""
+    return parse_csv_table(text)[1]
+
+
+def parse_csv_table(text: str) -> tuple[list[str], list[dict[str, str]]]:
+    """The last result's columns (its header line, printed even for no rows) and rows (pure)."""
     blocks = [block for block in text.strip().split("\n\n") if block.strip()]
     if not blocks:
-        return []
-    rows = list(csv.DictReader(io.StringIO(blocks[-1])))
-    return [{key: ("" if value == "[NULL]" else value) for key, value in row.items()} for row in rows]
+        return [], []
+    reader = csv.DictReader(io.StringIO(blocks[-1]))
+    rows = [{key: ("" if value == "[NULL]" else value) for key, value in row.items()} for row in reader]
+    return list(reader.fieldnames or []), rows
 
 
 CHECK_SQL = """

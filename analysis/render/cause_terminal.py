@@ -49,7 +49,7 @@ def step_segments(segments) -> str:
     rest = [s for i, s in enumerate(segments) if i not in longest]
     if not rest:
         return shown
-    return f"{shown}; {_count(len(rest), 'more segment')} {sum(s.duration_us for s in rest) / 1000:.2f} ms"
+    return f"{shown}; {_count(len(rest), 'more segment')}, {sum(s.duration_us for s in rest) / 1000:.2f} ms in all"
 
 
 def _segment(segment) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from fleetscope.analysis.render.capture_text import render_hang
-from fleetscope.analysis.render.evidence_html import table
+from fleetscope.analysis.render.html_table import table
 from fleetscope.analysis.report.model import Report
 
 

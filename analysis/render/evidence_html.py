@@ -7,22 +7,13 @@ from html import escape
 from fleetscope.analysis.per_rank.host_stalls import GAP_CAUSES
 from fleetscope.analysis.per_rank.names import PHASES
 from fleetscope.analysis.render.evidence_text import compile_line, difference_text, stall_totals
+from fleetscope.analysis.render.html_table import table
 from fleetscope.analysis.report.model import Report, WindowReport
-
-_LEFT = ' class="l"'
 
 
 def evidence_sections(report: Report) -> str:
     """The evidence sections of the HTML report, concatenated."""
     return "".join((_time(report), _stalls(report), _bandwidth(report), _records(report)))
-
-
-def table(header: list[str], rows: list[list[str]], *, left: tuple[int, ...] = ()) -> str:
-    def cells(tag: str, values: list[str]) -> str:
-        return "".join(f"<{tag}{_LEFT if i in left else ''}>{escape(v)}</{tag}>" for i, v in enumerate(values))
-
-    return ("<table><tr>" + cells("th", header) + "</tr>"
-            + "".join("<tr>" + cells("td", row) + "</tr>" for row in rows) + "</table>")
 
 
 def _f(value: float | None, digits: int = 1) -> str:
@@ -75,7 +66,7 @@ def _phase_table(window: WindowReport) -> str:
     if not any(any(cell != "-" for cell in row[2:]) for row in rows):
         return ""
     return ("<p>Host phases, mean ms per step</p>"
-            + table(["rank", "steps", *(f"{p} ms" for p in PHASES)], rows))
+            + table(["rank", "steps", *(f"{p} ms" for p in PHASES)], rows, labels=2))
 
 
 def _share_table(title: str, totals_us: dict[str, float], total_us: float) -> str:

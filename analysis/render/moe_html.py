@@ -7,6 +7,7 @@ from html import escape
 
 from fleetscope.analysis.cross_rank.moe import MoeLayerReport, MoeReport
 from fleetscope.analysis.render import svg
+from fleetscope.analysis.render.html_table import table
 
 MAX_HEATMAP_LAYERS = 8
 """Split-matrix heatmaps drawn for the first layers only; the JSON holds every layer's matrix."""
@@ -59,9 +60,7 @@ def _rank_table(layers: list[MoeLayerReport]) -> str:
                          _f(rank.combine_transfer_ms, 3), _f(rank.combine_last_pct, 0), _f(rank.combine_cost_ms, 3)])
     if not rows:
         return ""
-    head = "".join(f"<th>{escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{escape(v)}</td>" for v in row) + "</tr>" for row in rows)
-    return f"<h3>Per layer and rank</h3><table><tr>{head}</tr>{body}</table>"
+    return "<h3>Per layer and rank</h3>" + table(header, rows, labels=2)
 
 
 def _f(value: float | None, digits: int = 1) -> str:

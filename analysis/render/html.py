@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
-from html import escape
+from html import escape, unescape
 from typing import Any
 
 from fleetscope.analysis.render import open_in_perfetto as perfetto
 from fleetscope.analysis.render.open_in_perfetto import StepRanges
 from fleetscope.analysis.per_rank.collectives import step_label
 from fleetscope.analysis.per_rank.utilization import Utilization
-from fleetscope.analysis.render import svg
+from fleetscope.analysis.render import html_table, svg
+from fleetscope.analysis.render.html_table import table as _table
 from fleetscope.analysis.render.capture_html import capture_html
 from fleetscope.analysis.render.evidence_html import evidence_sections
 from fleetscope.analysis.render.cause_html import cause_section, critical_path_section
@@ -20,7 +22,9 @@ from fleetscope.analysis.render.terminal import matching_sentence
 from fleetscope.analysis.report.model import RankSummary, Report, WindowReport
 
 HTA_ROWS_SHOWN = 20
-_LEFT = ' class="l"'
+PROBLEMS_ID = "problems"
+"""The anchor with_anchors gives the Problems section (its title, lowered)."""
+_HEADING = re.compile(r"<h2>(.*?)</h2>", re.S)
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
@@ -44,11 +48,11 @@ BREAKDOWN_COLORS = {
 
 
 def render_html(report: Report, *, trace_ranges: StepRanges | None = None) -> str:
-    """The whole report as one HTML document. Its 'Open in Perfetto' buttons open the merged trace next
-    to it, scrolled to each finding's steps when `trace_ranges` (the merge's `step_ranges_ns()`) is given."""
-    body = [
-        _header(report),
-        _problems(report),
+    """The whole report as one HTML document, read top-down: the verdict and the advice, a table of contents,
+    the sections from the ranks' numbers to the evidence, problems and notes last. Its 'Open in Perfetto'
+    buttons open the merged trace next to it, scrolled to each finding's steps when `trace_ranges` (the
+    merge's `step_ranges_ns()`) is given."""
+    sections, contents = with_anchors([
         _rank_table(report.ranks),
         _breakdown_section(report),
         _overlap_section(report),
@@ -63,12 +67,14 @@ def render_html(report: Report, *, trace_ranges: StepRanges | None = None) -> st
         moe_section(report.moe),
         _clock_section(report),
         _hta_section(report),
-        perfetto.help_box(),
-        perfetto.script(),
-    ]
+        _problems(report),
+        _notes(report),
+    ])
+    body = [_header(report), _contents(contents), perfetto.help_box() if report.windows else "", sections,
+            perfetto.script() if report.windows else ""]
     title = escape(f"fleetscope report: {report.source_path}")
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{title}</title>"
-            f"<style>{_CSS}{perfetto.CSS}</style></head><body>{''.join(body)}</body></html>\n")
+            f"<style>{_CSS}{html_table.CSS}{perfetto.CSS}</style></head><body>{''.join(body)}</body></html>\n")
 
 
 def _header(report: Report) -> str:
@@ -77,10 +83,11 @@ def _header(report: Report) -> str:
     step_line = (f"step time: median {steps.median_ms:.2f} ms, mean {steps.mean_ms:.2f} ms, "
                  f"max {steps.max_ms:.2f} ms over {steps.count} steps ({report.step_time_basis or 'trace'})"
                  if steps else "no step annotations")
-    return (f"<h1>fleetscope report</h1><p>{escape(report.source_path)} ({escape(report.source_kind)}), "
-            f"{state}; world size {report.world_size or '?'}, {len(report.ranks)} rank(s), "
-            f"{len(report.windows)} window(s); created {escape(report.created_at)}</p>"
-            f"<p><b>Verdict:</b> {escape(report.verdict)}</p>{_advice(report)}<p>{escape(step_line)}</p>")
+    return (f"<h1>fleetscope report</h1><p id=\"verdict\"><b>Verdict:</b> {escape(report.verdict)}</p>"
+            f"{_advice(report)}<p>{escape(step_line)}</p>"
+            f"<p class=\"note\">{escape(report.source_path)} ({escape(report.source_kind)}), {state}; world size "
+            f"{report.world_size or '?'}, {len(report.ranks)} rank(s), {len(report.windows)} window(s); created "
+            f"{escape(report.created_at)}</p>{_problem_pointer(report)}")
 
 
 def _advice(report: Report) -> str:
@@ -91,19 +98,61 @@ def _advice(report: Report) -> str:
         f"<li><b>{escape(f.title)}</b> [{escape(f.rule)}; confidence {escape(f.confidence)}; {escape(f.gain)}]"
         + (f" (overlaps {escape(', '.join(f.overlaps))}: not additive)" if f.overlaps else "")
         + f"<br>change: <code>{escape(f.change)}</code></li>" for f in report.advice)
-    return f"<p><b>Advice</b> (fleetscope advise RUN gives the evidence):</p><ol>{items}</ol>"
+    return f"<p><b>Advice</b> (fleetscope advise RUN gives the evidence):</p><ol id=\"advice\">{items}</ol>"
+
+
+def _problem_pointer(report: Report) -> str:
+    """Problems are listed last; a partial report says so at the top."""
+    count = len(report.problems) + len(report.missing)
+    if not count:
+        return ""
+    return f'<p class="bad">{count} trace problem(s): see <a href="#{PROBLEMS_ID}">Problems</a>.</p>'
+
+
+def _contents(entries: list[tuple[str, str]]) -> str:
+    links = " &middot; ".join(f'<a href="#{anchor}">{title}</a>' for anchor, title in entries)
+    return f'<nav id="contents"><b>Contents:</b> {links}</nav>' if entries else ""
+
+
+def with_anchors(sections: list[str]) -> tuple[str, list[tuple[str, str]]]:
+    """The sections joined, an anchor named from its title before each <h2> (the heading itself is left as its
+    section wrote it); and (anchor, title) of each, in page order, for the table of contents. The titles are
+    the sections' own markup (already escaped)."""
+    entries: list[tuple[str, str]] = []
+
+    def anchored(match: re.Match) -> str:
+        title = match.group(1)
+        anchor = _anchor_name(title, {a for a, _ in entries})
+        entries.append((anchor, title))
+        return f'<a id="{anchor}"></a>{match.group(0)}'
+
+    return _HEADING.sub(anchored, "".join(sections)), entries
+
+
+def _anchor_name(title: str, taken: set[str]) -> str:
+    """"Memory, input and compilation" -> "memory-input-and-compilation"; a second one gets "-2"."""
+    text = unescape(re.sub(r"<[^>]+>", "", title)).lower()
+    anchor = re.sub(r"[^a-z0-9]+", "-", text).strip("-") or "section"
+    candidate, n = anchor, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{anchor}-{n}"
+    return candidate
 
 
 def _problems(report: Report) -> str:
     rows = [[p.label, _opt(p.rank), _opt(p.window), p.reason] for p in report.problems]
     rows += [["(no trace)", str(m.rank), _opt(m.window), "missing"] for m in report.missing]
+    if not rows:
+        return ""
+    return "<h2>Problems</h2>" + _table(["file", "rank", "window", "reason"], rows, left=(0, 3))
+
+
+def _notes(report: Report) -> str:
     notes = report.notes + [f"window {_opt(w.window)}: {n}" for w in report.windows for n in w.notes]
-    html = ""
-    if rows:
-        html += "<h2>Problems</h2>" + _table(["file", "rank", "window", "reason"], rows, left=(0, 3))
-    if notes:
-        html += "<h2>Notes</h2><ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>"
-    return html
+    if not notes:
+        return ""
+    return "<h2>Notes</h2><ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>"
 
 
 def _rank_table(ranks: list[RankSummary]) -> str:
@@ -116,7 +165,7 @@ def _rank_table(ranks: list[RankSummary]) -> str:
     return ("<h2>Ranks</h2><p class=\"note\">Definitions: busy/idle/comm are shares of the profiled steps' "
             "span; overlap is the share of communication time hidden behind computation; step times are each rank's own "
             "profiled steps (trace).</p>"
-            + _table(header, rows, left=(1,)))
+            + _table(header, rows, left=(1,), labels=2))
 
 
 def _breakdown_section(report: Report) -> str:
@@ -150,7 +199,8 @@ def _overlap_section(report: Report) -> str:
     if not ranks:
         return ""
     return ("<h2>Communication hidden behind computation (%)</h2>"
-            + svg.bars([f"rank {s.rank}" for s in ranks], [s.overlap_pct for s in ranks], unit="%"))
+            + svg.bars([f"rank {s.rank}" for s in ranks], [s.overlap_pct for s in ranks], unit="%",
+                        full_scale=100.0))
 
 
 def _kernel_section(report: Report) -> str:
@@ -232,7 +282,7 @@ def _step_wait_heatmap(window: WindowReport) -> str:
     ranks = sorted({rank for step in by_step for rank in step.wait_by_rank_us})
     values = [[step.wait_by_rank_us.get(rank, 0.0) / 1000 for step in by_step] for rank in ranks]
     return ("<p class=\"note\">Time each rank waited in collectives for later ranks, per step (ms)</p>"
-            + svg.heatmap([f"rank {r}" for r in ranks], [f"s{step_label(step.step)}" for step in by_step], values,
+            + svg.heatmap([f"rank {r}" for r in ranks], [step_label(step.step, prefix="s") for step in by_step], values,
                           unit="ms"))
 
 
@@ -247,7 +297,7 @@ def _clock_section(report: Report) -> str:
             "lowest rank), removed before collectives are matched. Measured at startup over the process "
             "group (clock/rank&lt;R&gt;.json) and estimated from collective end times.</p>"
             + _table(["window", "host", "ranks", "source", "used ms", "measured ms", "+/- ms", "collectives ms",
-                      "spread ms", "samples"], rows, left=(1, 2, 3)))
+                      "spread ms", "samples"], rows, left=(1, 2, 3), labels=4))
 
 
 def _ms(value_us: float | None) -> float | None:
@@ -279,31 +329,13 @@ def _records_table(rows: list[dict[str, Any]]) -> str:
     shown = rows[:HTA_ROWS_SHOWN]
     body = [[_cell(row.get(k)) for k in header] for row in shown]
     more = f"<p class=\"note\">{len(rows) - len(shown)} more rows in the JSON report</p>" if len(rows) > len(shown) else ""
-    return "<div class=\"scroll\">" + _table(header, body, left=tuple(range(len(header)))) + "</div>" + more
+    return _table(header, body, left=tuple(range(len(header)))) + more
 
 
 def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return "" if value is None else str(value)
-
-
-def _table(header: list[str], rows: list[list[str]], *, left: tuple[int, ...] = (),
-           raw_last: list[str] | None = None) -> str:
-    """`raw_last`: one HTML cell per row appended unescaped (markup this module made)."""
-    def cells(tag: str, values: list[str]) -> str:
-        # long left-aligned texts (mangled kernel names) show one line; the whole text on hover / as a tooltip
-        return "".join(f"<{tag}{_LEFT if i in left else ''}{_title(v) if i in left and tag == 'td' else ''}>"
-                       f"{escape(v)}</{tag}>" for i, v in enumerate(values))
-
-    extra = raw_last or [""] * len(rows)
-    return ("<table><tr>" + cells("th", header) + "</tr>"
-            + "".join("<tr>" + cells("td", row) + (f"<td>{cell}</td>" if raw_last else "") + "</tr>"
-                      for row, cell in zip(rows, extra)) + "</table>")
-
-
-def _title(text: str) -> str:
-    return f' title="{escape(text, quote=True)}"' if len(text) > 80 else ""
 
 
 def _f(value: float | None, digits: int = 1) -> str:

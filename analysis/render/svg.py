@@ -47,12 +47,13 @@ def stacked_bars(rows: list[tuple[str, list[Segment]]], *, unit: str, colors: di
 
 
 def bars(labels: list[str], values: list[float], *, unit: str, width: int = 720,
-         highlight: str | None = None, label_width: int = 80) -> str:
-    """Horizontal bars, one per label."""
+         highlight: str | None = None, label_width: int = 80, full_scale: float | None = None) -> str:
+    """Horizontal bars, one per label. `full_scale`: the value that fills the track (100 for percentages,
+    so 40% reads as 40% of the track); without it the largest value does."""
     if not labels:
         return ""
     label_w, bar_h, gap = label_width, _row_height(len(labels)), 2
-    top = max(values, default=0.0) or 1.0
+    top = max([*values, full_scale or 0.0]) or 1.0
     width = max(width, label_w + 200)
     scale = (width - label_w - 80) / top
     height = len(labels) * (bar_h + gap)

@@ -6,10 +6,13 @@ with the trace's bytes, then `{perfetto: {timeStart, timeEnd, viewPercentage}}` 
 ns on the merged clock) so the UI scrolls to the finding once it has loaded the trace. `keepApiOpen`
 keeps the UI listening after the trace, for that second message.
 
-The trace is fetched from the report's directory (`merged.perfetto-trace` next to `report.html`);
-where fetching fails (the page opened from file://), the page asks for the file with a file input;
-where the UI does not answer (offline), it shows how to open the file by hand. Everything is inline:
-the page stays one self-contained file.
+Served over http(s), the page fetches the trace from its directory (`merged.perfetto-trace` next to
+`report.html`). Opened from disk (file://, the usual case) a page may not read files next to it, so the box
+at the top of the report asks for the file once (a file input; the first button click opens the picker)
+and keeps its bytes: every button then posts them. The UI answers a file:// page's PING (origin "null")
+and asks the user whether to open a trace from "an unknown origin"; the box says to answer yes. Where the
+UI does not answer (offline) or the tab is blocked, the box says how to go on. Everything is inline: the
+page stays one self-contained file.
 
 `perfettoMessages(link, buffer)` is a pure function; the page stores each button's message (buffer
 and BigInts described as text) in `data-perfetto-message` and sets `data-perfetto-ready` on <body>
@@ -31,7 +34,8 @@ StepRanges = Mapping[tuple[int, int], tuple[int, int]]
 
 CSS = """
 button.perfetto{font-size:11px;padding:1px 6px;margin-left:6px;cursor:pointer}
-#perfetto-help{border:1px solid #ccc;background:#fffbe6;padding:8px;font-size:12px;margin:8px 0}
+#perfetto-help{border:1px solid #ccc;background:#fffbe6;padding:4px 8px;font-size:12px;margin:8px 0}
+#perfetto-help p{margin:4px 0}#perfetto-status:empty{display:none}
 """
 
 
@@ -59,9 +63,14 @@ def button(title: str, span: tuple[int, int] | None, *, trace_file: str = MERGED
 
 
 def help_box(trace_file: str = MERGED_TRACE) -> str:
-    return (f'<div id="perfetto-help" hidden><p id="perfetto-help-text"></p>'
-            f'<p><label>Choose {escape(trace_file)} (next to this report): '
-            f'<input type="file" id="perfetto-file" accept=".perfetto-trace"></label></p></div>')
+    """The box at the top of the report: what the buttons do, the file input they need from file://, and
+    (#perfetto-status) what went wrong last."""
+    name = escape(trace_file)
+    return (f'<div id="perfetto-help"><p><b>Open in Perfetto</b> buttons open {name} (the merged trace next to '
+            f'this report) in {PERFETTO_UI} at the finding; the UI needs a connection. Opened from disk, this '
+            f'page cannot read that file itself: choose it once here <input type="file" id="perfetto-file" '
+            f'accept=".perfetto-trace" aria-label="{name}">, then Perfetto asks whether to open a trace from '
+            f'"an unknown origin" (this file): answer yes.</p><p id="perfetto-status" class="bad"></p></div>')
 
 
 SCRIPT = r"""
@@ -87,18 +96,19 @@ SCRIPT = r"""
     var ms = Number(BigInt(link.end_ns) - BigInt(link.start_ns)) / 1e6;
     return ' The finding spans ' + ms.toFixed(3) + ' ms from ' + link.start_ns + ' ns on the trace clock.';
   }
+  var served = /^https?:$/.test(location.protocol);
   var help = document.getElementById('perfetto-help');
-  var helpText = document.getElementById('perfetto-help-text');
+  var status = document.getElementById('perfetto-status');
   var fileInput = document.getElementById('perfetto-file');
-  var pending = null;
-  function showHelp(text) {
-    helpText.textContent = text;
-    help.hidden = false;
+  var trace = null;    // the trace's bytes, once fetched or chosen: every button posts them
+  var pending = null;  // the finding to open once the file is chosen
+  function say(text) {
+    status.textContent = text;
     help.scrollIntoView({block: 'nearest'});
   }
   function byHand(link, why) {
-    showHelp(why + ' Open ' + UI + ', choose "Open trace file" and pick ' + link.file +
-             ' from this report\'s folder.' + rangeText(link));
+    say(why + ' Open ' + UI + ', choose "Open trace file" and pick ' + link.file +
+        ' from this report\'s folder.' + rangeText(link));
   }
   function post(win, link, buffer) {
     var messages = perfettoMessages(link, buffer);
@@ -112,37 +122,49 @@ SCRIPT = r"""
       window.removeEventListener('message', onMessage);
       clearInterval(ping);
       win.postMessage(messages[0], UI);
-      if (messages[1]) [1500, 4000, 8000, 15000].forEach(function (delay) {
+      // the UI scrolls once the trace is loaded, which waits for the user's yes from a file:// page
+      if (messages[1]) [1500, 4000, 8000, 15000, 30000, 60000].forEach(function (delay) {
         setTimeout(function () { if (!win.closed) win.postMessage(messages[1], UI); }, delay);
       });
     }
     window.addEventListener('message', onMessage);
   }
+  function openWith(link, buffer) {
+    var win = window.open(UI);
+    if (!win) { say('The browser blocked the new tab: press Open in Perfetto again (or allow pop-ups).'); return; }
+    status.textContent = '';
+    post(win, link, buffer);
+  }
+  function askForFile(link, why) {
+    pending = link;
+    say(why + 'Choose ' + link.file + ' from this report\'s folder in the box above; the finding then opens ' +
+        'in Perfetto.' + rangeText(link));
+    fileInput.click();
+  }
   function openLink(link) {
     if (navigator.onLine === false) { byHand(link, 'This browser is offline.'); return; }
+    if (trace) { openWith(link, trace); return; }
+    if (!served) { askForFile(link, ''); return; }
     var win = window.open(UI);
     if (!win) { byHand(link, 'The browser blocked the new tab.'); return; }
     fetch(link.file).then(function (response) {
       if (!response.ok) throw new Error('HTTP ' + response.status);
       return response.arrayBuffer();
-    }).then(function (buffer) { post(win, link, buffer); }, function () {
+    }).then(function (buffer) { trace = buffer; post(win, link, buffer); }, function () {
       win.close();
-      pending = link;
-      var served = /^https?:$/.test(location.protocol);
-      showHelp('This page could not read ' + link.file + ' from its folder. ' + (served
-        ? 'Choose it below and it opens in Perfetto.'
-        : 'Opened from a file, the page cannot talk to the Perfetto UI: run "python3 -m http.server" in the ' +
-          'report folder and open report.html through it (localhost, port 8000), or open ' + UI +
-          ', choose "Open trace file" and pick ' + link.file + '.') + rangeText(link));
+      askForFile(link, 'This page could not fetch ' + link.file + ' from its server. ');
     });
   }
   fileInput.addEventListener('change', function () {
     var file = fileInput.files[0];
-    if (!file || !pending) return;
-    var link = pending;
-    var win = window.open(UI);
-    if (!win) { byHand(link, 'The browser blocked the new tab.'); return; }
-    file.arrayBuffer().then(function (buffer) { post(win, link, buffer); });
+    if (!file) return;
+    file.arrayBuffer().then(function (buffer) {
+      trace = buffer;
+      var link = pending;
+      pending = null;
+      if (link) openWith(link, buffer);
+      else status.textContent = '';
+    });
   });
   var buttons = document.querySelectorAll('button[data-perfetto-link]');
   Array.prototype.forEach.call(buttons, function (b) {

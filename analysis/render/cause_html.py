@@ -47,7 +47,8 @@ def critical_path_section(report: Report) -> str:
         paths = window.critical_path
         if paths.steps:
             label = "-" if window.window is None else str(window.window)
-            html += f"<h3>window {escape(label)}</h3>" + _path_shares(paths) + _top_segments(paths) + _every_segment(paths)
+            html += (f"<h3>window {escape(label)}</h3>" + _path_shares(paths) + _top_segments(paths)
+                     + _every_segment(paths))
     if not html:
         return ""
     return ("<h2>Critical path</h2><p class=\"note\">Per step, the chain across ranks that set the step's end: at "

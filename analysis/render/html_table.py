@@ -48,7 +48,8 @@ def _cells(tag: str, values: list[str], kept: list[int], left: tuple[int, ...]) 
     for i in kept:
         value = values[i]
         aligned = ' class="l"' if i in left else ""
-        tooltip = f' title="{escape(value, quote=True)}"' if i in left and tag == "td" and len(value) > TOOLTIP_CHARS else ""
+        long_text = i in left and tag == "td" and len(value) > TOOLTIP_CHARS
+        tooltip = f' title="{escape(value, quote=True)}"' if long_text else ""
         parts.append(f"<{tag}{aligned}{tooltip}>{escape(value)}</{tag}>")
     return "".join(parts)
 

@@ -199,7 +199,9 @@ def test_data_delay_shows_in_that_ranks_data_time_and_loader_span(faulty):
 @slow
 def test_slow_phase_raises_that_phase_by_the_injected_amount(faulty, baseline):
     (run_dir, _), (base_dir, _) = faulty, baseline
-    assert _median(run_dir, 0, "optimizer_ms") - _median(base_dir, 0, "optimizer_ms") >= SLOW_MS
+    # The injected sleep lasts at least SLOW_MS, but the two runs' own optimizer times differ by a few ms on a
+    # loaded machine: the same 10% tolerance as the trace-side check below.
+    assert _median(run_dir, 0, "optimizer_ms") - _median(base_dir, 0, "optimizer_ms") >= SLOW_MS * 0.9
     assert _median(run_dir, 1, "optimizer_ms") < _median(base_dir, 1, "optimizer_ms") + SLOW_MS / 2
     events = _trace_events(run_dir, 0)
     assert len(_within(events, INJECTED_SLOW_PHASE, "optimizer_step")) == len(ACTIVE)

@@ -164,7 +164,7 @@ def load_moe_records_noted(layout: RunLayout | None, ranks: list[int]) -> tuple[
     if layout is None:
         return [], []
     found, notes = [], []
-    for rank in sorted(set(ranks)):
+    for rank in sorted(layout.ranks_with_records().intersection(ranks)):
         path = layout.moe_file(rank)
         if not os.path.lexists(path):
             continue

@@ -31,11 +31,12 @@ def trainer_evidence(layout: RunLayout | None, results: list[RankResult], world_
     traced: dict[int, set[int]] = {}
     for result in results:
         traced.setdefault(result.rank, set()).update(s.step for s in result.steps)
-    expected = sorted(set(range(world_size)) if world_size else traced)
-    found, missing = [], []
-    for rank in expected:
-        records = read_rank_records(layout, rank, traced.get(rank, set()))
-        (found if records is not None else missing).append(records if records is not None else rank)
+    expected = range(world_size) if world_size else sorted(traced)
+    present = layout.ranks_with_records()
+    found = [records for rank in sorted(present.intersection(expected))
+             if (records := read_rank_records(layout, rank, traced.get(rank, set()))) is not None]
+    have = {records.rank for records in found}
+    missing = [rank for rank in expected if rank not in have]
     if not found:
         return TrainerEvidence(status=STATUS_NONE, missing_ranks=missing,
                                reason=f"no metrics/rank<R>.jsonl or .compile.json in {layout.metrics_dir}")

@@ -65,7 +65,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     `on_parsed(outcomes)` gets the per-trace outcomes of the parse (RankResult.from_cache tells a cache hit),
     e.g. for the reduce step of a fanned-out parse to record that it parsed nothing.
     `advisor(root, report)` returns the findings shown next to the verdict (Report.advice; the CLI passes
-    analysis/advise.py's top_findings, which this module cannot import: advise reads reports this writes).
+    analysis/advise/'s top_findings, which this module cannot import: advise reads reports this writes).
     """
     comm_kernel_rule(comm_kernel_pattern)  # an invalid pattern fails here, before any work
     inputs = resolve_input(path)

@@ -175,7 +175,7 @@ def _idle_by_cause(report: Report) -> list[str]:
 
 
 def check_advice(advice: Any, report: Report | None) -> list[str]:
-    """The advice rules of the module docstring (duck-typed: analysis/advise.py's Advice)."""
+    """The advice rules of the module docstring (duck-typed: analysis/advise/'s Advice)."""
     problems = []
     for index, f in enumerate(advice.findings, 1):
         where = f"finding {index} ({f.rule})"

@@ -1,4 +1,4 @@
-"""Terminal text of the advisor's findings (analysis/advise.py; duck-typed, render does not import it)."""
+"""Terminal text of the advisor's findings (analysis/advise/; duck-typed, render does not import it)."""
 
 from __future__ import annotations
 

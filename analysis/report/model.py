@@ -12,7 +12,7 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
     missing_total         how many rank traces are missing in all, listed in missing[] or not
     notes[]               plain-language remarks (attempts ignored, ranks numbered by file order, ...)
     verdict               one paragraph: slowest rank, the rank others wait for
-    advice[]              the advisor's top findings (analysis/advise.py, the same as `fleetscope advise`): {rule,
+    advice[]              the advisor's top findings (analysis/advise/, the same as `fleetscope advise`): {rule,
                           title, gain (with its denominator and basis), change, confidence, ranks[], windows[],
                           overlaps[] (rules recovering the same time)}; empty when analyzed without the advisor
     step_time             StepStats over the profiled steps, per step the slowest rank's time (analysis/quantities.py):
@@ -326,7 +326,7 @@ class RankSummary:
 
 @dataclass(frozen=True, kw_only=True)
 class TopFinding:
-    """One of the advisor's findings as the report shows it next to the verdict (analysis/advise.py)."""
+    """One of the advisor's findings as the report shows it next to the verdict (analysis/advise/)."""
 
     rule: str
     title: str

@@ -182,6 +182,10 @@ class RunLayout:
         found = [(int(m["rank"]), p) for p in self.metrics_dir.iterdir() if (m := STEP_METRICS_RE.match(p.name))]
         return [p for _, p in sorted(found)]
 
+    def timeline_file(self, rank: int) -> Path:
+        """`metrics/rank<R>.timeline`: one binary record per step of the rank (traces/timeline.py)."""
+        return self.metrics_dir / f"rank{rank}.timeline"
+
     def ranks_with_records(self) -> set[int]:
         """Ranks with any record file under metrics/, from one listing of the folder: readers iterate over
         these rather than stat three paths per rank of a declared world size (2^20 of them in a forged job)."""

@@ -115,6 +115,9 @@ def test_crashing_rank_ends_the_job_promptly_and_status_names_it(
     launched = fleetscope(*args, "--wait")
 
     assert launched.returncode == 1, launched.stdout + launched.stderr
+    # --wait names the first failed rank and its error in one line, not torchrun's traceback
+    assert "failed first: rank 3" in launched.stdout and "InjectedFault" in launched.stdout, launched.stdout
+    assert "Traceback" not in launched.stdout + launched.stderr
     # The time limit is 10 minutes: a job that waited for it would take that long.
     assert time.monotonic() - started < 150
     status = fleetscope("status", str(run_dir))

@@ -485,6 +485,9 @@ class FaultConfig:
     probabilities scale like (e + 1)^-expert_skew before top-k; 0: off."""
     slow_from_step: int = -1
     """The straggle fault (straggle_rank, straggle_ms) starts at this step; -1: from the first step."""
+    slow_until_step: int = -1
+    """The straggle fault stops before this step (the rank recovers: steps slow_from_step..slow_until_step - 1
+    are slow); -1: to the end. A slowdown with a known start and end is ground truth for change points."""
     hang_rank: int = -1
     """Rank that blocks forever before its step's collectives at `hang_step` (a hang to detect); -1: none."""
     hang_step: int = 0
@@ -506,6 +509,10 @@ class FaultConfig:
         require(self.slow_phase_ms >= 0, "faults.slow_phase_ms", f"must be >= 0, got {self.slow_phase_ms}")
         require(self.slow_phase_rank >= -1, "faults.slow_phase_rank", f"must be >= -1, got {self.slow_phase_rank}")
         require(self.slow_from_step >= -1, "faults.slow_from_step", f"must be >= -1, got {self.slow_from_step}")
+        require(self.slow_until_step == -1 or self.slow_until_step > max(self.slow_from_step, 0),
+                "faults.slow_until_step",
+                f"must be -1 (to the end) or > faults.slow_from_step ({self.slow_from_step}) and > 0, "
+                f"got {self.slow_until_step}")
         require(self.hang_step >= 0, "faults.hang_step", f"must be >= 0, got {self.hang_step}")
         require(self.slow_stage >= -1, "faults.slow_stage", f"must be >= -1, got {self.slow_stage}")
         require(self.slow_stage_ms >= 0, "faults.slow_stage_ms", f"must be >= 0, got {self.slow_stage_ms}")
@@ -526,7 +533,8 @@ class FaultConfig:
 
     def straggles(self, rank: int, step: int) -> bool:
         """Whether the straggle fault delays `rank` at `step`."""
-        return rank == self.straggle_rank and self.straggle_ms > 0 and step >= self.slow_from_step
+        return (rank == self.straggle_rank and self.straggle_ms > 0 and step >= self.slow_from_step
+                and (self.slow_until_step == -1 or step < self.slow_until_step))
 
     def slow_phase_delay(self, phase: str, rank: int) -> float:
         """ms of injected delay inside `phase` on `rank`."""

@@ -12,7 +12,9 @@ host with the device in the training loop:
 * The collectives the trainer itself issues between steps (the stop-flag agreement), timed as a span.
 
 FSDP2's all-gathers / reduce-scatters and tensor-parallel collectives are not timed here (no cheap
-hook exposes their completion); their fields stay null.
+hook exposes their completion); their fields stay null. When FSDP2 issues its first gradient reduce-scatter
+is noted, though (FirstIssue through StampedReduceScatter): one point per step, the step timeline's
+first_collective_ms.
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ class StepBuckets:
         self._clock = clock
         self._points = points
         self._sizes = sizes if sizes is not None and len(sizes) == len(points) else None
+
+    def first_ready(self) -> object | None:
+        """When the step's first bucket was ready and its all-reduce issued (a Clock point; None: no bucket)."""
+        return self._points[0][0] if self._points else None
 
     def estimate(self) -> CommEstimate | None:
         """None when the step all-reduced nothing (or a bucket never completed)."""
@@ -126,3 +132,49 @@ class TimedSpan:
 
     def ms(self) -> float:
         return self.clock.ms_between(self.start, self.end)
+
+
+class FirstIssue:
+    """When this step's first collective of one kind was issued: one Clock point per step, the later calls
+    cost a comparison. On CUDA the point is an event on the stream current at the issue (FSDP2's
+    reduce-scatter stream, which waits for the gradients), so it is when the collective could start."""
+
+    def __init__(self, use_cuda: bool):
+        self._clock = Clock(use_cuda)
+        self._point: object | None = None
+
+    def note(self) -> None:
+        if self._point is None:
+            self._point = self._clock.now()
+
+    def finish_step(self) -> object | None:
+        """This step's point (None: nothing issued); the next step starts without one."""
+        point, self._point = self._point, None
+        return point
+
+
+def install_reduce_scatter_stamps(model: torch.nn.Module, first: FirstIssue) -> int:
+    """FSDP2's reduce-scatters of every fully_shard-ed module of `model` note `first` when issued; the number
+    of modules stamped (0: no FSDP2 module, or a torch without the default reduce-scatter to extend)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+    except ImportError:
+        return 0
+
+    class StampedReduceScatter(DefaultReduceScatter):
+        """FSDP2's default reduce-scatter, noting its issue (a subclass: FSDP2's own type checks still pass)."""
+
+        def __call__(self, *args, **kwargs):
+            first.note()
+            return super().__call__(*args, **kwargs)
+
+    stamped = 0
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            try:
+                module.set_custom_reduce_scatter(StampedReduceScatter())
+            except ValueError:  # several parameter groups: FSDP2 takes no custom comm there
+                continue
+            stamped += 1
+    return stamped

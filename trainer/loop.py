@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import sys
 import signal
@@ -18,13 +19,14 @@ from torch.distributed.tensor import DTensor
 
 from ..traces.formats import INJECTED_DELAY
 from ..traces.layout import RunLayout
+from ..traces.timeline import TimelineWriter
 from .config import ConfigError, TrainConfig
 from .data import build_loader, data_plan
 from .expert_parallel import expert_parameter_names, install_moe_layers, moe_blocks
 from .flops import FlopModel, flop_model, peak_tflops
 from .load_balance import RouterBalance, RouterBiasUpdate
 from .loss import CausalLMTrainingModule
-from .comm_timing import Clock, DdpCommTimer, StepBuckets, TimedSpan
+from .comm_timing import Clock, DdpCommTimer, FirstIssue, StepBuckets, TimedSpan, install_reduce_scatter_stamps
 from .compile_record import CompileWatch
 from .accumulation import gradient_sync, micro_step, take_micro_batches
 from .capture import CaptureController
@@ -64,6 +66,8 @@ class TrainState:
     """This rank's pipeline stages and schedule (None: parallel.pp is 1)."""
     router_bias: RouterBiasUpdate | None = None
     """The routers' bias update after every optimizer step (None: model.router_bias_update_rate is 0)."""
+    reduce_scatters: FirstIssue | None = None
+    """When FSDP2 issued each step's first gradient reduce-scatter (None: not FSDP2)."""
     step: int = 0
 
 
@@ -88,6 +92,7 @@ def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         comm_timer = DdpCommTimer(runtime.use_cuda)
         comm_timer.install(model, runtime.mesh["dp"].get_group())
+    reduce_scatters = stamp_reduce_scatters(model, runtime)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.optim.lr, weight_decay=config.optim.weight_decay,
         fused=config.optim.fused and runtime.use_cuda,
@@ -97,7 +102,16 @@ def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
     expert_params = [p for name, p in model.named_parameters() if name in expert_names]
     ep_group = runtime.mesh["ep"].get_group() if runtime.dims.ep > 1 else None
     return TrainState(model=model, optimizer=optimizer, vocab_size=vocab_size, flops=flops, comm_timer=comm_timer,
-                      leak=leak, moe=moe, expert_params=expert_params, ep_group=ep_group, router_bias=router_bias)
+                      leak=leak, moe=moe, expert_params=expert_params, ep_group=ep_group, router_bias=router_bias,
+                      reduce_scatters=reduce_scatters)
+
+
+def stamp_reduce_scatters(model: torch.nn.Module, runtime: Runtime) -> FirstIssue | None:
+    """Note when FSDP2 issues each step's first gradient reduce-scatter (None: no FSDP2 module in `model`)."""
+    if runtime.dims.mode not in ("fsdp", "fsdp_tp"):
+        return None
+    first = FirstIssue(runtime.use_cuda)
+    return first if install_reduce_scatter_stamps(model, first) else None
 
 
 def install_moe(causal_lm: torch.nn.Module, config: TrainConfig, runtime: Runtime,
@@ -133,7 +147,8 @@ def build_pipeline_state(config: TrainConfig, runtime: Runtime) -> TrainState:
                                   weight_decay=config.optim.weight_decay, fused=config.optim.fused and runtime.use_cuda)
     leak = MemoryLeak(config.faults.leak_mb_per_step, runtime.device) if config.faults.leak_mb_per_step else None
     return TrainState(model=pipeline.modules, optimizer=optimizer, vocab_size=pipeline.vocab_size,
-                      flops=pipeline.flops, leak=leak, pipeline=pipeline)
+                      flops=pipeline.flops, leak=leak, pipeline=pipeline,
+                      reduce_scatters=stamp_reduce_scatters(pipeline.modules, runtime))
 
 
 def autocast_context(config: TrainConfig, runtime: Runtime) -> contextlib.AbstractContextManager:
@@ -307,6 +322,9 @@ class PendingStep:
     memory: MemorySample = MemorySample()
     buckets: StepBuckets | None = None
     """DDP's gradient buckets of the step (None: not DDP)."""
+    first_collective: object | None = None
+    """When the step's first gradient collective was issued, a point of the step timing's clock (DDP: the first
+    bucket's all-reduce; FSDP2: the first reduce-scatter); None: no gradient collective noted."""
     agreement: TimedSpan | None = None
     """The stop-flag all-reduce after the step (None: none issued)."""
     compiled_frames: int | None = None
@@ -324,6 +342,14 @@ class PendingStep:
             stop_agreement_ms=self.agreement.ms() if self.agreement is not None else None,
             compiled_frames=self.compiled_frames, fault_leaked_mb=self.leaked_mb,
         )
+
+    def timeline_parts(self, metrics: StepMetrics) -> dict[str, float]:
+        """The step's first_collective_ms and exposed_comm_ms for the timeline (NaN: not noted in this mode),
+        each within [0, step time] (a point a little past the step's last mark is the step's end)."""
+        first = self.timing.ms_since_start(self.first_collective) if self.first_collective is not None else math.nan
+        exposed = metrics.comm_exposed_ms if metrics.comm_exposed_ms is not None else math.nan
+        return {name: min(max(value, 0.0), metrics.step_time_ms) if not math.isnan(value) else value
+                for name, value in (("first_collective_ms", first), ("exposed_comm_ms", exposed))}
 
 
 class JobHung(Exception):
@@ -353,6 +379,9 @@ class TrainingRun:
                                          rank=runtime.rank, attempt=runtime.attempt,
                                          use_cuda=runtime.use_cuda, on_published=self._on_published)
         self.writer = MetricsWriter(self.layout.metrics_file(runtime.rank))
+        self.timeline = TimelineWriter(self.layout.timeline_file(runtime.rank), runtime.rank)
+        self.first_step = self.state.step
+        """This process's first step (resumed runs start past 0): its timeline record is flagged first."""
         self.timer = PhaseTimer(runtime.use_cuda)
         self.stops = StopRequests(runtime.device)
         self.memory = MemorySnapshots(config.observability, self.layout, runtime.rank, runtime.use_cuda)
@@ -417,6 +446,7 @@ class TrainingRun:
             self.watchdog.stop()
             self.profiler.close()
             self.writer.close()
+            self.timeline.close()
             if self.state.moe is not None:
                 self.state.moe.close()
             self.stops.restore()
@@ -432,12 +462,16 @@ class TrainingRun:
             self.compile_watch.write(final=False)
         self._window_ended = False
         buckets = self.state.comm_timer.finish_step() if self.state.comm_timer is not None else None
+        first_collective = buckets.first_ready() if buckets is not None else None
+        if self.state.reduce_scatters is not None:
+            first_collective = self.state.reduce_scatters.finish_step()
         leaked = self.state.leak.kept_mb if self.state.leak is not None else None
         start = self.clock.now()
         flag = self._stop_flag(step)
         agreement = TimedSpan(self.clock, start, self.clock.now()) if flag is not None else None
         return PendingStep(step, loss, timing, step in self.profiled_steps, flag, memory=memory, buckets=buckets,
-                           agreement=agreement, compiled_frames=compiled, leaked_mb=leaked)
+                           first_collective=first_collective, agreement=agreement, compiled_frames=compiled,
+                           leaked_mb=leaked)
 
     def _step(self, batches: Iterator[torch.Tensor]) -> torch.Tensor:
         try:
@@ -463,6 +497,9 @@ class TrainingRun:
             step_metrics(pending.step, pending.loss, pending.timing.durations_ms(), self.config, self.runtime,
                          self.state, pending.profiled), **pending.evidence())
         self.writer.write(metrics)
+        self.timeline.append(step=pending.step, start_us=pending.timing.start_us, step_ms=metrics.step_time_ms,
+                             data_ms=metrics.data_ms, profiled=pending.profiled, first=pending.step == self.first_step,
+                             **pending.timeline_parts(metrics))
         self.capture.observe(metrics)
         self.history.append(metrics)
         _log_step(metrics, self.runtime)

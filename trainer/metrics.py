@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,9 +16,22 @@ from ..traces.formats import metric_line
 class StepTiming:
     """The phase boundaries of one step; reading them waits for that step's GPU work only."""
 
-    def __init__(self, marks: list[tuple[str, object]], use_cuda: bool):
+    def __init__(self, marks: list[tuple[str, object]], use_cuda: bool, start_us: float = math.nan):
         self._marks = marks
         self._use_cuda = use_cuda
+        self.start_us = start_us
+        """This rank's wall clock (`time.time_ns() / 1000`) at the step's first mark (NaN: no mark)."""
+
+    def ms_since_start(self, point: object) -> float:
+        """ms from the step's first mark to `point`, a point of the same clock (comm_timing.Clock: a timing
+        CUDA event on CUDA, waited for here, so call it a step later; perf_counter seconds on CPU)."""
+        if not self._marks:
+            return math.nan
+        start = self._marks[0][1]
+        if self._use_cuda:
+            point.synchronize()
+            return start.elapsed_time(point)
+        return (point - start) * 1e3
 
     def durations_ms(self) -> dict[str, float]:
         """`{phase: ms}` between consecutive marks, summed per phase name (the last mark only ends the previous
@@ -42,8 +56,11 @@ class PhaseTimer:
     def __init__(self, use_cuda: bool):
         self._use_cuda = use_cuda
         self._marks: list[tuple[str, object]] = []
+        self._start_us = math.nan
 
     def mark(self, name: str) -> None:
+        if not self._marks:  # the step's start on this rank's wall clock, for the timeline
+            self._start_us = time.time_ns() / 1e3
         if self._use_cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -52,8 +69,8 @@ class PhaseTimer:
             self._marks.append((name, time.perf_counter()))
 
     def finish(self) -> StepTiming:
-        timing = StepTiming(self._marks, self._use_cuda)
-        self._marks = []
+        timing = StepTiming(self._marks, self._use_cuda, self._start_us)
+        self._marks, self._start_us = [], math.nan
         return timing
 
 

@@ -1,0 +1,646 @@
+"""The report's `whole_run` section: every step of every rank from the whole-run timelines, no traces.
+
+Sources, per rank: `metrics/rank<R>.timeline` (traces/timeline.py), else its step metrics
+`metrics/rank<R>.jsonl` (older runs: no start times, so no lateness for that rank). A file that cannot be
+used is named in `notes` and the other ranks are analyzed.
+
+Definitions (steady steps and the slowest rank per step as analysis/quantities.py defines step time):
+  steady step          a rank's step that is not its first (FLAG_FIRST, or its lowest step) and not profiled
+  median step time     per step, the median over ranks of their steady step_ms
+  relative step time   a rank's step_ms over that median (1.2: 20% slower than the median rank)
+  lateness             aligned step end (start_us - clock offset + step_ms; traces/clock.py) minus the earliest
+                       end among ranks that step; likewise at the first collective (start + first_collective_ms)
+  slow rank            a segment of its relative step time (traces/change_points.py) at least SLOW_EXCESS above
+                       the median rank, for at least MIN_SLOW_STEPS steady steps
+  profiled window      a run of consecutive steps that some rank recorded with FLAG_PROFILED
+
+Scale: records are read in blocks of STEP_BLOCK steps across all ranks (a few hundred MB at most at 1,024
+ranks); what stays for the whole run is one float16 log relative step time per rank and step, per-step
+figures, and the binned heatmaps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fleetscope.analysis.quantities import BASIS_STEP_METRICS, SLOWEST_RANK, step_ranges
+from fleetscope.traces.change_points import Segment, segment_levels
+from fleetscope.traces.clock import read_clock_offsets
+from fleetscope.traces.formats import read_metric_records
+from fleetscope.traces.layout import RunLayout
+from fleetscope.traces.timeline import (
+    FLAG_FIRST,
+    FLAG_PROFILED,
+    HEADER,
+    TIMELINE_DTYPE,
+    TIMELINE_SUFFIX,
+    read_timeline,
+    valid_records,
+)
+
+STEP_BLOCK = 2048
+"""Steps read at once across all ranks."""
+MAX_RANK_BINS = 256
+MAX_STEP_BINS = 200
+SLOW_EXCESS = 0.05
+"""A rank's level this far above the median rank (5%) is slow."""
+MIN_SLOW_STEPS = 10
+MAX_CHANGES_SHOWN = 200
+PROFILE_STEPS = 3
+"""Steps the suggested `fleetscope profile` command records."""
+SOURCE_TIMELINE = "timeline"
+SOURCE_JSONL = "step metrics (jsonl)"
+STATUS_OK = "ok"
+STATUS_NOT_RECORDED = "not recorded"
+_TIMELINE_NAME = re.compile(r"^rank(?P<rank>\d+)%s$" % re.escape(TIMELINE_SUFFIX))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Heatmap:
+    """Rank bins x step bins of a mean value (None: no value in the cell)."""
+
+    quantity: str
+    unit: str
+    binning: str
+    rank_bins: list[list[int]]
+    """[first rank, last rank] of each row."""
+    step_bins: list[list[int]]
+    """[first step, last step] of each column."""
+    values: list[list[float | None]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlowRank:
+    rank: int
+    from_step: int
+    to_step: int
+    to_the_end: bool
+    excess_pct: float
+    """Its median relative step time over the segment, less 1, in percent."""
+    steps: int
+    last_pct: float | None
+    """Of those steps with known lateness, how often its step ended last."""
+    first_collective_last_pct: float | None
+    """Of those steps with known arrival at the first collective, how often it arrived last."""
+    median_lateness_ms: float | None
+    windows: list[str]
+    """Profiled windows whose steps it covers."""
+    sentence: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChangePoint:
+    rank: int
+    step: int
+    level_before: float
+    level_after: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowCheck:
+    """One profiled window against the run."""
+
+    first_step: int
+    last_step: int
+    median_ms: float | None
+    """Median over its steps of the slowest rank's step_ms (profiler overhead included)."""
+    between_median_ms: float | None
+    """Median of the steady steps from the previous window (or the start) to this one, same basis."""
+    percentile_pct: float | None
+    """Where median_ms falls among the run's steady step times."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WholeRun:
+    status: str
+    reason: str = ""
+    sources: dict[str, list[int]] = field(default_factory=dict)
+    """source -> ranks read from it."""
+    ranks: int = 0
+    first_step: int | None = None
+    last_step: int | None = None
+    steady_steps: int = 0
+    step_time_ms: float | None = None
+    """Median over steady steps of the slowest rank's step_ms."""
+    median_rank_step_ms: float | None = None
+    """Median over steady steps of the median rank's step_ms."""
+    basis: str = ""
+    lateness_basis: str = ""
+    slow_ranks: list[SlowRank] = field(default_factory=list)
+    changes: list[ChangePoint] = field(default_factory=list)
+    changes_total: int = 0
+    windows: list[WindowCheck] = field(default_factory=list)
+    drift: str = ""
+    representative: str = ""
+    step_time_map: Heatmap | None = None
+    lateness_map: Heatmap | None = None
+    verdict: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+# -- reading ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Source:
+    """One rank's records: `runs` of (first step, first record, count), later runs overriding earlier ones;
+    read from `path` (a timeline) or `records` (held in memory: a JSONL fallback)."""
+
+    rank: int
+    runs: list[tuple[int, int, int]]
+    path: Path | None = None
+    identity: tuple[int, int] | None = None
+    records: np.ndarray | None = None
+    offset_us: float | None = None
+    lowest_step: int = 0
+
+
+def _timeline_sources(layout: RunLayout, notes: list[str]) -> dict[int, _Source]:
+    found = {}
+    for name in _listing(layout.metrics_dir):
+        match = _TIMELINE_NAME.match(name)
+        if match is None:
+            continue
+        rank = int(match["rank"])
+        source = _timeline_source(layout, rank, notes)
+        if source is not None:
+            found[rank] = source
+    return found
+
+
+def _listing(directory: Path) -> list[str]:
+    try:
+        return sorted(entry.name for entry in os.scandir(directory))
+    except OSError:
+        return []
+
+
+def _timeline_source(layout: RunLayout, rank: int, notes: list[str]) -> _Source | None:
+    path = layout.timeline_file(rank)
+    try:
+        timeline = read_timeline(path, within=layout.root, expected_rank=rank)
+    except (ValueError, OSError) as error:
+        notes.append(f"{layout.relative(path)}: not used ({str(error).replace(str(path) + ': ', '')[:200]})")
+        return None
+    notes += [f"metrics/{problem}" for problem in timeline.problems]
+    records = timeline.records
+    if records.size == 0:
+        notes.append(f"{layout.relative(path)}: no valid record")
+        return None
+    info = os.stat(path)
+    steps = np.asarray(records["step"], dtype=np.int64)
+    if isinstance(records, np.memmap) and steps[-1] - steps[0] == steps.size - 1 and np.all(np.diff(steps) == 1):
+        runs = [(int(steps[0]), 0, int(steps.size))]
+    else:
+        runs = _runs_of(steps, _record_indices(path, records))
+    return _Source(rank=rank, runs=runs, path=path, identity=(info.st_dev, info.st_ino),
+                   lowest_step=int(steps.min()))
+
+
+def _record_indices(path: Path, valid: np.ndarray) -> np.ndarray:
+    """File record index of each valid record (read_timeline leaves damaged ones out)."""
+    count = (os.stat(path).st_size - HEADER.size) // TIMELINE_DTYPE.itemsize
+    every = np.fromfile(path, dtype=TIMELINE_DTYPE, count=count, offset=HEADER.size)
+    return np.flatnonzero(valid_records(every))[:valid.size]
+
+
+def _runs_of(steps: np.ndarray, indices: np.ndarray) -> list[tuple[int, int, int]]:
+    """Runs of consecutive steps at consecutive records; a repeated step (a resumed run) keeps its last record."""
+    last = steps.size - 1 - np.unique(steps[::-1], return_index=True)[1]
+    steps, indices = steps[last], indices[last]
+    breaks = np.flatnonzero((np.diff(steps) != 1) | (np.diff(indices) != 1)) + 1
+    bounds = np.concatenate([[0], breaks, [steps.size]])
+    return [(int(steps[a]), int(indices[a]), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _jsonl_source(layout: RunLayout, rank: int, path: Path, notes: list[str]) -> _Source | None:
+    try:
+        metrics = read_metric_records(path, within=layout.root)
+    except (ValueError, OSError) as error:
+        notes.append(f"{layout.relative(path)}: not used ({str(error)[:200]})")
+        return None
+    if metrics.bad_line_count:
+        notes.append(f"{layout.relative(path)}: {metrics.bad_line_count} line(s) left out")
+    usable = [r for r in metrics.records if isinstance(r.get("step_time_ms"), (int, float))
+              and not isinstance(r.get("step_time_ms"), bool) and r["step_time_ms"] > 0]
+    if not usable:
+        return None
+    records = np.zeros(len(usable), dtype=TIMELINE_DTYPE)
+    records["step"] = [r["step"] for r in usable]
+    records["flags"] = [FLAG_PROFILED if r.get("profiled") else 0 for r in usable]
+    records["start_us"] = math.nan
+    records["step_ms"] = [r["step_time_ms"] for r in usable]
+    records["data_ms"] = [r.get("data_ms") if isinstance(r.get("data_ms"), (int, float)) else math.nan for r in usable]
+    records["first_collective_ms"] = records["exposed_comm_ms"] = math.nan
+    steps = records["step"].astype(np.int64)
+    return _Source(rank=rank, runs=_runs_of(steps, np.arange(steps.size)), records=records,
+                   lowest_step=int(steps.min()))
+
+
+def _sources(layout: RunLayout, notes: list[str]) -> dict[int, _Source]:
+    sources = _timeline_sources(layout, notes)
+    for path in layout.step_metrics_files():
+        rank = int(path.name[len("rank"):-len(".jsonl")])
+        if rank not in sources:
+            source = _jsonl_source(layout, rank, path, notes)
+            if source is not None:
+                sources[rank] = source
+    offsets, problems = read_clock_offsets(layout)
+    notes += problems
+    return {rank: _with_offset(source, offsets) for rank, source in sorted(sources.items())}
+
+
+def _with_offset(source: _Source, offsets: dict) -> _Source:
+    if source.path is None:
+        return source
+    if source.rank in offsets:
+        offset = offsets[source.rank].offset_us
+    else:
+        offset = 0.0 if source.rank == 0 else None  # rank 0 is the reference clock
+    return dataclasses.replace(source, offset_us=offset)
+
+
+def _read_block(source: _Source, first: int, stop: int) -> np.ndarray:
+    """The records of steps [first, stop) of one rank, step-indexed (missing steps: step -1)."""
+    block = np.zeros(stop - first, dtype=TIMELINE_DTYPE)
+    block["step"] = -1
+    for run_step, run_record, count in source.runs:
+        low, high = max(first, run_step), min(stop, run_step + count)
+        if low >= high:
+            continue
+        start = run_record + (low - run_step)
+        block[low - first:high - first] = _records_at(source, start, high - low)
+    return block
+
+
+def _records_at(source: _Source, start: int, count: int) -> np.ndarray:
+    if source.records is not None:
+        return source.records[start:start + count]
+    descriptor = os.open(source.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(descriptor, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if (info.st_dev, info.st_ino) != source.identity:
+            raise ValueError(f"{source.path}: replaced while being read")
+        handle.seek(HEADER.size + start * TIMELINE_DTYPE.itemsize)
+        records = np.fromfile(handle, dtype=TIMELINE_DTYPE, count=count)
+    bad = ~valid_records(records)
+    if bad.any():
+        records = records.copy()
+        records["step"][bad] = -1
+    padded = np.zeros(count, dtype=TIMELINE_DTYPE)
+    padded["step"] = -1
+    padded[:records.size] = records
+    return padded
+
+
+# -- one pass over the steps -----------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class _Accumulated:
+    """What the pass keeps: per step figures, per rank and step the log relative step time (float16: 0.1%
+    resolution near 1), and the heatmaps' sums."""
+
+    ranks: list[int]
+    first_step: int
+    steps: int
+    rank_bins: int
+    step_bins: int
+    log_relative: np.ndarray = field(init=False)
+    median_ms: np.ndarray = field(init=False)
+    slowest_ms: np.ndarray = field(init=False)
+    """Steady steps: the slowest rank's step_ms (NaN: no steady record)."""
+    profiled_slowest_ms: np.ndarray = field(init=False)
+    """Profiled steps: the slowest rank's step_ms (NaN: not profiled)."""
+    profiled: np.ndarray = field(init=False)
+    earliest_end_us: np.ndarray = field(init=False)
+    last_rank: np.ndarray = field(init=False)
+    """Index into `ranks` of the rank whose step ended last (-1: fewer than two ends known)."""
+    first_collective_last: np.ndarray = field(init=False)
+    """Index into `ranks` of the rank that reached its first collective last (-1: fewer than two known)."""
+    cells: dict[str, np.ndarray] = field(init=False)
+
+    def __post_init__(self) -> None:
+        n, s = len(self.ranks), self.steps
+        self.log_relative = np.full((n, s), np.nan, dtype=np.float16)
+        self.median_ms, self.slowest_ms, self.profiled_slowest_ms, self.earliest_end_us = (
+            np.full(s, np.nan) for _ in range(4))
+        self.profiled = np.zeros(s, dtype=bool)
+        self.last_rank = np.full(s, -1, dtype=np.int32)
+        self.first_collective_last = np.full(s, -1, dtype=np.int32)
+        size = self.rank_bins * self.step_bins
+        self.cells = {name: np.zeros(size) for name in ("step_sum", "step_count", "late_sum", "late_count")}
+
+
+def _pass(sources: dict[int, _Source], first_step: int, last_step: int) -> _Accumulated:
+    ranks = sorted(sources)
+    steps = last_step - first_step + 1
+    acc = _Accumulated(ranks=ranks, first_step=first_step, steps=steps,
+                       rank_bins=min(MAX_RANK_BINS, len(ranks)), step_bins=min(MAX_STEP_BINS, steps))
+    offsets = np.array([np.nan if sources[r].offset_us is None else sources[r].offset_us for r in ranks])
+    lowest = np.array([sources[r].lowest_step for r in ranks])
+    for block_first in range(first_step, last_step + 1, STEP_BLOCK):
+        stop = min(block_first + STEP_BLOCK, last_step + 1)
+        block = np.stack([_read_block(sources[r], block_first, stop) for r in ranks])
+        _account_block(acc, block, block_first, offsets, lowest)
+    return acc
+
+
+def _account_block(acc: _Accumulated, block: np.ndarray, block_first: int, offsets: np.ndarray,
+                   lowest: np.ndarray) -> None:
+    columns = slice(block_first - acc.first_step, block_first - acc.first_step + block.shape[1])
+    present = block["step"] >= 0
+    flags = block["flags"]
+    not_first = present & (flags & FLAG_FIRST == 0) & (block["step"] != lowest[:, None])
+    profiled = not_first & (flags & FLAG_PROFILED != 0)
+    steady = not_first & ~profiled
+    acc.profiled[columns] = np.any(present & (flags & FLAG_PROFILED != 0), axis=0)
+    all_ms = block["step_ms"].astype(np.float64)
+    step_ms = np.where(steady, all_ms, np.nan)
+    median = _column_median(step_ms)
+    acc.median_ms[columns] = median
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        acc.slowest_ms[columns] = np.nanmax(step_ms, axis=0)
+        acc.profiled_slowest_ms[columns] = np.nanmax(np.where(profiled, all_ms, np.nan), axis=0)
+        acc.log_relative[:, columns] = np.log(step_ms / median)
+    end_us = _aligned(block, steady, offsets, "step_ms")
+    late_ms, acc.earliest_end_us[columns], acc.last_rank[columns] = _lateness(end_us)
+    _, _, acc.first_collective_last[columns] = _lateness(_aligned(block, steady, offsets, "first_collective_ms"))
+    _bin(acc, step_ms, late_ms, columns)
+
+
+def _aligned(block: np.ndarray, steady: np.ndarray, offsets: np.ndarray, until: str) -> np.ndarray:
+    """Each steady record's moment `until` (step_ms: its end) on the reference clock, us; NaN: unknown."""
+    moment_us = block["start_us"] - offsets[:, None] + block[until].astype(np.float64) * 1000.0
+    return np.where(steady, moment_us, np.nan)
+
+
+def _lateness(moment_us: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lateness ms per rank and step, the earliest moment per step, index of the last rank per step (-1:
+    fewer than two known))."""
+    known = ~np.isnan(moment_us)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        earliest = np.nanmin(moment_us, axis=0)
+    last = np.argmax(np.where(known, moment_us, -np.inf), axis=0).astype(np.int32)
+    return (moment_us - earliest) / 1000.0, earliest, np.where(known.sum(axis=0) >= 2, last, -1)
+
+
+def _column_median(values: np.ndarray) -> np.ndarray:
+    """nanmedian over ranks (axis 0), by one sort: NaN sorts last."""
+    ordered = np.sort(values, axis=0)
+    count = np.sum(~np.isnan(values), axis=0)
+    low = np.take_along_axis(ordered, np.maximum((count - 1) // 2, 0)[None, :], axis=0)[0]
+    high = np.take_along_axis(ordered, np.maximum(count // 2, 0)[None, :], axis=0)[0]
+    return np.where(count > 0, (low + high) / 2.0, np.nan)
+
+
+def _bin(acc: _Accumulated, step_ms: np.ndarray, late_ms: np.ndarray, columns: slice) -> None:
+    n_ranks = step_ms.shape[0]
+    rank_bin = np.arange(n_ranks) * acc.rank_bins // n_ranks
+    step_index = np.arange(columns.start, columns.start + step_ms.shape[1])
+    step_bin = step_index * acc.step_bins // acc.steps
+    cell = (rank_bin[:, None] * acc.step_bins + step_bin[None, :]).ravel()
+    for values, total, count in ((step_ms, "step_sum", "step_count"), (late_ms, "late_sum", "late_count")):
+        flat = values.ravel()
+        known = ~np.isnan(flat)
+        size = acc.rank_bins * acc.step_bins
+        acc.cells[total] += np.bincount(cell[known], weights=flat[known], minlength=size)
+        acc.cells[count] += np.bincount(cell[known], minlength=size)
+
+
+# -- findings --------------------------------------------------------------------------------------------
+
+
+def whole_run_section(layout: RunLayout | None, run_command_dir: str | None = None) -> WholeRun | None:
+    """None when `layout` is None or the run has neither timelines nor step metrics."""
+    if layout is None:
+        return None
+    notes: list[str] = []
+    sources = _sources(layout, notes)
+    if not sources:
+        if not notes:
+            return None
+        return WholeRun(status=STATUS_NOT_RECORDED, reason="no usable timeline or step metrics", notes=notes)
+    first = min(run[0] for s in sources.values() for run in s.runs)
+    last = max(run[0] + run[2] - 1 for s in sources.values() for run in s.runs)
+    acc = _pass(sources, first, last)
+    return _section(acc, sources, notes, run_command_dir or str(layout.root))
+
+
+def _section(acc: _Accumulated, sources: dict[int, _Source], notes: list[str], run_dir: str) -> WholeRun:
+    steady = np.flatnonzero(~np.isnan(acc.slowest_ms))
+    step_numbers = acc.first_step + steady
+    windows = _windows(acc)
+    segments = {rank: _segments(acc, index) for index, rank in enumerate(acc.ranks)}
+    slow = [finding for index, rank in enumerate(acc.ranks)
+            for finding in _slow_ranks(acc, index, sources[rank], segments[rank], windows, run_dir)]
+    changes = [ChangePoint(rank=rank, step=b.start_step, level_before=a.level, level_after=b.level)
+               for rank, found in segments.items() for a, b in zip(found[:-1], found[1:])]
+    timed = [r for r, s in sources.items() if s.offset_us is not None]
+    section = WholeRun(
+        status=STATUS_OK,
+        sources=_by_source(sources),
+        ranks=len(acc.ranks),
+        first_step=acc.first_step,
+        last_step=acc.first_step + acc.steps - 1,
+        steady_steps=int(steady.size),
+        step_time_ms=_median(acc.slowest_ms[steady]),
+        median_rank_step_ms=_median(acc.median_ms[steady]),
+        basis=(f"{BASIS_STEP_METRICS} (timeline), steady steps {step_ranges(step_numbers)} ({steady.size}), "
+               f"{SLOWEST_RANK}; relative step time: a rank's step_ms over the median rank's that step"),
+        lateness_basis=_lateness_basis(timed, acc.ranks),
+        slow_ranks=slow,
+        changes=sorted(changes, key=lambda c: -abs(math.log(c.level_after / c.level_before)))[:MAX_CHANGES_SHOWN],
+        changes_total=len(changes),
+        windows=_window_checks(acc, windows),
+        step_time_map=_heatmap(acc, "step_sum", "step_count", "step time (steady steps, mean)"),
+        lateness_map=_heatmap(acc, "late_sum", "late_count", "lateness (steady steps, mean)")
+        if timed else None,
+        notes=notes,
+    )
+    return _with_sentences(section, acc, steady, run_dir)
+
+
+def _by_source(sources: dict[int, _Source]) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for rank, source in sources.items():
+        found.setdefault(SOURCE_TIMELINE if source.path is not None else SOURCE_JSONL, []).append(rank)
+    return found
+
+
+def _lateness_basis(timed: list[int], ranks: list[int]) -> str:
+    if not timed:
+        return "no aligned clock (no timeline start times with a clock offset): lateness unknown"
+    missing = len(ranks) - len(timed)
+    return ("aligned step end (start_us less the rank's measured clock offset, plus step_ms) minus the earliest "
+            f"end that step, steady steps; {len(timed)} of {len(ranks)} ranks"
+            + (f" ({missing} without a timeline or a clock offset: unknown)" if missing else ""))
+
+
+def _median(values: np.ndarray) -> float | None:
+    values = values[~np.isnan(values)]
+    return float(np.median(values)) if values.size else None
+
+
+def _windows(acc: _Accumulated) -> list[tuple[int, int]]:
+    """Runs of consecutive profiled steps, as (first step, last step)."""
+    flagged = np.concatenate([[False], acc.profiled, [False]]).astype(np.int8)
+    edges = np.diff(flagged)
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
+    return [(acc.first_step + int(a), acc.first_step + int(b)) for a, b in zip(starts, ends)]
+
+
+def window_label(first: int, last: int) -> str:
+    return f"profiled steps {first}-{last}" if last > first else f"profiled step {first}"
+
+
+def _segments(acc: _Accumulated, index: int) -> list[Segment]:
+    values = np.exp(acc.log_relative[index].astype(np.float64))
+    return segment_levels(values, acc.first_step + np.arange(acc.steps))
+
+
+def _slow_ranks(acc: _Accumulated, index: int, source: _Source, segments: list[Segment],
+                windows: list[tuple[int, int]], run_dir: str) -> list[SlowRank]:
+    rank = source.rank
+    found = []
+    rank_last = segments[-1].end_step if segments else None
+    for segment in _merged_slow(segments):
+        if segment.steps < MIN_SLOW_STEPS:
+            continue
+        columns = slice(segment.start_step - acc.first_step, segment.end_step - acc.first_step + 1)
+        last_pct = _share_last(acc.last_rank[columns], index)
+        late = _rank_lateness_ms(acc, source, segment)
+        covered = [window_label(a, b) for a, b in windows if a <= segment.end_step and b >= segment.start_step]
+        finding = SlowRank(rank=rank, from_step=segment.start_step, to_step=segment.end_step,
+                           to_the_end=segment.end_step == rank_last, excess_pct=100.0 * (segment.level - 1.0),
+                           steps=segment.steps, last_pct=last_pct,
+                           first_collective_last_pct=_share_last(acc.first_collective_last[columns], index), median_lateness_ms=_median(late), windows=covered,
+                           sentence="")
+        found.append(_with_slow_sentence(finding, run_dir))
+    return found
+
+
+def _share_last(last: np.ndarray, index: int) -> float | None:
+    known = last >= 0
+    return 100.0 * float(np.mean(last[known] == index)) if known.any() else None
+
+
+def _rank_lateness_ms(acc: _Accumulated, source: _Source, segment: Segment) -> np.ndarray:
+    """The rank's lateness over the segment's steady steps (its records read again: only the slow ranks')."""
+    if source.offset_us is None:
+        return np.array([np.nan])
+    block = _read_block(source, segment.start_step, segment.end_step + 1)
+    columns = slice(segment.start_step - acc.first_step, segment.end_step - acc.first_step + 1)
+    steady = ~np.isnan(acc.log_relative[acc.ranks.index(source.rank), columns])
+    end_us = _aligned(block[None, :], steady[None, :], np.array([source.offset_us]), "step_ms")[0]
+    return (end_us - acc.earliest_end_us[columns]) / 1000.0
+
+
+def _merged_slow(segments: list[Segment]) -> list[Segment]:
+    """Adjacent slow segments as one (their level the steps-weighted one)."""
+    merged: list[Segment] = []
+    for segment in segments:
+        if segment.level < 1.0 + SLOW_EXCESS:
+            continue
+        if merged and _adjacent(merged[-1], segment, segments):
+            before = merged.pop()
+            steps = before.steps + segment.steps
+            level = (before.level * before.steps + segment.level * segment.steps) / steps
+            segment = Segment(start_step=before.start_step, end_step=segment.end_step, level=level, steps=steps)
+        merged.append(segment)
+    return merged
+
+
+def _adjacent(before: Segment, after: Segment, segments: list[Segment]) -> bool:
+    return not any(before.end_step < s.start_step < after.start_step for s in segments)
+
+
+def _with_slow_sentence(finding: SlowRank, run_dir: str) -> SlowRank:
+    until = "to the end" if finding.to_the_end else f"to step {finding.to_step:,}"
+    parts = [f"rank {finding.rank} slow from step {finding.from_step:,} ({until}): "
+             f"{finding.excess_pct:+.0f}% step time over the median rank ({finding.steps:,} steady steps)"]
+    if finding.last_pct is not None:
+        parts.append(f"last to end its step at {finding.last_pct:.0f}% of steps since")
+    if finding.first_collective_last_pct is not None:
+        parts.append(f"last at the first collective at {finding.first_collective_last_pct:.0f}%")
+    if finding.windows:
+        parts.append("profiled in " + ", ".join(finding.windows))
+    else:
+        parts.append(f"no profiled window covers it: fleetscope profile {run_dir} --steps {PROFILE_STEPS}")
+    return dataclasses.replace(finding, sentence="; ".join(parts))
+
+
+def _window_checks(acc: _Accumulated, windows: list[tuple[int, int]]) -> list[WindowCheck]:
+    steady = acc.slowest_ms[~np.isnan(acc.slowest_ms)]
+    ordered = np.sort(steady)
+    checks, previous_end = [], acc.first_step - 1
+    for first, last in windows:
+        window_ms = _median(acc.profiled_slowest_ms[first - acc.first_step:last - acc.first_step + 1])
+        between = acc.slowest_ms[previous_end + 1 - acc.first_step:first - acc.first_step]
+        percentile = (100.0 * np.searchsorted(ordered, window_ms) / ordered.size
+                      if window_ms is not None and ordered.size else None)
+        checks.append(WindowCheck(first_step=first, last_step=last, median_ms=window_ms,
+                                  between_median_ms=_median(between), percentile_pct=percentile))
+        previous_end = last
+    return checks
+
+
+def _heatmap(acc: _Accumulated, total: str, count: str, quantity: str) -> Heatmap:
+    counts = acc.cells[count].reshape(acc.rank_bins, acc.step_bins)
+    means = acc.cells[total].reshape(acc.rank_bins, acc.step_bins) / np.maximum(counts, 1)
+    values = [[float(v) if c > 0 else None for v, c in zip(row, crow)] for row, crow in zip(means, counts)]
+    n = len(acc.ranks)
+    rank_edges = [[acc.ranks[i] for i in np.flatnonzero(np.arange(n) * acc.rank_bins // n == b)[[0, -1]]]
+                  for b in range(acc.rank_bins)]
+    step_edges = [[acc.first_step + int(i) for i in np.flatnonzero(
+        np.arange(acc.steps) * acc.step_bins // acc.steps == b)[[0, -1]]] for b in range(acc.step_bins)]
+    binning = (f"{n} ranks in {acc.rank_bins} bins of {math.ceil(n / acc.rank_bins)}, {acc.steps} steps in "
+               f"{acc.step_bins} bins of {math.ceil(acc.steps / acc.step_bins)}; mean per cell")
+    return Heatmap(quantity=quantity, unit="ms", binning=binning, rank_bins=rank_edges, step_bins=step_edges,
+                   values=values)
+
+
+def _with_sentences(section: WholeRun, acc: _Accumulated, steady: np.ndarray, run_dir: str) -> WholeRun:
+    drift = _drift_sentence(section.windows)
+    representative = _representative_sentence(section.windows, run_dir)
+    if section.slow_ranks:
+        worst = max(section.slow_ranks, key=lambda s: s.excess_pct * s.steps)
+        ranks = len({s.rank for s in section.slow_ranks})
+        verdict = (f"{len(section.slow_ranks)} slow-rank episode(s) on {ranks} rank(s); the largest: rank {worst.rank} "
+                   f"{worst.excess_pct:+.0f}% from step {worst.from_step:,}")
+    else:
+        verdict = (f"no rank slower than the median rank by {100 * SLOW_EXCESS:.0f}% or more for "
+                   f"{MIN_SLOW_STEPS}+ steady steps in {section.steady_steps:,} steady steps of {section.ranks} ranks")
+    return dataclasses.replace(section, drift=drift, representative=representative, verdict=verdict)
+
+
+def _drift_sentence(windows: list[WindowCheck]) -> str:
+    gaps = [w.between_median_ms for w in windows if w.between_median_ms is not None]
+    if len(gaps) < 2:
+        return "fewer than two stretches between profiled windows: no drift measured"
+    change = 100.0 * (gaps[-1] / gaps[0] - 1.0)
+    return (f"steady step time before the first window {gaps[0]:.2f} ms, before the last {gaps[-1]:.2f} ms "
+            f"({change:+.1f}%; {BASIS_STEP_METRICS} (timeline), {SLOWEST_RANK})")
+
+
+def _representative_sentence(windows: list[WindowCheck], run_dir: str) -> str:
+    placed = [w for w in windows if w.percentile_pct is not None]
+    if not placed:
+        return (f"no profiled step in the timelines: no window to compare; fleetscope profile {run_dir} "
+                f"--steps {PROFILE_STEPS} records one")
+    parts = [f"{window_label(w.first_step, w.last_step)}: {w.median_ms:.2f} ms, percentile "
+             f"{w.percentile_pct:.0f} of the run's steady steps" for w in placed]
+    typical = all(10.0 <= w.percentile_pct <= 90.0 for w in placed)
+    return ("; ".join(parts) + (" (representative: within percentiles 10-90" if typical else
+                                " (not all representative: outside percentiles 10-90")
+            + "; profiled steps include the profiler's cost)")

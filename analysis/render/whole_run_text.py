@@ -1,0 +1,50 @@
+"""Terminal text of the report's `whole_run` section: slow ranks, changes, the windows against the run."""
+
+from __future__ import annotations
+
+from fleetscope.analysis.cross_rank.whole_run import STATUS_OK, WholeRun, window_label
+
+CHANGES_SHOWN = 8
+
+
+def whole_run_text(section: WholeRun | None) -> str:
+    """Empty when the report has no whole_run section."""
+    if section is None:
+        return ""
+    if section.status != STATUS_OK:
+        return "\n".join(["Whole run (every step, every rank)", f"  {section.status}: {section.reason}",
+                          *[f"  note: {n}" for n in section.notes]])
+    sources = "; ".join(f"{name}: {len(ranks)} rank(s)" for name, ranks in section.sources.items())
+    lines = [
+        "Whole run (every step, every rank)",
+        f"  {section.ranks} ranks, steps {section.first_step}-{section.last_step}, {section.steady_steps:,} steady "
+        f"steps; source: {sources}",
+        f"  step time median {_ms(section.step_time_ms)} (median rank {_ms(section.median_rank_step_ms)}) "
+        f"({section.basis})",
+        f"  lateness: {section.lateness_basis}",
+        f"  verdict: {section.verdict}",
+    ]
+    lines += [f"  slow: {slow.sentence}" for slow in section.slow_ranks]
+    lines += _change_lines(section)
+    lines += [f"  window {window_label(w.first_step, w.last_step)}: {_ms(w.median_ms)} profiled, "
+              f"{_ms(w.between_median_ms)} in the steady steps before it" for w in section.windows]
+    lines += [f"  drift: {section.drift}", f"  representative: {section.representative}"]
+    for heatmap in (section.step_time_map, section.lateness_map):
+        if heatmap is not None:
+            lines.append(f"  heatmap of {heatmap.quantity} in the HTML report: {heatmap.binning}")
+    lines += [f"  note: {n}" for n in section.notes]
+    return "\n".join(lines)
+
+
+def _change_lines(section: WholeRun) -> list[str]:
+    if not section.changes_total:
+        return ["  change points: none in any rank's relative step time"]
+    shown = section.changes[:CHANGES_SHOWN]
+    lines = [f"  change points: {section.changes_total} (largest {len(shown)} shown; relative step time, "
+             "1.00 = the median rank)"]
+    lines += [f"    rank {c.rank} at step {c.step:,}: {c.level_before:.2f} -> {c.level_after:.2f}" for c in shown]
+    return lines
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} ms"

@@ -16,6 +16,7 @@ from fleetscope.analysis.cross_rank.capture import capture_section
 from fleetscope.analysis.cross_rank.placement import place_traces
 from fleetscope.analysis.cross_rank.moe import load_moe_records_noted
 from fleetscope.analysis.cross_rank.records import trainer_evidence
+from fleetscope.analysis.cross_rank.whole_run import whole_run_section
 from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
 from fleetscope.analysis.cross_rank.hta_views import start_hta_workers
 from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
@@ -96,6 +97,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         moe_records=moe_records,
     )
     report.capture = capture_section(inputs.layout, inputs.world_size)
+    report.whole_run = whole_run_section(inputs.layout)
     if advisor is not None:
         report.advice = list(advisor(inputs.layout.root if inputs.layout is not None else Path(path), report))
     if auditing():

@@ -18,6 +18,7 @@ from fleetscope.analysis.render.evidence_html import evidence_sections
 from fleetscope.analysis.render.cause_html import cause_section, critical_path_section
 from fleetscope.analysis.render.pipeline_section import pipeline_html
 from fleetscope.analysis.render.moe_html import moe_section
+from fleetscope.analysis.render.whole_run_html import whole_run_html
 from fleetscope.analysis.render.terminal import matching_sentence
 from fleetscope.analysis.report.model import RankSummary, Report, WindowReport
 
@@ -65,6 +66,7 @@ def render_html(report: Report, *, trace_ranges: StepRanges | None = None) -> st
         evidence_sections(report),
         capture_html(report),
         moe_section(report.moe),
+        whole_run_html(report.whole_run),
         _clock_section(report),
         _hta_section(report),
         _problems(report),

@@ -15,6 +15,7 @@ from fleetscope.analysis.render.evidence_text import evidence_sections
 from fleetscope.analysis.render.cause_terminal import cause_lines, critical_path_lines
 from fleetscope.analysis.render.pipeline_section import pipeline_text
 from fleetscope.analysis.render.moe_text import moe_section
+from fleetscope.analysis.render.whole_run_text import whole_run_text
 from fleetscope.analysis.report.model import Report, WindowReport
 
 MAX_RANK_ROWS = 32
@@ -34,6 +35,7 @@ def render_terminal(report: Report) -> str:
         *evidence_sections(report),
         *capture_sections(report),
         moe_section(report.moe),
+        whole_run_text(report.whole_run),
         _clock_lines(report),
         _hta_lines(report),
         _problems(report),

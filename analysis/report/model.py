@@ -201,6 +201,15 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           (global ranks holding the expert: ep rank k holds experts [k E/ep, (k+1) E/ep)),
                           holder_last_pct, cost_ms_per_step (the holders' combine_cost_ms summed), sentence},
                           ep_groups[][] (global ranks of each expert-parallel group, by ep rank; records)
+    whole_run             WholeRun, every step of every rank from metrics/rank<R>.timeline (else rank<R>.jsonl)
+                          (cross_rank/whole_run.py) | null (neither recorded): {status, reason, sources {source:
+                          ranks[]}, ranks, first_step, last_step, steady_steps, step_time_ms, median_rank_step_ms,
+                          basis, lateness_basis, slow_ranks[] {rank, from_step, to_step, to_the_end, excess_pct,
+                          steps, last_pct, first_collective_last_pct, median_lateness_ms, windows[], sentence},
+                          changes[] {rank, step, level_before, level_after} (changes_total in all), windows[]
+                          {first_step, last_step, median_ms, between_median_ms, percentile_pct}, drift,
+                          representative, step_time_map, lateness_map {quantity, unit, binning, rank_bins[][],
+                          step_bins[][], values[][]}, verdict, notes[]}
 
 Definitions of every metric: utilization.py (busy/idle/comm/overlap), stragglers.py (arrival, lateness,
 wait, score), causes.py (straggler causes, what-if), bandwidth.py and comm_bytes.py (collective sizes and bandwidth), gpu_time.py (GPU time by
@@ -233,6 +242,7 @@ from fleetscope.analysis.cross_rank.pipeline import PipelineReport
 from fleetscope.analysis.cross_rank.moe import MoeReport
 from fleetscope.analysis.cross_rank.records import TrainerEvidence
 from fleetscope.analysis.cross_rank.stragglers import Stragglers
+from fleetscope.analysis.cross_rank.whole_run import WholeRun
 from fleetscope.analysis.inputs.sources import (  # noqa: F401  (part of the report's model)
     SOURCE_RUN_DIR,
     SOURCE_TRACE_DIR,
@@ -360,6 +370,7 @@ class Report:
     trainer: TrainerEvidence | None = None
     capture: CaptureSection | None = None
     moe: MoeReport | None = None
+    whole_run: WholeRun | None = None
 
     @property
     def analyzed_ranks(self) -> list[int]:

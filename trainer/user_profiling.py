@@ -20,6 +20,13 @@ published into `<run>/traces/window<NNN>/rank<R>.<host>.pt.trace.json.gz` atomic
 rank 0 is measured once (collectively) when the process group exists. Not launched by fleetscope, all of
 this is a no-op after a one-line notice on stderr.
 
+Every step of the loop, profiled or not, also appends one record to `<run>/metrics/rank<R>.timeline`
+(traces/timeline.py): its start on this rank's wall clock at the previous step's end (the first step: its
+own start), its time from there to its end (so consecutive records tile the loop, the time between steps
+included), `data_ms` from `windows.phase("data")` when the loop times its input with it (NaN otherwise),
+and whether it ran inside a window. No device sync; records are buffered and written at exit even without
+`close()`.
+
 Users who drive torch.profiler themselves pass `on_trace_ready=fs.trace_handler()`: each trace the profiler
 hands it is filed into the run directory as the next window of this rank.
 
@@ -29,11 +36,14 @@ Imports: torch, fleetscope.traces, and the torch-free trainer modules of the win
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import math
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +51,7 @@ from typing import Any
 from ..traces.clock import record_clock_offset
 from ..traces.launch_env import LaunchedBy, launcher_rank, read_launch_environment, restart_attempt
 from ..traces.layout import RunLayout
+from ..traces.timeline import TimelineWriter
 from ..traces.writer import publish_trace
 from .config import ProfilerSchedule
 from .profiling import Window, WindowedProfiler, plan_windows
@@ -69,6 +80,72 @@ def current_rank() -> int:
     return 0 if rank is None else rank
 
 
+class StepTimeline:
+    """One timeline record per step of a user's loop (the writer opens at the first record, closes at exit)."""
+
+    def __init__(self, layout: RunLayout) -> None:
+        self._layout = layout
+        self._writer: TimelineWriter | None = None
+        self._boundary_ns: int | None = None
+        """perf_counter_ns of the previous step's end (or of the first seen step's start); None: none yet."""
+        self._boundary_us = math.nan
+        """The same moment on this rank's wall clock (`time.time_ns() / 1000`)."""
+        self._data_ns: int | None = None
+        self._first = True
+
+    def begin(self) -> None:
+        """A step begins; its record starts here unless a previous step's end already set the start."""
+        if self._boundary_ns is None:
+            self._set_boundary()
+
+    def end(self, step: int, *, profiled: bool) -> None:
+        """Step `step` ends: its record, from the boundary to now (none when its start was not seen)."""
+        now_ns = time.perf_counter_ns()
+        if self._boundary_ns is not None:
+            step_ms = max(now_ns - self._boundary_ns, 1) / 1e6
+            data_ms = min(self._data_ns / 1e6, step_ms) if self._data_ns is not None else math.nan
+            self._open().append(step=step, start_us=self._boundary_us, step_ms=step_ms, data_ms=data_ms,
+                                profiled=profiled, first=self._first)
+            self._first = False
+        self._set_boundary()
+
+    def add_data_ns(self, elapsed_ns: int) -> None:
+        """Time the loop spent on its input (`windows.phase("data")`), counted in the step that ends next."""
+        self._data_ns = (self._data_ns or 0) + elapsed_ns
+
+    def close(self) -> None:
+        """Write the buffered records (a later step opens the file again and appends)."""
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            atexit.unregister(writer.close)
+            writer.close()
+
+    def _set_boundary(self) -> None:
+        self._boundary_ns, self._boundary_us, self._data_ns = time.perf_counter_ns(), time.time_ns() / 1e3, None
+
+    def _open(self) -> TimelineWriter:
+        if self._writer is None:
+            rank = current_rank()
+            self._writer = TimelineWriter(self._layout.timeline_file(rank), rank)
+            atexit.register(self._writer.close)  # a program that never calls close() keeps its records
+        return self._writer
+
+
+class _DataPhase:
+    """`windows.phase("data")`: its time goes to the step's data_ms; inside windows also a named range."""
+
+    def __init__(self, timeline: StepTimeline, inner: contextlib.AbstractContextManager) -> None:
+        self._timeline, self._inner, self._start_ns = timeline, inner, 0
+
+    def __enter__(self) -> None:
+        self._inner.__enter__()
+        self._start_ns = time.perf_counter_ns()
+
+    def __exit__(self, *exc_info) -> None:
+        self._timeline.add_data_ns(time.perf_counter_ns() - self._start_ns)
+        self._inner.__exit__(*exc_info)
+
+
 class Windows:
     """Profiling windows of one rank of a user's loop; make one with `windows()`."""
 
@@ -79,12 +156,14 @@ class Windows:
         self._planned_until = 0
         self._open_step: int | None = None
         self._clock_pending = measure_clock and launched is not None
+        self._timeline: StepTimeline | None = None
         if launched is None:
             return
         import torch
 
         self._schedule = schedule_of(launched)
         self._layout = RunLayout.at(launched.run_dir)
+        self._timeline = StepTimeline(self._layout)
         self._use_cuda = torch.cuda.is_available() if use_cuda is None else use_cuda
         self._measure_clock_if_possible()
 
@@ -118,37 +197,48 @@ class Windows:
         torch.profiler's `prof.step()` does). The first step is recorded from `windows(start_step=...)` on;
         without it, the first step_done's step is not (its start was not seen)."""
         if self._open_step is None:
-            self._begin(step)
+            self._begin(step, seen=False)
         self._end(step)
         self._begin(step + 1)
 
     def phase(self, name: str) -> contextlib.AbstractContextManager:
-        """A named range (forward, backward, optimizer_step, ...) in the current step; recorded in windows only."""
-        if self._profiler is None:
-            return contextlib.nullcontext()
-        return self._profiler.phase(name)
+        """A named range (forward, backward, optimizer_step, ...) in the current step; recorded in windows only.
+        `phase("data")` (the loop's input) is also timed every step: the step's data_ms in the timeline."""
+        inner = self._profiler.phase(name) if self._profiler is not None else contextlib.nullcontext()
+        if name == "data" and self._timeline is not None:
+            return _DataPhase(self._timeline, inner)
+        return inner
 
     def close(self) -> None:
-        """Stop a window cut short (nothing of it is published)."""
+        """Stop a window cut short (nothing of it is published) and write the timeline's buffered records."""
         if self._profiler is not None:
             self._profiler.close()
+        if self._timeline is not None:
+            self._timeline.close()
         self._open_step = None
 
-    def _begin(self, step: int) -> None:
+    def _begin(self, step: int, *, seen: bool = True) -> None:
+        """Step `step` begins (`seen`: now; False: earlier, unseen, so it gets no timeline record)."""
+        if self._timeline is None:
+            return
+        if seen:
+            self._timeline.begin()
+        self._open_step = step
         if not self.enabled:
             return
         self._measure_clock_if_possible()
         self._plan_through(step)
         self._profiler.begin_step(step)
-        self._open_step = step
 
     def _end(self, step: int) -> None:
-        if self._profiler is None or self._open_step is None:
+        if self._open_step is None:
             return
         if step != self._open_step:
             raise ValueError(f"step {step} ended but step {self._open_step} is the one in progress")
         self._open_step = None
-        self._profiler.end_step(step)
+        self._timeline.end(step, profiled=self._profiler is not None and self._profiler.recording)
+        if self._profiler is not None:
+            self._profiler.end_step(step)
 
     def _plan_through(self, step: int) -> None:
         """Plan every window (repeat > 0), or the next cycles' windows once `step` passes the planned ones

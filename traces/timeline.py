@@ -58,7 +58,10 @@ FLUSH_EVERY = 64
 MAX_STEP_MS = 1e9
 """A step time beyond ~11.6 days is not believed (a forged or damaged record)."""
 
-assert TIMELINE_DTYPE.itemsize == 32 and HEADER.size == 32
+RECORD = struct.Struct("<iIdffff")
+"""TIMELINE_DTYPE as a struct, for the writer."""
+
+assert TIMELINE_DTYPE.itemsize == RECORD.size == 32 and HEADER.size == 32
 
 
 def timeline_file_name(rank: int) -> str:
@@ -71,25 +74,24 @@ class TimelineWriter:
     def __init__(self, path: Path, rank: int):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._buffer = np.zeros(FLUSH_EVERY, dtype=TIMELINE_DTYPE)
+        self._buffer = bytearray(FLUSH_EVERY * RECORD.size)
         self._count = 0
         self._file: IO[bytes] = _open_for_append(path, rank)
 
     def append(self, *, step: int, start_us: float, step_ms: float, data_ms: float = math.nan,
                first_collective_ms: float = math.nan, exposed_comm_ms: float = math.nan,
                profiled: bool = False, first: bool = False) -> None:
-        record = self._buffer[self._count]
-        record["step"], record["start_us"], record["step_ms"] = step, start_us, step_ms
-        record["data_ms"], record["first_collective_ms"], record["exposed_comm_ms"] = (
-            data_ms, first_collective_ms, exposed_comm_ms)
-        record["flags"] = (FLAG_PROFILED if profiled else 0) | (FLAG_FIRST if first else 0)
+        flags = (FLAG_PROFILED if profiled else 0) | (FLAG_FIRST if first else 0)
+        # struct into a reused buffer: ~1 us a step, a numpy record assignment costs ~5
+        RECORD.pack_into(self._buffer, self._count * RECORD.size, step, flags, start_us, step_ms, data_ms,
+                         first_collective_ms, exposed_comm_ms)
         self._count += 1
         if self._count == FLUSH_EVERY:
             self.flush()
 
     def flush(self) -> None:
         if self._count:
-            self._file.write(self._buffer[:self._count].tobytes())
+            self._file.write(memoryview(self._buffer)[:self._count * RECORD.size])
             self._file.flush()
             self._count = 0
 

@@ -207,3 +207,34 @@ def test_a_user_program_under_launch_gets_a_timeline_without_calling_close(tmp_p
         assert [int(f) for f in records["flags"]] == [FLAG_FIRST, 0, 0, FLAG_PROFILED, FLAG_PROFILED, 0, 0, 0]
         assert (records["step_ms"] >= 11).all() and (records["data_ms"] >= 2).all()
         assert math.isnan(float(records["first_collective_ms"][0]))
+
+
+# --- the anomaly trigger shares the change detector -----------------------------------------------------------
+
+
+def _noisy(levels: list[float], seed: int = 0) -> list[float]:
+    rng = np.random.default_rng(seed)
+    return [level * float(np.exp(rng.normal(0.0, 0.05))) for level in levels]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_relative_trigger_fires_within_two_steps_of_a_sustained_change(seed):
+    from fleetscope.trainer.triggers import LocalTriggers, parse_triggers
+
+    local = LocalTriggers(parse_triggers("step_time>2x"), history=20)
+    series = _noisy([50.0] * 40 + [90.0] * 10, seed)  # 1.8x: no single step is over 2x the median
+    reasons = {step: reason for step, value in enumerate(series) if (reason := local.observe(value, 1.0))}
+    first = min(reasons, default=None)
+    assert first is not None and 40 <= first <= 41, reasons
+    assert "a sustained change (step_time>2x): slower" in reasons[first]
+
+
+def test_a_relative_trigger_ignores_noise_a_lone_spike_and_speedups_and_absolute_ones_compare_each_step():
+    from fleetscope.trainer.triggers import LocalTriggers, parse_triggers
+
+    local = LocalTriggers(parse_triggers("step_time>2x"), history=20)
+    quiet = _noisy([50.0] * 2000, seed=7)
+    quiet[500] *= 1.8  # one slow step under 2x
+    assert not any(local.observe(value, 1.0) for value in quiet + _noisy([30.0] * 50, seed=8))
+    absolute = LocalTriggers(parse_triggers("step_time>80ms"), history=20)
+    assert absolute.observe(81.0, 1.0) == "step_time 81.0 ms > 80 ms" and absolute.observe(79.0, 1.0) is None

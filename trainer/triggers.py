@@ -1,9 +1,14 @@
 """Anomaly triggers (`profiler.trigger`), parsed and evaluated without torch.
 
 Grammar: comma-separated `metric>threshold`:
-  step_time>2x        this rank's step time over 2x the median of its last `profiler.trigger_history` steps
+  step_time>2x        this rank's step time over 2x the median of its last `profiler.trigger_history` steps,
+                      or a sustained slowdown of about that size found by the online change detector
+                      (traces/change_points.py ChangeDetector, min_change 2 - 1: the whole-run analysis's
+                      definition of a change; it fires on the second step of the change, and, CUSUM-like,
+                      on a persistent slowdown somewhat below 2x a few steps later)
   step_time>500ms     ... over an absolute 500 ms
   data_time>3x, data_time>50ms   the same for the step's data-loading time
+Absolute thresholds (`ms`) compare each step alone, nothing else.
   rank_step_time>1.5x some rank's step time over 1.5x the median of all ranks' (compared every
                       `profiler.trigger_every` steps, from values carried by the per-step agreement)
 """
@@ -15,10 +20,15 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
+from ..traces.change_points import ChangeDetector
+
 METRICS = ("step_time", "data_time", "rank_step_time")
 _TRIGGER_RE = re.compile(r"^(?P<metric>[a-z_]+)\s*>\s*(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>x|ms)$")
 MIN_HISTORY = 5
-"""A rolling median needs this many steps before a relative trigger can fire."""
+"""A rolling median (and the change detector's first baseline) needs this many steps before a relative
+trigger can fire."""
+MAX_MIN_CHANGE = 9.99
+"""The change detector takes a relative change below 10 (11x); larger thresholds ask it for this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,13 +68,22 @@ class LocalTriggers:
     def __init__(self, triggers: list[Trigger], history: int):
         self._triggers = [t for t in triggers if t.metric != "rank_step_time"]
         self._history = {m: deque(maxlen=history) for m in ("step_time", "data_time")}
+        self._detectors = {t: ChangeDetector(min_change=min(t.threshold - 1.0, MAX_MIN_CHANGE), warmup=MIN_HISTORY,
+                                             window=max(history, MIN_HISTORY))
+                           for t in self._triggers if t.relative}
 
     def observe(self, step_time_ms: float, data_ms: float) -> str | None:
         """Add one step; the reason when a trigger fires on it (the step is then kept out of the history)."""
         values = {"step_time": step_time_ms, "data_time": data_ms}
         reason = None
         for trigger in self._triggers:
-            reason = reason or _fires(trigger, values[trigger.metric], self._history[trigger.metric])
+            value = values[trigger.metric]
+            fired = _fires(trigger, value, self._history[trigger.metric])
+            detector = self._detectors.get(trigger)
+            change = detector.observe(value) if detector is not None else None  # every step: it keeps its level
+            if fired is None and change is not None and change.startswith("slower"):
+                fired = f"{trigger.metric} {value:.1f} ms, a sustained change ({trigger.text}): {change}"
+            reason = reason or fired
         if reason is None:
             for metric, value in values.items():
                 self._history[metric].append(value)

@@ -268,37 +268,31 @@ def _with_offset(source: _Source, offsets: dict) -> _Source:
     return dataclasses.replace(source, offset_us=offset)
 
 
-def _read_block(source: _Source, first: int, stop: int) -> np.ndarray:
-    """The records of steps [first, stop) of one rank, step-indexed (missing steps: step -1)."""
-    block = np.zeros(stop - first, dtype=TIMELINE_DTYPE)
-    block["step"] = -1
+def _read_block(source: _Source, first: int, out: np.ndarray) -> None:
+    """The records of steps [first, first + len(out)) of one rank into `out`, step-indexed (missing: step -1)."""
+    out["step"] = -1
+    stop = first + out.size
     for run_step, run_record, count in source.runs:
         low, high = max(first, run_step), min(stop, run_step + count)
-        if low >= high:
-            continue
-        start = run_record + (low - run_step)
-        block[low - first:high - first] = _records_at(source, start, high - low)
-    return block
+        if low < high:
+            _records_into(source, run_record + (low - run_step), out[low - first:high - first])
 
 
-def _records_at(source: _Source, start: int, count: int) -> np.ndarray:
+def _records_into(source: _Source, start: int, out: np.ndarray) -> None:
+    """Records start.. of the rank into `out`. A timeline's runs hold only records read_timeline found valid;
+    the file is the one it read (same device and inode), and only records it counted are read."""
     if source.records is not None:
-        return source.records[start:start + count]
+        out[:] = source.records[start:start + out.size]
+        return
     descriptor = os.open(source.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     with os.fdopen(descriptor, "rb") as handle:
         info = os.fstat(handle.fileno())
         if (info.st_dev, info.st_ino) != source.identity:
             raise ValueError(f"{source.path}: replaced while being read")
         handle.seek(HEADER.size + start * TIMELINE_DTYPE.itemsize)
-        records = np.fromfile(handle, dtype=TIMELINE_DTYPE, count=count)
-    bad = ~valid_records(records)
-    if bad.any():
-        records = records.copy()
-        records["step"][bad] = -1
-    padded = np.zeros(count, dtype=TIMELINE_DTYPE)
-    padded["step"] = -1
-    padded[:records.size] = records
-    return padded
+        read = handle.readinto(out.view(np.uint8))
+    if read < out.nbytes:
+        out["step"][read // TIMELINE_DTYPE.itemsize:] = -1  # cut short since: those steps are missing
 
 
 # -- one pass over the steps -----------------------------------------------------------------------------
@@ -347,9 +341,12 @@ def _pass(sources: dict[int, _Source], first_step: int, last_step: int) -> _Accu
                        rank_bins=min(MAX_RANK_BINS, len(ranks)), step_bins=min(MAX_STEP_BINS, steps))
     offsets = np.array([np.nan if sources[r].offset_us is None else sources[r].offset_us for r in ranks])
     lowest = np.array([sources[r].lowest_step for r in ranks])
+    buffer = np.zeros((len(ranks), min(STEP_BLOCK, steps)), dtype=TIMELINE_DTYPE)
     for block_first in range(first_step, last_step + 1, STEP_BLOCK):
         stop = min(block_first + STEP_BLOCK, last_step + 1)
-        block = np.stack([_read_block(sources[r], block_first, stop) for r in ranks])
+        block = buffer[:, :stop - block_first]
+        for row, rank in enumerate(ranks):
+            _read_block(sources[rank], block_first, block[row])
         _account_block(acc, block, block_first, offsets, lowest)
     return acc
 
@@ -539,7 +536,8 @@ def _rank_lateness_ms(acc: _Accumulated, source: _Source, segment: Segment) -> n
     """The rank's lateness over the segment's steady steps (its records read again: only the slow ranks')."""
     if source.offset_us is None:
         return np.array([np.nan])
-    block = _read_block(source, segment.start_step, segment.end_step + 1)
+    block = np.zeros(segment.end_step + 1 - segment.start_step, dtype=TIMELINE_DTYPE)
+    _read_block(source, segment.start_step, block)
     columns = slice(segment.start_step - acc.first_step, segment.end_step - acc.first_step + 1)
     steady = ~np.isnan(acc.log_relative[acc.ranks.index(source.rank), columns])
     end_us = _aligned(block[None, :], steady[None, :], np.array([source.offset_us]), "step_ms")[0]

@@ -51,12 +51,39 @@ class PacketStream(StreamingTraceProtoBuilder):
     def write_packet(self, packet: pb.TracePacket) -> None:
         self.add_packet().CopyFrom(packet)
 
+    def write_encoded(self, data: bytes | memoryview, packet_count: int) -> None:
+        """Append packets already encoded as a `Trace` message (columnar.py), after the pending batch."""
+        self.flush()
+        self._file.write(data)
+        self.packets_written += packet_count
+
     def flush(self) -> None:
         if self._pending:
             self._file.write(self._batch.SerializeToString())
             self._batch = pb.Trace()
             self._add = self._batch.packet.add
             self._pending = 0
+
+
+class PacketCapture:
+    """Stands in for a PacketStream so that a SequenceWriter's packets come back as bytes instead of
+    going to the file: the columnar encoder lets the writer make its rare packets (new interned names,
+    debug annotations) and splices them in between its own."""
+
+    def __init__(self) -> None:
+        self._packets: list[pb.TracePacket] = []
+
+    def add_packet(self) -> pb.TracePacket:
+        packet = pb.TracePacket()
+        self._packets.append(packet)
+        return packet
+
+    def take(self) -> bytes:
+        """The packets made since the last call, framed as fields of a `Trace` message."""
+        trace = pb.Trace()
+        trace.packet.extend(self._packets)
+        self._packets.clear()
+        return trace.SerializeToString()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -85,12 +112,27 @@ class TrackSpec:
 class SequenceWriter:
     """Packets of one trusted sequence, with interning of names, categories and annotation keys."""
 
-    stream: PacketStream
+    stream: PacketStream | PacketCapture
     sequence_id: int
     _names: dict[str, int] = field(default_factory=dict)
     _categories: dict[str, int] = field(default_factory=dict)
     _annotation_names: dict[str, int] = field(default_factory=dict)
     _started: bool = False
+
+    @property
+    def started(self) -> bool:
+        """Whether the sequence's first packet (the one that clears incremental state) is written."""
+        return self._started
+
+    @property
+    def name_iids(self) -> dict[str, int]:
+        """Event name -> interned id so far (read only: interning happens in the packet that first uses it)."""
+        return self._names
+
+    @property
+    def category_iids(self) -> dict[str, int]:
+        """Category -> interned id so far (read only, as `name_iids`)."""
+        return self._categories
 
     def packet(self, timestamp_ns: int | None = None) -> pb.TracePacket:
         packet = self.stream.add_packet()

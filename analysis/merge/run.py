@@ -13,9 +13,9 @@ writes ONE native Perfetto protobuf trace:
 * optionally the same events as Chrome JSON (merge_json.py).
 
 The trace is streamed: ranks are read one at a time (a rank's windows one after another, all into
-its process) and written packet by packet with interned names, so memory is bounded by one trace
-file however many ranks there are (one per worker process with `MergeOptions.workers`, which gives
-the same bytes faster).
+its process) and written a chunk of packets at a time, encoded from columns with interned names
+(perfetto/columnar.py), so memory is bounded by one trace file however many ranks there are (one per
+worker process with `MergeOptions.workers`, which gives the same bytes faster).
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ from fleetscope.analysis.merge.summary import (
     summary_process,
     write_rank_summary,
 )
+from fleetscope.analysis.merge.operation_columns import event_args_of, operation_columns
+from fleetscope.analysis.merge.perfetto.columnar import write_track_events
 from fleetscope.analysis.merge.perfetto.writer import (
     PacketStream,
     SequenceWriter,
@@ -489,6 +491,16 @@ class _RankEmitter:
             self.writer.track(spec)
             if self.json_writer is not None:
                 self.json_writer.track(self.pid, spec.uuid, spec.name, spec.order, spec.is_counter)
+        columns = operation_columns(plan.operations, plan.flows, events, event_args=self.event_args) \
+            if self.json_writer is None else None
+        if columns is not None:
+            write_track_events(self.writer, columns)
+        else:
+            self._emit_each(plan, events)
+
+    def _emit_each(self, plan: WindowPlan, events: list[Any]) -> None:
+        """Event by event: with the Chrome JSON (which takes each event too), and the reference the
+        columnar encoder is held equal to."""
         for operation in plan.operations:
             kind = operation[1]
             if kind == OP_END:
@@ -506,7 +518,7 @@ class _RankEmitter:
         ts, _, uuid, name, category, end_ns, ident, annotations = operation
         outgoing = flows.outgoing.get(ident, ())
         terminating = flows.terminating.get(ident, ())
-        args = annotations if ident <= NO_EVENT or not self._needs_args else _event_args(events, ident)
+        args = annotations if ident <= NO_EVENT or not self._needs_args else event_args_of(events, ident)
         self.writer.slice_begin(ts, uuid, name, category, flow_ids=outgoing, terminating_flow_ids=terminating,
                                 annotations=args if (self.event_args or ident <= NO_EVENT) else None)
         if self.json_writer is not None:
@@ -523,16 +535,11 @@ class _RankEmitter:
 
     def _instant(self, operation: tuple, events: list[Any]) -> None:
         ts, _, uuid, name, category, ident, annotations = operation
-        args = annotations if ident == NO_EVENT or not self._needs_args else _event_args(events, ident)
+        args = annotations if ident == NO_EVENT or not self._needs_args else event_args_of(events, ident)
         self.writer.instant(ts, uuid, name, category,
                             annotations=args if (self.event_args or ident == NO_EVENT) else None)
         if self.json_writer is not None:
             self.json_writer.instant(self.pid, uuid, name, category, ts, args)
-
-
-def _event_args(events: list[Any], ident: int) -> dict | None:
-    args = events[ident].get("args")
-    return args if isinstance(args, dict) and args else None
 
 
 # --- worker processes (options.worker_count > 1) -----------------------------------------------------

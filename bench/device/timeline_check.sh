@@ -18,8 +18,8 @@ run() {  # name, then trainer flags
   echo "== $name: exit $?" | tee -a "$log"
   grep -E "Error|error|anomaly|trigger" "/tmp/tl-$name.log" | tail -5 | tee -a "$log"
 }
-run eager-1rank --nproc-per-node 1 --parallel ddp --compile none --set profiler.trigger=step_time>1.5x
-run graphs-1rank --nproc-per-node 1 --parallel ddp --compile reduce-overhead --set profiler.trigger=step_time>1.5x
+run eager-1rank --nproc-per-node 1 --parallel ddp --compile none --set 'profiler.trigger=step_time>1.5x'
+run graphs-1rank --nproc-per-node 1 --parallel ddp --compile reduce-overhead --set 'profiler.trigger=step_time>1.5x'
 run gloo-2rank-straggle --nproc-per-node 2 --parallel ddp --compile none --set parallel.backend=gloo \
   --set faults.straggle_rank=1 --set faults.straggle_ms=40 --set faults.slow_from_step=12 --set faults.slow_until_step=20
 python3 - "$log" <<'PY' 2>&1 | tee -a "$log"

@@ -15,7 +15,7 @@ import pytest
 import fleetscope.analysis.merge.run as merge_run
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.perfetto.check import check_trace
-from fleetscope.analysis.merge.perfetto.columnar import TrackEventColumns, write_track_events
+from fleetscope.analysis.merge.perfetto.columnar import FlowColumns, TrackEventColumns, write_track_events
 from fleetscope.analysis.merge.perfetto.writer import (
     COUNTER,
     INSTANT,
@@ -79,7 +79,7 @@ def as_columns(rows: list[tuple]) -> TrackEventColumns:
         track_uuids=np.array([r[2] for r in rows], dtype=np.uint64),
         names=[r[3] for r in named], categories=[r[4] for r in named],
         counter_values=np.array([r[5] for r in rows if r[0] == COUNTER], dtype=np.float64),
-        flow_ids={i: r[6] for i, r in enumerate(rows) if r[0] == SLICE_BEGIN and (r[6][0] or r[6][1])},
+        flows=FlowColumns.of_rows({i: r[6] for i, r in enumerate(rows) if r[0] == SLICE_BEGIN and (r[6][0] or r[6][1])}),
         annotations={i: r[7] for i, r in enumerate(rows) if r[7]},
     )
 
@@ -134,3 +134,22 @@ def test_a_real_merge_is_the_same_trace_either_way(tmp_path, monkeypatch, option
     assert new.arrows == old.arrows and dict(new.counter_values) == dict(old.counter_values)
     assert len(new.slices) > 20_000 and new.arrows
     assert columnar.read_bytes() == per_event.read_bytes()
+
+
+@pytest.mark.parametrize("begin_idents", [[5, 8, 7, -1], [5, 5, 7, -1]], ids=["unique", "repeated"])
+def test_each_slice_begin_gets_the_flows_of_its_ident(begin_idents):
+    from fleetscope.analysis.merge.flows import FlowPlan
+    from fleetscope.analysis.merge.operation_columns import operation_columns
+    from fleetscope.analysis.merge.tracks import OP_BEGIN, OP_END
+
+    operations = []
+    for position, ident in enumerate(begin_idents):
+        operations += [(position * 10, OP_BEGIN, 1, f"s{position}", "", position * 10 + 5, ident, None),
+                       (position * 10 + 5, OP_END, 1)]
+    flows = FlowPlan()
+    flows.outgoing.update({5: [1, 2], 9: [3], 7: [6]})
+    flows.terminating.update({7: [4], 5: [11]})
+    columns = operation_columns(operations, flows, [], event_args=False)
+    for row in range(0, len(operations), 2):
+        ident = operations[row][6]
+        assert columns.flows.of_row(row) == (list(flows.outgoing.get(ident, [])), list(flows.terminating.get(ident, [])))

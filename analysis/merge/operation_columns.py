@@ -8,14 +8,14 @@ looked at one by one. What a row carries is what the per-event emitter gives it 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import compress
+from itertools import chain, compress
 from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
 from fleetscope.analysis.merge.flows import FlowPlan
-from fleetscope.analysis.merge.perfetto.columnar import TrackEventColumns
+from fleetscope.analysis.merge.perfetto.columnar import FlowColumns, TrackEventColumns
 from fleetscope.analysis.merge.perfetto.writer import COUNTER, INSTANT, SLICE_BEGIN, SLICE_END
 from fleetscope.analysis.merge.tracks import NO_EVENT, OP_BEGIN, OP_COUNTER, OP_END, OP_INSTANT
 
@@ -46,7 +46,7 @@ def operation_columns(operations: list[tuple], flows: FlowPlan, events: list[Any
         types=_TYPE_OF_OPERATION[kinds], timestamps_ns=timestamps, track_uuids=uuids,
         names=list(map(itemgetter(3), named_ops)), categories=list(map(itemgetter(4), named_ops)),
         counter_values=np.fromiter(map(itemgetter(3), counter_ops), dtype=np.float64),
-        flow_ids=_flow_ids(begins, flows), annotations=annotations,
+        flows=_flows(begins, flows), annotations=annotations,
     )
 
 
@@ -66,14 +66,33 @@ class _Rows:
         return cls(rows=np.flatnonzero(selected), operations=chosen, idents=idents)
 
 
-def _flow_ids(begins: _Rows, flows: FlowPlan) -> dict[int, tuple]:
-    """row -> (outgoing, terminating) flow ids, for the slice begins that have any."""
+def _flows(begins: _Rows, flows: FlowPlan) -> FlowColumns:
+    """The flow ids of the slice begins (a slice's are the FlowPlan's under its ident), looked up per
+    ident, not per row; idents that key flows and are not unique among the begins are looked up per row."""
     if not flows.outgoing and not flows.terminating:
-        return {}
-    keys = np.fromiter({*flows.outgoing, *flows.terminating}, dtype=np.int64)
-    with_flows = np.isin(begins.idents, keys)
-    return {row: (flows.outgoing.get(ident, ()), flows.terminating.get(ident, ()))
-            for row, ident in zip(begins.rows[with_flows].tolist(), begins.idents[with_flows].tolist())}
+        return FlowColumns.none()
+    keyed = np.isin(begins.idents, np.fromiter({*flows.outgoing, *flows.terminating}, dtype=np.int64))
+    if len(np.unique(begins.idents[keyed])) != int(keyed.sum()):
+        return FlowColumns.of_rows({row: (flows.outgoing.get(ident, ()), flows.terminating.get(ident, ()))
+                                    for row, ident in zip(begins.rows[keyed].tolist(), begins.idents[keyed].tolist())})
+    order = np.argsort(begins.idents[keyed])
+    idents, rows = begins.idents[keyed][order], begins.rows[keyed][order]
+    parts = [_entries(table, idents, rows, terminating) for terminating, table in
+             ((False, flows.outgoing), (True, flows.terminating))]
+    return FlowColumns.of_entries(*(np.concatenate(column) for column in zip(*parts)))
+
+
+def _entries(table: dict[int, list[int]], idents: np.ndarray, rows: np.ndarray,
+             terminating: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row, flow id, terminating) of each flow id in `table` whose ident is a slice begin (`idents`, sorted)."""
+    keys = np.fromiter(table, dtype=np.int64, count=len(table))
+    counts = np.fromiter(map(len, table.values()), dtype=np.int64, count=len(table))
+    ids = np.fromiter(chain.from_iterable(table.values()), dtype=np.uint64, count=int(counts.sum()))
+    at = np.minimum(np.searchsorted(idents, keys), max(len(idents) - 1, 0))
+    found = idents[at] == keys if len(idents) else np.zeros(len(keys), dtype=bool)
+    kept = np.repeat(found, counts)
+    entry_rows = np.repeat(rows[at] if len(idents) else keys, counts)[kept]
+    return entry_rows, ids[kept], np.full(len(entry_rows), terminating)
 
 
 def _annotations(chosen: _Rows, annotations_index: int, made_up: np.ndarray, events: list[Any],

@@ -17,7 +17,7 @@ are the same.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import repeat
 from typing import Sequence
 
 import numpy as np
@@ -71,6 +71,45 @@ _MAX_COMMON_FLOWS = 1
 
 
 @dataclass(frozen=True, kw_only=True)
+class FlowColumns:
+    """The flow ids of slice begins, one entry each, by row: a row's outgoing ids, then the ids it
+    terminates, each in its given order."""
+
+    rows: np.ndarray
+    """int64, sorted."""
+    ids: np.ndarray
+    """uint64."""
+    terminating: np.ndarray
+    """bool: the entry is a terminating_flow_id."""
+
+    @classmethod
+    def none(cls) -> "FlowColumns":
+        return cls(rows=np.zeros(0, dtype=np.int64), ids=np.zeros(0, dtype=np.uint64),
+                   terminating=np.zeros(0, dtype=bool))
+
+    @classmethod
+    def of_rows(cls, flow_ids: dict[int, tuple[Sequence[int], Sequence[int]]]) -> "FlowColumns":
+        """From row -> (outgoing ids, terminating ids)."""
+        entries = [(row, flow_id, False) for row, (outgoing, _) in flow_ids.items() for flow_id in outgoing]
+        entries += [(row, flow_id, True) for row, (_, terminating) in flow_ids.items() for flow_id in terminating]
+        return cls.of_entries(np.array([e[0] for e in entries], dtype=np.int64),
+                              np.array([e[1] for e in entries], dtype=np.uint64),
+                              np.array([e[2] for e in entries], dtype=bool))
+
+    @classmethod
+    def of_entries(cls, rows: np.ndarray, ids: np.ndarray, terminating: np.ndarray) -> "FlowColumns":
+        """From entries given outgoing before terminating and in order within each: sorted by row, stably."""
+        order = np.argsort(rows, kind="stable")
+        return cls(rows=rows[order], ids=ids[order], terminating=terminating[order])
+
+    def of_row(self, row: int) -> tuple[list[int], list[int]]:
+        """(outgoing ids, terminating ids) of one row."""
+        first, last = np.searchsorted(self.rows, [row, row + 1])
+        ids, terminating = self.ids[first:last].tolist(), self.terminating[first:last].tolist()
+        return ([i for i, ends in zip(ids, terminating) if not ends], [i for i, ends in zip(ids, terminating) if ends])
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrackEventColumns:
     """Track events of one sequence in write order, a row each."""
 
@@ -86,8 +125,8 @@ class TrackEventColumns:
     """Likewise; "" for none."""
     counter_values: np.ndarray
     """float64, one per COUNTER row, in row order."""
-    flow_ids: dict[int, tuple[Sequence[int], Sequence[int]]] = field(default_factory=dict)
-    """row of a SLICE_BEGIN -> (flow ids it starts, flow ids it ends)."""
+    flows: FlowColumns = field(default_factory=FlowColumns.none)
+    """The flow ids of the SLICE_BEGIN rows."""
     annotations: dict[int, dict[str, object]] = field(default_factory=dict)
     """row of a SLICE_BEGIN or INSTANT -> its debug annotations."""
 
@@ -101,7 +140,7 @@ def write_track_events(writer: SequenceWriter, columns: TrackEventColumns, *, ch
     named = (columns.types == SLICE_BEGIN) | (columns.types == INSTANT)
     name_before = np.concatenate(([0], np.cumsum(named)))
     counter_before = np.concatenate(([0], np.cumsum(columns.types == COUNTER)))
-    flows = _Flows.of(columns.flow_ids)
+    flows = _Flows.of(columns.flows)
     for start in range(0, columns.row_count, chunk_rows):
         stop = min(start + chunk_rows, columns.row_count)
         chunk = _Chunk(columns=columns, start=start, stop=stop, named=named[start:stop],
@@ -137,21 +176,51 @@ class _Chunk:
 
 
 def _encode_chunk(writer: SequenceWriter, chunk: _Chunk) -> bytes:
-    rare = _rare_rows(writer, chunk)
+    names = _Interned.look_up(chunk.names, writer.name_iids)
+    categories = _Interned.look_up(chunk.categories, writer.category_iids)
+    rare = _rare_rows(writer, chunk, names, categories)
     rare_bytes = _write_rare_rows(writer, chunk, rare)
+    names.complete(writer.name_iids)
+    categories.complete(writer.category_iids)
     common = np.ones(chunk.stop - chunk.start, dtype=bool)
     common[rare] = False
-    return _assemble(writer, chunk, common, rare, rare_bytes)
+    return _assemble(writer, chunk, common, rare, rare_bytes, names.iids, categories.iids)
+
+
+@dataclass(frozen=True, slots=True)
+class _Interned:
+    """The interned id of each of a chunk's names (or categories); 0 for one not interned yet."""
+
+    texts: list[str]
+    iids: np.ndarray
+    missing: np.ndarray
+    """Positions whose text was not interned when looked up."""
+
+    @classmethod
+    def look_up(cls, texts: list[str], interned: dict[str, int]) -> "_Interned":
+        iids = np.fromiter(map(interned.get, texts, repeat(0)), dtype=np.uint64, count=len(texts))
+        return cls(texts=texts, iids=iids, missing=np.flatnonzero(iids == 0))
+
+    def first_uses(self, *, skip: str | None = None) -> np.ndarray:
+        """Positions of the first use of each text not interned (but `skip`, which never is)."""
+        first: dict[str, int] = {}
+        for position in self.missing.tolist():
+            first.setdefault(self.texts[position], position)
+        first.pop(skip, None)
+        return np.array(sorted(first.values()), dtype=np.int64)
+
+    def complete(self, interned: dict[str, int]) -> None:
+        """Fill in the ids interned since the look-up (by the rare rows' packets)."""
+        self.iids[self.missing] = [interned.get(self.texts[position], 0) for position in self.missing.tolist()]
 
 
 # --- the rare rows, written by SequenceWriter -----------------------------------------------------
 
-def _rare_rows(writer: SequenceWriter, chunk: _Chunk) -> np.ndarray:
+def _rare_rows(writer: SequenceWriter, chunk: _Chunk, names: _Interned, categories: _Interned) -> np.ndarray:
     """Chunk rows (sorted) that SequenceWriter writes: first uses of a name or category, annotated rows,
     the sequence's first packet, negative timestamps (the writer refuses them) and slices with many flows."""
     named_rows = np.flatnonzero(chunk.named)
-    rows = [named_rows[_first_uses(chunk.names, writer.name_iids)],
-            named_rows[_first_uses(chunk.categories, writer.category_iids, skip="")]]
+    rows = [named_rows[names.first_uses()], named_rows[categories.first_uses(skip="")]]
     rows.append(np.array([row - chunk.start for row in chunk.columns.annotations
                           if chunk.start <= row < chunk.stop], dtype=np.int64))
     rows.append(np.flatnonzero(chunk.timestamps_ns < 0))
@@ -159,16 +228,6 @@ def _rare_rows(writer: SequenceWriter, chunk: _Chunk) -> np.ndarray:
     if not writer.started:
         rows.append(np.flatnonzero(chunk.types != SLICE_END)[:1])
     return np.unique(np.concatenate(rows).astype(np.int64))
-
-
-def _first_uses(texts: list[str], interned: dict[str, int], *, skip: str | None = None) -> np.ndarray:
-    """Positions in `texts` of the first use of each text not yet interned."""
-    new = set(texts).difference(interned)
-    new.discard(skip)
-    if not new:
-        return np.zeros(0, dtype=np.int64)
-    first = dict(zip(reversed(texts), range(len(texts) - 1, -1, -1)))
-    return np.array(sorted(first[text] for text in new), dtype=np.int64)
 
 
 def _write_rare_rows(writer: SequenceWriter, chunk: _Chunk, rare: np.ndarray) -> list[bytes]:
@@ -193,7 +252,7 @@ def _write_row(writer: SequenceWriter, chunk: _Chunk, row: int, name_position: i
     kind, ts, uuid = int(chunk.types[row]), int(chunk.timestamps_ns[row]), int(chunk.track_uuids[row])
     annotations = chunk.columns.annotations.get(chunk.start + row)
     if kind == SLICE_BEGIN:
-        outgoing, terminating = chunk.columns.flow_ids.get(chunk.start + row, ((), ()))
+        outgoing, terminating = chunk.columns.flows.of_row(chunk.start + row)
         writer.slice_begin(ts, uuid, chunk.names[name_position], chunk.categories[name_position],
                            flow_ids=outgoing, terminating_flow_ids=terminating, annotations=annotations)
     elif kind == INSTANT:
@@ -216,12 +275,12 @@ class _Field:
 
 
 def _assemble(writer: SequenceWriter, chunk: _Chunk, common: np.ndarray, rare: np.ndarray,
-              rare_bytes: list[bytes]) -> bytes:
+              rare_bytes: list[bytes], name_iids: np.ndarray, category_iids: np.ndarray) -> bytes:
     """Every row's framed packet, rows in order; rare rows take their bytes from `rare_bytes`."""
     types = chunk.types
     named = chunk.named & common
     counter = (types == COUNTER) & common
-    event_fields = _track_event_fields(writer, chunk, common, named, counter)
+    event_fields = _track_event_fields(chunk, common, named, counter, name_iids, category_iids)
     event_length = sum(f.lengths for f in event_fields)
     packet_fields = [
         _varint_field(_TIMESTAMP, chunk.timestamps_ns, common),
@@ -262,31 +321,24 @@ def _splice(common_bytes: np.ndarray, row_lengths: np.ndarray, rare: np.ndarray,
     return b"".join(pieces)
 
 
-def _track_event_fields(writer: SequenceWriter, chunk: _Chunk, common: np.ndarray, named: np.ndarray,
-                        counter: np.ndarray) -> list[_Field]:
+def _track_event_fields(chunk: _Chunk, common: np.ndarray, named: np.ndarray, counter: np.ndarray,
+                        name_iids: np.ndarray, category_iids: np.ndarray) -> list[_Field]:
     """TrackEvent's fields in field-number order: category_iids, type, name_iid, track_uuid,
     double_counter_value, flow_ids and terminating_flow_ids."""
     rows = len(common)
-    name_iids = np.zeros(rows, dtype=np.uint64)
-    category_iids = np.zeros(rows, dtype=np.uint64)
+    names, categories = np.zeros(rows, dtype=np.uint64), np.zeros(rows, dtype=np.uint64)
     name_rows = np.flatnonzero(chunk.named)
-    name_iids[name_rows] = _lookup(chunk.names, writer.name_iids)
-    category_iids[name_rows] = _lookup(chunk.categories, writer.category_iids)
+    names[name_rows], categories[name_rows] = name_iids, category_iids
     counter_values = np.zeros(rows, dtype=np.float64)
     counter_values[chunk.types == COUNTER] = chunk.counter_values
     return [
-        _varint_field(_CATEGORY_IID, category_iids, named & (category_iids > 0)),
+        _varint_field(_CATEGORY_IID, categories, named & (categories > 0)),
         _varint_field(_TYPE, chunk.types, common),
-        _varint_field(_NAME_IID, name_iids, named),
+        _varint_field(_NAME_IID, names, named),
         _varint_field(_TRACK_UUID, chunk.track_uuids, common),
         _fixed64_field(_COUNTER_VALUE, counter_values.view(np.uint64), counter),
         _flow_field(chunk, common & (chunk.types == SLICE_BEGIN)),
     ]
-
-
-def _lookup(texts: list[str], interned: dict[str, int]) -> np.ndarray:
-    """Interned id of each text, 0 for one not interned ("" categories)."""
-    return np.fromiter(map(interned.get, texts, repeat(0)), dtype=np.uint64, count=len(texts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,17 +353,13 @@ class _Flows:
     values: np.ndarray
 
     @classmethod
-    def of(cls, flow_ids: dict[int, tuple[Sequence[int], Sequence[int]]]) -> "_Flows":
-        items = sorted(flow_ids.items())
-        outgoing = np.fromiter((len(out) for _, (out, _end) in items), dtype=np.int64, count=len(items))
-        ending = np.fromiter((len(end) for _, (_out, end) in items), dtype=np.int64, count=len(items))
-        values = np.fromiter(chain.from_iterable(chain(out, end) for _, (out, end) in items), dtype=np.uint64)
-        per_row = outgoing + ending
-        rows = np.repeat(np.fromiter((row for row, _ in items), dtype=np.int64, count=len(items)), per_row)
-        slots = np.arange(len(values)) - np.repeat(np.cumsum(per_row) - per_row, per_row)
-        keys = np.where((slots >= np.repeat(outgoing, per_row))[:, None], np.frombuffer(_TERMINATING_FLOW_ID, dtype=np.uint8),
+    def of(cls, flows: FlowColumns) -> "_Flows":
+        rows = flows.rows
+        first_of_row = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1]))) if len(rows) else rows
+        slots = np.arange(len(rows)) - np.repeat(first_of_row, np.diff(np.append(first_of_row, len(rows))))
+        keys = np.where(flows.terminating[:, None], np.frombuffer(_TERMINATING_FLOW_ID, dtype=np.uint8),
                         np.frombuffer(_FLOW_ID, dtype=np.uint8)).astype(np.uint8)
-        return cls(rows=rows, slots=slots, keys=keys.reshape(len(values), len(_FLOW_ID)), values=values)
+        return cls(rows=rows, slots=slots, keys=keys.reshape(len(rows), len(_FLOW_ID)), values=flows.ids)
 
     def per_row_counts(self, start: int, stop: int) -> np.ndarray:
         inside = (self.rows >= start) & (self.rows < stop)
@@ -340,24 +388,38 @@ def _constant_field(encoded: bytes, present: np.ndarray) -> _Field:
 def _varint_field(key: bytes, values: np.ndarray, present: np.ndarray) -> _Field:
     """`key` and the varint of each present row's value (values >= 0)."""
     remaining = values.astype(np.uint64)
-    widths = _varint_widths(remaining)
-    width = int(widths.max()) if len(values) else 1
+    widths, width = _varint_widths(remaining)
     matrix = np.empty((len(values), len(key) + width), dtype=np.uint8)
     matrix[:, :len(key)] = np.frombuffer(key, dtype=np.uint8)
     for group in range(width):
         matrix[:, len(key) + group] = remaining & np.uint64(0x7F)
         remaining = remaining >> np.uint64(7)
-    matrix[:, len(key):][np.arange(width) < widths[:, None] - 1] |= 0x80
-    return _Field(matrix, np.where(present, widths + len(key), 0))
+    if isinstance(widths, int):
+        matrix[:, len(key):len(key) + width - 1] |= 0x80
+        lengths = present * (width + len(key))
+    else:
+        matrix[:, len(key):][np.arange(width) < widths[:, None] - 1] |= 0x80
+        lengths = np.where(present, widths + len(key), 0)
+    return _Field(matrix, lengths.astype(np.int64))
 
 
-def _varint_widths(values: np.ndarray) -> np.ndarray:
-    """Bytes of each value's varint (7 bits a byte)."""
-    widths = np.ones(len(values), dtype=np.int64)
-    largest = int(values.max()) if len(values) else 0
-    for group in range(1, (max(largest.bit_length(), 1) + 6) // 7):
+def _varint_widths(values: np.ndarray) -> tuple[np.ndarray | int, int]:
+    """Bytes of each value's varint (7 bits a byte; one int when every value takes the same), and the most.
+    The width grows with the value, so only the thresholds between the smallest and the largest value's
+    widths are compared."""
+    if not len(values):
+        return 1, 1
+    narrowest, widest = _varint_width(int(values.min())), _varint_width(int(values.max()))
+    if narrowest == widest:
+        return widest, widest
+    widths = np.full(len(values), narrowest, dtype=np.int64)
+    for group in range(narrowest, widest):
         widths += values >= np.uint64(1 << (7 * group))
-    return widths
+    return widths, widest
+
+
+def _varint_width(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
 
 
 def _fixed64_field(key: bytes, values: np.ndarray, present: np.ndarray) -> _Field:

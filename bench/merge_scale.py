@@ -1,6 +1,7 @@
 """How the merged Perfetto trace scales with the number of ranks.
 
     python bench/merge_scale.py --focus [--ranks 64,256,1024] [--all-up-to 256] [--out bench.json]
+    python bench/merge_scale.py --one-rank TRACE [--repeat 3] [--out bench.json]
     python bench/merge_scale.py [--source TRACE] [--ranks 8,64,256] [--steps 4] [--json-ranks 8,64]
                                 [--work DIR] [--out bench.json]
 
@@ -12,7 +13,13 @@ a private, empty parsed-trace cache (both cold). Reported per N and mode: output
 ranks drawn in full, wall time, peak RSS of the whole process tree (sum over the process and its
 descendants, sampled every 0.1 s), and the trace processor's load time and peak RSS on the output; then
 the ratios default / all. `--ranks all` runs only for N <= `--all-up-to` (its merge time grows with N).
-Without `--focus`, every rank in full (`--ranks all`) as below:
+`--one-rank TRACE`: one rank drawn in full (the trace copied alone into a scratch directory), merged with
+the columnar packet encoder and with the per-event writer it is held equal to, alternately `--repeat`
+times each, every merge in its own process after one warm-up merge that fills a private parsed-trace
+cache (so each measured merge is what a merge after `analyze` costs: read, plan, write). Reported per
+encoder: the median wall and CPU s of `merge()`, peak RSS, slices, us per slice, the median wall s of
+writing the planned packets (the part the encoder replaces; the rest is reading and planning), and the ratios.
+Without `--focus` or `--one-rank`, every rank in full (`--ranks all`) as below:
 
 From one real GPU trace (default: the H200 fixture, a stock transformers eager step with ~3,150
 kernels) it builds N-rank sets: the trace's steps are tiled to `--steps` steps, and each rank is the
@@ -52,6 +59,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -161,22 +169,27 @@ def _header(document: dict, rank: int, ranks: int) -> bytes:
 
 # --- measuring ----------------------------------------------------------------------------------
 
-def measure_in_child(traces: Path, out: Path, chrome_json: Path | None, workers: int) -> dict:
-    command = [sys.executable, __file__, "--one-merge", str(traces), str(out), "--workers", str(workers)]
+def measure_in_child(traces: Path, out: Path, chrome_json: Path | None, workers: int, *,
+                     encoder: str = "columnar", env: dict | None = None) -> dict:
+    command = [sys.executable, __file__, "--one-merge", str(traces), str(out), "--workers", str(workers),
+               "--encoder", encoder]
     if chrome_json is not None:
         command += ["--chrome-json", str(chrome_json)]
-    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    completed = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if completed.returncode != 0:
         raise RuntimeError(f"merge of {traces} failed:\n{completed.stderr[-3000:]}")
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def one_merge(traces: Path, out: Path, chrome_json: Path | None, workers: int) -> dict:
-    from fleetscope.analysis.merge.run import merge
+def one_merge(traces: Path, out: Path, chrome_json: Path | None, workers: int, encoder: str = "columnar") -> dict:
+    from fleetscope.analysis.merge import run
     from fleetscope.analysis.merge.options import MergeOptions
 
+    if encoder == "per-event":  # the reference writer the columnar encoder is held equal to
+        run.operation_columns = lambda *args, **kwargs: None
+    emit_s = _time_packet_writing(run)
     started, cpu_started = time.perf_counter(), _cpu_s()
-    result = merge(traces, out, options=MergeOptions(chrome_json=chrome_json, workers=workers))
+    result = run.merge(traces, out, options=MergeOptions(chrome_json=chrome_json, workers=workers))
     elapsed, cpu = time.perf_counter() - started, _cpu_s() - cpu_started
     return {
         "elapsed_s": elapsed,
@@ -185,8 +198,25 @@ def one_merge(traces: Path, out: Path, chrome_json: Path | None, workers: int) -
         "output_bytes": result.output_bytes,
         "chrome_json_bytes": result.chrome_json_uncompressed_bytes,
         "ranks": len(result.ranks),
+        "slices": result.slice_count,
+        "emit_s": emit_s[0],
         "problems": [p.reason for p in result.problems][:5],
     }
+
+
+def _time_packet_writing(run: Any) -> list[float]:
+    """Wall seconds spent writing the planned packets of every window (the part the encoder does),
+    summed into the returned one-item list as the merge runs."""
+    total = [0.0]
+    emit = run._RankEmitter.emit
+
+    def timed(self, *args):
+        started = time.perf_counter()
+        emit(self, *args)
+        total[0] += time.perf_counter() - started
+
+    run._RankEmitter.emit = timed
+    return total
 
 
 def _cpu_s() -> float:
@@ -284,6 +314,55 @@ def _size(count: int) -> str:
         if count >= scale:
             return f"{count / scale:.1f}{unit}"
     return f"{count}B"
+
+
+# --- one rank drawn in full: columnar encoder against the per-event writer -----------------------------
+
+ENCODERS = ("per-event", "columnar")
+
+
+def run_one_rank(trace: Path, repeat: int, work: Path) -> dict[str, list[dict]]:
+    """Merges of `trace` as one rank in full, alternating encoders; the raw measurements per encoder."""
+    traces = work / "traces"
+    traces.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(trace, traces / ("rank0.pt.trace.json" + (".gz" if trace.name.endswith(".gz") else "")))
+    env = {**os.environ, "FLEETSCOPE_CACHE_DIR": str(work / "cache")}
+    measure_in_child(traces, work / "warm-up.perfetto-trace", None, 1, env=env)
+    runs: dict[str, list[dict]] = {encoder: [] for encoder in ENCODERS}
+    for _ in range(repeat):
+        for encoder in ENCODERS:
+            runs[encoder].append(measure_in_child(traces, work / f"{encoder}.perfetto-trace", None, 1,
+                                                  encoder=encoder, env=env))
+    if (work / "per-event.perfetto-trace").read_bytes() != (work / "columnar.perfetto-trace").read_bytes():
+        raise RuntimeError("the columnar encoder and the per-event writer wrote different traces")
+    return runs
+
+
+def one_rank_rows(runs: dict[str, list[dict]]) -> list[dict]:
+    rows = []
+    for encoder, measured in runs.items():
+        wall = sorted(m["elapsed_s"] for m in measured)[len(measured) // 2]
+        cpu = sorted(m["cpu_s"] for m in measured)[len(measured) // 2]
+        slices = measured[0]["slices"]
+        emit = sorted(m["emit_s"] for m in measured)[len(measured) // 2]
+        rows.append({"encoder": encoder, "wall_s": wall, "cpu_s": cpu, "emit_s": emit,
+                     "walls_s": [m["elapsed_s"] for m in measured],
+                     "peak_rss_mb": max(m["peak_rss_mb"] for m in measured), "slices": slices,
+                     "us_per_slice": wall / slices * 1e6, "output_bytes": measured[0]["output_bytes"]})
+    return rows
+
+
+def format_one_rank(rows: list[dict]) -> list[str]:
+    lines = [f"{'encoder':>9} {'slices':>8} {'wall s':>7} {'CPU s':>6} {'us/slice':>8} {'writing s':>9} "
+             f"{'us/slice':>8} {'peak RSS':>9} {'output':>8}"]
+    lines += [f"{r['encoder']:>9} {r['slices']:>8} {r['wall_s']:>7.3f} {r['cpu_s']:>6.3f} {r['us_per_slice']:>8.2f} "
+              f"{r['emit_s']:>9.3f} {r['emit_s'] / r['slices'] * 1e6:>8.2f} {r['peak_rss_mb']:>7.0f}MB "
+              f"{_size(r['output_bytes']):>8}" for r in rows]
+    by = {r["encoder"]: r for r in rows}
+    lines.append(f"per-event / columnar: wall {by['per-event']['wall_s'] / by['columnar']['wall_s']:.2f}x, "
+                 f"CPU {by['per-event']['cpu_s'] / by['columnar']['cpu_s']:.2f}x, "
+                 f"writing the packets {by['per-event']['emit_s'] / by['columnar']['emit_s']:.2f}x")
+    return lines
 
 
 # --- default (focus set) against --ranks all --------------------------------------------------------
@@ -385,12 +464,18 @@ def main() -> int:
     parser.add_argument("--trace-processor", type=Path, default=None,
                         help="trace_processor_shell to load each output with (default: the project's lookup)")
     parser.add_argument("--no-engine", action="store_true", help="do not load the outputs in the trace processor")
+    parser.add_argument("--one-rank", type=Path, default=None, metavar="TRACE",
+                        help="one rank in full: the columnar encoder against the per-event writer (docstring)")
+    parser.add_argument("--repeat", type=int, default=3, help="--one-rank: merges per encoder")
     parser.add_argument("--one-merge", nargs=2, type=Path, metavar=("TRACES", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--chrome-json", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--encoder", choices=ENCODERS, default="columnar", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one_merge:
-        print(json.dumps(one_merge(*args.one_merge, args.chrome_json, args.workers)))
+        print(json.dumps(one_merge(*args.one_merge, args.chrome_json, args.workers, args.encoder)))
         return 0
+    if args.one_rank:
+        return _main_one_rank(args)
     rank_counts = [int(n) for n in args.ranks.split(",") if n]
     engine = None
     if not args.no_engine:
@@ -406,6 +491,17 @@ def main() -> int:
         rows = run_scale(args.source, rank_counts, args.steps, json_ranks, work, args.workers, engine)
     if args.out:
         args.out.write_text(json.dumps([asdict(r) | {"vs_json": r.vs_json} for r in rows], indent=2) + "\n")
+    return 0
+
+
+def _main_one_rank(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="merge_one_rank_") as scratch:
+        rows = one_rank_rows(run_one_rank(args.one_rank, args.repeat, args.work or Path(scratch)))
+    print(f"source: {args.one_rank}")
+    for line in format_one_rank(rows):
+        print(line)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=2) + "\n")
     return 0
 
 

@@ -7,16 +7,30 @@ used is named in `notes` and the other ranks are analyzed.
 Definitions (steady steps and the slowest rank per step as analysis/quantities.py defines step time):
   steady step          a rank's step that is not its first (FLAG_FIRST, or its lowest step) and not profiled
   median step time     per step, the median over ranks of their steady step_ms
-  relative step time   a rank's step_ms over that median (1.2: 20% slower than the median rank)
-  lateness             aligned step end (start_us - clock offset + step_ms; traces/clock.py) minus the earliest
-                       end among ranks that step; likewise at the first collective (start + first_collective_ms)
-  slow rank            a segment of its relative step time (traces/change_points.py) at least SLOW_EXCESS above
-                       the median rank, for at least MIN_SLOW_STEPS steady steps
+  peers' median        per step, the median of a value over the other ranks that know it (leaving the rank
+                       out: of two ranks, the median of both would halve a straggler's excess)
+  excess               a rank's value less its peers' median that step, ms, in three signals: step time
+                       (step_ms), input wait (data_ms), late at the first collective (its aligned arrival at
+                       the first collective); under synchronous data parallelism the peers wait for a
+                       straggler inside their own steps, so every rank's step time rises together and only
+                       the input wait or the arrival shows who they wait for
+  excess level         1 + the mean of a rank's known excesses that step over the median step time: the series
+                       whose change points (traces/change_points.py) delimit the segments (a mean, not the
+                       largest: the largest of a step time level with the peers' and an arrival spread around
+                       it is half-rectified noise, which the search's robust noise scale underrates); a
+                       segment is looked at when its level is SLOW_EXCESS / len(SIGNALS) up (what one signal
+                       SLOW_EXCESS up makes of the mean), then sized per signal
+  slow rank            a segment at least SLOW_EXCESS above its peers for at least MIN_SLOW_STEPS steady steps
+                       (SHORT_SLOW_STEPS when it stands SHORT_SIGMAS noise scales high),
+                       named by the signal with the largest median excess over it and sized as that excess
+                       in percent of the median rank's steady step time before the change
   profiled window      a run of consecutive steps that some rank recorded with FLAG_PROFILED
 
 Scale: records are read in blocks of STEP_BLOCK steps across all ranks (a few hundred MB at most at 1,024
-ranks); what stays for the whole run is one float16 log relative step time per rank and step, per-step
-figures, and the binned heatmaps.
+ranks); what stays for the whole run is one float16 log excess level per rank and step, per-step figures
+(with each signal's order statistics, for the peers' median), and the binned heatmaps. The change-point
+search runs once per rank, on the excess level, not once per signal: at 1,024 ranks x
+100,000 steps each search costs ~5 ms, so per signal it would cost ~10 s more (bench/whole_run_scale.py).
 """
 
 from __future__ import annotations
@@ -32,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from fleetscope.analysis.quantities import BASIS_STEP_METRICS, SLOWEST_RANK, step_ranges
-from fleetscope.traces.change_points import Segment, segment_levels
+from fleetscope.traces.change_points import MIN_SEGMENT_STEPS, Segment, segment_levels
 from fleetscope.traces.clock import read_clock_offsets
 from fleetscope.traces.formats import read_metric_records
 from fleetscope.traces.layout import RunLayout
@@ -51,8 +65,13 @@ STEP_BLOCK = 2048
 MAX_RANK_BINS = 256
 MAX_STEP_BINS = 200
 SLOW_EXCESS = 0.05
-"""A rank's level this far above the median rank (5%) is slow."""
+"""A rank this far above its peers (5% of the step time) is slow."""
 MIN_SLOW_STEPS = 10
+SHORT_SLOW_STEPS = MIN_SEGMENT_STEPS
+"""A shorter slow stretch (down to the shortest segment the search makes) counts when it stands SHORT_SIGMAS
+of the rank's step-to-step noise above its peers: a straggle of 8 steps is found, and a chance split near
+the run's edge, a few noise scales high, is not (1 of tests/test_whole_run.py's 50 stationary runs had one)."""
+SHORT_SIGMAS = 5.0
 MAX_CHANGES_SHOWN = 200
 PROFILE_STEPS = 3
 """Steps the suggested `fleetscope profile` command records."""
@@ -83,8 +102,17 @@ class SlowRank:
     from_step: int
     to_step: int
     to_the_end: bool
+    signal: str
+    """What it did that its peers did not (one of SIGNALS): of the signals, the one with the largest excess."""
+    excess_ms: float
+    """Median over the segment's steady steps of its excess over its peers' median in `signal`, ms."""
+    baseline_ms: float
+    """The median rank's steady step time before the change (see _baseline_ms)."""
     excess_pct: float
-    """Its median relative step time over the segment, less 1, in percent."""
+    """excess_ms in percent of baseline_ms: a size, not a share (it may exceed 100)."""
+    job_step_change_ms: float | None
+    """The median rank's step time over the segment less baseline_ms: near excess_ms when every rank waits
+    for this one (synchronous data parallelism), near 0 when only this rank's steps are longer."""
     steps: int
     last_pct: float | None
     """Of those steps with known lateness, how often its step ended last."""
@@ -98,6 +126,8 @@ class SlowRank:
 
 @dataclass(frozen=True, kw_only=True)
 class ChangePoint:
+    """A change in a rank's excess level: 1 + its mean excess over its peers / the median step time."""
+
     rank: int
     step: int
     level_before: float
@@ -298,24 +328,39 @@ def _records_into(source: _Source, start: int, out: np.ndarray) -> None:
 # -- one pass over the steps -----------------------------------------------------------------------------
 
 
+SIGNAL_STEP = "step time"
+SIGNAL_DATA = "input wait"
+SIGNAL_ARRIVAL = "late at the first collective"
+SIGNALS = (SIGNAL_STEP, SIGNAL_DATA, SIGNAL_ARRIVAL)
+"""What a rank can do that its peers don't, each as its excess over the peers' median of the same step."""
+SIGNALS_BY_CAUSE = (SIGNAL_DATA, SIGNAL_ARRIVAL, SIGNAL_STEP)
+CAUSE_SLACK = 0.2
+"""A signal earlier in SIGNALS_BY_CAUSE is named when its excess is within this share of the largest."""
+
+
 @dataclass(kw_only=True)
 class _Accumulated:
-    """What the pass keeps: per step figures, per rank and step the log relative step time (float16: 0.1%
-    resolution near 1), and the heatmaps' sums."""
+    """What the pass keeps: per step figures, per rank and step the log excess level (float16: 0.1% resolution
+    near 1), and the heatmaps' sums."""
 
     ranks: list[int]
     first_step: int
     steps: int
     rank_bins: int
     step_bins: int
-    log_relative: np.ndarray = field(init=False)
+    log_level: np.ndarray = field(init=False)
+    """log of 1 + (the mean of the rank's known excesses over its peers, ms) / the median step time of the step."""
     median_ms: np.ndarray = field(init=False)
+    order: dict[str, np.ndarray] = field(init=False)
+    """Per signal, per step the order statistics _peer_median needs (4 rows; NaN: the signal unknown)."""
     slowest_ms: np.ndarray = field(init=False)
     """Steady steps: the slowest rank's step_ms (NaN: no steady record)."""
     profiled_slowest_ms: np.ndarray = field(init=False)
     """Profiled steps: the slowest rank's step_ms (NaN: not profiled)."""
     profiled: np.ndarray = field(init=False)
     earliest_end_us: np.ndarray = field(init=False)
+    earliest_arrival_us: np.ndarray = field(init=False)
+    """The earliest aligned moment any rank reached its first collective (NaN: unknown)."""
     last_rank: np.ndarray = field(init=False)
     """Index into `ranks` of the rank whose step ended last (-1: fewer than two ends known)."""
     first_collective_last: np.ndarray = field(init=False)
@@ -324,9 +369,10 @@ class _Accumulated:
 
     def __post_init__(self) -> None:
         n, s = len(self.ranks), self.steps
-        self.log_relative = np.full((n, s), np.nan, dtype=np.float16)
-        self.median_ms, self.slowest_ms, self.profiled_slowest_ms, self.earliest_end_us = (
-            np.full(s, np.nan) for _ in range(4))
+        self.log_level = np.full((n, s), np.nan, dtype=np.float16)
+        self.median_ms, self.slowest_ms, self.profiled_slowest_ms, self.earliest_end_us, self.earliest_arrival_us = (
+            np.full(s, np.nan) for _ in range(5))
+        self.order = {signal: np.full((4, s), np.nan, dtype=np.float32) for signal in SIGNALS}
         self.profiled = np.zeros(s, dtype=bool)
         self.last_rank = np.full(s, -1, dtype=np.int32)
         self.first_collective_last = np.full(s, -1, dtype=np.int32)
@@ -360,19 +406,41 @@ def _account_block(acc: _Accumulated, block: np.ndarray, block_first: int, offse
     profiled = not_first & (flags & FLAG_PROFILED != 0)
     steady = not_first & ~profiled
     acc.profiled[columns] = np.any(present & (flags & FLAG_PROFILED != 0), axis=0)
-    all_ms = block["step_ms"].astype(np.float64)
-    step_ms = np.where(steady, all_ms, np.nan)
-    median = _column_median(step_ms)
-    acc.median_ms[columns] = median
+    all_ms = block["step_ms"]
+    step_ms = np.where(steady, all_ms, np.float32(np.nan))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         acc.slowest_ms[columns] = np.nanmax(step_ms, axis=0)
-        acc.profiled_slowest_ms[columns] = np.nanmax(np.where(profiled, all_ms, np.nan), axis=0)
-        acc.log_relative[:, columns] = np.log(step_ms / median)
+        acc.profiled_slowest_ms[columns] = np.nanmax(np.where(profiled, all_ms, np.float32(np.nan)), axis=0)
     end_us = _aligned(block, steady, offsets, "step_ms")
     late_ms, acc.earliest_end_us[columns], acc.last_rank[columns] = _lateness(end_us)
-    _, _, acc.first_collective_last[columns] = _lateness(_aligned(block, steady, offsets, "first_collective_ms"))
+    arrival_ms, acc.earliest_arrival_us[columns], acc.first_collective_last[columns] = _lateness(
+        _aligned(block, steady, offsets, "first_collective_ms"))
+    signals = {SIGNAL_STEP: step_ms, SIGNAL_DATA: np.where(steady, block["data_ms"], np.float32(np.nan)),
+               SIGNAL_ARRIVAL: arrival_ms.astype(np.float32)}
+    acc.log_level[:, columns] = _log_level(acc, signals, columns)
     _bin(acc, step_ms, late_ms, columns)
+
+
+def _log_level(acc: _Accumulated, signals: dict[str, np.ndarray], columns: slice) -> np.ndarray:
+    """Per rank and step, log(1 + the mean of its known excesses over its peers / the step's median step time);
+    a signal no rank recorded in the block costs nothing. The series the change-point search reads."""
+    total = count = None
+    for signal, values in signals.items():
+        if signal != SIGNAL_STEP and not np.isfinite(values).any():
+            continue
+        order = _order_statistics(values)
+        acc.order[signal][:, columns] = order
+        if signal == SIGNAL_STEP:
+            median = acc.median_ms[columns] = _median_of(order)
+        excess = _excess_ms(values, order)
+        known = ~np.isnan(excess)
+        total = np.where(known, excess, 0.0) + (0.0 if total is None else total)
+        count = known.astype(np.float32) + (0.0 if count is None else count)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        level = np.log1p(np.where(np.isnan(signals[SIGNAL_STEP]), np.nan, total / count) / median)
+    return level
 
 
 def _aligned(block: np.ndarray, steady: np.ndarray, offsets: np.ndarray, until: str) -> np.ndarray:
@@ -392,27 +460,53 @@ def _lateness(moment_us: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return (moment_us - earliest) / 1000.0, earliest, np.where(known.sum(axis=0) >= 2, last, -1)
 
 
-def _column_median(values: np.ndarray) -> np.ndarray:
-    """nanmedian over ranks (axis 0), by one sort: NaN sorts last."""
+def _order_statistics(values: np.ndarray) -> np.ndarray:
+    """Per step (column), over the ranks that know the value: the sorted values at (n-2)//2, (n-1)//2, n//2,
+    (n+1)//2 (n: how many know it; NaN sorts last), as 4 rows; enough for the median of all and the median of
+    the others seen from any rank (_peer_median); NaN where the position does not exist."""
     ordered = np.sort(values, axis=0)
     count = np.sum(~np.isnan(values), axis=0)
-    low = np.take_along_axis(ordered, np.maximum((count - 1) // 2, 0)[None, :], axis=0)[0]
-    high = np.take_along_axis(ordered, np.maximum(count // 2, 0)[None, :], axis=0)[0]
-    return np.where(count > 0, (low + high) / 2.0, np.nan)
+    rows = np.stack([(count - 2) // 2, (count - 1) // 2, count // 2, (count + 1) // 2])
+    picked = np.take_along_axis(ordered, np.clip(rows, 0, max(values.shape[0] - 1, 0)), axis=0)
+    return np.where((rows >= 0) & (rows < count), picked, np.nan)
+
+
+def _median_of(order: np.ndarray) -> np.ndarray:
+    """The median over all ranks of each step (float64)."""
+    return (order[1].astype(np.float64) + order[2]) / 2.0
+
+
+def _peer_median(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Per rank and step, the median of the other ranks' values (NaN: fewer than one other). Leaving the rank
+    out matters at few ranks: of two, the median of both would halve a straggler's excess. Of the n - 1
+    others' sorted values, positions (n-2)//2 and (n-1)//2 are the sorted values there when the rank sorts
+    after them, else the next ones (equal values are interchangeable). Arithmetic on the two comparisons, not
+    np.where: a where on a mask that is true for half the ranks costs ten times more."""
+    below, middle, above, next_above = order
+    lower = (above - below) * (values >= above)
+    lower += (next_above - middle) * (values >= next_above)
+    return (above + next_above - lower) / 2.0
+
+
+def _excess_ms(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Each rank's value less its peers' median of the same step (NaN: unknown, or no peer knows it)."""
+    return values - _peer_median(values, order)
 
 
 def _bin(acc: _Accumulated, step_ms: np.ndarray, late_ms: np.ndarray, columns: slice) -> None:
-    n_ranks = step_ms.shape[0]
-    rank_bin = np.arange(n_ranks) * acc.rank_bins // n_ranks
-    step_index = np.arange(columns.start, columns.start + step_ms.shape[1])
-    step_bin = step_index * acc.step_bins // acc.steps
-    cell = (rank_bin[:, None] * acc.step_bins + step_bin[None, :]).ravel()
+    """Sums and counts per heatmap cell. Bins are runs of consecutive ranks and steps: summed by reduceat."""
+    n_ranks, width = step_ms.shape
+    rank_starts = np.flatnonzero(np.diff(np.arange(n_ranks) * acc.rank_bins // n_ranks, prepend=-1))
+    step_bin = np.arange(columns.start, columns.start + width) * acc.step_bins // acc.steps
+    step_starts = np.flatnonzero(np.diff(step_bin, prepend=-1))
+    bins = step_bin[step_starts]
     for values, total, count in ((step_ms, "step_sum", "step_count"), (late_ms, "late_sum", "late_count")):
-        flat = values.ravel()
-        known = ~np.isnan(flat)
-        size = acc.rank_bins * acc.step_bins
-        acc.cells[total] += np.bincount(cell[known], weights=flat[known], minlength=size)
-        acc.cells[count] += np.bincount(cell[known], minlength=size)
+        known = ~np.isnan(values)
+        for name, cell_values in ((total, np.where(known, values, np.float32(0.0))), (count, known)):
+            # steps first: a reduceat over many short runs of ranks on the whole block is slow
+            by_step = np.add.reduceat(cell_values, step_starts, axis=1, dtype=np.float32)
+            sums = np.add.reduceat(by_step, rank_starts, axis=0, dtype=np.float64)
+            acc.cells[name].reshape(acc.rank_bins, acc.step_bins)[:, bins] += sums
 
 
 # -- findings --------------------------------------------------------------------------------------------
@@ -454,7 +548,8 @@ def _section(acc: _Accumulated, sources: dict[int, _Source], notes: list[str], r
         step_time_ms=_median(acc.slowest_ms[steady]),
         median_rank_step_ms=_median(acc.median_ms[steady]),
         basis=(f"{BASIS_STEP_METRICS} (timeline), steady steps {step_ranges(step_numbers)} ({steady.size}), "
-               f"{SLOWEST_RANK}; relative step time: a rank's step_ms over the median rank's that step"),
+               f"{SLOWEST_RANK}; a slow rank's size: its excess over its peers' median, in percent of the median "
+               "rank's steady step time before the change"),
         lateness_basis=_lateness_basis(timed, acc.ranks),
         slow_ranks=slow,
         changes=sorted(changes, key=lambda c: -abs(math.log(c.level_after / c.level_before)))[:MAX_CHANGES_SHOWN],
@@ -502,29 +597,97 @@ def window_label(first: int, last: int) -> str:
 
 
 def _segments(acc: _Accumulated, index: int) -> list[Segment]:
-    values = np.exp(acc.log_relative[index].astype(np.float64))
+    values = np.exp(acc.log_level[index].astype(np.float64))
     return segment_levels(values, acc.first_step + np.arange(acc.steps))
+
+
+def _columns(acc: _Accumulated, segment: Segment) -> slice:
+    return slice(segment.start_step - acc.first_step, segment.end_step - acc.first_step + 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Size:
+    signal: str
+    excess_ms: float
+    baseline_ms: float
+    job_step_change_ms: float | None
 
 
 def _slow_ranks(acc: _Accumulated, index: int, source: _Source, segments: list[Segment],
                 windows: list[tuple[int, int]], run_dir: str) -> list[SlowRank]:
-    rank = source.rank
     found = []
     rank_last = segments[-1].end_step if segments else None
-    for segment in _merged_slow(segments):
-        if segment.steps < MIN_SLOW_STEPS:
+    raised = [s for s in segments if s.level >= 1.0 + SLOW_EXCESS / len(SIGNALS) and _long_or_clear(acc, index, s)]
+    slow = [s for s in raised if _slow_size(acc, index, source, segments, s)[0] is not None]
+    for segment in _merged(slow, segments):
+        size, late = _slow_size(acc, index, source, segments, segment)
+        if size is None:
             continue
-        columns = slice(segment.start_step - acc.first_step, segment.end_step - acc.first_step + 1)
-        last_pct = _share_last(acc.last_rank[columns], index)
-        late = _rank_lateness_ms(acc, source, segment)
+        columns = _columns(acc, segment)
         covered = [window_label(a, b) for a, b in windows if a <= segment.end_step and b >= segment.start_step]
-        finding = SlowRank(rank=rank, from_step=segment.start_step, to_step=segment.end_step,
-                           to_the_end=segment.end_step == rank_last, excess_pct=100.0 * (segment.level - 1.0),
-                           steps=segment.steps, last_pct=last_pct,
-                           first_collective_last_pct=_share_last(acc.first_collective_last[columns], index), median_lateness_ms=_median(late), windows=covered,
-                           sentence="")
+        finding = SlowRank(rank=source.rank, from_step=segment.start_step, to_step=segment.end_step,
+                           to_the_end=segment.end_step == rank_last, signal=size.signal, excess_ms=size.excess_ms,
+                           baseline_ms=size.baseline_ms, excess_pct=100.0 * size.excess_ms / size.baseline_ms,
+                           job_step_change_ms=size.job_step_change_ms, steps=segment.steps,
+                           last_pct=_share_last(acc.last_rank[columns], index),
+                           first_collective_last_pct=_share_last(acc.first_collective_last[columns], index),
+                           median_lateness_ms=_median(late), windows=covered, sentence="")
         found.append(_with_slow_sentence(finding, run_dir))
     return found
+
+
+def _slow_size(acc: _Accumulated, index: int, source: _Source, segments: list[Segment],
+               segment: Segment) -> tuple[_Size | None, np.ndarray]:
+    """The segment's size when it is slow (None: not), and the rank's end lateness over it."""
+    excess, late = _rank_figures(acc, index, source, segment)
+    size = _size(acc, excess, segments, segment)
+    return (size if size is not None and size.excess_ms >= SLOW_EXCESS * size.baseline_ms else None), late
+
+
+def _long_or_clear(acc: _Accumulated, index: int, segment: Segment) -> bool:
+    """Long enough to count, or short and clear of the rank's noise."""
+    if segment.steps >= MIN_SLOW_STEPS:
+        return True
+    if segment.steps < SHORT_SLOW_STEPS:
+        return False
+    return math.log(segment.level) >= SHORT_SIGMAS * _noise_scale(acc.log_level[index])
+
+
+def _noise_scale(log_level: np.ndarray) -> float:
+    """Robust step-to-step spread of one value of a rank's log excess level (its neighbours' differences:
+    a level shift moves only one)."""
+    known = log_level[~np.isnan(log_level)].astype(np.float64)
+    if known.size < 3:
+        return math.inf
+    return 1.4826 * float(np.median(np.abs(np.diff(known)))) / math.sqrt(2.0)
+
+
+def _size(acc: _Accumulated, excess: dict[str, float], segments: list[Segment], segment: Segment) -> _Size | None:
+    """The signal with the largest excess, sized against the step time before the change; None: no signal
+    known or no step time to size it by."""
+    baseline = _baseline_ms(acc, segments, segment)
+    if not excess or baseline is None or baseline <= 0:
+        return None
+    signal = _named_signal(excess)
+    during = _median(acc.median_ms[_columns(acc, segment)])
+    return _Size(signal=signal, excess_ms=excess[signal], baseline_ms=baseline,
+                 job_step_change_ms=None if during is None else during - baseline)
+
+
+def _named_signal(excess: dict[str, float]) -> str:
+    """The signal with the largest excess; an input wait delays the arrival at the first collective (and a
+    late arrival the step) by as much, so the earlier in SIGNALS_BY_CAUSE wins when it holds most of it."""
+    largest = max(excess.values())
+    return next(s for s in SIGNALS_BY_CAUSE if s in excess and excess[s] >= (1.0 - CAUSE_SLACK) * largest)
+
+
+def _baseline_ms(acc: _Accumulated, segments: list[Segment], segment: Segment) -> float | None:
+    """The median rank's steady step time before the change: over the rank's segment before it; after it when
+    the segment starts the rank's run; the segment itself when it is the only one."""
+    before = [s for s in segments if s.end_step < segment.start_step]
+    after = [s for s in segments if s.start_step > segment.end_step]
+    around = before[-1] if before else after[0] if after else segment
+    return _median(acc.median_ms[_columns(acc, around)])
 
 
 def _share_last(last: np.ndarray, index: int) -> float | None:
@@ -532,24 +695,31 @@ def _share_last(last: np.ndarray, index: int) -> float | None:
     return 100.0 * float(np.mean(last[known] == index)) if known.any() else None
 
 
-def _rank_lateness_ms(acc: _Accumulated, source: _Source, segment: Segment) -> np.ndarray:
-    """The rank's lateness over the segment's steady steps (its records read again: only the slow ranks')."""
-    if source.offset_us is None:
-        return np.array([np.nan])
+def _rank_figures(acc: _Accumulated, index: int, source: _Source,
+                  segment: Segment) -> tuple[dict[str, float], np.ndarray]:
+    """Over the segment's steady steps: the rank's median excess per known signal, and its lateness per step
+    at the step end (its records read again: only raised segments' are)."""
+    columns = _columns(acc, segment)
     block = np.zeros(segment.end_step + 1 - segment.start_step, dtype=TIMELINE_DTYPE)
     _read_block(source, segment.start_step, block)
-    columns = slice(segment.start_step - acc.first_step, segment.end_step - acc.first_step + 1)
-    steady = ~np.isnan(acc.log_relative[acc.ranks.index(source.rank), columns])
-    end_us = _aligned(block[None, :], steady[None, :], np.array([source.offset_us]), "step_ms")[0]
-    return (end_us - acc.earliest_end_us[columns]) / 1000.0
+    steady = ~np.isnan(acc.log_level[index, columns])
+    offset = np.array([np.nan if source.offset_us is None else source.offset_us])
+    arrival_us = _aligned(block[None, :], steady[None, :], offset, "first_collective_ms")[0]
+    values = {SIGNAL_STEP: np.where(steady, block["step_ms"], np.nan),
+              SIGNAL_DATA: np.where(steady, block["data_ms"], np.nan),
+              SIGNAL_ARRIVAL: (arrival_us - acc.earliest_arrival_us[columns]) / 1000.0}
+    medians = {signal: _median(_excess_ms(v.astype(np.float32), acc.order[signal][:, columns]))
+               for signal, v in values.items()}
+    end_us = _aligned(block[None, :], steady[None, :], offset, "step_ms")[0]
+    return ({signal: m for signal, m in medians.items() if m is not None},
+            (end_us - acc.earliest_end_us[columns]) / 1000.0)
 
 
-def _merged_slow(segments: list[Segment]) -> list[Segment]:
-    """Adjacent slow segments as one (their level the steps-weighted one)."""
+def _merged(slow: list[Segment], segments: list[Segment]) -> list[Segment]:
+    """Slow segments next to each other among all the rank's `segments` as one (their level the
+    steps-weighted one)."""
     merged: list[Segment] = []
-    for segment in segments:
-        if segment.level < 1.0 + SLOW_EXCESS:
-            continue
+    for segment in slow:
         if merged and _adjacent(merged[-1], segment, segments):
             before = merged.pop()
             steps = before.steps + segment.steps
@@ -565,8 +735,12 @@ def _adjacent(before: Segment, after: Segment, segments: list[Segment]) -> bool:
 
 def _with_slow_sentence(finding: SlowRank, run_dir: str) -> SlowRank:
     until = "to the end" if finding.to_the_end else f"to step {finding.to_step:,}"
-    parts = [f"rank {finding.rank} slow from step {finding.from_step:,} ({until}): "
-             f"{finding.excess_pct:+.0f}% step time over the median rank ({finding.steps:,} steady steps)"]
+    parts = [f"rank {finding.rank} slow from step {finding.from_step:,} ({until}): {finding.signal} "
+             f"{finding.excess_ms:+.1f} ms over its peers' median, {finding.excess_pct:+.0f}% of the median rank's "
+             f"step time before the change ({finding.baseline_ms:.1f} ms; {finding.steps:,} steady steps)"]
+    if _everyone_waits(finding):
+        parts.append(f"every rank's step time rose by ~{finding.job_step_change_ms:.0f} ms from step "
+                     f"{finding.from_step:,}: they wait for rank {finding.rank}")
     if finding.last_pct is not None:
         parts.append(f"last to end its step at {finding.last_pct:.0f}% of steps since")
     if finding.first_collective_last_pct is not None:
@@ -576,6 +750,12 @@ def _with_slow_sentence(finding: SlowRank, run_dir: str) -> SlowRank:
     else:
         parts.append(f"no profiled window covers it: fleetscope profile {run_dir} --steps {PROFILE_STEPS}")
     return dataclasses.replace(finding, sentence="; ".join(parts))
+
+
+def _everyone_waits(finding: SlowRank) -> bool:
+    """The median rank's step rose by most of this rank's excess (and by SLOW_EXCESS of the step or more)."""
+    change = finding.job_step_change_ms
+    return change is not None and change >= max(0.5 * finding.excess_ms, SLOW_EXCESS * finding.baseline_ms)
 
 
 def _window_checks(acc: _Accumulated, windows: list[tuple[int, int]]) -> list[WindowCheck]:
@@ -615,10 +795,11 @@ def _with_sentences(section: WholeRun, acc: _Accumulated, steady: np.ndarray, ru
         worst = max(section.slow_ranks, key=lambda s: s.excess_pct * s.steps)
         ranks = len({s.rank for s in section.slow_ranks})
         verdict = (f"{len(section.slow_ranks)} slow-rank episode(s) on {ranks} rank(s); the largest: rank {worst.rank} "
-                   f"{worst.excess_pct:+.0f}% from step {worst.from_step:,}")
+                   f"{worst.signal} {worst.excess_pct:+.0f}% of the step time from step {worst.from_step:,}")
     else:
-        verdict = (f"no rank slower than the median rank by {100 * SLOW_EXCESS:.0f}% or more for "
-                   f"{MIN_SLOW_STEPS}+ steady steps in {section.steady_steps:,} steady steps of {section.ranks} ranks")
+        verdict = (f"no rank above its peers by {100 * SLOW_EXCESS:.0f}% of the step time or more (in step time, "
+                   f"input wait or arrival at the first collective) for {MIN_SLOW_STEPS}+ steady steps in "
+                   f"{section.steady_steps:,} steady steps of {section.ranks} ranks")
     return dataclasses.replace(section, drift=drift, representative=representative, verdict=verdict)
 
 

@@ -33,14 +33,15 @@ def whole_run_html(section: WholeRun | None) -> str:
 
 
 def _slow_table(section: WholeRun) -> str:
-    rows = [[str(s.rank), f"{s.from_step:,}", "end" if s.to_the_end else f"{s.to_step:,}", f"{s.excess_pct:+.1f}",
-             _pct(s.last_pct), _pct(s.first_collective_last_pct),
-             "-" if s.median_lateness_ms is None else f"{s.median_lateness_ms:.2f}", s.sentence]
+    rows = [[str(s.rank), f"{s.from_step:,}", "end" if s.to_the_end else f"{s.to_step:,}", s.signal,
+             f"{s.excess_ms:+.1f}", f"{s.excess_pct:+.1f}", _f(s.job_step_change_ms, 1), _pct(s.last_pct),
+             _pct(s.first_collective_last_pct), _f(s.median_lateness_ms), s.sentence]
             for s in section.slow_ranks]
     if not rows:
         return ""
-    return table(["rank", "from step", "to step", "step time vs median rank %", "last to end %",
-                  "last at first collective %", "median lateness ms", "finding"], rows, left=(7,))
+    return table(["rank", "from step", "to step", "what it does that its peers don't", "excess over peers ms",
+                  "excess % of the step before", "median rank's step change ms", "last to end %",
+                  "last at first collective %", "median lateness ms", "finding"], rows, left=(3, 10))
 
 
 def _window_table(section: WholeRun) -> str:

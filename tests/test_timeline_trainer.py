@@ -150,10 +150,6 @@ def test_the_straggler_is_slow_exactly_from_slow_from_step_until_slow_until_step
 
 
 @slow
-@pytest.mark.xfail(strict=True, reason="analysis/cross_rank/whole_run.py finds slow ranks from step_ms relative to "
-                   "the median rank; under DDP the other rank waits for the straggler inside its own step (DDP's "
-                   "buffer broadcast in forward, the gradient all-reduce), so both ranks' step_ms rise by the same "
-                   "40 ms and the relative step time does not change")
 def test_the_whole_run_analysis_finds_the_straggle_within_two_steps(straggled):
     from fleetscope.analysis.cross_rank.whole_run import whole_run_section
 

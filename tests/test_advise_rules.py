@@ -25,6 +25,8 @@ CASES = {
                   peak_reserved_mb=2000.0, alloc_retries=3),
     "host work": dict(idle_pct=40.0, launch_ms=1.0, launches=30.0, idle_cause_ms={"host busy elsewhere": 35.0}),
     "host syncs": dict(idle_cause_ms={"host sync": 15.0}, syncs=2.0, tensor_reads=24.0),
+    "pageable copies": dict(pageable_copy_ms=20.0, pageable_copies=1.0,
+                            stall_frames={"pageable copy": ["train.py(40): step"]}),
     "slow device": dict(stragglers=[_cause(CAUSE_SLOW_DEVICE)]),
     "input wait": dict(stragglers=[_cause(CAUSE_HOST, data_loader_excess_ms=18.0)]),
     "hot expert": dict(moe=_section(), rank_hosts=ONE_NODE, config={**CONFIG, "model": {"family": "mixtral"}}),

@@ -37,6 +37,25 @@ def test_item_per_layer_is_the_syncs_not_cuda_graphs():
     assert "cuda_graphs" not in {f.rule for f in advice.findings}    # no graph captures a step that syncs
 
 
+def test_the_syncs_advice_names_the_frame_that_holds_them():
+    # item_per_layer_frames: the 8 .item() per step sit in the program's log_statistic (with_stack trace)
+    advice, _ = _advice("item_per_layer_frames")
+    top = advice.findings[0]
+    assert top.rule == "host_syncs" and "programs.py(122): log_statistic" in top.change
+    assert top.evidence["frames"].startswith("programs.py(122): log_statistic")
+
+
+def test_a_pageable_copy_is_advised_pinned_memory_naming_its_frame():
+    # pageable_copy: a 128 MiB host-to-device copy from pageable memory every step, 18.6 ms timed in the program;
+    # the trace shows the host inside that copy call (profiled, so a little longer). Tolerance 20%.
+    advice, planted = _advice("pageable_copy")
+    top = advice.findings[0]
+    assert top.rule == "pinned_copies" and "non_blocking=True" in top.change and "programs.py(149): step" in top.change
+    assert top.evidence["pageable_copy_ms_per_step"] == pytest.approx(planted["planted_ms_per_step"], rel=0.20)
+    assert top.expected_gain_ms == pytest.approx(0.5 * top.evidence["pageable_copy_ms_per_step"], rel=0.01)
+    assert top.apply is None and "--set" not in top.change
+
+
 def test_many_tiny_kernels_are_launch_bound():
     advice, _ = _advice("tiny_kernels")
     top = advice.findings[0]

@@ -83,7 +83,19 @@ def _host_evidence(report: Report | None) -> dict[str, Any]:
         for cause, us in h.idle_by_cause_us.items():
             causes[cause] = causes.get(cause, 0.0) + us / 1000.0 / len(h.steps) / len(stalls)
     return {"launch_ms": per_step("launch_us") / 1000.0, "launches": per_step("launch_count"),
-            "syncs": per_step("sync_count"), "tensor_reads": per_step("tensor_reads"), "idle_cause_ms": causes}
+            "syncs": per_step("sync_count"), "tensor_reads": per_step("tensor_reads"),
+            "pageable_copies": per_step("pageable_copy_count"), "pageable_copy_ms": per_step("pageable_copy_us") / 1000.0,
+            "stall_frames": _stall_frames(stalls), "idle_cause_ms": causes}
+
+
+def _stall_frames(stalls: list) -> dict[str, list[str]]:
+    """Per kind of stall, the program's frames that hold it, costliest (host time over all ranks) first."""
+    cost: dict[str, dict[str, float]] = {}
+    for h in stalls:
+        for frame in h.frames:
+            by_frame = cost.setdefault(frame.what, {})
+            by_frame[frame.frame] = by_frame.get(frame.frame, 0.0) + frame.us
+    return {what: sorted(frames, key=lambda f: -frames[f]) for what, frames in cost.items()}
 
 
 def _program_of(record: dict) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fleetscope.analysis.per_rank.host_stalls import FRAME_PAGEABLE_COPY, FRAME_SYNC
+
 from .model import Change, Evidence, Finding, Rule, step_gain, trainer_change
 
 IDLE_SHARE = 0.25
@@ -15,6 +17,14 @@ HOST_WORK_SHARE = 0.5
 """GPU idle "host busy elsewhere" above this share of the idle time: the host is busy with other work."""
 SYNC_SHARE = 0.10
 """GPU idle after host syncs above this share of the step: the step drains the GPU at syncs."""
+PAGEABLE_COPY_SHARE = 0.10
+"""Host time inside copies from or to pageable memory above this share of the step: pin the memory."""
+PAGEABLE_RECOVERABLE = 0.5
+"""Share of that time pinned, non-blocking copies are assumed to recover: the host no longer waits for the copy
+(it can overlap the step's work), and a pinned copy runs without the staging through a bounce buffer (about
+twice the bandwidth of a pageable one on PCIe hosts); the copy itself still takes time."""
+FRAMES_NAMED = 2
+"""Program frames named in a finding's change (the costliest first)."""
 DISPATCH_RATE_PER_MS = 10.0
 """At least this many launches per millisecond of GPU idle time: the host does little between launches but
 dispatch them (eager PyTorch's per-op overhead, 20-50 launches per idle ms on the H200 fixtures): what
@@ -97,15 +107,44 @@ def host_syncs(e: Evidence) -> Finding | None:
     if e.basis != "gpu" or not e.step_ms or sync_ms < SYNC_SHARE * e.step_ms:
         return None
     gain, pct = step_gain(e, sync_ms)
+    frames = e.stall_frames.get(FRAME_SYNC, [])[:FRAMES_NAMED]
+    evidence = {"sync_idle_ms_per_step": round(sync_ms, 3), "syncs_per_step": round(e.syncs or 0.0, 1),
+                "tensor_reads_per_step": round(e.tensor_reads or 0.0, 1)}
+    if frames:
+        evidence["frames"] = "; ".join(frames)
+    where = f" at {' and '.join(frames)}" if frames else ""
     return Finding(rule="host_syncs", title="the step drains the GPU at host syncs",
-                   evidence={"sync_idle_ms_per_step": round(sync_ms, 3), "syncs_per_step": round(e.syncs or 0.0, 1),
-                             "tensor_reads_per_step": round(e.tensor_reads or 0.0, 1)},
-                   expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
-                   change="remove the .item() / torch.cuda.synchronize() calls from the step (keep values on the GPU "
-                          "and read them every N steps); with_stack traces name the frames",
+                   evidence=evidence, expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
+                   change=f"remove the .item() / torch.cuda.synchronize() calls{where} from the step (keep values on "
+                          "the GPU and read them every N steps)"
+                          + ("" if frames else "; with_stack traces name the frames"),
                    why=f"the GPU waits {sync_ms:.2f} ms per step after host syncs ({e.syncs or 0.0:.1f} syncs and "
                        f"{e.tensor_reads or 0.0:.1f} tensor reads per step): each one empties the GPU's queue, and "
                        "no CUDA graph can capture a step that syncs")
+
+
+def pinned_copies(e: Evidence) -> Finding | None:
+    """Host time inside copies from or to pageable memory (host_stalls.py: the copy call returns only when the
+    copy is done, staged through a bounce buffer) over PAGEABLE_COPY_SHARE of the step: copy from pinned memory
+    with non_blocking=True. Gain, an assumption stated in PAGEABLE_RECOVERABLE: half that host time."""
+    copy_ms = e.pageable_copy_ms or 0.0
+    if e.basis != "gpu" or not e.step_ms or copy_ms < PAGEABLE_COPY_SHARE * e.step_ms:
+        return None
+    gain, pct = step_gain(e, PAGEABLE_RECOVERABLE * copy_ms)
+    frames = e.stall_frames.get(FRAME_PAGEABLE_COPY, [])[:FRAMES_NAMED]
+    evidence = {"pageable_copy_ms_per_step": round(copy_ms, 3), "pageable_copies_per_step": round(e.pageable_copies or 0.0, 1)}
+    if frames:
+        evidence["frames"] = "; ".join(frames)
+    where = f" at {' and '.join(frames)}" if frames else ""
+    change = (f"copy{where} from pinned memory with non_blocking=True (tensor.pin_memory(), or "
+              "DataLoader(..., pin_memory=True) for batches; allocate reused host buffers with pin_memory=True)")
+    return Finding(rule="pinned_copies", title="the host waits for copies from pageable memory",
+                   evidence=evidence, expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
+                   change=change,
+                   why=f"the host spends {copy_ms:.2f} ms per step inside {e.pageable_copies or 0.0:.1f} copies from or "
+                       "to pageable memory: each call returns only when its copy is done, staged through a bounce "
+                       "buffer, so nothing on the host overlaps it; a pinned, non-blocking copy returns at once and "
+                       f"moves at full bandwidth (gain assumed: {PAGEABLE_RECOVERABLE:.0%} of that time)")
 
 
 RULES = (
@@ -116,4 +155,6 @@ RULES = (
          change_is_code="no setting moves host work off the step: the finding's change is already a code change"),
     Rule(find=host_syncs, recovers="host syncs",
          change_is_code="no setting removes a sync from the step: the finding's change is already a code change"),
+    Rule(find=pinned_copies, recovers="host-side time",
+         change_is_code="the copies are the program's own: pinning their memory is a code change"),
 )

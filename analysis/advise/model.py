@@ -56,6 +56,13 @@ class Evidence:
     """Launch calls per step, the same mean."""
     syncs: float | None = None
     tensor_reads: float | None = None
+    pageable_copies: float | None = None
+    """Copies from or to pageable host memory per step (host_stalls.py), the same mean."""
+    pageable_copy_ms: float | None = None
+    """Host time per step inside those copy calls (the call returns when the copy is done), the same mean."""
+    stall_frames: dict[str, list[str]] = field(default_factory=dict)
+    """with_stack traces: the program's frames that hold each kind of stall ("sync", "pageable copy"),
+    costliest first, over every rank (host_stalls.py frames)."""
     idle_cause_ms: dict[str, float] = field(default_factory=dict)
     """GPU idle per profiled step by cause (host_stalls.py), mean over ranks."""
     stragglers: list[Any] = field(default_factory=list)

@@ -464,10 +464,10 @@ def _order_statistics(values: np.ndarray) -> np.ndarray:
     """Per step (column), over the ranks that know the value: the sorted values at (n-2)//2, (n-1)//2, n//2,
     (n+1)//2 (n: how many know it; NaN sorts last), as 4 rows; enough for the median of all and the median of
     the others seen from any rank (_peer_median); NaN where the position does not exist."""
-    ordered = np.sort(values, axis=0)
+    ordered = np.sort(np.ascontiguousarray(values.T), axis=1)  # along contiguous rows: about twice as fast
     count = np.sum(~np.isnan(values), axis=0)
     rows = np.stack([(count - 2) // 2, (count - 1) // 2, count // 2, (count + 1) // 2])
-    picked = np.take_along_axis(ordered, np.clip(rows, 0, max(values.shape[0] - 1, 0)), axis=0)
+    picked = np.take_along_axis(ordered, np.clip(rows, 0, max(values.shape[0] - 1, 0)).T, axis=1).T
     return np.where((rows >= 0) & (rows < count), picked, np.nan)
 
 

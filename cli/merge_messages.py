@@ -20,6 +20,10 @@ def describe_merge(result) -> list[str]:
     if result.summary:
         lines.append(f"  summary tracks of all {len(result.summary)} ranks (process 'fleetscope summary (every rank)')"
                      + ("" if not result.shards else f" in {result.output.name}"))
+    if result.whole_run_samples:
+        lines.append(f"  the whole run: every rank's step time and lateness over every step, {result.whole_run_samples:,} "
+                     "counter samples (process 'fleetscope whole run (every rank, every step)')"
+                     + ("" if not result.shards else f" in {result.output.name}"))
     if result.focus is not None:
         lines += describe_focus(result.focus)
     return lines

@@ -86,6 +86,8 @@ from fleetscope.analysis.per_rank.cache import open_cache
 from fleetscope.analysis.per_rank.parse import cyclic_gc_paused
 from fleetscope.traces.atomic import atomic_output
 from fleetscope.traces.kineto import TraceReadError, distributed_rank, read_trace
+from fleetscope.analysis.merge.whole_run_counters import WHOLE_RUN_SEQUENCE_ID, WholeRunPlan, plan_whole_run, write_whole_run
+from fleetscope.traces.clock import read_clock_offsets
 from fleetscope.traces.layout import MERGED_TRACE
 
 _PREAMBLE_SEQUENCE_ID = 1
@@ -147,6 +149,10 @@ class MergeResult:
     chrome_json_uncompressed_bytes: int | None = None
     summary: list[RankSummaryCount] = field(default_factory=list)
     """The summary tracks of every rank (summary.py), when the file holds them."""
+    whole_run_samples: int = 0
+    """Counter samples of the whole run (whole_run_counters.py) in this file: every rank's timeline, binned."""
+    whole_run_bounds_ns: tuple[int, int] | None = None
+    """The first and last of those samples (merged clock)."""
     focus: FocusPlan | None = None
     """The focus set of a default merge: which ranks are in full and why, and what was left out."""
     shards: list["MergeResult"] = field(default_factory=list)
@@ -212,8 +218,10 @@ def merge(
     inputs.parsed = None  # the per-rank results: every rank's file keeps what it draws (WindowModel)
     files = planned_outputs(inputs, destination, options, focus)
     origin: list[int | None] = [None]
+    whole_run = _whole_run_plan(inputs, options, notes)
     results = [_merge_file(inputs, planned, options, report_json if options.overlays else None, problems, notes,
-                           origin, progress) for planned in files]
+                           origin, progress, whole_run=whole_run if planned is files[-1] else None)
+               for planned in files]
     result = results[-1]
     shards = results[:-1] if options.shard_ranks is not None else []
     return dataclasses.replace(
@@ -221,6 +229,19 @@ def merge(
         ranks=sorted({r for each in results for r in each.ranks}),
         slices_per_rank={r: n for each in results for r, n in each.slices_per_rank.items()},
         input_bytes=sum(each.input_bytes for each in results))
+
+
+def _whole_run_plan(inputs: MergeInputs, options: MergeOptions, notes: list[MergeProblem]) -> WholeRunPlan | None:
+    """Every rank's whole-run counters, for the last file of the merge (the summary's when there is one); none
+    for a folder of traces (no timelines) or when the merge keeps only some steps or a time range."""
+    if inputs.run_layout is None or options.filters_events:
+        return None
+    measured, _ = read_clock_offsets(inputs.run_layout)
+    offsets = {rank: round(offset.offset_us * 1000) for rank, offset in measured.items()}
+    offsets.update({source.rank: source.clock_offset_ns for source in inputs.ranks})   # as the ranks are drawn
+    plan = plan_whole_run(inputs.run_layout, set(offsets) | inputs.run_layout.ranks_with_records(), offsets)
+    notes += [MergeProblem(reason=f"whole-run counters: {problem}") for problem in plan.problems]
+    return plan if plan.ranks else None
 
 
 def _matching_report(report_json: dict | None, inputs: MergeInputs, problems: list[MergeProblem]) -> dict | None:
@@ -239,7 +260,8 @@ def _plans_focus(options: MergeOptions) -> bool:
 
 def _merge_file(inputs: MergeInputs, planned: "PlannedOutput", options: MergeOptions, report_json: dict | None,
                 problems: list[MergeProblem], notes: list[MergeProblem], origin: list[int | None],
-                progress: Callable[[RankMergeSummary], None] | None) -> MergeResult:
+                progress: Callable[[RankMergeSummary], None] | None, *,
+                whole_run: WholeRunPlan | None = None) -> MergeResult:
     """One output file: its ranks in full, then the summary of `planned.summary_of`; `origin` carries the
     time origin from file to file (shards count `time_window_s` from the same instant)."""
     started = time.perf_counter()
@@ -253,6 +275,8 @@ def _merge_file(inputs: MergeInputs, planned: "PlannedOutput", options: MergeOpt
                                     if options.overlays else {})
             summaries = _merge_ranks(session, planned.sources, handle, destination, progress)
             summary_counts = write_summaries(session, planned) if planned.summary_of else []
+            if whole_run is not None:
+                _write_whole_run(session, whole_run)
             session.stream.flush()
             origin[0] = session.origin_ns
         if json_writer is not None:
@@ -275,7 +299,17 @@ def _merge_file(inputs: MergeInputs, planned: "PlannedOutput", options: MergeOpt
         chrome_json=json_writer.path if json_writer else None,
         chrome_json_uncompressed_bytes=json_writer.uncompressed_bytes if json_writer else None,
         summary=summary_counts,
+        whole_run_samples=whole_run.sample_count if whole_run is not None else 0,
+        whole_run_bounds_ns=whole_run.bounds_ns if whole_run is not None else None,
     )
+
+
+def _write_whole_run(session: "_MergeSession", plan: WholeRunPlan) -> None:
+    if not session.preamble_written:
+        first = min((r.step_ms[0][0] for r in plan.ranks if r.step_ms), default=0)
+        write_preamble(session.stream, sequence_id=_PREAMBLE_SEQUENCE_ID, first_timestamp_ns=first)
+        session.preamble_written = True
+    write_whole_run(SequenceWriter(stream=session.stream, sequence_id=WHOLE_RUN_SEQUENCE_ID), plan)
 
 
 def _merge_ranks(session: "_MergeSession", sources: list[RankSource], handle: IO[bytes], destination: Path,

@@ -25,6 +25,7 @@ from fleetscope.analysis.merge.perfetto.sql import (
 from fleetscope.analysis.merge.run import MergeResult
 from fleetscope.analysis.merge.sources import CLOCK_GIVEN
 from fleetscope.analysis.merge.summary import SUMMARY_PID, SUMMARY_PROCESS_NAME
+from fleetscope.analysis.merge.whole_run_counters import WHOLE_RUN_PROCESS_NAME
 
 
 def verify_merge(result: MergeResult, *, trace_processor: str | Path | None = None,
@@ -34,7 +35,8 @@ def verify_merge(result: MergeResult, *, trace_processor: str | Path | None = No
     problems = list(check.problems)
     expected = expected_slices_by_process(result)
     processes = [p.name for p in check.processes()]
-    expected_processes = ([SUMMARY_PROCESS_NAME] if result.summary else []) + list(expected)
+    expected_processes = (([WHOLE_RUN_PROCESS_NAME] if result.whole_run_samples else [])
+                          + ([SUMMARY_PROCESS_NAME] if result.summary else []) + list(expected))
     if processes != expected_processes:
         problems.append(f"processes {_listed(processes)} != the merged ranks {_listed(expected_processes)}")
     problems += summary_problems(result, check) + flow_end_problems(result, check)
@@ -166,12 +168,16 @@ def merge_expectations(result: MergeResult, check: TraceCheck) -> EngineExpectat
     lasts = [s.last_timestamp_ns for s in merged if s.last_timestamp_ns is not None]
     firsts += [c.first_ns for c in result.summary if c.first_ns is not None]
     lasts += [c.last_ns for c in result.summary if c.last_ns is not None]
+    if result.whole_run_bounds_ns is not None:
+        firsts.append(result.whole_run_bounds_ns[0])
+        lasts.append(result.whole_run_bounds_ns[1])
     return EngineExpectations(
         slices_by_process={s.process_name: s.slice_count + s.overlay_slice_count + s.instant_count
                            + s.overlay_instant_count for s in merged},
         threads_by_process={s.process_name: s.thread_count for s in merged},
         cross_rank_flows=cross_rank_arrows(check),
-        counter_samples=sum(s.counter_sample_count for s in merged) + sum(c.counter_sample_count for c in result.summary),
+        counter_samples=(sum(s.counter_sample_count for s in merged) + sum(c.counter_sample_count for c in result.summary)
+                         + result.whole_run_samples),
         time_bounds_ns=(min(firsts), max(lasts)) if firsts and lasts else None,
         summary_slices={c.rank: c.slice_count for c in result.summary if c.slice_count},
     )

@@ -1,0 +1,89 @@
+"""The whole run in the merged trace: every rank's step time and lateness from its timeline, as counters
+(analysis/merge/whole_run_counters.py), read back from the file and by Perfetto's engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetscope.analysis.merge.options import MergeOptions
+from fleetscope.analysis.merge.perfetto.check import check_trace, iter_packets
+from fleetscope.analysis.merge.run import merge
+from fleetscope.analysis.merge.verify import verify_merge
+from fleetscope.analysis.merge.whole_run_counters import MAX_SAMPLES_PER_RANK, WHOLE_RUN_PROCESS_NAME
+from fleetscope.traces.timeline import TimelineWriter
+from helpers import trace_processor
+from hostile_runs import make_run
+
+STEP_MS = 100.0
+LATE_MS = 5.0
+LATE_STEPS = range(10, 20)
+
+
+def write_timelines(layout, steps: int, *, late_rank: int = 1) -> None:
+    """Two ranks, 100 ms steps back to back from the same instant; `late_rank` ends LATE_MS later in LATE_STEPS."""
+    start_us = 1.7e15
+    for rank in (0, 1):
+        writer = TimelineWriter(layout.timeline_file(rank), rank)
+        for step in range(steps):
+            extra = LATE_MS if rank == late_rank and step in LATE_STEPS else 0.0
+            writer.append(step=step, start_us=start_us + step * STEP_MS * 1000, step_ms=STEP_MS + extra,
+                          first=step == 0)
+        writer.close()
+
+
+def counters(path) -> dict[str, list[tuple[int, float]]]:
+    check = check_trace(path)
+    return {check.tracks[uuid].name: samples for uuid, samples in check.counter_values.items()
+            if check.tracks[uuid].name.startswith("rank ") and check.tracks[uuid].name.endswith(("step time (ms)", "lateness (ms)"))
+            and check.tracks[uuid].name.split(":")[0].count(" ") == 1}
+
+
+def test_every_step_of_every_rank_is_a_counter_sample_with_its_lateness(tmp_path):
+    layout = make_run(tmp_path / "run")
+    write_timelines(layout, 30)
+    result = merge(layout.root, tmp_path / "merged.perfetto-trace")
+    assert not verify_merge(result, trace_processor=trace_processor(), engine=trace_processor() is not None)
+    found = counters(result.output)
+    late = dict(found["rank 1: lateness (ms)"])
+    assert len(found["rank 0: step time (ms)"]) == 29 and result.whole_run_samples == 4 * 29   # the first step left out
+    stamps = sorted(late)
+    assert [late[t] for t in stamps[9:19]] == [LATE_MS] * 10 and set(late[t] for t in stamps[19:]) == {0.0}
+    assert set(v for _, v in found["rank 0: lateness (ms)"]) == {0.0}
+    assert stamps[0] - int(1.7e15 * 1000) == pytest.approx(STEP_MS * 1e6, abs=1)   # step 1's start, in ns
+    processes = [p.name for p in check_trace(result.output).processes()]
+    assert processes[0] == WHOLE_RUN_PROCESS_NAME
+
+
+def test_a_long_run_is_binned_and_the_bins_say_so(tmp_path):
+    layout = make_run(tmp_path / "run")
+    write_timelines(layout, 3 * MAX_SAMPLES_PER_RANK + 1)
+    result = merge(layout.root, tmp_path / "merged.perfetto-trace")
+    found = counters(result.output)
+    assert len(found["rank 0: step time (ms)"]) == MAX_SAMPLES_PER_RANK
+    described = {p.track_descriptor.name: p.track_descriptor.description for p in iter_packets(result.output)
+                 if p.HasField("track_descriptor")}
+    assert described["rank 0: step time (ms)"] == "one sample per 3 step(s), their mean"
+    # bins of 3 steps from step 1: steps 10-19 are bins 3-5 (10-12, 13-15, 16-18) and step 19 of bin 6 (19-21)
+    late = [v for _, v in sorted(found["rank 1: lateness (ms)"])]
+    assert late[2:8] == pytest.approx([0.0, LATE_MS, LATE_MS, LATE_MS, LATE_MS / 3, 0.0], abs=1e-4)
+
+
+def test_no_counters_for_a_merge_of_some_steps_or_without_timelines(tmp_path):
+    layout = make_run(tmp_path / "run")
+    assert merge(layout.root, tmp_path / "a.perfetto-trace").whole_run_samples == 0
+    write_timelines(layout, 30)
+    result = merge(layout.root, tmp_path / "b.perfetto-trace", options=MergeOptions(steps=frozenset({1})))
+    assert result.whole_run_samples == 0
+
+
+def test_a_damaged_or_escaping_timeline_is_a_note_and_the_others_are_drawn(tmp_path):
+    layout = make_run(tmp_path / "run")
+    write_timelines(layout, 30)
+    outside = tmp_path / "elsewhere.timeline"
+    outside.write_bytes(layout.timeline_file(1).read_bytes())
+    layout.timeline_file(1).unlink()
+    layout.timeline_file(1).symlink_to(outside)
+    result = merge(layout.root, tmp_path / "merged.perfetto-trace")
+    assert "rank 0: step time (ms)" in counters(result.output) and "rank 1: step time (ms)" not in counters(result.output)
+    assert any("whole-run counters: rank 1" in n.reason and "outside" in n.reason for n in result.notes)
+    assert not verify_merge(result)

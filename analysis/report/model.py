@@ -204,8 +204,9 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
     whole_run             WholeRun, every step of every rank from metrics/rank<R>.timeline (else rank<R>.jsonl)
                           (cross_rank/whole_run.py) | null (neither recorded): {status, reason, sources {source:
                           ranks[]}, ranks, first_step, last_step, steady_steps, step_time_ms, median_rank_step_ms,
-                          basis, lateness_basis, slow_ranks[] {rank, from_step, to_step, to_the_end, excess_pct,
-                          steps, last_pct, first_collective_last_pct, median_lateness_ms, windows[], sentence},
+                          basis, lateness_basis, slow_ranks[] {rank, from_step, to_step, to_the_end, signal
+                          (input wait | late at the first collective | step time), excess_ms, baseline_ms, excess_pct
+                          (excess_ms in % of baseline_ms: a size, may exceed 100), job_step_change_ms, steps, last_pct, first_collective_last_pct, median_lateness_ms, windows[], sentence},
                           changes[] {rank, step, level_before, level_after} (changes_total in all), windows[]
                           {first_step, last_step, median_ms, between_median_ms, percentile_pct}, drift,
                           representative, step_time_map, lateness_map {quantity, unit, binning, rank_bins[][],

@@ -9,7 +9,7 @@ from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.perfetto.check import check_trace, iter_packets
 from fleetscope.analysis.merge.run import merge
 from fleetscope.analysis.merge.verify import verify_merge
-from fleetscope.analysis.merge.whole_run_counters import MAX_SAMPLES_PER_RANK, WHOLE_RUN_PROCESS_NAME
+from fleetscope.analysis.merge.whole_run_counters import MAX_SAMPLES_PER_RANK, WHOLE_RUN_PROCESS_NAME, plan_whole_run
 from fleetscope.traces.timeline import TimelineWriter
 from helpers import trace_processor
 from hostile_runs import make_run
@@ -87,3 +87,23 @@ def test_a_damaged_or_escaping_timeline_is_a_note_and_the_others_are_drawn(tmp_p
     assert "rank 0: step time (ms)" in counters(result.output) and "rank 1: step time (ms)" not in counters(result.output)
     assert any("whole-run counters: rank 1" in n.reason and "outside" in n.reason for n in result.notes)
     assert not verify_merge(result)
+
+
+def test_a_resumed_run_s_repeated_steps_are_drawn_once_from_the_later_attempt(tmp_path):
+    """Both ranks crash after step 29 and resume from step 20 a minute later: lateness compares each step's
+    later attempt on both ranks (not the resumed records with the first attempt's ends: a minute late)."""
+    layout = make_run(tmp_path / "run")
+    write_timelines(layout, 30)
+    resumed_us = 1.7e15 + 60e6
+    for rank in (0, 1):
+        writer = TimelineWriter(layout.timeline_file(rank), rank)
+        for step in range(20, 30):
+            writer.append(step=step, start_us=resumed_us + (step - 20) * STEP_MS * 1000, step_ms=STEP_MS,
+                          first=step == 20)
+        writer.close()
+    plan = plan_whole_run(layout, [0, 1], {})
+    for rank in plan.ranks:
+        assert len(rank.step_ms) == 28   # steps 1-19 of the first attempt, 21-29 of the second
+        assert max(value for _, value in rank.lateness_ms) == pytest.approx(LATE_MS if rank.rank == 1 else 0.0)
+        stamps = [ts for ts, _ in rank.step_ms]
+        assert stamps == sorted(stamps) and stamps[-1] > int(resumed_us * 1000)

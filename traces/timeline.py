@@ -175,6 +175,15 @@ def read_timeline(path: Path, *, within: Path | None = None, expected_rank: int 
     return timeline
 
 
+def last_of_each_step(steps: np.ndarray) -> np.ndarray:
+    """Indices (in file order) of each step's last record: a resumed run appends the steps it repeats, and
+    the later record of a step is the one that counts (its earlier one ran before the restart)."""
+    steps = np.asarray(steps)
+    if steps.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.sort(steps.size - 1 - np.unique(steps[::-1], return_index=True)[1])
+
+
 def valid_records(records: np.ndarray) -> np.ndarray:
     """Mask of records whose values can be true: a step >= 0, a finite start, a step time in (0, MAX_STEP_MS],
     parts (data, first collective, exposed communication) NaN or within [0, step time]."""

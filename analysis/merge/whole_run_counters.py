@@ -6,9 +6,11 @@ Profiler windows are drawn in full; between them the trace would be empty. Every
   `rank R: step time (ms)`  the rank's step time (traces/timeline.py step_ms), a sample at each step's start;
   `rank R: lateness (ms)`   how long after the earliest rank the rank ended that step, on the merged clock
                             (each rank's start_us less its clock offset, as its drawn tracks are shifted).
-Each rank's first step (warm-up, compilation) is left out. A long run is binned: at most `samples_per_rank`
-samples a rank (MAX_SAMPLES_TOTAL shared by every rank, never more than MAX_SAMPLES_PER_RANK), each the mean
-of its bin at the bin's first step; the tracks' description says how many steps a sample holds.
+Each rank's first step (warm-up, compilation) is left out; a step a resumed run repeated is drawn from its
+later record (as the whole-run analysis reads it), so lateness compares the same attempt on every rank.
+A long run is binned: at most `samples_per_rank` samples a rank (MAX_SAMPLES_TOTAL shared by every rank,
+never more than MAX_SAMPLES_PER_RANK), each the mean of its bin at the bin's first step; the tracks'
+description says how many steps a sample holds.
 Planning is pure; `write_whole_run` writes. Reading is one rank at a time (memory-mapped records): a first
 pass finds each step's earliest end over every rank, a second plans each rank's samples.
 """
@@ -26,7 +28,7 @@ from fleetscope.analysis.merge.perfetto.columnar import TrackEventColumns, write
 from fleetscope.analysis.merge.perfetto.writer import COUNTER, SequenceWriter, TrackSpec
 from fleetscope.analysis.merge.tracks import OP_COUNTER, PROCESS_PID_BASE
 from fleetscope.traces.layout import RunLayout
-from fleetscope.traces.timeline import FLAG_FIRST, read_timeline
+from fleetscope.traces.timeline import FLAG_FIRST, last_of_each_step, read_timeline
 
 WHOLE_RUN_PROCESS_NAME = "fleetscope whole run (every rank, every step)"
 WHOLE_RUN_PID = PROCESS_PID_BASE - 2
@@ -128,6 +130,7 @@ def _columns(path: Path, rank: int, root: Path, offset_ns: int, problems: list[s
     except (OSError, ValueError) as error:
         problems.append(f"rank {rank}: {error}")
         return None
+    records = records[last_of_each_step(records["step"])]   # a resumed run's repeated steps: the later one
     kept = records[((records["flags"] & FLAG_FIRST) == 0) & (records["step"] < MAX_STEP_INDEX)]
     if not len(kept):
         return None

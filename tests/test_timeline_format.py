@@ -72,10 +72,12 @@ def test_impossible_values_are_left_out_and_named(tmp_path):
     writer.append(step=3, start_us=START_US, step_ms=10.0, data_ms=50.0)
     writer.append(step=4, start_us=START_US, step_ms=1e12)
     writer.append(step=5, start_us=START_US, step_ms=10.0, first_collective_ms=4.0, exposed_comm_ms=2.0)
+    writer.append(step=6, start_us=-1e15, step_ms=10.0)   # before 1970
+    writer.append(step=7, start_us=1e300, step_ms=10.0)   # no int64 of ns holds it
     writer.close()
     timeline = read_timeline(path)
     assert list(timeline.records["step"]) == [0, 5]
-    assert timeline.problems == ["rank0.timeline: 4 record(s) with impossible values left out (first: record 1, step 1)"]
+    assert timeline.problems == ["rank0.timeline: 6 record(s) with impossible values left out (first: record 1, step 1)"]
 
 
 def test_another_ranks_file_is_neither_appended_to_nor_read_as_this_rank(tmp_path):

@@ -57,6 +57,8 @@ FLUSH_EVERY = 64
 """Records buffered before a write: a crash loses at most this many steps of timing."""
 MAX_STEP_MS = 1e9
 """A step time beyond ~11.6 days is not believed (a forged or damaged record)."""
+MAX_START_US = float(1 << 62) / 1e3
+"""A start past 2116 is not believed: a start in [0, MAX_START_US] is an int64 in ns with room to add a step."""
 
 RECORD = struct.Struct("<iIdffff")
 """TIMELINE_DTYPE as a struct, for the writer."""
@@ -185,10 +187,12 @@ def last_of_each_step(steps: np.ndarray) -> np.ndarray:
 
 
 def valid_records(records: np.ndarray) -> np.ndarray:
-    """Mask of records whose values can be true: a step >= 0, a finite start, a step time in (0, MAX_STEP_MS],
-    parts (data, first collective, exposed communication) NaN or within [0, step time]."""
+    """Mask of records whose values can be true: a step >= 0, a start in [0, MAX_START_US] (epoch us), a step
+    time in (0, MAX_STEP_MS], parts (data, first collective, exposed communication) NaN or within [0, step time]."""
     step_ms = records["step_ms"].astype(np.float64)
-    ok = (records["step"] >= 0) & np.isfinite(records["start_us"]) & (step_ms > 0) & (step_ms <= MAX_STEP_MS)
+    start_us = records["start_us"]
+    ok = ((records["step"] >= 0) & (start_us >= 0) & (start_us <= MAX_START_US) & (step_ms > 0)
+          & (step_ms <= MAX_STEP_MS))
     for name in ("data_ms", "first_collective_ms", "exposed_comm_ms"):
         part = records[name].astype(np.float64)
         ok &= np.isnan(part) | ((part >= 0) & (part <= step_ms * 1.001 + 1e-3))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -113,3 +114,24 @@ def test_a_symlink_out_of_the_run_and_a_fifo_are_refused_without_being_opened(tm
         read_timeline(fifo, within=run)
     with pytest.raises(OSError):
         TimelineWriter(link, 0)  # never written through a symlink
+
+
+class _Waited(Exception):
+    pass
+
+
+def test_the_writer_refuses_a_fifo_at_once_rather_than_waiting_for_a_reader(tmp_path):
+    fifo = tmp_path / "rank0.timeline"
+    os.mkfifo(fifo)
+
+    def waited(*_):
+        raise _Waited
+
+    previous = signal.signal(signal.SIGALRM, waited)
+    signal.alarm(5)
+    try:
+        with pytest.raises((OSError, ValueError)):
+            TimelineWriter(fifo, 0)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -105,8 +105,10 @@ class TimelineWriter:
 
 def _open_for_append(path: Path, rank: int) -> IO[bytes]:
     """Open for appending; a new or empty file gets its header. An existing file of another rank or format is
-    not appended to (its records would be read as this rank's): it is refused with the reason."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    not appended to (its records would be read as this rank's): it is refused with the reason. O_NONBLOCK: a
+    FIFO in the file's place is refused (OSError, or not a regular file) instead of waiting for a reader."""
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+             | getattr(os, "O_CLOEXEC", 0))
     descriptor = os.open(path, flags, 0o644)
     handle = os.fdopen(descriptor, "ab")
     info = os.fstat(descriptor)

@@ -11,6 +11,7 @@ from typing import IO
 import torch
 
 from ..traces.formats import metric_line
+from .comm_timing import Clock
 
 
 class StepTiming:
@@ -27,11 +28,7 @@ class StepTiming:
         CUDA event on CUDA, waited for here, so call it a step later; perf_counter seconds on CPU)."""
         if not self._marks:
             return math.nan
-        start = self._marks[0][1]
-        if self._use_cuda:
-            point.synchronize()
-            return start.elapsed_time(point)
-        return (point - start) * 1e3
+        return Clock(self._use_cuda).ms_between(self._marks[0][1], point)
 
     def durations_ms(self) -> dict[str, float]:
         """`{phase: ms}` between consecutive marks, summed per phase name (the last mark only ends the previous

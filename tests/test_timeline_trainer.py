@@ -225,6 +225,17 @@ def test_a_relative_trigger_fires_within_two_steps_of_a_sustained_change(seed):
     assert "a sustained change (step_time>2x): slower" in reasons[first]
 
 
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("noise", [0.01, 0.05])
+def test_a_sustained_slowdown_well_under_the_threshold_does_not_fire(seed, noise):
+    from fleetscope.trainer.triggers import LocalTriggers, parse_triggers
+
+    local = LocalTriggers(parse_triggers("step_time>2x"), history=20)
+    rng = np.random.default_rng(seed)
+    series = [level * float(np.exp(rng.normal(0.0, noise))) for level in [50.0] * 40 + [72.5] * 200]   # 1.45x
+    assert not any(local.observe(value, 1.0) for value in series)
+
+
 def test_a_relative_trigger_ignores_noise_a_lone_spike_and_speedups_and_absolute_ones_compare_each_step():
     from fleetscope.trainer.triggers import LocalTriggers, parse_triggers
 

@@ -42,8 +42,9 @@ FLIGHT_RECORDER_DIR = "flight_recorder"
 COMPILE_SUFFIX = ".compile.json"
 MOE_SUFFIX = ".moe.jsonl"
 STEP_METRICS_RE = re.compile(r"^rank(?P<rank>\d+)\.jsonl$")
-RECORD_FILE_RE = re.compile(r"^rank(?P<rank>\d+)(?:\.jsonl|%s|%s)$" % (re.escape(COMPILE_SUFFIX), re.escape(MOE_SUFFIX)))
-"""Any of a rank's record files under metrics/: step metrics, compile record, MoE records."""
+RECORD_FILE_RE = re.compile(r"^rank(?P<rank>\d+)(?:\.jsonl|\.timeline|%s|%s)$"
+                            % (re.escape(COMPILE_SUFFIX), re.escape(MOE_SUFFIX)))
+"""Any of a rank's record files under metrics/: step metrics, timeline, compile record, MoE records."""
 """Step-metrics files only: `rank*.jsonl` as a glob also matches `rank<R>.moe.jsonl`."""
 
 REPORT_JSON = "report.json"

@@ -64,6 +64,7 @@ from fleetscope.analysis.merge.report_view import (
 from fleetscope.analysis.merge.stages import merge_analysis
 from fleetscope.analysis.merge.sources import (
     CLOCK_GIVEN,
+    CLOCK_NONE,
     CLOCK_REPORT,
     MergeInputs,
     MergeProblem,
@@ -238,7 +239,8 @@ def _whole_run_plan(inputs: MergeInputs, options: MergeOptions, notes: list[Merg
         return None
     measured, _ = read_clock_offsets(inputs.run_layout)
     offsets = {rank: round(offset.offset_us * 1000) for rank, offset in measured.items()}
-    offsets.update({source.rank: source.clock_offset_ns for source in inputs.ranks})   # as the ranks are drawn
+    offsets.update({source.rank: source.clock_offset_ns for source in inputs.ranks   # as the ranks are drawn
+                    if source.clock_source != CLOCK_NONE})
     plan = plan_whole_run(inputs.run_layout, set(offsets) | inputs.run_layout.ranks_with_records(), offsets)
     notes += [MergeProblem(reason=f"whole-run counters: {problem}") for problem in plan.problems]
     return plan if plan.ranks else None

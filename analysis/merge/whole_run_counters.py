@@ -17,6 +17,7 @@ pass finds each step's earliest end over every rank, a second plans each rank's 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,8 @@ class RankWholeRun:
     step_ms: list[tuple[int, float]]
     """(ns on the merged clock, ms)."""
     lateness_ms: list[tuple[int, float]]
+    clock_known: bool = True
+    """Whether the rank's clock offset was measured (else its lateness includes its host's clock skew)."""
 
 
 @dataclass(kw_only=True)
@@ -70,8 +73,9 @@ class WholeRunPlan:
 
 
 def plan_whole_run(layout: RunLayout, ranks: Iterable[int], offsets_ns: Mapping[int, int]) -> WholeRunPlan:
-    """The counters of every rank of `ranks` that has a timeline; `offsets_ns`: each rank's clock offset, as the
-    merge subtracts it from the rank's timestamps (0 where unknown)."""
+    """The counters of every rank of `ranks` that has a timeline; `offsets_ns`: each known clock offset, as the
+    merge subtracts it from the rank's timestamps (a rank without one is taken at 0, and its lateness track
+    says that it includes its host's clock skew)."""
     plan = WholeRunPlan()
     paths = {rank: layout.timeline_file(rank) for rank in sorted(set(ranks))}
     paths = {rank: path for rank, path in paths.items() if path.exists() or path.is_symlink()}
@@ -82,7 +86,8 @@ def plan_whole_run(layout: RunLayout, ranks: Iterable[int], offsets_ns: Mapping[
     for rank, path in paths.items():
         columns = _columns(path, rank, layout.root, offsets_ns.get(rank, 0), [])
         if columns is not None:
-            plan.ranks.append(_rank_samples(rank, *columns, earliest_end, per_rank))
+            samples = _rank_samples(rank, *columns, earliest_end, per_rank)
+            plan.ranks.append(dataclasses.replace(samples, clock_known=rank == 0 or rank in offsets_ns))
     return plan
 
 
@@ -96,7 +101,7 @@ def write_whole_run(writer: SequenceWriter, plan: WholeRunPlan) -> None:
         for kind, label in enumerate(_LABELS):
             writer.track(TrackSpec(uuid=_uuid(rank.rank, kind), name=f"rank {rank.rank}: {label}",
                                    parent_uuid=WHOLE_RUN_PROCESS_UUID, order=2 * order + kind, is_counter=True,
-                                   counter_unit="ms", description=note))
+                                   counter_unit="ms", description=note + _basis(kind, rank)))
     operations = plan_operations(plan)
     if operations:
         write_track_events(writer, TrackEventColumns(
@@ -117,6 +122,14 @@ def plan_operations(plan: WholeRunPlan) -> list[tuple]:
 
 
 _LABELS = ("step time (ms)", "lateness (ms)")
+
+
+def _basis(kind: int, rank: RankWholeRun) -> str:
+    if kind == 0:
+        return "; step time from the rank's timeline (step_ms)"
+    clock = "its clock offset measured" if rank.clock_known else \
+        "no measured clock offset: includes its host's clock skew"
+    return f"; its step end minus the earliest rank's that step, on the merged clock ({clock})"
 
 
 def _uuid(rank: int, kind: int) -> int:

@@ -56,6 +56,7 @@ from fleetscope.traces.timeline import (
     HEADER,
     TIMELINE_DTYPE,
     TIMELINE_SUFFIX,
+    last_of_each_step,
     read_timeline,
     valid_records,
 )
@@ -244,7 +245,7 @@ def _record_indices(path: Path, valid: np.ndarray) -> np.ndarray:
 
 def _runs_of(steps: np.ndarray, indices: np.ndarray) -> list[tuple[int, int, int]]:
     """Runs of consecutive steps at consecutive records; a repeated step (a resumed run) keeps its last record."""
-    last = steps.size - 1 - np.unique(steps[::-1], return_index=True)[1]
+    last = last_of_each_step(steps)
     steps, indices = steps[last], indices[last]
     breaks = np.flatnonzero((np.diff(steps) != 1) | (np.diff(indices) != 1)) + 1
     bounds = np.concatenate([[0], breaks, [steps.size]])

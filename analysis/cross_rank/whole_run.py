@@ -39,7 +39,7 @@ import dataclasses
 import math
 import os
 import re
-import warnings
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,10 +50,14 @@ from fleetscope.traces.change_points import MIN_SEGMENT_STEPS, Segment, segment_
 from fleetscope.traces.clock import read_clock_offsets
 from fleetscope.traces.formats import read_metric_records
 from fleetscope.traces.layout import RunLayout
+from fleetscope.traces.safe_read import entry_problem
 from fleetscope.traces.timeline import (
     FLAG_FIRST,
     FLAG_PROFILED,
     HEADER,
+    MAGIC,
+    MAX_START_US,
+    MAX_STEP_MS,
     TIMELINE_DTYPE,
     TIMELINE_SUFFIX,
     last_of_each_step,
@@ -80,6 +84,7 @@ SOURCE_TIMELINE = "timeline"
 SOURCE_JSONL = "step metrics (jsonl)"
 STATUS_OK = "ok"
 STATUS_NOT_RECORDED = "not recorded"
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 _TIMELINE_NAME = re.compile(r"^rank(?P<rank>\d+)%s$" % re.escape(TIMELINE_SUFFIX))
 
 
@@ -192,16 +197,20 @@ class _Source:
     records: np.ndarray | None = None
     offset_us: float | None = None
     lowest_step: int = 0
+    checked: bool = True
+    """False: a timeline read without looking at its records (_unchecked_source); the pass checks each record
+    as it reads it (_check_records)."""
 
 
-def _timeline_sources(layout: RunLayout, notes: list[str]) -> dict[int, _Source]:
+def _timeline_sources(layout: RunLayout, notes: list[str], check_records: bool) -> dict[int, _Source]:
     found = {}
     for name in _listing(layout.metrics_dir):
         match = _TIMELINE_NAME.match(name)
         if match is None:
             continue
         rank = int(match["rank"])
-        source = _timeline_source(layout, rank, notes)
+        source = None if check_records else _unchecked_source(layout, rank)
+        source = source or _timeline_source(layout, rank, notes)
         if source is not None:
             found[rank] = source
     return found
@@ -234,6 +243,38 @@ def _timeline_source(layout: RunLayout, rank: int, notes: list[str]) -> _Source 
         runs = _runs_of(steps, _record_indices(path, records))
     return _Source(rank=rank, runs=runs, path=path, identity=(info.st_dev, info.st_ino),
                    lowest_step=int(steps.min()))
+
+
+def _unchecked_source(layout: RunLayout, rank: int) -> _Source | None:
+    """The rank's timeline with its records left for the pass to check (read_timeline's check of every record
+    costs a fifth of the analysis at 1,024 ranks), when it is a regular file (no symlink) of whole records
+    under this rank's header whose first record's step is >= 0 and whose last one's is count - 1 later: one
+    run of consecutive steps if every record is valid. None: read it checked (_timeline_source), which names
+    what is wrong."""
+    path = layout.timeline_file(rank)
+    if entry_problem(path, within=layout.root) is not None:
+        return None
+    try:
+        descriptor = os.open(path, _OPEN_FLAGS)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(descriptor)
+        count, partial = divmod(info.st_size - HEADER.size, TIMELINE_DTYPE.itemsize)
+        if not stat.S_ISREG(info.st_mode) or partial or count < 1:
+            return None
+        header = os.pread(descriptor, HEADER.size, 0)
+        ends = (os.pread(descriptor, TIMELINE_DTYPE.itemsize, HEADER.size)
+                + os.pread(descriptor, TIMELINE_DTYPE.itemsize, HEADER.size + (count - 1) * TIMELINE_DTYPE.itemsize))
+    finally:
+        os.close(descriptor)
+    if header != HEADER.pack(MAGIC, TIMELINE_DTYPE.itemsize, rank) or len(ends) != 2 * TIMELINE_DTYPE.itemsize:
+        return None
+    first, last = (int(step) for step in np.frombuffer(ends, dtype=TIMELINE_DTYPE)["step"])
+    if first < 0 or last - first != count - 1:
+        return None
+    return _Source(rank=rank, runs=[(first, 0, count)], path=path, identity=(info.st_dev, info.st_ino),
+                   lowest_step=first, checked=False)
 
 
 def _record_indices(path: Path, valid: np.ndarray) -> np.ndarray:
@@ -276,8 +317,8 @@ def _jsonl_source(layout: RunLayout, rank: int, path: Path, notes: list[str]) ->
                    lowest_step=int(steps.min()))
 
 
-def _sources(layout: RunLayout, notes: list[str]) -> dict[int, _Source]:
-    sources = _timeline_sources(layout, notes)
+def _sources(layout: RunLayout, notes: list[str], check_records: bool) -> dict[int, _Source]:
+    sources = _timeline_sources(layout, notes, check_records)
     for path in layout.step_metrics_files():
         rank = int(path.name[len("rank"):-len(".jsonl")])
         if rank not in sources:
@@ -315,13 +356,14 @@ def _records_into(source: _Source, start: int, out: np.ndarray) -> None:
     if source.records is not None:
         out[:] = source.records[start:start + out.size]
         return
-    descriptor = os.open(source.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(descriptor, "rb") as handle:
-        info = os.fstat(handle.fileno())
+    descriptor = os.open(source.path, _OPEN_FLAGS)
+    try:
+        info = os.fstat(descriptor)
         if (info.st_dev, info.st_ino) != source.identity:
             raise ValueError(f"{source.path}: replaced while being read")
-        handle.seek(HEADER.size + start * TIMELINE_DTYPE.itemsize)
-        read = handle.readinto(out.view(np.uint8))
+        read = os.preadv(descriptor, [out.view(np.uint8)], HEADER.size + start * TIMELINE_DTYPE.itemsize)
+    finally:
+        os.close(descriptor)
     if read < out.nbytes:
         out["step"][read // TIMELINE_DTYPE.itemsize:] = -1  # cut short since: those steps are missing
 
@@ -381,6 +423,29 @@ class _Accumulated:
         self.cells = {name: np.zeros(size) for name in ("step_sum", "step_count", "late_sum", "late_count")}
 
 
+class _Damaged(Exception):
+    """An unchecked timeline (_unchecked_source) holds a record that read_timeline would leave out, or changed
+    since it was listed: the run is read again, every timeline checked as it is read."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Fields:
+    """One block's record fields as contiguous ranks x steps arrays: copied out of the records once, then
+    read by every figure (a field of the records is strided, a third slower to read each time)."""
+
+    step: np.ndarray
+    flags: np.ndarray
+    start_us: np.ndarray
+    step_ms: np.ndarray
+    data_ms: np.ndarray
+    first_collective_ms: np.ndarray
+    exposed_comm_ms: np.ndarray
+
+
+def _fields(block: np.ndarray) -> _Fields:
+    return _Fields(**{name: np.ascontiguousarray(block[name]) for name in TIMELINE_DTYPE.names})
+
+
 def _pass(sources: dict[int, _Source], first_step: int, last_step: int) -> _Accumulated:
     ranks = sorted(sources)
     steps = last_step - first_step + 1
@@ -388,45 +453,97 @@ def _pass(sources: dict[int, _Source], first_step: int, last_step: int) -> _Accu
                        rank_bins=min(MAX_RANK_BINS, len(ranks)), step_bins=min(MAX_STEP_BINS, steps))
     offsets = np.array([np.nan if sources[r].offset_us is None else sources[r].offset_us for r in ranks])
     lowest = np.array([sources[r].lowest_step for r in ranks])
+    unchecked = _Unchecked.of([sources[r] for r in ranks])
     buffer = np.zeros((len(ranks), min(STEP_BLOCK, steps)), dtype=TIMELINE_DTYPE)
     for block_first in range(first_step, last_step + 1, STEP_BLOCK):
         stop = min(block_first + STEP_BLOCK, last_step + 1)
         block = buffer[:, :stop - block_first]
         for row, rank in enumerate(ranks):
             _read_block(sources[rank], block_first, block[row])
-        _account_block(acc, block, block_first, offsets, lowest)
+        fields = _fields(block)
+        _check_records(block, fields, block_first, unchecked)
+        _account_block(acc, fields, block_first, offsets, lowest)
     return acc
 
 
-def _account_block(acc: _Accumulated, block: np.ndarray, block_first: int, offsets: np.ndarray,
+@dataclass(frozen=True, kw_only=True)
+class _Unchecked:
+    """The rows of unchecked timelines and the steps their one run covers (first, stop)."""
+
+    rows: np.ndarray
+    every_row: bool
+    first: np.ndarray
+    stop: np.ndarray
+
+    @staticmethod
+    def of(sources: list[_Source]) -> _Unchecked:
+        rows = np.flatnonzero([not s.checked for s in sources])
+        runs = [sources[row].runs[0] for row in rows]
+        return _Unchecked(rows=rows, every_row=rows.size == len(sources),
+                          first=np.array([run[0] for run in runs], dtype=np.int64).reshape(-1, 1),
+                          stop=np.array([run[0] + run[2] for run in runs], dtype=np.int64).reshape(-1, 1))
+
+
+_MS_BELOW_MAX = np.nextafter(np.float32(MAX_STEP_MS), np.float32(0))
+"""A float32 step time at most this is within MAX_STEP_MS however MAX_STEP_MS rounds to float32."""
+
+
+def _check_records(block: np.ndarray, fields: _Fields, block_first: int, unchecked: _Unchecked) -> None:
+    """Raises _Damaged when a record of an unchecked timeline is not at the step it should hold or holds
+    values valid_records refuses. A quicker, stricter test first (parts at most the step time, float32); only
+    the records it doubts go to valid_records, the rule's owner."""
+    if unchecked.rows.size == 0:
+        return
+    rows = slice(None) if unchecked.every_row else unchecked.rows
+
+    def part(values: np.ndarray) -> np.ndarray:
+        return values[rows]
+
+    steps = np.arange(block_first, block_first + block.shape[1])
+    inside = (steps >= unchecked.first) & (steps < unchecked.stop)
+    if not np.array_equal(part(fields.step), np.where(inside, steps, -1)):
+        raise _Damaged()
+    start_us, step_ms = part(fields.start_us), part(fields.step_ms)
+    plausible = (start_us >= 0) & (start_us <= MAX_START_US) & (step_ms > 0) & (step_ms <= _MS_BELOW_MAX)
+    for values in (fields.data_ms, fields.first_collective_ms, fields.exposed_comm_ms):
+        plausible &= ~((part(values) < 0) | (part(values) > step_ms))  # NaN (unknown) passes
+    doubtful = inside & ~plausible
+    if doubtful.any() and not valid_records(block[rows][doubtful]).all():
+        raise _Damaged()
+
+
+def _account_block(acc: _Accumulated, fields: _Fields, block_first: int, offsets: np.ndarray,
                    lowest: np.ndarray) -> None:
-    columns = slice(block_first - acc.first_step, block_first - acc.first_step + block.shape[1])
-    present = block["step"] >= 0
-    flags = block["flags"]
-    not_first = present & (flags & FLAG_FIRST == 0) & (block["step"] != lowest[:, None])
-    profiled = not_first & (flags & FLAG_PROFILED != 0)
-    steady = not_first & ~profiled
-    acc.profiled[columns] = np.any(present & (flags & FLAG_PROFILED != 0), axis=0)
-    all_ms = block["step_ms"]
-    step_ms = np.where(steady, all_ms, np.float32(np.nan))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        acc.slowest_ms[columns] = np.nanmax(step_ms, axis=0)
-        acc.profiled_slowest_ms[columns] = np.nanmax(np.where(profiled, all_ms, np.float32(np.nan)), axis=0)
-    end_us = _aligned(block, steady, offsets, "step_ms")
-    late_ms, acc.earliest_end_us[columns], acc.last_rank[columns] = _lateness(end_us)
+    columns = slice(block_first - acc.first_step, block_first - acc.first_step + fields.step.shape[1])
+    steady, profiled = _steadiness(acc, fields, lowest, columns)
+    step_ms = np.where(steady, fields.step_ms, np.float32(np.nan))
+    acc.slowest_ms[columns] = np.fmax.reduce(step_ms, axis=0)  # fmax: NaN (no record) only where all are
+    acc.profiled_slowest_ms[columns] = np.fmax.reduce(np.where(profiled, fields.step_ms, np.float32(np.nan)), axis=0)
+    start_us = _aligned_start(fields.start_us, steady, offsets)
+    late_ms, acc.earliest_end_us[columns], acc.last_rank[columns] = _lateness(_aligned(start_us, fields.step_ms))
     arrival_ms, acc.earliest_arrival_us[columns], acc.first_collective_last[columns] = _lateness(
-        _aligned(block, steady, offsets, "first_collective_ms"))
-    signals = {SIGNAL_STEP: step_ms, SIGNAL_DATA: np.where(steady, block["data_ms"], np.float32(np.nan)),
+        _aligned(start_us, fields.first_collective_ms))
+    signals = {SIGNAL_STEP: step_ms, SIGNAL_DATA: np.where(steady, fields.data_ms, np.float32(np.nan)),
                SIGNAL_ARRIVAL: arrival_ms.astype(np.float32)}
     acc.log_level[:, columns] = _log_level(acc, signals, columns)
     _bin(acc, step_ms, late_ms, columns)
 
 
+def _steadiness(acc: _Accumulated, fields: _Fields, lowest: np.ndarray,
+                columns: slice) -> tuple[np.ndarray, np.ndarray]:
+    """(steady, profiled) masks of the block's records; marks the block's profiled steps in acc."""
+    present = fields.step >= 0
+    not_first = present & (fields.flags & FLAG_FIRST == 0) & (fields.step != lowest[:, None])
+    flagged = fields.flags & FLAG_PROFILED != 0
+    acc.profiled[columns] = np.any(present & flagged, axis=0)
+    return not_first & ~flagged, not_first & flagged
+
+
 def _log_level(acc: _Accumulated, signals: dict[str, np.ndarray], columns: slice) -> np.ndarray:
     """Per rank and step, log(1 + the mean of its known excesses over its peers / the step's median step time);
     a signal no rank recorded in the block costs nothing. The series the change-point search reads."""
-    total = count = None
+    step_ms = signals[SIGNAL_STEP]
+    total, count = np.zeros_like(step_ms), np.zeros_like(step_ms)
     for signal, values in signals.items():
         if signal != SIGNAL_STEP and not np.isfinite(values).any():
             continue
@@ -435,41 +552,63 @@ def _log_level(acc: _Accumulated, signals: dict[str, np.ndarray], columns: slice
         if signal == SIGNAL_STEP:
             median = acc.median_ms[columns] = _median_of(order)
         excess = _excess_ms(values, order)
-        known = ~np.isnan(excess)
-        total = np.where(known, excess, 0.0) + (0.0 if total is None else total)
-        count = known.astype(np.float32) + (0.0 if count is None else count)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        level = np.log1p(np.where(np.isnan(signals[SIGNAL_STEP]), np.nan, total / count) / median)
-    return level
+        unknown = np.isnan(excess)
+        np.copyto(excess, np.float32(0.0), where=unknown)
+        total += excess
+        count += ~unknown
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.divide(total, count, out=total)
+        np.copyto(mean, np.float32(np.nan), where=np.isnan(step_ms))
+        level = mean / median
+        return np.log1p(level, out=level)
 
 
-def _aligned(block: np.ndarray, steady: np.ndarray, offsets: np.ndarray, until: str) -> np.ndarray:
-    """Each steady record's moment `until` (step_ms: its end) on the reference clock, us; NaN: unknown."""
-    moment_us = block["start_us"] - offsets[:, None] + block[until].astype(np.float64) * 1000.0
-    return np.where(steady, moment_us, np.nan)
+def _aligned_start(start_us: np.ndarray, steady: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Each steady record's start on the reference clock, us; NaN: unknown or not steady."""
+    return np.where(steady, start_us - offsets[:, None], np.nan)
+
+
+def _aligned(start_us: np.ndarray, until_ms: np.ndarray) -> np.ndarray:
+    """The moment `until_ms` after each aligned start (step_ms: the step's end), us; NaN: unknown."""
+    moment_us = until_ms.astype(np.float64)
+    moment_us *= 1000.0
+    moment_us += start_us
+    return moment_us
 
 
 def _lateness(moment_us: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(lateness ms per rank and step, the earliest moment per step, index of the last rank per step (-1:
-    fewer than two known))."""
-    known = ~np.isnan(moment_us)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        earliest = np.nanmin(moment_us, axis=0)
-    last = np.argmax(np.where(known, moment_us, -np.inf), axis=0).astype(np.int32)
-    return (moment_us - earliest) / 1000.0, earliest, np.where(known.sum(axis=0) >= 2, last, -1)
+    fewer than two known)). Takes `moment_us` over for the lateness."""
+    earliest = np.fmin.reduce(moment_us, axis=0)
+    # the first rank at the latest moment: an argmax over a mask, ~5x faster than over the moments
+    last = np.argmax(moment_us == np.fmax.reduce(moment_us, axis=0), axis=0).astype(np.int32)
+    two_known = np.count_nonzero(~np.isnan(moment_us), axis=0) >= 2
+    moment_us -= earliest
+    moment_us /= 1000.0
+    return moment_us, earliest, np.where(two_known, last, -1)
 
 
 def _order_statistics(values: np.ndarray) -> np.ndarray:
     """Per step (column), over the ranks that know the value: the sorted values at (n-2)//2, (n-1)//2, n//2,
     (n+1)//2 (n: how many know it; NaN sorts last), as 4 rows; enough for the median of all and the median of
     the others seen from any rank (_peer_median); NaN where the position does not exist."""
-    ordered = np.sort(np.ascontiguousarray(values.T), axis=1)  # along contiguous rows: about twice as fast
-    count = np.sum(~np.isnan(values), axis=0)
+    ordered = _transposed(values)
+    ordered.sort(axis=1)  # along contiguous rows: about twice as fast
+    count = values.shape[0] - np.count_nonzero(np.isnan(ordered), axis=1)
     rows = np.stack([(count - 2) // 2, (count - 1) // 2, count // 2, (count + 1) // 2])
     picked = np.take_along_axis(ordered, np.clip(rows, 0, max(values.shape[0] - 1, 0)).T, axis=1).T
     return np.where((rows >= 0) & (rows < count), picked, np.nan)
+
+
+_TRANSPOSE_BAND = 64
+
+
+def _transposed(values: np.ndarray) -> np.ndarray:
+    """values.T, C-contiguous, copied in bands of ranks that stay in cache (a plain copy is ~10x slower)."""
+    out = np.empty(values.shape[::-1], dtype=values.dtype)
+    for first in range(0, values.shape[0], _TRANSPOSE_BAND):
+        out[:, first:first + _TRANSPOSE_BAND] = values[first:first + _TRANSPOSE_BAND].T
+    return out
 
 
 def _median_of(order: np.ndarray) -> np.ndarray:
@@ -482,16 +621,22 @@ def _peer_median(values: np.ndarray, order: np.ndarray) -> np.ndarray:
     out matters at few ranks: of two, the median of both would halve a straggler's excess. Of the n - 1
     others' sorted values, positions (n-2)//2 and (n-1)//2 are the sorted values there when the rank sorts
     after them, else the next ones (equal values are interchangeable). Arithmetic on the two comparisons, not
-    np.where: a where on a mask that is true for half the ranks costs ten times more."""
+    np.where: a where on a mask that is true for half the ranks costs ten times more; in place: each
+    temporary of the block's size costs as much as the arithmetic."""
     below, middle, above, next_above = order
-    lower = (above - below) * (values >= above)
-    lower += (next_above - middle) * (values >= next_above)
-    return (above + next_above - lower) / 2.0
+    at_or_above = values >= above
+    lower = np.multiply(above - below, at_or_above)
+    np.greater_equal(values, next_above, out=at_or_above)
+    lower += np.multiply(next_above - middle, at_or_above)
+    median = np.subtract(above + next_above, lower, out=lower)
+    median /= np.float32(2.0)
+    return median
 
 
 def _excess_ms(values: np.ndarray, order: np.ndarray) -> np.ndarray:
     """Each rank's value less its peers' median of the same step (NaN: unknown, or no peer knows it)."""
-    return values - _peer_median(values, order)
+    peer = _peer_median(values, order)
+    return np.subtract(values, peer, out=peer)
 
 
 def _bin(acc: _Accumulated, step_ms: np.ndarray, late_ms: np.ndarray, columns: slice) -> None:
@@ -517,8 +662,16 @@ def whole_run_section(layout: RunLayout | None, run_command_dir: str | None = No
     """None when `layout` is None or the run has neither timelines nor step metrics."""
     if layout is None:
         return None
+    try:
+        return _analyzed(layout, run_command_dir, check_records=False)
+    except _Damaged:
+        # a record that cannot be true: every timeline read again, checked, so that it is named and left out
+        return _analyzed(layout, run_command_dir, check_records=True)
+
+
+def _analyzed(layout: RunLayout, run_command_dir: str | None, check_records: bool) -> WholeRun | None:
     notes: list[str] = []
-    sources = _sources(layout, notes)
+    sources = _sources(layout, notes, check_records)
     if not sources:
         if not notes:
             return None
@@ -705,13 +858,14 @@ def _rank_figures(acc: _Accumulated, index: int, source: _Source,
     _read_block(source, segment.start_step, block)
     steady = ~np.isnan(acc.log_level[index, columns])
     offset = np.array([np.nan if source.offset_us is None else source.offset_us])
-    arrival_us = _aligned(block[None, :], steady[None, :], offset, "first_collective_ms")[0]
+    start_us = _aligned_start(block["start_us"][None, :], steady[None, :], offset)[0]
+    arrival_us = _aligned(start_us, block["first_collective_ms"])
     values = {SIGNAL_STEP: np.where(steady, block["step_ms"], np.nan),
               SIGNAL_DATA: np.where(steady, block["data_ms"], np.nan),
               SIGNAL_ARRIVAL: (arrival_us - acc.earliest_arrival_us[columns]) / 1000.0}
     medians = {signal: _median(_excess_ms(v.astype(np.float32), acc.order[signal][:, columns]))
                for signal, v in values.items()}
-    end_us = _aligned(block[None, :], steady[None, :], offset, "step_ms")[0]
+    end_us = _aligned(start_us, block["step_ms"])
     return ({signal: m for signal, m in medians.items() if m is not None},
             (end_us - acc.earliest_end_us[columns]) / 1000.0)
 

@@ -40,6 +40,7 @@ import math
 import os
 import re
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +68,13 @@ from fleetscope.traces.timeline import (
 
 STEP_BLOCK = 2048
 """Steps read at once across all ranks."""
+CHUNK_VALUES = 1 << 19
+"""Values of one field across ranks and steps figured at once: a chunk's arrays (float64: 1 MiB) stay in the
+core's cache from one operation to the next; a whole block's would go to memory and back each time."""
+WORKERS = max(1, min(4, os.cpu_count() or 1))
+"""Threads of the pass and of the change-point searches. numpy lets go of the interpreter in its loops, so a
+block's parts (ranks to read, steps to figure) run side by side; a step's figures depend on that step's
+records alone and a rank's search on its own series, so the results do not depend on the count."""
 MAX_RANK_BINS = 256
 MAX_STEP_BINS = 200
 SLOW_EXCESS = 0.05
@@ -430,8 +438,8 @@ class _Damaged(Exception):
 
 @dataclass(frozen=True, kw_only=True)
 class _Fields:
-    """One block's record fields as contiguous ranks x steps arrays: copied out of the records once, then
-    read by every figure (a field of the records is strided, a third slower to read each time)."""
+    """A block's record fields as ranks x steps arrays, one per field: copied out of the records once, then
+    read by every figure (a field of the records is strided: each read of it costs about twice as much)."""
 
     step: np.ndarray
     flags: np.ndarray
@@ -441,9 +449,16 @@ class _Fields:
     first_collective_ms: np.ndarray
     exposed_comm_ms: np.ndarray
 
+    @staticmethod
+    def empty(ranks: int, steps: int) -> _Fields:
+        return _Fields(**{name: np.empty((ranks, steps), dtype=TIMELINE_DTYPE[name]) for name in TIMELINE_DTYPE.names})
 
-def _fields(block: np.ndarray) -> _Fields:
-    return _Fields(**{name: np.ascontiguousarray(block[name]) for name in TIMELINE_DTYPE.names})
+    def part(self, rows: slice = slice(None), columns: slice = slice(None)) -> _Fields:
+        return _Fields(**{name: getattr(self, name)[rows, columns] for name in TIMELINE_DTYPE.names})
+
+    def copy_from(self, records: np.ndarray) -> None:
+        for name in TIMELINE_DTYPE.names:
+            np.copyto(getattr(self, name), records[name])
 
 
 def _pass(sources: dict[int, _Source], first_step: int, last_step: int) -> _Accumulated:
@@ -454,16 +469,42 @@ def _pass(sources: dict[int, _Source], first_step: int, last_step: int) -> _Accu
     offsets = np.array([np.nan if sources[r].offset_us is None else sources[r].offset_us for r in ranks])
     lowest = np.array([sources[r].lowest_step for r in ranks])
     unchecked = _Unchecked.of([sources[r] for r in ranks])
-    buffer = np.zeros((len(ranks), min(STEP_BLOCK, steps)), dtype=TIMELINE_DTYPE)
-    for block_first in range(first_step, last_step + 1, STEP_BLOCK):
-        stop = min(block_first + STEP_BLOCK, last_step + 1)
-        block = buffer[:, :stop - block_first]
-        for row, rank in enumerate(ranks):
-            _read_block(sources[rank], block_first, block[row])
-        fields = _fields(block)
-        _check_records(block, fields, block_first, unchecked)
-        _account_block(acc, fields, block_first, offsets, lowest)
+    width = min(STEP_BLOCK, steps)
+    buffer, fields = np.zeros((len(ranks), width), dtype=TIMELINE_DTYPE), _Fields.empty(len(ranks), width)
+    step_ms, late_ms = np.empty((len(ranks), width), dtype=np.float32), np.empty((len(ranks), width))
+    with ThreadPoolExecutor(WORKERS) as pool:
+        for block_first in range(first_step, last_step + 1, STEP_BLOCK):
+            block = buffer[:, :min(STEP_BLOCK, last_step + 1 - block_first)]
+            block_fields = fields.part(columns=slice(0, block.shape[1]))
+
+            def read(rows: slice) -> None:
+                for row, rank in enumerate(ranks[rows], start=rows.start):
+                    _read_block(sources[rank], block_first, block[row])
+                block_fields.part(rows=rows).copy_from(block[rows])
+
+            def figure(columns: slice) -> None:
+                part = block_fields.part(columns=columns)
+                _check_records(block[:, columns], part, block_first + columns.start, unchecked)
+                step_ms[:, columns], late_ms[:, columns] = _account_block(acc, part, block_first + columns.start,
+                                                                          offsets, lowest)
+
+            _each(pool, read, _parts(len(ranks), WORKERS))
+            _each(pool, figure, _parts(block.shape[1], max(WORKERS, len(ranks) * block.shape[1] // CHUNK_VALUES)))
+            _bin(acc, step_ms[:, :block.shape[1]], late_ms[:, :block.shape[1]],
+                 slice(block_first - first_step, block_first - first_step + block.shape[1]))
     return acc
+
+
+def _parts(count: int, parts: int) -> list[slice]:
+    """[0, count) in `parts` runs."""
+    bounds = [count * part // parts for part in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def _each(pool: ThreadPoolExecutor, work, parts: list[slice]) -> None:
+    """work(part) for every part on the pool; returns when all are done, raising the first failure."""
+    for future in [pool.submit(work, part) for part in parts]:
+        future.result()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -490,30 +531,49 @@ _MS_BELOW_MAX = np.nextafter(np.float32(MAX_STEP_MS), np.float32(0))
 
 def _check_records(block: np.ndarray, fields: _Fields, block_first: int, unchecked: _Unchecked) -> None:
     """Raises _Damaged when a record of an unchecked timeline is not at the step it should hold or holds
-    values valid_records refuses. A quicker, stricter test first (parts at most the step time, float32); only
-    the records it doubts go to valid_records, the rule's owner."""
+    values valid_records refuses. Quicker, stricter tests first (parts at most the step time, float32): over
+    the whole block, then record by record; only the records they doubt go to valid_records, the rule's owner."""
     if unchecked.rows.size == 0:
         return
     rows = slice(None) if unchecked.every_row else unchecked.rows
-
-    def part(values: np.ndarray) -> np.ndarray:
-        return values[rows]
-
-    steps = np.arange(block_first, block_first + block.shape[1])
-    inside = (steps >= unchecked.first) & (steps < unchecked.stop)
-    if not np.array_equal(part(fields.step), np.where(inside, steps, -1)):
+    steps = np.arange(block_first, block_first + block.shape[1], dtype=np.int32)  # as the records' steps
+    everywhere = bool(np.all(unchecked.first <= steps[0]) and np.all(unchecked.stop > steps[-1]))
+    inside = True if everywhere else (steps >= unchecked.first) & (steps < unchecked.stop)
+    if not np.all(fields.step[rows] == (steps if everywhere else np.where(inside, steps, np.int32(-1)))):
         raise _Damaged()
-    start_us, step_ms = part(fields.start_us), part(fields.step_ms)
-    plausible = (start_us >= 0) & (start_us <= MAX_START_US) & (step_ms > 0) & (step_ms <= _MS_BELOW_MAX)
-    for values in (fields.data_ms, fields.first_collective_ms, fields.exposed_comm_ms):
-        plausible &= ~((part(values) < 0) | (part(values) > step_ms))  # NaN (unknown) passes
-    doubtful = inside & ~plausible
+    part = fields.part(rows=rows)
+    if everywhere and _all_plausible(part):
+        return
+    doubtful = inside & ~_plausible(part)
     if doubtful.any() and not valid_records(block[rows][doubtful]).all():
         raise _Damaged()
 
 
+_PARTS = ("data_ms", "first_collective_ms", "exposed_comm_ms")
+
+
+def _all_plausible(fields: _Fields) -> bool:
+    """_plausible everywhere, by extremes (a NaN start or step time fails: min and max carry it)."""
+    if not (fields.start_us.min() >= 0 and fields.start_us.max() <= MAX_START_US
+            and fields.step_ms.min() > 0 and fields.step_ms.max() <= _MS_BELOW_MAX):
+        return False
+    parts = (getattr(fields, name) for name in _PARTS)
+    return not any(np.fmin.reduce(p, axis=None) < 0 or np.any(p > fields.step_ms) for p in parts)
+
+
+def _plausible(fields: _Fields) -> np.ndarray:
+    """Records valid_records keeps (stricter: a part at most the step time)."""
+    start_us, step_ms = fields.start_us, fields.step_ms
+    plausible = (start_us >= 0) & (start_us <= MAX_START_US) & (step_ms > 0) & (step_ms <= _MS_BELOW_MAX)
+    for name in _PARTS:
+        plausible &= ~((getattr(fields, name) < 0) | (getattr(fields, name) > step_ms))  # NaN (unknown) passes
+    return plausible
+
+
 def _account_block(acc: _Accumulated, fields: _Fields, block_first: int, offsets: np.ndarray,
-                   lowest: np.ndarray) -> None:
+                   lowest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The per-step figures of the block's steps into acc; returns the steady step times and end lateness
+    (ms, ranks x steps) for the heatmaps."""
     columns = slice(block_first - acc.first_step, block_first - acc.first_step + fields.step.shape[1])
     steady, profiled = _steadiness(acc, fields, lowest, columns)
     step_ms = np.where(steady, fields.step_ms, np.float32(np.nan))
@@ -526,7 +586,7 @@ def _account_block(acc: _Accumulated, fields: _Fields, block_first: int, offsets
     signals = {SIGNAL_STEP: step_ms, SIGNAL_DATA: np.where(steady, fields.data_ms, np.float32(np.nan)),
                SIGNAL_ARRIVAL: arrival_ms.astype(np.float32)}
     acc.log_level[:, columns] = _log_level(acc, signals, columns)
-    _bin(acc, step_ms, late_ms, columns)
+    return step_ms, late_ms
 
 
 def _steadiness(acc: _Accumulated, fields: _Fields, lowest: np.ndarray,
@@ -686,7 +746,8 @@ def _section(acc: _Accumulated, sources: dict[int, _Source], notes: list[str], r
     steady = np.flatnonzero(~np.isnan(acc.slowest_ms))
     step_numbers = acc.first_step + steady
     windows = _windows(acc)
-    segments = {rank: _segments(acc, index) for index, rank in enumerate(acc.ranks)}
+    with ThreadPoolExecutor(WORKERS) as pool:
+        segments = dict(zip(acc.ranks, pool.map(lambda index: _segments(acc, index), range(len(acc.ranks)))))
     slow = [finding for index, rank in enumerate(acc.ranks)
             for finding in _slow_ranks(acc, index, sources[rank], segments[rank], windows, run_dir)]
     changes = [ChangePoint(rank=rank, step=b.start_step, level_before=a.level, level_after=b.level)

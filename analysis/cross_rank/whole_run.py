@@ -28,9 +28,13 @@ Definitions (steady steps and the slowest rank per step as analysis/quantities.p
 
 Scale: records are read in blocks of STEP_BLOCK steps across all ranks (a few hundred MB at most at 1,024
 ranks); what stays for the whole run is one float16 log excess level per rank and step, per-step figures
-(with each signal's order statistics, for the peers' median), and the binned heatmaps. The change-point
-search runs once per rank, on the excess level, not once per signal: at 1,024 ranks x
-100,000 steps each search costs ~5 ms, so per signal it would cost ~10 s more (bench/whole_run_scale.py).
+(with each signal's order statistics, for the peers' median), and the binned heatmaps. A block's ranks are
+read, and its steps figured in chunks of CHUNK_VALUES, on WORKERS threads. A timeline's records are checked
+as the pass reads them (read_timeline checks every record as it opens the file, which cost a fifth of the
+analysis): one with a record that cannot be true has the whole run read again the checked way, so that the
+record is named and left out exactly as before. The change-point search runs once per rank, on the excess
+level, not once per signal: at 1,024 ranks x 100,000 steps each search costs ~5 ms, so per signal it would
+cost ~10 s more (bench/whole_run_scale.py).
 """
 
 from __future__ import annotations
@@ -68,9 +72,9 @@ from fleetscope.traces.timeline import (
 
 STEP_BLOCK = 2048
 """Steps read at once across all ranks."""
-CHUNK_VALUES = 1 << 19
-"""Values of one field across ranks and steps figured at once: a chunk's arrays (float64: 1 MiB) stay in the
-core's cache from one operation to the next; a whole block's would go to memory and back each time."""
+CHUNK_VALUES = 1 << 18
+"""Values of one field across ranks and steps figured at once: a chunk's arrays (1-2 MiB) stay in a core's
+cache from one operation to the next; a whole block's (8-16 MiB at 1,024 ranks) go to memory and back."""
 WORKERS = max(1, min(4, os.cpu_count() or 1))
 """Threads of the pass and of the change-point searches. numpy lets go of the interpreter in its loops, so a
 block's parts (ranks to read, steps to figure) run side by side; a step's figures depend on that step's
@@ -478,9 +482,11 @@ def _pass(sources: dict[int, _Source], first_step: int, last_step: int) -> _Accu
             block_fields = fields.part(columns=slice(0, block.shape[1]))
 
             def read(rows: slice) -> None:
-                for row, rank in enumerate(ranks[rows], start=rows.start):
-                    _read_block(sources[rank], block_first, block[row])
-                block_fields.part(rows=rows).copy_from(block[rows])
+                for group in range(rows.start, rows.stop, _READ_GROUP):
+                    group_rows = slice(group, min(group + _READ_GROUP, rows.stop))
+                    for row in range(group_rows.start, group_rows.stop):
+                        _read_block(sources[ranks[row]], block_first, block[row])
+                    block_fields.part(rows=group_rows).copy_from(block[group_rows])  # while still in cache
 
             def figure(columns: slice) -> None:
                 part = block_fields.part(columns=columns)
@@ -493,6 +499,10 @@ def _pass(sources: dict[int, _Source], first_step: int, last_step: int) -> _Accu
             _bin(acc, step_ms[:, :block.shape[1]], late_ms[:, :block.shape[1]],
                  slice(block_first - first_step, block_first - first_step + block.shape[1]))
     return acc
+
+
+_READ_GROUP = 16
+"""Ranks read before their fields are copied out: 16 x STEP_BLOCK records are 1 MiB, still in the cache."""
 
 
 def _parts(count: int, parts: int) -> list[slice]:

@@ -8,14 +8,16 @@ Writes a synthetic run into a temporary directory (or `--work`): every rank's `m
 Then, each in its own process, cold in the same page cache:
   floor      np.fromfile of every rank's file (every record read once, nothing computed): the I/O floor
   analysis   analysis/cross_rank/whole_run.whole_run_section on the run directory
-Reported: wall seconds, peak RSS of the process, the ratio analysis / floor, and whether the planted rank
-was found (its start step and size). The data is deleted afterwards unless --keep.
+Reported: wall seconds, peak RSS of the process, the ratio analysis / floor, whether the planted rank was
+found (its start step and size), and the load average (the analysis runs on up to WORKERS threads: other
+work on the cores slows it). The data is deleted afterwards unless --keep.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -111,6 +113,7 @@ def main() -> None:
         print(f"{'floor':10} {base['wall_s']:8.2f} {base['peak_rss_mib']:13.0f}   np.fromfile of every record")
         print(f"{'analysis':10} {result['wall_s']:8.2f} {result['peak_rss_mib']:13.0f}   whole_run_section")
         print(f"ratio analysis / floor: {result['wall_s'] / base['wall_s']:.1f}x")
+        print("load average (1, 5, 15 min) after the analysis: " + ", ".join(f"{v:.1f}" for v in os.getloadavg()))
         print(f"planted rank {SLOW_RANK} +{100 * (SLOW_FACTOR - 1):.0f}% from step {SLOW_FROM:,}: found from step "
               f"{result['found_from_step']}, {result['found_excess_pct']}% (to the end: {result['found_to_the_end']}); "
               f"slow-rank findings {result['slow_ranks']}, change points {result['changes']}")

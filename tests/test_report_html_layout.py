@@ -35,7 +35,7 @@ SECTION_ORDER = ["Ranks", "Where the time went", "Communication hidden behind co
                  "Step time, rank x step (ms)", "Top kernels", "Stragglers", "Causes of waiting", "Critical path",
                  "Pipeline", "Phases and GPU time", "Host stalls", "Collective bandwidth",
                  "Memory, input and compilation", "Unplanned windows", "Hang (Flight Recorder)", "MoE layers",
-                 "Clocks", "HTA (Holistic Trace Analysis)", "Problems", "Notes"]
+                 "Whole run", "Clocks", "HTA (Holistic Trace Analysis)", "Problems", "Notes"]
 NO_VALUE = "-"
 
 # --- a 2-rank CPU run made by hand: gloo collectives, compute between them, metrics without GPU numbers ---

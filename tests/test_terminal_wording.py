@@ -152,10 +152,11 @@ def test_launch_passes_rank_lines_on_but_not_the_profilers_own():
              "[default0]:STAGE:2024-05-01 10:00:00 1234:1234 ActivityProfilerController.cpp:312] Completed Stage: "
              "Warm Up\n",
              "STAGE:2024-05-01 10:00:01 1234:1234 ActivityProfilerController.cpp:318] Completed Stage: Collection\n",
-             "[default0]:a line that mentions USDT: in passing\n"]
+             "[default0]:a line that mentions USDT: in passing\n",
+             "[default0]:STAGE: my program's own stage line\n"]
     out = io.StringIO()
     pass_stderr(lines, out, Path("/nonexistent/summary.log"))
-    assert out.getvalue() == lines[0] + lines[4]
+    assert out.getvalue() == lines[0] + lines[4] + lines[5]
 
 
 def test_torchx_local_names_ranks_that_wrote_no_error_file(tmp_path):

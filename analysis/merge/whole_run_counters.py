@@ -39,8 +39,8 @@ WHOLE_RUN_SEQUENCE_ID = (1 << 30) + 1
 MAX_SAMPLES_PER_RANK = 4000
 MAX_SAMPLES_TOTAL = 2_000_000
 """About 20 MB of counter packets, whatever the number of ranks and steps."""
-MAX_STEP_INDEX = 1 << 26
-"""Steps beyond this are not believed (the earliest-end table is indexed by step)."""
+MAX_STEP_INDEX = 1 << 24
+"""Steps beyond this (16.7 million) are not drawn: the earliest-end table is indexed by step (128 MB at most)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,9 +67,8 @@ class WholeRunPlan:
     @property
     def bounds_ns(self) -> tuple[int, int] | None:
         """First and last sample on the merged clock (None without samples)."""
-        stamps = [ts for r in self.ranks for samples in (r.step_ms, r.lateness_ms) for ts in (samples[0][0], samples[-1][0])
-                  if samples]
-        return (min(stamps), max(stamps)) if stamps else None
+        stamps = [ts for r in self.ranks for samples in (r.step_ms, r.lateness_ms) for ts, _ in samples]
+        return (min(stamps), max(stamps)) if stamps else None   # every sample: a wall clock may step back
 
 
 def plan_whole_run(layout: RunLayout, ranks: Iterable[int], offsets_ns: Mapping[int, int]) -> WholeRunPlan:

@@ -104,9 +104,10 @@ TORCHRUN_STDERR = "torchrun.stderr.log"
 """torchrun's own traceback and failure summary of a failed local job, under <run>/logs/."""
 
 
-_PROFILER_NOISE = re.compile(r"(\[[^\]\n]*\]:)?(USDT|STAGE):")
-"""Kineto's probe and stage lines (`USDT:... profiler_start`, `STAGE:... Completed Stage: Warm Up`), after
-torchrun's `[default<R>]:` prefix when it adds one."""
+_PROFILER_NOISE = re.compile(r"(\[[^\]\n]*\]:)?(USDT|STAGE):\d{4}-\d\d-\d\d ")
+"""Kineto's probe and stage lines (`USDT:2026-12-02 13:52:14 ... profiler_start`, `STAGE:2024-05-01 10:00:00
+... Completed Stage: Warm Up`), after torchrun's `[default<R>]:` prefix when it adds one; the date keeps a
+program's own line that starts with "STAGE:" passing through."""
 
 
 def is_profiler_noise(line: str) -> bool:

@@ -42,8 +42,10 @@ FLIGHT_RECORDER_DIR = "flight_recorder"
 COMPILE_SUFFIX = ".compile.json"
 MOE_SUFFIX = ".moe.jsonl"
 STEP_METRICS_RE = re.compile(r"^rank(?P<rank>\d+)\.jsonl$")
-RECORD_FILE_RE = re.compile(r"^rank(?P<rank>\d+)(?:\.jsonl|\.timeline|%s|%s)$"
-                            % (re.escape(COMPILE_SUFFIX), re.escape(MOE_SUFFIX)))
+TIMELINE_SUFFIX = ".timeline"
+TIMELINE_RE = re.compile(r"^rank(?P<rank>\d+)%s$" % re.escape(TIMELINE_SUFFIX))
+RECORD_FILE_RE = re.compile(r"^rank(?P<rank>\d+)(?:\.jsonl|%s|%s|%s)$"
+                            % (re.escape(TIMELINE_SUFFIX), re.escape(COMPILE_SUFFIX), re.escape(MOE_SUFFIX)))
 """Any of a rank's record files under metrics/: step metrics, timeline, compile record, MoE records."""
 """Step-metrics files only: `rank*.jsonl` as a glob also matches `rank<R>.moe.jsonl`."""
 
@@ -185,16 +187,25 @@ class RunLayout:
 
     def timeline_file(self, rank: int) -> Path:
         """`metrics/rank<R>.timeline`: one binary record per step of the rank (traces/timeline.py)."""
-        return self.metrics_dir / f"rank{rank}.timeline"
+        return self.metrics_dir / f"rank{rank}{TIMELINE_SUFFIX}"
+
+    def timeline_ranks(self) -> list[int]:
+        """Ranks with a `metrics/rank<R>.timeline` entry, from one listing of the folder, in rank order."""
+        return sorted(rank for rank, pattern in self._record_names() if pattern is TIMELINE_RE)
 
     def ranks_with_records(self) -> set[int]:
         """Ranks with any record file under metrics/, from one listing of the folder: readers iterate over
         these rather than stat three paths per rank of a declared world size (2^20 of them in a forged job)."""
+        return {rank for rank, pattern in self._record_names() if pattern is RECORD_FILE_RE}
+
+    def _record_names(self) -> list[tuple[int, re.Pattern]]:
+        """(rank, pattern) for every metrics/ entry named by RECORD_FILE_RE, and again for TIMELINE_RE."""
         try:
             names = [entry.name for entry in os.scandir(self.metrics_dir)]
         except OSError:
-            return set()
-        return {int(m["rank"]) for name in names if (m := RECORD_FILE_RE.match(name))}
+            return []
+        return [(int(m["rank"]), pattern) for name in names for pattern in (RECORD_FILE_RE, TIMELINE_RE)
+                if (m := pattern.match(name))]
 
     def clock_file(self, rank: int) -> Path:
         return self.clock_dir / f"rank{rank}.json"

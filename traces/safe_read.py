@@ -25,7 +25,8 @@ MAX_INPUT_BYTES = 64 << 30
 MAX_METADATA_BYTES = 256 << 20
 """manifest.json, job.json, clock files, metrics files: far smaller in any real run."""
 
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+"""How a run file is opened: never through a final symlink, never waiting on a FIFO (whole_run reads with it too)."""
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 
@@ -66,7 +67,7 @@ def read_input(path: Path, *, within: Path | None = None, max_bytes: int = MAX_I
         raise InputRefused(path, problem)
     real = os.path.realpath(path)
     try:
-        descriptor = os.open(real, _OPEN_FLAGS)
+        descriptor = os.open(real, OPEN_FLAGS)
     except OSError as error:
         raise InputRefused(path, f"cannot open: {error.strerror or error}") from error
     with os.fdopen(descriptor, "rb") as handle:

@@ -35,7 +35,6 @@ from .safe_read import entry_problem
 
 MAGIC = b"FSTLINE1"
 HEADER = struct.Struct("<8sII16x")
-TIMELINE_SUFFIX = ".timeline"
 TIMELINE_DTYPE = np.dtype([
     ("step", "<i4"),
     ("flags", "<u4"),
@@ -64,10 +63,6 @@ RECORD = struct.Struct("<iIdffff")
 """TIMELINE_DTYPE as a struct, for the writer."""
 
 assert TIMELINE_DTYPE.itemsize == RECORD.size == 32 and HEADER.size == 32
-
-
-def timeline_file_name(rank: int) -> str:
-    return f"rank{rank}{TIMELINE_SUFFIX}"
 
 
 class TimelineWriter:

@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,7 +54,7 @@ from fleetscope.traces.change_points import MIN_SEGMENT_STEPS, Segment, segment_
 from fleetscope.traces.clock import read_clock_offsets
 from fleetscope.traces.formats import read_metric_records
 from fleetscope.traces.layout import RunLayout
-from fleetscope.traces.safe_read import entry_problem
+from fleetscope.traces.safe_read import OPEN_FLAGS, entry_problem
 from fleetscope.traces.timeline import (
     FLAG_FIRST,
     FLAG_PROFILED,
@@ -64,7 +63,6 @@ from fleetscope.traces.timeline import (
     MAX_START_US,
     MAX_STEP_MS,
     TIMELINE_DTYPE,
-    TIMELINE_SUFFIX,
     last_of_each_step,
     read_timeline,
     valid_records,
@@ -96,8 +94,6 @@ SOURCE_TIMELINE = "timeline"
 SOURCE_JSONL = "step metrics (jsonl)"
 STATUS_OK = "ok"
 STATUS_NOT_RECORDED = "not recorded"
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-_TIMELINE_NAME = re.compile(r"^rank(?P<rank>\d+)%s$" % re.escape(TIMELINE_SUFFIX))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,23 +212,12 @@ class _Source:
 
 def _timeline_sources(layout: RunLayout, notes: list[str], check_records: bool) -> dict[int, _Source]:
     found = {}
-    for name in _listing(layout.metrics_dir):
-        match = _TIMELINE_NAME.match(name)
-        if match is None:
-            continue
-        rank = int(match["rank"])
+    for rank in layout.timeline_ranks():
         source = None if check_records else _unchecked_source(layout, rank)
         source = source or _timeline_source(layout, rank, notes)
         if source is not None:
             found[rank] = source
     return found
-
-
-def _listing(directory: Path) -> list[str]:
-    try:
-        return sorted(entry.name for entry in os.scandir(directory))
-    except OSError:
-        return []
 
 
 def _timeline_source(layout: RunLayout, rank: int, notes: list[str]) -> _Source | None:
@@ -267,7 +252,7 @@ def _unchecked_source(layout: RunLayout, rank: int) -> _Source | None:
     if entry_problem(path, within=layout.root) is not None:
         return None
     try:
-        descriptor = os.open(path, _OPEN_FLAGS)
+        descriptor = os.open(path, OPEN_FLAGS)
     except OSError:
         return None
     try:
@@ -368,7 +353,7 @@ def _records_into(source: _Source, start: int, out: np.ndarray) -> None:
     if source.records is not None:
         out[:] = source.records[start:start + out.size]
         return
-    descriptor = os.open(source.path, _OPEN_FLAGS)
+    descriptor = os.open(source.path, OPEN_FLAGS)
     try:
         info = os.fstat(descriptor)
         if (info.st_dev, info.st_ino) != source.identity:

@@ -164,7 +164,7 @@ def test_the_whole_run_analysis_finds_the_straggle_within_two_steps(straggled):
 
 
 @slow
-def test_fsdp_ranks_note_their_first_reduce_scatter(tmp_path):
+def test_fsdp_ranks_time_their_reduce_scatters(tmp_path):
     run_dir = tmp_path / "run"
     completed = torchrun(2, *COMMON[:-4], "--steps", "3", "--profile", "off", "--parallel", "fsdp",
                          "--run-dir", str(run_dir), "--set", "observability.clock_round_trips=0")
@@ -174,7 +174,12 @@ def test_fsdp_ranks_note_their_first_reduce_scatter(tmp_path):
         assert records["step"].tolist() == [0, 1, 2]
         first = records["first_collective_ms"]
         assert np.isfinite(first).all() and (first > 0).all() and (first <= records["step_ms"]).all()
-        assert np.isnan(records["exposed_comm_ms"]).all()  # FSDP2's reduce-scatters are not timed
+        exposed = records["exposed_comm_ms"]  # the last reduce-scatter's wait, as for DDP's last bucket
+        assert np.isfinite(exposed).all() and (exposed >= 0).all() and (exposed <= records["step_ms"]).all()
+        rows = metrics(run_dir, rank)
+        assert [row["comm_buckets"] for row in rows] == [rows[0]["comm_buckets"]] * 3 and rows[0]["comm_buckets"] >= 2
+        assert np.allclose(exposed, [row["comm_exposed_ms"] for row in rows], rtol=1e-6, atol=1e-6)
+        assert all(row["comm_exposed_ms"] <= row["comm_ms"] < row["step_time_ms"] for row in rows)
 
 
 USER_PROGRAM = """

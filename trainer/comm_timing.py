@@ -11,10 +11,11 @@ host with the device in the training loop:
   which torch runs on a stream that waits for the all-reduce to finish.
 * The collectives the trainer itself issues between steps (the stop-flag agreement), timed as a span.
 
-FSDP2's all-gathers / reduce-scatters and tensor-parallel collectives are not timed here (no cheap
-hook exposes their completion); their fields stay null. When FSDP2 issues its first gradient reduce-scatter
-is noted, though (FirstIssue through StampedReduceScatter): one point per step, the step timeline's
-first_collective_ms.
+* FSDP2's gradient reduce-scatters, through a subclass of its default reduce-scatter (ReduceScatterTimer):
+  ready and done points around each one, the same shape and estimate as DDP's buckets.
+
+FSDP2's all-gathers and tensor-parallel collectives are not timed here (they run inside the modules' own code,
+with no cheap hook at their completion); for them the step fields stay null.
 """
 
 from __future__ import annotations
@@ -134,28 +135,41 @@ class TimedSpan:
         return self.clock.ms_between(self.start, self.end)
 
 
-class FirstIssue:
-    """When this step's first collective of one kind was issued: one Clock point per step, the later calls
-    cost a comparison. On CUDA the point is an event on the stream current at the issue (FSDP2's
-    reduce-scatter stream, which waits for the gradients), so it is when the collective could start."""
+class ReduceScatterTimer:
+    """FSDP2's gradient reduce-scatters of each step: when each was issued (its input ready on the reduce-scatter
+    stream) and when it completed, as Clock points, with the bytes reduced: the same (ready, done) shape as DDP's
+    buckets, so the same estimate (comm_ms, comm_exposed_ms) and the same first point (first_collective_ms).
+    On CUDA both points are events on the reduce-scatter stream (FSDP2 issues the collective with that stream
+    current), recorded before and after the collective is enqueued: the second completes when it does. HSDP's
+    all-reduce across replicas, which follows on another stream, is not included."""
 
     def __init__(self, use_cuda: bool):
         self._clock = Clock(use_cuda)
-        self._point: object | None = None
+        self._points: list[list[object]] = []
+        self._sizes: list[int] = []
 
-    def note(self) -> None:
-        if self._point is None:
-            self._point = self._clock.now()
-
-    def finish_step(self) -> object | None:
-        """This step's point (None: nothing issued); the next step starts without one."""
-        point, self._point = self._point, None
+    def issued(self, input_tensor: torch.Tensor) -> list[object]:
+        point = [self._clock.now(), None]
+        self._points.append(point)
+        self._sizes.append(input_tensor.numel() * input_tensor.element_size())
         return point
 
+    def completed(self, point: list[object]) -> None:
+        point[1] = self._clock.now()
 
-def install_reduce_scatter_stamps(model: torch.nn.Module, first: FirstIssue) -> int:
-    """FSDP2's reduce-scatters of every fully_shard-ed module of `model` note `first` when issued; the number
-    of modules stamped (0: no FSDP2 module, or a torch without the default reduce-scatter to extend)."""
+    def finish_step(self) -> StepBuckets | None:
+        """This step's reduce-scatters (None: none issued, e.g. an accumulation micro-step); the next step starts
+        empty."""
+        if not self._points:
+            return None
+        buckets = StepBuckets(self._clock, self._points, self._sizes)
+        self._points, self._sizes = [], []
+        return buckets
+
+
+def install_reduce_scatter_stamps(model: torch.nn.Module, timer: ReduceScatterTimer) -> int:
+    """FSDP2's reduce-scatters of every fully_shard-ed module of `model` are timed by `timer`; the number of
+    modules stamped (0: no FSDP2 module, or a torch without the default reduce-scatter to extend)."""
     try:
         from torch.distributed.fsdp import FSDPModule
         from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
@@ -163,11 +177,13 @@ def install_reduce_scatter_stamps(model: torch.nn.Module, first: FirstIssue) -> 
         return 0
 
     class StampedReduceScatter(DefaultReduceScatter):
-        """FSDP2's default reduce-scatter, noting its issue (a subclass: FSDP2's own type checks still pass)."""
+        """FSDP2's default reduce-scatter, timed (a subclass: FSDP2's own type checks still pass)."""
 
-        def __call__(self, *args, **kwargs):
-            first.note()
-            return super().__call__(*args, **kwargs)
+        def __call__(self, output_tensor, input_tensor, *args, **kwargs):
+            point = timer.issued(input_tensor)
+            work = super().__call__(output_tensor, input_tensor, *args, **kwargs)
+            timer.completed(point)
+            return work
 
     stamped = 0
     for module in model.modules():

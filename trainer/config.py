@@ -411,6 +411,9 @@ class ObservabilityConfig:
     """CUDA: record allocator history and dump a snapshot when a step runs out of memory."""
     memory_history_entries: int = 100_000
     """Allocation events kept in the history ring buffer."""
+    step_timeline: bool = True
+    """Append one 32-byte record a step to metrics/rank<R>.timeline (traces/timeline.py), the whole-run section's
+    input. Off only to measure what it costs (bench/timeline_gpu_overhead.py): the report then has no whole run."""
     moe_records: bool = True
     """Count, on the device, the tokens routed to each expert and the all-to-all split matrix of every MoE
     layer every step; written to metrics/rank<R>.moe.jsonl at each profiler window's end, every

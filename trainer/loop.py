@@ -26,7 +26,8 @@ from .expert_parallel import expert_parameter_names, install_moe_layers, moe_blo
 from .flops import FlopModel, flop_model, peak_tflops
 from .load_balance import RouterBalance, RouterBiasUpdate
 from .loss import CausalLMTrainingModule
-from .comm_timing import Clock, DdpCommTimer, FirstIssue, StepBuckets, TimedSpan, install_reduce_scatter_stamps
+from .comm_timing import (Clock, DdpCommTimer, ReduceScatterTimer, StepBuckets, TimedSpan,
+                          install_reduce_scatter_stamps)
 from .compile_record import CompileWatch
 from .accumulation import gradient_sync, micro_step, take_micro_batches
 from .capture import CaptureController
@@ -66,8 +67,8 @@ class TrainState:
     """This rank's pipeline stages and schedule (None: parallel.pp is 1)."""
     router_bias: RouterBiasUpdate | None = None
     """The routers' bias update after every optimizer step (None: model.router_bias_update_rate is 0)."""
-    reduce_scatters: FirstIssue | None = None
-    """When FSDP2 issued each step's first gradient reduce-scatter (None: not FSDP2)."""
+    reduce_scatters: ReduceScatterTimer | None = None
+    """FSDP2's gradient reduce-scatters, timed (None: not FSDP2)."""
     step: int = 0
 
 
@@ -106,12 +107,12 @@ def build_state(config: TrainConfig, runtime: Runtime) -> TrainState:
                       reduce_scatters=reduce_scatters)
 
 
-def stamp_reduce_scatters(model: torch.nn.Module, runtime: Runtime) -> FirstIssue | None:
-    """Note when FSDP2 issues each step's first gradient reduce-scatter (None: no FSDP2 module in `model`)."""
+def stamp_reduce_scatters(model: torch.nn.Module, runtime: Runtime) -> ReduceScatterTimer | None:
+    """Time FSDP2's gradient reduce-scatters (None: no FSDP2 module in `model`)."""
     if runtime.dims.mode not in ("fsdp", "fsdp_tp"):
         return None
-    first = FirstIssue(runtime.use_cuda)
-    return first if install_reduce_scatter_stamps(model, first) else None
+    timer = ReduceScatterTimer(runtime.use_cuda)
+    return timer if install_reduce_scatter_stamps(model, timer) else None
 
 
 def install_moe(causal_lm: torch.nn.Module, config: TrainConfig, runtime: Runtime,
@@ -321,7 +322,7 @@ class PendingStep:
     stop_flag: torch.Tensor | None
     memory: MemorySample = MemorySample()
     buckets: StepBuckets | None = None
-    """DDP's gradient buckets of the step (None: not DDP)."""
+    """The step's gradient collectives, timed: DDP's buckets or FSDP2's reduce-scatters (None: neither)."""
     first_collective: object | None = None
     """When the step's first gradient collective was issued, a point of the step timing's clock (DDP: the first
     bucket's all-reduce; FSDP2: the first reduce-scatter); None: no gradient collective noted."""
@@ -379,7 +380,8 @@ class TrainingRun:
                                          rank=runtime.rank, attempt=runtime.attempt,
                                          use_cuda=runtime.use_cuda, on_published=self._on_published)
         self.writer = MetricsWriter(self.layout.metrics_file(runtime.rank))
-        self.timeline = TimelineWriter(self.layout.timeline_file(runtime.rank), runtime.rank)
+        self.timeline = (TimelineWriter(self.layout.timeline_file(runtime.rank), runtime.rank)
+                         if config.observability.step_timeline else None)
         self.first_step = self.state.step
         """This process's first step (resumed runs start past 0): its timeline record is flagged first."""
         self.timer = PhaseTimer(runtime.use_cuda)
@@ -446,7 +448,8 @@ class TrainingRun:
             self.watchdog.stop()
             self.profiler.close()
             self.writer.close()
-            self.timeline.close()
+            if self.timeline is not None:
+                self.timeline.close()
             if self.state.moe is not None:
                 self.state.moe.close()
             self.stops.restore()
@@ -462,9 +465,9 @@ class TrainingRun:
             self.compile_watch.write(final=False)
         self._window_ended = False
         buckets = self.state.comm_timer.finish_step() if self.state.comm_timer is not None else None
-        first_collective = buckets.first_ready() if buckets is not None else None
         if self.state.reduce_scatters is not None:
-            first_collective = self.state.reduce_scatters.finish_step()
+            buckets = self.state.reduce_scatters.finish_step()
+        first_collective = buckets.first_ready() if buckets is not None else None
         leaked = self.state.leak.kept_mb if self.state.leak is not None else None
         start = self.clock.now()
         flag = self._stop_flag(step)
@@ -497,9 +500,10 @@ class TrainingRun:
             step_metrics(pending.step, pending.loss, pending.timing.durations_ms(), self.config, self.runtime,
                          self.state, pending.profiled), **pending.evidence())
         self.writer.write(metrics)
-        self.timeline.append(step=pending.step, start_us=pending.timing.start_us, step_ms=metrics.step_time_ms,
-                             data_ms=metrics.data_ms, profiled=pending.profiled, first=pending.step == self.first_step,
-                             **pending.timeline_parts(metrics))
+        if self.timeline is not None:
+            self.timeline.append(step=pending.step, start_us=pending.timing.start_us, step_ms=metrics.step_time_ms,
+                                 data_ms=metrics.data_ms, profiled=pending.profiled,
+                                 first=pending.step == self.first_step, **pending.timeline_parts(metrics))
         self.capture.observe(metrics)
         self.history.append(metrics)
         _log_step(metrics, self.runtime)

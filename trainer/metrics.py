@@ -142,21 +142,23 @@ class StepMetrics:
     ooms: int | None = None
     """CUDA: out-of-memory errors the allocator raised during this step (`num_ooms` delta). None on CPU."""
     comm_ms: float | None = None
-    """DDP only: ms from the first gradient bucket becoming ready to the last bucket's all-reduce completing,
-    this step (CPU: wall clock; CUDA: events, GPU time). Mostly overlapped with backward compute: not a cost by
-    itself. None without DDP (one replica, FSDP, TP: their collectives are not timed outside traces)."""
+    """ms from the first gradient collective becoming ready (DDP: a bucket's all-reduce; FSDP2: a module's
+    reduce-scatter) to the last one completing, this step (CPU: wall clock; CUDA: events, GPU time). Mostly
+    overlapped with backward compute: not a cost by itself. None without DDP or FSDP2 (one replica, TP, PP:
+    their collectives are not timed outside traces)."""
     comm_exposed_ms: float | None = None
-    """DDP only: ms from the last bucket becoming ready (backward compute done, up to DDP's own bookkeeping) to
-    the last all-reduce completing: gradient communication the step waits for, including waiting for slower
-    ranks to reach it. Part of backward_ms. None without DDP."""
+    """ms from the last gradient collective becoming ready (backward compute done, up to DDP's or FSDP2's own
+    bookkeeping) to the last one completing: gradient communication the step waits for, including waiting for
+    slower ranks to reach it. Part of backward_ms. None without DDP or FSDP2."""
     comm_buckets: int | None = None
-    """DDP only: gradient buckets all-reduced this step. None without DDP."""
+    """Gradient collectives this step: DDP's buckets, FSDP2's reduce-scatters. None without DDP or FSDP2."""
     comm_mb: float | None = None
-    """DDP only: MiB of gradients all-reduced this step (every bucket's flat buffer summed): with comm_buckets,
-    the mean bucket size the advisor reads (many tiny buckets pay a fixed cost per all-reduce). None without DDP."""
+    """MiB of gradients reduced this step (DDP: every bucket's flat buffer; FSDP2: every reduce-scatter's
+    input): with comm_buckets, the mean bucket size the advisor reads for DDP (many tiny buckets pay a fixed cost
+    per all-reduce). None without DDP or FSDP2."""
     comm_last_bucket_mb: float | None = None
-    """DDP only: MiB of the bucket that became ready last this step (the all-reduce the step waits for once
-    backward is done). None without DDP."""
+    """MiB of the gradient collective that became ready last this step (the one the step waits for once
+    backward is done). None without DDP or FSDP2."""
     stop_agreement_ms: float | None = None
     """ms of the stop-flag all-reduce every rank issues right after the step (outside step_time_ms); since
     it is blocking on gloo, it includes waiting for the slowest rank to finish its step. CUDA: event time.

@@ -1,0 +1,257 @@
+"""HTA 0.5.0's per-rank frame, rebuilt in numpy from one lean decode of the trace (no pandas, no HTA).
+
+Why a decode of its own rather than fleetscope's table (events.py): HTA's views depend on what that table
+leaves out or reorders on purpose: every event's position in `traceEvents` (`index`, the row order HTA's
+filter and sorts start from), host `cpu_op` rows (HTA's earliest `ts`, its time base), HTA's rounding of
+times (start up, end down, to whole microseconds) and the dtypes pandas gives the columns (numpy's
+quicksort orders tied rows by dtype, and tied rows change idle intervals). And the ranks HTA runs on are
+chosen after every rank is parsed (report/build.py: the slowest, the one waited for, ...), with a step
+filter that counts ProfilerStep names over all of them: computing the views inside the parse would cost
+every rank that time, most of them never shown. So each chosen rank's worker decodes only the seven fields
+these views read (msgspec skips the rest, `args` included: half of the old second decode) into the columns
+below, and hta_views_native.py computes the views from them.
+
+What is reproduced from HTA (hta/common/trace.py, trace_filter.py): the rows (events with `dur`, `cat` and
+`ts`, not the `Trace` span), `index_correlation` (cpu->gpu and gpu->cpu links of one inner merge on
+`correlation`), `iteration`, alignment by the earliest `ts` (`end` stays unaligned, as in HTA), and the
+step filter of `align_and_filter_trace(include_last_profiler_step=True)`: GPU rows launched by host rows
+that start by the end of the last step, then those host rows.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, Union
+
+import msgspec
+import numpy as np
+
+from fleetscope.analysis.per_rank.hta_frame import _pandas_kind
+
+EVENT_SYNC_NAMES = ("Event Sync", "Context Sync")
+"""Device synchronization rows: on stream -1 but GPU rows for HTA's filters."""
+STEP_PREFIX = "ProfilerStep"
+_STEP_NUMBER = re.compile(r"ProfilerStep\s*#\s*(\d+)")
+
+
+class NotComputable(Exception):
+    """The native frame cannot reproduce HTA's for this file (its message says why)."""
+
+
+class _Args(msgspec.Struct, gc=False):
+    stream: Any = -1
+    correlation: Any = -1
+
+
+_NO_ARGS = _Args()
+
+
+class _Event(msgspec.Struct, gc=False):
+    cat: Any = None
+    name: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: Union[_Args, None, msgspec.Raw] = None
+
+
+class _Document(msgspec.Struct, gc=False):
+    traceEvents: list[_Event]
+
+
+_DECODER = msgspec.json.Decoder(_Document)
+_TS, _DUR, _CAT, _NAME, _ARGS = map(attrgetter, ("ts", "dur", "cat", "name", "args"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class HtaRankFrame:
+    """One rank's rows after HTA's alignment and step filter, in HTA's row order; every column a numpy
+    array of the dtype HTA's frame has."""
+
+    index: np.ndarray
+    """Position of the row's event in `traceEvents`."""
+    cat: np.ndarray
+    """Id into `symbols`."""
+    name: np.ndarray
+    """Id into `symbols`."""
+    symbols: list[str]
+    ts: np.ndarray
+    """Aligned: minus `min_ts`."""
+    dur: np.ndarray
+    end: np.ndarray
+    """Not aligned (HTA aligns `ts` only)."""
+    stream: np.ndarray
+    correlation: np.ndarray
+    index_correlation: np.ndarray
+    iteration: np.ndarray
+    """float64: NaN on stream 0 rows (as HTA's column, int there only when no row has NaN)."""
+    min_ts: int | float
+
+
+def decode_rank_frame(data: bytes, step_names: tuple[str, ...] = ()) -> HtaRankFrame:
+    """HTA's aligned, step-filtered frame of a trace's decompressed JSON bytes; `step_names`: the
+    ProfilerStep names of every rank HTA runs on (its filter counts them). NotComputable for a file whose
+    values this path does not reproduce (HTA's own loader then decides)."""
+    try:
+        events = _DECODER.decode(data).traceEvents
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise NotComputable(f"the trace does not decode as Kineto JSON: {str(error)[:200]}") from None
+    columns = _columns(events)
+    symbols, cat, name = _symbols(columns["cat"], columns["name"])
+    ts, dur, end = _times(columns)
+    stream, correlation = _int_column(columns["stream"], "stream"), _int_column(columns["correlation"], "correlation")
+    index = columns["index"]
+    is_gpu = _gpu_rows(stream, correlation, name, symbols)
+    index_correlation = _index_correlation(index, correlation, is_gpu)
+    iteration = _iterations(ts, dur, name, symbols, stream, index, index_correlation)
+    min_ts = ts.min() if ts.size else np.int64(0)
+    ts = ts - min_ts
+    frame = dict(index=index, cat=cat, name=name, ts=ts, dur=dur, end=end, stream=stream, correlation=correlation,
+                 index_correlation=index_correlation, iteration=iteration)
+    rows = _step_filter(frame, is_gpu, symbols, step_names)
+    return HtaRankFrame(**{key: column[rows] for key, column in frame.items()}, symbols=symbols,
+                        min_ts=min_ts.item() if hasattr(min_ts, "item") else min_ts)
+
+
+def _columns(events: list[_Event]) -> dict[str, Any]:
+    """The kept rows' raw values (lists) and the dtype kinds pandas would infer over every event."""
+    starts, durs, cats = list(map(_TS, events)), list(map(_DUR, events)), list(map(_CAT, events))
+    kinds = {"ts": _pandas_kind(set(map(type, starts))), "dur": _pandas_kind(set(map(type, durs))),
+             "ts_missing": None in starts}
+    if kinds["ts"] not in ("int", "float") or kinds["dur"] not in ("int", "float"):
+        raise NotComputable("non-numeric ts or dur")
+    index = [i for i, (s, d, c) in enumerate(zip(starts, durs, cats))
+             if d is not None and c is not None and s is not None and c != "Trace"]
+    kept = list(map(events.__getitem__, index))
+    args = [a if type(a) is _Args else _NO_ARGS for a in map(_ARGS, kept)]
+    return {"index": np.asarray(index, dtype=np.int64), "cat": list(map(cats.__getitem__, index)),
+            "name": list(map(_NAME, kept)), "ts": list(map(starts.__getitem__, index)),
+            "dur": list(map(durs.__getitem__, index)), "stream": [a.stream for a in args],
+            "correlation": [a.correlation for a in args], "kinds": kinds}
+
+
+def _symbols(cats: list, names: list) -> tuple[list[str], np.ndarray, np.ndarray]:
+    table: dict[str, int] = {}
+    for value in (*cats, *names):
+        if type(value) is not str:
+            raise NotComputable("an event name or category that is not text")
+    ids = [table.setdefault(value, len(table)) for value in (*cats, *names)]
+    codes = np.asarray(ids, dtype=np.int64)
+    return list(table), codes[: len(cats)], codes[len(cats):]
+
+
+def _times(columns: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ts, dur, end) as HTA's frame holds them before alignment (dtypes included)."""
+    kinds = columns["kinds"]
+    ts_float = kinds["ts"] == "float"
+    try:
+        start = np.asarray(columns["ts"], dtype=np.float64 if ts_float else np.int64)
+        dur = np.asarray(columns["dur"], dtype=np.float64 if kinds["dur"] == "float" or ts_float else np.int64)
+    except OverflowError:
+        raise NotComputable("a time beyond int64") from None
+    if ts_float:  # HTA's round_down_time_stamps: start up, end down, to whole microseconds
+        end = np.floor(start + dur)
+        start = np.ceil(start)
+        dur = end - start
+        start = start if kinds["ts_missing"] else start.astype(np.int64)
+    start, dur = downcast(start), downcast(dur)
+    return start, dur, start + dur
+
+
+def downcast(values: np.ndarray) -> np.ndarray:
+    """pandas' `to_numeric(downcast="integer")` of an int column: the smallest signed int dtype holding it."""
+    if values.dtype.kind != "i" or not values.size:
+        return values
+    low, high = values.min(), values.max()
+    for dtype in (np.int8, np.int16, np.int32, np.int64):
+        info = np.iinfo(dtype)
+        if info.min <= low and high <= info.max:
+            return values.astype(dtype)
+    return values
+
+
+def _int_column(values: list, what: str) -> np.ndarray:
+    if not all(type(v) is int for v in values):
+        raise NotComputable(f"an args.{what} that is not an integer")
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except OverflowError:
+        raise NotComputable(f"an args.{what} beyond int64") from None
+
+
+def _gpu_rows(stream: np.ndarray, correlation: np.ndarray, name: np.ndarray, symbols: list[str]) -> np.ndarray:
+    """HTA's GPUKernelFilter: kernels and copies (stream and correlation >= 0) and device syncs."""
+    syncs = [i for i, s in enumerate(symbols) if s in EVENT_SYNC_NAMES]
+    return ((stream >= 0) & (correlation >= 0)) | np.isin(name, syncs)
+
+
+def inner_merge(left_keys: np.ndarray, right_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions (left, right) of pandas' `left.merge(right, how="inner")` on one key, in its row order:
+    left rows in order, each with its matching right rows in order."""
+    order = np.argsort(right_keys, kind="stable")
+    sorted_keys = right_keys[order]
+    first = np.searchsorted(sorted_keys, left_keys, side="left")
+    last = np.searchsorted(sorted_keys, left_keys, side="right")
+    counts = last - first
+    left = np.repeat(np.arange(left_keys.size), counts)
+    offsets = np.arange(left.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    return left, order[np.repeat(first, counts) + offsets]
+
+
+def _index_correlation(index: np.ndarray, correlation: np.ndarray, is_gpu: np.ndarray) -> np.ndarray:
+    """HTA's transform_correlation_to_index: min(correlation, 0), then for each (host, GPU) pair sharing a
+    correlation id the host row gets the GPU row's index and the GPU row the host row's (later pairs win)."""
+    linked = np.minimum(correlation, 0)
+    has = correlation != -1
+    cpu_rows, gpu_rows = np.flatnonzero(has & ~is_gpu), np.flatnonzero(has & is_gpu)
+    left, right = inner_merge(correlation[cpu_rows], correlation[gpu_rows])
+    cpu_rows, gpu_rows = cpu_rows[left], gpu_rows[right]
+    linked[cpu_rows] = index[gpu_rows]
+    linked[gpu_rows] = index[cpu_rows]
+    return downcast(linked)
+
+
+def _step_rows(name: np.ndarray, symbols: list[str], prefix_only: bool = True) -> np.ndarray:
+    wanted = [i for i, s in enumerate(symbols) if (s.startswith(STEP_PREFIX) if prefix_only else STEP_PREFIX in s)]
+    return np.isin(name, wanted)
+
+
+def _iterations(ts, dur, name, symbols, stream, index, index_correlation) -> np.ndarray:
+    """HTA's add_iteration: host rows take the number of the last ProfilerStep row (trace order) whose
+    [ts, ts + dur) holds their start; GPU rows (stream > 0) their launch's; -1 where neither; NaN on stream 0."""
+    host = np.full(ts.size, -1.0)
+    for row in np.flatnonzero(_step_rows(name, symbols)):
+        found = _STEP_NUMBER.match(symbols[name[row]])
+        if found is None:
+            raise NotComputable(f"a step named {symbols[name[row]]!r} without a number")
+        host[(ts[row] <= ts) & (ts < ts[row] + dur[row])] = int(found.group(1))
+    iteration = np.where(stream < 0, host, np.nan)
+    device = np.flatnonzero(stream > 0)
+    if device.size:
+        order = np.argsort(index, kind="stable")
+        link = index_correlation[device]
+        slot = np.clip(np.searchsorted(index[order], link), 0, index.size - 1)
+        found = index[order[slot]] == link
+        iteration[device] = np.where(link > 0, np.where(found, iteration[order[slot]], np.nan), -1.0)
+    return iteration
+
+
+def _step_filter(frame: dict[str, np.ndarray], is_gpu: np.ndarray, symbols: list[str],
+                 step_names: tuple[str, ...]) -> np.ndarray:
+    """Row positions HTA's _filter_irrelevant_gpu_kernels keeps, in its order: nothing filtered with fewer
+    than two ProfilerStep names over the ranks; else GPU rows whose correlation a kept host row has (once
+    per such host row), then host rows starting (aligned) by the latest step end (not aligned)."""
+    names = {s for s in symbols if STEP_PREFIX in s} | {s for s in step_names if STEP_PREFIX in s}
+    rows = np.arange(frame["ts"].size)
+    if len(names) < 2:
+        return rows
+    cpu = np.flatnonzero(~is_gpu)
+    steps = cpu[_step_rows(frame["name"][cpu], symbols, prefix_only=False)]
+    if not steps.size:
+        cpu = cpu[:0]
+    else:
+        cpu = cpu[frame["ts"][cpu] <= frame["end"][steps].max()]
+    gpu = np.flatnonzero(is_gpu)
+    left, _ = inner_merge(frame["correlation"][gpu], frame["correlation"][cpu])
+    return np.concatenate([gpu[left], cpu])

@@ -14,7 +14,7 @@ from fleetscope.analysis import analyze
 from fleetscope.analysis.cross_rank.hta_views import run_hta
 from fleetscope.analysis.per_rank.cache import ENTRY_SUFFIX as RANK_SUFFIX, open_cache
 from fleetscope.analysis.per_rank.hta_cache import ENTRY_SUFFIX, decode_entry, encode_entry
-from fleetscope.analysis.per_rank.hta_rank import rank_hta
+from fleetscope.analysis.per_rank.hta_rank_views import ENGINE_HTA, rank_views
 from fleetscope.analysis.synthetic import TraceSetSpec, make_trace_set
 from fleetscope.traces.layout import RunLayout
 
@@ -57,21 +57,11 @@ def test_a_second_run_reads_every_rank_from_the_cache_with_the_same_tables(files
     assert _views(files, None) == cold  # and the same as without a cache
 
 
-def test_an_entry_decodes_to_the_same_frames():
-    import pandas as pd
-
-    result = rank_hta(SOURCE, 0)
-    decoded = decode_entry(encode_entry(result))
-    assert decoded is not None and decoded.rank == 0 and decoded.min_ts == result.min_ts
-    assert decoded.errors == result.errors and decoded.loader == result.loader
-    pairs = [(result.straggler_rows, decoded.straggler_rows)]
-    for name, value in result.frames.items():
-        pairs += list(zip(value, decoded.frames[name])) if isinstance(value, tuple) else [(value, decoded.frames[name])]
-    for original, back in pairs:
-        if original is None:
-            assert back is None
-        else:
-            pd.testing.assert_frame_equal(back, original, check_exact=True)
+@pytest.mark.parametrize("engine", ["native", ENGINE_HTA])
+def test_an_entry_decodes_to_the_same_views(engine):
+    result = rank_views(SOURCE, 0, engine=engine)
+    assert result.tables and result.straggler_rows
+    assert decode_entry(encode_entry(result)) == result
 
 
 def _tampered_entries_are_misses(files, cache, tamper) -> None:
@@ -96,9 +86,8 @@ def _flip_last_byte(entry: Path) -> None:
 def _wrong_shape(entry: Path) -> None:
     import hashlib
 
-    payload = msgspec.msgpack.encode({"rank": 0, "frames": {"x": {"pair": False, "parts": [
-        {"rows": 2, "columns": [{"name": "a", "dtype": "|O", "data": b"\x80\x04N."}]}]}},
-        "errors": {}, "straggler_rows": None, "min_ts": 0, "loader": "fleetscope"})
+    payload = msgspec.msgpack.encode({"rank": 0, "tables": {"x": [{"a": b"\x80\x04N."}]},
+        "errors": {}, "straggler_rows": None, "min_ts": 0, "engine": "native", "note": ""})
     entry.write_bytes(hashlib.blake2b(payload, digest_size=16).digest() + payload)
 
 

@@ -3,36 +3,45 @@
 HTA only understands GPU traces; CPU-only traces get one line saying why it was skipped. Each HTA analysis
 runs on its own, so one that breaks (HTA 0.5.0 has pandas-3 problems) costs that table, not the others.
 
-`run_hta` (the default) does not use HTA's JSON loader: each rank's HTA frame is built and its per-rank
-views computed in a worker process (per_rank/hta_rank.py); here the ranks' tables are joined the way HTA
-joins them (rank order; kernel totals summed over ranks) and HTA's cross-rank straggler view runs on the
-few rows each rank sent. `run_stock_hta` is HTA's own load of the same files, with the same tables: the
-reference the fast path is tested against.
+`run_hta` (the default) needs neither HTA nor pandas for five of the six views: each rank's views are
+computed natively in a worker process (per_rank/hta_rank_views.py, engine `native`) and sent back as plain
+rows; here the ranks' tables are joined the way HTA joins them (rank order; kernel totals summed over
+ranks). HTA's cross-rank straggler view runs HTA's own code on the few rows each rank sent, where HTA is
+installed. `oracle=True` also runs stock HTA's analyzers on every rank (engine `hta`) and records, per
+table, the largest difference (HtaViews.oracle). `run_stock_hta` is HTA's own load of the same files, with
+the same tables: the reference both are tested against.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
-import os
-from collections.abc import Callable
 import multiprocessing
 import multiprocessing.forkserver
+import os
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetscope.analysis.per_rank.hta_cache import cached_rank_hta, hta_code_digest
-from fleetscope.analysis.per_rank.hta_rank import (
+from fleetscope.analysis.per_rank.hta_cache import cached_rank_views, hta_code_digest
+from fleetscope.analysis.per_rank.hta_native_views import (
     LAUNCH_DELAY_CUTOFF_US,
     LAUNCH_RUNTIME_CUTOFF_US,
-    RankHta,
-    analysis_of,
-    one_line,
-    quietly,
-    trace_of,
+    launch_row,
+    pandas_round,
+    python_scalar,
+    sort_order,
+)
+from fleetscope.analysis.per_rank.hta_rank import one_line, quietly
+from fleetscope.analysis.per_rank.hta_rank_views import (
+    ENGINE_HTA,
+    ENGINE_NATIVE,
+    RankViews,
+    hta_installed,
 )
 
 Progress = Callable[[int, int], None]
@@ -59,6 +68,9 @@ class HtaViews:
     """Analysis name -> the error that stopped it."""
     not_applicable: dict[str, str] = field(default_factory=dict)
     """Analysis name -> why it was not run (e.g. the straggler view on one rank)."""
+    oracle: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """`--hta-oracle` only: table name -> {max_abs_diff, within_tolerance, tolerance} against stock HTA's
+    analyzers on the same ranks (or {error}: the table is on one side only)."""
 
 
 def skipped(reason: str) -> HtaViews:
@@ -67,21 +79,28 @@ def skipped(reason: str) -> HtaViews:
 
 def run_hta(trace_files: dict[int, Path], *, has_comm_kernels: bool = True, step_names: tuple[str, ...] = (),
             workers: int | None = None, progress: Progress | None = None,
-            cache_dir: Path | None = None) -> HtaViews:
-    """HTA's views of the window's traces from frames built per rank in worker processes; never raises for
-    HTA's own failures. `has_comm_kernels`: whether the traces hold NCCL kernels (HTA's straggler view
-    needs them); `step_names`: the ProfilerStep names of these ranks (HTA's step filter counts them over
+            cache_dir: Path | None = None, oracle: bool = False, engine: str = ENGINE_NATIVE) -> HtaViews:
+    """HTA's views of the window's traces, computed per rank in worker processes; never raises for a bad
+    trace or HTA's own failures. `has_comm_kernels`: whether the traces hold NCCL kernels (HTA's straggler
+    view needs them); `step_names`: the ProfilerStep names of these ranks (HTA's step filter counts them over
     all ranks); `progress(done, total)` as ranks finish; `cache_dir`: the parsed-trace cache's directory
-    (open_cache), where each rank's views are kept (per_rank/hta_cache.py), or None for no cache."""
+    (open_cache), where each rank's views are kept (per_rank/hta_cache.py), or None for no cache;
+    `oracle`: also run stock HTA's analyzers and record the differences (HtaViews.oracle; needs HTA);
+    `engine`: native (default) or hta (HTA's analyzers per rank)."""
     if not trace_files:
         return skipped("no readable trace")
     ranks = sorted(trace_files)
     try:
-        per_rank = _per_rank(trace_files, step_names, workers, progress, cache_dir)
-    except Exception as error:  # noqa: BLE001 - HTA raises anything from asserts to KeyErrors
-        return HtaViews(status=STATUS_FAILED, reason=f"HTA could not load the traces: {one_line(error)}")
+        per_rank = _per_rank(trace_files, step_names, workers, progress, cache_dir, engine)
+    except Exception as error:  # noqa: BLE001 - a worker that died, or HTA raising anything
+        return HtaViews(status=STATUS_FAILED, reason=f"HTA's views could not be computed: {one_line(error)}")
     joins = _joins(per_rank)
-    return _views(ranks, has_comm_kernels, lambda name, run: joins[name](), joins)
+    views = _views(ranks, has_comm_kernels, lambda name, run: joins[name](), joins)
+    if oracle:
+        stock = run_hta(trace_files, has_comm_kernels=has_comm_kernels, step_names=step_names, workers=workers,
+                        cache_dir=cache_dir, engine=ENGINE_HTA)
+        views = dataclasses.replace(views, oracle=compare_tables(views, stock))
+    return views
 
 
 def run_stock_hta(trace_files: dict[int, Path], *, has_comm_kernels: bool = True) -> HtaViews:
@@ -102,11 +121,10 @@ def _views(ranks: list[int], has_comm_kernels: bool, compute: Callable[[str, Cal
     errors: dict[str, str] = {}
     analyses = dict(analyses)
     not_applicable = {}
-    if len(ranks) < 2 or not has_comm_kernels:
+    reason = _straggler_view_not_applicable(len(ranks), has_comm_kernels)
+    if reason:
         del analyses["potential_stragglers"]
-        not_applicable["potential_stragglers"] = (
-            "HTA's straggler view needs at least two ranks" if len(ranks) < 2
-            else "HTA's straggler view needs NCCL kernels (these ranks communicate on the host)")
+        not_applicable["potential_stragglers"] = reason
     for name, run in analyses.items():
         try:
             tables.update(quietly(lambda name=name, run=run: compute(name, run)))
@@ -122,61 +140,71 @@ def _views(ranks: list[int], has_comm_kernels: bool, compute: Callable[[str, Cal
     return HtaViews(status=status, reason=reason, tables=tables, errors=errors, not_applicable=not_applicable)
 
 
+def _straggler_view_not_applicable(ranks: int, has_comm_kernels: bool) -> str | None:
+    if ranks < 2:
+        return "HTA's straggler view needs at least two ranks"
+    if not has_comm_kernels:
+        return "HTA's straggler view needs NCCL kernels (these ranks communicate on the host)"
+    if not hta_installed():
+        return "HTA's straggler view runs HTA's own code: install HolisticTraceAnalysis (fleetscope[hta])"
+    return None
+
+
 class _RankError(Exception):
     """A view failed on one rank (its message is HTA's error there): the view fails, as in HTA."""
 
 
 def _per_rank(trace_files: dict[int, Path], step_names: tuple[str, ...], workers: int | None,
-              progress: Progress | None, cache_dir: Path | None = None) -> list[RankHta]:
-    """rank_hta (through the cache) for every rank, one worker process per rank when there are several;
+              progress: Progress | None, cache_dir: Path | None = None,
+              engine: str = ENGINE_NATIVE) -> list[RankViews]:
+    """rank_views (through the cache) for every rank, one worker process per rank when there are several;
     in rank order."""
     ranks = sorted(trace_files)
     paths = [str(Path(trace_files[r]).absolute()) for r in ranks]
     names = [tuple(step_names)] * len(ranks)
-    one = functools.partial(cached_rank_hta, cache_dir=None if cache_dir is None else str(cache_dir),
-                            code_digest=None if cache_dir is None else hta_code_digest())
+    one = functools.partial(cached_rank_views, cache_dir=None if cache_dir is None else str(cache_dir),
+                            code_digest=None if cache_dir is None else hta_code_digest(), engine=engine)
     workers = min(len(ranks), workers or os.cpu_count() or 1)
-    collected: list[RankHta] = []
     if workers <= 1 or len(ranks) < 2:
-        outcomes = map(one, paths, ranks, names)
-        return _collect(outcomes, len(ranks), progress)
+        return _collect(map(one, paths, ranks, names), len(ranks), progress)
     _import_joins()
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_hta_worker_context()) as pool:
-        collected = _collect(pool.map(one, paths, ranks, names, chunksize=1), len(ranks), progress)
-    return collected
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_worker_context(engine)) as pool:
+        return _collect(pool.map(one, paths, ranks, names, chunksize=1), len(ranks), progress)
 
 
 def _import_joins() -> None:
-    """Import what joining the ranks' views needs here (HTA's straggler view, pandas: a few tenths of a
-    second) while the workers' server still imports HTA itself (start_hta_workers), not after the workers
-    are done: starting workers waits for that server."""
-    import hta.analyzers.straggler  # noqa: F401
-    import hta.trace_analysis  # noqa: F401
+    """Import what the straggler view needs here (HTA, pandas: a few tenths of a second) while the workers
+    compute, not after them."""
+    if hta_installed():
+        import hta.analyzers.straggler
+        import hta.trace_analysis  # noqa: F401
 
 
-_HTA_WORKER_MODULES = ["hta.trace_analysis", "hta.common.trace", "fleetscope.analysis.per_rank.hta_cache",
+_NATIVE_WORKER_MODULES = ["fleetscope.analysis.per_rank.hta_cache", "fleetscope.analysis.per_rank.hta_rank_views"]
+_HTA_WORKER_MODULES = ["hta.trace_analysis", "hta.common.trace", *_NATIVE_WORKER_MODULES,
                        "fleetscope.analysis.per_rank.hta_rank"]
 
 
-def _hta_worker_context() -> multiprocessing.context.BaseContext:
-    """Workers forked from a server that imported HTA once, not from this process: by now it holds every
-    rank's result (hundreds of MB at 1,024 ranks), which forked workers would carry as their own."""
+def _worker_context(engine: str = ENGINE_NATIVE) -> multiprocessing.context.BaseContext:
+    """Workers forked from a server that imported their modules once, not from this process: by now it
+    holds every rank's result (hundreds of MB at 1,024 ranks), which forked workers would carry as their
+    own. Native workers import numpy and msgspec only; HTA's (the oracle) import HTA."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(_HTA_WORKER_MODULES)
+    context.set_forkserver_preload(_HTA_WORKER_MODULES if engine == ENGINE_HTA else _NATIVE_WORKER_MODULES)
     return context
 
 
 def start_hta_workers() -> None:
-    """Start the server HTA's workers fork from now, so that it imports HTA (a few tenths of a second)
-    while the traces are still being read, not after; run_hta works the same without it."""
-    _hta_worker_context()
+    """Start the server the workers fork from now, so that it imports their modules while the traces are
+    still being read, not after; run_hta works the same without it."""
+    _worker_context()
     try:
         multiprocessing.forkserver.ensure_running()
-    except (OSError, ValueError):  # no server now: run_hta starts one, or says why HTA could not run
+    except (OSError, ValueError):  # no server now: run_hta starts one, or says why it could not run
         pass
 
 
-def _collect(outcomes, total: int, progress: Progress | None) -> list[RankHta]:
+def _collect(outcomes, total: int, progress: Progress | None) -> list[RankViews]:
     collected = []
     for outcome in outcomes:
         collected.append(outcome)
@@ -185,62 +213,109 @@ def _collect(outcomes, total: int, progress: Progress | None) -> list[RankHta]:
     return collected
 
 
-def _joins(per_rank: list[RankHta]) -> dict[str, Callable[[], dict[str, Table]]]:
+def _joins(per_rank: list[RankViews]) -> dict[str, Callable[[], dict[str, Table]]]:
     """Analysis name -> a function joining the ranks' tables of it as HTA's multi-rank call returns them."""
-    def frames(view: str) -> list:
+    def tables(view: str, name: str) -> Table:
         for result in per_rank:
             if view in result.errors:
                 raise _RankError(result.errors[view])
-        return [result.frames[view] for result in per_rank]
+        return [row for result in per_rank for row in result.tables[name]]
 
     return {
-        "temporal_breakdown": lambda: {"temporal_breakdown": _rows(_concat(frames("temporal_breakdown")))},
-        "idle_time_breakdown": lambda: _joined_idle(frames("idle_time_breakdown")),
-        "comm_comp_overlap": lambda: {"comm_comp_overlap": _rows(_concat(frames("comm_comp_overlap")))},
-        "kernel_breakdown": lambda: _joined_kernels(frames("kernel_breakdown")),
-        "cuda_launch_stats": lambda: {"cuda_launch_stats": [
-            _launch_row(r.rank, f) for r, f in zip(per_rank, frames("cuda_launch_stats"))]},
+        "temporal_breakdown": lambda: {"temporal_breakdown": tables("temporal_breakdown", "temporal_breakdown")},
+        "idle_time_breakdown": lambda: {"idle_time_breakdown": tables("idle_time_breakdown", "idle_time_breakdown"),
+                                        "idle_interval_stats": tables("idle_time_breakdown", "idle_interval_stats")},
+        "comm_comp_overlap": lambda: {"comm_comp_overlap": tables("comm_comp_overlap", "comm_comp_overlap")},
+        "kernel_breakdown": lambda: _joined_kernels(tables("kernel_breakdown", "kernel_type_time"),
+                                                    tables("kernel_breakdown", "kernel_breakdown")),
+        "cuda_launch_stats": lambda: {"cuda_launch_stats": tables("cuda_launch_stats", "cuda_launch_stats")},
         "potential_stragglers": lambda: {"potential_stragglers": _joined_stragglers(per_rank)},
     }
 
 
-def _concat(frames: list):
-    import pandas as pd
+def _joined_kernels(type_times: Table, kernels: Table) -> dict[str, Table]:
+    """HTA's get_gpu_kernel_breakdown over several ranks: time per kernel type (and overlap of types)
+    summed over ranks, largest first, with its share; per-kernel rows of every rank sorted by type, name
+    and rank."""
+    import numpy as np
 
-    return pd.concat(frames)
-
-
-def _joined_idle(parts: list) -> dict[str, Table]:
-    tables = {"idle_time_breakdown": _rows(_concat([idle for idle, _ in parts]))}
-    if all(intervals is not None for _, intervals in parts):
-        tables["idle_interval_stats"] = _rows(_concat([intervals for _, intervals in parts]))
-    return tables
-
-
-def _joined_kernels(parts: list) -> dict[str, Table]:
-    """HTA's get_gpu_kernel_breakdown over several ranks: per-type time summed over ranks, then its
-    share; per-kernel rows of every rank sorted by type, name and rank."""
-    by_type = _concat([types[["kernel_type", "sum"]] for types, _ in parts])
-    by_type = by_type.groupby(by=["kernel_type"])["sum"].agg(["sum"]).reset_index()
-    by_type = by_type.sort_values(by=["sum"], ignore_index=True, ascending=False)
-    by_type["percentage"] = (by_type["sum"] / by_type["sum"].sum()) * 100
-    by_type = by_type.round({"percentage": 1})
-    kernels = _concat([kernels for _, kernels in parts])
-    kernels = kernels.sort_values(by=["kernel_type", "name", "rank"], ignore_index=True)
-    return {"kernel_type_breakdown": _rows(by_type), "kernel_breakdown": _rows(kernels)}
+    totals: dict[str, Any] = {}
+    for row in type_times:
+        totals[row["kernel_type"]] = totals.get(row["kernel_type"], 0) + row["sum"]
+    labels = sorted(totals)  # groupby's order, which the sort below starts from
+    sums = np.asarray([totals[label] for label in labels])
+    order = sort_order(sums, ascending=False) if labels else []
+    grand = sums.sum() if labels else 0
+    by_type = [{"kernel_type": labels[i], "sum": python_scalar(sums[i]),
+                "percentage": python_scalar(pandas_round(np.float64(sums[i]) / grand * 100, 1))}
+               for i in order]
+    kernels = sorted(kernels, key=lambda row: (row["kernel_type"], row["name"], row["rank"]))
+    return {"kernel_type_breakdown": by_type, "kernel_breakdown": kernels}
 
 
-def _joined_stragglers(per_rank: list[RankHta]) -> Table:
+def _joined_stragglers(per_rank: list[RankViews]) -> Table:
     """HTA's straggler view over the rows the ranks sent, each moved onto HTA's common time base."""
+    import pandas as pd
+    from fleetscope.analysis.per_rank.hta_rank import analysis_of, trace_of
+
+    if any(result.straggler_rows is None for result in per_rank):
+        raise _RankError("a rank's trace could not be read")
     base = min(result.min_ts for result in per_rank)
     frames, symbols = {}, {}
     for result in per_rank:
-        rows = result.straggler_rows.copy()
-        rows["ts"] = rows["ts"] + (result.min_ts - base)
-        ids = [symbols.setdefault(name, len(symbols)) for name in rows["name"].tolist()]
-        rows["name"] = ids
-        frames[result.rank] = rows
+        rows = result.straggler_rows
+        ids = [symbols.setdefault(name, len(symbols)) for name in rows["name"]]
+        frame = pd.DataFrame({
+            "name": pd.Series(ids, dtype="int64"),
+            "ts": pd.Series(rows["ts"], dtype=rows["ts_dtype"]) + (result.min_ts - base),
+            "dur": pd.Series(rows["dur"], dtype=rows["dur_dtype"]),
+            "stream": pd.Series(rows["stream"], dtype="int64"),
+            "iteration": pd.Series(rows["iteration"], dtype=rows["iteration_dtype"]),
+        })
+        frame.index = pd.Index(rows["index"], dtype="int64")
+        frames[result.rank] = frame
     return _potential_stragglers(analysis_of(trace_of(frames, list(symbols))))
+
+
+def compare_tables(views: HtaViews, oracle: HtaViews, tolerance: float = 1e-9) -> dict[str, dict[str, Any]]:
+    """Per table: the largest absolute difference between `views` and `oracle` (rows matched in order
+    after sorting both by their text columns and ranks), and whether it is within `tolerance`."""
+    compared: dict[str, dict[str, Any]] = {}
+    for name in sorted(set(views.tables) | set(oracle.tables)):
+        mine, theirs = views.tables.get(name), oracle.tables.get(name)
+        if mine is None or theirs is None:
+            side = "native" if mine is None else "HTA"
+            compared[name] = {"error": f"the table is missing from the {side} result", "within_tolerance": False}
+            continue
+        compared[name] = _table_difference(mine, theirs, tolerance)
+    for name in sorted(set(views.errors) | set(oracle.errors)):
+        if (name in views.errors) != (name in oracle.errors):
+            compared[name] = {"error": f"native: {views.errors.get(name, 'ok')}; HTA: {oracle.errors.get(name, 'ok')}",
+                              "within_tolerance": False}
+    return compared
+
+
+def _table_difference(mine: Table, theirs: Table, tolerance: float) -> dict[str, Any]:
+    def key(row):
+        return sorted((k, v) for k, v in row.items() if isinstance(v, str) or k in ("rank", "stream"))
+
+    def numbers(row):
+        return sorted((k, round(v, 6)) for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+
+    if len(mine) != len(theirs):
+        return {"error": f"{len(mine)} rows natively, {len(theirs)} from HTA", "within_tolerance": False}
+    largest = 0.0
+    for a, b in zip(sorted(mine, key=lambda r: (repr(key(r)), repr(numbers(r)))),
+                    sorted(theirs, key=lambda r: (repr(key(r)), repr(numbers(r))))):
+        if set(a) != set(b) or key(a) != key(b):
+            return {"error": "rows differ in their names or columns", "within_tolerance": False}
+        for column, value in a.items():
+            other = b[column]
+            if (value is None) != (other is None):
+                return {"error": f"{column}: a value on one side only", "within_tolerance": False}
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and other is not None:
+                largest = max(largest, abs(float(value) - float(other)))
+    return {"max_abs_diff": largest, "within_tolerance": largest <= tolerance, "tolerance": tolerance}
 
 
 def _load(trace_files: dict[int, Path]):
@@ -270,21 +345,8 @@ def _launch_stats(analysis, ranks: list[int]) -> Table:
     per_rank = analysis.get_cuda_kernel_launch_stats(
         ranks=ranks, runtime_cutoff=LAUNCH_RUNTIME_CUTOFF_US, launch_delay_cutoff=LAUNCH_DELAY_CUTOFF_US,
         visualize=False)
-    return [_launch_row(rank, frame) for rank, frame in sorted(per_rank.items())]
-
-
-def _launch_row(rank: int, frame) -> dict[str, Any]:
-    return {
-        "rank": int(rank), "launches": len(frame),
-        "cpu_duration_mean(us)": _scalar(frame["cpu_duration"].mean()),
-        "gpu_duration_mean(us)": _scalar(frame["gpu_duration"].mean()),
-        "launch_delay_mean(us)": _scalar(frame["launch_delay"].mean()),
-        "launch_delay_p95(us)": _scalar(frame["launch_delay"].quantile(0.95)),
-        "launch_delay_max(us)": _scalar(frame["launch_delay"].max()),
-        f"runtime_over_{LAUNCH_RUNTIME_CUTOFF_US}us": int((frame["cpu_duration"] > LAUNCH_RUNTIME_CUTOFF_US).sum()),
-        f"delay_over_{LAUNCH_DELAY_CUTOFF_US}us": int((frame["launch_delay"] > LAUNCH_DELAY_CUTOFF_US).sum()),
-        "gpu_shorter_than_cpu": int((frame["gpu_duration"] < frame["cpu_duration"]).sum()),
-    }
+    return [launch_row(rank, frame["cpu_duration"].to_numpy(), frame["gpu_duration"].to_numpy(),
+                       frame["launch_delay"].to_numpy()) for rank, frame in sorted(per_rank.items())]
 
 
 def _potential_stragglers(analysis) -> Table:

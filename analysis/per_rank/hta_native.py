@@ -23,11 +23,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 import numpy as np
-
 from fleetscope.analysis.per_rank.hta_frame import _pandas_kind
 
 EVENT_SYNC_NAMES = ("Event Sync", "Context Sync")
@@ -53,7 +52,7 @@ class _Event(msgspec.Struct, gc=False):
     name: Any = None
     ts: Any = None
     dur: Any = None
-    args: Union[_Args, None, msgspec.Raw] = None
+    args: _Args | None | msgspec.Raw = None
 
 
 class _Document(msgspec.Struct, gc=False):

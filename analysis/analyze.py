@@ -39,7 +39,7 @@ from fleetscope.traces.writer import write_bytes_atomically
 
 def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: str | Path | None = None,
             write_default_outputs: bool = True, use_hta: bool = True, hta_max_ranks: int = DEFAULT_HTA_MAX_RANKS,
-            hta_ranks: str | list[int] = HTA_RANKS_AUTO, workers: int | None = None,
+            hta_ranks: str | list[int] = HTA_RANKS_AUTO, hta_oracle: bool = False, workers: int | None = None,
             min_lateness_us: float = DEFAULT_MIN_LATENESS_US, progress: Progress | None = None,
             hta_progress: Progress | None = None, use_cache: bool = True,
             cache_dir: Path | None = None, link_peak_gbps: float | None = None,
@@ -55,7 +55,8 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     reported in `Report.problems` (and make `Report.complete` false), never raised.
     HTA's views run on GPU windows unless `use_hta` is false, from fleetscope's own parse of each trace (no
     HTA JSON loader): on `hta_ranks` auto (the ranks the report points at: slowest, waited for, fastest,
-    median, one per host; at most `hta_max_ranks` per window), all, or a list of ranks.
+    median, one per host; at most `hta_max_ranks` per window), all, or a list of ranks; `hta_oracle` also
+    runs stock HTA's analyzers there and records per table how far apart they are (HtaViews.oracle).
     `progress(done, total)` as traces are parsed, `hta_progress(done, total)` as HTA ranks finish.
     Per-trace results, and HTA's views of each HTA rank, are kept in the parsed-trace cache (per_rank/cache.py,
     per_rank/hta_cache.py; `cache_dir`, default default_cache_dir()) unless `use_cache` is false.
@@ -89,7 +90,8 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         missing_total=placement.missing_total,
         world_size=inputs.world_size,
         notes=inputs.notes + placement.notes + _cache_notes(cache, cache_off, outcomes) + moe_notes,
-        hta=hta_runner(hta_max_ranks, hta_ranks, hta_progress, _cache_directory(cache)) if use_hta else no_hta,
+        hta=hta_runner(hta_max_ranks, hta_ranks, hta_progress, _cache_directory(cache), oracle=hta_oracle)
+        if use_hta else no_hta,
         measured_offsets=inputs.measured_offsets,
         min_lateness_us=min_lateness_us,
         link_peak_gbps=link_peak_gbps,

@@ -274,6 +274,9 @@ def register_analyze(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--hta-ranks", default="auto", metavar="auto|all|LIST",
                         help="ranks HTA's views cover: auto (slowest, waited for, fastest, median, one per host; "
                              "at most 16 per window), all, or a list like 0,3,7 (default: auto)")
+    parser.add_argument("--hta-oracle", action="store_true",
+                        help="also run stock HTA's analyzers on the same ranks and record, per table, the largest "
+                             "difference from fleetscope's own computation (report.json: hta.oracle; needs HTA)")
     parser.add_argument("--no-cache", action="store_true",
                         help="parse every trace again instead of reusing results of identical trace files")
     parser.add_argument("--cache-dir", type=Path, default=None,
@@ -291,15 +294,21 @@ def handle_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
     from ..analysis.advise import top_findings
     from ..analysis.render.terminal import render_terminal
+    from ..analysis.per_rank.hta_rank_views import hta_installed
     from ..analysis.report.build import parse_hta_ranks
 
+    if args.hta_oracle and not args.no_hta and not hta_installed():
+        print("fleetscope analyze: --hta-oracle runs stock HTA, which is not installed "
+              "(pip install 'fleetscope[hta]')", file=sys.stderr)
+        return 2
     layout = RunLayout.at(args.path)
     json_out, html_out = args.json_out, args.html_out
     if layout.is_run_dir():
         json_out = json_out or layout.report_json
         html_out = html_out or layout.report_html
     report = analyze(layout.root, json_out=json_out, html_out=html_out, use_hta=not args.no_hta,
-                     hta_ranks=parse_hta_ranks(args.hta_ranks), progress=progress_printer("analyze"),
+                     hta_ranks=parse_hta_ranks(args.hta_ranks), hta_oracle=args.hta_oracle,
+                     progress=progress_printer("analyze"),
                      hta_progress=progress_printer("HTA"), use_cache=not args.no_cache, cache_dir=args.cache_dir,
                      link_peak_gbps=args.link_peak, comm_kernel_pattern=args.comm_kernel_pattern,
                      advisor=top_findings)

@@ -75,7 +75,8 @@ def parse_hta_ranks(text: str) -> str | list[int]:
 
 
 def hta_runner(max_ranks: int = DEFAULT_HTA_MAX_RANKS, ranks: str | list[int] = HTA_RANKS_AUTO,
-               progress: Callable[[int, int], None] | None = None, cache_dir: Path | None = None) -> HtaRunner:
+               progress: Callable[[int, int], None] | None = None, cache_dir: Path | None = None,
+               oracle: bool = False) -> HtaRunner:
     """HTA on a window's GPU traces: `ranks` auto (the ranks the report points at, at most `max_ranks`),
     all, or a list; skipped with the reason when it does not apply. Each rank's views are kept in the
     parsed-trace cache's directory `cache_dir` when given (per_rank/hta_cache.py)."""
@@ -92,7 +93,8 @@ def hta_runner(max_ranks: int = DEFAULT_HTA_MAX_RANKS, ranks: str | list[int] = 
         picked = [r for r in gpu if r.rank in chosen]
         has_comm_kernels = any(r.collectives.source == SOURCE_NCCL for r in gpu)
         views = run_hta({r.rank: r.path for r in picked}, has_comm_kernels=has_comm_kernels,
-                        step_names=_profiler_step_names(picked), progress=progress, cache_dir=cache_dir)
+                        step_names=_profiler_step_names(picked), progress=progress, cache_dir=cache_dir,
+                        oracle=oracle)
         if len(chosen) < len(gpu):
             how = ("the slowest, the one waited for, the fastest, the median, then one per host"
                    if ranks == HTA_RANKS_AUTO else "as requested")

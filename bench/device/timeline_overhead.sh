@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # What the whole-run parts (the per-step timeline record and the triggers' change detectors) cost on one H200
-# (kind nvidia-h200): bench/timeline_gpu_overhead.py's two arms, ABAB, small preset, batch 4 x 128, 150 steps.
-# From the repo root:
-#   bash bench/device/timeline_overhead.sh "$OUT" MODE [ROUNDS] [SECONDS]
-# MODE: none (eager) or reduce-overhead (CUDA graphs). Writes $OUT/timeline-overhead-MODE.json and .log.
-# Budget: ~45 s a launch (start-up dominates), two launches a round; reduce-overhead adds one cold compile.
+# (kind nvidia-h200): bench/timeline_gpu_overhead.py, small preset, batch 4 x 128, eager then CUDA graphs, each one
+# process whose blocks of 10 steps alternate the parts on and off. From the repo root:
+#   bash bench/device/timeline_overhead.sh "$OUT" [STEPS]
+# Writes $OUT/timeline-overhead-{none,reduce-overhead}.json and .log. Budget: ~1 min eager, ~4 min with graphs
+# (one cold compile).
 set -u
 source bench/device/setup.sh
-out="$1"; mode="$2"; rounds="${3:-5}"; seconds="${4:-560}"
+out="$1"; steps="${2:-400}"
 export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device-$mode.txt"
-python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$out/device-$mode.txt"
-timeout "$seconds" python3 bench/timeline_gpu_overhead.py --out "/tmp/tlo-$mode" --compile "$mode" --repeats "$rounds" \
-  2>&1 | tee "$out/timeline-overhead-$mode.log"
-cp "/tmp/tlo-$mode/timeline-overhead.json" "$out/timeline-overhead-$mode.json" 2>/dev/null
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$out/device.txt"
+for mode in none reduce-overhead; do
+  timeout 280 python3 bench/timeline_gpu_overhead.py --out "/tmp/tlo-$mode" --compile "$mode" --steps "$steps" \
+    2>&1 | tee "$out/timeline-overhead-$mode.log"
+  cp "/tmp/tlo-$mode/timeline-overhead.json" "$out/timeline-overhead-$mode.json" 2>/dev/null
+done
 exit 0

@@ -35,7 +35,7 @@ EVIDENCE_CATEGORY = "fleetscope.evidence"
 HOST_STALL_FIELDS = ("sync_count", "sync_us", "tensor_reads", "dtoh_count", "dtoh_us", "input_wait_us")
 MAX_SYNC_MARKS = 10_000
 """Blocking calls marked per window (a trace with a sync per op would drown the track)."""
-_SYNC_CATEGORIES = ("cuda_runtime", "cpu_op", "operator")
+SYNC_CATEGORIES = ("cuda_runtime", "cpu_op", "operator")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,7 +169,7 @@ def sync_marks(grouped: "GroupedEvents", ranges: list[tuple[int, int, int]]) -> 
         if grouped.is_gpu(thread):
             continue
         for start, end, name, category, _, _ in slices:
-            if category not in _SYNC_CATEGORIES or not _is_blocking(name, verdicts):
+            if category not in SYNC_CATEGORIES or not _is_blocking(name, verdicts):
                 continue
             if any(b <= start < e for b, e in spans):
                 marks.append((start, f"host sync: {name}", {"call": name, "dur_us": (end - start) / 1000}))

@@ -23,7 +23,9 @@ import hashlib
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+import numpy as np
 
 from fleetscope.analysis.per_rank.names import (
     collective_name,
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
 NO_STEP = -1
 LAUNCH_FLOWS_COVERED_CATEGORY = "ac2g"
 _HOST_COLLECTIVE_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::")
-_ENCLOSING_SEARCH_LIMIT = 256
+ENCLOSING_SEARCH_LIMIT = 256
 _COLLECTIVE_FLOW_BIT = 1 << 63
 
 CollectiveKey = tuple[int, str, int]
@@ -54,12 +56,25 @@ class CollectiveHit:
     start_ns: int
 
 
+@dataclass(frozen=True, kw_only=True)
+class LaunchFlows:
+    """Launch flows as columns (column_flows.py): flow `ids[i]` runs from the slice of event `sources[i]` to
+    that of `targets[i]`; they come before a slice's flows in `FlowPlan.outgoing` / `terminating`."""
+
+    sources: np.ndarray
+    targets: np.ndarray
+    ids: np.ndarray
+    """uint64."""
+
+
 @dataclass(kw_only=True)
 class FlowPlan:
     outgoing: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
     """ident -> flow ids that start at (or pass through) the event's slice."""
     terminating: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
     """ident -> flow ids that end at the event's slice."""
+    launch: LaunchFlows | None = None
+    """The launch flows when planned on columns (then not in `outgoing` / `terminating`)."""
     collectives: dict[CollectiveKey, CollectiveHit] = field(default_factory=dict)
     collective_source: str | None = None
     launch_flow_count: int = 0
@@ -76,14 +91,20 @@ def plan_flows(grouped: "GroupedEvents", tracks: "RankTracks", context: "WindowC
     launches = _launches_by_correlation(grouped, located)
     if context.options.flows:
         _plan_launch_flows(grouped, located, launches, tracks, plan)
-        _plan_trace_flows(grouped, tracks, plan)
+        plan_trace_flows(grouped, tracks, plan, _SliceFinder(grouped))
+    plan_collective_flows(located, grouped, context, plan)
+    return plan
+
+
+def plan_collective_flows(located: dict[int, "Located"], grouped: "GroupedEvents", context: "WindowContext",
+                          plan: FlowPlan) -> None:
+    """The collective instances and point-to-point transfers bound to slices of `located`, with their flows."""
     _bind_collectives(located, grouped, context, plan)
     if context.options.collective_flows:
         for key, hit in plan.collectives.items():
             plan.outgoing[hit.ident].append(collective_flow_id(key, context.window_key))
         plan.collective_flow_count = len(plan.collectives)
         _plan_p2p_flows(located, context, plan)
-    return plan
 
 
 _P2P_FLOW_BIT = 1 << 62
@@ -95,13 +116,13 @@ def p2p_flow_id(key: tuple, window_key: int) -> int:
     return _COLLECTIVE_FLOW_BIT | _P2P_FLOW_BIT | (int.from_bytes(digest, "big") >> 2)
 
 
-def _plan_p2p_flows(located: dict[int, _Located], context: "WindowContext", plan: FlowPlan) -> None:
+def _plan_p2p_flows(located: dict[int, Located], context: "WindowContext", plan: FlowPlan) -> None:
     """One flow id on a transfer's send slice and its receive slice, joined in time order as collective flows
     are: a receive is often posted before its send starts, and a flow that ended before it began would be
     dropped by the trace processor."""
     by_start: dict[int, list[int]] = defaultdict(list)
     for ident, where in located.items():
-        if _may_be_collective(where.name):
+        if may_be_collective(where.name):
             by_start[where.start_ns].append(ident)
     for start_ns, key, kind in context.p2p:
         ident = next((i for i in by_start.get(start_ns, ()) if point_to_point_kind(located[i].name)), None)
@@ -120,7 +141,7 @@ def collective_flow_id(key: CollectiveKey, window_key: int) -> int:
     return _COLLECTIVE_FLOW_BIT | (int.from_bytes(digest, "big") >> 1)
 
 
-class _Located(NamedTuple):
+class Located(NamedTuple):
     start_ns: int
     end_ns: int
     name: str
@@ -128,27 +149,27 @@ class _Located(NamedTuple):
     on_gpu: bool
 
 
-def _locate_slices(grouped: "GroupedEvents") -> dict[int, _Located]:
+def _locate_slices(grouped: "GroupedEvents") -> dict[int, Located]:
     """ident -> where its slice is, for the events flows can involve (correlated or communication)."""
     located = {}
     correlated = grouped.correlation_of
     for thread, slices in grouped.slices.items():
         on_gpu = grouped.is_gpu(thread)
         for start, end, name, category, ident, _ in slices:
-            if ident in correlated or (name.startswith(_COLLECTIVE_NAME_STARTS) and _may_be_collective(name)):
-                located[ident] = _Located(start, end, name, category, on_gpu)
+            if ident in correlated or (name.startswith(COLLECTIVE_NAME_STARTS) and may_be_collective(name)):
+                located[ident] = Located(start, end, name, category, on_gpu)
     return located
 
 
-_COLLECTIVE_NAME_STARTS = ("nccl", "gloo", "c10d", "_c10d")
+COLLECTIVE_NAME_STARTS = ("nccl", "gloo", "c10d", "_c10d")
 """A cheap first test (every name the rules below accept starts so) before the rules themselves."""
 
 
-def _may_be_collective(name: str) -> bool:
+def may_be_collective(name: str) -> bool:
     return is_comm_kernel(name) or is_gloo_span(name) or name.startswith(_HOST_COLLECTIVE_PREFIXES)
 
 
-def _launches_by_correlation(grouped: "GroupedEvents", located: dict[int, _Located]) -> dict[int, int]:
+def _launches_by_correlation(grouped: "GroupedEvents", located: dict[int, Located]) -> dict[int, int]:
     """correlation id -> ident of the CPU event that launched it (the longest, if several)."""
     launches: dict[int, int] = {}
     for ident, correlation in grouped.correlation_of.items():
@@ -161,11 +182,11 @@ def _launches_by_correlation(grouped: "GroupedEvents", located: dict[int, _Locat
     return launches
 
 
-def _duration(where: _Located) -> int:
+def _duration(where: Located) -> int:
     return where.end_ns - where.start_ns
 
 
-def _plan_launch_flows(grouped: "GroupedEvents", located: dict[int, _Located], launches: dict[int, int],
+def _plan_launch_flows(grouped: "GroupedEvents", located: dict[int, Located], launches: dict[int, int],
                        tracks: "RankTracks", plan: FlowPlan) -> None:
     for ident in sorted(grouped.correlation_of):
         where = located.get(ident)
@@ -178,9 +199,9 @@ def _plan_launch_flows(grouped: "GroupedEvents", located: dict[int, _Located], l
         plan.launch_flow_count += 1
 
 
-def _plan_trace_flows(grouped: "GroupedEvents", tracks: "RankTracks", plan: FlowPlan) -> None:
+def plan_trace_flows(grouped: "GroupedEvents", tracks: "RankTracks", plan: FlowPlan, finder: "SliceFinder") -> None:
+    """The trace's own flows, each end bound by `finder` to a slice of its thread."""
     chains: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
-    finder = _SliceFinder(grouped)
     for phase, category, flow_id, thread, ts_ns, enclosing in grouped.flow_events:
         if category == LAUNCH_FLOWS_COVERED_CATEGORY and plan.launch_flow_count:
             continue
@@ -196,6 +217,12 @@ def _plan_trace_flows(grouped: "GroupedEvents", tracks: "RankTracks", plan: Flow
             plan.outgoing[ident].append(flow_id)
         plan.terminating[idents[-1]].append(flow_id)
         plan.trace_flow_count += 1
+
+
+class SliceFinder(Protocol):
+    def enclosing(self, thread: tuple, ts_ns: int) -> int | None: ...
+
+    def next_starting(self, thread: tuple, ts_ns: int) -> int | None: ...
 
 
 class _SliceFinder:
@@ -216,7 +243,7 @@ class _SliceFinder:
         """The latest-starting slice of the thread that contains `ts_ns`."""
         slices, starts = self._sorted(thread)
         index = bisect_right(starts, ts_ns) - 1
-        for candidate in range(index, max(index - _ENCLOSING_SEARCH_LIMIT, -1), -1):
+        for candidate in range(index, max(index - ENCLOSING_SEARCH_LIMIT, -1), -1):
             if slices[candidate][1] >= ts_ns:
                 return slices[candidate][4]
         return None
@@ -227,13 +254,13 @@ class _SliceFinder:
         return slices[index][4] if index < len(slices) else None
 
 
-def _bind_collectives(located: dict[int, _Located], grouped: "GroupedEvents", context: "WindowContext",
+def _bind_collectives(located: dict[int, Located], grouped: "GroupedEvents", context: "WindowContext",
                       plan: FlowPlan) -> None:
     """Attach each collective instance the per-rank parse found (start, key) to the slice it was parsed
     from: the slice of a collective event that starts at that instant (the same `ts`, so the same ns)."""
     by_start: dict[int, list[int]] = defaultdict(list)
     for ident, where in located.items():
-        if _may_be_collective(where.name):
+        if may_be_collective(where.name):
             by_start[where.start_ns].append(ident)
     for start_ns, key in context.collectives:
         candidates = by_start.get(start_ns, ())

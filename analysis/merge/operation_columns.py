@@ -10,14 +10,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import chain, compress
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from fleetscope.analysis.merge.flows import FlowPlan
 from fleetscope.analysis.merge.perfetto.columnar import FlowColumns, TrackEventColumns
-from fleetscope.analysis.merge.perfetto.writer import COUNTER, INSTANT, SLICE_BEGIN, SLICE_END
-from fleetscope.analysis.merge.tracks import NO_EVENT, OP_BEGIN, OP_COUNTER, OP_END, OP_INSTANT
+from fleetscope.analysis.merge.perfetto.writer import (
+    COUNTER,
+    INSTANT,
+    SLICE_BEGIN,
+    SLICE_END,
+)
+from fleetscope.analysis.merge.tracks import (
+    NO_EVENT,
+    OP_BEGIN,
+    OP_COUNTER,
+    OP_END,
+    OP_INSTANT,
+)
+
+if TYPE_CHECKING:
+    from fleetscope.analysis.merge.slice_table import SliceOps, SliceTable
 
 _TYPE_OF_OPERATION = np.zeros(max(OP_END, OP_BEGIN, OP_INSTANT, OP_COUNTER) + 1, dtype=np.uint8)
 _TYPE_OF_OPERATION[[OP_END, OP_BEGIN, OP_INSTANT, OP_COUNTER]] = [SLICE_END, SLICE_BEGIN, INSTANT, COUNTER]
@@ -112,3 +125,109 @@ def event_args_of(events: list[Any], ident: int) -> dict | None:
     """A Kineto event's args as debug annotations (None when it has none)."""
     args = events[ident].get("args")
     return args if isinstance(args, dict) and args else None
+
+
+# --- a window planned on columns (column_plan.py) ---------------------------------------------------
+
+def planned_columns(slice_ops: "SliceOps", rare_ops: list[tuple], table: "SliceTable", flows: FlowPlan) -> TrackEventColumns:
+    """The encoder's columns of a columnar plan: the slices' begins and ends (`slice_ops`, in emission
+    order), then the rare operations (instants, counters, overlays: plan.py's tuples), sorted by time
+    stably over that order, as plan.plan_window sorts its operations."""
+    rows, begins = slice_ops.rows, slice_ops.begins
+    rare = _RareOps.of(rare_ops)
+    timestamps = np.concatenate([np.where(begins, table.starts[rows], table.ends[rows]), rare.timestamps])
+    order = np.argsort(timestamps, kind="stable")
+    kinds = np.concatenate([np.where(begins, OP_BEGIN, OP_END).astype(np.int8), rare.kinds])[order]
+    names = np.concatenate([_texts(table.names, table.name_ids[rows], begins), rare.names])[order]
+    categories = np.concatenate([_texts(table.categories, table.category_ids[rows], begins), rare.categories])[order]
+    idents = np.concatenate([table.idents[rows], rare.idents])[order]
+    named = (kinds == OP_BEGIN) | (kinds == OP_INSTANT)
+    begin_rows = np.flatnonzero(kinds == OP_BEGIN)
+    slice_count = len(rows)
+    return TrackEventColumns(
+        types=_TYPE_OF_OPERATION[kinds], timestamps_ns=timestamps[order],
+        track_uuids=np.concatenate([slice_ops.uuids, rare.uuids])[order],
+        names=names[named].tolist(), categories=categories[named].tolist(),
+        counter_values=rare.values[order[kinds == OP_COUNTER] - slice_count],
+        flows=_planned_flows(begin_rows, idents[begin_rows], flows),
+        annotations=_rare_annotations(rare, order, slice_count),
+    )
+
+
+def _texts(table: list[str], ids: np.ndarray, named: np.ndarray) -> np.ndarray:
+    """The text of each named row (None elsewhere), as an object array."""
+    texts = np.empty(len(ids), dtype=object)
+    texts[named] = np.array(table, dtype=object)[ids[named]] if len(table) else []
+    return texts
+
+
+@dataclass(frozen=True, slots=True)
+class _RareOps:
+    """plan.py's operation tuples as columns."""
+
+    operations: list[tuple]
+    timestamps: np.ndarray
+    kinds: np.ndarray
+    uuids: np.ndarray
+    names: np.ndarray
+    categories: np.ndarray
+    idents: np.ndarray
+    values: np.ndarray
+    """float64 counter value per row (0 where not a counter)."""
+
+    @classmethod
+    def of(cls, operations: list[tuple]) -> "_RareOps":
+        count = len(operations)
+        kinds = np.fromiter(map(itemgetter(1), operations), dtype=np.int8, count=count)
+        try:
+            timestamps = np.fromiter(map(itemgetter(0), operations), dtype=np.int64, count=count)
+            uuids = np.fromiter(map(itemgetter(2), operations), dtype=np.uint64, count=count)
+        except (OverflowError, TypeError) as error:
+            raise ValueError(f"a planned timestamp or track uuid does not fit 64 bits: {error}") from error
+        names, categories = np.empty(count, dtype=object), np.empty(count, dtype=object)
+        idents, values = np.full(count, NO_EVENT, dtype=np.int64), np.zeros(count, dtype=np.float64)
+        for row, operation in enumerate(operations):
+            kind = operation[1]
+            if kind == OP_BEGIN:
+                names[row], categories[row], idents[row] = operation[3], operation[4], operation[_BEGIN_IDENT]
+            elif kind == OP_INSTANT:
+                names[row], categories[row], idents[row] = operation[3], operation[4], operation[_INSTANT_IDENT]
+            elif kind == OP_COUNTER:
+                values[row] = operation[3]
+        return cls(operations=operations, timestamps=timestamps, kinds=kinds, uuids=uuids, names=names,
+                   categories=categories, idents=idents, values=values)
+
+    def annotations_of(self, row: int) -> Any:
+        """A made-up slice's or mark's own annotations (the Kineto events' are not drawn here: no event args)."""
+        operation = self.operations[row]
+        kind, ident = operation[1], self.idents[row]
+        if kind == OP_BEGIN and ident <= NO_EVENT:
+            return operation[_BEGIN_ANNOTATIONS]
+        if kind == OP_INSTANT and ident == NO_EVENT:
+            return operation[_INSTANT_ANNOTATIONS]
+        return None
+
+
+def _rare_annotations(rare: _RareOps, order: np.ndarray, slice_count: int) -> dict[int, dict]:
+    annotations = {}
+    for row in np.flatnonzero(order >= slice_count).tolist():
+        value = rare.annotations_of(int(order[row]) - slice_count)
+        if value:
+            annotations[row] = value
+    return annotations
+
+
+def _planned_flows(begin_rows: np.ndarray, begin_idents: np.ndarray, flows: FlowPlan) -> FlowColumns:
+    """The FlowPlan's flow ids by begin row: the launch flows (columns) before each slice's other flows."""
+    if flows.launch is None or not len(flows.launch.ids):
+        return _flows(_Rows(rows=begin_rows, operations=[], idents=begin_idents), flows)
+    order = np.argsort(begin_idents, kind="stable")
+    sorted_idents, sorted_rows = begin_idents[order], begin_rows[order]
+    launch = flows.launch
+    rows_of = lambda idents: sorted_rows[np.searchsorted(sorted_idents, idents)]  # every launch slice is drawn
+    others = _flows(_Rows(rows=begin_rows, operations=[], idents=begin_idents), flows)
+    parts = [(rows_of(launch.sources), launch.ids, np.zeros(len(launch.ids), dtype=bool)),
+             (others.rows[~others.terminating], others.ids[~others.terminating], others.terminating[~others.terminating]),
+             (rows_of(launch.targets), launch.ids, np.ones(len(launch.ids), dtype=bool)),
+             (others.rows[others.terminating], others.ids[others.terminating], others.terminating[others.terminating])]
+    return FlowColumns.of_entries(*(np.concatenate(column) for column in zip(*parts)))

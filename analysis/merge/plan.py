@@ -23,10 +23,13 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from msgspec import UNSET
+
 from fleetscope.traces.validate import MAX_TIME_US, is_finite_number
 from fleetscope.analysis.merge.flows import FlowPlan, plan_flows
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.overlays import OverlayInputs, plan_overlays
+from fleetscope.analysis.merge.perfetto.columnar import TrackEventColumns
 from fleetscope.analysis.merge.perfetto.writer import TrackSpec
 from fleetscope.analysis.merge.tracks import (
     GROUP_COUNTER,
@@ -82,13 +85,19 @@ class WindowPlan:
     origin_ns: int | None = None
     skipped: Counter = field(default_factory=Counter)
     """Events that could not be merged or had to be repaired, by reason."""
+    columns: TrackEventColumns | None = None
+    """The operations as the encoder's columns, time-sorted (column_plan.py); `operations` is then empty."""
 
     @property
     def first_ts_ns(self) -> int | None:
+        if self.columns is not None:
+            return int(self.columns.timestamps_ns[0]) if self.columns.row_count else None
         return self.operations[0][0] if self.operations else None
 
     @property
     def last_ts_ns(self) -> int | None:
+        if self.columns is not None:
+            return int(self.columns.timestamps_ns[-1]) if self.columns.row_count else None
         return self.operations[-1][0] if self.operations else None
 
 
@@ -98,15 +107,16 @@ def plan_window(events: list[Any], tracks: RankTracks, context: WindowContext) -
     origin_ns = context.origin_ns if context.origin_ns is not None else grouped.first_ts_ns()
     overlay_inputs = OverlayInputs(steps=list(context.steps))
     _apply_filters(grouped, context, overlay_inputs, origin_ns)
-    _register_tracks(grouped, tracks)
+    register_tracks({t for t, s in grouped.slices.items() if s} | {t for t, i in grouped.instants.items() if i},
+                    grouped, tracks)
     plan = WindowPlan(new_tracks=[], operations=[], skipped=grouped.skipped, filtered_count=grouped.filtered,
                       origin_ns=origin_ns)
     if grouped.negative_durations:
         plan.skipped["negative duration clamped to 0 (slice kept)"] += grouped.negative_durations
     plan.flows = plan_flows(grouped, tracks, context)
     _plan_slices(grouped, tracks, plan)
-    _plan_instants(grouped, tracks, plan)
-    _plan_counters(grouped, tracks, plan)
+    plan_instants(grouped, tracks, plan, plan.operations)
+    plan_counters(grouped, tracks, plan, plan.operations)
     if context.options.overlays:
         overlay = plan_overlays(grouped, overlay_inputs, plan.flows, tracks, context, plan.new_tracks)
         plan.operations.extend(overlay.operations)
@@ -133,21 +143,32 @@ def group_events(events: list[Any], clock: WindowClock, options: MergeOptions = 
         phase = event.get("ph")
         if phase == "X":
             _add_complete(event, ident, grouped, clock, options)
-        elif phase in ("i", "I"):
-            _add_instant(event, ident, grouped, clock)
-        elif phase == "C":
-            _add_counter(event, grouped, clock)
         elif phase in ("s", "t", "f"):
-            _add_flow_event(event, grouped, clock)
-        elif phase == "M":
-            _add_metadata(event, grouped)
+            add_flow_fields(phase, event.get("ts"), event.get("id"), event.get("bp"), event.get("cat"),
+                            event.get("pid", ""), event.get("tid", ""), grouped, clock)
         else:
-            grouped.skipped[f"phase {phase!r} not merged"] += 1
+            add_other_event(event, ident, grouped, clock)
     return grouped
 
 
+def add_other_event(event: dict, ident: int, grouped: GroupedEvents, clock: WindowClock) -> None:
+    """An instant, counter or metadata event (any other phase is counted as not merged)."""
+    phase = event.get("ph")
+    if phase in ("i", "I"):
+        _add_instant(event, ident, grouped, clock)
+    elif phase == "C":
+        _add_counter(event, grouped, clock)
+    elif phase == "M":
+        _add_metadata(event, grouped)
+    else:
+        grouped.skipped[f"phase {phase!r} not merged"] += 1
+
+
 def thread_of(event: dict) -> tuple:
-    pid, tid = event.get("pid", ""), event.get("tid", "")
+    return _thread(event.get("pid", ""), event.get("tid", ""))
+
+
+def _thread(pid: Any, tid: Any) -> tuple:
     if type(pid) in _PLAIN_IDS and type(tid) in _PLAIN_IDS:
         return (pid, tid)
     return (_hashable(pid), _hashable(tid))
@@ -171,7 +192,7 @@ def _add_complete(event: dict, ident: int, grouped: GroupedEvents, clock: Window
         grouped.skipped["complete event without numeric ts/dur"] += 1
         return
     if not (-MAX_TIME_US < ts < MAX_TIME_US and -MAX_TIME_US < dur < MAX_TIME_US):  # NaN fails every comparison
-        grouped.skipped[_OUT_OF_RANGE] += 1
+        grouped.skipped[OUT_OF_RANGE] += 1
         return
     category = event.get("cat", "")
     category = category if type(category) is str else _text(category)
@@ -200,7 +221,7 @@ def _add_complete(event: dict, ident: int, grouped: GroupedEvents, clock: Window
 
 
 _NUMBERS = (int, float)
-_OUT_OF_RANGE = "event with a non-finite time or one beyond int64 nanoseconds"
+OUT_OF_RANGE = "event with a non-finite time or one beyond int64 nanoseconds"
 
 
 def _device_stream(args: Any, thread: tuple) -> tuple[Any, Any]:
@@ -214,7 +235,7 @@ def _add_instant(event: dict, ident: int, grouped: GroupedEvents, clock: WindowC
         grouped.skipped["instant event without numeric ts"] += 1
         return
     if not is_finite_number(ts):
-        grouped.skipped[_OUT_OF_RANGE] += 1
+        grouped.skipped[OUT_OF_RANGE] += 1
         return
     if event.get("name") == MEMORY_EVENT_NAME and _add_memory_sample(event, grouped, clock.to_ns(ts)):
         return
@@ -242,7 +263,7 @@ def _add_counter(event: dict, grouped: GroupedEvents, clock: WindowClock) -> Non
         grouped.skipped["counter event without numeric ts or args"] += 1
         return
     if not is_finite_number(ts):
-        grouped.skipped[_OUT_OF_RANGE] += 1
+        grouped.skipped[OUT_OF_RANGE] += 1
         return
     name = _text(event.get("name"))
     for series, value in args.items():
@@ -251,13 +272,15 @@ def _add_counter(event: dict, grouped: GroupedEvents, clock: WindowClock) -> Non
             grouped.counters[(_hashable(event.get("pid", "")), label)].append((clock.to_ns(ts), float(value)))
 
 
-def _add_flow_event(event: dict, grouped: GroupedEvents, clock: WindowClock) -> None:
-    ts, flow_id = event.get("ts"), event.get("id")
-    if not is_finite_number(ts) or flow_id is None:
+def add_flow_fields(phase: str, ts: Any, flow_id: Any, binding_point: Any, category: Any, pid: Any, tid: Any,
+                    grouped: GroupedEvents, clock: WindowClock) -> None:
+    """A flow event (`s`, `t`, `f`) from its fields (None or msgspec.UNSET where the trace has none)."""
+    if not is_finite_number(ts) or flow_id is None or flow_id is UNSET:
         grouped.skipped["flow event without numeric ts or id"] += 1
         return
-    enclosing = event.get("ph") != "f" or event.get("bp") == "e"
-    grouped.flow_events.append((event["ph"], _text(event.get("cat")), _hashable(flow_id), thread_of(event),
+    enclosing = phase != "f" or binding_point == "e"
+    grouped.flow_events.append((phase, _text(None if category is UNSET else category), _hashable(flow_id),
+                                _thread("" if pid is UNSET else pid, "" if tid is UNSET else tid),
                                 clock.to_ns(ts), enclosing))
 
 
@@ -283,13 +306,18 @@ def best_thread_name(names: list[str], process_name: str | None) -> str | None:
 
 def _apply_filters(grouped: GroupedEvents, context: WindowContext, overlay_inputs: OverlayInputs,
                    origin_ns: int | None) -> None:
-    spans = _kept_spans(context, overlay_inputs, origin_ns)
+    spans = kept_spans(context, overlay_inputs, origin_ns)
     if spans is None:
         return
     for thread, slices in grouped.slices.items():
         kept = [s for s in slices if _overlaps(s[0], s[1], spans)]
         grouped.filtered += len(slices) - len(kept)
         grouped.slices[thread] = kept
+    filter_rare_events(grouped, spans, overlay_inputs)
+
+
+def filter_rare_events(grouped: GroupedEvents, spans: list[tuple[int, int]], overlay_inputs: OverlayInputs) -> None:
+    """The time filters on the instants, counters and steps (everything but the slices)."""
     for thread, instants in grouped.instants.items():
         kept = [i for i in instants if _overlaps(i[0], i[0], spans)]
         grouped.filtered += len(instants) - len(kept)
@@ -300,7 +328,7 @@ def _apply_filters(grouped: GroupedEvents, context: WindowContext, overlay_input
     overlay_inputs.keep_steps(spans)
 
 
-def _kept_spans(context: WindowContext, overlay_inputs: OverlayInputs, origin_ns: int | None) -> list[tuple[int, int]] | None:
+def kept_spans(context: WindowContext, overlay_inputs: OverlayInputs, origin_ns: int | None) -> list[tuple[int, int]] | None:
     """[start, end) intervals of the merged clock whose events are kept; None keeps everything."""
     options = context.options
     spans = None
@@ -319,8 +347,8 @@ def _overlaps(start: int, end: int, spans: list[tuple[int, int]]) -> bool:
 
 # --- tracks and slices ------------------------------------------------------------------------
 
-def _register_tracks(grouped: GroupedEvents, tracks: RankTracks) -> None:
-    threads = {t for t, s in grouped.slices.items() if s} | {t for t, i in grouped.instants.items() if i}
+def register_tracks(threads: set[tuple], grouped: GroupedEvents, tracks: RankTracks) -> None:
+    """The tracks of `threads` (those with a slice or an instant) and of the counters, in their fixed order."""
     for thread in sorted(threads, key=lambda t: _thread_sort_key(t, grouped)):
         key = track_key(thread, grouped.gpu_threads)
         tracks.register(key, _track_name(key, thread, grouped), _track_group(key))
@@ -389,26 +417,26 @@ def _plan_slices(grouped: GroupedEvents, tracks: RankTracks, plan: WindowPlan) -
         plan.overlap_lane_count += lane_count - 1
 
 
-def _plan_instants(grouped: GroupedEvents, tracks: RankTracks, plan: WindowPlan) -> None:
+def plan_instants(grouped: GroupedEvents, tracks: RankTracks, plan: WindowPlan, operations: list[tuple]) -> None:
     for thread, instants in grouped.instants.items():
         if not instants:
             continue
         uuid = tracks.uuid(track_key(thread, grouped.gpu_threads), 0, plan.new_tracks)
-        plan.operations.extend((ts, OP_INSTANT, uuid, name, category, ident, None)
+        operations.extend((ts, OP_INSTANT, uuid, name, category, ident, None)
                                for ts, name, category, ident in instants)
         plan.instant_count += len(instants)
 
 
-def _plan_counters(grouped: GroupedEvents, tracks: RankTracks, plan: WindowPlan) -> None:
+def plan_counters(grouped: GroupedEvents, tracks: RankTracks, plan: WindowPlan, operations: list[tuple]) -> None:
     for (pid, label), samples in grouped.counters.items():
         if not samples:
             continue
         uuid = tracks.uuid(("counter", pid, label), 0, plan.new_tracks)
-        plan.operations.extend((ts, OP_COUNTER, uuid, value) for ts, value in samples)
+        operations.extend((ts, OP_COUNTER, uuid, value) for ts, value in samples)
         plan.counter_sample_count += len(samples)
     for label, samples in grouped.memory.items():
         if not samples:
             continue
         uuid = tracks.uuid(("counter", MEMORY_EVENT_NAME, label), 0, plan.new_tracks, counter_unit="MiB")
-        plan.operations.extend((ts, OP_COUNTER, uuid, value) for ts, value in samples)
+        operations.extend((ts, OP_COUNTER, uuid, value) for ts, value in samples)
         plan.counter_sample_count += len(samples)

@@ -52,7 +52,9 @@ from fleetscope.analysis.merge.perfetto.writer import (
     TrackSpec,
     write_preamble,
 )
+from fleetscope.analysis.merge.column_plan import ColumnsRefused, plan_window_columns
 from fleetscope.analysis.merge.plan import WindowPlan, plan_window
+from fleetscope.analysis.merge.window_decode import decode_window
 from fleetscope.analysis.merge.moe_overlays import moe_merge_views
 from fleetscope.analysis.merge.report_view import (
     ReportSource,
@@ -86,7 +88,7 @@ from fleetscope.analysis.merge.window import WindowClock, WindowContext
 from fleetscope.analysis.per_rank.cache import open_cache
 from fleetscope.analysis.per_rank.parse import cyclic_gc_paused
 from fleetscope.traces.atomic import atomic_output
-from fleetscope.traces.kineto import TraceReadError, distributed_rank, read_trace
+from fleetscope.traces.kineto import TraceReadError, decode_trace, decompress, distributed_rank, read_raw
 from fleetscope.analysis.merge.whole_run_counters import WHOLE_RUN_SEQUENCE_ID, WholeRunPlan, plan_whole_run, write_whole_run
 from fleetscope.traces.clock import read_clock_offsets
 from fleetscope.traces.layout import MERGED_TRACE
@@ -435,20 +437,48 @@ class _MergeSession:
 
     def _plan_file(self, trace_file: TraceFile, source: RankSource, tracks: RankTracks, window_key: int,
                    *, first_window: bool) -> tuple[WindowPlan, list[Any]] | None:
-        """Read one window and plan it; returns the plan and the window's events (for their args)."""
+        """Read one window and plan it; returns the plan and the window's events (for their args; none when
+        planned on columns, which draws no event args)."""
         try:
-            document = read_trace(trace_file.path)
+            raw = read_raw(trace_file.path)
+            decoded = decode_window(decompress(raw, trace_file.path)) if self._plans_on_columns else None
+            document = decoded.document if decoded is not None else decode_trace(raw, trace_file.path)
         except TraceReadError as error:
             self.problems.append(MergeProblem(path=str(trace_file.path), rank=source.rank, reason=error.reason))
             return None
         self._check_rank(document, trace_file, source)
+        context = self._window_context(document, trace_file, source, window_key, first_window=first_window)
+        plan = None
+        if decoded is not None:
+            try:
+                plan, events = plan_window_columns(decoded, tracks, context), []
+            except ColumnsRefused:
+                document = decode_trace(raw, trace_file.path)
+        if plan is None:
+            events = document["traceEvents"]
+            plan = plan_window(events, tracks, context)
+        if self.origin_ns is None:
+            self.origin_ns = plan.origin_ns
+        for reason, count in sorted(plan.skipped.items()):
+            self.notes.append(MergeProblem(path=str(trace_file.path), rank=source.rank,
+                                              reason=f"{count} events: {reason}"))
+        return plan, events
+
+    @property
+    def _plans_on_columns(self) -> bool:
+        """Windows are planned on columns (column_plan.py) unless the events' args are drawn (debug annotations
+        or the Chrome JSON's args), which the per-event planner copies from each event."""
+        return self.json_writer is None and not self.options.event_args
+
+    def _window_context(self, document: dict, trace_file: TraceFile, source: RankSource, window_key: int, *,
+                        first_window: bool) -> WindowContext:
         base_ns = document.get("baseTimeNanoseconds")
         offset_ns, clock_source = self._clock_offset(source, window_key)
         if first_window:
             self.clock_choice[source.rank] = (offset_ns, clock_source)
         clock = WindowClock(base_ns=base_ns if isinstance(base_ns, int) else 0, offset_ns=offset_ns)
         model = trace_file.model
-        context = WindowContext(
+        return WindowContext(
             clock=clock, options=self.options, window_key=window_key, origin_ns=self.origin_ns,
             report=report_view(self.report, rank=source.rank, window_key=window_key, first_window=first_window),
             steps=tuple((step, clock.to_ns(start), clock.to_ns(end)) for step, start, end in model.steps),
@@ -460,13 +490,6 @@ class _MergeSession:
                             for start, end, cause in idle_gap_rows(model.idle_gaps)),
             idle_basis=model.idle_gaps.basis if model.idle_gaps is not None else None,
         )
-        plan = plan_window(document["traceEvents"], tracks, context)
-        if self.origin_ns is None:
-            self.origin_ns = plan.origin_ns
-        for reason, count in sorted(plan.skipped.items()):
-            self.notes.append(MergeProblem(path=str(trace_file.path), rank=source.rank,
-                                              reason=f"{count} events: {reason}"))
-        return plan, document["traceEvents"]
 
     def _clock_offset(self, source: RankSource, window_key: int) -> tuple[int, str]:
         """Offsets given by the caller win; then the ones the analysis report used for this window; then
@@ -527,8 +550,9 @@ class _RankEmitter:
             self.writer.track(spec)
             if self.json_writer is not None:
                 self.json_writer.track(self.pid, spec.uuid, spec.name, spec.order, spec.is_counter)
-        columns = operation_columns(plan.operations, plan.flows, events, event_args=self.event_args) \
-            if self.json_writer is None else None
+        columns = plan.columns
+        if columns is None and self.json_writer is None:
+            columns = operation_columns(plan.operations, plan.flows, events, event_args=self.event_args)
         if columns is not None:
             write_track_events(self.writer, columns)
         else:

@@ -21,6 +21,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
+
 from fleetscope.analysis.merge.perfetto.writer import TrackSpec
 
 MAX_LANE_ORDER = 63
@@ -130,6 +132,12 @@ class RankTracks:
     def new_flow_id(self) -> int:
         self._flow_count += 1
         return ((self.rank + 1) << _RANK_FLOW_SHIFT) | self._flow_count
+
+    def new_flow_ids(self, count: int) -> np.ndarray:
+        """`count` new flow ids at once (uint64), as `count` calls of new_flow_id give them."""
+        first = self._flow_count + 1
+        self._flow_count += count
+        return np.uint64((self.rank + 1) << _RANK_FLOW_SHIFT) | np.arange(first, first + count, dtype=np.uint64)
 
     @property
     def track_count(self) -> int:

@@ -1,0 +1,254 @@
+"""Planning one window from columns (pure): the same packets as plan.py, without a tuple per event.
+
+plan.py's rules, figured over arrays of the window's complete events (window_decode.SliceColumns):
+grouping per thread and the time filters are masks and sorts, launch flows a join on the correlation id,
+and every slice's begin and end an index into those arrays until the encoder's columns are built. What is
+rare (instants, counters, metadata, the trace's own flow events, the overlays) goes through plan.py's own
+functions, so each rule has one owner.
+
+Every order the per-event planner makes is kept, so the bytes are the same: threads by first appearance,
+a track's slices by (start, longest first, thread, trace order), each track's begins and ends in the order
+its lane nesting emits them, and the window's operations sorted by time stably over that emission order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from fleetscope.analysis.merge.column_flows import plan_flows_on_columns
+from fleetscope.analysis.merge.operation_columns import planned_columns
+from fleetscope.analysis.merge.options import MergeOptions
+from fleetscope.analysis.merge.overlays import OverlayInputs, plan_overlays
+from fleetscope.analysis.merge.plan import (
+    GPU_CATEGORIES,
+    OUT_OF_RANGE,
+    PYTHON_FUNCTION_CATEGORY,
+    WindowPlan,
+    add_flow_fields,
+    add_other_event,
+    filter_rare_events,
+    kept_spans,
+    plan_counters,
+    plan_instants,
+    register_tracks,
+    track_key,
+)
+from fleetscope.analysis.merge.slice_table import SliceOps, SliceTable
+from fleetscope.analysis.merge.tracks import RankTracks, TrackKey
+from fleetscope.analysis.merge.window import GroupedEvents, WindowClock, WindowContext
+from fleetscope.analysis.merge.window_decode import DecodedWindow, in_range, nanoseconds
+from fleetscope.analysis.per_rank.names import process_group_label
+from msgspec import UNSET
+
+
+class ColumnsRefused(Exception):
+    """The window holds a value the columnar planner does not take (the per-event planner then does)."""
+
+
+def plan_window_columns(window: DecodedWindow, tracks: RankTracks, context: WindowContext) -> WindowPlan:
+    """plan.plan_window's plan of `window`, with the operations as the encoder's columns (`plan.columns`).
+    Raises ColumnsRefused before it changes `tracks` when a value is out of what it takes."""
+    table, grouped = group_columns(window, context.clock, context.options)
+    origin_ns = context.origin_ns if context.origin_ns is not None else table.first_ts_ns(grouped)
+    overlay_inputs = OverlayInputs(steps=list(context.steps))
+    spans = kept_spans(context, overlay_inputs, origin_ns)
+    if spans is not None:
+        grouped.filtered += table.keep_overlapping(spans)
+        filter_rare_events(grouped, spans, overlay_inputs)
+    register_tracks(table.nonempty_threads() | {t for t, i in grouped.instants.items() if i}, grouped, tracks)
+    plan = WindowPlan(new_tracks=[], operations=[], skipped=grouped.skipped, filtered_count=grouped.filtered,
+                      origin_ns=origin_ns)
+    if grouped.negative_durations:
+        plan.skipped["negative duration clamped to 0 (slice kept)"] += grouped.negative_durations
+    plan.flows = plan_flows_on_columns(table, grouped, tracks, context)
+    slice_ops = _plan_slices(table, grouped, tracks, plan)
+    rare_ops: list[tuple] = []
+    plan_instants(grouped, tracks, plan, rare_ops)
+    plan_counters(grouped, tracks, plan, rare_ops)
+    if context.options.overlays:
+        overlay = plan_overlays(table.overlay_view(grouped), overlay_inputs, plan.flows, tracks, context,
+                                plan.new_tracks)
+        rare_ops += overlay.operations
+        plan.overlay_slice_count += overlay.slice_count
+        plan.overlay_instant_count += overlay.instant_count
+        plan.step_ranges = overlay.step_ranges
+        plan.counter_sample_count += overlay.counter_sample_count
+    plan.columns = planned_columns(slice_ops, rare_ops, table, plan.flows)
+    return plan
+
+
+# --- grouping ----------------------------------------------------------------------------------
+
+def group_columns(window: DecodedWindow, clock: WindowClock, options: MergeOptions) -> tuple[SliceTable, GroupedEvents]:
+    """The window's slices as a SliceTable (trace order) and everything else grouped as plan.group_events does."""
+    grouped = GroupedEvents()
+    columns = window.slices
+    if window.complete_without_time:
+        grouped.skipped["complete event without numeric ts/dur"] += window.complete_without_time
+    keep = in_range(columns.ts_us) & in_range(columns.dur_us)
+    if not keep.all():
+        grouped.skipped[OUT_OF_RANGE] += int((~keep).sum())
+    categories, category_ids = _interned(columns.categories)
+    if options.drop_python_functions and PYTHON_FUNCTION_CATEGORY in categories:
+        python = category_ids == categories.index(PYTHON_FUNCTION_CATEGORY)
+        grouped.filtered += int((python & keep).sum())
+        keep &= ~python
+    table = _slice_table(window, keep, categories, category_ids, clock, grouped)
+    for ident, event in window.others:
+        add_other_event(event, ident, grouped, clock)
+    for ident, event in window.flow_events:
+        add_flow_fields(event.ph, event.ts, event.id, event.bp, event.cat, event.pid, event.tid, grouped, clock)
+    for phase, count in window.undrawn.items():
+        grouped.skipped[f"phase {phase!r} not merged"] += count
+    return table, grouped
+
+
+def _slice_table(window: DecodedWindow, keep: np.ndarray, categories: list[str], category_ids: np.ndarray,
+                 clock: WindowClock, grouped: GroupedEvents) -> SliceTable:
+    columns = window.slices
+    kept = np.flatnonzero(keep)
+    every = len(kept) == len(keep)
+    pick = (lambda values: values) if every else (lambda values: [values[i] for i in kept.tolist()])
+    ts_us, dur_us = pick(columns.ts_us), pick(columns.dur_us)
+    starts = nanoseconds(ts_us, clock.shift_ns)
+    durations = nanoseconds(dur_us, 0)
+    if starts is None or durations is None:
+        raise ColumnsRefused("a time too large for float64 nanoseconds")
+    negative = durations < 0
+    if negative.any():
+        grouped.negative_durations += int(negative.sum())
+        durations[negative] = 0
+    threads, thread_ids = _interned(pick(columns.threads))
+    names, name_ids = _interned(pick(columns.names))
+    args = pick(columns.args)
+    category_ids = category_ids[kept]
+    correlations, has_correlation = _correlations(args)
+    table = SliceTable(idents=columns.idents[kept], starts=starts, ends=starts + durations, names=names,
+                       name_ids=name_ids, categories=categories, category_ids=category_ids, threads=threads,
+                       thread_ids=thread_ids, correlations=correlations, has_correlation=has_correlation)
+    _note_gpu_threads(table, args, grouped)
+    _note_groups(table, args, grouped)
+    return table
+
+
+def _interned(values: list) -> tuple[list, np.ndarray]:
+    """The distinct values in first-appearance order, and each value's index among them."""
+    index: dict = {}
+    ids = np.fromiter([index.setdefault(value, len(index)) for value in values], dtype=np.int64, count=len(values))
+    return list(index), ids
+
+
+def _correlations(args: list) -> tuple[np.ndarray, np.ndarray]:
+    """Each event's CUDA correlation id (an int, as plan.py takes it) and whether it has one."""
+    found = [a.correlation if a is not None and type(a.correlation) is int else None for a in args]
+    has = np.fromiter((c is not None for c in found), dtype=bool, count=len(found))
+    try:
+        values = np.array([c if c is not None else 0 for c in found], dtype=np.int64)
+    except OverflowError as error:
+        raise ColumnsRefused("a correlation id beyond int64") from error
+    return values, has
+
+
+def _note_gpu_threads(table: SliceTable, args: list, grouped: GroupedEvents) -> None:
+    """A thread holding device activity is a GPU stream, named by its first such event's args."""
+    gpu_categories = np.array([c in GPU_CATEGORIES for c in table.categories], dtype=bool)
+    on_gpu = gpu_categories[table.category_ids] if len(table.categories) else np.zeros(0, dtype=bool)
+    if not on_gpu.any():
+        return
+    rows = np.flatnonzero(on_gpu)
+    _, first = np.unique(table.thread_ids[rows], return_index=True)
+    for position in np.sort(first).tolist():
+        row = int(rows[position])
+        thread = table.threads[table.thread_ids[row]]
+        grouped.gpu_threads[thread] = _device_stream(args[row], thread)
+
+
+def _device_stream(args: Any, thread: tuple) -> tuple[Any, Any]:
+    if args is None:
+        return thread
+    device = thread[0] if args.device is UNSET else args.device
+    stream = thread[1] if args.stream is UNSET else args.stream
+    return device, stream
+
+
+def _note_groups(table: SliceTable, args: list, grouped: GroupedEvents) -> None:
+    """ident -> process group label of the events whose args name one (collectives: a few)."""
+    for row, each in enumerate(args):
+        if each is not None and each.group_name is not UNSET:
+            group = process_group_label(each.group_name, each.group_description)
+            if group is not None:
+                grouped.group_of[int(table.idents[row])] = group
+
+# --- slices on lanes ---------------------------------------------------------------------------
+
+def _plan_slices(table: SliceTable, grouped: GroupedEvents, tracks: RankTracks, plan: WindowPlan) -> SliceOps:
+    by_track = _rows_by_track(table, grouped)
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for key, rows in by_track.items():
+        if not len(rows):
+            continue
+        order, first_lane, lane_count = _lay_out(key, rows, table, tracks)
+        uuids = np.array([tracks.uuid(key, first_lane + lane, plan.new_tracks) for lane in range(lane_count)],
+                         dtype=np.uint64)
+        parts.append((order[0], order[1], uuids[order[2]]))
+        plan.slice_count += len(rows)
+        plan.overlap_lane_count += lane_count - 1
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return SliceOps(rows=empty, begins=empty.astype(bool), uuids=empty.astype(np.uint64))
+    return SliceOps(rows=np.concatenate([p[0] for p in parts]), begins=np.concatenate([p[1] for p in parts]),
+                    uuids=np.concatenate([p[2] for p in parts]))
+
+
+def _rows_by_track(table: SliceTable, grouped: GroupedEvents) -> dict[TrackKey, np.ndarray]:
+    """Each track's slice rows sorted as lay_out_track sorts them: (start, longest first), then the order
+    plan.py lists them in (thread by first appearance, then trace order)."""
+    keys = [track_key(thread, grouped.gpu_threads) for thread in table.threads]
+    track_of_key: dict[TrackKey, int] = {}
+    track_ids = np.array([track_of_key.setdefault(key, len(track_of_key)) for key in keys], dtype=np.int64)
+    row_track = track_ids[table.thread_ids]
+    order = np.lexsort((np.arange(len(table.starts)), table.thread_ids, -table.ends, table.starts, row_track))
+    bounds = np.searchsorted(row_track[order], np.arange(len(track_of_key) + 1))
+    return {key: order[bounds[index]:bounds[index + 1]] for key, index in track_of_key.items()}
+
+
+def _lay_out(key: TrackKey, rows: np.ndarray, table: SliceTable,
+             tracks: RankTracks) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], int, int]:
+    """tracks.lay_out_track on columns: ((rows, begins, lane) in emission order, first lane, lane count)."""
+    starts, ends = table.starts[rows], table.ends[rows]
+    window_start, window_end = int(starts[0]), int(ends.max())
+    first_lane = tracks.first_free_lane(key, window_start, window_end)
+    codes, lanes, lane_count = nest_codes(starts.tolist(), ends.tolist())
+    tracks.record_span(key, window_start, window_end, first_lane + lane_count - 1)
+    codes_array = np.array(codes, dtype=np.int64)
+    begins = codes_array >= 0
+    positions = np.where(begins, codes_array, ~codes_array)
+    return (rows[positions], begins, np.array(lanes, dtype=np.int64)[positions]), first_lane, lane_count
+
+
+def nest_codes(starts: list[int], ends: list[int]) -> tuple[list[int], list[int], int]:
+    """tracks.nest_into_lanes over slices sorted by (start, -end): the emission order as codes (i: slice i
+    begins, ~i: it ends), each slice's lane, and the lane count."""
+    stacks: list[list[int]] = []
+    codes: list[int] = []
+    lanes = [0] * len(starts)
+    emit = codes.append
+    for index, start in enumerate(starts):
+        end = ends[index]
+        lane = 0
+        for stack in stacks:
+            while stack and ends[stack[-1]] <= start:
+                emit(~stack.pop())
+            if not stack or ends[stack[-1]] >= end:
+                break
+            lane += 1
+        if lane == len(stacks):
+            stacks.append([])
+        stacks[lane].append(index)
+        lanes[index] = lane
+        emit(index)
+    for stack in stacks:
+        while stack:
+            emit(~stack.pop())
+    return codes, lanes, len(stacks)

@@ -1,0 +1,202 @@
+"""A Kineto window decoded for the merge: its complete events as columns, the rest as plain events.
+
+msgspec decodes the trace into typed structs that hold only the fields the merge draws (complete events:
+name, category, time, duration, pid, tid and four args; flow events: their binding fields); every other
+key is skipped without being built. The complete events, most of a trace, then become numpy columns
+(`SliceColumns`); the other phases (instants, counters, metadata: a handful) become the dicts the
+per-event planner takes (plan.py), so both planners share one rule for them.
+
+`decode_window` returns None where this decoder cannot take a file the way the generic reader does
+(another shape, a value of another type, invalid UTF-8, timestamps too large for float64 to hold their
+nanoseconds exactly): the merge then reads it with `traces.kineto.read_trace` and plans it event by event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import compress
+from operator import attrgetter
+from typing import Any, ClassVar, Union
+
+import msgspec
+import numpy as np
+from fleetscope.analysis.per_rank.names import (
+    PROCESS_GROUP_DESCRIPTION_ARG,
+    PROCESS_GROUP_NAME_ARG,
+)
+from fleetscope.traces.validate import MAX_TIME_US
+
+EXACT_TIME_US = float(2**53) / 1000
+"""Below this, a timestamp's nanoseconds are the same whether figured from an int or its float64."""
+_UNSET = msgspec.UNSET
+
+
+class _SliceArgs(msgspec.Struct, gc=False):
+    """The args a complete event's slice needs: the CUDA correlation, the device and stream of GPU work,
+    and the process group of a collective."""
+
+    correlation: Any = None
+    device: Any = _UNSET
+    stream: Any = _UNSET
+    group_name: Any = msgspec.field(default=_UNSET, name=PROCESS_GROUP_NAME_ARG)
+    group_description: Any = msgspec.field(default=None, name=PROCESS_GROUP_DESCRIPTION_ARG)
+
+
+class _Event(msgspec.Struct, gc=False, tag_field="ph"):
+    ph: ClassVar[str] = ""
+
+
+class _Complete(_Event, tag="X"):
+    ph: ClassVar[str] = "X"
+    ts: int | float | None = None
+    dur: int | float | None = 0
+    name: str = ""
+    cat: str = ""
+    pid: int | str = ""
+    tid: int | str = ""
+    args: _SliceArgs | None = None
+
+
+_OTHER_FIELDS = (("name", Any, _UNSET), ("cat", Any, _UNSET), ("ts", Any, _UNSET), ("pid", Any, _UNSET),
+                 ("tid", Any, _UNSET), ("id", Any, _UNSET), ("bp", Any, _UNSET), ("args", Any, _UNSET))
+"""Every field the per-event planner reads of a phase other than X (UNSET: the key is absent)."""
+PLANNED_PHASES = ("i", "I", "C", "s", "t", "f", "M")
+OTHER_CHROME_PHASES = ("B", "E", "b", "n", "e", "P", "N", "O", "D", "V", "v", "R", "c", "(", ")")
+"""Phases of the Chrome format the merge does not draw: counted, never built."""
+_PLANNED = tuple(msgspec.defstruct(f"_Planned{index}", _OTHER_FIELDS, bases=(_Event,), tag=phase,
+                                   namespace={"ph": phase}, module=__name__)
+                 for index, phase in enumerate(PLANNED_PHASES))
+_UNDRAWN = tuple(msgspec.defstruct(f"_Undrawn{index}", [], bases=(_Event,), tag=phase, namespace={"ph": phase},
+                                   module=__name__)
+                 for index, phase in enumerate(OTHER_CHROME_PHASES))
+
+
+class _Window(msgspec.Struct, gc=False):
+    traceEvents: list[Union[(_Complete, *_PLANNED, *_UNDRAWN)]]
+    baseTimeNanoseconds: Any = None
+    distributedInfo: Any = None
+
+
+_DECODER = msgspec.json.Decoder(_Window)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SliceColumns:
+    """The window's complete events with a numeric, in-range time, in trace order."""
+
+    idents: np.ndarray
+    """int64: each event's index in the trace's event list."""
+    ts_us: list
+    """The events' `ts` as decoded (int or float)."""
+    dur_us: list
+    names: list[str]
+    categories: list[str]
+    threads: list[tuple]
+    """(pid, tid) of each event."""
+    args: list
+    """_SliceArgs or None per event."""
+
+
+@dataclass(kw_only=True)
+class DecodedWindow:
+    """One trace file as the columnar planner takes it."""
+
+    base_time_ns: Any
+    distributed_info: Any
+    event_count: int
+    slices: SliceColumns
+    others: list[tuple[int, dict]] = field(default_factory=list)
+    """(ident, event) of the instants, counters and metadata, as the dicts plan.py reads."""
+    flow_events: list[tuple[int, Any]] = field(default_factory=list)
+    """(ident, struct) of the flow events (`s`, `t`, `f`)."""
+    undrawn: dict[str, int] = field(default_factory=dict)
+    """Events of a phase the merge does not draw, by phase."""
+    complete_without_time: int = 0
+    """Complete events whose `ts` or `dur` is missing (null)."""
+
+    @property
+    def document(self) -> dict[str, Any]:
+        """The header fields the merge checks (rank, base time), as the generic reader's document has them."""
+        return {"baseTimeNanoseconds": self.base_time_ns, "distributedInfo": self.distributed_info}
+
+
+_FLOW_PHASES = frozenset({"s", "t", "f"})
+
+
+def decode_window(data: bytes) -> DecodedWindow | None:
+    """The window of inflated trace JSON `data`, or None where the generic reader must take it."""
+    try:
+        window = _DECODER.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    events = window.traceEvents
+    is_complete = [type(event) is _Complete for event in events]
+    completes = list(compress(events, is_complete))
+    idents = np.flatnonzero(np.array(is_complete, dtype=bool))
+    decoded = DecodedWindow(base_time_ns=window.baseTimeNanoseconds, distributed_info=window.distributedInfo,
+                            event_count=len(events), slices=_slice_columns(completes, idents))
+    if decoded.slices is None:
+        return None
+    if len(completes) != len(events):
+        _sort_others(events, is_complete, decoded)
+    decoded.complete_without_time = len(completes) - len(decoded.slices.names)
+    return decoded
+
+
+def _slice_columns(completes: list[_Complete], idents: np.ndarray) -> SliceColumns | None:
+    """Columns of the complete events that have a time; None when a time is too large to figure exactly."""
+    ts, dur = list(map(attrgetter("ts"), completes)), list(map(attrgetter("dur"), completes))
+    timed = [t is not None and d is not None for t, d in zip(ts, dur)]
+    if not all(timed):
+        completes, idents = list(compress(completes, timed)), idents[np.array(timed, dtype=bool)]
+        ts, dur = list(compress(ts, timed)), list(compress(dur, timed))
+    return SliceColumns(
+        idents=idents.astype(np.int64), ts_us=ts, dur_us=dur,
+        names=list(map(attrgetter("name"), completes)), categories=list(map(attrgetter("cat"), completes)),
+        threads=list(zip(map(attrgetter("pid"), completes), map(attrgetter("tid"), completes))),
+        args=list(map(attrgetter("args"), completes)),
+    )
+
+
+def _sort_others(events: list, is_complete: list[bool], decoded: DecodedWindow) -> None:
+    for ident, event in enumerate(events):
+        if is_complete[ident]:
+            continue
+        phase = event.ph
+        if phase in _FLOW_PHASES:
+            decoded.flow_events.append((ident, event))
+        elif phase in PLANNED_PHASES:
+            decoded.others.append((ident, as_event_dict(event)))
+        else:
+            decoded.undrawn[phase] = decoded.undrawn.get(phase, 0) + 1
+
+
+def as_event_dict(event: Any) -> dict[str, Any]:
+    """A planned struct as the generic reader's dict: its phase and the keys the trace has."""
+    found = {"ph": event.ph}
+    for name in event.__struct_fields__:
+        value = getattr(event, name)
+        if value is not _UNSET:
+            found[name] = value
+    return found
+
+
+def nanoseconds(values_us: list, shift_ns: int) -> np.ndarray | None:
+    """`shift_ns + round(value * 1000)` of each value as int64 (Python's rounding: half to even), the values
+    in range (|value| < MAX_TIME_US); None when one is out of range, or too large for float64 to give the
+    exact result an int would."""
+    floats = np.fromiter(values_us, dtype=np.float64, count=len(values_us))
+    if not len(floats):
+        return np.zeros(0, dtype=np.int64)
+    if not np.abs(floats).max() < EXACT_TIME_US:
+        return None
+    scaled = np.rint(floats * 1000.0).astype(np.int64)
+    if not (-(2**62) < shift_ns < 2**62):
+        return None
+    return scaled + np.int64(shift_ns)
+
+
+def in_range(values_us: list) -> np.ndarray:
+    """Whether each value is within (-MAX_TIME_US, MAX_TIME_US) (NaN is not)."""
+    floats = np.fromiter(values_us, dtype=np.float64, count=len(values_us))
+    return (floats > -MAX_TIME_US) & (floats < MAX_TIME_US)

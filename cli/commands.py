@@ -203,6 +203,8 @@ def register_postprocess(sub: argparse._SubParsersAction) -> None:
     stages = parser.add_argument_group("what analyze and merge take (not with --slurm)")
     stages.add_argument("--no-cache", action="store_true", help="analyze, merge: parse every trace again")
     stages.add_argument("--no-hta", action="store_true", help="analyze: skip Holistic Trace Analysis (GPU traces)")
+    stages.add_argument("--hta-oracle", action="store_true",
+                        help="analyze: also run stock HTA's analyzers and record per table the difference (needs HTA)")
     stages.add_argument("--link-peak", type=positive_number, default=None, metavar="GBPS",
                         help="analyze: peak bus bandwidth of the links in GB/s (default: the table of known links)")
     add_merge_selection(stages)
@@ -236,7 +238,7 @@ def postprocess_refusal(run_dir: str) -> int | None:
     return None
 
 
-_STAGE_FLAGS = ("no_cache", "no_hta", "link_peak", "ranks", "budget_mb")
+_STAGE_FLAGS = ("no_cache", "no_hta", "hta_oracle", "link_peak", "ranks", "budget_mb")
 
 
 def handle_postprocess(args: argparse.Namespace) -> int:
@@ -250,8 +252,11 @@ def handle_postprocess(args: argparse.Namespace) -> int:
     if refused is not None:
         return refused
     fanout_commands.refuse_slurm_only_flags(args)
+    if refused_oracle(args, "postprocess"):
+        return EXIT_USAGE
     post = postprocess(args.run_dir, cache_dir=args.cache_dir, use_cache=not args.no_cache, use_hta=not args.no_hta,
-                       link_peak_gbps=args.link_peak, merge_options=merge_selection(args))
+                       link_peak_gbps=args.link_peak, merge_options=merge_selection(args),
+                       hta_oracle=args.hta_oracle)
     print_outputs(post.outputs)
     if args.timings:
         for stage, seconds in post.seconds.items():
@@ -290,17 +295,25 @@ def register_analyze(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=handle_analyze)
 
 
+def refused_oracle(args: argparse.Namespace, command: str) -> bool:
+    """--hta-oracle without HTA installed: say so in one line (True: the command stops)."""
+    from ..analysis.per_rank.hta_rank_views import hta_installed
+
+    if args.hta_oracle and not args.no_hta and not hta_installed():
+        print(f"fleetscope {command}: --hta-oracle runs stock HTA, which is not installed "
+              "(pip install 'fleetscope[hta]')", file=sys.stderr)
+        return True
+    return False
+
+
 def handle_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
     from ..analysis.advise import top_findings
     from ..analysis.render.terminal import render_terminal
-    from ..analysis.per_rank.hta_rank_views import hta_installed
     from ..analysis.report.build import parse_hta_ranks
 
-    if args.hta_oracle and not args.no_hta and not hta_installed():
-        print("fleetscope analyze: --hta-oracle runs stock HTA, which is not installed "
-              "(pip install 'fleetscope[hta]')", file=sys.stderr)
-        return 2
+    if refused_oracle(args, "analyze"):
+        return EXIT_USAGE
     layout = RunLayout.at(args.path)
     json_out, html_out = args.json_out, args.html_out
     if layout.is_run_dir():

@@ -35,21 +35,22 @@ class PostprocessResult:
 
 def postprocess(run_dir: str | Path, *, echo: bool = True, gather_traces: bool = True,
                 cache_dir: Path | None = None, on_parsed=None, use_cache: bool = True, use_hta: bool = True,
-                link_peak_gbps: float | None = None, merge_options=None) -> PostprocessResult:
+                link_peak_gbps: float | None = None, merge_options=None, hta_oracle: bool = False) -> PostprocessResult:
     """Gather, analyze and merge a run directory; every step runs even if an earlier one failed.
 
     `gather_traces=False` keeps the manifest as it is (the reduce step of a fanned-out parse: the array
     tasks' cache entries are keyed by what that manifest says of each trace); `cache_dir` is the
     parsed-trace cache of both analyze and merge (default: default_cache_dir()); `on_parsed(outcomes)`
-    gets analyze's per-trace outcomes (analysis.analyze). `use_cache`, `use_hta` and `link_peak_gbps` go to
-    analyze, `use_cache` and `merge_options` (analysis.merge.options.MergeOptions) to merge."""
+    gets analyze's per-trace outcomes (analysis.analyze). `use_cache`, `use_hta`, `hta_oracle` and
+    `link_peak_gbps` go to analyze, `use_cache` and `merge_options` (analysis.merge.options.MergeOptions) to merge."""
     layout = RunLayout.at(run_dir)
     result = PostprocessResult(run_dir=layout.root)
     if gather_traces:
         _timed(result, "gather", lambda: _gather(layout, result, echo, cache_dir))
     else:
         _timed(result, "manifest", lambda: _read_manifest(layout, result))
-    analyze_options = {"use_cache": use_cache, "use_hta": use_hta, "link_peak_gbps": link_peak_gbps}
+    analyze_options = {"use_cache": use_cache, "use_hta": use_hta, "hta_oracle": hta_oracle,
+                       "link_peak_gbps": link_peak_gbps}
     _timed(result, "analyze", lambda: _analyze(layout, result, echo, cache_dir, on_parsed, analyze_options))
     _timed(result, "merge", lambda: _merge(layout, result, echo, cache_dir,
                                            {"use_cache": use_cache, "options": merge_options}))

@@ -27,6 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleetscope.analysis.cross_rank.hta_stragglers import (
+    StragglerViewError,
+    potential_stragglers,
+)
 from fleetscope.analysis.per_rank.hta_cache import cached_rank_views, hta_code_digest
 from fleetscope.analysis.per_rank.hta_native_views import (
     LAUNCH_DELAY_CUTOFF_US,
@@ -41,7 +45,6 @@ from fleetscope.analysis.per_rank.hta_rank_views import (
     ENGINE_HTA,
     ENGINE_NATIVE,
     RankViews,
-    hta_installed,
 )
 
 Progress = Callable[[int, int], None]
@@ -94,7 +97,7 @@ def run_hta(trace_files: dict[int, Path], *, has_comm_kernels: bool = True, step
         per_rank = _per_rank(trace_files, step_names, workers, progress, cache_dir, engine)
     except Exception as error:  # noqa: BLE001 - a worker that died, or HTA raising anything
         return HtaViews(status=STATUS_FAILED, reason=f"HTA's views could not be computed: {one_line(error)}")
-    joins = _joins(per_rank)
+    joins = _joins(per_rank, engine)
     views = _views(ranks, has_comm_kernels, lambda name, run: joins[name](), joins)
     if oracle:
         stock = run_hta(trace_files, has_comm_kernels=has_comm_kernels, step_names=step_names, workers=workers,
@@ -145,8 +148,6 @@ def _straggler_view_not_applicable(ranks: int, has_comm_kernels: bool) -> str | 
         return "HTA's straggler view needs at least two ranks"
     if not has_comm_kernels:
         return "HTA's straggler view needs NCCL kernels (these ranks communicate on the host)"
-    if not hta_installed():
-        return "HTA's straggler view runs HTA's own code: install HolisticTraceAnalysis (fleetscope[hta])"
     return None
 
 
@@ -167,16 +168,16 @@ def _per_rank(trace_files: dict[int, Path], step_names: tuple[str, ...], workers
     workers = min(len(ranks), workers or os.cpu_count() or 1)
     if workers <= 1 or len(ranks) < 2:
         return _collect(map(one, paths, ranks, names), len(ranks), progress)
-    _import_joins()
+    _import_joins(engine)
     with ProcessPoolExecutor(max_workers=workers, mp_context=_worker_context(engine)) as pool:
         return _collect(pool.map(one, paths, ranks, names, chunksize=1), len(ranks), progress)
 
 
-def _import_joins() -> None:
-    """Import what the straggler view needs here (HTA, pandas: a few tenths of a second) while the workers
-    compute, not after them."""
-    if hta_installed():
-        import hta.analyzers.straggler
+def _import_joins(engine: str) -> None:
+    """Import what HTA's own straggler view needs here (HTA, pandas: about a second) while the oracle's
+    workers compute, not after them; the native view needs neither."""
+    if engine == ENGINE_HTA:
+        import hta.analyzers.straggler  # noqa: F401
         import hta.trace_analysis  # noqa: F401
 
 
@@ -213,8 +214,9 @@ def _collect(outcomes, total: int, progress: Progress | None) -> list[RankViews]
     return collected
 
 
-def _joins(per_rank: list[RankViews]) -> dict[str, Callable[[], dict[str, Table]]]:
-    """Analysis name -> a function joining the ranks' tables of it as HTA's multi-rank call returns them."""
+def _joins(per_rank: list[RankViews], engine: str = ENGINE_NATIVE) -> dict[str, Callable[[], dict[str, Table]]]:
+    """Analysis name -> a function joining the ranks' tables of it as HTA's multi-rank call returns them
+    (the straggler view by HTA's own code for the `hta` engine)."""
     def tables(view: str, name: str) -> Table:
         for result in per_rank:
             if view in result.errors:
@@ -229,8 +231,18 @@ def _joins(per_rank: list[RankViews]) -> dict[str, Callable[[], dict[str, Table]
         "kernel_breakdown": lambda: _joined_kernels(tables("kernel_breakdown", "kernel_type_time"),
                                                     tables("kernel_breakdown", "kernel_breakdown")),
         "cuda_launch_stats": lambda: {"cuda_launch_stats": tables("cuda_launch_stats", "cuda_launch_stats")},
-        "potential_stragglers": lambda: {"potential_stragglers": _joined_stragglers(per_rank)},
+        "potential_stragglers": lambda: {"potential_stragglers": (
+            _joined_stragglers(per_rank) if engine == ENGINE_HTA else _native_stragglers(per_rank))},
     }
+
+
+def _native_stragglers(per_rank: list[RankViews]) -> Table:
+    if any(result.straggler_rows is None for result in per_rank):
+        raise _RankError("a rank's trace could not be read")
+    try:
+        return potential_stragglers([(r.rank, r.straggler_rows, r.min_ts) for r in per_rank])
+    except StragglerViewError as error:  # HTA raises a ValueError with the same words
+        raise _RankError(f"ValueError: {error}") from None
 
 
 def _joined_kernels(type_times: Table, kernels: Table) -> dict[str, Table]:
@@ -254,7 +266,7 @@ def _joined_kernels(type_times: Table, kernels: Table) -> dict[str, Table]:
 
 
 def _joined_stragglers(per_rank: list[RankViews]) -> Table:
-    """HTA's straggler view over the rows the ranks sent, each moved onto HTA's common time base."""
+    """HTA's own straggler view over the rows the ranks sent, each moved onto HTA's common time base."""
     import pandas as pd
     from fleetscope.analysis.per_rank.hta_rank import analysis_of, trace_of
 

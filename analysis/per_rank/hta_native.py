@@ -7,9 +7,9 @@ times (start up, end down, to whole microseconds) and the dtypes pandas gives th
 quicksort orders tied rows by dtype, and tied rows change idle intervals). And the ranks HTA runs on are
 chosen after every rank is parsed (report/build.py: the slowest, the one waited for, ...), with a step
 filter that counts ProfilerStep names over all of them: computing the views inside the parse would cost
-every rank that time, most of them never shown. So each chosen rank's worker decodes only the seven fields
-these views read (msgspec skips the rest, `args` included: half of the old second decode) into the columns
-below, and hta_views_native.py computes the views from them.
+every rank that time, most of them never shown. So each chosen rank's worker decodes only the six fields
+these views read (msgspec skips every other key, in `args` too) into the columns
+below, and hta_native_views.py computes the views from them.
 
 What is reproduced from HTA (hta/common/trace.py, trace_filter.py): the rows (events with `dur`, `cat` and
 `ts`, not the `Trace` span), `index_correlation` (cpu->gpu and gpu->cpu links of one inner merge on
@@ -20,7 +20,9 @@ that start by the end of the last step, then those host rows.
 
 from __future__ import annotations
 
+import operator
 import re
+from itertools import repeat
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -60,7 +62,9 @@ class _Document(msgspec.Struct, gc=False):
 
 
 _DECODER = msgspec.json.Decoder(_Document)
-_TS, _DUR, _CAT, _NAME, _ARGS = map(attrgetter, ("ts", "dur", "cat", "name", "args"))
+_TS, _DUR, _CAT, _NAME, _ARGS, _STREAM, _CORRELATION = map(
+    attrgetter, ("ts", "dur", "cat", "name", "args", "stream", "correlation"))
+# map + attrgetter walks the events in C: about twice as fast as comprehensions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,24 +124,30 @@ def _columns(events: list[_Event]) -> dict[str, Any]:
              "ts_missing": None in starts}
     if kinds["ts"] not in ("int", "float") or kinds["dur"] not in ("int", "float"):
         raise NotComputable("non-numeric ts or dur")
-    index = [i for i, (s, d, c) in enumerate(zip(starts, durs, cats))
-             if d is not None and c is not None and s is not None and c != "Trace"]
+    keep = _present(starts) & _present(durs) & _present(cats) & np.fromiter(
+        map(operator.ne, cats, repeat("Trace")), dtype=bool, count=len(cats))
+    index = np.flatnonzero(keep).tolist()
     kept = list(map(events.__getitem__, index))
     args = [a if type(a) is _Args else _NO_ARGS for a in map(_ARGS, kept)]
     return {"index": np.asarray(index, dtype=np.int64), "cat": list(map(cats.__getitem__, index)),
             "name": list(map(_NAME, kept)), "ts": list(map(starts.__getitem__, index)),
-            "dur": list(map(durs.__getitem__, index)), "stream": [a.stream for a in args],
-            "correlation": [a.correlation for a in args], "kinds": kinds}
+            "dur": list(map(durs.__getitem__, index)), "stream": list(map(_STREAM, args)),
+            "correlation": list(map(_CORRELATION, args)), "kinds": kinds}
+
+
+def _present(values: list) -> np.ndarray:
+    return np.fromiter(map(operator.is_not, values, repeat(None)), dtype=bool, count=len(values))
 
 
 def _symbols(cats: list, names: list) -> tuple[list[str], np.ndarray, np.ndarray]:
-    table: dict[str, int] = {}
-    for value in (*cats, *names):
-        if type(value) is not str:
-            raise NotComputable("an event name or category that is not text")
-    ids = [table.setdefault(value, len(table)) for value in (*cats, *names)]
-    codes = np.asarray(ids, dtype=np.int64)
-    return list(table), codes[: len(cats)], codes[len(cats):]
+    """One string table for `cat` and `name` (as HTA's), and each row's ids (interned in C: dict.fromkeys)."""
+    values = cats + names
+    if not set(map(type, values)) <= {str}:
+        raise NotComputable("an event name or category that is not text")
+    symbols = list(dict.fromkeys(values))
+    ids = dict(zip(symbols, range(len(symbols))))
+    codes = np.fromiter(map(ids.__getitem__, values), dtype=np.int64, count=len(values))
+    return symbols, codes[: len(cats)], codes[len(cats):]
 
 
 def _times(columns: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -171,7 +181,7 @@ def downcast(values: np.ndarray) -> np.ndarray:
 
 
 def _int_column(values: list, what: str) -> np.ndarray:
-    if not all(type(v) is int for v in values):
+    if not set(map(type, values)) <= {int}:
         raise NotComputable(f"an args.{what} that is not an integer")
     try:
         return np.asarray(values, dtype=np.int64)

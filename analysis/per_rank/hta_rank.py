@@ -1,4 +1,6 @@
-"""HTA's per-rank views of one trace, computed where the trace is read (a worker process).
+"""HTA's per-rank views of one trace by stock HTA's analyzers, computed where the trace is read (a worker
+process): the `hta` engine of hta_rank_views.py (the oracle behind --hta-oracle, and the fallback for a
+file the native frame does not reproduce); the default engine is native (hta_native*.py).
 
 The rank's frame (hta_frame.py, or HTA's own loader for a file that decoder cannot take) is loaded into
 an `hta.common.trace.Trace` holding just this rank, aligned and filtered by HTA's own code, and HTA's

@@ -223,55 +223,67 @@ class ChangeDetector:
         self._up = self._down = 0.0
         self._run_up = self._run_down = 0
         self._seen = 0
-        self._cached: tuple[float, float] | None = None
+        self._cached: tuple[float, float, float] | None = None
         self._since_refresh = 0
 
     def observe(self, value: float) -> str | None:
         """One step's value; the reason when a change is detected at this step, else None. Non-finite or
-        non-positive values are ignored."""
-        if not (isinstance(value, (int, float, np.floating, np.integer)) and math.isfinite(value) and value > 0):
+        non-positive values are ignored. Runs every step of every rank with a relative trigger: kept to a few
+        plain float operations (no allocation) between baseline refreshes."""
+        if type(value) is not float:
+            if not isinstance(value, (int, float, np.floating, np.integer)) or isinstance(value, bool):
+                return None
+            value = float(value)
+        if not (0.0 < value < math.inf):  # NaN fails too
             return None
-        x = math.log(min(max(float(value), _VALUE_RANGE[0]), _VALUE_RANGE[1]))
+        x = math.log(_VALUE_RANGE[0] if value < _VALUE_RANGE[0] else _VALUE_RANGE[1] if value > _VALUE_RANGE[1]
+                     else value)
         self._seen += 1
         if len(self._recent) < self.warmup:
             self._recent.append(x)
             return None
-        base, scale = self._baseline()
-        reason = self._update(x, base, scale)
+        base, scale, k = self._baseline()
+        reason = self._update(x, base, scale, k)
         self._recent.append(x)
         if reason is not None:
             self._adopt_new_level()
         return reason
 
-    def _baseline(self) -> tuple[float, float]:
-        """(median, robust scale) of the recent values, recomputed every BASELINE_REFRESH steps: a median of
-        128 values moves little in a few steps, and a change resets it (_adopt_new_level). Medians by sorted()
-        (~25 us for both on 128 values; numpy's ~90 us, its per-call overhead dominating at this size): on the
-        H200's host the detectors were most of what the whole run adds to a 15 ms step."""
+    def _baseline(self) -> tuple[float, float, float]:
+        """(median, robust scale, CUSUM allowance) of the recent values, recomputed every BASELINE_REFRESH
+        steps: a median of 128 values moves little in a few steps, and a change resets it (_adopt_new_level).
+        Medians by sorted() (~25 us for both on 128 values; numpy's ~90 us, its per-call overhead dominating at
+        this size): on the H200's host the detectors were most of what the whole run adds to a 15 ms step."""
         # a young window (a few dozen values) is refreshed more often: its median still moves
         if self._cached is None or self._since_refresh >= min(BASELINE_REFRESH, len(self._recent) // 4):
             recent = sorted(self._recent)
             base = _sorted_median(recent)
-            self._cached = (base, max(_MAD_TO_SIGMA * _sorted_median(sorted([abs(x - base) for x in recent])),
-                                      MIN_SCALE))
+            scale = max(_MAD_TO_SIGMA * _sorted_median(sorted([abs(x - base) for x in recent])), MIN_SCALE)
+            self._cached = (base, scale, math.log1p(self.min_change) / scale / 2.0)
             self._since_refresh = 0
         self._since_refresh += 1
         return self._cached
 
-    def _update(self, x: float, base: float, scale: float) -> str | None:
+    def _update(self, x: float, base: float, scale: float, k: float) -> str | None:
         z = (x - base) / scale
-        k = math.log1p(self.min_change) / scale / 2.0
+        threshold = self.threshold
         # One value adds at most the threshold: a lone spike cannot fire, two steps of the change can.
-        self._up = max(0.0, self._up + min(z - k, self.threshold))
-        self._down = max(0.0, self._down + min(-z - k, self.threshold))
+        up = self._up + (z - k if z - k < threshold else threshold)
+        down = self._down + (-z - k if -z - k < threshold else threshold)
+        self._up = up if up > 0.0 else 0.0
+        self._down = down if down > 0.0 else 0.0
         self._run_up = self._run_up + 1 if z > k else 0
         self._run_down = self._run_down + 1 if -z > k else 0
-        for total, run, word in ((self._up, self._run_up, "slower"), (self._down, self._run_down, "faster")):
-            if total > self.threshold and run >= self.consecutive:
-                ratio = math.exp(x - base)
-                return (f"{word}: {ratio:.2f}x the baseline of the last {len(self._recent)} steps for {run} step(s) "
-                        f"(CUSUM {total:.1f} > {self.threshold:.1f} noise scales of {100 * scale:.1f}%)")
+        if self._up > threshold and self._run_up >= self.consecutive:
+            return self._reason("slower", self._up, self._run_up, x, base, scale)
+        if self._down > threshold and self._run_down >= self.consecutive:
+            return self._reason("faster", self._down, self._run_down, x, base, scale)
         return None
+
+    def _reason(self, word: str, total: float, run: int, x: float, base: float, scale: float) -> str:
+        ratio = math.exp(x - base)
+        return (f"{word}: {ratio:.2f}x the baseline of the last {len(self._recent)} steps for {run} step(s) "
+                f"(CUSUM {total:.1f} > {self.threshold:.1f} noise scales of {100 * scale:.1f}%)")
 
     def _adopt_new_level(self) -> None:
         """After a change the recent values become the baseline (else it would fire at every step)."""

@@ -170,7 +170,7 @@ def _header(document: dict, rank: int, ranks: int) -> bytes:
 # --- measuring ----------------------------------------------------------------------------------
 
 def measure_in_child(traces: Path, out: Path, chrome_json: Path | None, workers: int, *,
-                     encoder: str = "columnar", env: dict | None = None) -> dict:
+                     encoder: str = "columnar-plan", env: dict | None = None) -> dict:
     command = [sys.executable, __file__, "--one-merge", str(traces), str(out), "--workers", str(workers),
                "--encoder", encoder]
     if chrome_json is not None:
@@ -181,10 +181,12 @@ def measure_in_child(traces: Path, out: Path, chrome_json: Path | None, workers:
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def one_merge(traces: Path, out: Path, chrome_json: Path | None, workers: int, encoder: str = "columnar") -> dict:
+def one_merge(traces: Path, out: Path, chrome_json: Path | None, workers: int, encoder: str = "columnar-plan") -> dict:
     from fleetscope.analysis.merge import run
     from fleetscope.analysis.merge.options import MergeOptions
 
+    if encoder in ("per-event", "columnar-writer"):  # the per-event planner (plan.py) the columnar one is held equal to
+        run.decode_window = lambda data: None
     if encoder == "per-event":  # the reference writer the columnar encoder is held equal to
         run.operation_columns = lambda *args, **kwargs: None
     emit_s = _time_packet_writing(run)
@@ -316,9 +318,12 @@ def _size(count: int) -> str:
     return f"{count}B"
 
 
-# --- one rank drawn in full: columnar encoder against the per-event writer -----------------------------
+# --- one rank drawn in full: the columnar plan against the per-event planner and writer ------------------
 
-ENCODERS = ("per-event", "columnar")
+ENCODERS = ("per-event", "columnar-writer", "columnar-plan")
+"""per-event: plan.py's planner and SequenceWriter, one packet at a time; columnar-writer: plan.py's planner and
+the columnar encoder (perfetto/columnar.py); columnar-plan: the window decoded and planned on columns
+(window_decode.py, column_plan.py) and the columnar encoder, the default."""
 
 
 def run_one_rank(trace: Path, repeat: int, work: Path) -> dict[str, list[dict]]:
@@ -333,8 +338,9 @@ def run_one_rank(trace: Path, repeat: int, work: Path) -> dict[str, list[dict]]:
         for encoder in ENCODERS:
             runs[encoder].append(measure_in_child(traces, work / f"{encoder}.perfetto-trace", None, 1,
                                                   encoder=encoder, env=env))
-    if (work / "per-event.perfetto-trace").read_bytes() != (work / "columnar.perfetto-trace").read_bytes():
-        raise RuntimeError("the columnar encoder and the per-event writer wrote different traces")
+    reference = (work / "per-event.perfetto-trace").read_bytes()
+    if any((work / f"{encoder}.perfetto-trace").read_bytes() != reference for encoder in ENCODERS):
+        raise RuntimeError("the columnar plan or encoder and the per-event writer wrote different traces")
     return runs
 
 
@@ -353,15 +359,15 @@ def one_rank_rows(runs: dict[str, list[dict]]) -> list[dict]:
 
 
 def format_one_rank(rows: list[dict]) -> list[str]:
-    lines = [f"{'encoder':>9} {'slices':>8} {'wall s':>7} {'CPU s':>6} {'us/slice':>8} {'writing s':>9} "
+    lines = [f"{'encoder':>15} {'slices':>8} {'wall s':>7} {'CPU s':>6} {'us/slice':>8} {'writing s':>9} "
              f"{'us/slice':>8} {'peak RSS':>9} {'output':>8}"]
-    lines += [f"{r['encoder']:>9} {r['slices']:>8} {r['wall_s']:>7.3f} {r['cpu_s']:>6.3f} {r['us_per_slice']:>8.2f} "
+    lines += [f"{r['encoder']:>15} {r['slices']:>8} {r['wall_s']:>7.3f} {r['cpu_s']:>6.3f} {r['us_per_slice']:>8.2f} "
               f"{r['emit_s']:>9.3f} {r['emit_s'] / r['slices'] * 1e6:>8.2f} {r['peak_rss_mb']:>7.0f}MB "
               f"{_size(r['output_bytes']):>8}" for r in rows]
     by = {r["encoder"]: r for r in rows}
-    lines.append(f"per-event / columnar: wall {by['per-event']['wall_s'] / by['columnar']['wall_s']:.2f}x, "
-                 f"CPU {by['per-event']['cpu_s'] / by['columnar']['cpu_s']:.2f}x, "
-                 f"writing the packets {by['per-event']['emit_s'] / by['columnar']['emit_s']:.2f}x")
+    for before in ("per-event", "columnar-writer"):
+        lines.append(f"{before} / columnar-plan: wall {by[before]['wall_s'] / by['columnar-plan']['wall_s']:.2f}x, "
+                     f"CPU {by[before]['cpu_s'] / by['columnar-plan']['cpu_s']:.2f}x")
     return lines
 
 
@@ -469,7 +475,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="--one-rank: merges per encoder")
     parser.add_argument("--one-merge", nargs=2, type=Path, metavar=("TRACES", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--chrome-json", type=Path, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--encoder", choices=ENCODERS, default="columnar", help=argparse.SUPPRESS)
+    parser.add_argument("--encoder", choices=ENCODERS, default="columnar-plan", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one_merge:
         print(json.dumps(one_merge(*args.one_merge, args.chrome_json, args.workers, args.encoder)))

@@ -10,6 +10,7 @@ slice finder and the communication slices of the table.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,13 +32,16 @@ if TYPE_CHECKING:
 
 
 def plan_flows_on_columns(table: SliceTable, grouped: "GroupedEvents", tracks: "RankTracks",
-                          context: "WindowContext") -> FlowPlan:
-    """flows.plan_flows for the slices of `table`."""
+                          context: "WindowContext", *, add_covered: Callable[[], None] | None = None) -> FlowPlan:
+    """flows.plan_flows for the slices of `table`; `add_covered` adds the flow events that repeat launch flows
+    (flows.py skips those where there are launch flows)."""
     plan = FlowPlan()
     on_gpu = table.on_gpu(grouped)
     if context.options.flows:
         plan.launch = launch_flows(table, on_gpu, tracks)
         plan.launch_flow_count = len(plan.launch.ids)
+        if not plan.launch_flow_count and add_covered is not None:
+            add_covered()
         plan_trace_flows(grouped, tracks, plan, ColumnSliceFinder(table))
     plan_collective_flows(communication_slices(table, on_gpu), grouped, context, plan)
     return plan

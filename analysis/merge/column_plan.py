@@ -13,10 +13,13 @@ its lane nesting emits them, and the window's operations sorted by time stably o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 from fleetscope.analysis.merge.column_flows import plan_flows_on_columns
+from fleetscope.analysis.merge.flows import LAUNCH_FLOWS_COVERED_CATEGORY
 from fleetscope.analysis.merge.operation_columns import planned_columns
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.overlays import OverlayInputs, plan_overlays
@@ -49,7 +52,7 @@ class ColumnsRefused(Exception):
 def plan_window_columns(window: DecodedWindow, tracks: RankTracks, context: WindowContext) -> WindowPlan:
     """plan.plan_window's plan of `window`, with the operations as the encoder's columns (`plan.columns`).
     Raises ColumnsRefused before it changes `tracks` when a value is out of what it takes."""
-    table, grouped = group_columns(window, context.clock, context.options)
+    table, grouped, add_covered = group_columns(window, context.clock, context.options)
     origin_ns = context.origin_ns if context.origin_ns is not None else table.first_ts_ns(grouped)
     overlay_inputs = OverlayInputs(steps=list(context.steps))
     spans = kept_spans(context, overlay_inputs, origin_ns)
@@ -61,7 +64,7 @@ def plan_window_columns(window: DecodedWindow, tracks: RankTracks, context: Wind
                       origin_ns=origin_ns)
     if grouped.negative_durations:
         plan.skipped["negative duration clamped to 0 (slice kept)"] += grouped.negative_durations
-    plan.flows = plan_flows_on_columns(table, grouped, tracks, context)
+    plan.flows = plan_flows_on_columns(table, grouped, tracks, context, add_covered=add_covered)
     slice_ops = _plan_slices(table, grouped, tracks, plan)
     rare_ops: list[tuple] = []
     plan_instants(grouped, tracks, plan, rare_ops)
@@ -80,8 +83,10 @@ def plan_window_columns(window: DecodedWindow, tracks: RankTracks, context: Wind
 
 # --- grouping ----------------------------------------------------------------------------------
 
-def group_columns(window: DecodedWindow, clock: WindowClock, options: MergeOptions) -> tuple[SliceTable, GroupedEvents]:
-    """The window's slices as a SliceTable (trace order) and everything else grouped as plan.group_events does."""
+def group_columns(window: DecodedWindow, clock: WindowClock,
+                  options: MergeOptions) -> tuple[SliceTable, GroupedEvents, Callable[[], None]]:
+    """The window's slices as a SliceTable (trace order), everything else grouped as plan.group_events does,
+    and the adding of each flow event that launch flows cover (`ac2g`: added only where there are none)."""
     grouped = GroupedEvents()
     columns = window.slices
     if window.complete_without_time:
@@ -97,11 +102,29 @@ def group_columns(window: DecodedWindow, clock: WindowClock, options: MergeOptio
     table = _slice_table(window, keep, categories, category_ids, clock, grouped)
     for ident, event in window.others:
         add_other_event(event, ident, grouped, clock)
-    for ident, event in window.flow_events:
-        add_flow_fields(event.ph, event.ts, event.id, event.bp, event.cat, event.pid, event.tid, grouped, clock)
+    add_covered = _add_flow_events(window.flow_events, grouped, clock)
     for phase, count in window.undrawn.items():
         grouped.skipped[f"phase {phase!r} not merged"] += count
-    return table, grouped
+    return table, grouped, add_covered
+
+
+def _add_flow_events(events: list[Any], grouped: GroupedEvents, clock: WindowClock) -> Callable[[], None]:
+    """Add the flow events to `grouped`, but for those launch flows cover (`ac2g`), which the returned call
+    adds: plan.py skips them where launch flows are drawn (most GPU traces)."""
+    covered = np.array([event.cat == LAUNCH_FLOWS_COVERED_CATEGORY for event in events], dtype=bool)
+    covered &= in_range([event.ts for event in events])
+    for position in np.flatnonzero(~covered).tolist():
+        _add_flow_event(events[position], grouped, clock)
+    return partial(_add_flow_events_at, events, np.flatnonzero(covered).tolist(), grouped, clock)
+
+
+def _add_flow_events_at(events: list[Any], positions: list[int], grouped: GroupedEvents, clock: WindowClock) -> None:
+    for position in positions:
+        _add_flow_event(events[position], grouped, clock)
+
+
+def _add_flow_event(event: Any, grouped: GroupedEvents, clock: WindowClock) -> None:
+    add_flow_fields(event.ph, event.ts, event.id, event.bp, event.cat, event.pid, event.tid, grouped, clock)
 
 
 def _slice_table(window: DecodedWindow, keep: np.ndarray, categories: list[str], category_ids: np.ndarray,
@@ -119,7 +142,7 @@ def _slice_table(window: DecodedWindow, keep: np.ndarray, categories: list[str],
     if negative.any():
         grouped.negative_durations += int(negative.sum())
         durations[negative] = 0
-    threads, thread_ids = _interned(pick(columns.threads))
+    threads, thread_ids = _interned_threads(pick(columns.pids), pick(columns.tids))
     names, name_ids = _interned(pick(columns.names))
     args = pick(columns.args)
     category_ids = category_ids[kept]
@@ -134,9 +157,23 @@ def _slice_table(window: DecodedWindow, keep: np.ndarray, categories: list[str],
 
 def _interned(values: list) -> tuple[list, np.ndarray]:
     """The distinct values in first-appearance order, and each value's index among them."""
-    index: dict = {}
-    ids = np.fromiter([index.setdefault(value, len(index)) for value in values], dtype=np.int64, count=len(values))
-    return list(index), ids
+    distinct = list(dict.fromkeys(values))
+    index = {value: position for position, value in enumerate(distinct)}
+    return distinct, np.fromiter(map(index.__getitem__, values), dtype=np.int64, count=len(values))
+
+
+def _interned_threads(pids: list, tids: list) -> tuple[list[tuple], np.ndarray]:
+    """_interned over (pid, tid) pairs, without a tuple per event: pids and tids interned apart, then pairs."""
+    pid_values, pid_ids = _interned(pids)
+    tid_values, tid_ids = _interned(tids)
+    pairs = pid_ids * len(tid_values) + tid_ids
+    distinct, first, inverse = np.unique(pairs, return_index=True, return_inverse=True)
+    by_appearance = np.argsort(first, kind="stable")
+    rank = np.empty(len(distinct), dtype=np.int64)
+    rank[by_appearance] = np.arange(len(distinct))
+    threads = [(pid_values[pair // len(tid_values)], tid_values[pair % len(tid_values)])
+               for pair in distinct[by_appearance].tolist()]
+    return threads, rank[inverse.reshape(-1)]
 
 
 def _correlations(args: list) -> tuple[np.ndarray, np.ndarray]:
@@ -219,12 +256,65 @@ def _lay_out(key: TrackKey, rows: np.ndarray, table: SliceTable,
     starts, ends = table.starts[rows], table.ends[rows]
     window_start, window_end = int(starts[0]), int(ends.max())
     first_lane = tracks.first_free_lane(key, window_start, window_end)
-    codes, lanes, lane_count = nest_codes(starts.tolist(), ends.tolist())
+    codes = _one_lane_codes(starts, ends)
+    if codes is not None:
+        lanes, lane_count = np.zeros(len(rows), dtype=np.int64), 1
+    else:
+        codes, lanes, lane_count = nest_codes(starts.tolist(), ends.tolist())
     tracks.record_span(key, window_start, window_end, first_lane + lane_count - 1)
-    codes_array = np.array(codes, dtype=np.int64)
+    codes_array = np.asarray(codes, dtype=np.int64)
     begins = codes_array >= 0
     positions = np.where(begins, codes_array, ~codes_array)
-    return (rows[positions], begins, np.array(lanes, dtype=np.int64)[positions]), first_lane, lane_count
+    return (rows[positions], begins, np.asarray(lanes, dtype=np.int64)[positions]), first_lane, lane_count
+
+
+def _one_lane_codes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
+    """nest_codes of slices sorted by (start, -end) that all nest on one lane (no slice starts inside another
+    and ends after it: a CPU thread's calls, a GPU stream's kernels); None when they do not.
+
+    On one lane, slice j's end is emitted just before the begin of the first later slice that starts at or
+    after it (the stack pops every slice that ended by then, the latest begun first), or at the end. That
+    order is built by a sort, then checked: it must pair every begin with its own end at the same depth,
+    and each slice must end no later than the slice it opened inside (else nest_codes puts it on a new lane)."""
+    count = len(starts)
+    index = np.arange(count)
+    emitted_before = np.maximum(index + 1, np.searchsorted(starts, ends, side="left"))
+    order = np.lexsort((np.concatenate([np.zeros(count, dtype=np.int64), -index]),
+                        np.concatenate([np.ones(count, dtype=np.int8), np.zeros(count, dtype=np.int8)]),
+                        np.concatenate([index, emitted_before])))
+    is_begin = order < count
+    slice_of = np.where(is_begin, order, order - count)
+    depth_after = np.cumsum(np.where(is_begin, 1, -1))
+    if len(depth_after) and depth_after.min() < 0:
+        return None
+    level = np.where(is_begin, depth_after - 1, depth_after)
+    if not _pairs_at_each_depth(is_begin, slice_of, level):
+        return None
+    if not _ends_inside_parents(is_begin, slice_of, level, ends):
+        return None
+    return np.where(is_begin, order, ~slice_of)
+
+
+def _pairs_at_each_depth(is_begin: np.ndarray, slice_of: np.ndarray, level: np.ndarray) -> bool:
+    """Whether, depth by depth in emission order, the events run begin, its own end, begin, its own end, ..."""
+    by_level = np.lexsort((np.arange(len(level)), level))
+    begins, slices, levels = is_begin[by_level], slice_of[by_level], level[by_level]
+    return bool(begins[0::2].all() and not begins[1::2].any() and (slices[0::2] == slices[1::2]).all()
+                and (levels[0::2] == levels[1::2]).all())
+
+
+def _ends_inside_parents(is_begin: np.ndarray, slice_of: np.ndarray, level: np.ndarray, ends: np.ndarray) -> bool:
+    """Whether each slice ends no later than its parent: the last slice begun one level up before it."""
+    positions = np.flatnonzero(is_begin)
+    levels, slices = level[positions], slice_of[positions]
+    stride = 2 * len(level) + 1
+    keys = levels * stride + positions
+    by_key = np.argsort(keys, kind="stable")
+    child = levels > 0
+    at = np.searchsorted(keys[by_key], (levels[child] - 1) * stride + positions[child]) - 1
+    if len(at) and (at.min() < 0 or (levels[by_key[at]] != levels[child] - 1).any()):
+        return False
+    return bool((ends[slices[by_key[at]]] >= ends[slices[child]]).all())
 
 
 def nest_codes(starts: list[int], ends: list[int]) -> tuple[list[int], list[int], int]:

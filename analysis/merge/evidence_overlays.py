@@ -169,7 +169,7 @@ def sync_marks(grouped: "GroupedEvents", ranges: list[tuple[int, int, int]]) -> 
         if grouped.is_gpu(thread):
             continue
         for start, end, name, category, _, _ in slices:
-            if category not in SYNC_CATEGORIES or not _is_blocking(name, verdicts):
+            if category not in SYNC_CATEGORIES or not is_blocking(name, verdicts):
                 continue
             if any(b <= start < e for b, e in spans):
                 marks.append((start, f"host sync: {name}", {"call": name, "dur_us": (end - start) / 1000}))
@@ -177,7 +177,8 @@ def sync_marks(grouped: "GroupedEvents", ranges: list[tuple[int, int, int]]) -> 
     return marks[:MAX_SYNC_MARKS]
 
 
-def _is_blocking(name: str, verdicts: dict[str, bool]) -> bool:
+def is_blocking(name: str, verdicts: dict[str, bool]) -> bool:
+    """Whether a call blocks the host on the device (a sync or a tensor read); `verdicts` caches by name."""
     known = verdicts.get(name)
     if known is None:
         known = verdicts[name] = bool(is_host_sync_call(name) or is_tensor_read_op(name))

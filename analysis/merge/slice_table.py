@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from fleetscope.analysis.merge.evidence_overlays import SYNC_CATEGORIES
+from fleetscope.analysis.merge.evidence_overlays import SYNC_CATEGORIES, is_blocking
 from fleetscope.analysis.merge.window import GroupedEvents
 
 
@@ -82,11 +82,14 @@ class SliceTable:
                 self.categories[self.category_ids[row]], int(self.idents[row]), None)
 
     def overlay_view(self, grouped: GroupedEvents) -> "OverlayView":
-        """What overlays.py reads of the grouped events: the first timestamp, and the host slices that may
-        be host syncs (evidence_overlays.sync_marks), per thread in the order plan.py holds them."""
+        """What overlays.py reads of the grouped events: the first timestamp, and the host slices that are
+        host syncs (evidence_overlays.sync_marks), per thread in the order plan.py holds them."""
         sync_category = np.array([c in SYNC_CATEGORIES for c in self.categories], dtype=bool)
+        verdicts: dict[str, bool] = {}
+        blocking = np.array([is_blocking(name, verdicts) for name in self.names], dtype=bool)
         host = ~self.on_gpu(grouped)
-        rows = np.flatnonzero(sync_category[self.category_ids] & host) if len(self.categories) else []
+        rows = np.flatnonzero(sync_category[self.category_ids] & blocking[self.name_ids] & host) \
+            if len(self.categories) else []
         slices: dict[tuple, list] = {}
         for thread in np.unique(self.thread_ids[rows]).tolist() if len(rows) else []:
             mine = rows[self.thread_ids[rows] == thread]

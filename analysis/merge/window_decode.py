@@ -60,19 +60,27 @@ class _Complete(_Event, tag="X"):
 _OTHER_FIELDS = (("name", Any, _UNSET), ("cat", Any, _UNSET), ("ts", Any, _UNSET), ("pid", Any, _UNSET),
                  ("tid", Any, _UNSET), ("id", Any, _UNSET), ("bp", Any, _UNSET), ("args", Any, _UNSET))
 """Every field the per-event planner reads of a phase other than X (UNSET: the key is absent)."""
-PLANNED_PHASES = ("i", "I", "C", "s", "t", "f", "M")
+PLANNED_PHASES = ("i", "I", "C", "M")
+FLOW_PHASES = ("s", "t", "f")
 OTHER_CHROME_PHASES = ("B", "E", "b", "n", "e", "P", "N", "O", "D", "V", "v", "R", "c", "(", ")")
 """Phases of the Chrome format the merge does not draw: counted, never built."""
 _PLANNED = tuple(msgspec.defstruct(f"_Planned{index}", _OTHER_FIELDS, bases=(_Event,), tag=phase,
                                    namespace={"ph": phase}, module=__name__)
                  for index, phase in enumerate(PLANNED_PHASES))
+_FLOW_FIELDS = (("ts", Union[int, float]), ("id", Union[int, str]), ("bp", Any, _UNSET), ("cat", Any, _UNSET),
+                ("pid", Any, _UNSET), ("tid", Any, _UNSET))
+"""A flow event's time and id are required (every Kineto flow event has them; a trace without goes to the
+generic reader), so a decoded one is valid where its time is in range."""
+_FLOWS = tuple(msgspec.defstruct(f"_Flow{index}", _FLOW_FIELDS, bases=(_Event,), tag=phase, namespace={"ph": phase},
+                                 module=__name__)
+               for index, phase in enumerate(FLOW_PHASES))
 _UNDRAWN = tuple(msgspec.defstruct(f"_Undrawn{index}", [], bases=(_Event,), tag=phase, namespace={"ph": phase},
                                    module=__name__)
                  for index, phase in enumerate(OTHER_CHROME_PHASES))
 
 
 class _Window(msgspec.Struct, gc=False):
-    traceEvents: list[Union[(_Complete, *_PLANNED, *_UNDRAWN)]]
+    traceEvents: list[Union[(_Complete, *_PLANNED, *_FLOWS, *_UNDRAWN)]]
     baseTimeNanoseconds: Any = None
     distributedInfo: Any = None
 
@@ -91,8 +99,8 @@ class SliceColumns:
     dur_us: list
     names: list[str]
     categories: list[str]
-    threads: list[tuple]
-    """(pid, tid) of each event."""
+    pids: list
+    tids: list
     args: list
     """_SliceArgs or None per event."""
 
@@ -107,8 +115,8 @@ class DecodedWindow:
     slices: SliceColumns
     others: list[tuple[int, dict]] = field(default_factory=list)
     """(ident, event) of the instants, counters and metadata, as the dicts plan.py reads."""
-    flow_events: list[tuple[int, Any]] = field(default_factory=list)
-    """(ident, struct) of the flow events (`s`, `t`, `f`)."""
+    flow_events: list[Any] = field(default_factory=list)
+    """The flow events (`s`, `t`, `f`), with an int or float `ts` and an int or str `id`."""
     undrawn: dict[str, int] = field(default_factory=dict)
     """Events of a phase the merge does not draw, by phase."""
     complete_without_time: int = 0
@@ -120,7 +128,7 @@ class DecodedWindow:
         return {"baseTimeNanoseconds": self.base_time_ns, "distributedInfo": self.distributed_info}
 
 
-_FLOW_PHASES = frozenset({"s", "t", "f"})
+_FLOW_PHASES = frozenset(FLOW_PHASES)
 
 
 def decode_window(data: bytes) -> DecodedWindow | None:
@@ -153,18 +161,18 @@ def _slice_columns(completes: list[_Complete], idents: np.ndarray) -> SliceColum
     return SliceColumns(
         idents=idents.astype(np.int64), ts_us=ts, dur_us=dur,
         names=list(map(attrgetter("name"), completes)), categories=list(map(attrgetter("cat"), completes)),
-        threads=list(zip(map(attrgetter("pid"), completes), map(attrgetter("tid"), completes))),
+        pids=list(map(attrgetter("pid"), completes)), tids=list(map(attrgetter("tid"), completes)),
         args=list(map(attrgetter("args"), completes)),
     )
 
 
 def _sort_others(events: list, is_complete: list[bool], decoded: DecodedWindow) -> None:
-    for ident, event in enumerate(events):
-        if is_complete[ident]:
-            continue
+    others = np.flatnonzero(~np.array(is_complete, dtype=bool)).tolist()
+    for ident in others:
+        event = events[ident]
         phase = event.ph
         if phase in _FLOW_PHASES:
-            decoded.flow_events.append((ident, event))
+            decoded.flow_events.append(event)
         elif phase in PLANNED_PHASES:
             decoded.others.append((ident, as_event_dict(event)))
         else:

@@ -1,0 +1,62 @@
+"""The merge's plan on columns (column_plan.py) against the per-event planner (plan.py): the same bytes."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import fleetscope.analysis.merge.run as merge_run
+import numpy as np
+import pytest
+from fleetscope.analysis.merge.column_plan import _one_lane_codes, nest_codes
+from fleetscope.analysis.merge.options import MergeOptions
+
+FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_lane_order_is_the_nesting_loops_where_everything_nests(seed):
+    rng = random.Random(seed)
+    single = 0
+    for _ in range(500):
+        count = rng.randint(1, 14)
+        slices = sorted(((start, start + rng.choice([0, 0, 1, 2, 3, 5, 8, 13]))
+                         for start in (rng.randint(0, 24) for _ in range(count))), key=lambda s: (s[0], -s[1]))
+        starts = np.array([s for s, _ in slices], dtype=np.int64)
+        ends = np.array([e for _, e in slices], dtype=np.int64)
+        codes, _, lane_count = nest_codes(starts.tolist(), ends.tolist())
+        fast = _one_lane_codes(starts, ends)
+        if lane_count == 1:
+            single += 1
+            assert fast is not None and fast.tolist() == codes, slices
+        else:
+            assert fast is None, slices
+    assert single > 50
+
+
+def _merged_bytes(source: Path, out: Path, monkeypatch, *, per_event: bool, **options) -> bytes:
+    with monkeypatch.context() as patched:
+        if per_event:
+            patched.setattr(merge_run, "decode_window", lambda data: None)
+        merge_run.merge(source, out, options=MergeOptions(workers=1, **options), use_cache=False)
+    return out.read_bytes()
+
+
+@pytest.mark.parametrize("options", [{}, {"steps": frozenset({1})}, {"drop_python_functions": True},
+                                     {"overlays": False, "flows": False}])
+def test_columnar_plan_writes_the_per_event_planners_bytes(tmp_path, monkeypatch, options):
+    source = FIXTURES / "h200-small-hf-eager-2steps.json.gz"
+    columnar = _merged_bytes(source, tmp_path / "columnar.perfetto-trace", monkeypatch, per_event=False, **options)
+    per_event = _merged_bytes(source, tmp_path / "per-event.perfetto-trace", monkeypatch, per_event=True, **options)
+    assert columnar == per_event
+
+
+def test_a_window_the_decoder_refuses_is_planned_event_by_event(tmp_path, monkeypatch):
+    trace = tmp_path / "rank0.pt.trace.json"
+    trace.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": "1", "dur": 2, "pid": 1, "tid": 1},'
+                     '{"ph": "X", "name": "b", "ts": 3, "dur": 2, "pid": 1, "tid": 1}]}')
+    planned = []
+    plan_window = merge_run.plan_window
+    monkeypatch.setattr(merge_run, "plan_window", lambda *args: planned.append(1) or plan_window(*args))
+    result = merge_run.merge(trace, tmp_path / "out.perfetto-trace", options=MergeOptions(workers=1), use_cache=False)
+    assert planned and result.slice_count == 1

@@ -10,15 +10,16 @@ own rank and host, and one all-reduce per step is added (the source is a single-
 Both tools run in a fresh subprocess each (imports included in the time):
   - ours: the default `analyze(dir)` with its default process pool (one worker per core), writing the
     report JSON: steps, busy/idle/comm/overlap per rank, stragglers, clock alignment, and HTA's views
-    (temporal, idle time, overlap, kernels, launch statistics, stragglers) from fleetscope's own parse on
-    the ranks the report picks (`--hta-ranks auto`: at most 16); with an empty parsed-trace cache of the
-    benchmark's own (so it parses every trace, and stores the results);
-  - ours-warm: the same command again, now finding every trace's result in that cache (what a second
-    `analyze`, a `compare` or a `postprocess` of the same run costs; HTA's views are computed again);
+    (temporal, idle time, overlap, kernels, launch statistics, stragglers) computed natively, without
+    HTA (per_rank/hta_native*.py), on the ranks the report picks (`--hta-ranks auto`: at most 16); with an
+    empty parsed-trace cache of the benchmark's own (so it parses every trace, and stores the results);
+  - ours-warm: the same command again, now finding every trace's result and every rank's HTA views in
+    that cache (what a second `analyze`, a `compare` or a `postprocess` of the same run costs);
   - HTA: stock HTA (bench/stock_hta.py: HTA's own JSON loader and multiprocessing, and the six views
     the default report holds, on all ranks).
 Peak memory is the largest sum of PSS over the subprocess and all its descendants, sampled every 0.1 s
-(PSS counts pages shared between forked workers once, so neither tool is charged twice for them).
+(PSS counts pages shared between forked workers once, so neither tool is charged twice for them); CPU
+time is that tree's user + system time, sampled alike (the ratio to trust on a shared machine).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -61,6 +63,9 @@ class Measurement:
     peak_pss_mb: float
     ok: bool
     error: str = ""
+    cpu_s: float = 0.0
+    """CPU time (user + system) of the process tree, sampled with the memory: on a shared machine the
+    ratio of CPU seconds says what the ratio of wall seconds cannot."""
 
 
 def ours_command(trace_dir: Path, report: Path, ranks: int) -> list[str]:
@@ -79,17 +84,19 @@ def run_measured(tool: str, command_of, trace_dir: Path, ranks: int, timeout_s: 
         command = command_of(trace_dir, Path(scratch) / "report.json", ranks)
         start = time.perf_counter()
         process = psutil.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-        peak = _watch(process, start + timeout_s)
+        peak, cpu = _watch(process, start + timeout_s)
         wall = time.perf_counter() - start
         stderr = process.stderr.read() if process.stderr else ""
     ok = process.returncode == 0
     error = "" if ok else (stderr.strip().splitlines() or [f"exit {process.returncode}"])[-1][:200]
-    return Measurement(tool, ranks, wall, peak / 2**20, ok, error)
+    return Measurement(tool, ranks, wall, peak / 2**20, ok, error, cpu)
 
 
-def _watch(process: psutil.Popen, deadline: float) -> int:
-    """Peak PSS (bytes) of the process tree until it exits; killed at the deadline."""
+def _watch(process: psutil.Popen, deadline: float) -> tuple[int, float]:
+    """(peak PSS in bytes, CPU seconds) of the process tree until it exits; killed at the deadline. Each
+    member's CPU is its last sample (a member's last 0.1 s can be missed), the top process's its own at exit."""
     peak = 0
+    cpu: dict[int, float] = {}
     while process.poll() is None:
         if time.perf_counter() > deadline:
             for child in process.children(recursive=True):
@@ -97,9 +104,27 @@ def _watch(process: psutil.Popen, deadline: float) -> int:
             process.kill()
             break
         peak = max(peak, _tree_pss(process))
+        _sample_cpu(process, cpu)
         time.sleep(SAMPLE_SECONDS)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     process.wait()
-    return peak
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # the top process and every descendant it reaped, at exit; sampled members it did not reap on top
+    reaped = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return peak, max(reaped, sum(cpu.values()))
+
+
+def _sample_cpu(process: psutil.Process, cpu: dict[int, float]) -> None:
+    try:
+        members = [process] + process.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for member in members:
+        try:
+            times = member.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        cpu[member.pid] = max(cpu.get(member.pid, 0.0), times.user + times.system)
 
 
 def _tree_pss(process: psutil.Process) -> int:
@@ -128,16 +153,18 @@ TOOL_ORDER = ("ours", "ours-warm", "hta")
 
 
 def print_table(results: list[Measurement]) -> None:
-    print(f"{'ranks':>6} {'tool':>9} {'wall s':>9} {'s/rank':>8} {'peak MB':>9}  vs HTA / vs a cold run")
+    print(f"{'ranks':>6} {'tool':>9} {'wall s':>9} {'s/rank':>8} {'CPU s':>8} {'peak MB':>9}  vs HTA / vs a cold run")
     by_tool = {(m.tool, m.ranks): m for m in results if m.ok}
     for m in sorted(results, key=lambda m: (m.ranks, TOOL_ORDER.index(m.tool))):
         versus = ""
         baseline = by_tool.get(("hta" if m.tool == "ours" else "ours", m.ranks)) if m.tool != "hta" else None
         if baseline is not None:
-            versus = (f"{baseline.wall_s / m.wall_s:.1f}x faster, {m.peak_pss_mb / baseline.peak_pss_mb:.2f}x "
-                      f"the memory of {'HTA' if baseline.tool == 'hta' else 'a cold run'}")
+            versus = (f"{baseline.wall_s / m.wall_s:.1f}x faster ({baseline.cpu_s / max(m.cpu_s, 1e-9):.1f}x less CPU), "
+                      f"{m.peak_pss_mb / baseline.peak_pss_mb:.2f}x the memory of "
+                      f"{'HTA' if baseline.tool == 'hta' else 'a cold run'}")
         status = "" if m.ok else f"  FAILED: {m.error}"
-        print(f"{m.ranks:>6} {m.tool:>9} {m.wall_s:>9.1f} {m.wall_s / m.ranks:>8.3f} {m.peak_pss_mb:>9.0f}  {versus}{status}")
+        print(f"{m.ranks:>6} {m.tool:>9} {m.wall_s:>9.1f} {m.wall_s / m.ranks:>8.3f} {m.cpu_s:>8.1f} "
+              f"{m.peak_pss_mb:>9.0f}  {versus}{status}")
 
 
 def main() -> int:
@@ -150,7 +177,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="also write the measurements as JSON")
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fleetscope-bench-"))
-    print(f"source {args.source} ({args.source.stat().st_size / 1e6:.1f} MB), {os.cpu_count()} cores, sets in {workdir}")
+    print(f"source {args.source} ({args.source.stat().st_size / 1e6:.1f} MB), {os.cpu_count()} cores, sets in {workdir}, "
+          f"load average {os.getloadavg()[0]:.2f}")
     results = []
     for ranks in sorted(set(args.ranks) | set(args.hta_ranks)):
         directory = workdir / f"ranks{ranks}"
@@ -161,13 +189,16 @@ def main() -> int:
             cache_dir = workdir / f"cache{ranks}"
             for tool in ("ours", "ours-warm"):
                 results.append(run_measured(tool, ours_command, directory, ranks, args.timeout, cache_dir))
-                print(f"  {tool} {results[-1].wall_s:.1f} s {results[-1].peak_pss_mb:.0f} MB {results[-1].error}", flush=True)
+                print(f"  {tool} {results[-1].wall_s:.1f} s (CPU {results[-1].cpu_s:.1f} s) "
+                      f"{results[-1].peak_pss_mb:.0f} MB {results[-1].error}", flush=True)
             shutil.rmtree(cache_dir, ignore_errors=True)
         if ranks in args.hta_ranks:
             results.append(run_measured("hta", stock_hta_command, directory, ranks, args.timeout))
-            print(f"  hta  {results[-1].wall_s:.1f} s {results[-1].peak_pss_mb:.0f} MB {results[-1].error}", flush=True)
+            print(f"  hta  {results[-1].wall_s:.1f} s (CPU {results[-1].cpu_s:.1f} s) "
+                  f"{results[-1].peak_pss_mb:.0f} MB {results[-1].error}", flush=True)
         shutil.rmtree(directory)
     print_table(results)
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
     if args.out:
         args.out.write_text(json.dumps([asdict(m) for m in results], indent=1) + "\n")
     return 0 if all(m.ok for m in results) else 1

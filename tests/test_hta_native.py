@@ -204,3 +204,17 @@ def test_analyze_refuses_the_oracle_without_hta(monkeypatch, tmp_path, capsys):
     (trace / "rank0.pt.trace.json").write_text(json.dumps({"traceEvents": HAND_MADE["one step"]}))
     assert main(["analyze", str(trace), "--hta-oracle", "--no-cache"]) == 2
     assert "--hta-oracle" in capsys.readouterr().err
+
+
+def test_analyze_with_the_oracle_records_and_prints_it(tmp_path):
+    from fleetscope.analysis import analyze
+    from fleetscope.analysis.render.terminal import render_terminal
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "rank0.pt.trace.json.gz").write_bytes((GPU / "h200-small-fleetscope-fast-2steps.json.gz").read_bytes())
+    report = analyze(traces, hta_oracle=True, use_cache=False, write_default_outputs=False)
+    hta = report.windows[0].hta
+    assert hta.status == "ok" and hta.oracle and all(entry["within_tolerance"] for entry in hta.oracle.values())
+    assert f"stock HTA beside it: {len(hta.oracle)} of {len(hta.oracle)} within 1e-9" in render_terminal(report)
+    assert "oracle" in report.to_json()["windows"][0]["hta"]

@@ -181,6 +181,10 @@ def _hta_lines(report: Report) -> str:
         detail = hta.reason or ", ".join(sorted(hta.tables))
         lines.append(f"window {_w(window.window)}: HTA {hta.status}: {detail}")
         lines += [f"  {name} failed: {error}" for name, error in sorted(hta.errors.items())]
+        if hta.oracle:  # only with --hta-oracle
+            off = sorted(name for name, entry in hta.oracle.items() if not entry.get("within_tolerance"))
+            lines.append(f"  stock HTA beside it: {len(hta.oracle) - len(off)} of {len(hta.oracle)} within 1e-9"
+                         + (f"; differs: {', '.join(off)}" if off else ""))
     return "HTA\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
 
 

@@ -8,7 +8,7 @@ per-event planner takes (plan.py), so both planners share one rule for them.
 
 `decode_window` returns None where this decoder cannot take a file the way the generic reader does
 (another shape, a value of another type, invalid UTF-8, timestamps too large for float64 to hold their
-nanoseconds exactly): the merge then reads it with `traces.kineto.read_trace` and plans it event by event.
+nanoseconds exactly): the merge then reads it as `traces.kineto.read_trace` does and plans it event by event (plan.py).
 """
 
 from __future__ import annotations
@@ -143,16 +143,14 @@ def decode_window(data: bytes) -> DecodedWindow | None:
     idents = np.flatnonzero(np.array(is_complete, dtype=bool))
     decoded = DecodedWindow(base_time_ns=window.baseTimeNanoseconds, distributed_info=window.distributedInfo,
                             event_count=len(events), slices=_slice_columns(completes, idents))
-    if decoded.slices is None:
-        return None
     if len(completes) != len(events):
         _sort_others(events, is_complete, decoded)
     decoded.complete_without_time = len(completes) - len(decoded.slices.names)
     return decoded
 
 
-def _slice_columns(completes: list[_Complete], idents: np.ndarray) -> SliceColumns | None:
-    """Columns of the complete events that have a time; None when a time is too large to figure exactly."""
+def _slice_columns(completes: list[_Complete], idents: np.ndarray) -> SliceColumns:
+    """Per-field lists of the complete events that have a time and a duration (not null)."""
     ts, dur = list(map(attrgetter("ts"), completes)), list(map(attrgetter("dur"), completes))
     timed = [t is not None and d is not None for t, d in zip(ts, dur)]
     if not all(timed):

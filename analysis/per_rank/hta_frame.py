@@ -117,9 +117,9 @@ def _columns(events: list[_HtaEvent]):
     starts = list(map(_TS, events))
     durs = list(map(_DUR, events))
     cats = list(map(_CAT, events))
-    kinds: dict[str, Any] = {"ts": _pandas_kind(set(map(type, starts))), "dur": _pandas_kind(set(map(type, durs))),
-                             "pid": _pandas_kind(set(map(type, map(_PID, events)))),
-                             "tid": _pandas_kind(set(map(type, map(_TID, events))))}
+    kinds: dict[str, Any] = {"ts": pandas_kind(set(map(type, starts))), "dur": pandas_kind(set(map(type, durs))),
+                             "pid": pandas_kind(set(map(type, map(_PID, events)))),
+                             "tid": pandas_kind(set(map(type, map(_TID, events))))}
     kinds["ts_missing"] = None in starts
     if kinds["ts"] not in ("int", "float") or kinds["dur"] not in ("int", "float"):
         return None
@@ -135,7 +135,7 @@ def _columns(events: list[_HtaEvent]):
 _TS, _DUR, _CAT, _NAME, _PID, _TID, _ARGS = map(attrgetter, ("ts", "dur", "cat", "name", "pid", "tid", "args"))
 
 
-def _pandas_kind(types: set[type]) -> str:
+def pandas_kind(types: set[type]) -> str:
     """The dtype pandas infers for a column built from dicts holding values of these types (NoneType for
     a missing key): int64, float64 (any float or any missing), or object."""
     if types <= {int}:

@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from fleetscope.analysis.per_rank.hta_frame import _pandas_kind
+from fleetscope.analysis.per_rank.hta_frame import pandas_kind
 
 EVENT_SYNC_NAMES = ("Event Sync", "Context Sync")
 """Device synchronization rows: on stream -1 but GPU rows for HTA's filters."""
@@ -120,7 +120,7 @@ def decode_rank_frame(data: bytes, step_names: tuple[str, ...] = ()) -> HtaRankF
 def _columns(events: list[_Event]) -> dict[str, Any]:
     """The kept rows' raw values (lists) and the dtype kinds pandas would infer over every event."""
     starts, durs, cats = list(map(_TS, events)), list(map(_DUR, events)), list(map(_CAT, events))
-    kinds = {"ts": _pandas_kind(set(map(type, starts))), "dur": _pandas_kind(set(map(type, durs))),
+    kinds = {"ts": pandas_kind(set(map(type, starts))), "dur": pandas_kind(set(map(type, durs))),
              "ts_missing": None in starts}
     if kinds["ts"] not in ("int", "float") or kinds["dur"] not in ("int", "float"):
         raise NotComputable("non-numeric ts or dur")

@@ -14,12 +14,19 @@ Definitions (steady steps and the slowest rank per step as analysis/quantities.p
                        the first collective); under synchronous data parallelism the peers wait for a
                        straggler inside their own steps, so every rank's step time rises together and only
                        the input wait or the arrival shows who they wait for
-  excess level         1 + the mean of a rank's known excesses that step over the median step time: the series
-                       whose change points (traces/change_points.py) delimit the segments (a mean, not the
-                       largest: the largest of a step time level with the peers' and an arrival spread around
-                       it is half-rectified noise, which the search's robust noise scale underrates); a
-                       segment is looked at when its level is SLOW_EXCESS / len(SIGNALS) up (what one signal
-                       SLOW_EXCESS up makes of the mean), then sized per signal
+  signal noise         per rank and signal, the robust step-to-step spread of its excess (MAD of successive
+                       differences: a level shift moves one of them) over the run's first STEP_BLOCK steps,
+                       at least NOISE_FLOOR of the median step time
+  excess level         1 + the noise-weighted mean of a rank's known excesses that step (each signal weighted by
+                       1 / its noise on that rank) over the median step time: the series whose change points
+                       (traces/change_points.py) delimit the segments. A mean, not the largest: the largest of
+                       a step time level with the peers' and an arrival spread around it is half-rectified
+                       noise, which the search's robust noise scale underrates. Weighted: with equal weights a
+                       signal that is noise on this host (arrivals spread by +-40 ms on a loaded machine)
+                       drowns a clean one (a late input of 40 ms), and 1 / noise makes the mean's shift, in its
+                       own noise, that of the signal that moved. A segment is looked at when its level is
+                       SLOW_EXCESS x the smallest weight share up (what one signal SLOW_EXCESS up makes of the
+                       mean), then sized per signal
   slow rank            a segment at least SLOW_EXCESS above its peers for at least MIN_SLOW_STEPS steady steps
                        (SHORT_SLOW_STEPS when it stands SHORT_SIGMAS noise scales high),
                        named by the signal with the largest median excess over it and sized as that excess
@@ -81,6 +88,11 @@ MAX_RANK_BINS = 256
 MAX_STEP_BINS = 200
 SLOW_EXCESS = 0.05
 """A rank this far above its peers (5% of the step time) is slow."""
+NOISE_FLOOR = 0.005
+"""A signal's noise is taken as at least this share of the median step time (0.5%): a signal that never moves
+(an input wait of 0 at every step) weighs much, not infinitely."""
+MIN_NOISE_VALUES = 8
+"""Fewer known excesses of a signal on a rank than this in the first block: its noise is the ranks' median."""
 MIN_SLOW_STEPS = 10
 SHORT_SLOW_STEPS = MIN_SEGMENT_STEPS
 """A shorter slow stretch (down to the shortest segment the search makes) counts when it stands SHORT_SIGMAS
@@ -140,7 +152,8 @@ class SlowRank:
 
 @dataclass(frozen=True, kw_only=True)
 class ChangePoint:
-    """A change in a rank's excess level: 1 + its mean excess over its peers / the median step time."""
+    """A change in a rank's excess level: 1 + its noise-weighted mean excess over its peers / the median step
+    time."""
 
     rank: int
     step: int
@@ -389,7 +402,10 @@ class _Accumulated:
     rank_bins: int
     step_bins: int
     log_level: np.ndarray = field(init=False)
-    """log of 1 + (the mean of the rank's known excesses over its peers, ms) / the median step time of the step."""
+    """log of 1 + (the noise-weighted mean of the rank's known excesses over its peers, ms) / the median step time
+    of the step."""
+    weights: np.ndarray = field(init=False)
+    """Per rank and signal (SIGNALS order), 1 / the signal's noise on the rank, ms (float32); 0: never known."""
     median_ms: np.ndarray = field(init=False)
     order: dict[str, np.ndarray] = field(init=False)
     """Per signal, per step the order statistics _peer_median needs (4 rows; NaN: the signal unknown)."""
@@ -410,6 +426,7 @@ class _Accumulated:
     def __post_init__(self) -> None:
         n, s = len(self.ranks), self.steps
         self.log_level = np.full((n, s), np.nan, dtype=np.float16)
+        self.weights = np.ones((n, len(SIGNALS)), dtype=np.float32)
         self.median_ms, self.slowest_ms, self.profiled_slowest_ms, self.earliest_end_us, self.earliest_arrival_us = (
             np.full(s, np.nan) for _ in range(5))
         self.order = {signal: np.full((4, s), np.nan, dtype=np.float32) for signal in SIGNALS}
@@ -461,6 +478,7 @@ def _pass(sources: dict[int, _Source], first_step: int, last_step: int) -> _Accu
     width = min(STEP_BLOCK, steps)
     buffer, fields = np.zeros((len(ranks), width), dtype=TIMELINE_DTYPE), _Fields.empty(len(ranks), width)
     step_ms, late_ms = np.empty((len(ranks), width), dtype=np.float32), np.empty((len(ranks), width))
+    acc.weights = _noise_weights(sources, ranks, first_step, min(STEP_BLOCK, steps), offsets, lowest)
     with ThreadPoolExecutor(WORKERS) as pool:
         for block_first in range(first_step, last_step + 1, STEP_BLOCK):
             block = buffer[:, :min(STEP_BLOCK, last_step + 1 - block_first)]
@@ -570,36 +588,77 @@ def _account_block(acc: _Accumulated, fields: _Fields, block_first: int, offsets
     """The per-step figures of the block's steps into acc; returns the steady step times and end lateness
     (ms, ranks x steps) for the heatmaps."""
     columns = slice(block_first - acc.first_step, block_first - acc.first_step + fields.step.shape[1])
-    steady, profiled = _steadiness(acc, fields, lowest, columns)
-    step_ms = np.where(steady, fields.step_ms, np.float32(np.nan))
+    steady, profiled, acc.profiled[columns] = _steadiness(fields, lowest)
+    signals, late, arrival = _signal_values(fields, steady, offsets)
+    step_ms = signals[SIGNAL_STEP]
     acc.slowest_ms[columns] = np.fmax.reduce(step_ms, axis=0)  # fmax: NaN (no record) only where all are
     acc.profiled_slowest_ms[columns] = np.fmax.reduce(np.where(profiled, fields.step_ms, np.float32(np.nan)), axis=0)
-    start_us = _aligned_start(fields.start_us, steady, offsets)
-    late_ms, acc.earliest_end_us[columns], acc.last_rank[columns] = _lateness(_aligned(start_us, fields.step_ms))
-    arrival_ms, acc.earliest_arrival_us[columns], acc.first_collective_last[columns] = _lateness(
-        _aligned(start_us, fields.first_collective_ms))
-    signals = {SIGNAL_STEP: step_ms, SIGNAL_DATA: np.where(steady, fields.data_ms, np.float32(np.nan)),
-               SIGNAL_ARRIVAL: arrival_ms.astype(np.float32)}
+    late_ms, acc.earliest_end_us[columns], acc.last_rank[columns] = late
+    _, acc.earliest_arrival_us[columns], acc.first_collective_last[columns] = arrival
     acc.log_level[:, columns] = _log_level(acc, signals, columns)
     return step_ms, late_ms
 
 
-def _steadiness(acc: _Accumulated, fields: _Fields, lowest: np.ndarray,
-                columns: slice) -> tuple[np.ndarray, np.ndarray]:
-    """(steady, profiled) masks of the block's records; marks the block's profiled steps in acc."""
+def _signal_values(fields: _Fields, steady: np.ndarray, offsets: np.ndarray) -> tuple[dict[str, np.ndarray], tuple, tuple]:
+    """(each signal's values over the steady records (SIGNALS; NaN: unknown), the step ends' _lateness, the
+    arrivals' _lateness)."""
+    start_us = _aligned_start(fields.start_us, steady, offsets)
+    late = _lateness(_aligned(start_us, fields.step_ms))
+    arrival = _lateness(_aligned(start_us, fields.first_collective_ms))
+    signals = {SIGNAL_STEP: np.where(steady, fields.step_ms, np.float32(np.nan)),
+               SIGNAL_DATA: np.where(steady, fields.data_ms, np.float32(np.nan)),
+               SIGNAL_ARRIVAL: arrival[0].astype(np.float32)}
+    return signals, late, arrival
+
+
+def _steadiness(fields: _Fields, lowest: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(steady, profiled) masks of the block's records, and per step whether any rank profiled it."""
     present = fields.step >= 0
     not_first = present & (fields.flags & FLAG_FIRST == 0) & (fields.step != lowest[:, None])
     flagged = fields.flags & FLAG_PROFILED != 0
-    acc.profiled[columns] = np.any(present & flagged, axis=0)
-    return not_first & ~flagged, not_first & flagged
+    return not_first & ~flagged, not_first & flagged, np.any(present & flagged, axis=0)
+
+
+def _noise_weights(sources: dict[int, _Source], ranks: list[int], first_step: int, width: int,
+                   offsets: np.ndarray, lowest: np.ndarray) -> np.ndarray:
+    """Per rank and signal, 1 / the signal's noise on the rank (module docstring: signal noise), from the run's
+    first `width` steps, read once more on their own (at 1,024 ranks a 2,048-step block is 64 MiB)."""
+    block = np.zeros((len(ranks), width), dtype=TIMELINE_DTYPE)
+    for row, rank in enumerate(ranks):
+        _read_block(sources[rank], first_step, block[row])
+    fields = _Fields.empty(len(ranks), width)
+    fields.copy_from(block)
+    steady, _, _ = _steadiness(fields, lowest)
+    signals, _, _ = _signal_values(fields, steady, offsets)
+    with np.errstate(invalid="ignore"):
+        floor = NOISE_FLOOR * (_median(_median_of(_order_statistics(signals[SIGNAL_STEP]))) or 1.0)
+    noise = np.stack([_successive_spread(_excess_ms(v, _order_statistics(v))) for v in signals.values()], axis=1)
+    for column in range(noise.shape[1]):
+        unknown = np.isnan(noise[:, column])
+        if unknown.all():
+            continue
+        noise[unknown, column] = np.nanmedian(noise[:, column])
+    weights = 1.0 / np.maximum(noise, floor)
+    return np.where(np.isnan(weights), 0.0, weights).astype(np.float32)
+
+
+def _successive_spread(excess: np.ndarray) -> np.ndarray:
+    """Per row (rank), 1.4826 x the median absolute difference of successive known values / sqrt(2): the
+    robust step-to-step noise of one value (NaN: fewer than MIN_NOISE_VALUES known)."""
+    spread = np.full(excess.shape[0], np.nan)
+    for row, values in enumerate(excess):
+        known = values[~np.isnan(values)].astype(np.float64)
+        if known.size >= MIN_NOISE_VALUES:
+            spread[row] = 1.4826 * float(np.median(np.abs(np.diff(known)))) / math.sqrt(2.0)
+    return spread
 
 
 def _log_level(acc: _Accumulated, signals: dict[str, np.ndarray], columns: slice) -> np.ndarray:
-    """Per rank and step, log(1 + the mean of its known excesses over its peers / the step's median step time);
-    a signal no rank recorded in the block costs nothing. The series the change-point search reads."""
+    """Per rank and step, log(1 + the noise-weighted mean of its known excesses over its peers / the step's median
+    step time); a signal no rank recorded in the block costs nothing. The series the change-point search reads."""
     step_ms = signals[SIGNAL_STEP]
     total, count = np.zeros_like(step_ms), np.zeros_like(step_ms)
-    for signal, values in signals.items():
+    for column, (signal, values) in enumerate(signals.items()):
         if signal != SIGNAL_STEP and not np.isfinite(values).any():
             continue
         order = _order_statistics(values)
@@ -607,10 +666,12 @@ def _log_level(acc: _Accumulated, signals: dict[str, np.ndarray], columns: slice
         if signal == SIGNAL_STEP:
             median = acc.median_ms[columns] = _median_of(order)
         excess = _excess_ms(values, order)
-        unknown = np.isnan(excess)
-        np.copyto(excess, np.float32(0.0), where=unknown)
+        known = ~np.isnan(excess)
+        np.copyto(excess, np.float32(0.0), where=~known)
+        weight = acc.weights[:, column:column + 1]
+        excess *= weight
         total += excess
-        count += ~unknown
+        count += np.multiply(known, weight, dtype=np.float32)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.divide(total, count, out=total)
         np.copyto(mean, np.float32(np.nan), where=np.isnan(step_ms))
@@ -827,9 +888,10 @@ def _slow_ranks(acc: _Accumulated, index: int, source: _Source, segments: list[S
                 windows: list[tuple[int, int]], run_dir: str) -> list[SlowRank]:
     found = []
     rank_last = segments[-1].end_step if segments else None
-    raised = [s for s in segments if s.level >= 1.0 + SLOW_EXCESS / len(SIGNALS) and _long_or_clear(acc, index, s)]
-    slow = [s for s in raised if _slow_size(acc, index, source, segments, s)[0] is not None]
-    for segment in _merged(slow, segments):
+    raised = [s for s in segments if s.level >= 1.0 + SLOW_EXCESS * _smallest_share(acc.weights[index])
+              and _long_or_clear(acc, index, s)]
+    sized = [(s, _slow_size(acc, index, source, segments, s)[0]) for s in raised]
+    for segment in _merged([(s, size.signal) for s, size in sized if size is not None], segments):
         size, late = _slow_size(acc, index, source, segments, segment)
         if size is None:
             continue
@@ -844,6 +906,13 @@ def _slow_ranks(acc: _Accumulated, index: int, source: _Source, segments: list[S
                            median_lateness_ms=_median(late), windows=covered, sentence="")
         found.append(_with_slow_sentence(finding, run_dir))
     return found
+
+
+def _smallest_share(weights: np.ndarray) -> float:
+    """The smallest weight share among the rank's known signals: how much of one signal's excess its weighted
+    mean shows (1 / len(SIGNALS) for equal weights)."""
+    known = weights[weights > 0]
+    return float(known.min() / known.sum()) if known.size else 1.0 / len(SIGNALS)
 
 
 def _slow_size(acc: _Accumulated, index: int, source: _Source, segments: list[Segment],
@@ -926,17 +995,21 @@ def _rank_figures(acc: _Accumulated, index: int, source: _Source,
             (end_us - acc.earliest_end_us[columns]) / 1000.0)
 
 
-def _merged(slow: list[Segment], segments: list[Segment]) -> list[Segment]:
-    """Slow segments next to each other among all the rank's `segments` as one (their level the
-    steps-weighted one)."""
+def _merged(slow: list[tuple[Segment, str]], segments: list[Segment]) -> list[Segment]:
+    """Slow segments next to each other among all the rank's `segments`, slow in the same signal, as one (their
+    level the steps-weighted one). Slow in another signal: another episode (a late input, then a late arrival
+    for another reason, are two findings, each named by its own signal)."""
     merged: list[Segment] = []
-    for segment in slow:
-        if merged and _adjacent(merged[-1], segment, segments):
+    signals: list[str] = []
+    for segment, signal in slow:
+        if merged and signals[-1] == signal and _adjacent(merged[-1], segment, segments):
             before = merged.pop()
+            signals.pop()
             steps = before.steps + segment.steps
             level = (before.level * before.steps + segment.level * segment.steps) / steps
             segment = Segment(start_step=before.start_step, end_step=segment.end_step, level=level, steps=steps)
         merged.append(segment)
+        signals.append(signal)
     return merged
 
 

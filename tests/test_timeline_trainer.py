@@ -100,6 +100,19 @@ def test_step_done_records_from_the_first_seen_start_and_a_later_process_appends
     assert [int(f) for f in records["flags"]] == [FLAG_FIRST, 0, FLAG_FIRST]
 
 
+def test_step_done_with_the_loops_own_numbering_counts_on_instead_of_stopping_the_program(monkeypatch, tmp_path,
+                                                                                          capsys):
+    # an epoch loop whose counter starts at 0 again: the user's program must go on, the timeline stays one count
+    _launched_here(monkeypatch, tmp_path, enabled=False)
+    windows = fs.windows(start_step=0)
+    for step in (0, 1, 2, 0, 1, 7):
+        windows.step_done(step)
+    windows.close()
+    assert _timeline(tmp_path, 2)["step"].tolist() == [0, 1, 2, 3, 4, 5]
+    notice = capsys.readouterr().err
+    assert notice.count("fleetscope: step_done(0) while step 3 is in progress") == 1 and "counts on from 3" in notice
+
+
 # --- real runs ------------------------------------------------------------------------------------------------------
 
 

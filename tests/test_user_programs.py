@@ -201,6 +201,16 @@ def test_step_done_and_open_ended_schedules_plan_window_after_window(monkeypatch
     assert profiler_steps(last["traceEvents"]) == [139]
 
 
+def test_step_done_with_epochs_numbered_from_zero_again_goes_on_profiling(monkeypatch, tmp_path):
+    launched_here(monkeypatch, tmp_path, wait=1, warmup=1, active=1, repeat=2)
+    windows = fs.windows(start_step=0)
+    for step in (0, 1, 2, 0, 1, 2, 0, 1):  # three epochs of a loop counting its steps from 0 each time
+        work()
+        windows.step_done(step)
+    windows.close()
+    assert [profiler_steps(read_trace(t)["traceEvents"]) for t in windows.published] == [[2], [5]]
+
+
 def test_step_done_from_start_step_records_the_first_step(monkeypatch, tmp_path):
     launched_here(monkeypatch, tmp_path, skip_first=5, wait=0, warmup=0, active=2, repeat=1)
     windows = fs.windows(start_step=5)

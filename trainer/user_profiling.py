@@ -155,6 +155,7 @@ class Windows:
         self._profiler: WindowedProfiler | None = None
         self._planned_until = 0
         self._open_step: int | None = None
+        self._renumbered = False
         self._clock_pending = measure_clock and launched is not None
         self._timeline: StepTimeline | None = None
         if launched is None:
@@ -195,11 +196,23 @@ class Windows:
     def step_done(self, step: int) -> None:
         """Call at the end of step `step` instead of wrapping it: ends it and begins step + 1 (as
         torch.profiler's `prof.step()` does). The first step is recorded from `windows(start_step=...)` on;
-        without it, the first step_done's step is not (its start was not seen)."""
+        without it, the first step_done's step is not (its start was not seen). A loop that numbers its steps
+        its own way (a counter from 0 again each epoch, a jump) is not stopped: the step in progress ends under
+        the number it began with and the count goes on from there (one notice on stderr)."""
         if self._open_step is None:
             self._begin(step, seen=False)
+        elif step != self._open_step:
+            self._note_renumbered(step)
+            step = self._open_step
         self._end(step)
         self._begin(step + 1)
+
+    def _note_renumbered(self, step: int) -> None:
+        if not self._renumbered:
+            self._renumbered = True
+            print(f"fleetscope: step_done({step}) while step {self._open_step} is in progress: the loop's own step "
+                  f"numbers are not consecutive; fleetscope counts on from {self._open_step} (records, windows and "
+                  "`fleetscope profile --steps` use that count)", file=sys.stderr, flush=True)
 
     def phase(self, name: str) -> contextlib.AbstractContextManager:
         """A named range (forward, backward, optimizer_step, ...) in the current step; recorded in windows only.

@@ -7,6 +7,7 @@ returns a compact RankResult, so memory does not grow with the size of the trace
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -20,7 +21,7 @@ from fleetscope.analysis.cross_rank.whole_run import whole_run_section
 from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
 from fleetscope.analysis.cross_rank.hta_views import start_hta_workers
 from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
-from fleetscope.analysis.inputs.sources import TraceFailure
+from fleetscope.analysis.inputs.sources import TraceFailure, TraceSource
 from fleetscope.analysis.per_rank.cache import ResultCache, open_cache
 from fleetscope.analysis.per_rank.names import comm_kernel_rule
 from fleetscope.analysis.per_rank.parse import Progress, parse_traces
@@ -28,6 +29,7 @@ from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.invariants import audit, auditing, check_report
 from fleetscope.analysis.report.build import (
     DEFAULT_HTA_MAX_RANKS,
+    HTA_RANKS_ALL,
     HTA_RANKS_AUTO,
     build_report,
     hta_runner,
@@ -76,7 +78,8 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     if use_hta:
         start_hta_workers()
     outcomes = parse_traces(inputs.sources, workers=workers, progress=progress, cache=cache,
-                            comm_kernel_pattern=comm_kernel_pattern)
+                            comm_kernel_pattern=comm_kernel_pattern,
+                            hta_views=use_hta and _hta_on_every_rank(inputs.sources, hta_ranks, hta_max_ranks))
     if on_parsed is not None:
         on_parsed(outcomes)
     placement = place_traces(inputs, outcomes)
@@ -106,6 +109,18 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         audit("report", json_out or path, check_report(report))
     _write_outputs(report, json_out, html_out)
     return report
+
+
+def _hta_on_every_rank(sources: list[TraceSource], hta_ranks: str | list[int], max_ranks: int) -> bool:
+    """Whether HTA's stage will take every GPU rank, known before the parse: all asked for, or, automatic,
+    no window with more traces than it picks from (windows not yet known count as one). Then each rank's
+    parse computes its HTA views from its own decode (parse_traces `hta_views`)."""
+    if hta_ranks == HTA_RANKS_ALL:
+        return True
+    if hta_ranks != HTA_RANKS_AUTO:
+        return False
+    per_window = Counter(source.window for source in sources)
+    return not per_window or max(per_window.values()) <= max_ranks
 
 
 def _cache_directory(cache: ResultCache | None) -> Path | None:

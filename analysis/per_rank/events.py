@@ -192,11 +192,25 @@ class TraceEvents:
         return bool(self.of_kind(*GPU_ACTIVITY_KINDS).any())
 
 
+class _Absent:
+    """The value of a key the fast decoder did not find (told apart from an explicit JSON null: HTA's frame,
+    built from the same decode, takes a missing `stream` as -1 and an explicit null as not an integer)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT = _Absent()
+"""A missing `dur` of a complete event, `stream` or `correlation` of its args (fast decoder only)."""
+
+
 class _Args(msgspec.Struct, gc=False):
     """The few `args` fields the analysis reads; msgspec skips every other key without building it."""
 
-    correlation: Any = None
-    stream: Any = None
+    correlation: Any = ABSENT
+    stream: Any = ABSENT
     device: Any = None
     name: Any = None
     group_name: Any = msgspec.field(default=None, name=PROCESS_GROUP_NAME_ARG)
@@ -224,7 +238,8 @@ _ARG_KEYS = dict(zip(_Args.__struct_fields__, _Args.__struct_encode_fields__))
 class _Phased(msgspec.Struct, gc=False, tag_field="ph"):
     """The fast decoder's events, one class per phase (`ph` is the tag): a complete event decodes every
     field the table reads, thread metadata what thread names need, every other phase (flow arrows are a
-    quarter of a GPU trace) only its name and category, so their other values are never built."""
+    quarter of a GPU trace) only its name, category and times (what HTA's frame reads of every event:
+    hta_native.py), so their other values are never built."""
 
 
 class _Complete(_Phased, tag="X"):
@@ -232,7 +247,8 @@ class _Complete(_Phased, tag="X"):
     name: Any = None
     cat: Any = None
     ts: Any = None
-    dur: Any = 0
+    dur: Any = ABSENT
+    """ABSENT when the event has none: the table takes it as 0, HTA's frame leaves the event out."""
     pid: Any = None
     tid: Any = None
     args: Union[_Args, None] = None
@@ -242,6 +258,8 @@ class _Metadata(_Phased, tag="M"):
     ph: ClassVar[str] = "M"
     name: Any = None
     cat: Any = None
+    ts: Any = None
+    dur: Any = None
     tid: Any = None
     args: Union[_Args, None] = None
 
@@ -251,7 +269,8 @@ CHROME_PHASES = ("B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N"
 """Phases of the Chrome trace event format besides X and M; an event of any other phase sends the file to
 the generic decoder (which skips it, as build_table does every phase but X and M)."""
 _OTHER_PHASES = tuple(
-    msgspec.defstruct(f"_Phase{index}", [("name", Any, None), ("cat", Any, None)], bases=(_Phased,), tag=phase,
+    msgspec.defstruct(f"_Phase{index}", [("name", Any, None), ("cat", Any, None), ("ts", Any, None), ("dur", Any, None)],
+                      bases=(_Phased,), tag=phase,
                       namespace={"ph": phase}, module=__name__)
     for index, phase in enumerate(CHROME_PHASES))
 _AnyPhase = Union[(_Complete, _Metadata, *_OTHER_PHASES)]
@@ -396,6 +415,8 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
                 continue
         start, dur = event.ts, event.dur
         if not (type(start) is float and type(dur) is float and 0.0 <= dur < limit and -limit < start < limit):
+            if dur is ABSENT:
+                dur = 0
             problem = _time_problem(start, dur)
             if problem:
                 dropped[problem] = dropped.get(problem, 0) + 1

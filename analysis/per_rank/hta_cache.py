@@ -6,7 +6,9 @@ made by `open_cache`) as its own kind of entry (`*.hta.msgpack`), under the same
     ProfilerStep names it was computed with, the engine (native or HTA's), the versions of the libraries
     doing the work, and a digest of the source of every fleetscope module that computes a RankViews
     (hta_rank_views.py and what it imports, and this module): another HTA, another fleetscope, other
-    bytes are all misses;
+    bytes are all misses; entries the parse stored from its own decode (store_parsed_views) are keyed by
+    what of the step names the views depend on (hta_native.step_filter_key) and found only by the native
+    engine;
   - an entry is a checksum and a msgpack document of plain rows (JSON scalars) and columns of numbers
     and names: decoding builds nothing else, no pickle, so a planted entry can at worst be a wrong table
     for identical bytes, never code;
@@ -25,21 +27,26 @@ from typing import Union
 
 import msgspec
 from fleetscope.analysis.per_rank.cache import read_private_file, result_source_files
+from fleetscope.analysis.per_rank.hta_native import UnfilteredFrame, frames_by_filter_key, step_filter_key
 from fleetscope.analysis.per_rank.hta_rank_views import (
     ENGINE_NATIVE,
     RankViews,
+    native_views,
     rank_views,
 )
 from fleetscope.traces.atomic import write_bytes_atomically
 from fleetscope.traces.kineto import read_raw
 
 ENTRY_SUFFIX = ".hta.msgpack"
-_FORMAT = b"fleetscope-rank-hta-2"
-"""-2: plain rows from either engine (RankViews); -1 held pandas frames of HTA's (RankHta)."""
+_FORMAT = b"fleetscope-rank-hta-3"
+"""-3: entries also stored by the parse (store_parsed_views), under the step filter's key; -2: plain rows from
+either engine (RankViews); -1 held pandas frames of HTA's (RankHta)."""
 _CHECKSUM_BYTES = 16
 HTA_MODULES = ("fleetscope.analysis.per_rank.hta_rank_views", "fleetscope.analysis.per_rank.hta_rank", __name__)
 """What computes a RankViews (and how it is stored): the key covers them and the fleetscope modules they import."""
 Scalar = Union[str, int, float, bool, None]
+ENGINE_PARSED = "native, from the parse"
+"""The key's engine of views the parse stored (store_parsed_views): keyed by the step filter's key."""
 
 
 class _Straggler(msgspec.Struct, forbid_unknown_fields=True):
@@ -73,14 +80,43 @@ def cached_rank_views(path: str | Path, rank: int, step_names: tuple[str, ...] =
         return rank_views(path, rank, step_names, engine=engine)
     raw = read_raw(Path(path))
     entry = Path(cache_dir) / f"{hta_key(raw, rank, step_names, code_digest, engine)}{ENTRY_SUFFIX}"
-    data = read_private_file(entry)
-    cached = decode_entry(data) if data is not None else None
-    if cached is not None and cached.rank == rank:
+    cached = _load(entry, rank)
+    if cached is None and engine == ENGINE_NATIVE:
+        cached = _load(_parsed_entry(Path(cache_dir), raw, rank, step_filter_key(step_names), code_digest), rank)
+    if cached is not None:
         return cached
     result = rank_views(path, rank, step_names, raw=raw, engine=engine)
     with contextlib.suppress(OSError, NotImplementedError):  # a cache failure only costs the cache
         write_bytes_atomically(encode_entry(result), entry)
     return result
+
+
+def store_parsed_views(cache_dir: str | Path, raw: bytes, rank: int, unfiltered: UnfilteredFrame,
+                       code_digest: str | None = None) -> None:
+    """Store the native views of the frame the parse built from its own decode of `raw` (rank.DecodedTrace),
+    under each step filter key they hold for (hta_native.frames_by_filter_key), so the HTA stage finds them
+    without decoding the trace again. Only the parse's views are found this way: views the HTA stage
+    computed itself, maybe by HTA's own loader, stay under the exact step names they were computed with."""
+    computed: dict[int, bytes] = {}
+    for key, frame in frames_by_filter_key(unfiltered).items():
+        if id(frame) not in computed:
+            try:
+                computed[id(frame)] = encode_entry(native_views(frame, rank))
+            except NotImplementedError:
+                return
+        with contextlib.suppress(OSError, NotImplementedError):
+            write_bytes_atomically(computed[id(frame)], _parsed_entry(Path(cache_dir), raw, rank, key, code_digest))
+
+
+def _parsed_entry(cache_dir: Path, raw: bytes, rank: int, filter_key: tuple[str, ...],
+                  code_digest: str | None) -> Path:
+    return cache_dir / f"{hta_key(raw, rank, filter_key, code_digest, ENGINE_PARSED)}{ENTRY_SUFFIX}"
+
+
+def _load(entry: Path, rank: int) -> RankViews | None:
+    data = read_private_file(entry)
+    cached = decode_entry(data) if data is not None else None
+    return cached if cached is not None and cached.rank == rank else None
 
 
 def hta_key(raw: bytes, rank: int, step_names: tuple[str, ...], code_digest: str | None = None,

@@ -9,7 +9,10 @@ chosen after every rank is parsed (report/build.py: the slowest, the one waited 
 filter that counts ProfilerStep names over all of them: computing the views inside the parse would cost
 every rank that time, most of them never shown. So each chosen rank's worker decodes only the six fields
 these views read (msgspec skips every other key, in `args` too) into the columns
-below, and hta_native_views.py computes the views from them.
+below, and hta_native_views.py computes the views from them. Where the HTA stage will take every GPU rank
+(at most 16 a window), the parse builds the same columns from its own decode instead (`parsed_columns`:
+one inflate and one decode a trace) and stores the views under each outcome of the step filter
+(`frames_by_filter_key`, hta_cache.store_parsed_views).
 
 What is reproduced from HTA (hta/common/trace.py, trace_filter.py): the rows (events with `dur`, `cat` and
 `ts`, not the `Trace` span), `index_correlation` (cpu->gpu and gpu->cpu links of one inner merge on
@@ -29,6 +32,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from fleetscope.analysis.per_rank.events import ABSENT
 from fleetscope.analysis.per_rank.hta_frame import pandas_kind
 
 EVENT_SYNC_NAMES = ("Event Sync", "Context Sync")
@@ -62,8 +66,8 @@ class _Document(msgspec.Struct, gc=False):
 
 
 _DECODER = msgspec.json.Decoder(_Document)
-_TS, _DUR, _CAT, _NAME, _ARGS, _STREAM, _CORRELATION = map(
-    attrgetter, ("ts", "dur", "cat", "name", "args", "stream", "correlation"))
+_TS, _DUR, _CAT, _NAME, _ARGS, _STREAM, _CORRELATION, _PH = map(
+    attrgetter, ("ts", "dur", "cat", "name", "args", "stream", "correlation", "ph"))
 # map + attrgetter walks the events in C: about twice as fast as comprehensions
 
 
@@ -100,7 +104,26 @@ def decode_rank_frame(data: bytes, step_names: tuple[str, ...] = ()) -> HtaRankF
         events = _DECODER.decode(data).traceEvents
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         raise NotComputable(f"the trace does not decode as Kineto JSON: {str(error)[:200]}") from None
-    columns = _columns(events)
+    return filtered_frame(unfiltered_frame(_columns(events)), step_names)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnfilteredFrame:
+    """A rank's frame before HTA's step filter: what both outcomes of the filter start from."""
+
+    columns: dict[str, np.ndarray]
+    is_gpu: np.ndarray
+    symbols: list[str]
+    min_ts: int | float
+
+    @property
+    def step_names(self) -> frozenset[str]:
+        """The names HTA's filter counts on this rank (any symbol holding "ProfilerStep")."""
+        return frozenset(s for s in self.symbols if STEP_PREFIX in s)
+
+
+def unfiltered_frame(columns: dict[str, Any]) -> UnfilteredFrame:
+    """HTA's aligned frame of the kept rows' raw columns (_columns), before its step filter."""
     symbols, cat, name = _symbols(columns["cat"], columns["name"])
     ts, dur, end = _times(columns)
     stream, correlation = _int_column(columns["stream"], "stream"), _int_column(columns["correlation"], "correlation")
@@ -109,12 +132,45 @@ def decode_rank_frame(data: bytes, step_names: tuple[str, ...] = ()) -> HtaRankF
     index_correlation = _index_correlation(index, correlation, is_gpu)
     iteration = _iterations(ts, dur, name, symbols, stream, index, index_correlation)
     min_ts = ts.min() if ts.size else np.int64(0)
-    ts = ts - min_ts
-    frame = dict(index=index, cat=cat, name=name, ts=ts, dur=dur, end=end, stream=stream, correlation=correlation,
-                 index_correlation=index_correlation, iteration=iteration)
-    rows = _step_filter(frame, is_gpu, symbols, step_names)
-    return HtaRankFrame(**{key: column[rows] for key, column in frame.items()}, symbols=symbols,
-                        min_ts=min_ts.item() if hasattr(min_ts, "item") else min_ts)
+    frame = dict(index=index, cat=cat, name=name, ts=ts - min_ts, dur=dur, end=end, stream=stream,
+                 correlation=correlation, index_correlation=index_correlation, iteration=iteration)
+    return UnfilteredFrame(columns=frame, is_gpu=is_gpu, symbols=symbols,
+                           min_ts=min_ts.item() if hasattr(min_ts, "item") else min_ts)
+
+
+def filtered_frame(unfiltered: UnfilteredFrame, step_names: tuple[str, ...] = (), *,
+                   applies: bool | None = None) -> HtaRankFrame:
+    """The frame after HTA's step filter, with the ProfilerStep names `step_names` of the other ranks
+    (or `applies`: whether the filter applies, when the caller knows)."""
+    if applies is None:
+        applies = step_filter_applies(unfiltered.step_names, step_names)
+    rows = (_step_filter(unfiltered.columns, unfiltered.is_gpu, unfiltered.symbols) if applies
+             else np.arange(unfiltered.is_gpu.size))
+    return HtaRankFrame(**{key: column[rows] for key, column in unfiltered.columns.items()},
+                        symbols=unfiltered.symbols, min_ts=unfiltered.min_ts)
+
+
+FILTERED = ("<two or more ProfilerStep names>",)
+"""step_filter_key of any set of names that makes HTA's filter apply whatever the rank holds."""
+
+
+def step_filter_key(step_names: tuple[str, ...]) -> tuple[str, ...]:
+    """What of `step_names` a rank's filtered frame depends on: FILTERED with two or more ProfilerStep
+    names (the filter applies), else those names (whether it applies depends on the rank's own too)."""
+    names = tuple(sorted({s for s in step_names if STEP_PREFIX in s}))
+    return FILTERED if len(names) >= 2 else names
+
+
+def frames_by_filter_key(unfiltered: UnfilteredFrame) -> dict[tuple[str, ...], HtaRankFrame]:
+    """The rank's frame under the step_filter_key of every step_names the other ranks can give that does
+    not name a step this rank lacks: FILTERED, no names, and each of the rank's own."""
+    own = tuple(sorted(unfiltered.step_names))
+    filtered = filtered_frame(unfiltered, applies=True)
+    alone = filtered if len(own) >= 2 else filtered_frame(unfiltered, applies=False)
+    frames = {FILTERED: filtered, (): alone}
+    if len(own) < 2:
+        frames.update({(name,): alone for name in own})
+    return frames
 
 
 def _columns(events: list[_Event]) -> dict[str, Any]:
@@ -133,6 +189,38 @@ def _columns(events: list[_Event]) -> dict[str, Any]:
             "name": list(map(_NAME, kept)), "ts": list(map(starts.__getitem__, index)),
             "dur": list(map(durs.__getitem__, index)), "stream": list(map(_STREAM, args)),
             "correlation": list(map(_CORRELATION, args)), "kinds": kinds}
+
+
+def parsed_columns(events: list[Any]) -> dict[str, Any]:
+    """_columns of the events fleetscope's own parse decoded (events.decode_selectively: every phase with
+    its `ts`, `dur`, `cat` and `name`, a key it did not find as events.ABSENT), so one decode of a trace
+    serves both. NotComputable where the rows would differ from this module's decode: a row of another
+    phase than X (only X events carry their args there)."""
+    durs = list(map(_DUR, events))
+    if ABSENT in durs:
+        durs = [None if value is ABSENT else value for value in durs]
+    starts, cats = list(map(_TS, events)), list(map(_CAT, events))
+    kinds = {"ts": pandas_kind(set(map(type, starts))), "dur": pandas_kind(set(map(type, durs))),
+             "ts_missing": None in starts}
+    if kinds["ts"] not in ("int", "float") or kinds["dur"] not in ("int", "float"):
+        raise NotComputable("non-numeric ts or dur")
+    keep = _present(starts) & _present(durs) & _present(cats) & np.fromiter(
+        map(operator.ne, cats, repeat("Trace")), dtype=bool, count=len(cats))
+    index = np.flatnonzero(keep).tolist()
+    kept = list(map(events.__getitem__, index))
+    if any(map(operator.ne, map(_PH, kept), repeat("X"))):
+        raise NotComputable("a row that is not a complete event")
+    args = [_NO_ARGS if a is None else a for a in map(_ARGS, kept)]
+    return {"index": np.asarray(index, dtype=np.int64), "cat": list(map(cats.__getitem__, index)),
+            "name": list(map(_NAME, kept)), "ts": list(map(starts.__getitem__, index)),
+            "dur": list(map(durs.__getitem__, index)), "stream": _present_or_minus_one(map(_STREAM, args)),
+            "correlation": _present_or_minus_one(map(_CORRELATION, args)), "kinds": kinds}
+
+
+def _present_or_minus_one(values) -> list:
+    """HTA's default of a missing `stream` or `correlation`."""
+    values = list(values)
+    return [-1 if value is ABSENT else value for value in values] if ABSENT in values else values
 
 
 def _present(values: list) -> np.ndarray:
@@ -246,15 +334,15 @@ def _iterations(ts, dur, name, symbols, stream, index, index_correlation) -> np.
     return iteration
 
 
-def _step_filter(frame: dict[str, np.ndarray], is_gpu: np.ndarray, symbols: list[str],
-                 step_names: tuple[str, ...]) -> np.ndarray:
-    """Row positions HTA's _filter_irrelevant_gpu_kernels keeps, in its order: nothing filtered with fewer
-    than two ProfilerStep names over the ranks; else GPU rows whose correlation a kept host row has (once
-    per such host row), then host rows starting (aligned) by the latest step end (not aligned)."""
-    names = {s for s in symbols if STEP_PREFIX in s} | {s for s in step_names if STEP_PREFIX in s}
-    rows = np.arange(frame["ts"].size)
-    if len(names) < 2:
-        return rows
+def step_filter_applies(own_names: frozenset[str], step_names: tuple[str, ...]) -> bool:
+    """HTA filters a rank's rows only when the ranks hold two or more ProfilerStep names in all."""
+    return len(own_names | {s for s in step_names if STEP_PREFIX in s}) >= 2
+
+
+def _step_filter(frame: dict[str, np.ndarray], is_gpu: np.ndarray, symbols: list[str]) -> np.ndarray:
+    """Row positions HTA's _filter_irrelevant_gpu_kernels keeps, in its order, where it applies
+    (step_filter_applies): GPU rows whose correlation a kept host row has (once per such host row), then
+    host rows starting (aligned) by the latest step end (not aligned)."""
     cpu = np.flatnonzero(~is_gpu)
     steps = cpu[_step_rows(frame["name"][cpu], symbols, prefix_only=False)]
     if not steps.size:

@@ -6,6 +6,7 @@ parsed-trace cache, so a trace is parsed once per content and its rules are appl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -20,7 +21,14 @@ from typing import Any, Callable, Iterator
 from fleetscope.analysis.inputs.resolve import record_source
 from fleetscope.analysis.inputs.sources import TraceFailure, TraceSource
 from fleetscope.analysis.per_rank.cache import ResultCache, code_digest
-from fleetscope.analysis.per_rank.rank import RankResult, analyze_bytes, analyze_decoded, decode_identified
+from fleetscope.analysis.per_rank.hta_cache import hta_code_digest, store_parsed_views
+from fleetscope.analysis.per_rank.rank import (
+    RankResult,
+    analyze_bytes,
+    analyze_decoded,
+    decode_identified,
+    read_decoded,
+)
 from fleetscope.traces.kineto import TraceIdentity, TraceReadError, read_raw
 from fleetscope.traces.manifest import TraceRecord
 
@@ -33,24 +41,29 @@ Progress = Callable[[int, int], None]
 
 def parse_traces(sources: list[TraceSource], *, workers: int | None = None, progress: Progress | None = None,
                  cache: ResultCache | None = None, comm_kernel_pattern: str | None = None,
-                 fresh_workers: bool = False) -> list[RankResult | TraceFailure]:
+                 fresh_workers: bool = False, hta_views: bool = False) -> list[RankResult | TraceFailure]:
     """analyze_trace over every source, in parallel when worthwhile; results in input order.
     `fresh_workers`: workers are new interpreters rather than forks of this process, for a caller that
-    holds much memory already (forked workers would each carry it)."""
+    holds much memory already (forked workers would each carry it). `hta_views`: the HTA stage will
+    want these ranks' views: each GPU trace's parse stores them in the cache from its own decode
+    (hta_cache.store_parsed_views)."""
+    if hta_views and cache is not None:
+        hta_code_digest()  # computed here once: forked workers inherit it
     found = [_cached(source, cache, comm_kernel_pattern) if cache is not None else None for source in sources]
     hits = sum(result is not None for result in found)
     if progress is not None and hits:
         progress(hits, len(sources))
     missing = [source for source, result in zip(sources, found) if result is None]
     parsed = iter(_parse_all(missing, workers, cache, comm_kernel_pattern, fresh_workers,
-                             _offset_progress(progress, hits, len(sources))))
+                             _offset_progress(progress, hits, len(sources)), hta_views))
     return [result if result is not None else next(parsed) for result in found]
 
 
 def _parse_all(sources: list[TraceSource], workers: int | None, cache: ResultCache | None,
-               comm_kernel_pattern: str | None, fresh_workers: bool, progress: Progress | None) -> list:
+               comm_kernel_pattern: str | None, fresh_workers: bool, progress: Progress | None,
+               hta_views: bool = False) -> list:
     workers = workers or min(len(sources), os.cpu_count() or 1)
-    one = functools.partial(analyze_trace, cache=cache, comm_kernel_pattern=comm_kernel_pattern)
+    one = functools.partial(analyze_trace, cache=cache, comm_kernel_pattern=comm_kernel_pattern, hta_views=hta_views)
     if len(sources) < PARALLEL_THRESHOLD or workers <= 1:
         return _with_progress(map(one, sources), len(sources), progress)
     context = multiprocessing.get_context("spawn") if fresh_workers else None
@@ -111,12 +124,12 @@ _UNFORESEEN = (ValueError, TypeError, KeyError, AttributeError, OverflowError, I
 
 
 def analyze_trace(source: TraceSource, cache: ResultCache | None = None,
-                  comm_kernel_pattern: str | None = None) -> RankResult | TraceFailure:
+                  comm_kernel_pattern: str | None = None, hta_views: bool = False) -> RankResult | TraceFailure:
     """Read, parse and analyze one trace file (or find its result in `cache`); a bad file becomes a
-    TraceFailure, never an exception."""
+    TraceFailure, never an exception. `hta_views`: see parse_traces."""
     try:
         with cyclic_gc_paused():
-            return _cached_or_analyzed(source, cache, comm_kernel_pattern)
+            return _cached_or_analyzed(source, cache, comm_kernel_pattern, hta_views)
     except TraceReadError as error:
         return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=error.reason)
     except _UNFORESEEN as error:
@@ -126,7 +139,8 @@ def analyze_trace(source: TraceSource, cache: ResultCache | None = None,
         return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=reason)
 
 
-def _cached_or_analyzed(source: TraceSource, cache: ResultCache | None, comm_kernel_pattern: str | None) -> RankResult:
+def _cached_or_analyzed(source: TraceSource, cache: ResultCache | None, comm_kernel_pattern: str | None,
+                        hta_views: bool = False) -> RankResult:
     raw = read_raw(source.path, within=source.within, expected_size=source.expected_bytes,
                    expected_sha256=source.expected_sha256)
     if cache is None:
@@ -135,8 +149,23 @@ def _cached_or_analyzed(source: TraceSource, cache: ResultCache | None, comm_ker
     cached = cache.load(key)
     if cached is not None:
         return _as_hit(cached, source)
-    result = analyze_bytes(source, raw, comm_kernel_pattern)
+    if not hta_views:
+        result = analyze_bytes(source, raw, comm_kernel_pattern)
+    else:
+        result = _analyzed_with_hta_views(source, raw, cache, comm_kernel_pattern)
     cache.store(key, result)
+    return result
+
+
+def _analyzed_with_hta_views(source: TraceSource, raw: bytes, cache: ResultCache,
+                             comm_kernel_pattern: str | None) -> RankResult:
+    """analyze_bytes, storing HTA's views of the rank from the same decode (one inflate, one decode)."""
+    decoded = read_decoded(source.path, raw, with_hta_frame=True)
+    result = analyze_decoded(source, decoded, comm_kernel_pattern)
+    if decoded.hta_frame is not None and result.rank is not None:
+        # the views are a saving, not the result: whatever goes wrong, the HTA stage computes them itself
+        with contextlib.suppress(*_UNFORESEEN):
+            store_parsed_views(cache.directory, raw, result.rank, decoded.hta_frame, hta_code_digest())
     return result
 
 

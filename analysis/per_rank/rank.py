@@ -22,6 +22,7 @@ from fleetscope.analysis.per_rank.events import (
     extract_events,
 )
 from fleetscope.analysis.per_rank.gpu_time import GpuTime, measure_gpu_time
+from fleetscope.analysis.per_rank.hta_native import NotComputable, UnfilteredFrame, parsed_columns, unfiltered_frame
 from fleetscope.analysis.per_rank.host_stalls import HostStalls, IdleGaps, find_host_stalls, find_idle_gaps
 from fleetscope.analysis.per_rank.kernels import KernelTotal, OpDuration, op_durations, top_kernels
 from fleetscope.analysis.per_rank.p2p import PointToPoint, find_point_to_point
@@ -105,12 +106,15 @@ class DecodedTrace:
     metadata: dict
     events: TraceEvents
     remarks: list[str]
+    hta_frame: UnfilteredFrame | None = None
+    """HTA's frame from the same decode, when asked for and the trace has GPU activity the native frame
+    reproduces (hta_native.parsed_columns): its views then need no decode of their own."""
 
 
 def analyze_bytes(source: TraceSource, raw: bytes, comm_kernel_pattern: str | None = None) -> RankResult:
     """The RankResult of one trace file's stored bytes (raises TraceReadError for a file that is no trace);
     kernels matching `comm_kernel_pattern` count as communication too (names.comm_kernel_rule)."""
-    return analyze_decoded(source, DecodedTrace(*_read_events(source.path, raw)), comm_kernel_pattern)
+    return analyze_decoded(source, read_decoded(source.path, raw), comm_kernel_pattern)
 
 
 def decode_identified(path: Path, raw: bytes) -> tuple[TraceIdentity, DecodedTrace] | None:
@@ -175,16 +179,26 @@ def _world_size_remarks(info: object) -> list[str]:
     return [f"distributedInfo: {problem}"] if problem else []
 
 
-def _read_events(path: Path, raw: bytes) -> tuple[dict, TraceEvents, list[str]]:
-    """(trace metadata, event table, remarks) of the file's stored bytes: the fast selective decoder,
-    else the generic reader, which also explains files that cannot be used."""
+def read_decoded(path: Path, raw: bytes, *, with_hta_frame: bool = False) -> DecodedTrace:
+    """The file's stored bytes decoded once: the fast selective decoder, else the generic reader, which also
+    explains files that cannot be used. `with_hta_frame`: also HTA's frame of a GPU trace from the same
+    decoded events (fast decoder only; None where it cannot be built so, and HTA's stage decodes itself)."""
     data = decompress(raw, path)
     decoded = decode_selectively(data)
     if decoded is not None:
         metadata, events = decoded
-        return metadata, build_table(events), []
+        table = build_table(events)
+        frame = _hta_frame(events) if with_hta_frame and table.has_gpu_activity else None
+        return DecodedTrace(metadata, table, [], frame)
     document = decode_trace(raw, path)
-    return document, extract_events(document), _generic_parse_remarks(data)
+    return DecodedTrace(document, extract_events(document), _generic_parse_remarks(data))
+
+
+def _hta_frame(events: list) -> UnfilteredFrame | None:
+    try:
+        return unfiltered_frame(parsed_columns(events))
+    except (NotComputable, ValueError, TypeError, OverflowError, IndexError, KeyError):
+        return None  # HTA's stage then decodes the file itself, and says what it cannot take
 
 
 def _generic_parse_remarks(data: bytes) -> list[str]:

@@ -8,7 +8,12 @@ from pathlib import Path
 import fleetscope.analysis.merge.run as merge_run
 import numpy as np
 import pytest
-from fleetscope.analysis.merge.column_plan import _one_lane_codes, nest_codes
+from fleetscope.analysis.merge.column_lanes import (
+    _one_lane_codes,
+    nest_codes,
+    slice_lanes,
+    track_codes,
+)
 from fleetscope.analysis.merge.options import MergeOptions
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
@@ -60,3 +65,20 @@ def test_a_window_the_decoder_refuses_is_planned_event_by_event(tmp_path, monkey
     monkeypatch.setattr(merge_run, "plan_window", lambda *args: planned.append(1) or plan_window(*args))
     result = merge_run.merge(trace, tmp_path / "out.perfetto-trace", options=MergeOptions(workers=1), use_cache=False)
     assert planned and result.slice_count == 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lanes_on_arrays_are_the_nesting_loops(seed):
+    rng = random.Random(seed)
+    on_arrays = 0
+    for _ in range(1500):
+        count = rng.randint(1, 40)
+        slices = sorted(((start, start + rng.choice([0, 0, 1, 2, 3, 5, 8, 13, 30]))
+                         for start in (rng.randint(0, 60) for _ in range(count))), key=lambda s: (s[0], -s[1]))
+        starts = np.array([s for s, _ in slices], dtype=np.int64)
+        ends = np.array([e for _, e in slices], dtype=np.int64)
+        codes, lanes, lane_count = nest_codes(starts.tolist(), ends.tolist())
+        fast_codes, fast_lanes, fast_count = track_codes(starts, ends)
+        assert (fast_codes.tolist(), fast_lanes.tolist(), fast_count) == (codes, lanes, lane_count), slices
+        on_arrays += lane_count > 1 and slice_lanes(starts, ends) is not None
+    assert on_arrays > 300

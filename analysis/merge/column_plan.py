@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 from fleetscope.analysis.merge.column_flows import plan_flows_on_columns
+from fleetscope.analysis.merge.column_lanes import track_codes
 from fleetscope.analysis.merge.flows import LAUNCH_FLOWS_COVERED_CATEGORY
 from fleetscope.analysis.merge.operation_columns import planned_columns
 from fleetscope.analysis.merge.options import MergeOptions
@@ -256,89 +257,8 @@ def _lay_out(key: TrackKey, rows: np.ndarray, table: SliceTable,
     starts, ends = table.starts[rows], table.ends[rows]
     window_start, window_end = int(starts[0]), int(ends.max())
     first_lane = tracks.first_free_lane(key, window_start, window_end)
-    codes = _one_lane_codes(starts, ends)
-    if codes is not None:
-        lanes, lane_count = np.zeros(len(rows), dtype=np.int64), 1
-    else:
-        codes, lanes, lane_count = nest_codes(starts.tolist(), ends.tolist())
+    codes, lanes, lane_count = track_codes(starts, ends)
     tracks.record_span(key, window_start, window_end, first_lane + lane_count - 1)
-    codes_array = np.asarray(codes, dtype=np.int64)
-    begins = codes_array >= 0
-    positions = np.where(begins, codes_array, ~codes_array)
-    return (rows[positions], begins, np.asarray(lanes, dtype=np.int64)[positions]), first_lane, lane_count
-
-
-def _one_lane_codes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
-    """nest_codes of slices sorted by (start, -end) that all nest on one lane (no slice starts inside another
-    and ends after it: a CPU thread's calls, a GPU stream's kernels); None when they do not.
-
-    On one lane, slice j's end is emitted just before the begin of the first later slice that starts at or
-    after it (the stack pops every slice that ended by then, the latest begun first), or at the end. That
-    order is built by a sort, then checked: it must pair every begin with its own end at the same depth,
-    and each slice must end no later than the slice it opened inside (else nest_codes puts it on a new lane)."""
-    count = len(starts)
-    index = np.arange(count)
-    emitted_before = np.maximum(index + 1, np.searchsorted(starts, ends, side="left"))
-    order = np.lexsort((np.concatenate([np.zeros(count, dtype=np.int64), -index]),
-                        np.concatenate([np.ones(count, dtype=np.int8), np.zeros(count, dtype=np.int8)]),
-                        np.concatenate([index, emitted_before])))
-    is_begin = order < count
-    slice_of = np.where(is_begin, order, order - count)
-    depth_after = np.cumsum(np.where(is_begin, 1, -1))
-    if len(depth_after) and depth_after.min() < 0:
-        return None
-    level = np.where(is_begin, depth_after - 1, depth_after)
-    if not _pairs_at_each_depth(is_begin, slice_of, level):
-        return None
-    if not _ends_inside_parents(is_begin, slice_of, level, ends):
-        return None
-    return np.where(is_begin, order, ~slice_of)
-
-
-def _pairs_at_each_depth(is_begin: np.ndarray, slice_of: np.ndarray, level: np.ndarray) -> bool:
-    """Whether, depth by depth in emission order, the events run begin, its own end, begin, its own end, ..."""
-    by_level = np.lexsort((np.arange(len(level)), level))
-    begins, slices, levels = is_begin[by_level], slice_of[by_level], level[by_level]
-    return bool(begins[0::2].all() and not begins[1::2].any() and (slices[0::2] == slices[1::2]).all()
-                and (levels[0::2] == levels[1::2]).all())
-
-
-def _ends_inside_parents(is_begin: np.ndarray, slice_of: np.ndarray, level: np.ndarray, ends: np.ndarray) -> bool:
-    """Whether each slice ends no later than its parent: the last slice begun one level up before it."""
-    positions = np.flatnonzero(is_begin)
-    levels, slices = level[positions], slice_of[positions]
-    stride = 2 * len(level) + 1
-    keys = levels * stride + positions
-    by_key = np.argsort(keys, kind="stable")
-    child = levels > 0
-    at = np.searchsorted(keys[by_key], (levels[child] - 1) * stride + positions[child]) - 1
-    if len(at) and (at.min() < 0 or (levels[by_key[at]] != levels[child] - 1).any()):
-        return False
-    return bool((ends[slices[by_key[at]]] >= ends[slices[child]]).all())
-
-
-def nest_codes(starts: list[int], ends: list[int]) -> tuple[list[int], list[int], int]:
-    """tracks.nest_into_lanes over slices sorted by (start, -end): the emission order as codes (i: slice i
-    begins, ~i: it ends), each slice's lane, and the lane count."""
-    stacks: list[list[int]] = []
-    codes: list[int] = []
-    lanes = [0] * len(starts)
-    emit = codes.append
-    for index, start in enumerate(starts):
-        end = ends[index]
-        lane = 0
-        for stack in stacks:
-            while stack and ends[stack[-1]] <= start:
-                emit(~stack.pop())
-            if not stack or ends[stack[-1]] >= end:
-                break
-            lane += 1
-        if lane == len(stacks):
-            stacks.append([])
-        stacks[lane].append(index)
-        lanes[index] = lane
-        emit(index)
-    for stack in stacks:
-        while stack:
-            emit(~stack.pop())
-    return codes, lanes, len(stacks)
+    begins = codes >= 0
+    positions = np.where(begins, codes, ~codes)
+    return (rows[positions], begins, lanes[positions]), first_lane, lane_count

@@ -390,6 +390,7 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
     external_rows: list[tuple[int, int]] = []
     dims_of_external: dict[int, Any] = {}
     shape_index: dict[str, int] = {}
+    shape_slots: dict[tuple, int | None] = {}
     shape_rows: list[tuple[int, int]] = []
     sequence_rows: list[tuple[int, int]] = []
     kernel_code = int(Kind.KERNEL)
@@ -440,7 +441,7 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
                 external_rows.append((len(name_ids) - 1, args.external_id))
             if kind == kernel_code and args is not None and args.grid is not None:
                 dims = dims_of_external.get(args.external_id) if type(args.external_id) is int else None
-                _note_launch_shape(args, dims, len(name_ids) - 1, shape_index, shape_rows)
+                _note_launch_shape(args, dims, len(name_ids) - 1, shape_index, shape_rows, shape_slots)
             threads.append(_int_or(args.stream if args else None, _int_or(event.tid, NO_ID)))
             devices.append(_int_or(args.device if args else None, _int_or(event.pid, 0)))
         else:
@@ -556,18 +557,48 @@ def _message_column(index: dict[tuple, int], rows: list[tuple[int, int]], count:
     return messages, column
 
 
-def _note_launch_shape(args: _Args, op_dims: Any, row: int, index: dict[str, int], rows: list[tuple[int, int]]) -> None:
+def _note_launch_shape(args: _Args, op_dims: Any, row: int, index: dict[str, int], rows: list[tuple[int, int]],
+                       slots: dict[tuple, int | None]) -> None:
     """Record kernel `row`'s launch shape: its grid and block (three non-negative ints each) and, where the
     trace has record_shapes, its launching op's input shapes (a persistent GEMM keeps its grid whatever the
-    sizes: the shapes tell a bigger GEMM apart)."""
+    sizes: the shapes tell a bigger GEMM apart). A trace launches a few hundred distinct shapes over tens of
+    thousands of kernels: each distinct (grid, block, inputs) is labelled once, through `slots`."""
+    key = _shape_key(args.grid, args.block, op_dims)
+    try:
+        slot = slots.get(key, _UNSEEN) if key is not None else _UNSEEN
+    except TypeError:  # an unhashable value inside the grid or block (a hostile file): labelled without the memo
+        key, slot = None, _UNSEEN
+    if slot is _UNSEEN:
+        slot = _shape_slot(args, op_dims, index)
+        if key is not None:
+            slots[key] = slot
+    if slot is not None:
+        rows.append((row, slot))
+
+
+_UNSEEN = object()
+
+
+def _shape_key(grid: Any, block: Any, op_dims: Any) -> tuple | None:
+    """A hashable key of what a launch shape's label is made of (None: not hashable as decoded: no memo)."""
+    if type(grid) is not list or (block is not None and type(block) is not list):
+        return None
+    if op_dims is None or isinstance(op_dims, msgspec.Raw):
+        dims = bytes(op_dims) if op_dims is not None else None
+    else:
+        return None  # the generic decoder's nested lists: labelled each time (a rare path)
+    return (tuple(grid), tuple(block) if block is not None else None, dims)
+
+
+def _shape_slot(args: _Args, op_dims: Any, index: dict[str, int]) -> int | None:
     grid, block = _dims_text(args.grid), _dims_text(args.block)
     if grid is None:
-        return
+        return None
     label = f"grid {grid}" + (f" block {block}" if block is not None else "")
     inputs = _input_dims_text(op_dims)
     if inputs:
         label += f" inputs {inputs}"
-    rows.append((row, index.setdefault(label, len(index))))
+    return index.setdefault(label, len(index))
 
 
 _INPUT_DIMS_LIMIT = 512

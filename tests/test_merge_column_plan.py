@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import copy
 import random
 from pathlib import Path
 
 import fleetscope.analysis.merge.run as merge_run
 import numpy as np
 import pytest
+from fleetscope.analysis.merge.column_flows import (
+    ColumnSliceFinder,
+    plan_trace_flows_on_columns,
+)
 from fleetscope.analysis.merge.column_lanes import (
     _one_lane_codes,
     nest_codes,
     slice_lanes,
     track_codes,
 )
+from fleetscope.analysis.merge.flows import FlowPlan, plan_trace_flows
 from fleetscope.analysis.merge.options import MergeOptions
+from fleetscope.analysis.merge.slice_table import SliceTable
+from fleetscope.analysis.merge.tracks import RankTracks
+from fleetscope.analysis.merge.window import GroupedEvents
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 
@@ -82,3 +91,42 @@ def test_lanes_on_arrays_are_the_nesting_loops(seed):
         assert (fast_codes.tolist(), fast_lanes.tolist(), fast_count) == (codes, lanes, lane_count), slices
         on_arrays += lane_count > 1 and slice_lanes(starts, ends) is not None
     assert on_arrays > 300
+
+
+def _random_table(rng: random.Random) -> SliceTable:
+    threads = [(1, 1), (1, 2), (2, 7)]
+    rows = sorted((rng.randint(0, 60), rng.choice([0, 1, 3, 8, 20]), rng.randrange(len(threads)))
+                   for _ in range(rng.randint(0, 30)))
+    starts = np.array([start for start, _, _ in rows], dtype=np.int64)
+    count = len(rows)
+    return SliceTable(idents=np.arange(count, dtype=np.int64) * 3, starts=starts,
+                      ends=starts + np.array([length for _, length, _ in rows], dtype=np.int64), names=["a"],
+                      name_ids=np.zeros(count, dtype=np.int64), categories=["c"],
+                      category_ids=np.zeros(count, dtype=np.int64), threads=threads,
+                      thread_ids=np.array([thread for _, _, thread in rows], dtype=np.int64),
+                      correlations=np.zeros(count, dtype=np.int64), has_correlation=np.zeros(count, dtype=bool))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_trace_flows_bound_on_arrays_are_the_per_event_bindings(seed):
+    rng = random.Random(seed)
+    chains = 0
+    for _ in range(300):
+        table = _random_table(rng)
+        grouped = GroupedEvents()
+        for _ in range(rng.randint(0, 25)):
+            grouped.flow_events.append((rng.choice("stf"), rng.choice(["fwdbwd", "ac2g", "user"]),
+                                        rng.choice([1, 2, 3, "2", "x"]), rng.choice([(1, 1), (1, 2), (2, 7), (3, 3)]),
+                                        rng.randint(-5, 70), rng.random() < 0.7))
+        launch_flows = rng.choice([0, 4])
+        plans, tracks, sorted_threads = [], [], []
+        for bind in (plan_trace_flows, plan_trace_flows_on_columns):
+            each_table = copy.deepcopy(table)
+            plan, rank_tracks = FlowPlan(launch_flow_count=launch_flows), RankTracks.for_rank(0)
+            bind(grouped, rank_tracks, plan, ColumnSliceFinder(each_table))
+            plans.append((dict(plan.outgoing), dict(plan.terminating), plan.trace_flow_count))
+            tracks.append(rank_tracks.new_flow_id())
+            sorted_threads.append(each_table.sorted_threads)
+        assert plans[0] == plans[1] and tracks[0] == tracks[1] and sorted_threads[0] == sorted_threads[1]
+        chains += plans[0][2]
+    assert chains > 100

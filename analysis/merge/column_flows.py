@@ -17,6 +17,7 @@ import numpy as np
 from fleetscope.analysis.merge.flows import (
     COLLECTIVE_NAME_STARTS,
     ENCLOSING_SEARCH_LIMIT,
+    LAUNCH_FLOWS_COVERED_CATEGORY,
     FlowPlan,
     LaunchFlows,
     Located,
@@ -42,7 +43,7 @@ def plan_flows_on_columns(table: SliceTable, grouped: "GroupedEvents", tracks: "
         plan.launch_flow_count = len(plan.launch.ids)
         if not plan.launch_flow_count and add_covered is not None:
             add_covered()
-        plan_trace_flows(grouped, tracks, plan, ColumnSliceFinder(table))
+        plan_trace_flows_on_columns(grouped, tracks, plan, ColumnSliceFinder(table))
     plan_collective_flows(communication_slices(table, on_gpu), grouped, context, plan)
     return plan
 
@@ -76,6 +77,68 @@ def communication_slices(table: SliceTable, on_gpu: np.ndarray) -> dict[int, Loc
             for row in rows.tolist()}
 
 
+def plan_trace_flows_on_columns(grouped: "GroupedEvents", tracks: "RankTracks", plan: FlowPlan,
+                                finder: "ColumnSliceFinder") -> None:
+    """flows.plan_trace_flows with the ends bound and the chains formed on arrays: each thread's flow events
+    bound among its sorted slices by one search, each chain's ends ordered by one sort. A time beyond int64
+    goes to flows.plan_trace_flows (the same rules, event by event)."""
+    skip_covered = bool(plan.launch_flow_count)
+    events = [event for event in grouped.flow_events
+              if not (skip_covered and event[1] == LAUNCH_FLOWS_COVERED_CATEGORY)]
+    try:
+        times = np.array([event[4] for event in events], dtype=np.int64)
+    except OverflowError:
+        plan_trace_flows(grouped, tracks, plan, finder)
+        return
+    idents = _bound_idents(events, times, finder)
+    bound = np.flatnonzero(idents >= 0)
+    keys: dict[tuple, int] = {}
+    key_ids = np.array([keys.setdefault((events[position][1], events[position][2]), len(keys))
+                        for position in bound.tolist()], dtype=np.int64)
+    by_text = sorted(range(len(keys)), key=list(map(str, keys)).__getitem__)
+    key_rank = np.empty(len(keys), dtype=np.int64)
+    key_rank[by_text] = np.arange(len(keys))
+    _add_chains(key_rank[key_ids], times[bound], idents[bound], tracks, plan)
+
+
+def _bound_idents(events: list[tuple], times: np.ndarray, finder: "ColumnSliceFinder") -> np.ndarray:
+    """Each flow event's slice (its ident; -1: none), bound thread by thread."""
+    by_thread: dict[tuple, list[int]] = {}
+    for position, event in enumerate(events):
+        by_thread.setdefault(event[3], []).append(position)
+    enclosing = np.array([event[5] for event in events], dtype=bool)
+    idents = np.full(len(events), -1, dtype=np.int64)
+    for thread, positions in by_thread.items():
+        rows = np.array(positions, dtype=np.int64)
+        idents[rows] = finder.bind(thread, times[rows], enclosing[rows])
+    return idents
+
+
+def _add_chains(key_rank: np.ndarray, times: np.ndarray, idents: np.ndarray, tracks: "RankTracks",
+                plan: FlowPlan) -> None:
+    """One flow per chain (the bound ends of one (category, id), in key order as text) with two slices or
+    more: through its slices in (time, ident) order, each slice once (at its first end)."""
+    order = np.lexsort((idents, times, key_rank))
+    keys, slices = key_rank[order], idents[order]
+    by_pair = np.lexsort((np.arange(len(order)), slices, keys))
+    repeat = (keys[by_pair][1:] == keys[by_pair][:-1]) & (slices[by_pair][1:] == slices[by_pair][:-1])
+    first = np.ones(len(order), dtype=bool)
+    first[by_pair[1:][repeat]] = False
+    keys, slices = keys[first], slices[first]
+    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1]))) if len(keys) else keys
+    bounds = np.append(starts, len(keys))
+    lengths = np.diff(bounds)
+    chains = np.flatnonzero(lengths >= 2)
+    flow_ids = tracks.new_flow_ids(len(chains)).tolist()
+    slice_list, bound_list = slices.tolist(), bounds.tolist()
+    for chain, flow_id in zip(chains.tolist(), flow_ids):
+        begin, end = bound_list[chain], bound_list[chain + 1]
+        for ident in slice_list[begin:end - 1]:
+            plan.outgoing[ident].append(flow_id)
+        plan.terminating[slice_list[end - 1]].append(flow_id)
+    plan.trace_flow_count += len(chains)
+
+
 class ColumnSliceFinder:
     """flows._SliceFinder on the table: a thread's slices sorted by (start, -end), trace order on ties."""
 
@@ -85,17 +148,43 @@ class ColumnSliceFinder:
         self._sorted: dict[int, tuple[list[int], list[int], list[int]]] = {}
 
     def _thread(self, thread: tuple) -> tuple[list[int], list[int], list[int]]:
+        found = self._thread_arrays(thread)
+        return found[0].tolist(), found[1].tolist(), found[2].tolist()
+
+    def _thread_arrays(self, thread: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         index = self._thread_of.get(thread)
         if index is None:
-            return [], [], []
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty
         found = self._sorted.get(index)
         if found is None:
             table = self._table
             table.sorted_threads.add(index)
             rows = np.flatnonzero(table.thread_ids == index)
             rows = rows[np.lexsort((rows, -table.ends[rows], table.starts[rows]))]
-            found = self._sorted[index] = (table.starts[rows].tolist(), table.ends[rows].tolist(),
-                                           table.idents[rows].tolist())
+            found = self._sorted[index] = (table.starts[rows], table.ends[rows], table.idents[rows])
+        return found
+
+    def bind(self, thread: tuple, times_ns: np.ndarray, enclosing: np.ndarray) -> np.ndarray:
+        """The ident each flow event of `thread` binds to (-1: none): the enclosing slice where `enclosing`
+        is set, else the next slice to start."""
+        starts, ends, idents = self._thread_arrays(thread)
+        found = np.full(len(times_ns), -1, dtype=np.int64)
+        if not len(starts):
+            return found
+        after = np.searchsorted(starts, times_ns, side="left")
+        starting = ~enclosing & (after < len(starts))
+        found[starting] = idents[after[starting]]
+        latest = np.searchsorted(starts, times_ns, side="right") - 1
+        open_ = enclosing.copy()
+        for back in range(ENCLOSING_SEARCH_LIMIT):
+            candidates = latest - back
+            live = np.flatnonzero(open_ & (candidates >= 0))
+            if not len(live):
+                break
+            hit = live[ends[candidates[live]] >= times_ns[live]]
+            found[hit] = idents[candidates[hit]]
+            open_[hit] = False
         return found
 
     def enclosing(self, thread: tuple, ts_ns: int) -> int | None:

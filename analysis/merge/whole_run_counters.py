@@ -125,7 +125,8 @@ _LABELS = ("step time (ms)", "lateness (ms)")
 
 def _basis(kind: int, rank: RankWholeRun) -> str:
     if kind == 0:
-        return "; step time from the rank's timeline (step_ms)"
+        return ("; step time from the rank's timeline (step_ms), profiled steps included (they carry the "
+                "profiler's cost; the report's whole-run figures use the other steps)")
     clock = "its clock offset measured" if rank.clock_known else \
         "no measured clock offset: includes its host's clock skew"
     return f"; its step end minus the earliest rank's that step, on the merged clock ({clock})"

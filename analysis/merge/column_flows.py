@@ -145,11 +145,18 @@ class ColumnSliceFinder:
     def __init__(self, table: SliceTable):
         self._table = table
         self._thread_of = {thread: index for index, thread in enumerate(table.threads)}
-        self._sorted: dict[int, tuple[list[int], list[int], list[int]]] = {}
+        self._sorted: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._lists: dict[int, tuple[list[int], list[int], list[int]]] = {}
 
     def _thread(self, thread: tuple) -> tuple[list[int], list[int], list[int]]:
-        found = self._thread_arrays(thread)
-        return found[0].tolist(), found[1].tolist(), found[2].tolist()
+        index = self._thread_of.get(thread)
+        if index is None:
+            return [], [], []
+        found = self._lists.get(index)
+        if found is None:
+            starts, ends, idents = self._thread_arrays(thread)
+            found = self._lists[index] = (starts.tolist(), ends.tolist(), idents.tolist())
+        return found
 
     def _thread_arrays(self, thread: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         index = self._thread_of.get(thread)

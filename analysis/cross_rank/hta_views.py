@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -411,14 +410,4 @@ def _kernel_tables(analysis) -> dict[str, Table]:
 def _rows(frame) -> Table:
     """DataFrame -> list of dicts with JSON-safe scalars (NaN/inf become None)."""
     frame = frame.reset_index(drop=True)
-    return [{str(k): _scalar(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
-
-
-def _scalar(value: Any) -> Any:
-    if hasattr(value, "item") and callable(value.item):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
+    return [{str(k): python_scalar(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]

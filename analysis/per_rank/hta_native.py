@@ -176,19 +176,25 @@ def frames_by_filter_key(unfiltered: UnfilteredFrame) -> dict[tuple[str, ...], H
 def _columns(events: list[_Event]) -> dict[str, Any]:
     """The kept rows' raw values (lists) and the dtype kinds pandas would infer over every event."""
     starts, durs, cats = list(map(_TS, events)), list(map(_DUR, events)), list(map(_CAT, events))
-    kinds = {"ts": pandas_kind(set(map(type, starts))), "dur": pandas_kind(set(map(type, durs))),
-             "ts_missing": None in starts}
-    if kinds["ts"] not in ("int", "float") or kinds["dur"] not in ("int", "float"):
-        raise NotComputable("non-numeric ts or dur")
-    keep = _present(starts) & _present(durs) & _present(cats) & np.fromiter(
-        map(operator.ne, cats, repeat("Trace")), dtype=bool, count=len(cats))
-    index = np.flatnonzero(keep).tolist()
+    kinds, index = _kept_rows(starts, durs, cats)
     kept = list(map(events.__getitem__, index))
     args = [a if type(a) is _Args else _NO_ARGS for a in map(_ARGS, kept)]
     return {"index": np.asarray(index, dtype=np.int64), "cat": list(map(cats.__getitem__, index)),
             "name": list(map(_NAME, kept)), "ts": list(map(starts.__getitem__, index)),
             "dur": list(map(durs.__getitem__, index)), "stream": list(map(_STREAM, args)),
             "correlation": list(map(_CORRELATION, args)), "kinds": kinds}
+
+
+def _kept_rows(starts: list, durs: list, cats: list) -> tuple[dict[str, Any], list[int]]:
+    """(the dtype kinds pandas would infer for ts and dur over every event, the positions of HTA's rows: events
+    with a ts, a dur and a cat, the `Trace` span left out). NotComputable for a non-numeric ts or dur."""
+    kinds = {"ts": pandas_kind(set(map(type, starts))), "dur": pandas_kind(set(map(type, durs))),
+             "ts_missing": None in starts}
+    if kinds["ts"] not in ("int", "float") or kinds["dur"] not in ("int", "float"):
+        raise NotComputable("non-numeric ts or dur")
+    keep = _present(starts) & _present(durs) & _present(cats) & np.fromiter(
+        map(operator.ne, cats, repeat("Trace")), dtype=bool, count=len(cats))
+    return kinds, np.flatnonzero(keep).tolist()
 
 
 def parsed_columns(events: list[Any]) -> dict[str, Any]:
@@ -200,13 +206,7 @@ def parsed_columns(events: list[Any]) -> dict[str, Any]:
     if ABSENT in durs:
         durs = [None if value is ABSENT else value for value in durs]
     starts, cats = list(map(_TS, events)), list(map(_CAT, events))
-    kinds = {"ts": pandas_kind(set(map(type, starts))), "dur": pandas_kind(set(map(type, durs))),
-             "ts_missing": None in starts}
-    if kinds["ts"] not in ("int", "float") or kinds["dur"] not in ("int", "float"):
-        raise NotComputable("non-numeric ts or dur")
-    keep = _present(starts) & _present(durs) & _present(cats) & np.fromiter(
-        map(operator.ne, cats, repeat("Trace")), dtype=bool, count=len(cats))
-    index = np.flatnonzero(keep).tolist()
+    kinds, index = _kept_rows(starts, durs, cats)
     kept = list(map(events.__getitem__, index))
     if any(map(operator.ne, map(_PH, kept), repeat("X"))):
         raise NotComputable("a row that is not a complete event")

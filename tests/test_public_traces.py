@@ -186,9 +186,11 @@ def inductor_kernels_categorized(report, advice, traces):
     assert {categories[n] for n in categories if n.startswith("triton_red_")} == {"reduction"}
 
 
-def hta_load_failure_reported(report, advice, traces):
+def hta_views_computed_where_stock_hta_cannot_load(report, advice, traces):
+    # stock HTA 0.5's loader raises on this trace under pandas 3 (a value over an int8 column's range in its own
+    # dtype narrowing); the native views do not narrow and compute every table
     status = hta_status(report)
-    assert status["status"] == "failed" and status["reason"].startswith("HTA could not load the traces")
+    assert status["status"] == "ok", status
 
 
 def one_kernel(report, advice, traces):
@@ -236,7 +238,8 @@ CASES: dict[str, Expected] = {
         steps_match_the_trace, syncs_counted(2), hta_views_ran)),
     "tracelens/mi300x_torch_compile": Expected(ranks=(0,), basis="gpu", rank_source="file order",
                                                hta_loads=False, facts=(
-        no_steps, tensile_gemms_are_gemms, inductor_kernels_categorized, hta_load_failure_reported)),
+        no_steps, tensile_gemms_are_gemms, inductor_kernels_categorized,
+        hta_views_computed_where_stock_hta_cannot_load)),
     "kineto/event_sync_before_fix": Expected(ranks=(0,), basis="gpu", rank_source="file order", facts=(
         no_steps, one_kernel)),
     "kineto/resnet50_2021": Expected(ranks=(0,), basis="gpu", rank_source="file order", facts=(

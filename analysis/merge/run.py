@@ -87,6 +87,7 @@ from fleetscope.analysis.merge.tracks import (
 from fleetscope.analysis.merge.window import WindowClock, WindowContext
 from fleetscope.analysis.per_rank.cache import open_cache
 from fleetscope.analysis.per_rank.parse import cyclic_gc_paused
+from fleetscope.analysis.per_rank.rank import base_time_ns_of
 from fleetscope.traces.atomic import atomic_output
 from fleetscope.traces.kineto import TraceReadError, decode_trace, decompress, distributed_rank, read_raw
 from fleetscope.analysis.merge.whole_run_counters import WHOLE_RUN_SEQUENCE_ID, WholeRunPlan, plan_whole_run, write_whole_run
@@ -472,11 +473,11 @@ class _MergeSession:
 
     def _window_context(self, document: dict, trace_file: TraceFile, source: RankSource, window_key: int, *,
                         first_window: bool) -> WindowContext:
-        base_ns = document.get("baseTimeNanoseconds")
+        base_ns = base_time_ns_of(document)
         offset_ns, clock_source = self._clock_offset(source, window_key)
         if first_window:
             self.clock_choice[source.rank] = (offset_ns, clock_source)
-        clock = WindowClock(base_ns=base_ns if isinstance(base_ns, int) else 0, offset_ns=offset_ns)
+        clock = WindowClock(base_ns=base_ns, offset_ns=offset_ns)
         model = trace_file.model
         return WindowContext(
             clock=clock, options=self.options, window_key=window_key, origin_ns=self.origin_ns,

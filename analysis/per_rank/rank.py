@@ -152,7 +152,7 @@ def analyze_decoded(source: TraceSource, decoded: DecodedTrace, comm_kernel_patt
         host=str(document.get("host_name") or source.host or "unknown-host"),
         world_size=world_size,
         backend=info.get("backend") if isinstance(info, dict) else None,
-        base_time_ns=_base_time_ns(document),
+        base_time_ns=base_time_ns_of(document),
         event_count=len(events) + events.omitted_host_ops,
         dropped_events=dict(events.dropped),
         first_start_us=float(events.start_us.min()) if len(events) else None,
@@ -220,6 +220,8 @@ def _resolve_rank(source: TraceSource, trace_rank: int | None) -> tuple[int | No
     return None, RANK_FROM_ORDER
 
 
-def _base_time_ns(document: dict) -> int:
+def base_time_ns_of(document: dict) -> int:
+    """The trace's `baseTimeNanoseconds`; 0 where it is absent or not a time in [0, 2^63) ns (the one rule: the
+    analysis and the merge place events by it)."""
     base = document.get("baseTimeNanoseconds")
     return base if isinstance(base, int) and not isinstance(base, bool) and 0 <= base < 2**63 else 0

@@ -75,11 +75,11 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     inputs = resolve_input(path)
     json_out, html_out = _guarded_outputs(inputs, json_out, html_out, write_default_outputs)
     cache, cache_off = open_cache(cache_dir) if use_cache else (None, None)
-    if use_hta:
-        start_hta_workers()
+    views_in_parse = use_hta and cache is not None and _hta_on_every_rank(inputs.sources, hta_ranks, hta_max_ranks)
+    if use_hta and (hta_oracle or not views_in_parse):
+        start_hta_workers()  # HTA's stage will need its workers: their server imports while the parse runs
     outcomes = parse_traces(inputs.sources, workers=workers, progress=progress, cache=cache,
-                            comm_kernel_pattern=comm_kernel_pattern,
-                            hta_views=use_hta and _hta_on_every_rank(inputs.sources, hta_ranks, hta_max_ranks))
+                            comm_kernel_pattern=comm_kernel_pattern, hta_views=views_in_parse)
     if on_parsed is not None:
         on_parsed(outcomes)
     placement = place_traces(inputs, outcomes)

@@ -89,3 +89,29 @@ def test_the_hta_stage_reads_the_views_the_parse_stored(tmp_path):
     assert {w.hta.status for w in shared.windows} == {"ok"}
     assert [(w.hta.status, w.hta.tables, w.hta.errors) for w in shared.windows] == [
         (w.hta.status, w.hta.tables, w.hta.errors) for w in own.windows]
+
+
+class _NoWorkers:
+    def __init__(self, *args, **kwargs):
+        raise AssertionError("HTA's stage started workers for views the cache holds")
+
+
+def test_views_the_cache_holds_are_read_without_starting_workers(tmp_path, monkeypatch):
+    import fleetscope.analysis.cross_rank.hta_views as hta_views
+
+    run = GPU / "planted_pairs"
+    started = []
+    monkeypatch.setattr(hta_views, "ProcessPoolExecutor", _NoWorkers)
+    monkeypatch.setattr(hta_views.multiprocessing.forkserver, "ensure_running", lambda: started.append(1))
+    progress = []
+    report = analyze(run, write_default_outputs=False, cache_dir=tmp_path / "cache", hta_ranks="all",
+                     hta_progress=lambda done, total: progress.append((done, total)))
+    assert {w.hta.status for w in report.windows} == {"ok"} and not started
+    assert progress and all(done == total for done, total in progress)
+    # a rank the cache lacks is still computed, by workers
+    monkeypatch.undo()
+    missing = sorted((tmp_path / "cache").rglob("*" + ENTRY_SUFFIX))[0]
+    missing.unlink()
+    again = analyze(run, write_default_outputs=False, cache_dir=tmp_path / "cache", hta_ranks="all")
+    assert [(w.hta.tables, w.hta.errors) for w in again.windows] == [(w.hta.tables, w.hta.errors)
+                                                                   for w in report.windows]

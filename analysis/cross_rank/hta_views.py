@@ -30,7 +30,7 @@ from fleetscope.analysis.cross_rank.hta_stragglers import (
     StragglerViewError,
     potential_stragglers,
 )
-from fleetscope.analysis.per_rank.hta_cache import cached_rank_views, hta_code_digest
+from fleetscope.analysis.per_rank.hta_cache import cached_rank_views, hta_code_digest, views_if_cached
 from fleetscope.analysis.per_rank.hta_native_views import (
     LAUNCH_DELAY_CUTOFF_US,
     LAUNCH_RUNTIME_CUTOFF_US,
@@ -40,6 +40,7 @@ from fleetscope.analysis.per_rank.hta_native_views import (
     sort_order,
 )
 from fleetscope.analysis.per_rank.hta_rank import one_line, quietly
+from fleetscope.analysis.per_rank.parse import offset_progress
 from fleetscope.analysis.per_rank.hta_rank_views import (
     ENGINE_HTA,
     ENGINE_NATIVE,
@@ -160,17 +161,38 @@ def _per_rank(trace_files: dict[int, Path], step_names: tuple[str, ...], workers
               engine: str = ENGINE_NATIVE) -> list[RankViews]:
     """rank_views (through the cache) for every rank, one worker process per rank when there are several;
     in rank order."""
-    ranks = sorted(trace_files)
+    code_digest = None if cache_dir is None else hta_code_digest()
+    found = _found_in_cache(trace_files, step_names, cache_dir, code_digest, engine)
+    if found and progress is not None:
+        progress(len(found), len(trace_files))
+    ranks = sorted(set(trace_files) - set(found))
     paths = [str(Path(trace_files[r]).absolute()) for r in ranks]
     names = [tuple(step_names)] * len(ranks)
     one = functools.partial(cached_rank_views, cache_dir=None if cache_dir is None else str(cache_dir),
-                            code_digest=None if cache_dir is None else hta_code_digest(), engine=engine)
+                            code_digest=code_digest, engine=engine)
     workers = min(len(ranks), workers or os.cpu_count() or 1)
+    reported = offset_progress(progress, len(found), len(trace_files))
     if workers <= 1 or len(ranks) < 2:
-        return _collect(map(one, paths, ranks, names), len(ranks), progress)
-    _import_joins(engine)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_worker_context(engine)) as pool:
-        return _collect(pool.map(one, paths, ranks, names, chunksize=1), len(ranks), progress)
+        computed = _collect(map(one, paths, ranks, names), len(ranks), reported)
+    else:
+        _import_joins(engine)
+        with ProcessPoolExecutor(max_workers=workers, mp_context=_worker_context(engine)) as pool:
+            computed = _collect(pool.map(one, paths, ranks, names, chunksize=1), len(ranks), reported)
+    return sorted([*found.values(), *computed], key=lambda views: views.rank)
+
+
+def _found_in_cache(trace_files: dict[int, Path], step_names: tuple[str, ...], cache_dir: Path | None,
+                    code_digest: str | None, engine: str) -> dict[int, RankViews]:
+    """The ranks whose views the cache holds (the parse stores them when every rank gets HTA's views): read
+    here, as starting workers (a server importing their modules, one fork each) costs far more than a hit."""
+    if cache_dir is None or engine != ENGINE_NATIVE:
+        return {}
+    found = {}
+    for rank in sorted(trace_files):
+        views = views_if_cached(trace_files[rank], rank, tuple(step_names), cache_dir, code_digest, engine)
+        if views is not None:
+            found[rank] = views
+    return found
 
 
 def _import_joins(engine: str) -> None:

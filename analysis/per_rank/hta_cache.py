@@ -80,15 +80,35 @@ def cached_rank_views(path: str | Path, rank: int, step_names: tuple[str, ...] =
         return rank_views(path, rank, step_names, engine=engine)
     raw = read_raw(Path(path))
     entry = Path(cache_dir) / f"{hta_key(raw, rank, step_names, code_digest, engine)}{ENTRY_SUFFIX}"
-    cached = _load(entry, rank)
-    if cached is None and engine == ENGINE_NATIVE:
-        cached = _load(_parsed_entry(Path(cache_dir), raw, rank, step_filter_key(step_names), code_digest), rank)
+    cached = _cached(raw, entry, rank, step_names, Path(cache_dir), code_digest, engine)
     if cached is not None:
         return cached
     result = rank_views(path, rank, step_names, raw=raw, engine=engine)
     with contextlib.suppress(OSError, NotImplementedError):  # a cache failure only costs the cache
         write_bytes_atomically(encode_entry(result), entry)
     return result
+
+
+def views_if_cached(path: str | Path, rank: int, step_names: tuple[str, ...], cache_dir: str | Path,
+                    code_digest: str | None = None, engine: str = ENGINE_NATIVE) -> RankViews | None:
+    """The rank's views when the cache holds them (as cached_rank_views finds them), else None: a miss, or a
+    trace that cannot be read here (cached_rank_views then says why). Cheap (one read and one hash of the
+    trace's stored bytes), so a caller can find the hits itself and hand only the misses to workers."""
+    try:
+        raw = read_raw(Path(path))
+    except (OSError, ValueError):  # TraceReadError is a ValueError: the worker's path reports it
+        return None
+    entry = Path(cache_dir) / f"{hta_key(raw, rank, step_names, code_digest, engine)}{ENTRY_SUFFIX}"
+    return _cached(raw, entry, rank, step_names, Path(cache_dir), code_digest, engine)
+
+
+def _cached(raw: bytes, entry: Path, rank: int, step_names: tuple[str, ...], cache_dir: Path,
+            code_digest: str | None, engine: str) -> RankViews | None:
+    """The entry computed for these exact step names, or (native engine) the one the parse stored."""
+    cached = _load(entry, rank)
+    if cached is None and engine == ENGINE_NATIVE:
+        cached = _load(_parsed_entry(cache_dir, raw, rank, step_filter_key(step_names), code_digest), rank)
+    return cached
 
 
 def store_parsed_views(cache_dir: str | Path, raw: bytes, rank: int, unfiltered: UnfilteredFrame,

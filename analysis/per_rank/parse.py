@@ -55,7 +55,7 @@ def parse_traces(sources: list[TraceSource], *, workers: int | None = None, prog
         progress(hits, len(sources))
     missing = [source for source, result in zip(sources, found) if result is None]
     parsed = iter(_parse_all(missing, workers, cache, comm_kernel_pattern, fresh_workers,
-                             _offset_progress(progress, hits, len(sources)), hta_views))
+                             offset_progress(progress, hits, len(sources)), hta_views))
     return [result if result is not None else next(parsed) for result in found]
 
 
@@ -71,7 +71,7 @@ def _parse_all(sources: list[TraceSource], workers: int | None, cache: ResultCac
         return _with_progress(pool.map(one, sources, chunksize=1), len(sources), progress)
 
 
-def _offset_progress(progress: Progress | None, done_before: int, total: int) -> Progress | None:
+def offset_progress(progress: Progress | None, done_before: int, total: int) -> Progress | None:
     """progress(done, total) over all sources, for the ones parsed after `done_before` cache hits."""
     if progress is None:
         return None

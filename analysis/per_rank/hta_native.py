@@ -230,9 +230,13 @@ def _present(values: list) -> np.ndarray:
 def _symbols(cats: list, names: list) -> tuple[list[str], np.ndarray, np.ndarray]:
     """One string table for `cat` and `name` (as HTA's), and each row's ids (interned in C: dict.fromkeys)."""
     values = cats + names
-    if not set(map(type, values)) <= {str}:
+    try:
+        symbols = list(dict.fromkeys(values))
+    except TypeError:  # an unhashable name (a list or an object)
+        raise NotComputable("an event name or category that is not text") from None
+    # a value equal to a string is that string: the distinct values are all text iff every value is
+    if not set(map(type, symbols)) <= {str}:
         raise NotComputable("an event name or category that is not text")
-    symbols = list(dict.fromkeys(values))
     ids = dict(zip(symbols, range(len(symbols))))
     codes = np.fromiter(map(ids.__getitem__, values), dtype=np.int64, count=len(values))
     return symbols, codes[: len(cats)], codes[len(cats):]

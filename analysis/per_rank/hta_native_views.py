@@ -193,11 +193,11 @@ def _type_time(ts, dur, types, dtype) -> Table:
                  for bit, kind in enumerate(KERNEL_BREAKDOWN_TYPES)]
     times, status = _sweep(intervals, dtype)
     running = np.cumsum(status)
-    spans = np.diff(times)
-    totals: dict[str, Any] = {}
-    for position in np.flatnonzero(running[:-1] > 0):
-        label = _running_label(int(running[position]))
-        totals[label] = totals.get(label, 0) + int(spans[position])
+    positions = np.flatnonzero(running[:-1] > 0)
+    # each span truncated to whole microseconds before it is added, as HTA's int() of each
+    spans = np.diff(times)[positions].astype(np.int64)
+    sets = running[positions]
+    totals = {_running_label(int(value)): int(spans[sets == value].sum()) for value in np.unique(sets).tolist()}
     return [{"kernel_type": label, "sum": totals[label]} for label in sorted(totals)]
 
 
@@ -214,7 +214,9 @@ def _kernel_rows(names: np.ndarray, dur: np.ndarray, symbols: list[str], kind: s
     ids, inverse = np.unique(names, return_inverse=True)
     labels = np.asarray([symbols[i] for i in ids.tolist()], dtype=object)
     by_label = np.argsort(labels, kind="stable")  # groupby sorts its keys
-    stats = [_stats(dur[inverse == position]) for position in by_label.tolist()]
+    # each name's durations in row order (what a mask per name gives), from one stable sort
+    grouped = np.split(dur[np.argsort(inverse, kind="stable")], np.cumsum(np.bincount(inverse))[:-1])
+    stats = [_stats(grouped[position]) for position in by_label.tolist()]
     table = {"name": labels[by_label]} | {key: np.asarray([s[key] for s in stats]) for key in stats[0]}
     order = sort_order(table["sum"], ascending=False)
     table = {key: column[order] for key, column in table.items()}

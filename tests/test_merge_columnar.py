@@ -39,6 +39,9 @@ def random_rows(seed: int, count: int) -> list[tuple]:
     timestamps = [0, 1, 127, 128, 16_383, 16_384, 1_700_000_000_123_456_789, (1 << 63) - 1]
     uuids = [1, 127, 128, (1 << 32) | 5, (200 << 32) | 70_000, (1 << 64) - 1]
     values = [0.0, -0.0, 1.5, -2.25e300, math.inf, -math.inf, math.nan, 7]
+    annotation_names = ["call", "dur_us", "idle_us", "σ"]
+    annotation_values = ["", "aten::_local_scalar_dense", "σ ✓" * 50, 0, 1, -1, 127, 128, (1 << 63) - 1, -(1 << 63),
+                         1 << 63, 0.0, -0.0, 2.5, math.nan, math.inf, True, False, None, [1, 2], {"a": 1}]
     rows = []
     for row in range(count):
         kind = rng.choice([SLICE_BEGIN, SLICE_BEGIN, SLICE_END, SLICE_END, INSTANT, COUNTER])
@@ -51,6 +54,11 @@ def random_rows(seed: int, count: int) -> list[tuple]:
         annotations = None
         if kind in (SLICE_BEGIN, INSTANT) and rng.random() < 0.1:
             annotations = {"step": row, "cause": "host stall", "nested": {"a": [1, 2.5, "b"]}, "ok": True}
+        elif kind in (SLICE_BEGIN, INSTANT) and rng.random() < 0.3:  # plain values: encoded from columns
+            keys = rng.sample(annotation_names, rng.choice([1, 1, 2, 4]))
+            annotations = {key: rng.choice(annotation_values) for key in keys}
+            if row % 13 == 0:
+                annotation_names.append(f"new key {row}")
         ts = rng.choice(timestamps) if rng.random() < 0.3 else rng.randrange(1 << 40, 1 << 61)
         rows.append((kind, ts, rng.choice(uuids), rng.choice(names), rng.choice(categories), rng.choice(values),
                      flows, annotations))

@@ -16,6 +16,7 @@ are the same.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Sequence
@@ -65,6 +66,14 @@ _TRACK_UUID = _key(pb.TrackEvent, "track_uuid", _VARINT)
 _COUNTER_VALUE = _key(pb.TrackEvent, "double_counter_value", _FIXED64)
 _FLOW_ID = _key(pb.TrackEvent, "flow_ids", _FIXED64)
 _TERMINATING_FLOW_ID = _key(pb.TrackEvent, "terminating_flow_ids", _FIXED64)
+_DEBUG_ANNOTATION = _key(pb.TrackEvent, "debug_annotations", _LENGTH_DELIMITED)
+_ANNOTATION_NAME_IID = _key(pb.DebugAnnotation, "name_iid", _VARINT)
+_ANNOTATION_VALUE_KEYS = {
+    bool: _key(pb.DebugAnnotation, "bool_value", _VARINT),
+    int: _key(pb.DebugAnnotation, "int_value", _VARINT),
+    float: _key(pb.DebugAnnotation, "double_value", _FIXED64),
+    str: _key(pb.DebugAnnotation, "string_value", _LENGTH_DELIMITED),
+}
 _NEEDS_STATE = pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
 _MAX_COMMON_FLOWS = 1
 """Slices with more flow ids are rare rows: the encoder's flow matrix is as wide as its widest row."""
@@ -184,7 +193,8 @@ def _encode_chunk(writer: SequenceWriter, chunk: _Chunk) -> bytes:
     categories.complete(writer.category_iids)
     common = np.ones(chunk.stop - chunk.start, dtype=bool)
     common[rare] = False
-    return _assemble(writer, chunk, common, rare, rare_bytes, names.iids, categories.iids)
+    annotations = _annotation_field(writer, chunk, common)
+    return _assemble(writer, chunk, common, rare, rare_bytes, names.iids, categories.iids, annotations)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,13 +231,60 @@ def _rare_rows(writer: SequenceWriter, chunk: _Chunk, names: _Interned, categori
     the sequence's first packet, negative timestamps (the writer refuses them) and slices with many flows."""
     named_rows = np.flatnonzero(chunk.named)
     rows = [named_rows[names.first_uses()], named_rows[categories.first_uses(skip="")]]
-    rows.append(np.array([row - chunk.start for row in chunk.columns.annotations
-                          if chunk.start <= row < chunk.stop], dtype=np.int64))
+    rows.append(_rare_annotated_rows(writer, chunk))
     rows.append(np.flatnonzero(chunk.timestamps_ns < 0))
     rows.append(np.flatnonzero(chunk.flows.per_row_counts(chunk.start, chunk.stop) > _MAX_COMMON_FLOWS))
     if not writer.started:
         rows.append(np.flatnonzero(chunk.types != SLICE_END)[:1])
     return np.unique(np.concatenate(rows).astype(np.int64))
+
+
+def _rare_annotated_rows(writer: SequenceWriter, chunk: _Chunk) -> np.ndarray:
+    """Annotated rows SequenceWriter writes: the first use of an annotation name not interned yet (its packet
+    interns it), and rows with a value other than text, a bool, a float or an int64 (lists, dicts, others)."""
+    interned, first_seen, rows = writer.annotation_name_iids, set(), []
+    for row in sorted(row - chunk.start for row in chunk.columns.annotations if chunk.start <= row < chunk.stop):
+        annotations = chunk.columns.annotations[chunk.start + row]
+        new_names = [key for key in annotations if key not in interned and key not in first_seen]
+        if new_names or not all(map(_is_plain_value, annotations.values())):
+            rows.append(row)
+            first_seen.update(new_names)
+    return np.array(rows, dtype=np.int64)
+
+
+def _is_plain_value(value: object) -> bool:
+    kind = type(value)
+    return kind is str or kind is float or kind is bool or (kind is int and -(2**63) <= value < 2**63)
+
+
+def _annotation_field(writer: SequenceWriter, chunk: _Chunk, common: np.ndarray) -> _Field:
+    """TrackEvent's debug_annotations of the common annotated rows, as set_annotation_value writes them:
+    per annotation its name's iid, then its value (an int as its 64-bit two's complement varint)."""
+    rows = len(common)
+    encoded = {row - chunk.start: b"".join(_annotation_bytes(writer.annotation_name_iids[key], value)
+                                           for key, value in annotations.items())
+               for row, annotations in chunk.columns.annotations.items()
+               if chunk.start <= row < chunk.stop and common[row - chunk.start]}
+    width = max(map(len, encoded.values()), default=0)
+    matrix = np.zeros((rows, width), dtype=np.uint8)
+    lengths = np.zeros(rows, dtype=np.int64)
+    for row, data in encoded.items():
+        matrix[row, :len(data)] = np.frombuffer(data, dtype=np.uint8)
+        lengths[row] = len(data)
+    return _Field(matrix, lengths)
+
+
+def _annotation_bytes(name_iid: int, value: object) -> bytes:
+    kind = type(value)
+    if kind is str:
+        text = value.encode("utf-8")
+        encoded = _ANNOTATION_VALUE_KEYS[str] + _varint_bytes(len(text)) + text
+    elif kind is float:
+        encoded = _ANNOTATION_VALUE_KEYS[float] + struct.pack("<d", value)
+    else:  # bool or int
+        encoded = _ANNOTATION_VALUE_KEYS[kind] + _varint_bytes(int(value) & ((1 << 64) - 1))
+    body = _ANNOTATION_NAME_IID + _varint_bytes(name_iid) + encoded
+    return _DEBUG_ANNOTATION + _varint_bytes(len(body)) + body
 
 
 def _write_rare_rows(writer: SequenceWriter, chunk: _Chunk, rare: np.ndarray) -> list[bytes]:
@@ -275,12 +332,13 @@ class _Field:
 
 
 def _assemble(writer: SequenceWriter, chunk: _Chunk, common: np.ndarray, rare: np.ndarray,
-              rare_bytes: list[bytes], name_iids: np.ndarray, category_iids: np.ndarray) -> bytes:
+              rare_bytes: list[bytes], name_iids: np.ndarray, category_iids: np.ndarray,
+              annotations: _Field) -> bytes:
     """Every row's framed packet, rows in order; rare rows take their bytes from `rare_bytes`."""
     types = chunk.types
     named = chunk.named & common
     counter = (types == COUNTER) & common
-    event_fields = _track_event_fields(chunk, common, named, counter, name_iids, category_iids)
+    event_fields = _track_event_fields(chunk, common, named, counter, name_iids, category_iids, annotations)
     event_length = sum(f.lengths for f in event_fields)
     packet_fields = [
         _varint_field(_TIMESTAMP, chunk.timestamps_ns, common),
@@ -322,9 +380,9 @@ def _splice(common_bytes: np.ndarray, row_lengths: np.ndarray, rare: np.ndarray,
 
 
 def _track_event_fields(chunk: _Chunk, common: np.ndarray, named: np.ndarray, counter: np.ndarray,
-                        name_iids: np.ndarray, category_iids: np.ndarray) -> list[_Field]:
-    """TrackEvent's fields in field-number order: category_iids, type, name_iid, track_uuid,
-    double_counter_value, flow_ids and terminating_flow_ids."""
+                        name_iids: np.ndarray, category_iids: np.ndarray, annotations: _Field) -> list[_Field]:
+    """TrackEvent's fields in field-number order: category_iids, debug_annotations, type, name_iid,
+    track_uuid, double_counter_value, flow_ids and terminating_flow_ids."""
     rows = len(common)
     names, categories = np.zeros(rows, dtype=np.uint64), np.zeros(rows, dtype=np.uint64)
     name_rows = np.flatnonzero(chunk.named)
@@ -333,6 +391,7 @@ def _track_event_fields(chunk: _Chunk, common: np.ndarray, named: np.ndarray, co
     counter_values[chunk.types == COUNTER] = chunk.counter_values
     return [
         _varint_field(_CATEGORY_IID, categories, named & (categories > 0)),
+        annotations,
         _varint_field(_TYPE, chunk.types, common),
         _varint_field(_NAME_IID, names, named),
         _varint_field(_TRACK_UUID, chunk.track_uuids, common),

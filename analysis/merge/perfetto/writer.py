@@ -134,6 +134,11 @@ class SequenceWriter:
         """Category -> interned id so far (read only, as `name_iids`)."""
         return self._categories
 
+    @property
+    def annotation_name_iids(self) -> dict[str, int]:
+        """Debug annotation name -> interned id so far (read only, as `name_iids`)."""
+        return self._annotation_names
+
     def packet(self, timestamp_ns: int | None = None) -> pb.TracePacket:
         packet = self.stream.add_packet()
         packet.trusted_packet_sequence_id = self.sequence_id

@@ -115,3 +115,16 @@ def test_views_the_cache_holds_are_read_without_starting_workers(tmp_path, monke
     again = analyze(run, write_default_outputs=False, cache_dir=tmp_path / "cache", hta_ranks="all")
     assert [(w.hta.tables, w.hta.errors) for w in again.windows] == [(w.hta.tables, w.hta.errors)
                                                                    for w in report.windows]
+
+
+def test_a_trace_that_cannot_be_read_is_a_miss_for_the_workers_to_report(tmp_path):
+    from fleetscope.analysis.per_rank.hta_cache import views_if_cached
+
+    (tmp_path / "cache").mkdir()
+    not_gzip = tmp_path / "rank0.json.gz"
+    not_gzip.write_bytes(b"not a trace")
+    assert views_if_cached(tmp_path / "missing.json", 0, (), tmp_path / "cache") is None
+    assert views_if_cached(not_gzip, 0, (), tmp_path / "cache") is None
+    link = tmp_path / "rank1.json.gz"
+    link.symlink_to(not_gzip)
+    assert views_if_cached(link, 1, (), tmp_path / "cache") is None

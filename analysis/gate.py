@@ -7,7 +7,9 @@ one value per step over the ranks that recorded it:
   peak_memory_mb     the largest max_memory_allocated_mb          (lower is better; absent on CPU)
   data_time_ms       the slowest rank's data_ms                   (lower is better)
 A side's value is the median of its runs' steps pooled. change_pct = (new - base) / base x 100; worse_pct is
-the change in the bad direction (a rise of step time, a drop of tokens/s).
+the change in the bad direction (a rise of step time, a drop of tokens/s). A part of the step (data_time_ms)
+is judged by its rise in percent of the base's step time, not of itself: an input wait going from 0.3 to 0.5 ms
+in a 28 ms step costs 0.7% of the step, not 60%.
 
 Noise: a bootstrap of change_pct (BOOTSTRAP_RESAMPLES, seeded): each resample draws, per side, runs with
 replacement and then steps with replacement within each drawn run, and takes the pooled medians;
@@ -53,13 +55,16 @@ class GatedMetric:
     combine: str
     """How ranks' values of one step become the step's: "max" or "sum"."""
     unit: str
+    part_of_step: bool = False
+    """A share of the step time: its rise is judged in percent of the base's step time (module docstring)."""
 
 
+STEP_TIME = "step_time_ms"
 GATED = (
-    GatedMetric("step_time_ms", "step_time_ms", False, "max", "ms"),
+    GatedMetric(STEP_TIME, "step_time_ms", False, "max", "ms"),
     GatedMetric("tokens_per_s", "tokens_per_s", True, "sum", "tokens/s"),
     GatedMetric("peak_memory_mb", "max_memory_allocated_mb", False, "max", "MB"),
-    GatedMetric("data_time_ms", "data_ms", False, "max", "ms"),
+    GatedMetric("data_time_ms", "data_ms", False, "max", "ms", part_of_step=True),
 )
 
 
@@ -76,6 +81,8 @@ class MetricGate:
     """Bootstrap interval of change_pct (module docstring)."""
     new_run_changes_pct: list[float] = field(default_factory=list)
     """Each new run's median against the base median."""
+    step_cost_pct: float | None = None
+    """A part of the step: its change in percent of the base's step time (what the threshold judges)."""
     gated: bool = False
     """Both sides had MIN_STEPS steady steps."""
     regression: bool = False
@@ -111,7 +118,9 @@ class GateResult:
             return f"REFUSED: the runs' environments differ: {fields} (--allow-env-change compares anyway)"
         if not self.regressions:
             return f"no sustained regression beyond {self.threshold_pct:g}%"
-        worst = ", ".join(f"{m.name} {m.change_pct:+.1f}%" for m in self.regressions)
+        worst = ", ".join(f"{m.name} {m.change_pct:+.1f}%" + (
+            f" ({m.step_cost_pct:+.1f}% of the step time)" if m.step_cost_pct is not None else "")
+            for m in self.regressions)
         return f"REGRESSION (threshold {self.threshold_pct:g}%, every new run worse): {worst}"
 
 
@@ -185,7 +194,8 @@ def gate(base_runs: list[str | Path], new_runs: list[str | Path], *, threshold_p
     base = [step_samples(Path(r)) for r in base_runs]
     new = [step_samples(Path(r)) for r in new_runs]
     rng = np.random.default_rng(seed)
-    metrics = [_metric_gate(m, base, new, threshold_pct, rng) for m in GATED]
+    step_time = _pooled_median([s[STEP_TIME] for s in base if STEP_TIME in s])
+    metrics = [_metric_gate(m, base, new, threshold_pct, rng, step_time if m.part_of_step else None) for m in GATED]
     notes += [f"{m.name}: not gated ({m.reason})" for m in metrics if not m.gated and m.reason]
     return GateResult(base_runs=names[0], new_runs=names[1], threshold_pct=threshold_pct, metrics=metrics,
                       environment_differences=differences, notes=notes)
@@ -208,8 +218,14 @@ def environment_check(runs: list[str | Path]) -> tuple[dict[str, list[Any]], lis
     return differences, notes
 
 
+def _pooled_median(runs: list[np.ndarray]) -> float | None:
+    pooled = np.concatenate(runs) if runs else np.empty(0)
+    return float(np.median(pooled)) if pooled.size else None
+
+
 def _metric_gate(metric: GatedMetric, base: list[dict[str, np.ndarray]], new: list[dict[str, np.ndarray]],
-                 threshold_pct: float, rng: np.random.Generator) -> MetricGate:
+                 threshold_pct: float, rng: np.random.Generator, base_step_ms: float | None = None) -> MetricGate:
+    """`base_step_ms`: the base's step time, for a part of the step (GatedMetric.part_of_step)."""
     base_runs = [s[metric.name] for s in base if metric.name in s]
     new_runs = [s[metric.name] for s in new if metric.name in s]
     base_all = np.concatenate(base_runs) if base_runs else np.empty(0)
@@ -227,22 +243,27 @@ def _metric_gate(metric: GatedMetric, base: list[dict[str, np.ndarray]], new: li
     change = _change_pct(base_median, summary["new_median"])
     interval = _bootstrap_interval(base_runs, new_runs, rng)
     per_run = [_change_pct(base_median, float(np.median(run))) for run in new_runs]
-    large = sign * change >= threshold_pct
+    # what a change costs: of the metric itself, or of the step for a part of it
+    scale = base_median / base_step_ms if base_step_ms and base_step_ms > 0 else 1.0
+    of_what = "of the step time" if scale != 1.0 else ""
+    large = sign * change * scale >= threshold_pct
     beyond_noise = (interval[0] > 0) if sign > 0 else (interval[1] < 0)
-    sustained = all(sign * c >= threshold_pct for c in per_run)
+    sustained = all(sign * c * scale >= threshold_pct for c in per_run)
     regression = large and beyond_noise and sustained
     return MetricGate(**summary, change_pct=change, interval_pct=interval, new_run_changes_pct=per_run, gated=True,
-                      regression=regression,
-                      reason="better" if sign * change < 0 else _reason(large, beyond_noise, sustained, threshold_pct))
+                      regression=regression, step_cost_pct=change * scale if of_what else None,
+                      reason="better" if sign * change < 0 else _reason(large, beyond_noise, sustained, threshold_pct,
+                                                                        of_what, change * scale))
 
 
 def _change_pct(base: float, new: float) -> float:
     return 100.0 * (new - base) / abs(base)
 
 
-def _reason(large: bool, beyond_noise: bool, sustained: bool, threshold_pct: float) -> str:
+def _reason(large: bool, beyond_noise: bool, sustained: bool, threshold_pct: float, of_what: str = "",
+            cost_pct: float = 0.0) -> str:
     if not large:
-        return f"within {threshold_pct:g}%"
+        return f"within {threshold_pct:g}% {of_what} ({cost_pct:+.1f}%)" if of_what else f"within {threshold_pct:g}%"
     if beyond_noise and sustained:
         return "sustained regression"
     missing = [text for text, held in (("within the noise of the runs and steps", beyond_noise),

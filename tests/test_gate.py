@@ -54,16 +54,30 @@ def test_the_same_distribution_does_not_fail(tmp_path):
 
 def test_a_sustained_slowdown_fails_on_every_gated_metric(tmp_path):
     base = [_run(tmp_path, f"b{i}", step_ms=100, seed=i) for i in range(2)]
-    new = [_run(tmp_path, f"n{i}", step_ms=110, tokens=900, memory_mb=560, data_ms=2.5, seed=10 + i)
+    new = [_run(tmp_path, f"n{i}", step_ms=110, tokens=900, memory_mb=560, data_ms=9.0, seed=10 + i)
            for i in range(2)]
     result = gate(base, new)
     assert result.exit_code == EXIT_REGRESSION
     assert {m.name for m in result.regressions} == {"step_time_ms", "tokens_per_s", "peak_memory_mb", "data_time_ms"}
+    data = _metric(result, "data_time_ms")  # +7 ms of input wait: +350% of itself, +7% of the 100 ms step
+    assert data.change_pct == pytest.approx(350.0) and data.step_cost_pct == pytest.approx(7.0, abs=0.2)
+    assert "data_time_ms +350.0% (+7.0% of the step time)" in result.verdict
     step = _metric(result, "step_time_ms")
     assert step.change_pct == pytest.approx(10.0, abs=1.0)           # 10% slower, 1% step noise
     assert step.interval_pct[0] > 5 and all(c > 5 for c in step.new_run_changes_pct)
     assert _metric(result, "tokens_per_s").change_pct == pytest.approx(-10.0, abs=1.0)
     assert "REGRESSION" in render_gate(result)
+
+
+def test_a_part_of_the_step_is_judged_by_what_it_costs_the_step(tmp_path):
+    base = [_run(tmp_path, f"b{i}", step_ms=100, data_ms=0.3, seed=i) for i in range(2)]
+    new = [_run(tmp_path, f"n{i}", step_ms=100, data_ms=0.5, seed=10 + i) for i in range(2)]
+    result = gate(base, new)
+    data = _metric(result, "data_time_ms")  # +67% of itself, 0.2% of the step: not a regression
+    assert data.change_pct == pytest.approx(66.7, abs=0.1) and data.step_cost_pct == pytest.approx(0.2, abs=0.05)
+    assert not data.regression and data.reason == "within 5% of the step time (+0.2%)"
+    assert result.exit_code == EXIT_OK
+    assert _metric(result, "step_time_ms").step_cost_pct is None
 
 
 def test_one_slow_new_run_is_not_sustained(tmp_path):

@@ -231,8 +231,7 @@ def _metric_gate(metric: GatedMetric, base: list[dict[str, np.ndarray]], new: li
     base_all = np.concatenate(base_runs) if base_runs else np.empty(0)
     new_all = np.concatenate(new_runs) if new_runs else np.empty(0)
     summary = dict(name=metric.name, higher_is_better=metric.higher_is_better,
-                   base_median=float(np.median(base_all)) if base_all.size else None,
-                   new_median=float(np.median(new_all)) if new_all.size else None,
+                   base_median=_pooled_median(base_runs), new_median=_pooled_median(new_runs),
                    base_steps=int(base_all.size), new_steps=int(new_all.size))
     if base_all.size < MIN_STEPS or new_all.size < MIN_STEPS or summary["base_median"] == 0:
         missing = "no steady steps record it" if not base_all.size and not new_all.size else \
@@ -244,8 +243,9 @@ def _metric_gate(metric: GatedMetric, base: list[dict[str, np.ndarray]], new: li
     interval = _bootstrap_interval(base_runs, new_runs, rng)
     per_run = [_change_pct(base_median, float(np.median(run))) for run in new_runs]
     # what a change costs: of the metric itself, or of the step for a part of it
-    scale = base_median / base_step_ms if base_step_ms and base_step_ms > 0 else 1.0
-    of_what = "of the step time" if scale != 1.0 else ""
+    part_of_step = base_step_ms is not None and base_step_ms > 0
+    scale = base_median / base_step_ms if part_of_step else 1.0
+    of_what = "of the step time" if part_of_step else ""
     large = sign * change * scale >= threshold_pct
     beyond_noise = (interval[0] > 0) if sign > 0 else (interval[1] < 0)
     sustained = all(sign * c * scale >= threshold_pct for c in per_run)

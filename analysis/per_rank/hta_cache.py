@@ -79,7 +79,7 @@ def cached_rank_views(path: str | Path, rank: int, step_names: tuple[str, ...] =
     if cache_dir is None:
         return rank_views(path, rank, step_names, engine=engine)
     raw = read_raw(Path(path))
-    entry = Path(cache_dir) / f"{hta_key(raw, rank, step_names, code_digest, engine)}{ENTRY_SUFFIX}"
+    entry = _entry(Path(cache_dir), raw, rank, step_names, code_digest, engine)
     cached = _cached(raw, entry, rank, step_names, Path(cache_dir), code_digest, engine)
     if cached is not None:
         return cached
@@ -98,8 +98,13 @@ def views_if_cached(path: str | Path, rank: int, step_names: tuple[str, ...], ca
         raw = read_raw(Path(path))
     except (OSError, ValueError):  # TraceReadError is a ValueError: the worker's path reports it
         return None
-    entry = Path(cache_dir) / f"{hta_key(raw, rank, step_names, code_digest, engine)}{ENTRY_SUFFIX}"
+    entry = _entry(Path(cache_dir), raw, rank, step_names, code_digest, engine)
     return _cached(raw, entry, rank, step_names, Path(cache_dir), code_digest, engine)
+
+
+def _entry(cache_dir: Path, raw: bytes, rank: int, step_names: tuple[str, ...], code_digest: str | None,
+           engine: str) -> Path:
+    return cache_dir / f"{hta_key(raw, rank, step_names, code_digest, engine)}{ENTRY_SUFFIX}"
 
 
 def _cached(raw: bytes, entry: Path, rank: int, step_names: tuple[str, ...], cache_dir: Path,
@@ -130,7 +135,7 @@ def store_parsed_views(cache_dir: str | Path, raw: bytes, rank: int, unfiltered:
 
 def _parsed_entry(cache_dir: Path, raw: bytes, rank: int, filter_key: tuple[str, ...],
                   code_digest: str | None) -> Path:
-    return cache_dir / f"{hta_key(raw, rank, filter_key, code_digest, ENGINE_PARSED)}{ENTRY_SUFFIX}"
+    return _entry(cache_dir, raw, rank, filter_key, code_digest, ENGINE_PARSED)
 
 
 def _load(entry: Path, rank: int) -> RankViews | None:

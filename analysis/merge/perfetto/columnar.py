@@ -150,13 +150,15 @@ def write_track_events(writer: SequenceWriter, columns: TrackEventColumns, *, ch
     name_before = np.concatenate(([0], np.cumsum(named)))
     counter_before = np.concatenate(([0], np.cumsum(columns.types == COUNTER)))
     flows = _Flows.of(columns.flows)
+    annotated = np.array(sorted(columns.annotations), dtype=np.int64)
     for start in range(0, columns.row_count, chunk_rows):
         stop = min(start + chunk_rows, columns.row_count)
         chunk = _Chunk(columns=columns, start=start, stop=stop, named=named[start:stop],
                        names=columns.names[name_before[start]:name_before[stop]],
                        categories=columns.categories[name_before[start]:name_before[stop]],
                        counter_values=columns.counter_values[counter_before[start]:counter_before[stop]],
-                       flows=flows)
+                       flows=flows, annotated=annotated[np.searchsorted(annotated, start):
+                                                        np.searchsorted(annotated, stop)].tolist())
         writer.stream.write_encoded(_encode_chunk(writer, chunk), stop - start)
 
 
@@ -170,6 +172,8 @@ class _Chunk:
     categories: list[str]
     counter_values: np.ndarray
     flows: "_Flows"
+    annotated: list[int]
+    """The rows (of the whole columns, sorted) that have debug annotations."""
 
     @property
     def types(self) -> np.ndarray:
@@ -243,11 +247,11 @@ def _rare_annotated_rows(writer: SequenceWriter, chunk: _Chunk) -> np.ndarray:
     """Annotated rows SequenceWriter writes: the first use of an annotation name not interned yet (its packet
     interns it), and rows with a value other than text, a bool, a float or an int64 (lists, dicts, others)."""
     interned, first_seen, rows = writer.annotation_name_iids, set(), []
-    for row in sorted(row - chunk.start for row in chunk.columns.annotations if chunk.start <= row < chunk.stop):
-        annotations = chunk.columns.annotations[chunk.start + row]
+    for row in chunk.annotated:
+        annotations = chunk.columns.annotations[row]
         new_names = [key for key in annotations if key not in interned and key not in first_seen]
         if new_names or not all(map(_is_plain_value, annotations.values())):
-            rows.append(row)
+            rows.append(row - chunk.start)
             first_seen.update(new_names)
     return np.array(rows, dtype=np.int64)
 
@@ -262,9 +266,8 @@ def _annotation_field(writer: SequenceWriter, chunk: _Chunk, common: np.ndarray)
     per annotation its name's iid, then its value (an int as its 64-bit two's complement varint)."""
     rows = len(common)
     encoded = {row - chunk.start: b"".join(_annotation_bytes(writer.annotation_name_iids[key], value)
-                                           for key, value in annotations.items())
-               for row, annotations in chunk.columns.annotations.items()
-               if chunk.start <= row < chunk.stop and common[row - chunk.start]}
+                                           for key, value in chunk.columns.annotations[row].items())
+               for row in chunk.annotated if common[row - chunk.start]}
     width = max(map(len, encoded.values()), default=0)
     matrix = np.zeros((rows, width), dtype=np.uint8)
     lengths = np.zeros(rows, dtype=np.int64)

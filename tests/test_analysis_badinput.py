@@ -201,3 +201,17 @@ def test_strange_values_are_survived(tmp_path):
     rank1 = report.windows[0].ranks[1]
     assert rank1.dropped_events == {"not a JSON object": 1}
     assert rank1.utilization.basis == "gpu"
+
+
+@pytest.mark.parametrize(("key", "value"), [("device", 2**40), ("External id", 2**70)])
+def test_an_id_too_large_for_its_column_is_left_out_not_fatal(tmp_path, key, value):
+    """One kernel naming a device beyond int32 or an External id beyond int64 had failed the whole rank (an
+    OverflowError filling the column); the value is now read as absent, on both decoders."""
+    document = gpu_rank(1).document()
+    kernel = next(e for e in document["traceEvents"] if e.get("cat") == "kernel")
+    kernel["args"][key] = value
+    report = _dir_with(tmp_path, "rank1.json", json.dumps(document).encode())
+    assert report.complete, report.problems
+    assert report.analyzed_ranks == [0, 1]
+    _, fast_events = decode_selectively(json.dumps(document).encode())
+    _same_tables(build_table(fast_events), extract_events(document))

@@ -304,6 +304,10 @@ class _CompleteWithShapes(_Complete, tag="X"):
     args: Union[_ArgsWithShapes, None] = None
 
 
+COMPLETE_EVENT_TYPES = frozenset((_Complete, _CompleteWithShapes))
+"""The fast decoder's classes of a complete event (`"ph": "X"`)."""
+
+
 class _DocumentWithShapes(_Document):
     traceEvents: list[Union[(_CompleteWithShapes, _Metadata, *_OTHER_PHASES)]]
 
@@ -437,13 +441,13 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
         starts.append(start)
         durs.append(dur)
         if kind in gpu_codes:
-            if args is not None and type(args.external_id) is int:
+            if args is not None and type(args.external_id) is int and -int_limit <= args.external_id <= int_limit:
                 external_rows.append((len(name_ids) - 1, args.external_id))
             if kind == kernel_code and args is not None and args.grid is not None:
                 dims = dims_of_external.get(args.external_id) if type(args.external_id) is int else None
                 _note_launch_shape(args, dims, len(name_ids) - 1, shape_index, shape_rows, shape_slots)
             threads.append(_int_or(args.stream if args else None, _int_or(event.tid, NO_ID)))
-            devices.append(_int_or(args.device if args else None, _int_or(event.pid, 0)))
+            devices.append(_device_or(args.device if args else None, _device_or(event.pid, 0)))
         else:
             tid = event.tid
             threads.append(tid if type(tid) is int and -int_limit <= tid <= int_limit else _thread_key(tid))
@@ -739,6 +743,16 @@ def _int_or(value: Any, default: int) -> int:
     if type(value) is int and -_INT64_MAX <= value <= _INT64_MAX:
         return value
     return default
+
+
+def _device_or(value: Any, default: int) -> int:
+    """`value` if it is an int that fits the device column (int32; bools excluded), else `default`."""
+    if type(value) is int and -_INT32_MAX <= value <= _INT32_MAX:
+        return value
+    return default
+
+
+_INT32_MAX = 2**31 - 1
 
 
 def _thread_key(tid: Any) -> int:

@@ -32,7 +32,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from fleetscope.analysis.per_rank.events import ABSENT
+from fleetscope.analysis.per_rank.events import ABSENT, COMPLETE_EVENT_TYPES
 from fleetscope.analysis.per_rank.hta_frame import pandas_kind
 
 EVENT_SYNC_NAMES = ("Event Sync", "Context Sync")
@@ -188,39 +188,89 @@ def _columns(events: list[_Event]) -> dict[str, Any]:
 def _kept_rows(starts: list, durs: list, cats: list) -> tuple[dict[str, Any], list[int]]:
     """(the dtype kinds pandas would infer for ts and dur over every event, the positions of HTA's rows: events
     with a ts, a dur and a cat, the `Trace` span left out). NotComputable for a non-numeric ts or dur."""
-    kinds = {"ts": pandas_kind(set(map(type, starts))), "dur": pandas_kind(set(map(type, durs))),
-             "ts_missing": None in starts}
+    kinds, keep, _ = _kinds_and_rows(starts, durs, cats)
+    return kinds, np.flatnonzero(keep).tolist()
+
+
+def _kinds_and_rows(starts: list, durs: list, cats: list
+                    ) -> tuple[dict[str, Any], np.ndarray, tuple[np.ndarray | None, np.ndarray | None]]:
+    """_kept_rows' kinds and row mask, and every event's ts and dur as float64 (NaN where missing; None where
+    a value does not fit a float): the columns of HTA's frame where pandas makes them float64."""
+    ts_types, dur_types = set(map(type, starts)), set(map(type, durs))
+    kinds = {"ts": pandas_kind(ts_types), "dur": pandas_kind(dur_types), "ts_missing": type(None) in ts_types}
     if kinds["ts"] not in ("int", "float") or kinds["dur"] not in ("int", "float"):
         raise NotComputable("non-numeric ts or dur")
-    keep = _present(starts) & _present(durs) & _present(cats) & np.fromiter(
-        map(operator.ne, cats, repeat("Trace")), dtype=bool, count=len(cats))
-    return kinds, np.flatnonzero(keep).tolist()
+    start, dur = _as_float(starts), _as_float(durs)
+    keep = _present_numbers(starts, start) & _present_numbers(durs, dur) & _kept_categories(cats)
+    return kinds, keep, (start, dur)
+
+
+def _as_float(values: list) -> np.ndarray | None:
+    """Numbers or None (checked by the caller) as float64 in C, None mapped to NaN (msgspec never decodes a
+    NaN); None for an int beyond a float."""
+    try:
+        return np.array(values, dtype=np.float64)
+    except OverflowError:
+        return None
+
+
+def _present_numbers(values: list, as_float: np.ndarray | None) -> np.ndarray:
+    return ~np.isnan(as_float) if as_float is not None else _present(values)
+
+
+def _kept_categories(cats: list) -> np.ndarray:
+    """Events whose cat is present and not `Trace`, judged once per distinct value."""
+    try:
+        kept_of = {cat: cat is not None and cat != "Trace" for cat in set(cats)}
+    except TypeError:  # an unhashable category (a list or an object)
+        return _present(cats) & np.fromiter(map(operator.ne, cats, repeat("Trace")), dtype=bool, count=len(cats))
+    return np.fromiter(map(kept_of.__getitem__, cats), dtype=bool, count=len(cats))
 
 
 def parsed_columns(events: list[Any]) -> dict[str, Any]:
     """_columns of the events fleetscope's own parse decoded (events.decode_selectively: every phase with
     its `ts`, `dur`, `cat` and `name`, a key it did not find as events.ABSENT), so one decode of a trace
     serves both. NotComputable where the rows would differ from this module's decode: a row of another
-    phase than X (only X events carry their args there)."""
+    phase than X (only X events carry their args there). Every step is one call over a column (a map in C,
+    numpy, a lookup per distinct value): the parse pays this once a rank, ~20 passes over 150k events."""
     durs = list(map(_DUR, events))
     if ABSENT in durs:
         durs = [None if value is ABSENT else value for value in durs]
     starts, cats = list(map(_TS, events)), list(map(_CAT, events))
-    kinds, index = _kept_rows(starts, durs, cats)
+    kinds, keep, (start, dur) = _kinds_and_rows(starts, durs, cats)
+    rows = np.flatnonzero(keep)
+    index = rows.tolist()
     kept = list(map(events.__getitem__, index))
-    if any(map(operator.ne, map(_PH, kept), repeat("X"))):
+    if not set(map(type, kept)) <= COMPLETE_EVENT_TYPES:
         raise NotComputable("a row that is not a complete event")
-    args = [_NO_ARGS if a is None else a for a in map(_ARGS, kept)]
-    return {"index": np.asarray(index, dtype=np.int64), "cat": list(map(cats.__getitem__, index)),
-            "name": list(map(_NAME, kept)), "ts": list(map(starts.__getitem__, index)),
-            "dur": list(map(durs.__getitem__, index)), "stream": _present_or_minus_one(map(_STREAM, args)),
-            "correlation": _present_or_minus_one(map(_CORRELATION, args)), "kinds": kinds}
+    args = list(map(_ARGS, kept))
+    if None in args:
+        args = [_NO_ARGS if a is None else a for a in args]
+    ts_float = kinds["ts"] == "float"
+    dur_float = ts_float or kinds["dur"] == "float"
+    return {"index": rows.astype(np.int64), "cat": list(map(cats.__getitem__, index)),
+            "name": list(map(_NAME, kept)),
+            "ts": start[rows] if ts_float and start is not None else list(map(starts.__getitem__, index)),
+            "dur": dur[rows] if dur_float and dur is not None else list(map(durs.__getitem__, index)),
+            "stream": _ints_or_minus_one(list(map(_STREAM, args)), "stream"),
+            "correlation": _ints_or_minus_one(list(map(_CORRELATION, args)), "correlation"), "kinds": kinds}
 
 
-def _present_or_minus_one(values) -> list:
-    """HTA's default of a missing `stream` or `correlation`."""
-    values = list(values)
-    return [-1 if value is ABSENT else value for value in values] if ABSENT in values else values
+def _ints_or_minus_one(values: list, what: str) -> np.ndarray:
+    """_int_column of an args key's values, -1 where the key is missing (HTA's default)."""
+    types = set(map(type, values))
+    if not types <= {int, _ABSENT_TYPE}:
+        raise NotComputable(f"an args.{what} that is not an integer")
+    try:
+        if _ABSENT_TYPE in types:
+            return np.fromiter(map(_MINUS_ONE_IF_ABSENT.get, values, values), dtype=np.int64, count=len(values))
+        return np.asarray(values, dtype=np.int64)
+    except OverflowError:
+        raise NotComputable(f"an args.{what} beyond int64") from None
+
+
+_ABSENT_TYPE = type(ABSENT)
+_MINUS_ONE_IF_ABSENT = {ABSENT: -1}
 
 
 def _present(values: list) -> np.ndarray:
@@ -272,7 +322,9 @@ def downcast(values: np.ndarray) -> np.ndarray:
     return values
 
 
-def _int_column(values: list, what: str) -> np.ndarray:
+def _int_column(values: list | np.ndarray, what: str) -> np.ndarray:
+    if isinstance(values, np.ndarray):  # parsed_columns checked and converted it
+        return values
     if not set(map(type, values)) <= {int}:
         raise NotComputable(f"an args.{what} that is not an integer")
     try:

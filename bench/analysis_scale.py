@@ -39,6 +39,7 @@ from pathlib import Path
 
 import psutil
 import stock_hta
+from bytecode import compile_fleetscope
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SOURCE = REPO / "tests" / "fixtures" / "gpu" / "h200-small-hf-eager-2steps.json.gz"
@@ -176,6 +177,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per tool run")
     parser.add_argument("--out", type=Path, default=None, help="also write the measurements as JSON")
     args = parser.parse_args()
+    compile_fleetscope()  # as an install does (bench/bytecode.py)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fleetscope-bench-"))
     print(f"source {args.source} ({args.source.stat().st_size / 1e6:.1f} MB), {os.cpu_count()} cores, sets in {workdir}, "
           f"load average {os.getloadavg()[0]:.2f}")

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import psutil
 import stock_hta
+from bytecode import compile_fleetscope
 from fleetscope.analysis.synthetic import TraceSetSpec, make_trace_set
 from fleetscope.traces.layout import RunLayout, trace_file_name, window_name
 
@@ -213,6 +214,7 @@ def main() -> int:
                         help="run stock HTA only on sets of at most this many ranks (default 64)")
     parser.add_argument("--markdown", action="store_true", help="also print the results as a table")
     args = parser.parse_args()
+    compile_fleetscope()  # as an install does (bench/bytecode.py)
     max_ranks = -1 if args.no_stock_hta else args.stock_hta_max_ranks
     results = []
     print(f"{os.cpu_count()} cores; load average {_load_average()} at the start", flush=True)

@@ -18,14 +18,16 @@ A source without communication kernels (a single-GPU recording) gets one all-red
 the step's last GPU activity, with its host launch (`cudaLaunchKernel`, linked by correlation id) at the end
 of that step (never after the kernel starts), so collectives exist to match and belong to their step.
 
-Files are written as two gzip members (a small per-rank header, then the events, compressed once and
-shared), which every gzip reader, HTA's included, reads as one stream; N ranks cost little more than one.
+Each file is one gzip member, as real writers make them: a small per-rank header deflated on its own, then
+the events' deflate blocks, compressed once and shared (_DeflatedBody); N ranks cost little more than one.
 """
 
 from __future__ import annotations
 
-import gzip
+import functools
 import json
+import struct
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,33 +86,99 @@ def make_trace_set(source: Path, out_dir: Path, spec: TraceSetSpec) -> list[Path
     document = read_trace(source)
     events = _with_collectives(document["traceEvents"], spec.inserted_allreduce_us)
     header_fields = {k: v for k, v in document.items() if k != "traceEvents"}
-    body = _body_member(events, spec.compress_level)
+    body = _DeflatedBody.of(events, spec.compress_level)
     late_body = body
     if spec.late_rank is not None:
-        late_body = _body_member(_late_events(document["traceEvents"], events, spec), spec.compress_level)
+        late_body = _DeflatedBody.of(_late_events(document["traceEvents"], events, spec), spec.compress_level)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for rank in range(spec.ranks):
         path = out_dir / f"rank{rank}.json.gz"
-        header = _header_member(header_fields, rank, spec)
-        path.write_bytes(header + (late_body if rank == spec.late_rank else body))
+        header = _header_text(header_fields, rank, spec)
+        path.write_bytes((late_body if rank == spec.late_rank else body).gzip_after(header, spec.compress_level))
         paths.append(path)
     return paths
 
 
-def _header_member(fields: dict[str, Any], rank: int, spec: TraceSetSpec) -> bytes:
+def _header_text(fields: dict[str, Any], rank: int, spec: TraceSetSpec) -> bytes:
     host = spec.host_of(rank)
     info = dict(fields.get("distributedInfo") or {})
     info.update(rank=rank, world_size=spec.ranks)
     base_ns = int(fields.get("baseTimeNanoseconds") or 0) + round(spec.host_offsets_us.get(host, 0.0) * 1000)
     header = {**fields, "distributedInfo": info, "host_name": f"node{host}", "baseTimeNanoseconds": base_ns}
     # stdlib spacing ("rank": 3) on purpose: HTA finds a trace's rank with the regex `"rank":\s+(\d+)`
-    text = json.dumps(header).encode()[:-1] + b', "traceEvents": '
-    return gzip.compress(text, compresslevel=spec.compress_level, mtime=0)
+    return json.dumps(header).encode()[:-1] + b', "traceEvents": '
 
 
-def _body_member(events: list[Any], level: int) -> bytes:
-    return gzip.compress(orjson.dumps(events) + b"}", compresslevel=level, mtime=0)
+@dataclass(frozen=True)
+class _DeflatedBody:
+    """The events shared by every rank's file, compressed once. Each file is ONE gzip member, as every
+    writer makes them (torch's, gzip's, fleetscope's): the rank's header deflated and sync-flushed (byte
+    aligned, not final), then these deflate blocks, then the CRC-32 of the whole text, combined from the two
+    parts' CRCs without reading the body again. (Two gzip members, as before, made every reader join a copy
+    of the whole text.)"""
+
+    deflated: bytes
+    crc: int
+    size: int
+
+    @classmethod
+    def of(cls, events: list[Any], level: int) -> _DeflatedBody:
+        text = orjson.dumps(events) + b"}"
+        compressor = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
+        return cls(compressor.compress(text) + compressor.flush(zlib.Z_FINISH), zlib.crc32(text), len(text))
+
+    def gzip_after(self, header: bytes, level: int) -> bytes:
+        compressor = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
+        head = compressor.compress(header) + compressor.flush(zlib.Z_SYNC_FLUSH)
+        crc = crc32_combine(zlib.crc32(header), self.crc, self.size)
+        trailer = struct.pack("<II", crc, (len(header) + self.size) & 0xFFFFFFFF)
+        return _GZIP_HEADER + head + self.deflated + trailer
+
+
+_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+"""A gzip member's header: deflate, no flags, mtime 0, no extra flags, OS unknown."""
+
+
+def crc32_combine(first: int, second: int, second_size: int) -> int:
+    """zlib's crc32_combine: the CRC-32 of A + B from crc32(A), crc32(B) and len(B)."""
+    return _gf2_times(_zeros_operator(second_size), first) ^ second
+
+
+@functools.lru_cache(maxsize=8)
+def _zeros_operator(size: int) -> tuple[int, ...]:
+    """The GF(2) matrix (32 columns) that runs a CRC-32 register over `size` zero bytes (zlib's crc32.c)."""
+    odd = [0xEDB88320] + [1 << n for n in range(31)]  # one zero bit
+    even = _gf2_square(odd)  # two zero bits
+    odd = _gf2_square(even)  # four zero bits
+    result = [1 << n for n in range(32)]  # identity
+    remaining = size
+    while remaining:
+        even = _gf2_square(odd)  # the first square gives one zero byte
+        if remaining & 1:
+            result = [_gf2_times(even, column) for column in result]
+        remaining >>= 1
+        if not remaining:
+            break
+        odd = _gf2_square(even)
+        if remaining & 1:
+            result = [_gf2_times(odd, column) for column in result]
+        remaining >>= 1
+    return tuple(result)
+
+
+def _gf2_times(matrix, vector: int) -> int:
+    total, row = 0, 0
+    while vector:
+        if vector & 1:
+            total ^= matrix[row]
+        vector >>= 1
+        row += 1
+    return total
+
+
+def _gf2_square(matrix) -> list[int]:
+    return [_gf2_times(matrix, column) for column in matrix]
 
 
 def _late_events(source: list[Any], events: list[Any], spec: TraceSetSpec) -> list[Any]:

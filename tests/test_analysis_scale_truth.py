@@ -1,12 +1,15 @@
 """Ground truth on N-rank sets made from one GPU trace: known clock offsets and a known late rank must be
 recovered, and the offsets must not change the straggler findings."""
 
+import json
+import random
+import zlib
 from pathlib import Path
 
 import pytest
 
 from fleetscope.analysis import analyze
-from fleetscope.analysis.synthetic import TraceSetSpec, make_trace_set
+from fleetscope.analysis.synthetic import TraceSetSpec, crc32_combine, make_trace_set
 from test_analysis_helpers import KinetoBuilder, gpu_rank
 
 FIXTURE_DIR = Path(__file__).parent / "fixtures" / "gpu"
@@ -104,3 +107,23 @@ def test_hta_ranks_all_and_a_list(tmp_path):
     assert sorted(row["rank"] for row in every.tables["temporal_breakdown"]) == list(range(6))
     listed = analyze(tmp_path / "set", hta_ranks=[1, 5], use_cache=False).windows[0].hta
     assert sorted(row["rank"] for row in listed.tables["temporal_breakdown"]) == [1, 5]
+
+
+def test_each_file_of_a_set_is_one_gzip_member_holding_its_rank(tmp_path):
+    """As every writer makes them: one member whose text is the rank's header then the shared events (two
+    members made every reader join a copy of the whole text); its CRC-32 is combined from the two parts'."""
+    paths = make_trace_set(_hand_built_nccl(tmp_path), tmp_path / "set", TraceSetSpec(ranks=3, late_rank=2, late_us=LATE_US))
+    texts = []
+    for rank, path in enumerate(paths):
+        inflater = zlib.decompressobj(wbits=31)
+        text = inflater.decompress(path.read_bytes())
+        assert inflater.eof and inflater.unused_data == b""
+        document = json.loads(text)
+        assert document["distributedInfo"]["rank"] == rank
+        texts.append(text)
+    assert texts[0].split(b'"traceEvents"')[1] == texts[1].split(b'"traceEvents"')[1] != texts[2].split(
+        b'"traceEvents"')[1]                                   # the late rank's events differ
+    rng = random.Random(7)
+    for _ in range(20):
+        first, second = rng.randbytes(rng.randrange(0, 300)), rng.randbytes(rng.randrange(0, 5000))
+        assert crc32_combine(zlib.crc32(first), zlib.crc32(second), len(second)) == zlib.crc32(first + second)

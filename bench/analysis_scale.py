@@ -2,6 +2,7 @@
 
     python bench/analysis_scale.py                       # N = 8, 64, 256, 1024; HTA at 8 and 64
     python bench/analysis_scale.py --ranks 8 64 --hta-ranks 8 64 --out results.json
+    python bench/analysis_scale.py --ranks 8 --hta-ranks 8 --repeat 3   # rounds alternate; medians
 
 Each set is made from one real GPU trace (default: the H200 fixture of a stock transformers MoE step,
 ~3,150 kernels per step) by fleetscope.analysis.synthetic: every rank gets the trace's events under its
@@ -29,6 +30,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -142,6 +144,33 @@ def _tree_pss(process: psutil.Process) -> int:
     return total
 
 
+def measure_round(args, directory: Path, workdir: Path, ranks: int) -> list[Measurement]:
+    """One round on one set: ours cold, ours warm (each with an empty cache first), then stock HTA."""
+    measured = []
+    if ranks in args.ranks:
+        cache_dir = workdir / f"cache{ranks}"
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        for tool in ("ours", "ours-warm"):
+            measured.append(run_measured(tool, ours_command, directory, ranks, args.timeout, cache_dir))
+            _print_run(measured[-1])
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    if ranks in args.hta_ranks:
+        measured.append(run_measured("hta", stock_hta_command, directory, ranks, args.timeout))
+        _print_run(measured[-1])
+    return measured
+
+
+def _print_run(m: Measurement) -> None:
+    print(f"  {m.tool:9} {m.wall_s:.1f} s (CPU {m.cpu_s:.1f} s) {m.peak_pss_mb:.0f} MB {m.error}", flush=True)
+
+
+def median_measurement(runs: list[Measurement]) -> Measurement:
+    """One tool's runs as one row: median wall and CPU, the largest peak; failed if any run failed."""
+    return Measurement(runs[0].tool, runs[0].ranks, statistics.median(m.wall_s for m in runs),
+                       max(m.peak_pss_mb for m in runs), all(m.ok for m in runs),
+                       next((m.error for m in runs if not m.ok), ""), statistics.median(m.cpu_s for m in runs))
+
+
 def make_set(source: Path, directory: Path, ranks: int) -> float:
     from fleetscope.analysis.synthetic import TraceSetSpec, make_trace_set
 
@@ -176,6 +205,8 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="where trace sets go (default: a temp dir)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per tool run")
     parser.add_argument("--out", type=Path, default=None, help="also write the measurements as JSON")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds per set (ours cold, ours warm, HTA, alternating); the table holds medians")
     args = parser.parse_args()
     compile_fleetscope()  # as an install does (bench/bytecode.py)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fleetscope-bench-"))
@@ -187,17 +218,14 @@ def main() -> int:
         made_s = make_set(args.source, directory, ranks)
         size_mb = sum(p.stat().st_size for p in directory.iterdir()) / 1e6
         print(f"{ranks} ranks: {size_mb:.0f} MB of gzip traces, made in {made_s:.1f} s", flush=True)
-        if ranks in args.ranks:
-            cache_dir = workdir / f"cache{ranks}"
-            for tool in ("ours", "ours-warm"):
-                results.append(run_measured(tool, ours_command, directory, ranks, args.timeout, cache_dir))
-                print(f"  {tool} {results[-1].wall_s:.1f} s (CPU {results[-1].cpu_s:.1f} s) "
-                      f"{results[-1].peak_pss_mb:.0f} MB {results[-1].error}", flush=True)
-            shutil.rmtree(cache_dir, ignore_errors=True)
-        if ranks in args.hta_ranks:
-            results.append(run_measured("hta", stock_hta_command, directory, ranks, args.timeout))
-            print(f"  hta  {results[-1].wall_s:.1f} s (CPU {results[-1].cpu_s:.1f} s) "
-                  f"{results[-1].peak_pss_mb:.0f} MB {results[-1].error}", flush=True)
+        rounds = [measure_round(args, directory, workdir, ranks) for _ in range(args.repeat)]
+        results += [median_measurement(list(runs)) for runs in zip(*rounds)]
+        if args.repeat > 1:
+            ratios = [by_tool["hta"].wall_s / by_tool["ours"].wall_s for by_tool in
+                      ({m.tool: m for m in round_} for round_ in rounds) if {"hta", "ours"} <= set(by_tool)]
+            if ratios:
+                print(f"  stock HTA / ours, each round: {', '.join(f'{r:.1f}x' for r in ratios)}; "
+                      f"median {statistics.median(ratios):.1f}x", flush=True)
         shutil.rmtree(directory)
     print_table(results)
     print(f"load average at the end {os.getloadavg()[0]:.2f}")

@@ -1,7 +1,7 @@
 """How the merged Perfetto trace scales with the number of ranks.
 
     python bench/merge_scale.py --focus [--ranks 64,256,1024] [--all-up-to 256] [--out bench.json]
-    python bench/merge_scale.py --one-rank TRACE [--repeat 3] [--out bench.json]
+    python bench/merge_scale.py --one-rank TRACE [--repeat 3] [--baseline-rev REV] [--out bench.json]
     python bench/merge_scale.py [--source TRACE] [--ranks 8,64,256] [--steps 4] [--json-ranks 8,64]
                                 [--work DIR] [--out bench.json]
 
@@ -19,6 +19,9 @@ times each, every merge in its own process after one warm-up merge that fills a 
 cache (so each measured merge is what a merge after `analyze` costs: read, plan, write). Reported per
 encoder: the median wall and CPU s of `merge()`, peak RSS, slices, us per slice, the median wall s of
 writing the planned packets (the part the encoder replaces; the rest is reading and planning), and the ratios.
+`--baseline-rev REV` adds fleetscope as of git revision REV (its packages extracted from git into the scratch
+directory and imported in place of this checkout's), merging the same rank as often, in the same run: issue 30
+asked for the merge 5x faster than on the day it was filed (`aa83b8f^`, the commit before the columnar encoder).
 Without `--focus` or `--one-rank`, every rank in full (`--ranks all`) as below:
 
 From one real GPU trace (default: the H200 fixture, a stock transformers eager step with ~3,150
@@ -49,12 +52,15 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import io
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -189,7 +195,7 @@ def one_merge(traces: Path, out: Path, chrome_json: Path | None, workers: int, e
         run.decode_window = lambda data: None
     if encoder == "per-event":  # the reference writer the columnar encoder is held equal to
         run.operation_columns = lambda *args, **kwargs: None
-    emit_s = _time_packet_writing(run)
+    emit_s = _time_packet_writing(run) if encoder != BASELINE else [float("nan")]
     started, cpu_started = time.perf_counter(), _cpu_s()
     result = run.merge(traces, out, options=MergeOptions(chrome_json=chrome_json, workers=workers))
     elapsed, cpu = time.perf_counter() - started, _cpu_s() - cpu_started
@@ -203,6 +209,7 @@ def one_merge(traces: Path, out: Path, chrome_json: Path | None, workers: int, e
         "slices": result.slice_count,
         "emit_s": emit_s[0],
         "problems": [p.reason for p in result.problems][:5],
+        "merge_module": run.__file__,
     }
 
 
@@ -326,7 +333,7 @@ the columnar encoder (perfetto/columnar.py); columnar-plan: the window decoded a
 (window_decode.py, column_plan.py) and the columnar encoder, the default."""
 
 
-def run_one_rank(trace: Path, repeat: int, work: Path) -> dict[str, list[dict]]:
+def run_one_rank(trace: Path, repeat: int, work: Path, baseline_rev: str | None = None) -> dict[str, list[dict]]:
     """Merges of `trace` as one rank in full, alternating encoders; the raw measurements per encoder."""
     traces = work / "traces"
     traces.mkdir(parents=True, exist_ok=True)
@@ -341,7 +348,49 @@ def run_one_rank(trace: Path, repeat: int, work: Path) -> dict[str, list[dict]]:
     reference = (work / "per-event.perfetto-trace").read_bytes()
     if any((work / f"{encoder}.perfetto-trace").read_bytes() != reference for encoder in ENCODERS):
         raise RuntimeError("the columnar plan or encoder and the per-event writer wrote different traces")
+    if baseline_rev:
+        runs[f"{BASELINE} {baseline_rev}"] = _baseline_runs(baseline_rev, traces, repeat, work)
     return runs
+
+
+BASELINE = "baseline"
+
+
+def _baseline_runs(rev: str, traces: Path, repeat: int, work: Path) -> list[dict]:
+    """Merges of `traces` by fleetscope as it was at git revision `rev` (its sources extracted beside this
+    checkout and imported first), each in its own process after a warm-up: "faster than today" measured
+    against the code of that day, in the same run (its output differs: the merge drew more since)."""
+    package = _extract_revision(rev, work / "baseline")
+    env = {**os.environ, "PYTHONPATH": str(package), "FLEETSCOPE_CACHE_DIR": str(work / "baseline-cache")}
+    measure_in_child(traces, work / "baseline-warm-up.perfetto-trace", None, 1, encoder=BASELINE, env=env)
+    runs = [measure_in_child(traces, work / "baseline.perfetto-trace", None, 1, encoder=BASELINE, env=env)
+            for _ in range(repeat)]
+    if not all(Path(m["merge_module"]).resolve().is_relative_to((work / "baseline").resolve()) for m in runs):
+        raise RuntimeError(f"the baseline merge did not run the code of {rev}: {runs[0]['merge_module']}")
+    return runs
+
+
+def _extract_revision(rev: str, into: Path) -> Path:
+    """fleetscope's packages at `rev` as an importable `fleetscope` package directory (its subpackages
+    linked to the extracted folders, as pyproject.toml's package-dir maps them); returns its parent."""
+    if not re.fullmatch(r"[0-9A-Za-z_.^~/-]{1,80}", rev):
+        raise ValueError(f"not a git revision: {rev!r}")
+    source, package = into / "src", into / "pkg"
+    source.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev, "--", *FLEETSCOPE_FOLDERS],
+                             capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(source, filter="data")
+    (package / "fleetscope").mkdir(parents=True, exist_ok=True)
+    for folder in FLEETSCOPE_FOLDERS:
+        link = package / "fleetscope" / folder
+        if not link.exists():
+            link.symlink_to(source / folder, target_is_directory=True)
+    return package
+
+
+FLEETSCOPE_FOLDERS = ("cli", "launcher", "trainer", "traces", "analysis")
+"""The folders pyproject.toml maps to fleetscope.<folder>."""
 
 
 def one_rank_rows(runs: dict[str, list[dict]]) -> list[dict]:
@@ -365,7 +414,7 @@ def format_one_rank(rows: list[dict]) -> list[str]:
               f"{r['emit_s']:>9.3f} {r['emit_s'] / r['slices'] * 1e6:>8.2f} {r['peak_rss_mb']:>7.0f}MB "
               f"{_size(r['output_bytes']):>8}" for r in rows]
     by = {r["encoder"]: r for r in rows}
-    for before in ("per-event", "columnar-writer"):
+    for before in ("per-event", "columnar-writer", *(e for e in by if e.startswith(BASELINE))):
         lines.append(f"{before} / columnar-plan: wall {by[before]['wall_s'] / by['columnar-plan']['wall_s']:.2f}x, "
                      f"CPU {by[before]['cpu_s'] / by['columnar-plan']['cpu_s']:.2f}x")
     return lines
@@ -475,7 +524,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="--one-rank: merges per encoder")
     parser.add_argument("--one-merge", nargs=2, type=Path, metavar=("TRACES", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--chrome-json", type=Path, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--encoder", choices=ENCODERS, default="columnar-plan", help=argparse.SUPPRESS)
+    parser.add_argument("--encoder", choices=(*ENCODERS, BASELINE), default="columnar-plan", help=argparse.SUPPRESS)
+    parser.add_argument("--baseline-rev", default=None, metavar="REV",
+                        help="--one-rank: also merge with fleetscope as of git revision REV, in the same run")
     args = parser.parse_args()
     if args.one_merge:
         print(json.dumps(one_merge(*args.one_merge, args.chrome_json, args.workers, args.encoder)))
@@ -502,7 +553,7 @@ def main() -> int:
 
 def _main_one_rank(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="merge_one_rank_") as scratch:
-        rows = one_rank_rows(run_one_rank(args.one_rank, args.repeat, args.work or Path(scratch)))
+        rows = one_rank_rows(run_one_rank(args.one_rank, args.repeat, args.work or Path(scratch), args.baseline_rev))
     print(f"source: {args.one_rank}")
     for line in format_one_rank(rows):
         print(line)

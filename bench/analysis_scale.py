@@ -42,6 +42,7 @@ from pathlib import Path
 import psutil
 import stock_hta
 from bytecode import compile_fleetscope
+from fleetscope.cli.run_commands import int_at_least
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SOURCE = REPO / "tests" / "fixtures" / "gpu" / "h200-small-hf-eager-2steps.json.gz"
@@ -205,7 +206,7 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="where trace sets go (default: a temp dir)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per tool run")
     parser.add_argument("--out", type=Path, default=None, help="also write the measurements as JSON")
-    parser.add_argument("--repeat", type=int, default=1,
+    parser.add_argument("--repeat", type=int_at_least(1), default=1,
                         help="rounds per set (ours cold, ours warm, HTA, alternating); the table holds medians")
     args = parser.parse_args()
     compile_fleetscope()  # as an install does (bench/bytecode.py)

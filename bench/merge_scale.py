@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from fleetscope.cli.run_commands import int_at_least
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SOURCE = REPO / "tests" / "fixtures" / "gpu" / "h200-small-hf-eager-2steps.json.gz"
@@ -334,40 +335,61 @@ the columnar encoder (perfetto/columnar.py); columnar-plan: the window decoded a
 
 
 def run_one_rank(trace: Path, repeat: int, work: Path, baseline_rev: str | None = None) -> dict[str, list[dict]]:
-    """Merges of `trace` as one rank in full, alternating encoders; the raw measurements per encoder."""
+    """Merges of `trace` as one rank in full, the encoders (and the baseline revision, when given) alternating
+    round by round, so that a machine slowing down or speeding up weighs on every variant alike; the raw
+    measurements per variant."""
     traces = work / "traces"
     traces.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(trace, traces / ("rank0.pt.trace.json" + (".gz" if trace.name.endswith(".gz") else "")))
     env = {**os.environ, "FLEETSCOPE_CACHE_DIR": str(work / "cache")}
     measure_in_child(traces, work / "warm-up.perfetto-trace", None, 1, env=env)
+    baseline = _baseline_variant(baseline_rev, traces, work) if baseline_rev else None
     runs: dict[str, list[dict]] = {encoder: [] for encoder in ENCODERS}
+    if baseline is not None:
+        runs[baseline.label] = []
     for _ in range(repeat):
         for encoder in ENCODERS:
             runs[encoder].append(measure_in_child(traces, work / f"{encoder}.perfetto-trace", None, 1,
                                                   encoder=encoder, env=env))
+        if baseline is not None:
+            runs[baseline.label].append(baseline.measure())
     reference = (work / "per-event.perfetto-trace").read_bytes()
     if any((work / f"{encoder}.perfetto-trace").read_bytes() != reference for encoder in ENCODERS):
         raise RuntimeError("the columnar plan or encoder and the per-event writer wrote different traces")
-    if baseline_rev:
-        runs[f"{BASELINE} {baseline_rev}"] = _baseline_runs(baseline_rev, traces, repeat, work)
     return runs
 
 
 BASELINE = "baseline"
 
 
-def _baseline_runs(rev: str, traces: Path, repeat: int, work: Path) -> list[dict]:
-    """Merges of `traces` by fleetscope as it was at git revision `rev` (its sources extracted beside this
-    checkout and imported first), each in its own process after a warm-up: "faster than today" measured
-    against the code of that day, in the same run (its output differs: the merge drew more since)."""
+@dataclass(frozen=True)
+class _BaselineVariant:
+    """fleetscope as it was at a git revision, merging the same traces: "faster than today" measured against
+    the code of that day, in the same run (its output differs: the merge drew more since)."""
+
+    label: str
+    revision: str
+    traces: Path
+    work: Path
+    env: dict
+
+    def measure(self) -> dict:
+        """One merge in its own process, checked to have run the extracted revision's code."""
+        measured = measure_in_child(self.traces, self.work / "baseline.perfetto-trace", None, 1, encoder=BASELINE,
+                                    env=self.env)
+        if not Path(measured["merge_module"]).resolve().is_relative_to((self.work / "baseline").resolve()):
+            raise RuntimeError(f"the baseline merge did not run the code of {self.revision}: "
+                               f"{measured['merge_module']}")
+        return measured
+
+
+def _baseline_variant(rev: str, traces: Path, work: Path) -> _BaselineVariant:
+    """The revision's sources extracted beside this checkout and imported first, after a warm-up merge that
+    fills its own parsed-trace cache."""
     package = _extract_revision(rev, work / "baseline")
     env = {**os.environ, "PYTHONPATH": str(package), "FLEETSCOPE_CACHE_DIR": str(work / "baseline-cache")}
     measure_in_child(traces, work / "baseline-warm-up.perfetto-trace", None, 1, encoder=BASELINE, env=env)
-    runs = [measure_in_child(traces, work / "baseline.perfetto-trace", None, 1, encoder=BASELINE, env=env)
-            for _ in range(repeat)]
-    if not all(Path(m["merge_module"]).resolve().is_relative_to((work / "baseline").resolve()) for m in runs):
-        raise RuntimeError(f"the baseline merge did not run the code of {rev}: {runs[0]['merge_module']}")
-    return runs
+    return _BaselineVariant(label=f"{BASELINE} {rev}", revision=rev, traces=traces, work=work, env=env)
 
 
 def _extract_revision(rev: str, into: Path) -> Path:
@@ -521,7 +543,7 @@ def main() -> int:
     parser.add_argument("--no-engine", action="store_true", help="do not load the outputs in the trace processor")
     parser.add_argument("--one-rank", type=Path, default=None, metavar="TRACE",
                         help="one rank in full: the columnar encoder against the per-event writer (docstring)")
-    parser.add_argument("--repeat", type=int, default=3, help="--one-rank: merges per encoder")
+    parser.add_argument("--repeat", type=int_at_least(1), default=3, help="--one-rank: merges per encoder")
     parser.add_argument("--one-merge", nargs=2, type=Path, metavar=("TRACES", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--chrome-json", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--encoder", choices=(*ENCODERS, BASELINE), default="columnar-plan", help=argparse.SUPPRESS)

@@ -26,6 +26,27 @@ def describe_merge(result) -> list[str]:
                      + ("" if not result.shards else f" in {result.output.name}"))
     if result.focus is not None:
         lines += describe_focus(result.focus)
+    lines += describe_notes(getattr(result, "notes", []))
+    return lines
+
+
+def describe_notes(notes) -> list[str]:
+    """The events a merge repaired or left out of usable traces (MergeResult.notes: "N events: reason" per
+    file), one line per reason: the events summed over the files, the ranks as ranges."""
+    by_reason: dict[str, tuple[int | None, set[int]]] = {}
+    for note in notes:
+        reason = str(getattr(note, "reason", note))
+        count, separator, what = reason.partition(" events: ")
+        counted = bool(separator) and count.isdigit()
+        key = what if counted else reason
+        total, ranks = by_reason.get(key, (0 if counted else None, set()))
+        by_reason[key] = (total + int(count) if counted and total is not None else total, ranks)
+        if getattr(note, "rank", None) is not None:
+            ranks.add(note.rank)
+    lines = []
+    for reason, (total, ranks) in by_reason.items():
+        where = f" ({len(ranks)} rank(s): {rank_ranges(sorted(ranks))})" if ranks else ""
+        lines.append(f"  note: {total:,} events: {reason}{where}" if total is not None else f"  note: {reason}{where}")
     return lines
 
 

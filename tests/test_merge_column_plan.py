@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import random
 from pathlib import Path
 
@@ -19,10 +20,12 @@ from fleetscope.analysis.merge.column_lanes import (
     slice_lanes,
     track_codes,
 )
-from fleetscope.analysis.merge.flows import FlowPlan, plan_trace_flows
+from fleetscope.analysis.merge.flows import TRACE_FLOW_STEPS_LEFT_OUT, FlowPlan, plan_trace_flows
 from fleetscope.analysis.merge.options import MergeOptions
+from fleetscope.analysis.merge.perfetto.check import check_trace
 from fleetscope.analysis.merge.slice_table import SliceTable
 from fleetscope.analysis.merge.tracks import RankTracks
+from fleetscope.analysis.merge.verify import verify_outputs
 from fleetscope.analysis.merge.window import GroupedEvents
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
@@ -110,7 +113,7 @@ def _random_table(rng: random.Random) -> SliceTable:
 @pytest.mark.parametrize("seed", range(3))
 def test_trace_flows_bound_on_arrays_are_the_per_event_bindings(seed):
     rng = random.Random(seed)
-    chains = 0
+    chains = left_out = 0
     for _ in range(300):
         table = _random_table(rng)
         grouped = GroupedEvents()
@@ -124,9 +127,62 @@ def test_trace_flows_bound_on_arrays_are_the_per_event_bindings(seed):
             each_table = copy.deepcopy(table)
             plan, rank_tracks = FlowPlan(launch_flow_count=launch_flows), RankTracks.for_rank(0)
             bind(grouped, rank_tracks, plan, ColumnSliceFinder(each_table))
-            plans.append((dict(plan.outgoing), dict(plan.terminating), plan.trace_flow_count))
+            plans.append((dict(plan.outgoing), dict(plan.terminating), plan.trace_flow_count,
+                          plan.trace_flow_steps_left_out))
             tracks.append(rank_tracks.new_flow_id())
             sorted_threads.append(each_table.sorted_threads)
         assert plans[0] == plans[1] and tracks[0] == tracks[1] and sorted_threads[0] == sorted_threads[1]
         chains += plans[0][2]
-    assert chains > 100
+        left_out += plans[0][3]
+    assert chains > 100 and left_out > 5
+
+
+def _sync_edge_trace(path: Path) -> Path:
+    """A host call that waits on the GPU (cudaStreamSynchronize, 100-109 us) and the GPU's `Stream Sync`
+    (101-109): HTA's critical-path overlay draws the edge back from the GPU to the host as a flow whose `s`
+    binds to the GPU slice and whose `f` (bp e) binds to the enclosing host call, which began first. A
+    forward-to-backward flow beside it is drawable."""
+    events = [
+        {"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 200, "pid": 1, "tid": 1},
+        {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 5, "dur": 20, "pid": 1, "tid": 1},
+        {"ph": "X", "name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 10, "dur": 5, "pid": 1, "tid": 1,
+         "args": {"correlation": 1}},
+        {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 20, "dur": 70, "pid": 0, "tid": 7,
+         "args": {"correlation": 1, "stream": 7, "device": 0}},
+        {"ph": "X", "name": "cudaStreamSynchronize", "cat": "cuda_runtime", "ts": 100, "dur": 9, "pid": 1, "tid": 1,
+         "args": {"correlation": 2}},
+        {"ph": "X", "name": "Stream Sync", "cat": "cuda_sync", "ts": 101, "dur": 8, "pid": 0, "tid": 7,
+         "args": {"correlation": 2, "stream": 7, "device": 0}},
+        {"ph": "X", "name": "backward", "cat": "cpu_op", "ts": 150, "dur": 20, "pid": 1, "tid": 1},
+        {"ph": "s", "id": 172, "pid": 0, "tid": 7, "ts": 101, "cat": "critical_path", "name": "critical_path"},
+        {"ph": "f", "id": 172, "pid": 1, "tid": 1, "ts": 109, "cat": "critical_path", "name": "critical_path",
+         "bp": "e"},
+        {"ph": "s", "id": 9, "pid": 1, "tid": 1, "ts": 5, "cat": "fwdbwd", "name": "fwdbwd"},
+        {"ph": "f", "id": 9, "pid": 1, "tid": 1, "ts": 150, "cat": "fwdbwd", "name": "fwdbwd", "bp": "e"},
+    ]
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    return path
+
+
+@pytest.mark.parametrize("per_event", [False, True])
+def test_a_flow_end_bound_to_a_slice_that_began_earlier_is_counted_not_drawn(tmp_path, monkeypatch, per_event):
+    trace = _sync_edge_trace(tmp_path / "rank0.pt.trace.json")
+    with monkeypatch.context() as patched:
+        if per_event:
+            patched.setattr(merge_run, "decode_window", lambda data: None)
+        result = merge_run.merge(trace, tmp_path / "out.perfetto-trace", options=MergeOptions(workers=1),
+                                 use_cache=False)
+    check = check_trace(result.output)
+    assert check.ok, check.problems
+    assert verify_outputs(result) == []
+    drawn = {(a[2], b[2]) for flow_id, a, b in check.arrows}
+    assert drawn == {("cudaLaunchKernel", "gemm"), ("cudaStreamSynchronize", "Stream Sync"),
+                     ("aten::mm", "backward")}
+    assert [note.reason for note in result.notes] == [f"1 events: {TRACE_FLOW_STEPS_LEFT_OUT}"]
+
+
+def test_the_two_planners_draw_the_same_bytes_around_a_flow_left_out(tmp_path, monkeypatch):
+    trace = _sync_edge_trace(tmp_path / "rank0.pt.trace.json")
+    columnar = _merged_bytes(trace, tmp_path / "columnar.perfetto-trace", monkeypatch, per_event=False)
+    per_event = _merged_bytes(trace, tmp_path / "per-event.perfetto-trace", monkeypatch, per_event=True)
+    assert columnar == per_event

@@ -21,6 +21,7 @@ from fleetscope.analysis.merge.flows import (
     FlowPlan,
     LaunchFlows,
     Located,
+    in_begin_order,
     may_be_collective,
     plan_collective_flows,
     plan_trace_flows,
@@ -98,7 +99,7 @@ def plan_trace_flows_on_columns(grouped: "GroupedEvents", tracks: "RankTracks", 
     by_text = sorted(range(len(keys)), key=list(map(str, keys)).__getitem__)
     key_rank = np.empty(len(keys), dtype=np.int64)
     key_rank[by_text] = np.arange(len(keys))
-    _add_chains(key_rank[key_ids], times[bound], idents[bound], tracks, plan)
+    _add_chains(key_rank[key_ids], times[bound], idents[bound], tracks, plan, finder.start_ns)
 
 
 def _bound_idents(events: list[tuple], times: np.ndarray, finder: "ColumnSliceFinder") -> np.ndarray:
@@ -115,9 +116,10 @@ def _bound_idents(events: list[tuple], times: np.ndarray, finder: "ColumnSliceFi
 
 
 def _add_chains(key_rank: np.ndarray, times: np.ndarray, idents: np.ndarray, tracks: "RankTracks",
-                plan: FlowPlan) -> None:
+                plan: FlowPlan, start_ns: Callable[[int], int]) -> None:
     """One flow per chain (the bound ends of one (category, id), in key order as text) with two slices or
-    more: through its slices in (time, ident) order, each slice once (at its first end)."""
+    more that Perfetto can join (flows.in_begin_order): through its slices in (time, ident) order, each
+    slice once (at its first end)."""
     order = np.lexsort((idents, times, key_rank))
     keys, slices = key_rank[order], idents[order]
     by_pair = np.lexsort((np.arange(len(order)), slices, keys))
@@ -129,14 +131,14 @@ def _add_chains(key_rank: np.ndarray, times: np.ndarray, idents: np.ndarray, tra
     bounds = np.append(starts, len(keys))
     lengths = np.diff(bounds)
     chains = np.flatnonzero(lengths >= 2)
-    flow_ids = tracks.new_flow_ids(len(chains)).tolist()
     slice_list, bound_list = slices.tolist(), bounds.tolist()
-    for chain, flow_id in zip(chains.tolist(), flow_ids):
-        begin, end = bound_list[chain], bound_list[chain + 1]
-        for ident in slice_list[begin:end - 1]:
+    drawn = [steps for steps in (in_begin_order(slice_list[bound_list[chain]:bound_list[chain + 1]], start_ns, plan)
+                                 for chain in chains.tolist()) if len(steps) >= 2]
+    for steps, flow_id in zip(drawn, tracks.new_flow_ids(len(drawn)).tolist()):
+        for ident in steps[:-1]:
             plan.outgoing[ident].append(flow_id)
-        plan.terminating[slice_list[end - 1]].append(flow_id)
-    plan.trace_flow_count += len(chains)
+        plan.terminating[steps[-1]].append(flow_id)
+    plan.trace_flow_count += len(drawn)
 
 
 class ColumnSliceFinder:
@@ -193,6 +195,11 @@ class ColumnSliceFinder:
             found[hit] = idents[candidates[hit]]
             open_[hit] = False
         return found
+
+    def start_ns(self, ident: int) -> int:
+        """When the slice of event `ident` (a row of the table) begins."""
+        table = self._table
+        return int(table.starts[np.searchsorted(table.idents, ident)])
 
     def enclosing(self, thread: tuple, ts_ns: int) -> int | None:
         starts, ends, idents = self._thread(thread)

@@ -23,7 +23,7 @@ import hashlib
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
 
 import numpy as np
 
@@ -82,6 +82,13 @@ class FlowPlan:
     collective_flow_count: int = 0
     p2p_flow_count: int = 0
     """Sends and receives bound to a point-to-point flow (a transfer has two)."""
+    trace_flow_steps_left_out: int = 0
+    """Ends of the trace's own flows left out by in_begin_order."""
+
+
+TRACE_FLOW_STEPS_LEFT_OUT = ("flow ends not drawn: each bound to a slice that begins before the slice of the flow's "
+                             "previous end (Perfetto joins a flow's slices in the order they begin)")
+"""WindowPlan.skipped's reason for FlowPlan.trace_flow_steps_left_out."""
 
 
 def plan_flows(grouped: "GroupedEvents", tracks: "RankTracks", context: "WindowContext") -> FlowPlan:
@@ -210,6 +217,7 @@ def plan_trace_flows(grouped: "GroupedEvents", tracks: "RankTracks", plan: FlowP
             chains[(category, flow_id)].append((ts_ns, ident))
     for key in sorted(chains, key=str):
         idents = list(dict.fromkeys(ident for _, ident in sorted(chains[key])))
+        idents = in_begin_order(idents, finder.start_ns, plan) if len(idents) >= 2 else idents
         if len(idents) < 2:
             continue
         flow_id = tracks.new_flow_id()
@@ -219,10 +227,30 @@ def plan_trace_flows(grouped: "GroupedEvents", tracks: "RankTracks", plan: FlowP
         plan.trace_flow_count += 1
 
 
+def in_begin_order(idents: list[int], start_ns: Callable[[int], int], plan: FlowPlan) -> list[int]:
+    """A chain's slices (in the order of its flow events) that Perfetto can join: each one beginning no
+    earlier than the one kept before it. Flow ids ride on a slice's begin and Perfetto joins them in the
+    order the begins come, so an end bound to a slice that began earlier (an `f` with `bp: e` whose
+    enclosing host call began before the GPU work it waited for, as in HTA's critical-path overlays)
+    would end a flow not yet started: it is left out, and counted."""
+    kept: list[int] = []
+    latest = None
+    for ident in idents:
+        start = start_ns(ident)
+        if latest is not None and start < latest:
+            continue
+        kept.append(ident)
+        latest = start
+    plan.trace_flow_steps_left_out += len(idents) - len(kept)
+    return kept
+
+
 class SliceFinder(Protocol):
     def enclosing(self, thread: tuple, ts_ns: int) -> int | None: ...
 
     def next_starting(self, thread: tuple, ts_ns: int) -> int | None: ...
+
+    def start_ns(self, ident: int) -> int: ...
 
 
 class _SliceFinder:
@@ -231,6 +259,7 @@ class _SliceFinder:
     def __init__(self, grouped: "GroupedEvents"):
         self._grouped = grouped
         self._starts: dict[tuple, list[int]] = {}
+        self._start_of: dict[int, int] | None = None
 
     def _sorted(self, thread: tuple) -> tuple[list, list[int]]:
         slices = self._grouped.slices.get(thread, [])
@@ -252,6 +281,12 @@ class _SliceFinder:
         slices, starts = self._sorted(thread)
         index = bisect_left(starts, ts_ns)
         return slices[index][4] if index < len(slices) else None
+
+    def start_ns(self, ident: int) -> int:
+        """When the slice of event `ident` (one the finder bound) begins."""
+        if self._start_of is None:
+            self._start_of = {s[4]: s[0] for slices in self._grouped.slices.values() for s in slices}
+        return self._start_of[ident]
 
 
 def _bind_collectives(located: dict[int, Located], grouped: "GroupedEvents", context: "WindowContext",

@@ -268,3 +268,16 @@ def test_write_rows_prints_the_header_without_rows():
     write_rows([], out, columns=["rank", "total_ms"])
     assert out.getvalue() == "rank,total_ms\n"
 
+
+
+def test_the_events_a_merge_left_out_are_one_line_per_reason_over_all_ranks():
+    from fleetscope.analysis.merge.run import MergeProblem
+    from fleetscope.cli.merge_messages import describe_notes
+
+    notes = [MergeProblem(path=f"/run/traces/rank{rank}.json", rank=rank, reason=f"{count} events: phase 'B' not merged")
+             for rank, count in ((0, 3), (1, 4), (2, 1500), (7, 1))]
+    notes.append(MergeProblem(reason="whole-run counters: the timeline of rank 3 is truncated"))
+    assert describe_notes(notes) == [
+        "  note: 1,508 events: phase 'B' not merged (4 rank(s): 0-2,7)",
+        "  note: whole-run counters: the timeline of rank 3 is truncated",
+    ]

@@ -239,3 +239,24 @@ def test_analyze_with_the_oracle_records_and_prints_it(tmp_path):
     assert hta.status == "ok" and hta.oracle and all(entry["within_tolerance"] for entry in hta.oracle.values())
     assert f"stock HTA beside it: {len(hta.oracle)} of {len(hta.oracle)} within 1e-9" in render_terminal(report)
     assert "oracle" in report.to_json()["windows"][0]["hta"]
+
+
+def test_tables_stock_hta_did_not_compute_are_not_called_differences():
+    from fleetscope.analysis.render.terminal import _oracle_line
+
+    mine = run_hta({}, has_comm_kernels=False)
+    import dataclasses
+
+    ours = dataclasses.replace(mine, tables={"temporal_breakdown": [{"rank": 0, "idle_time(us)": 1.0}],
+                                             "idle_time_breakdown": [{"rank": 0, "idle_time": 1.0}]}, errors={})
+    failed = "HTA could not load the trace: TypeError: Invalid value for dtype 'int16'"
+    stock = dataclasses.replace(mine, tables={}, errors={"temporal_breakdown": failed})
+    compared = compare_tables(ours, stock)
+    assert compared["temporal_breakdown"]["oracle_failed"] and compared["idle_time_breakdown"]["oracle_failed"]
+    assert _oracle_line(compared) == ("stock HTA beside it: nothing compared; stock HTA did not compute "
+                                      f"idle_time_breakdown, temporal_breakdown ({failed})")
+    stock = dataclasses.replace(mine, tables={"temporal_breakdown": [{"rank": 0, "idle_time(us)": 2.0}]},
+                                errors={"idle_time_breakdown": failed})
+    assert _oracle_line(compare_tables(ours, stock)) == (
+        "stock HTA beside it: 0 of 1 within 1e-9; differs: temporal_breakdown; stock HTA did not compute "
+        f"idle_time_breakdown ({failed})")

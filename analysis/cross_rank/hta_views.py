@@ -319,13 +319,15 @@ def compare_tables(views: HtaViews, oracle: HtaViews, tolerance: float = 1e-9) -
         mine, theirs = views.tables.get(name), oracle.tables.get(name)
         if mine is None or theirs is None:
             side = "native" if mine is None else "HTA"
-            compared[name] = {"error": f"the table is missing from the {side} result", "within_tolerance": False}
+            compared[name] = {"error": f"the table is missing from the {side} result", "within_tolerance": False,
+                              **({"oracle_failed": True} if theirs is None else {})}
             continue
         compared[name] = _table_difference(mine, theirs, tolerance)
     for name in sorted(set(views.errors) | set(oracle.errors)):
         mine, theirs = views.errors.get(name, "ok"), oracle.errors.get(name, "ok")
         same = mine.split(":")[0] == theirs.split(":")[0]  # the same kind of error on both sides
-        compared[name] = {"error": f"native: {mine}; HTA: {theirs}", "within_tolerance": same}
+        compared[name] = {"error": f"native: {mine}; HTA: {theirs}", "within_tolerance": same,
+                          **({"oracle_failed": True} if mine == "ok" else {})}
     return compared
 
 

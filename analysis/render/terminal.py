@@ -182,10 +182,24 @@ def _hta_lines(report: Report) -> str:
         lines.append(f"window {_w(window.window)}: HTA {hta.status}: {detail}")
         lines += [f"  {name} failed: {error}" for name, error in sorted(hta.errors.items())]
         if hta.oracle:  # only with --hta-oracle
-            off = sorted(name for name, entry in hta.oracle.items() if not entry.get("within_tolerance"))
-            lines.append(f"  stock HTA beside it: {len(hta.oracle) - len(off)} of {len(hta.oracle)} within 1e-9"
-                         + (f"; differs: {', '.join(off)}" if off else ""))
+            lines.append(f"  {_oracle_line(hta.oracle)}")
     return "HTA\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
+
+
+def _oracle_line(oracle: dict[str, dict]) -> str:
+    """How fleetscope's HTA tables compare with stock HTA's: tables stock HTA did not compute (its loader
+    failed on the trace, say) are named as such, not counted as differences."""
+    not_computed = sorted(name for name, entry in oracle.items() if entry.get("oracle_failed"))
+    compared = {name: entry for name, entry in oracle.items() if name not in not_computed}
+    off = sorted(name for name, entry in compared.items() if not entry.get("within_tolerance"))
+    parts = [f"{len(compared) - len(off)} of {len(compared)} within 1e-9" if compared else "nothing compared"]
+    if off:
+        parts.append(f"differs: {', '.join(off)}")
+    if not_computed:
+        reason = next((oracle[name]["error"].partition("; HTA: ")[2] for name in not_computed
+                       if "; HTA: " in oracle[name].get("error", "")), "")
+        parts.append(f"stock HTA did not compute {', '.join(not_computed)}" + (f" ({reason})" if reason else ""))
+    return "stock HTA beside it: " + "; ".join(parts)
 
 
 def _problems(report: Report) -> str:

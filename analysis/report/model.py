@@ -107,7 +107,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           idle_interval_stats, comm_comp_overlap, kernel_type_breakdown,
                           kernel_breakdown, cuda_launch_stats (per rank summary), potential_stragglers;
                           oracle {table: {max_abs_diff, within_tolerance, tolerance} or {error,
-                          within_tolerance: false}}: only with --hta-oracle (stock HTA's analyzers beside)
+                          within_tolerance, oracle_failed (true where only stock HTA failed: not a
+                          difference)}}: only with --hta-oracle (stock HTA's analyzers beside)
         bandwidth         {status ("ok" | "not recorded" | "not matched" | "one rank, lower bound": one rank's
                           trace, rows and instances of apparent bandwidth over whole durations, waiting
                           included, a row's algbw/busbw its best instance's, wait_us 0, scope assumed from the

@@ -260,3 +260,10 @@ def test_tables_stock_hta_did_not_compute_are_not_called_differences():
     assert _oracle_line(compare_tables(ours, stock)) == (
         "stock HTA beside it: 0 of 1 within 1e-9; differs: temporal_breakdown; stock HTA did not compute "
         f"idle_time_breakdown ({failed})")
+
+
+def test_a_rank_the_step_filter_empties_keeps_htas_iteration_dtype():
+    """A rank without ProfilerStep ranges beside ranks with two: HTA's step filter keeps none of its rows,
+    and the empty iteration column keeps the dtype HTA gave it over the whole rank."""
+    path = PUBLIC / "hta" / "alexnet_no_steps" / "benchmark_result_2869224_1695835535_trace.json.gz"
+    assert_same_rank_views(path, ("ProfilerStep#1", "ProfilerStep#2"))

@@ -94,6 +94,9 @@ class HtaRankFrame:
     iteration: np.ndarray
     """float64: NaN on stream 0 rows (as HTA's column, int there only when no row has NaN)."""
     min_ts: int | float
+    iteration_dtype: str = "int64"
+    """The dtype of HTA's iteration column: chosen over the whole frame before the step filter (HTA adds
+    the column as it parses the rank), so the rows the filter keeps, even none, keep it."""
 
 
 def decode_rank_frame(data: bytes, step_names: tuple[str, ...] = ()) -> HtaRankFrame:
@@ -115,6 +118,8 @@ class UnfilteredFrame:
     is_gpu: np.ndarray
     symbols: list[str]
     min_ts: int | float
+    iteration_dtype: str = "int64"
+    """HtaRankFrame.iteration_dtype."""
 
     @property
     def step_names(self) -> frozenset[str]:
@@ -135,7 +140,8 @@ def unfiltered_frame(columns: dict[str, Any]) -> UnfilteredFrame:
     frame = dict(index=index, cat=cat, name=name, ts=ts - min_ts, dur=dur, end=end, stream=stream,
                  correlation=correlation, index_correlation=index_correlation, iteration=iteration)
     return UnfilteredFrame(columns=frame, is_gpu=is_gpu, symbols=symbols,
-                           min_ts=min_ts.item() if hasattr(min_ts, "item") else min_ts)
+                           min_ts=min_ts.item() if hasattr(min_ts, "item") else min_ts,
+                           iteration_dtype=iteration_dtype(iteration))
 
 
 def filtered_frame(unfiltered: UnfilteredFrame, step_names: tuple[str, ...] = (), *,
@@ -147,7 +153,8 @@ def filtered_frame(unfiltered: UnfilteredFrame, step_names: tuple[str, ...] = ()
     rows = (_step_filter(unfiltered.columns, unfiltered.is_gpu, unfiltered.symbols) if applies
              else np.arange(unfiltered.is_gpu.size))
     return HtaRankFrame(**{key: column[rows] for key, column in unfiltered.columns.items()},
-                        symbols=unfiltered.symbols, min_ts=unfiltered.min_ts)
+                        symbols=unfiltered.symbols, min_ts=unfiltered.min_ts,
+                        iteration_dtype=unfiltered.iteration_dtype)
 
 
 FILTERED = ("<two or more ProfilerStep names>",)
@@ -308,6 +315,13 @@ def _times(columns: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         start = start if kinds["ts_missing"] else start.astype(np.int64)
     start, dur = downcast(start), downcast(dur)
     return start, dur, start + dur
+
+
+def iteration_dtype(iteration: np.ndarray) -> str:
+    """HTA's iteration column's dtype: float64 where some row has none (NaN), else the smallest int."""
+    if np.isnan(iteration).any():
+        return "float64"
+    return str(downcast(iteration.astype(np.int64)).dtype)
 
 
 def downcast(values: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 import numpy as np
-from fleetscope.analysis.per_rank.hta_native import HtaRankFrame, downcast, inner_merge
+from fleetscope.analysis.per_rank.hta_native import HtaRankFrame, inner_merge
 
 Table = list[dict[str, Any]]
 
@@ -401,11 +401,4 @@ def straggler_rows(frame: HtaRankFrame) -> dict[str, list]:
     return {"index": frame.index[rows].tolist(), "name": [symbols[i] for i in names[rows].tolist()],
             "ts": frame.ts[rows].tolist(), "dur": frame.dur[rows].tolist(), "stream": frame.stream[rows].tolist(),
             "iteration": iteration[rows].tolist(), "ts_dtype": str(frame.ts.dtype), "dur_dtype": str(frame.dur.dtype),
-            "iteration_dtype": _iteration_dtype(iteration)}
-
-
-def _iteration_dtype(iteration: np.ndarray) -> str:
-    """HTA's iteration column: float64 where some row has none (NaN), else downcast to the smallest int."""
-    if np.isnan(iteration).any():
-        return "float64"
-    return str(downcast(iteration.astype(np.int64)).dtype)
+            "iteration_dtype": frame.iteration_dtype}

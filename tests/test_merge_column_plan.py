@@ -20,7 +20,12 @@ from fleetscope.analysis.merge.column_lanes import (
     slice_lanes,
     track_codes,
 )
-from fleetscope.analysis.merge.flows import TRACE_FLOW_STEPS_LEFT_OUT, FlowPlan, plan_trace_flows
+from fleetscope.analysis.merge.flows import (
+    LAUNCH_FLOWS_LEFT_OUT,
+    TRACE_FLOW_STEPS_LEFT_OUT,
+    FlowPlan,
+    plan_trace_flows,
+)
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.perfetto.check import check_trace
 from fleetscope.analysis.merge.slice_table import SliceTable
@@ -141,7 +146,8 @@ def _sync_edge_trace(path: Path) -> Path:
     """A host call that waits on the GPU (cudaStreamSynchronize, 100-109 us) and the GPU's `Stream Sync`
     (101-109): HTA's critical-path overlay draws the edge back from the GPU to the host as a flow whose `s`
     binds to the GPU slice and whose `f` (bp e) binds to the enclosing host call, which began first. A
-    forward-to-backward flow beside it is drawable."""
+    forward-to-backward flow beside it is drawable; a kernel whose timestamp is 2 us before its launch's
+    (host and device clocks apart) has no launch arrow, and its `ac2g` pair is not drawn backwards instead."""
     events = [
         {"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 200, "pid": 1, "tid": 1},
         {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 5, "dur": 20, "pid": 1, "tid": 1},
@@ -154,6 +160,12 @@ def _sync_edge_trace(path: Path) -> Path:
         {"ph": "X", "name": "Stream Sync", "cat": "cuda_sync", "ts": 101, "dur": 8, "pid": 0, "tid": 7,
          "args": {"correlation": 2, "stream": 7, "device": 0}},
         {"ph": "X", "name": "backward", "cat": "cpu_op", "ts": 150, "dur": 20, "pid": 1, "tid": 1},
+        {"ph": "X", "name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 160, "dur": 5, "pid": 1, "tid": 1,
+         "args": {"correlation": 3}},
+        {"ph": "X", "name": "relu", "cat": "kernel", "ts": 158, "dur": 10, "pid": 0, "tid": 7,
+         "args": {"correlation": 3, "stream": 7, "device": 0}},
+        {"ph": "s", "id": 3, "pid": 1, "tid": 1, "ts": 160, "cat": "ac2g", "name": "ac2g"},
+        {"ph": "f", "id": 3, "pid": 0, "tid": 7, "ts": 158, "cat": "ac2g", "name": "ac2g", "bp": "e"},
         {"ph": "s", "id": 172, "pid": 0, "tid": 7, "ts": 101, "cat": "critical_path", "name": "critical_path"},
         {"ph": "f", "id": 172, "pid": 1, "tid": 1, "ts": 109, "cat": "critical_path", "name": "critical_path",
          "bp": "e"},
@@ -165,7 +177,7 @@ def _sync_edge_trace(path: Path) -> Path:
 
 
 @pytest.mark.parametrize("per_event", [False, True])
-def test_a_flow_end_bound_to_a_slice_that_began_earlier_is_counted_not_drawn(tmp_path, monkeypatch, per_event):
+def test_arrows_perfetto_cannot_join_in_begin_order_are_counted_not_drawn(tmp_path, monkeypatch, per_event):
     trace = _sync_edge_trace(tmp_path / "rank0.pt.trace.json")
     with monkeypatch.context() as patched:
         if per_event:
@@ -178,7 +190,8 @@ def test_a_flow_end_bound_to_a_slice_that_began_earlier_is_counted_not_drawn(tmp
     drawn = {(a[2], b[2]) for flow_id, a, b in check.arrows}
     assert drawn == {("cudaLaunchKernel", "gemm"), ("cudaStreamSynchronize", "Stream Sync"),
                      ("aten::mm", "backward")}
-    assert [note.reason for note in result.notes] == [f"1 events: {TRACE_FLOW_STEPS_LEFT_OUT}"]
+    assert [note.reason for note in result.notes] == [f"1 events: {TRACE_FLOW_STEPS_LEFT_OUT}",
+                                                      f"1 events: {LAUNCH_FLOWS_LEFT_OUT}"]
 
 
 def test_the_two_planners_draw_the_same_bytes_around_a_flow_left_out(tmp_path, monkeypatch):

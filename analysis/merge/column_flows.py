@@ -42,7 +42,8 @@ def plan_flows_on_columns(table: SliceTable, grouped: "GroupedEvents", tracks: "
     if context.options.flows:
         plan.launch = launch_flows(table, on_gpu, tracks)
         plan.launch_flow_count = len(plan.launch.ids)
-        if not plan.launch_flow_count and add_covered is not None:
+        plan.launch_flows_left_out = plan.launch.left_out
+        if not plan.launches_matched and add_covered is not None:
             add_covered()
         plan_trace_flows_on_columns(grouped, tracks, plan, ColumnSliceFinder(table))
     plan_collective_flows(communication_slices(table, on_gpu), grouped, context, plan)
@@ -62,8 +63,10 @@ def launch_flows(table: SliceTable, on_gpu: np.ndarray, tracks: "RankTracks") ->
     at = np.minimum(np.searchsorted(chosen_correlations, table.correlations[gpu]), max(len(chosen) - 1, 0))
     found = chosen_correlations[at] == table.correlations[gpu] if len(chosen) else np.zeros(len(gpu), dtype=bool)
     targets, sources = gpu[found], chosen[at[found]]
+    drawable = table.starts[targets] >= table.starts[sources]  # flows.py's rule: GPU work after its launch
+    targets, sources = targets[drawable], sources[drawable]
     return LaunchFlows(sources=table.idents[sources], targets=table.idents[targets],
-                       ids=tracks.new_flow_ids(len(targets)))
+                       ids=tracks.new_flow_ids(len(targets)), left_out=int(len(drawable) - len(targets)))
 
 
 def communication_slices(table: SliceTable, on_gpu: np.ndarray) -> dict[int, Located]:
@@ -83,7 +86,7 @@ def plan_trace_flows_on_columns(grouped: "GroupedEvents", tracks: "RankTracks", 
     """flows.plan_trace_flows with the ends bound and the chains formed on arrays: each thread's flow events
     bound among its sorted slices by one search, each chain's ends ordered by one sort. A time beyond int64
     goes to flows.plan_trace_flows (the same rules, event by event)."""
-    skip_covered = bool(plan.launch_flow_count)
+    skip_covered = plan.launches_matched
     events = [event for event in grouped.flow_events
               if not (skip_covered and event[1] == LAUNCH_FLOWS_COVERED_CATEGORY)]
     try:

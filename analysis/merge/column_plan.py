@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from fleetscope.analysis.merge.column_flows import plan_flows_on_columns
 from fleetscope.analysis.merge.column_lanes import track_codes
-from fleetscope.analysis.merge.flows import LAUNCH_FLOWS_COVERED_CATEGORY, TRACE_FLOW_STEPS_LEFT_OUT
+from fleetscope.analysis.merge.flows import LAUNCH_FLOWS_COVERED_CATEGORY
 from fleetscope.analysis.merge.operation_columns import planned_columns
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.overlays import OverlayInputs, plan_overlays
@@ -66,8 +66,7 @@ def plan_window_columns(window: DecodedWindow, tracks: RankTracks, context: Wind
     if grouped.negative_durations:
         plan.skipped["negative duration clamped to 0 (slice kept)"] += grouped.negative_durations
     plan.flows = plan_flows_on_columns(table, grouped, tracks, context, add_covered=add_covered)
-    if plan.flows.trace_flow_steps_left_out:
-        plan.skipped[TRACE_FLOW_STEPS_LEFT_OUT] += plan.flows.trace_flow_steps_left_out
+    plan.skipped.update(plan.flows.left_out())
     slice_ops = _plan_slices(table, grouped, tracks, plan)
     rare_ops: list[tuple] = []
     plan_instants(grouped, tracks, plan, rare_ops)

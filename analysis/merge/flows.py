@@ -65,6 +65,8 @@ class LaunchFlows:
     targets: np.ndarray
     ids: np.ndarray
     """uint64."""
+    left_out: int = 0
+    """GPU slices with a launch that begins after them: no flow (FlowPlan.launch_flows_left_out)."""
 
 
 @dataclass(kw_only=True)
@@ -84,11 +86,26 @@ class FlowPlan:
     """Sends and receives bound to a point-to-point flow (a transfer has two)."""
     trace_flow_steps_left_out: int = 0
     """Ends of the trace's own flows left out by in_begin_order."""
+    launch_flows_left_out: int = 0
+    """GPU slices whose launch begins after them: no launch flow (_plan_launch_flows, column_flows.launch_flows)."""
+
+    @property
+    def launches_matched(self) -> bool:
+        """Whether launch flows were planned (drawn or left out): the trace's `ac2g` flows repeat them."""
+        return bool(self.launch_flow_count or self.launch_flows_left_out)
+
+    def left_out(self) -> dict[str, int]:
+        """Reason -> count of the arrows this plan leaves out (for WindowPlan.skipped)."""
+        counts = {TRACE_FLOW_STEPS_LEFT_OUT: self.trace_flow_steps_left_out,
+                  LAUNCH_FLOWS_LEFT_OUT: self.launch_flows_left_out}
+        return {reason: count for reason, count in counts.items() if count}
 
 
 TRACE_FLOW_STEPS_LEFT_OUT = ("flow ends not drawn: each bound to a slice that begins before the slice of the flow's "
                              "previous end (Perfetto joins a flow's slices in the order they begin)")
-"""WindowPlan.skipped's reason for FlowPlan.trace_flow_steps_left_out."""
+LAUNCH_FLOWS_LEFT_OUT = ("launch arrows not drawn: the GPU work begins before the call that launched it (the "
+                         "trace's host and device clocks disagree; Perfetto joins a flow's slices in the order they "
+                         "begin)")
 
 
 def plan_flows(grouped: "GroupedEvents", tracks: "RankTracks", context: "WindowContext") -> FlowPlan:
@@ -200,6 +217,9 @@ def _plan_launch_flows(grouped: "GroupedEvents", located: dict[int, Located], la
         launch = launches.get(grouped.correlation_of[ident])
         if where is None or not where.on_gpu or launch is None:
             continue
+        if where.start_ns < located[launch].start_ns:
+            plan.launch_flows_left_out += 1
+            continue
         flow_id = tracks.new_flow_id()
         plan.outgoing[launch].append(flow_id)
         plan.terminating[ident].append(flow_id)
@@ -210,7 +230,7 @@ def plan_trace_flows(grouped: "GroupedEvents", tracks: "RankTracks", plan: FlowP
     """The trace's own flows, each end bound by `finder` to a slice of its thread."""
     chains: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
     for phase, category, flow_id, thread, ts_ns, enclosing in grouped.flow_events:
-        if category == LAUNCH_FLOWS_COVERED_CATEGORY and plan.launch_flow_count:
+        if category == LAUNCH_FLOWS_COVERED_CATEGORY and plan.launches_matched:
             continue
         ident = finder.enclosing(thread, ts_ns) if enclosing else finder.next_starting(thread, ts_ns)
         if ident is not None:

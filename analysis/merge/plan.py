@@ -26,7 +26,7 @@ from typing import Any
 from msgspec import UNSET
 
 from fleetscope.traces.validate import MAX_TIME_US, is_finite_number
-from fleetscope.analysis.merge.flows import TRACE_FLOW_STEPS_LEFT_OUT, FlowPlan, plan_flows
+from fleetscope.analysis.merge.flows import FlowPlan, plan_flows
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.overlays import OverlayInputs, plan_overlays
 from fleetscope.analysis.merge.perfetto.columnar import TrackEventColumns
@@ -114,8 +114,7 @@ def plan_window(events: list[Any], tracks: RankTracks, context: WindowContext) -
     if grouped.negative_durations:
         plan.skipped["negative duration clamped to 0 (slice kept)"] += grouped.negative_durations
     plan.flows = plan_flows(grouped, tracks, context)
-    if plan.flows.trace_flow_steps_left_out:
-        plan.skipped[TRACE_FLOW_STEPS_LEFT_OUT] += plan.flows.trace_flow_steps_left_out
+    plan.skipped.update(plan.flows.left_out())
     _plan_slices(grouped, tracks, plan)
     plan_instants(grouped, tracks, plan, plan.operations)
     plan_counters(grouped, tracks, plan, plan.operations)

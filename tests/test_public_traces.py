@@ -230,6 +230,8 @@ CASES: dict[str, Expected] = {
         steps_match_the_trace, triton_kernel_found, hta_views_ran)),
     "hta/trace_compare_base": Expected(ranks=(1,), basis="gpu", rank_source="distributedInfo", facts=(
         steps_match_the_trace, hta_views_ran)),
+    "hta/critical_path_overlay": Expected(ranks=(0,), basis="gpu", rank_source="distributedInfo", facts=(
+        no_steps, hta_views_ran)),
     "tracelens/mi210_gpu_only": Expected(ranks=(0,), basis="gpu", rank_source="file order", facts=(
         no_steps, miopen_convolutions_are_gemms, hta_views_ran)),
     "tracelens/mi300x_bert_small": Expected(ranks=(0,), basis="gpu", rank_source="file order", facts=(

@@ -102,7 +102,7 @@ def plan_trace_flows_on_columns(grouped: "GroupedEvents", tracks: "RankTracks", 
     by_text = sorted(range(len(keys)), key=list(map(str, keys)).__getitem__)
     key_rank = np.empty(len(keys), dtype=np.int64)
     key_rank[by_text] = np.arange(len(keys))
-    _add_chains(key_rank[key_ids], times[bound], idents[bound], tracks, plan, finder.start_ns)
+    _add_chains(key_rank[key_ids], times[bound], idents[bound], tracks, plan, finder.starts_of)
 
 
 def _bound_idents(events: list[tuple], times: np.ndarray, finder: "ColumnSliceFinder") -> np.ndarray:
@@ -119,10 +119,10 @@ def _bound_idents(events: list[tuple], times: np.ndarray, finder: "ColumnSliceFi
 
 
 def _add_chains(key_rank: np.ndarray, times: np.ndarray, idents: np.ndarray, tracks: "RankTracks",
-                plan: FlowPlan, start_ns: Callable[[int], int]) -> None:
+                plan: FlowPlan, starts_of: Callable[[np.ndarray], np.ndarray]) -> None:
     """One flow per chain (the bound ends of one (category, id), in key order as text) with two slices or
     more that Perfetto can join (flows.in_begin_order): through its slices in (time, ident) order, each
-    slice once (at its first end)."""
+    slice once (at its first end). `starts_of(idents)`: when those slices begin."""
     order = np.lexsort((idents, times, key_rank))
     keys, slices = key_rank[order], idents[order]
     by_pair = np.lexsort((np.arange(len(order)), slices, keys))
@@ -134,9 +134,21 @@ def _add_chains(key_rank: np.ndarray, times: np.ndarray, idents: np.ndarray, tra
     bounds = np.append(starts, len(keys))
     lengths = np.diff(bounds)
     chains = np.flatnonzero(lengths >= 2)
-    slice_list, bound_list = slices.tolist(), bounds.tolist()
-    drawn = [steps for steps in (in_begin_order(slice_list[bound_list[chain]:bound_list[chain + 1]], start_ns, plan)
-                                 for chain in chains.tolist()) if len(steps) >= 2]
+    begins = starts_of(slices)
+    # a chain whose slices begin in order is drawn as it is; only the others go through the rule one by one
+    earlier = np.zeros(len(slices), dtype=bool)
+    earlier[1:] = begins[1:] < begins[:-1]
+    earlier[starts] = False
+    unordered = np.add.reduceat(earlier, starts) > 0 if len(starts) else np.zeros(0, dtype=bool)
+    slice_list, bound_list, unordered_list = slices.tolist(), bounds.tolist(), unordered.tolist()
+    begin_of = dict(zip(slice_list, begins.tolist())).__getitem__
+    drawn = []
+    for chain in chains.tolist():
+        steps = slice_list[bound_list[chain]:bound_list[chain + 1]]
+        if unordered_list[chain]:
+            steps = in_begin_order(steps, begin_of, plan)
+        if len(steps) >= 2:
+            drawn.append(steps)
     for steps, flow_id in zip(drawn, tracks.new_flow_ids(len(drawn)).tolist()):
         for ident in steps[:-1]:
             plan.outgoing[ident].append(flow_id)
@@ -201,8 +213,12 @@ class ColumnSliceFinder:
 
     def start_ns(self, ident: int) -> int:
         """When the slice of event `ident` (a row of the table) begins."""
+        return int(self.starts_of(np.array([ident], dtype=np.int64))[0])
+
+    def starts_of(self, idents: np.ndarray) -> np.ndarray:
+        """When the slices of events `idents` (rows of the table) begin."""
         table = self._table
-        return int(table.starts[np.searchsorted(table.idents, ident)])
+        return table.starts[np.searchsorted(table.idents, idents)]
 
     def enclosing(self, thread: tuple, ts_ns: int) -> int | None:
         starts, ends, idents = self._thread(thread)

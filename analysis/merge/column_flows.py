@@ -27,6 +27,7 @@ from fleetscope.analysis.merge.flows import (
     plan_trace_flows,
 )
 from fleetscope.analysis.merge.slice_table import SliceTable
+from fleetscope.analysis.merge.tracks import emission_ranks
 
 if TYPE_CHECKING:
     from fleetscope.analysis.merge.tracks import RankTracks
@@ -40,17 +41,19 @@ def plan_flows_on_columns(table: SliceTable, grouped: "GroupedEvents", tracks: "
     plan = FlowPlan()
     on_gpu = table.on_gpu(grouped)
     if context.options.flows:
-        plan.launch = launch_flows(table, on_gpu, tracks)
+        finder = ColumnSliceFinder(table, grouped.gpu_threads)
+        plan.launch = launch_flows(table, on_gpu, tracks, finder)
         plan.launch_flow_count = len(plan.launch.ids)
         plan.launch_flows_left_out = plan.launch.left_out
         if not plan.launches_matched and add_covered is not None:
             add_covered()
-        plan_trace_flows_on_columns(grouped, tracks, plan, ColumnSliceFinder(table))
+        plan_trace_flows_on_columns(grouped, tracks, plan, finder)
     plan_collective_flows(communication_slices(table, on_gpu), grouped, context, plan)
     return plan
 
 
-def launch_flows(table: SliceTable, on_gpu: np.ndarray, tracks: "RankTracks") -> LaunchFlows:
+def launch_flows(table: SliceTable, on_gpu: np.ndarray, tracks: "RankTracks",
+                 finder: "ColumnSliceFinder") -> LaunchFlows:
     """One flow from each GPU slice's launch to it, ids given in the GPU slices' trace order."""
     launches = np.flatnonzero(table.has_correlation & ~on_gpu)
     durations = table.ends[launches] - table.starts[launches]
@@ -63,7 +66,7 @@ def launch_flows(table: SliceTable, on_gpu: np.ndarray, tracks: "RankTracks") ->
     at = np.minimum(np.searchsorted(chosen_correlations, table.correlations[gpu]), max(len(chosen) - 1, 0))
     found = chosen_correlations[at] == table.correlations[gpu] if len(chosen) else np.zeros(len(gpu), dtype=bool)
     targets, sources = gpu[found], chosen[at[found]]
-    drawable = table.starts[targets] >= table.starts[sources]  # flows.py's rule: GPU work after its launch
+    drawable = finder.written_after(targets, sources)  # flows.py's rule: the GPU work's begin after its launch's
     targets, sources = targets[drawable], sources[drawable]
     return LaunchFlows(sources=table.idents[sources], targets=table.idents[targets],
                        ids=tracks.new_flow_ids(len(targets)), left_out=int(len(drawable) - len(targets)))
@@ -102,7 +105,7 @@ def plan_trace_flows_on_columns(grouped: "GroupedEvents", tracks: "RankTracks", 
     by_text = sorted(range(len(keys)), key=list(map(str, keys)).__getitem__)
     key_rank = np.empty(len(keys), dtype=np.int64)
     key_rank[by_text] = np.arange(len(keys))
-    _add_chains(key_rank[key_ids], times[bound], idents[bound], tracks, plan, finder.starts_of)
+    _add_chains(key_rank[key_ids], times[bound], idents[bound], tracks, plan, finder)
 
 
 def _bound_idents(events: list[tuple], times: np.ndarray, finder: "ColumnSliceFinder") -> np.ndarray:
@@ -119,10 +122,10 @@ def _bound_idents(events: list[tuple], times: np.ndarray, finder: "ColumnSliceFi
 
 
 def _add_chains(key_rank: np.ndarray, times: np.ndarray, idents: np.ndarray, tracks: "RankTracks",
-                plan: FlowPlan, starts_of: Callable[[np.ndarray], np.ndarray]) -> None:
+                plan: FlowPlan, finder: "ColumnSliceFinder") -> None:
     """One flow per chain (the bound ends of one (category, id), in key order as text) with two slices or
     more that Perfetto can join (flows.in_begin_order): through its slices in (time, ident) order, each
-    slice once (at its first end). `starts_of(idents)`: when those slices begin."""
+    slice once (at its first end)."""
     order = np.lexsort((idents, times, key_rank))
     keys, slices = key_rank[order], idents[order]
     by_pair = np.lexsort((np.arange(len(order)), slices, keys))
@@ -134,14 +137,15 @@ def _add_chains(key_rank: np.ndarray, times: np.ndarray, idents: np.ndarray, tra
     bounds = np.append(starts, len(keys))
     lengths = np.diff(bounds)
     chains = np.flatnonzero(lengths >= 2)
-    begins = starts_of(slices)
-    # a chain whose slices begin in order is drawn as it is; only the others go through the rule one by one
+    rows = finder.rows_of(slices)
+    # a chain whose slices' begins are written in its order is drawn as it is; only the others go through
+    # the rule one slice at a time
     earlier = np.zeros(len(slices), dtype=bool)
-    earlier[1:] = begins[1:] < begins[:-1]
+    earlier[1:] = ~finder.written_after(rows[1:], rows[:-1])
     earlier[starts] = False
     unordered = np.add.reduceat(earlier, starts) > 0 if len(starts) else np.zeros(0, dtype=bool)
     slice_list, bound_list, unordered_list = slices.tolist(), bounds.tolist(), unordered.tolist()
-    begin_of = dict(zip(slice_list, begins.tolist())).__getitem__
+    begin_of = dict(zip(slice_list, finder.begins(rows))).__getitem__
     drawn = []
     for chain in chains.tolist():
         steps = slice_list[bound_list[chain]:bound_list[chain + 1]]
@@ -159,9 +163,12 @@ def _add_chains(key_rank: np.ndarray, times: np.ndarray, idents: np.ndarray, tra
 class ColumnSliceFinder:
     """flows._SliceFinder on the table: a thread's slices sorted by (start, -end), trace order on ties."""
 
-    def __init__(self, table: SliceTable):
+    def __init__(self, table: SliceTable, gpu_threads: dict[tuple, object] | None = None):
         self._table = table
         self._thread_of = {thread: index for index, thread in enumerate(table.threads)}
+        ranks = emission_ranks(table.threads, gpu_threads or {})
+        thread_ranks = np.array([ranks[thread] for thread in table.threads], dtype=np.int64)
+        self._row_ranks = thread_ranks[table.thread_ids] if len(table.threads) else np.zeros(0, dtype=np.int64)
         self._sorted: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._lists: dict[int, tuple[list[int], list[int], list[int]]] = {}
 
@@ -211,14 +218,23 @@ class ColumnSliceFinder:
             open_[hit] = False
         return found
 
-    def start_ns(self, ident: int) -> int:
-        """When the slice of event `ident` (a row of the table) begins."""
-        return int(self.starts_of(np.array([ident], dtype=np.int64))[0])
+    def rows_of(self, idents: np.ndarray) -> np.ndarray:
+        """The table rows of events `idents` (each one a row)."""
+        return np.searchsorted(self._table.idents, idents)
 
-    def starts_of(self, idents: np.ndarray) -> np.ndarray:
-        """When the slices of events `idents` (rows of the table) begin."""
-        table = self._table
-        return table.starts[np.searchsorted(table.idents, idents)]
+    def begins(self, rows: np.ndarray) -> list[tuple[int, int]]:
+        """flows.Begin of each row."""
+        return list(zip(self._table.starts[rows].tolist(), self._row_ranks[rows].tolist()))
+
+    def begin_of(self, ident: int) -> tuple[int, int]:
+        """flows.Begin of event `ident`'s slice."""
+        return self.begins(self.rows_of(np.array([ident], dtype=np.int64)))[0]
+
+    def written_after(self, rows: np.ndarray, before: np.ndarray) -> np.ndarray:
+        """Whether each of `rows` has its begin written after the begin of the row in `before` (flows.Begin
+        compared on arrays)."""
+        starts, ranks = self._table.starts, self._row_ranks
+        return (starts[rows] > starts[before]) | ((starts[rows] == starts[before]) & (ranks[rows] > ranks[before]))
 
     def enclosing(self, thread: tuple, ts_ns: int) -> int | None:
         starts, ends, idents = self._thread(thread)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
 
 import numpy as np
 
+from fleetscope.analysis.merge.tracks import emission_ranks
 from fleetscope.analysis.per_rank.names import (
     collective_name,
     is_comm_kernel,
@@ -66,7 +67,7 @@ class LaunchFlows:
     ids: np.ndarray
     """uint64."""
     left_out: int = 0
-    """GPU slices with a launch that begins after them: no flow (FlowPlan.launch_flows_left_out)."""
+    """GPU slices whose begin is written before their launch's: no flow (FlowPlan.launch_flows_left_out)."""
 
 
 @dataclass(kw_only=True)
@@ -87,7 +88,8 @@ class FlowPlan:
     trace_flow_steps_left_out: int = 0
     """Ends of the trace's own flows left out by in_begin_order."""
     launch_flows_left_out: int = 0
-    """GPU slices whose launch begins after them: no launch flow (_plan_launch_flows, column_flows.launch_flows)."""
+    """GPU slices whose begin is written before their launch's (in_begin_order's rule): no launch flow
+    (_plan_launch_flows, column_flows.launch_flows)."""
 
     @property
     def launches_matched(self) -> bool:
@@ -102,10 +104,11 @@ class FlowPlan:
 
 
 TRACE_FLOW_STEPS_LEFT_OUT = ("flow ends not drawn: each bound to a slice that begins before the slice of the flow's "
-                             "previous end (Perfetto joins a flow's slices in the order they begin)")
-LAUNCH_FLOWS_LEFT_OUT = ("launch arrows not drawn: the GPU work begins before the call that launched it (the "
-                         "trace's host and device clocks disagree; Perfetto joins a flow's slices in the order they "
-                         "begin)")
+                             "previous end, or with it on a track written first (Perfetto joins a flow's slices in "
+                             "the order their begins are written)")
+LAUNCH_FLOWS_LEFT_OUT = ("launch arrows not drawn: the GPU work begins before the call that launched it (the trace's "
+                         "host and device clocks disagree), or with it on a track written first (Perfetto joins a "
+                         "flow's slices in the order their begins are written)")
 
 
 def plan_flows(grouped: "GroupedEvents", tracks: "RankTracks", context: "WindowContext") -> FlowPlan:
@@ -114,8 +117,9 @@ def plan_flows(grouped: "GroupedEvents", tracks: "RankTracks", context: "WindowC
     located = _locate_slices(grouped)
     launches = _launches_by_correlation(grouped, located)
     if context.options.flows:
-        _plan_launch_flows(grouped, located, launches, tracks, plan)
-        plan_trace_flows(grouped, tracks, plan, _SliceFinder(grouped))
+        finder = _SliceFinder(grouped)
+        _plan_launch_flows(grouped, located, launches, tracks, plan, finder)
+        plan_trace_flows(grouped, tracks, plan, finder)
     plan_collective_flows(located, grouped, context, plan)
     return plan
 
@@ -211,13 +215,13 @@ def _duration(where: Located) -> int:
 
 
 def _plan_launch_flows(grouped: "GroupedEvents", located: dict[int, Located], launches: dict[int, int],
-                       tracks: "RankTracks", plan: FlowPlan) -> None:
+                       tracks: "RankTracks", plan: FlowPlan, finder: "SliceFinder") -> None:
     for ident in sorted(grouped.correlation_of):
         where = located.get(ident)
         launch = launches.get(grouped.correlation_of[ident])
         if where is None or not where.on_gpu or launch is None:
             continue
-        if where.start_ns < located[launch].start_ns:
+        if finder.begin_of(ident) <= finder.begin_of(launch):
             plan.launch_flows_left_out += 1
             continue
         flow_id = tracks.new_flow_id()
@@ -237,7 +241,7 @@ def plan_trace_flows(grouped: "GroupedEvents", tracks: "RankTracks", plan: FlowP
             chains[(category, flow_id)].append((ts_ns, ident))
     for key in sorted(chains, key=str):
         idents = list(dict.fromkeys(ident for _, ident in sorted(chains[key])))
-        idents = in_begin_order(idents, finder.start_ns, plan) if len(idents) >= 2 else idents
+        idents = in_begin_order(idents, finder.begin_of, plan) if len(idents) >= 2 else idents
         if len(idents) < 2:
             continue
         flow_id = tracks.new_flow_id()
@@ -247,20 +251,25 @@ def plan_trace_flows(grouped: "GroupedEvents", tracks: "RankTracks", plan: FlowP
         plan.trace_flow_count += 1
 
 
-def in_begin_order(idents: list[int], start_ns: Callable[[int], int], plan: FlowPlan) -> list[int]:
-    """A chain's slices (in the order of its flow events) that Perfetto can join: each one beginning no
-    earlier than the one kept before it. Flow ids ride on a slice's begin and Perfetto joins them in the
-    order the begins come, so an end bound to a slice that began earlier (an `f` with `bp: e` whose
-    enclosing host call began before the GPU work it waited for, as in HTA's critical-path overlays)
-    would end a flow not yet started: it is left out, and counted."""
+Begin = tuple[int, int]
+"""When a slice's begin is written: (timestamp ns, tracks.emission_ranks of its thread). Perfetto joins a
+flow's slices in the order their begins are written: by time, then, at one instant, in file order."""
+
+
+def in_begin_order(idents: list[int], begin_of: Callable[[int], Begin], plan: FlowPlan) -> list[int]:
+    """A chain's slices (in the order of its flow events) that Perfetto can join: each one's begin written
+    after the one kept before it (Begin). Flow ids ride on a slice's begin, so an end bound to a slice
+    written earlier (an `f` with `bp: e` whose enclosing host call began before the GPU work it waited for,
+    as in HTA's critical-path overlays, or at the same instant on a track written first) would end a flow
+    not yet started: it is left out, and counted."""
     kept: list[int] = []
     latest = None
     for ident in idents:
-        start = start_ns(ident)
-        if latest is not None and start < latest:
+        begin = begin_of(ident)
+        if latest is not None and begin <= latest:
             continue
         kept.append(ident)
-        latest = start
+        latest = begin
     plan.trace_flow_steps_left_out += len(idents) - len(kept)
     return kept
 
@@ -270,7 +279,7 @@ class SliceFinder(Protocol):
 
     def next_starting(self, thread: tuple, ts_ns: int) -> int | None: ...
 
-    def start_ns(self, ident: int) -> int: ...
+    def begin_of(self, ident: int) -> Begin: ...
 
 
 class _SliceFinder:
@@ -279,7 +288,7 @@ class _SliceFinder:
     def __init__(self, grouped: "GroupedEvents"):
         self._grouped = grouped
         self._starts: dict[tuple, list[int]] = {}
-        self._start_of: dict[int, int] | None = None
+        self._begin_of: dict[int, Begin] | None = None
 
     def _sorted(self, thread: tuple) -> tuple[list, list[int]]:
         slices = self._grouped.slices.get(thread, [])
@@ -302,11 +311,13 @@ class _SliceFinder:
         index = bisect_left(starts, ts_ns)
         return slices[index][4] if index < len(slices) else None
 
-    def start_ns(self, ident: int) -> int:
-        """When the slice of event `ident` (one the finder bound) begins."""
-        if self._start_of is None:
-            self._start_of = {s[4]: s[0] for slices in self._grouped.slices.values() for s in slices}
-        return self._start_of[ident]
+    def begin_of(self, ident: int) -> Begin:
+        """When the begin of event `ident`'s slice is written."""
+        if self._begin_of is None:
+            grouped = self._grouped
+            ranks = emission_ranks(grouped.slices, grouped.gpu_threads)
+            self._begin_of = {s[4]: (s[0], ranks[thread]) for thread, slices in grouped.slices.items() for s in slices}
+        return self._begin_of[ident]
 
 
 def _bind_collectives(located: dict[int, Located], grouped: "GroupedEvents", context: "WindowContext",

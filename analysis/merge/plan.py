@@ -39,10 +39,12 @@ from fleetscope.analysis.merge.tracks import (
     GROUP_OTHER,
     OP_COUNTER,
     OP_INSTANT,
+    PROFILER_TRACK,
     RankTracks,
     Slice,
     TrackKey,
     lay_out_track,
+    track_key,
 )
 from fleetscope.analysis.merge.window import GroupedEvents, WindowClock, WindowContext
 from fleetscope.analysis.per_rank.names import (
@@ -357,22 +359,6 @@ def register_tracks(threads: set[tuple], grouped: GroupedEvents, tracks: RankTra
         tracks.register(("counter", pid, label), label, GROUP_COUNTER)
     for label in sorted(k for k, v in grouped.memory.items() if v):
         tracks.register(("counter", MEMORY_EVENT_NAME, label), label, GROUP_COUNTER)
-
-
-def track_key(thread: tuple, gpu_threads: dict[tuple, Any]) -> TrackKey:
-    pid, tid = thread
-    if thread in gpu_threads:
-        return ("gpu", pid, tid)
-    if isinstance(pid, int) and isinstance(tid, int):
-        return ("cpu", pid, tid)
-    if pid in KINETO_PROFILER_PIDS:
-        return PROFILER_TRACK
-    return ("other", pid, tid)
-
-
-KINETO_PROFILER_PIDS = frozenset({"Spans", "Traces", ""})
-"""Kineto's pseudo-processes for the profiler's own span and markers: they share one track."""
-PROFILER_TRACK = ("other", "profiler", "")
 
 
 def _thread_sort_key(thread: tuple, grouped: GroupedEvents) -> tuple:

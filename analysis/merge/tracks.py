@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -32,6 +32,33 @@ GROUP_ANALYSIS, GROUP_COUNTER, GROUP_MAIN_THREAD, GROUP_CPU_THREAD, GROUP_GPU_ST
 
 TrackKey = tuple[str, Any, Any]
 """("cpu" | "gpu" | "other", pid, tid), ("counter", source, label) or ("analysis", name, "")."""
+
+
+def track_key(thread: tuple, gpu_threads: dict[tuple, Any]) -> TrackKey:
+    """The track a thread's slices are drawn on: its GPU stream, its CPU thread, or Kineto's profiler track."""
+    pid, tid = thread
+    if thread in gpu_threads:
+        return ("gpu", pid, tid)
+    if isinstance(pid, int) and isinstance(tid, int):
+        return ("cpu", pid, tid)
+    if pid in KINETO_PROFILER_PIDS:
+        return PROFILER_TRACK
+    return ("other", pid, tid)
+
+
+KINETO_PROFILER_PIDS = frozenset({"Spans", "Traces", ""})
+"""Kineto's pseudo-processes for the profiler's own span and markers: they share one track."""
+PROFILER_TRACK = ("other", "profiler", "")
+
+
+def emission_ranks(threads: Iterable[tuple], gpu_threads: dict[tuple, Any]) -> dict[tuple, int]:
+    """Each thread's place in the order the planners write tracks at one instant: the first appearance of
+    its track among `threads` (in the order the planners list them). Both planners write a window's tracks
+    one after the other and then sort the operations by time, stably, so at one timestamp a track that
+    appears first is written first (plan._plan_slices, column_plan._rows_by_track)."""
+    order: dict[TrackKey, int] = {}
+    return {thread: order.setdefault(track_key(thread, gpu_threads), len(order)) for thread in threads}
+
 
 _RANK_FLOW_SHIFT = 40
 

@@ -176,6 +176,7 @@ def merge_expectations(result: MergeResult, check: TraceCheck) -> EngineExpectat
                            + s.overlay_instant_count for s in merged},
         threads_by_process={s.process_name: s.thread_count for s in merged},
         cross_rank_flows=cross_rank_arrows(check),
+        arrows=len(check.arrows),
         counter_samples=(sum(s.counter_sample_count for s in merged) + sum(c.counter_sample_count for c in result.summary)
                          + result.whole_run_samples),
         time_bounds_ns=(min(firsts), max(lasts)) if firsts and lasts else None,

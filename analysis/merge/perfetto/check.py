@@ -313,11 +313,12 @@ def _rebuild_track(uuid: int, events: list[tuple], check: TraceCheck) -> None:
 
 
 def _check_flows(check: TraceCheck) -> None:
-    """Join flow ends in time order the way the trace processor does; every arrow must have a slice at
-    both ends. A rank's own flows (launch -> kernel, the trace's flows) must be complete; a cross-rank
-    id (top bit set) seen once only means the other ranks lack that instance."""
+    """Join flow ends in time order the way the trace processor does (file order between equal
+    timestamps: an end written before the flow's start at the same instant ends nothing); every arrow must
+    have a slice at both ends. A rank's own flows (launch -> kernel, the trace's flows) must be complete; a
+    cross-rank id (top bit set) seen once only means the other ranks lack that instance."""
     for flow_id, ends in check.flow_ends.items():
-        ends.sort(key=lambda end: (end[0], end[2], end[1]))
+        ends.sort(key=lambda end: (end[0], end[1]))
         previous = None
         for _, _, terminates, slice_key in ends:
             if previous is not None:

@@ -131,6 +131,8 @@ SELECT 'cross_flow', CAST(f.trace_id AS TEXT), CAST(COUNT(*) AS TEXT), ''
   JOIN owner oo ON so.track_id = oo.track_id JOIN owner oi ON si.track_id = oi.track_id
   WHERE oo.upid != oi.upid GROUP BY f.trace_id
 UNION ALL
+SELECT 'flows', '', CAST(COUNT(*) AS TEXT), '' FROM flow
+UNION ALL
 SELECT 'counters', '', CAST(COUNT(*) AS TEXT), '' FROM counter
 UNION ALL
 SELECT 'summary_track', name, CAST((SELECT COUNT(*) FROM slice s WHERE s.track_id = t.id) AS TEXT), ''
@@ -155,6 +157,9 @@ class EngineExpectations:
     """Every slice and counter lies within [first, last] of the merged clock."""
     summary_slices: Mapping[int, int] | None = None
     """rank -> slices on its summary track `rank R: steps` (merge/summary.py); every other rank has none."""
+    arrows: int | None = None
+    """Every arrow the file joins (the read-back's, perfetto/check.py): the engine must join each, within a
+    rank or across ranks, as none of them leaves a stat when it does not."""
 
 
 @dataclass(kw_only=True)
@@ -162,6 +167,8 @@ class SqlCheck:
     slices_by_process: dict[str, int] = field(default_factory=dict)
     threads_by_process: dict[str, int] = field(default_factory=dict)
     cross_rank_flows: dict[int, int] = field(default_factory=dict)
+    flows: int = 0
+    """Rows of the engine's `flow` table."""
     counter_samples: int = 0
     summary_slices: dict[int, int] = field(default_factory=dict)
     slice_bounds_ns: tuple[int, int] | None = None
@@ -203,6 +210,8 @@ def read_check_rows(rows: list[dict[str, str]]) -> SqlCheck:
             check.error_stats[a] = int(b)
         elif kind == "cross_flow":
             check.cross_rank_flows[int(a) % (1 << 64)] = int(b)
+        elif kind == "flows":
+            check.flows = int(b)
         elif kind == "counters":
             check.counter_samples = int(b)
         elif kind == "summary_track" and a.split(":")[0][len("rank "):].isdigit():
@@ -229,6 +238,9 @@ def compare(check: SqlCheck, expected: EngineExpectations) -> list[str]:
             problems.append(f"cross-rank flows: {len(missing)} collective instances with other arrow counts "
                             f"than written, {len(extra)} not written (engine sees {len(check.cross_rank_flows)}, "
                             f"expected {len(expected.cross_rank_flows)})")
+    if expected.arrows is not None and check.flows != expected.arrows:
+        problems.append(f"the trace processor joins {check.flows} arrows, the file holds {expected.arrows}: "
+                        f"{abs(check.flows - expected.arrows)} {'lost' if check.flows < expected.arrows else 'extra'}")
     if expected.counter_samples is not None and check.counter_samples != expected.counter_samples:
         problems.append(f"the trace processor sees {check.counter_samples} counter samples, "
                         f"expected {expected.counter_samples}")

@@ -194,6 +194,7 @@ def readback_expectations(check: TraceCheck) -> EngineExpectations:
                            if name != SUMMARY_PROCESS_NAME},
         threads_by_process=dict(check.thread_count_by_process()),
         cross_rank_flows=cross_rank_arrows(check),
+        arrows=len(check.arrows),
         counter_samples=sum(len(samples) for samples in check.counter_values.values()),
         time_bounds_ns=(min(timestamps), max(timestamps)) if timestamps else None,
     )

@@ -142,6 +142,14 @@ def test_trace_flows_bound_on_arrays_are_the_per_event_bindings(seed):
     assert chains > 100 and left_out > 5
 
 
+def _merged(source: Path, out: Path, monkeypatch, *, per_event: bool) -> merge_run.MergeResult:
+    """The merge of `source` by the columnar planner, or by the per-event one."""
+    with monkeypatch.context() as patched:
+        if per_event:
+            patched.setattr(merge_run, "decode_window", lambda data: None)
+        return merge_run.merge(source, out, options=MergeOptions(workers=1), use_cache=False)
+
+
 def _sync_edge_trace(path: Path) -> Path:
     """A host call that waits on the GPU (cudaStreamSynchronize, 100-109 us) and the GPU's `Stream Sync`
     (101-109): HTA's critical-path overlay draws the edge back from the GPU to the host as a flow whose `s`
@@ -179,11 +187,7 @@ def _sync_edge_trace(path: Path) -> Path:
 @pytest.mark.parametrize("per_event", [False, True])
 def test_arrows_perfetto_cannot_join_in_begin_order_are_counted_not_drawn(tmp_path, monkeypatch, per_event):
     trace = _sync_edge_trace(tmp_path / "rank0.pt.trace.json")
-    with monkeypatch.context() as patched:
-        if per_event:
-            patched.setattr(merge_run, "decode_window", lambda data: None)
-        result = merge_run.merge(trace, tmp_path / "out.perfetto-trace", options=MergeOptions(workers=1),
-                                 use_cache=False)
+    result = _merged(trace, tmp_path / "out.perfetto-trace", monkeypatch, per_event=per_event)
     check = check_trace(result.output)
     assert check.ok, check.problems
     assert verify_outputs(result) == []
@@ -227,11 +231,7 @@ def _equal_begins_trace(path: Path, *, end_thread_first: bool, launch: bool) -> 
 def test_an_arrow_between_slices_that_begin_together_is_drawn_only_when_its_start_is_written_first(
         tmp_path, monkeypatch, per_event, launch, end_thread_first):
     trace = _equal_begins_trace(tmp_path / "rank0.pt.trace.json", end_thread_first=end_thread_first, launch=launch)
-    with monkeypatch.context() as patched:
-        if per_event:
-            patched.setattr(merge_run, "decode_window", lambda data: None)
-        result = merge_run.merge(trace, tmp_path / "out.perfetto-trace", options=MergeOptions(workers=1),
-                                 use_cache=False)
+    result = _merged(trace, tmp_path / "out.perfetto-trace", monkeypatch, per_event=per_event)
     check = check_trace(result.output)
     assert check.ok, check.problems
     reason = LAUNCH_FLOWS_LEFT_OUT if launch else TRACE_FLOW_STEPS_LEFT_OUT

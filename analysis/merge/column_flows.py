@@ -145,12 +145,12 @@ def _add_chains(key_rank: np.ndarray, times: np.ndarray, idents: np.ndarray, tra
     earlier[starts] = False
     unordered = np.add.reduceat(earlier, starts) > 0 if len(starts) else np.zeros(0, dtype=bool)
     slice_list, bound_list, unordered_list = slices.tolist(), bounds.tolist(), unordered.tolist()
-    begin_of = dict(zip(slice_list, finder.begins(rows))).__getitem__
     drawn = []
     for chain in chains.tolist():
-        steps = slice_list[bound_list[chain]:bound_list[chain + 1]]
+        begin, end = bound_list[chain], bound_list[chain + 1]
+        steps = slice_list[begin:end]
         if unordered_list[chain]:
-            steps = in_begin_order(steps, begin_of, plan)
+            steps = in_begin_order(steps, dict(zip(steps, finder.begins(rows[begin:end]))).__getitem__, plan)
         if len(steps) >= 2:
             drawn.append(steps)
     for steps, flow_id in zip(drawn, tracks.new_flow_ids(len(drawn)).tolist()):

@@ -80,7 +80,7 @@ def test_installed_it_imports_plans_a_user_script_and_gates_tensor_parallel(user
     assert slurm.returncode == 2 and "fleetscope[slurm]" in slurm.stderr, slurm.stderr
     probe = ("from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM\n"
              "from fleetscope.trainer.config import ConfigError\n"
-             "from fleetscope.trainer.parallel import tensor_parallel_plan\n"
+             "from fleetscope.trainer.tp_plan import tensor_parallel_plan\n"
              "config = Qwen3MoeConfig(hidden_size=16, intermediate_size=16, moe_intermediate_size=8, num_experts=2,\n"
              "    num_experts_per_tok=1, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,\n"
              "    head_dim=8, vocab_size=32)\n"

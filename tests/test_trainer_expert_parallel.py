@@ -14,7 +14,8 @@ from fleetscope.trainer.config import (ConfigError, FaultConfig, ModelConfig, Pa
 from fleetscope.trainer.expert_parallel import tp_share
 from fleetscope.trainer.families import FAMILIES
 from fleetscope.trainer.models import build_model, check_model_support, decoder_layers
-from fleetscope.trainer.parallel import ParallelDims, tensor_parallel_plan, without_modules
+from fleetscope.trainer.parallel import ParallelDims
+from fleetscope.trainer.tp_plan import tensor_parallel_plan, without_modules
 
 SCRIPT = str(REPO / "tests" / "dist_scripts" / "train_families.py")
 GRADS_SCRIPT = str(REPO / "tests" / "dist_scripts" / "expert_grads.py")
@@ -110,21 +111,22 @@ def test_tp_shares_cover_the_tokens_once(num_tokens, tp):
     assert shares[0][1] == max(rows for _, rows in shares)  # the gather pads to the first share
 
 
-@pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "deepseek_v3"])
 def test_tp_plan_leaves_the_routed_experts_whole(family):
-    """The family's own plan less the routed experts; attention, shared experts and embeddings keep theirs."""
+    """The plan fleetscope applies, less the routed experts under EP; attention, shared experts and embeddings
+    keep theirs."""
     causal_lm = build_model(ModelConfig(family=family), seed=0)
     experts = [layer.mlp.experts for layer in decoder_layers(causal_lm)]
     full = tensor_parallel_plan(causal_lm)
     plan = without_modules(full, causal_lm, experts)
-    assert any(".mlp.experts" in key for key in full)
+    assert full["model.layers.1.mlp.experts.gate_up_proj"] == "packed_colwise"
     assert not any(".mlp.experts" in key for key in plan)
     assert {key: style for key, style in full.items() if ".mlp.experts" not in key} == plan
     assert "model.embed_tokens" in plan
     if family == "deepseek_v3":
         assert plan["model.layers.0.mlp.shared_experts.down_proj"] == "rowwise"
     else:
-        assert plan["model.layers.1.self_attn.o_proj"] == "rowwise"
+        assert plan["model.layers.1.self_attn.o_proj"] in ("rowwise", "rowwise_split_input")
 
 
 def test_router_faults_are_allowed_under_ep_with_tp():

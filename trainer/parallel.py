@@ -10,6 +10,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from .config import ConfigError, ParallelConfig, PerformanceConfig, check_degrees, check_expert_degree
 from .expert_parallel import apply_expert_parallel, average_over_replicas, expert_parameter_names
 from .models import decoder_layers
+from .tp_plan import register_experts_style, tensor_parallel_plan, without_modules
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -145,10 +146,9 @@ def parallelize(
 
 def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh, *,
                           keep_whole: list[torch.nn.Module] = ()) -> None:
-    """Shard with the family's own tensor-parallel plan (its transformers config's `base_model_tp_plan`:
-    attention heads colwise/rowwise, experts' FFN packed-colwise/rowwise with an output all-reduce,
-    vocabulary-sharded embedding and LM head where the family plans them), less every entry on or inside
-    the `keep_whole` modules (expert-parallel experts: whole experts, on plain replicated inputs)."""
+    """Shard with the plan of `tp_plan.tensor_parallel_plan` (the family's attention, dense-MLP and embedding
+    entries from transformers, fleetscope's routed-expert entries), less every entry on or inside the
+    `keep_whole` modules (expert-parallel experts: whole experts, on plain replicated inputs)."""
     causal_lm = getattr(model, "causal_lm", model)
     plan = without_modules(tensor_parallel_plan(causal_lm), causal_lm, keep_whole)
     try:
@@ -159,29 +159,8 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh, *,
         raise ConfigError(f"parallel.mode: tensor parallel needs transformers >= 5.24 (its "
                           f"transformers.distributed.tensor_parallel API); this environment has "
                           f"{transformers.__version__}") from None
+    register_experts_style()
     apply_tensor_parallelism(causal_lm, tp_mesh, plan)
-
-
-def tensor_parallel_plan(causal_lm: torch.nn.Module) -> dict[str, str]:
-    """The family's plan with `*` expanded to concrete module and parameter names."""
-    plan = dict(getattr(causal_lm, "tp_plan", None) or {})
-    expand = getattr(causal_lm, "_expand_parallel_plan", None)
-    if not plan or expand is None:
-        import transformers
-
-        raise ConfigError(
-            f"parallel.mode: {type(causal_lm).__name__} has no tensor-parallel plan in this transformers "
-            f"version (tensor parallel needs transformers >= 5.24; this environment has {transformers.__version__})"
-        )
-    return expand(plan)
-
-
-def without_modules(plan: dict[str, str], root: torch.nn.Module, modules: list[torch.nn.Module]) -> dict[str, str]:
-    """The plan less the entries naming one of `modules` (qualified names under `root`) or anything inside one."""
-    wanted = {id(module) for module in modules}
-    names = [name for name, module in root.named_modules() if id(module) in wanted]
-    return {key: style for key, style in plan.items()
-            if not any(key == name or key.startswith(name + ".") for name in names)}
 
 
 def apply_activation_checkpointing(model: torch.nn.Module, policy: str) -> None:

@@ -17,7 +17,7 @@ from fleetscope.analysis.quantities import JobStraggler
 from test_advise import CONFIG, HEALTHY, _cause
 from test_advise_moe import _section
 
-FAMILY_NAMES = {"parallelism", "input", "host", "communication", "memory", "moe"}
+FAMILY_NAMES = {"parallelism", "input", "host", "gpu_work", "communication", "memory", "moe"}
 PROGRAM = "python train.py"
 ONE_NODE = {rank: "node0" for rank in range(4)}
 CASES = {
@@ -31,6 +31,10 @@ CASES = {
     "input wait": dict(stragglers=[_cause(CAUSE_HOST, data_loader_excess_ms=18.0)]),
     "hot expert": dict(moe=_section(), rank_hosts=ONE_NODE, config={**CONFIG, "model": {"family": "mixtral"}}),
     "costly exchange": dict(moe=_section([700.0] * 4, hot_ms=2.0, a2a_ms=14.0), rank_hosts=ONE_NODE),
+    "fp32 matmuls": dict(idle_pct=2.0, gemm_ms_by_precision={"fp32": 60.0, "bf16/fp16": 1.0}),
+    "per-parameter optimizer": dict(optimizer="AdamW", optimizer_impl="per-parameter", optimizer_host_ms=25.0,
+                                    optimizer_launches=2000.0, optimizer_gpu_ms=4.0),
+    "allocator churn": dict(allocator_calls=184.0, allocator_ms=12.0),
 }
 """Evidence that, case by case, fires every rule (a new rule needs a case here, and so gets the checks below)."""
 
@@ -45,7 +49,7 @@ def _findings(case: str, program: str = "") -> dict:
     return {f.rule: f for f in advise_evidence(evidence).findings}
 
 
-def test_the_engine_runs_the_rules_of_six_families_each_rule_once():
+def test_the_engine_runs_the_rules_of_seven_families_each_rule_once():
     assert {family.__name__.rpartition(".")[2] for family in FAMILIES} == FAMILY_NAMES
     owners = {rule.name: [family.__name__ for family in FAMILIES if rule in family.RULES] for rule in REGISTRY}
     assert len(owners) == len(REGISTRY) and all(len(names) == 1 for names in owners.values()), owners

@@ -16,6 +16,7 @@ from fleetscope.traces.layout import RunLayout
 
 # the families as modules (`from . import host` would import this package, which imports this module)
 import fleetscope.analysis.advise.communication as communication
+import fleetscope.analysis.advise.gpu_work as gpu_work
 import fleetscope.analysis.advise.host as host
 import fleetscope.analysis.advise.input as data_input  # the alias leaves the builtin input() alone
 import fleetscope.analysis.advise.memory as memory
@@ -25,7 +26,7 @@ import fleetscope.analysis.advise.parallelism as parallelism
 from .evidence import gather_evidence
 from .model import Advice, Evidence, Finding, Rule
 
-FAMILIES = (parallelism, data_input, host, communication, memory, moe)
+FAMILIES = (parallelism, data_input, host, gpu_work, communication, memory, moe)
 """The rule families, in the order their rules run (findings of equal gain keep it)."""
 REGISTRY: tuple[Rule, ...] = tuple(rule for family in FAMILIES for rule in family.RULES)
 RULES: tuple[Callable[[Evidence], Finding | None], ...] = tuple(rule.find for rule in REGISTRY)

@@ -49,7 +49,7 @@ def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
         idle_pct=mean_of([u.idle_pct for u in utilization]),
         exposed_comm_pct=mean_of([100 * u.exposed_comm_us / u.span_us for u in utilization if u.span_us > 0]),
         overlap_pct=mean_of([u.overlap_pct for u in utilization]),
-        **_host_evidence(report),
+        **_host_evidence(report), **_step_work_evidence(report),
         stragglers=[f for w in windows for f in w.causes.findings],
         straggler_windows=[w.window for w in windows for _ in w.causes.findings],
         job_straggler=job_straggler(windows),
@@ -85,7 +85,32 @@ def _host_evidence(report: Report | None) -> dict[str, Any]:
     return {"launch_ms": per_step("launch_us") / 1000.0, "launches": per_step("launch_count"),
             "syncs": per_step("sync_count"), "tensor_reads": per_step("tensor_reads"),
             "pageable_copies": per_step("pageable_copy_count"), "pageable_copy_ms": per_step("pageable_copy_us") / 1000.0,
-            "stall_frames": _stall_frames(stalls), "idle_cause_ms": causes}
+            "stall_frames": _stall_frames(stalls), "idle_cause_ms": causes,
+            "launch_paced_idle_ms": float(np.mean([h.launch_paced_idle_us / len(h.steps) for h in stalls])) / 1000.0}
+
+
+def _step_work_evidence(report: Report | None) -> dict[str, Any]:
+    """GEMM precision, optimizer and allocator figures per profiled step, mean over every rank (GPU traces)."""
+    works = [r.step_work for w in (report.windows if report else []) for r in w.ranks if r.step_work is not None]
+    if not works:
+        return {}
+
+    def mean(key: str, scale: float = 1000.0) -> float:
+        return float(np.mean([getattr(w, key) for w in works])) / scale
+
+    precision: dict[str, float] = {}
+    for work in works:
+        for kind, us in work.gemm_us_by_precision.items():
+            precision[kind] = precision.get(kind, 0.0) + us / 1000.0 / len(works)
+    with_optimizer = [w for w in works if w.optimizer_impl]
+    optimizer = {}
+    if with_optimizer:
+        optimizer = {"optimizer": with_optimizer[0].optimizer, "optimizer_impl": with_optimizer[0].optimizer_impl,
+                     "optimizer_host_ms": float(np.mean([w.optimizer_host_us for w in with_optimizer])) / 1000.0,
+                     "optimizer_launches": float(np.mean([w.optimizer_launches for w in with_optimizer])),
+                     "optimizer_gpu_ms": float(np.mean([w.optimizer_gpu_us for w in with_optimizer])) / 1000.0}
+    return {"gemm_ms_by_precision": precision, **optimizer, "allocator_calls": mean("allocator_calls", 1.0),
+            "allocator_ms": mean("allocator_us")}
 
 
 def _stall_frames(stalls: list) -> dict[str, list[str]]:

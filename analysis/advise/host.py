@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fleetscope.analysis.per_rank.host_stalls import FRAME_PAGEABLE_COPY, FRAME_SYNC
 
+from .gpu_work import allocator_churn, optimizer_impl
 from .model import Change, Evidence, Finding, Rule, step_gain, trainer_change
 
 IDLE_SHARE = 0.25
@@ -25,19 +26,28 @@ PAGEABLE_RECOVERABLE = 0.5
 twice the bandwidth of a pageable one on PCIe hosts); the copy itself still takes time."""
 FRAMES_NAMED = 2
 """Program frames named in a finding's change (the costliest first)."""
-DISPATCH_RATE_PER_MS = 10.0
-"""At least this many launches per millisecond of GPU idle time: the host does little between launches but
-dispatch them (eager PyTorch's per-op overhead, 20-50 launches per idle ms on the H200 fixtures): what
-compilation and CUDA graphs remove. A host busy with its own work launches far less often."""
 
 
 def _launch_bound(e: Evidence, idle_ms: float) -> bool:
-    """The GPU's idle time is launch overhead: the host inside launch calls, short gaps between back-to-back
-    kernels, or launches dense enough that dispatching them is all the host does."""
-    short = e.idle_cause_ms.get("short gaps", 0.0)
-    inside = e.launch_ms is not None and e.launch_ms >= LAUNCH_EVIDENCE_SHARE * idle_ms
-    dense = e.launches is not None and idle_ms > 0 and e.launches / idle_ms >= DISPATCH_RATE_PER_MS
-    return inside or dense or short >= 0.5 * idle_ms
+    """The GPU's idle time is launch overhead: the host inside launch calls for LAUNCH_EVIDENCE_SHARE of it, or
+    short gaps between back-to-back kernels, gaps paced by launch calls (host_stalls.py
+    DISPATCH_INTERVAL_FACTOR) and the launch calls themselves for most of it. How many launches a step makes says nothing by itself: a step of
+    Python work, syncs or a per-parameter optimizer launches as often."""
+    dispatch = e.idle_cause_ms.get("short gaps", 0.0) + e.launch_paced_idle_ms
+    inside = e.launch_ms or 0.0
+    return inside >= LAUNCH_EVIDENCE_SHARE * idle_ms or dispatch + inside >= 0.5 * idle_ms
+
+
+def _other_host_causes(e: Evidence) -> list[str]:
+    """What else in the step holds the GPU back and that no CUDA graph removes (or that prevents capture)."""
+    causes = []
+    if _syncs_block_graphs(e):
+        causes.append("host syncs")
+    if allocator_churn(e) is not None:
+        causes.append("allocator calls")
+    if optimizer_impl(e) is not None:
+        causes.append("a per-parameter optimizer")
+    return causes
 
 
 def _syncs_block_graphs(e: Evidence) -> bool:
@@ -58,18 +68,23 @@ def cuda_graphs(e: Evidence) -> Finding | None:
     if e.basis != "gpu" or e.idle_pct is None or e.idle_pct < 100 * IDLE_SHARE or compiled != "none" or not e.step_ms:
         return None
     idle_ms = e.idle_pct / 100 * e.step_ms
-    if not _launch_bound(e, idle_ms) or _syncs_block_graphs(e):
+    if not _launch_bound(e, idle_ms) or _other_host_causes(e):
         return None
     mode = "default" if str(e.setting("parallel", "mode", "")).startswith("fsdp") else "reduce-overhead"
     gain, pct = step_gain(e, LAUNCH_RECOVERABLE * idle_ms)
     evidence = {"gpu_idle_pct": round(e.idle_pct, 1), "launch_ms_per_step": round(e.launch_ms or 0.0, 3),
-                "launches_per_step": round(e.launches or 0.0, 1), "compile": compiled}
+                "launches_per_step": round(e.launches or 0.0, 1), "compile": compiled,
+                "short_gap_idle_ms_per_step": round(e.idle_cause_ms.get("short gaps", 0.0), 3),
+                "syncs_per_step": round((e.syncs or 0.0) + (e.tensor_reads or 0.0), 1),
+                "allocator_calls_per_step": round(e.allocator_calls or 0.0, 1)}
     return Finding(rule="cuda_graphs", title="the GPU waits for the host to launch kernels",
                    evidence=evidence, expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
                    **trainer_change(Change(train_args=("--compile", mode))),
-                   why=f"the GPU is idle {e.idle_pct:.0f}% of the profiled steps while the host makes "
-                       f"{e.launches or 0.0:.0f} launch calls per step ({(e.launches or 0.0) / idle_ms:.0f} per ms of "
-                       f"GPU idle, {e.launch_ms or 0.0:.2f} ms inside them): it does little but dispatch; compiling fuses "
+                   why=f"the GPU is idle {e.idle_pct:.0f}% of the profiled steps ({idle_ms:.2f} ms per step) and the "
+                       f"host spends {e.launch_ms or 0.0:.2f} ms of it inside {e.launches or 0.0:.0f} launch calls "
+                       f"({e.idle_cause_ms.get('short gaps', 0.0):.2f} ms in short gaps between kernels); ruled out: "
+                       "host syncs, allocator calls and a per-parameter optimizer (none significant in the step). "
+                       "The host does little but dispatch; compiling fuses "
                        "kernels and " + ("CUDA graphs replay the launches without the host" if mode == "reduce-overhead"
                                          else "cuts launches (CUDA graphs need fixed parameter addresses, which FSDP "
                                               "does not keep)"))
@@ -85,6 +100,10 @@ def host_work(e: Evidence) -> Finding | None:
     busy_ms = e.idle_cause_ms.get("host busy elsewhere", 0.0)
     if busy_ms < HOST_WORK_SHARE * idle_ms or _launch_bound(e, idle_ms):
         return None
+    # dispatching is cuda_graphs' evidence; the optimizer's and the allocator's own rules claim their host time
+    busy_ms -= e.launch_paced_idle_ms + _explained_host_ms(e)
+    if busy_ms < HOST_WORK_SHARE * idle_ms:
+        return None
     gain, pct = step_gain(e, busy_ms)
     return Finding(rule="host_work", title="the GPU waits for host work that launches nothing",
                    evidence={"gpu_idle_pct": round(e.idle_pct, 1), "host_busy_idle_ms_per_step": round(busy_ms, 3),
@@ -98,6 +117,16 @@ def host_work(e: Evidence) -> Finding | None:
                        f"was busy elsewhere, but only {e.launch_ms or 0.0:.2f} ms per step inside "
                        f"{e.launches or 0.0:.0f} launch calls ({(e.launches or 0.0) / idle_ms:.1f} per ms of idle): "
                        "CUDA graphs would not help; the host's own work holds the GPU back")
+
+
+def _explained_host_ms(e: Evidence) -> float:
+    """Host time per step that gpu_work's rules explain (a per-parameter optimizer, allocator calls)."""
+    explained = 0.0
+    if optimizer_impl(e) is not None:
+        explained += max((e.optimizer_host_ms or 0.0) - (e.optimizer_gpu_ms or 0.0), 0.0)
+    if allocator_churn(e) is not None:
+        explained += e.allocator_ms or 0.0
+    return explained
 
 
 def host_syncs(e: Evidence) -> Finding | None:

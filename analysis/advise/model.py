@@ -65,6 +65,9 @@ class Evidence:
     costliest first, over every rank (host_stalls.py frames)."""
     idle_cause_ms: dict[str, float] = field(default_factory=dict)
     """GPU idle per profiled step by cause (host_stalls.py), mean over ranks."""
+    launch_paced_idle_ms: float = 0.0
+    """Of the "host busy elsewhere" idle per profiled step, the part in gaps paced by launch calls
+    (host_stalls.py launch_paced_idle_us), mean over ranks: the host dispatching, not busy elsewhere."""
     stragglers: list[Any] = field(default_factory=list)
     """The report's straggler cause findings (causes.py), all windows."""
     straggler_windows: list[int | None] = field(default_factory=list)
@@ -78,6 +81,21 @@ class Evidence:
     traces): the advice is then a code change, and no trainer setting is read or suggested."""
     moe: MoeReport | None = None
     """The report's MoE section (cross_rank/moe.py): routing, per-rank MoE phase times, hot experts."""
+    gemm_ms_by_precision: dict[str, float] = field(default_factory=dict)
+    """GEMM GPU time per profiled step by numeric type (per_rank/step_work.py), mean over ranks."""
+    optimizer: str = ""
+    """The optimizer's class from its `Optimizer.step#...` ranges; "" where the trace has none."""
+    optimizer_impl: str = ""
+    """"fused", "foreach" or "per-parameter" (step_work.py)."""
+    optimizer_host_ms: float | None = None
+    """Host wall time of the optimizer's ranges per profiled step, mean over ranks."""
+    optimizer_launches: float | None = None
+    optimizer_gpu_ms: float | None = None
+    """GPU time of the work the optimizer's ranges launched per profiled step."""
+    allocator_calls: float | None = None
+    """cudaMalloc / cudaFree calls per profiled step, mean over ranks."""
+    allocator_ms: float | None = None
+    """Host time inside them per profiled step."""
     rank_hosts: dict[int, str] = field(default_factory=dict)
     """rank -> host, from the trace report (which ranks share a node)."""
 

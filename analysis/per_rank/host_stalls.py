@@ -61,6 +61,14 @@ GAP_CAUSES = IDLE_CAUSES + (IDLE_NO_OP,)
 """Every cause an IdleGaps entry can carry, by code."""
 SYNC_SLACK_US = 20.0
 SHORT_GAP_US = 10.0
+DISPATCH_INTERVAL_FACTOR = 3.0
+"""An idle gap is the host dispatching when it holds a launch call at least every DISPATCH_INTERVAL_FACTOR x the
+host's own median interval between launch calls in the steps: eager PyTorch's host cost per kernel (Python,
+dispatch, autograd, the launch; a few us to tens of us, more under the profiler) is what paces its launches,
+while a host busy with its own work (Python, a CPU-built batch, I/O) leaves long gaps with few launches.
+Never more than DISPATCH_INTERVAL_MAX_US per launch: no PyTorch op takes that long to dispatch, even profiled
+with shapes and stacks, so a host that launches that rarely throughout is doing other work throughout."""
+DISPATCH_INTERVAL_MAX_US = 100.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,6 +121,11 @@ class HostStalls:
     """Number of idle gaps by cause."""
     frames: list[HostFrame] = field(default_factory=list)
     """with_stack traces: the program's frames that hold its syncs and pageable copies; empty otherwise."""
+    launch_paced_idle_us: float = 0.0
+    """Of the "host busy elsewhere" idle, the time in gaps during which the host launched work at least every
+    DISPATCH_INTERVAL_FACTOR x its median launch interval: the GPU waits for the host to dispatch its next
+    kernels (eager per-op overhead),
+    not for other work; summed over the profiled steps."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,7 +151,8 @@ def find_idle_gaps(events: TraceEvents, steps: list[StepTiming], timeline: Timel
     docstring); None without steps or without anything measured."""
     if not steps:
         return None
-    spans = union(Intervals.of([s.start_us for s in steps], [s.end_us for s in steps]))
+    # each step's own span (the GPU's when it bounds the step: a host that runs ahead ends its range early)
+    spans = union(Intervals.of([s.span_start_us for s in steps], [s.span_end_us for s in steps]))
     if timeline.basis == BASIS_CPU:
         busy = union_of(timeline.compute, timeline.comm_busy)
         if not len(busy):
@@ -201,7 +215,22 @@ def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGap
     frames = (_frames(events, syncs if syncs.any() else reads, inside, FRAME_SYNC)
               + _frames_of_calls(events, pageable.call_start_us, pageable.call_end_us, pageable.thread, FRAME_PAGEABLE_COPY,
                                  _inside_steps(pageable.call_start_us, steps)))
-    return HostStalls(steps=per_step, idle_by_cause_us=idle_us, idle_gaps_by_cause=idle_count, frames=frames)
+    return HostStalls(steps=per_step, idle_by_cause_us=idle_us, idle_gaps_by_cause=idle_count, frames=frames,
+                      launch_paced_idle_us=_launch_paced_idle_us(events, gaps, launches))
+
+
+def _launch_paced_idle_us(events: TraceEvents, gaps: IdleGaps | None, launches: np.ndarray) -> float:
+    """The "host busy elsewhere" idle time in gaps paced by launch calls (DISPATCH_INTERVAL_FACTOR)."""
+    if gaps is None or not len(gaps) or gaps.basis != BASIS_GPU or np.count_nonzero(launches) < 2:
+        return 0.0
+    busy = gaps.cause_codes == GAP_CAUSES.index(IDLE_HOST)
+    starts, ends = gaps.starts_us[busy], gaps.ends_us[busy]
+    calls = np.sort(events.start_us[launches])
+    typical = min(float(np.median(np.diff(calls))) * DISPATCH_INTERVAL_FACTOR, DISPATCH_INTERVAL_MAX_US)
+    count = np.searchsorted(calls, ends, side="right") - np.searchsorted(calls, starts, side="left")
+    lengths = ends - starts
+    paced = (count > 0) & (lengths <= typical * np.maximum(count, 1))
+    return float(lengths[paced].sum())
 
 
 @dataclass(frozen=True, kw_only=True)

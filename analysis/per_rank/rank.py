@@ -24,6 +24,7 @@ from fleetscope.analysis.per_rank.events import (
 from fleetscope.analysis.per_rank.gpu_time import GpuTime, measure_gpu_time
 from fleetscope.analysis.per_rank.hta_native import NotComputable, UnfilteredFrame, parsed_columns, unfiltered_frame
 from fleetscope.analysis.per_rank.host_stalls import HostStalls, IdleGaps, find_host_stalls, find_idle_gaps
+from fleetscope.analysis.per_rank.step_work import StepWork, measure_step_work
 from fleetscope.analysis.per_rank.kernels import KernelTotal, OpDuration, op_durations, top_kernels
 from fleetscope.analysis.per_rank.p2p import PointToPoint, find_point_to_point
 from fleetscope.analysis.per_rank.moe import MoeRankTimes, measure_moe
@@ -78,6 +79,8 @@ class RankResult:
     """GPU time by phase, user range and kernel category (gpu_time.py); None without GPU activity."""
     host_stalls: HostStalls | None = None
     """Syncs, tensor reads, copies to the host, input waits per step; GPU idle gaps by cause."""
+    step_work: StepWork | None = None
+    """GEMM precision, the optimizer's implementation, allocator calls per step (step_work.py)."""
     idle_gaps: IdleGaps | None = None
     """Every idle gap inside the steps with its cause (host_stalls.find_idle_gaps): what the merge draws."""
     op_durations: list[OpDuration] = dataclasses.field(default_factory=list)
@@ -165,6 +168,7 @@ def analyze_decoded(source: TraceSource, decoded: DecodedTrace, comm_kernel_patt
         top_kernels=top_kernels(events),
         gpu_time=measure_gpu_time(events, steps),
         host_stalls=find_host_stalls(events, steps, idle_gaps),
+        step_work=measure_step_work(events, steps),
         idle_gaps=idle_gaps,
         op_durations=op_durations(events),
         p2p=find_point_to_point(events, steps),

@@ -5,9 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from fleetscope.analysis.per_rank.events import Kind, TraceEvents
+from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, Kind, TraceEvents
+from fleetscope.analysis.per_rank.intervals import Intervals, union
 from fleetscope.analysis.per_rank.names import PHASES, TRAIN_STEP, profiler_step_number
 
+BOUND_HOST, BOUND_GPU = "host", "gpu"
+GPU_SPAN_ANNOTATED = "the GPU's ProfilerStep range"
+GPU_SPAN_LAUNCHED = "the kernels launched in the host's step"
 STEP_SOURCE_PROFILER = "ProfilerStep"
 STEP_SOURCE_TRAIN_STEP = "train_step"
 DATA_LOADER_PREFIX = "enumerate(DataLoader)#"
@@ -16,14 +20,33 @@ DATA_LOADER_PREFIX = "enumerate(DataLoader)#"
 
 @dataclass(frozen=True, kw_only=True)
 class StepTiming:
-    """One training step on one rank."""
+    """One training step on one rank.
+
+    A step has two spans: the host's (its `ProfilerStep#N` or `train_step` range) and the GPU's (the first
+    start to the last end of the GPU work launched inside the host's range: gpu_step_spans). The step time is the longer one: a host that runs ahead of the
+    CUDA queue ends its range long before its kernels do, and the GPU's span is then the step (`bound`).
+    The GPU bounds the step when its busy time alone (the union of the step's GPU work) outlasts the host's
+    range: a host-bound step's last kernels also end a little after the host's range, but the GPU was idle
+    for longer than that inside the step, waiting for launches."""
 
     step: int
     """The step number (N of `ProfilerStep#N`; with only `train_step` ranges, their order in the trace)."""
     start_us: float
-    """Start in the trace's own clock (microseconds after the trace's base time)."""
+    """Start of the host's range, in the trace's own clock (microseconds after the trace's base time)."""
     step_time_ms: float
-    """Wall time of the step annotation on the host."""
+    """The step's time: gpu_ms where the GPU bounds the step, else host_ms (class docstring)."""
+    host_ms: float | None = None
+    """Wall time of the step annotation on the host (None: as step_time_ms, for records written before)."""
+    gpu_start_us: float | None = None
+    """Start of the GPU's span (None: no GPU work in the step)."""
+    gpu_ms: float | None = None
+    """Length of the GPU's span."""
+    gpu_busy_ms: float | None = None
+    """Time inside the GPU's span with GPU work running (the union of its kernels, copies and fills)."""
+    gpu_span_source: str = ""
+    """Where the GPU's span comes from (gpu_step_spans; "" without one)."""
+    bound: str = BOUND_HOST
+    """Which span is the step time: BOUND_HOST or BOUND_GPU."""
     phases_ms: dict[str, float] = field(default_factory=dict)
     """Summed wall time of each `train_step`/`forward`/`backward`/`optimizer_step` range in this step."""
     data_loader_ms: float | None = None
@@ -32,7 +55,17 @@ class StepTiming:
 
     @property
     def end_us(self) -> float:
-        return self.start_us + self.step_time_ms * 1000.0
+        """End of the host's range: host events are assigned to the step by [start_us, end_us)."""
+        return self.start_us + (self.host_ms if self.host_ms is not None else self.step_time_ms) * 1000.0
+
+    @property
+    def span_start_us(self) -> float:
+        """Start of the span that is the step time (the GPU's when it bounds the step)."""
+        return self.gpu_start_us if self.bound == BOUND_GPU and self.gpu_start_us is not None else self.start_us
+
+    @property
+    def span_end_us(self) -> float:
+        return self.span_start_us + self.step_time_ms * 1000.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,14 +107,65 @@ def find_steps(events: TraceEvents) -> tuple[list[StepTiming], str | None]:
         return [], None
     phase_masks = {phase: host_ranges & events.names_matching(lambda n, p=phase: n == p) for phase in PHASES}
     loader = host_ranges & events.names_matching(lambda n: n.startswith(DATA_LOADER_PREFIX))
-    steps = [
-        StepTiming(step=step, start_us=start, step_time_ms=dur / 1000.0,
-                   phases_ms=_phase_times_ms(events, phase_masks, start, start + dur),
-                   data_loader_ms=_phase_times_ms(events, {"data": loader}, start, start + dur).get("data")
-                   if loader.any() else None)
-        for step, start, dur in windows
-    ]
+    gpu_spans, gpu_source = gpu_step_spans(events, windows)
+    steps = []
+    for step, start, dur in windows:
+        host_ms = dur / 1000.0
+        gpu_start, gpu_end, busy_us = gpu_spans.get(step, (None, None, None))
+        gpu_ms = (gpu_end - gpu_start) / 1000.0 if gpu_start is not None else None
+        busy_ms = busy_us / 1000.0 if busy_us is not None else None
+        bound = BOUND_GPU if gpu_ms is not None and gpu_ms > host_ms and busy_ms > host_ms else BOUND_HOST
+        steps.append(StepTiming(
+            step=step, start_us=start, step_time_ms=gpu_ms if bound == BOUND_GPU else host_ms, host_ms=host_ms,
+            gpu_start_us=gpu_start, gpu_ms=gpu_ms, gpu_busy_ms=busy_ms,
+            gpu_span_source=gpu_source if gpu_ms is not None else "",
+            bound=bound, phases_ms=_phase_times_ms(events, phase_masks, start, start + dur),
+            data_loader_ms=_phase_times_ms(events, {"data": loader}, start, start + dur).get("data")
+            if loader.any() else None))
     return steps, source
+
+
+def gpu_step_spans(events: TraceEvents,
+                   windows: list[tuple[int, float, float]]) -> tuple[dict[int, tuple[float, float, float]], str]:
+    """step -> (start, end, busy time) of the GPU's span of each host step, and where the spans come from: the first start
+    to the last end of the GPU work launched inside the host's range (by its launch call's start; work without
+    a launch record by its own start), widened to the device's `ProfilerStep#N` range (gpu_user_annotation)
+    where the trace has one. That range alone is not the step: Kineto draws it over the kernels launched
+    directly inside the host's range, outside nested annotations (7 us of an 80 ms step on a trainer whose
+    step is all forward/backward/optimizer ranges)."""
+    spans: dict[int, tuple[float, float, float]] = {}
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    if gpu.any():
+        launched, starts, ends = events.launch_start_us(gpu), events.start_us[gpu], events.end_us[gpu]
+        order = np.argsort(launched, kind="stable")
+        launched, starts, ends = launched[order], starts[order], ends[order]
+        for step, start, dur in windows:
+            first, last = np.searchsorted(launched, [start, start + dur], side="left")
+            if last > first:
+                busy = union(Intervals(starts[first:last], ends[first:last])).total_us
+                spans[step] = (float(starts[first:last].min()), float(ends[first:last].max()), busy)
+    annotated = _annotated_gpu_steps(events, {step for step, _, _ in windows})
+    for step, (start, end) in annotated.items():
+        known = spans.get(step)
+        # a range with no launched work known inside: taken as busy (the device ran something all along)
+        spans[step] = (min(start, known[0]), max(end, known[1]), known[2]) if known else (start, end, end - start)
+    source = GPU_SPAN_LAUNCHED + (" and " + GPU_SPAN_ANNOTATED if annotated else "")
+    return spans, source if spans else ""
+
+
+def _annotated_gpu_steps(events: TraceEvents, wanted: set[int]) -> dict[int, tuple[float, float]]:
+    """step -> (first start, last end) of the device's `ProfilerStep#N` ranges (one per stream it ran on)."""
+    marks = events.of_kind(Kind.GPU_USER_ANNOTATION) & events.names_matching(
+        lambda n: profiler_step_number(n) is not None)
+    spans: dict[int, tuple[float, float]] = {}
+    for index in np.flatnonzero(marks).tolist():
+        step = profiler_step_number(events.names[events.name_id[index]])
+        if step not in wanted:
+            continue
+        start, end = float(events.start_us[index]), float(events.end_us[index])
+        known = spans.get(step)
+        spans[step] = (min(start, known[0]), max(end, known[1])) if known else (start, end)
+    return spans
 
 
 def _profiler_step_windows(events: TraceEvents, host_ranges: np.ndarray) -> list[tuple[int, float, float]]:

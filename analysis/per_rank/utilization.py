@@ -164,9 +164,11 @@ def _gpu_span(events: TraceEvents, steps: list[StepTiming]) -> tuple[float, floa
     gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
     if not steps:
         return float(events.start_us[gpu].min()), float(events.end_us[gpu].max())
-    start, last_end = steps[0].start_us, max(s.end_us for s in steps)
+    start = min(min(s.start_us, s.span_start_us) for s in steps)
+    last_end = max(s.end_us for s in steps)
     launched_in_steps = events.launch_start_us(gpu) < last_end
     ends = events.end_us[gpu][launched_in_steps]
+    last_end = max(last_end, max(s.span_end_us for s in steps))
     return start, max(last_end, float(ends.max())) if ends.size else last_end
 
 

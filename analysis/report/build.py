@@ -244,6 +244,7 @@ def _rank_report(result: RankResult) -> RankReport:
         collective_count=len(result.collectives),
         gpu_time=result.gpu_time,
         host_stalls=result.host_stalls,
+        step_work=result.step_work,
     )
 
 

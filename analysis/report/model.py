@@ -24,7 +24,9 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
     windows[]             WindowReport, one per profiling window:
         window (int | null), steps[] (step numbers seen), notes[],
         ranks[]           RankReport: rank, host, label, rank_source, backend, world_size, event_count,
-                          dropped_events {reason: count}, step_source, steps[] {step, start_us, step_time_ms,
+                          dropped_events {reason: count}, step_source, steps[] {step, start_us, step_time_ms
+                          (gpu_ms where bound is "gpu", else host_ms: per_rank/steps.py), host_ms, gpu_start_us,
+                          gpu_ms, gpu_busy_ms, gpu_span_source, bound ("host" | "gpu"),
                           phases_ms {train_step, forward, backward, optimizer_step},
                           data_loader_ms (DataLoader fetch ranges; null: none)}, step_time (StepStats),
                           utilization {basis, span_us, busy_us, idle_us, compute_us, comm_us, memory_us,
@@ -44,7 +46,13 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           idle_by_cause_us {cause: us}, idle_gaps_by_cause {cause: gaps}: GPU idle time
                           inside the steps by cause ("input wait", "host collective", "host sync",
                           "short gaps" < 10 us, "device dependency" (the next GPU work was already
-                          launched), "host busy elsewhere"; host_stalls.py)} | null (no steps)
+                          launched), "host busy elsewhere"; host_stalls.py), launch_paced_idle_us (of the
+                          "host busy elsewhere" idle, the gaps paced by launch calls)} | null (no steps),
+                          step_work {steps, gemm_us_by_precision {fp32 | tf32 | bf16/fp16 | fp8 | unknown:
+                          us per step}, optimizer (its class), optimizer_impl ("fused" | "foreach" |
+                          "per-parameter" | ""), optimizer_host_us, optimizer_launches, optimizer_gpu_us,
+                          allocator_calls (cudaMalloc/cudaFree), allocator_us: per profiled step;
+                          step_work.py} | null (no steps or no GPU activity)
         top_kernels[]     {name, count, total_us, ranks, category}: kernels with the most GPU time, all ranks
                           summed; category as in gpu_time
         gpu_time          GpuTime, the window's ranks summed | null (no GPU activity): {total_us (kernel,
@@ -256,6 +264,7 @@ from fleetscope.analysis.inputs.sources import (  # noqa: F401  (part of the rep
 from fleetscope.analysis.per_rank.gpu_time import GpuTime
 from fleetscope.analysis.per_rank.host_stalls import HostStalls
 from fleetscope.analysis.per_rank.kernels import KernelTotal
+from fleetscope.analysis.per_rank.step_work import StepWork
 from fleetscope.analysis.per_rank.steps import StepStats, StepTiming
 from fleetscope.analysis.per_rank.utilization import Utilization
 
@@ -294,6 +303,7 @@ class RankReport:
     collective_count: int
     gpu_time: GpuTime | None = None
     host_stalls: HostStalls | None = None
+    step_work: StepWork | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,93 @@
+"""The GPU-work family: what the step's own work costs beyond what it must, from what ran (per_rank/step_work.py):
+matrix products in fp32 on the SIMT cores, an optimizer that runs one set of kernels per parameter tensor, and
+a step that calls the CUDA allocator."""
+
+from __future__ import annotations
+
+from .model import Evidence, Finding, Rule, step_gain
+
+FP32_GEMM_SHARE = 0.10
+"""fp32 (SIMT) GEMM time above this share of the step: the matrix products could use the tensor cores."""
+TENSOR_CORE_SPEEDUP = 4.0
+"""How much faster a GEMM runs on the tensor cores (TF32, or bf16 under autocast) than in fp32 on the SIMT
+cores, assumed: Hopper's dense TF32 peak is 7x its fp32 peak and bf16's 15x; real GEMMs reach less of it."""
+OPTIMIZER_SHARE = 0.10
+"""A per-parameter optimizer whose ranges take at least this share of the step: fuse it."""
+ALLOCATOR_SHARE = 0.05
+"""Host time inside cudaMalloc / cudaFree above this share of the step: the caching allocator misses."""
+
+
+def precision(e: Evidence) -> Finding | None:
+    """GEMMs in fp32 on the SIMT cores (their kernel names say so) over FP32_GEMM_SHARE of the step. Gain: their
+    time less the same work TENSOR_CORE_SPEEDUP times faster, counted only for the share of the step the GPU
+    is busy (a host-bound step does not shorten when its kernels do)."""
+    fp32_ms = e.gemm_ms_by_precision.get("fp32", 0.0)
+    if e.basis != "gpu" or not e.step_ms or fp32_ms < FP32_GEMM_SHARE * e.step_ms:
+        return None
+    busy_share = 1.0 - (e.idle_pct or 0.0) / 100.0
+    gain, pct = step_gain(e, fp32_ms * (1.0 - 1.0 / TENSOR_CORE_SPEEDUP) * busy_share)
+    others = {kind: round(ms, 3) for kind, ms in e.gemm_ms_by_precision.items() if kind != "fp32"}
+    return Finding(
+        rule="precision", title="the matrix products run in fp32, off the tensor cores",
+        evidence={"fp32_gemm_ms_per_step": round(fp32_ms, 3), "gpu_idle_pct": round(e.idle_pct or 0.0, 1),
+                  **{f"{kind}_gemm_ms_per_step": ms for kind, ms in others.items()}},
+        expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
+        change="run the forward and backward under torch.autocast('cuda', dtype=torch.bfloat16), or at least "
+               "allow TF32: torch.set_float32_matmul_precision('high') (torch.backends.cuda.matmul.allow_tf32 = "
+               "True; torch.backends.cudnn.allow_tf32 = True for convolutions)",
+        why=f"{fp32_ms:.2f} ms per step of GEMM kernels whose names say fp32 on the SIMT cores (sgemm / simt / "
+            f"f32f32); the tensor cores run the same products several times faster (gain assumed: "
+            f"{TENSOR_CORE_SPEEDUP:.0f}x, over the {busy_share:.0%} of the step the GPU is busy)")
+
+
+def optimizer_impl(e: Evidence) -> Finding | None:
+    """The optimizer launches one set of kernels per parameter tensor (neither foreach nor fused kernels ran
+    inside its ranges) and its ranges take OPTIMIZER_SHARE of the step. Gain: the ranges' host time less the
+    GPU time of their kernels, which a fused optimizer still spends (the same bytes to move)."""
+    host_ms = e.optimizer_host_ms or 0.0
+    if e.optimizer_impl != "per-parameter" or not e.step_ms or host_ms < OPTIMIZER_SHARE * e.step_ms:
+        return None
+    gpu_ms = e.optimizer_gpu_ms or 0.0
+    gain, pct = step_gain(e, max(host_ms - gpu_ms, 0.0))
+    name = e.optimizer or "the optimizer"
+    return Finding(
+        rule="optimizer_impl", title=f"{name} runs one set of kernels per parameter tensor",
+        evidence={"optimizer": name, "optimizer_ms_per_step": round(host_ms, 3),
+                  "optimizer_launches_per_step": round(e.optimizer_launches or 0.0, 1),
+                  "optimizer_gpu_ms_per_step": round(gpu_ms, 3), "implementation": e.optimizer_impl},
+        expected_gain_ms=gain, expected_gain_pct=pct, confidence="high",
+        change=f"construct torch.optim.{name}(..., fused=True) (or foreach=True where fused is not offered); "
+               "foreach=False forces the per-tensor loop",
+        why=f"{name}.step takes {host_ms:.2f} ms per step on the host for {e.optimizer_launches or 0.0:.0f} "
+            f"launches while its kernels run {gpu_ms:.2f} ms: no multi_tensor_apply or fused kernel ran, so each "
+            "parameter tensor gets its own kernels and the GPU waits for their launches")
+
+
+def allocator_churn(e: Evidence) -> Finding | None:
+    """cudaMalloc / cudaFree calls inside the profiled steps taking ALLOCATOR_SHARE of the step: the caching
+    allocator gives memory back and asks for it again (torch.cuda.empty_cache() in the loop, or a pool that
+    cannot serve the step's sizes); cudaFree also waits for the whole device. Gain: the host time in them."""
+    calls_ms = e.allocator_ms or 0.0
+    if e.basis != "gpu" or not e.step_ms or calls_ms < ALLOCATOR_SHARE * e.step_ms:
+        return None
+    gain, pct = step_gain(e, calls_ms)
+    return Finding(
+        rule="allocator_churn", title="the step allocates device memory from the driver",
+        evidence={"allocator_calls_per_step": round(e.allocator_calls or 0.0, 1),
+                  "allocator_ms_per_step": round(calls_ms, 3)},
+        expected_gain_ms=gain, expected_gain_pct=pct, confidence="high",
+        change="remove torch.cuda.empty_cache() (and gc-driven frees) from the loop; where sizes vary step to "
+               "step, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or pad to fixed sizes",
+        why=f"{e.allocator_calls or 0.0:.0f} cudaMalloc/cudaFree calls per step take {calls_ms:.2f} ms on the host "
+            "(cudaFree waits for the device to finish): the caching allocator normally serves every step from "
+            "its pool and calls neither")
+
+
+RULES = (
+    Rule(find=precision, recovers="GPU GEMM time",
+         change_is_code="autocast and the TF32 switches are set in the program's own code"),
+    Rule(find=optimizer_impl, recovers="optimizer host time",
+         change_is_code="the optimizer is constructed in the program's own code"),
+    Rule(find=allocator_churn, recovers="allocator calls",
+         change_is_code="the frees and empty_cache() calls are the program's own"),
+)

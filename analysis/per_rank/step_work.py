@@ -1,0 +1,145 @@
+"""What one rank's profiled steps spent their time on, beyond idle and busy: the numeric type of its matrix
+products, how its optimizer runs, and how often it calls the CUDA allocator. Each figure is the mean per
+profiled step; each is what a rule of the advisor needs to tell one cause of a slow step from another.
+
+GEMM precision, from the kernel's name (the library writes the types into it): fp32 on the SIMT cores
+(`sgemm`, `simt`, `f32f32_f32f32`), TF32 on the tensor cores (`tf32`, CUTLASS's `s1688`/`s16816` tensor-op
+kernels), bf16/fp16 and fp8; a GEMM whose name says none of these is "unknown". Only work launched inside
+a step counts (by its launch call; work without one by its own start).
+
+The optimizer: the ranges torch.optim opens around each step (`Optimizer.step#AdamW.step`), their host wall
+time, the launch calls the host made inside them and the GPU time of what they launched. Its implementation
+from the kernels: fused (`fused_adam...`, `FusedAdam...`), foreach (`multi_tensor_apply_kernel`) or, with
+neither, one set of kernels per parameter tensor.
+
+The allocator: `cudaMalloc` / `cudaFree` (and HIP's) calls in the step and the host time inside them. The
+caching allocator calls them only when its pool cannot serve a request (after `torch.cuda.empty_cache()`,
+under fragmentation, or as memory grows); `cudaFree` also waits for the whole device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, Kind, TraceEvents
+from fleetscope.analysis.per_rank.names import CATEGORY_GEMM, is_launch_call, kernel_category
+from fleetscope.analysis.per_rank.steps import StepTiming
+
+PRECISION_FP32, PRECISION_TF32, PRECISION_HALF, PRECISION_FP8 = "fp32", "tf32", "bf16/fp16", "fp8"
+PRECISION_UNKNOWN = "unknown"
+_PRECISION_NEEDLES = (
+    # first match wins, on the lower-cased kernel name
+    (PRECISION_FP8, ("e4m3", "e5m2", "fp8", "f8f8")),
+    (PRECISION_TF32, ("tf32", "s1688", "s16816", "s884", "tensorop_s")),
+    (PRECISION_HALF, ("bf16", "f16", "fp16", "half", "hgemm", "h1688", "h16816", "h884", "bgemm")),
+    (PRECISION_FP32, ("sgemm", "simt", "f32f32_f32f32", "gemm_f32", "fp32")),
+)
+OPTIMIZER_RANGE_PREFIX = "Optimizer.step#"
+IMPL_FUSED, IMPL_FOREACH, IMPL_PER_PARAMETER = "fused", "foreach", "per-parameter"
+ALLOCATOR_CALLS = frozenset({"cudaMalloc", "cudaFree", "cudaMallocHost", "cudaFreeHost", "cudaHostAlloc",
+                             "cuMemAlloc", "cuMemAlloc_v2", "cuMemFree", "cuMemFree_v2",
+                             "hipMalloc", "hipFree", "hipHostMalloc", "hipHostFree"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepWork:
+    """One rank's profiled steps, per step (mean over them)."""
+
+    steps: int
+    gemm_us_by_precision: dict[str, float] = field(default_factory=dict)
+    """GPU time of GEMM kernels per step by numeric type (module docstring)."""
+    optimizer: str = ""
+    """The optimizer's class from its range (`AdamW`); "" without one."""
+    optimizer_impl: str = ""
+    """IMPL_FUSED, IMPL_FOREACH or IMPL_PER_PARAMETER ("" without an optimizer range)."""
+    optimizer_host_us: float = 0.0
+    """Host wall time of the optimizer's ranges per step."""
+    optimizer_launches: float = 0.0
+    """Launch calls the host made inside them per step."""
+    optimizer_gpu_us: float = 0.0
+    """GPU time of the work launched inside them per step."""
+    allocator_calls: float = 0.0
+    """cudaMalloc / cudaFree calls per step."""
+    allocator_us: float = 0.0
+    """Host time inside them per step."""
+
+
+def gemm_precision(name: str) -> str:
+    folded = name.lower()
+    for precision, needles in _PRECISION_NEEDLES:
+        if any(needle in folded for needle in needles):
+            return precision
+    return PRECISION_UNKNOWN
+
+
+def measure_step_work(events: TraceEvents, steps: list[StepTiming]) -> StepWork | None:
+    """None without steps or without GPU activity (the figures are about GPU work)."""
+    if not steps or not events.has_gpu_activity:
+        return None
+    count = len(steps)
+    in_steps = _in_host_ranges(events.start_us, steps)
+    return StepWork(steps=count, gemm_us_by_precision=_gemm_by_precision(events, steps, count),
+                    **_optimizer(events, in_steps, count), **_allocator(events, in_steps, count))
+
+
+def _in_host_ranges(times_us: np.ndarray, steps: list[StepTiming]) -> np.ndarray:
+    inside = np.zeros(times_us.size, dtype=bool)
+    for step in steps:
+        inside |= (times_us >= step.start_us) & (times_us < step.end_us)
+    return inside
+
+
+def _gemm_by_precision(events: TraceEvents, steps: list[StepTiming], count: int) -> dict[str, float]:
+    kernels = events.of_kind(Kind.KERNEL)
+    if not kernels.any():
+        return {}
+    launched = _in_host_ranges(events.launch_start_us(kernels), steps)
+    ids, durations = events.name_id[kernels][launched], events.dur_us[kernels][launched]
+    per_name = np.bincount(ids, weights=durations, minlength=len(events.names))
+    totals: dict[str, float] = {}
+    for name_id in np.flatnonzero(per_name).tolist():
+        name = events.names[name_id]
+        if kernel_category(name) == CATEGORY_GEMM:
+            precision = gemm_precision(name)
+            totals[precision] = totals.get(precision, 0.0) + float(per_name[name_id]) / count
+    return totals
+
+
+def _optimizer(events: TraceEvents, in_steps: np.ndarray, count: int) -> dict:
+    ranges = np.flatnonzero(events.of_kind(Kind.USER_ANNOTATION) & in_steps & events.names_matching(
+        lambda n: n.startswith(OPTIMIZER_RANGE_PREFIX)))
+    if not ranges.size:
+        return {}
+    starts, ends, threads = events.start_us[ranges], events.end_us[ranges], events.thread[ranges]
+    launches = np.flatnonzero(events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_launch_call))
+    launch_count = sum(int(np.count_nonzero((events.start_us[launches] >= s) & (events.start_us[launches] < e)
+                                            & (events.thread[launches] == t)))
+                       for s, e, t in zip(starts.tolist(), ends.tolist(), threads.tolist()))
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    launched_at = events.launch_start_us(gpu)
+    inside = np.zeros(launched_at.size, dtype=bool)
+    for s, e in zip(starts.tolist(), ends.tolist()):
+        inside |= (launched_at >= s) & (launched_at < e)
+    kernel_names = {events.names[i] for i in np.unique(events.name_id[gpu][inside]).tolist()}
+    name = events.names[events.name_id[ranges[0]]][len(OPTIMIZER_RANGE_PREFIX):]
+    return {"optimizer": name.split(".")[0], "optimizer_impl": _implementation(kernel_names),
+            "optimizer_host_us": float((ends - starts).sum()) / count, "optimizer_launches": launch_count / count,
+            "optimizer_gpu_us": float(events.dur_us[gpu][inside].sum()) / count}
+
+
+def _implementation(kernel_names: set[str]) -> str:
+    folded = [name.lower() for name in kernel_names]
+    if any("fused" in name and ("adam" in name or "sgd" in name or "optim" in name) for name in folded):
+        return IMPL_FUSED
+    if any("multi_tensor_apply" in name for name in folded):
+        return IMPL_FOREACH
+    return IMPL_PER_PARAMETER if folded else ""
+
+
+def _allocator(events: TraceEvents, in_steps: np.ndarray, count: int) -> dict:
+    calls = events.of_kind(Kind.CUDA_RUNTIME) & in_steps & events.names_matching(lambda n: n in ALLOCATOR_CALLS)
+    if not calls.any():
+        return {}
+    return {"allocator_calls": int(np.count_nonzero(calls)) / count,
+            "allocator_us": float(events.dur_us[calls].sum()) / count}

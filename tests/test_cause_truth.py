@@ -277,3 +277,35 @@ def test_the_same_gemm_run_more_often_is_more_work(tmp_path):
     assert finding.op_duration_ratio == pytest.approx(1.0)
     assert finding.extra_kernels == ["sm90_xmma_gemm_bf16 (+3 launches, 6.00 ms)"]
     assert "sm90_xmma_gemm_bf16 (+3 launches" in finding.explanation
+
+
+def _one_kernel_longer_ranks(extra_us: float) -> list[KinetoBuilder]:
+    # per step one GEMM and four elementwise kernels, then an all-reduce; on rank 1 the LAST kernel before the
+    # all-reduce runs extra_us longer (the same names, the same counts, every other kernel unchanged)
+    builders = []
+    for rank in range(4):
+        builder = KinetoBuilder(rank=rank, world_size=4)
+        for step, s in enumerate((0.0, 10_000.0, 20_000.0)):
+            builder.step(step, s, 10_000)
+            builder.kernel("sm90_xmma_gemm_bf16", s + 100, 2000.0, launch_ts=s + 10)
+            t = s + 2100
+            for k, name in enumerate(("add_kernel", "mul_kernel", "relu_kernel", "copy_kernel")):
+                dur = 100.0 + (extra_us if rank == 1 and name == "copy_kernel" else 0.0)
+                builder.kernel(name, t, dur, launch_ts=s + 20 + k)
+                t += dur
+            builder.kernel(NCCL, t, s + 9000 - t, launch_ts=s + 30, stream=20)
+        builders.append(builder)
+    return builders
+
+
+def test_one_kernel_much_longer_is_more_work_in_it_not_a_slow_device(tmp_path):
+    # a slow or throttled GPU stretches most of its work; here one kernel of 4% of the peers' time runs 31x as
+    # long: more work in that kernel (data-dependent), named with its ratio
+    results = _results(tmp_path, _one_kernel_longer_ranks(3000.0))
+    matrix = arrival_matrix(results)
+    (finding,) = find_causes(results, matrix, find_stragglers(results, matrix), ClockAlignment()).findings
+    assert (finding.rank, finding.cause, finding.ops_compared) == (1, CAUSE_WORK, 5)
+    assert finding.op_duration_ratio == pytest.approx(5400 / 2400)
+    (kernel,) = finding.concentrated_kernels
+    assert kernel.startswith("copy_kernel (31.00x, +9.00 ms)")
+    assert "the slow-down is in a few kernels" in finding.explanation and "copy_kernel" in finding.explanation

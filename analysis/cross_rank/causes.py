@@ -21,9 +21,12 @@ least `MIN_EXPLAINED_SHARE` (else "unexplained", with the shares):
     The launches both ran (the lower count) give the same-kernel time: its duration there over the peers'
     is `op_duration_ratio` and the difference `same_kernel_excess_us`; launches beyond the peers' count
     (names the peers never run included) are extra work, `extra_kernel_us`, named in `extra_kernels`.
-    CAUSE_SLOW_DEVICE when the same kernels take at least `SLOW_DEVICE_RATIO` as long and that excess is
-    larger than the extra work (a slow or throttled device, or contention: only some kernels may slow
-    down, e.g. GEMMs under a power cap); else CAUSE_WORK (more or other kernels before the collective),
+    CAUSE_SLOW_DEVICE when the same kernels take at least `SLOW_DEVICE_RATIO` as long, that excess is
+    larger than the extra work, and the slow-down is uniform: the kernels it stretches hold at least
+    `UNIFORM_SHARE` of the peers' time (a slow or throttled device, or contention, stretches most of its
+    work, e.g. every GEMM under a power cap); a slow-down concentrated in a few kernels (`concentrated_kernels`,
+    named) is more work in those kernels (data-dependent: tokens, sequence length), CAUSE_WORK; so is more or
+    other kernels before the collective,
     and always CAUSE_WORK where the MoE view names a hot expert on the rank (more tokens make the same
     expert kernels longer).
 Before all of that, CAUSE_CLOCK: when the clock offset between its host and its peers' hosts is uncertain by
@@ -73,6 +76,9 @@ CAUSES = (CAUSE_WORK, CAUSE_SLOW_DEVICE, CAUSE_HOST, CAUSE_NETWORK, CAUSE_CLOCK,
 MIN_WAIT_SHARE = 0.2
 MIN_EXPLAINED_SHARE = 0.5
 SLOW_DEVICE_RATIO = 1.02
+UNIFORM_SHARE = 0.5
+"""A slow-down is the device's when the kernels it stretches hold at least this share of the peers' time in the
+shared launches: a slow or throttled GPU stretches most of its work by a similar factor."""
 CLOCK_SHARE = 0.5
 EQUALIZED_PCT = 5.0
 """A backward straggler's phase time within this of its peers' is called equalized in the explanation."""
@@ -142,6 +148,9 @@ class StragglerCause:
     """Mean over steps of its DataLoader fetch time (steps.py) minus the peers' median: where a host-side
     delay is input wait, this is about the lateness. None: the traces record no DataLoader ranges."""
     what_if: list[StepWhatIf] = field(default_factory=list)
+    concentrated_kernels: list[str] = field(default_factory=list)
+    """The kernels a concentrated slow-down sits in (KernelMatch.concentrated_kernels): the same kernels as its
+    peers', a few of them much longer: more work in them; empty for a uniform one."""
     routing: str = ""
     """What the MoE view knows about the rank's expert load ("uneven routing: expert E (layer L) on rank R",
     cross_rank/moe.py uneven_routing_hints); "" when it holds no hot expert or the run has no MoE records."""
@@ -236,7 +245,7 @@ def _finding(rank: int, share: float, m: ArrivalMatrix, terms: _Terms, results: 
         extra_kernel_us=kernels.extra_us, extra_kernels=kernels.extra_kernels, expected_slowdown_us=slowdown, clock_uncertainty_us=uncertainty, phase=phase,
         phase_vs_peers_pct=_phase_vs_peers_pct(results, rank, phase),
         data_loader_excess_ms=data_loader_excess_ms(results, rank), what_if=_what_if(m, terms, late, row, results, floors_ms or {}),
-        routing=routing)
+        routing=routing, concentrated_kernels=kernels.concentrated_kernels)
     return _with_explanation(finding)
 
 
@@ -285,11 +294,24 @@ class KernelMatch:
     same_kernel_excess_us: float
     extra_us: float
     extra_kernels: list[str]
+    slowed_time_share: float | None = None
+    """Of the peers' time in the shared launches, the share held by kernels the rank runs at least
+    SLOW_DEVICE_RATIO as long: near 1 when the whole device is slower, small when a few kernels are."""
+    concentrated_kernels: list[str] = field(default_factory=list)
+    """Where the slow-down is concentrated (slowed_time_share < UNIFORM_SHARE): the kernels holding most of the
+    same-kernel excess, with their ratio."""
+
+    @property
+    def uniform(self) -> bool:
+        return self.slowed_time_share is None or self.slowed_time_share >= UNIFORM_SHARE
 
     @property
     def same_kernels_slower(self) -> bool:
+        """A slow device: the same kernels take longer, the excess exceeds the extra work, and the slow-down is
+        spread over the device's work (uniform); a few kernels much longer is more work in them (data-dependent:
+        tokens, sequence length), not a slower device."""
         return (self.ratio is not None and self.ratio >= SLOW_DEVICE_RATIO
-                and self.same_kernel_excess_us > self.extra_us)
+                and self.same_kernel_excess_us > self.extra_us and self.uniform)
 
 
 def match_kernels(results: list[RankResult], rank: int) -> KernelMatch:
@@ -304,9 +326,10 @@ def match_kernels(results: list[RankResult], rank: int) -> KernelMatch:
     shapes_of: dict[str, set[str]] = {}
     for name, shape in (*mine, *peer_ops):
         shapes_of.setdefault(name, set()).add(shape)
-    own_us = peer_us = extra_us = 0.0
+    own_us = peer_us = extra_us = slowed_peer_us = 0.0
     compared = 0
     extra: list[tuple[float, str, int]] = []
+    excess: list[tuple[float, str, float]] = []
     for identity, op in mine.items():
         # the launch shape is named where it is what tells two kernels of one name apart
         name = _kernel_text(op, several_shapes=len(shapes_of[op.name]) > 1)
@@ -316,8 +339,12 @@ def match_kernels(results: list[RankResult], rank: int) -> KernelMatch:
         shared = min(float(op.count), peer_count)
         if theirs and shared > 0:
             compared += 1
+            peer_median = float(np.median([o.median_us for o in theirs]))
             own_us += shared * op.median_us
-            peer_us += shared * float(np.median([o.median_us for o in theirs]))
+            peer_us += shared * peer_median
+            if peer_median > 0 and op.median_us >= SLOW_DEVICE_RATIO * peer_median:
+                slowed_peer_us += shared * peer_median
+                excess.append((shared * (op.median_us - peer_median), name, op.median_us / peer_median))
         if op.count > peer_count:
             surplus = op.count - peer_count
             extra_us += surplus * op.median_us
@@ -325,8 +352,13 @@ def match_kernels(results: list[RankResult], rank: int) -> KernelMatch:
     named = [f"{name} (+{n} launches, {us / 1000:.2f} ms)"
              for us, name, n in sorted(extra, key=lambda e: (-e[0], e[1]))[:EXTRA_KERNELS_NAMED]]
     ratio = own_us / peer_us if compared and peer_us > 0 else None
+    share = slowed_peer_us / peer_us if compared and peer_us > 0 else None
+    concentrated = [] if share is None or share >= UNIFORM_SHARE else [
+        f"{name} ({kernel_ratio:.2f}x, +{us / 1000:.2f} ms)"
+        for us, name, kernel_ratio in sorted(excess, key=lambda e: (-e[0], e[1]))[:EXTRA_KERNELS_NAMED]]
     return KernelMatch(ratio=ratio, names_compared=compared, same_kernel_excess_us=own_us - peer_us,
-                       extra_us=extra_us, extra_kernels=named)
+                       extra_us=extra_us, extra_kernels=named, slowed_time_share=share,
+                       concentrated_kernels=concentrated)
 
 
 def _kernel_identity(op) -> tuple[str, str]:
@@ -482,6 +514,9 @@ def explain(f: StragglerCause) -> str:
                         if f.op_duration_ratio is None or f.op_duration_ratio < SLOW_DEVICE_RATIO else
                         f"while the kernels its peers also run take {ratio} as long")
                      + (f": more work: {f.routing}" if f.routing else
+                        f": the slow-down is in a few kernels, not the device's (the others run at its peers' "
+                        f"speed): more work in {'; '.join(f.concentrated_kernels)} (data-dependent: tokens, "
+                        "sequence length)" if f.concentrated_kernels else
                         f": more work, kernels its peers do not run as often: {'; '.join(f.extra_kernels)}"
                         if f.extra_kernels else ": more work, e.g. uneven expert routing")),
         CAUSE_SLOW_DEVICE: (f"runs the same kernels {ratio} as long as its peers ({f.ops_compared} names, the same "

@@ -97,7 +97,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           its peers also ran over theirs: same names, up to the peers' launch count), ops_compared,
                           same_kernel_excess_us (its time in those launches minus the peers'), extra_kernel_us
                           (its time in launches beyond the peers' counts), extra_kernels[] ("name (+N launches,
-                          T ms)": the largest of them), expected_slowdown_us,
+                          T ms)": the largest of them), expected_slowdown_us, concentrated_kernels[] ("name
+                          (Rx, +T ms)": where the same kernels' slow-down sits in a few of them, causes.py),
                           clock_uncertainty_us, phase, phase_vs_peers_pct, data_loader_excess_ms, what_if[] {step, step_time_ms,
                           caused_wait_ms (clamped to the step less floor_ms), projected_step_ms, floor_ms (what
                           its peers computed between the step's collectives: no what-if goes below it)}, routing ("uneven routing: expert E (layer L) on

@@ -60,6 +60,16 @@ def test_stalls_per_step_and_idle_causes(tmp_path):
     assert stalls.idle_gaps_by_cause == {IDLE_SYNC: 1, IDLE_SHORT: 1, IDLE_INPUT: 1, IDLE_HOST_COMM: 1}
 
 
+def test_a_read_of_a_cpu_tensor_is_no_sync(tmp_path):
+    # an optimizer's step counter read with .item(): `aten::_local_scalar_dense` with no runtime call inside
+    builder = stalled_rank()
+    builder.complete("aten::_local_scalar_dense", "cpu_op", 1500, 3.0)
+    builder.write(tmp_path / "rank0.json.gz")
+    report = analyze(tmp_path, use_hta=False, use_cache=False)
+    first, second = report.windows[0].ranks[0].host_stalls.steps
+    assert (first.tensor_reads, second.tensor_reads) == (1, 0)
+
+
 def test_tensor_reads_are_kept_in_gpu_traces_and_rendered(tmp_path):
     stalled_rank().write(tmp_path / "rank0.json.gz")
     report = analyze(tmp_path, use_hta=False, use_cache=False)

@@ -166,7 +166,7 @@ def find_idle_gaps(events: TraceEvents, steps: list[StepTiming], timeline: Timel
 def _gpu_idle_gaps(events: TraceEvents, spans: Intervals) -> IdleGaps:
     host = events.of_kind(Kind.CUDA_RUNTIME, Kind.CPU_OP, Kind.USER_ANNOTATION)
     syncs = events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_host_sync_call)
-    reads = events.of_kind(Kind.CPU_OP) & events.names_matching(is_tensor_read_op)
+    reads = device_reads(events)
     inputs = host & events.names_matching(is_input_wait)
     host_comm = host & events.names_matching(lambda n: is_gloo_span(n) or is_comm_cpu_op(n))
     blocking = syncs | reads
@@ -201,7 +201,7 @@ def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGap
         return None
     host = events.of_kind(Kind.CUDA_RUNTIME, Kind.CPU_OP, Kind.USER_ANNOTATION)
     syncs = events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_host_sync_call)
-    reads = events.of_kind(Kind.CPU_OP) & events.names_matching(is_tensor_read_op)
+    reads = device_reads(events)
     inputs = host & events.names_matching(is_input_wait)
     dtoh = events.of_kind(Kind.GPU_MEMCPY) & events.names_matching(is_device_to_host_copy)
     dtoh_launch = events.launch_start_us(dtoh)
@@ -217,6 +217,25 @@ def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGap
                                  _inside_steps(pageable.call_start_us, steps)))
     return HostStalls(steps=per_step, idle_by_cause_us=idle_us, idle_gaps_by_cause=idle_count, frames=frames,
                       launch_paced_idle_us=_launch_paced_idle_us(events, gaps, launches))
+
+
+def device_reads(events: TraceEvents) -> np.ndarray:
+    """Tensor reads (`aten::_local_scalar_dense`) of device tensors: those holding a CUDA runtime call (the copy
+    to the host and its sync) on their thread. `.item()` of a CPU tensor (an optimizer's step counter, a
+    Python-side metric) reads host memory and waits for nothing. A trace without runtime calls cannot tell:
+    every read counts."""
+    reads = events.of_kind(Kind.CPU_OP) & events.names_matching(is_tensor_read_op)
+    runtime = events.of_kind(Kind.CUDA_RUNTIME)
+    if not reads.any() or not runtime.any():
+        return reads
+    held = np.zeros(len(events), dtype=bool)
+    for thread in np.unique(events.thread[reads]).tolist():
+        calls = np.sort(events.start_us[runtime & (events.thread == thread)])
+        mine = np.flatnonzero(reads & (events.thread == thread))
+        first = np.searchsorted(calls, events.start_us[mine], side="left")
+        last = np.searchsorted(calls, events.end_us[mine], side="right")
+        held[mine] = last > first
+    return held
 
 
 def _launch_paced_idle_us(events: TraceEvents, gaps: IdleGaps | None, launches: np.ndarray) -> float:

@@ -24,7 +24,7 @@ import fleetscope.analysis.advise.moe as moe
 import fleetscope.analysis.advise.parallelism as parallelism
 
 from .evidence import gather_evidence
-from .model import Advice, Evidence, Finding, Rule
+from .model import Advice, Evidence, Finding, Rule, profiled_scale
 
 FAMILIES = (parallelism, data_input, host, gpu_work, communication, memory, moe)
 """The rule families, in the order their rules run (findings of equal gain keep it)."""
@@ -110,6 +110,10 @@ def advise(path: str | Path) -> Advice:
                      "estimated as a share of the step")
     elif evidence.step_basis.startswith("trace"):
         notes.append(f"no steady step metrics: step time from the traces ({evidence.step_basis})")
+    elif profiled_scale(evidence) < 1.0:
+        notes.append(f"gains measured in the trace are scaled to the steady step: the profiled steps take "
+                     f"{evidence.profiled_step_ms:.2f} ms, the steady ones {evidence.step_ms:.2f} ms "
+                     f"({evidence.step_basis}; profiling lengthens a step)")
     advice = dataclasses.replace(advise_evidence(evidence, str(path)), notes=notes)
     if auditing():
         audit("advice", path, check_advice(advice, report))

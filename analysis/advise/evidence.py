@@ -61,9 +61,10 @@ def _step_time(steady: dict, report: Report | None) -> dict[str, Any]:
     """The run's step time from step metrics; without them (a folder of traces, a program that records none)
     the trace's (quantities.py), named as such."""
     step_ms = metrics_step_time_ms(steady)
-    if step_ms is None and report is not None and report.step_time is not None:
-        return {"step_ms": report.step_time.median_ms, "step_basis": report.step_time_basis}
-    return {"step_ms": step_ms, "step_basis": metrics_basis(steady)}
+    profiled = report.step_time.median_ms if report is not None and report.step_time is not None else None
+    if step_ms is None and profiled is not None:
+        return {"step_ms": profiled, "step_basis": report.step_time_basis, "profiled_step_ms": profiled}
+    return {"step_ms": step_ms, "step_basis": metrics_basis(steady), "profiled_step_ms": profiled}
 
 
 def _host_evidence(report: Report | None) -> dict[str, Any]:

@@ -4,7 +4,7 @@ a step that calls the CUDA allocator."""
 
 from __future__ import annotations
 
-from .model import Evidence, Finding, Rule, step_gain
+from .model import Evidence, Finding, Rule, trace_gain
 
 FP32_GEMM_SHARE = 0.10
 """fp32 (SIMT) GEMM time above this share of the step: the matrix products could use the tensor cores."""
@@ -25,7 +25,7 @@ def precision(e: Evidence) -> Finding | None:
     if e.basis != "gpu" or not e.step_ms or fp32_ms < FP32_GEMM_SHARE * e.step_ms:
         return None
     busy_share = 1.0 - (e.idle_pct or 0.0) / 100.0
-    gain, pct = step_gain(e, fp32_ms * (1.0 - 1.0 / TENSOR_CORE_SPEEDUP) * busy_share)
+    gain, pct = trace_gain(e, fp32_ms * (1.0 - 1.0 / TENSOR_CORE_SPEEDUP) * busy_share)
     others = {kind: round(ms, 3) for kind, ms in e.gemm_ms_by_precision.items() if kind != "fp32"}
     return Finding(
         rule="precision", title="the matrix products run in fp32, off the tensor cores",
@@ -48,7 +48,7 @@ def optimizer_impl(e: Evidence) -> Finding | None:
     if e.optimizer_impl != "per-parameter" or not e.step_ms or host_ms < OPTIMIZER_SHARE * e.step_ms:
         return None
     gpu_ms = e.optimizer_gpu_ms or 0.0
-    gain, pct = step_gain(e, max(host_ms - gpu_ms, 0.0))
+    gain, pct = trace_gain(e, max(host_ms - gpu_ms, 0.0))
     name = e.optimizer or "the optimizer"
     return Finding(
         rule="optimizer_impl", title=f"{name} runs one set of kernels per parameter tensor",
@@ -70,7 +70,7 @@ def allocator_churn(e: Evidence) -> Finding | None:
     calls_ms = e.allocator_ms or 0.0
     if e.basis != "gpu" or not e.step_ms or calls_ms < ALLOCATOR_SHARE * e.step_ms:
         return None
-    gain, pct = step_gain(e, calls_ms)
+    gain, pct = trace_gain(e, calls_ms)
     return Finding(
         rule="allocator_churn", title="the step allocates device memory from the driver",
         evidence={"allocator_calls_per_step": round(e.allocator_calls or 0.0, 1),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fleetscope.analysis.per_rank.host_stalls import FRAME_PAGEABLE_COPY, FRAME_SYNC
 
 from .gpu_work import allocator_churn, optimizer_impl
-from .model import Change, Evidence, Finding, Rule, step_gain, trainer_change
+from .model import Change, Evidence, Finding, Rule, trace_gain, trainer_change
 
 IDLE_SHARE = 0.25
 """GPU idle above this share of the span (GPU basis) points at launch overhead."""
@@ -71,7 +71,7 @@ def cuda_graphs(e: Evidence) -> Finding | None:
     if not _launch_bound(e, idle_ms) or _other_host_causes(e):
         return None
     mode = "default" if str(e.setting("parallel", "mode", "")).startswith("fsdp") else "reduce-overhead"
-    gain, pct = step_gain(e, LAUNCH_RECOVERABLE * idle_ms)
+    gain, pct = trace_gain(e, LAUNCH_RECOVERABLE * idle_ms)
     evidence = {"gpu_idle_pct": round(e.idle_pct, 1), "launch_ms_per_step": round(e.launch_ms or 0.0, 3),
                 "launches_per_step": round(e.launches or 0.0, 1), "compile": compiled,
                 "short_gap_idle_ms_per_step": round(e.idle_cause_ms.get("short gaps", 0.0), 3),
@@ -104,7 +104,7 @@ def host_work(e: Evidence) -> Finding | None:
     busy_ms -= e.launch_paced_idle_ms + _explained_host_ms(e)
     if busy_ms < HOST_WORK_SHARE * idle_ms:
         return None
-    gain, pct = step_gain(e, busy_ms)
+    gain, pct = trace_gain(e, busy_ms)
     return Finding(rule="host_work", title="the GPU waits for host work that launches nothing",
                    evidence={"gpu_idle_pct": round(e.idle_pct, 1), "host_busy_idle_ms_per_step": round(busy_ms, 3),
                              "launch_ms_per_step": round(e.launch_ms or 0.0, 3)},
@@ -135,7 +135,7 @@ def host_syncs(e: Evidence) -> Finding | None:
     sync_ms = e.idle_cause_ms.get("host sync", 0.0)
     if e.basis != "gpu" or not e.step_ms or sync_ms < SYNC_SHARE * e.step_ms:
         return None
-    gain, pct = step_gain(e, sync_ms)
+    gain, pct = trace_gain(e, sync_ms)
     frames = e.stall_frames.get(FRAME_SYNC, [])[:FRAMES_NAMED]
     evidence = {"sync_idle_ms_per_step": round(sync_ms, 3), "syncs_per_step": round(e.syncs or 0.0, 1),
                 "tensor_reads_per_step": round(e.tensor_reads or 0.0, 1)}
@@ -159,7 +159,7 @@ def pinned_copies(e: Evidence) -> Finding | None:
     copy_ms = e.pageable_copy_ms or 0.0
     if e.basis != "gpu" or not e.step_ms or copy_ms < PAGEABLE_COPY_SHARE * e.step_ms:
         return None
-    gain, pct = step_gain(e, PAGEABLE_RECOVERABLE * copy_ms)
+    gain, pct = trace_gain(e, PAGEABLE_RECOVERABLE * copy_ms)
     frames = e.stall_frames.get(FRAME_PAGEABLE_COPY, [])[:FRAMES_NAMED]
     evidence = {"pageable_copy_ms_per_step": round(copy_ms, 3), "pageable_copies_per_step": round(e.pageable_copies or 0.0, 1)}
     if frames:

@@ -22,6 +22,10 @@ class Evidence:
     """The run's step time from step metrics (analysis/quantities.py metrics_step_time_ms)."""
     step_basis: str = ""
     """Where step_ms comes from (analysis/quantities.py metrics_basis)."""
+    profiled_step_ms: float | None = None
+    """The profiled steps' time (the report's step time, median): what a gain measured in the trace is a part
+    of. Profiling lengthens a step (shapes, stacks, CUPTI), mostly on the host; `trace_gain` scales such a
+    gain to the steady step."""
     data_ms: float | None = None
     """The trace's DataLoader fetch time per step where the trace has it (slowest rank, median over
     steps), else the step metrics' data_ms: the metric's span also holds whatever else runs before the
@@ -214,6 +218,21 @@ class Rule:
         """The finding's change as a program other than fleetscope's trainer makes it."""
         text = self.in_user_code(finding) if callable(self.in_user_code) else self.in_user_code
         return text or finding.change
+
+
+def trace_gain(evidence: Evidence, gain_ms: float | None) -> tuple[float | None, float | None]:
+    """A gain measured per profiled step, scaled to the steady step the run recorded (step metrics) where the
+    profiled steps are longer: the time a change saves shrinks with the step it is part of. Without step
+    metrics the step is the profiled one and nothing is scaled."""
+    return step_gain(evidence, None if gain_ms is None else gain_ms * profiled_scale(evidence))
+
+
+def profiled_scale(evidence: Evidence) -> float:
+    """steady step / profiled step where both are known and the profiled one is longer, else 1."""
+    steady, profiled = evidence.step_ms, evidence.profiled_step_ms
+    if not steady or not profiled or evidence.step_basis.startswith("trace") or profiled <= steady:
+        return 1.0
+    return steady / profiled
 
 
 def step_gain(evidence: Evidence, gain_ms: float | None) -> tuple[float | None, float | None]:

@@ -9,8 +9,6 @@ from .model import Change, Evidence, Finding, Rule, trace_gain, trainer_change
 
 IDLE_SHARE = 0.25
 """GPU idle above this share of the span (GPU basis) points at launch overhead."""
-LAUNCH_RECOVERABLE = 0.5
-"""Share of the GPU idle time CUDA graphs are assumed to recover (the rest is data, syncs, Python)."""
 LAUNCH_EVIDENCE_SHARE = 0.3
 """The host is launch-bound when its time inside launch calls is at least this share of the GPU's idle time,
 or when short gaps between back-to-back kernels are most of that idle time."""
@@ -61,7 +59,9 @@ def cuda_graphs(e: Evidence) -> Finding | None:
     """GPU idle over IDLE_SHARE of the span (GPU basis) without compilation, and the evidence is launches
     (_launch_bound: the host's time inside launch calls, or short gaps between back-to-back kernels): the host
     cannot launch kernels fast enough. CUDA graphs (`reduce-overhead`; plain `default` under FSDP, whose
-    parameters move) replay the step's launches; assumed to recover LAUNCH_RECOVERABLE of the idle time.
+    parameters move) replay the step's launches. Gain: the idle time that is dispatch (short gaps between
+    back-to-back kernels and gaps paced by launch calls, host_stalls.py; at least the host's time inside launch
+    calls), not an assumed share of all idle.
     A GPU waiting for other host work is host_work's, not this rule's; a step that drains the GPU at host
     syncs cannot be captured as a graph (host_syncs first)."""
     compiled = e.setting("performance", "compile", "none")
@@ -71,7 +71,8 @@ def cuda_graphs(e: Evidence) -> Finding | None:
     if not _launch_bound(e, idle_ms) or _other_host_causes(e):
         return None
     mode = "default" if str(e.setting("parallel", "mode", "")).startswith("fsdp") else "reduce-overhead"
-    gain, pct = trace_gain(e, LAUNCH_RECOVERABLE * idle_ms)
+    dispatch_ms = min(max(e.idle_cause_ms.get("short gaps", 0.0) + e.launch_paced_idle_ms, e.launch_ms or 0.0), idle_ms)
+    gain, pct = trace_gain(e, dispatch_ms)
     evidence = {"gpu_idle_pct": round(e.idle_pct, 1), "launch_ms_per_step": round(e.launch_ms or 0.0, 3),
                 "launches_per_step": round(e.launches or 0.0, 1), "compile": compiled,
                 "short_gap_idle_ms_per_step": round(e.idle_cause_ms.get("short gaps", 0.0), 3),

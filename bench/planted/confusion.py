@@ -1,0 +1,105 @@
+"""The advisor against the ground-truth corpus: planted cause x top finding, and each gain against the planted cost.
+
+    python bench/planted/confusion.py CORPUS_DIR [--json OUT]
+
+CORPUS_DIR holds one folder per program (bench/planted/corpus.py writes them): its trace(s) and planted.json
+({"causes": [...], "planted_ms_per_step": {cause: ms}, "healthy": bool, "step_ms", "fixed_step_ms"}). Each folder
+is advised as a user would (`fleetscope advise DIR`: a folder of traces, no run record), and scored:
+  - one planted cause: the top finding (largest gain) is that cause's rule;
+  - two planted causes: both rules are among the top three findings;
+  - healthy: no finding gains more than 5% of the step;
+  - gain error: |gain - planted| / planted for each planted cause its rule found (the issue's bar: 25%).
+Prints the confusion matrix (planted cause -> top finding), the per-program table and the totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+RULE_OF_CAUSE = {
+    "host_syncs": {"host_syncs"},
+    "host_work": {"host_work"},
+    "launch_bound": {"cuda_graphs"},
+    "tiny_batch": {"cuda_graphs", "batch_size"},
+    "precision": {"precision"},
+    "optimizer_impl": {"optimizer_impl"},
+    "allocator_churn": {"allocator_churn"},
+    "recompilation": {"recompilation"},
+    "checkpoint_in_step": {"checkpoint_in_step"},
+    "data_loader": {"data_workers"},
+    "pageable_copy": {"pinned_copies"},
+    "gc_pauses": {"gc_pauses"},
+    "eager_attention": {"attention"},
+    "activation_checkpointing": {"activation_checkpointing"},
+    "ddp_unused_params": {"ddp_unused_params"},
+}
+"""Which finding names each planted cause (bench/planted/corpus.py's vocabulary -> the advisor's rules)."""
+HEALTHY_MAX_PCT = 5.0
+GAIN_TOLERANCE = 0.25
+
+
+def score(directory: Path) -> dict:
+    from fleetscope.analysis.advise import advise
+
+    planted = json.loads((directory / "planted.json").read_text())
+    causes = list(planted.get("causes") or [])
+    try:
+        findings = advise(directory).findings
+    except Exception as error:  # a program the advisor cannot read is a miss, reported, not a crash
+        return {"program": directory.name, "causes": causes, "error": f"{type(error).__name__}: {error}"}
+    ranked = [(f.rule, f.expected_gain_ms, f.expected_gain_pct) for f in findings]
+    top = [rule for rule, _, _ in ranked[:3]]
+    row = {"program": directory.name, "causes": causes, "findings": ranked[:5], "top": top[0] if top else "none",
+           "step_ms": planted.get("step_ms"), "healthy": bool(planted.get("healthy"))}
+    if not causes:
+        worst = max((pct or 0.0 for _, _, pct in ranked), default=0.0)
+        row["right"] = worst <= HEALTHY_MAX_PCT
+        return row
+    wanted = [RULE_OF_CAUSE.get(cause, {cause}) for cause in causes]
+    row["right"] = bool(top) and top[0] in wanted[0] if len(causes) == 1 else \
+        all(any(rule in rules for rule in top) for rules in wanted)
+    row["gain_errors"] = {}
+    for cause, rules in zip(causes, wanted):
+        planted_ms = (planted.get("planted_ms_per_step") or {}).get(cause)
+        gains = [gain for rule, gain, _ in ranked if rule in rules and gain is not None]
+        if planted_ms and planted_ms > 0 and gains:
+            row["gain_errors"][cause] = abs(gains[0] - planted_ms) / planted_ms
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("corpus", type=Path)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    rows = [score(d) for d in sorted(args.corpus.iterdir()) if (d / "planted.json").is_file()]
+    single = [r for r in rows if len(r["causes"]) == 1 and "error" not in r]
+    double = [r for r in rows if len(r["causes"]) == 2 and "error" not in r]
+    healthy = [r for r in rows if not r["causes"] and "error" not in r]
+    matrix = Counter((r["causes"][0], r["top"]) for r in single)
+    print("planted cause -> top finding: programs")
+    for (cause, top), count in sorted(matrix.items()):
+        print(f"  {cause:>26} -> {top:<20} {count}{'' if top in RULE_OF_CAUSE.get(cause, {cause}) else '   (wrong)'}")
+    print("\nprogram                          planted                        top 3 findings (gain ms)           ok  gain err")
+    for r in rows:
+        found = ", ".join(f"{rule} {gain:.1f}" if gain is not None else rule for rule, gain, _ in r.get("findings", [])[:3])
+        errors = ", ".join(f"{e:.0%}" for e in r.get("gain_errors", {}).values())
+        print(f"{r['program']:<32} {'+'.join(r['causes']) or 'healthy':<30} {found or r.get('error', 'none'):<35} "
+              f"{'yes' if r.get('right') else 'NO ':<3} {errors}")
+    errors = [e for r in rows for e in r.get("gain_errors", {}).values()]
+    print(f"\nsingle-problem programs right first: {sum(r['right'] for r in single)}/{len(single)}")
+    print(f"two-problem programs with both in the top 3: {sum(r['right'] for r in double)}/{len(double)}")
+    print(f"healthy programs with no finding above {HEALTHY_MAX_PCT:g}%: {sum(r['right'] for r in healthy)}/{len(healthy)}")
+    print(f"gains within {GAIN_TOLERANCE:.0%} of the planted cost: {sum(e <= GAIN_TOLERANCE for e in errors)}/{len(errors)}")
+    print(f"programs the advisor could not read: {sum('error' in r for r in rows)}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

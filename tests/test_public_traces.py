@@ -99,11 +99,24 @@ def steps_match_the_trace(report, advice, traces):
     for rank_row in report["windows"][0]["ranks"]:
         events = traces[rank_row["label"]]
         truth = {int(s["name"].split("#")[1]): s["dur"] / 1000.0 for s in host_steps(events)}
-        got = {s["step"]: s["step_time_ms"] for s in rank_row["steps"]}
+        got = {s["step"]: s["host_ms"] for s in rank_row["steps"]}
         assert got.keys() == truth.keys(), (rank_row["label"], sorted(got), sorted(truth))
         for step, ms in truth.items():
             # 1 ns: float64 timestamps of ~4e12 us keep ~0.5 ns, so an end minus a start may differ by that
             assert got[step] == pytest.approx(ms, rel=1e-9, abs=1e-6), (rank_row["label"], step)
+        for row in rank_row["steps"]:   # the step time is the host's range unless the GPU's span bounds it
+            expected = row["gpu_ms"] if row["bound"] == "gpu" else row["host_ms"]
+            assert row["step_time_ms"] == expected and (row["bound"] == "host" or row["gpu_ms"] > row["host_ms"])
+
+
+def gpu_bound_steps_read_the_gpu(report, advice, traces):
+    """A V100 job 98% busy: the host runs ahead of the CUDA queue at the window's start (its first ProfilerStep
+    ranges last 35 and 72 ms), then waits for it (96 ms each); the steps are the GPU's ~96 ms throughout."""
+    (rank_row,) = report["windows"][0]["ranks"]
+    steps = rank_row["steps"]
+    assert [s["bound"] for s in steps[:2]] == ["gpu", "gpu"] and steps[0]["host_ms"] < 40.0
+    times = [s["step_time_ms"] for s in steps]
+    assert max(times) / min(times) < 1.03, times
 
 
 def no_steps(report, advice, traces):
@@ -210,7 +223,7 @@ CASES: dict[str, Expected] = {
                              exit=EXIT_PARTIAL, missing=299, facts=(
         steps_match_the_trace, hta_skipped_as_cpu_only, world_of_missing_ranks)),
     "hta/ns_resolution": Expected(ranks=(0,), basis="gpu", rank_source="distributedInfo", world_size=1, facts=(
-        steps_match_the_trace, hta_views_ran)),
+        gpu_bound_steps_read_the_gpu, steps_match_the_trace, hta_views_ran)),
     "hta/two_of_128_ranks": Expected(ranks=(0, 1), basis="gpu", rank_source="distributedInfo", world_size=128,
                                      exit=EXIT_PARTIAL, missing=126, facts=(
         steps_match_the_trace, hta_views_ran, world_of_missing_ranks)),

@@ -120,10 +120,17 @@ def gpu_bound_steps_read_the_gpu(report, advice, traces):
 
 
 def no_steps(report, advice, traces):
+    """No step ranges: the whole capture is one step (0), from the first event to the last, and the report
+    says so."""
     assert not any(host_steps(events) for events in traces.values())
     for row in report["windows"][0]["ranks"]:
-        assert row["steps"] == [] and row["step_time"] is None
-    assert any("no ProfilerStep#N" in note for note in report["windows"][0]["notes"])
+        events = [e for e in traces[row["label"]] if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))]
+        first = min(e["ts"] for e in events)
+        last = max(e["ts"] + (e.get("dur") or 0) for e in events)
+        (step,) = row["steps"]
+        assert row["step_source"] == "whole capture" and step["step"] == 0
+        assert step["host_ms"] == pytest.approx((last - first) / 1000.0, rel=1e-6, abs=1e-3)
+    assert any("the whole capture" in note for note in report["windows"][0]["notes"])
 
 
 def hta_views_ran(report, advice, traces):
@@ -179,7 +186,11 @@ def only_host_ops(report, advice, traces):
 def comm_kernel_only(report, advice, traces):
     row = window_rank(report, 70)
     assert row["gpu_time"] is None or set(row["gpu_time"]["by_category_us"]) <= {"communication"}
-    assert report["ranks"][0]["comm_pct"] == 100.0
+    # the one NCCL kernel is all the GPU did; the capture (the step) also holds the host op that launched it
+    (events,) = traces.values()
+    kernel = sum(e["dur"] for e in events if e.get("cat") == "kernel")
+    capture = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
+    assert report["ranks"][0]["comm_pct"] == pytest.approx(100.0 * kernel / capture)
 
 
 def triton_kernel_found(report, advice, traces):

@@ -14,6 +14,9 @@ GPU_SPAN_ANNOTATED = "the GPU's ProfilerStep range"
 GPU_SPAN_LAUNCHED = "the kernels launched in the host's step"
 STEP_SOURCE_PROFILER = "ProfilerStep"
 STEP_SOURCE_TRAIN_STEP = "train_step"
+STEP_SOURCE_CAPTURE = "whole capture"
+"""A trace without step ranges (a benchmark, a profiler without `prof.step()`): its capture is taken as one
+step, numbered 0, so idle, stalls and findings still come out; the report says so."""
 DATA_LOADER_PREFIX = "enumerate(DataLoader)#"
 """torch.utils.data names the range of each batch fetch `enumerate(DataLoader)#<iterator>.__next__`."""
 
@@ -104,6 +107,9 @@ def find_steps(events: TraceEvents) -> tuple[list[StepTiming], str | None]:
         windows = _train_step_windows(events, host_ranges)
         source = STEP_SOURCE_TRAIN_STEP
     if not windows:
+        windows = _capture_window(events)
+        source = STEP_SOURCE_CAPTURE
+    if not windows:
         return [], None
     phase_masks = {phase: host_ranges & events.names_matching(lambda n, p=phase: n == p) for phase in PHASES}
     loader = host_ranges & events.names_matching(lambda n: n.startswith(DATA_LOADER_PREFIX))
@@ -180,6 +186,14 @@ def _profiler_step_windows(events: TraceEvents, host_ranges: np.ndarray) -> list
         if step not in seen:  # a step annotated twice (e.g. a nested profiler) counts once
             seen[step] = (step, float(events.start_us[index]), float(events.dur_us[index]))
     return sorted(seen.values(), key=lambda w: w[1])
+
+
+def _capture_window(events: TraceEvents) -> list[tuple[int, float, float]]:
+    """The whole capture as one step: from the first event's start to the last one's end (none: no events)."""
+    if not len(events):
+        return []
+    start, end = float(events.start_us.min()), float(events.end_us.max())
+    return [(0, start, end - start)] if end > start else []
 
 
 def _train_step_windows(events: TraceEvents, host_ranges: np.ndarray) -> list[tuple[int, float, float]]:

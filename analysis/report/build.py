@@ -38,7 +38,7 @@ from fleetscope.analysis.per_rank.collectives import SOURCE_NCCL
 from fleetscope.analysis.per_rank.gpu_time import combine_gpu_time
 from fleetscope.analysis.per_rank.kernels import combine as combine_kernels
 from fleetscope.analysis.per_rank.rank import RankResult
-from fleetscope.analysis.per_rank.steps import STEP_SOURCE_PROFILER, StepStats
+from fleetscope.analysis.per_rank.steps import STEP_SOURCE_CAPTURE, STEP_SOURCE_PROFILER, StepStats
 from fleetscope.analysis.quantities import (
     job_straggler,
     trace_basis,
@@ -258,6 +258,9 @@ def _window_notes(results: list[RankResult]) -> list[str]:
         notes += [f"rank {result.rank}: {remark}" for remark in result.remarks]
         if not result.steps:
             notes.append(f"rank {result.rank}: no ProfilerStep#N or train_step annotations: no step times")
+        elif result.step_source == STEP_SOURCE_CAPTURE:
+            notes.append(f"rank {result.rank}: no ProfilerStep#N or train_step annotations: the whole capture "
+                         f"({result.steps[0].step_time_ms:.2f} ms) is taken as one step (step 0)")
         if result.dropped_events:
             detail = ", ".join(f"{count} {reason}" for reason, count in sorted(result.dropped_events.items()))
             notes.append(f"rank {result.rank}: events left out ({detail})")

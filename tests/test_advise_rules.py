@@ -35,6 +35,9 @@ CASES = {
     "per-parameter optimizer": dict(optimizer="AdamW", optimizer_impl="per-parameter", optimizer_host_ms=25.0,
                                     optimizer_launches=2000.0, optimizer_gpu_ms=4.0),
     "allocator churn": dict(allocator_calls=184.0, allocator_ms=12.0),
+    "recompiling": dict(compile_ms=900.0, compile_ids=4),
+    "checkpoint each step": dict(idle_pct=90.0, host_copies=34.0, host_copy_ms=6.0,
+                                 idle_cause_ms={"host busy elsewhere": 80.0}),
 }
 """Evidence that, case by case, fires every rule (a new rule needs a case here, and so gets the checks below)."""
 

@@ -87,7 +87,17 @@ def _host_evidence(report: Report | None) -> dict[str, Any]:
             "syncs": per_step("sync_count"), "tensor_reads": per_step("tensor_reads"),
             "pageable_copies": per_step("pageable_copy_count"), "pageable_copy_ms": per_step("pageable_copy_us") / 1000.0,
             "stall_frames": _stall_frames(stalls), "idle_cause_ms": causes,
-            "launch_paced_idle_ms": float(np.mean([h.launch_paced_idle_us / len(h.steps) for h in stalls])) / 1000.0}
+            "launch_paced_idle_ms": float(np.mean([h.launch_paced_idle_us / len(h.steps) for h in stalls])) / 1000.0,
+            "sync_op_ms": _sync_op_ms(stalls)}
+
+
+def _sync_op_ms(stalls: list) -> dict[str, float]:
+    """Per syncing op, its host time per profiled step, mean over ranks (costliest first)."""
+    totals: dict[str, float] = {}
+    for h in stalls:
+        for op in h.sync_ops:
+            totals[op.op] = totals.get(op.op, 0.0) + op.us / 1000.0 / len(h.steps) / len(stalls)
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
 def _step_work_evidence(report: Report | None) -> dict[str, Any]:
@@ -111,7 +121,9 @@ def _step_work_evidence(report: Report | None) -> dict[str, Any]:
                      "optimizer_launches": float(np.mean([w.optimizer_launches for w in with_optimizer])),
                      "optimizer_gpu_ms": float(np.mean([w.optimizer_gpu_us for w in with_optimizer])) / 1000.0}
     return {"gemm_ms_by_precision": precision, **optimizer, "allocator_calls": mean("allocator_calls", 1.0),
-            "allocator_ms": mean("allocator_us")}
+            "allocator_ms": mean("allocator_us"), "compile_ms": mean("compile_us"),
+            "compile_ids": max(w.compile_ids for w in works), "host_copies": mean("host_copies", 1.0),
+            "host_copy_ms": mean("host_copy_us"), "graph_launches": mean("graph_launches", 1.0)}
 
 
 def _stall_frames(stalls: list) -> dict[str, list[str]]:

@@ -16,6 +16,10 @@ HOST_WORK_SHARE = 0.5
 """GPU idle "host busy elsewhere" above this share of the idle time: the host is busy with other work."""
 SYNC_SHARE = 0.10
 """GPU idle after host syncs above this share of the step: the step drains the GPU at syncs."""
+SYNCS_INSIDE_STEP = 2.0
+"""At least this many syncs per step: some are inside the step, not only a read at its end. No CUDA graph
+replays such a step (the host must see each value before it goes on), so a host-bound step that syncs this
+often is told to remove the syncs first, whatever they cost by themselves."""
 PAGEABLE_COPY_SHARE = 0.10
 """Host time inside copies from or to pageable memory above this share of the step: pin the memory."""
 PAGEABLE_RECOVERABLE = 0.5
@@ -39,6 +43,8 @@ def _launch_bound(e: Evidence, idle_ms: float) -> bool:
 def _other_host_causes(e: Evidence) -> list[str]:
     """What else in the step holds the GPU back and that no CUDA graph removes (or that prevents capture)."""
     causes = []
+    if e.graph_launches >= 1.0:
+        causes.append("the step already replays CUDA graphs")
     if _syncs_block_graphs(e):
         causes.append("host syncs")
     if allocator_churn(e) is not None:
@@ -49,10 +55,17 @@ def _other_host_causes(e: Evidence) -> list[str]:
 
 
 def _syncs_block_graphs(e: Evidence) -> bool:
-    """A step that syncs with the host (a tensor read or synchronize in every step) and drains the GPU there
-    cannot be captured as one CUDA graph: host_syncs comes first."""
-    per_step = (e.syncs or 0.0) + (e.tensor_reads or 0.0)
-    return per_step >= 1.0 and host_syncs(e) is not None
+    """A step that syncs with the host (a device read or synchronize in every step) and loses time there
+    cannot be captured as one CUDA graph: host_syncs comes first. (One sync at a step's end still lets its
+    compiled regions replay as graphs.)"""
+    per_step = _syncs_per_step(e)
+    return per_step >= SYNCS_INSIDE_STEP or (per_step >= 1.0 and host_syncs(e) is not None)
+
+
+def _syncs_per_step(e: Evidence) -> float:
+    """Host syncs per step: the sync calls, or the device reads where the trace records no sync call (a read
+    holds its sync: counting both would count one `.item()` twice)."""
+    return max(e.syncs or 0.0, e.tensor_reads or 0.0)
 
 
 def cuda_graphs(e: Evidence) -> Finding | None:
@@ -101,7 +114,9 @@ def host_work(e: Evidence) -> Finding | None:
     busy_ms = e.idle_cause_ms.get("host busy elsewhere", 0.0)
     if busy_ms < HOST_WORK_SHARE * idle_ms or _launch_bound(e, idle_ms):
         return None
-    # dispatching is cuda_graphs' evidence; the optimizer's and the allocator's own rules claim their host time
+    if checkpoint_in_step(e) is not None:
+        return None  # the checkpoint's finding claims this host time
+    # dispatching is cuda_graphs' evidence; the optimizer's, allocator's and compilation's rules claim theirs
     busy_ms -= e.launch_paced_idle_ms + _explained_host_ms(e)
     if busy_ms < HOST_WORK_SHARE * idle_ms:
         return None
@@ -120,9 +135,62 @@ def host_work(e: Evidence) -> Finding | None:
                        "CUDA graphs would not help; the host's own work holds the GPU back")
 
 
+COMPILE_SHARE = 0.10
+"""Host time inside torch.compile's ranges above this share of the profiled step: it compiles in the steps."""
+HOST_COPIES_PER_STEP = 8.0
+"""At least this many device-to-host copies by copy ops per step: tensors saved or moved to the host in the
+loop (a checkpoint, a state_dict, .cpu() of the weights), not a metric read."""
+
+
+def recompilation(e: Evidence) -> Finding | None:
+    """torch.compile compiles inside the profiled steps (its ranges hold COMPILE_SHARE of the step): a compiled
+    region whose guards fail every step (a new shape, a changing Python value) is compiled again each time.
+    Gain: that host time per step (Inductor's benchmarking syncs in it are compilation, not the program's)."""
+    compile_ms = e.compile_ms or 0.0
+    if not e.step_ms or compile_ms < COMPILE_SHARE * e.step_ms:
+        return None
+    gain, pct = trace_gain(e, compile_ms)
+    ids = f" ({e.compile_ids} compile ids)" if e.compile_ids else ""
+    return Finding(rule="recompilation", title="torch.compile recompiles inside the steps",
+                   evidence={"compile_ms_per_step": round(compile_ms, 3), "compile_ids": e.compile_ids},
+                   expected_gain_ms=gain, expected_gain_pct=pct, confidence="high",
+                   change="keep the compiled region's guards stable: pad inputs to a few fixed shapes, or mark the "
+                          "varying dimension dynamic (torch._dynamo.mark_dynamic(x, dim) or torch.compile(..., "
+                          "dynamic=True)); TORCH_LOGS=recompiles names the guard that fails",
+                   why=f"the host spends {compile_ms:.2f} ms per profiled step inside torch.compile's compile "
+                       f"ranges{ids}: the steady steps should run compiled code, not compile it again")
+
+
+def checkpoint_in_step(e: Evidence) -> Finding | None:
+    """Many device-to-host copies by copy ops per step (HOST_COPIES_PER_STEP; `.item()` reads are not copy ops)
+    while the GPU waits for the host most of the step: tensors are saved or moved to the host in the loop (a
+    checkpoint every step). Gain: the idle "host busy elsewhere" (the serialization) plus the copies' time."""
+    copies = e.host_copies or 0.0
+    if e.basis != "gpu" or not e.step_ms or copies < HOST_COPIES_PER_STEP:
+        return None
+    busy_ms = max(e.idle_cause_ms.get("host busy elsewhere", 0.0) - e.launch_paced_idle_ms, 0.0)
+    lost_ms = busy_ms + (e.host_copy_ms or 0.0)
+    if lost_ms < HOST_WORK_SHARE * (e.idle_pct or 0.0) / 100 * e.step_ms:
+        return None
+    gain, pct = trace_gain(e, lost_ms)
+    return Finding(rule="checkpoint_in_step", title="the step copies its tensors to the host (a checkpoint in the loop?)",
+                   evidence={"host_copies_per_step": round(copies, 1),
+                             "host_copy_ms_per_step": round(e.host_copy_ms or 0.0, 3),
+                             "host_busy_idle_ms_per_step": round(busy_ms, 3)},
+                   expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
+                   change="save checkpoints every N steps, not every step (or asynchronously: torch.distributed."
+                          "checkpoint.async_save, or copy to pinned buffers with non_blocking=True and write from a "
+                          "thread); keep .cpu() of weights and state_dict() out of the training loop",
+                   why=f"{copies:.0f} device-to-host copies by copy ops per step ({e.host_copy_ms or 0.0:.2f} ms of "
+                       f"copying) and the GPU idle {busy_ms:.2f} ms per step while the host works without "
+                       "launching: tensors are being serialized or moved to the host inside the loop")
+
+
 def _explained_host_ms(e: Evidence) -> float:
-    """Host time per step that gpu_work's rules explain (a per-parameter optimizer, allocator calls)."""
+    """Host time per step that other rules explain (a per-parameter optimizer, allocator calls, compilation)."""
     explained = 0.0
+    if recompilation(e) is not None:
+        explained += e.compile_ms or 0.0
     if optimizer_impl(e) is not None:
         explained += max((e.optimizer_host_ms or 0.0) - (e.optimizer_gpu_ms or 0.0), 0.0)
     if allocator_churn(e) is not None:
@@ -130,27 +198,58 @@ def _explained_host_ms(e: Evidence) -> float:
     return explained
 
 
+SYNC_OP_CHANGES = {
+    "aten::nonzero": "boolean-mask indexing or torch.nonzero reads a count from the GPU: keep shapes static "
+                     "(torch.where(mask, x, 0), masked_fill, a fixed-size index)",
+    "aten::masked_select": "masked_select reads a count from the GPU: use torch.where / masked_fill instead",
+    "aten::_local_scalar_dense": ".item() (or int()/float()/bool() of a tensor, a Python `if` on one) reads a "
+                                 "value from the GPU: keep it on the device and read it every N steps",
+    "aten::copy_": ".cpu() / .tolist() / .numpy() copies to the host and waits: accumulate on the device, copy "
+                   "every N steps, or copy non_blocking into pinned memory",
+}
+"""The change that removes each syncing op (host_stalls.py sync_ops), in the program's terms."""
+
+
 def host_syncs(e: Evidence) -> Finding | None:
-    """GPU idle right after host syncs and tensor reads (idle cause "host sync") over SYNC_SHARE of the step:
-    each sync drains the GPU queue. Gain: that idle time per step."""
-    sync_ms = e.idle_cause_ms.get("host sync", 0.0)
-    if e.basis != "gpu" or not e.step_ms or sync_ms < SYNC_SHARE * e.step_ms:
+    """The step syncs with the host (a device read or synchronize per step) and that costs SYNC_SHARE of the
+    step: the GPU idle the syncs left (host_stalls.py: a gap after a sync is the sync's for as long as the host
+    waited in it); or, whatever that costs, a step that syncs SYNCS_INSIDE_STEP times while the GPU waits
+    SYNC_SHARE of it for launches (CUDA graphs would recover that, but cannot replay a step that syncs). The change names the op (sync_ops: its host time is evidence) and, with with_stack, the
+    frames."""
+    per_step = _syncs_per_step(e)
+    if e.basis != "gpu" or not e.step_ms or per_step < 1.0:
         return None
-    gain, pct = trace_gain(e, sync_ms)
+    idle_ms = e.idle_cause_ms.get("host sync", 0.0)
+    op_ms = sum(e.sync_op_ms.values())
+    # the loss: the GPU idle a sync leaves while the host's following work could have overlapped the GPU work
+    # it waited for (host_stalls.py); the ops' own host time is evidence, not added (it holds that wait)
+    lost_ms = idle_ms
+    dispatch_ms = e.idle_cause_ms.get("short gaps", 0.0) + e.launch_paced_idle_ms
+    blocking = per_step >= SYNCS_INSIDE_STEP and dispatch_ms >= SYNC_SHARE * e.step_ms
+    if lost_ms < SYNC_SHARE * e.step_ms and not blocking:
+        return None
+    gain, pct = trace_gain(e, lost_ms)
     frames = e.stall_frames.get(FRAME_SYNC, [])[:FRAMES_NAMED]
-    evidence = {"sync_idle_ms_per_step": round(sync_ms, 3), "syncs_per_step": round(e.syncs or 0.0, 1),
-                "tensor_reads_per_step": round(e.tensor_reads or 0.0, 1)}
+    ops = list(e.sync_op_ms)[:FRAMES_NAMED]
+    evidence = {"sync_idle_ms_per_step": round(idle_ms, 3), "sync_op_ms_per_step": round(op_ms, 3),
+                "syncs_per_step": round(e.syncs or 0.0, 1), "tensor_reads_per_step": round(e.tensor_reads or 0.0, 1)}
+    if ops:
+        evidence["sync_ops"] = "; ".join(f"{op} {e.sync_op_ms[op]:.2f} ms" for op in ops)
     if frames:
         evidence["frames"] = "; ".join(frames)
     where = f" at {' and '.join(frames)}" if frames else ""
+    named = [SYNC_OP_CHANGES[op] for op in ops if op in SYNC_OP_CHANGES]
+    change = (f"remove the syncs{where}: " + "; ".join(named) if named else
+              f"remove the .item() / torch.cuda.synchronize() calls{where} from the step (keep values on the GPU "
+              "and read them every N steps)")
     return Finding(rule="host_syncs", title="the step drains the GPU at host syncs",
                    evidence=evidence, expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
-                   change=f"remove the .item() / torch.cuda.synchronize() calls{where} from the step (keep values on "
-                          "the GPU and read them every N steps)"
-                          + ("" if frames else "; with_stack traces name the frames"),
-                   why=f"the GPU waits {sync_ms:.2f} ms per step after host syncs ({e.syncs or 0.0:.1f} syncs and "
-                       f"{e.tensor_reads or 0.0:.1f} tensor reads per step): each one empties the GPU's queue, and "
-                       "no CUDA graph can capture a step that syncs")
+                   change=change + ("" if frames else "; with_stack traces name the frames"),
+                   why=f"{e.syncs or 0.0:.1f} syncs per step ({', '.join(ops) or 'explicit synchronize'}): the host "
+                       f"spends {op_ms:.2f} ms per step in the ops that wait and the GPU idles {idle_ms:.2f} ms after "
+                       "them; each one empties the GPU's queue, and no CUDA graph can capture a step that syncs"
+                       + (f" (they also keep CUDA graphs from recovering the {dispatch_ms:.2f} ms per step the GPU "
+                          "waits for launches)" if blocking and dispatch_ms > 0 else ""))
 
 
 def pinned_copies(e: Evidence) -> Finding | None:
@@ -178,6 +277,10 @@ def pinned_copies(e: Evidence) -> Finding | None:
 
 
 RULES = (
+    Rule(find=recompilation, recovers="compilation",
+         change_is_code="shapes and torch.compile's options are set in the program's own code"),
+    Rule(find=checkpoint_in_step, recovers="host-side time",
+         change_is_code="where and how often the program saves is its own code"),
     Rule(find=cuda_graphs, recovers="host-side time",
          in_user_code="torch.compile(model, mode='reduce-overhead') (CUDA graphs replay the step's launches; "
                       "mode='default' where parameters move, as under FSDP)"),

@@ -69,6 +69,9 @@ class Evidence:
     costliest first, over every rank (host_stalls.py frames)."""
     idle_cause_ms: dict[str, float] = field(default_factory=dict)
     """GPU idle per profiled step by cause (host_stalls.py), mean over ranks."""
+    sync_op_ms: dict[str, float] = field(default_factory=dict)
+    """Host time per profiled step in each op that made the host sync (host_stalls.py sync_ops: from the op's
+    first launch to its sync's end), mean over ranks, costliest first."""
     launch_paced_idle_ms: float = 0.0
     """Of the "host busy elsewhere" idle per profiled step, the part in gaps paced by launch calls
     (host_stalls.py launch_paced_idle_us), mean over ranks: the host dispatching, not busy elsewhere."""
@@ -100,6 +103,15 @@ class Evidence:
     """cudaMalloc / cudaFree calls per profiled step, mean over ranks."""
     allocator_ms: float | None = None
     """Host time inside them per profiled step."""
+    compile_ms: float | None = None
+    """Host time inside torch.compile's ranges per profiled step (step_work.py), mean over ranks."""
+    compile_ids: int = 0
+    """Distinct compile ids in the profiled steps, the most over ranks."""
+    host_copies: float | None = None
+    """Device-to-host copies by copy ops (`.cpu()`, a saved state_dict) per profiled step, mean over ranks."""
+    host_copy_ms: float | None = None
+    graph_launches: float = 0.0
+    """CUDA graph replays per profiled step (step_work.py), mean over ranks."""
     rank_hosts: dict[int, str] = field(default_factory=dict)
     """rank -> host, from the trace report (which ranks share a node)."""
 

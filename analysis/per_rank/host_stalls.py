@@ -50,6 +50,7 @@ from fleetscope.analysis.per_rank.names import (
     is_program_frame,
     is_tensor_read_op,
 )
+from fleetscope.analysis.per_rank.step_work import compile_intervals
 from fleetscope.analysis.per_rank.steps import StepTiming
 from fleetscope.analysis.per_rank.utilization import BASIS_CPU, BASIS_GPU, Timeline
 
@@ -121,11 +122,29 @@ class HostStalls:
     """Number of idle gaps by cause."""
     frames: list[HostFrame] = field(default_factory=list)
     """with_stack traces: the program's frames that hold its syncs and pageable copies; empty otherwise."""
+    sync_ops: list[SyncOp] = field(default_factory=list)
+    """What made the host sync in the profiled steps, by op (sync_ops), costliest first."""
     launch_paced_idle_us: float = 0.0
     """Of the "host busy elsewhere" idle, the time in gaps during which the host launched work at least every
     DISPATCH_INTERVAL_FACTOR x its median launch interval: the GPU waits for the host to dispatch its next
     kernels (eager per-op overhead),
     not for other work; summed over the profiled steps."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncOp:
+    """The host op that made the host wait for the GPU (sync_ops), over the profiled steps."""
+
+    op: str
+    """The op whose copy to the host preceded the sync (`aten::nonzero`, `aten::_local_scalar_dense` for
+    `.item()`, `aten::copy_` for `.cpu()` / `.tolist()`), or SYNC_EXPLICIT for a sync after no such copy."""
+    count: int
+    us: float
+    """Host time from the op's first launch to the end of its sync, summed: what the op holds the host for
+    once it has started the GPU work it then waits on."""
+
+
+SYNC_EXPLICIT = "synchronize (no copy to the host before it)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,7 +184,7 @@ def find_idle_gaps(events: TraceEvents, steps: list[StepTiming], timeline: Timel
 
 def _gpu_idle_gaps(events: TraceEvents, spans: Intervals) -> IdleGaps:
     host = events.of_kind(Kind.CUDA_RUNTIME, Kind.CPU_OP, Kind.USER_ANNOTATION)
-    syncs = events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_host_sync_call)
+    syncs = user_syncs(events)
     reads = device_reads(events)
     inputs = host & events.names_matching(is_input_wait)
     host_comm = host & events.names_matching(lambda n: is_gloo_span(n) or is_comm_cpu_op(n))
@@ -178,7 +197,33 @@ def _gpu_idle_gaps(events: TraceEvents, spans: Intervals) -> IdleGaps:
                         queued_before=_queued_before(events, gpu, gaps))
     code_of = {cause: code for code, cause in enumerate(GAP_CAUSES)}
     codes = np.fromiter(map(code_of.__getitem__, causes.tolist()), dtype=np.int8, count=len(causes))
-    return IdleGaps(basis=BASIS_GPU, starts_us=gaps.starts_us, ends_us=gaps.ends_us, cause_codes=codes)
+    blocked = union(Intervals(events.start_us[blocking], events.end_us[blocking]))
+    return _sync_share_of_gaps(IdleGaps(basis=BASIS_GPU, starts_us=gaps.starts_us, ends_us=gaps.ends_us,
+                                        cause_codes=codes), blocked)
+
+
+def _sync_share_of_gaps(gaps: IdleGaps, blocked: Intervals) -> IdleGaps:
+    """A gap after a sync is the sync's for as long as the host waited in it, the rest the host's: without the
+    sync, the host's following work would have run while the GPU did the work it waited for, and no longer.
+    A gap after a short sync (a drained queue, `.item()` at a step's end) that lasts through a long host pause
+    (a collection, a checkpoint) is that pause's."""
+    sync_code, host_code = GAP_CAUSES.index(IDLE_SYNC), GAP_CAUSES.index(IDLE_HOST)
+    at_sync = np.flatnonzero(gaps.cause_codes == sync_code)
+    if not at_sync.size or not len(blocked):
+        return gaps
+    slot = np.clip(np.searchsorted(blocked.starts_us, gaps.starts_us[at_sync], side="right") - 1, 0, None)
+    waited = blocked.ends_us[slot] - blocked.starts_us[slot]
+    lengths = gaps.ends_us[at_sync] - gaps.starts_us[at_sync]
+    split = at_sync[lengths > waited]
+    if not split.size:
+        return gaps
+    cut = gaps.starts_us[split] + waited[lengths > waited]
+    starts = np.concatenate([gaps.starts_us, cut])
+    ends = np.concatenate([gaps.ends_us, gaps.ends_us[split]])
+    ends[split] = cut
+    codes = np.concatenate([gaps.cause_codes, np.full(split.size, host_code, dtype=np.int8)])
+    order = np.argsort(starts, kind="stable")
+    return IdleGaps(basis=gaps.basis, starts_us=starts[order], ends_us=ends[order], cause_codes=codes[order])
 
 
 def _queued_before(events: TraceEvents, gpu: np.ndarray, gaps: Intervals) -> np.ndarray:
@@ -200,7 +245,7 @@ def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGap
     if not steps:
         return None
     host = events.of_kind(Kind.CUDA_RUNTIME, Kind.CPU_OP, Kind.USER_ANNOTATION)
-    syncs = events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_host_sync_call)
+    syncs = user_syncs(events)
     reads = device_reads(events)
     inputs = host & events.names_matching(is_input_wait)
     dtoh = events.of_kind(Kind.GPU_MEMCPY) & events.names_matching(is_device_to_host_copy)
@@ -216,7 +261,59 @@ def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGap
               + _frames_of_calls(events, pageable.call_start_us, pageable.call_end_us, pageable.thread, FRAME_PAGEABLE_COPY,
                                  _inside_steps(pageable.call_start_us, steps)))
     return HostStalls(steps=per_step, idle_by_cause_us=idle_us, idle_gaps_by_cause=idle_count, frames=frames,
+                      sync_ops=sync_ops(events, syncs & inside, launches),
                       launch_paced_idle_us=_launch_paced_idle_us(events, gaps, launches))
+
+
+def sync_ops(events: TraceEvents, syncs: np.ndarray, launches: np.ndarray) -> list[SyncOp]:
+    """Per op, the syncs it caused: a sync call is charged to the op that launched the last GPU work before it
+    on its thread when that work is a copy to the host (the op reads a device value: `.item()`, `.tolist()`,
+    boolean-mask indexing's `nonzero` reading its count), else to SYNC_EXPLICIT. Its cost runs from the op's
+    first launch to the sync's end."""
+    if not syncs.any() or events.external_id is None:
+        return []
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS) & (events.correlation != NO_ID)
+    by_correlation = dict(zip(events.correlation[gpu].tolist(), np.flatnonzero(gpu).tolist()))
+    first_launch: dict[int, float] = {}
+    launched_at = events.launch_start_us(gpu)
+    for external, at in zip(events.external_id[gpu].tolist(), launched_at.tolist()):
+        if external != NO_ID and at < first_launch.get(external, float("inf")):
+            first_launch[external] = at
+    costs: dict[str, list[float]] = {}
+    launch_rows = np.flatnonzero(launches)
+    for index in np.flatnonzero(syncs).tolist():
+        op, since = _sync_op(events, index, launch_rows, by_correlation, first_launch)
+        entry = costs.setdefault(op, [0, 0.0])
+        entry[0] += 1
+        entry[1] += float(events.end_us[index]) - (since if since is not None else float(events.start_us[index]))
+    ranked = sorted(costs.items(), key=lambda item: (-item[1][1], item[0]))
+    return [SyncOp(op=op, count=int(count), us=us) for op, (count, us) in ranked]
+
+
+def _sync_op(events: TraceEvents, index: int, launch_rows: np.ndarray, by_correlation: dict[int, int],
+             first_launch: dict[int, float]) -> tuple[str, float | None]:
+    """(op, its first launch) of the sync at `index` (sync_ops)."""
+    thread, start = events.thread[index], events.start_us[index]
+    mine = launch_rows[(events.thread[launch_rows] == thread) & (events.start_us[launch_rows] <= start)]
+    if not mine.size:
+        return SYNC_EXPLICIT, None
+    last = int(mine[np.argmax(events.start_us[mine])])
+    work = by_correlation.get(int(events.correlation[last]))
+    if work is None or not is_device_to_host_copy(events.names[events.name_id[work]]):
+        return SYNC_EXPLICIT, None
+    external = int(events.external_id[work])
+    return events.op_of_external.get(external, "unknown op"), first_launch.get(external)
+
+
+def user_syncs(events: TraceEvents) -> np.ndarray:
+    """Sync calls of the program: those outside torch.compile's ranges (Inductor's benchmarking of candidate
+    kernels while it compiles syncs too; that is compilation, found by step_work.py, not the program's sync)."""
+    syncs = events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_host_sync_call)
+    regions = compile_intervals(events)
+    if not syncs.any() or not len(regions):
+        return syncs
+    inside = covered_between(regions, events.start_us, np.maximum(events.end_us, events.start_us + 1e-3)) > 0
+    return syncs & ~inside
 
 
 def device_reads(events: TraceEvents) -> np.ndarray:
@@ -225,6 +322,9 @@ def device_reads(events: TraceEvents) -> np.ndarray:
     Python-side metric) reads host memory and waits for nothing. A trace without runtime calls cannot tell:
     every read counts."""
     reads = events.of_kind(Kind.CPU_OP) & events.names_matching(is_tensor_read_op)
+    regions = compile_intervals(events)
+    if reads.any() and len(regions):
+        reads &= ~(covered_between(regions, events.start_us, np.maximum(events.end_us, events.start_us + 1e-3)) > 0)
     runtime = events.of_kind(Kind.CUDA_RUNTIME)
     if not reads.any() or not runtime.any():
         return reads

@@ -250,9 +250,24 @@ def is_input_wait(name: str) -> bool:
     return name.startswith(DATALOADER_PREFIX)
 
 
+COMPILE_TIMED_SUFFIX = " (dynamo_timed)"
+COMPILE_REGIONS = frozenset({"inductor_compile", "entire_frame_compile", "entire_backward_compile",
+                             "compile_fx_inner", "fx_codegen_and_compile", "_compile.compile_inner",
+                             "OutputGraph.call_user_compiler", "backend_compile", "create_aot_dispatcher_function"})
+"""The ranges torch.compile's phases open while they run (`dynamo_timed`: `compile_fx_inner (dynamo_timed)`,
+`inductor_compile`, `entire_backward_compile`, ...): compilation, not the program's work. Inductor benchmarks
+candidate kernels in them, with syncs of its own."""
+
+
+def is_compile_region(name: str) -> bool:
+    """A range torch.compile opens while it compiles (COMPILE_REGIONS, or any `... (dynamo_timed)`)."""
+    return name in COMPILE_REGIONS or name.endswith(COMPILE_TIMED_SUFFIX)
+
+
 def is_kept_host_op(name: str) -> bool:
-    """`cpu_op` events kept on GPU traces (where others are left out): collectives and tensor reads."""
-    return is_comm_cpu_op(name) or is_tensor_read_op(name)
+    """`cpu_op` events kept on GPU traces (where others are left out): collectives, tensor reads and
+    compilation ranges."""
+    return is_comm_cpu_op(name) or is_tensor_read_op(name) or is_compile_region(name)
 
 
 # --- expert parallelism: all-to-all calls ----------------------------------------------------------

@@ -15,6 +15,13 @@ neither, one set of kernels per parameter tensor.
 The allocator: `cudaMalloc` / `cudaFree` (and HIP's) calls in the step and the host time inside them. The
 caching allocator calls them only when its pool cannot serve a request (after `torch.cuda.empty_cache()`,
 under fragmentation, or as memory grows); `cudaFree` also waits for the whole device.
+
+Compilation: the host time inside torch.compile's ranges (names.is_compile_region) in the step, and the
+compile ids (`compile_id=F/N` in its annotations) seen there: a program that recompiles every step shows
+new ids in every step.
+
+Copies to the host: device-to-host copies launched by copy ops (`aten::copy_`, `aten::_to_copy`: `.cpu()`,
+`.to("cpu")`, a `state_dict` saved), not by value reads (`.item()`), their count and GPU time per step.
 """
 
 from __future__ import annotations
@@ -22,8 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, Kind, TraceEvents
-from fleetscope.analysis.per_rank.names import CATEGORY_GEMM, is_launch_call, kernel_category
+import re
+
+from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
+from fleetscope.analysis.per_rank.intervals import Intervals, clip, union
+from fleetscope.analysis.per_rank.names import (CATEGORY_GEMM, is_compile_region, is_device_to_host_copy,
+                                                is_launch_call, kernel_category)
 from fleetscope.analysis.per_rank.steps import StepTiming
 
 PRECISION_FP32, PRECISION_TF32, PRECISION_HALF, PRECISION_FP8 = "fp32", "tf32", "bf16/fp16", "fp8"
@@ -63,6 +74,16 @@ class StepWork:
     """cudaMalloc / cudaFree calls per step."""
     allocator_us: float = 0.0
     """Host time inside them per step."""
+    compile_us: float = 0.0
+    """Host time inside torch.compile's ranges per step (their union)."""
+    compile_ids: int = 0
+    """Distinct compile ids in the steps' compile annotations."""
+    host_copies: float = 0.0
+    """Device-to-host copies launched by copy ops per step."""
+    host_copy_us: float = 0.0
+    """Their GPU time per step."""
+    graph_launches: float = 0.0
+    """CUDA (or HIP) graph replays launched per step: the step already replays captured work."""
 
 
 def gemm_precision(name: str) -> str:
@@ -80,7 +101,10 @@ def measure_step_work(events: TraceEvents, steps: list[StepTiming]) -> StepWork 
     count = len(steps)
     in_steps = _in_host_ranges(events.start_us, steps)
     return StepWork(steps=count, gemm_us_by_precision=_gemm_by_precision(events, steps, count),
-                    **_optimizer(events, in_steps, count), **_allocator(events, in_steps, count))
+                    **_optimizer(events, in_steps, count), **_allocator(events, in_steps, count),
+                    **_compilation(events, steps, in_steps, count), **_host_copies(events, steps, count),
+                    graph_launches=int(np.count_nonzero(events.of_kind(Kind.CUDA_RUNTIME) & in_steps
+                                                        & events.names_matching(lambda n: n in GRAPH_LAUNCHES))) / count)
 
 
 def _in_host_ranges(times_us: np.ndarray, steps: list[StepTiming]) -> np.ndarray:
@@ -143,3 +167,37 @@ def _allocator(events: TraceEvents, in_steps: np.ndarray, count: int) -> dict:
         return {}
     return {"allocator_calls": int(np.count_nonzero(calls)) / count,
             "allocator_us": float(events.dur_us[calls].sum()) / count}
+
+
+GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch"})
+COMPILE_ID = re.compile(r"compile_id=(\d+/\d+)")
+HOST_COPY_OPS = frozenset({"aten::copy_", "aten::_to_copy", "aten::to"})
+
+
+def compile_intervals(events: TraceEvents) -> Intervals:
+    """The union of torch.compile's ranges (names.is_compile_region) on the host."""
+    regions = events.of_kind(Kind.CPU_OP, Kind.USER_ANNOTATION) & events.names_matching(is_compile_region)
+    return union(Intervals(events.start_us[regions], events.end_us[regions]))
+
+
+def _compilation(events: TraceEvents, steps: list[StepTiming], in_steps: np.ndarray, count: int) -> dict:
+    regions = compile_intervals(events)
+    if not len(regions):
+        return {}
+    inside = sum(clip(regions, s.start_us, s.end_us).total_us for s in steps)
+    annotated = events.of_kind(Kind.USER_ANNOTATION, Kind.CPU_OP) & in_steps & events.names_matching(
+        lambda n: "compile_id=" in n)
+    ids = {match.group(1) for i in np.unique(events.name_id[annotated]).tolist()
+           if (match := COMPILE_ID.search(events.names[i]))}
+    return {"compile_us": inside / count, "compile_ids": len(ids)}
+
+
+def _host_copies(events: TraceEvents, steps: list[StepTiming], count: int) -> dict:
+    copies = events.of_kind(Kind.GPU_MEMCPY) & events.names_matching(is_device_to_host_copy)
+    if not copies.any() or events.external_id is None:
+        return {}
+    by_copy_op = np.fromiter((events.op_of_external.get(int(x)) in HOST_COPY_OPS if x != NO_ID else False
+                              for x in events.external_id[copies].tolist()), dtype=bool, count=int(copies.sum()))
+    launched = _in_host_ranges(events.launch_start_us(copies), steps) & by_copy_op
+    return {"host_copies": int(launched.sum()) / count,
+            "host_copy_us": float(events.dur_us[copies][launched].sum()) / count}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, Kind, TraceEvents
+from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
 from fleetscope.analysis.per_rank.intervals import Intervals, union
 from fleetscope.analysis.per_rank.names import PHASES, TRAIN_STEP, profiler_step_number
 
@@ -133,14 +133,21 @@ def find_steps(events: TraceEvents) -> tuple[list[StepTiming], str | None]:
 
 def gpu_step_spans(events: TraceEvents,
                    windows: list[tuple[int, float, float]]) -> tuple[dict[int, tuple[float, float, float]], str]:
-    """step -> (start, end, busy time) of the GPU's span of each host step, and where the spans come from: the first start
-    to the last end of the GPU work launched inside the host's range (by its launch call's start; work without
-    a launch record by its own start), widened to the device's `ProfilerStep#N` range (gpu_user_annotation)
-    where the trace has one. That range alone is not the step: Kineto draws it over the kernels launched
+    """step -> (start, end, busy time) of the GPU's span of each host step, and where the spans come from: the
+    first start to the last end of the GPU work launched inside the host's range (by its launch call's start;
+    work without a launch record by its own start only where the trace records no launches at all). Only a trace where no GPU work is found so takes the
+    device's own `ProfilerStep#N` ranges (gpu_user_annotation): Kineto draws them over the kernels launched
     directly inside the host's range, outside nested annotations (7 us of an 80 ms step on a trainer whose
-    step is all forward/backward/optimizer ranges)."""
+    step is all forward/backward/optimizer ranges), and, with the host steps ahead of the queue, over spans
+    that start before the previous step's kernels (seen on the H200)."""
     spans: dict[int, tuple[float, float, float]] = {}
     gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    launched_here = gpu & np.isin(events.correlation, events.correlation[events.of_kind(Kind.CUDA_RUNTIME)
+                                                                         & (events.correlation != NO_ID)])
+    if launched_here.any():
+        # work whose launch is not in the trace ran for a step before the window (launched while the
+        # profiler warmed up): by its own start it would land in a profiled step
+        gpu = launched_here
     if gpu.any():
         launched, starts, ends = events.launch_start_us(gpu), events.start_us[gpu], events.end_us[gpu]
         order = np.argsort(launched, kind="stable")
@@ -150,13 +157,12 @@ def gpu_step_spans(events: TraceEvents,
             if last > first:
                 busy = union(Intervals(starts[first:last], ends[first:last])).total_us
                 spans[step] = (float(starts[first:last].min()), float(ends[first:last].max()), busy)
+    if spans:
+        return spans, GPU_SPAN_LAUNCHED
+    # no GPU work found by launch: the device's own ranges, taken as busy (it ran something all along)
     annotated = _annotated_gpu_steps(events, {step for step, _, _ in windows})
-    for step, (start, end) in annotated.items():
-        known = spans.get(step)
-        # a range with no launched work known inside: taken as busy (the device ran something all along)
-        spans[step] = (min(start, known[0]), max(end, known[1]), known[2]) if known else (start, end, end - start)
-    source = GPU_SPAN_LAUNCHED + (" and " + GPU_SPAN_ANNOTATED if annotated else "")
-    return spans, source if spans else ""
+    return {step: (start, end, end - start) for step, (start, end) in annotated.items()}, \
+        (GPU_SPAN_ANNOTATED if annotated else "")
 
 
 def _annotated_gpu_steps(events: TraceEvents, wanted: set[int]) -> dict[int, tuple[float, float]]:

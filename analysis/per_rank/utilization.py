@@ -164,7 +164,9 @@ def _gpu_span(events: TraceEvents, steps: list[StepTiming]) -> tuple[float, floa
     gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
     if not steps:
         return float(events.start_us[gpu].min()), float(events.end_us[gpu].max())
-    start = min(min(s.start_us, s.span_start_us) for s in steps)
+    # a GPU-bound step's span starts with its own first kernel: before it the GPU ran the work of a step
+    # launched before the window (its launches are not in the trace), which is no idle time
+    start = min(s.span_start_us for s in steps)
     last_end = max(s.end_us for s in steps)
     launched_in_steps = events.launch_start_us(gpu) < last_end
     ends = events.end_us[gpu][launched_in_steps]

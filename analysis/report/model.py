@@ -46,12 +46,15 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           idle_by_cause_us {cause: us}, idle_gaps_by_cause {cause: gaps}: GPU idle time
                           inside the steps by cause ("input wait", "host collective", "host sync",
                           "short gaps" < 10 us, "device dependency" (the next GPU work was already
-                          launched), "host busy elsewhere"; host_stalls.py), launch_paced_idle_us (of the
+                          launched), "host busy elsewhere"; host_stalls.py), sync_ops[] {op, count, us}
+                          (the op whose copy to the host preceded each sync), launch_paced_idle_us (of the
                           "host busy elsewhere" idle, the gaps paced by launch calls)} | null (no steps),
                           step_work {steps, gemm_us_by_precision {fp32 | tf32 | bf16/fp16 | fp8 | unknown:
                           us per step}, optimizer (its class), optimizer_impl ("fused" | "foreach" |
                           "per-parameter" | ""), optimizer_host_us, optimizer_launches, optimizer_gpu_us,
-                          allocator_calls (cudaMalloc/cudaFree), allocator_us: per profiled step;
+                          allocator_calls (cudaMalloc/cudaFree), allocator_us, compile_us (inside
+                          torch.compile's ranges), compile_ids, host_copies (device-to-host copies by copy
+                          ops), host_copy_us, graph_launches: per profiled step;
                           step_work.py} | null (no steps or no GPU activity)
         top_kernels[]     {name, count, total_us, ranks, category}: kernels with the most GPU time, all ranks
                           summed; category as in gpu_time

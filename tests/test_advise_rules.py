@@ -36,6 +36,7 @@ CASES = {
                                     optimizer_launches=2000.0, optimizer_gpu_ms=4.0),
     "allocator churn": dict(allocator_calls=184.0, allocator_ms=12.0),
     "recompiling": dict(compile_ms=900.0, compile_ids=4),
+    "hand-written attention": dict(idle_pct=5.0, softmax_ms=12.0),
     "checkpoint each step": dict(idle_pct=90.0, host_copies=34.0, host_copy_ms=6.0,
                                  idle_cause_ms={"host busy elsewhere": 80.0}),
 }

@@ -123,7 +123,8 @@ def _step_work_evidence(report: Report | None) -> dict[str, Any]:
     return {"gemm_ms_by_precision": precision, **optimizer, "allocator_calls": mean("allocator_calls", 1.0),
             "allocator_ms": mean("allocator_us"), "compile_ms": mean("compile_us"),
             "compile_ids": max(w.compile_ids for w in works), "host_copies": mean("host_copies", 1.0),
-            "host_copy_ms": mean("host_copy_us"), "graph_launches": mean("graph_launches", 1.0)}
+            "host_copy_ms": mean("host_copy_us"), "graph_launches": mean("graph_launches", 1.0),
+            "softmax_ms": mean("softmax_us"), "fused_attention_ms": mean("fused_attention_us")}
 
 
 def _stall_frames(stalls: list) -> dict[str, list[str]]:

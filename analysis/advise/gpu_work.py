@@ -13,6 +13,12 @@ TENSOR_CORE_SPEEDUP = 4.0
 cores, assumed: Hopper's dense TF32 peak is 7x its fp32 peak and bf16's 15x; real GEMMs reach less of it."""
 OPTIMIZER_SHARE = 0.10
 """A per-parameter optimizer whose ranges take at least this share of the step: fuse it."""
+SOFTMAX_SHARE = 0.05
+"""Softmax kernels above this share of the step, with no fused attention kernel: attention on materialized scores."""
+SCORE_PASSES = 2.0
+"""The softmax's time is multiplied by this for the gain: an attention written by hand also scales and masks
+the score matrix in passes of their own (forward and backward), each about as long as the softmax (one read and
+one write of the scores); a fused kernel never writes the scores at all."""
 ALLOCATOR_SHARE = 0.05
 """Host time inside cudaMalloc / cudaFree above this share of the step: the caching allocator misses."""
 
@@ -63,6 +69,26 @@ def optimizer_impl(e: Evidence) -> Finding | None:
             "parameter tensor gets its own kernels and the GPU waits for their launches")
 
 
+def eager_attention(e: Evidence) -> Finding | None:
+    """Softmax kernels over SOFTMAX_SHARE of the step and no fused attention kernel in it: attention computed
+    from a materialized score matrix (softmax(QK^T / sqrt(d) + mask) V written out). Gain, an estimate stated in
+    SCORE_PASSES: the softmax's time and as much again for the passes that scale and mask the scores."""
+    if e.basis != "gpu" or not e.step_ms or e.fused_attention_ms > 0 or e.softmax_ms < SOFTMAX_SHARE * e.step_ms:
+        return None
+    busy_share = 1.0 - (e.idle_pct or 0.0) / 100.0
+    gain, pct = trace_gain(e, SCORE_PASSES * e.softmax_ms * busy_share)
+    return Finding(
+        rule="eager_attention", title="attention runs on materialized scores (no fused attention kernel)",
+        evidence={"softmax_ms_per_step": round(e.softmax_ms, 3), "fused_attention_ms_per_step": 0.0},
+        expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
+        change="compute attention with torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., "
+               "is_causal=...) (flash / memory-efficient / cuDNN kernels) instead of softmax(q @ k.T) @ v",
+        why=f"{e.softmax_ms:.2f} ms per step of softmax kernels and no flash, memory-efficient or cuDNN attention "
+            "kernel: the score matrix is written, scaled, masked and read again in memory-bound passes that a "
+            f"fused kernel never makes (gain assumed: {SCORE_PASSES:.0f}x the softmax's time, over the "
+            f"{busy_share:.0%} of the step the GPU is busy)")
+
+
 def allocator_churn(e: Evidence) -> Finding | None:
     """cudaMalloc / cudaFree calls inside the profiled steps taking ALLOCATOR_SHARE of the step: the caching
     allocator gives memory back and asks for it again (torch.cuda.empty_cache() in the loop, or a pool that
@@ -88,6 +114,8 @@ RULES = (
          change_is_code="autocast and the TF32 switches are set in the program's own code"),
     Rule(find=optimizer_impl, recovers="optimizer host time",
          change_is_code="the optimizer is constructed in the program's own code"),
+    Rule(find=eager_attention, recovers="GPU attention time",
+         change_is_code="the attention is the model's own code"),
     Rule(find=allocator_churn, recovers="allocator calls",
          change_is_code="the frees and empty_cache() calls are the program's own"),
 )

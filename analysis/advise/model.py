@@ -112,6 +112,10 @@ class Evidence:
     host_copy_ms: float | None = None
     graph_launches: float = 0.0
     """CUDA graph replays per profiled step (step_work.py), mean over ranks."""
+    softmax_ms: float = 0.0
+    """Softmax kernels' GPU time per profiled step (step_work.py), mean over ranks."""
+    fused_attention_ms: float = 0.0
+    """Fused attention kernels' GPU time per profiled step, mean over ranks."""
     rank_hosts: dict[int, str] = field(default_factory=dict)
     """rank -> host, from the trace report (which ranks share a node)."""
 

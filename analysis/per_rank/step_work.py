@@ -84,6 +84,10 @@ class StepWork:
     """Their GPU time per step."""
     graph_launches: float = 0.0
     """CUDA (or HIP) graph replays launched per step: the step already replays captured work."""
+    softmax_us: float = 0.0
+    """GPU time of softmax kernels (forward and backward) per step."""
+    fused_attention_us: float = 0.0
+    """GPU time of fused attention kernels (flash, memory-efficient, cuDNN SDPA, FMHA) per step."""
 
 
 def gemm_precision(name: str) -> str:
@@ -103,6 +107,7 @@ def measure_step_work(events: TraceEvents, steps: list[StepTiming]) -> StepWork 
     return StepWork(steps=count, gemm_us_by_precision=_gemm_by_precision(events, steps, count),
                     **_optimizer(events, in_steps, count), **_allocator(events, in_steps, count),
                     **_compilation(events, steps, in_steps, count), **_host_copies(events, steps, count),
+                    **_attention(events, steps, count),
                     graph_launches=int(np.count_nonzero(events.of_kind(Kind.CUDA_RUNTIME) & in_steps
                                                         & events.names_matching(lambda n: n in GRAPH_LAUNCHES))) / count)
 
@@ -201,3 +206,26 @@ def _host_copies(events: TraceEvents, steps: list[StepTiming], count: int) -> di
     launched = _in_host_ranges(events.launch_start_us(copies), steps) & by_copy_op
     return {"host_copies": int(launched.sum()) / count,
             "host_copy_us": float(events.dur_us[copies][launched].sum()) / count}
+
+
+_FUSED_ATTENTION = ("flash", "fmha", "sdpa", "efficient_attention", "attention_kernel", "attn_fwd", "attn_bwd")
+
+
+def _attention(events: TraceEvents, steps: list[StepTiming], count: int) -> dict:
+    """Softmax kernels vs fused attention kernels launched in the steps: attention computed from materialized
+    scores runs softmax over them (and scales and masks them in passes of their own); a fused kernel never
+    writes them."""
+    kernels = events.of_kind(Kind.KERNEL)
+    if not kernels.any():
+        return {}
+    launched = _in_host_ranges(events.launch_start_us(kernels), steps)
+    ids, durations = events.name_id[kernels][launched], events.dur_us[kernels][launched]
+    per_name = np.bincount(ids, weights=durations, minlength=len(events.names))
+    softmax = fused = 0.0
+    for name_id in np.flatnonzero(per_name).tolist():
+        folded = events.names[name_id].lower()
+        if any(needle in folded for needle in _FUSED_ATTENTION):
+            fused += float(per_name[name_id])
+        elif "softmax" in folded:
+            softmax += float(per_name[name_id])
+    return {"softmax_us": softmax / count, "fused_attention_us": fused / count}

@@ -33,7 +33,7 @@ RULE_OF_CAUSE = {
     "data_loader": {"data_workers"},
     "pageable_copy": {"pinned_copies"},
     "gc_pauses": {"gc_pauses"},
-    "eager_attention": {"attention"},
+    "eager_attention": {"eager_attention"},
     "activation_checkpointing": {"activation_checkpointing"},
     "ddp_unused_params": {"ddp_unused_params"},
 }

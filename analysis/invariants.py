@@ -12,7 +12,9 @@ test). Each rule returns human-readable violations ("windows[0].causes.findings[
   what-if                 0 <= caused wait <= step - floor, projected = step - caused wait >= floor;
   step time               the report's step_time is quantities.trace_step_times' StepStats;
   verdict                 the rank the verdict names is quantities.job_straggler's;
-  idle by cause           a rank's idle time by cause sums to no more than its idle time;
+  idle by cause           a rank's idle time by cause sums to no more than its idle time; on the GPU basis,
+                          idle by cause + GPU busy inside the steps = the steps' span (the partition every
+                          idle finding's gain is taken from);
   advice                  every gain in [0, its denominator], its percentage that share of the printed
                           denominator, the combined gain at most the step, overlaps named both ways, the
                           straggler finding's rank the verdict's.
@@ -171,6 +173,11 @@ def _idle_by_cause(report: Report) -> list[str]:
             if total > u.idle_us * (1 + 1e-6) + 1.0:
                 problems.append(f"windows[{w}].ranks[{r}]: idle by cause {total:.1f} us exceeds its idle "
                                 f"{u.idle_us:.1f} us")
+            if u.basis == "gpu" and stalls.steps_span_us > 0:
+                covered = total + stalls.steps_busy_us
+                if abs(covered - stalls.steps_span_us) > 1e-6 * stalls.steps_span_us + 1.0:
+                    problems.append(f"windows[{w}].ranks[{r}]: idle by cause {total:.1f} us + busy "
+                                    f"{stalls.steps_busy_us:.1f} us is not the steps' span {stalls.steps_span_us:.1f} us")
     return problems
 
 

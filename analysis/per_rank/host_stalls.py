@@ -122,6 +122,11 @@ class HostStalls:
     """Number of idle gaps by cause."""
     frames: list[HostFrame] = field(default_factory=list)
     """with_stack traces: the program's frames that hold its syncs and pageable copies; empty otherwise."""
+    steps_span_us: float = 0.0
+    """The profiled steps' own spans (each step's bounding span, StepTiming), their union: what the idle gaps
+    and the GPU's busy time inside the steps partition (GPU basis)."""
+    steps_busy_us: float = 0.0
+    """GPU work (kernels, copies, fills) inside those spans, its union: busy + idle by cause = steps_span_us."""
     sync_ops: list[SyncOp] = field(default_factory=list)
     """What made the host sync in the profiled steps, by op (sync_ops), costliest first."""
     launch_paced_idle_us: float = 0.0
@@ -260,7 +265,9 @@ def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGap
     frames = (_frames(events, syncs if syncs.any() else reads, inside, FRAME_SYNC)
               + _frames_of_calls(events, pageable.call_start_us, pageable.call_end_us, pageable.thread, FRAME_PAGEABLE_COPY,
                                  _inside_steps(pageable.call_start_us, steps)))
+    span, busy = _steps_partition(events, steps)
     return HostStalls(steps=per_step, idle_by_cause_us=idle_us, idle_gaps_by_cause=idle_count, frames=frames,
+                      steps_span_us=span, steps_busy_us=busy,
                       sync_ops=sync_ops(events, syncs & inside, launches),
                       launch_paced_idle_us=_launch_paced_idle_us(events, gaps, launches))
 
@@ -303,6 +310,18 @@ def _sync_op(events: TraceEvents, index: int, launch_rows: np.ndarray, by_correl
         return SYNC_EXPLICIT, None
     external = int(events.external_id[work])
     return events.op_of_external.get(external, "unknown op"), first_launch.get(external)
+
+
+def _steps_partition(events: TraceEvents, steps: list[StepTiming]) -> tuple[float, float]:
+    """(union of the steps' spans, the GPU work inside it) in us; busy 0 on a CPU trace."""
+    spans = union(Intervals.of([s.span_start_us for s in steps], [s.span_end_us for s in steps]))
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    if not gpu.any():
+        return spans.total_us, 0.0
+    busy = union(Intervals(events.start_us[gpu], events.end_us[gpu]))
+    inside = sum(float(covered_between(busy, np.array([a]), np.array([b]))[0])
+                 for a, b in zip(spans.starts_us.tolist(), spans.ends_us.tolist()))
+    return spans.total_us, inside
 
 
 def user_syncs(events: TraceEvents) -> np.ndarray:

@@ -46,7 +46,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           idle_by_cause_us {cause: us}, idle_gaps_by_cause {cause: gaps}: GPU idle time
                           inside the steps by cause ("input wait", "host collective", "host sync",
                           "short gaps" < 10 us, "device dependency" (the next GPU work was already
-                          launched), "host busy elsewhere"; host_stalls.py), sync_ops[] {op, count, us}
+                          launched), "host busy elsewhere"; host_stalls.py), steps_span_us, steps_busy_us (idle by cause +
+                          busy = span, GPU basis), sync_ops[] {op, count, us}
                           (the op whose copy to the host preceded each sync), launch_paced_idle_us (of the
                           "host busy elsewhere" idle, the gaps paced by launch calls)} | null (no steps),
                           step_work {steps, gemm_us_by_precision {fp32 | tf32 | bf16/fp16 | fp8 | unknown:

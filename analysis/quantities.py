@@ -2,9 +2,11 @@
 the gate and the merged trace's counters all take their numbers from these functions, and print the basis
 string next to them ("trace, profiled steps 2-3, 6-7, slowest rank per step").
 
-step time, trace         per profiled step (a `ProfilerStep#N` or `train_step` range), the slowest rank's wall
-                         time: a synchronous job's step ends when its last rank's does. The run's figure is the
-                         StepStats of those per-step times (median first). `trace_step_times`.
+step time, trace         per profiled step (a `ProfilerStep#N` or `train_step` range), the slowest rank's step
+                         time: a synchronous job's step ends when its last rank's does. A rank's step time is
+                         its host range, or the GPU's span where the GPU bounds the step (the host ran ahead of
+                         the queue: per_rank/steps.py StepTiming). The run's figure is the StepStats of those
+                         per-step times (median first). `trace_step_times`.
 step time, step metrics  per steady step, the slowest rank's `step_time_ms`; the run's figure is the median over
                          steady steps. Steady steps: every step of a rank's metrics except its first (start-up,
                          compilation) and those recorded inside a profiler window (`profiled`: the profiler's own

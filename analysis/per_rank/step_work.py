@@ -119,19 +119,23 @@ def _in_host_ranges(times_us: np.ndarray, steps: list[StepTiming]) -> np.ndarray
     return inside
 
 
-def _gemm_by_precision(events: TraceEvents, steps: list[StepTiming], count: int) -> dict[str, float]:
+def _kernel_us_by_name(events: TraceEvents, steps: list[StepTiming]) -> dict[str, float]:
+    """Kernel name -> GPU time of the kernels launched inside the steps (by their launch call)."""
     kernels = events.of_kind(Kind.KERNEL)
     if not kernels.any():
         return {}
     launched = _in_host_ranges(events.launch_start_us(kernels), steps)
     ids, durations = events.name_id[kernels][launched], events.dur_us[kernels][launched]
     per_name = np.bincount(ids, weights=durations, minlength=len(events.names))
+    return {events.names[i]: float(per_name[i]) for i in np.flatnonzero(per_name).tolist()}
+
+
+def _gemm_by_precision(events: TraceEvents, steps: list[StepTiming], count: int) -> dict[str, float]:
     totals: dict[str, float] = {}
-    for name_id in np.flatnonzero(per_name).tolist():
-        name = events.names[name_id]
+    for name, us in _kernel_us_by_name(events, steps).items():
         if kernel_category(name) == CATEGORY_GEMM:
             precision = gemm_precision(name)
-            totals[precision] = totals.get(precision, 0.0) + float(per_name[name_id]) / count
+            totals[precision] = totals.get(precision, 0.0) + us / count
     return totals
 
 
@@ -215,17 +219,14 @@ def _attention(events: TraceEvents, steps: list[StepTiming], count: int) -> dict
     """Softmax kernels vs fused attention kernels launched in the steps: attention computed from materialized
     scores runs softmax over them (and scales and masks them in passes of their own); a fused kernel never
     writes them."""
-    kernels = events.of_kind(Kind.KERNEL)
-    if not kernels.any():
+    per_name = _kernel_us_by_name(events, steps)
+    if not per_name:
         return {}
-    launched = _in_host_ranges(events.launch_start_us(kernels), steps)
-    ids, durations = events.name_id[kernels][launched], events.dur_us[kernels][launched]
-    per_name = np.bincount(ids, weights=durations, minlength=len(events.names))
     softmax = fused = 0.0
-    for name_id in np.flatnonzero(per_name).tolist():
-        folded = events.names[name_id].lower()
+    for name, us in per_name.items():
+        folded = name.lower()
         if any(needle in folded for needle in _FUSED_ATTENTION):
-            fused += float(per_name[name_id])
+            fused += us
         elif "softmax" in folded:
-            softmax += float(per_name[name_id])
+            softmax += us
     return {"softmax_us": softmax / count, "fused_attention_us": fused / count}

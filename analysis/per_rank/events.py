@@ -149,25 +149,29 @@ class TraceEvents:
     def launch_start_us(self, selected: np.ndarray) -> np.ndarray:
         """For the selected GPU events, when the host launched them (the `cuda_runtime` event with the
         same correlation id); their own start where no launch is recorded."""
-        return self._launch_time_us(selected, self.start_us)
+        return self._of_launch(selected, self.start_us, self.start_us[selected])
 
     def launch_end_us(self, selected: np.ndarray) -> np.ndarray:
         """For the selected GPU events, when their launch call returned; their own start where no launch
         is recorded."""
-        return self._launch_time_us(selected, self.end_us)
+        return self._of_launch(selected, self.end_us, self.start_us[selected])
 
-    def _launch_time_us(self, selected: np.ndarray, launch_times_us: np.ndarray) -> np.ndarray:
-        own_start = self.start_us[selected]
+    def launch_thread(self, selected: np.ndarray) -> np.ndarray:
+        """For the selected GPU events, the host thread of their launch call; NO_ID where none is recorded."""
+        return self._of_launch(selected, self.thread, np.full(int(np.count_nonzero(selected)), NO_ID, dtype=np.int64))
+
+    def _of_launch(self, selected: np.ndarray, column: np.ndarray, default: np.ndarray) -> np.ndarray:
+        """`column` of each selected GPU event's launch call (matched by correlation id), else `default`."""
         launches = self.of_kind(Kind.CUDA_RUNTIME) & (self.correlation != NO_ID)
         if not launches.any():
-            return own_start
-        launch_ids, launch_starts = self.correlation[launches], launch_times_us[launches]
+            return default
+        launch_ids, values = self.correlation[launches], column[launches]
         order = np.argsort(launch_ids, kind="stable")
-        launch_ids, launch_starts = launch_ids[order], launch_starts[order]
+        launch_ids, values = launch_ids[order], values[order]
         wanted = self.correlation[selected]
         slot = np.clip(np.searchsorted(launch_ids, wanted), 0, launch_ids.size - 1)
         found = (launch_ids[slot] == wanted) & (wanted != NO_ID)
-        return np.where(found, launch_starts[slot], own_start)
+        return np.where(found, values[slot], default)
 
     def message_of(self, index: int) -> tuple | None:
         """The message description of event `index` (see `messages`), when the trace records one."""

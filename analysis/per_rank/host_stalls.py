@@ -51,7 +51,7 @@ from fleetscope.analysis.per_rank.names import (
     is_tensor_read_op,
 )
 from fleetscope.analysis.per_rank.step_work import compile_intervals
-from fleetscope.analysis.per_rank.steps import StepTiming
+from fleetscope.analysis.per_rank.steps import StepTiming, in_host_ranges
 from fleetscope.analysis.per_rank.utilization import BASIS_CPU, BASIS_GPU, Timeline
 
 IDLE_INPUT, IDLE_HOST_COMM, IDLE_SYNC = "input wait", "host collective", "host sync"
@@ -62,14 +62,15 @@ GAP_CAUSES = IDLE_CAUSES + (IDLE_NO_OP,)
 """Every cause an IdleGaps entry can carry, by code."""
 SYNC_SLACK_US = 20.0
 SHORT_GAP_US = 10.0
-DISPATCH_INTERVAL_FACTOR = 3.0
+DISPATCH_INTERVAL_FACTOR = 4.0
 """An idle gap is the host dispatching when it holds a launch call at least every DISPATCH_INTERVAL_FACTOR x the
 host's own median interval between launch calls in the steps: eager PyTorch's host cost per kernel (Python,
 dispatch, autograd, the launch; a few us to tens of us, more under the profiler) is what paces its launches,
 while a host busy with its own work (Python, a CPU-built batch, I/O) leaves long gaps with few launches.
-Never more than DISPATCH_INTERVAL_MAX_US per launch: no PyTorch op takes that long to dispatch, even profiled
-with shapes and stacks, so a host that launches that rarely throughout is doing other work throughout."""
-DISPATCH_INTERVAL_MAX_US = 100.0
+Never more than DISPATCH_INTERVAL_MAX_US per launch: eager layers profiled with shapes launch every 100-170 us
+(measured: bench/planted's launch-bound programs on the H200, 90% of their gaps under 170 us a launch), Python
+work between launches takes milliseconds (tokenization, a CPU-built batch: 1-20 ms gaps with a launch or two)."""
+DISPATCH_INTERVAL_MAX_US = 300.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,11 +261,11 @@ def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGap
     per_step = [_step_stalls(events, step, syncs, reads, inputs, dtoh, dtoh_launch, launches, pageable)
                 for step in steps]
     idle_us, idle_count = _idle_totals(gaps)
-    inside = _inside_steps(events.start_us, steps)
+    inside = in_host_ranges(events.start_us, steps)
     # a tensor read holds its sync: the sync calls (where recorded) are the host's blocked time, counted once
     frames = (_frames(events, syncs if syncs.any() else reads, inside, FRAME_SYNC)
               + _frames_of_calls(events, pageable.call_start_us, pageable.call_end_us, pageable.thread, FRAME_PAGEABLE_COPY,
-                                 _inside_steps(pageable.call_start_us, steps)))
+                                 in_host_ranges(pageable.call_start_us, steps)))
     span, busy = _steps_partition(events, steps)
     return HostStalls(steps=per_step, idle_by_cause_us=idle_us, idle_gaps_by_cause=idle_count, frames=frames,
                       steps_span_us=span, steps_busy_us=busy,
@@ -384,28 +385,8 @@ class _PageableCopies:
         copies = events.of_kind(Kind.GPU_MEMCPY) & events.names_matching(is_pageable_copy)
         starts, ends = events.launch_start_us(copies), events.launch_end_us(copies)
         called = ends > starts          # a copy without its call (no cuda_runtime event) has no host time
-        threads = _call_threads(events, copies)
+        threads = events.launch_thread(copies)
         return cls(call_start_us=starts[called], call_end_us=ends[called], thread=threads[called])
-
-
-def _call_threads(events: TraceEvents, selected: np.ndarray) -> np.ndarray:
-    """The host thread of each selected GPU event's launch call (-1 where none is recorded)."""
-    launches = events.of_kind(Kind.CUDA_RUNTIME) & (events.correlation != NO_ID)
-    wanted = events.correlation[selected]
-    if not launches.any():
-        return np.full(wanted.size, NO_ID, dtype=np.int64)
-    ids, threads = events.correlation[launches], events.thread[launches]
-    order = np.argsort(ids, kind="stable")
-    ids, threads = ids[order], threads[order]
-    slot = np.clip(np.searchsorted(ids, wanted), 0, ids.size - 1)
-    return np.where(ids[slot] == wanted, threads[slot], NO_ID)
-
-
-def _inside_steps(times_us: np.ndarray, steps: list[StepTiming]) -> np.ndarray:
-    inside = np.zeros(times_us.size, dtype=bool)
-    for step in steps:
-        inside |= (times_us >= step.start_us) & (times_us < step.end_us)
-    return inside
 
 
 def _frames(events: TraceEvents, calls: np.ndarray, inside: np.ndarray, what: str) -> list[HostFrame]:

@@ -250,6 +250,39 @@ def is_input_wait(name: str) -> bool:
     return name.startswith(DATALOADER_PREFIX)
 
 
+FORWARD_ONLY_OPS = frozenset({
+    "aten::addmm", "aten::linear", "aten::baddbmm", "aten::conv1d", "aten::conv2d",
+    "aten::conv3d", "aten::convolution", "aten::_convolution", "aten::cudnn_convolution", "aten::native_layer_norm",
+    "aten::layer_norm", "aten::native_group_norm", "aten::group_norm", "aten::native_batch_norm",
+    "aten::cudnn_batch_norm", "aten::_native_batch_norm_legit", "aten::rms_norm", "aten::_fused_rms_norm",
+    "aten::gelu", "aten::silu", "aten::relu", "aten::_softmax", "aten::softmax", "aten::embedding",
+    "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
+    "aten::_scaled_dot_product_cudnn_attention", "aten::_flash_attention_forward", "aten::_efficient_attention_forward"})
+"""Ops (as the op that launched a kernel names it) that only a forward pass runs: no backward formula calls
+them (the backward of a linear calls `aten::mm`, of a GELU `aten::gelu_backward`; `aten::mm` and `aten::bmm`
+run in both passes and are not here). Run by the autograd
+engine's thread inside the backward pass they are a forward computed again: activation checkpointing's
+recomputation."""
+
+
+def is_backward_op(name: str) -> bool:
+    """An op only a backward pass runs (`aten::gelu_backward`, `aten::convolution_backward`,
+    `aten::_softmax_backward_data`, `aten::threshold_backward`)."""
+    return name.startswith("aten::") and "_backward" in name
+
+
+PYTHON_GC_EVENT = "Python GC"
+"""The `python_function` event torch.profiler records for each garbage collection (`record_python_gc_info` of
+its experimental config, which needs the Python tracer: `with_stack=True`)."""
+GC_COLLECT_FRAMES = frozenset({"<built-in function collect>", "<built-in method collect of module object>"})
+"""with_stack's frame of an explicit `gc.collect()` call (recorded even without the GC events)."""
+
+
+def is_gc_frame(name: str) -> bool:
+    """A collection on the host: torch.profiler's GC event or a `gc.collect()` frame."""
+    return name == PYTHON_GC_EVENT or name in GC_COLLECT_FRAMES
+
+
 COMPILE_TIMED_SUFFIX = " (dynamo_timed)"
 COMPILE_REGIONS = frozenset({"inductor_compile", "entire_frame_compile", "entire_backward_compile",
                              "compile_fx_inner", "fx_codegen_and_compile", "_compile.compile_inner",

@@ -22,6 +22,16 @@ new ids in every step.
 
 Copies to the host: device-to-host copies launched by copy ops (`aten::copy_`, `aten::_to_copy`: `.cpu()`,
 `.to("cpu")`, a `state_dict` saved), not by value reads (`.item()`), their count and GPU time per step.
+
+Recomputation (activation checkpointing): on a thread that runs the backward pass (it launches backward ops,
+names.is_backward_op) other than the one that launched the step's forward, kernels of forward-only ops
+(names.FORWARD_ONLY_OPS) between two backward ops are a forward run again, and it runs the forward's kernels
+in the forward's order: the run counted is what matches the forward's kernel sequence around such a kernel
+(the matrix products between them too: a bias-free linear's `aten::mm` is no forward-only op by itself). A backward on the forward's own thread (CPU autograd) cannot be told from the
+next micro-batch's forward: nothing is counted there.
+
+Garbage collection (with_stack traces): the host time inside torch.profiler's `Python GC` events and
+`gc.collect()` frames (names.is_gc_frame) in the step, their union, and how many collections ran.
 """
 
 from __future__ import annotations
@@ -32,10 +42,10 @@ import numpy as np
 import re
 
 from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
-from fleetscope.analysis.per_rank.intervals import Intervals, clip, union
-from fleetscope.analysis.per_rank.names import (CATEGORY_GEMM, is_compile_region, is_device_to_host_copy,
-                                                is_launch_call, kernel_category)
-from fleetscope.analysis.per_rank.steps import StepTiming
+from fleetscope.analysis.per_rank.intervals import Intervals, clip, covered_between, union
+from fleetscope.analysis.per_rank.names import (CATEGORY_GEMM, FORWARD_ONLY_OPS, is_backward_op, is_compile_region,
+                                                is_device_to_host_copy, is_gc_frame, is_launch_call, kernel_category)
+from fleetscope.analysis.per_rank.steps import StepTiming, in_host_ranges
 
 PRECISION_FP32, PRECISION_TF32, PRECISION_HALF, PRECISION_FP8 = "fp32", "tf32", "bf16/fp16", "fp8"
 PRECISION_UNKNOWN = "unknown"
@@ -88,6 +98,17 @@ class StepWork:
     """GPU time of softmax kernels (forward and backward) per step."""
     fused_attention_us: float = 0.0
     """GPU time of fused attention kernels (flash, memory-efficient, cuDNN SDPA, FMHA) per step."""
+    recompute_us: float = 0.0
+    """GPU time of forward work the backward pass ran again per step (module docstring)."""
+    recompute_idle_us: float = 0.0
+    """GPU idle per step from the end of the work before each recomputed run to the run's end: the host
+    setting the recomputation up and launching it again."""
+    gc_us: float = 0.0
+    """Host time inside garbage collections per step (with_stack traces; 0 where the trace cannot show them)."""
+    gc_count: float = 0.0
+    """Collections per step."""
+    python_frames: bool = False
+    """The trace holds Python frames (with_stack): work outside any op can be named, and collections seen."""
 
 
 def gemm_precision(name: str) -> str:
@@ -103,20 +124,15 @@ def measure_step_work(events: TraceEvents, steps: list[StepTiming]) -> StepWork 
     if not steps or not events.has_gpu_activity:
         return None
     count = len(steps)
-    in_steps = _in_host_ranges(events.start_us, steps)
+    in_steps = in_host_ranges(events.start_us, steps)
     return StepWork(steps=count, gemm_us_by_precision=_gemm_by_precision(events, steps, count),
                     **_optimizer(events, in_steps, count), **_allocator(events, in_steps, count),
                     **_compilation(events, steps, in_steps, count), **_host_copies(events, steps, count),
-                    **_attention(events, steps, count),
+                    **_attention(events, steps, count), **_recompute(events, steps, count),
+                    **_garbage_collection(events, in_steps, count),
+                    python_frames=bool(events.of_kind(Kind.PYTHON_FUNCTION).any()),
                     graph_launches=int(np.count_nonzero(events.of_kind(Kind.CUDA_RUNTIME) & in_steps
                                                         & events.names_matching(lambda n: n in GRAPH_LAUNCHES))) / count)
-
-
-def _in_host_ranges(times_us: np.ndarray, steps: list[StepTiming]) -> np.ndarray:
-    inside = np.zeros(times_us.size, dtype=bool)
-    for step in steps:
-        inside |= (times_us >= step.start_us) & (times_us < step.end_us)
-    return inside
 
 
 def _kernel_us_by_name(events: TraceEvents, steps: list[StepTiming]) -> dict[str, float]:
@@ -124,7 +140,7 @@ def _kernel_us_by_name(events: TraceEvents, steps: list[StepTiming]) -> dict[str
     kernels = events.of_kind(Kind.KERNEL)
     if not kernels.any():
         return {}
-    launched = _in_host_ranges(events.launch_start_us(kernels), steps)
+    launched = in_host_ranges(events.launch_start_us(kernels), steps)
     ids, durations = events.name_id[kernels][launched], events.dur_us[kernels][launched]
     per_name = np.bincount(ids, weights=durations, minlength=len(events.names))
     return {events.names[i]: float(per_name[i]) for i in np.flatnonzero(per_name).tolist()}
@@ -207,7 +223,7 @@ def _host_copies(events: TraceEvents, steps: list[StepTiming], count: int) -> di
         return {}
     by_copy_op = np.fromiter((events.op_of_external.get(int(x)) in HOST_COPY_OPS if x != NO_ID else False
                               for x in events.external_id[copies].tolist()), dtype=bool, count=int(copies.sum()))
-    launched = _in_host_ranges(events.launch_start_us(copies), steps) & by_copy_op
+    launched = in_host_ranges(events.launch_start_us(copies), steps) & by_copy_op
     return {"host_copies": int(launched.sum()) / count,
             "host_copy_us": float(events.dur_us[copies][launched].sum()) / count}
 
@@ -230,3 +246,109 @@ def _attention(events: TraceEvents, steps: list[StepTiming], count: int) -> dict
         elif "softmax" in folded:
             softmax += us
     return {"softmax_us": softmax / count, "fused_attention_us": fused / count}
+
+
+_FORWARD, _BACKWARD, _NEUTRAL = 1, 2, 0
+
+
+def _recompute(events: TraceEvents, steps: list[StepTiming], count: int) -> dict:
+    """Forward work the backward pass ran again, and the GPU idle while it was set up (module docstring)."""
+    kernels = np.flatnonzero(events.of_kind(Kind.KERNEL))
+    if not kernels.size or events.external_id is None:
+        return {}
+    mask = np.zeros(len(events), dtype=bool)
+    mask[kernels] = True
+    launched, threads = events.launch_start_us(mask), events.launch_thread(mask)
+    inside = in_host_ranges(launched, steps) & (threads != NO_ID)
+    order = np.argsort(launched[inside], kind="stable")
+    kernels, launched, threads = kernels[inside][order], launched[inside][order], threads[inside][order]
+    if not kernels.size:
+        return {}
+    ops = [events.op_of_external.get(int(x), "") for x in events.external_id[kernels].tolist()]
+    labels = np.fromiter((_FORWARD if op in FORWARD_ONLY_OPS else _BACKWARD if is_backward_op(op) else _NEUTRAL
+                          for op in ops), dtype=np.int8, count=len(ops))
+    firsts = [np.flatnonzero(in_host_ranges(launched, [s]))[:1] for s in steps]
+    forward_threads = {int(threads[first[0]]) for first in firsts if first.size}
+    forward = np.isin(threads, list(forward_threads))
+    names = events.name_id[kernels]
+    positions = _positions(names[forward])
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    busy = union(Intervals(events.start_us[gpu], events.end_us[gpu]))
+    work_us = idle_us = 0.0
+    for thread in np.unique(threads[labels == _BACKWARD]).tolist():
+        if thread in forward_threads:
+            continue
+        mine = np.flatnonzero(threads == thread)
+        for first, last in _recomputed_runs(labels[mine], names[mine], names[forward], positions):
+            run = kernels[mine[first:last + 1]]
+            work_us += float(events.dur_us[run].sum())
+            idle_us += _idle_before_and_in(busy, float(events.start_us[run].min()), float(events.end_us[run].max()))
+    if not work_us:
+        return {}
+    return {"recompute_us": work_us / count, "recompute_idle_us": idle_us / count}
+
+
+def _idle_before_and_in(busy: Intervals, start_us: float, end_us: float) -> float:
+    """GPU idle from the end of the GPU work before `start_us` to `end_us`: the gap while the host set a
+    recomputation up (checkpoint's hooks run the forward again on the host first) and the gaps inside it."""
+    slot = int(np.searchsorted(busy.ends_us, start_us, side="right")) - 1
+    since = float(busy.ends_us[slot]) if slot >= 0 else start_us
+    return max(end_us - since - float(covered_between(busy, np.array([since]), np.array([end_us]))[0]), 0.0)
+
+
+RECOMPUTE_MATCHES_TRIED = 64
+"""Places in the forward a recomputed run is matched against (the same kernel recurs once per layer)."""
+
+
+def _positions(names: np.ndarray) -> dict[int, list[int]]:
+    positions: dict[int, list[int]] = {}
+    for index, name in enumerate(names.tolist()):
+        slots = positions.setdefault(name, [])
+        if len(slots) < RECOMPUTE_MATCHES_TRIED:
+            slots.append(index)
+    return positions
+
+
+def _recomputed_runs(labels: np.ndarray, names: np.ndarray, forward_names: np.ndarray,
+                     positions: dict[int, list[int]]) -> list[tuple[int, int]]:
+    """[first, last] of each recomputed run of a backward thread's kernels (in launch order): each run between
+    two backward kernels that holds a forward-only kernel is a forward replayed, so its kernels are the forward's
+    in the same order. The run is what matches the forward's own kernel sequence around its first forward-only
+    kernel (the matrix products, masks and adds between them included; the backward's own kernels, which the
+    forward never ran in that order, not)."""
+    runs = []
+    for segment in np.split(np.arange(labels.size), np.flatnonzero(labels == _BACKWARD)):
+        forward = segment[labels[segment] == _FORWARD]
+        while forward.size:
+            first, last = _matched_run(int(forward[0]), int(segment[0]), int(segment[-1]), names, forward_names,
+                                       positions)
+            runs.append((first, last))
+            forward = forward[forward > last]
+    return runs
+
+
+def _matched_run(anchor: int, low: int, high: int, names: np.ndarray, forward_names: np.ndarray,
+                 positions: dict[int, list[int]]) -> tuple[int, int]:
+    """[first, last] around `anchor` (within [low, high]) whose kernel names follow the forward's sequence
+    at the place that matches longest; the anchor alone where the forward never ran its kernel."""
+    best = (anchor, anchor)
+    for at in positions.get(int(names[anchor]), []):
+        after = 0
+        while (anchor + after + 1 <= high and at + after + 1 < forward_names.size
+               and names[anchor + after + 1] == forward_names[at + after + 1]):
+            after += 1
+        before = 0
+        while anchor - before - 1 >= low and at - before - 1 >= 0 and names[anchor - before - 1] == forward_names[at - before - 1]:
+            before += 1
+        if after + before > best[1] - best[0]:
+            best = (anchor - before, anchor + after)
+    return best
+
+
+def _garbage_collection(events: TraceEvents, in_steps: np.ndarray, count: int) -> dict:
+    collections = events.of_kind(Kind.PYTHON_FUNCTION) & in_steps & events.names_matching(is_gc_frame)
+    if not collections.any():
+        return {}
+    spans = union(Intervals(events.start_us[collections], events.end_us[collections]))
+    # an explicit gc.collect() holds its own GC event: one collection, counted once
+    return {"gc_us": spans.total_us / count, "gc_count": len(spans) / count}

@@ -98,6 +98,15 @@ class StepStats:
         )
 
 
+def in_host_ranges(times_us: np.ndarray, steps: list[StepTiming]) -> np.ndarray:
+    """Which times fall inside a step's host range [start_us, end_us): what "in the step" means for host events
+    and for GPU work by its launch."""
+    inside = np.zeros(times_us.size, dtype=bool)
+    for step in steps:
+        inside |= (times_us >= step.start_us) & (times_us < step.end_us)
+    return inside
+
+
 def find_steps(events: TraceEvents) -> tuple[list[StepTiming], str | None]:
     """The steps of a trace and where they came from (`ProfilerStep`, `train_step`, or None)."""
     host_ranges = events.of_kind(Kind.USER_ANNOTATION, Kind.CPU_OP)

@@ -55,8 +55,9 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           "per-parameter" | ""), optimizer_host_us, optimizer_launches, optimizer_gpu_us,
                           allocator_calls (cudaMalloc/cudaFree), allocator_us, compile_us (inside
                           torch.compile's ranges), compile_ids, host_copies (device-to-host copies by copy
-                          ops), host_copy_us, graph_launches, softmax_us, fused_attention_us: per profiled
-                          step;
+                          ops), host_copy_us, graph_launches, softmax_us, fused_attention_us, recompute_us
+                          (forward work the backward ran again), gc_us, gc_count (garbage collections,
+                          with_stack traces): per profiled step; python_frames (the trace has with_stack's);
                           step_work.py} | null (no steps or no GPU activity)
         top_kernels[]     {name, count, total_us, ranks, category}: kernels with the most GPU time, all ranks
                           summed; category as in gpu_time

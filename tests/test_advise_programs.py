@@ -107,11 +107,16 @@ def test_a_host_bound_program_is_told_what_the_host_does_not_to_use_cuda_graphs(
 
 
 def test_eager_pytorch_on_the_h200_is_launch_bound_from_its_trace_alone(tmp_path):
-    # a real H200 trace of an eager step (fixture): 20-50 launches per ms of GPU idle, the host only dispatches
+    # a real H200 trace of the trainer's step (fixture): 20-50 launches per ms of GPU idle, dispatch paced by
+    # launch calls; beside it 1-5 ms stretches without a launch (its with_stack frames: dynamo's guard checks
+    # around compiled blocks, the optimizer's Python), which are other host work, not dispatch
     import shutil
 
     source = Path(__file__).parent / "fixtures" / "gpu" / "h200-small-evidence" / "traces"
     shutil.copytree(source, tmp_path / "traces")
     rules = {f.rule: f for f in advise(tmp_path / "traces").findings}
-    assert "cuda_graphs" in rules and "host_work" not in rules
+    assert "cuda_graphs" in rules
+    if "host_work" in rules:   # the dispatch-paced idle is cuda_graphs', never counted again as host work
+        evidence = rules["host_work"].evidence
+        assert evidence["host_busy_idle_ms_per_step"] + evidence["launch_paced_idle_ms_per_step"] <= 45.6
     assert rules["cuda_graphs"].apply is None and rules["cuda_graphs"].change.startswith("torch.compile(")

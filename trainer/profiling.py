@@ -143,6 +143,7 @@ class WindowedProfiler:
             record_shapes=self._config.record_shapes,
             with_stack=self._config.with_stack,
             profile_memory=self._config.profile_memory,
+            **_gc_events(self._config.with_stack),
         )
         # Steps are marked with global step numbers by step_context, not the profiler's own count.
         self._profiler.record_steps = False
@@ -167,3 +168,14 @@ class WindowedProfiler:
         self.published.append(published)
         if self._on_published:
             self._on_published(published)
+
+
+def _gc_events(with_stack: bool) -> dict:
+    """With Python stacks, the garbage collections too (`Python GC` events: the advisor's gc_pauses rule reads
+    them); torch records them only with its Python tracer, and older torch has no such option."""
+    if not with_stack:
+        return {}
+    try:
+        return {"experimental_config": torch.profiler._ExperimentalConfig(record_python_gc_info=True)}
+    except (TypeError, AttributeError):
+        return {}

@@ -124,7 +124,9 @@ def _step_work_evidence(report: Report | None) -> dict[str, Any]:
             "allocator_ms": mean("allocator_us"), "compile_ms": mean("compile_us"),
             "compile_ids": max(w.compile_ids for w in works), "host_copies": mean("host_copies", 1.0),
             "host_copy_ms": mean("host_copy_us"), "graph_launches": mean("graph_launches", 1.0),
-            "softmax_ms": mean("softmax_us"), "fused_attention_ms": mean("fused_attention_us")}
+            "softmax_ms": mean("softmax_us"), "fused_attention_ms": mean("fused_attention_us"),
+            "recompute_ms": mean("recompute_us"), "recompute_idle_ms": mean("recompute_idle_us"), "gc_ms": mean("gc_us"), "gc_count": mean("gc_count", 1.0),
+            "python_frames": any(w.python_frames for w in works)}
 
 
 def _stall_frames(stalls: list) -> dict[str, list[str]]:

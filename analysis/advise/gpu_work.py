@@ -1,10 +1,10 @@
 """The GPU-work family: what the step's own work costs beyond what it must, from what ran (per_rank/step_work.py):
-matrix products in fp32 on the SIMT cores, an optimizer that runs one set of kernels per parameter tensor, and
-a step that calls the CUDA allocator."""
+matrix products in fp32 on the SIMT cores, an optimizer that runs one set of kernels per parameter tensor, a
+step that calls the CUDA allocator, and a backward that recomputes the forward."""
 
 from __future__ import annotations
 
-from .model import Evidence, Finding, Rule, trace_gain
+from .model import Evidence, Finding, Rule, settings_change, trace_gain, trainer_change
 
 FP32_GEMM_SHARE = 0.10
 """fp32 (SIMT) GEMM time above this share of the step: the matrix products could use the tensor cores."""
@@ -21,6 +21,8 @@ the score matrix in passes of their own (forward and backward), each about as lo
 one write of the scores); a fused kernel never writes the scores at all."""
 ALLOCATOR_SHARE = 0.05
 """Host time inside cudaMalloc / cudaFree above this share of the step: the caching allocator misses."""
+RECOMPUTE_SHARE = 0.05
+"""Forward work recomputed in the backward above this share of the step: checkpointing costs that much."""
 
 
 def precision(e: Evidence) -> Finding | None:
@@ -109,7 +111,43 @@ def allocator_churn(e: Evidence) -> Finding | None:
             "its pool and calls neither")
 
 
+def activation_checkpointing(e: Evidence) -> Finding | None:
+    """The backward pass runs forward work again (step_work.py: forward-only kernels on the backward thread, in
+    the forward's order) for RECOMPUTE_SHARE of the step: activation checkpointing trades that compute for
+    memory. Not where the run ran out of memory or retried allocations (the memory is needed). Gain: the
+    recomputed GPU time and the GPU idle while the host set each recomputation up and launched it again
+    (checkpoint's hooks, the forward's dispatch a second time); the price is the activations' memory."""
+    lost_ms = recompute_cost_ms(e)
+    if e.basis != "gpu" or not e.step_ms or lost_ms < RECOMPUTE_SHARE * e.step_ms or e.ooms or e.alloc_retries:
+        return None
+    gain, pct = trace_gain(e, lost_ms)
+    mode = e.setting("performance", "activation_checkpointing", "none")
+    lighter = "selective" if mode == "full" else "none"
+    evidence = {"recompute_ms_per_step": round(e.recompute_ms, 3),
+                "recompute_idle_ms_per_step": round(e.recompute_idle_ms, 3), "gpu_idle_pct": round(e.idle_pct or 0.0, 1)}
+    if e.peak_reserved_mb:
+        evidence["peak_reserved_mb"] = round(e.peak_reserved_mb, 1)
+    return Finding(
+        rule="activation_checkpointing", title="the backward pass recomputes the forward (activation checkpointing)",
+        evidence=evidence, expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
+        **trainer_change(settings_change(f"performance.activation_checkpointing={lighter}"),
+                         note="where the activations fit in memory"),
+        why=f"{e.recompute_ms:.2f} ms per step of forward kernels run again inside the backward, in the forward's "
+            f"own order, and the GPU idle {e.recompute_idle_ms:.2f} ms while the host set those recomputations up: "
+            "checkpointed blocks keep no activations and compute them twice; where memory allows, keeping them "
+            "saves that time for the activations' memory")
+
+
+def recompute_cost_ms(e: Evidence) -> float:
+    """What the recomputation costs per profiled step: its GPU work and the GPU idle it left."""
+    return e.recompute_ms + e.recompute_idle_ms
+
+
 RULES = (
+    Rule(find=activation_checkpointing, recovers="GPU recompute time",
+         in_user_code="checkpoint fewer blocks (torch.utils.checkpoint only on the blocks whose activations do not "
+                      "fit; or selective checkpointing that saves the matrix products' outputs: "
+                      "torch.utils.checkpoint.create_selective_checkpoint_contexts), where the activations fit"),
     Rule(find=precision, recovers="GPU GEMM time",
          change_is_code="autocast and the TF32 switches are set in the program's own code"),
     Rule(find=optimizer_impl, recovers="optimizer host time",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fleetscope.analysis.per_rank.host_stalls import FRAME_PAGEABLE_COPY, FRAME_SYNC
 
-from .gpu_work import allocator_churn, optimizer_impl
+from .gpu_work import activation_checkpointing, allocator_churn, optimizer_impl
 from .model import Change, Evidence, Finding, Rule, trace_gain, trainer_change
 
 IDLE_SHARE = 0.25
@@ -95,6 +95,8 @@ def cuda_graphs(e: Evidence) -> Finding | None:
         return None
     mode = "default" if str(e.setting("parallel", "mode", "")).startswith("fsdp") else "reduce-overhead"
     dispatch_ms = min(max(e.idle_cause_ms.get("short gaps", 0.0) + e.launch_paced_idle_ms, _dispatch_call_ms(e)), idle_ms)
+    if activation_checkpointing(e) is not None:   # the recomputation's own dispatch is that finding's
+        dispatch_ms = max(dispatch_ms - e.recompute_idle_ms, 0.0)
     gain, pct = trace_gain(e, dispatch_ms)
     evidence = {"gpu_idle_pct": round(e.idle_pct, 1), "launch_ms_per_step": round(e.launch_ms or 0.0, 3),
                 "launches_per_step": round(e.launches or 0.0, 1), "compile": compiled,
@@ -126,11 +128,9 @@ def host_work(e: Evidence) -> Finding | None:
         return None  # the checkpoint's finding claims this host time
     idle_ms = e.idle_pct / 100 * e.step_ms
     busy_ms = e.idle_cause_ms.get("host busy elsewhere", 0.0) - e.launch_paced_idle_ms - _explained_host_ms(e)
-    # where the step dispatches kernel by kernel, gaps between slow launches look like other host work (that
-    # idle is cuda_graphs'); where it syncs inside, the host's dispatch after each sync does: there the rest
-    # must be most of the idle; elsewhere a tenth of the step is a cause of its own
-    if _launch_bound(e, idle_ms):
-        return None
+    # gaps paced by launch calls are dispatch (cuda_graphs', subtracted above); where the step syncs inside,
+    # the host's dispatch after each sync looks like other work: there the rest must be most of the idle;
+    # elsewhere a tenth of the step is a cause of its own, beside dispatch or alone
     syncing = _syncs_per_step(e) >= SYNCS_INSIDE_STEP and host_syncs(e) is not None
     if busy_ms < (HOST_WORK_SHARE * idle_ms if syncing else HOST_WORK_STEP_SHARE * e.step_ms):
         return None
@@ -142,8 +142,11 @@ def host_work(e: Evidence) -> Finding | None:
                    expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
                    change="move the host work between launches off the step: build batches and tensors on the device "
                           "(torch.randn(..., device='cuda')), tokenize and augment in DataLoader workers, keep Python "
-                          "bookkeeping out of the loop (and garbage collection: gc.freeze() after setup); its CPU "
-                          "threads in the merged trace (profile with with_stack for the frames) show which code it is",
+                          "bookkeeping out of the loop (and garbage collection: gc.freeze() after setup); " + (
+                              "the frames in the merged trace show which code it is" if e.python_frames else
+                              "this trace has no Python frames, so it cannot tell Python work from garbage "
+                              "collection: profile with with_stack=True and experimental_config=torch.profiler."
+                              "_ExperimentalConfig(record_python_gc_info=True) to name the code or the collector"),
                    why=f"the GPU is idle {e.idle_pct:.0f}% of the step ({idle_ms:.2f} ms), {busy_ms:.2f} ms of it while "
                        "the host ran no op and launched nothing (the gaps where it dispatched kernels, "
                        f"{e.launch_paced_idle_ms:.2f} ms, are not counted): CUDA graphs would not help; the host's own "
@@ -201,6 +204,34 @@ def checkpoint_in_step(e: Evidence) -> Finding | None:
                        "launching: tensors are being serialized or moved to the host inside the loop")
 
 
+GC_SHARE = 0.05
+"""Host time inside garbage collections above this share of the step: the collector pauses the step."""
+
+
+def gc_pauses(e: Evidence) -> Finding | None:
+    """Garbage collections inside the steps (with_stack traces: torch.profiler's `Python GC` events,
+    `gc.collect()` frames) for GC_SHARE of the step: the interpreter stops for each and launches nothing.
+    Gain: that host time, up to the GPU idle the host's other work left ("host busy elsewhere": a collection
+    the GPU's queue covers costs nothing)."""
+    if e.basis != "gpu" or not e.step_ms or e.gc_ms < GC_SHARE * e.step_ms:
+        return None
+    busy_ms = max(e.idle_cause_ms.get("host busy elsewhere", 0.0) - e.launch_paced_idle_ms, 0.0)
+    lost_ms = min(e.gc_ms, busy_ms)
+    if lost_ms < GC_SHARE * e.step_ms:
+        return None
+    gain, pct = trace_gain(e, lost_ms)
+    return Finding(rule="gc_pauses", title="garbage collection pauses the step",
+                   evidence={"gc_ms_per_step": round(e.gc_ms, 3), "collections_per_step": round(e.gc_count, 1),
+                             "host_busy_idle_ms_per_step": round(busy_ms, 3)},
+                   expected_gain_ms=gain, expected_gain_pct=pct, confidence="high",
+                   change="gc.freeze() after the model, optimizer and dataset are built (the long-lived heap is no "
+                          "longer scanned), no gc.collect() inside the loop (collect every N steps or between "
+                          "epochs; gc.disable() around the step where the program allocates many Python objects)",
+                   why=f"{e.gc_count:.1f} garbage collections per step hold the host {e.gc_ms:.2f} ms, and the GPU "
+                       f"idles {busy_ms:.2f} ms per step while the host launches nothing: each collection walks "
+                       "every tracked Python object (torch's modules, a dataset index), more the larger the heap")
+
+
 def _explained_host_ms(e: Evidence) -> float:
     """Host time per step that other rules explain (a per-parameter optimizer, allocator calls, compilation)."""
     explained = 0.0
@@ -210,6 +241,10 @@ def _explained_host_ms(e: Evidence) -> float:
         explained += max((e.optimizer_host_ms or 0.0) - (e.optimizer_gpu_ms or 0.0), 0.0)
     if allocator_churn(e) is not None:
         explained += e.allocator_ms or 0.0
+    if gc_pauses(e) is not None:
+        explained += e.gc_ms
+    if activation_checkpointing(e) is not None:
+        explained += e.recompute_idle_ms
     return explained
 
 
@@ -299,6 +334,8 @@ RULES = (
     Rule(find=cuda_graphs, recovers="host-side time",
          in_user_code="torch.compile(model, mode='reduce-overhead') (CUDA graphs replay the step's launches; "
                       "mode='default' where parameters move, as under FSDP)"),
+    Rule(find=gc_pauses, recovers="host-side time",
+         change_is_code="when the collector runs is the program's own code"),
     Rule(find=host_work, recovers="host-side time",
          change_is_code="no setting moves host work off the step: the finding's change is already a code change"),
     Rule(find=host_syncs, recovers="host syncs",

@@ -116,6 +116,17 @@ class Evidence:
     """Softmax kernels' GPU time per profiled step (step_work.py), mean over ranks."""
     fused_attention_ms: float = 0.0
     """Fused attention kernels' GPU time per profiled step, mean over ranks."""
+    recompute_ms: float = 0.0
+    """GPU time of forward work the backward pass ran again per profiled step (step_work.py: activation
+    checkpointing's recomputation), mean over ranks."""
+    recompute_idle_ms: float = 0.0
+    """GPU idle per profiled step while the backward set each recomputation up and launched it (step_work.py)."""
+    gc_ms: float = 0.0
+    """Host time inside garbage collections per profiled step (with_stack traces), mean over ranks."""
+    gc_count: float = 0.0
+    """Collections per profiled step, mean over ranks."""
+    python_frames: bool = False
+    """Some rank's trace holds Python frames (with_stack)."""
     rank_hosts: dict[int, str] = field(default_factory=dict)
     """rank -> host, from the trace report (which ranks share a node)."""
 

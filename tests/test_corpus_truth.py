@@ -1,6 +1,7 @@
-"""The advisor against a ground-truth corpus recorded on the H200: 41 small programs written as users write
-them (bench/planted/corpus.py; 29 with one planted problem, 7 with two, 5 without), each cost measured in the
-program with and without its fix, profiler off (planted.json). The corpus is advised as a folder of traces, as a
+"""The advisor against a ground-truth corpus recorded on the H200: 42 small programs written as users write
+them (bench/planted/corpus.py; 30 with one planted problem, 7 with two, 5 without), each cost measured in the
+program with and without its fix, profiler off (planted.json). A planted problem that measured no cost (under
+5% of the step) is none (confusion.py): scored, that is 29 single-problem programs, 6 with two, 7 healthy. The corpus is advised as a folder of traces, as a
 user's would be; bench/planted/confusion.py prints the whole confusion matrix.
 
 The bars below are today's measured score, kept from falling; the rules were designed from what a trace shows
@@ -43,11 +44,11 @@ def test_the_corpus_is_scored_as_measured(rows):
     single = [r for r in rows.values() if len(r["causes"]) == 1]
     double = [r for r in rows.values() if len(r["causes"]) == 2]
     healthy = [r for r in rows.values() if not r["causes"]]
-    assert (len(single), len(double), len(healthy)) == (29, 7, 5)
+    assert (len(single), len(double), len(healthy)) == (29, 6, 7)
     assert not [r for r in rows.values() if "error" in r]
-    assert sum(r["right"] for r in single) >= 25, [(r["program"], r["top"]) for r in single if not r["right"]]
-    assert sum(r["right"] for r in double) >= 3
-    assert sum(r["right"] for r in healthy) >= 3
+    assert sum(r["right"] for r in single) >= 29, [(r["program"], r["top"]) for r in single if not r["right"]]
+    assert sum(r["right"] for r in double) >= 5, [(r["program"], r["findings"]) for r in double if not r["right"]]
+    assert sum(r["right"] for r in healthy) >= 7, [(r["program"], r["findings"]) for r in healthy if not r["right"]]
 
 
 @pytest.mark.parametrize("name", ["host_syncs_bool_mask", "host_syncs_item_per_layer", "host_syncs_tolist_metric",
@@ -84,8 +85,10 @@ def test_a_gpu_bound_step_is_the_gpus_span(name):
     ("precision_fp32_mlp", "precision", 0.25),
     ("host_work_numpy_augment", "host_work", 0.25),
     ("data_loader_numpy_getitem", "data_workers", 0.25),
-    ("launch_bound_tiny_layers", "cuda_graphs", 0.25),
     ("eager_attention_padding_mask", "eager_attention", 0.25),
+    ("gc_pauses_collect", "gc_pauses", 0.25),
+    ("gc_pauses_microbatch", "gc_pauses", 0.25),
+    ("activation_checkpointing_mlp", "activation_checkpointing", 0.25),
 ])
 def test_the_top_finding_is_the_planted_cause_with_its_cost(rows, name, rule, tolerance):
     row = rows[name]
@@ -107,3 +110,36 @@ def test_a_step_that_replays_a_cuda_graph_is_not_told_to_capture_one(rows):
 def test_fused_attention_is_not_told_to_fuse(rows):
     for name in ("healthy_sdpa_bf16", "healthy_compiled_transformer"):
         assert "eager_attention" not in [rule for rule, _, _ in rows[name]["findings"]]
+
+
+def test_recomputation_is_found_only_where_the_backward_runs_the_forward_again():
+    """Forward-only kernels on the autograd thread, in the forward's order: checkpointed blocks have them; an
+    eager attention's backward (batched GEMMs, masked_fill again) and every healthy program have none."""
+    def recompute_ms(name):
+        work = analyze(CORPUS / name, use_hta=False, write_default_outputs=False).windows[0].ranks[0].step_work
+        return work.recompute_us / 1000
+    assert recompute_ms("activation_checkpointing_mlp") == pytest.approx(_planted("activation_checkpointing_mlp")
+                                                                         ["planted_ms_per_step"]["activation_checkpointing"], rel=0.1)
+    for name in ("eager_attention_causal", "attention_and_checkpoint", "healthy_sdpa_bf16", "healthy_bf16_mlp",
+                 "healthy_conv_channels_last", "precision_fp32_conv"):
+        assert recompute_ms(name) == 0.0, name
+
+
+def test_garbage_collection_is_read_from_the_traces_gc_events():
+    (finding,) = [f for f in advise(CORPUS / "gc_pauses_collect").findings if f.rule == "gc_pauses"]
+    assert finding.evidence["collections_per_step"] >= 1 and "gc.freeze()" in finding.change
+    assert "host_work" not in [f.rule for f in advise(CORPUS / "gc_pauses_collect").findings]
+
+
+def test_host_work_without_python_frames_says_it_cannot_tell_python_from_the_collector():
+    (finding,) = [f for f in advise(CORPUS / "host_work_numpy_augment").findings if f.rule == "host_work"]
+    assert "record_python_gc_info" in finding.change
+
+
+def test_a_dispatch_gain_on_profiled_steps_is_an_upper_bound():
+    """The profiler slows the host (shapes recorded per op) and a folder of traces has no unprofiled step to
+    scale to: the launch-bound program's gain is at least its measured cost and at most the profiled idle."""
+    (finding,) = [f for f in advise(CORPUS / "launch_bound_tiny_layers").findings if f.rule == "cuda_graphs"]
+    planted = _planted("launch_bound_tiny_layers")
+    assert planted["planted_ms_per_step"]["launch_bound"] <= finding.expected_gain_ms <= finding.gain_of_ms
+    assert "profiled" in finding.gain_basis

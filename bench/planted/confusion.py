@@ -8,7 +8,11 @@ is advised as a user would (`fleetscope advise DIR`: a folder of traces, no run 
   - one planted cause: the top finding (largest gain) is that cause's rule;
   - two planted causes: both rules are among the top three findings;
   - healthy: no finding gains more than 5% of the step;
-  - gain error: |gain - planted| / planted for each planted cause its rule found (the issue's bar: 25%).
+  - gain error: |gain - planted| / planted for each planted cause its rule found (the issue's bar: 25%);
+    the total counts every planted cause, found or not.
+A planted cause whose measured cost is under MEASURABLE_PCT of the step (or negative: the fix made the step no
+faster) is no problem in that program: it is left out of the program's causes (the row says so), and a
+program left with none is scored as healthy.
 Prints the confusion matrix (planted cause -> top finding), the per-program table and the totals.
 """
 
@@ -39,6 +43,7 @@ RULE_OF_CAUSE = {
 }
 """Which finding names each planted cause (bench/planted/corpus.py's vocabulary -> the advisor's rules)."""
 HEALTHY_MAX_PCT = 5.0
+MEASURABLE_PCT = 5.0
 GAIN_TOLERANCE = 0.25
 
 
@@ -46,7 +51,7 @@ def score(directory: Path) -> dict:
     from fleetscope.analysis.advise import advise
 
     planted = json.loads((directory / "planted.json").read_text())
-    causes = list(planted.get("causes") or [])
+    causes, unmeasured = measurable_causes(planted)
     try:
         findings = advise(directory).findings
     except Exception as error:  # a program the advisor cannot read is a miss, reported, not a crash
@@ -54,7 +59,7 @@ def score(directory: Path) -> dict:
     ranked = [(f.rule, f.expected_gain_ms, f.expected_gain_pct) for f in findings]
     top = [rule for rule, _, _ in ranked[:3]]
     row = {"program": directory.name, "causes": causes, "findings": ranked[:5], "top": top[0] if top else "none",
-           "step_ms": planted.get("step_ms"), "healthy": bool(planted.get("healthy"))}
+           "step_ms": planted.get("step_ms"), "healthy": bool(planted.get("healthy")), "unmeasured": unmeasured}
     if not causes:
         worst = max((pct or 0.0 for _, _, pct in ranked), default=0.0)
         row["right"] = worst <= HEALTHY_MAX_PCT
@@ -69,6 +74,18 @@ def score(directory: Path) -> dict:
         if planted_ms and planted_ms > 0 and gains:
             row["gain_errors"][cause] = abs(gains[0] - planted_ms) / planted_ms
     return row
+
+
+def measurable_causes(planted: dict) -> tuple[list[str], list[str]]:
+    """(causes whose measured cost is at least MEASURABLE_PCT of the step, the others)."""
+    costs = planted.get("planted_ms_per_step") or {}
+    step_ms = planted.get("step_ms") or 0.0
+    kept, dropped = [], []
+    for cause in planted.get("causes") or []:
+        cost = costs.get(cause)
+        measurable = cost is None or (step_ms > 0 and cost >= MEASURABLE_PCT / 100 * step_ms)
+        (kept if measurable else dropped).append(cause)
+    return kept, dropped
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,13 +105,18 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         found = ", ".join(f"{rule} {gain:.1f}" if gain is not None else rule for rule, gain, _ in r.get("findings", [])[:3])
         errors = ", ".join(f"{e:.0%}" for e in r.get("gain_errors", {}).values())
-        print(f"{r['program']:<32} {'+'.join(r['causes']) or 'healthy':<30} {found or r.get('error', 'none'):<35} "
+        label = "+".join(r["causes"]) or "healthy"
+        if r.get("unmeasured"):
+            label += f" (no cost: {'+'.join(r['unmeasured'])})"
+        print(f"{r['program']:<32} {label:<30} {found or r.get('error', 'none'):<35} "
               f"{'yes' if r.get('right') else 'NO ':<3} {errors}")
     errors = [e for r in rows for e in r.get("gain_errors", {}).values()]
+    planted_causes = sum(len(r["causes"]) for r in rows if "error" not in r)
     print(f"\nsingle-problem programs right first: {sum(r['right'] for r in single)}/{len(single)}")
     print(f"two-problem programs with both in the top 3: {sum(r['right'] for r in double)}/{len(double)}")
     print(f"healthy programs with no finding above {HEALTHY_MAX_PCT:g}%: {sum(r['right'] for r in healthy)}/{len(healthy)}")
-    print(f"gains within {GAIN_TOLERANCE:.0%} of the planted cost: {sum(e <= GAIN_TOLERANCE for e in errors)}/{len(errors)}")
+    print(f"gains within {GAIN_TOLERANCE:.0%} of the planted cost: {sum(e <= GAIN_TOLERANCE for e in errors)} of the "
+          f"{len(errors)} found ({planted_causes} planted causes in all)")
     print(f"programs the advisor could not read: {sum('error' in r for r in rows)}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=str))

@@ -1,5 +1,5 @@
 """A held-out check of the advisor: programs of other shapes than bench/planted/corpus.py's, written after its
-rules were, with the same output format (OUT/NAME/trace + planted.json), scored the same way:
+rules were (the last four after the gc_pauses and activation_checkpointing rules), with the same output format (OUT/NAME/trace + planted.json), scored the same way:
 
     python bench/planted/heldout.py OUT          # on a GPU
     python bench/planted/confusion.py OUT
@@ -7,6 +7,7 @@ rules were, with the same output format (OUT/NAME/trace + planted.json), scored 
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import sys
@@ -34,10 +35,11 @@ def timed(step, n: int = 7) -> float:
     return statistics.median(times)
 
 
-def record(step, directory: Path) -> None:
+def record(step, directory: Path, with_stack: bool = False) -> None:
+    extra = {"experimental_config": torch.profiler._ExperimentalConfig(record_python_gc_info=True)} if with_stack else {}
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=schedule(wait=1, warmup=1, active=2),
                  on_trace_ready=tensorboard_trace_handler(str(directory), worker_name="rank0", use_gzip=True),
-                 record_shapes=True) as prof:
+                 record_shapes=True, with_stack=with_stack, **extra) as prof:
         for _ in range(4):
             step()
             prof.step()
@@ -183,6 +185,98 @@ def healthy_big_bf16_transformer(fixed: bool):
     return step
 
 
+def gc_in_logging_callback(fixed: bool):
+    """A metrics callback that calls gc.collect() after every step "to keep memory flat", in a process holding a
+    200k-entry caption cache; conv net, bf16. Profiled with stacks (as one looking for Python time would).
+    Fix: no collect in the callback (gc.freeze() after the cache is built)."""
+    cache = {i: {"caption": f"image {i}", "tokens": [i % 97, i % 89]} for i in range(200_000)}
+    model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)).to(DEV)
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    x = torch.randn(128, 3, 64, 64, device=DEV)
+    if fixed:
+        gc.freeze()
+
+    def on_step_end(loss: torch.Tensor) -> None:
+        if not fixed:
+            gc.collect()
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x).float().logsumexp(-1).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        on_step_end(loss)
+        return len(cache)
+    return step
+
+
+def reentrant_checkpoint_convnet(fixed: bool):
+    """checkpoint_sequential (reentrant) over 8 conv blocks of a net that fits easily: the backward runs every
+    segment's forward again. Fix: no checkpointing."""
+    from torch.utils.checkpoint import checkpoint_sequential
+    layers = [nn.Sequential(nn.Conv2d(128, 128, 3, padding=1, bias=False), nn.BatchNorm2d(128), nn.ReLU())
+              for _ in range(8)]
+    model = nn.Sequential(*layers).to(DEV, memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    x = torch.randn(64, 128, 56, 56, device=DEV).contiguous(memory_format=torch.channels_last).requires_grad_()
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(x) if fixed else checkpoint_sequential(model, 4, x, use_reentrant=True)
+            loss = out.float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+class LlamaBlock(nn.Module):
+    """RMSNorm, bias-free q/k/v/o and SwiGLU projections, SDPA: the matrix products are plain `aten::mm`."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.RMSNorm(width), nn.RMSNorm(width)
+        self.qkv, self.out = nn.Linear(width, 3 * width, bias=False), nn.Linear(width, width, bias=False)
+        self.gate_up, self.down = nn.Linear(width, 8 * width, bias=False), nn.Linear(4 * width, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, w = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        x = x + self.out(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, w))
+        gate, up = self.gate_up(self.norm2(x)).chunk(2, -1)
+        return x + self.down(F.silu(gate) * up)
+
+
+def llama_stack(fixed: bool, checkpointed: bool):
+    from torch.utils.checkpoint import checkpoint
+    blocks_ = nn.ModuleList(LlamaBlock(1024, 16) for _ in range(6)).to(DEV, torch.bfloat16)
+    opt = torch.optim.AdamW(blocks_.parameters(), fused=True)
+    x = torch.randn(4, 2048, 1024, device=DEV, dtype=torch.bfloat16)
+
+    def step():
+        h = x
+        for block in blocks_:
+            h = checkpoint(block, h, use_reentrant=False) if checkpointed and not fixed else block(h)
+        h.float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def checkpointed_llama_blocks(fixed: bool):
+    """Llama-style blocks (bias-free linears, RMSNorm, SwiGLU, SDPA) each under torch.utils.checkpoint, bf16;
+    memory is plentiful. Fix: no checkpointing."""
+    return llama_stack(fixed, checkpointed=True)
+
+
+def healthy_llama_blocks_bf16(fixed: bool):
+    """The same Llama-style blocks without checkpointing: nothing planted."""
+    return llama_stack(fixed, checkpointed=False)
+
+
 PROGRAMS = {
     "fp32_transformer_mlp": ["precision"],
     "sgd_loop_over_many_params": ["optimizer_impl"],
@@ -191,7 +285,13 @@ PROGRAMS = {
     "python_loss_weights": ["host_work"],
     "save_optimizer_state_each_step": ["checkpoint_in_step"],
     "healthy_big_bf16_transformer": [],
+    "gc_in_logging_callback": ["gc_pauses"],
+    "reentrant_checkpoint_convnet": ["activation_checkpointing"],
+    "checkpointed_llama_blocks": ["activation_checkpointing"],
+    "healthy_llama_blocks_bf16": [],
 }
+WITH_STACK = {"gc_in_logging_callback"}
+"""Programs profiled with Python stacks (and garbage collections)."""
 
 
 def main(out: Path) -> int:
@@ -201,7 +301,7 @@ def main(out: Path) -> int:
         try:
             torch.manual_seed(0)
             build = globals()[name]
-            record(build(False), directory)
+            record(build(False), directory, with_stack=name in WITH_STACK)
             step_ms = timed(build(False))
             fixed_ms = timed(build(True)) if causes else step_ms
             torch.backends.cuda.matmul.allow_tf32 = False
@@ -213,6 +313,7 @@ def main(out: Path) -> int:
         except Exception as error:  # one program's failure is reported, the rest still run
             (directory / "error.txt").write_text(repr(error))
             print(f"{name}: {error!r}", flush=True)
+        gc.unfreeze()
         torch.cuda.empty_cache()
     return 0
 

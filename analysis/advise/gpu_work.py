@@ -94,21 +94,26 @@ def eager_attention(e: Evidence) -> Finding | None:
 def allocator_churn(e: Evidence) -> Finding | None:
     """cudaMalloc / cudaFree calls inside the profiled steps taking ALLOCATOR_SHARE of the step: the caching
     allocator gives memory back and asks for it again (torch.cuda.empty_cache() in the loop, or a pool that
-    cannot serve the step's sizes); cudaFree also waits for the whole device. Gain: the host time in them."""
+    cannot serve the step's sizes). Gain: the GPU idle while the host was inside them (a cudaFree waits for
+    the device: the part of that wait the GPU is still busy costs nothing), at least ALLOCATOR_SHARE."""
     calls_ms = e.allocator_ms or 0.0
     if e.basis != "gpu" or not e.step_ms or calls_ms < ALLOCATOR_SHARE * e.step_ms:
         return None
-    gain, pct = trace_gain(e, calls_ms)
+    lost_ms = e.allocator_idle_ms
+    if lost_ms < ALLOCATOR_SHARE * e.step_ms:
+        return None
+    gain, pct = trace_gain(e, lost_ms)
     return Finding(
         rule="allocator_churn", title="the step allocates device memory from the driver",
         evidence={"allocator_calls_per_step": round(e.allocator_calls or 0.0, 1),
-                  "allocator_ms_per_step": round(calls_ms, 3)},
+                  "allocator_ms_per_step": round(calls_ms, 3), "allocator_idle_ms_per_step": round(lost_ms, 3)},
         expected_gain_ms=gain, expected_gain_pct=pct, confidence="high",
         change="remove torch.cuda.empty_cache() (and gc-driven frees) from the loop; where sizes vary step to "
                "step, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or pad to fixed sizes",
         why=f"{e.allocator_calls or 0.0:.0f} cudaMalloc/cudaFree calls per step take {calls_ms:.2f} ms on the host "
-            "(cudaFree waits for the device to finish): the caching allocator normally serves every step from "
-            "its pool and calls neither")
+            f"and the GPU idles {lost_ms:.2f} ms of it (cudaFree waits for the device to finish, then the host "
+            "frees and allocates while nothing runs): the caching allocator normally serves every step from its "
+            "pool and calls neither")
 
 
 def activation_checkpointing(e: Evidence) -> Finding | None:

@@ -240,7 +240,7 @@ def _explained_host_ms(e: Evidence) -> float:
     if optimizer_impl(e) is not None:
         explained += max((e.optimizer_host_ms or 0.0) - (e.optimizer_gpu_ms or 0.0), 0.0)
     if allocator_churn(e) is not None:
-        explained += e.allocator_ms or 0.0
+        explained += e.allocator_idle_ms
     if gc_pauses(e) is not None:
         explained += e.gc_ms
     if activation_checkpointing(e) is not None:

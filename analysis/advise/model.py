@@ -103,6 +103,8 @@ class Evidence:
     """cudaMalloc / cudaFree calls per profiled step, mean over ranks."""
     allocator_ms: float | None = None
     """Host time inside them per profiled step."""
+    allocator_idle_ms: float = 0.0
+    """GPU idle while the host was inside them per profiled step (step_work.py)."""
     compile_ms: float | None = None
     """Host time inside torch.compile's ranges per profiled step (step_work.py), mean over ranks."""
     compile_ids: int = 0

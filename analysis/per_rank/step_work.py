@@ -84,6 +84,9 @@ class StepWork:
     """cudaMalloc / cudaFree calls per step."""
     allocator_us: float = 0.0
     """Host time inside them per step."""
+    allocator_idle_us: float = 0.0
+    """GPU idle while the host was inside them per step: a cudaFree waits for the device, and only the part of
+    the wait the GPU spends idle is lost."""
     compile_us: float = 0.0
     """Host time inside torch.compile's ranges per step (their union)."""
     compile_ids: int = 0
@@ -190,8 +193,13 @@ def _allocator(events: TraceEvents, in_steps: np.ndarray, count: int) -> dict:
     calls = events.of_kind(Kind.CUDA_RUNTIME) & in_steps & events.names_matching(lambda n: n in ALLOCATOR_CALLS)
     if not calls.any():
         return {}
+    spans = union(Intervals(events.start_us[calls], events.end_us[calls]))
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    busy = float(covered_between(Intervals(events.start_us[gpu], events.end_us[gpu]), spans.starts_us,
+                                 spans.ends_us).sum())
     return {"allocator_calls": int(np.count_nonzero(calls)) / count,
-            "allocator_us": float(events.dur_us[calls].sum()) / count}
+            "allocator_us": float(events.dur_us[calls].sum()) / count,
+            "allocator_idle_us": max(spans.total_us - busy, 0.0) / count}
 
 
 GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch"})

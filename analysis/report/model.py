@@ -53,7 +53,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           step_work {steps, gemm_us_by_precision {fp32 | tf32 | bf16/fp16 | fp8 | unknown:
                           us per step}, optimizer (its class), optimizer_impl ("fused" | "foreach" |
                           "per-parameter" | ""), optimizer_host_us, optimizer_launches, optimizer_gpu_us,
-                          allocator_calls (cudaMalloc/cudaFree), allocator_us, compile_us (inside
+                          allocator_calls (cudaMalloc/cudaFree), allocator_us, allocator_idle_us (the GPU idle
+                          while in them), compile_us (inside
                           torch.compile's ranges), compile_ids, host_copies (device-to-host copies by copy
                           ops), host_copy_us, graph_launches, softmax_us, fused_attention_us, recompute_us
                           (forward work the backward ran again), gc_us, gc_count (garbage collections,

@@ -9,7 +9,7 @@ is advised as a user would (`fleetscope advise DIR`: a folder of traces, no run 
   - two planted causes: both rules are among the top three findings;
   - healthy: no finding gains more than 5% of the step;
   - gain error: |gain - planted| / planted for each planted cause its rule found (the issue's bar: 25%);
-    the total counts every planted cause, found or not.
+    the total counts every planted cause, found or not (PER_SAMPLE_CAUSES: as shares of the step).
 A planted cause whose measured cost is under MEASURABLE_PCT of the step (or negative: the fix made the step no
 faster) is no problem in that program: it is left out of the program's causes (the row says so), and a
 program left with none is scored as healthy.
@@ -72,8 +72,21 @@ def score(directory: Path) -> dict:
         planted_ms = (planted.get("planted_ms_per_step") or {}).get(cause)
         gains = [gain for rule, gain, _ in ranked if rule in rules and gain is not None]
         if planted_ms and planted_ms > 0 and gains:
-            row["gain_errors"][cause] = abs(gains[0] - planted_ms) / planted_ms
+            row["gain_errors"][cause] = _gain_error(cause, gains[0], planted_ms, ranked, rules, planted)
     return row
+
+
+PER_SAMPLE_CAUSES = {"tiny_batch"}
+"""Causes whose planted cost is per sample count, not per traced step (tiny_batch: the time for 256 samples, 64
+batch-4 steps against one batch-256 step): their gain is compared as a share of the step."""
+
+
+def _gain_error(cause: str, gain_ms: float, planted_ms: float, ranked: list, rules: set, planted: dict) -> float:
+    if cause in PER_SAMPLE_CAUSES and planted.get("step_ms"):
+        pct = next(p for rule, gain, p in ranked if rule in rules and gain is not None)
+        planted_pct = 100.0 * planted_ms / planted["step_ms"]
+        return abs((pct or 0.0) - planted_pct) / planted_pct
+    return abs(gain_ms - planted_ms) / planted_ms
 
 
 def measurable_causes(planted: dict) -> tuple[list[str], list[str]]:

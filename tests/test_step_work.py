@@ -1,0 +1,96 @@
+"""Step work figures read from a trace's mechanisms, on synthetic traces with known amounts: the forward work a
+backward pass runs again (activation checkpointing), garbage collections, the GPU idle inside allocator calls."""
+
+from __future__ import annotations
+
+from fleetscope.analysis.analyze import analyze
+
+from test_analysis_helpers import MAIN_TID, KinetoBuilder
+
+BACKWARD_TID = 9
+
+
+class Launcher:
+    """Kernels launched by named host ops on a given thread, each op's External id carried to its kernel."""
+
+    def __init__(self, builder: KinetoBuilder) -> None:
+        self.builder, self.next_id = builder, 100
+
+    def run(self, op: str, kernel: str, launch_ts: float, start: float, dur: float, tid: int) -> None:
+        self.next_id += 1
+        ids = {"correlation": self.next_id, "External id": self.next_id}
+        self.builder.complete(op, "cpu_op", launch_ts - 1, 6.0, tid=tid, args={"External id": self.next_id})
+        self.builder.complete("cudaLaunchKernel", "cuda_runtime", launch_ts, 4.0, tid=tid, args=ids)
+        self.builder.complete(kernel, "kernel", start, dur, pid=0, tid=7,
+                              args={"device": 0, "stream": 7, **ids, "grid": [1, 1, 1], "block": [128, 1, 1]})
+
+
+def checkpointed_block(recompute: bool) -> KinetoBuilder:
+    """One step, 0-1000 us. Forward on the main thread: layer norm 10-20, addmm 30-80, gelu 90-100. Backward on
+    the autograd thread: gelu_backward 200-210; with `recompute`, the block's forward again (layer norm 300-310,
+    addmm 320-370, gelu 380-390: 70 us of work, the GPU idle 210-300, 310-320, 370-380: 110 us); then the
+    matrix products' mm 400-440 and layer_norm_backward 450-460."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 1000.0)
+    launch = Launcher(builder)
+    launch.run("aten::native_layer_norm", "vectorized_layer_norm_kernel", 5, 10, 10, MAIN_TID)
+    launch.run("aten::addmm", "nvjet_gemm_bias_TNT", 25, 30, 50, MAIN_TID)
+    launch.run("aten::gelu", "vectorized_elementwise_kernel<gelu>", 85, 90, 10, MAIN_TID)
+    launch.run("aten::gelu_backward", "vectorized_elementwise_kernel<gelu_backward>", 195, 200, 10, BACKWARD_TID)
+    if recompute:
+        launch.run("aten::native_layer_norm", "vectorized_layer_norm_kernel", 295, 300, 10, BACKWARD_TID)
+        launch.run("aten::addmm", "nvjet_gemm_bias_TNT", 315, 320, 50, BACKWARD_TID)
+        launch.run("aten::gelu", "vectorized_elementwise_kernel<gelu>", 375, 380, 10, BACKWARD_TID)
+    launch.run("aten::mm", "nvjet_gemm_NNT", 395, 400, 40, BACKWARD_TID)
+    launch.run("aten::native_layer_norm_backward", "layer_norm_grad_input_kernel", 445, 450, 10, BACKWARD_TID)
+    return builder
+
+
+def _work(tmp_path, builder: KinetoBuilder):
+    builder.write(tmp_path / "rank0.json.gz")
+    return analyze(tmp_path, use_hta=False, use_cache=False, write_default_outputs=False).windows[0].ranks[0].step_work
+
+
+def test_the_forward_run_again_inside_the_backward_is_recomputation(tmp_path):
+    work = _work(tmp_path, checkpointed_block(recompute=True))
+    assert work.recompute_us == 70.0        # the three forward kernels, not the backward's mm after them
+    assert work.recompute_idle_us == 110.0  # from the gelu_backward's end to the recomputed gelu's
+
+
+def test_a_backward_without_forward_ops_recomputes_nothing(tmp_path):
+    work = _work(tmp_path, checkpointed_block(recompute=False))
+    assert (work.recompute_us, work.recompute_idle_us) == (0.0, 0.0)
+
+
+def test_forward_ops_on_the_forwards_own_thread_are_never_recomputation(tmp_path):
+    # the next micro-batch's forward between two backward ops on one thread (CPU autograd) cannot be told apart
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 1000.0)
+    launch = Launcher(builder)
+    launch.run("aten::addmm", "gemm_fwd", 5, 10, 50, MAIN_TID)
+    launch.run("aten::gelu_backward", "gelu_bwd", 95, 100, 10, MAIN_TID)
+    launch.run("aten::addmm", "gemm_fwd", 195, 200, 50, MAIN_TID)
+    launch.run("aten::gelu_backward", "gelu_bwd", 295, 300, 10, MAIN_TID)
+    assert _work(tmp_path, builder).recompute_us == 0.0
+
+
+def test_garbage_collections_are_the_union_of_gc_events_and_collect_frames(tmp_path):
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 1000.0)
+    Launcher(builder).run("aten::addmm", "gemm", 5, 10, 50, MAIN_TID)
+    builder.complete("<built-in function collect>", "python_function", 100, 300.0)
+    builder.complete("Python GC", "python_function", 110, 280.0)      # the same collection, inside the call
+    builder.complete("Python GC", "python_function", 600, 50.0)       # an automatic one
+    builder.complete("Python GC", "python_function", 1500, 50.0)      # after the step: not the step's
+    work = _work(tmp_path, builder)
+    assert (work.gc_us, work.gc_count, work.python_frames) == (350.0, 2.0, True)
+
+
+def test_only_the_gpu_idle_inside_allocator_calls_is_lost(tmp_path):
+    # a cudaFree 100-400 us waits for the kernel running until 300: 100 us of it the GPU idles
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 1000.0)
+    Launcher(builder).run("aten::addmm", "gemm", 5, 10, 290, MAIN_TID)
+    builder.complete("cudaFree", "cuda_runtime", 100, 300.0)
+    work = _work(tmp_path, builder)
+    assert (work.allocator_calls, work.allocator_us, work.allocator_idle_us) == (1.0, 300.0, 100.0)

@@ -3,6 +3,7 @@ backward pass runs again (activation checkpointing), garbage collections, the GP
 
 from __future__ import annotations
 
+import pytest
 from fleetscope.analysis.analyze import analyze
 
 from test_analysis_helpers import MAIN_TID, KinetoBuilder
@@ -16,10 +17,12 @@ class Launcher:
     def __init__(self, builder: KinetoBuilder) -> None:
         self.builder, self.next_id = builder, 100
 
-    def run(self, op: str, kernel: str, launch_ts: float, start: float, dur: float, tid: int) -> None:
+    def run(self, op: str, kernel: str, launch_ts: float, start: float, dur: float, tid: int,
+            dims: list | None = None) -> None:
         self.next_id += 1
         ids = {"correlation": self.next_id, "External id": self.next_id}
-        self.builder.complete(op, "cpu_op", launch_ts - 1, 6.0, tid=tid, args={"External id": self.next_id})
+        op_args = {"External id": self.next_id, **({"Input Dims": dims} if dims is not None else {})}
+        self.builder.complete(op, "cpu_op", launch_ts - 1, 6.0, tid=tid, args=op_args)
         self.builder.complete("cudaLaunchKernel", "cuda_runtime", launch_ts, 4.0, tid=tid, args=ids)
         self.builder.complete(kernel, "kernel", start, dur, pid=0, tid=7,
                               args={"device": 0, "stream": 7, **ids, "grid": [1, 1, 1], "block": [128, 1, 1]})
@@ -94,3 +97,27 @@ def test_only_the_gpu_idle_inside_allocator_calls_is_lost(tmp_path):
     builder.complete("cudaFree", "cuda_runtime", 100, 300.0)
     work = _work(tmp_path, builder)
     assert (work.allocator_calls, work.allocator_us, work.allocator_idle_us) == (1.0, 300.0, 100.0)
+
+
+def test_gemm_rates_come_from_the_ops_shapes_against_the_devices_peak(tmp_path):
+    # an fp32 [4096 x 4096] x [4096 x 4096] mm in 2.5 ms: 2 * 4096^3 = 137.4 GFLOP -> 54.98 TFLOP/s, 82% of an
+    # H200's 67 fp32 TFLOP/s; a GEMM without shapes is left out of the rate and of the shaped share
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 10_000.0)
+    launch = Launcher(builder)
+    launch.run("aten::mm", "ampere_sgemm_128x64_nn", 5, 10, 2500.0, MAIN_TID, dims=[[4096, 4096], [4096, 4096]])
+    launch.run("aten::mm", "ampere_sgemm_128x64_nn", 2600, 2600, 500.0, MAIN_TID)
+    work = _work(tmp_path, builder)
+    assert work.device == "H200"
+    assert work.gemm_tflops_by_precision["fp32"] == pytest.approx(2 * 4096 ** 3 / 2500e-6 / 1e12)
+    assert work.gemm_peak_pct_by_precision["fp32"] == pytest.approx(100 * 54.975581 / 67.0, rel=1e-5)
+    assert work.gemm_shaped_share == pytest.approx(2500 / 3000)
+
+
+def test_only_gemm_shapes_give_flops():
+    from fleetscope.analysis.per_rank.step_work import gemm_flops
+    assert gemm_flops("aten::addmm", [[64], [8, 32], [32, 64], [], []]) == 2 * 8 * 32 * 64
+    assert gemm_flops("aten::bmm", [[4, 8, 32], [4, 32, 16]]) == 2 * 4 * 8 * 32 * 16
+    assert gemm_flops("aten::mm", [[8, 32], [31, 64]]) is None          # inner dimensions differ
+    assert gemm_flops("aten::add", [[8, 32], [8, 32]]) is None
+    assert gemm_flops("aten::mm", "garbage") is None

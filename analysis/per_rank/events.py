@@ -294,6 +294,7 @@ class _Document(msgspec.Struct, gc=False):
     distributedInfo: Any = None
     baseTimeNanoseconds: Any = None
     host_name: Any = None
+    deviceProperties: Any = None
 
 
 class _ArgsWithShapes(_Args):
@@ -319,7 +320,7 @@ class _DocumentWithShapes(_Document):
 _DECODER = msgspec.json.Decoder(_Document)
 _DECODER_WITH_SHAPES = msgspec.json.Decoder(_DocumentWithShapes)
 _SHAPE_MARKERS = (ALL_TO_ALL_BASE_OP.encode(), CONCRETE_INPUTS_ARG.encode())
-TRACE_METADATA_KEYS = ("distributedInfo", "baseTimeNanoseconds", "host_name")
+TRACE_METADATA_KEYS = ("distributedInfo", "baseTimeNanoseconds", "host_name", "deviceProperties")
 
 
 def decode_selectively(data: bytes) -> tuple[dict[str, Any], list[Any]] | None:

@@ -168,7 +168,7 @@ def analyze_decoded(source: TraceSource, decoded: DecodedTrace, comm_kernel_patt
         top_kernels=top_kernels(events),
         gpu_time=measure_gpu_time(events, steps),
         host_stalls=find_host_stalls(events, steps, idle_gaps),
-        step_work=measure_step_work(events, steps),
+        step_work=measure_step_work(events, steps, document.get("deviceProperties")),
         idle_gaps=idle_gaps,
         op_durations=op_durations(events),
         p2p=find_point_to_point(events, steps),

@@ -30,17 +30,25 @@ in the forward's order: the run counted is what matches the forward's kernel seq
 (the matrix products between them too: a bias-free linear's `aten::mm` is no forward-only op by itself). A backward on the forward's own thread (CPU autograd) cannot be told from the
 next micro-batch's forward: nothing is counted there.
 
+GEMM rates (traces with record_shapes): each GEMM op's FLOPs from its input shapes (`aten::mm` [M,K]x[K,N]:
+2MNK; `aten::addmm`, `aten::bmm`, `aten::baddbmm` and `aten::_scaled_mm` alike), counted once per op, over the
+time of the GEMM kernels it launched; against the device's dense peak for the kernels' type where
+device_peaks.py lists the GPU.
+
 Garbage collection (with_stack traces): the host time inside torch.profiler's `Python GC` events and
 `gc.collect()` frames (names.is_gc_frame) in the step, their union, and how many collections ran.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import re
 
+from fleetscope.analysis.per_rank.device_peaks import device_name, peak_tflops
 from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
 from fleetscope.analysis.per_rank.intervals import Intervals, clip, covered_between, union
 from fleetscope.analysis.per_rank.names import (CATEGORY_GEMM, FORWARD_ONLY_OPS, is_backward_op, is_compile_region,
@@ -101,6 +109,15 @@ class StepWork:
     """GPU time of softmax kernels (forward and backward) per step."""
     fused_attention_us: float = 0.0
     """GPU time of fused attention kernels (flash, memory-efficient, cuDNN SDPA, FMHA) per step."""
+    gemm_tflops_by_precision: dict[str, float] = field(default_factory=dict)
+    """Achieved TFLOP/s of the GEMMs whose shapes the trace records (record_shapes), by numeric type: their
+    2*M*N*K (times the batch) over their kernels' time (module docstring)."""
+    gemm_shaped_share: float = 0.0
+    """Share of the GEMM time those GEMMs hold (0 without record_shapes)."""
+    device: str = ""
+    """The GPU as the peak table lists it (device_peaks.py); "" for one it does not."""
+    gemm_peak_pct_by_precision: dict[str, float] = field(default_factory=dict)
+    """Achieved over the device's dense peak for that type, in percent (listed devices only)."""
     recompute_us: float = 0.0
     """GPU time of forward work the backward pass ran again per step (module docstring)."""
     recompute_idle_us: float = 0.0
@@ -122,13 +139,15 @@ def gemm_precision(name: str) -> str:
     return PRECISION_UNKNOWN
 
 
-def measure_step_work(events: TraceEvents, steps: list[StepTiming]) -> StepWork | None:
-    """None without steps or without GPU activity (the figures are about GPU work)."""
+def measure_step_work(events: TraceEvents, steps: list[StepTiming], device_properties: Any = None) -> StepWork | None:
+    """None without steps or without GPU activity (the figures are about GPU work); `device_properties`: the
+    trace's `deviceProperties` (the GPU's name: its peaks)."""
     if not steps or not events.has_gpu_activity:
         return None
     count = len(steps)
     in_steps = in_host_ranges(events.start_us, steps)
     return StepWork(steps=count, gemm_us_by_precision=_gemm_by_precision(events, steps, count),
+                    **_gemm_rates(events, steps, device_properties),
                     **_optimizer(events, in_steps, count), **_allocator(events, in_steps, count),
                     **_compilation(events, steps, in_steps, count), **_host_copies(events, steps, count),
                     **_attention(events, steps, count), **_recompute(events, steps, count),
@@ -360,3 +379,69 @@ def _garbage_collection(events: TraceEvents, in_steps: np.ndarray, count: int) -
     spans = union(Intervals(events.start_us[collections], events.end_us[collections]))
     # an explicit gc.collect() holds its own GC event: one collection, counted once
     return {"gc_us": spans.total_us / count, "gc_count": len(spans) / count}
+
+
+_GEMM_OPERANDS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2),
+                  "aten::_scaled_mm": (0, 1)}
+"""Per GEMM op, which of its inputs are the two matrices multiplied."""
+_INPUTS_MARK = " inputs "
+
+
+def gemm_flops(op: str, dims: Any) -> float | None:
+    """2*M*N*K (times the batch) of a GEMM op from its input shapes; None where they are not a GEMM's."""
+    operands = _GEMM_OPERANDS.get(op)
+    if operands is None or not isinstance(dims, list) or len(dims) <= max(operands):
+        return None
+    a, b = dims[operands[0]], dims[operands[1]]
+    if not (isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and len(a) in (2, 3)
+            and all(type(v) is int and v > 0 for v in a + b) and a[-1] == b[-2]):
+        return None
+    batch = a[0] if len(a) == 3 else 1
+    return 2.0 * batch * a[-2] * a[-1] * b[-1]
+
+
+def _gemm_rates(events: TraceEvents, steps: list[StepTiming], device_properties: Any) -> dict:
+    kernels = events.of_kind(Kind.KERNEL)
+    if not kernels.any() or events.external_id is None or events.launch_shape_id is None:
+        return {}
+    gemm = kernels & events.names_matching(lambda n: kernel_category(n) == CATEGORY_GEMM)
+    rows = np.flatnonzero(gemm)
+    rows = rows[in_host_ranges(events.launch_start_us(gemm), steps)]
+    if not rows.size:
+        return {}
+    flops: dict[str, float] = {}
+    shaped_us: dict[str, float] = {}
+    counted: set[int] = set()
+    for row in rows.tolist():
+        external, shape = int(events.external_id[row]), int(events.launch_shape_id[row])
+        work = _op_flops(events, external, shape) if external != NO_ID and shape >= 0 else None
+        if work is None:
+            continue
+        precision = gemm_precision(events.names[events.name_id[row]])
+        shaped_us[precision] = shaped_us.get(precision, 0.0) + float(events.dur_us[row])
+        if external not in counted:
+            counted.add(external)
+            flops[precision] = flops.get(precision, 0.0) + work
+    rates = {kind: flops[kind] / shaped_us[kind] / 1e6 for kind in flops if shaped_us.get(kind)}
+    if not rates:
+        return {}
+    devices = events.device[rows]
+    device, peaks = peak_tflops(device_name(device_properties, int(np.bincount(devices[devices >= 0]).argmax())
+                                            if (devices >= 0).any() else None))
+    return {"gemm_tflops_by_precision": rates,
+            "gemm_shaped_share": sum(shaped_us.values()) / float(events.dur_us[rows].sum()),
+            "device": device,
+            "gemm_peak_pct_by_precision": {kind: 100.0 * rate / peaks[kind] for kind, rate in rates.items()
+                                           if kind in peaks}}
+
+
+def _op_flops(events: TraceEvents, external: int, shape: int) -> float | None:
+    label = events.launch_shapes[shape]
+    at = label.find(_INPUTS_MARK)
+    if at < 0:
+        return None
+    try:
+        dims = json.loads(label[at + len(_INPUTS_MARK):])
+    except ValueError:
+        return None   # a label cut at its length limit
+    return gemm_flops(events.op_of_external.get(external, ""), dims)

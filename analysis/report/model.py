@@ -44,21 +44,24 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           frames[] {frame, what ("sync" | "pageable copy"), count, us}: with_stack
                           traces, the program's own innermost frames holding those calls (profiled steps),
                           idle_by_cause_us {cause: us}, idle_gaps_by_cause {cause: gaps}: GPU idle time
-                          inside the steps by cause ("input wait", "host collective", "host sync",
+                          inside the steps by cause, summed over the profiled steps (per step: divided by
+                          len(steps); the terminal and HTML print that mean) ("input wait", "host collective", "host sync",
                           "short gaps" < 10 us, "device dependency" (the next GPU work was already
                           launched), "host busy elsewhere"; host_stalls.py), steps_span_us, steps_busy_us (idle by cause +
                           busy = span, GPU basis), sync_ops[] {op, count, us}
                           (the op whose copy to the host preceded each sync), launch_paced_idle_us (of the
                           "host busy elsewhere" idle, the gaps paced by launch calls)} | null (no steps),
                           step_work {steps, gemm_us_by_precision {fp32 | tf32 | bf16/fp16 | fp8 | unknown:
-                          us per step}, optimizer (its class), optimizer_impl ("fused" | "foreach" |
-                          "per-parameter" | ""), optimizer_host_us, optimizer_launches, optimizer_gpu_us,
+                          us per step}, gemm_tflops_by_precision (achieved, GEMMs with recorded shapes),
+                          gemm_shaped_share, device (as device_peaks.py lists it, or ""),
+                          gemm_peak_pct_by_precision (achieved / the device's dense peak), optimizer (its
+                          class), optimizer_impl ("fused" | "foreach" | "per-parameter" | ""), optimizer_host_us, optimizer_launches, optimizer_gpu_us,
                           allocator_calls (cudaMalloc/cudaFree), allocator_us, allocator_idle_us (the GPU idle
                           while in them), compile_us (inside
                           torch.compile's ranges), compile_ids, host_copies (device-to-host copies by copy
                           ops), host_copy_us, graph_launches, softmax_us, fused_attention_us, recompute_us
-                          (forward work the backward ran again), gc_us, gc_count (garbage collections,
-                          with_stack traces): per profiled step; python_frames (the trace has with_stack's);
+                          (forward work the backward ran again), recompute_idle_us (the GPU idle around it),
+                          gc_us, gc_count (garbage collections, with_stack traces): per profiled step; python_frames (the trace has with_stack's);
                           step_work.py} | null (no steps or no GPU activity)
         top_kernels[]     {name, count, total_us, ranks, category}: kernels with the most GPU time, all ranks
                           summed; category as in gpu_time

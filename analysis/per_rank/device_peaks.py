@@ -1,0 +1,40 @@
+"""Dense matrix-multiply peaks of the GPUs fleetscope knows, per numeric type, from the vendors' datasheets: what
+a GEMM's achieved rate is compared with (step_work.py). A device not listed gets the achieved rate alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+TFLOPS = dict[str, float]
+_PEAKS: tuple[tuple[tuple[str, ...], str, TFLOPS], ...] = (
+    # (needles all in the lowercased device name, the device, {precision: dense TFLOP/s})
+    (("h200",), "H200", {"fp32": 67.0, "tf32": 494.7, "bf16/fp16": 989.4, "fp8": 1978.9}),
+    (("h100", "pcie"), "H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "bf16/fp16": 756.0, "fp8": 1513.0}),
+    (("h100",), "H100 SXM", {"fp32": 67.0, "tf32": 494.7, "bf16/fp16": 989.4, "fp8": 1978.9}),
+    (("a100",), "A100", {"fp32": 19.5, "tf32": 156.0, "bf16/fp16": 312.0}),
+    (("l40s",), "L40S", {"fp32": 91.6, "tf32": 183.0, "bf16/fp16": 362.1, "fp8": 733.0}),
+    (("mi300x",), "MI300X", {"fp32": 163.4, "tf32": 653.7, "bf16/fp16": 1307.4, "fp8": 2614.9}),
+)
+"""NVIDIA H100/H200, A100 and L40S datasheets and AMD's MI300X datasheet, without sparsity. H200 and H100 SXM share
+the compute (they differ in memory)."""
+
+
+def device_name(device_properties: Any, device: int | None = None) -> str:
+    """The GPU's name from a trace's `deviceProperties` (the entry of `device`, else the first named one);
+    "" where the trace has none."""
+    if not isinstance(device_properties, list):
+        return ""
+    named = [d for d in device_properties if isinstance(d, dict) and isinstance(d.get("name"), str)]
+    for entry in named:
+        if device is not None and entry.get("id") == device:
+            return entry["name"]
+    return named[0]["name"] if named else ""
+
+
+def peak_tflops(name: str) -> tuple[str, TFLOPS]:
+    """(the device as listed, its dense peaks) for a device name; ("", {}) for one not listed."""
+    folded = name.lower()
+    for needles, device, peaks in _PEAKS:
+        if all(needle in folded for needle in needles):
+            return device, peaks
+    return "", {}

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-# Dense bf16 tensor-core peaks (vendor datasheets, without sparsity), by device-name substring.
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "B200": 2250.0, "L40S": 362.0, "A10G": 125.0}
+from fleetscope.traces.device_peaks import BF16, peak_tflops
+
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,5 +55,4 @@ def peak_tflops(device: torch.device) -> float | None:
     """The dense bf16 peak of a CUDA device, or None when unknown (MFU is then not reported)."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
+    return peak_tflops(torch.cuda.get_device_name(device))[1].get(BF16)

@@ -33,7 +33,7 @@ next micro-batch's forward: nothing is counted there.
 GEMM rates (traces with record_shapes): each GEMM op's FLOPs from its input shapes (`aten::mm` [M,K]x[K,N]:
 2MNK; `aten::addmm`, `aten::bmm`, `aten::baddbmm` and `aten::_scaled_mm` alike), counted once per op, over the
 time of the GEMM kernels it launched; against the device's dense peak for the kernels' type where
-device_peaks.py lists the GPU.
+traces/device_peaks.py lists the GPU.
 
 Garbage collection (with_stack traces): the host time inside torch.profiler's `Python GC` events and
 `gc.collect()` frames (names.is_gc_frame) in the step, their union, and how many collections ran.
@@ -48,12 +48,12 @@ from typing import Any
 import numpy as np
 import re
 
-from fleetscope.analysis.per_rank.device_peaks import device_name, peak_tflops
 from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
 from fleetscope.analysis.per_rank.intervals import Intervals, clip, covered_between, union
 from fleetscope.analysis.per_rank.names import (CATEGORY_GEMM, FORWARD_ONLY_OPS, is_backward_op, is_compile_region,
                                                 is_device_to_host_copy, is_gc_frame, is_launch_call, kernel_category)
 from fleetscope.analysis.per_rank.steps import StepTiming, in_host_ranges
+from fleetscope.traces.device_peaks import device_name, peak_tflops
 
 PRECISION_FP32, PRECISION_TF32, PRECISION_HALF, PRECISION_FP8 = "fp32", "tf32", "bf16/fp16", "fp8"
 PRECISION_UNKNOWN = "unknown"
@@ -115,7 +115,7 @@ class StepWork:
     gemm_shaped_share: float = 0.0
     """Share of the GEMM time those GEMMs hold (0 without record_shapes)."""
     device: str = ""
-    """The GPU as the peak table lists it (device_peaks.py); "" for one it does not."""
+    """The GPU as the peak table lists it (traces/device_peaks.py); "" for one it does not."""
     gemm_peak_pct_by_precision: dict[str, float] = field(default_factory=dict)
     """Achieved over the device's dense peak for that type, in percent (listed devices only)."""
     recompute_us: float = 0.0

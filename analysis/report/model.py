@@ -53,7 +53,7 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           "host busy elsewhere" idle, the gaps paced by launch calls)} | null (no steps),
                           step_work {steps, gemm_us_by_precision {fp32 | tf32 | bf16/fp16 | fp8 | unknown:
                           us per step}, gemm_tflops_by_precision (achieved, GEMMs with recorded shapes),
-                          gemm_shaped_share, device (as device_peaks.py lists it, or ""),
+                          gemm_shaped_share, device (as traces/device_peaks.py lists it, or ""),
                           gemm_peak_pct_by_precision (achieved / the device's dense peak), optimizer (its
                           class), optimizer_impl ("fused" | "foreach" | "per-parameter" | ""), optimizer_host_us, optimizer_launches, optimizer_gpu_us,
                           allocator_calls (cudaMalloc/cudaFree), allocator_us, allocator_idle_us (the GPU idle

@@ -1,5 +1,6 @@
 """Dense matrix-multiply peaks of the GPUs fleetscope knows, per numeric type, from the vendors' datasheets: what
-a GEMM's achieved rate is compared with (step_work.py). A device not listed gets the achieved rate alone."""
+a GEMM's achieved rate is compared with (analysis/per_rank/step_work.py) and the trainer's MFU is computed
+against (trainer/flops.py). A device not listed gets the achieved rate alone."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ _PEAKS: tuple[tuple[tuple[str, ...], str, TFLOPS], ...] = (
     (("h200",), "H200", {"fp32": 67.0, "tf32": 494.7, "bf16/fp16": 989.4, "fp8": 1978.9}),
     (("h100", "pcie"), "H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "bf16/fp16": 756.0, "fp8": 1513.0}),
     (("h100",), "H100 SXM", {"fp32": 67.0, "tf32": 494.7, "bf16/fp16": 989.4, "fp8": 1978.9}),
+    (("b200",), "B200", {"tf32": 1100.0, "bf16/fp16": 2250.0, "fp8": 4500.0}),
     (("a100",), "A100", {"fp32": 19.5, "tf32": 156.0, "bf16/fp16": 312.0}),
+    (("a10g",), "A10G", {"fp32": 31.2, "tf32": 62.5, "bf16/fp16": 125.0}),
     (("l40s",), "L40S", {"fp32": 91.6, "tf32": 183.0, "bf16/fp16": 362.1, "fp8": 733.0}),
     (("mi300x",), "MI300X", {"fp32": 163.4, "tf32": 653.7, "bf16/fp16": 1307.4, "fp8": 2614.9}),
 )
-"""NVIDIA H100/H200, A100 and L40S datasheets and AMD's MI300X datasheet, without sparsity. H200 and H100 SXM share
-the compute (they differ in memory)."""
+"""NVIDIA H100/H200, B200, A100, A10G and L40S datasheets and AMD's MI300X datasheet, without sparsity. H200 and
+H100 SXM share the compute (they differ in memory)."""
+BF16 = "bf16/fp16"
 
 
 def device_name(device_properties: Any, device: int | None = None) -> str:

@@ -10,6 +10,10 @@ test). Each rule returns human-readable violations ("windows[0].causes.findings[
                           segment shares sum to 1 per step, and a window's by-rank shares to 1; the ranks'
                           shares of the waiting sum to 1;
   what-if                 0 <= caused wait <= step - floor, projected = step - caused wait >= floor;
+  waiting                 a rank's waiting per step is the union of its waits that the instance details place
+                          (quantities.py "waiting": concurrent collectives count once, never their sum); the
+                          waiting a rank caused, and each what-if's, at most the union of its lateness
+                          stretches; no what-if below another rank's step less its waiting (its own work);
   step time               the report's step_time is quantities.trace_step_times' StepStats;
   verdict                 the rank the verdict names is quantities.job_straggler's;
   idle by cause           a rank's idle time by cause sums to no more than its idle time; on the GPU basis,
@@ -30,7 +34,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
-from fleetscope.analysis.quantities import job_straggler, trace_step_times
+from fleetscope.analysis.quantities import job_straggler, trace_step_times, union_by_step_us
 from fleetscope.analysis.report.model import Report
 
 LOG_ENV = "FLEETSCOPE_INVARIANTS_LOG"
@@ -49,7 +53,7 @@ def check_report(report: Report) -> list[str]:
     data = report.to_json()
     problems = list(_non_negative(data)) + list(_percentages(data))
     problems += _utilization_sums(report) + _path_shares(report) + _what_ifs(report)
-    problems += _step_time(report) + _verdict_rank(report) + _idle_by_cause(report)
+    problems += _step_time(report) + _verdict_rank(report) + _idle_by_cause(report) + _wait_unions(report)
     return problems
 
 
@@ -131,6 +135,90 @@ def _what_ifs(report: Report) -> list[str]:
                 if step.projected_step_ms < step.floor_ms - TOLERANCE_MS:
                     problems.append(f"{where}: projected {step.projected_step_ms:.3f} ms below its floor "
                                     f"{step.floor_ms:.3f} ms")
+    return problems
+
+
+def _wait_unions(report: Report) -> list[str]:
+    problems = []
+    for w, window in enumerate(report.windows):
+        placed = _placed_waits(window.stragglers)
+        if placed is None:
+            continue                # details not kept (too many cells) or a report from before they were placed
+        waiting, caused = placed
+        problems += _waiting_is_union(w, window.stragglers, waiting, caused)
+        problems += _what_ifs_within_union(w, window, waiting, caused)
+    return problems
+
+
+def _placed_waits(stragglers) -> tuple[dict[int, dict[int, float]], dict[int, dict[int, float]]] | None:
+    """From the instance details: step -> rank -> the union of its waits, and rank -> step -> the union of its
+    lateness stretches ([the others' median arrival, its arrival]) where it was last by min_lateness_us."""
+    details = stragglers.details
+    if not details or any(d.first_start_us is None for d in details):
+        return None
+    ranks = stragglers.detail_ranks
+    rows: dict[int, list[tuple[int, float, float]]] = {rank: [] for rank in ranks}
+    late: dict[int, list[tuple[int, float, float]]] = {rank: [] for rank in ranks}
+    for d in details:
+        arrivals = np.asarray([np.nan if a is None else d.first_start_us + a for a in d.arrival_us])
+        last_row = int(np.nanargmax(arrivals))
+        last = float(arrivals[last_row])
+        for rank, arrival in zip(ranks, arrivals):
+            rows[rank].append((d.step, float(arrival), last))
+        others = np.delete(arrivals, last_row)
+        lateness = last - float(np.nanmedian(others)) if np.isfinite(others).any() else 0.0
+        if lateness >= stragglers.min_lateness_us:
+            late[ranks[last_row]].append((d.step, last - lateness, last))
+    waiting: dict[int, dict[int, float]] = {}
+    for rank, intervals in rows.items():
+        for step, us in _unions(intervals).items():
+            waiting.setdefault(step, {})[rank] = us
+    return waiting, {rank: _unions(intervals) for rank, intervals in late.items()}
+
+
+def _unions(intervals: list[tuple[int, float, float]]) -> dict[int, float]:
+    if not intervals:
+        return {}
+    steps, starts, ends = zip(*intervals)
+    return union_by_step_us(steps, starts, ends)
+
+
+def _over(value_us: float, limit_us: float) -> bool:
+    return value_us > limit_us * (1 + 1e-6) + 1.0
+
+
+def _waiting_is_union(w: int, stragglers, waiting: dict, caused: dict) -> list[str]:
+    problems = []
+    for s, step in enumerate(stragglers.by_step):
+        for rank, us in step.wait_by_rank_us.items():
+            union = waiting.get(step.step, {}).get(rank, 0.0)
+            if _over(us, union) or _over(union, us):
+                problems.append(f"windows[{w}].stragglers.by_step[{s}] (step {step.step}): rank {rank} waits "
+                                f"{us:.1f} us, the union of its waits is {union:.1f} us (concurrent collectives "
+                                "count once)")
+    for r, wait in enumerate(stragglers.by_wait):
+        union = sum(caused.get(wait.rank, {}).values())
+        if _over(wait.caused_wait_us, union):
+            problems.append(f"windows[{w}].stragglers.by_wait[{r}]: rank {wait.rank} caused {wait.caused_wait_us:.1f} "
+                            f"us of waiting, more than the union of its lateness {union:.1f} us")
+    return problems
+
+
+def _what_ifs_within_union(w: int, window, waiting: dict, caused: dict) -> list[str]:
+    problems = []
+    step_ms = {(rank.rank, s.step): s.step_time_ms for rank in window.ranks for s in rank.steps}
+    for f, finding in enumerate(window.causes.findings):
+        for i, step in enumerate(finding.what_if):
+            where = f"windows[{w}].causes.findings[{f}].what_if[{i}] (step {step.step})"
+            union = caused.get(finding.rank, {}).get(step.step, 0.0)
+            if _over(step.caused_wait_ms * 1000, union):
+                problems.append(f"{where}: caused wait {step.caused_wait_ms:.3f} ms exceeds the union of rank "
+                                f"{finding.rank}'s lateness {union / 1000:.3f} ms")
+            own = [step_ms[(rank, step.step)] - us / 1000 for rank, us in waiting.get(step.step, {}).items()
+                   if rank != finding.rank and (rank, step.step) in step_ms]
+            if own and step.projected_step_ms < max(own) - 1e-3:
+                problems.append(f"{where}: projected {step.projected_step_ms:.3f} ms below another rank's own "
+                                f"work in the step (its step less its waiting, {max(own):.3f} ms)")
     return problems
 
 

@@ -11,12 +11,19 @@ step time, step metrics  per steady step, the slowest rank's `step_time_ms`; the
                          steady steps. Steady steps: every step of a rank's metrics except its first (start-up,
                          compilation) and those recorded inside a profiler window (`profiled`: the profiler's own
                          cost); `steady_step_records`. `metrics_step_times`.
-waiting caused           by a late rank at a collective: its lateness over the others, less what it inherited
-                         from an earlier collective it was also last at (causes.py); per step clamped to
-                         [0, step time - the step's compute floor]. `clamp_caused_wait_ms`.
-compute floor            of a step, for a late rank: what its other ranks computed between the step's
-                         collectives (the median over them per collective, summed; causes.py); no what-if
-                         goes below it.
+waiting                  of a rank in a step: the time inside at least one of its waits at the step's
+                         collectives (a wait: from its arrival to the last rank's), so collectives in flight
+                         together (DDP's gradient buckets) count once: the union, never the sum. `union_us`,
+                         `union_by_step_us`; stragglers.py `waiting_by_step` applies it to the arrivals.
+waiting caused           by a late rank at a collective: the stretch before its arrival by which it was later
+                         than the others (their median arrival), less what it inherited from an earlier
+                         collective it was also last at (causes.py); per step the union of those stretches,
+                         clamped to [0, step time - the step's compute floor]. `clamp_caused_wait_ms`.
+compute floor            of a step, for a late rank: the larger of what its other ranks computed between the
+                         step's collectives (the median over them per collective, summed; causes.py) and each
+                         other rank's step time less its waiting in the step (its own work, which stays were
+                         the late rank on time); with step metrics, also the steady step less its exposed
+                         gradient communication (`metrics_floor_ms`). No what-if goes below it.
 what-if                  the step's time less the waiting a rank caused in it: never below the compute floor.
 gain                     ms per step a change could save, never more than the step it is taken from less that
                          step's floor; its percentage is of a denominator printed beside it (`Gain`).
@@ -136,6 +143,33 @@ def metrics_basis(steady: Mapping[int, list[dict]]) -> str:
 
 
 # -- waiting, what-if, gain --------------------------------------------------------------------------
+
+
+def union_us(starts_us, ends_us) -> float:
+    """Time inside at least one of the intervals [start, end), us; non-finite or empty ones add nothing."""
+    starts, ends = np.asarray(starts_us, dtype=np.float64), np.asarray(ends_us, dtype=np.float64)
+    keep = np.isfinite(starts) & np.isfinite(ends) & (ends > starts)
+    if not keep.any():
+        return 0.0
+    order = np.argsort(starts[keep], kind="stable")
+    starts, ends = starts[keep][order], ends[keep][order]
+    # in start order, each interval adds only what reaches past every earlier end
+    reach = np.concatenate(([-np.inf], np.maximum.accumulate(ends)[:-1]))
+    return float(np.sum(np.maximum(ends - np.maximum(starts, reach), 0.0)))
+
+
+def union_by_step_us(steps, starts_us, ends_us) -> dict[int, float]:
+    """step -> `union_us` of the intervals of that step (the waiting of one rank per step, module docstring)."""
+    steps, starts, ends = np.asarray(steps), np.asarray(starts_us, dtype=np.float64), np.asarray(ends_us, dtype=np.float64)
+    return {int(step): union_us(starts[steps == step], ends[steps == step]) for step in np.unique(steps)}
+
+
+def metrics_floor_ms(step_ms: float | None, comm_exposed_ms: float | None) -> float | None:
+    """The compute floor step metrics give: the steady step less its exposed gradient communication (which holds
+    any waiting for a late rank), each the slowest rank's per step, median; None when either is unknown."""
+    if step_ms is None or comm_exposed_ms is None:
+        return None
+    return max(step_ms - max(comm_exposed_ms, 0.0), 0.0)
 
 
 def clamp_caused_wait_ms(caused_ms: float, step_ms: float, floor_ms: float | None) -> float:

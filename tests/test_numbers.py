@@ -58,7 +58,8 @@ def test_a_what_if_is_never_negative_nor_below_the_peers_compute(tmp_path):
     for step in finding.what_if:
         assert 0.0 <= step.caused_wait_ms <= step.step_time_ms - step.floor_ms + 1e-9
         assert step.projected_step_ms >= step.floor_ms > 0.0                   # the peers' gemms stay
-        assert step.floor_ms <= 3 * 0.2 + 1e-9           # the peers' 200 us gemms between the step's collectives
+        # the peers' own work: their 2 ms step less their waiting at the 2 collectives in its host range
+        assert step.floor_ms == pytest.approx(2.0 - 2 * 0.6, abs=1e-9)
     assert "-" not in finding.explanation.split("would take ")[1].split(" ms")[0]
     assert check_report(report) == []
 

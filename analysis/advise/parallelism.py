@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from fleetscope.analysis.cross_rank.causes import CAUSE_HOST, CAUSE_SLOW_DEVICE, CAUSE_WORK
-from fleetscope.analysis.quantities import bounded_gain, step_ranges
+from fleetscope.analysis.quantities import BASIS_STEP_METRICS, bounded_gain, clamp_caused_wait_ms, metrics_floor_ms, step_ranges
 
 from .input import DATA_WORKERS_CHANGE, DATA_WORKERS_IN_CODE, RECOMMENDED_WORKERS
 from .model import STRAGGLER_SHARE, Evidence, Finding, Rule, trainer_change
@@ -26,7 +26,8 @@ def straggler(e: Evidence) -> Finding | None:
     """The rank the verdict names the straggler (analysis/quantities.py job_straggler: most waiting caused over
     all windows, consistently) when it causes >= STRAGGLER_SHARE of the waiting for a cause with a remedy. Its cause: its cause finding
     in the window where it causes the largest share. Gain: the mean what-if saving over its steps in every
-    window (causes.py, clamped to the step's compute floor), as a share of those steps' mean time. A host-side
+    window (causes.py, clamped to the step's compute floor, and to the step metrics' floor where the run has
+    them: analysis/quantities.py "compute floor"), as a share of those steps' mean time. A host-side
     delay that is its DataLoader (INPUT_WAIT_SHARE of its lateness) gets data workers as the change; data
     workers are never suggested when its DataLoader takes no longer than its peers'."""
     job = e.job_straggler
@@ -37,7 +38,8 @@ def straggler(e: Evidence) -> Finding | None:
     if top is None or top.cause not in _STRAGGLER_CHANGES:
         return None
     what_if = [(w, step) for f, w in own for step in f.what_if]
-    saved = [step.step_time_ms - step.projected_step_ms for _, step in what_if]
+    floor = _metrics_floor_ms(e)
+    saved = [clamp_caused_wait_ms(step.caused_wait_ms, step.step_time_ms, max(step.floor_ms, floor)) for _, step in what_if]
     of_ms = float(np.mean([step.step_time_ms for _, step in what_if])) if what_if else None
     bounded = bounded_gain(float(np.mean(saved)) if saved else None, of_ms, _what_if_basis(what_if))
     windows = sorted({w for _, w in own}, key=lambda w: -1 if w is None else w)
@@ -59,6 +61,13 @@ def straggler(e: Evidence) -> Finding | None:
                    confidence="high" if top.explained_share >= 0.8 else "medium",
                    **change, why=top.explanation, recovers=_straggler_recovers(kind), ranks=[job.rank],
                    windows=windows)
+
+
+def _metrics_floor_ms(e: Evidence) -> float:
+    """The unprofiled steady steps' floor (0 without step metrics: the trace's own floors hold then)."""
+    if not e.step_basis.startswith(BASIS_STEP_METRICS):
+        return 0.0
+    return metrics_floor_ms(e.step_ms, e.comm_exposed_ms) or 0.0
 
 
 def _padded(windows: list, count: int) -> list:

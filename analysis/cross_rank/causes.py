@@ -42,7 +42,10 @@ What-if per step: projected_step_ms = the step's time (slowest rank's) minus the
 step, i.e. the step if this rank had arrived with the others and nothing else changed. The waiting caused at
 an instance is its lateness minus what it inherited: where it was also last at its previous collective, the
 part of carried_us up to the lateness was already counted there (gloo spans end at different instants on
-different ranks, so one delay would otherwise count at every following collective).
+different ranks, so one delay would otherwise count at every following collective). Per step those stretches
+(each ending at its arrival) add up as their union (stragglers.py caused_by_step): two gradient buckets in
+flight together, both waiting for one late backward, are one wait. The floor: analysis/quantities.py
+"compute floor".
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ from fleetscope.analysis.cross_rank.clock_align import (
     SOURCE_REFERENCE_HOST,
     ClockAlignment,
 )
-from fleetscope.analysis.cross_rank.stragglers import Stragglers, others_median
+from fleetscope.analysis.cross_rank.stragglers import Stragglers, caused_by_step, others_median, waiting_by_step
 from fleetscope.analysis.per_rank.names import short_kernel_name
 from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.quantities import clamp_caused_wait_ms
@@ -93,13 +96,13 @@ class StepWhatIf:
     step_time_ms: float
     """The step's time on its slowest rank."""
     caused_wait_ms: float
-    """Sum of this rank's lateness at the step's instances where it was last (less what it inherited),
-    clamped to [0, step_time_ms - floor_ms] (analysis/quantities.py: clamp_caused_wait_ms)."""
+    """The union of this rank's lateness stretches at the step's instances where it was last (less what it
+    inherited), clamped to [0, step_time_ms - floor_ms] (analysis/quantities.py: clamp_caused_wait_ms)."""
     projected_step_ms: float
     """step_time_ms - caused_wait_ms (module docstring): never below floor_ms."""
     floor_ms: float = 0.0
-    """The step's compute floor: what its other ranks computed between its collectives (analysis/quantities.py);
-    0 when not known."""
+    """The step's compute floor (analysis/quantities.py): the larger of what its other ranks computed between its
+    collectives and their step time less their waiting; 0 when not known."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -441,20 +444,33 @@ def _what_if(m: ArrivalMatrix, terms: _Terms, late: np.ndarray, row: int,
     for result in results:
         for step in result.steps:
             step_times[step.step] = max(step_times.get(step.step, 0.0), step.step_time_ms)
-    caused: dict[int, float] = {}
-    for column, amount in enumerate(_caused_us(m, terms, late, row)):
-        if late[column]:
-            caused[m.keys[column][0]] = caused.get(m.keys[column][0], 0.0) + amount / 1000.0
-    peers = _peer_compute_ms(m, row)
+    columns = np.flatnonzero(late)
+    caused = {step: us / 1000.0 for step, us in
+              caused_by_step(m, columns, _caused_us(m, terms, late, row)[columns]).items()} if columns.size else {}
+    peers, own = _peer_compute_ms(m, row), _peer_own_time_ms(m, results, m.ranks[row])
     what_if = []
     for step in sorted(step_times):
         if step not in caused:
             continue
-        floor = min(max(floors_ms.get(step, 0.0), peers.get(step, 0.0), 0.0), step_times[step])
+        floor = min(max(floors_ms.get(step, 0.0), peers.get(step, 0.0), own.get(step, 0.0), 0.0), step_times[step])
         wait = clamp_caused_wait_ms(caused[step], step_times[step], floor)
         what_if.append(StepWhatIf(step=step, step_time_ms=step_times[step], caused_wait_ms=wait,
                                   projected_step_ms=step_times[step] - wait, floor_ms=floor))
     return what_if
+
+
+def _peer_own_time_ms(m: ArrivalMatrix, results: list[RankResult], rank: int) -> dict[int, float]:
+    """step -> the longest, over the other ranks, of their step time less their waiting in it: their own work,
+    which stays were `rank` on time (analysis/quantities.py "compute floor")."""
+    waiting = waiting_by_step(m)
+    own: dict[int, float] = {}
+    for result in results:
+        if result.rank == rank:
+            continue
+        for step in result.steps:
+            waited_ms = waiting.get(step.step, {}).get(result.rank, 0.0) / 1000.0
+            own[step.step] = max(own.get(step.step, 0.0), step.step_time_ms - waited_ms)
+    return own
 
 
 def _peer_compute_ms(m: ArrivalMatrix, row: int) -> dict[int, float]:

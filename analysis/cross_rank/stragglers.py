@@ -14,8 +14,12 @@ clock, see arrivals.py and clock_align.py):
 An instance counts toward a rank being "last" only when the lateness reaches `min_lateness_us`, so the
 ordering noise of ranks that arrive together blames nobody.
 
-Per rank: score = its share of all the waiting caused (sum of its lateness where it was last, over the sum
-for all ranks), in [0, 1]. The verdict names a straggler when one rank causes most of the waiting (its
+Waits add up per rank and step as their union (analysis/quantities.py "waiting"): DDP's gradient buckets are
+in flight together, and a rank that waits for the same late rank at two of them waits once. The waiting a
+rank caused is likewise, per step, the union of its lateness stretches ([the others' median arrival, its
+arrival]) at the instances where it was last.
+
+Per rank: score = its share of all the waiting caused (its caused waiting, over the sum for all ranks), in [0, 1]. The verdict names a straggler when one rank causes most of the waiting (its
 share and how often it was last are both stated); "spread" only when no rank causes most of it. Why the
 straggler is late (work, slow device, host, network, clock) is classified in causes.py.
 """
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from fleetscope.analysis.cross_rank.arrivals import ArrivalMatrix
 from fleetscope.analysis.per_rank.rank import RankResult
+from fleetscope.analysis.quantities import union_by_step_us
 
 DEFAULT_MIN_LATENESS_US = 100.0
 WORST_INSTANCES_KEPT = 10
@@ -75,6 +80,9 @@ class InstanceDetail:
     """Arrival after the first rank's arrival; None: the rank has no such instance."""
     wait_us: list[float | None]
     interval_compute_us: list[float | None]
+    first_start_us: float | None = None
+    """The first rank's arrival on the window's common clock: with arrival_us and wait_us it places every wait,
+    so their union can be checked (analysis/invariants.py). None in reports written before it was kept."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,13 +94,13 @@ class RankWait:
     """Instances where it arrived last by at least min_lateness_us."""
     last_pct: float
     caused_wait_us: float
-    """Sum of its lateness over the instances where it was last."""
+    """Per step, the union of its lateness stretches at the instances where it was last; summed over steps."""
     median_lateness_us: float | None
     """Median lateness over the instances where it was last."""
     median_extra_compute_us: float | None
     """Median extra_compute_us over the instances where it was last."""
     waited_us: float
-    """Sum of its waits: time spent inside collectives for later ranks."""
+    """Time spent inside collectives for later ranks: per step the union of its waits, summed over steps."""
     score: float
     """Share of all waiting caused that this rank caused, 0..1."""
 
@@ -107,8 +115,9 @@ class StepWaits:
     """The rank last (by min_lateness_us) at most of this step's collectives; None if nobody was."""
     max_lateness_us: float
     total_wait_us: float
-    """Sum over instances and ranks of the waits."""
+    """Sum over ranks of their waiting in the step (each rank's the union of its waits)."""
     wait_by_rank_us: dict[int, float] = field(default_factory=dict)
+    """rank -> its waiting in the step: the union of its waits (waiting_by_step)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,44 +243,73 @@ def _instances(m: ArrivalMatrix) -> list[CollectiveInstance]:
     ]
 
 
+def waiting_by_step(m: ArrivalMatrix) -> dict[int, dict[int, float]]:
+    """step -> rank -> its waiting in the step, us: the union of its waits [its arrival, the last arrival] at the
+    step's instances (analysis/quantities.py "waiting"); every figure of waiting is taken from here."""
+    last = np.nanmax(m.start_us, axis=0)
+    steps = [key[0] for key in m.keys]
+    by_step: dict[int, dict[int, float]] = {}
+    for row, rank in enumerate(m.ranks):
+        present = m.present[row]
+        for step, us in union_by_step_us(np.asarray(steps)[present], m.start_us[row, present], last[present]).items():
+            by_step.setdefault(step, {})[rank] = us
+    return by_step
+
+
+def caused_by_step(m: ArrivalMatrix, columns: np.ndarray, caused_us: np.ndarray) -> dict[int, float]:
+    """step -> the waiting a late rank caused at `columns`, us: the union of the stretches of `caused_us` that end
+    at its arrival (the last one) at each of them (analysis/quantities.py "waiting caused")."""
+    arrival = np.nanmax(m.start_us[:, columns], axis=0)
+    steps = np.asarray([m.keys[c][0] for c in columns], dtype=np.int64)
+    return union_by_step_us(steps, arrival - np.maximum(caused_us, 0.0), arrival)
+
+
 def _rank_waits(m: ArrivalMatrix, instances: list[CollectiveInstance], min_lateness_us: float) -> list[RankWait]:
-    waited = np.nansum(np.nanmax(m.start_us, axis=0) - m.start_us, axis=1)
+    by_step = waiting_by_step(m)
     taken = m.present.sum(axis=1)
-    late_by_rank: dict[int, list[CollectiveInstance]] = {rank: [] for rank in m.ranks}
-    for instance in instances:
+    late_by_rank: dict[int, list[int]] = {rank: [] for rank in m.ranks}
+    for column, instance in enumerate(instances):
         if instance.lateness_us >= min_lateness_us:
-            late_by_rank[instance.last_rank].append(instance)
-    total_caused = sum(i.lateness_us for late in late_by_rank.values() for i in late)
+            late_by_rank[instance.last_rank].append(column)
+    caused_by_rank = {rank: _caused_us(m, instances, columns) for rank, columns in late_by_rank.items()}
+    total_caused = sum(caused_by_rank.values())
     waits = []
     for row, rank in enumerate(m.ranks):
-        late = late_by_rank[rank]
-        caused = float(sum(i.lateness_us for i in late))
+        late = [instances[c] for c in late_by_rank[rank]]
+        caused = caused_by_rank[rank]
         waits.append(RankWait(
             rank=rank, collectives=int(taken[row]), times_last=len(late),
             last_pct=100.0 * len(late) / int(taken[row]) if taken[row] else 0.0,
             caused_wait_us=caused,
             median_lateness_us=float(np.median([i.lateness_us for i in late])) if late else None,
             median_extra_compute_us=float(np.median([i.extra_compute_us for i in late])) if late else None,
-            waited_us=float(waited[row]),
+            waited_us=float(sum(ranks.get(rank, 0.0) for ranks in by_step.values())),
             score=caused / total_caused if total_caused > 0 else 0.0,
         ))
     return sorted(waits, key=lambda w: (-w.caused_wait_us, w.rank))
 
 
+def _caused_us(m: ArrivalMatrix, instances: list[CollectiveInstance], columns: list[int]) -> float:
+    if not columns:
+        return 0.0
+    lateness = np.asarray([instances[c].lateness_us for c in columns])
+    return float(sum(caused_by_step(m, np.asarray(columns), lateness).values()))
+
+
 def _step_waits(m: ArrivalMatrix, instances: list[CollectiveInstance], min_lateness_us: float) -> list[StepWaits]:
-    waits = np.nanmax(m.start_us, axis=0) - m.start_us          # ranks x instances
+    by_step = waiting_by_step(m)
     steps = np.asarray([key[0] for key in m.keys])
     summary = []
     for step in sorted(set(steps.tolist())):
         in_step = steps == step
         late = Counter(i.last_rank for i, on in zip(instances, in_step) if on and i.lateness_us >= min_lateness_us)
-        step_waits = np.nansum(waits[:, in_step], axis=1)
+        step_waits = {rank: by_step.get(step, {}).get(rank, 0.0) for rank in m.ranks}
         summary.append(StepWaits(
             step=int(step), collectives=int(in_step.sum()),
             most_often_last=late.most_common(1)[0][0] if late else None,
             max_lateness_us=max(i.lateness_us for i, on in zip(instances, in_step) if on),
-            total_wait_us=float(step_waits.sum()),
-            wait_by_rank_us={rank: float(w) for rank, w in zip(m.ranks, step_waits)},
+            total_wait_us=float(sum(step_waits.values())),
+            wait_by_rank_us=step_waits,
         ))
     return summary
 
@@ -287,7 +325,8 @@ def _details(m: ArrivalMatrix) -> list[InstanceDetail]:
 
     return [
         InstanceDetail(step=key[0], name=key[1], ordinal=key[2], arrival_us=column(m.start_us[:, i] - first[i]),
-                       wait_us=column(last[i] - m.start_us[:, i]), interval_compute_us=column(m.interval_compute_us[:, i]))
+                       wait_us=column(last[i] - m.start_us[:, i]), interval_compute_us=column(m.interval_compute_us[:, i]),
+                       first_start_us=float(first[i]))
         for i, key in enumerate(m.keys)
     ]
 

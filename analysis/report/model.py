@@ -95,7 +95,7 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           worst_instances[] {step, name, ordinal, participants, last_rank, lateness_us,
                           extra_compute_us, arrival_spread_us, end_spread_us},
                           detail_ranks[], details[] {step, name, ordinal, arrival_us[], wait_us[],
-                          interval_compute_us[]} (per rank in detail_ranks order; only up to
+                          interval_compute_us[], first_start_us} (per rank in detail_ranks order; only up to
                           50,000 ranks x instances), verdict}; an instance's name carries its
                           process group when the trace names it ("nccl:AllReduce [mesh_tp pg 3]"),
                           and a null arrival/wait marks a rank outside that group

@@ -73,9 +73,15 @@ def test_analysis_track_has_steps_idle_gaps_and_counters(traces, tmp_path):
                 and check.process_of(s.track_uuid).uuid == rank0.uuid]
     step = next(s for s in analysis if s.name == "step 3")
     assert (step.start_ns, step.end_ns) == (BASE_NS, BASE_NS + 1_000_000)
-    # GPU busy: [30, 90] and [95, 395] us; gaps 30 us and 5 us are below 50 us, so only the tail is drawn
+    # GPU busy: [30, 90] and [95, 395] us; every gap is drawn by default (the report's idle by cause)
     assert [(s.name, s.start_ns - BASE_NS, s.end_ns - BASE_NS) for s in analysis if s.name.startswith("idle")] == [
+        ("idle: host busy elsewhere", 0, 30_000), ("idle: short gaps", 90_000, 95_000),
         ("idle: host busy elsewhere", 395_000, 1_000_000)]
+    # with min_idle_gap_us 50 the 30 us and 5 us gaps are counted (idle %) but not drawn
+    short = check_trace(merge(traces, tmp_path / "short.perfetto-trace", options=MergeOptions(min_idle_gap_us=50)).output)
+    assert [(s.name, s.start_ns - BASE_NS) for s in short.slices if s.name.startswith("idle")
+            and short.process_of(s.track_uuid).uuid == short.processes()[0].uuid] == [
+        ("idle: host busy elsewhere", 395_000)]
     assert step.annotations["idle_pct"] == pytest.approx(64.0)
     assert step.annotations["idle_basis"] == "gpu"
     counters = {t.name: check.counter_values[t.uuid] for t in check.tracks.values()

@@ -2,22 +2,29 @@
 analysis` track and counters.
 
 The analysis track holds
-  * one slice per training step: the steps the per-rank parse found (per_rank/steps.py);
-  * idle gaps inside the steps, drawn when at least `min_idle_gap_us` long, named `idle: <cause>`: the
-    gaps and causes of the per-rank analysis (host_stalls.find_idle_gaps, the one rule for both the report
-    and this track): GPU traces (no kernel, memcpy or memset on any stream) `input wait`, `host
-    collective`, `host sync`, `short gaps`, `device dependency`, `host busy elsewhere`; CPU traces (no
-    `cpu_op` and no collective in flight on any thread) `no op running`;
+  * one slice per training step, `step N`, over the span the report times it by (per_rank/steps.py
+    StepTiming.span_start_us / span_end_us: the host's `ProfilerStep`/`train_step` range, or the GPU's span
+    where the GPU bounds the step), so its length is the report's step_time_ms;
+  * one slice for the time between two steps of a window (`between steps`, or `between steps: <names>`
+    naming the collectives that run there, such as a trainer's stop-flag all-reduce outside
+    `ProfilerStep`): in no step time of the report, and not idle;
+  * idle gaps inside the steps, named `idle: <cause>`: the gaps and causes of the per-rank analysis
+    (host_stalls.find_idle_gaps, the one rule for both the report and this track), every one by default
+    (`min_idle_gap_us` 0), so a rank's idle slices sum to the report's idle_by_cause_us: GPU traces (no
+    kernel, memcpy or memset on any stream) `input wait`, `host collective`, `host sync`, `short gaps`,
+    `device dependency`, `host busy elsewhere`; CPU traces (no `cpu_op` and no collective in flight on any
+    thread) `no op running`;
   * straggler marks from the analysis report, when one is given: where this rank arrived last at a
     collective (and how late), and a summary with the report's verdict as debug annotations;
   * hot-expert marks from the report's MoE findings (moe_overlays.py);
   * host-stall marks and per-step evidence counters from the report (evidence_overlays.py).
 A `critical path` track holds the report's critical-path segments on this rank (critical_path_overlays.py).
-Counters: `step time (ms)` and `idle (%)`, one sample at each step's start. A step's range runs to the
-next step's start (the last one to its own end); idle % is the analysis's idle gaps in that range (it
-finds them inside the steps' own ranges, so time between one step's end and the next one's start is not
-idle). MoE
-runs also get `tokens: expert <E>` counters, one per local expert (moe_overlays.py).
+Counters: `step time (ms)` and `idle (%)`, one sample at each step's start: the step's span as drawn (the
+report's step time), and the analysis's idle gaps inside it in percent of it. MoE runs also get
+`tokens: expert <E>` counters, one per local expert (moe_overlays.py).
+
+The filters (MergeOptions.steps, plan.kept_spans) keep their own step ranges (a host step to the next one's
+start, OverlayInputs.step_ranges): they choose events, not how a step is timed.
 """
 
 from __future__ import annotations
@@ -52,6 +59,10 @@ STEP_TIME_TRACK = ("counter", "fleetscope", "step time (ms)")
 IDLE_TRACK = ("counter", "fleetscope", "idle (%)")
 STEP_CATEGORY = "fleetscope.step"
 IDLE_CATEGORY = "fleetscope.idle"
+BETWEEN_CATEGORY = "fleetscope.between_steps"
+BETWEEN_STEPS = "between steps"
+BETWEEN_NAMES_SHOWN = 3
+"""Collective names a `between steps` slice's name lists (all of them are in its annotations)."""
 STRAGGLER_CATEGORY = "fleetscope.straggler"
 
 
@@ -63,7 +74,8 @@ class OverlayInputs:
     """Host step ranges, by start: the per-rank parse's steps (per_rank/steps.py) on the merged clock."""
 
     def step_ranges(self) -> list[StepRange]:
-        """Each step runs to the next one's start; the last one to its own end."""
+        """The filters' step ranges (MergeOptions.steps: which events a step keeps): each step runs to the
+        next one's start; the last one to its own end. Not a step's time: drawn_spans is."""
         ranges = []
         for index, (step, start, end) in enumerate(self.steps):
             following = self.steps[index + 1][1] if index + 1 < len(self.steps) else end
@@ -73,6 +85,13 @@ class OverlayInputs:
     def keep_steps(self, spans: list[tuple[int, int]]) -> None:
         self.steps = [s for s in self.steps if any(s[1] < e and s[2] > b for b, e in spans)]
 
+    def drawn_spans(self, context: "WindowContext") -> list[StepRange]:
+        """The kept steps (those `keep_steps` left), each over the span the report times it by
+        (WindowContext.step_spans; the host range where the context has no spans), by start."""
+        kept = {step for step, _, _ in self.steps}
+        spans = context.step_spans or tuple(self.steps)
+        return sorted((s for s in spans if s[0] in kept), key=lambda s: (s[1], s[2], s[0]))
+
 
 @dataclass(kw_only=True)
 class OverlayPlan:
@@ -81,13 +100,13 @@ class OverlayPlan:
     instant_count: int = 0
     counter_sample_count: int = 0
     step_ranges: list[tuple[int, int, int]] = field(default_factory=list)
-    """(step, start ns, end ns) on the merged clock, as drawn on the analysis track."""
+    """(step, start ns, end ns) on the merged clock, as drawn on the analysis track (the report's span)."""
 
 
 def plan_overlays(grouped: "GroupedEvents", inputs: OverlayInputs, flows: "FlowPlan", tracks: RankTracks,
                   context: "WindowContext", new_tracks: list["TrackSpec"]) -> OverlayPlan:
     plan = OverlayPlan()
-    ranges = inputs.step_ranges()
+    ranges = inputs.drawn_spans(context)
     plan.step_ranges = list(ranges)
     slices, step_samples, idle_samples = _step_slices(ranges, context)
     report = context.report
@@ -118,21 +137,58 @@ def plan_overlays(grouped: "GroupedEvents", inputs: OverlayInputs, flows: "FlowP
 
 
 def _step_slices(ranges: list[StepRange], context: "WindowContext") -> tuple[list[Slice], list, list]:
-    """The steps and their idle gaps (the analysis's), and the step-time and idle-% samples."""
+    """The steps (the report's spans), the time between them, their idle gaps (the analysis's, each drawn
+    once where spans overlap), and the step-time and idle-% samples."""
     gaps = sorted(context.idle_gaps)
     basis = context.idle_basis
     slices: list[Slice] = []
     step_samples, idle_samples = [], []
     for step, start, end in ranges:
-        inside = gaps_within(gaps, start, end)
-        idle_pct = 100.0 * sum(b - a for a, b, _ in inside) / (end - start) if end > start else 0.0
+        idle_ns = sum(b - a for a, b, _ in gaps_within(gaps, start, end))
+        idle_pct = 100.0 * idle_ns / (end - start) if end > start else 0.0
         slices.append((start, end, f"step {step}", STEP_CATEGORY, NO_EVENT, {
-            "step": step, "step_time_ms": (end - start) / 1e6, "idle_pct": round(idle_pct, 2), "idle_basis": basis}))
-        slices += _gap_slices(inside, context.options.min_idle_gap_us)
+            "window": context.window_key, "step": step, "step_time_ms": (end - start) / 1e6,
+            "idle_ms": idle_ns / 1e6, "idle_pct": round(idle_pct, 2), "idle_basis": basis}))
         step_samples.append((start, (end - start) / 1e6))
         if basis is not None:
             idle_samples.append((start, idle_pct))
+    for start, end in _union([(start, end) for _, start, end in ranges]):
+        slices += _gap_slices(gaps_within(gaps, start, end), context.options.min_idle_gap_us)
+    slices += between_step_slices(ranges, context)
     return slices, step_samples, idle_samples
+
+
+def between_step_slices(ranges: list[StepRange], context: "WindowContext") -> list[Slice]:
+    """A slice from each drawn step's end to the next one's start (none where they touch or overlap), named
+    by the collectives that run there (the per-rank parse's, NO_STEP ones included)."""
+    calls = sorted((start, end, key[1]) for (start, key), end in zip(context.collectives, context.collective_ends_ns))
+    order = {step: position for position, (step, _, _) in enumerate(sorted(context.step_spans or ranges,
+                                                                            key=lambda s: (s[1], s[2], s[0])))}
+    slices: list[Slice] = []
+    for (step, _, end), (following, start, _) in zip(ranges, ranges[1:]):
+        if start <= end or order.get(following) != order.get(step, -2) + 1:   # touching, or a step left out
+            continue
+        inside = [(max(a, end), min(b, start), name) for a, b, name in calls if a < start and b > end]
+        names = list(dict.fromkeys(name for _, _, name in inside))
+        shown = ", ".join(names[:BETWEEN_NAMES_SHOWN]) + (f" +{len(names) - BETWEEN_NAMES_SHOWN} more"
+                                                          if len(names) > BETWEEN_NAMES_SHOWN else "")
+        covered = sum(b - a for a, b in _union([(a, b) for a, b, _ in inside]))
+        slices.append((end, start, f"{BETWEEN_STEPS}: {shown}" if names else BETWEEN_STEPS, BETWEEN_CATEGORY,
+                       NO_EVENT, {"window": context.window_key, "after_step": step, "before_step": following,
+                                  "between_ms": (start - end) / 1e6, "collectives": ", ".join(names),
+                                  "collective_count": len(inside), "collective_ms": covered / 1e6}))
+    return slices
+
+
+def _union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of [start, end) spans, as sorted disjoint spans."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def _instants(grouped: "GroupedEvents", inputs: OverlayInputs, flows: "FlowPlan", ranges: list[StepRange],

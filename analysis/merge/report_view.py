@@ -11,6 +11,7 @@ computes anything. A run directory's `report/report.json` is used when no report
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -93,6 +94,43 @@ def report_view(report: dict | None, *, rank: int, window_key: int, first_window
         late_instances=[i for i in _dicts(stragglers.get("worst_instances"))
                         if i.get("last_rank") == rank and _kept_others_waiting(i, stragglers.get("min_lateness_us"))],
     )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepFigures:
+    """The report's step times and idle by cause of one rank in one window (what the merge's analysis
+    track must show: expectations.py)."""
+
+    step_times_ms: dict[int, float]
+    """step -> windows[].ranks[].steps[].step_time_ms."""
+    idle_by_cause_us: dict[str, float] | None
+    """host_stalls.idle_by_cause_us (summed over the window's steps); None: no host_stalls."""
+
+
+def report_step_figures(report: dict | None, *, rank: int, window_key: int) -> StepFigures | None:
+    """The report's StepFigures of `rank` in the window numbered `window_key`; None without a report."""
+    if report is None:
+        return None
+    entry = _dict(_rank_entry(_dict(_window_entry(report.get("windows"), window_key)).get("ranks"), rank))
+    return StepFigures(step_times_ms=_step_times_ms(entry), idle_by_cause_us=_idle_by_cause_us(entry))
+
+
+def _step_times_ms(rank_entry: dict) -> dict[int, float]:
+    """step -> step_time_ms of a windows[].ranks[] entry (the span the merge draws each step with)."""
+    return {s["step"]: float(s["step_time_ms"]) for s in _dicts(rank_entry.get("steps"))
+            if _ints([s.get("step")]) and _number(s.get("step_time_ms"))}
+
+
+def _idle_by_cause_us(rank_entry: dict) -> dict[str, float] | None:
+    """host_stalls.idle_by_cause_us of a windows[].ranks[] entry; None without host_stalls."""
+    stalls = rank_entry.get("host_stalls")
+    if not isinstance(stalls, dict) or not isinstance(stalls.get("idle_by_cause_us"), dict):
+        return None
+    return {str(cause): float(us) for cause, us in stalls["idle_by_cause_us"].items() if _number(us)}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _kept_others_waiting(instance: dict, min_lateness_us: Any) -> bool:

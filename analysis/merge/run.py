@@ -53,6 +53,7 @@ from fleetscope.analysis.merge.perfetto.writer import (
     write_preamble,
 )
 from fleetscope.analysis.merge.column_plan import ColumnsRefused, plan_window_columns
+from fleetscope.analysis.merge.expectations import RankExpectations, rank_expectations, window_expectations
 from fleetscope.analysis.merge.plan import WindowPlan, plan_window
 from fleetscope.analysis.merge.window_decode import decode_window
 from fleetscope.analysis.merge.moe_overlays import moe_merge_views
@@ -61,6 +62,7 @@ from fleetscope.analysis.merge.report_view import (
     load_report,
     report_clock_offsets_ns,
     report_mismatch,
+    report_step_figures,
     report_view,
 )
 from fleetscope.analysis.merge.stages import merge_analysis
@@ -131,6 +133,8 @@ class RankMergeSummary:
     """The last timestamp written for this rank (slice ends included)."""
     step_ranges_ns: tuple[tuple[int, int, int, int], ...] = ()
     """(window, step, start ns, end ns) of each step drawn on the analysis track, on the merged clock."""
+    expected: RankExpectations = RankExpectations()
+    """What the report says this rank's analysis track holds (expectations.py; verify.py compares)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -393,6 +397,7 @@ class _MergeSession:
         totals: Counter = Counter()
         merged_files: list[str] = []
         step_ranges: list[tuple[int, int, int, int]] = []
+        expected: list = []
         first_ns: int | None = None
         last_ns: int | None = None
         for position, trace_file in enumerate(source.files):
@@ -406,12 +411,16 @@ class _MergeSession:
             emitter.emit(plan, events)
             merged_files.append(str(trace_file.path))
             step_ranges += [(window_key, step, start, end) for step, start, end in plan.step_ranges]
+            expected.append(window_expectations(report_step_figures(self.report, rank=source.rank, window_key=window_key),
+                                                trace_file.model, window_key))
             if plan.first_ts_ns is not None:
                 first_ns = plan.first_ts_ns if first_ns is None else min(first_ns, plan.first_ts_ns)
                 last_ns = plan.last_ts_ns if last_ns is None else max(last_ns, plan.last_ts_ns)
             _add_totals(totals, plan)
         clock = self.clock_choice.get(source.rank, (source.clock_offset_ns, source.clock_source))
-        summary = _summary(source, tracks, merged_files, totals, (first_ns, last_ns), clock, step_ranges)
+        summary = dataclasses.replace(
+            _summary(source, tracks, merged_files, totals, (first_ns, last_ns), clock, step_ranges),
+            expected=rank_expectations(expected, self.options))
         if progress is not None:
             progress(summary)
         return summary
@@ -483,7 +492,9 @@ class _MergeSession:
             clock=clock, options=self.options, window_key=window_key, origin_ns=self.origin_ns,
             report=report_view(self.report, rank=source.rank, window_key=window_key, first_window=first_window),
             steps=tuple((step, clock.to_ns(start), clock.to_ns(end)) for step, start, end in model.steps),
+            step_spans=tuple((step, clock.to_ns(start), clock.to_ns(end)) for step, start, end in model.step_spans),
             collectives=tuple((clock.to_ns(start), key) for start, key in model.collectives),
+            collective_ends_ns=tuple(clock.to_ns(end) for end in model.collective_ends_us),
             collective_source=model.collective_source,
             p2p=tuple((clock.to_ns(start), key, kind) for start, key, kind in model.p2p),
             moe=self.moe.get(source.rank),

@@ -55,6 +55,10 @@ class WindowModel:
 
     steps: tuple[tuple[int, float, float], ...] = ()
     """(step, start_us, end_us) of each training step on the host, by start."""
+    step_spans: tuple[tuple[int, float, float], ...] = ()
+    """(step, start_us, end_us) of the span each step is timed by, in `steps`' order: the report's step
+    (StepTiming.span_start_us / span_end_us: the host's range, or the GPU's span where the GPU bounds the
+    step), so its length is the report's step_time_ms."""
     collectives: tuple[tuple[float, CollectiveKey], ...] = ()
     """(start_us, instance key) of each collective the report matches across ranks."""
     collective_source: str | None = None
@@ -81,6 +85,7 @@ class WindowModel:
         use = result.utilization
         return cls(
             steps=tuple((s.step, s.start_us, s.end_us) for s in result.steps),
+            step_spans=tuple((s.step, s.span_start_us, s.span_end_us) for s in result.steps),
             collectives=tuple((float(start), key) for start, key in zip(calls.start_us, calls.keys)),
             collective_source=calls.source,
             p2p=tuple((c.start_us, transfer_key(result.rank, c), c.kind) for c in result.p2p.calls

@@ -6,7 +6,8 @@ trace is never read again), in ONE process named `SUMMARY_PROCESS_NAME`, listed 
 per rank (`rank R (host)`, its description saying whether the rank is drawn in full and where):
 
   `rank R: steps`                one slice per window (`window W`: busy/idle/comm % of the window, event
-                                 count), the rank's steps nested in it (`step N`: step time, comm %);
+                                 count), the rank's steps nested in it (`step N`: step time, comm %), each
+                                 over the span the report times it by (WindowModel.step_spans);
   `rank R: collective arrivals`  an instant where the rank reached each collective (its start, the
                                  collective's name as the report matches it), at most
                                  MAX_ARRIVALS_PER_WINDOW per window, the first ones in time;
@@ -154,7 +155,7 @@ def _uuid(rank: int, kind: int) -> int:
 def _window_slices(window: SummaryWindow, steps: frozenset[int] | None,
                    samples: dict[int, list[tuple[int, float]]]) -> list[tuple]:
     model, clock = window.model, window.clock
-    kept = [s for s in model.steps if steps is None or s[0] in steps]
+    kept = [s for s in model.step_spans or model.steps if steps is None or s[0] in steps]   # the report's spans
     intervals = sorted(zip((start for start, _ in model.collectives), model.collective_ends_us))
     slices = []
     for step, start_us, end_us in kept:

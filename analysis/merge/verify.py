@@ -5,8 +5,11 @@ thread descriptors) and compares its processes and per-process slice counts with
 with a trace processor (`trace_processor=PATH`, or the one `find_trace_processor` finds when
 `engine=True`) it also loads the trace in Perfetto's engine and compares the engine's tables with the
 merge's counts (perfetto/sql.py). The critical-path tracks are checked too: the segments of one step form a
-chain across ranks, and every arrow that starts on a critical-path slice ends on one of another rank. `verify_trace_file(path)` does the same for a file alone, with the
-read-back as the expectation.
+chain across ranks, and every arrow that starts on a critical-path slice ends on one of another rank. Each
+rank's `fleetscope analysis` track is compared with the report (expectations.py): every `step N` slice lasts
+the report's step time, and the rank's `idle: <cause>` slices sum to its idle by cause where every gap is
+drawn. `verify_trace_file(path)` does the same for a file alone, with the read-back as the expectation
+(without the report's figures).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetscope.analysis.merge.critical_path_overlays import PATH_TRACK_NAME
+from fleetscope.analysis.merge.expectations import analysis_track_problems
 from fleetscope.analysis.merge.perfetto.check import CROSS_RANK_FLOW_BIT, TraceCheck, check_trace
 from fleetscope.analysis.merge.perfetto.sql import (
     EngineExpectations,
@@ -48,6 +52,8 @@ def verify_merge(result: MergeResult, *, trace_processor: str | Path | None = No
                  f"{s.thread_count}" for s in result.per_rank if s.files and threads.get(s.process_name, 0) != s.thread_count]
     if not any(s.clock_source == CLOCK_GIVEN for s in result.per_rank):
         problems += critical_path_problems(check)     # given offsets move ranks off the report's clock
+    problems += analysis_track_problems(check, {s.process_name: s.expected for s in result.per_rank
+                                                if s.files and s.overlay_slice_count})
     binary = find_trace_processor(trace_processor) if (engine or trace_processor) else None
     if binary is not None:
         problems += check_with_trace_processor(result.output, binary, expected=merge_expectations(result, check)).problems

@@ -59,9 +59,15 @@ class WindowContext:
     """Where `options.time_window_s` counts from; None: this window's first event."""
     report: ReportView | None = None
     steps: tuple[StepRange, ...] = ()
-    """(step, start_ns, end_ns) on the merged clock, from the per-rank parse."""
+    """(step, start_ns, end_ns) of the host's step ranges on the merged clock, from the per-rank parse (what
+    the filters and host-sync marks go by)."""
+    step_spans: tuple[StepRange, ...] = ()
+    """(step, start_ns, end_ns) of the span each step is timed by (sources.WindowModel.step_spans: the
+    report's step), on the merged clock: what the analysis track draws."""
     collectives: tuple[tuple[int, CollectiveKey], ...] = ()
     """(start_ns, instance key) on the merged clock, from the per-rank parse."""
+    collective_ends_ns: tuple[int, ...] = ()
+    """The end of each of `collectives` (same order), on the merged clock."""
     collective_source: str | None = None
     p2p: tuple[tuple[int, tuple, str], ...] = ()
     """(start_ns, transfer key, send|recv) of the sends / receives with a known peer (sources.WindowModel)."""

@@ -6,7 +6,7 @@ from html import escape
 
 from fleetscope.analysis.per_rank.host_stalls import GAP_CAUSES
 from fleetscope.analysis.per_rank.names import PHASES
-from fleetscope.analysis.render.evidence_text import compile_line, difference_text, stall_totals
+from fleetscope.analysis.render.evidence_text import compile_line, difference_text, idle_per_step_ms, stall_totals
 from fleetscope.analysis.render.html_table import table
 from fleetscope.analysis.report.model import Report, WindowReport
 
@@ -72,7 +72,7 @@ def _phase_table(window: WindowReport) -> str:
 def _share_table(title: str, totals_us: dict[str, float], total_us: float) -> str:
     rows = [[name, _f(us / 1000, 3), _f(100 * us / total_us if total_us > 0 else None)]
             for name, us in totals_us.items()]
-    return f"<p>{escape(title)}</p>" + table(["", "GPU ms", "%"], rows, left=(0,)) if rows else ""
+    return f"<p>{escape(title)}</p>" + table(["", "GPU ms in the window", "%"], rows, left=(0,)) if rows else ""
 
 
 def _time(report: Report) -> str:
@@ -103,16 +103,17 @@ def _stalls(report: Report) -> str:
         stalled = [rank for rank in window.ranks if rank.host_stalls is not None]
         causes = [c for c in GAP_CAUSES if any(c in r.host_stalls.idle_by_cause_us for r in stalled)]
         header = ["rank", "syncs/step", "blocked ms/step", "tensor reads/step", "copies to host/step",
-                  "input wait ms/step", *(f"idle: {cause} ms" for cause in causes)]
+                  "input wait ms/step", *(f"idle: {cause} ms/step" for cause in causes)]
         for rank in stalled:
-            t, idle = stall_totals(rank.host_stalls), rank.host_stalls.idle_by_cause_us
+            t, idle = stall_totals(rank.host_stalls), idle_per_step_ms(rank.host_stalls)
             rows.append([str(rank.rank), _f(t["syncs"]), _f(t["sync_ms"], 3), _f(t["reads"]), _f(t["dtoh"]),
-                         _f(t["input_ms"], 3), *(_f(idle.get(cause, 0.0) / 1000, 3) for cause in causes)])
+                         _f(t["input_ms"], 3), *(_f(idle.get(cause, 0.0), 3) for cause in causes)])
         if rows:
             parts.append(_window_title(window) + table(header, rows))
     if not parts:
         return ""
-    return ("<h2>Host stalls</h2><p class=\"note\">Syncs: cudaStream/Device/EventSynchronize; tensor reads: "
+    return ("<h2>Host stalls</h2><p class=\"note\">Every column is a mean per profiled step. Syncs: "
+            "cudaStream/Device/EventSynchronize; tensor reads: "
             "aten::_local_scalar_dense (.item()); input wait: DataLoader fetches. GPU idle gaps inside the "
             "steps get one cause each: input wait (half covered by a fetch), host collective (half covered by "
             "gloo/c10d communication on the host), host sync (starts during or just "

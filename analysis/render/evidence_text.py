@@ -71,7 +71,9 @@ def _time(report: Report) -> str:
         gpu = window.gpu_time
         if gpu is None:
             continue
-        lines.append(_w(window) + f"GPU time {gpu.total_us / 1000:.2f} ms (all ranks), by launching phase: "
+        steps = max((len(rank.steps) for rank in window.ranks), default=0)
+        lines.append(_w(window) + f"GPU time in the window {gpu.total_us / 1000:.2f} ms (all ranks, {steps} "
+                     "profiled steps), by launching phase: "
                      + _shares(gpu.by_phase_us, gpu.total_us))
         lines.append(_w(window) + "by kernel category: " + _shares(gpu.by_category_us, gpu.total_us))
         if gpu.by_range_us:
@@ -98,6 +100,14 @@ def stall_totals(stalls) -> dict[str, float]:
     }
 
 
+def idle_per_step_ms(stalls) -> dict[str, float]:
+    """A rank's idle time inside its steps by cause, mean ms per profiled step, largest first (report.json's
+    idle_by_cause_us is the sum over the profiled steps)."""
+    count = max(len(stalls.steps or []), 1)
+    return {cause: us / count / 1000 for cause, us in
+            sorted(stalls.idle_by_cause_us.items(), key=lambda item: -item[1])}
+
+
 def _count(mean: float) -> str:
     """A per-step mean of a count: whole when it is ("74 tensor reads"), else one decimal."""
     return f"{mean:.0f}" if abs(mean - round(mean)) < 0.05 else f"{mean:.1f}"
@@ -115,16 +125,15 @@ def _stalls(report: Report) -> str:
         ranks.sort(key=lambda r: -(stall_totals(r.host_stalls)["sync_ms"] + stall_totals(r.host_stalls)["input_ms"]))
         for rank in ranks[:STALL_RANKS_SHOWN]:
             t = stall_totals(rank.host_stalls)
-            idle = rank.host_stalls.idle_by_cause_us
-            causes = ", ".join(f"{cause} {us / 1000:.2f} ms" for cause, us in
-                               sorted(idle.items(), key=lambda item: -item[1])) or "-"
+            causes = ", ".join(f"{cause} {ms:.2f} ms" for cause, ms in idle_per_step_ms(rank.host_stalls).items()) or "-"
             paged = (f", {_count(t['pageable'])} pageable copies ({t['pageable_ms']:.2f} ms on the host)"
                      if t["pageable"] else "")
             lines.append(f"{_w(window)}rank {rank.rank}: per step {_count(t['syncs'])} syncs ({t['sync_ms']:.2f} ms "
                          f"blocked), {_count(t['reads'])} tensor reads, {_count(t['dtoh'])} copies to host{paged}, input wait "
                          f"{t['input_ms']:.2f} ms; {_idle_word(rank)} idle by cause: {causes}")
+            steps = len(rank.host_stalls.steps or [])
             lines += [f"{_w(window)}  held at {f.frame}: {f.count} {f.what} "
-                      f"call(s), {f.us / 1000:.2f} ms over the profiled steps"
+                      f"call(s), {f.us / 1000:.2f} ms in the window ({steps} profiled steps)"
                       for f in rank.host_stalls.frames]
         if len(ranks) > STALL_RANKS_SHOWN:
             lines.append(f"{_w(window)}... {len(ranks) - STALL_RANKS_SHOWN} more ranks in the JSON/HTML report")

@@ -210,7 +210,7 @@ def _kernel_section(report: Report) -> str:
     for window in report.windows:
         if window.top_kernels:
             kernels = window.top_kernels
-            parts.append(f"<h3>window {_opt(window.window)}: total ms over {len(window.ranks)} rank(s)</h3>")
+            parts.append(f"<h3>window {_opt(window.window)}: total ms in the window, {len(window.ranks)} rank(s) summed</h3>")
             parts.append(svg.bars([_short(k.name) for k in kernels], [k.total_us / 1000 for k in kernels],
                                   unit="ms", label_width=320))
             rows = [[k.name, str(k.count), _f(k.total_us / 1000, 3), _f(k.total_us / k.count, 2), str(k.ranks)]

@@ -1,43 +1,46 @@
-"""Regression check between two runs: per-metric deltas and an exit decision for CI.
+"""Two runs side by side: the gate's step metrics (gate.py) beside a trace report's figures.
 
 Each side is a run directory or a report JSON. Two sources of numbers:
-  - step metrics (`metrics/rank<R>.jsonl`, the trainer's per-step lines), over steady steps: every step
-    except each rank's first (start-up) and those recorded inside a profiler window (profiler overhead).
-    throughput_tokens_per_s = the sum over ranks of each rank's median tokens/s;
-    step_time_ms = the median over steady steps of the slowest rank's step time (quantities.py).
+  - step metrics (`metrics/rank<R>.jsonl`, the trainer's per-step lines), when both sides are run directories
+    that have them: the gate's metrics (gate.py: step_time_ms, tokens_per_s, peak_memory_mb, data_time_ms),
+    with its definitions, noise rule and verdict (`compare BASE NEW` on the command line is that gate);
+    mfu_pct, the median over every rank's steady steps, is reported, not gated.
   - the trace report (report.json, or analyze() run without writing when a run directory has none):
     trace_step_time_ms (the report's step time: median over profiled steps of the slowest rank, quantities.py),
     busy/idle/comm/overlap percentages (changes in percentage points, not relative).
 Runs of different jobs (world size, model, parallel layout, batch, sequence, precision: job_identity.py) are
 refused unless allow_different_jobs.
 
-The run regresses (exit code 1) when throughput drops, or step time rises, by at least threshold_pct.
-Gates: throughput_tokens_per_s and step_time_ms when both sides have step metrics, else
-trace_step_time_ms. Every other metric is reported, not gated.
-
-Step metrics are compared over the ranks both sides have (a rank whose file is unreadable, or whose lines
-are all bad, would otherwise lower one side's summed throughput: a false regression); every metrics file
-with bad lines, and every rank left out, is named in the notes.
+Gates: the gate's step metrics when both sides have them; else, with no steps to bootstrap (a report JSON, a
+trace folder), trace_step_time_ms, which regresses (exit code 1) when it rises by at least threshold_pct.
+Every other metric is reported, not gated. Exit codes are the gate's (gate.EXIT_*).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from fleetscope.analysis.analyze import analyze, load_report_json
+from fleetscope.analysis.gate import (  # the steady-step readers are re-exported: advise imports them here
+    DEFAULT_THRESHOLD_PCT,
+    EXIT_OK,
+    EXIT_REGRESSION,
+    GateResult,
+    gate_metrics,
+    read_steady_metrics,
+    steady_metrics,
+)
 from fleetscope.analysis.job_identity import DifferentJobs, differences_text, identity_differences, job_identity
-from fleetscope.analysis.quantities import is_share, metrics_basis, metrics_step_time_ms, steady_step_records
+from fleetscope.analysis.quantities import is_share, metrics_basis
 from fleetscope.analysis.report.model import Report
-from fleetscope.traces.formats import read_metric_records
-from fleetscope.traces.layout import REPORT_DIR, STEP_METRICS_RE, RunLayout
+from fleetscope.traces.layout import REPORT_DIR, RunLayout
 from fleetscope.traces.validate import UsageError
 
-DEFAULT_THRESHOLD_PCT = 5.0
-EXIT_OK = 0
-EXIT_REGRESSION = 1
+__all__ = ["DEFAULT_THRESHOLD_PCT", "EXIT_OK", "EXIT_REGRESSION", "Comparison", "MetricDelta", "RankDelta", "compare",
+           "read_steady_metrics", "steady_metrics"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,7 +74,10 @@ class Comparison:
     threshold_pct: float
     metrics: list[MetricDelta]
     ranks: list[RankDelta] = field(default_factory=list)
+    """Per rank, the trace report's mean step time; only when the trace step time is what is gated."""
     notes: list[str] = field(default_factory=list)
+    gate: GateResult | None = None
+    """The gate of the step metrics (both sides had them): its verdict is this comparison's."""
 
     @property
     def regressions(self) -> list[MetricDelta]:
@@ -79,20 +85,26 @@ class Comparison:
 
     @property
     def exit_code(self) -> int:
+        if self.gate is not None:
+            return self.gate.exit_code
         return EXIT_REGRESSION if self.regressions else EXIT_OK
 
     @property
     def verdict(self) -> str:
+        if self.gate is not None:
+            return self.gate.verdict
         if not self.regressions:
-            return f"no regression beyond {self.threshold_pct:g}%"
+            return f"no regression beyond {self.threshold_pct:g}% (trace step time, no noise model)"
         worst = ", ".join(f"{m.name} {m.delta_pct:+.1f}%" for m in self.regressions)
-        return f"REGRESSION (threshold {self.threshold_pct:g}%): {worst}"
+        return f"REGRESSION (threshold {self.threshold_pct:g}%, trace step time, no noise model): {worst}"
 
 
 @dataclass(frozen=True)
 class _Side:
     path: str
     report: Report
+    run_dir: Path | None
+    """The run directory (None for a report JSON outside one)."""
     steady: dict[int, list[dict]]
     """Rank -> its steady step-metric lines (empty when the run has no metrics)."""
     notes: list[str] = field(default_factory=list)
@@ -111,38 +123,37 @@ def compare(base: str | Path, new: str | Path, *, threshold_pct: float = DEFAULT
     differences = identity_differences([before.identity, after.identity])
     if differences and not allow_different_jobs:
         raise DifferentJobs(differences)
-    before, after, rank_notes = _common_ranks(before, after)
-    with_metrics = bool(before.steady) and bool(after.steady)
-    metrics = _metric_deltas(before, after, with_metrics, threshold_pct)
-    notes = before.notes + after.notes + rank_notes
+    gated = _step_gate(before, after, threshold_pct)
+    metrics = _metric_deltas(before, after, gated, threshold_pct)
+    notes = list(gated.notes) if gated is not None else before.notes + after.notes
     notes += [f"{side.path}: partial report (unusable or missing traces)" for side in (before, after)
               if not side.report.complete]
-    if not with_metrics:
-        notes.append("step metrics missing on a side: trace step time is the gate")
+    if gated is None:
+        notes.append("step metrics missing on a side: trace step time is the gate (no noise model)")
     if differences:
         notes.append(f"different jobs compared (--allow-different-jobs): {differences_text(differences)}")
-    sizes = [side.identity.get("world size", "?") for side in (before, after)]
-    notes.append(f"world size {sizes[0]} -> {sizes[1]}; step_time_ms: {metrics_basis(before.steady)} -> "
-                 f"{metrics_basis(after.steady)}; trace_step_time_ms: the report's step time (median, "
-                 f"{before.report.step_time_basis or 'trace'} -> {after.report.step_time_basis or 'trace'})")
+    notes.append(_basis_note(before, after, gated is not None))
+    ranks = [] if gated is not None else _rank_deltas(before.report, after.report)
     return Comparison(base_path=before.path, new_path=after.path, threshold_pct=threshold_pct,
-                      metrics=metrics, ranks=_rank_deltas(before.report, after.report), notes=notes)
+                      metrics=metrics, ranks=ranks, notes=notes, gate=gated)
 
 
-def _common_ranks(before: _Side, after: _Side) -> tuple[_Side, _Side, list[str]]:
-    """Both sides' step metrics over the ranks they share, and a note naming the ranks left out."""
-    if not before.steady or not after.steady or set(before.steady) == set(after.steady):
-        return before, after, []
-    shared = set(before.steady) & set(after.steady)
-    notes = [f"{side.path}: step metrics of rank(s) {_ranks_text(sorted(set(side.steady) - shared))} have no "
-             "counterpart on the other side: not compared" for side in (before, after) if set(side.steady) - shared]
-    notes.append(f"step metrics compared over the {len(shared)} rank(s) both sides have")
-    return (replace(before, steady={r: v for r, v in before.steady.items() if r in shared}),
-            replace(after, steady={r: v for r, v in after.steady.items() if r in shared}), notes)
+def _basis_note(before: _Side, after: _Side, with_metrics: bool) -> str:
+    """Where each side's numbers come from (world size, the steps each figure is taken over)."""
+    sizes = [side.identity.get("world size", "?") for side in (before, after)]
+    steps = (f"step_time_ms: {metrics_basis(before.steady)} -> {metrics_basis(after.steady)}; tokens_per_s: "
+             "every rank's tokens of a step over that step time; " if with_metrics else "")
+    return (f"world size {sizes[0]} -> {sizes[1]}; {steps}trace_step_time_ms: the report's step time (median, "
+            f"{before.report.step_time_basis or 'trace'} -> {after.report.step_time_basis or 'trace'})")
 
 
-def _ranks_text(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks[:20])) + (f" and {len(ranks) - 20} more" if len(ranks) > 20 else "")
+def _step_gate(before: _Side, after: _Side, threshold_pct: float) -> GateResult | None:
+    """The gate of one run a side when both have step metrics (environments and jobs: compare's caller)."""
+    if not (before.steady and after.steady and before.run_dir and after.run_dir):
+        return None
+    metrics, notes = gate_metrics([before.run_dir], [after.run_dir], threshold_pct=threshold_pct)
+    return GateResult(base_runs=[before.path], new_runs=[after.path], threshold_pct=threshold_pct, metrics=metrics,
+                      notes=notes)
 
 
 def _load_side(path: Path) -> _Side:
@@ -157,35 +168,7 @@ def _load_side(path: Path) -> _Side:
     else:
         raise FileNotFoundError(f"{path}: no such run directory or report")
     steady, notes = read_steady_metrics(RunLayout.at(run_dir)) if run_dir is not None else ({}, [])
-    return _Side(str(path), report, steady, notes, job_identity(run_dir, report.world_size))
-
-
-
-
-def steady_metrics(layout: RunLayout) -> dict[int, list[dict]]:
-    """Rank -> its steady step records (the one rule of which steps count: module docstring)."""
-    return read_steady_metrics(layout)[0]
-
-
-def read_steady_metrics(layout: RunLayout) -> tuple[dict[int, list[dict]], list[str]]:
-    steady, notes = {}, []
-    for path in layout.step_metrics_files():
-        match = STEP_METRICS_RE.match(path.name)  # the file name, not its lines, says whose metrics they are
-        try:
-            read = read_metric_records(path, within=layout.root)
-        except ValueError as error:  # the safe reader's refusal (a FIFO, a symlink out, too large)
-            notes.append(f"{layout.relative(path)}: not read: {getattr(error, 'reason', error)}")
-            continue
-        if read.bad_line_count:
-            first = "; ".join(f"line {n}: {why}" for n, why in read.bad_lines[:3])
-            notes.append(f"{layout.relative(path)}: {read.bad_line_count} bad line(s) skipped ({first})")
-        lines = read.records
-        if not lines:
-            continue
-        kept = steady_step_records(lines)
-        if kept:
-            steady[int(match.group(1))] = kept
-    return steady, notes
+    return _Side(str(path), report, run_dir, steady, notes, job_identity(run_dir, report.world_size))
 
 
 def _median_of(lines: list[dict], key: str) -> float | None:
@@ -193,36 +176,31 @@ def _median_of(lines: list[dict], key: str) -> float | None:
     return float(np.median(values)) if values else None
 
 
-def _throughput(side: _Side) -> float | None:
-    per_rank = [_median_of(lines, "tokens_per_s") for lines in side.steady.values()]
-    return float(sum(per_rank)) if per_rank and None not in per_rank else None
-
-
-def _step_time(side: _Side) -> float | None:
-    """The run's step time from step metrics (quantities.py): median over steady steps of the slowest rank."""
-    return metrics_step_time_ms(side.steady)
-
-
 def _rank_mean(report: Report, attribute: str) -> float | None:
     values = [getattr(r, attribute) for r in report.ranks if getattr(r, attribute) is not None]
     return float(np.mean(values)) if values else None
 
 
-def _metric_deltas(before: _Side, after: _Side, with_metrics: bool, threshold_pct: float) -> list[MetricDelta]:
-    rows = []
-    if with_metrics:
-        rows += [
-            ("throughput_tokens_per_s", _throughput(before), _throughput(after), True, True),
-            ("step_time_ms", _step_time(before), _step_time(after), False, True),
-            ("mfu_pct", _median_all(before, "mfu_pct"), _median_all(after, "mfu_pct"), True, False),
-        ]
+def _metric_deltas(before: _Side, after: _Side, gated: GateResult | None, threshold_pct: float) -> list[MetricDelta]:
+    deltas = []
+    if gated is not None:
+        deltas += [_from_gate(m) for m in gated.metrics]  # every one the gate judges: its exit code is ours
+        deltas.append(_delta("mfu_pct", _median_all(before, "mfu_pct"), _median_all(after, "mfu_pct"), True, False,
+                             threshold_pct))
     trace_step = [s.report.step_time.median_ms if s.report.step_time else None for s in (before, after)]
-    rows.append(("trace_step_time_ms", *trace_step, False, not with_metrics))
+    rows = [("trace_step_time_ms", *trace_step, False, gated is None)]
     for attribute, higher_is_better in (("busy_pct", True), ("idle_pct", False), ("comm_pct", False),
                                         ("overlap_pct", True)):
         rows.append((attribute, _rank_mean(before.report, attribute), _rank_mean(after.report, attribute),
                      higher_is_better, False))
-    return [_delta(name, b, n, better_up, gated, threshold_pct) for name, b, n, better_up, gated in rows]
+    return deltas + [_delta(name, b, n, better_up, is_gated, threshold_pct) for name, b, n, better_up, is_gated in rows]
+
+
+def _from_gate(metric) -> MetricDelta:
+    """A gate's metric as a row: its values, change and verdict unchanged."""
+    return MetricDelta(name=metric.name, base=metric.base_median, new=metric.new_median,
+                       higher_is_better=metric.higher_is_better, gated=metric.gated, delta_pct=metric.change_pct,
+                       regression=metric.regression)
 
 
 def _median_all(side: _Side, key: str) -> float | None:

@@ -1,19 +1,31 @@
 """A regression gate over several runs per side, with a noise model: fails only on a sustained drop.
 
-Samples: each run's steady steps (compare.py: every step except each rank's first and the profiled ones),
-one value per step over the ranks that recorded it:
+The one comparison of step metrics: `compare BASE NEW` is this gate with one run a side, `compare --base ...
+--new ...` with several, `tune` and `history` call it too; compare.py shows its step metrics beside a trace
+report's figures. The exit codes of every comparison are defined here (EXIT_*).
+
+Samples: each run's steady steps (quantities.steady_step_records: every step except each rank's first and the
+profiled ones), over the ranks every run has (a rank whose metrics file is missing or unreadable in one run
+would otherwise drop that run's tokens: a false regression; the ranks left out are named in the notes), one
+value per step over the ranks that recorded it:
   step_time_ms       the slowest rank's step_time_ms              (lower is better)
-  tokens_per_s       the sum over ranks of tokens_per_s           (higher is better)
+  tokens per step    the sum over ranks of the tokens each processed (its tokens_per_s x its step_time_ms)
   peak_memory_mb     the largest max_memory_allocated_mb          (lower is better; absent on CPU)
   data_time_ms       the slowest rank's data_ms                   (lower is better)
-A side's value is the median of its runs' steps pooled. change_pct = (new - base) / base x 100; worse_pct is
-the change in the bad direction (a rise of step time, a drop of tokens/s). A part of the step (data_time_ms)
-is judged by its rise in percent of the base's step time, not of itself: an input wait going from 0.3 to 0.5 ms
-in a 28 ms step costs 0.7% of the step, not 60%.
+A side's value is the median of its runs' steps pooled. tokens_per_s (higher is better) is not a median of
+its own: it is the side's tokens per step over the side's step time, so it moves with the step time printed
+next to it (-7.8% step time is +8.5% tokens/s at a fixed batch) and the slowest rank bounds both (a
+synchronous step ends with its last rank). change_pct = (new - base) / base x 100; worse_pct is the change in
+the bad direction (a rise of step time, a drop of tokens/s). A part of the step (data_time_ms) is judged by
+its rise in percent of the base's step time, not of itself: an input wait going from 0.3 to 0.5 ms in a 28 ms
+step costs 0.7% of the step, not 60%.
 
 Noise: a bootstrap of change_pct (BOOTSTRAP_RESAMPLES, seeded): each resample draws, per side, runs with
 replacement and then steps with replacement within each drawn run, and takes the pooled medians;
-interval = its 2.5th..97.5th percentiles. A metric regresses only when all three hold:
+interval = its 2.5th..97.5th percentiles. tokens_per_s takes the step time's interval and each new run's
+change, converted through tokens per step (tokens per step are the job's batch, the same every step), so the
+noise rule judges the two alike: one is beyond the noise exactly when the other is. A metric regresses only
+when all three hold:
   - worse_pct >= threshold_pct (the drop is large enough to matter);
   - the interval excludes 0 on the worse side (it is not noise: the steps of one side do not explain it);
   - every new run's own median is worse than the base median by at least threshold_pct (sustained, not one
@@ -27,20 +39,25 @@ allow_env_change. A run without a fingerprint is compared, with a note.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fleetscope.analysis.compare import DEFAULT_THRESHOLD_PCT, steady_metrics
 from fleetscope.analysis.job_identity import DifferentJobs, differences_text, identity_differences, job_identity
+from fleetscope.analysis.quantities import steady_step_records
 from fleetscope.traces.environment import FINGERPRINT_FIELDS
+from fleetscope.traces.formats import read_metric_records
 from fleetscope.traces.jobfile import read_job_record
-from fleetscope.traces.layout import RunLayout
+from fleetscope.traces.layout import STEP_METRICS_RE, RunLayout
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
 EXIT_REFUSED = 2
+"""Every comparison's exit codes (compare.py and the CLI take them from here): 0 no regression, 1 a
+regression, 2 refused (different jobs or environments). The same numbers as cli/exit_codes.py's 0 / 1 / 2."""
+DEFAULT_THRESHOLD_PCT = 5.0
 BOOTSTRAP_RESAMPLES = 2000
 DEFAULT_SEED = 0
 MIN_STEPS = 3
@@ -50,21 +67,23 @@ INTERVAL_PERCENTILES = (2.5, 97.5)
 @dataclass(frozen=True)
 class GatedMetric:
     name: str
-    record_field: str
+    sample: str
+    """The per-step sample it is judged on (step_samples)."""
     higher_is_better: bool
-    combine: str
-    """How ranks' values of one step become the step's: "max" or "sum"."""
     unit: str
     part_of_step: bool = False
     """A share of the step time: its rise is judged in percent of the base's step time (module docstring)."""
+    per_step_time: bool = False
+    """A rate: the sample (an amount per step) over the step time, judged through the step time's interval."""
 
 
 STEP_TIME = "step_time_ms"
+TOKENS_PER_STEP = "tokens_per_step"
 GATED = (
-    GatedMetric(STEP_TIME, "step_time_ms", False, "max", "ms"),
-    GatedMetric("tokens_per_s", "tokens_per_s", True, "sum", "tokens/s"),
-    GatedMetric("peak_memory_mb", "max_memory_allocated_mb", False, "max", "MB"),
-    GatedMetric("data_time_ms", "data_ms", False, "max", "ms", part_of_step=True),
+    GatedMetric(STEP_TIME, STEP_TIME, False, "ms"),
+    GatedMetric("tokens_per_s", TOKENS_PER_STEP, True, "tokens/s", per_step_time=True),
+    GatedMetric("peak_memory_mb", "peak_memory_mb", False, "MB"),
+    GatedMetric("data_time_ms", "data_time_ms", False, "ms", part_of_step=True),
 )
 
 
@@ -73,6 +92,7 @@ class MetricGate:
     name: str
     higher_is_better: bool
     base_median: float | None
+    """The base side's value (module docstring: a median, or for tokens_per_s tokens per step / step time)."""
     new_median: float | None
     base_steps: int
     new_steps: int
@@ -116,6 +136,8 @@ class GateResult:
         if self.refused:
             fields = ", ".join(f"{k} ({' vs '.join(map(str, v))})" for k, v in self.environment_differences.items())
             return f"REFUSED: the runs' environments differ: {fields} (--allow-env-change compares anyway)"
+        if self.metrics and not any(m.gated for m in self.metrics):
+            return f"nothing gated: fewer than {MIN_STEPS} steady steps of step metrics on a side"
         if not self.regressions:
             return f"no sustained regression beyond {self.threshold_pct:g}%"
         worst = ", ".join(f"{m.name} {m.change_pct:+.1f}%" + (
@@ -146,34 +168,118 @@ def direction(metric: MetricGate) -> str:
     return "unclear"
 
 
-def step_samples(run_dir: Path) -> dict[str, np.ndarray]:
-    """Metric name -> one value per steady step of the run (module docstring)."""
+# -- reading the steady steps -------------------------------------------------------------------------
+
+
+def steady_metrics(layout: RunLayout) -> dict[int, list[dict]]:
+    """Rank -> its steady step records (the one rule of which steps count: quantities.steady_step_records)."""
+    return read_steady_metrics(layout)[0]
+
+
+def read_steady_metrics(layout: RunLayout) -> tuple[dict[int, list[dict]], list[str]]:
+    """(rank -> its steady step records, notes naming every metrics file with bad lines or not read)."""
+    steady, notes = {}, []
+    for path in layout.step_metrics_files():
+        match = STEP_METRICS_RE.match(path.name)  # the file name, not its lines, says whose metrics they are
+        try:
+            read = read_metric_records(path, within=layout.root)
+        except ValueError as error:  # the safe reader's refusal (a FIFO, a symlink out, too large)
+            notes.append(f"{layout.relative(path)}: not read: {getattr(error, 'reason', error)}")
+            continue
+        if read.bad_line_count:
+            first = "; ".join(f"line {n}: {why}" for n, why in read.bad_lines[:3])
+            notes.append(f"{layout.relative(path)}: {read.bad_line_count} bad line(s) skipped ({first})")
+        kept = steady_step_records(read.records) if read.records else []
+        if kept:
+            steady[int(match.group(1))] = kept
+    return steady, notes
+
+
+def has_step_metrics(path: str | Path) -> bool:
+    """A run directory with steady step metrics (what the gate measures); False for a report JSON."""
+    return Path(path).is_dir() and bool(steady_metrics(RunLayout.at(path)))
+
+
+def shared_ranks(steady: list[dict[int, list[dict]]], names: list[str]) -> tuple[list[dict[int, list[dict]]],
+                                                                                 list[str]]:
+    """Every run's steady steps over the ranks all runs with step metrics have, and notes naming those left
+    out (a rank one run lacks would drop that run's tokens per step: a false regression)."""
+    recorded = [set(s) for s in steady if s]
+    shared = set.intersection(*recorded) if recorded else set()
+    if all(ranks == shared for ranks in recorded):
+        return steady, []
+    notes = [f"{name}: step metrics of rank(s) {_ranks_text(sorted(set(s) - shared))} have no counterpart in "
+             "every other run: not compared" for s, name in zip(steady, names) if set(s) - shared]
+    notes.append(f"step metrics compared over the {len(shared)} rank(s) every run has")
+    return [{r: v for r, v in s.items() if r in shared} for s in steady], notes
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:20])) + (f" and {len(ranks) - 20} more" if len(ranks) > 20 else "")
+
+
+def step_samples(run_dir: Path, steady: dict[int, list[dict]] | None = None) -> dict[str, np.ndarray]:
+    """Sample name -> one value per steady step of the run (module docstring); `steady`: the run's steady
+    records when already read (gate() passes them restricted to the shared ranks)."""
+    if steady is None:
+        steady = steady_metrics(RunLayout.at(run_dir))
     by_step: dict[int, list[dict]] = {}
-    for lines in steady_metrics(RunLayout.at(run_dir)).values():
+    for lines in steady.values():
         for line in lines:
             by_step.setdefault(int(line["step"]), []).append(line)
-    samples = {}
-    for metric in GATED:
-        values = []
-        for step in sorted(by_step):
-            found = [r[metric.record_field] for r in by_step[step] if _is_number(r.get(metric.record_field))]
-            if found:
-                values.append(max(found) if metric.combine == "max" else sum(found))
-        if values:
-            samples[metric.name] = np.asarray(values, dtype=np.float64)
-    return samples
+    samples: dict[str, list[float]] = {}
+    for step in sorted(by_step):
+        for name, value in _step_values(by_step[step]).items():
+            samples.setdefault(name, []).append(value)
+    return {name: np.asarray(values, dtype=np.float64) for name, values in samples.items()}
+
+
+def _step_values(lines: list[dict]) -> dict[str, float]:
+    """One step's samples from its ranks' records; a sample no rank recorded is left out."""
+    values = {}
+    for sample, record_field in ((STEP_TIME, "step_time_ms"), ("peak_memory_mb", "max_memory_allocated_mb"),
+                                 ("data_time_ms", "data_ms")):
+        found = [r[record_field] for r in lines if _is_number(r.get(record_field))]
+        if found:
+            values[sample] = max(found)  # the slowest rank ends a synchronous step; the largest peak
+    tokens = [r["tokens_per_s"] * r["step_time_ms"] / 1e3 for r in lines
+              if _is_number(r.get("tokens_per_s")) and _is_number(r.get("step_time_ms"))]
+    if tokens and len(tokens) == len(lines):  # a rank without tokens would lower the step's: leave it out
+        values[TOKENS_PER_STEP] = sum(tokens)
+    return values
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
 
 
+def run_values(run_dir: str | Path) -> dict[str, float]:
+    """Gated metric -> the run's value on its own (a side of one run; what `history` prints)."""
+    samples = step_samples(Path(run_dir))
+    step = _pooled_median([samples[STEP_TIME]] if STEP_TIME in samples else [])
+    values = {}
+    for metric in GATED:
+        median = _pooled_median([samples[metric.sample]] if metric.sample in samples else [])
+        value = _rate(median, step) if metric.per_step_time else median
+        if value is not None:
+            values[metric.name] = value
+    return values
+
+
+def _rate(per_step: float | None, step_ms: float | None) -> float | None:
+    """An amount per step over the step time, per second."""
+    return per_step / step_ms * 1e3 if per_step is not None and step_ms else None
+
+
+# -- the gate -------------------------------------------------------------------------------------------
+
+
 def gate(base_runs: list[str | Path], new_runs: list[str | Path], *, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
          allow_env_change: bool = False, seed: int = DEFAULT_SEED, allow_different_jobs: bool = False) -> GateResult:
     """Gate NEW against BASE (each a list of run directories); `GateResult.exit_code` is the CI answer. Runs of
     different jobs (job_identity.py) raise DifferentJobs (exit 2) unless `allow_different_jobs`."""
-    if not threshold_pct > 0:
-        raise ValueError(f"threshold_pct must be > 0, got {threshold_pct}")
+    if not isinstance(threshold_pct, (int, float)) or not math.isfinite(threshold_pct) or threshold_pct <= 0:
+        raise ValueError(f"threshold_pct must be a finite number > 0, got {threshold_pct!r}")
     if not base_runs or not new_runs:
         raise ValueError("gate: at least one base and one new run are needed")
     for run in [*base_runs, *new_runs]:
@@ -191,14 +297,43 @@ def gate(base_runs: list[str | Path], new_runs: list[str | Path], *, threshold_p
                           environment_differences=differences, refused=True, notes=notes)
     if differences:
         notes.append("environments differ (compared anyway, --allow-env-change): " + ", ".join(differences))
-    base = [step_samples(Path(r)) for r in base_runs]
-    new = [step_samples(Path(r)) for r in new_runs]
-    rng = np.random.default_rng(seed)
-    step_time = _pooled_median([s[STEP_TIME] for s in base if STEP_TIME in s])
-    metrics = [_metric_gate(m, base, new, threshold_pct, rng, step_time if m.part_of_step else None) for m in GATED]
-    notes += [f"{m.name}: not gated ({m.reason})" for m in metrics if not m.gated and m.reason]
+    metrics, measured = gate_metrics(base_runs, new_runs, threshold_pct=threshold_pct, seed=seed)
     return GateResult(base_runs=names[0], new_runs=names[1], threshold_pct=threshold_pct, metrics=metrics,
-                      environment_differences=differences, notes=notes)
+                      environment_differences=differences, notes=notes + measured)
+
+
+def gate_metrics(base_runs: list[str | Path], new_runs: list[str | Path], *, threshold_pct: float,
+                 seed: int = DEFAULT_SEED) -> tuple[list[MetricGate], list[str]]:
+    """Every gated metric of NEW against BASE, and notes (bad metrics files, ranks left out, metrics not
+    gated); what gate() measures once the jobs and environments are checked."""
+    base, new, notes = _samples_of_runs(base_runs, new_runs)
+    metrics = _metric_gates(base, new, threshold_pct, np.random.default_rng(seed))
+    return metrics, notes + [f"{m.name}: not gated ({m.reason})" for m in metrics if not m.gated and m.reason]
+
+
+def _samples_of_runs(base_runs: list[str | Path], new_runs: list[str | Path]) -> tuple[
+        list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], list[str]]:
+    """Each side's per-run samples over the shared ranks, and notes on bad metrics files and ranks left out."""
+    runs = [*base_runs, *new_runs]
+    read = [read_steady_metrics(RunLayout.at(r)) for r in runs]
+    steady, rank_notes = shared_ranks([s for s, _ in read], [str(r) for r in runs])
+    samples = [step_samples(Path(r), s) for r, s in zip(runs, steady)]
+    read_notes = [f"{run}: {note}" for run, (_, notes) in zip(runs, read) for note in notes]
+    return samples[:len(base_runs)], samples[len(base_runs):], read_notes + rank_notes
+
+
+def _metric_gates(base: list[dict[str, np.ndarray]], new: list[dict[str, np.ndarray]], threshold_pct: float,
+                  rng: np.random.Generator) -> list[MetricGate]:
+    """Every GATED metric; the step time first, as the rate and the part of the step are judged against it."""
+    step_metric = GATED[0]
+    step = _metric_gate(step_metric, base, new, threshold_pct, rng)
+    step_ms = step.base_median
+    gates = {step_metric.name: step}
+    for metric in GATED[1:]:
+        gates[metric.name] = (_rate_gate(metric, base, new, step, threshold_pct) if metric.per_step_time else
+                              _metric_gate(metric, base, new, threshold_pct, rng,
+                                           step_ms if metric.part_of_step else None))
+    return [gates[m.name] for m in GATED]
 
 
 def environment_check(runs: list[str | Path]) -> tuple[dict[str, list[Any]], list[str]]:
@@ -226,34 +361,72 @@ def _pooled_median(runs: list[np.ndarray]) -> float | None:
 def _metric_gate(metric: GatedMetric, base: list[dict[str, np.ndarray]], new: list[dict[str, np.ndarray]],
                  threshold_pct: float, rng: np.random.Generator, base_step_ms: float | None = None) -> MetricGate:
     """`base_step_ms`: the base's step time, for a part of the step (GatedMetric.part_of_step)."""
-    base_runs = [s[metric.name] for s in base if metric.name in s]
-    new_runs = [s[metric.name] for s in new if metric.name in s]
-    base_all = np.concatenate(base_runs) if base_runs else np.empty(0)
-    new_all = np.concatenate(new_runs) if new_runs else np.empty(0)
+    base_runs = [s[metric.sample] for s in base if metric.sample in s]
+    new_runs = [s[metric.sample] for s in new if metric.sample in s]
     summary = dict(name=metric.name, higher_is_better=metric.higher_is_better,
                    base_median=_pooled_median(base_runs), new_median=_pooled_median(new_runs),
-                   base_steps=int(base_all.size), new_steps=int(new_all.size))
-    if base_all.size < MIN_STEPS or new_all.size < MIN_STEPS or summary["base_median"] == 0:
-        missing = "no steady steps record it" if not base_all.size and not new_all.size else \
-            f"fewer than {MIN_STEPS} steady steps on a side"
-        return MetricGate(**summary, reason=missing)
+                   base_steps=sum(r.size for r in base_runs), new_steps=sum(r.size for r in new_runs))
+    unmeasured = _unmeasured(summary)
+    if unmeasured:
+        return MetricGate(**summary, reason=unmeasured)
     base_median = summary["base_median"]
-    sign = -1.0 if metric.higher_is_better else 1.0
     change = _change_pct(base_median, summary["new_median"])
     interval = _bootstrap_interval(base_runs, new_runs, rng)
     per_run = [_change_pct(base_median, float(np.median(run))) for run in new_runs]
     # what a change costs: of the metric itself, or of the step for a part of it
-    part_of_step = base_step_ms is not None and base_step_ms > 0
-    scale = base_median / base_step_ms if part_of_step else 1.0
-    of_what = "of the step time" if part_of_step else ""
-    large = sign * change * scale >= threshold_pct
+    scale = base_median / base_step_ms if base_step_ms is not None and base_step_ms > 0 else None
+    return _judged(summary, change, interval, per_run, threshold_pct, scale)
+
+
+def _unmeasured(summary: dict) -> str:
+    """Why a metric cannot be gated ("" when it can)."""
+    if not summary["base_steps"] and not summary["new_steps"]:
+        return "no steady steps record it"
+    if min(summary["base_steps"], summary["new_steps"]) < MIN_STEPS or not summary["base_median"]:
+        return f"fewer than {MIN_STEPS} steady steps on a side"
+    return ""
+
+
+def _rate_gate(metric: GatedMetric, base: list[dict[str, np.ndarray]], new: list[dict[str, np.ndarray]],
+               step: MetricGate, threshold_pct: float) -> MetricGate:
+    """A rate (tokens/s): each side's amount per step over its step time; the step time's interval and each
+    new run's step time give the rate's, so the noise rule judges both alike (module docstring)."""
+    base_amount = _pooled_median([s[metric.sample] for s in base if metric.sample in s])
+    new_amount = _pooled_median([s[metric.sample] for s in new if metric.sample in s])
+    summary = dict(name=metric.name, higher_is_better=metric.higher_is_better,
+                   base_median=_rate(base_amount, step.base_median), new_median=_rate(new_amount, step.new_median),
+                   base_steps=step.base_steps if base_amount else 0, new_steps=step.new_steps if new_amount else 0)
+    unmeasured = _unmeasured(summary) or ("" if step.gated else step.reason)
+    if unmeasured:
+        return MetricGate(**summary, reason=unmeasured)
+    amounts = new_amount / base_amount
+
+    def rate_change(step_change_pct: float, amount_ratio: float = amounts) -> float:
+        return 100.0 * (amount_ratio / (1.0 + step_change_pct / 100.0) - 1.0)
+
+    change = _change_pct(summary["base_median"], summary["new_median"])
+    low, high = step.interval_pct
+    per_run = [rate_change(_change_pct(step.base_median, float(np.median(s[STEP_TIME]))),
+                           float(np.median(s[metric.sample])) / base_amount)
+               for s in new if STEP_TIME in s and metric.sample in s]
+    return _judged(summary, change, (rate_change(high), rate_change(low)), per_run, threshold_pct)
+
+
+def _judged(summary: dict, change: float, interval: tuple[float, float], per_run: list[float],
+            threshold_pct: float, scale: float | None = None) -> MetricGate:
+    """The one noise rule (module docstring): large, beyond the noise and in every new run. `scale`: a part
+    of the step's value over the base's step time (its change is judged in percent of the step)."""
+    sign = -1.0 if summary["higher_is_better"] else 1.0
+    factor = 1.0 if scale is None else scale
+    large = sign * change * factor >= threshold_pct
     beyond_noise = (interval[0] > 0) if sign > 0 else (interval[1] < 0)
-    sustained = all(sign * c * scale >= threshold_pct for c in per_run)
-    regression = large and beyond_noise and sustained
+    sustained = all(sign * c * factor >= threshold_pct for c in per_run)
+    of_what = "" if scale is None else "of the step time"
+    reason = "better" if sign * change < 0 else _reason(large, beyond_noise, sustained, threshold_pct, of_what,
+                                                        change * factor)
     return MetricGate(**summary, change_pct=change, interval_pct=interval, new_run_changes_pct=per_run, gated=True,
-                      regression=regression, step_cost_pct=change * scale if of_what else None,
-                      reason="better" if sign * change < 0 else _reason(large, beyond_noise, sustained, threshold_pct,
-                                                                        of_what, change * scale))
+                      regression=large and beyond_noise and sustained,
+                      step_cost_pct=None if scale is None else change * factor, reason=reason)
 
 
 def _change_pct(base: float, new: float) -> float:

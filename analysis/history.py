@@ -2,10 +2,11 @@
 
 A run is a directory with a job.json or step metrics, found at any depth below the root (its subfolders
 are not searched further). Its date: job.json `started_at`, else `created_at`, else the newest metrics file's
-modification time. Each run's values are the medians of its steady steps (gate.py). A run is marked as a
-regression of a metric when gate.py, with the up to BASELINE_RUNS runs of the same job before it as base
-(job_identity.py: world size, model, parallel layout, batch, sequence, precision), finds one; a run whose job
-differs from every earlier one is gated against nothing and says so (`job_note`).
+modification time. Each run's values are the gate's for a side of that one run (gate.py: medians of its
+steady steps, tokens/s over the step time). A run is marked as a regression of a metric when gate.py, with
+the up to BASELINE_RUNS runs of the same job before it as base (job_identity.py: world size, model, parallel
+layout, batch, sequence, precision), finds one; a run whose job differs from every earlier one is gated
+against nothing and says so (`job_note`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
-from fleetscope.analysis.compare import DEFAULT_THRESHOLD_PCT
-from fleetscope.analysis.gate import DEFAULT_SEED, GATED, gate, step_samples
+from fleetscope.analysis.gate import DEFAULT_SEED, DEFAULT_THRESHOLD_PCT, GATED, gate, run_values
 from fleetscope.analysis.job_identity import differences_text, identity_differences, job_identity
 from fleetscope.traces.jobfile import read_job_record
 from fleetscope.traces.layout import RunLayout
@@ -81,8 +80,7 @@ def history(root: str | Path, *, threshold_pct: float = DEFAULT_THRESHOLD_PCT, s
     entries = []
     identities = [job_identity(run) for run in runs]
     for index, run in enumerate(runs):
-        samples = step_samples(run)
-        medians = {m.name: float(np.median(samples[m.name])) for m in GATED if m.name in samples}
+        medians = run_values(run)  # the gate's values of a side of one run (tokens/s over its step time)
         regressions, note = [], ""
         same = [runs[i] for i in range(index) if not identity_differences([identities[i], identities[index]])]
         if same:

@@ -1,4 +1,4 @@
-"""`compare` over several runs per side (the noise-aware gate) and `history`: argument parsing and printing."""
+"""`compare` (the noise-aware gate; `BASE NEW` is one run a side) and `history`: argument parsing and printing."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .terminal_text import escape_controls
 
 
 def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
-    """The gate's options of `compare`: `--base A --base B --new C --new D` instead of `BASE NEW`."""
+    """The gate's options of `compare`: `--base A --base B --new C --new D`; `BASE NEW` is `--base BASE --new NEW`."""
     parser.add_argument("--base", dest="base_runs", action="append", default=[], metavar="RUN",
                         help="a baseline run directory (repeat for several): gates with a noise model")
     parser.add_argument("--new", dest="new_runs", action="append", default=[], metavar="RUN",
@@ -27,34 +27,49 @@ def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
                              "precision differ); refused with exit 2 by default")
 
 
-def wants_gate(args: argparse.Namespace) -> bool:
-    return bool(args.base_runs or args.new_runs)
+def compared_runs(args: argparse.Namespace) -> tuple[list[str], list[str]] | None:
+    """(base runs, new runs) of either form (`BASE NEW` is one run a side); None, after saying why, when the
+    forms are mixed or a side is missing."""
+    positional = [p for p in (args.base, args.new) if p is not None]
+    if positional and (args.base_runs or args.new_runs):
+        print("fleetscope compare: give BASE NEW or --base/--new, not both", file=sys.stderr)
+        return None
+    if positional:
+        if len(positional) < 2:
+            print("fleetscope compare: give BASE NEW, or --base RUN ... --new RUN ...", file=sys.stderr)
+            return None
+        return [args.base], [args.new]
+    if not args.base_runs or not args.new_runs:
+        print("fleetscope compare: --base and --new each need at least one run directory", file=sys.stderr)
+        return None
+    return args.base_runs, args.new_runs
 
 
-def handle_gate(args: argparse.Namespace) -> int:
-    """`compare --base ... --new ...`: exit 0 ok, 1 sustained regression, 2 refused or bad usage."""
+def wants_gate(base_runs: list[str], new_runs: list[str]) -> bool:
+    """The gate compares them, unless one report or run a side lacks step metrics: then only the trace step
+    time can be compared (analysis/compare.py). The same rule for both forms of `compare`."""
+    from ..analysis.gate import has_step_metrics
+
+    return len(base_runs) > 1 or len(new_runs) > 1 or all(map(has_step_metrics, [*base_runs, *new_runs]))
+
+
+def handle_gate(args: argparse.Namespace, base_runs: list[str], new_runs: list[str]) -> int:
+    """The gate: exit 0 ok, 1 sustained regression, 2 refused (the refusal on stderr)."""
     from ..analysis.gate import gate
     from ..analysis.render.gate_terminal import render_gate
 
-    if args.base is not None or args.new is not None:
-        print("fleetscope compare: give BASE NEW or --base/--new, not both", file=sys.stderr)
-        return EXIT_USAGE
-    if not args.base_runs or not args.new_runs:
-        print("fleetscope compare: --base and --new each need at least one run directory", file=sys.stderr)
-        return EXIT_USAGE
-    result = gate(args.base_runs, args.new_runs, threshold_pct=args.threshold,
-                  allow_env_change=args.allow_env_change, seed=args.seed,
-                  allow_different_jobs=args.allow_different_jobs)
-    print(render_gate(result), end="")
+    result = gate(base_runs, new_runs, threshold_pct=args.threshold, allow_env_change=args.allow_env_change,
+                  seed=args.seed, allow_different_jobs=args.allow_different_jobs)
+    print(render_gate(result), end="", file=sys.stderr if result.refused else sys.stdout)
     return result.exit_code
 
 
-def environment_refusal(args: argparse.Namespace) -> int | None:
-    """For `compare BASE NEW` of two run directories: EXIT_USAGE (after saying what differs) when their
+def environment_refusal(args: argparse.Namespace, runs: list[str]) -> int | None:
+    """For a trace comparison of two run directories: EXIT_REFUSED (after saying what differs) when their
     environment fingerprints differ and --allow-env-change is absent; None to go on."""
-    from ..analysis.gate import environment_check
+    from ..analysis.gate import EXIT_REFUSED, environment_check
 
-    runs = [p for p in (args.base, args.new) if p is not None and Path(p).is_dir()]
+    runs = [p for p in runs if Path(p).is_dir()]
     if len(runs) < 2:
         return None
     differences, notes = environment_check(runs)
@@ -65,7 +80,7 @@ def environment_refusal(args: argparse.Namespace) -> int | None:
     fields = ", ".join(f"{k} ({' vs '.join(v)})" for k, v in differences.items())
     print(f"fleetscope compare: REFUSED: the runs' environments differ: {fields} "
           "(--allow-env-change compares anyway)", file=sys.stderr)
-    return EXIT_USAGE
+    return EXIT_REFUSED
 
 
 def register_history(sub: argparse._SubParsersAction) -> None:

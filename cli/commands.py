@@ -482,9 +482,10 @@ def handle_merge(args: argparse.Namespace) -> int:
 
 
 def register_compare(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("compare", help="regression check: exit 1 when NEW is slower than BASE")
-    parser.add_argument("base", nargs="?", type=existing_input, help="run directory or report.json")
-    parser.add_argument("new", nargs="?", type=existing_input, help="run directory or report.json")
+    parser = sub.add_parser("compare", help="regression gate: exit 1 when NEW is slower than BASE beyond the noise")
+    parser.add_argument("base", nargs="?", type=existing_input,
+                        help="run directory (= --base BASE); a report.json compares trace step times")
+    parser.add_argument("new", nargs="?", type=existing_input, help="run directory (= --new NEW) or report.json")
     cause_commands.add_gate_arguments(parser)
     parser.add_argument("--threshold", type=positive_number, default=5.0,
                         help="percent drop in throughput / rise in step time that fails (default 5)")
@@ -504,19 +505,21 @@ def positive_number(text: str) -> float:
 
 
 def handle_compare(args: argparse.Namespace) -> int:
+    """Both forms, one rule: the gate (cause_commands.wants_gate), else one report or trace a side compared
+    on the trace step time."""
     from ..analysis import compare
     from ..analysis.render.terminal import render_comparison
 
-    if cause_commands.wants_gate(args):
-        return cause_commands.handle_gate(args)
-    if args.base is None or args.new is None:
-        print("fleetscope compare: give BASE NEW, or --base RUN ... --new RUN ...", file=sys.stderr)
+    sides = cause_commands.compared_runs(args)
+    if sides is None:
         return EXIT_USAGE
-    refused = cause_commands.environment_refusal(args)
+    if cause_commands.wants_gate(*sides):
+        return cause_commands.handle_gate(args, *sides)
+    (base,), (new,) = sides
+    refused = cause_commands.environment_refusal(args, [base, new])
     if refused is not None:
         return refused
-    comparison = compare(args.base, args.new, threshold_pct=args.threshold,
-                         allow_different_jobs=args.allow_different_jobs)
+    comparison = compare(base, new, threshold_pct=args.threshold, allow_different_jobs=args.allow_different_jobs)
     print(render_comparison(comparison))
     return comparison.exit_code
 

@@ -55,7 +55,7 @@ def test_run_directories_gate_on_steady_step_metrics(tmp_path):
     base = _run(tmp_path, "base", tokens_per_s=1000.0, step_ms=100.0)
     worse = _run(tmp_path, "worse", tokens_per_s=940.0, step_ms=100.0)
     result = compare(base, worse)
-    throughput = next(m for m in result.metrics if m.name == "throughput_tokens_per_s")
+    throughput = next(m for m in result.metrics if m.name == "tokens_per_s")
     assert (throughput.base, throughput.new) == (2000.0, 1880.0)    # two ranks; start-up/profiled steps left out
     assert throughput.regression and result.exit_code == EXIT_REGRESSION
     trace_gate = next(m for m in result.metrics if m.name == "trace_step_time_ms")

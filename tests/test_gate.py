@@ -6,12 +6,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fleetscope.analysis.gate import EXIT_OK, EXIT_REFUSED, EXIT_REGRESSION, gate
+from fleetscope.analysis.compare import compare
+from fleetscope.analysis.gate import EXIT_OK, EXIT_REFUSED, EXIT_REGRESSION, direction, gate
 from fleetscope.analysis.history import history
 from fleetscope.analysis.render.gate_terminal import render_gate, render_history
 from fleetscope.analysis.render.history_html import render_history_html
 from fleetscope.cli.main import main
 from fleetscope.traces.layout import RunLayout
+from test_analysis_helpers import KinetoBuilder
 
 ENV = {"gpu_model": "NVIDIA H200", "gpu_count": 8, "driver": "580.1", "cuda": "13.0", "torch": "2.11.0",
        "nccl": "2.28.9", "transformers": "5.17.0", "fleetscope": "0.1.0", "python": "3.11.7"}
@@ -139,3 +141,98 @@ def test_history_orders_runs_by_date_and_marks_the_regression(tmp_path, capsys):
     assert html.count("<svg") == 4 and 'fill="#e15759"' in html
     assert main(["history", str(tmp_path / "runs")]) == 0
     assert (tmp_path / "runs" / "history.html").read_text() == html
+
+
+# --- one comparison: both forms of `compare`, one throughput, one noise rule ------------------------------
+
+
+def _rank_steps(root: Path, name: str, rank_steps: dict[int, list[float]], *, tokens: float = 512.0) -> Path:
+    """A run like _run's whose ranks have their own step times (ms per steady step), each rank processing
+    `tokens` tokens a step (so its tokens_per_s is tokens / its step time, as the trainer writes it)."""
+    run = _run(root, name, step_ms=100)
+    layout = RunLayout.at(run)
+    for rank, steps in rank_steps.items():
+        lines = [{"step": 0, "rank": rank, "step_time_ms": 1000.0, "tokens_per_s": tokens}]
+        lines += [{"step": step, "rank": rank, "step_time_ms": ms, "tokens_per_s": tokens / (ms / 1e3),
+                   "data_ms": 1.0, "profiled": False} for step, ms in enumerate(steps, start=1)]
+        layout.metrics_file(rank).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return run
+
+
+def _traces(run: Path) -> None:
+    """Two ranks' trace of one step, so that compare() has a report to read beside the step metrics."""
+    for rank in (0, 1):
+        builder = KinetoBuilder(rank=rank, world_size=2)
+        builder.step(3, 0.0, 1000).kernel("gemm", 50, 200, launch_ts=10)
+        builder.write(run / "traces" / "window000" / f"rank{rank}.host.pt.trace.json")
+
+
+def _cli(args: list[str], capsys) -> tuple[int, str]:
+    code = main(args)
+    return code, capsys.readouterr().out
+
+
+def _row(out: str, name: str) -> list[str]:
+    return next(line.split() for line in out.splitlines() if line.split()[:1] == [name])
+
+
+def test_both_compare_forms_give_the_same_verdict_on_the_same_runs(tmp_path, capsys):
+    # one run a side, 30% step noise, 6% slower: the steps do not show a regression beyond the noise (the
+    # positional form said REGRESSION, exit 1, here); 20% slower with 1% noise is one for both forms
+    base = str(_run(tmp_path, "b0", step_ms=100, noise_pct=30, seed=1))
+    noisy = str(_run(tmp_path, "n0", step_ms=106, tokens=1000 * 100 / 106, noise_pct=30, seed=2))
+    slower = str(_run(tmp_path, "n1", step_ms=120, tokens=1000 * 100 / 120, noise_pct=1, seed=3))
+    for new, expected in ((noisy, EXIT_OK), (slower, EXIT_REGRESSION)):
+        positional = _cli(["compare", base, new], capsys)
+        gated = _cli(["compare", "--base", base, "--new", new], capsys)
+        assert positional == gated and positional[0] == expected, positional[1]
+    assert "worse, but within the noise" in _cli(["compare", base, noisy], capsys)[1]
+
+
+def test_the_throughput_printed_is_the_one_the_gate_uses_and_follows_the_step_time(tmp_path, capsys):
+    # rank 1 is 25% slower every step: the job's step is rank 1's, and so is its throughput
+    rng = np.random.default_rng(4)
+    fast, slow = list(100 + rng.normal(0, 2, STEPS)), list(125 + rng.normal(0, 2, STEPS))
+    base = _rank_steps(tmp_path, "b0", {0: fast, 1: slow})
+    new = _rank_steps(tmp_path, "n0", {0: [t * 0.9 for t in fast], 1: [t * 0.95 for t in slow]})
+    for run in (base, new):
+        _traces(run)
+    gated = {m.name: m for m in gate([base], [new]).metrics}
+    step, tokens = gated["step_time_ms"], gated["tokens_per_s"]
+    assert tokens.base_median == pytest.approx(2 * 512 / step.base_median * 1e3)   # both ranks' tokens, slowest step
+    assert 1 + tokens.change_pct / 100 == pytest.approx(1 / (1 + step.change_pct / 100))
+    out = _cli(["compare", str(base), str(new)], capsys)[1]
+    assert _row(out, "tokens_per_s")[1:3] == [f"{tokens.base_median:.2f}", f"{tokens.new_median:.2f}"]
+    assert _row(out, "step_time_ms")[1:3] == [f"{step.base_median:.2f}", f"{step.new_median:.2f}"]
+    compared = {m.name: m for m in compare(base, new).metrics}    # the API shows the gate's numbers as well
+    assert (compared["tokens_per_s"].base, compared["tokens_per_s"].new) == (tokens.base_median, tokens.new_median)
+    assert compared["step_time_ms"].regression == step.regression
+
+
+def test_a_step_time_within_the_noise_leaves_tokens_per_s_within_the_noise(tmp_path):
+    # rank 0 steady, rank 1 noisy and bounding the step; the new run speeds up rank 0 only: the job's step
+    # time moves within the noise, so its tokens/s cannot be a gain beyond it (tokens/s summed per rank
+    # medians said +5% beyond the noise here, while the step time said noise)
+    rng = np.random.default_rng(7)
+    noisy = [float(v) for v in 110 + rng.normal(0, 25, STEPS)]
+    base = _rank_steps(tmp_path, "b0", {0: [100.0 + 0.1 * i for i in range(STEPS)], 1: noisy})
+    new = _rank_steps(tmp_path, "n0", {0: [80.0 + 0.1 * i for i in range(STEPS)], 1: list(rng.permutation(noisy))})
+    result = gate([base], [new])
+    step, tokens = _metric(result, "step_time_ms"), _metric(result, "tokens_per_s")
+    assert direction(step) == "unclear" and step.interval_pct[0] < 0 < step.interval_pct[1]
+    assert direction(tokens) == "unclear" and tokens.interval_pct[0] < 0 < tokens.interval_pct[1]
+    assert 1 + tokens.change_pct / 100 == pytest.approx(1 / (1 + step.change_pct / 100))
+    low, high = step.interval_pct
+    assert tokens.interval_pct == pytest.approx((100 / (1 + high / 100) - 100, 100 / (1 + low / 100) - 100))
+    assert result.exit_code == EXIT_OK
+
+
+def test_a_rank_missing_on_one_side_is_left_out_of_both(tmp_path):
+    base = _run(tmp_path, "b0", step_ms=100, seed=1)
+    new = _run(tmp_path, "n0", step_ms=100, seed=2)
+    RunLayout.at(new).metrics_file(1).write_text("{not json\n")
+    result = gate([base], [new])
+    assert result.exit_code == EXIT_OK          # not a false 50% drop of tokens/s
+    assert abs(_metric(result, "tokens_per_s").change_pct) < 2
+    assert any("rank(s) 1 have no counterpart" in n for n in result.notes)
+    assert any(n.startswith(f"{new}: metrics/rank1.jsonl: 1 bad line(s)") for n in result.notes)

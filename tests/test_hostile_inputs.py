@@ -330,7 +330,7 @@ def test_compare_names_bad_metric_lines_and_compares_the_ranks_both_sides_have(t
     assert result.exit_code == EXIT_OK        # not a false 50% throughput regression
     assert any("metrics/rank1.jsonl: 5 bad line(s) skipped" in n for n in result.notes)
     assert any("rank(s) 1 have no counterpart" in n for n in result.notes)
-    throughput = next(m for m in result.metrics if m.name == "throughput_tokens_per_s")
+    throughput = next(m for m in result.metrics if m.name == "tokens_per_s")
     assert throughput.base == throughput.new == 1000.0
 
 

@@ -453,8 +453,8 @@ def test_compare_skips_forged_metrics_lines_and_says_so(tmp_path, capsys):
             handle.write(json.dumps({**line, "step": step, **forged}) + "\n")
     assert main(["compare", str(runs[0].root), str(runs[1].root)]) == 0
     out = capsys.readouterr().out
-    assert "3 bad line(s) skipped" in out and "no regression" in out
-    assert "throughput_tokens_per_s  200.00  200.00" in out
+    assert "new: metrics/rank0.jsonl: 3 bad line(s) skipped" in out and "no sustained regression" in out
+    assert "tokens_per_s    200.00  200.00" in out      # `compare BASE NEW` is the gate (one run a side)
 
 
 def test_run_files_are_strict_json(tmp_path):

@@ -35,7 +35,11 @@ from fleetscope.analysis.report.build import (
     hta_runner,
     no_hta,
 )
+from fleetscope.analysis.gate import steady_metrics
+from fleetscope.analysis.quantities import (PROFILED_UNREPRESENTATIVE_PCT, metrics_basis, metrics_step_time_ms,
+                                           profiled_excess_pct)
 from fleetscope.analysis.report.model import Report
+from fleetscope.traces.layout import RunLayout
 from fleetscope.traces.writer import write_bytes_atomically
 
 
@@ -103,12 +107,29 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     )
     report.capture = capture_section(inputs.layout, inputs.world_size)
     report.whole_run = whole_run_section(inputs.layout)
+    _with_run_step_time(report, inputs.layout)
     if advisor is not None:
         report.advice = list(advisor(inputs.layout.root if inputs.layout is not None else Path(path), report))
     if auditing():
         audit("report", json_out or path, check_report(report))
     _write_outputs(report, json_out, html_out)
     return report
+
+
+def _with_run_step_time(report: Report, layout: RunLayout | None) -> None:
+    """The run's steady step time beside the profiled one; a verdict built on profiled steps much slower than
+    the run's says so in its first sentence (quantities.PROFILED_UNREPRESENTATIVE_PCT)."""
+    steady = steady_metrics(layout) if layout is not None else {}
+    run_ms = metrics_step_time_ms(steady)
+    if run_ms is None:
+        return
+    report.run_step_time_ms, report.run_step_time_basis = run_ms, metrics_basis(steady)
+    profiled = report.step_time.median_ms if report.step_time is not None else None
+    excess = profiled_excess_pct(profiled, run_ms)
+    if excess is not None and excess >= PROFILED_UNREPRESENTATIVE_PCT:
+        report.verdict = (f"The profiled steps ({profiled:.2f} ms) are {excess:.0f}% slower than the run's steady "
+                          f"steps ({run_ms:.2f} ms, step metrics): what follows is of the profiled steps. "
+                          + report.verdict)
 
 
 def _hta_on_every_rank(sources: list[TraceSource], hta_ranks: str | list[int], max_ranks: int) -> bool:

@@ -135,6 +135,18 @@ def metrics_step_time_ms(steady: Mapping[int, list[dict]], key: str = "step_time
     return float(np.median(values)) if values else None
 
 
+PROFILED_UNREPRESENTATIVE_PCT = 20.0
+"""Profiled steps this much slower than the run's steady steps are not representative of the run: the verdict
+says so first (the profiler's own cost, or windows that caught unusual steps)."""
+
+
+def profiled_excess_pct(profiled_ms: float | None, run_ms: float | None) -> float | None:
+    """How much slower the profiled steps are than the run's steady ones, in percent (None: either unknown)."""
+    if profiled_ms is None or run_ms is None or not run_ms > 0 or not math.isfinite(profiled_ms):
+        return None
+    return 100.0 * (profiled_ms / run_ms - 1.0)
+
+
 def metrics_basis(steady: Mapping[int, list[dict]]) -> str:
     steps = metrics_step_times(steady)
     if not steps:

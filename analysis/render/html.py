@@ -10,6 +10,7 @@ from typing import Any
 from fleetscope.analysis.render import open_in_perfetto as perfetto
 from fleetscope.analysis.render.open_in_perfetto import StepRanges
 from fleetscope.analysis.per_rank.collectives import step_label
+from fleetscope.analysis.quantities import profiled_excess_pct
 from fleetscope.analysis.per_rank.utilization import Utilization
 from fleetscope.analysis.render import html_table, svg
 from fleetscope.analysis.render.html_table import table as _table
@@ -85,6 +86,11 @@ def _header(report: Report) -> str:
     step_line = (f"step time: median {steps.median_ms:.2f} ms, mean {steps.mean_ms:.2f} ms, "
                  f"max {steps.max_ms:.2f} ms over {steps.count} steps ({report.step_time_basis or 'trace'})"
                  if steps else "no step annotations")
+    if report.run_step_time_ms is not None:
+        excess = profiled_excess_pct(steps.median_ms if steps else None, report.run_step_time_ms)
+        step_line = (f"step time {report.run_step_time_ms:.2f} ms ({report.run_step_time_basis}); profiled "
+                     + step_line.replace("step time: ", "steps ", 1)
+                     + (f", {excess:+.0f}% over the run's" if excess is not None else ""))
     return (f"<h1>fleetscope report</h1><p id=\"verdict\"><b>Verdict:</b> {escape(report.verdict)}</p>"
             f"{_advice(report)}<p>{escape(step_line)}</p>"
             f"<p class=\"note\">{escape(report.source_path)} ({escape(report.source_kind)}), {state}; world size "

@@ -16,6 +16,7 @@ from fleetscope.analysis.render.cause_terminal import cause_lines, critical_path
 from fleetscope.analysis.render.pipeline_section import pipeline_text
 from fleetscope.analysis.render.moe_text import moe_section
 from fleetscope.analysis.render.whole_run_text import whole_run_text
+from fleetscope.analysis.quantities import profiled_excess_pct
 from fleetscope.analysis.report.model import Report, WindowReport
 
 MAX_RANK_ROWS = 32
@@ -59,8 +60,7 @@ def _header(report: Report) -> str:
         f"fleetscope analysis of {report.source_path} ({report.source_kind.replace('_', ' ')}): {state}",
         f"world size {report.world_size or '?'} | {len(report.windows)} window(s) | "
         f"{len(report.ranks)} rank(s) analyzed"
-        + (f" | step time median {steps.median_ms:.2f} ms, mean {steps.mean_ms:.2f} ms over {steps.count} steps "
-           f"({report.step_time_basis or 'trace'})" if steps else ""),
+        + (f" | {step_time_text(report)}" if steps or report.run_step_time_ms is not None else ""),
         f"verdict: {report.verdict}",
     ]
     for index, finding in enumerate(report.advice, 1):
@@ -70,6 +70,18 @@ def _header(report: Report) -> str:
     if report.advice:
         lines.append("  (fleetscope advise RUN: the evidence; fleetscope tune RUN --apply RULE: try it)")
     return "\n".join(lines)
+
+
+def step_time_text(report: Report) -> str:
+    """The run's steady step time first (step metrics), then the profiled steps' with how much slower they are."""
+    steps = report.step_time
+    profiled = (f"profiled steps median {steps.median_ms:.2f} ms, mean {steps.mean_ms:.2f} ms over {steps.count} "
+                f"steps ({report.step_time_basis or 'trace'})" if steps else "")
+    if report.run_step_time_ms is None:
+        return "step time " + profiled.replace("profiled steps ", "", 1)
+    excess = profiled_excess_pct(steps.median_ms if steps else None, report.run_step_time_ms)
+    run = f"step time {report.run_step_time_ms:.2f} ms ({report.run_step_time_basis})"
+    return run + (f"; {profiled}, {excess:+.0f}% over the run's" if profiled and excess is not None else "")
 
 
 _COLUMNS = ("rank", "host", "steps", "mean ms", "median ms", "max ms", "busy %", "idle %", "comm %",

@@ -18,6 +18,11 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
     step_time             StepStats over the profiled steps, per step the slowest rank's time (analysis/quantities.py):
                           {count, mean_ms, median_ms, min_ms, max_ms, std_ms}
     step_time_basis       where step_time comes from: "trace, profiled steps 2-3, 6-7, slowest rank per step"
+    run_step_time_ms      the run's steady step time from step metrics (quantities.metrics_step_time_ms: the
+                          median over unprofiled steps after the first of the slowest rank's step_time_ms) |
+                          null (no step metrics); run_step_time_basis: its basis ("step metrics, steady steps
+                          ..."); where the profiled steps are PROFILED_UNREPRESENTATIVE_PCT slower, the
+                          verdict's first sentence says so
     ranks[]               RankSummary, across all windows:
         rank, host, windows, step_time (StepStats | null),
         span_us, busy_pct, idle_pct, comm_pct, overlap_pct (null: no communication), basis ("gpu" | "cpu")
@@ -390,6 +395,8 @@ class Report:
     advice: list[TopFinding] = field(default_factory=list)
     step_time: StepStats | None = None
     step_time_basis: str = ""
+    run_step_time_ms: float | None = None
+    run_step_time_basis: str = ""
     ranks: list[RankSummary] = field(default_factory=list)
     windows: list[WindowReport] = field(default_factory=list)
     trainer: TrainerEvidence | None = None

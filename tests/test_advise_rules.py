@@ -36,7 +36,7 @@ CASES = {
                                     optimizer_launches=2000.0, optimizer_gpu_ms=4.0),
     "allocator churn": dict(allocator_calls=184.0, allocator_ms=12.0, allocator_idle_ms=9.0),
     "recomputing the forward": dict(recompute_ms=8.0, recompute_idle_ms=3.0),
-    "collecting garbage": dict(idle_pct=60.0, gc_ms=20.0, gc_count=1.0, idle_cause_ms={"host busy elsewhere": 40.0}),
+    "collecting garbage": dict(idle_pct=60.0, gc_ms=20.0, gc_count=1.0, idle_cause_ms={"garbage collection": 18.0}),
     "recompiling": dict(compile_ms=900.0, compile_ids=4),
     "hand-written attention": dict(idle_pct=5.0, softmax_ms=12.0),
     "checkpoint each step": dict(idle_pct=90.0, host_copies=34.0, host_copy_ms=6.0,

@@ -121,3 +121,18 @@ def test_only_gemm_shapes_give_flops():
     assert gemm_flops("aten::mm", [[8, 32], [31, 64]]) is None          # inner dimensions differ
     assert gemm_flops("aten::add", [[8, 32], [8, 32]]) is None
     assert gemm_flops("aten::mm", "garbage") is None
+
+
+def test_gpu_idle_during_a_collection_is_its_own_cause(tmp_path):
+    # the GPU idles 100-900 us; a collection covers 150-850 of it: the gap is "garbage collection", not host work
+    # (the step's first 10 us, before its first kernel, are the host's)
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 1000.0)
+    launch = Launcher(builder)
+    launch.run("aten::addmm", "gemm", 5, 10, 90, MAIN_TID)
+    builder.complete("Python GC", "python_function", 150, 700.0)
+    launch.run("aten::addmm", "gemm", 880, 900, 100, MAIN_TID)
+    builder.write(tmp_path / "rank0.json.gz")
+    stalls = analyze(tmp_path, use_hta=False, use_cache=False, write_default_outputs=False).windows[0].ranks[0].host_stalls
+    assert stalls.idle_by_cause_us == {"garbage collection": 800.0, "host busy elsewhere": 10.0}
+    assert stalls.steps_busy_us + sum(stalls.idle_by_cause_us.values()) == stalls.steps_span_us

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleetscope.analysis.per_rank.host_stalls import FRAME_PAGEABLE_COPY, FRAME_SYNC
+from fleetscope.analysis.per_rank.host_stalls import FRAME_PAGEABLE_COPY, FRAME_SYNC, IDLE_GC
 
 from .gpu_work import activation_checkpointing, allocator_churn, optimizer_impl
 from .model import Change, Evidence, Finding, Rule, trace_gain, trainer_change
@@ -205,31 +205,28 @@ def checkpoint_in_step(e: Evidence) -> Finding | None:
 
 
 GC_SHARE = 0.05
-"""Host time inside garbage collections above this share of the step: the collector pauses the step."""
+"""GPU idle during garbage collections above this share of the step: the collector pauses the step."""
 
 
 def gc_pauses(e: Evidence) -> Finding | None:
-    """Garbage collections inside the steps (with_stack traces: torch.profiler's `Python GC` events,
-    `gc.collect()` frames) for GC_SHARE of the step: the interpreter stops for each and launches nothing.
-    Gain: that host time, up to the GPU idle the host's other work left ("host busy elsewhere": a collection
+    """The GPU idles while the host collects garbage (host_stalls.py: gaps at least half covered by a
+    collection, in with_stack traces: torch.profiler's `Python GC` events, `gc.collect()` frames) for GC_SHARE
+    of the step: the interpreter stops for each collection and launches nothing. Gain: that idle (a collection
     the GPU's queue covers costs nothing)."""
-    if e.basis != "gpu" or not e.step_ms or e.gc_ms < GC_SHARE * e.step_ms:
-        return None
-    busy_ms = max(e.idle_cause_ms.get("host busy elsewhere", 0.0) - e.launch_paced_idle_ms, 0.0)
-    lost_ms = min(e.gc_ms, busy_ms)
-    if lost_ms < GC_SHARE * e.step_ms:
+    lost_ms = e.idle_cause_ms.get(IDLE_GC, 0.0)
+    if e.basis != "gpu" or not e.step_ms or lost_ms < GC_SHARE * e.step_ms:
         return None
     gain, pct = trace_gain(e, lost_ms)
     return Finding(rule="gc_pauses", title="garbage collection pauses the step",
                    evidence={"gc_ms_per_step": round(e.gc_ms, 3), "collections_per_step": round(e.gc_count, 1),
-                             "host_busy_idle_ms_per_step": round(busy_ms, 3)},
+                             "gc_idle_ms_per_step": round(lost_ms, 3)},
                    expected_gain_ms=gain, expected_gain_pct=pct, confidence="high",
                    change="gc.freeze() after the model, optimizer and dataset are built (the long-lived heap is no "
                           "longer scanned), no gc.collect() inside the loop (collect every N steps or between "
                           "epochs; gc.disable() around the step where the program allocates many Python objects)",
                    why=f"{e.gc_count:.1f} garbage collections per step hold the host {e.gc_ms:.2f} ms, and the GPU "
-                       f"idles {busy_ms:.2f} ms per step while the host launches nothing: each collection walks "
-                       "every tracked Python object (torch's modules, a dataset index), more the larger the heap")
+                       f"idles {lost_ms:.2f} ms per step during them: each collection walks every tracked Python "
+                       "object (torch's modules, a dataset index), more the larger the heap")
 
 
 def _explained_host_ms(e: Evidence) -> float:
@@ -241,8 +238,6 @@ def _explained_host_ms(e: Evidence) -> float:
         explained += max((e.optimizer_host_ms or 0.0) - (e.optimizer_gpu_ms or 0.0), 0.0)
     if allocator_churn(e) is not None:
         explained += e.allocator_idle_ms
-    if gc_pauses(e) is not None:
-        explained += e.gc_ms
     if activation_checkpointing(e) is not None:
         explained += e.recompute_idle_ms
     return explained

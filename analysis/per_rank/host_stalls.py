@@ -19,6 +19,8 @@ that applies:
   - IDLE_INPUT: at least half of it is covered by a DataLoader fetch;
   - IDLE_HOST_COMM: at least half of it is covered by communication on the host (gloo spans, c10d
     ops): the GPU waits for a collective that runs on the CPU;
+  - IDLE_GC: at least half of it is covered by a garbage collection (with_stack traces: torch.profiler's
+    `Python GC` events, `gc.collect()` frames; names.is_gc_frame): the interpreter stopped to collect;
   - IDLE_SYNC: it starts while the host is blocked in a sync or a tensor read, or within SYNC_SLACK_US
     after one returns (the GPU drained, and waits for the host to launch again);
   - IDLE_SHORT: shorter than SHORT_GAP_US (launch overhead between back-to-back kernels);
@@ -42,6 +44,7 @@ from fleetscope.analysis.per_rank.intervals import Intervals, covered_between, s
 from fleetscope.analysis.per_rank.names import (
     is_comm_cpu_op,
     is_device_to_host_copy,
+    is_gc_frame,
     is_gloo_span,
     is_host_sync_call,
     is_input_wait,
@@ -56,7 +59,8 @@ from fleetscope.analysis.per_rank.utilization import BASIS_CPU, BASIS_GPU, Timel
 
 IDLE_INPUT, IDLE_HOST_COMM, IDLE_SYNC = "input wait", "host collective", "host sync"
 IDLE_SHORT, IDLE_DEVICE, IDLE_HOST = "short gaps", "device dependency", "host busy elsewhere"
-IDLE_CAUSES = (IDLE_INPUT, IDLE_HOST_COMM, IDLE_SYNC, IDLE_SHORT, IDLE_DEVICE, IDLE_HOST)
+IDLE_GC = "garbage collection"
+IDLE_CAUSES = (IDLE_INPUT, IDLE_HOST_COMM, IDLE_GC, IDLE_SYNC, IDLE_SHORT, IDLE_DEVICE, IDLE_HOST)
 IDLE_NO_OP = "no op running"
 GAP_CAUSES = IDLE_CAUSES + (IDLE_NO_OP,)
 """Every cause an IdleGaps entry can carry, by code."""
@@ -194,13 +198,15 @@ def _gpu_idle_gaps(events: TraceEvents, spans: Intervals) -> IdleGaps:
     reads = device_reads(events)
     inputs = host & events.names_matching(is_input_wait)
     host_comm = host & events.names_matching(lambda n: is_gloo_span(n) or is_comm_cpu_op(n))
+    collections = events.of_kind(Kind.PYTHON_FUNCTION) & events.names_matching(is_gc_frame)
     blocking = syncs | reads
     gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
     gaps = subtract(spans, union(Intervals(events.start_us[gpu], events.end_us[gpu])))
     causes = gap_causes(gaps, Intervals(events.start_us[inputs], events.end_us[inputs]),
                         Intervals(events.start_us[host_comm], events.end_us[host_comm]),
                         Intervals(events.start_us[blocking], events.end_us[blocking] + SYNC_SLACK_US),
-                        queued_before=_queued_before(events, gpu, gaps))
+                        queued_before=_queued_before(events, gpu, gaps),
+                        collecting=Intervals(events.start_us[collections], events.end_us[collections]))
     code_of = {cause: code for code, cause in enumerate(GAP_CAUSES)}
     codes = np.fromiter(map(code_of.__getitem__, causes.tolist()), dtype=np.int8, count=len(causes))
     blocked = union(Intervals(events.start_us[blocking], events.end_us[blocking]))
@@ -453,16 +459,19 @@ def _idle_totals(gaps: IdleGaps | None) -> tuple[dict[str, float], dict[str, int
 
 
 def gap_causes(gaps: Intervals, input_time: Intervals, comm_time: Intervals, blocked: Intervals,
-               queued_before: np.ndarray | None = None) -> np.ndarray:
+               queued_before: np.ndarray | None = None, collecting: Intervals | None = None) -> np.ndarray:
     """The cause (IDLE_CAUSES) of each gap; `blocked`: host syncs and tensor reads, slack included;
-    `queued_before`: per gap, the work after it was launched before it began (None: unknown)."""
+    `queued_before`: per gap, the work after it was launched before it began (None: unknown); `collecting`:
+    the host's garbage collections (None: none recorded)."""
     lengths = gaps.ends_us - gaps.starts_us
     by_input = covered_between(input_time, gaps.starts_us, gaps.ends_us) >= 0.5 * lengths
     by_comm = covered_between(comm_time, gaps.starts_us, gaps.ends_us) >= 0.5 * lengths
+    by_gc = (covered_between(collecting, gaps.starts_us, gaps.ends_us) >= 0.5 * lengths
+             if collecting is not None and len(collecting) else np.zeros(len(gaps), dtype=bool))
     blocked = union(blocked)
     slot = np.searchsorted(blocked.starts_us, gaps.starts_us, side="right") - 1
     by_sync = (slot >= 0) & (blocked.ends_us[np.clip(slot, 0, None)] >= gaps.starts_us) if len(blocked) else \
         np.zeros(len(gaps), dtype=bool)
     by_device = queued_before if queued_before is not None else np.zeros(len(gaps), dtype=bool)
-    return np.select([by_input, by_comm, by_sync, lengths < SHORT_GAP_US, by_device],
-                     [IDLE_INPUT, IDLE_HOST_COMM, IDLE_SYNC, IDLE_SHORT, IDLE_DEVICE], default=IDLE_HOST)
+    return np.select([by_input, by_comm, by_gc, by_sync, lengths < SHORT_GAP_US, by_device],
+                     [IDLE_INPUT, IDLE_HOST_COMM, IDLE_GC, IDLE_SYNC, IDLE_SHORT, IDLE_DEVICE], default=IDLE_HOST)

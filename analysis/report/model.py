@@ -50,10 +50,11 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           traces, the program's own innermost frames holding those calls (profiled steps),
                           idle_by_cause_us {cause: us}, idle_gaps_by_cause {cause: gaps}: GPU idle time
                           inside the steps by cause, summed over the profiled steps (per step: divided by
-                          len(steps); the terminal and HTML print that mean) ("input wait", "host collective", "host sync",
-                          "short gaps" < 10 us, "device dependency" (the next GPU work was already
-                          launched), "host busy elsewhere"; host_stalls.py), steps_span_us, steps_busy_us (idle by cause +
-                          busy = span, GPU basis), sync_ops[] {op, count, us}
+                          len(steps); the terminal and HTML print that mean) ("input wait", "host
+                          collective", "garbage collection" (with_stack traces), "host sync", "short gaps"
+                          < 10 us, "device dependency" (the next GPU work was already launched), "host busy
+                          elsewhere"; host_stalls.py), steps_span_us, steps_busy_us (idle by cause + busy =
+                          span, GPU basis), sync_ops[] {op, count, us}
                           (the op whose copy to the host preceded each sync), launch_paced_idle_us (of the
                           "host busy elsewhere" idle, the gaps paced by launch calls)} | null (no steps),
                           step_work {steps, gemm_us_by_precision {fp32 | tf32 | bf16/fp16 | fp8 | unknown:

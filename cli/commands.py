@@ -8,7 +8,8 @@ import math
 import sys
 from pathlib import Path
 
-from ..launcher.runs import LaunchOutcome, launch, refuse_unusable_run_dir
+from ..launcher.checks import launch_checks
+from ..launcher.runs import LaunchOutcome, launch
 from ..launcher.scheduler import LaunchPlan
 from ..launcher.schedulers import scheduler_for
 from ..launcher.schedulers.slurm import wait_for_run, waited_verdict
@@ -53,15 +54,13 @@ LAUNCH_DESCRIPTION = (
 
 def handle_launch(args: argparse.Namespace) -> int:
     spec = job_spec_from_args(args)
-    refuse_unusable_run_dir(Path(spec.train.run_dir))
+    for note in launch_checks(spec, resume=args.resume):  # the same checks, dry run or not
+        print(f"fleetscope: {note}", file=sys.stderr)
     scheduler = scheduler_for(spec.scheduler)
     plan = scheduler.plan(spec, postprocess=not args.no_post)
     if args.dry_run:
         print(plan.render())
         return EXIT_OK
-    if spec.entry is not None and not spec.entry.module and not Path(spec.entry.program).is_file():
-        raise ConfigError(f"entry.program: {spec.entry.program}: no such file (nothing was started)")
-    check_input_files(spec)
     announce = (lambda: print(f"fleetscope: running {spec.world_size} rank(s) into {plan.run_dir}", flush=True)
                 if spec.scheduler == "local" else None)
     outcome = launch(scheduler, plan, resume=args.resume, postprocess=None if args.no_post else postprocess,
@@ -70,25 +69,6 @@ def handle_launch(args: argparse.Namespace) -> int:
         print_foreground_outcome(plan, outcome)
         return exit_code(outcome.verdict)
     return report_submission(spec, plan, outcome, wait=args.wait)
-
-
-def check_input_files(spec: JobSpec) -> None:
-    """The trainer's input files, where this host sees what the ranks will (local, torchx_local): a missing
-    one fails every rank after start-up, so it is refused here, naming the field. On Slurm the nodes may
-    see paths this host does not: a missing one is only noted."""
-    if spec.entry is not None:
-        return
-    train = spec.train
-    inputs = [("data.path", Path(train.data.path).expanduser(), Path.is_file)] if train.data.source != "synthetic" \
-        else []
-    if train.model.path:
-        inputs.append(("model.path", Path(train.model.path).expanduser() / "config.json", Path.is_file))
-    for field_name, path, exists in inputs:
-        if exists(path):
-            continue
-        if spec.scheduler in ("local", "torchx_local"):
-            raise ConfigError(f"{field_name}: {path}: no such file (nothing was started)")
-        print(f"fleetscope: note: {field_name} {path} is not on this host; the nodes must see it", file=sys.stderr)
 
 
 def print_foreground_outcome(plan: LaunchPlan, outcome: LaunchOutcome) -> None:
@@ -193,7 +173,7 @@ def handle_collect(args: argparse.Namespace) -> int:
                                 ranks=set(args.ranks) if args.ranks is not None else None,
                                 attempt=restart_attempt())
     report_collection(collection)
-    return EXIT_PARTIAL if collection.skipped else EXIT_OK
+    return EXIT_PARTIAL if collection.incomplete else EXIT_OK
 
 
 def register_postprocess(sub: argparse._SubParsersAction) -> None:

@@ -55,7 +55,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     own.add_argument("--collect-traces", default=None, metavar="GLOB",
                      help="after the job, file the Kineto traces the program wrote itself (torchtitan: "
                           "'outputs/profiling/traces/iteration_*/rank*_trace.json.gz', relative to this directory) "
-                          "into the run directory, on every node (default: none)")
+                          "into the run directory, on every node; files modified before the job started are another run's: "
+                          "skipped and counted (default: none)")
     own.add_argument("program", nargs=argparse.REMAINDER, metavar="-- python train.py ARGS | -- -m MODULE ARGS",
                      help="run this on every rank instead of fleetscope's trainer; it gets FLEETSCOPE_RUN_DIR "
                           "and the --profile schedule (fleetscope.trainer.user_profiling reads them)")

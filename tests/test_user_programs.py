@@ -151,11 +151,12 @@ def test_bad_programs_exit_2_naming_the_field_and_start_nothing(tmp_path, words,
 
 
 def test_dry_run_of_a_user_program_runs_nothing(tmp_path):
-    completed = fleetscope("launch", "--dry-run", "--run-dir", str(tmp_path / "run"), "--", "python", "absent.py",
+    (tmp_path / "train.py").write_text("raise SystemExit('ran')\n")  # dry-run checks it exists, as launch does
+    completed = fleetscope("launch", "--dry-run", "--run-dir", str(tmp_path / "run"), "--", "python", "train.py",
                            "$(touch PWNED)", cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr
-    assert shlex.split(completed.stdout.splitlines()[0])[-2:] == [str(tmp_path / "absent.py"), "$(touch PWNED)"]
-    assert list(tmp_path.iterdir()) == []
+    assert shlex.split(completed.stdout.splitlines()[0])[-2:] == [str(tmp_path / "train.py"), "$(touch PWNED)"]
+    assert [path.name for path in tmp_path.iterdir()] == ["train.py"]
 
 
 # --- the windows API and the trace handler, on a real torch.profiler in this process ------------------------
@@ -307,8 +308,8 @@ def test_collect_infers_rank_and_window_and_publishes_each_file_once(tmp_path):
 
 
 def test_collect_only_the_given_ranks_and_number_windows_without_iterations_per_rank(tmp_path):
-    for name in ("a_rank0.json", "b_rank0.json", "a_rank1.json"):
-        write_trace(tmp_path / "dump" / name, step=1)
+    for name, step in (("a_rank0.json", 1), ("b_rank0.json", 5), ("a_rank1.json", 1)):  # one rank's: other steps
+        write_trace(tmp_path / "dump" / name, step=step)
     collection = collect_traces(str(tmp_path / "dump" / "*.json"), RunLayout.at(tmp_path / "run"), ranks={0})
     assert [(t.rank, t.window, t.source.name) for t in collection.collected] == [
         (0, 0, "a_rank0.json"), (0, 1, "b_rank0.json")]

@@ -10,7 +10,10 @@ merge treat it as one of ours.
     they must agree;
   * window: the i-th distinct `iteration_<N>` of the matched paths (by N) is window i; traces with no
     `iteration_<N>` in their path take windows in path order per rank;
-  * at most one trace per rank and window; a file that breaks a rule is skipped with the reason.
+  * at most one trace per rank and window; a file that breaks a rule is skipped with the reason;
+  * only this job's: a file modified before the job started (or after it ended, once job.json says so) is
+    an earlier run's, left in place and named (own_traces.JobSpan); two traces of one rank that cover the
+    same steps are both refused, naming each other (two runs' traces: which is this job's cannot be told).
 
 Collecting twice (a node's task end, then a post-processing run; or several nodes that see the same
 shared folder) publishes each file once: a claim named by the file's content is created exclusively
@@ -31,6 +34,7 @@ from pathlib import Path
 
 from .kineto import TraceReadError, identify_trace, read_raw
 from .layout import RunLayout, collected_claim, parse_trace_file_name, run_holding_traces
+from .own_traces import JobSpan, job_span, no_match_hint
 from .writer import publish_trace
 
 ITERATION_RE = re.compile(r"iteration_(\d+)")
@@ -45,6 +49,8 @@ class FoundTrace:
     iteration: int | None
     digest: str
     """sha256 of the file's bytes."""
+    steps: tuple[int, ...] = ()
+    """Its ProfilerStep numbers."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,15 +69,36 @@ class Collection:
     collected: list[CollectedTrace] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     """(file, why) of matched files that were not collected."""
+    span: JobSpan = field(default_factory=lambda: JobSpan(started=None))
+    """The job's span the files were judged against."""
+    outside_job: list[tuple[str, float, str]] = field(default_factory=list)
+    """(file, modification time, "before" | "after") of matched files from outside the job's span: left in place."""
+    conflicts: list[tuple[str, str, list[int]]] = field(default_factory=list)
+    """(file, other file, shared steps) of one rank's traces that cover the same steps: neither collected."""
+    matched: int = 0
+    """Files the pattern matched."""
+    hint: str = ""
+    """Why the pattern matched nothing, and what might (empty when it matched)."""
+
+    @property
+    def incomplete(self) -> bool:
+        """A matched file of this job was not collected (skipped or refused)."""
+        return bool(self.skipped or self.conflicts)
 
 
 def collect_traces(pattern: str, layout: RunLayout, *, ranks: set[int] | None = None,
-                   host: str | None = None, attempt: int = 0) -> Collection:
+                   host: str | None = None, attempt: int = 0, span: JobSpan | None = None) -> Collection:
     """Publish every trace `pattern` matches on this node into the run directory (see the module docstring).
-    `ranks`: collect only these ranks (a task that knows its own rank); `host`: the name in the file names."""
-    collection = Collection(pattern=pattern)
-    paths = [p for p in _matches(pattern, collection) if not _in_a_runs_traces(p, collection)]
-    found = [trace for trace in (_inspect(Path(p), collection) for p in paths) if trace is not None]
+    `ranks`: collect only these ranks (a task that knows its own rank); `host`: the name in the file names;
+    `span`: when the job ran (default: what the run's job.json records)."""
+    collection = Collection(pattern=pattern, span=span if span is not None else job_span(layout))
+    matched = _matches(pattern, collection)
+    collection.matched = len(matched)
+    if not matched:
+        collection.hint = no_match_hint(pattern, collection.span)
+    paths = [p for p in _within_job(matched, collection) if not _in_a_runs_traces(p, collection)]
+    found = _refuse_conflicts([t for t in (_inspect(Path(p), collection) for p in paths) if t is not None],
+                              collection)
     host = host or socket.gethostname()
     for trace, window in _assign_windows(found, collection):
         if ranks is not None and trace.rank not in ranks:
@@ -163,6 +190,48 @@ def _listing(directory: Path, budget: _WalkBudget, depth: int) -> list[os.DirEnt
         return []
 
 
+def _within_job(paths: list[str], collection: Collection) -> list[str]:
+    """The paths modified within the job's span; the others go to `collection.outside_job`, untouched."""
+    kept = []
+    for path in paths:
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            continue
+        where = collection.span.outside(mtime)
+        if where is None:
+            kept.append(path)
+        else:
+            collection.outside_job.append((path, mtime, where))
+    return kept
+
+
+def _refuse_conflicts(found: list[FoundTrace], collection: Collection) -> list[FoundTrace]:
+    """Drop every trace that shares a step with another trace of its rank and `iteration_<N>` (both named in
+    `collection.conflicts`: two runs' traces); traces in different `iteration_<N>` folders are that many
+    windows, whatever their step numbers (a program may start a profiler, and its step count, per window).
+    A byte-identical copy of a trace is skipped as such, not a conflict."""
+    first_of_step: dict[tuple[int, int | None, int], FoundTrace] = {}
+    seen_digest: dict[str, Path] = {}
+    refused: set[Path] = set()
+    kept: list[FoundTrace] = []
+    for trace in found:
+        if trace.digest in seen_digest:
+            collection.skipped.append((str(trace.source), f"the same bytes as {seen_digest[trace.digest]}"))
+            continue
+        seen_digest[trace.digest] = trace.source
+        kept.append(trace)
+        others: dict[Path, list[int]] = {}
+        for step in trace.steps:
+            other = first_of_step.setdefault((trace.rank, trace.iteration, step), trace)
+            if other is not trace:
+                others.setdefault(other.source, []).append(step)
+        for other, steps in others.items():
+            collection.conflicts.append((str(trace.source), str(other), steps))
+            refused.update((trace.source, other))
+    return [trace for trace in kept if trace.source not in refused]
+
+
 def _in_a_runs_traces(path: str, collection: Collection) -> bool:
     """A match inside a run directory's traces/ (fleetscope's own traces of this or another run) is skipped."""
     run = run_holding_traces(path)
@@ -190,7 +259,8 @@ def _slot_taken(layout: RunLayout, trace: FoundTrace, window: int, collection: C
 def _inspect(path: Path, collection: Collection) -> FoundTrace | None:
     try:
         raw = read_raw(path)
-        info_rank = identify_trace(raw, path).rank
+        identity = identify_trace(raw, path)
+        info_rank = identity.rank
     except TraceReadError as error:
         collection.skipped.append((str(path), error.reason))
         return None
@@ -206,7 +276,7 @@ def _inspect(path: Path, collection: Collection) -> FoundTrace | None:
         return None
     iterations = ITERATION_RE.findall(str(path))
     return FoundTrace(source=path, rank=rank, iteration=int(iterations[-1]) if iterations else None,
-                      digest=hashlib.sha256(raw).hexdigest())
+                      digest=hashlib.sha256(raw).hexdigest(), steps=tuple(identity.steps))
 
 
 def _assign_windows(found: list[FoundTrace], collection: Collection) -> list[tuple[FoundTrace, int]]:

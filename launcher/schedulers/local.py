@@ -16,6 +16,7 @@ from ...trainer.config import ConfigError
 from ...traces.collect import Collection, collect_traces
 from ...traces.jobfile import now_iso, read_job_record, write_job_record
 from ...traces.layout import RunLayout
+from ...traces.own_traces import job_span, uncollected_traces_hint
 from ..failures import RankFailure, collect_failures, summary_failures
 from ..scheduler import Submission, Verdict, existing_outputs
 from ..spec import TRAINER_MODULE, JobSpec, spec_record  # noqa: F401  (TRAINER_MODULE: re-exported)
@@ -87,8 +88,7 @@ def run_local(plan: LocalPlan) -> LocalResult:
         # the interpreter or the working directory is missing: no rank ever started
         return LocalResult(returncode=EXEC_FAILED, failures=[RankFailure(
             rank=0, exitcode=EXEC_FAILED, message=f"could not start {plan.argv[0]!r}: {error.strerror or error}")])
-    if entry is not None and entry.collect_glob:
-        report_collection(collect_traces(entry.collect_glob, layout))
+    report_program_traces(plan.spec, layout)
     if returncode == 0:
         return LocalResult(returncode=0)
     failures = (collect_failures(layout.logs_dir)
@@ -139,14 +139,71 @@ def pass_stderr(lines: Iterable[str], out: TextIO, summary_path: Path) -> None:
     out.writelines(held)
 
 
+def report_program_traces(spec: JobSpec, layout: RunLayout) -> None:
+    """After a user's program ran on this node: collect what --collect-traces names, or else name the Kineto
+    traces it left under its working directory, with the flag that would have filed them."""
+    entry = spec.entry
+    if entry is None:
+        return
+    if entry.collect_glob:
+        report_collection(collect_traces(entry.collect_glob, layout))
+        return
+    for line in uncollected_traces_hint(Path(entry.workdir), layout.root, job_span(layout)):
+        print(line, flush=True)
+
+
 def report_collection(collection: Collection) -> None:
-    """One line per collection on stdout (the job's log), and every skipped file with its reason."""
+    """One line per collection on stdout (the job's log): what was filed (or why nothing matched), one line
+    for the files left from outside the job's span, each refused pair, every skipped file with its reason."""
+    for line in collection_lines(collection):
+        print(line, flush=True)
+
+
+def collection_lines(collection: Collection) -> list[str]:
     published = sum(1 for trace in collection.collected if trace.published is not None)
-    print(f"fleetscope: collected {published} trace(s) matching {collection.pattern}"
-          f"{f' ({len(collection.collected) - published} collected before)' if published < len(collection.collected) else ''}",
-          flush=True)
-    for path, why in collection.skipped:
-        print(f"fleetscope:   skipped {path}: {why}", flush=True)
+    before = len(collection.collected) - published
+    if collection.matched == 0:
+        lines = [f"fleetscope: collected 0 trace(s): nothing matches {collection.pattern} ({collection.hint})"]
+    else:
+        lines = [f"fleetscope: collected {published} trace(s) matching {collection.pattern}"
+                 f"{f' ({before} collected before)' if before else ''}"]
+    if collection.span.started is None and collection.matched:
+        lines.append("fleetscope:   note: the run records no start time (no job.json): every matched file was "
+                     "taken as this job's, whatever its age")
+    lines += [line for where in ("before", "after") if (line := _outside_line(collection, where))]
+    for path, other, steps in collection.conflicts:
+        lines.append(f"fleetscope:   refused {path} and {other}: both are one rank's traces of step(s) "
+                     f"{_steps_text(steps)}, so which is this job's cannot be told; neither collected (move the "
+                     f"other run's away, then `fleetscope collect-traces RUN_DIR GLOB`; a program that counts "
+                     f"each window's steps from 0: write each window into its own iteration_<N>/ folder)")
+    lines += [f"fleetscope:   skipped {path}: {why}" for path, why in collection.skipped]
+    return lines
+
+
+def _outside_line(collection: Collection, where: str) -> str:
+    """One line for the matched files modified before the job started (or after it ended): how many, the
+    newest (the oldest) of them, and why they were left in place."""
+    files = sorted((mtime, path) for path, mtime, side in collection.outside_job if side == where)
+    if not files:
+        return ""
+    mtime, path = files[-1] if where == "before" else files[0]
+    bound = collection.span.started if where == "before" else collection.span.ended
+    which, event = ("newest", "started") if where == "before" else ("oldest", "ended")
+    gap = abs((bound or mtime) - mtime)
+    return (f"fleetscope:   skipped {len(files)} matched file(s) modified {where} this job {event} (another run's; "
+            f"left in place); {which}: {path}, modified {_duration(gap)} {where} the job {event}")
+
+
+def _steps_text(steps: list[int]) -> str:
+    return ", ".join(str(step) for step in steps[:5]) + (f" ... ({len(steps)} in all)" if len(steps) > 5 else "")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 @dataclass(kw_only=True)

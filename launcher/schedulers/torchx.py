@@ -32,7 +32,7 @@ from ..slurm_request import (
     slurm_logs_dir,
 )
 from ..spec import JobSpec, spec_record
-from .local import RecordedRunStatus
+from .local import RecordedRunStatus, report_program_traces
 from .slurm import SlurmScheduler, SubmittedSlurmJob, submit_batch_script, submit_postprocess
 
 COLLECT_MODULE = "fleetscope.cli.main"
@@ -295,6 +295,8 @@ class TorchXLocalScheduler:
         write_job_record(layout, **spec_record(plan.spec), plan=plan.to_json(), status="running",
                          started_at=now_iso())
         status = run_torchx_local(plan)
+        if not plan.spec.entry or not plan.spec.entry.collect_glob:  # the node script collected what it names
+            report_program_traces(plan.spec, layout)
         succeeded = status is not None and status.state == AppState.SUCCEEDED
         write_job_record(layout, status="succeeded" if succeeded else "failed", finished_at=now_iso(),
                          torchx_state=str(status.state if status else None))

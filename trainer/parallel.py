@@ -254,7 +254,10 @@ def _apply_ddp(model, dp_mesh: DeviceMesh, *, parallel: ParallelConfig, device: 
     if ignored:
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(ignored))
     device_ids = [device.index] if device.type == "cuda" else None
+    # broadcast_buffers=False: the models' buffers (rotary frequencies) are computed, not learned, and the same on
+    # every rank; broadcasting them is a collective at every forward's start, where a late rank's delay would
+    # land in its peers' forward instead of in their wait for its gradients
     return DistributedDataParallel(
         model, device_ids=device_ids, process_group=dp_mesh.get_group(), bucket_cap_mb=parallel.bucket_cap_mb,
-        find_unused_parameters=pipelined,
+        find_unused_parameters=pipelined, broadcast_buffers=False,
     )

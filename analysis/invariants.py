@@ -111,6 +111,9 @@ def _path_shares(report: Report) -> list[str]:
             total = sum(seg.share for seg in step.segments)
             if step.segments and step.length_us > 0 and abs(total - 1.0) > SHARE_TOLERANCE:
                 problems.append(f"windows[{w}].critical_path.steps[{s}]: segment shares sum to {total:.4f}, not 1")
+            if step.span_us and step.length_us > step.span_us + 1.0:   # a report from before span_us has none
+                problems.append(f"windows[{w}].critical_path.steps[{s}]: the path ({step.length_us / 1000:.2f} ms) "
+                                f"is longer than its step across ranks ({step.span_us / 1000:.2f} ms)")
         total = sum(share.share for share in paths.by_rank)
         if paths.by_rank and abs(total - 1.0) > SHARE_TOLERANCE:
             problems.append(f"windows[{w}].critical_path.by_rank: shares sum to {total:.4f}, not 1")

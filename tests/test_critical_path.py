@@ -68,3 +68,24 @@ def test_the_path_jumps_to_whichever_rank_arrives_last(tmp_path):
         assert path.length_us == 2000.0
     assert "Critical path" in render_terminal(report)
     assert "<h2>Critical path</h2>" in render_html(report)
+
+
+def test_the_path_lies_within_its_step_across_ranks_and_is_printed_against_it(tmp_path):
+    # rank 1 starts each step 300 us after rank 0 and ends it with the all-reduce rank 0 waits in: the path runs
+    # from rank 0's start to the latest end, 300 us longer than rank 1's own step, never longer than the span
+    for rank in range(2):
+        builder = KinetoBuilder(rank=rank, world_size=2)
+        for step, s in enumerate((0.0, 3000.0)):
+            start = s + (300.0 if rank == 1 else 0.0)
+            builder.step(step, start, 2000.0 - (300.0 if rank == 1 else 0.0) + 300.0 * rank)
+            builder.kernel("gemm", start + 10, 1000.0, launch_ts=start + 5)
+            builder.kernel(NCCL, start + 1010 if rank else s + 1310, 500.0 if rank else 200.0,
+                           launch_ts=start + 8, stream=20)
+        builder.write(tmp_path / f"rank{rank}.json")
+    report = analyze(tmp_path, use_hta=False)
+    for path in report.windows[0].critical_path.steps:
+        assert 0 < path.length_us <= path.span_us
+    text = render_terminal(report)
+    first = report.windows[0].critical_path.steps[0]
+    assert f"of the step's {first.span_us / 1000:.2f} ms across ranks" in text
+    assert "work: a rank's time after a collective" in text and "work: a rank" in render_html(report)

@@ -14,7 +14,9 @@ step found on at least two ranks:
   - the walk continues on q from that earlier time, and ends at the step's start on the rank it is on
     (no collective of the step left: SEGMENT_WORK back to the step's start, e.g. the GPU still finishing
     the previous step's collective).
-Segments tile the path: their durations sum to its length; share = duration / length. The late rank's compute
+Segments tile the path: their durations sum to its length; share = duration / length. The path lies inside the
+step's span across ranks (span_us: the earliest rank's step start to the latest end, common clock), which is
+what its length is compared with: a rank's own step is shorter when the ranks start apart. The late rank's compute
 before each collective it holds up is on the path; a rank that is never last is never on it (except the tail).
 The merged Perfetto trace draws the path (merge/critical_path_overlays.py); this is the data.
 """
@@ -31,6 +33,12 @@ SEGMENT_COMPUTE = "compute"
 SEGMENT_IDLE = "host gap"
 SEGMENT_TRANSFER = "data movement"
 SEGMENT_WORK = "work"
+SEGMENT_KINDS_TEXT = (f"{SEGMENT_COMPUTE}: the last-arriving rank's computation before the collective; "
+                      f"{SEGMENT_IDLE}: the rest of its time before arriving (launch gaps, syncs, input wait); "
+                      f"{SEGMENT_TRANSFER}: the collective once all had arrived; {SEGMENT_WORK}: a rank's time "
+                      "after a collective until the next point on the path (computation and host time not told "
+                      "apart)")
+"""What each segment kind means, as the terminal, the HTML report and README.md say it."""
 END_TOLERANCE_US = 1.0
 """A collective ending this little after the walk's time still counts as ending by it (rounding)."""
 STEPS_KEPT = 64
@@ -55,6 +63,8 @@ class StepPath:
     step: int
     length_us: float
     """From the path's start (a step start) to the step's end."""
+    span_us: float = 0.0
+    """The step across ranks: the earliest rank's step start to the latest end (common clock); length_us <= it."""
     start_ns: int = 0
     """The path's start as epoch nanoseconds on the common clock (each rank's time less its clock offset):
     the clock of the merged trace, so segment starts there are start_ns + start_us * 1000."""
@@ -143,7 +153,8 @@ def _step_path(step: int, m: ArrivalMatrix, by_rank: dict[int, RankResult],
         t = begin
         if begin <= windows.get(rank, (begin, begin))[0]:
             break
-    return _assemble(step, segments, t, path_end, m.base_time_ns)
+    span = path_end - min(start for start, _ in windows.values())
+    return _assemble(step, segments, t, path_end, m.base_time_ns, span)
 
 
 def _finite(values: np.ndarray | None, row: int, column: int) -> float:
@@ -152,13 +163,13 @@ def _finite(values: np.ndarray | None, row: int, column: int) -> float:
 
 
 def _assemble(step: int, raw: list[tuple[str, int, str, float, float]], path_start: float,
-              path_end: float, base_time_ns: int) -> StepPath:
+              path_end: float, base_time_ns: int, span_us: float) -> StepPath:
     length = path_end - path_start
     kept = [s for s in reversed(raw) if s[4] > 0]
     segments = [PathSegment(kind=kind, rank=rank, collective=label, start_us=start - path_start,
                             duration_us=duration, share=duration / length if length > 0 else 0.0)
                 for kind, rank, label, start, duration in kept]
-    return StepPath(step=step, length_us=length, segments=segments,
+    return StepPath(step=step, length_us=length, segments=segments, span_us=span_us,
                     start_ns=base_time_ns + round(path_start * 1000))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from fleetscope.analysis.cross_rank.critical_path import CriticalPaths, PathSegment, StepPath
+from fleetscope.analysis.cross_rank.critical_path import SEGMENT_KINDS_TEXT, CriticalPaths, PathSegment, StepPath
 from fleetscope.analysis.render.html_table import table as _table
 from fleetscope.analysis.report.model import Report
 
@@ -53,7 +53,8 @@ def critical_path_section(report: Report) -> str:
         return ""
     return ("<h2>Critical path</h2><p class=\"note\">Per step, the chain across ranks that set the step's end: at "
             "each collective the rank that arrived last, its compute and host gap before it, the data movement "
-            "after it.</p>" + html)
+            f"after it. Segment kinds: {escape(SEGMENT_KINDS_TEXT)}. The path lies within the step across ranks "
+            "(the earliest rank's start to the latest end).</p>" + html)
 
 
 def _path_shares(paths: CriticalPaths) -> str:

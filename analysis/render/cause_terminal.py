@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleetscope.analysis.quantities import trace_step_times
+from fleetscope.analysis.cross_rank.critical_path import SEGMENT_KINDS_TEXT
 from fleetscope.analysis.report.model import Report
 
 
@@ -33,12 +33,12 @@ def critical_path_lines(report: Report) -> str:
         label = "-" if window.window is None else str(window.window)
         top = ", ".join(f"rank {s.rank} {s.kind} {100 * s.share:.0f}%" for s in paths.by_rank[:4])
         lines.append(f"window {label}: {top}")
-        step_ms = {step: ms for (w, step), ms in trace_step_times([window]).items()}
         for path in paths.steps[:PATH_STEPS_SHOWN]:
-            of_step = f" of the {step_ms[path.step]:.2f} ms step" if path.step in step_ms else ""
+            of_step = (f" of the step's {path.span_us / 1000:.2f} ms across ranks" if path.span_us else "")
             lines.append(f"  step {path.step} (path {path.length_us / 1000:.2f} ms{of_step}, "
                          f"{_count(len(path.segments), 'segment')}): {step_segments(path.segments)}")
-    return ("Critical path (segments that set each step's end; the longest per step, in path order)\n"
+    return ("Critical path (segments that set each step's end; the longest per step, in path order; "
+            f"{SEGMENT_KINDS_TEXT}; the step across ranks: the earliest rank's start to the latest end)\n"
             + "\n".join(f"  {l}" for l in lines) if lines else "")
 
 

@@ -121,7 +121,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           rank R" where the MoE section names a hot expert the rank holds; "" otherwise),
                           explanation}}: why each rank causing >= 20% of
                           the waiting is late, and its steps if it were on time (causes.py)
-        critical_path     {steps[] {step, length_us, start_ns (the path's start on the clock the merge
+        critical_path     {steps[] {step, length_us, span_us (the step across ranks: the earliest rank's
+                          start to the latest end; length_us <= span_us), start_ns (the path's start on the clock the merge
                           draws with: epoch ns, less the window's clock offsets), segments[] {kind ("compute" | "host gap" |
                           "data movement" | "work"), rank, collective, start_us (after the
                           path's start), duration_us, share}}, by_rank[] {rank, kind, duration_us, share}}:

@@ -15,13 +15,18 @@ test). Each rule returns human-readable violations ("windows[0].causes.findings[
                           waiting a rank caused, and each what-if's, at most the union of its lateness
                           stretches; no what-if below another rank's step less its waiting (its own work);
   step time               the report's step_time is quantities.trace_step_times' StepStats;
-  verdict                 the rank the verdict names is quantities.job_straggler's;
+  verdict                 the rank the verdict names is quantities.job_straggler's; a verdict (the report's and
+                          each window's) names one rank, whatever the sentence (straggler, most waited for,
+                          slowest steps); a window names a straggler only when its significance stands out
+                          (stragglers.py);
   idle by cause           a rank's idle time by cause sums to no more than its idle time; on the GPU basis,
                           idle by cause + GPU busy inside the steps = the steps' span (the partition every
                           idle finding's gain is taken from);
   advice                  every gain in [0, its denominator], its percentage that share of the printed
                           denominator, the combined gain at most the step, overlaps named both ways, the
-                          straggler finding's rank the verdict's.
+                          straggler finding's rank the verdict's, its confidence no higher than its significance
+                          allows, and no node remedy (--exclude, nvidia-smi) for a CPU rank, nor --exclude for a
+                          rank whose host runs other ranks.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ def check_report(report: Report) -> list[str]:
     problems = list(_non_negative(data)) + list(_percentages(data))
     problems += _utilization_sums(report) + _path_shares(report) + _what_ifs(report)
     problems += _step_time(report) + _verdict_rank(report) + _idle_by_cause(report) + _wait_unions(report)
+    problems += _verdicts_name_one_rank(report) + _named_stands_out(report)
     return problems
 
 
@@ -253,6 +259,33 @@ def _verdict_rank(report: Report) -> list[str]:
     return []
 
 
+_BLAMED_RANK = re.compile(r"rank (\d+) (?:is the straggler|causes the most waiting|has the slowest steps|is the rank "
+                          r"waited for most)|slowest rank: (\d+)|the others wait for rank (\d+)|the rank waited for "
+                          r"most, rank (\d+)")
+
+
+def _verdicts_name_one_rank(report: Report) -> list[str]:
+    problems = []
+    verdicts = [("verdict", report.verdict)] + [(f"windows[{w}].stragglers.verdict", window.stragglers.verdict)
+                                               for w, window in enumerate(report.windows)]
+    for where, verdict in verdicts:
+        named = sorted({int(next(g for g in m.groups() if g)) for m in _BLAMED_RANK.finditer(verdict)})
+        if len(named) > 1:
+            problems.append(f"{where}: names ranks {named} as the one holding the others back; a verdict names one")
+    return problems
+
+
+def _named_stands_out(report: Report) -> list[str]:
+    problems = []
+    for w, window in enumerate(report.windows):
+        s = window.stragglers
+        if s.consistent and (s.significance is None or not s.significance.stands_out
+                             or s.significance.rank != s.waited_for_rank):
+            problems.append(f"windows[{w}].stragglers: names rank {s.waited_for_rank} the straggler, but its lateness "
+                            "does not stand out from the step-to-step spread")
+    return problems
+
+
 def _idle_by_cause(report: Report) -> list[str]:
     problems = []
     for w, window in enumerate(report.windows):
@@ -299,7 +332,42 @@ def check_advice(advice: Any, report: Report | None) -> list[str]:
         if report is not None and f.rule == "straggler" and (top is None or f.ranks != [top.rank]):
             problems.append(f"straggler finding names rank(s) {f.ranks}, the verdict "
                             f"{'no rank' if top is None else f'rank {top.rank}'}")
+        if report is not None and f.rule == "straggler":
+            problems += _straggler_remedy(f, report) + _straggler_confidence(f, report)
     return problems
+
+
+CONFIDENCES = ("low", "medium", "high")
+
+
+def _straggler_remedy(finding: Any, report: Report) -> list[str]:
+    """No node remedy for a CPU rank (no GPU activity), no --exclude for a rank whose host runs other ranks."""
+    problems = []
+    summaries = {r.rank: r for r in report.ranks}
+    for rank in finding.ranks:
+        own = summaries.get(rank)
+        if own is None:
+            continue
+        change = finding.change or ""
+        if own.basis == "cpu" and ("--exclude" in change or "nvidia-smi" in change):
+            problems.append(f"straggler finding: a GPU or node remedy for rank {rank}, a CPU rank ({change[:60]}...)")
+        elif "--exclude" in change and any(r.host == own.host for r in report.ranks if r.rank != rank):
+            problems.append(f"straggler finding: excludes the node of rank {rank}, whose host {own.host} also runs "
+                            "other ranks")
+    return problems
+
+
+def _straggler_confidence(finding: Any, report: Report) -> list[str]:
+    """A straggler finding's confidence at most what its significance allows (stragglers.py straggler_confidence)."""
+    allowed = [c.significance.confidence for w in report.windows for c in w.causes.findings
+               if c.rank in finding.ranks and c.significance is not None]
+    if not allowed or finding.confidence not in CONFIDENCES:
+        return []
+    best = max(allowed, key=lambda c: CONFIDENCES.index(c) if c in CONFIDENCES else -1)
+    if best not in CONFIDENCES or CONFIDENCES.index(finding.confidence) > CONFIDENCES.index(best):
+        return [f"straggler finding: confidence {finding.confidence} beyond what its significance allows "
+                f"({best or 'none: it does not stand out'})"]
+    return []
 
 
 def audit(kind: str, path: str | Path, problems: list[str]) -> None:

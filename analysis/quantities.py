@@ -24,6 +24,11 @@ compute floor            of a step, for a late rank: the larger of what its othe
                          other rank's step time less its waiting in the step (its own work, which stays were
                          the late rank on time); with step metrics, also the steady step less its exposed
                          gradient communication (`metrics_floor_ms`). No what-if goes below it.
+stands out               a rank's lateness, when its mean signed lateness vs peers per profiled step reaches the
+                         one-sided Student t quantile at 5% / ranks against the larger of its own step-to-step
+                         spread and (3+ ranks) the other ranks'; only then is it named a straggler, with a
+                         confidence bounded by its steps and ranks (low below 4 steps, high from 8 steps of 3+
+                         ranks). stragglers.py `significance`, `straggler_confidence`.
 what-if                  the step's time less the waiting a rank caused in it: never below the compute floor.
 gain                     ms per step a change could save, never more than the step it is taken from less that
                          step's floor; its percentage is of a denominator printed beside it (`Gain`).

@@ -256,9 +256,10 @@ def test_step_ranges_read_as_a_person_writes_them():
 
 def test_the_examples_under_a_stragglers_headline_show_the_rank_it_names(tmp_path):
     # Rank 2 is 0.4 ms late at each of 4 collectives a step (most of the waiting); rank 0 once 0.9 ms late.
+    # Four steps: against rank 0's hiccup, two would be too few for rank 2 to stand out (stragglers.py significance).
     for rank in range(3):
         builder = KinetoBuilder(rank=rank, world_size=3)
-        for step, s in enumerate((0.0, 5000.0)):
+        for step, s in enumerate((0.0, 5000.0, 10000.0, 15000.0)):
             builder.step(step, s, 4800)
             for k in range(4):
                 start = s + 1000 * k

@@ -12,6 +12,15 @@ from .model import STRAGGLER_SHARE, Evidence, Finding, Rule, trainer_change
 INPUT_WAIT_SHARE = 0.5
 """A host-side straggler whose extra DataLoader time is at least this share of its mean lateness waits for input."""
 
+CPU_SLOW_CHANGE = ("look at that rank's process and its host's load: on a CPU rank the same ops taking longer means "
+                   "its process gets less CPU (other processes or ranks on its cores, more threads than cores: "
+                   "OMP_NUM_THREADS / torch.set_num_threads); e.g. top -H -p PID, and pin each rank to its own cores")
+SHARED_HOST_SLOW_CHANGE = ("check that rank's GPU, not its node (its host also runs ranks at full speed): its clocks, "
+                           "power and thermals (nvidia-smi -q -d PERFORMANCE -i GPU) and other processes on it "
+                           "(nvidia-smi; its process's CPU load)")
+"""A slow device on a CPU rank, or on a host shared with fast ranks: no node remedy (`straggler`)."""
+CONFIDENCE_ORDER = ("low", "medium", "high")
+
 _STRAGGLER_CHANGES = {
     CAUSE_SLOW_DEVICE: "take the rank's GPU or node out of the pool (e.g. sbatch --exclude=HOST) and check its "
                        "clocks, power and thermals (nvidia-smi -q -d PERFORMANCE)",
@@ -45,7 +54,11 @@ def straggler(e: Evidence) -> Finding | None:
     windows = sorted({w for _, w in own}, key=lambda w: -1 if w is None else w)
     evidence = {"rank": job.rank, "wait_share": round(job.share, 3), "windows": _windows_text(windows),
                 "mean_lateness_ms": round(top.mean_lateness_us / 1000, 3)}
-    change, kind = {"change": _STRAGGLER_CHANGES[top.cause]}, top.cause
+    change, kind = {"change": _slow_device_change(top, e) if top.cause == CAUSE_SLOW_DEVICE
+                    else _STRAGGLER_CHANGES[top.cause]}, top.cause
+    if top.significance is not None:
+        evidence.update(profiled_steps=top.significance.steps, lateness_t=round(top.significance.t or 0.0, 2),
+                        needed_t=round(top.significance.needed_t or 0.0, 2))
     excess = top.data_loader_excess_ms
     if top.cause == CAUSE_HOST and excess is not None and excess > 0 and excess >= INPUT_WAIT_SHARE * top.mean_lateness_us / 1000:
         evidence["data_loader_excess_ms"] = round(excess, 3)
@@ -58,9 +71,32 @@ def straggler(e: Evidence) -> Finding | None:
     return Finding(rule="straggler", title=f"rank {job.rank} holds the others back ({kind})", evidence=evidence,
                    expected_gain_ms=bounded.ms if bounded else None, expected_gain_pct=bounded.pct if bounded else None,
                    gain_of_ms=bounded.of_ms if bounded else None, gain_basis=bounded.basis if bounded else "",
-                   confidence="high" if top.explained_share >= 0.8 else "medium",
+                   confidence=_confidence(top),
                    **change, why=top.explanation, recovers=_straggler_recovers(kind), ranks=[job.rank],
                    windows=windows)
+
+
+def _confidence(top) -> str:
+    """The lower of the cause's ("high" when it explains >= 80% of the lateness, else "medium") and the significance
+    rule's (stragglers.py straggler_confidence: profiled steps and ranks); the latter unknown in older reports."""
+    by_cause = "high" if top.explained_share >= 0.8 else "medium"
+    by_steps = top.significance.confidence if top.significance is not None else ""
+    if by_steps not in CONFIDENCE_ORDER:
+        return by_cause
+    return min(by_cause, by_steps, key=CONFIDENCE_ORDER.index)
+
+
+def _slow_device_change(top, e: Evidence) -> str:
+    """A slow device's remedy: the node out of the pool only for a GPU rank alone on its host among the ranks seen;
+    a CPU rank (no GPU activity in its trace) gets its process and host load, a GPU rank sharing its host with fast
+    ranks its GPU."""
+    cpu = top.has_gpu is False or (top.has_gpu is None and e.basis == "cpu")
+    if cpu:
+        return CPU_SLOW_CHANGE
+    host = e.rank_hosts.get(top.rank) if e.rank_hosts else None
+    shares_host = bool(top.host_peers) or (host is not None and any(
+        h == host for rank, h in e.rank_hosts.items() if rank != top.rank))
+    return SHARED_HOST_SLOW_CHANGE if shares_host else _STRAGGLER_CHANGES[CAUSE_SLOW_DEVICE]
 
 
 def _metrics_floor_ms(e: Evidence) -> float:

@@ -1,6 +1,7 @@
 """Why a straggler is late: the cause of each rank's lateness at collectives, and what it costs per step.
 
-For every rank that causes at least `MIN_WAIT_SHARE` of a window's waiting (stragglers.py), over the
+For every rank that causes at least `MIN_WAIT_SHARE` of a window's waiting and whose lateness stands out from the
+step-to-step spread (stragglers.py `significance`: no cause is given for noise), over the
 collective instances where it was last (lateness >= min_lateness_us), per instance and against the median
 of the other participants (times on the common clock, clock_align.py):
   - extra_compute_us: its computation since its previous collective, minus the others' (stragglers.py);
@@ -63,7 +64,13 @@ from fleetscope.analysis.cross_rank.clock_align import (
     SOURCE_REFERENCE_HOST,
     ClockAlignment,
 )
-from fleetscope.analysis.cross_rank.stragglers import Stragglers, caused_by_step, others_median, waiting_by_step
+from fleetscope.analysis.cross_rank.stragglers import (
+    Significance,
+    Stragglers,
+    caused_by_step,
+    others_median,
+    waiting_by_step,
+)
 from fleetscope.analysis.per_rank.names import short_kernel_name
 from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.quantities import clamp_caused_wait_ms
@@ -158,12 +165,19 @@ class StragglerCause:
     """What the MoE view knows about the rank's expert load ("uneven routing: expert E (layer L) on rank R",
     cross_rank/moe.py uneven_routing_hints); "" when it holds no hot expert or the run has no MoE records."""
     explanation: str = ""
+    significance: Significance | None = None
+    """Its lateness against the step-to-step spread (stragglers.py), with the confidence it allows; None in reports
+    written before it was kept."""
+    has_gpu: bool | None = None
+    """Its trace holds GPU activity; False: a CPU rank (its "device" is its host's CPUs); None: not known."""
+    host_peers: list[int] = field(default_factory=list)
+    """The window's other ranks on its host: a node remedy (excluding the host) would take them out too."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class CauseAnalysis:
     findings: list[StragglerCause] = field(default_factory=list)
-    """One per rank causing >= MIN_WAIT_SHARE of the waiting, largest share first."""
+    """One per rank causing >= MIN_WAIT_SHARE of the waiting that stands out, largest share first."""
 
 
 def find_causes(results: list[RankResult], matrix: ArrivalMatrix | None, stragglers: Stragglers,
@@ -176,10 +190,22 @@ def find_causes(results: list[RankResult], matrix: ArrivalMatrix | None, straggl
         return CauseAnalysis()
     shared = matrix.columns(matrix.present.sum(axis=0) >= 2)
     terms = _instance_terms(shared)
-    findings = [_finding(rank_wait.rank, rank_wait.score, shared, terms, results, clock, stragglers.min_lateness_us,
-                         (routing or {}).get(rank_wait.rank, ""), floors_ms or {})
-                for rank_wait in stragglers.by_wait if rank_wait.times_last and rank_wait.score >= MIN_WAIT_SHARE]
-    return CauseAnalysis(findings=findings)
+    findings = [dataclasses.replace(
+                    _finding(rank_wait.rank, rank_wait.score, shared, terms, results, clock, stragglers.min_lateness_us,
+                             (routing or {}).get(rank_wait.rank, ""), floors_ms or {}),
+                    significance=rank_wait.significance, **_placement(results, rank_wait.rank))
+                for rank_wait in stragglers.by_wait if rank_wait.times_last and rank_wait.score >= MIN_WAIT_SHARE
+                and rank_wait.significance is not None and rank_wait.significance.stands_out]
+    return CauseAnalysis(findings=[_with_explanation(f) for f in findings])
+
+
+def _placement(results: list[RankResult], rank: int) -> dict:
+    """has_gpu and host_peers of the rank (StragglerCause)."""
+    own = next((r for r in results if r.rank == rank), None)
+    if own is None:
+        return {}
+    return {"has_gpu": bool(own.has_gpu),
+            "host_peers": sorted(r.rank for r in results if r.rank != rank and r.rank is not None and r.host == own.host)}
 
 
 @dataclass(frozen=True)
@@ -535,7 +561,12 @@ def explain(f: StragglerCause) -> str:
                         "sequence length)" if f.concentrated_kernels else
                         f": more work, kernels its peers do not run as often: {'; '.join(f.extra_kernels)}"
                         if f.extra_kernels else ": more work, e.g. uneven expert routing")),
-        CAUSE_SLOW_DEVICE: (f"runs the same kernels {ratio} as long as its peers ({f.ops_compared} names, the same "
+        CAUSE_SLOW_DEVICE: (f"runs the same host ops {ratio} as long as its peers ({f.ops_compared} names, the same "
+                            f"counts), {f.mean_extra_compute_us / 1000:.2f} ms more compute for the same work: "
+                            "its process gets less CPU (other processes or ranks on its cores, more threads than "
+                            "cores) or runs on a slower core"
+                            if f.has_gpu is False else
+                            f"runs the same kernels {ratio} as long as its peers ({f.ops_compared} names, the same "
                             f"launch counts), {f.mean_extra_compute_us / 1000:.2f} ms more compute for the same "
                             "work: a slow or throttled device, or contention"),
         CAUSE_HOST: (f"is idle {f.mean_extra_idle_us / 1000:.2f} ms longer than its peers before each, not computing "

@@ -8,7 +8,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 from fleetscope.traces.formats import MoeRecord
 from fleetscope.analysis.cross_rank.arrivals import arrival_matrix
 from fleetscope.analysis.cross_rank.bandwidth import collective_bandwidth
@@ -28,10 +27,10 @@ from fleetscope.analysis.cross_rank.moe import (
 from fleetscope.analysis.cross_rank.records import TrainerEvidence
 from fleetscope.analysis.cross_rank.stragglers import (
     DEFAULT_MIN_LATENESS_US,
-    EVEN_STEPS_PCT,
     Stragglers,
     find_stragglers,
-    versus_typical,
+    nothing_stands_out,
+    step_time_clause,
 )
 from fleetscope.analysis.inputs.sources import TraceFailure
 from fleetscope.analysis.per_rank.collectives import SOURCE_NCCL
@@ -311,14 +310,8 @@ def _overall_verdict(windows: list[WindowReport], summaries: list[RankSummary],
     if not summaries:
         parts.append("no trace could be analyzed")
     timed = [s for s in summaries if s.step_time is not None]
-    if len(timed) > 1:
-        slowest = max(timed, key=lambda s: s.step_time.mean_ms)
-        median = float(np.median([s.step_time.mean_ms for s in timed]))
-        excess = 100.0 * (slowest.step_time.mean_ms - median) / median if median > 0 else 0.0
-        parts.append(f"step times are even across ranks ({slowest.step_time.mean_ms:.2f} ms mean at most)"
-                     if excess < EVEN_STEPS_PCT else
-                     f"slowest rank: {slowest.rank} ({slowest.step_time.mean_ms:.2f} ms mean step, "
-                     f"{versus_typical(slowest.step_time.mean_ms, {s.rank: s.step_time.mean_ms for s in timed})})")
+    named = job_straggler(windows) is not None       # the collectives' sentence names a rank: the step times none
+    parts.append(step_time_clause({s.rank: s.step_time.mean_ms for s in timed}, named))
     parts += _pipeline_sentences(windows) or [_waited_for_sentence(windows)]
     if failures or missing_total:
         parts.append(f"partial: {len(failures)} unusable trace(s), {missing_total} missing rank trace(s)")
@@ -346,12 +339,20 @@ def _waited_for_sentence(windows: list[WindowReport]) -> str:
     top = job_straggler(windows)
     if top is None:
         return f"no rank keeps the others waiting at {matched} matched collectives"
+    tests = [w.stragglers.significance for w in windows
+             if w.stragglers.significance is not None and w.stragglers.significance.rank == top.rank]
     if top.consistent:
+        shown = max(tests, key=lambda t: t.steps, default=None)
+        evidence = f" (stands out: {shown.evidence()})" if shown is not None else ""
         return (f"rank {top.rank} is the straggler: the others wait for it, last at {top.times_last} of the "
                 f"{top.collectives} collectives it took part in, {100 * top.share:.0f}% of all waiting "
-                f"({top.caused_us / 1000:.2f} ms){_cause_clause(windows, top.rank)}")
+                f"({top.caused_us / 1000:.2f} ms){evidence}{_cause_clause(windows, top.rank)}")
+    if tests and not any(t.stands_out for t in tests):
+        return nothing_stands_out(top.rank, max(tests, key=lambda t: t.steps))
+    named = [w.stragglers.waited_for_rank for w in windows if w.stragglers.consistent]
     return (f"no single straggler at collectives: rank {top.rank} causes the most waiting "
-            f"({100 * top.share:.0f}%, last at {top.times_last} of its {top.collectives})")
+            f"({100 * top.share:.0f}%, last at {top.times_last} of its {top.collectives}), but stands out as the "
+            f"straggler in {named.count(top.rank)} of {len(windows)} window(s)")
 
 
 def _cause_clause(windows: list[WindowReport], rank: int) -> str:

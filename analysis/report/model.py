@@ -94,8 +94,11 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
         stragglers        {by_step_time[] {rank, mean_step_ms, vs_median_pct}, slowest_rank,
                           collective_source, matched_collectives, unmatched_collectives, min_lateness_us,
                           by_wait[] {rank, collectives, times_last, last_pct, caused_wait_us,
-                          median_lateness_us, median_extra_compute_us, waited_us, score},
-                          waited_for_rank, waited_for_median_us, consistent,
+                          median_lateness_us, median_extra_compute_us, waited_us, score, significance},
+                          waited_for_rank, waited_for_median_us, consistent, significance {rank, steps, ranks,
+                          lateness_vs_peers_us, spread_us, spread_source, degrees_of_freedom, t, needed_t,
+                          stands_out, confidence} (whether the lateness of the rank causing the most waiting
+                          stands out from the step-to-step spread; a straggler is named only then),
                           by_step[] {step, collectives, most_often_last, max_lateness_us, total_wait_us,
                           wait_by_rank_us {rank: us}},
                           worst_instances[] {step, name, ordinal, participants, last_rank, lateness_us,
@@ -119,8 +122,9 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           caused_wait_ms (clamped to the step less floor_ms), projected_step_ms, floor_ms (what
                           its peers computed between the step's collectives: no what-if goes below it)}, routing ("uneven routing: expert E (layer L) on
                           rank R" where the MoE section names a hot expert the rank holds; "" otherwise),
-                          explanation}}: why each rank causing >= 20% of
-                          the waiting is late, and its steps if it were on time (causes.py)
+                          explanation, significance (as in stragglers), has_gpu, host_peers[] (the window's
+                          other ranks on its host)}}: why each rank causing >= 20% of the waiting whose
+                          lateness stands out is late, and its steps if it were on time (causes.py)
         critical_path     {steps[] {step, length_us, span_us (the step across ranks: the earliest rank's
                           start to the latest end; length_us <= span_us), start_ns (the path's start on the clock the merge
                           draws with: epoch ns, less the window's clock offsets), segments[] {kind ("compute" | "host gap" |

@@ -75,11 +75,16 @@ def test_the_sleeping_rank_is_a_host_side_delay(report):
     assert worst["last_rank"] == 1 and worst["lateness_us"] >= TOLERANCE * STRAGGLE_MS * 1000
 
 
+WHAT_IF_TOLERANCE = 0.8
+"""The what-if is never below the peers' own work (quantities.py: their step less their waiting), which CPU
+contention on a 2-core machine lengthens by up to ~10-20 ms against the sleeper's: at least 80% of the sleep."""
+
+
 def test_the_what_if_removes_at_least_the_sleep(report):
     finding = _sleeper(report)
     assert [w["step"] for w in finding["what_if"]] == [2, 3, 4]
     for what_if in finding["what_if"]:
-        assert what_if["caused_wait_ms"] >= TOLERANCE * STRAGGLE_MS
+        assert what_if["caused_wait_ms"] >= WHAT_IF_TOLERANCE * STRAGGLE_MS
         assert what_if["projected_step_ms"] == pytest.approx(what_if["step_time_ms"] - what_if["caused_wait_ms"])
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from fleetscope.analysis.analyze import analyze
 from fleetscope.analysis.per_rank.host_stalls import (
+    IDLE_ALLOCATOR,
     IDLE_DEVICE,
     IDLE_HOST,
     IDLE_HOST_COMM,
@@ -115,3 +116,40 @@ def test_a_gap_before_work_that_was_already_queued_is_a_device_dependency():
     none = Intervals.empty()
     queued = np.asarray([True, False])
     assert gap_causes(gaps, none, none, none, queued_before=queued).tolist() == [IDLE_DEVICE, IDLE_HOST]
+
+
+def _stalls(builder: KinetoBuilder, tmp_path):
+    builder.write(tmp_path / "rank0.json.gz")
+    return analyze(tmp_path, use_hta=False, use_cache=False).windows[0].ranks[0].host_stalls
+
+
+def test_a_copys_own_sync_is_not_a_host_sync(tmp_path):
+    """Step 1: a batch copied from pageable memory (launched at 100, copied 104-300) and the stream synchronize
+    that finishes it (105-300): the copy's wait, no read of a device value. Step 2: a DtoH copy then a
+    synchronize: a read, counted."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 1000.0).step(2, 1000.0, 1000.0)
+    builder.kernel("Memcpy HtoD (Pageable -> Device)", 104, 196.0, launch_ts=100, cat="gpu_memcpy")
+    builder.complete("cudaStreamSynchronize", "cuda_runtime", 105, 195.0)
+    builder.kernel("gemm", 320, 580.0, launch_ts=310)
+    builder.kernel("gemm", 1000, 500.0, launch_ts=1000)
+    builder.kernel("Memcpy DtoH (Device -> Pinned)", 1500, 2.0, launch_ts=1010, cat="gpu_memcpy")
+    builder.complete("cudaStreamSynchronize", "cuda_runtime", 1015, 490.0)
+    first, second = _stalls(builder, tmp_path).steps
+    assert (first.sync_count, second.sync_count) == (0, 1)
+
+
+def test_a_gap_the_host_spends_in_the_allocator_is_the_allocators(tmp_path):
+    """Step 0-1000 us. Kernels 0-100, 460-600, 800-1000. A cudaFree 150-400 (250 of the 360 us gap 100-460: the
+    whole gap is the allocator's); a cudaMalloc 620-680 (60 of the 200 us gap 600-800: 60 us the allocator's,
+    140 the host's)."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 1000.0)
+    builder.kernel("gemm", 0, 100.0, launch_ts=0)
+    builder.complete("cudaFree", "cuda_runtime", 150, 250.0)
+    builder.kernel("gemm", 460, 140.0, launch_ts=450)
+    builder.complete("cudaMalloc", "cuda_runtime", 620, 60.0)
+    builder.kernel("gemm", 800, 200.0, launch_ts=790)
+    stalls = _stalls(builder, tmp_path)
+    assert stalls.idle_by_cause_us == pytest.approx({IDLE_ALLOCATOR: 420.0, IDLE_HOST: 140.0})
+    assert sum(stalls.idle_by_cause_us.values()) + stalls.steps_busy_us == pytest.approx(stalls.steps_span_us)

@@ -47,7 +47,7 @@ def test_the_corpus_is_scored_as_measured(rows):
     assert (len(single), len(double), len(healthy)) == (29, 6, 7)
     assert not [r for r in rows.values() if "error" in r]
     assert sum(r["right"] for r in single) >= 29, [(r["program"], r["top"]) for r in single if not r["right"]]
-    assert sum(r["right"] for r in double) >= 5, [(r["program"], r["findings"]) for r in double if not r["right"]]
+    assert sum(r["right"] for r in double) >= 6, [(r["program"], r["findings"]) for r in double if not r["right"]]
     assert sum(r["right"] for r in healthy) >= 7, [(r["program"], r["findings"]) for r in healthy if not r["right"]]
 
 
@@ -143,3 +143,13 @@ def test_a_dispatch_gain_on_profiled_steps_is_an_upper_bound():
     planted = _planted("launch_bound_tiny_layers")
     assert planted["planted_ms_per_step"]["launch_bound"] <= finding.expected_gain_ms <= finding.gain_of_ms
     assert "profiled" in finding.gain_basis
+
+
+def test_the_allocators_gaps_are_its_own_and_a_copys_sync_no_read(rows):
+    # empty_cache() alone: its gaps (the calls and the allocator's path around them) are no "host work"
+    assert [rule for rule, _, _ in rows["allocator_churn_mlp"]["findings"]] == ["allocator_churn"]
+    assert rows["allocator_churn_mlp"]["gain_errors"]["allocator_churn"] <= 0.25
+    # with Python-built loss weights too: their copy to the device syncs, which is the copy's, not a read, so
+    # the Python work is named beside the allocator
+    top = [rule for rule, _, _ in rows["churn_and_python_weights"]["findings"]][:3]
+    assert {"allocator_churn", "host_work"} <= set(top), rows["churn_and_python_weights"]["findings"]

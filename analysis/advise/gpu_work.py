@@ -4,6 +4,8 @@ step that calls the CUDA allocator, and a backward that recomputes the forward."
 
 from __future__ import annotations
 
+from fleetscope.analysis.per_rank.host_stalls import IDLE_ALLOCATOR
+
 from .model import Evidence, Finding, Rule, settings_change, trace_gain, trainer_change
 
 FP32_GEMM_SHARE = 0.10
@@ -94,12 +96,14 @@ def eager_attention(e: Evidence) -> Finding | None:
 def allocator_churn(e: Evidence) -> Finding | None:
     """cudaMalloc / cudaFree calls inside the profiled steps taking ALLOCATOR_SHARE of the step: the caching
     allocator gives memory back and asks for it again (torch.cuda.empty_cache() in the loop, or a pool that
-    cannot serve the step's sizes). Gain: the GPU idle while the host was inside them (a cudaFree waits for
-    the device: the part of that wait the GPU is still busy costs nothing), at least ALLOCATOR_SHARE."""
+    cannot serve the step's sizes). Gain: the GPU idle gaps the host spent mostly inside them (host_stalls.py
+    IDLE_ALLOCATOR: with the allocator's own host work around the calls), or the GPU idle while the host was
+    inside them where that is more (a cudaFree waits for the device: the part of that wait the GPU is still
+    busy costs nothing), at least ALLOCATOR_SHARE."""
     calls_ms = e.allocator_ms or 0.0
     if e.basis != "gpu" or not e.step_ms or calls_ms < ALLOCATOR_SHARE * e.step_ms:
         return None
-    lost_ms = e.allocator_idle_ms
+    lost_ms = max(e.allocator_idle_ms, e.idle_cause_ms.get(IDLE_ALLOCATOR, 0.0))
     if lost_ms < ALLOCATOR_SHARE * e.step_ms:
         return None
     gain, pct = trace_gain(e, lost_ms)

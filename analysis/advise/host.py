@@ -117,12 +117,12 @@ def cuda_graphs(e: Evidence) -> Finding | None:
 
 
 def host_work(e: Evidence) -> Finding | None:
-    """GPU idle over IDLE_SHARE, and of it at least HOST_WORK_STEP_SHARE of the step "host busy elsewhere"
+    """GPU idle, and of it at least HOST_WORK_STEP_SHARE of the step "host busy elsewhere"
     that no other rule explains: not dispatch (gaps paced by launch calls are cuda_graphs'), not a checkpoint,
     a per-parameter optimizer, the allocator or compilation (their own rules'). The host is busy with work that
     launches nothing (tensors built on the CPU, Python, tokenization, garbage collection, I/O). Gain, an upper
     bound: that idle time per step. No setting fixes it: the change is in code."""
-    if e.basis != "gpu" or e.idle_pct is None or e.idle_pct < 100 * IDLE_SHARE or not e.step_ms:
+    if e.basis != "gpu" or e.idle_pct is None or e.idle_pct < 100 * HOST_WORK_STEP_SHARE or not e.step_ms:
         return None
     if checkpoint_in_step(e) is not None:
         return None  # the checkpoint's finding claims this host time
@@ -230,14 +230,13 @@ def gc_pauses(e: Evidence) -> Finding | None:
 
 
 def _explained_host_ms(e: Evidence) -> float:
-    """Host time per step that other rules explain (a per-parameter optimizer, allocator calls, compilation)."""
+    """Host time per step that other rules explain (a per-parameter optimizer, compilation, recomputation); the
+    allocator's gaps are a cause of their own (host_stalls.py IDLE_ALLOCATOR), not "host busy elsewhere"."""
     explained = 0.0
     if recompilation(e) is not None:
         explained += e.compile_ms or 0.0
     if optimizer_impl(e) is not None:
         explained += max((e.optimizer_host_ms or 0.0) - (e.optimizer_gpu_ms or 0.0), 0.0)
-    if allocator_churn(e) is not None:
-        explained += e.allocator_idle_ms
     if activation_checkpointing(e) is not None:
         explained += e.recompute_idle_ms
     return explained

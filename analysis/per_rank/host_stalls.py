@@ -21,6 +21,9 @@ that applies:
     ops): the GPU waits for a collective that runs on the CPU;
   - IDLE_GC: at least half of it is covered by a garbage collection (with_stack traces: torch.profiler's
     `Python GC` events, `gc.collect()` frames; names.is_gc_frame): the interpreter stopped to collect;
+  - IDLE_ALLOCATOR: at least half of it the host is inside cudaMalloc / cudaFree (step_work.ALLOCATOR_CALLS): the
+    caching allocator went to the driver, and the host's work around those calls (the allocator's own path, a
+    cudaFree's device-wide wait) is part of the same gap;
   - IDLE_SYNC: it starts while the host is blocked in a sync or a tensor read, or within SYNC_SLACK_US
     after one returns (the GPU drained, and waits for the host to launch again);
   - IDLE_SHORT: shorter than SHORT_GAP_US (launch overhead between back-to-back kernels);
@@ -53,14 +56,15 @@ from fleetscope.analysis.per_rank.names import (
     is_program_frame,
     is_tensor_read_op,
 )
-from fleetscope.analysis.per_rank.step_work import compile_intervals
+from fleetscope.analysis.per_rank.step_work import ALLOCATOR_CALLS, compile_intervals
 from fleetscope.analysis.per_rank.steps import StepTiming, in_host_ranges
 from fleetscope.analysis.per_rank.utilization import BASIS_CPU, BASIS_GPU, Timeline
 
 IDLE_INPUT, IDLE_HOST_COMM, IDLE_SYNC = "input wait", "host collective", "host sync"
 IDLE_SHORT, IDLE_DEVICE, IDLE_HOST = "short gaps", "device dependency", "host busy elsewhere"
 IDLE_GC = "garbage collection"
-IDLE_CAUSES = (IDLE_INPUT, IDLE_HOST_COMM, IDLE_GC, IDLE_SYNC, IDLE_SHORT, IDLE_DEVICE, IDLE_HOST)
+IDLE_ALLOCATOR = "allocator calls"
+IDLE_CAUSES = (IDLE_INPUT, IDLE_HOST_COMM, IDLE_GC, IDLE_ALLOCATOR, IDLE_SYNC, IDLE_SHORT, IDLE_DEVICE, IDLE_HOST)
 IDLE_NO_OP = "no op running"
 GAP_CAUSES = IDLE_CAUSES + (IDLE_NO_OP,)
 """Every cause an IdleGaps entry can carry, by code."""
@@ -199,6 +203,7 @@ def _gpu_idle_gaps(events: TraceEvents, spans: Intervals) -> IdleGaps:
     inputs = host & events.names_matching(is_input_wait)
     host_comm = host & events.names_matching(lambda n: is_gloo_span(n) or is_comm_cpu_op(n))
     collections = events.of_kind(Kind.PYTHON_FUNCTION) & events.names_matching(is_gc_frame)
+    allocator = events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(lambda n: n in ALLOCATOR_CALLS)
     blocking = syncs | reads
     gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
     gaps = subtract(spans, union(Intervals(events.start_us[gpu], events.end_us[gpu])))
@@ -206,12 +211,39 @@ def _gpu_idle_gaps(events: TraceEvents, spans: Intervals) -> IdleGaps:
                         Intervals(events.start_us[host_comm], events.end_us[host_comm]),
                         Intervals(events.start_us[blocking], events.end_us[blocking] + SYNC_SLACK_US),
                         queued_before=_queued_before(events, gpu, gaps),
-                        collecting=Intervals(events.start_us[collections], events.end_us[collections]))
+                        collecting=Intervals(events.start_us[collections], events.end_us[collections]),
+                        allocating=Intervals(events.start_us[allocator], events.end_us[allocator]))
     code_of = {cause: code for code, cause in enumerate(GAP_CAUSES)}
     codes = np.fromiter(map(code_of.__getitem__, causes.tolist()), dtype=np.int8, count=len(causes))
     blocked = union(Intervals(events.start_us[blocking], events.end_us[blocking]))
-    return _sync_share_of_gaps(IdleGaps(basis=BASIS_GPU, starts_us=gaps.starts_us, ends_us=gaps.ends_us,
-                                        cause_codes=codes), blocked)
+    found = _sync_share_of_gaps(IdleGaps(basis=BASIS_GPU, starts_us=gaps.starts_us, ends_us=gaps.ends_us,
+                                         cause_codes=codes), blocked)
+    return _allocator_share_of_gaps(found, union(Intervals(events.start_us[allocator], events.end_us[allocator])))
+
+
+def _allocator_share_of_gaps(gaps: IdleGaps, allocating: Intervals) -> IdleGaps:
+    """A "host busy elsewhere" gap the host spent partly inside cudaMalloc / cudaFree is the allocator's for
+    that time (its first part, drawn so), the host's for the rest: without the calls the gap would be shorter
+    by them."""
+    host_code = GAP_CAUSES.index(IDLE_HOST)
+    busy = np.flatnonzero(gaps.cause_codes == host_code)
+    if not busy.size or not len(allocating):
+        return gaps
+    covered = covered_between(allocating, gaps.starts_us[busy], gaps.ends_us[busy])
+    split, covered = busy[covered > 0], covered[covered > 0]
+    if not split.size:
+        return gaps
+    cut = gaps.starts_us[split] + covered
+    starts = np.concatenate([gaps.starts_us, cut])
+    ends = np.concatenate([gaps.ends_us, gaps.ends_us[split]])
+    ends[split] = cut
+    codes = gaps.cause_codes.copy()
+    codes[split] = GAP_CAUSES.index(IDLE_ALLOCATOR)
+    codes = np.concatenate([codes, np.full(split.size, host_code, dtype=np.int8)])
+    keep = ends > starts
+    order = np.argsort(starts[keep], kind="stable")
+    return IdleGaps(basis=gaps.basis, starts_us=starts[keep][order], ends_us=ends[keep][order],
+                    cause_codes=codes[keep][order])
 
 
 def _sync_share_of_gaps(gaps: IdleGaps, blocked: Intervals) -> IdleGaps:
@@ -333,13 +365,46 @@ def _steps_partition(events: TraceEvents, steps: list[StepTiming]) -> tuple[floa
 
 def user_syncs(events: TraceEvents) -> np.ndarray:
     """Sync calls of the program: those outside torch.compile's ranges (Inductor's benchmarking of candidate
-    kernels while it compiles syncs too; that is compilation, found by step_work.py, not the program's sync)."""
+    kernels while it compiles syncs too; that is compilation, found by step_work.py, not the program's sync),
+    and not a host-to-device copy's own (copy_owned_syncs)."""
     syncs = events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_host_sync_call)
+    syncs &= ~copy_owned_syncs(events, syncs)
     regions = compile_intervals(events)
     if not syncs.any() or not len(regions):
         return syncs
     inside = covered_between(regions, events.start_us, np.maximum(events.end_us, events.start_us + 1e-3)) > 0
     return syncs & ~inside
+
+
+def copy_owned_syncs(events: TraceEvents, syncs: np.ndarray) -> np.ndarray:
+    """The syncs that finish a copy from host memory: the last launch on the sync's thread before it put a
+    host-to-device copy on the GPU (`tensor.to('cuda')` from pageable memory copies, then synchronizes the
+    stream before the host buffer may change). That wait is the copy's (pinned_copies), not a read of a
+    device value."""
+    owned = np.zeros(len(events), dtype=bool)
+    copies = events.of_kind(Kind.GPU_MEMCPY) & (events.correlation != NO_ID)
+    if not syncs.any() or not copies.any():
+        return owned
+    from_host = {int(c) for c, name in zip(events.correlation[copies].tolist(), events.name_id[copies].tolist())
+                 if _is_host_to_device(events.names[name])}
+    if not from_host:
+        return owned
+    launches = np.flatnonzero(events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_launch_call)
+                              & (events.correlation != NO_ID))
+    for thread in np.unique(events.thread[syncs]).tolist():
+        mine = launches[events.thread[launches] == thread]
+        if not mine.size:
+            continue
+        rows = np.flatnonzero(syncs & (events.thread == thread))
+        previous = np.searchsorted(events.start_us[mine], events.start_us[rows], side="left") - 1
+        known = previous >= 0
+        last = events.correlation[mine[np.clip(previous, 0, None)]]
+        owned[rows] = known & np.fromiter((int(c) in from_host for c in last.tolist()), dtype=bool, count=rows.size)
+    return owned
+
+
+def _is_host_to_device(name: str) -> bool:
+    return name.startswith("Memcpy HtoD")
 
 
 def device_reads(events: TraceEvents) -> np.ndarray:
@@ -459,19 +524,28 @@ def _idle_totals(gaps: IdleGaps | None) -> tuple[dict[str, float], dict[str, int
 
 
 def gap_causes(gaps: Intervals, input_time: Intervals, comm_time: Intervals, blocked: Intervals,
-               queued_before: np.ndarray | None = None, collecting: Intervals | None = None) -> np.ndarray:
+               queued_before: np.ndarray | None = None, collecting: Intervals | None = None,
+               allocating: Intervals | None = None) -> np.ndarray:
     """The cause (IDLE_CAUSES) of each gap; `blocked`: host syncs and tensor reads, slack included;
     `queued_before`: per gap, the work after it was launched before it began (None: unknown); `collecting`:
-    the host's garbage collections (None: none recorded)."""
+    the host's garbage collections (None: none recorded); `allocating`: the host's cudaMalloc / cudaFree calls
+    (None: none)."""
     lengths = gaps.ends_us - gaps.starts_us
     by_input = covered_between(input_time, gaps.starts_us, gaps.ends_us) >= 0.5 * lengths
     by_comm = covered_between(comm_time, gaps.starts_us, gaps.ends_us) >= 0.5 * lengths
-    by_gc = (covered_between(collecting, gaps.starts_us, gaps.ends_us) >= 0.5 * lengths
-             if collecting is not None and len(collecting) else np.zeros(len(gaps), dtype=bool))
+    by_gc, by_allocator = (_half_covered(during, gaps, lengths) for during in (collecting, allocating))
     blocked = union(blocked)
     slot = np.searchsorted(blocked.starts_us, gaps.starts_us, side="right") - 1
     by_sync = (slot >= 0) & (blocked.ends_us[np.clip(slot, 0, None)] >= gaps.starts_us) if len(blocked) else \
         np.zeros(len(gaps), dtype=bool)
     by_device = queued_before if queued_before is not None else np.zeros(len(gaps), dtype=bool)
-    return np.select([by_input, by_comm, by_gc, by_sync, lengths < SHORT_GAP_US, by_device],
-                     [IDLE_INPUT, IDLE_HOST_COMM, IDLE_GC, IDLE_SYNC, IDLE_SHORT, IDLE_DEVICE], default=IDLE_HOST)
+    return np.select([by_input, by_comm, by_gc, by_allocator, by_sync, lengths < SHORT_GAP_US, by_device],
+                     [IDLE_INPUT, IDLE_HOST_COMM, IDLE_GC, IDLE_ALLOCATOR, IDLE_SYNC, IDLE_SHORT, IDLE_DEVICE],
+                     default=IDLE_HOST)
+
+
+def _half_covered(during: Intervals | None, gaps: Intervals, lengths: np.ndarray) -> np.ndarray:
+    """Per gap: `during` (host intervals; None: none recorded) covers at least half of it."""
+    if during is None or not len(during):
+        return np.zeros(len(gaps), dtype=bool)
+    return covered_between(union(during), gaps.starts_us, gaps.ends_us) >= 0.5 * lengths

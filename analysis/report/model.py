@@ -51,7 +51,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           idle_by_cause_us {cause: us}, idle_gaps_by_cause {cause: gaps}: GPU idle time
                           inside the steps by cause, summed over the profiled steps (per step: divided by
                           len(steps); the terminal and HTML print that mean) ("input wait", "host
-                          collective", "garbage collection" (with_stack traces), "host sync", "short gaps"
+                          collective", "garbage collection" (with_stack traces), "allocator calls" (cudaMalloc /
+                          cudaFree: a gap mostly inside them, else the part inside them), "host sync", "short gaps"
                           < 10 us, "device dependency" (the next GPU work was already launched), "host busy
                           elsewhere"; host_stalls.py), steps_span_us, steps_busy_us (idle by cause + busy =
                           span, GPU basis), sync_ops[] {op, count, us}

@@ -136,3 +136,33 @@ def test_gpu_idle_during_a_collection_is_its_own_cause(tmp_path):
     stalls = analyze(tmp_path, use_hta=False, use_cache=False, write_default_outputs=False).windows[0].ranks[0].host_stalls
     assert stalls.idle_by_cause_us == {"garbage collection": 800.0, "host busy elsewhere": 10.0}
     assert stalls.steps_busy_us + sum(stalls.idle_by_cause_us.values()) == stalls.steps_span_us
+
+
+def update_loop(kernel: str, launches: int, op: str = "aten::mul_") -> KinetoBuilder:
+    """One step, 0-20000 us: a backward kernel launched at 95, then `launches` kernels of `op` launched every
+    20 us from 200 on the main thread, each 2 us of GPU work."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 20000.0)
+    launch = Launcher(builder)
+    launch.run("aten::convolution_backward", "wgrad_kernel", 95, 100, 50, BACKWARD_TID)
+    for index in range(launches):
+        at = 200.0 + 20.0 * index
+        launch.run(op, kernel, at, at + 5, 2.0, MAIN_TID)
+    return builder
+
+
+def test_a_loop_over_parameters_after_the_backward_is_a_per_parameter_optimizer(tmp_path):
+    work = _work(tmp_path, update_loop("vectorized_elementwise_kernel<MulFunctor>", 100))
+    assert (work.optimizer, work.optimizer_impl, work.optimizer_launches) == \
+        ("update loop after the backward", "per-parameter", 100)
+    assert work.optimizer_host_us == pytest.approx(20.0 * 99 + 4.0)   # first launch to the last one's return
+    assert work.optimizer_gpu_us == pytest.approx(200.0)
+
+
+@pytest.mark.parametrize("kernel, launches, op", [
+    ("multi_tensor_apply_kernel<MulFunctor>", 100, "aten::_foreach_mul_"),   # foreach: one kernel for many tensors
+    ("vectorized_elementwise_kernel<MulFunctor>", 10, "aten::mul_"),         # a loss's few ops after the backward
+    ("vectorized_elementwise_kernel<ReluFunctor>", 100, "aten::relu"),       # work that is no update arithmetic
+])
+def test_no_update_loop_without_many_per_tensor_updates(tmp_path, kernel, launches, op):
+    assert _work(tmp_path, update_loop(kernel, launches, op)).optimizer_impl == ""

@@ -5,6 +5,7 @@ step that calls the CUDA allocator, and a backward that recomputes the forward."
 from __future__ import annotations
 
 from fleetscope.analysis.per_rank.host_stalls import IDLE_ALLOCATOR
+from fleetscope.analysis.per_rank.step_work import UPDATE_LOOP_LABEL
 
 from .model import Evidence, Finding, Rule, settings_change, trace_gain, trainer_change
 
@@ -59,6 +60,8 @@ def optimizer_impl(e: Evidence) -> Finding | None:
         return None
     gpu_ms = e.optimizer_gpu_ms or 0.0
     gain, pct = trace_gain(e, max(host_ms - gpu_ms, 0.0))
+    if e.optimizer == UPDATE_LOOP_LABEL:
+        return _update_loop_finding(e, host_ms, gpu_ms, gain, pct)
     name = e.optimizer or "the optimizer"
     return Finding(
         rule="optimizer_impl", title=f"{name} runs one set of kernels per parameter tensor",
@@ -71,6 +74,24 @@ def optimizer_impl(e: Evidence) -> Finding | None:
         why=f"{name}.step takes {host_ms:.2f} ms per step on the host for {e.optimizer_launches or 0.0:.0f} "
             f"launches while its kernels run {gpu_ms:.2f} ms: no multi_tensor_apply or fused kernel ran, so each "
             "parameter tensor gets its own kernels and the GPU waits for their launches")
+
+
+def _update_loop_finding(e: Evidence, host_ms: float, gpu_ms: float, gain: float | None,
+                         pct: float | None) -> Finding:
+    """optimizer_impl for a loop over parameter tensors written in the program (step_work.py _update_loop)."""
+    return Finding(
+        rule="optimizer_impl", title="the step updates its parameters one tensor at a time after the backward",
+        evidence={"optimizer": UPDATE_LOOP_LABEL, "optimizer_ms_per_step": round(host_ms, 3),
+                  "optimizer_launches_per_step": round(e.optimizer_launches or 0.0, 1),
+                  "optimizer_gpu_ms_per_step": round(gpu_ms, 3), "implementation": e.optimizer_impl},
+        expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
+        change="replace the loop over parameters with torch.optim's own optimizer (torch.optim.AdamW(..., "
+               "fused=True) for a hand-written AdamW), or its arithmetic with multi-tensor ops over all parameters "
+               "at once (torch._foreach_mul_, torch._foreach_add_, torch._foreach_lerp_ for a weight EMA)",
+        why=f"after the backward the host launches {e.optimizer_launches or 0.0:.0f} elementwise update kernels per "
+            f"step (mul_, add_, addcdiv_, ... by the ops that launched them) over {host_ms:.2f} ms while they run "
+            f"{gpu_ms:.2f} ms on the GPU, outside any torch.optim range and with no multi_tensor_apply or fused "
+            "kernel: each parameter tensor gets its own kernels and the GPU waits for their launches")
 
 
 def eager_attention(e: Evidence) -> Finding | None:

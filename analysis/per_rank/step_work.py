@@ -148,7 +148,7 @@ def measure_step_work(events: TraceEvents, steps: list[StepTiming], device_prope
     in_steps = in_host_ranges(events.start_us, steps)
     return StepWork(steps=count, gemm_us_by_precision=_gemm_by_precision(events, steps, count),
                     **_gemm_rates(events, steps, device_properties),
-                    **_optimizer(events, in_steps, count), **_allocator(events, in_steps, count),
+                    **_optimizer(events, steps, in_steps, count), **_allocator(events, in_steps, count),
                     **_compilation(events, steps, in_steps, count), **_host_copies(events, steps, count),
                     **_attention(events, steps, count), **_recompute(events, steps, count),
                     **_garbage_collection(events, in_steps, count),
@@ -177,11 +177,11 @@ def _gemm_by_precision(events: TraceEvents, steps: list[StepTiming], count: int)
     return totals
 
 
-def _optimizer(events: TraceEvents, in_steps: np.ndarray, count: int) -> dict:
+def _optimizer(events: TraceEvents, steps: list[StepTiming], in_steps: np.ndarray, count: int) -> dict:
     ranges = np.flatnonzero(events.of_kind(Kind.USER_ANNOTATION) & in_steps & events.names_matching(
         lambda n: n.startswith(OPTIMIZER_RANGE_PREFIX)))
     if not ranges.size:
-        return {}
+        return _update_loop(events, steps, count)
     starts, ends, threads = events.start_us[ranges], events.end_us[ranges], events.thread[ranges]
     launches = np.flatnonzero(events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_launch_call))
     launch_count = sum(int(np.count_nonzero((events.start_us[launches] >= s) & (events.start_us[launches] < e)
@@ -197,6 +197,50 @@ def _optimizer(events: TraceEvents, in_steps: np.ndarray, count: int) -> dict:
     return {"optimizer": name.split(".")[0], "optimizer_impl": _implementation(kernel_names),
             "optimizer_host_us": float((ends - starts).sum()) / count, "optimizer_launches": launch_count / count,
             "optimizer_gpu_us": float(events.dur_us[gpu][inside].sum()) / count}
+
+
+UPDATE_OPS = frozenset({"aten::mul_", "aten::add_", "aten::sub_", "aten::div_", "aten::addcmul_", "aten::addcdiv_",
+                        "aten::sqrt_", "aten::lerp_", "aten::mul", "aten::add", "aten::sub", "aten::div",
+                        "aten::sqrt", "aten::addcmul", "aten::addcdiv", "aten::sign_", "aten::clamp_",
+                        "aten::maximum", "aten::copy_"})
+"""Elementwise arithmetic an optimizer written by hand (or an EMA of the weights) runs per parameter tensor."""
+UPDATE_LOOP_MIN_LAUNCHES = 64
+"""Update launches after the backward, per step, from which they are a loop over parameter tensors (a model's
+final loss arithmetic launches a handful)."""
+UPDATE_LOOP_LABEL = "update loop after the backward"
+
+
+def _update_loop(events: TraceEvents, steps: list[StepTiming], count: int) -> dict:
+    """An optimizer without torch.optim's range: after the step's last backward launch, at least
+    UPDATE_LOOP_MIN_LAUNCHES kernels of elementwise update ops (UPDATE_OPS, by the op that launched them) make up
+    most of what the host launches, and none is a foreach or fused kernel: a loop over parameter tensors (a
+    hand-written optimizer, an EMA). Its host time runs from its first launch to its last launch's return."""
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    if events.external_id is None or not gpu.any():
+        return {}
+    rows = np.flatnonzero(gpu)
+    ops = [events.op_of_external.get(int(e), "") for e in events.external_id[rows].tolist()]
+    launch_start, launch_end = events.launch_start_us(gpu), events.launch_end_us(gpu)
+    backward = np.fromiter((is_backward_op(op) for op in ops), dtype=bool, count=rows.size)
+    update = np.fromiter((op in UPDATE_OPS for op in ops), dtype=bool, count=rows.size)
+    host_us = launches = gpu_us = 0.0
+    names: set[str] = set()
+    for step in steps:
+        inside = (launch_start >= step.start_us) & (launch_start < step.end_us)
+        if not (inside & backward).any():
+            continue
+        after = inside & (launch_start > launch_start[inside & backward].max())
+        loop = after & update
+        if np.count_nonzero(loop) < UPDATE_LOOP_MIN_LAUNCHES or np.count_nonzero(loop) < 0.5 * np.count_nonzero(after):
+            continue
+        host_us += float(launch_end[loop].max() - launch_start[loop].min())
+        launches += int(np.count_nonzero(loop))
+        gpu_us += float(events.dur_us[rows[loop]].sum())
+        names |= {events.names[i] for i in np.unique(events.name_id[rows[after]]).tolist()}
+    if not launches or _implementation(names) != IMPL_PER_PARAMETER:
+        return {}
+    return {"optimizer": UPDATE_LOOP_LABEL, "optimizer_impl": IMPL_PER_PARAMETER, "optimizer_host_us": host_us / count,
+            "optimizer_launches": launches / count, "optimizer_gpu_us": gpu_us / count}
 
 
 def _implementation(kernel_names: set[str]) -> str:

@@ -166,3 +166,24 @@ def test_a_loop_over_parameters_after_the_backward_is_a_per_parameter_optimizer(
 ])
 def test_no_update_loop_without_many_per_tensor_updates(tmp_path, kernel, launches, op):
     assert _work(tmp_path, update_loop(kernel, launches, op)).optimizer_impl == ""
+
+
+def test_fp32_convolution_work_is_read_from_the_ops_that_launched_it(tmp_path):
+    """Kernels of convolution ops in fp32 algorithms (FFT, a direct dgrad engine) count; a convolution's
+    bf16 kernel, a fp32 GEMM already counted by name, and a non-convolution op's float kernel do not."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 2000.0)
+    launch = Launcher(builder)
+    launch.run("aten::cudnn_convolution", "void fft2d_r2c_32x32<float, false, 0u, false>", 5, 10, 100, MAIN_TID)
+    launch.run("aten::cudnn_convolution", "void pointwise_mult_and_sum_complex<float2, 8, 4>", 15, 110, 200, MAIN_TID)
+    launch.run("aten::convolution_backward", "void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>",
+               400, 410, 300, BACKWARD_TID)
+    launch.run("aten::convolution_backward", "sm90_xmma_dgrad_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc",
+               720, 730, 50, BACKWARD_TID)
+    launch.run("aten::cudnn_convolution", "sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs", 800, 810, 40,
+               MAIN_TID)
+    launch.run("aten::native_batch_norm", "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 512>", 900, 910,
+               80, MAIN_TID)
+    work = _work(tmp_path, builder)
+    assert work.conv_fp32_us == pytest.approx(600.0)
+    assert work.gemm_us_by_precision == pytest.approx({"fp32": 40.0, "bf16/fp16": 50.0})

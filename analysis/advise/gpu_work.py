@@ -29,10 +29,12 @@ RECOMPUTE_SHARE = 0.05
 
 
 def precision(e: Evidence) -> Finding | None:
-    """GEMMs in fp32 on the SIMT cores (their kernel names say so) over FP32_GEMM_SHARE of the step. Gain: their
-    time less the same work TENSOR_CORE_SPEEDUP times faster, counted only for the share of the step the GPU
-    is busy (a host-bound step does not shorten when its kernels do)."""
-    fp32_ms = e.gemm_ms_by_precision.get("fp32", 0.0)
+    """GEMMs in fp32 on the SIMT cores (their kernel names say so) and fp32 convolutions (FFT, Winograd and
+    direct algorithms cuDNN picks with TF32 off: step_work.py conv_fp32_us) over FP32_GEMM_SHARE of the step.
+    Gain: their time less the same work TENSOR_CORE_SPEEDUP times faster, counted only for the share of the step
+    the GPU is busy (a host-bound step does not shorten when its kernels do)."""
+    gemm_ms = e.gemm_ms_by_precision.get("fp32", 0.0)
+    fp32_ms = gemm_ms + e.conv_fp32_ms
     if e.basis != "gpu" or not e.step_ms or fp32_ms < FP32_GEMM_SHARE * e.step_ms:
         return None
     busy_share = 1.0 - (e.idle_pct or 0.0) / 100.0
@@ -40,14 +42,17 @@ def precision(e: Evidence) -> Finding | None:
     others = {kind: round(ms, 3) for kind, ms in e.gemm_ms_by_precision.items() if kind != "fp32"}
     return Finding(
         rule="precision", title="the matrix products run in fp32, off the tensor cores",
-        evidence={"fp32_gemm_ms_per_step": round(fp32_ms, 3), "gpu_idle_pct": round(e.idle_pct or 0.0, 1),
+        evidence={"fp32_gemm_ms_per_step": round(gemm_ms, 3), "fp32_conv_ms_per_step": round(e.conv_fp32_ms, 3),
+                  "gpu_idle_pct": round(e.idle_pct or 0.0, 1),
                   **{f"{kind}_gemm_ms_per_step": ms for kind, ms in others.items()}},
         expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
         change="run the forward and backward under torch.autocast('cuda', dtype=torch.bfloat16), or at least "
                "allow TF32: torch.set_float32_matmul_precision('high') (torch.backends.cuda.matmul.allow_tf32 = "
                "True; torch.backends.cudnn.allow_tf32 = True for convolutions)",
-        why=f"{fp32_ms:.2f} ms per step of GEMM kernels whose names say fp32 on the SIMT cores (sgemm / simt / "
-            f"f32f32); the tensor cores run the same products several times faster (gain assumed: "
+        why=f"{gemm_ms:.2f} ms per step of GEMM kernels whose names say fp32 on the SIMT cores (sgemm / simt / "
+            f"f32f32)" + (f" and {e.conv_fp32_ms:.2f} ms of fp32 convolution kernels (FFT, Winograd or direct "
+                          "algorithms, by the convolution ops that launched them)" if e.conv_fp32_ms else "")
+            + "; the tensor cores run the same products several times faster (gain assumed: "
             f"{TENSOR_CORE_SPEEDUP:.0f}x, over the {busy_share:.0%} of the step the GPU is busy)")
 
 

@@ -89,6 +89,8 @@ class Evidence:
     moe: MoeReport | None = None
     """The report's MoE section (cross_rank/moe.py): routing, per-rank MoE phase times, hot experts."""
     gemm_ms_by_precision: dict[str, float] = field(default_factory=dict)
+    conv_fp32_ms: float = 0.0
+    """fp32 convolution work that is no GEMM by name, per profiled step (step_work.py conv_fp32_us)."""
     """GEMM GPU time per profiled step by numeric type (per_rank/step_work.py), mean over ranks."""
     optimizer: str = ""
     """The optimizer's class from its `Optimizer.step#...` ranges; "" where the trace has none."""

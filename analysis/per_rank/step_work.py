@@ -5,7 +5,11 @@ profiled step; each is what a rule of the advisor needs to tell one cause of a s
 GEMM precision, from the kernel's name (the library writes the types into it): fp32 on the SIMT cores
 (`sgemm`, `simt`, `f32f32_f32f32`), TF32 on the tensor cores (`tf32`, CUTLASS's `s1688`/`s16816` tensor-op
 kernels), bf16/fp16 and fp8; a GEMM whose name says none of these is "unknown". Only work launched inside
-a step counts (by its launch call; work without one by its own start).
+a step counts (by its launch call; work without one by its own start). Convolutions, by the op that launched
+them (`aten::cudnn_convolution`, `aten::convolution_backward`, ...): with TF32 off and no autocast cuDNN runs them
+in fp32 with algorithms whose kernels are no GEMM by name (FFT transforms and their complex products, Winograd,
+direct `dgrad_engine<float, ...>`); every kernel of a convolution op whose name says fp32 or that names no
+tensor-core type is fp32 convolution work (conv_fp32_us), what TF32 or bf16 would move to the tensor cores.
 
 The optimizer: the ranges torch.optim opens around each step (`Optimizer.step#AdamW.step`), their host wall
 time, the launch calls the host made inside them and the GPU time of what they launched. Its implementation
@@ -62,8 +66,11 @@ _PRECISION_NEEDLES = (
     (PRECISION_FP8, ("e4m3", "e5m2", "fp8", "f8f8")),
     (PRECISION_TF32, ("tf32", "s1688", "s16816", "s884", "tensorop_s")),
     (PRECISION_HALF, ("bf16", "f16", "fp16", "half", "hgemm", "h1688", "h16816", "h884", "bgemm")),
-    (PRECISION_FP32, ("sgemm", "simt", "f32f32_f32f32", "gemm_f32", "fp32")),
+    (PRECISION_FP32, ("sgemm", "simt", "f32f32_f32f32", "gemm_f32", "fp32", "cf32")),
 )
+_FP32_CONV_NEEDLES = ("float", "f32", "fft", "winograd", "implicit_convolve_sgemm", "dgrad", "wgrad", "fprop")
+"""Kernel names of fp32 convolution algorithms (cuDNN's templates name `float`; FFT and Winograd run only in fp32
+here): with the op launching them a convolution and no half or TF32 marker in the name."""
 OPTIMIZER_RANGE_PREFIX = "Optimizer.step#"
 IMPL_FUSED, IMPL_FOREACH, IMPL_PER_PARAMETER = "fused", "foreach", "per-parameter"
 ALLOCATOR_CALLS = frozenset({"cudaMalloc", "cudaFree", "cudaMallocHost", "cudaFreeHost", "cudaHostAlloc",
@@ -78,6 +85,9 @@ class StepWork:
     steps: int
     gemm_us_by_precision: dict[str, float] = field(default_factory=dict)
     """GPU time of GEMM kernels per step by numeric type (module docstring)."""
+    conv_fp32_us: float = 0.0
+    """GPU time per step of fp32 convolution kernels that are no GEMM by name (FFT, Winograd, direct engines;
+    module docstring): fp32 work beside the fp32 GEMMs."""
     optimizer: str = ""
     """The optimizer's class from its range (`AdamW`); "" without one."""
     optimizer_impl: str = ""
@@ -147,6 +157,7 @@ def measure_step_work(events: TraceEvents, steps: list[StepTiming], device_prope
     count = len(steps)
     in_steps = in_host_ranges(events.start_us, steps)
     return StepWork(steps=count, gemm_us_by_precision=_gemm_by_precision(events, steps, count),
+                    conv_fp32_us=_conv_fp32_us(events, steps) / count,
                     **_gemm_rates(events, steps, device_properties),
                     **_optimizer(events, steps, in_steps, count), **_allocator(events, in_steps, count),
                     **_compilation(events, steps, in_steps, count), **_host_copies(events, steps, count),
@@ -166,6 +177,31 @@ def _kernel_us_by_name(events: TraceEvents, steps: list[StepTiming]) -> dict[str
     ids, durations = events.name_id[kernels][launched], events.dur_us[kernels][launched]
     per_name = np.bincount(ids, weights=durations, minlength=len(events.names))
     return {events.names[i]: float(per_name[i]) for i in np.flatnonzero(per_name).tolist()}
+
+
+def _conv_fp32_us(events: TraceEvents, steps: list[StepTiming]) -> float:
+    """GPU time of fp32 convolution kernels launched inside the steps that are no GEMM by name (module
+    docstring); 0 without External ids (no op to tell a convolution by)."""
+    kernels = events.of_kind(Kind.KERNEL)
+    if events.external_id is None or not kernels.any():
+        return 0.0
+    launched = in_host_ranges(events.launch_start_us(kernels), steps)
+    rows = np.flatnonzero(kernels)[launched]
+    total = 0.0
+    for external, name_id, dur in zip(events.external_id[rows].tolist(), events.name_id[rows].tolist(),
+                                      events.dur_us[rows].tolist()):
+        if "convolution" in events.op_of_external.get(int(external), "") and _fp32_conv_kernel(events.names[name_id]):
+            total += dur
+    return total
+
+
+def _fp32_conv_kernel(name: str) -> bool:
+    """A convolution's kernel doing fp32 math off the GEMM kernels' count: no tensor-core type in its name, and
+    an fp32 convolution algorithm's (_FP32_CONV_NEEDLES)."""
+    if kernel_category(name) == CATEGORY_GEMM or gemm_precision(name) != PRECISION_UNKNOWN:
+        return False
+    folded = name.lower()
+    return any(needle in folded for needle in _FP32_CONV_NEEDLES)
 
 
 def _gemm_by_precision(events: TraceEvents, steps: list[StepTiming], count: int) -> dict[str, float]:

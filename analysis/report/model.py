@@ -59,7 +59,9 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           (the op whose copy to the host preceded each sync), launch_paced_idle_us (of the
                           "host busy elsewhere" idle, the gaps paced by launch calls)} | null (no steps),
                           step_work {steps, gemm_us_by_precision {fp32 | tf32 | bf16/fp16 | fp8 | unknown:
-                          us per step}, gemm_tflops_by_precision (achieved, GEMMs with recorded shapes),
+                          us per step}, conv_fp32_us (fp32 convolution kernels that are no GEMM by name: FFT,
+                          Winograd, direct engines, by their launching convolution op; per step),
+                          gemm_tflops_by_precision (achieved, GEMMs with recorded shapes),
                           gemm_shaped_share, device (as traces/device_peaks.py lists it, or ""),
                           gemm_peak_pct_by_precision (achieved / the device's dense peak), optimizer (its
                           class), optimizer_impl ("fused" | "foreach" | "per-parameter" | ""), optimizer_host_us, optimizer_launches, optimizer_gpu_us,

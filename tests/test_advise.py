@@ -10,6 +10,7 @@ from fleetscope.analysis.cross_rank.causes import CAUSE_HOST, CAUSE_SLOW_DEVICE,
 from fleetscope.analysis.quantities import JobStraggler
 from fleetscope.analysis.render.advice_terminal import gain_text
 from fleetscope.cli.main import main
+from fleetscope.traces.environment import usable_cpus
 
 CONFIG = {"parallel": {"mode": "ddp", "bucket_cap_mb": 25.0}, "data": {"num_workers": 0},
           "performance": {"compile": "none", "activation_checkpointing": "none", "alloc_conf": ""}}
@@ -44,6 +45,27 @@ def test_data_loading_asks_for_workers_with_its_gain():
     assert finding.change == "--set data.num_workers=8 --set data.persistent_workers=true"
     assert (finding.expected_gain_ms, finding.expected_gain_pct, finding.confidence) == (30.0, 30.0, "high")
     assert "data_workers" not in _rules(data_ms=30.0, config={**CONFIG, "data": {"num_workers": 4}})
+
+
+def test_data_workers_fit_the_cpus_each_rank_has():
+    # a 2-core host running 2 ranks: one worker each would already take every core the training needs
+    assert _rules(data_ms=30.0, cpus_per_rank=1)["data_workers"].apply.train_args[1] == "data.num_workers=1"
+    finding = _rules(data_ms=30.0, cpus_per_rank=4)["data_workers"]
+    assert finding.apply.train_args[1] == "data.num_workers=3" and "4 CPU(s) per rank" in finding.change
+    assert _rules(data_ms=30.0, cpus_per_rank=64)["data_workers"].apply.train_args[1] == "data.num_workers=8"
+    inputs = _rules(stragglers=[_cause(CAUSE_HOST, data_loader_excess_ms=18.0)], cpus_per_rank=2)["straggler"]
+    assert inputs.apply.train_args[1] == "data.num_workers=1"
+
+
+def test_cpus_per_rank_come_from_the_run_record():
+    from fleetscope.analysis.advise.evidence import _cpus_per_rank
+    local = {"spec": {"scheduler": "local", "nproc_per_node": 2}, "environment": {"cpus": 2}}
+    assert _cpus_per_rank(local) == 1
+    slurm = {"spec": {"scheduler": "submitit", "nproc_per_node": 8, "slurm": {"cpus_per_task": 12}},
+             "environment": {"cpus": 4}}               # the submitting host's CPUs say nothing of the nodes'
+    assert _cpus_per_rank(slurm) == 12
+    assert _cpus_per_rank({**slurm, "spec": {**slurm["spec"], "slurm": {"cpus_per_task": 0}}}) is None
+    assert _cpus_per_rank({"spec": {"scheduler": "local", "nproc_per_node": True}, "environment": {"cpus": 8}}) is None
 
 
 def test_gpu_idle_asks_for_cuda_graphs_or_plain_compile_under_fsdp():
@@ -156,7 +178,9 @@ def test_a_real_run_with_slow_data_loading_on_rank_0(tmp_path, capsys):
     straggler = rules["straggler"]
     assert straggler.evidence["rank"] == 0 and "input wait" in straggler.title
     assert main(["advise", str(run_dir), "--json", str(tmp_path / "advice.json")]) == 0
-    assert "--set data.num_workers=8" in capsys.readouterr().out
+    # as many workers as the host gives each of the 2 ranks, one CPU left to the training process (1 to 8)
+    workers = max(1, min(8, usable_cpus() // 2 - 1))
+    assert f"--set data.num_workers={workers}" in capsys.readouterr().out
     assert (tmp_path / "advice.json").is_file()
     # advise is a view of the report: the report shows the same findings, with the same gains, next to its verdict
     report = json.loads((run_dir / "report" / "report.json").read_text())

@@ -3,11 +3,13 @@
 Fields (None where not applicable or not found): gpu_model, gpu_count, driver, cuda, torch, nccl,
 transformers, fleetscope, python. Taken on the machine that launches the job: for a local run, the machine
 that runs it; for a job submitted to a cluster, the submitting host (the compute nodes may differ).
+Beside them, not compared: cpus (the CPUs this process may run on: what a local run's ranks share).
 torch and transformers are imported only when the fingerprint is taken.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from importlib import metadata
@@ -22,7 +24,7 @@ def environment_fingerprint() -> dict[str, Any]:
     """The fingerprint of this machine and Python environment (module docstring)."""
     found: dict[str, Any] = dict.fromkeys(FINGERPRINT_FIELDS)
     found.update(python=platform.python_version(), fleetscope=_distribution_version("fleetscope"),
-                 transformers=_distribution_version("transformers"))
+                 transformers=_distribution_version("transformers"), cpus=usable_cpus())
     try:
         import torch
     except ImportError:
@@ -32,6 +34,11 @@ def environment_fingerprint() -> dict[str, Any]:
         found.update(gpu_count=torch.cuda.device_count(), gpu_model=torch.cuda.get_device_name(0),
                      nccl=".".join(map(str, torch.cuda.nccl.version())), driver=_driver_version())
     return found
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the platform has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def fingerprint_differences(a: dict[str, Any], b: dict[str, Any]) -> dict[str, tuple[Any, Any]]:

@@ -54,7 +54,27 @@ def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
         straggler_windows=[w.window for w in windows for _ in w.causes.findings],
         job_straggler=job_straggler(windows),
         config=train if isinstance(train, dict) else {}, program=program,
-        moe=report.moe if report else None, rank_hosts={r.rank: r.host for r in (report.ranks if report else [])})
+        moe=report.moe if report else None, rank_hosts={r.rank: r.host for r in (report.ranks if report else [])},
+        cpus_per_rank=_cpus_per_rank(record))
+
+
+def _cpus_per_rank(record: dict) -> int | None:
+    """Slurm's cpus_per_task where the spec asks for it; for a local run, the launching machine's CPUs
+    (job.json environment.cpus: the machine the ranks run on) over its ranks; None otherwise."""
+    spec = record.get("spec") if isinstance(record.get("spec"), dict) else {}
+    slurm = spec.get("slurm") if isinstance(spec.get("slurm"), dict) else {}
+    asked = slurm.get("cpus_per_task")
+    if spec.get("scheduler") != "local" and _positive_int(asked):
+        return asked
+    environment = record.get("environment") if isinstance(record.get("environment"), dict) else {}
+    cpus, ranks = environment.get("cpus"), spec.get("nproc_per_node")
+    if spec.get("scheduler") == "local" and _positive_int(cpus) and _positive_int(ranks):
+        return max(1, cpus // ranks)
+    return None
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _step_time(steady: dict, report: Report | None) -> dict[str, Any]:

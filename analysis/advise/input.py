@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
-from .model import Evidence, Finding, Rule, settings_change, step_gain, trainer_change
+from .model import Change, Evidence, Finding, Rule, settings_change, step_gain, trainer_change
 
 DATA_SHARE = 0.10
 """Data loading above this share of the step is worth moving to worker processes."""
 RECOMMENDED_WORKERS = 8
-DATA_WORKERS_CHANGE = settings_change(f"data.num_workers={RECOMMENDED_WORKERS}", "data.persistent_workers=true")
-"""The trainer's change; the straggler rule proposes it too where a rank's input pipeline is the delay."""
-DATA_WORKERS_IN_CODE = f"DataLoader(..., num_workers={RECOMMENDED_WORKERS}, pin_memory=True, persistent_workers=True)"
-"""The same change in user code."""
+"""Workers per rank where the host has the CPUs for them: more seldom help one GPU's input pipeline."""
+
+
+def recommended_workers(e: Evidence) -> int:
+    """Workers per rank that fit its CPUs (Evidence.cpus_per_rank): one CPU stays with the training process, at
+    least one worker, at most RECOMMENDED_WORKERS; RECOMMENDED_WORKERS where the CPUs are not known."""
+    if e.cpus_per_rank is None:
+        return RECOMMENDED_WORKERS
+    return max(1, min(RECOMMENDED_WORKERS, e.cpus_per_rank - 1))
+
+
+def data_workers_change(e: Evidence) -> Change:
+    """The trainer's change; the straggler rule proposes it too where a rank's input pipeline is the delay."""
+    return settings_change(f"data.num_workers={recommended_workers(e)}", "data.persistent_workers=true")
+
+
+def data_workers_in_code(workers: int) -> str:
+    """The same change in user code."""
+    return f"DataLoader(..., num_workers={workers}, pin_memory=True, persistent_workers=True)"
+
+
+def _cpus_note(e: Evidence) -> str:
+    if e.cpus_per_rank is None:
+        return ""
+    return f" ({e.cpus_per_rank} CPU(s) per rank on its host: one stays with the training process)"
 
 
 def data_workers(e: Evidence) -> Finding | None:
@@ -22,15 +43,23 @@ def data_workers(e: Evidence) -> Finding | None:
     gain, pct = step_gain(e, e.data_ms)
     return Finding(rule="data_workers", title="data loading stalls the step",
                    evidence={"data_ms": round(e.data_ms, 3), "data_source": e.data_source,
-                             "step_ms": round(e.step_ms, 3), "num_workers": workers},
+                             "step_ms": round(e.step_ms, 3), "num_workers": workers,
+                             "recommended_workers": recommended_workers(e),
+                             **({"cpus_per_rank": e.cpus_per_rank} if e.cpus_per_rank is not None else {})},
                    expected_gain_ms=gain, expected_gain_pct=pct,
                    confidence="high" if e.data_ms >= 2 * DATA_SHARE * e.step_ms else "medium",
-                   **trainer_change(DATA_WORKERS_CHANGE),
+                   **trainer_change(data_workers_change(e), note=_cpus_note(e).strip(" ()")),
                    why=f"{e.data_ms:.1f} ms of each {e.step_ms:.1f} ms step is spent loading data in the training "
                        "process; worker processes load the next batches while the GPU computes")
 
 
 RULES = (
     Rule(find=data_workers, recovers="input wait",
-         in_user_code=f"{DATA_WORKERS_IN_CODE}: load the next batches in worker processes while the step runs"),
+         in_user_code=lambda finding: f"{data_workers_in_code(_workers_of(finding))}: load the next batches in "
+                                      "worker processes while the step runs"),
 )
+
+
+def _workers_of(finding: Finding) -> int:
+    value = finding.evidence.get("recommended_workers")
+    return value if isinstance(value, int) and not isinstance(value, bool) else RECOMMENDED_WORKERS

@@ -132,6 +132,9 @@ class Evidence:
     python_frames: bool = False
     """Some rank's trace holds Python frames (with_stack)."""
     rank_hosts: dict[int, str] = field(default_factory=dict)
+    cpus_per_rank: int | None = None
+    """CPUs each rank has on its host (evidence.py _cpus_per_rank): Slurm's cpus_per_task, or a local run's
+    launching machine's CPUs over its ranks; None where job.json does not tell."""
     """rank -> host, from the trace report (which ranks share a node)."""
 
     def setting(self, section: str, name: str, default: Any = None) -> Any:

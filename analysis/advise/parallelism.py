@@ -6,7 +6,7 @@ import numpy as np
 from fleetscope.analysis.cross_rank.causes import CAUSE_HOST, CAUSE_SLOW_DEVICE, CAUSE_WORK
 from fleetscope.analysis.quantities import BASIS_STEP_METRICS, bounded_gain, clamp_caused_wait_ms, metrics_floor_ms, step_ranges
 
-from .input import DATA_WORKERS_CHANGE, DATA_WORKERS_IN_CODE, RECOMMENDED_WORKERS
+from .input import RECOMMENDED_WORKERS, data_workers_change, data_workers_in_code, recommended_workers
 from .model import STRAGGLER_SHARE, Evidence, Finding, Rule, trainer_change
 
 INPUT_WAIT_SHARE = 0.5
@@ -62,8 +62,9 @@ def straggler(e: Evidence) -> Finding | None:
     excess = top.data_loader_excess_ms
     if top.cause == CAUSE_HOST and excess is not None and excess > 0 and excess >= INPUT_WAIT_SHARE * top.mean_lateness_us / 1000:
         evidence["data_loader_excess_ms"] = round(excess, 3)
-        if e.setting("data", "num_workers", 0) < RECOMMENDED_WORKERS:
-            change = trainer_change(DATA_WORKERS_CHANGE, note="its input pipeline is the delay")
+        if e.setting("data", "num_workers", 0) < recommended_workers(e):
+            evidence["recommended_workers"] = recommended_workers(e)
+            change = trainer_change(data_workers_change(e), note="its input pipeline is the delay")
         else:
             change = {"change": "its input pipeline is the delay although it has workers: more workers, or a faster "
                                 "source (local copy, pre-tokenized data)"}
@@ -130,7 +131,9 @@ def _straggler_in_user_code(finding: Finding) -> str | None:
     """A rank waiting for its input: the data workers in code. Every other cause's change is an action already."""
     if "input wait" not in finding.title:
         return None
-    return f"{DATA_WORKERS_IN_CODE} on that rank: its input pipeline is the delay"
+    workers = finding.evidence.get("recommended_workers")
+    workers = workers if isinstance(workers, int) and not isinstance(workers, bool) else RECOMMENDED_WORKERS
+    return f"{data_workers_in_code(workers)} on that rank: its input pipeline is the delay"
 
 
 RULES = (

@@ -432,3 +432,16 @@ def test_the_peers_median_from_one_sort_is_the_median_of_the_others(ranks):
             column = values[:, step][known[:, step]]
             assert (np.isnan(median[step]) if column.size == 0
                     else abs(median[step] - np.median(column.astype(np.float64))) <= tolerance * 10)
+
+
+def test_change_points_of_no_size_are_left_out_and_counted():
+    from fleetscope.analysis.cross_rank.whole_run import ChangePoint, WholeRun, sized_changes
+    from fleetscope.analysis.render.whole_run_text import _change_lines
+    found = [ChangePoint(rank=0, step=302, level_before=1.001, level_after=1.004),    # "1.00 -> 1.00"
+             ChangePoint(rank=1, step=40, level_before=1.0, level_after=1.3)]
+    kept = sized_changes(found)
+    assert [c.rank for c in kept] == [1]
+    section = WholeRun(status="ok", changes=kept, changes_total=1, changes_below_size=1)
+    text = "\n".join(_change_lines(section))
+    assert "rank 1 at step 40: 1.00 -> 1.30" in text and "1 smaller than 1% of the step left out" in text
+    assert "rank 0" not in text

@@ -150,6 +150,11 @@ class SlowRank:
     sentence: str
 
 
+MIN_CHANGE_LEVEL = 0.01
+"""A change point whose excess level moves by less than this (1% of the median step time) is no finding: on a
+long, quiet run the search resolves shifts far below what a user would act on ("1.00 -> 1.00")."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ChangePoint:
     """A change in a rank's excess level: 1 + its noise-weighted mean excess over its peers / the median step
@@ -159,6 +164,11 @@ class ChangePoint:
     step: int
     level_before: float
     level_after: float
+
+
+def sized_changes(changes: list[ChangePoint]) -> list[ChangePoint]:
+    """The change points whose level moved by at least MIN_CHANGE_LEVEL."""
+    return [c for c in changes if abs(c.level_after - c.level_before) >= MIN_CHANGE_LEVEL]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,6 +204,8 @@ class WholeRun:
     slow_ranks: list[SlowRank] = field(default_factory=list)
     changes: list[ChangePoint] = field(default_factory=list)
     changes_total: int = 0
+    changes_below_size: int = 0
+    """Change points found whose level moved by less than MIN_CHANGE_LEVEL (left out of changes and the total)."""
     windows: list[WindowCheck] = field(default_factory=list)
     drift: str = ""
     representative: str = ""
@@ -806,8 +818,9 @@ def _section(acc: _Accumulated, sources: dict[int, _Source], notes: list[str], r
         segments = dict(zip(acc.ranks, pool.map(lambda index: _segments(acc, index), range(len(acc.ranks)))))
     slow = [finding for index, rank in enumerate(acc.ranks)
             for finding in _slow_ranks(acc, index, sources[rank], segments[rank], windows, run_dir)]
-    changes = [ChangePoint(rank=rank, step=b.start_step, level_before=a.level, level_after=b.level)
-               for rank, found in segments.items() for a, b in zip(found[:-1], found[1:])]
+    found_changes = [ChangePoint(rank=rank, step=b.start_step, level_before=a.level, level_after=b.level)
+                     for rank, found in segments.items() for a, b in zip(found[:-1], found[1:])]
+    changes = sized_changes(found_changes)
     timed = [r for r, s in sources.items() if s.offset_us is not None]
     section = WholeRun(
         status=STATUS_OK,
@@ -825,6 +838,7 @@ def _section(acc: _Accumulated, sources: dict[int, _Source], notes: list[str], r
         slow_ranks=slow,
         changes=sorted(changes, key=lambda c: -abs(math.log(c.level_after / c.level_before)))[:MAX_CHANGES_SHOWN],
         changes_total=len(changes),
+        changes_below_size=len(found_changes) - len(changes),
         windows=_window_checks(acc, windows),
         step_time_map=_heatmap(acc, "step_sum", "step_count", "step time (steady steps, mean)"),
         lateness_map=_heatmap(acc, "late_sum", "late_count", "lateness (steady steps, mean)")

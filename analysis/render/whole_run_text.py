@@ -37,13 +37,15 @@ def whole_run_text(section: WholeRun | None) -> str:
 
 
 def _change_lines(section: WholeRun) -> list[str]:
+    smaller = (f" ({section.changes_below_size} smaller than 1% of the step left out)"
+               if section.changes_below_size else "")
     if not section.changes_total:
-        return ["  change points: none in any rank's excess over its peers"]
+        return [f"  change points: none in any rank's excess over its peers{smaller}"]
     shown = section.changes[:CHANGES_SHOWN]
     lines = [f"  change points: {section.changes_total} (largest {len(shown)} shown; excess level: 1 + the "
              "noise-weighted mean of a rank's excesses over its peers' median in step time, input wait and arrival "
              "at the first collective (each signal weighted by 1 / its step-to-step noise on that rank), over the "
-             "median step time; 1.00 = level with its peers)"]
+             f"median step time; 1.00 = level with its peers){smaller}"]
     lines += [f"    rank {c.rank} at step {c.step:,}: {c.level_before:.2f} -> {c.level_after:.2f}" for c in shown]
     return lines
 

@@ -243,7 +243,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           basis, lateness_basis, slow_ranks[] {rank, from_step, to_step, to_the_end, signal
                           (input wait | late at the first collective | step time), excess_ms, baseline_ms, excess_pct
                           (excess_ms in % of baseline_ms: a size, may exceed 100), job_step_change_ms, steps, last_pct, first_collective_last_pct, median_lateness_ms, windows[], sentence},
-                          changes[] {rank, step, level_before, level_after} (changes_total in all), windows[]
+                          changes[] {rank, step, level_before, level_after} (changes_total in all; changes_below_size:
+                          found, but the level moved by less than 0.01, not listed), windows[]
                           {first_step, last_step, median_ms, between_median_ms, percentile_pct}, drift,
                           representative, step_time_map, lateness_map {quantity, unit, binning, rank_bins[][],
                           step_bins[][], values[][]}, verdict, notes[]}

@@ -227,8 +227,8 @@ def test_the_slow_rank_is_named_with_its_steps_size_and_lateness(tmp_path):
 def test_a_slow_stretch_covered_by_a_window_names_it_and_one_to_the_end_says_so(tmp_path):
     layout = write_run(tmp_path, slow=(5, 700, 1000, 1.25), windows=((100, 102), (800, 802)))
     (slow,) = whole_run_section(layout).slow_ranks
-    assert slow.rank == 5 and slow.to_the_end and slow.windows == ["profiled steps 800-802"]
-    assert "to the end" in slow.sentence and "profiled in profiled steps 800-802" in slow.sentence
+    assert slow.rank == 5 and slow.to_the_end and slow.windows == ["profiler on in steps 800-802"]
+    assert "to the end" in slow.sentence and "covered by a window (profiler on in steps 800-802)" in slow.sentence
 
 
 def test_stationary_runs_report_no_slow_rank():

@@ -878,7 +878,9 @@ def _windows(acc: _Accumulated) -> list[tuple[int, int]]:
 
 
 def window_label(first: int, last: int) -> str:
-    return f"profiled steps {first}-{last}" if last > first else f"profiled step {first}"
+    """A window as the timelines see it: the steps the profiler was on, its warm-up included (the report's
+    header names the steps the trace recorded, "profiled steps 2-3" of a window on in steps 1-3)."""
+    return f"profiler on in steps {first}-{last}" if last > first else f"profiler on in step {first}"
 
 
 def _segments(acc: _Accumulated, index: int) -> list[Segment]:
@@ -1044,7 +1046,7 @@ def _with_slow_sentence(finding: SlowRank, run_dir: str) -> SlowRank:
     if finding.first_collective_last_pct is not None:
         parts.append(f"last at the first collective at {finding.first_collective_last_pct:.0f}%")
     if finding.windows:
-        parts.append("profiled in " + ", ".join(finding.windows))
+        parts.append("covered by a window (" + ", ".join(finding.windows) + ")")
     else:
         parts.append(f"no profiled window covers it: fleetscope profile {run_dir} --steps {PROFILE_STEPS}")
     return dataclasses.replace(finding, sentence="; ".join(parts))

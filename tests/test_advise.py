@@ -154,6 +154,18 @@ def test_fragmentation_and_retries_ask_for_expandable_segments_and_checkpointing
     assert set(_rules(peak_reserved_mb=1500.0)) == {"allocator"}
 
 
+def test_a_work_imbalance_names_routing_only_where_the_moe_view_holds_a_hot_expert_on_the_rank():
+    from fleetscope.analysis.cross_rank.causes import CAUSE_WORK
+    plain = _rules(stragglers=[_cause(CAUSE_WORK, concentrated_kernels=["flash_fwd (1.8x, +3.0 ms)"])])["straggler"]
+    assert "router" not in plain.change and "load-balancing" not in plain.change and plain.apply is None
+    assert "flash_fwd (1.8x, +3.0 ms)" in plain.change and "tokens per step" in plain.change
+    moe = {**CONFIG, "model": {"family": "qwen3_moe"}}
+    hot = _rules(stragglers=[_cause(CAUSE_WORK, routing="uneven routing: expert 3 (layer 0) on rank 3")],
+                 config=moe)["straggler"]
+    assert hot.change.startswith("uneven routing: expert 3 (layer 0) on rank 3: --set model.router_aux_loss_coef=")
+    assert hot.apply.train_args == ("--set", "model.router_aux_loss_coef=0.01")
+
+
 def test_a_slow_device_straggler_gets_its_remedy_and_what_if_gain():
     finding = _rules(stragglers=[_cause(CAUSE_SLOW_DEVICE)])["straggler"]
     assert "exclude" in finding.change and finding.expected_gain_ms == 20.0

@@ -6,6 +6,7 @@ import numpy as np
 from fleetscope.analysis.cross_rank.causes import CAUSE_HOST, CAUSE_SLOW_DEVICE, CAUSE_WORK
 from fleetscope.analysis.quantities import BASIS_STEP_METRICS, bounded_gain, clamp_caused_wait_ms, metrics_floor_ms, step_ranges
 
+from .moe.balance import balance_change
 from .input import RECOMMENDED_WORKERS, data_workers_change, data_workers_in_code, recommended_workers
 from .model import STRAGGLER_SHARE, Evidence, Finding, Rule, trainer_change
 
@@ -24,8 +25,9 @@ CONFIDENCE_ORDER = ("low", "medium", "high")
 _STRAGGLER_CHANGES = {
     CAUSE_SLOW_DEVICE: "take the rank's GPU or node out of the pool (e.g. sbatch --exclude=HOST) and check its "
                        "clocks, power and thermals (nvidia-smi -q -d PERFORMANCE)",
-    CAUSE_WORK: "balance the work: for MoE, raise the router's load-balancing loss or the expert capacity so "
-                "tokens spread evenly",
+    CAUSE_WORK: "balance the work across ranks: give each the same tokens per step (pack or bucket sequences by "
+                "length so every rank's batch holds as many) and the same share of the model (pipeline stages, "
+                "expert placement)",
     CAUSE_HOST: "find the host-side delay on that rank (its CPU threads in the merged trace: syncs, Python, "
                 "other processes on its CPUs) and pin its CPUs",
 }
@@ -54,8 +56,7 @@ def straggler(e: Evidence) -> Finding | None:
     windows = sorted({w for _, w in own}, key=lambda w: -1 if w is None else w)
     evidence = {"rank": job.rank, "wait_share": round(job.share, 3), "windows": _windows_text(windows),
                 "mean_lateness_ms": round(top.mean_lateness_us / 1000, 3)}
-    change, kind = {"change": _slow_device_change(top, e) if top.cause == CAUSE_SLOW_DEVICE
-                    else _STRAGGLER_CHANGES[top.cause]}, top.cause
+    change, kind = _cause_change(top, e), top.cause
     if top.significance is not None:
         evidence.update(profiled_steps=top.significance.steps, lateness_t=round(top.significance.t or 0.0, 2),
                         needed_t=round(top.significance.needed_t or 0.0, 2))
@@ -85,6 +86,27 @@ def _confidence(top) -> str:
     if by_steps not in CONFIDENCE_ORDER:
         return by_cause
     return min(by_cause, by_steps, key=CONFIDENCE_ORDER.index)
+
+
+def _cause_change(top, e: Evidence) -> dict:
+    """The remedy of the straggler's cause, as the finding's change (and apply where it is a setting)."""
+    if top.cause == CAUSE_SLOW_DEVICE:
+        return {"change": _slow_device_change(top, e)}
+    if top.cause == CAUSE_WORK:
+        return _work_change(top, e)
+    return {"change": _STRAGGLER_CHANGES[top.cause]}
+
+
+def _work_change(top, e: Evidence) -> dict:
+    """More work on one rank: routing's change only where the MoE view holds a hot expert on that rank (the
+    router's balancing, as moe_load_balance applies it); else the kernels that hold the extra work, and the
+    work's balance across ranks, with no word of routing the MoE section does not support."""
+    if top.routing:
+        text, apply = balance_change(e)
+        return {"change": f"{top.routing}: {text}", "apply": apply}
+    named = (top.concentrated_kernels or top.extra_kernels)[:2]
+    where = f" (its extra time sits in {'; '.join(named)})" if named else ""
+    return {"change": _STRAGGLER_CHANGES[CAUSE_WORK] + where}
 
 
 def _slow_device_change(top, e: Evidence) -> str:

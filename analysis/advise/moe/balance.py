@@ -39,7 +39,9 @@ def _hottest(findings: list[MoeFinding]) -> MoeFinding:
     return max(findings, key=lambda f: (round(f.tokens_vs_mean, 2), f.holder_last_pct or 0.0, f.cost_ms_per_step or 0.0))
 
 
-def _balance_change(e: Evidence) -> tuple[str, Change | None]:
+def balance_change(e: Evidence) -> tuple[str, Change | None]:
+    """The routing change that spreads a hot expert's tokens (moe_load_balance; the straggler rule's where a
+    rank's extra work is a hot expert it holds): its text, and the trainer setting that applies it, if any."""
     fault = _router_fault(e)
     if fault is not None:
         return (f"--set {fault} (this run's router fault is the imbalance; in a real job: the load-balancing "
@@ -110,7 +112,7 @@ def moe_load_balance(e: Evidence) -> Finding | None:
         evidence["hot_rank_extra_expert_ms"] = round(extra_ms, 3)
     if waited_ms is not None:
         evidence["combine_wait_caused_ms"] = round(waited_ms, 3)
-    change, apply = _balance_change(e)
+    change, apply = balance_change(e)
     where = f" on {ranks_text(top.ranks)}" if top.ranks else ""
     return Finding(rule="moe_load_balance",
                    title=f"uneven routing: expert {top.expert} (layer {top.layer}){where} gets "

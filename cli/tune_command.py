@@ -70,7 +70,7 @@ def handle_tune(args: argparse.Namespace) -> int:
     if not launch_and_wait(scheduler, plan, tuned_from):
         return EXIT_FAILED
     return print_comparison(source.root, new_dir, threshold_pct=args.threshold,
-                            allow_env_change=args.allow_env_change)
+                            allow_env_change=args.allow_env_change, finding=finding)
 
 
 def recorded_spec(layout: RunLayout) -> dict:
@@ -178,7 +178,8 @@ def launch_and_wait(scheduler, plan, tuned_from: dict) -> bool:
     return waited_verdict(status) != Verdict.FAILED
 
 
-def print_comparison(base: Path, new: Path, *, threshold_pct: float, allow_env_change: bool) -> int:
+def print_comparison(base: Path, new: Path, *, threshold_pct: float, allow_env_change: bool,
+                     finding=None) -> int:
     from ..analysis.gate import direction, gate
     from ..analysis.render.gate_terminal import render_directions, render_gate
 
@@ -189,7 +190,27 @@ def print_comparison(base: Path, new: Path, *, threshold_pct: float, allow_env_c
     if result.metrics:
         print("direction (new vs base):")
         print(render_directions(result, {m.name: direction(m) for m in result.metrics}), end="")
+    if finding is not None:
+        print(prediction_line(finding, result))
     return result.exit_code
+
+
+def prediction_line(finding, result) -> str:
+    """The finding's expected gain against the step time the gate measured on both sides (its own basis: the
+    runs' steady steps), so each applied prediction is checked."""
+    from ..analysis.gate import STEP_TIME
+
+    step = next((m for m in result.metrics if m.name == STEP_TIME), None)
+    predicted = (f"expected up to {finding.expected_gain_ms:.2f} ms/step"
+                 if finding.expected_gain_ms is not None else "no gain estimated")
+    if step is None or step.base_median is None or step.new_median is None:
+        return f"prediction: finding {finding.rule} {predicted}; measured: no step time on both sides"
+    saved = step.base_median - step.new_median
+    share = (f", {100.0 * saved / finding.expected_gain_ms:.0f}% of the prediction"
+             if finding.expected_gain_ms else "")
+    return (f"prediction: finding {finding.rule} {predicted}; measured: step time {step.base_median:.2f} -> "
+            f"{step.new_median:.2f} ms ({'saved' if saved >= 0 else 'lost'} {abs(saved):.2f} ms/step{share}; "
+            "steady steps, slowest rank per step, as the gate above)")
 
 
 REGISTRY = [register_tune]

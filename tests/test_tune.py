@@ -152,6 +152,22 @@ def test_direction_says_which_way_a_metric_moved():
     assert direction(gate((-0.5, -0.01))) == "unclear"           # -0.3%: below the practical threshold
 
 
+def test_the_prediction_is_printed_against_what_the_relaunch_measured():
+    from fleetscope.analysis.advise import Finding
+    from fleetscope.analysis.gate import GateResult
+    from fleetscope.cli.tune_command import prediction_line
+
+    finding = Finding(rule="data_workers", title="t", evidence={}, expected_gain_ms=30.0, expected_gain_pct=30.0,
+                      confidence="high", change="c", why="w")
+    step = MetricGate(name="step_time_ms", higher_is_better=False, base_median=100.0, new_median=88.0, base_steps=9,
+                      new_steps=9, gated=True)
+    line = prediction_line(finding, GateResult(base_runs=["a"], new_runs=["b"], threshold_pct=5.0, metrics=[step]))
+    assert line.startswith("prediction: finding data_workers expected up to 30.00 ms/step; measured: step time "
+                           "100.00 -> 88.00 ms (saved 12.00 ms/step, 40% of the prediction")
+    none = prediction_line(finding, GateResult(base_runs=["a"], new_runs=["b"], threshold_pct=5.0))
+    assert "measured: no step time on both sides" in none
+
+
 # --- the command on a run directory without a job --------------------------------------------------
 
 
@@ -227,6 +243,7 @@ def test_a_tiny_bucket_is_advised_larger_and_the_relaunch_is_faster(tmp_path, ca
     code = main(["tune", str(run), "--apply", str(number), "--run-dir", str(new)])
     out = capsys.readouterr().out
     assert code == 0, out[-4000:]                                    # no regression: the gate's exit code
+    assert "prediction: finding gradient_buckets expected up to" in out and "measured: step time" in out
     job = json.loads((new / "job.json").read_text())
     assert job["tuned_from"]["run"] == str(run) and job["tuned_from"]["finding"] == number
     assert job["tuned_from"]["assignments"] == ["parallel.bucket_cap_mb=25"]

@@ -38,7 +38,8 @@ from fleetscope.analysis.report.build import (
 from fleetscope.analysis.gate import steady_metrics
 from fleetscope.analysis.quantities import (PROFILED_UNREPRESENTATIVE_PCT, metrics_basis, metrics_step_time_ms,
                                            profiled_excess_pct)
-from fleetscope.analysis.report.model import Report
+from fleetscope.analysis.report.model import Problem, Report
+from fleetscope.analysis.cross_rank.outcome import JobOutcome, job_outcome
 from fleetscope.traces.layout import RunLayout
 from fleetscope.traces.writer import write_bytes_atomically
 
@@ -108,6 +109,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     report.capture = capture_section(inputs.layout, inputs.world_size)
     report.whole_run = whole_run_section(inputs.layout)
     _with_run_step_time(report, inputs.layout)
+    _with_outcome(report, job_outcome(inputs.layout, report.capture.hang if report.capture else None))
     if advisor is not None:
         report.advice = list(advisor(inputs.layout.root if inputs.layout is not None else Path(path), report))
     if auditing():
@@ -130,6 +132,17 @@ def _with_run_step_time(report: Report, layout: RunLayout | None) -> None:
         report.verdict = (f"The profiled steps ({profiled:.2f} ms) are {excess:.0f}% slower than the run's steady "
                           f"steps ({run_ms:.2f} ms, step metrics): what follows is of the profiled steps. "
                           + report.verdict)
+
+
+def _with_outcome(report: Report, outcome: JobOutcome | None) -> None:
+    """A job that did not complete: its outcome leads the verdict and the problems, and the report is not
+    complete; what the traces show is said to be of the steps before the failure."""
+    report.outcome = outcome
+    if outcome is None or outcome.completed:
+        return
+    report.complete = False
+    report.problems.insert(0, Problem(label="job", reason=outcome.sentence))
+    report.verdict = f"{outcome.sentence} What follows is of the profiled steps before it: {report.verdict}"
 
 
 def _hta_on_every_rank(sources: list[TraceSource], hta_ranks: str | list[int], max_ranks: int) -> bool:

@@ -22,6 +22,8 @@ test). Each rule returns human-readable violations ("windows[0].causes.findings[
   idle by cause           a rank's idle time by cause sums to no more than its idle time; on the GPU basis,
                           idle by cause + GPU busy inside the steps = the steps' span (the partition every
                           idle finding's gain is taken from);
+  outcome                 a job that did not complete (cross_rank/outcome.py) makes no complete report: its
+                          verdict starts with the outcome's sentence and its first problem is the job's;
   advice                  every gain in [0, its denominator], its percentage that share of the printed
                           denominator, the combined gain at most the step, overlaps named both ways, the
                           straggler finding's rank the verdict's, its confidence no higher than its significance
@@ -59,8 +61,23 @@ def check_report(report: Report) -> list[str]:
     problems = list(_non_negative(data)) + list(_percentages(data))
     problems += _utilization_sums(report) + _path_shares(report) + _what_ifs(report)
     problems += _step_time(report) + _verdict_rank(report) + _idle_by_cause(report) + _wait_unions(report)
-    problems += _verdicts_name_one_rank(report) + _named_stands_out(report)
+    problems += _verdicts_name_one_rank(report) + _named_stands_out(report) + _outcome_first(report)
     return problems
+
+
+def _outcome_first(report: Report) -> list[str]:
+    """The outcome rule of the module docstring."""
+    outcome = report.outcome
+    if outcome is None or outcome.completed:
+        return []
+    broken = []
+    if report.complete:
+        broken.append(f"outcome: the job {outcome.state}, yet the report says complete")
+    if not report.verdict.startswith(outcome.sentence):
+        broken.append(f"outcome: the verdict does not start with how the job ended ({outcome.sentence!r})")
+    if not report.problems or report.problems[0].label != "job":
+        broken.append("outcome: the job's outcome is not the first problem")
+    return broken
 
 
 def _numbers(data: Any, where: str = "") -> Iterator[tuple[str, str, float]]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..launcher.failures import RankFailure
 from ..launcher.runs import recorded_anything
+from ..analysis.cross_rank.outcome import exit_meaning
 from ..launcher.scheduler import RunStatus, Submission
 from ..launcher.schedulers.local import RecordedRunStatus
 from ..launcher.schedulers.slurm import SlurmJobStatus, SlurmRunStatus
@@ -19,7 +20,7 @@ def print_failed_job(layout: RunLayout, submission: Submission, *, post_ran: boo
     print(f"\nfleetscope: the job FAILED ({submission.detail})", file=sys.stderr)
     for order, failure in enumerate(submission.failures):
         first = " [failed first]" if order == 0 and len(submission.failures) > 1 else ""
-        print(f"  rank {failure.rank}{first}: {failure.message}", file=sys.stderr)
+        print(f"  rank {failure.rank}{first}: {failure_text(failure)}", file=sys.stderr)
         if failure.log_path:
             print(f"    log: {failure.log_path}", file=sys.stderr)
     if not submission.failures:
@@ -94,13 +95,25 @@ def _slurm_status_lines(status: SlurmRunStatus) -> list[str]:
     return lines
 
 
+def failure_text(failure: RankFailure) -> str:
+    """A rank's failure in one line: its error's first line and its exit status with what that means (86: the
+    hang watchdog)."""
+    lines = failure.message.strip().splitlines() if failure.message else []
+    message = lines[0] if lines else "no error message"
+    more = " (more in its log)" if len(lines) > 1 else ""
+    meaning = exit_meaning(failure.exitcode)
+    if failure.exitcode is None or f"exit code {failure.exitcode}" not in message:
+        code = "" if failure.exitcode is None else f" (exit {failure.exitcode}{': ' + meaning if meaning else ''})"
+    else:
+        code = f": {meaning}" if meaning else ""
+    return f"{message}{code}{more}"
+
+
 def _failure_lines(failures: list[RankFailure]) -> list[str]:
     if not failures:
         return []
     first, *others = failures
-    exit_code = f" (exit {first.exitcode})" if first.exitcode is not None else ""
-    message = first.message.splitlines()[0] if first.message else "no error message"
-    lines = [_row("failed first", f"rank {first.rank}{exit_code}: {message}")]
+    lines = [_row("failed first", f"rank {first.rank}: {failure_text(first)}")]
     if first.log_path:
         lines.append(_row("its log", first.log_path))
     if others:

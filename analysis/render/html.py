@@ -54,7 +54,9 @@ def render_html(report: Report, *, trace_ranges: StepRanges | None = None) -> st
     the sections from the ranks' numbers to the evidence, problems and notes last. Its 'Open in Perfetto'
     buttons open the merged trace next to it, scrolled to each finding's steps when `trace_ranges` (the
     merge's `step_ranges_ns()`) is given."""
+    ended_badly = report.outcome is not None and not report.outcome.completed
     sections, contents = with_anchors([
+        capture_html(report) if ended_badly else "",   # a hang's diagnosis is the story: first
         _rank_table(report.ranks),
         _breakdown_section(report),
         _overlap_section(report),
@@ -65,7 +67,7 @@ def render_html(report: Report, *, trace_ranges: StepRanges | None = None) -> st
         critical_path_section(report),
         pipeline_html(report),
         evidence_sections(report),
-        capture_html(report),
+        "" if ended_badly else capture_html(report),
         moe_section(report.moe),
         whole_run_html(report.whole_run),
         _clock_section(report),
@@ -81,7 +83,8 @@ def render_html(report: Report, *, trace_ranges: StepRanges | None = None) -> st
 
 
 def _header(report: Report) -> str:
-    state = '<span class="ok">complete</span>' if report.complete else '<span class="bad">partial</span>'
+    state = ('<span class="ok">complete</span>' if report.complete else
+             f'<span class="bad">{escape(report.state.lower())}</span>')
     steps = report.step_time
     step_line = (f"step time: median {steps.median_ms:.2f} ms, mean {steps.mean_ms:.2f} ms, "
                  f"max {steps.max_ms:.2f} ms over {steps.count} steps ({report.step_time_basis or 'trace'})"

@@ -54,7 +54,7 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 
 def _header(report: Report) -> str:
-    state = "complete" if report.complete else "PARTIAL"
+    state = report.state
     steps = report.step_time
     lines = [
         f"fleetscope analysis of {report.source_path} ({report.source_kind.replace('_', ' ')}): {state}",

@@ -6,7 +6,12 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
     created_at            ISO 8601 UTC
     source_path           the analyzed path; source_kind: "run_dir" | "trace_dir" | "trace_file"
     world_size            int | null: from job.json / distributedInfo
-    complete              bool: every expected rank of every window was analyzed, no file was unusable
+    complete              bool: the job completed (where its record says) and every expected rank of every window
+                          was analyzed, no file was unusable
+    outcome               {state (completed | failed | hung | cancelled | running), returncode, failed_first,
+                          failure, exit_code, exit_meaning, then_failed[], hang, sentence} | null (no job
+                          record): how the job ended (cross_rank/outcome.py); a job that did not complete leads
+                          the verdict and the problems with its sentence
     problems[]            {label, window, rank, reason}: files that could not be used
     missing[]             {rank, window}: ranks with no trace in a window (the first ones of each window)
     missing_total         how many rank traces are missing in all, listed in missing[] or not
@@ -291,6 +296,7 @@ from fleetscope.analysis.per_rank.gpu_time import GpuTime
 from fleetscope.analysis.per_rank.host_stalls import HostStalls
 from fleetscope.analysis.per_rank.kernels import KernelTotal
 from fleetscope.analysis.per_rank.step_work import StepWork
+from fleetscope.analysis.cross_rank.outcome import JobOutcome
 from fleetscope.analysis.per_rank.steps import StepStats, StepTiming
 from fleetscope.analysis.per_rank.utilization import Utilization
 
@@ -301,7 +307,7 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True, kw_only=True)
 class Problem:
-    """A trace file that could not be used."""
+    """A trace file that could not be used, or (label "job") the job that did not complete."""
 
     label: str
     reason: str
@@ -413,6 +419,15 @@ class Report:
     capture: CaptureSection | None = None
     moe: MoeReport | None = None
     whole_run: WholeRun | None = None
+    outcome: JobOutcome | None = None
+
+    @property
+    def state(self) -> str:
+        """What the header says: the job's outcome where it did not complete (FAILED, HUNG, CANCELLED), else
+        "complete" or "PARTIAL" (traces missing or unusable)."""
+        if self.outcome is not None and not self.outcome.completed:
+            return self.outcome.state.upper()
+        return "complete" if self.complete else "PARTIAL"
 
     @property
     def analyzed_ranks(self) -> list[int]:

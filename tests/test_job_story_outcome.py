@@ -1,0 +1,122 @@
+"""The job's outcome leads its report: a failed, hung or cancelled job is not "complete", its verdict says how it
+ended first (who failed, the exit status's meaning, the hang's collective), and the rest is said to be of the
+steps before it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleetscope.analysis.analyze import analyze
+from fleetscope.analysis.cross_rank.outcome import (STATE_CANCELLED, STATE_COMPLETED, STATE_FAILED, STATE_HUNG,
+                                                    exit_meaning, job_outcome)
+from fleetscope.analysis.render.html import render_html
+from fleetscope.analysis.render.terminal import render_terminal
+from fleetscope.cli.render import failure_text
+from fleetscope.launcher.failures import RankFailure
+from fleetscope.traces.jobfile import write_job_record
+from fleetscope.traces.layout import RunLayout
+
+from test_analysis_helpers import KinetoBuilder
+
+CRASH = {"rank": 1, "exitcode": None, "message": "InjectedFault: injected crash on rank 1 at step 5\nmore"}
+PEER = {"rank": 0, "exitcode": None, "message": "RuntimeError: Connection closed by peer"}
+
+
+def _run(tmp_path, **record) -> RunLayout:
+    layout = RunLayout.at(tmp_path / "run")
+    layout.root.mkdir()
+    write_job_record(layout, **record)
+    return layout
+
+
+def _write_trace(builder: KinetoBuilder, layout: RunLayout) -> None:
+    """The trace where a run keeps it, gathered into the manifest as after a launch."""
+    from fleetscope.traces.gather import gather
+
+    window = layout.traces_dir / "window000"
+    window.mkdir(parents=True)
+    builder.write(window / "rank0.vm.pt.trace.json.gz")
+    gather(layout.root)
+
+
+def test_a_failed_job_names_the_rank_that_failed_first_and_its_error(tmp_path):
+    outcome = job_outcome(_run(tmp_path, status="failed", returncode=1, failures=[CRASH, PEER]), None)
+    assert (outcome.state, outcome.failed_first, outcome.then_failed) == (STATE_FAILED, 1, [0])
+    assert outcome.sentence == ("The job FAILED: rank 1 failed first: InjectedFault: injected crash on rank 1 at "
+                                "step 5; then rank(s) 0 (their peer was gone).")
+    assert not outcome.completed
+
+
+@pytest.mark.parametrize("record, state", [
+    ({"status": "failed", "returncode": 1, "failures": [{"rank": 0, "exitcode": 86, "message": "exit code 86"}]},
+     STATE_HUNG),
+    ({"status": "cancelled"}, STATE_CANCELLED),
+    ({"status": "succeeded", "returncode": 0}, STATE_COMPLETED),
+])
+def test_the_state_comes_from_the_record_and_the_hang_watchdogs_exit_status(tmp_path, record, state):
+    assert job_outcome(_run(tmp_path, **record), None).state == state
+
+
+def test_no_record_or_a_hostile_one_has_no_outcome(tmp_path):
+    assert job_outcome(None, None) is None
+    assert job_outcome(_run(tmp_path, status=["failed"], failures="x"), None) is None
+    odd = job_outcome(RunLayout.at(tmp_path / "odd"), None) if (tmp_path / "odd").mkdir() is None else None
+    assert odd is None
+    weird = _run(tmp_path / "w" if (tmp_path / "w").mkdir() is None else tmp_path, status="failed",
+                 failures=[{"rank": True, "exitcode": "86", "message": 7}, 3])
+    outcome = job_outcome(weird, None)
+    assert outcome.state == STATE_FAILED and outcome.failed_first is None and outcome.exit_code is None
+    assert outcome.sentence == "The job FAILED: a rank failed first."
+
+
+def test_exit_statuses_say_what_they_mean():
+    assert "hang watchdog" in exit_meaning(86)
+    assert "SIGKILL" in exit_meaning(137) and exit_meaning(-15) == "killed by signal 15 (SIGTERM)"
+    assert exit_meaning(None) == "" and exit_meaning(3) == ""
+    assert failure_text(RankFailure(rank=1, exitcode=86, message="exit code 86")) == \
+        "exit code 86: the hang watchdog stopped it: no step finished for observability.hang_timeout_s"
+    assert failure_text(RankFailure(rank=0, exitcode=None, message="RuntimeError: boom\nAt:\n  x")) == \
+        "RuntimeError: boom (more in its log)"
+
+
+def test_the_report_of_a_failed_job_leads_with_its_failure(tmp_path):
+    layout = _run(tmp_path, status="failed", returncode=1, failures=[CRASH, PEER])
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(2, 0, 1000.0).step(3, 1000.0, 1000.0)
+    builder.complete("aten::mm", "cpu_op", 10, 900.0).complete("aten::mm", "cpu_op", 1010, 900.0)
+    _write_trace(builder, layout)
+    report = analyze(layout.root, use_hta=False, use_cache=False, write_default_outputs=False)
+    assert not report.complete and report.state == "FAILED"
+    assert report.verdict.startswith("The job FAILED: rank 1 failed first: InjectedFault")
+    assert "What follows is of the profiled steps before it: " in report.verdict
+    assert report.problems[0].label == "job" and report.problems[0].reason == report.outcome.sentence
+    assert render_terminal(report).splitlines()[0].endswith(": FAILED")
+    assert '<span class="bad">failed</span>' in render_html(report)
+    back = json.loads(json.dumps(report.to_json()))
+    assert back["outcome"]["state"] == "failed" and back["complete"] is False
+
+
+def test_a_completed_job_reads_as_before(tmp_path):
+    layout = _run(tmp_path, status="succeeded", returncode=0)
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(2, 0, 1000.0).complete("aten::mm", "cpu_op", 10, 900.0)
+    _write_trace(builder, layout)
+    report = analyze(layout.root, use_hta=False, use_cache=False, write_default_outputs=False)
+    assert report.complete and report.state == "complete" and report.outcome.state == STATE_COMPLETED
+    assert not report.verdict.startswith("The job")
+
+
+def test_the_checker_holds_the_outcome_first(tmp_path):
+    import dataclasses
+
+    from fleetscope.analysis.invariants import check_report
+    layout = _run(tmp_path, status="failed", returncode=1, failures=[CRASH])
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(2, 0, 1000.0).complete("aten::mm", "cpu_op", 10, 900.0)
+    _write_trace(builder, layout)
+    report = analyze(layout.root, use_hta=False, use_cache=False, write_default_outputs=False)
+    assert not [p for p in check_report(report) if p.startswith("outcome")]
+    broken = dataclasses.replace(report, complete=True, verdict="rank 1 is the straggler", problems=[])
+    assert len([p for p in check_report(broken) if p.startswith("outcome")]) == 3

@@ -120,3 +120,13 @@ def test_the_checker_holds_the_outcome_first(tmp_path):
     assert not [p for p in check_report(report) if p.startswith("outcome")]
     broken = dataclasses.replace(report, complete=True, verdict="rank 1 is the straggler", problems=[])
     assert len([p for p in check_report(broken) if p.startswith("outcome")]) == 3
+
+
+def test_a_one_rank_job_gets_a_one_rank_verdict(tmp_path):
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 1000.0).kernel("gemm", 0, 600.0, launch_ts=0).kernel("gemm", 800, 200.0, launch_ts=700)
+    builder.write(tmp_path / "rank0.json.gz")
+    report = analyze(tmp_path, use_hta=False, use_cache=False, write_default_outputs=False)
+    assert "no collectives matched" not in report.verdict
+    assert "one rank (rank 0), so nobody waits for anyone: its GPU is busy 80% and idle 20%" in report.verdict
+    assert "most of the idle host busy elsewhere (0.20 ms per profiled step)" in report.verdict

@@ -312,10 +312,34 @@ def _overall_verdict(windows: list[WindowReport], summaries: list[RankSummary],
     timed = [s for s in summaries if s.step_time is not None]
     named = job_straggler(windows) is not None       # the collectives' sentence names a rank: the step times none
     parts.append(step_time_clause({s.rank: s.step_time.mean_ms for s in timed}, named))
-    parts += _pipeline_sentences(windows) or [_waited_for_sentence(windows)]
+    one_rank = len(summaries) == 1 and not sum(w.stragglers.matched_collectives for w in windows)
+    parts += ([_one_rank_sentence(windows, summaries[0])] if one_rank else
+              _pipeline_sentences(windows) or [_waited_for_sentence(windows)])
     if failures or missing_total:
         parts.append(f"partial: {len(failures)} unusable trace(s), {missing_total} missing rank trace(s)")
     return "; ".join(p for p in parts if p) + "."
+
+
+def _one_rank_sentence(windows: list[WindowReport], rank: RankSummary) -> str:
+    """One rank: no one waits for anyone, so the verdict is where its step goes (busy and idle on its basis, the
+    idle's largest cause per profiled step)."""
+    if rank.busy_pct is None or rank.idle_pct is None:
+        return f"one rank (rank {rank.rank}): nobody waits at collectives; no utilization to say where its step goes"
+    basis = "GPU" if rank.basis == "gpu" else "CPU"
+    causes: dict[str, float] = {}
+    steps = 0
+    for window in windows:
+        for result in window.ranks:
+            stalls = result.host_stalls
+            if stalls is not None and stalls.steps:
+                steps += len(stalls.steps)
+                for cause, us in stalls.idle_by_cause_us.items():
+                    causes[cause] = causes.get(cause, 0.0) + us
+    top = max(causes.items(), key=lambda item: item[1], default=None)
+    cause = (f", most of the idle {top[0]} ({top[1] / 1000 / steps:.2f} ms per profiled step)"
+             if top is not None and steps and top[1] > 0 else "")
+    return (f"one rank (rank {rank.rank}), so nobody waits for anyone: its {basis} is busy {rank.busy_pct:.0f}% and "
+            f"idle {rank.idle_pct:.0f}% of its profiled steps{cause}")
 
 
 def _pipeline_sentences(windows: list[WindowReport]) -> list[str]:

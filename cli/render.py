@@ -8,6 +8,8 @@ from pathlib import Path
 from ..launcher.failures import RankFailure
 from ..launcher.runs import recorded_anything
 from ..analysis.cross_rank.outcome import exit_meaning
+from ..analysis.quantities import step_ranges
+from ..launcher.progress import RECENT_STEPS, RunProgress
 from ..launcher.scheduler import RunStatus, Submission
 from ..launcher.schedulers.local import RecordedRunStatus
 from ..launcher.schedulers.slurm import SlurmJobStatus, SlurmRunStatus
@@ -107,6 +109,40 @@ def failure_text(failure: RankFailure) -> str:
     else:
         code = f": {meaning}" if meaning else ""
     return f"{message}{code}{more}"
+
+
+def render_progress(progress: RunProgress | None) -> list[str]:
+    """The run's progress from its step records (launcher/progress.py)."""
+    if progress is None:
+        return [_row("progress", "no step finished yet (no step records)")]
+    total = f" (the run's steps: 0-{progress.total_steps - 1})" if progress.total_steps else ""
+    ahead = f"; the furthest rank is at step {progress.front_step}" if progress.front_step > progress.done_step else ""
+    slowest = progress.slowest
+    time = f"{slowest.step_time_ms:.2f} ms" if slowest.step_time_ms is not None else "no time recorded"
+    lines = [_row("progress", f"step {progress.done_step} done on every rank{total}{ahead}"),
+             _row("slowest rank", f"rank {slowest.rank}: at step {slowest.step}, its last step {time}")]
+    if progress.pace_ms is not None:
+        eta = progress.eta_s
+        left = f"; {_duration_text(eta)} left at that pace" if eta is not None and eta > 0 else ""
+        lines.append(_row("pace", f"{1000.0 / progress.pace_ms:.2f} steps/s ({progress.pace_ms:.2f} ms a step, median "
+                                  f"of the last {RECENT_STEPS} unprofiled steps, slowest rank per step){left}"))
+    if progress.profiled_steps:
+        lines.append(_row("profiler on", f"in steps {step_ranges(progress.profiled_steps)} so far"))
+    shown = ", ".join(f"{r.rank}: {r.step_time_ms:.1f} ms" for r in progress.ranks[:LISTED_TASKS]
+                      if r.step_time_ms is not None)
+    if shown:
+        more = f" (+{len(progress.ranks) - LISTED_TASKS} more)" if len(progress.ranks) > LISTED_TASKS else ""
+        lines.append(_row("last step", f"per rank {shown}{more}"))
+    lines += [_row("note", note) for note in progress.notes]
+    return lines
+
+
+def _duration_text(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _failure_lines(failures: list[RankFailure]) -> list[str]:

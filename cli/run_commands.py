@@ -10,7 +10,9 @@ from ..launcher.runs import cancel_run, log_files, run_status, scheduler_of_run
 from ..traces.fanout import fanout_states
 from ..traces.layout import RunLayout
 from .exit_codes import EXIT_FAILED, EXIT_OK, exit_code
-from .render import render_fanouts, render_status
+from ..launcher.progress import run_progress
+from ..traces.jobfile import read_job_record
+from .render import render_fanouts, render_progress, render_status
 
 
 def register_status(sub: argparse._SubParsersAction) -> None:
@@ -24,9 +26,19 @@ def handle_status(args: argparse.Namespace) -> int:
     status = run_status(args.run_dir)
     print(render_status(status))
     layout = RunLayout.at(args.run_dir)
+    for line in render_progress(run_progress(layout, recorded_steps(layout))):
+        print(line)
     for line in render_fanouts(layout, fanout_states(layout)):
         print(line)
     return exit_code(status.verdict)
+
+
+def recorded_steps(layout: RunLayout) -> int | None:
+    """The steps the run was launched for (job.json spec.train.steps); None where the record does not say."""
+    spec = read_job_record(layout).get("spec")
+    train = spec.get("train") if isinstance(spec, dict) else None
+    steps = train.get("steps") if isinstance(train, dict) else None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
 
 
 def register_logs(sub: argparse._SubParsersAction) -> None:
@@ -71,7 +83,8 @@ def handle_logs(args: argparse.Namespace) -> int:
 
 
 def register_cancel(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("cancel", help="cancel a run's Slurm jobs (training and post-processing)")
+    parser = sub.add_parser("cancel", help="cancel a run: its Slurm jobs (training and post-processing), or a "
+                                           "local run's torchrun")
     parser.add_argument("run_dir", help="the run directory")
     parser.add_argument("--no-postprocess", action="store_true",
                         help="cancel the post-processing job too (by default it still gathers, analyzes and "
@@ -81,7 +94,11 @@ def register_cancel(sub: argparse._SubParsersAction) -> None:
 
 def handle_cancel(args: argparse.Namespace) -> int:
     cancelled = cancel_run(args.run_dir, postprocess_too=args.no_postprocess)
-    print(f"fleetscope: cancelled Slurm job(s) {' '.join(cancelled)}")
+    if scheduler_of_run(RunLayout.at(args.run_dir)).name == "local":
+        print(f"fleetscope: stopping the local run: SIGTERM sent to {' '.join(cancelled)}; its launch records "
+              "'cancelled' once its ranks have stopped")
+    else:
+        print(f"fleetscope: cancelled Slurm job(s) {' '.join(cancelled)}")
     return EXIT_OK
 
 

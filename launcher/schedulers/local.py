@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import socket
 import shlex
 import subprocess
 import sys
@@ -73,15 +75,18 @@ class LocalResult:
         return self.returncode == 0
 
 
-def run_local(plan: LocalPlan) -> LocalResult:
+def run_local(plan: LocalPlan, on_start=None) -> LocalResult:
     """Run torchrun in the foreground; on failure, collect which ranks failed and why. A user's program
-    starts in its workdir, and the traces it wrote itself are collected once it is over (any outcome)."""
+    starts in its workdir, and the traces it wrote itself are collected once it is over (any outcome).
+    `on_start(pid)` once torchrun runs (the record `cancel` finds it by)."""
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     entry = plan.spec.entry
     layout = RunLayout.at(plan.run_dir)
     try:
         with subprocess.Popen(plan.argv, env={**os.environ, **plan.env}, cwd=entry.workdir if entry is not None else None,
                               stderr=subprocess.PIPE, text=True, errors="replace") as torchrun:
+            if on_start is not None:
+                on_start(torchrun.pid)
             pass_stderr(torchrun.stderr, sys.stderr, layout.logs_dir / TORCHRUN_STDERR)
             returncode = torchrun.wait()
     except OSError as error:
@@ -94,6 +99,37 @@ def run_local(plan: LocalPlan) -> LocalResult:
     failures = (collect_failures(layout.logs_dir)
                 or summary_failures([layout.logs_dir / TORCHRUN_STDERR]))
     return LocalResult(returncode=returncode, failures=failures)
+
+
+def launcher_record(pid: int) -> dict[str, Any]:
+    """What `cancel` needs to find the launch again, and to tell it from another process that got its pid."""
+    return {"pid": pid, "host": socket.gethostname(), "started": _process_start(pid)}
+
+
+def running_launch(layout: RunLayout, launcher: object) -> int:
+    """The pid of this run's torchrun, still running on this host; ConfigError saying why not."""
+    if not isinstance(launcher, dict) or not isinstance(launcher.get("pid"), int) or isinstance(launcher.get("pid"), bool):
+        raise ConfigError(f"{layout.root}: job.json names no torchrun process (launched by an older fleetscope, or "
+                          "the launch is still starting): stop it with Ctrl-C where it runs")
+    pid, host = launcher["pid"], launcher.get("host")
+    if host != socket.gethostname():
+        raise ConfigError(f"{layout.root}: the run's torchrun runs on {host!r}, not on this host: cancel it there")
+    started = _process_start(pid)
+    if started is None or started != launcher.get("started"):
+        raise ConfigError(f"{layout.root}: torchrun (pid {pid}) is no longer running (the launch ended without "
+                          "recording its end, or the pid belongs to another process now): nothing to cancel")
+    return pid
+
+
+def _process_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the pid, it names one
+    process (a pid reused later starts later). None where the process or /proc is not there."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
 
 
 EXEC_FAILED = 127
@@ -246,14 +282,16 @@ class LocalScheduler:
         write_job_record(layout, **spec_record(plan.spec), plan=plan.to_json(), status="running",
                          started_at=now_iso())
         try:
-            result = run_local(plan)
+            result = run_local(plan, on_start=lambda pid: write_job_record(layout, launcher=launcher_record(pid)))
         except BaseException:
             # Ctrl-C or a crash of the launch itself: the record must not say "running" forever
             write_job_record(layout, status="failed", returncode=None, finished_at=now_iso(),
                              failures=[{"rank": 0, "exitcode": None, "message": "the launch was interrupted"}])
             raise
-        write_job_record(layout, status="succeeded" if result.ok else "failed", returncode=result.returncode,
-                         failures=[vars(f) for f in result.failures], finished_at=now_iso())
+        cancelled = "cancel_requested_at" in read_job_record(layout)
+        write_job_record(layout, status="succeeded" if result.ok else ("cancelled" if cancelled else "failed"),
+                         returncode=result.returncode, failures=[vars(f) for f in result.failures],
+                         finished_at=now_iso())
         return Submission(scheduler=self.name, finished=True, succeeded=result.ok, failures=result.failures,
                           detail=f"torchrun exit code {result.returncode}")
 
@@ -262,4 +300,16 @@ class LocalScheduler:
                                       or summary_failures([layout.logs_dir / TORCHRUN_STDERR]))
 
     def cancel(self, layout: RunLayout, *, postprocess_too: bool = False) -> list[str]:
-        raise ConfigError(f"{layout.root}: a local run ends with the launch command (Ctrl-C); nothing to cancel")
+        """Stop a running local job: SIGTERM to the torchrun its launch recorded (torchrun stops its ranks,
+        which dump their Flight Recorder and keep their traces), once that process is shown to be this run's."""
+        record = read_job_record(layout)
+        if record.get("status") != "running":
+            raise ConfigError(f"{layout.root}: the run is not running (job.json status "
+                              f"{record.get('status', 'unknown')!r}): nothing to cancel")
+        pid = running_launch(layout, record.get("launcher"))
+        write_job_record(layout, cancel_requested_at=now_iso())
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            raise ConfigError(f"{layout.root}: torchrun (pid {pid}) ended before it could be stopped") from None
+        return [f"torchrun (pid {pid})"]

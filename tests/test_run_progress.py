@@ -1,0 +1,122 @@
+"""`fleetscope status` shows a run's progress from its step records: the step every rank finished, the slowest
+rank, the pace and the time left, the steps the profiler ran in."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleetscope.cli.main import main
+from fleetscope.launcher.progress import run_progress
+from fleetscope.traces.jobfile import write_job_record
+from fleetscope.traces.layout import RunLayout
+
+
+def _records(layout: RunLayout, rank: int, steps: range, ms: float, profiled: tuple[int, ...] = ()) -> None:
+    layout.metrics_dir.mkdir(parents=True, exist_ok=True)
+    lines = [dict(step=s, rank=rank, loss=1.0, step_time_ms=ms * (3 if s in profiled else 1), data_ms=1.0,
+                  forward_ms=1.0, backward_ms=1.0, optimizer_ms=1.0, tokens_per_s=1.0, profiled=s in profiled)
+             for s in steps]
+    layout.metrics_file(rank).write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_progress_is_the_slowest_ranks_with_the_pace_of_recent_unprofiled_steps(tmp_path):
+    layout = RunLayout.at(tmp_path)
+    _records(layout, 0, range(0, 41), 100.0, profiled=(10, 11))
+    _records(layout, 1, range(0, 38), 120.0, profiled=(10, 11))
+    progress = run_progress(layout, total_steps=100)
+    assert (progress.done_step, progress.front_step, progress.slowest.rank) == (37, 40, 1)
+    assert progress.pace_ms == 120.0                 # per step the slowest rank's time, profiled steps left out
+    assert progress.eta_s == pytest.approx(62 * 0.120)
+    assert progress.profiled_steps == [10, 11]
+
+
+def test_status_prints_the_progress_and_names_a_records_problem(tmp_path, capsys):
+    layout = RunLayout.at(tmp_path / "run")
+    layout.root.mkdir()
+    write_job_record(layout, scheduler="local", status="running", spec={"train": {"steps": 50}})
+    _records(layout, 0, range(0, 21), 50.0, profiled=(5, 6))
+    layout.metrics_file(1).parent.mkdir(exist_ok=True)
+    (layout.metrics_dir / "rank1.jsonl").symlink_to("/etc/passwd")   # a record that leads out of the run
+    assert main(["status", str(layout.root)]) == 0
+    out = capsys.readouterr().out
+    assert "step 20 done on every rank (the run's steps: 0-49)" in out
+    assert "20.00 steps/s (50.00 ms a step" in out and "1 s left at that pace" in out
+    assert "in steps 5-6 so far" in out and "rank1.jsonl: not read" in out
+
+
+def test_a_run_without_records_says_no_step_finished(tmp_path, capsys):
+    layout = RunLayout.at(tmp_path / "run")
+    layout.root.mkdir()
+    write_job_record(layout, scheduler="local", status="running")
+    assert main(["status", str(layout.root)]) == 0
+    assert "no step finished yet" in capsys.readouterr().out
+
+
+# --- cancel of a local run ----------------------------------------------------------------------------
+
+
+def _running(tmp_path, launcher) -> RunLayout:
+    layout = RunLayout.at(tmp_path / "run")
+    layout.root.mkdir()
+    write_job_record(layout, scheduler="local", status="running", launcher=launcher)
+    return layout
+
+
+@pytest.mark.parametrize("launcher, status, message", [
+    (None, "running", "names no torchrun process"),
+    ({"pid": 1, "host": "elsewhere", "started": 1}, "running", "runs on 'elsewhere', not on this host"),
+    ({"pid": 2**22 + 7, "host": None, "started": 5}, "running", "is no longer running"),
+    ({"pid": 1, "host": None, "started": 1}, "succeeded", "the run is not running"),
+])
+def test_cancel_of_a_local_run_refuses_what_is_not_its_running_torchrun(tmp_path, capsys, launcher, status,
+                                                                         message):
+    import socket
+    if launcher is not None and launcher["host"] is None:
+        launcher = {**launcher, "host": socket.gethostname()}
+    layout = _running(tmp_path, launcher)
+    write_job_record(layout, status=status)
+    assert main(["cancel", str(layout.root)]) == 2
+    assert message in capsys.readouterr().err
+    assert "cancel_requested_at" not in json.loads(layout.job_file.read_text())
+
+
+def test_a_reused_pid_is_not_the_runs_torchrun(tmp_path, capsys):
+    import os
+    import socket
+
+    from fleetscope.launcher.schedulers.local import launcher_record
+    mine = launcher_record(os.getpid())
+    layout = _running(tmp_path, {**mine, "started": mine["started"] - 1, "host": socket.gethostname()})
+    assert main(["cancel", str(layout.root)]) == 2 and "is no longer running" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cancel_stops_a_running_local_launch_and_it_ends_cancelled(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    launch = subprocess.Popen([sys.executable, "-m", "fleetscope.cli.main", "launch", "--nproc-per-node", "1",
+                               "--device", "cpu", "--steps", "100000", "--run-dir", str(run), "--profile", "off"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, records = time.monotonic() + 240, run / "metrics" / "rank0.jsonl"
+        while time.monotonic() < deadline and (not records.is_file() or records.read_text().count("\n") < 3):
+            time.sleep(0.5)
+        assert records.is_file() and records.read_text().count("\n") >= 3, "3 steps not done in 4 minutes"
+        status = subprocess.run([sys.executable, "-m", "fleetscope.cli.main", "status", str(run)],
+                                capture_output=True, text=True, timeout=120)
+        assert "done on every rank (the run's steps: 0-99999)" in status.stdout and "left at that pace" in status.stdout
+        cancel = subprocess.run([sys.executable, "-m", "fleetscope.cli.main", "cancel", str(run)],
+                                capture_output=True, text=True, timeout=120)
+        assert cancel.returncode == 0 and "SIGTERM sent to torchrun (pid" in cancel.stdout, cancel.stderr
+        launch.wait(timeout=240)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    assert launch.returncode != 0
+    record = json.loads((run / "job.json").read_text())
+    assert record["status"] == "cancelled" and "cancel_requested_at" in record

@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from fleetscope.analysis.job_identity import DifferentJobs, differences_text, identity_differences, job_identity
@@ -253,9 +253,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
 
 
-def run_values(run_dir: str | Path) -> dict[str, float]:
-    """Gated metric -> the run's value on its own (a side of one run; what `history` prints)."""
-    samples = step_samples(Path(run_dir))
+def run_values(run_dir: str | Path, steady: dict[int, list[dict]] | None = None) -> dict[str, float]:
+    """Gated metric -> the run's value on its own (a side of one run; what `history` prints); `steady`: its
+    steady records where the caller has read them."""
+    samples = step_samples(Path(run_dir), steady)
     step = _pooled_median([samples[STEP_TIME]] if STEP_TIME in samples else [])
     values = {}
     for metric in GATED:
@@ -275,9 +276,12 @@ def _rate(per_step: float | None, step_ms: float | None) -> float | None:
 
 
 def gate(base_runs: list[str | Path], new_runs: list[str | Path], *, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
-         allow_env_change: bool = False, seed: int = DEFAULT_SEED, allow_different_jobs: bool = False) -> GateResult:
+         allow_env_change: bool = False, seed: int = DEFAULT_SEED, allow_different_jobs: bool = False,
+         read: SteadyReader | None = None) -> GateResult:
     """Gate NEW against BASE (each a list of run directories); `GateResult.exit_code` is the CI answer. Runs of
-    different jobs (job_identity.py) raise DifferentJobs (exit 2) unless `allow_different_jobs`."""
+    different jobs (job_identity.py) raise DifferentJobs (exit 2) unless `allow_different_jobs`. `read(run)`
+    gives a run's steady records (read_steady_metrics; a caller gating the same runs many times, as history
+    does, passes one that reads each run once)."""
     if not isinstance(threshold_pct, (int, float)) or not math.isfinite(threshold_pct) or threshold_pct <= 0:
         raise ValueError(f"threshold_pct must be a finite number > 0, got {threshold_pct!r}")
     if not base_runs or not new_runs:
@@ -297,25 +301,33 @@ def gate(base_runs: list[str | Path], new_runs: list[str | Path], *, threshold_p
                           environment_differences=differences, refused=True, notes=notes)
     if differences:
         notes.append("environments differ (compared anyway, --allow-env-change): " + ", ".join(differences))
-    metrics, measured = gate_metrics(base_runs, new_runs, threshold_pct=threshold_pct, seed=seed)
+    metrics, measured = gate_metrics(base_runs, new_runs, threshold_pct=threshold_pct, seed=seed, read=read)
     return GateResult(base_runs=names[0], new_runs=names[1], threshold_pct=threshold_pct, metrics=metrics,
                       environment_differences=differences, notes=notes + measured)
 
 
 def gate_metrics(base_runs: list[str | Path], new_runs: list[str | Path], *, threshold_pct: float,
-                 seed: int = DEFAULT_SEED) -> tuple[list[MetricGate], list[str]]:
+                 seed: int = DEFAULT_SEED, read: SteadyReader | None = None) -> tuple[list[MetricGate], list[str]]:
     """Every gated metric of NEW against BASE, and notes (bad metrics files, ranks left out, metrics not
     gated); what gate() measures once the jobs and environments are checked."""
-    base, new, notes = _samples_of_runs(base_runs, new_runs)
+    base, new, notes = _samples_of_runs(base_runs, new_runs, read or read_run_metrics)
     metrics = _metric_gates(base, new, threshold_pct, np.random.default_rng(seed))
     return metrics, notes + [f"{m.name}: not gated ({m.reason})" for m in metrics if not m.gated and m.reason]
 
 
-def _samples_of_runs(base_runs: list[str | Path], new_runs: list[str | Path]) -> tuple[
+SteadyReader = Callable[[Path], tuple[dict[int, list[dict]], list[str]]]
+"""A run directory -> its steady records and notes (read_run_metrics)."""
+
+
+def read_run_metrics(run: Path) -> tuple[dict[int, list[dict]], list[str]]:
+    return read_steady_metrics(RunLayout.at(run))
+
+
+def _samples_of_runs(base_runs: list[str | Path], new_runs: list[str | Path], reader: SteadyReader) -> tuple[
         list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], list[str]]:
     """Each side's per-run samples over the shared ranks, and notes on bad metrics files and ranks left out."""
     runs = [*base_runs, *new_runs]
-    read = [read_steady_metrics(RunLayout.at(r)) for r in runs]
+    read = [reader(Path(r)) for r in runs]
     steady, rank_notes = shared_ranks([s for s, _ in read], [str(r) for r in runs])
     samples = [step_samples(Path(r), s) for r, s in zip(runs, steady)]
     read_notes = [f"{run}: {note}" for run, (_, notes) in zip(runs, read) for note in notes]
@@ -446,14 +458,61 @@ def _reason(large: bool, beyond_noise: bool, sustained: bool, threshold_pct: flo
 
 def _bootstrap_interval(base_runs: list[np.ndarray], new_runs: list[np.ndarray],
                         rng: np.random.Generator) -> tuple[float, float]:
-    changes = np.empty(BOOTSTRAP_RESAMPLES)
-    for index in range(BOOTSTRAP_RESAMPLES):
-        base = np.median(_resample(base_runs, rng))
-        changes[index] = _change_pct(float(base), float(np.median(_resample(new_runs, rng)))) if base else 0.0
+    base = _resampled_medians(base_runs, rng, BOOTSTRAP_RESAMPLES)
+    new = _resampled_medians(new_runs, rng, BOOTSTRAP_RESAMPLES)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        changes = np.where(base != 0, 100.0 * (new - base) / np.abs(base), 0.0)
     low, high = np.percentile(changes, INTERVAL_PERCENTILES)
     return float(low), float(high)
 
 
-def _resample(runs: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
-    chosen = rng.integers(0, len(runs), size=len(runs))
-    return np.concatenate([rng.choice(runs[i], size=runs[i].size, replace=True) for i in chosen])
+RESAMPLED_VALUES_PER_CHUNK = 4_000_000
+"""Values drawn at once by _resampled_medians (bounds its memory on runs of many steps)."""
+
+
+def _resampled_medians(runs: list[np.ndarray], rng: np.random.Generator, count: int) -> np.ndarray:
+    """`count` bootstrap medians of one side (module docstring: runs with replacement, then steps with
+    replacement within each drawn run, pooled), drawn as arrays: no Python loop over resamples."""
+    sizes = np.array([run.size for run in runs])
+    flat = np.concatenate(runs).astype(np.float64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    per_resample = max(int(sizes.max()) * len(runs), 1)
+    chunk = max(1, RESAMPLED_VALUES_PER_CHUNK // per_resample)
+    return np.concatenate([_medians_of_draws(flat, sizes, offsets, rng, min(chunk, count - done))
+                           for done in range(0, count, chunk)])
+
+
+def _medians_of_draws(flat: np.ndarray, sizes: np.ndarray, offsets: np.ndarray, rng: np.random.Generator,
+                      count: int) -> np.ndarray:
+    chosen = rng.integers(0, sizes.size, size=(count, sizes.size))     # the runs each resample draws
+    if np.all(sizes == sizes[0]):       # runs of one length (the usual case): every resample has as many values
+        steps = rng.integers(0, sizes[0], size=(count, sizes.size, int(sizes[0])))
+        drawn_values = flat[offsets[chosen][:, :, None] + steps].reshape(count, -1)
+        middle = (drawn_values.shape[1] - 1) // 2
+        kth = [middle, middle + 1] if drawn_values.shape[1] % 2 == 0 else [middle]
+        parted = np.partition(drawn_values, kth, axis=1)
+        return parted[:, kth].mean(axis=1)
+    drawn = sizes[chosen]                                               # the steps each of them brings
+    totals = drawn.sum(axis=1)
+    run_of_value = np.repeat(chosen.ravel(), drawn.ravel())
+    picks = offsets[run_of_value] + (rng.random(run_of_value.size) * sizes[run_of_value]).astype(np.int64)
+    return _row_medians(flat[picks], totals)
+
+
+def _row_medians(values: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    """The median of each row of `values` (rows of `totals` lengths, one after the other), by one partition of a
+    matrix: each row is padded with -inf before and +inf after so that its own lower median sits in the same
+    column in every row (and its upper median in the next)."""
+    lower = (totals - 1) // 2
+    column = int(lower.max())
+    before = column - lower
+    width = int((before + totals).max())
+    matrix = np.full((totals.size, width), np.inf)
+    matrix[np.arange(width)[None, :] < before[:, None]] = -np.inf
+    rows = np.repeat(np.arange(totals.size), totals)
+    starts = np.concatenate([[0], np.cumsum(totals)[:-1]])
+    matrix[rows, before[rows] + np.arange(values.size) - starts[rows]] = values
+    kth = [column, column + 1] if column + 1 < width else [column]
+    parted = np.partition(matrix, kth, axis=1)
+    upper = parted[:, column + 1] if column + 1 < width else parted[:, column]
+    return np.where(totals % 2 == 1, parted[:, column], (parted[:, column] + upper) / 2.0)

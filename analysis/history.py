@@ -11,11 +11,12 @@ against nothing and says so (`job_note`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from fleetscope.analysis.gate import DEFAULT_SEED, DEFAULT_THRESHOLD_PCT, GATED, gate, run_values
+from fleetscope.analysis.gate import DEFAULT_SEED, DEFAULT_THRESHOLD_PCT, GATED, gate, read_run_metrics, run_values
 from fleetscope.analysis.job_identity import differences_text, identity_differences, job_identity
 from fleetscope.traces.jobfile import read_job_record
 from fleetscope.traces.layout import RunLayout
@@ -79,12 +80,14 @@ def history(root: str | Path, *, threshold_pct: float = DEFAULT_THRESHOLD_PCT, s
     runs = sorted(find_runs(Path(root)), key=lambda r: (run_date(r), str(r)))
     entries = []
     identities = [job_identity(run) for run in runs]
+    read = functools.lru_cache(maxsize=None)(read_run_metrics)   # each run's records once, for every gate it is in
     for index, run in enumerate(runs):
-        medians = run_values(run)  # the gate's values of a side of one run (tokens/s over its step time)
+        medians = run_values(run, read(Path(run))[0])  # the gate's values of a side of one run (tokens/s over its step time)
         regressions, note = [], ""
         same = [runs[i] for i in range(index) if not identity_differences([identities[i], identities[index]])]
         if same:
-            result = gate(same[-BASELINE_RUNS:], [run], threshold_pct=threshold_pct, allow_env_change=True, seed=seed)
+            result = gate(same[-BASELINE_RUNS:], [run], threshold_pct=threshold_pct, allow_env_change=True, seed=seed,
+                          read=read)
             regressions = [m.name for m in result.regressions]
         elif index:
             note = ("a different job from the runs before it, not gated: "

@@ -130,3 +130,16 @@ def test_a_one_rank_job_gets_a_one_rank_verdict(tmp_path):
     assert "no collectives matched" not in report.verdict
     assert "one rank (rank 0), so nobody waits for anyone: its GPU is busy 80% and idle 20%" in report.verdict
     assert "most of the idle host busy elsewhere (0.20 ms per profiled step)" in report.verdict
+
+
+def test_missing_ranks_of_a_merge_read_as_one_line_of_ranges(tmp_path):
+    from fleetscope.analysis.merge.sources import find_merge_inputs
+    from fleetscope.cli.merge_messages import describe_problems
+    for rank in (0, 1):           # two traces of a job that declares 128 ranks
+        builder = KinetoBuilder(rank=rank, world_size=128)
+        builder.step(1, 0, 1000.0).complete("aten::mm", "cpu_op", 10, 900.0)
+        builder.write(tmp_path / f"rank{rank}.json.gz")
+    lines = describe_problems(find_merge_inputs(tmp_path).problems)
+    assert "problem: no trace: 64 rank(s) (2-65)" in lines
+    assert "problem: 126 rank trace(s) missing in all; the first 64 are listed" in lines
+    assert len(lines) == 2 and not any("None" in line for line in lines)

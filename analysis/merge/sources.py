@@ -179,8 +179,12 @@ def find_merge_inputs(path: str | Path, *, offsets_ns: Mapping[int, int] | None 
     placement = place_traces(inputs, outcomes)
     by_label = {source.label: source for source in inputs.sources}
     problems = [_failure_problem(f, by_label) for f in inputs.failures + placement.failures]
-    problems += [MergeProblem(rank=m.rank, reason=f"no trace for rank {m.rank} in window {m.window}")
+    # the reason names no rank: problems that differ only by rank read as one line with rank ranges
+    problems += [MergeProblem(rank=m.rank, reason="no trace" + (f" in window {m.window}" if m.window is not None else ""))
                  for m in placement.missing]
+    if placement.missing_total > len(placement.missing):
+        problems.append(MergeProblem(reason=f"{placement.missing_total} rank trace(s) missing in all; the first "
+                                            f"{len(placement.missing)} are listed"))
     problems += [MergeProblem(reason=f"clock offset not used: {p}") for p in inputs.clock_problems]
     offsets = {rank: (round(m.offset_us * 1000), CLOCK_FILE) for rank, m in inputs.measured_offsets.items()}
     offsets.update({rank: (int(offset), CLOCK_GIVEN) for rank, offset in dict(offsets_ns or {}).items()})

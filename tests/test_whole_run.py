@@ -222,6 +222,13 @@ def test_the_slow_rank_is_named_with_its_steps_size_and_lateness(tmp_path):
     assert {c.rank for c in section.changes} == {SLOW_RANK}
     assert [(w.first_step, w.last_step) for w in section.windows] == [(100, 102)]
     assert section.steady_steps == 1000 - 1 - 3 and "steady steps 1-99, 103-999" in section.basis
+    # once the job has ended, `profile` cannot reach it: the window to record is a relaunch's schedule
+    from fleetscope.traces.jobfile import write_job_record
+    write_job_record(layout, status="succeeded")
+    (ended,) = whole_run_section(layout).slow_ranks
+    assert "fleetscope profile" not in ended.sentence
+    assert f"the job has ended: relaunch it with --profile skip_first={ended.from_step - 1},wait=0,warmup=1," \
+           f"active=3,repeat=1 to record steps {ended.from_step}-{ended.from_step + 2}" in ended.sentence
 
 
 def test_a_slow_stretch_covered_by_a_window_names_it_and_one_to_the_end_says_so(tmp_path):

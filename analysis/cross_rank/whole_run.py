@@ -60,6 +60,7 @@ from fleetscope.analysis.quantities import BASIS_STEP_METRICS, SLOWEST_RANK, ste
 from fleetscope.traces.change_points import MIN_SEGMENT_STEPS, Segment, segment_levels
 from fleetscope.traces.clock import read_clock_offsets
 from fleetscope.traces.formats import read_metric_records
+from fleetscope.traces.jobfile import FINAL_STATUSES, read_job_record
 from fleetscope.traces.layout import RunLayout
 from fleetscope.traces.safe_read import OPEN_FLAGS, entry_problem
 from fleetscope.traces.timeline import (
@@ -807,10 +808,11 @@ def _analyzed(layout: RunLayout, run_command_dir: str | None, check_records: boo
     first = min(run[0] for s in sources.values() for run in s.runs)
     last = max(run[0] + run[2] - 1 for s in sources.values() for run in s.runs)
     acc = _pass(sources, first, last)
-    return _section(acc, sources, notes, run_command_dir or str(layout.root))
+    return _section(acc, sources, notes, RecordSuggestion(run_dir=run_command_dir or str(layout.root),
+                                                          ended=_job_ended(layout)))
 
 
-def _section(acc: _Accumulated, sources: dict[int, _Source], notes: list[str], run_dir: str) -> WholeRun:
+def _section(acc: _Accumulated, sources: dict[int, _Source], notes: list[str], run_dir: RecordSuggestion) -> WholeRun:
     steady = np.flatnonzero(~np.isnan(acc.slowest_ms))
     step_numbers = acc.first_step + steady
     windows = _windows(acc)
@@ -901,7 +903,7 @@ class _Size:
 
 
 def _slow_ranks(acc: _Accumulated, index: int, source: _Source, segments: list[Segment],
-                windows: list[tuple[int, int]], run_dir: str) -> list[SlowRank]:
+                windows: list[tuple[int, int]], run_dir: RecordSuggestion) -> list[SlowRank]:
     found = []
     rank_last = segments[-1].end_step if segments else None
     raised = [s for s in segments if s.level >= 1.0 + SLOW_EXCESS * _smallest_share(acc.weights[index])
@@ -1033,7 +1035,7 @@ def _adjacent(before: Segment, after: Segment, segments: list[Segment]) -> bool:
     return not any(before.end_step < s.start_step < after.start_step for s in segments)
 
 
-def _with_slow_sentence(finding: SlowRank, run_dir: str) -> SlowRank:
+def _with_slow_sentence(finding: SlowRank, run_dir: RecordSuggestion) -> SlowRank:
     until = "to the end" if finding.to_the_end else f"to step {finding.to_step:,}"
     parts = [f"rank {finding.rank} slow from step {finding.from_step:,} ({until}): {finding.signal} "
              f"{finding.excess_ms:+.1f} ms over its peers' median, {finding.excess_pct:+.0f}% of the median rank's "
@@ -1048,8 +1050,32 @@ def _with_slow_sentence(finding: SlowRank, run_dir: str) -> SlowRank:
     if finding.windows:
         parts.append("covered by a window (" + ", ".join(finding.windows) + ")")
     else:
-        parts.append(f"no profiled window covers it: fleetscope profile {run_dir} --steps {PROFILE_STEPS}")
+        parts.append(f"no profiled window covers it: {run_dir.to_record(finding.from_step)}")
     return dataclasses.replace(finding, sentence="; ".join(parts))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordSuggestion:
+    """How a user records a window of this run: `fleetscope profile` while the job runs; once it has ended, a
+    relaunch whose schedule covers the steps in question (`profile` can no longer reach it)."""
+
+    run_dir: str
+    ended: bool
+
+    def to_record(self, step: int) -> str:
+        if not self.ended:
+            return f"fleetscope profile {self.run_dir} --steps {PROFILE_STEPS} records a window"
+        skip = max(step - 1, 0)
+        return (f"the job has ended: relaunch it with --profile skip_first={skip},wait=0,warmup=1,"
+                f"active={PROFILE_STEPS},repeat=1 to record steps {skip + 1}-{skip + PROFILE_STEPS}")
+
+
+def _job_ended(layout: RunLayout) -> bool:
+    """job.json records a final status (or the record cannot be read: no running job to reach either)."""
+    try:
+        return read_job_record(layout).get("status") in FINAL_STATUSES
+    except ValueError:
+        return True
 
 
 def _everyone_waits(finding: SlowRank) -> bool:
@@ -1088,9 +1114,9 @@ def _heatmap(acc: _Accumulated, total: str, count: str, quantity: str) -> Heatma
                    values=values)
 
 
-def _with_sentences(section: WholeRun, acc: _Accumulated, steady: np.ndarray, run_dir: str) -> WholeRun:
+def _with_sentences(section: WholeRun, acc: _Accumulated, steady: np.ndarray, run_dir: RecordSuggestion) -> WholeRun:
     drift = _drift_sentence(section.windows)
-    representative = _representative_sentence(section.windows, run_dir)
+    representative = _representative_sentence(section.windows, run_dir, acc.first_step + acc.steps // 2)
     if section.slow_ranks:
         worst = max(section.slow_ranks, key=lambda s: s.excess_pct * s.steps)
         ranks = len({s.rank for s in section.slow_ranks})
@@ -1112,11 +1138,10 @@ def _drift_sentence(windows: list[WindowCheck]) -> str:
             f"({change:+.1f}%; {BASIS_STEP_METRICS} (timeline), {SLOWEST_RANK})")
 
 
-def _representative_sentence(windows: list[WindowCheck], run_dir: str) -> str:
+def _representative_sentence(windows: list[WindowCheck], run_dir: RecordSuggestion, middle_step: int) -> str:
     placed = [w for w in windows if w.percentile_pct is not None]
     if not placed:
-        return (f"no profiled step in the timelines: no window to compare; fleetscope profile {run_dir} "
-                f"--steps {PROFILE_STEPS} records one")
+        return f"no profiled step in the timelines: no window to compare; {run_dir.to_record(middle_step)}"
     parts = [f"{window_label(w.first_step, w.last_step)}: {w.median_ms:.2f} ms, percentile "
              f"{w.percentile_pct:.0f} of the run's steady steps" for w in placed]
     typical = all(10.0 <= w.percentile_pct <= 90.0 for w in placed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import difflib
 import inspect
 import json
 import textwrap
@@ -72,8 +73,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def handle_config(args: argparse.Namespace) -> int:
     fields = [f for f in field_docs() if f.key.startswith(args.prefix)]
     if not fields:
-        raise UsageError(f"no field starts with {args.prefix!r} (sections: "
-                         f"{', '.join(sorted({f.key.split('.')[0] for f in field_docs()}))})")
+        keys = [f.key for f in field_docs()]
+        words = sorted({k.split(".")[0] for k in keys} | {".".join(k.split(".")[:2]) for k in keys})
+        close = difflib.get_close_matches(args.prefix, words, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise UsageError(f"no field starts with {args.prefix!r}; {hint}(sections: "
+                         f"{', '.join(sorted({k.split('.')[0] for k in keys}))})")
     if args.json:
         print(json.dumps([dataclasses.asdict(f) for f in fields], indent=1))
         return EXIT_OK

@@ -10,13 +10,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
 from ..trainer.config import ConfigError
 from ..traces.validate import UsageError
 from . import cause_commands, commands, config_command, exit_codes, run_commands, tune_command
-from .exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
+from .exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,19 +39,34 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(words)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()    # a reader that left shows here, not as an error at the interpreter's exit
+        return code
     except ConfigError as error:
         print(f"fleetscope {args.command}: bad configuration: {error}", file=sys.stderr)
         return EXIT_USAGE
     except UsageError as error:  # a refused request (an output over an input, a bad argument): nothing done
         print(f"fleetscope {args.command}: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        return _reader_gone()
     except (OSError, ValueError) as error:  # a file the command needed: no traceback, the message says which
         print(f"fleetscope {args.command}: {error}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         print(f"fleetscope {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _reader_gone() -> int:
+    """The reader of our output left (`| head`): nothing is wrong, and nothing more is written (Python would
+    report the next flush's failure at exit)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_OK
 
 
 if __name__ == "__main__":

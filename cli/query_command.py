@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
+from pathlib import Path
 
+from ..traces.layout import RunLayout
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 FETCH_HINT = ("to get one, the perfetto package fleetscope depends on downloads the build it pins (SHA-256 "
@@ -20,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from ..analysis.merge.perfetto.queries import NAMED_QUERIES
 
     parser = sub.add_parser("query", help="SQL over a merged trace, in Perfetto's trace processor")
-    parser.add_argument("trace", help="a merged .perfetto-trace")
+    parser.add_argument("trace", help="a merged .perfetto-trace, or a run directory (its report/merged.perfetto-trace)")
     parser.add_argument("sql", nargs="?", default=None, help="one SQL statement (the last one's rows are printed)")
     parser.add_argument("--named", choices=sorted(NAMED_QUERIES), default=None, help="a query shipped with fleetscope")
     parser.add_argument("--trace-processor", default=None, metavar="PATH",
@@ -45,8 +47,14 @@ def handle_query(args: argparse.Namespace) -> int:
         print("no trace_processor_shell found: pass --trace-processor PATH, set FLEETSCOPE_TRACE_PROCESSOR or put "
               f"one on PATH; {FETCH_HINT}", file=sys.stderr)
         return EXIT_USAGE
+    trace = merged_trace_of(Path(args.trace))
+    if trace is None:
+        print(f"{args.trace}: no merged trace there (report/merged.perfetto-trace): fleetscope postprocess "
+              f"{args.trace} writes one for a run, fleetscope merge {args.trace} -o OUT for any folder of traces",
+              file=sys.stderr)
+        return EXIT_USAGE
     try:
-        columns, rows = run_query_table(args.trace, NAMED_QUERIES[args.named] if args.named else args.sql, binary)
+        columns, rows = run_query_table(trace, NAMED_QUERIES[args.named] if args.named else args.sql, binary)
     except TraceProcessorError as error:
         print(error, file=sys.stderr)
         return EXIT_FAILED
@@ -54,6 +62,14 @@ def handle_query(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no rows: {NO_ROWS[args.named] if args.named else 'the statement selected nothing'}", file=sys.stderr)
     return EXIT_OK
+
+
+def merged_trace_of(path: Path) -> Path | None:
+    """The trace to query: `path` itself, or a run directory's merged trace (None where it has none)."""
+    if not path.is_dir():
+        return path
+    merged = RunLayout.at(path).merged_trace
+    return merged if merged.is_file() else None
 
 
 def write_rows(rows: list[dict[str, str]], out, *, columns: list[str] | None = None) -> None:

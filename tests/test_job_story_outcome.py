@@ -143,3 +143,17 @@ def test_missing_ranks_of_a_merge_read_as_one_line_of_ranges(tmp_path):
     assert "problem: no trace: 64 rank(s) (2-65)" in lines
     assert "problem: 126 rank trace(s) missing in all; the first 64 are listed" in lines
     assert len(lines) == 2 and not any("None" in line for line in lines)
+
+
+def test_a_reader_that_leaves_is_no_error_and_a_misspelled_section_gets_a_suggestion(tmp_path, capsys):
+    import subprocess
+    import sys
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 1000.0).complete("aten::mm", "cpu_op", 10, 900.0)
+    builder.write(tmp_path / "rank0.json.gz")
+    piped = subprocess.run(f"{sys.executable} -m fleetscope.cli.main analyze {tmp_path} --no-hta --no-cache | head -1",
+                           shell=True, capture_output=True, text=True, timeout=300)
+    assert "Broken pipe" not in piped.stderr and "Traceback" not in piped.stderr
+    from fleetscope.cli.main import main
+    assert main(["config", "paralel"]) == 2
+    assert "did you mean parallel?" in capsys.readouterr().err

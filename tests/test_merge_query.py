@@ -87,3 +87,17 @@ def test_named_queries_on_a_real_two_rank_gpu_run(tmp_path, capsys):
                                                                   reverse=True)
     code, gaps = query(capsys, str(trace), "--named", "idle-gaps")
     assert code == 0 and gaps and all(r["cause"].startswith("idle") for r in gaps)
+
+
+@requires_trace_processor
+def test_a_run_directory_is_queried_through_its_merged_trace(merged_trace, capsys, tmp_path):
+    from fleetscope.traces.layout import RunLayout
+    run = RunLayout.at(tmp_path / "run")
+    run.merged_trace.parent.mkdir(parents=True)
+    run.merged_trace.write_bytes(merged_trace.read_bytes())
+    code, rows = query(capsys, str(run.root), "--named", "top-kernels")
+    assert code == 0 and rows
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["query", str(empty), "--named", "top-kernels"]) == 2
+    assert "no merged trace there" in capsys.readouterr().err

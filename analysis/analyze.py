@@ -183,7 +183,10 @@ def _guarded_outputs(inputs: AnalysisInput, json_out, html_out,
 
 
 def _cache_notes(cache: ResultCache | None, cache_off: str | None, outcomes: list) -> list[str]:
-    hits = sum(1 for outcome in outcomes if isinstance(outcome, RankResult) and outcome.from_cache)
+    """Traces an earlier analysis parsed (a cache hit from gather's own pass in this postprocess is the one
+    parse of that file, nothing to note)."""
+    hits = sum(1 for outcome in outcomes if isinstance(outcome, RankResult) and outcome.from_cache
+               and not outcome.parsed_while_gathering)
     if cache_off:
         return [cache_off]
     if cache is None or not hits:

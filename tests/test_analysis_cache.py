@@ -248,8 +248,10 @@ def test_postprocess_gather_parses_each_trace_for_analyze_with_the_same_report(t
     manifest = gather(layout.root, inspector=ParsingInspector(cache))
     assert len(manifest.traces) == 5 and len(_entries(cache)) == 5
     written = {entry.name: entry.stat().st_ino for entry in _entries(cache)}
-    cached = analyze(layout.root, use_hta=False, cache_dir=cache, write_default_outputs=False)
-    assert _hit_note(cached).startswith("5 of 5 trace(s) read from the parsed-trace cache")
+    outcomes = []
+    cached = analyze(layout.root, use_hta=False, cache_dir=cache, write_default_outputs=False, on_parsed=outcomes.extend)
+    assert all(o.from_cache and o.parsed_while_gathering for o in outcomes) and len(outcomes) == 5
+    assert _hit_note(cached) is None        # the report's one parse of each file: no cache note
     assert _comparable(cached) == _comparable(reference)
     assert {entry.name: entry.stat().st_ino for entry in _entries(cache)} == written
     gather(layout.root, inspector=ParsingInspector(cache))   # a second gather keeps the entries it finds
@@ -271,8 +273,9 @@ def test_a_trace_the_parse_cannot_use_is_still_judged_by_gather_and_explained_by
     assert inspected.traces == plain.traces
     assert [p.reason for p in inspected.problems] == [p.reason for p in plain.problems]
     assert len(_entries(cache)) == 3
-    report = analyze(layout.root, use_hta=False, cache_dir=cache, write_default_outputs=False)
-    assert _hit_note(report).startswith("3 of 4 trace(s)")
+    outcomes = []
+    analyze(layout.root, use_hta=False, cache_dir=cache, write_default_outputs=False, on_parsed=outcomes.extend)
+    assert sum(getattr(o, "from_cache", False) for o in outcomes) == 3
 
 
 def _imports_by_parsing_the_module(path: Path, module: str) -> set[str]:

@@ -157,3 +157,19 @@ def test_a_reader_that_leaves_is_no_error_and_a_misspelled_section_gets_a_sugges
     from fleetscope.cli.main import main
     assert main(["config", "paralel"]) == 2
     assert "did you mean parallel?" in capsys.readouterr().err
+
+
+def test_a_first_report_says_nothing_of_the_cache_its_own_gather_filled(tmp_path):
+    from fleetscope.cli.pipeline import postprocess
+    layout = RunLayout.at(tmp_path / "run")
+    for rank in (0, 1):
+        builder = KinetoBuilder(rank=rank, world_size=2)
+        builder.step(1, 0, 1000.0).complete("aten::mm", "cpu_op", 10, 900.0)
+        window = layout.traces_dir / "window000"
+        window.mkdir(parents=True, exist_ok=True)
+        builder.write(window / f"rank{rank}.vm.pt.trace.json.gz")
+    postprocess(layout.root, echo=False, cache_dir=tmp_path / "cache", use_hta=False)
+    notes = json.loads(layout.report_json.read_text())["notes"]
+    assert not [n for n in notes if "parsed-trace cache" in n], notes
+    again = analyze(layout.root, use_hta=False, cache_dir=tmp_path / "cache", write_default_outputs=False)
+    assert again.complete

@@ -202,4 +202,4 @@ class ParsingInspector:
                 result = analyze_decoded(source, decoded, self.comm_kernel_pattern)
         except (TraceReadError, *_UNFORESEEN):
             return
-        cache.store(key, result)
+        cache.store(key, dataclasses.replace(result, parsed_while_gathering=True))

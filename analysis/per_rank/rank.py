@@ -93,6 +93,9 @@ class RankResult:
     """Things about the file a reader should know (e.g. invalid UTF-8 that was replaced)."""
     from_cache: bool = False
     """Read from the parsed-trace cache (result_cache.py) instead of parsed."""
+    parsed_while_gathering: bool = False
+    """The cache entry was written by gather's pass over the same files (postprocess: one read of each file),
+    not by an earlier analysis."""
 
     def absolute_us(self, trace_us: float) -> float:
         """A trace time as microseconds since the epoch on this rank's own clock."""

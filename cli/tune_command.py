@@ -49,6 +49,7 @@ def _positive(text: str) -> float:
 
 def handle_tune(args: argparse.Namespace) -> int:
     from ..analysis.advise import advise
+    from ..launcher.checks import launch_checks
     from ..launcher.relaunch import plan_relaunch
     from ..launcher.schedulers import scheduler_for
 
@@ -60,6 +61,8 @@ def handle_tune(args: argparse.Namespace) -> int:
     relaunch = plan_relaunch(spec_fields, source_run=source.root, new_run_dir=new_dir,
                              train_args=finding.apply.train_args, env=finding.apply.env, overrides=args.overrides)
     refuse_nonempty(new_dir)
+    for note in launch_checks(relaunch.spec, resume=False):   # what `launch` refuses, the relaunch refuses too
+        print(f"note: {note}")
     scheduler = scheduler_for(relaunch.spec.scheduler)
     plan = scheduler.plan(relaunch.spec, postprocess=True)
     tuned_from = relaunch.record(finding=index, rule=finding.rule, title=finding.title, change=finding.change)

@@ -259,3 +259,13 @@ def test_a_tiny_bucket_is_advised_larger_and_the_relaunch_is_faster(tmp_path, ca
     assert "step_time_ms:" in out and "lower is better" in out
     rows = [json.loads(line) for line in (new / "metrics" / "rank0.jsonl").read_text().splitlines()]
     assert all(row["comm_buckets"] == 1 for row in rows)               # the change took effect
+
+
+def test_a_relaunch_the_launch_would_refuse_is_refused_before_anything_starts(tmp_path, capsys):
+    # the finding's change plus the user's --set ends the run before its first window: launch refuses it, so does tune
+    run = _run_with_slow_data(tmp_path)
+    assert main(["tune", str(run), "--apply", "1", "--dry-run", "--set", "steps=3",
+                 "--set", "profiler.wait=5"]) == 2
+    err = capsys.readouterr().err
+    assert "after the run's last step 2" in err and "raise --steps" in err
+    assert not (tmp_path / "run-tune-data_workers").exists()

@@ -449,13 +449,14 @@ def handle_merge(args: argparse.Namespace) -> int:
     for line in describe_problems(result.problems):
         print(f"  {escape_controls(line)}", file=sys.stderr)
     failures = verify_outputs(result, trace_processor=args.trace_processor, engine=True) if (
-        args.verify or args.trace_processor) else []
+        (args.verify or args.trace_processor) and result.ranks) else []
     for failure in failures:
         print(f"  verification failed: {failure}", file=sys.stderr)
-    if (args.verify or args.trace_processor) and not failures:
+    if (args.verify or args.trace_processor) and result.ranks and not failures:
         engine = find_trace_processor(args.trace_processor)
         print(f"verified: read back{f', and loaded in {engine}' if engine else ' (no trace processor found)'}")
-    print(f"open it at https://ui.perfetto.dev -> 'Open trace file' -> {result.outputs[0]}")
+    if result.ranks:
+        print(f"open it at https://ui.perfetto.dev -> 'Open trace file' -> {result.outputs[0]}")
     if failures or not result.ranks:
         return EXIT_FAILED
     return EXIT_OK if not result.problems else EXIT_PARTIAL

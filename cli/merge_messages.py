@@ -15,6 +15,8 @@ _HOST_PREFIX = "first rank of host "
 
 def describe_merge(result) -> list[str]:
     """Lines for a MergeResult (analysis/merge/run.py)."""
+    if not result.ranks:
+        return ["nothing merged: no trace could be read (the problems below say why); no file written"]
     lines = [f"merged {len(result.ranks)} rank(s) in full into {len(result.outputs)} file(s):"]
     lines += [f"  {path} ({path.stat().st_size / 1e6:.1f} MB)" for path in result.outputs if path.is_file()]
     if result.summary:

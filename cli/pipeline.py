@@ -141,6 +141,12 @@ def _merge(layout: RunLayout, result: PostprocessResult, echo: bool, cache_dir: 
 
     merged = merge(layout.root, layout.merged_trace, progress=counting(progress_callback("merge", "ranks")),
                    cache_dir=cache_dir, **options)
+    if not merged.ranks:
+        if echo:
+            from .merge_messages import describe_merge
+
+            print("\n".join(describe_merge(merged)))
+        return
     result.outputs["merged_trace"] = layout.merged_trace
     if layout.report_json.is_file():
         _link_report_to_trace(layout, merged)

@@ -173,3 +173,13 @@ def test_a_first_report_says_nothing_of_the_cache_its_own_gather_filled(tmp_path
     assert not [n for n in notes if "parsed-trace cache" in n], notes
     again = analyze(layout.root, use_hta=False, cache_dir=tmp_path / "cache", write_default_outputs=False)
     assert again.complete
+
+
+def test_a_merge_of_no_readable_trace_writes_no_file(tmp_path, capsys):
+    from fleetscope.cli.main import main
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "junk.json").write_text("{}")
+    out = tmp_path / "merged.perfetto-trace"
+    assert main(["merge", str(tmp_path), "-o", str(out), "--verify"]) == 1
+    captured = capsys.readouterr()
+    assert not out.exists() and "nothing merged" in captured.out and "open it at" not in captured.out

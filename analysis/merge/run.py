@@ -218,6 +218,9 @@ def merge(
     inputs = find_merge_inputs(path, offsets_ns=offsets_ns, cache=cache)
     destination = _output_path(inputs, out)
     problems, notes = list(inputs.problems), []
+    if not inputs.ranks:   # nothing to draw: no file (an empty one would open as a trace of nothing)
+        return MergeResult(output=destination, ranks=[], slices_per_rank={}, output_bytes=0, input_bytes=0,
+                           elapsed_s=time.perf_counter() - started, problems=problems)
     report_json = load_report(report, inputs.run_layout, problems) if (
         options.overlays or _plans_focus(options)) else None
     report_json = _matching_report(report_json, inputs, problems)

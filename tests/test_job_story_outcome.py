@@ -183,3 +183,29 @@ def test_a_merge_of_no_readable_trace_writes_no_file(tmp_path, capsys):
     assert main(["merge", str(tmp_path), "-o", str(out), "--verify"]) == 1
     captured = capsys.readouterr()
     assert not out.exists() and "nothing merged" in captured.out and "open it at" not in captured.out
+
+
+def test_launches_without_recorded_kernels_are_said_to_be_lost_not_a_cpu_job(tmp_path):
+    from fleetscope.analysis.inputs.sources import TraceSource
+    from fleetscope.analysis.per_rank.parse import analyze_trace
+    unrecorded = KinetoBuilder(rank=0, world_size=1)
+    unrecorded.step(1, 0, 1000.0)
+    for index in range(20):
+        unrecorded.complete("cudaLaunchKernel", "cuda_runtime", 10 + 40 * index, 4.0,
+                            args={"correlation": 100 + index, "External id": 100 + index})
+    unrecorded.write(tmp_path / "a" / "rank0.json.gz")
+    (remark,) = analyze_trace(TraceSource(path=tmp_path / "a" / "rank0.json.gz", label="a", window=None)).remarks
+    assert remark.startswith("20 CUDA launch calls but no GPU activity recorded") and "not a CPU job" in remark
+    partly = KinetoBuilder(rank=0, world_size=1)
+    partly.step(1, 0, 5000.0)
+    for index in range(40):
+        partly.kernel("gemm", 20 + 100 * index, 50.0, launch_ts=10 + 100 * index)   # 40 launched and recorded
+    for index in range(12):
+        partly.complete("cudaLaunchKernel", "cuda_runtime", 4100 + 10 * index, 4.0, args={"correlation": 9000 + index})
+    partly.write(tmp_path / "b" / "rank0.json.gz")
+    (remark,) = analyze_trace(TraceSource(path=tmp_path / "b" / "rank0.json.gz", label="b", window=None)).remarks
+    assert remark.startswith("12 of 52 launch calls have no GPU activity recorded")
+    whole = KinetoBuilder(rank=0, world_size=1)
+    whole.step(1, 0, 1000.0).kernel("gemm", 20, 50.0, launch_ts=10)
+    whole.write(tmp_path / "c" / "rank0.json.gz")
+    assert analyze_trace(TraceSource(path=tmp_path / "c" / "rank0.json.gz", label="c", window=None)).remarks == []

@@ -10,12 +10,17 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from fleetscope.traces.validate import world_size_problem
 
 from fleetscope.analysis.inputs.resolve import rank_from_name
 from fleetscope.analysis.inputs.sources import TraceSource
 from fleetscope.analysis.per_rank.collectives import CollectiveCalls, find_collectives
 from fleetscope.analysis.per_rank.events import (
+    GPU_ACTIVITY_KINDS,
+    NO_ID,
+    Kind,
     TraceEvents,
     build_table,
     decode_selectively,
@@ -28,7 +33,7 @@ from fleetscope.analysis.per_rank.step_work import StepWork, measure_step_work
 from fleetscope.analysis.per_rank.kernels import KernelTotal, OpDuration, op_durations, top_kernels
 from fleetscope.analysis.per_rank.p2p import PointToPoint, find_point_to_point
 from fleetscope.analysis.per_rank.moe import MoeRankTimes, measure_moe
-from fleetscope.analysis.per_rank.names import comm_kernel_rule, custom_comm_kernel
+from fleetscope.analysis.per_rank.names import comm_kernel_rule, custom_comm_kernel, is_launch_call
 from fleetscope.analysis.per_rank.steps import StepTiming, find_steps
 from fleetscope.analysis.per_rank.utilization import (
     Utilization,
@@ -176,8 +181,34 @@ def analyze_decoded(source: TraceSource, decoded: DecodedTrace, comm_kernel_patt
         op_durations=op_durations(events),
         p2p=find_point_to_point(events, steps),
         moe=measure_moe(events, steps, collectives, is_comm, custom_comm_kernel(comm_kernel_pattern)),
-        remarks=remarks + _world_size_remarks(info),
+        remarks=remarks + _world_size_remarks(info) + launch_audit(events),
     )
+
+
+LOST_LAUNCHES_SHARE = 0.01
+LOST_LAUNCHES_MIN = 10
+"""Launch calls without recorded GPU work above this share (and count) are records lost, not the window's last
+kernels still running when the profiler stopped."""
+
+
+def launch_audit(events: TraceEvents) -> list[str]:
+    """Whether the GPU side of the trace is whole: launch calls (names.HOST_LAUNCH_CALLS) whose correlation id no
+    recorded kernel, copy or fill carries. None recorded at all is CUDA work that ran unrecorded (CUPTI off or
+    failed), not a CPU job; many missing is records lost (CUPTI's buffers capped)."""
+    launches = events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_launch_call) & (events.correlation != NO_ID)
+    count = int(np.count_nonzero(launches))
+    if not count:
+        return []
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    if not gpu.any():
+        return [f"{count} CUDA launch calls but no GPU activity recorded: CUDA work ran and its kernels were not "
+                "recorded (CUPTI off, failed or out of buffers); the figures are the host's side only, not a CPU "
+                "job's"]
+    lost = int(np.count_nonzero(~np.isin(events.correlation[launches], events.correlation[gpu])))
+    if lost >= LOST_LAUNCHES_MIN and lost >= LOST_LAUNCHES_SHARE * count:
+        return [f"{lost} of {count} launch calls have no GPU activity recorded (kernel records lost, e.g. CUPTI's "
+                "buffers capped): GPU busy time is undercounted and its idle overcounted"]
+    return []
 
 
 def _world_size_remarks(info: object) -> list[str]:

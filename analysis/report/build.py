@@ -85,7 +85,8 @@ def hta_runner(max_ranks: int = DEFAULT_HTA_MAX_RANKS, ranks: str | list[int] = 
     def run(results: list[RankResult], stragglers: Stragglers) -> HtaViews:
         gpu = [r for r in results if r.has_gpu]
         if not gpu:
-            return skipped("CPU-only traces (no GPU kernels): HTA does not apply; fleetscope's own metrics cover them")
+            return skipped("CPU-only traces (no GPU kernels recorded; CUDA work launched but not recorded is named "
+                           "in the notes): HTA does not apply; fleetscope's own metrics cover them")
         chosen = _chosen(gpu, stragglers, ranks, max_ranks)
         if not chosen:
             return skipped(f"none of the requested HTA ranks ({', '.join(map(str, ranks))}) has a GPU trace here")

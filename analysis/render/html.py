@@ -114,10 +114,13 @@ def _advice(report: Report) -> str:
 
 def _problem_pointer(report: Report) -> str:
     """Problems are listed last; a partial report says so at the top."""
-    count = len(report.problems) + len(report.missing)
-    if not count:
+    job = [p for p in report.problems if p.label == "job"]
+    count = len(report.problems) - len(job) + len(report.missing)
+    ended = f"the job {report.outcome.state}" if job and report.outcome is not None else ""
+    parts = [part for part in (ended, f"{count} trace problem(s)" if count else "") if part]
+    if not parts:
         return ""
-    return f'<p class="bad">{count} trace problem(s): see <a href="#{PROBLEMS_ID}">Problems</a>.</p>'
+    return f'<p class="bad">{"; ".join(parts)}: see <a href="#{PROBLEMS_ID}">Problems</a>.</p>'
 
 
 def _contents(entries: list[tuple[str, str]]) -> str:

@@ -11,7 +11,7 @@ from ..analysis.cross_rank.outcome import exit_meaning
 from ..analysis.quantities import step_ranges
 from ..launcher.progress import RECENT_STEPS, RunProgress
 from ..launcher.scheduler import RunStatus, Submission
-from ..launcher.schedulers.local import RecordedRunStatus
+from ..launcher.schedulers.local import RecordedRunStatus, duration_text
 from ..launcher.schedulers.slurm import SlurmJobStatus, SlurmRunStatus
 from ..traces.fanout import FanoutState
 from .terminal_text import escape_controls
@@ -123,7 +123,7 @@ def render_progress(progress: RunProgress | None) -> list[str]:
              _row("slowest rank", f"rank {slowest.rank}: at step {slowest.step}, its last step {time}")]
     if progress.pace_ms is not None:
         eta = progress.eta_s
-        left = f"; {_duration_text(eta)} left at that pace" if eta is not None and eta > 0 else ""
+        left = f"; {duration_text(eta)} left at that pace" if eta is not None and eta > 0 else ""
         lines.append(_row("pace", f"{1000.0 / progress.pace_ms:.2f} steps/s ({progress.pace_ms:.2f} ms a step, median "
                                   f"of the last {RECENT_STEPS} unprofiled steps, slowest rank per step){left}"))
     if progress.profiled_steps:
@@ -135,14 +135,6 @@ def render_progress(progress: RunProgress | None) -> list[str]:
         lines.append(_row("last step", f"per rank {shown}{more}"))
     lines += [_row("note", note) for note in progress.notes]
     return lines
-
-
-def _duration_text(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def _failure_lines(failures: list[RankFailure]) -> list[str]:

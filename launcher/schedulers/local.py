@@ -227,14 +227,15 @@ def _outside_line(collection: Collection, where: str) -> str:
     which, event = ("newest", "started") if where == "before" else ("oldest", "ended")
     gap = abs((bound or mtime) - mtime)
     return (f"fleetscope:   skipped {len(files)} matched file(s) modified {where} this job {event} (another run's; "
-            f"left in place); {which}: {path}, modified {_duration(gap)} {where} the job {event}")
+            f"left in place); {which}: {path}, modified {duration_text(gap)} {where} the job {event}")
 
 
 def _steps_text(steps: list[int]) -> str:
     return ", ".join(str(step) for step in steps[:5]) + (f" ... ({len(steps)} in all)" if len(steps) > 5 else "")
 
 
-def _duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
+    """A duration as a person reads it: seconds, minutes or hours."""
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:

@@ -180,8 +180,10 @@ def test_a_real_run_with_slow_data_loading_on_rank_0(tmp_path, capsys):
     run_dir = tmp_path / "run"
     completed = fleetscope("launch", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--parallel", "ddp",
                            "--device", "cpu",
-                           "--steps", "8", "--profile", "wait=1,warmup=1,active=3,repeat=1",
+                           "--steps", "10", "--profile", "wait=1,warmup=1,active=6,repeat=1",
                            "--set", "faults.data_delay_rank=0", "--set", "faults.data_delay_ms=30")
+    # 6 profiled steps: the straggler is named only when its lateness stands out from the steps' spread, and two
+    # ranks on a loaded 2-core machine make 3 steps too few to say so every time
     assert completed.returncode == 0, completed.stderr[-4000:]
     rules = {f.rule: f for f in advise(run_dir).findings}
     data = rules["data_workers"]

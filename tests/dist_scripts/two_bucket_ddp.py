@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-STEPS = 11
+STEPS = 19
 
 
 def main() -> None:
@@ -26,7 +26,7 @@ def main() -> None:
     model = DDP(nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 512)), bucket_cap_mb=4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     batch = torch.randn(64, 512)
-    schedule = torch.profiler.schedule(wait=2, warmup=1, active=8, repeat=1)
+    schedule = torch.profiler.schedule(wait=2, warmup=1, active=16, repeat=1)
     handler = torch.profiler.tensorboard_trace_handler(os.environ.get("TRACE_DIR", "tb"))
     with torch.profiler.profile(schedule=schedule, on_trace_ready=handler) as profiler:
         for step in range(STEPS):

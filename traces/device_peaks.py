@@ -42,3 +42,28 @@ def peak_tflops(name: str) -> tuple[str, TFLOPS]:
         if all(needle in folded for needle in needles):
             return device, peaks
     return "", {}
+
+
+_HOST_LINKS: tuple[tuple[tuple[str, ...], str, float], ...] = (
+    # (needles all in the lowercased device name, the link, pinned host<->device GB/s one direction achieves)
+    (("h200",), "PCIe Gen5 x16", 50.0),
+    (("h100",), "PCIe Gen5 x16", 50.0),
+    (("b200",), "PCIe Gen5 x16", 50.0),
+    (("mi300x",), "PCIe Gen5 x16", 50.0),
+    (("a100",), "PCIe Gen4 x16", 25.0),
+    (("a10g",), "PCIe Gen4 x16", 25.0),
+    (("l40s",), "PCIe Gen4 x16", 25.0),
+    (("v100",), "PCIe Gen3 x16", 12.0),
+)
+"""The host link of the GPUs fleetscope knows and what a pinned copy over it moves per second: about 80% of the
+link's 64 / 32 / 16 GB/s per direction (Gen5 / Gen4 / Gen3 x16), what bandwidth tests measure on these systems.
+A trace's own pinned copies, where it has large ones, are the better figure (analysis/per_rank/step_work.py)."""
+
+
+def pinned_copy_gbps(name: str) -> tuple[str, float]:
+    """(the host link, the GB/s a pinned copy over it reaches) for a device name; ("", 0.0) for one not listed."""
+    folded = name.lower()
+    for needles, link, rate in _HOST_LINKS:
+        if all(needle in folded for needle in needles):
+            return link, rate
+    return "", 0.0

@@ -106,6 +106,8 @@ def _host_evidence(report: Report | None) -> dict[str, Any]:
     return {"launch_ms": per_step("launch_us") / 1000.0, "launches": per_step("launch_count"),
             "syncs": per_step("sync_count"), "tensor_reads": per_step("tensor_reads"),
             "pageable_copies": per_step("pageable_copy_count"), "pageable_copy_ms": per_step("pageable_copy_us") / 1000.0,
+            "pageable_copy_mb": per_step("pageable_copy_bytes") / 1e6,
+            "sync_dispatch_ms": per_step("sync_dispatch_us") / 1000.0,
             "stall_frames": _stall_frames(stalls), "idle_cause_ms": causes,
             "launch_paced_idle_ms": float(np.mean([h.launch_paced_idle_us / len(h.steps) for h in stalls])) / 1000.0,
             "sync_op_ms": _sync_op_ms(stalls)}
@@ -146,7 +148,20 @@ def _step_work_evidence(report: Report | None) -> dict[str, Any]:
             "host_copy_ms": mean("host_copy_us"), "graph_launches": mean("graph_launches", 1.0),
             "softmax_ms": mean("softmax_us"), "fused_attention_ms": mean("fused_attention_us"),
             "recompute_ms": mean("recompute_us"), "recompute_idle_ms": mean("recompute_idle_us"), "gc_ms": mean("gc_us"), "gc_count": mean("gc_count", 1.0),
-            "python_frames": any(w.python_frames for w in works)}
+            "python_frames": any(w.python_frames for w in works), **_host_link_evidence(works),
+            "fp32_saving_ms": _mean_known([w.fp32_saving_us for w in works])}
+
+
+def _mean_known(values_us: list) -> float | None:
+    known = [v for v in values_us if v is not None]
+    return float(np.mean(known)) / 1000.0 if known else None
+
+
+def _host_link_evidence(works: list) -> dict[str, Any]:
+    measured = [w.pinned_copy_gbps for w in works if w.pinned_copy_gbps > 0]
+    listed = next((w for w in works if w.host_link), None)
+    return {"pinned_copy_gbps": float(np.mean(measured)) if measured else 0.0,
+            "host_link": listed.host_link if listed else "", "host_link_gbps": listed.host_link_gbps if listed else 0.0}
 
 
 def _stall_frames(stalls: list) -> dict[str, list[str]]:

@@ -5,15 +5,12 @@ step that calls the CUDA allocator, and a backward that recomputes the forward."
 from __future__ import annotations
 
 from fleetscope.analysis.per_rank.host_stalls import IDLE_ALLOCATOR
-from fleetscope.analysis.per_rank.step_work import UPDATE_LOOP_LABEL
+from fleetscope.analysis.per_rank.step_work import TENSOR_CORE_SPEEDUP, UPDATE_LOOP_LABEL
 
 from .model import Evidence, Finding, Rule, settings_change, trace_gain, trainer_change
 
 FP32_GEMM_SHARE = 0.10
 """fp32 (SIMT) GEMM time above this share of the step: the matrix products could use the tensor cores."""
-TENSOR_CORE_SPEEDUP = 4.0
-"""How much faster a GEMM runs on the tensor cores (TF32, or bf16 under autocast) than in fp32 on the SIMT
-cores, assumed: Hopper's dense TF32 peak is 7x its fp32 peak and bf16's 15x; real GEMMs reach less of it."""
 OPTIMIZER_SHARE = 0.10
 """A per-parameter optimizer whose ranges take at least this share of the step: fuse it."""
 SOFTMAX_SHARE = 0.05
@@ -31,19 +28,29 @@ RECOMPUTE_SHARE = 0.05
 def precision(e: Evidence) -> Finding | None:
     """GEMMs in fp32 on the SIMT cores (their kernel names say so) and fp32 convolutions (FFT, Winograd and
     direct algorithms cuDNN picks with TF32 off: step_work.py conv_fp32_us) over FP32_GEMM_SHARE of the step.
-    Gain: their time less the same work TENSOR_CORE_SPEEDUP times faster, counted only for the share of the step
-    the GPU is busy (a host-bound step does not shorten when its kernels do)."""
+    Gain: that work TENSOR_CORE_SPEEDUP times faster, as far as the saving reaches the step's end
+    (per_rank/saving_reach.py: the GPU waiting for the host absorbs it); where the trace cannot tell, the saving
+    times the share of the step the GPU is busy, said so."""
     gemm_ms = e.gemm_ms_by_precision.get("fp32", 0.0)
     fp32_ms = gemm_ms + e.conv_fp32_ms
     if e.basis != "gpu" or not e.step_ms or fp32_ms < FP32_GEMM_SHARE * e.step_ms:
         return None
-    busy_share = 1.0 - (e.idle_pct or 0.0) / 100.0
-    gain, pct = trace_gain(e, fp32_ms * (1.0 - 1.0 / TENSOR_CORE_SPEEDUP) * busy_share)
+    faster_ms = fp32_ms * (1.0 - 1.0 / TENSOR_CORE_SPEEDUP)
+    if e.fp32_saving_ms is not None:
+        saved_ms = e.fp32_saving_ms
+        reach = (f"{saved_ms:.2f} of the {faster_ms:.2f} ms the kernels would save reach the step's end; the rest "
+                 "is absorbed where the GPU then waits for the host")
+    else:
+        busy_share = 1.0 - (e.idle_pct or 0.0) / 100.0
+        saved_ms = faster_ms * busy_share
+        reach = f"counted over the {busy_share:.0%} of the step the GPU is busy"
+    gain, pct = trace_gain(e, saved_ms)
     others = {kind: round(ms, 3) for kind, ms in e.gemm_ms_by_precision.items() if kind != "fp32"}
     return Finding(
         rule="precision", title="the matrix products run in fp32, off the tensor cores",
         evidence={"fp32_gemm_ms_per_step": round(gemm_ms, 3), "fp32_conv_ms_per_step": round(e.conv_fp32_ms, 3),
                   "gpu_idle_pct": round(e.idle_pct or 0.0, 1),
+                  **({"saving_reaching_step_end_ms": round(e.fp32_saving_ms, 3)} if e.fp32_saving_ms is not None else {}),
                   **{f"{kind}_gemm_ms_per_step": ms for kind, ms in others.items()}},
         expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
         change="run the forward and backward under torch.autocast('cuda', dtype=torch.bfloat16), or at least "
@@ -53,7 +60,7 @@ def precision(e: Evidence) -> Finding | None:
             f"f32f32)" + (f" and {e.conv_fp32_ms:.2f} ms of fp32 convolution kernels (FFT, Winograd or direct "
                           "algorithms, by the convolution ops that launched them)" if e.conv_fp32_ms else "")
             + "; the tensor cores run the same products several times faster (gain assumed: "
-            f"{TENSOR_CORE_SPEEDUP:.0f}x, over the {busy_share:.0%} of the step the GPU is busy)")
+            f"{TENSOR_CORE_SPEEDUP:.0f}x; {reach})")
 
 
 def optimizer_impl(e: Evidence) -> Finding | None:

@@ -239,6 +239,8 @@ def _explained_host_ms(e: Evidence) -> float:
         explained += max((e.optimizer_host_ms or 0.0) - (e.optimizer_gpu_ms or 0.0), 0.0)
     if activation_checkpointing(e) is not None:
         explained += e.recompute_idle_ms
+    if host_syncs(e) is not None:
+        explained += e.sync_dispatch_ms
     return explained
 
 
@@ -266,8 +268,11 @@ def host_syncs(e: Evidence) -> Finding | None:
     idle_ms = e.idle_cause_ms.get("host sync", 0.0)
     op_ms = sum(e.sync_op_ms.values())
     # the loss: the GPU idle a sync leaves while the host's following work could have overlapped the GPU work
-    # it waited for (host_stalls.py); the ops' own host time is evidence, not added (it holds that wait)
-    lost_ms = idle_ms
+    # it waited for (host_stalls.py); the ops' own waits are evidence, not added (they hold that idle). Where the
+    # GPU also waits for the host elsewhere, the host work of the data-dependent-shape ops themselves (their
+    # backward included), which static shapes remove, shortens the step too, up to that other idle.
+    other_idle_ms = max(sum(e.idle_cause_ms.values()) - idle_ms, 0.0)
+    lost_ms = idle_ms + min(e.sync_dispatch_ms, other_idle_ms)
     dispatch_ms = e.idle_cause_ms.get("short gaps", 0.0) + e.launch_paced_idle_ms
     blocking = per_step >= SYNCS_INSIDE_STEP and dispatch_ms >= SYNC_SHARE * e.step_ms
     if lost_ms < SYNC_SHARE * e.step_ms and not blocking:
@@ -276,6 +281,7 @@ def host_syncs(e: Evidence) -> Finding | None:
     frames = e.stall_frames.get(FRAME_SYNC, [])[:FRAMES_NAMED]
     ops = list(e.sync_op_ms)[:FRAMES_NAMED]
     evidence = {"sync_idle_ms_per_step": round(idle_ms, 3), "sync_op_ms_per_step": round(op_ms, 3),
+                "dynamic_shape_host_ms_per_step": round(e.sync_dispatch_ms, 3),
                 "syncs_per_step": round(e.syncs or 0.0, 1), "tensor_reads_per_step": round(e.tensor_reads or 0.0, 1)}
     if ops:
         evidence["sync_ops"] = "; ".join(f"{op} {e.sync_op_ms[op]:.2f} ms" for op in ops)
@@ -292,6 +298,9 @@ def host_syncs(e: Evidence) -> Finding | None:
                    why=f"{e.syncs or 0.0:.1f} syncs per step ({', '.join(ops) or 'explicit synchronize'}): the host "
                        f"spends {op_ms:.2f} ms per step in the ops that wait and the GPU idles {idle_ms:.2f} ms after "
                        "them; each one empties the GPU's queue, and no CUDA graph can capture a step that syncs"
+                       + (f"; the ops whose output size depends on the data, and their backward, hold the host "
+                          f"{e.sync_dispatch_ms:.2f} ms per step besides the waits, while the GPU waits for the host "
+                          f"{other_idle_ms:.2f} ms elsewhere" if e.sync_dispatch_ms >= 0.01 else "")
                        + (f" (they also keep CUDA graphs from recovering the {dispatch_ms:.2f} ms per step the GPU "
                           "waits for launches)" if blocking and dispatch_ms > 0 else ""))
 
@@ -299,13 +308,30 @@ def host_syncs(e: Evidence) -> Finding | None:
 def pinned_copies(e: Evidence) -> Finding | None:
     """Host time inside copies from or to pageable memory (host_stalls.py: the copy call returns only when the
     copy is done, staged through a bounce buffer) over PAGEABLE_COPY_SHARE of the step: copy from pinned memory
-    with non_blocking=True. Gain, an assumption stated in PAGEABLE_RECOVERABLE: half that host time."""
+    with non_blocking=True. Gain: that host time less the same bytes at a pinned copy's rate (`_pinned_rate`),
+    which the GPU still spends on the copy; where neither the bytes nor the rate is known, the assumption
+    PAGEABLE_RECOVERABLE, said so."""
     copy_ms = e.pageable_copy_ms or 0.0
     if e.basis != "gpu" or not e.step_ms or copy_ms < PAGEABLE_COPY_SHARE * e.step_ms:
         return None
-    gain, pct = trace_gain(e, PAGEABLE_RECOVERABLE * copy_ms)
+    rate_gbps, rate_source = _pinned_rate(e)
+    megabytes = e.pageable_copy_mb or 0.0
+    if rate_gbps > 0 and megabytes > 0:
+        pinned_ms = megabytes / rate_gbps        # MB over GB/s is milliseconds
+        recovered_ms = max(copy_ms - pinned_ms, 0.0)
+        basis = (f"{megabytes:.0f} MB per step move at {megabytes / copy_ms:.1f} GB/s now; at about {rate_gbps:.0f} "
+                 f"GB/s, {rate_source}, {pinned_ms:.2f} ms of copying is left on the GPU")
+    else:
+        recovered_ms = PAGEABLE_RECOVERABLE * copy_ms
+        basis = (f"gain assumed: {PAGEABLE_RECOVERABLE:.0%} of that time, as "
+                 + ("the trace records no copy sizes" if megabytes <= 0 else "no pinned copy rate is known for this GPU"))
+    gain, pct = trace_gain(e, recovered_ms)
     frames = e.stall_frames.get(FRAME_PAGEABLE_COPY, [])[:FRAMES_NAMED]
-    evidence = {"pageable_copy_ms_per_step": round(copy_ms, 3), "pageable_copies_per_step": round(e.pageable_copies or 0.0, 1)}
+    evidence = {"pageable_copy_ms_per_step": round(copy_ms, 3), "pageable_copies_per_step": round(e.pageable_copies or 0.0, 1),
+                "pageable_copy_mb_per_step": round(megabytes, 1)}
+    if rate_gbps > 0:
+        evidence["pinned_copy_gbps"] = round(rate_gbps, 1)
+        evidence["pinned_rate_source"] = rate_source
     if frames:
         evidence["frames"] = "; ".join(frames)
     where = f" at {' and '.join(frames)}" if frames else ""
@@ -317,7 +343,17 @@ def pinned_copies(e: Evidence) -> Finding | None:
                    why=f"the host spends {copy_ms:.2f} ms per step inside {e.pageable_copies or 0.0:.1f} copies from or "
                        "to pageable memory: each call returns only when its copy is done, staged through a bounce "
                        "buffer, so nothing on the host overlaps it; a pinned, non-blocking copy returns at once and "
-                       f"moves at full bandwidth (gain assumed: {PAGEABLE_RECOVERABLE:.0%} of that time)")
+                       f"moves at the link's full rate. {basis[0].upper()}{basis[1:]}")
+
+
+def _pinned_rate(e: Evidence) -> tuple[float, str]:
+    """The rate a pinned copy reaches on this GPU and where that figure comes from: the trace's own large pinned
+    copies, else the host link table (traces/device_peaks.py); (0, "") when neither is known."""
+    if e.pinned_copy_gbps > 0:
+        return e.pinned_copy_gbps, "measured on this trace's own pinned copies"
+    if e.host_link_gbps > 0:
+        return e.host_link_gbps, f"typical of {e.host_link}"
+    return 0.0, ""
 
 
 RULES = (

@@ -64,6 +64,18 @@ class Evidence:
     """Copies from or to pageable host memory per step (host_stalls.py), the same mean."""
     pageable_copy_ms: float | None = None
     """Host time per step inside those copy calls (the call returns when the copy is done), the same mean."""
+    fp32_saving_ms: float | None = None
+    """Per step, what the fp32 math run TENSOR_CORE_SPEEDUP times faster saves at the step's end
+    (per_rank/saving_reach.py), mean over ranks; None where no rank's trace can tell."""
+    sync_dispatch_ms: float = 0.0
+    """Host time per step in the data-dependent-shape ops that sync, outside the syncs (host_stalls.py)."""
+    pageable_copy_mb: float | None = None
+    """Megabytes those copies moved per step (their `bytes` args; 0 where the trace does not record them)."""
+    pinned_copy_gbps: float = 0.0
+    """The rate the trace's own large pinned copies reached (step_work.py), mean over ranks; 0 without them."""
+    host_link: str = ""
+    host_link_gbps: float = 0.0
+    """The GPU's host link and what a pinned copy over it reaches (traces/device_peaks.py); "", 0 if not listed."""
     stall_frames: dict[str, list[str]] = field(default_factory=dict)
     """with_stack traces: the program's frames that hold each kind of stall ("sync", "pageable copy"),
     costliest first, over every rank (host_stalls.py frames)."""

@@ -118,6 +118,8 @@ class TraceEvents:
     launch_shape_id: np.ndarray | None = None
     """Index into `launch_shapes` of each kernel's launch shape, -1 where none; None when no kernel has one
     (CPU traces, traces without the args). Same name and shape is the same work (cross_rank/causes.py)."""
+    copy_bytes: np.ndarray | None = None
+    """Bytes each GPU copy (`gpu_memcpy`) moved, from its `bytes` arg, -1 where none; None when no copy has one."""
     sequence: np.ndarray | None = None
     """Each event's process-group sequence number (names.SEQUENCE_ARG, on NCCL kernels and
     `record_param_comms` of newer PyTorch), -1 where none; None when no event has one."""
@@ -230,6 +232,7 @@ class _Args(msgspec.Struct, gc=False):
     grid: Any = None
     block: Any = None
     sequence: Any = msgspec.field(default=None, name=SEQUENCE_ARG)
+    copy_bytes: Any = msgspec.field(default=None, name="bytes")
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_DIMS_ARG)
     """Kept undecoded by the fast decoder: a kernel's launching op's input shapes are part of the kernel's
     identity (_note_launch_shape); the generic path gives the parsed value."""
@@ -402,7 +405,8 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
     shape_slots: dict[tuple, int | None] = {}
     shape_rows: list[tuple[int, int]] = []
     sequence_rows: list[tuple[int, int]] = []
-    kernel_code = int(Kind.KERNEL)
+    copy_rows: list[tuple[int, int]] = []
+    kernel_code, copy_code = int(Kind.KERNEL), int(Kind.GPU_MEMCPY)
     for event in events:
         if event.ph != "X":
             if collect and type(event.name) is str:
@@ -451,6 +455,9 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
             if kind == kernel_code and args is not None and args.grid is not None:
                 dims = dims_of_external.get(args.external_id) if type(args.external_id) is int else None
                 _note_launch_shape(args, dims, len(name_ids) - 1, shape_index, shape_rows, shape_slots)
+            elif kind == copy_code and args is not None and type(args.copy_bytes) is int \
+                    and 0 <= args.copy_bytes <= int_limit:
+                copy_rows.append((len(name_ids) - 1, args.copy_bytes))
             threads.append(_int_or(args.stream if args else None, _int_or(event.tid, NO_ID)))
             devices.append(_device_or(args.device if args else None, _device_or(event.pid, 0)))
         else:
@@ -483,6 +490,8 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
         table = _with_launch_shapes(table, starts, shape_index, shape_rows, len(name_ids))
     if sequence_rows:
         table = _with_sequence(table, starts, sequence_rows, len(name_ids))
+    if copy_rows:
+        table = dataclasses.replace(table, copy_bytes=_sorted_column(starts, copy_rows, len(name_ids)))
     return dataclasses.replace(table, omitted_host_ops=omitted) if omitted else table
 
 
@@ -652,11 +661,16 @@ def _with_launch_shapes(table: TraceEvents, starts: list, index: dict[str, int],
 
 def _with_sequence(table: TraceEvents, starts: list, rows: list[tuple[int, int]], count: int) -> TraceEvents:
     """The table with its sequence number column (events naming a process group), sorted like the others."""
+    return dataclasses.replace(table, sequence=_sorted_column(starts, rows, count))
+
+
+def _sorted_column(starts: list, rows: list[tuple[int, int]], count: int) -> np.ndarray:
+    """An int64 column of (parsed row, value) pairs, NO_ID elsewhere, in the table's (start time) order."""
     column = np.full(count, NO_ID, dtype=np.int64)
-    parsed_rows, numbers = zip(*rows)
-    column[list(parsed_rows)] = numbers
+    parsed_rows, values = zip(*rows)
+    column[list(parsed_rows)] = values
     order = np.argsort(np.asarray(starts, dtype=np.float64), kind="stable")
-    return dataclasses.replace(table, sequence=column[order])
+    return column[order]
 
 
 def _with_externals(table: TraceEvents, starts: list, op_of_external: dict[int, str],

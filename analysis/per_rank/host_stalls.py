@@ -47,6 +47,7 @@ from fleetscope.analysis.per_rank.intervals import Intervals, covered_between, s
 from fleetscope.analysis.per_rank.names import (
     is_comm_cpu_op,
     is_device_to_host_copy,
+    is_dynamic_shape_op,
     is_gc_frame,
     is_gloo_span,
     is_host_sync_call,
@@ -98,6 +99,12 @@ class StepStalls:
     """Copies from or to pageable host memory launched in the step."""
     pageable_copy_us: float = 0.0
     """Host time inside their copy calls."""
+    pageable_copy_bytes: int = 0
+    """Bytes those copies moved (the copies' `bytes` args; 0 where the trace does not record them)."""
+    sync_dispatch_us: float = 0.0
+    """Host time in the outermost data-dependent-shape ops that sync (names.is_dynamic_shape_op: boolean-mask
+    indexing, its backward, masked_select, unique), outside their sync calls: the host work that keeping shapes
+    static removes, which the step loses where the GPU waits for the host."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -296,7 +303,8 @@ def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGap
     dtoh_launch = events.launch_start_us(dtoh)
     launches = events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_launch_call)
     pageable = _PageableCopies.of(events)
-    per_step = [_step_stalls(events, step, syncs, reads, inputs, dtoh, dtoh_launch, launches, pageable)
+    dispatch = _sync_dispatch(events, syncs)
+    per_step = [_step_stalls(events, step, syncs, reads, inputs, dtoh, dtoh_launch, launches, pageable, dispatch)
                 for step in steps]
     idle_us, idle_count = _idle_totals(gaps)
     inside = in_host_ranges(events.start_us, steps)
@@ -349,6 +357,26 @@ def _sync_op(events: TraceEvents, index: int, launch_rows: np.ndarray, by_correl
         return SYNC_EXPLICIT, None
     external = int(events.external_id[work])
     return events.op_of_external.get(external, "unknown op"), first_launch.get(external)
+
+
+def _sync_dispatch(events: TraceEvents, syncs: np.ndarray) -> Intervals:
+    """The host time in the outermost data-dependent-shape ops holding a sync, outside the sync calls
+    (StepStalls.sync_dispatch_us), as intervals on the host's clock (every thread's, merged)."""
+    dynamic = events.of_kind(Kind.CPU_OP) & events.names_matching(is_dynamic_shape_op)
+    if not dynamic.any() or not syncs.any():
+        return Intervals.of([], [])
+    holding: list[int] = []
+    for thread in np.unique(events.thread[dynamic]).tolist():
+        ops = np.flatnonzero(dynamic & (events.thread == thread))
+        calls = np.sort(events.start_us[syncs & (events.thread == thread)])
+        held = np.searchsorted(calls, events.end_us[ops], side="right") > np.searchsorted(calls, events.start_us[ops])
+        holding.extend(ops[held].tolist())
+    if not holding:
+        return Intervals.of([], [])
+    rows = np.asarray(holding)
+    ops = union(Intervals(events.start_us[rows], events.end_us[rows]))
+    waits = union(Intervals(events.start_us[syncs], events.end_us[syncs]))
+    return subtract(ops, waits)
 
 
 def _steps_partition(events: TraceEvents, steps: list[StepTiming]) -> tuple[float, float]:
@@ -450,6 +478,7 @@ class _PageableCopies:
     call_start_us: np.ndarray
     call_end_us: np.ndarray
     thread: np.ndarray
+    copied_bytes: np.ndarray
 
     @classmethod
     def of(cls, events: TraceEvents) -> "_PageableCopies":
@@ -457,7 +486,10 @@ class _PageableCopies:
         starts, ends = events.launch_start_us(copies), events.launch_end_us(copies)
         called = ends > starts          # a copy without its call (no cuda_runtime event) has no host time
         threads = events.launch_thread(copies)
-        return cls(call_start_us=starts[called], call_end_us=ends[called], thread=threads[called])
+        sizes = (np.maximum(events.copy_bytes[copies], 0) if events.copy_bytes is not None
+                 else np.zeros(starts.size, dtype=np.int64))
+        return cls(call_start_us=starts[called], call_end_us=ends[called], thread=threads[called],
+                   copied_bytes=sizes[called])
 
 
 def _frames(events: TraceEvents, calls: np.ndarray, inside: np.ndarray, what: str) -> list[HostFrame]:
@@ -493,7 +525,7 @@ def _frames_of_calls(events: TraceEvents, starts: np.ndarray, ends: np.ndarray, 
 
 def _step_stalls(events: TraceEvents, step: StepTiming, syncs: np.ndarray, reads: np.ndarray,
                  inputs: np.ndarray, dtoh: np.ndarray, dtoh_launch_us: np.ndarray, launches: np.ndarray,
-                 pageable: _PageableCopies) -> StepStalls:
+                 pageable: _PageableCopies, dispatch: Intervals) -> StepStalls:
     inside = (events.start_us >= step.start_us) & (events.start_us < step.end_us)
     copies = (dtoh_launch_us >= step.start_us) & (dtoh_launch_us < step.end_us)
     paged = (pageable.call_start_us >= step.start_us) & (pageable.call_start_us < step.end_us)
@@ -509,6 +541,9 @@ def _step_stalls(events: TraceEvents, step: StepTiming, syncs: np.ndarray, reads
         launch_us=float(events.dur_us[launches & inside].sum()),
         pageable_copy_count=int(np.count_nonzero(paged)),
         pageable_copy_us=float((pageable.call_end_us - pageable.call_start_us)[paged].sum()),
+        pageable_copy_bytes=int(pageable.copied_bytes[paged].sum()),
+        sync_dispatch_us=float(covered_between(dispatch, np.array([step.start_us]), np.array([step.end_us]))[0])
+        if len(dispatch) else 0.0,
     )
 
 

@@ -234,6 +234,12 @@ def is_pageable_copy(name: str) -> bool:
     return name.startswith("Memcpy ") and "Pageable" in name
 
 
+def is_pinned_host_copy(name: str) -> bool:
+    """A GPU copy between pinned host memory and the device (`Memcpy HtoD (Pinned -> Device)`): it runs at the
+    host link's full rate."""
+    return name.startswith(("Memcpy HtoD", "Memcpy DtoH")) and "Pinned" in name
+
+
 LIBRARY_FRAME_MARKERS = ("site-packages/", "dist-packages/", "/torch/", "torch/", "<built-in", "<frozen", "threading.py",
                          "contextlib.py", "runpy.py", "<string>")
 """Python frames (with_stack's `python_function` events) of libraries, not of the program: the frame that
@@ -300,7 +306,23 @@ def is_compile_region(name: str) -> bool:
 def is_kept_host_op(name: str) -> bool:
     """`cpu_op` events kept on GPU traces (where others are left out): collectives, tensor reads and
     compilation ranges."""
-    return is_comm_cpu_op(name) or is_tensor_read_op(name) or is_compile_region(name)
+    return is_comm_cpu_op(name) or is_tensor_read_op(name) or is_compile_region(name) or is_dynamic_shape_op(name)
+
+
+DYNAMIC_SHAPE_OPS = frozenset(("aten::index", "aten::nonzero", "aten::masked_select", "aten::index_put_",
+                               "aten::_index_put_impl_", "aten::unique", "aten::_unique2", "aten::unique_dim",
+                               "aten::unique_consecutive", "aten::repeat_interleave"))
+"""Ops whose output size depends on the data (boolean-mask indexing, masked_select, unique, repeat_interleave
+by a tensor): they read a count from the GPU before they can size their output, and their backward
+(DYNAMIC_SHAPE_BACKWARDS) does the same again."""
+DYNAMIC_SHAPE_BACKWARDS = ("IndexBackward", "MaskedSelectBackward", "IndexPutBackward")
+
+
+def is_dynamic_shape_op(name: str) -> bool:
+    """An op of DYNAMIC_SHAPE_OPS, or autograd's evaluation of one's backward
+    (`autograd::engine::evaluate_function: IndexBackward0`)."""
+    return name in DYNAMIC_SHAPE_OPS or (name.startswith("autograd::engine::evaluate_function: ")
+                                         and any(b in name for b in DYNAMIC_SHAPE_BACKWARDS))
 
 
 # --- expert parallelism: all-to-all calls ----------------------------------------------------------

@@ -55,9 +55,10 @@ import re
 from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
 from fleetscope.analysis.per_rank.intervals import Intervals, clip, covered_between, union
 from fleetscope.analysis.per_rank.names import (CATEGORY_GEMM, FORWARD_ONLY_OPS, is_backward_op, is_compile_region,
-                                                is_device_to_host_copy, is_gc_frame, is_launch_call, kernel_category)
+                                                is_device_to_host_copy, is_gc_frame, is_launch_call, is_pinned_host_copy,
+                                                kernel_category)
 from fleetscope.analysis.per_rank.steps import StepTiming, in_host_ranges
-from fleetscope.traces.device_peaks import device_name, peak_tflops
+from fleetscope.traces.device_peaks import device_name, peak_tflops, pinned_copy_gbps
 
 PRECISION_FP32, PRECISION_TF32, PRECISION_HALF, PRECISION_FP8 = "fp32", "tf32", "bf16/fp16", "fp8"
 PRECISION_UNKNOWN = "unknown"
@@ -137,6 +138,16 @@ class StepWork:
     """Host time inside garbage collections per step (with_stack traces; 0 where the trace cannot show them)."""
     gc_count: float = 0.0
     """Collections per step."""
+    fp32_saving_us: float | None = None
+    """How much shorter the step would be per step with that fp32 math TENSOR_CORE_SPEEDUP times faster, as far
+    as it reaches the step's end (saving_reach.py); None where the idle gaps cannot tell."""
+    pinned_copy_gbps: float = 0.0
+    """The rate the trace's own large copies between pinned host memory and the device reached (bytes over their
+    GPU time, copies of PINNED_RATE_MIN_BYTES or more anywhere in the trace); 0 without such copies."""
+    host_link: str = ""
+    """The GPU's host link as traces/device_peaks.py lists it; "" for a GPU it does not."""
+    host_link_gbps: float = 0.0
+    """What a pinned copy over that link reaches (the table's figure)."""
     python_frames: bool = False
     """The trace holds Python frames (with_stack): work outside any op can be named, and collections seen."""
 
@@ -162,7 +173,7 @@ def measure_step_work(events: TraceEvents, steps: list[StepTiming], device_prope
                     **_optimizer(events, steps, in_steps, count), **_allocator(events, in_steps, count),
                     **_compilation(events, steps, in_steps, count), **_host_copies(events, steps, count),
                     **_attention(events, steps, count), **_recompute(events, steps, count),
-                    **_garbage_collection(events, in_steps, count),
+                    **_garbage_collection(events, in_steps, count), **_host_link(events, device_properties),
                     python_frames=bool(events.of_kind(Kind.PYTHON_FUNCTION).any()),
                     graph_launches=int(np.count_nonzero(events.of_kind(Kind.CUDA_RUNTIME) & in_steps
                                                         & events.names_matching(lambda n: n in GRAPH_LAUNCHES))) / count)
@@ -182,17 +193,29 @@ def _kernel_us_by_name(events: TraceEvents, steps: list[StepTiming]) -> dict[str
 def _conv_fp32_us(events: TraceEvents, steps: list[StepTiming]) -> float:
     """GPU time of fp32 convolution kernels launched inside the steps that are no GEMM by name (module
     docstring); 0 without External ids (no op to tell a convolution by)."""
+    return float(events.dur_us[_fp32_conv_rows(events, steps)].sum())
+
+
+def _fp32_conv_rows(events: TraceEvents, steps: list[StepTiming]) -> np.ndarray:
     kernels = events.of_kind(Kind.KERNEL)
     if events.external_id is None or not kernels.any():
-        return 0.0
-    launched = in_host_ranges(events.launch_start_us(kernels), steps)
-    rows = np.flatnonzero(kernels)[launched]
-    total = 0.0
-    for external, name_id, dur in zip(events.external_id[rows].tolist(), events.name_id[rows].tolist(),
-                                      events.dur_us[rows].tolist()):
-        if "convolution" in events.op_of_external.get(int(external), "") and _fp32_conv_kernel(events.names[name_id]):
-            total += dur
-    return total
+        return np.zeros(0, dtype=np.int64)
+    rows = np.flatnonzero(kernels)[in_host_ranges(events.launch_start_us(kernels), steps)]
+    chosen = [row for row, external, name_id in zip(rows.tolist(), events.external_id[rows].tolist(),
+                                                   events.name_id[rows].tolist())
+              if "convolution" in events.op_of_external.get(int(external), "")
+              and _fp32_conv_kernel(events.names[name_id])]
+    return np.asarray(chosen, dtype=np.int64)
+
+
+def fp32_math_rows(events: TraceEvents, steps: list[StepTiming]) -> np.ndarray:
+    """The kernels launched inside the steps that do fp32 math off the tensor cores: fp32 GEMMs by name and fp32
+    convolutions (the two figures the precision rule reads)."""
+    kernels = events.of_kind(Kind.KERNEL)
+    gemm = kernels & events.names_matching(lambda n: kernel_category(n) == CATEGORY_GEMM and gemm_precision(n) == "fp32")
+    rows = np.flatnonzero(gemm)
+    rows = rows[in_host_ranges(events.launch_start_us(gemm), steps)] if rows.size else rows
+    return np.union1d(rows, _fp32_conv_rows(events, steps)).astype(np.int64)
 
 
 def _fp32_conv_kernel(name: str) -> bool:
@@ -513,6 +536,32 @@ def _gemm_rates(events: TraceEvents, steps: list[StepTiming], device_properties:
             "device": device,
             "gemm_peak_pct_by_precision": {kind: 100.0 * rate / peaks[kind] for kind, rate in rates.items()
                                            if kind in peaks}}
+
+
+TENSOR_CORE_SPEEDUP = 4.0
+"""How much faster the tensor cores run fp32 math as bf16 or TF32: an assumption, conservative against the
+datasheets' 7-15x (peaks of fp32 vs TF32/bf16 dense) as real GEMMs reach less of the tensor cores' peak."""
+PINNED_RATE_MIN_BYTES = 1 << 20
+"""Smaller copies are dominated by their fixed cost and say little about the link's rate."""
+
+
+def _host_link(events: TraceEvents, device_properties: Any) -> dict:
+    """What a pinned copy between host and device moves per second on this GPU: measured on the trace's own
+    large pinned copies where it has them, and the link table's figure (traces/device_peaks.py)."""
+    copies = events.of_kind(Kind.GPU_MEMCPY)
+    if not copies.any():
+        return {}
+    devices = events.device[copies]
+    link, rate = pinned_copy_gbps(device_name(device_properties, int(np.bincount(devices[devices >= 0]).argmax())
+                                              if (devices >= 0).any() else None))
+    found: dict = {"host_link": link, "host_link_gbps": rate}
+    if events.copy_bytes is None:
+        return found
+    pinned = copies & events.names_matching(is_pinned_host_copy) & (events.copy_bytes >= PINNED_RATE_MIN_BYTES)
+    seconds = float(events.dur_us[pinned].sum()) / 1e6
+    if seconds > 0:
+        found["pinned_copy_gbps"] = float(events.copy_bytes[pinned].sum()) / seconds / 1e9
+    return found
 
 
 def _op_flops(events: TraceEvents, external: int, shape: int) -> float | None:

@@ -53,7 +53,8 @@ def score(directory: Path) -> dict:
     planted = json.loads((directory / "planted.json").read_text())
     causes, unmeasured = measurable_causes(planted)
     try:
-        findings = advise(directory).findings
+        advice = advise(directory)
+        findings = advice.findings
     except Exception as error:  # a program the advisor cannot read is a miss, reported, not a crash
         return {"program": directory.name, "causes": causes, "error": f"{type(error).__name__}: {error}"}
     ranked = [(f.rule, f.expected_gain_ms, f.expected_gain_pct) for f in findings]
@@ -67,12 +68,14 @@ def score(directory: Path) -> dict:
     wanted = [RULE_OF_CAUSE.get(cause, {cause}) for cause in causes]
     row["right"] = bool(top) and top[0] in wanted[0] if len(causes) == 1 else \
         all(any(rule in rules for rule in top) for rules in wanted)
-    row["gain_errors"] = {}
+    row["gain_errors"], row["scaled_gain_errors"] = {}, {}
+    scale = _steady_scale(planted.get("step_ms"), advice.combined_gain_of_ms)
     for cause, rules in zip(causes, wanted):
         planted_ms = (planted.get("planted_ms_per_step") or {}).get(cause)
         gains = [gain for rule, gain, _ in ranked if rule in rules and gain is not None]
         if planted_ms and planted_ms > 0 and gains:
             row["gain_errors"][cause] = _gain_error(cause, gains[0], planted_ms, ranked, rules, planted)
+            row["scaled_gain_errors"][cause] = _gain_error(cause, gains[0] * scale, planted_ms, ranked, rules, planted)
     return row
 
 
@@ -87,6 +90,15 @@ def _gain_error(cause: str, gain_ms: float, planted_ms: float, ranked: list, rul
         planted_pct = 100.0 * planted_ms / planted["step_ms"]
         return abs((pct or 0.0) - planted_pct) / planted_pct
     return abs(gain_ms - planted_ms) / planted_ms
+
+
+def _steady_scale(steady_ms: float | None, profiled_ms: float | None) -> float:
+    """What a fleetscope run does with a gain measured on profiled steps (advise/model.py profiled_scale): scale it
+    by the steady step over the profiled one where the profiled step is the longer; here the steady step is the
+    program's own unprofiled timing (planted.json step_ms)."""
+    if not steady_ms or not profiled_ms or profiled_ms <= steady_ms:
+        return 1.0
+    return steady_ms / profiled_ms
 
 
 def measurable_causes(planted: dict) -> tuple[list[str], list[str]]:
@@ -118,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         found = ", ".join(f"{rule} {gain:.1f}" if gain is not None else rule for rule, gain, _ in r.get("findings", [])[:3])
         errors = ", ".join(f"{e:.0%}" for e in r.get("gain_errors", {}).values())
+        if r.get("scaled_gain_errors") and r["scaled_gain_errors"] != r["gain_errors"]:
+            errors += " (scaled " + ", ".join(f"{e:.0%}" for e in r["scaled_gain_errors"].values()) + ")"
         label = "+".join(r["causes"]) or "healthy"
         if r.get("unmeasured"):
             label += f" (no cost: {'+'.join(r['unmeasured'])})"
@@ -130,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"healthy programs with no finding above {HEALTHY_MAX_PCT:g}%: {sum(r['right'] for r in healthy)}/{len(healthy)}")
     print(f"gains within {GAIN_TOLERANCE:.0%} of the planted cost: {sum(e <= GAIN_TOLERANCE for e in errors)} of the "
           f"{len(errors)} found ({planted_causes} planted causes in all)")
+    scaled = [e for r in rows for e in r.get("scaled_gain_errors", {}).values()]
+    print(f"  the same gains scaled to the unprofiled step as a fleetscope run scales them (its steady step metrics): "
+          f"{sum(e <= GAIN_TOLERANCE for e in scaled)} of {len(scaled)}")
     print(f"programs the advisor could not read: {sum('error' in r for r in rows)}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=str))

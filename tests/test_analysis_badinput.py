@@ -52,6 +52,16 @@ def test_not_a_kineto_trace(tmp_path):
     assert "no traceEvents" in problem.reason
 
 
+def test_a_json_file_beside_the_traces_that_names_no_trace_is_skipped_with_a_note(tmp_path):
+    # a config or ground-truth file kept next to a program's traces is no damaged trace: the analysis stays
+    # complete and says which files it skipped; one NAMED like a trace (a rank, "trace") stays a problem
+    report = _dir_with(tmp_path, "config.json", b'{"lr": 0.001, "batch": 8}', world_size=1)
+    assert report.complete and report.problems == [] and report.analyzed_ranks == [0]
+    assert any("config.json" in note and "hold no trace" in note for note in report.notes)
+    (tmp_path / "worker.pt.trace.json").write_bytes(b'{"hello": 1}')
+    assert [p.label for p in analyze(tmp_path, use_hta=False).problems] == ["worker.pt.trace.json"]
+
+
 def test_no_distributed_info_takes_rank_from_name_and_says_so(tmp_path):
     _good(0).write(tmp_path / "rank0.json")
     builder = _good(1)

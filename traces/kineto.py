@@ -34,6 +34,10 @@ class TraceReadError(ValueError):
         self.reason = reason
 
 
+class NotATrace(TraceReadError):
+    """Valid JSON that is no trace document (no `traceEvents` list): a config or metrics file beside the traces."""
+
+
 def read_raw(path: Path, *, within: Path | None = None, expected_size: int | None = None,
              expected_sha256: str | None = None) -> bytes:
     """The bytes of a trace file as stored (possibly gzip), read by the one safe reader (safe_read.py):
@@ -118,10 +122,10 @@ def _document_of(data: bytes, path: Path) -> dict[str, Any]:
     if isinstance(document, list):
         document = {"traceEvents": document}
     if not isinstance(document, dict):
-        raise TraceReadError(path, f"top level is {type(document).__name__}, expected an object")
+        raise NotATrace(path, f"top level is {type(document).__name__}, expected an object")
     events = document.get("traceEvents")
     if not isinstance(events, list):
-        raise TraceReadError(path, "no traceEvents list: not a Chrome/Kineto trace")
+        raise NotATrace(path, "no traceEvents list: not a Chrome/Kineto trace")
     return document
 
 

@@ -23,6 +23,7 @@ from fleetscope.analysis.inputs.sources import (
     TraceFailure,
 )
 from fleetscope.analysis.per_rank.rank import RANK_FROM_ORDER, RankResult
+from fleetscope.analysis.inputs.resolve import rank_from_name
 
 if TYPE_CHECKING:
     from fleetscope.analysis.inputs.resolve import AnalysisInput
@@ -168,10 +169,24 @@ def place_traces(inputs: "AnalysisInput", outcomes: list[RankResult | TraceFailu
     placed by place_foreign_traces."""
     results = [o for o in outcomes if isinstance(o, RankResult)]
     failures = [o for o in outcomes if isinstance(o, TraceFailure)]
+    skipped = [f for f in failures if inputs.kind != SOURCE_RUN_DIR and is_bystander(f)]
+    failures = [f for f in failures if f not in skipped]
     if inputs.kind == SOURCE_RUN_DIR:
         placement = Placement(results=results, missing=list(inputs.missing),
                               missing_total=max(inputs.missing_total, len(inputs.missing)))
     else:
         placement = place_foreign_traces(results)
     placement.failures = failures + placement.failures
+    if skipped:
+        placement.notes = placement.notes + [
+            f"{len(skipped)} JSON file(s) beside the traces hold no trace and were skipped: "
+            + ", ".join(f.label for f in skipped[:5]) + (" ..." if len(skipped) > 5 else "")]
     return placement
+
+
+def is_bystander(failure: TraceFailure) -> bool:
+    """A file of a folder of traces that is valid JSON but no trace, and whose name does not claim to be one
+    (no "trace" in it, no rank): a config or metrics file kept beside the traces, not a damaged trace. A file
+    named like a trace that holds none stays a problem."""
+    name = failure.label.rsplit("/", 1)[-1].lower()
+    return failure.not_a_trace and "trace" not in name and rank_from_name(name) is None

@@ -38,6 +38,8 @@ class TraceFailure:
     window: int | None
     rank: int | None
     reason: str
+    not_a_trace: bool = False
+    """The file is valid JSON but no trace document (traces/kineto.py NotATrace)."""
 
 
 @dataclass(frozen=True, kw_only=True)

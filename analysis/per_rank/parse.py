@@ -29,7 +29,7 @@ from fleetscope.analysis.per_rank.rank import (
     decode_identified,
     read_decoded,
 )
-from fleetscope.traces.kineto import TraceIdentity, TraceReadError, read_raw
+from fleetscope.traces.kineto import NotATrace, TraceIdentity, TraceReadError, read_raw
 from fleetscope.traces.manifest import TraceRecord
 
 PARALLEL_THRESHOLD = 4
@@ -131,7 +131,8 @@ def analyze_trace(source: TraceSource, cache: ResultCache | None = None,
         with cyclic_gc_paused():
             return _cached_or_analyzed(source, cache, comm_kernel_pattern, hta_views)
     except TraceReadError as error:
-        return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=error.reason)
+        return TraceFailure(label=source.label, window=source.window, rank=source.rank, reason=error.reason,
+                            not_a_trace=isinstance(error, NotATrace))
     except _UNFORESEEN as error:
         # A file shaped in a way no check above foresaw (or too deep or too large to hold): name it with
         # the error, analyze the other ranks.

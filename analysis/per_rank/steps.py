@@ -122,7 +122,8 @@ def find_steps(events: TraceEvents) -> tuple[list[StepTiming], str | None]:
         return [], None
     phase_masks = {phase: host_ranges & events.names_matching(lambda n, p=phase: n == p) for phase in PHASES}
     loader = host_ranges & events.names_matching(lambda n: n.startswith(DATA_LOADER_PREFIX))
-    gpu_spans, gpu_source = gpu_step_spans(events, windows)
+    gpu_spans, gpu_source = (_whole_gpu_span(events) if source == STEP_SOURCE_CAPTURE
+                             else gpu_step_spans(events, windows))
     steps = []
     for step, start, dur in windows:
         host_ms = dur / 1000.0
@@ -130,6 +131,11 @@ def find_steps(events: TraceEvents) -> tuple[list[StepTiming], str | None]:
         gpu_ms = (gpu_end - gpu_start) / 1000.0 if gpu_start is not None else None
         busy_ms = busy_us / 1000.0 if busy_us is not None else None
         bound = BOUND_GPU if gpu_ms is not None and gpu_ms > host_ms and busy_ms > host_ms else BOUND_HOST
+        if source == STEP_SOURCE_CAPTURE and gpu_ms is not None:
+            # the whole capture: the GPU's span, first recorded activity to last. Before it the GPU may have run
+            # work queued before the capture (a host that runs ahead launches long before its kernels run), and
+            # a host that ends the capture waiting for the GPU adds nothing the GPU did not
+            bound = BOUND_GPU
         steps.append(StepTiming(
             step=step, start_us=start, step_time_ms=gpu_ms if bound == BOUND_GPU else host_ms, host_ms=host_ms,
             gpu_start_us=gpu_start, gpu_ms=gpu_ms, gpu_busy_ms=busy_ms,
@@ -138,6 +144,16 @@ def find_steps(events: TraceEvents) -> tuple[list[StepTiming], str | None]:
             data_loader_ms=_phase_times_ms(events, {"data": loader}, start, start + dur).get("data")
             if loader.any() else None))
     return steps, source
+
+
+def _whole_gpu_span(events: TraceEvents) -> tuple[dict[int, tuple[float, float, float]], str]:
+    """The whole capture's GPU span (step 0): every recorded GPU activity, whoever launched it and when."""
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    if not gpu.any():
+        return {}, ""
+    starts, ends = events.start_us[gpu], events.end_us[gpu]
+    busy = union(Intervals(starts, ends)).total_us
+    return {0: (float(starts.min()), float(ends.max()), busy)}, "every GPU activity of the capture"
 
 
 def gpu_step_spans(events: TraceEvents,

@@ -50,7 +50,9 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           the step, GPU time), input_wait_us (DataLoader fetch spans, host wall), launch_count,
                           launch_us (launch calls: kernels, graphs, async copies; host time in them),
                           pageable_copy_count, pageable_copy_us (copies from or to pageable host memory;
-                          host time inside their copy calls)},
+                          host time inside their copy calls), pageable_copy_bytes (what they moved),
+                          sync_dispatch_us (host time in data-dependent-shape ops that sync, outside
+                          the syncs: boolean-mask indexing and its backward, masked_select, unique)},
                           frames[] {frame, what ("sync" | "pageable copy"), count, us}: with_stack
                           traces, the program's own innermost frames holding those calls (profiled steps),
                           idle_by_cause_us {cause: us}, idle_gaps_by_cause {cause: gaps}: GPU idle time
@@ -76,6 +78,10 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           ops), host_copy_us, graph_launches, softmax_us, fused_attention_us, recompute_us
                           (forward work the backward ran again), recompute_idle_us (the GPU idle around it),
                           gc_us, gc_count (garbage collections, with_stack traces): per profiled step; python_frames (the trace has with_stack's);
+                          fp32_saving_us (the fp32 math 4x faster: what reaches the step's end, per step,
+                          saving_reach.py; null: cannot tell), pinned_copy_gbps (the trace's own large
+                          pinned copies' rate; 0: none), host_link, host_link_gbps (the GPU's host link and
+                          a pinned copy's rate over it, traces/device_peaks.py; "", 0: not listed);
                           step_work.py} | null (no steps or no GPU activity)
         top_kernels[]     {name, count, total_us, ranks, category}: kernels with the most GPU time, all ranks
                           summed; category as in gpu_time

@@ -1,11 +1,12 @@
 """How much of a GPU-time saving reaches the step's end (per_rank/saving_reach.py), on hand-built timelines whose
-answer follows from the mechanism: a GPU-bound step keeps it all, a gap in which the GPU waits for the host absorbs
-it, a gap in which the host waited for the GPU (a sync, and the host's work right after it) passes it on."""
+answer follows from the mechanism: a GPU-bound step keeps it all, a gap in which the GPU waits for the host takes
+its length of it, and once the host waited for the GPU (a sync) the host's later launches are early too."""
 
 import numpy as np
 import pytest
 
-from fleetscope.analysis.per_rank.host_stalls import GAP_CAUSES, IDLE_HOST, IDLE_SHORT, IDLE_SYNC, IdleGaps
+from fleetscope.analysis.per_rank.host_stalls import (GAP_CAUSES, IDLE_DEVICE, IDLE_HOST, IDLE_SHORT, IDLE_SYNC,
+                                                      IdleGaps)
 from fleetscope.analysis.per_rank.saving_reach import step_saving_us
 from fleetscope.analysis.per_rank.steps import BOUND_GPU, StepTiming
 from fleetscope.analysis.per_rank.utilization import BASIS_GPU
@@ -30,20 +31,27 @@ def test_a_gpu_bound_step_keeps_every_saving():
     assert _saving(_gaps(), [100.0, 400.0], [30.0, 50.0]) == pytest.approx(80.0)
 
 
-def test_a_later_wait_for_the_host_absorbs_the_saving_up_to_its_length():
-    # the kernel ending at 100 saves 30; the GPU then waits 20 us for a launch: 10 us reach the end
+def test_a_later_wait_for_a_launch_the_host_makes_on_its_own_takes_its_length_of_the_saving():
+    # the kernel ending at 100 saves 30; the GPU then waits 20 us for a launch the host makes when it gets to it:
+    # 10 us reach the end; a host barely behind for one launch (2 us) takes 2; a long wait takes it all
     assert _saving(_gaps((150.0, 170.0, IDLE_HOST)), [100.0], [30.0]) == pytest.approx(10.0)
-    # a wait BEFORE the kernel absorbs nothing of its saving
+    assert _saving(_gaps((150.0, 152.0, IDLE_SHORT)), [100.0], [30.0]) == pytest.approx(28.0)
+    assert _saving(_gaps((150.0, 250.0, IDLE_HOST)), [100.0], [30.0]) == pytest.approx(0.0)
+    # a wait BEFORE the kernel takes nothing of its saving
     assert _saving(_gaps((50.0, 90.0, IDLE_SHORT)), [100.0], [30.0]) == pytest.approx(30.0)
 
 
-def test_a_sync_and_the_host_work_right_after_it_pass_the_saving_on():
-    # the host waits for the GPU (sync), then works 40 us before its next launch: all shifts earlier
-    gaps = _gaps((200.0, 260.0, IDLE_SYNC), (260.0, 300.0, IDLE_HOST))
-    assert _saving(gaps, [100.0], [30.0]) == pytest.approx(30.0)
-    # a host gap of its own later on still absorbs
+def test_once_the_host_waited_for_the_gpu_its_later_launches_are_early_too():
+    # the host waits for the GPU (sync), then works 40 us before its next launch, and later the GPU waits for
+    # the host again: the host resumed 30 us earlier, so every later launch is 30 us earlier
     gaps = _gaps((200.0, 260.0, IDLE_SYNC), (260.0, 300.0, IDLE_HOST), (500.0, 510.0, IDLE_HOST))
-    assert _saving(gaps, [100.0], [30.0]) == pytest.approx(20.0)
+    assert _saving(gaps, [100.0], [30.0]) == pytest.approx(30.0)
+    # a saving made after the host's last wait is taken back by the next wait for the host (10 us of 15)
+    assert _saving(gaps, [100.0, 400.0], [30.0, 15.0]) == pytest.approx(35.0)
+
+
+def test_a_device_dependency_keeps_the_lead():
+    assert _saving(_gaps((150.0, 170.0, IDLE_DEVICE)), [100.0], [30.0]) == pytest.approx(30.0)
 
 
 def test_without_gpu_gaps_it_cannot_tell():

@@ -149,7 +149,9 @@ def _step_work_evidence(report: Report | None) -> dict[str, Any]:
             "softmax_ms": mean("softmax_us"), "fused_attention_ms": mean("fused_attention_us"),
             "recompute_ms": mean("recompute_us"), "recompute_idle_ms": mean("recompute_idle_us"), "gc_ms": mean("gc_us"), "gc_count": mean("gc_count", 1.0),
             "python_frames": any(w.python_frames for w in works), **_host_link_evidence(works),
-            "fp32_saving_ms": _mean_known([w.fp32_saving_us for w in works])}
+            "fp32_saving_ms": _mean_known([w.fp32_saving_us for w in works]),
+            "score_pass_ms": mean("score_pass_us"), "score_saving_ms": _mean_known([w.score_saving_us for w in works]),
+            "score_shapes": next((w.score_shapes for w in works if w.score_shapes), [])}
 
 
 def _mean_known(values_us: list) -> float | None:

@@ -108,22 +108,34 @@ def _update_loop_finding(e: Evidence, host_ms: float, gpu_ms: float, gain: float
 
 def eager_attention(e: Evidence) -> Finding | None:
     """Softmax kernels over SOFTMAX_SHARE of the step and no fused attention kernel in it: attention computed
-    from a materialized score matrix (softmax(QK^T / sqrt(d) + mask) V written out). Gain, an estimate stated in
-    SCORE_PASSES: the softmax's time and as much again for the passes that scale and mask the scores."""
+    from a materialized score matrix (softmax(QK^T / sqrt(d) + mask) V written out). Gain: the passes over the
+    score matrix that are no GEMM (step_work.py score_pass_rows: the softmax, scaling, masking, dropout and their
+    backward, told by the score matrix's shape among their inputs), which a fused kernel never makes, as far as
+    their time reaches the step's end (per_rank/saving_reach.py); the GEMMs stay (a fused kernel does that math).
+    Without record_shapes, an estimate stated in SCORE_PASSES: the softmax's time and as much again."""
     if e.basis != "gpu" or not e.step_ms or e.fused_attention_ms > 0 or e.softmax_ms < SOFTMAX_SHARE * e.step_ms:
         return None
     busy_share = 1.0 - (e.idle_pct or 0.0) / 100.0
-    gain, pct = trace_gain(e, SCORE_PASSES * e.softmax_ms * busy_share)
+    if e.score_pass_ms > 0:
+        saved_ms = e.score_saving_ms if e.score_saving_ms is not None else e.score_pass_ms * busy_share
+        basis = (f"the passes over the score matrix ({', '.join(e.score_shapes) or 'its shape'}) that are no GEMM "
+                 f"take {e.score_pass_ms:.2f} ms per step, {saved_ms:.2f} ms of it on the step's critical path")
+    else:
+        saved_ms = SCORE_PASSES * e.softmax_ms * busy_share
+        basis = (f"gain assumed: {SCORE_PASSES:.0f}x the softmax's time, over the {busy_share:.0%} of the step the "
+                 "GPU is busy; record_shapes=True lets the trace show every pass over the scores")
+    gain, pct = trace_gain(e, saved_ms)
     return Finding(
         rule="eager_attention", title="attention runs on materialized scores (no fused attention kernel)",
-        evidence={"softmax_ms_per_step": round(e.softmax_ms, 3), "fused_attention_ms_per_step": 0.0},
+        evidence={"softmax_ms_per_step": round(e.softmax_ms, 3), "fused_attention_ms_per_step": 0.0,
+                  "score_pass_ms_per_step": round(e.score_pass_ms, 3),
+                  **({"score_shapes": "; ".join(e.score_shapes)} if e.score_shapes else {})},
         expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
         change="compute attention with torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., "
                "is_causal=...) (flash / memory-efficient / cuDNN kernels) instead of softmax(q @ k.T) @ v",
         why=f"{e.softmax_ms:.2f} ms per step of softmax kernels and no flash, memory-efficient or cuDNN attention "
             "kernel: the score matrix is written, scaled, masked and read again in memory-bound passes that a "
-            f"fused kernel never makes (gain assumed: {SCORE_PASSES:.0f}x the softmax's time, over the "
-            f"{busy_share:.0%} of the step the GPU is busy)")
+            f"fused kernel never makes ({basis})")
 
 
 def allocator_churn(e: Evidence) -> Finding | None:

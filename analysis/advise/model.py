@@ -64,6 +64,11 @@ class Evidence:
     """Copies from or to pageable host memory per step (host_stalls.py), the same mean."""
     pageable_copy_ms: float | None = None
     """Host time per step inside those copy calls (the call returns when the copy is done), the same mean."""
+    score_pass_ms: float = 0.0
+    """Non-GEMM passes over a score matrix per step (per_rank/step_work.py score_pass_rows), mean over ranks."""
+    score_shapes: list[str] = field(default_factory=list)
+    score_saving_ms: float | None = None
+    """What removing them saves at the step's end (saving_reach.py), mean over ranks; None: cannot tell."""
     fp32_saving_ms: float | None = None
     """Per step, what the fp32 math run TENSOR_CORE_SPEEDUP times faster saves at the step's end
     (per_rank/saving_reach.py), mean over ranks; None where no rank's trace can tell."""

@@ -217,7 +217,7 @@ def _gpu_idle_gaps(events: TraceEvents, spans: Intervals) -> IdleGaps:
     causes = gap_causes(gaps, Intervals(events.start_us[inputs], events.end_us[inputs]),
                         Intervals(events.start_us[host_comm], events.end_us[host_comm]),
                         Intervals(events.start_us[blocking], events.end_us[blocking] + SYNC_SLACK_US),
-                        queued_before=_queued_before(events, gpu, gaps),
+                        queued_before=queued_before(events, gpu, gaps),
                         collecting=Intervals(events.start_us[collections], events.end_us[collections]),
                         allocating=Intervals(events.start_us[allocator], events.end_us[allocator]))
     code_of = {cause: code for code, cause in enumerate(GAP_CAUSES)}
@@ -277,7 +277,7 @@ def _sync_share_of_gaps(gaps: IdleGaps, blocked: Intervals) -> IdleGaps:
     return IdleGaps(basis=gaps.basis, starts_us=starts[order], ends_us=ends[order], cause_codes=codes[order])
 
 
-def _queued_before(events: TraceEvents, gpu: np.ndarray, gaps: Intervals) -> np.ndarray:
+def queued_before(events: TraceEvents, gpu: np.ndarray, gaps: Intervals) -> np.ndarray:
     """Per gap: the GPU work starting at its end had been launched (launch call returned) before it began."""
     if not len(gaps) or not gpu.any():
         return np.zeros(len(gaps), dtype=bool)

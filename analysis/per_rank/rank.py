@@ -29,7 +29,7 @@ from fleetscope.analysis.per_rank.events import (
 from fleetscope.analysis.per_rank.gpu_time import GpuTime, measure_gpu_time
 from fleetscope.analysis.per_rank.hta_native import NotComputable, UnfilteredFrame, parsed_columns, unfiltered_frame
 from fleetscope.analysis.per_rank.host_stalls import HostStalls, IdleGaps, find_host_stalls, find_idle_gaps
-from fleetscope.analysis.per_rank.saving_reach import with_fp32_saving
+from fleetscope.analysis.per_rank.saving_reach import with_savings
 from fleetscope.analysis.per_rank.step_work import StepWork, measure_step_work
 from fleetscope.analysis.per_rank.kernels import KernelTotal, OpDuration, op_durations, top_kernels
 from fleetscope.analysis.per_rank.p2p import PointToPoint, find_point_to_point
@@ -177,7 +177,7 @@ def analyze_decoded(source: TraceSource, decoded: DecodedTrace, comm_kernel_patt
         top_kernels=top_kernels(events),
         gpu_time=measure_gpu_time(events, steps),
         host_stalls=find_host_stalls(events, steps, idle_gaps),
-        step_work=with_fp32_saving(measure_step_work(events, steps, document.get("deviceProperties")), events, steps,
+        step_work=with_savings(measure_step_work(events, steps, document.get("deviceProperties")), events, steps,
                                    idle_gaps),
         idle_gaps=idle_gaps,
         op_durations=op_durations(events),

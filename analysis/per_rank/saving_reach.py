@@ -1,14 +1,18 @@
 """How much of a saving in GPU time reaches the end of the step: the one owner of that what-if.
 
-A kernel that runs faster ends earlier, and the GPU work queued behind it starts earlier, until the GPU next
-waits for the host: an idle gap in which the GPU waits for the host's launches (the host was busy with work of
-its own) absorbs the saving, as the next kernel is launched when the host gets to it, no sooner. A gap in which
-the host waited for the GPU (a sync, a read of a device value, cudaFree's implicit sync) and everything the host
-did after that wait passes the saving on: the host resumes as soon as the GPU is done. A gap behind another
-stream's work (a device dependency) passes it on too. So, walking a step's GPU work and its idle gaps in time
-order (host_stalls.find_idle_gaps), a saving is carried forward, reduced by each absorbing gap, and what is left at
-the step's end is the step's saving. Host time the GPU does not wait for is none of this (the rules that save
-host time bound their gain by the GPU's idle instead).
+A kernel that runs faster ends earlier, and the GPU work queued behind it starts earlier: the GPU's timeline
+moves earlier by the saving so far. The host's timeline moves only where the host waited for the GPU (a sync, a
+read of a device value, cudaFree's implicit sync): it resumes when the GPU is done, so from there on it is as
+early as the GPU. An idle gap in which the GPU waits for a launch the host makes on its own schedule (busy with
+work of its own, not waiting for the GPU) takes the GPU's lead back by its own length, no further than the
+host's lead: on the profiled timeline the next kernel starts when the host launches it, so all of the lead is
+lost there, but the profiler slows the host, and a host only just behind the GPU for one launch (most such gaps
+are a few microseconds) is ahead of it unprofiled; charging each gap its length is the estimate that holds in
+both regimes. A gap behind another stream's work (a device dependency) keeps it. Walking a step's GPU work
+and its idle gaps in time order (host_stalls.find_idle_gaps), what the GPU's timeline has gained at the step's
+end is the step's saving. So a host-bound step gains nothing from faster kernels before its host waits, and a
+step whose host syncs at its end gains all of it. Host time the GPU does not wait for is none of this (the rules
+that save host time bound their gain by the GPU's idle instead).
 """
 
 from __future__ import annotations
@@ -18,60 +22,95 @@ import dataclasses
 import numpy as np
 
 from fleetscope.analysis.per_rank.host_stalls import (GAP_CAUSES, IDLE_ALLOCATOR, IDLE_DEVICE, IDLE_SYNC,
-                                                      IdleGaps)
-from fleetscope.analysis.per_rank.events import TraceEvents
-from fleetscope.analysis.per_rank.step_work import TENSOR_CORE_SPEEDUP, StepWork, fp32_math_rows
+                                                      IdleGaps, queued_before)
+from fleetscope.analysis.per_rank.intervals import Intervals
+from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, Kind, TraceEvents
+from fleetscope.analysis.per_rank.names import is_device_to_host_copy, is_pageable_copy
+from fleetscope.analysis.per_rank.step_work import TENSOR_CORE_SPEEDUP, StepWork, fp32_math_rows, score_pass_rows
 from fleetscope.analysis.per_rank.steps import StepTiming
 from fleetscope.analysis.per_rank.utilization import BASIS_GPU
 
-PASSING_CAUSES = frozenset((IDLE_SYNC, IDLE_ALLOCATOR, IDLE_DEVICE))
-"""Gap causes in which the host (or another stream) waited for the GPU: an earlier end passes through them."""
-_PASSING_CODES = np.array([cause in PASSING_CAUSES for cause in GAP_CAUSES], dtype=bool)
-_CONTIGUOUS_US = 1e-3
+HOST_WAITED_CAUSES = frozenset((IDLE_SYNC, IDLE_ALLOCATOR))
+"""Gap causes in which the host waited for the GPU: the host's timeline catches up with the GPU's."""
+KEPT_CAUSES = frozenset((IDLE_DEVICE,))
+"""Gap causes in which the GPU waited for its own work (another stream): the GPU keeps its lead."""
+_WAITED = 0
+_KEPT = 1
+_PACED = 2
+_AT_US = 1e-3
+_KIND_OF_CODE = np.array([_WAITED if cause in HOST_WAITED_CAUSES else _KEPT if cause in KEPT_CAUSES else _PACED
+                          for cause in GAP_CAUSES], dtype=np.int8)
 
 
 def step_saving_us(gaps: IdleGaps | None, steps: list[StepTiming], ends_us: np.ndarray,
-                   savings_us: np.ndarray) -> float | None:
+                   savings_us: np.ndarray, queued: np.ndarray | None = None,
+                   waited: np.ndarray | None = None) -> float | None:
     """The mean per step of the saving that reaches each step's end when GPU activities ending at `ends_us` each
-    run `savings_us` shorter (module docstring); None without GPU idle gaps to judge by."""
+    run `savings_us` shorter (module docstring); None without GPU idle gaps to judge by. `queued`: per gap, the
+    work after it had been launched before it began (host_stalls.queued_before): whatever the gap's cause, the
+    GPU then waited on itself, not on a launch, and keeps its lead. `waited`: per gap, the host waited for the GPU
+    just before it whatever its cause says (after_blocking_copies)."""
     if gaps is None or gaps.basis != BASIS_GPU or not steps:
         return None
-    passing = _passing(gaps)
+    kinds = _KIND_OF_CODE[gaps.cause_codes.astype(np.int64)]
+    if queued is not None:
+        kinds = np.where(queued & (kinds == _PACED), np.int8(_KEPT), kinds)
+    if waited is not None:
+        kinds = np.where(waited, np.int8(_WAITED), kinds)
     total = 0.0
     for step in steps:
-        total += _carried_to_end(gaps, passing, step.span_start_us, step.span_end_us, ends_us, savings_us)
+        total += _gained_by_end(gaps, kinds, step.span_start_us, step.span_end_us, ends_us, savings_us)
     return total / len(steps)
 
 
-def with_fp32_saving(work: StepWork | None, events: TraceEvents, steps: list[StepTiming],
-                     gaps: IdleGaps | None) -> StepWork | None:
-    """`work` with StepWork.fp32_saving_us: the fp32 math TENSOR_CORE_SPEEDUP times faster, what reaches the end."""
-    if work is None or not (work.gemm_us_by_precision.get("fp32") or work.conv_fp32_us):
-        return work
-    rows = fp32_math_rows(events, steps)
-    saving = step_saving_us(gaps, steps, events.end_us[rows], events.dur_us[rows] * (1.0 - 1.0 / TENSOR_CORE_SPEEDUP))
-    return dataclasses.replace(work, fp32_saving_us=saving)
-
-
-def _passing(gaps: IdleGaps) -> np.ndarray:
-    """Per gap, whether it passes a saving on: its cause's, or (for the part of a gap after a sync that
-    host_stalls splits off as the host's own) the gap it continues without a break."""
-    passing = _PASSING_CODES[gaps.cause_codes.astype(np.int64)]
-    for index in range(1, len(gaps)):
-        if not passing[index] and passing[index - 1] \
-                and abs(gaps.starts_us[index] - gaps.ends_us[index - 1]) <= _CONTIGUOUS_US:
-            passing[index] = True
-    return passing
-
-
-def _carried_to_end(gaps: IdleGaps, passing: np.ndarray, start_us: float, end_us: float, ends_us: np.ndarray,
-                    savings_us: np.ndarray) -> float:
+def _gained_by_end(gaps: IdleGaps, kinds: np.ndarray, start_us: float, end_us: float, ends_us: np.ndarray,
+                   savings_us: np.ndarray) -> float:
     inside = (ends_us > start_us) & (ends_us <= end_us) & (savings_us > 0)
-    mine = (gaps.starts_us >= start_us) & (gaps.starts_us < end_us) & ~passing
-    # (time, 0 = a saving that arrives, 1 = a gap that absorbs; amount)
-    moments = sorted([(t, 0, s) for t, s in zip(ends_us[inside].tolist(), savings_us[inside].tolist())]
-                     + [(a, 1, b - a) for a, b in zip(gaps.starts_us[mine].tolist(), gaps.ends_us[mine].tolist())])
-    carried = 0.0
+    mine = (gaps.starts_us >= start_us) & (gaps.starts_us < end_us)
+    # (time, -1 = a saving that arrives, else the gap's kind; the saving or the gap's length)
+    moments = sorted([(t, -1, s) for t, s in zip(ends_us[inside].tolist(), savings_us[inside].tolist())]
+                     + [(a, int(k), b - a) for a, b, k in zip(gaps.starts_us[mine].tolist(), gaps.ends_us[mine].tolist(),
+                                                             kinds[mine].tolist())])
+    gpu_lead = host_lead = 0.0
     for _, what, amount in moments:
-        carried = carried + amount if what == 0 else max(carried - amount, 0.0)
-    return carried
+        if what < 0:
+            gpu_lead += amount
+        elif what == _WAITED:
+            host_lead = gpu_lead
+        elif what == _PACED:
+            gpu_lead = max(host_lead, gpu_lead - amount)
+    return gpu_lead
+
+
+def with_savings(work: StepWork | None, events: TraceEvents, steps: list[StepTiming],
+                 gaps: IdleGaps | None) -> StepWork | None:
+    """`work` with the savings the rules read, as far as they reach the step's end: StepWork.fp32_saving_us (the
+    fp32 math TENSOR_CORE_SPEEDUP times faster) and StepWork.score_saving_us (the passes over a score matrix
+    gone, fused into one attention kernel)."""
+    if work is None or gaps is None:
+        return work
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    queued = queued_before(events, gpu, Intervals(gaps.starts_us, gaps.ends_us))
+    waited = after_blocking_copies(events, gaps)
+    changes = {}
+    if work.gemm_us_by_precision.get("fp32") or work.conv_fp32_us:
+        rows = fp32_math_rows(events, steps)
+        changes["fp32_saving_us"] = step_saving_us(gaps, steps, events.end_us[rows],
+                                                   events.dur_us[rows] * (1.0 - 1.0 / TENSOR_CORE_SPEEDUP), queued, waited)
+    if work.score_pass_us and not work.fused_attention_us:
+        rows = score_pass_rows(events, steps)
+        changes["score_saving_us"] = step_saving_us(gaps, steps, events.end_us[rows], events.dur_us[rows], queued, waited)
+    return dataclasses.replace(work, **changes) if changes else work
+
+
+def after_blocking_copies(events: TraceEvents, gaps: IdleGaps) -> np.ndarray:
+    """Per gap, whether the GPU activity it follows is a copy to pageable host memory: the host's copy call
+    returns only when that copy is done (`.cpu()`, torch.save of device tensors), so the host waited for the GPU
+    there although no sync call is recorded."""
+    copies = events.of_kind(Kind.GPU_MEMCPY) & events.names_matching(
+        lambda n: is_pageable_copy(n) and is_device_to_host_copy(n))
+    if not copies.any() or not len(gaps):
+        return np.zeros(len(gaps), dtype=bool)
+    ends = np.sort(events.end_us[copies])
+    slot = np.clip(np.searchsorted(ends, gaps.starts_us), 0, ends.size - 1)
+    return np.abs(ends[slot] - gaps.starts_us) < _AT_US

@@ -120,6 +120,13 @@ class StepWork:
     """GPU time of softmax kernels (forward and backward) per step."""
     fused_attention_us: float = 0.0
     """GPU time of fused attention kernels (flash, memory-efficient, cuDNN SDPA, FMHA) per step."""
+    score_pass_us: float = 0.0
+    """GPU time per step of the non-GEMM passes over a score matrix (score_pass_rows; record_shapes traces)."""
+    score_shapes: list[str] = field(default_factory=list)
+    """The score matrices' shapes ("[4,16,2048,2048]"), most softmax time first."""
+    score_saving_us: float | None = None
+    """How much shorter the step would be without those passes, as far as it reaches the step's end
+    (saving_reach.py); None where the idle gaps cannot tell or there are none."""
     gemm_tflops_by_precision: dict[str, float] = field(default_factory=dict)
     """Achieved TFLOP/s of the GEMMs whose shapes the trace records (record_shapes), by numeric type: their
     2*M*N*K (times the batch) over their kernels' time (module docstring)."""
@@ -375,7 +382,68 @@ def _attention(events: TraceEvents, steps: list[StepTiming], count: int) -> dict
             fused += us
         elif "softmax" in folded:
             softmax += us
-    return {"softmax_us": softmax / count, "fused_attention_us": fused / count}
+    rows = score_pass_rows(events, steps)
+    return {"softmax_us": softmax / count, "fused_attention_us": fused / count,
+            "score_pass_us": float(events.dur_us[rows].sum()) / count if rows.size else 0.0,
+            "score_shapes": _score_shapes(events, steps)[:3]}
+
+
+SOFTMAX_OPS = frozenset(("aten::_softmax", "aten::softmax", "aten::_safe_softmax", "aten::_softmax_backward_data"))
+"""Ops whose first input, in attention written by hand, is the score matrix (batch, heads, queries, keys)."""
+
+
+def _score_shapes(events: TraceEvents, steps: list[StepTiming]) -> list[str]:
+    """The shapes softmax ran over in the steps (record_shapes traces), as compact text ("[4,16,2048,2048]"):
+    a score matrix has at least 3 dimensions."""
+    shapes: dict[str, float] = {}
+    for row, dims in _launch_inputs(events, steps):
+        if events.op_of_external.get(int(events.external_id[row]), "") in SOFTMAX_OPS and dims \
+                and isinstance(dims[0], list) and len(dims[0]) >= 3:
+            text = json.dumps(dims[0], separators=(",", ":"))
+            shapes[text] = shapes.get(text, 0.0) + float(events.dur_us[row])
+    return sorted(shapes, key=lambda shape: -shapes[shape])
+
+
+def score_pass_rows(events: TraceEvents, steps: list[StepTiming]) -> np.ndarray:
+    """The kernels launched in the steps that are passes over a score matrix, not GEMMs: launched by an op with an
+    input of a shape softmax ran over (the softmax itself, scaling, masking, dropout, their backward). A fused
+    attention kernel makes none of them; empty without record_shapes (no shapes to tell them by)."""
+    shapes = set(_score_shapes(events, steps))
+    if not shapes:
+        return np.zeros(0, dtype=np.int64)
+    chosen = [row for row, dims in _launch_inputs(events, steps)
+              if kernel_category(events.names[events.name_id[row]]) != CATEGORY_GEMM
+              and any(isinstance(d, list) and json.dumps(d, separators=(",", ":")) in shapes for d in dims)]
+    return np.asarray(chosen, dtype=np.int64)
+
+
+def _launch_inputs(events: TraceEvents, steps: list[StepTiming]) -> list[tuple[int, list]]:
+    """(kernel row, its launching op's input shapes) of the kernels launched in the steps whose launch label has
+    them (record_shapes)."""
+    kernels = events.of_kind(Kind.KERNEL)
+    if events.launch_shape_id is None or events.external_id is None or not kernels.any():
+        return []
+    rows = np.flatnonzero(kernels & (events.launch_shape_id >= 0))
+    rows = rows[in_host_ranges(events.launch_start_us(kernels & (events.launch_shape_id >= 0)), steps)]
+    parsed: dict[int, list | None] = {}
+    found = []
+    for row, shape in zip(rows.tolist(), events.launch_shape_id[rows].tolist()):
+        if shape not in parsed:
+            parsed[shape] = _label_inputs(events.launch_shapes[shape])
+        if parsed[shape]:
+            found.append((row, parsed[shape]))
+    return found
+
+
+def _label_inputs(label: str) -> list | None:
+    at = label.find(_INPUTS_MARK)
+    if at < 0:
+        return None
+    try:
+        dims = json.loads(label[at + len(_INPUTS_MARK):])
+    except ValueError:
+        return None   # a label cut at its length limit
+    return dims if isinstance(dims, list) else None
 
 
 _FORWARD, _BACKWARD, _NEUTRAL = 1, 2, 0
@@ -565,12 +633,5 @@ def _host_link(events: TraceEvents, device_properties: Any) -> dict:
 
 
 def _op_flops(events: TraceEvents, external: int, shape: int) -> float | None:
-    label = events.launch_shapes[shape]
-    at = label.find(_INPUTS_MARK)
-    if at < 0:
-        return None
-    try:
-        dims = json.loads(label[at + len(_INPUTS_MARK):])
-    except ValueError:
-        return None   # a label cut at its length limit
-    return gemm_flops(events.op_of_external.get(external, ""), dims)
+    dims = _label_inputs(events.launch_shapes[shape])
+    return gemm_flops(events.op_of_external.get(external, ""), dims) if dims is not None else None

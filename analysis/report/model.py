@@ -78,6 +78,9 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           ops), host_copy_us, graph_launches, softmax_us, fused_attention_us, recompute_us
                           (forward work the backward ran again), recompute_idle_us (the GPU idle around it),
                           gc_us, gc_count (garbage collections, with_stack traces): per profiled step; python_frames (the trace has with_stack's);
+                          score_pass_us (non-GEMM passes over a score matrix: kernels of ops with an input
+                          of a shape softmax ran over), score_shapes, score_saving_us (those passes gone:
+                          what reaches the step's end, saving_reach.py; null: cannot tell),
                           fp32_saving_us (the fp32 math 4x faster: what reaches the step's end, per step,
                           saving_reach.py; null: cannot tell), pinned_copy_gbps (the trace's own large
                           pinned copies' rate; 0: none), host_link, host_link_gbps (the GPU's host link and

@@ -1,4 +1,4 @@
-"""Causes and the critical path on a real 2-rank gloo job whose rank 1 sleeps 100 ms before every step's
+"""Causes and the critical path on a real 2-rank gloo job whose rank 1 sleeps 100 ms at the start of every step's
 forward (`faults.straggle_*`): a host-side delay with a known amount."""
 
 import json
@@ -36,8 +36,21 @@ def test_the_advice_is_the_straggler_not_data_loading(report):
 
     rules = {f.rule: f for f in advise(report["run_dir"]).findings}
     assert rules["straggler"].evidence["rank"] == 1
-    # the trainer's data_ms holds the injected sleep; the trace's DataLoader ranges do not
+    # the injected sleep is in the forward phase: neither data_ms nor the trace's DataLoader ranges hold it
     assert "data_workers" not in rules
+
+
+def test_the_fault_lands_in_the_forward_phase_it_names(report):
+    # rank 1's step metrics carry the sleep in forward_ms, none in data_ms (it was once in the data span,
+    # where it read as waiting for input)
+    def steady(rank: int) -> list[dict]:
+        rows = [json.loads(line) for line in open(f"{report['run_dir']}/metrics/rank{rank}.jsonl") if line.strip()]
+        return [row for row in rows if row["step"] > 0]
+
+    slow, peer = steady(1), steady(0)
+    assert all(row["data_ms"] < 0.25 * STRAGGLE_MS for row in slow + peer)
+    extra = sorted(a["forward_ms"] - b["forward_ms"] for a, b in zip(slow, peer))
+    assert extra[len(extra) // 2] >= TOLERANCE * STRAGGLE_MS
 
 
 def test_launch_records_the_environment_fingerprint(report):

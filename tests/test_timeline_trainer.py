@@ -118,9 +118,12 @@ def test_step_done_with_the_loops_own_numbering_counts_on_instead_of_stopping_th
 
 @pytest.fixture(scope="module")
 def straggled(tmp_path_factory):
-    """2 gloo ranks of DDP; rank 1 sleeps STRAGGLE_MS before each of steps SLOW_FROM..SLOW_UNTIL - 1."""
+    """2 gloo ranks of DDP; rank 1 sleeps STRAGGLE_MS in the forward phase of steps SLOW_FROM..SLOW_UNTIL - 1.
+    Clock offsets are measured (the default): the straggle shows as rank 1's late arrival at the first gradient
+    all-reduce, which is compared across ranks on one clock."""
     run_dir = tmp_path_factory.mktemp("straggled")
-    completed = torchrun(2, *COMMON, "--parallel", "ddp", "--run-dir", str(run_dir),
+    measured_clocks = [arg for arg in COMMON if arg not in ("--set", "observability.clock_round_trips=0")]
+    completed = torchrun(2, *measured_clocks, "--parallel", "ddp", "--run-dir", str(run_dir),
                          "--set", "faults.straggle_rank=1", "--set", f"faults.straggle_ms={STRAGGLE_MS}",
                          "--set", f"faults.slow_from_step={SLOW_FROM}", "--set", f"faults.slow_until_step={SLOW_UNTIL}")
     assert completed.returncode == 0, completed.stderr[-4000:]
@@ -155,10 +158,9 @@ def test_the_straggler_is_slow_exactly_from_slow_from_step_until_slow_until_step
     records = _timeline(straggled, 1)
     slow_steps = list(range(SLOW_FROM, SLOW_UNTIL))
     others = [s for s in range(1, STEPS) if s not in slow_steps and s not in _profiled_steps()]
-    # The sleep is in the step's data span (before forward): exactly the slow steps carry it.
+    # The sleep is in the step's forward phase, never its data span: no step's data time carries it.
     data = records["data_ms"]
-    assert all(STRAGGLE_MS <= data[s] <= STRAGGLE_MS + TOLERANCE_MS for s in slow_steps), data.tolist()
-    assert all(data[s] < STRAGGLE_MS / 4 for s in others), data.tolist()
+    assert all(data[s] < STRAGGLE_MS / 4 for s in range(1, STEPS)), data.tolist()
     step_ms = records["step_ms"]
     extra = statistics.median(step_ms[slow_steps]) - statistics.median(step_ms[others])
     assert abs(extra - STRAGGLE_MS) <= TOLERANCE_MS, step_ms.tolist()
@@ -172,8 +174,9 @@ def test_the_whole_run_analysis_finds_the_straggle_within_two_steps(straggled):
     assert [r.rank for r in section.slow_ranks] == [1], section.verdict
     found = section.slow_ranks[0]
     assert abs(found.from_step - SLOW_FROM) <= 2 and abs(found.to_step - (SLOW_UNTIL - 1)) <= 2
-    baseline = statistics.median(_timeline(straggled, 0)["step_ms"][1:SLOW_FROM])
-    assert abs(found.excess_pct / 100 - STRAGGLE_MS / baseline) <= 0.1 * STRAGGLE_MS / baseline
+    # sized as the late arrival: the sleep plus the arrival's step-to-step noise on a loaded 2-core host
+    assert found.signal == "late at the first collective"
+    assert abs(found.excess_ms - STRAGGLE_MS) <= 0.25 * STRAGGLE_MS
 
 
 @slow

@@ -452,7 +452,8 @@ class FaultConfig:
     crash_step: int = 0
     """Step at which `crash_rank` fails."""
     straggle_rank: int = -1
-    """Rank that sleeps `straggle_ms` before every step's forward pass; -1: none."""
+    """Rank that sleeps `straggle_ms` at the start of every step's forward phase (its first micro-batch's, inside
+    the forward span and range, never the data span); -1: none."""
     straggle_ms: float = 0.0
     """Delay of the straggling rank, per step."""
     signal_rank: int = -1

@@ -183,12 +183,13 @@ def train_step(state: TrainState, batches: Iterator[torch.Tensor], config: Train
         state.leak.step()
     with phase("train_step", runtime):
         if state.pipeline is not None:
-            loss = pipeline_step(state.pipeline, micro_batches[0], config, runtime, timer)
+            loss = pipeline_step(state.pipeline, micro_batches[0], config, runtime, timer, step=state.step)
         else:
             losses = []
             for index, input_ids in enumerate(micro_batches):
                 with micro_step(index, count), gradient_sync(state.model, enabled=index == count - 1):
-                    losses.append(forward_backward(state, input_ids, config, runtime, timer, scale=1.0 / count))
+                    losses.append(forward_backward(state, input_ids, config, runtime, timer, scale=1.0 / count,
+                                                   first=index == 0))
             loss = losses[0] if count == 1 else torch.stack(losses).mean()
         timer.mark("optimizer")
         with phase("optimizer_step", runtime):
@@ -206,10 +207,13 @@ def train_step(state: TrainState, batches: Iterator[torch.Tensor], config: Train
 
 
 def forward_backward(state: TrainState, input_ids: torch.Tensor, config: TrainConfig, runtime: Runtime,
-                     timer: PhaseTimer, *, scale: float) -> torch.Tensor:
-    """Forward and backward of one micro-batch, its loss scaled by `scale` for the gradient; the unscaled loss."""
+                     timer: PhaseTimer, *, scale: float, first: bool = True) -> torch.Tensor:
+    """Forward and backward of one micro-batch, its loss scaled by `scale` for the gradient; the unscaled loss.
+    `first`: the step's first micro-batch (the straggle fault delays that one)."""
     timer.mark("forward")
     with phase("forward", runtime), autocast_context(config, runtime):
+        if first:
+            straggle(state.step, config.faults, runtime)
         slow_phase("forward", config.faults, runtime.rank)
         loss = state.model(input_ids)
     timer.mark("backward")
@@ -220,11 +224,12 @@ def forward_backward(state: TrainState, input_ids: torch.Tensor, config: TrainCo
 
 
 def pipeline_step(pipeline: Pipeline, input_ids: torch.Tensor, config: TrainConfig, runtime: Runtime,
-                  timer: PhaseTimer) -> torch.Tensor:
+                  timer: PhaseTimer, *, step: int) -> torch.Tensor:
     """The pipeline schedule over this rank's batch: forward_ms holds the whole schedule (its forwards and
     backwards interleave), backward_ms the loss broadcast from the last stage."""
     timer.mark("forward")
     with phase("forward", runtime), autocast_context(config, runtime):
+        straggle(step, config.faults, runtime)
         slow_phase("forward", config.faults, runtime.rank)
         pipeline.schedule_step(input_ids)
     timer.mark("backward")
@@ -291,6 +296,11 @@ def inject_faults(step: int, config: TrainConfig, runtime: Runtime) -> None:
         os.kill(os.getpid(), signal.SIGUSR1)
     if runtime.rank == faults.hang_rank and step == faults.hang_step:
         injected_hang(runtime.rank, step)
+
+
+def straggle(step: int, faults, runtime: Runtime) -> None:
+    """The straggle fault (faults.straggle_*): a host-side delay inside the forward phase of the step's first
+    micro-batch, so it lands in the part of the step it names (a slow rank's compute), never in its data span."""
     if faults.straggles(runtime.rank, step):
         with torch.profiler.record_function(INJECTED_DELAY):
             time.sleep(faults.straggle_ms / 1e3)

@@ -52,11 +52,7 @@ from fleetscope.traces.formats import read_metric_records
 from fleetscope.traces.jobfile import read_job_record
 from fleetscope.traces.layout import STEP_METRICS_RE, RunLayout
 
-EXIT_OK = 0
-EXIT_REGRESSION = 1
-EXIT_REFUSED = 2
-"""Every comparison's exit codes (compare.py and the CLI take them from here): 0 no regression, 1 a
-regression, 2 refused (different jobs or environments). The same numbers as cli/exit_codes.py's 0 / 1 / 2."""
+from fleetscope.traces.exit_status import EXIT_OK, EXIT_REFUSED, EXIT_REGRESSION  # noqa: F401 (compare.py, the CLI)
 DEFAULT_THRESHOLD_PCT = 5.0
 BOOTSTRAP_RESAMPLES = 2000
 DEFAULT_SEED = 0

@@ -1,21 +1,12 @@
-"""Exit codes scripts can trust (the one place they are defined):
-
-  0  success (analysis: every expected rank analyzed)
-  1  the job or the command failed
-  2  bad usage or configuration (nothing was started)
-  3  partial result: some ranks or traces were missing or unreadable (the rest was processed)
-"""
+"""The commands' exit code of a launch's verdict; the numbers themselves are defined once, in
+traces/exit_status.py."""
 
 from __future__ import annotations
 
 from ..launcher.scheduler import Verdict
+from ..traces.exit_status import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_PARTIAL = 3
-EXIT_INTERRUPTED = 130
-"""128 + SIGINT, as shells report a command ended by Ctrl-C."""
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "exit_code"]
 
 _BY_VERDICT = {Verdict.OK: EXIT_OK, Verdict.FAILED: EXIT_FAILED, Verdict.PARTIAL: EXIT_PARTIAL}
 

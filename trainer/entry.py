@@ -11,9 +11,10 @@ from .config import TrainConfig
 from ..traces.layout import RunLayout
 from .loop import JobHung, Preempted, train
 from .models import check_model_support
-from .hang import EXIT_HUNG, enable_flight_recorder
+from ..traces.exit_status import EXIT_HUNG, EXIT_PREEMPTED
+from .hang import enable_flight_recorder
 from .observability import measure_clock
-from .preemption import EXIT_PREEMPTED, StopReason
+from .preemption import StopReason
 from .runtime import init_runtime
 
 log = logging.getLogger("fleetscope.trainer")

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ..traces.capture import now_iso
+from ..traces.exit_status import EXIT_HUNG
 from ..traces.flight_recorder import HangMarker, write_dump, write_hang_marker
 from ..traces.layout import RunLayout
 from .config import ObservabilityConfig
@@ -39,8 +40,6 @@ from .preemption import STOP_SIGNALS
 
 log = logging.getLogger("fleetscope.trainer")
 
-EXIT_HUNG = 86
-"""Exit status of a rank stopped by the hang detector."""
 FR_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 """The recorder's size; the second is its deprecated NCCL-era name (either one set by the user wins)."""
 POLL_S = 1.0

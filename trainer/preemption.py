@@ -25,8 +25,6 @@ log = logging.getLogger("fleetscope.trainer")
 
 NOTICE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 STOP_SIGNALS = (*NOTICE_SIGNALS, signal.SIGTERM)
-EXIT_PREEMPTED = 75
-"""Exit status of a rank that stopped on request after saving a checkpoint (EX_TEMPFAIL)."""
 LEVEL_NONE, LEVEL_TERMINATE, LEVEL_NOTICE = 0.0, 1.0, 2.0
 """Stop levels as max-reduced: a notice on any rank makes the whole job's stop a notice."""
 

@@ -13,13 +13,12 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from fleetscope.analysis.cross_rank.hang import HangReport
+from fleetscope.traces.exit_status import EXIT_HUNG
 from fleetscope.traces.jobfile import read_job_record
 from fleetscope.traces.layout import RunLayout
 
 STATE_COMPLETED, STATE_FAILED, STATE_HUNG = "completed", "failed", "hung"
 STATE_CANCELLED, STATE_RUNNING = "cancelled", "running"
-EXIT_HUNG = 86
-"""The trainer's exit status when its hang watchdog stops a rank (trainer/hang.py)."""
 EXIT_MEANINGS = {
     EXIT_HUNG: "the hang watchdog stopped it: no step finished for observability.hang_timeout_s",
     1: "an error (its traceback is in its log)",

@@ -27,6 +27,7 @@ from typing import Any
 
 from ...trainer.config import train_argv
 from ...traces.layout import RunLayout, submitit_error_file
+from ...traces.exit_status import EXIT_PREEMPTED
 from ..slurm_request import (
     TIME_LIMIT_SIGNAL_SECONDS,
     PostprocessJob,
@@ -116,7 +117,6 @@ class SubmititRank:
         error_file = self.error_file(distributed.rank)
         error_file.parent.mkdir(parents=True, exist_ok=True)
         os.environ["TORCHELASTIC_ERROR_FILE"] = str(error_file)
-        from ...trainer.preemption import EXIT_PREEMPTED  # torch: only on the nodes, not while planning
 
         outcome = run_trainer_rank(self.trainer_argv, distributed.rank)
         code = outcome.exit_code
@@ -183,7 +183,6 @@ class SubmititUserRank:
         os.environ["TORCHELASTIC_ERROR_FILE"] = str(error_file)
         from torch.distributed.elastic.multiprocessing.errors import record
 
-        from ...trainer.preemption import EXIT_PREEMPTED
 
         os.chdir(self.workdir)
         try:

@@ -29,7 +29,7 @@ from ..traces.fanout import (
     ParseCounts,
     ReduceRecord,
     TaskRecord,
-    TraceProblem,
+    ShardTraceProblem,
     read_reduce_record,
     read_task_record,
     write_reduce_record,
@@ -333,7 +333,7 @@ def incomplete_tasks(layout: RunLayout, array_job_id: str, blocks: list[tuple[Sh
 def count_outcomes(outcomes: list) -> ParseCounts:
     from ..analysis.inputs.sources import TraceFailure
 
-    failed = [TraceProblem(label=o.label, reason=o.reason) for o in outcomes if isinstance(o, TraceFailure)]
+    failed = [ShardTraceProblem(label=o.label, reason=o.reason) for o in outcomes if isinstance(o, TraceFailure)]
     hits = sum(1 for o in outcomes if not isinstance(o, TraceFailure) and o.from_cache)
     return ParseCounts(traces=len(outcomes), hits=hits, parsed=len(outcomes) - hits - len(failed), failed=failed)
 

@@ -15,7 +15,7 @@ from fleetscope.traces.fanout import (
     ParseCounts,
     ReduceRecord,
     TaskRecord,
-    TraceProblem,
+    ShardTraceProblem,
     fanout_states,
     write_reduce_record,
     write_task_record,
@@ -33,7 +33,7 @@ def _run(tmp_path: Path) -> RunLayout:
 
 
 def _task(task: int, *, tasks: int = 3, parsed: int = 4, hits: int = 0, failed: int = 0) -> TaskRecord:
-    problems = [TraceProblem(label=f"rank{task}.json", reason="truncated gzip")] * failed
+    problems = [ShardTraceProblem(label=f"rank{task}.json", reason="truncated gzip")] * failed
     return TaskRecord(array_job_id=ARRAY, task=task, tasks=tasks, node=f"node{task % 2}",
                       ranks=list(range(4 * task, 4 * task + 4)),
                       counts=ParseCounts(traces=parsed + hits + failed, hits=hits, parsed=parsed, failed=problems),

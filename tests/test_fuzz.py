@@ -395,10 +395,10 @@ def test_a_damaged_job_record_is_refused_or_planned_never_a_crash(operations):
 
 
 def _task_record(tmp: Path) -> tuple[RunLayout, Path]:
-    from fleetscope.traces.fanout import ParseCounts, TaskRecord, TraceProblem, write_task_record
+    from fleetscope.traces.fanout import ParseCounts, TaskRecord, ShardTraceProblem, write_task_record
 
     layout = make_run(tmp / "run", 3, gathered=False)
-    counts = ParseCounts(traces=2, parsed=1, failed=[TraceProblem(label="rank9.json", reason="not JSON")])
+    counts = ParseCounts(traces=2, parsed=1, failed=[ShardTraceProblem(label="rank9.json", reason="not JSON")])
     record = TaskRecord(array_job_id="77", task=0, tasks=2, node="n0", ranks=[0, 1], counts=counts,
                         cache_dir=str(tmp / "cache"), seconds=1.5)
     return layout, write_task_record(layout, record)

@@ -44,7 +44,7 @@ class RequestError(ValueError):
     """A request file that cannot be honoured; the message says which field."""
 
 
-def now_iso() -> str:
+def now_iso_ms() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
@@ -117,7 +117,7 @@ def request_numbers(layout: RunLayout) -> list[int]:
 def submit_request(layout: RunLayout, *, steps: int, warmup: int, ranks: list[int] | None) -> CaptureRequest:
     """Write the next free `requests/request<N>.json` atomically, never replacing an existing one."""
     document = {"steps": steps, "warmup": warmup, "ranks": sorted(set(ranks)) if ranks else None,
-                "requested_by": f"{getpass.getuser()}@{socket.gethostname()}"[:200], "requested_at": now_iso()}
+                "requested_by": f"{getpass.getuser()}@{socket.gethostname()}"[:200], "requested_at": now_iso_ms()}
     parse_request(0, document)  # the writer checks what the reader will
     _requests_dir_ready(layout)
     staging = layout.requests_dir / f".request.{os.getpid()}.tmp"

@@ -34,7 +34,7 @@ def is_array_job_id(text: object) -> bool:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TraceProblem:
+class ShardTraceProblem:
     label: str
     reason: str
 
@@ -48,7 +48,7 @@ class ParseCounts:
     """Found in the parsed-trace cache (nothing parsed)."""
     parsed: int = 0
     """Parsed (a cache miss), the result stored in the cache."""
-    failed: list[TraceProblem] = field(default_factory=list)
+    failed: list[ShardTraceProblem] = field(default_factory=list)
     """Traces that could not be read or analyzed (never cached: each reader names them again)."""
 
 
@@ -157,10 +157,10 @@ def _shard_keys(value: Any, field_name: str) -> list[int | str]:
     return keys
 
 
-def _problem(value: Any, field_name: str) -> TraceProblem:
+def _problem(value: Any, field_name: str) -> ShardTraceProblem:
     _require(isinstance(value, dict) and set(value) == {"label", "reason"}
              and all(isinstance(v, str) for v in value.values()), field_name, "not a {label, reason} object")
-    return TraceProblem(**value)
+    return ShardTraceProblem(**value)
 
 
 def _counts(value: Any) -> ParseCounts:

@@ -12,17 +12,17 @@ import math
 from typing import Any
 
 
-def finite(value: Any) -> Any:
+def without_nonfinite(value: Any) -> Any:
     """`value` with every non-finite float (at any depth of dicts, lists and tuples) replaced by None."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {key: finite(item) for key, item in value.items()}
+        return {key: without_nonfinite(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [finite(item) for item in value]
+        return [without_nonfinite(item) for item in value]
     return value
 
 
 def strict_dumps(value: Any, **options: Any) -> str:
     """json.dumps of `value` after `finite`, with allow_nan=False."""
-    return json.dumps(finite(value), allow_nan=False, **options)
+    return json.dumps(without_nonfinite(value), allow_nan=False, **options)

@@ -29,7 +29,7 @@ from ..traces.capture import (
     CaptureRequest,
     RequestError,
     RequestStatus,
-    now_iso,
+    now_iso_ms,
     read_request,
     read_status,
     request_numbers,
@@ -203,7 +203,7 @@ class CaptureController:
         if self._rank == 0:
             write_capture_record(self._layout, CaptureRecord(
                 window=window.index, kind="requested", agreed_at_step=step, warmup_start=window.warmup_start,
-                active_start=window.active_start, end=window.end, ranks=ranks, at=now_iso(), request=number,
+                active_start=window.active_start, end=window.end, ranks=ranks, at=now_iso_ms(), request=number,
                 requested_by=request.requested_by if request else "", requested_at=request.requested_at if request else ""))
 
     def _request(self, number: int) -> CaptureRequest | None:
@@ -227,7 +227,7 @@ class CaptureController:
         if self._rank == writer:
             write_capture_record(self._layout, CaptureRecord(
                 window=window.index, kind=kind, agreed_at_step=step, warmup_start=window.warmup_start,
-                active_start=window.active_start, end=window.end, ranks=None, at=now_iso(),
+                active_start=window.active_start, end=window.end, ranks=None, at=now_iso_ms(),
                 trigger=trigger or self._profiler.trigger, reason=reason))
             log.warning("profiling window %d (steps %d-%d) triggered: %s", window.index, window.active_start,
                         window.end - 1, reason)
@@ -275,7 +275,7 @@ class CaptureController:
                       end=window.end) if window else {}
         try:
             write_status(self._layout, number, RequestStatus(
-                state=state, at=now_iso(), ranks=ranks if ranks is not None else list(range(self._world)),
+                state=state, at=now_iso_ms(), ranks=ranks if ranks is not None else list(range(self._world)),
                 traces=traces or [], reason=reason, **fields))
         except (RequestError, OSError) as error:
             # the window is still captured; only its status cannot be told (training goes on)

@@ -31,7 +31,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from ..traces.capture import now_iso
+from ..traces.capture import now_iso_ms
 from ..traces.exit_status import EXIT_HUNG
 from ..traces.flight_recorder import HangMarker, write_dump, write_hang_marker
 from ..traces.layout import RunLayout
@@ -65,7 +65,7 @@ def flight_recorder_document(rank: int, reason: str, step: int) -> dict | None:
         log.warning("no Flight Recorder dump: %s", error)
         return None
     dump = pickle.loads(raw)  # this process's own buffer, produced just now
-    return {"rank": rank, "reason": reason, "at": now_iso(), "step": step, "version": str(dump.get("version", "")),
+    return {"rank": rank, "reason": reason, "at": now_iso_ms(), "step": step, "version": str(dump.get("version", "")),
             "pg_config": process_groups() or dump.get("pg_config", {}), "pg_config_recorded": dump.get("pg_config", {}),
             "pg_status": dump.get("pg_status", {}), "entries": [_json_entry(e) for e in dump.get("entries", [])],
             "python_stack": main_thread_stack()}
@@ -205,7 +205,7 @@ class HangWatchdog:
         log.error("rank %d: no step completed for %.0f s after %d steps: dumping the Flight Recorder and "
                   "stopping the job", self._rank, stalled, self._steps_done)
         write_hang_marker(self._layout, HangMarker(rank=self._rank, step=self._steps_done, seconds=round(stalled, 1),
-                                                   at=now_iso()))
+                                                   at=now_iso_ms()))
         self._layout.dump_request_flag.touch()
         self.dump("hang")
         deadline = time.monotonic() + self._grace

@@ -34,7 +34,7 @@ from .capture import CaptureController
 from .faults import MemoryLeak, injected_hang, install_layer_faults, slow_phase
 from .hang import HangWatchdog
 from .moe_stats import MoeStats
-from .metrics import MemorySample, MetricsWriter, PhaseTimer, StepMemory, StepMetrics, StepTiming
+from .metrics import MemorySample, MetricsWriter, PhaseTimer, StepMemory, StepMetrics, StepPhaseMarks
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .models import build_model
 from .observability import MemorySnapshots, mllog_line
@@ -327,7 +327,7 @@ class PendingStep:
 
     step: int
     loss: torch.Tensor
-    timing: StepTiming
+    timing: StepPhaseMarks
     profiled: bool
     stop_flag: torch.Tensor | None
     memory: MemorySample = MemorySample()

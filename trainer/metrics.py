@@ -14,7 +14,7 @@ from ..traces.formats import metric_line
 from .comm_timing import Clock
 
 
-class StepTiming:
+class StepPhaseMarks:
     """The phase boundaries of one step; reading them waits for that step's GPU work only."""
 
     def __init__(self, marks: list[tuple[str, object]], use_cuda: bool, start_us: float = math.nan):
@@ -65,8 +65,8 @@ class PhaseTimer:
         else:
             self._marks.append((name, time.perf_counter()))
 
-    def finish(self) -> StepTiming:
-        timing = StepTiming(self._marks, self._use_cuda, self._start_us)
+    def finish(self) -> StepPhaseMarks:
+        timing = StepPhaseMarks(self._marks, self._use_cuda, self._start_us)
         self._marks, self._start_us = [], math.nan
         return timing
 

@@ -4,7 +4,7 @@ The one comparison of step metrics: `compare BASE NEW` is this gate with one run
 --new ...` with several, `tune` and `history` call it too; compare.py shows its step metrics beside a trace
 report's figures. The exit codes of every comparison are defined here (EXIT_*).
 
-Samples: each run's steady steps (quantities.steady_step_records: every step except each rank's first and the
+Samples: each run's steady steps (traces/formats.py steady_step_records: every step except each rank's first and the
 profiled ones), over the ranks every run has (a rank whose metrics file is missing or unreadable in one run
 would otherwise drop that run's tokens: a false regression; the ranks left out are named in the notes), one
 value per step over the ranks that recorded it:
@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 import numpy as np
 from fleetscope.analysis.job_identity import DifferentJobs, differences_text, identity_differences, job_identity
-from fleetscope.analysis.quantities import steady_step_records
+from fleetscope.traces.formats import steady_step_records
 from fleetscope.traces.environment import FINGERPRINT_FIELDS
 from fleetscope.traces.formats import read_metric_records
 from fleetscope.traces.jobfile import read_job_record
@@ -168,7 +168,7 @@ def direction(metric: MetricGate) -> str:
 
 
 def steady_metrics(layout: RunLayout) -> dict[int, list[dict]]:
-    """Rank -> its steady step records (the one rule of which steps count: quantities.steady_step_records)."""
+    """Rank -> its steady step records (the one rule of which steps count: traces/formats.py steady_step_records)."""
     return read_steady_metrics(layout)[0]
 
 

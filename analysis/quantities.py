@@ -10,7 +10,7 @@ step time, trace         per profiled step (a `ProfilerStep#N` or `train_step` r
 step time, step metrics  per steady step, the slowest rank's `step_time_ms`; the run's figure is the median over
                          steady steps. Steady steps: every step of a rank's metrics except its first (start-up,
                          compilation) and those recorded inside a profiler window (`profiled`: the profiler's own
-                         cost); `steady_step_records`. `metrics_step_times`.
+                         cost); traces/formats.py `steady_step_records`. `metrics_step_times`.
 waiting                  of a rank in a step: the time inside at least one of its waits at the step's
                          collectives (a wait: from its arrival to the last rank's), so collectives in flight
                          together (DDP's gradient buckets) count once: the union, never the sum. `union_us`,
@@ -110,15 +110,6 @@ def trace_basis(windows) -> str:
 
 
 # -- step time, step metrics -------------------------------------------------------------------------
-
-
-def steady_step_records(records: list[dict]) -> list[dict]:
-    """One rank's steady step records: all but its first step and those inside profiler windows."""
-    steps = [r["step"] for r in records if isinstance(r.get("step"), int) and not isinstance(r.get("step"), bool)]
-    if not steps:
-        return []
-    first = min(steps)
-    return [r for r in records if r.get("step") != first and not r.get("profiled", False)]
 
 
 def metrics_step_times(steady: Mapping[int, list[dict]], key: str = "step_time_ms") -> dict[int, float]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from ..traces.formats import read_metric_records
+from ..traces.formats import read_metric_records, steady_step_records
 from ..traces.layout import STEP_METRICS_RE, RunLayout
 
 RECENT_STEPS = 20
@@ -91,15 +91,16 @@ def _latest(rank: int, records: list[dict]) -> RankProgress:
 
 
 def _note_steps(records: list[dict], per_step: dict[int, float], profiled: set[int]) -> None:
-    """Per step the slowest rank's time (what the job waits for), and the steps the profiler ran in."""
-    for record in records:
+    """Per steady step (traces/formats.py steady_step_records) the slowest rank's time (what the job waits
+    for), and the steps the profiler ran in."""
+    profiled.update(record["step"] for record in records if record.get("profiled") is True)
+    for record in steady_step_records(records):
         time = record.get("step_time_ms")
-        if record.get("profiled") is True:
-            profiled.add(record["step"])
         if isinstance(time, (int, float)) and not isinstance(time, bool) and time >= 0:
             per_step[record["step"]] = max(per_step.get(record["step"], 0.0), float(time))
 
 
 def _pace_ms(per_step: dict[int, float], profiled: set[int]) -> float | None:
-    recent = [per_step[s] for s in sorted(per_step) if s not in profiled and s > 0][-RECENT_STEPS:]
+    """The median of the last RECENT_STEPS steady steps' times."""
+    recent = [per_step[s] for s in sorted(per_step) if s not in profiled][-RECENT_STEPS:]
     return statistics.median(recent) if recent else None

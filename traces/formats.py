@@ -155,6 +155,17 @@ class MetricRecords:
     """How many lines were skipped in all."""
 
 
+def steady_step_records(records: list[dict]) -> list[dict]:
+    """One rank's steady step records: all but its first step (compilation, warm-up, the first batch) and those
+    the profiler ran in. The one rule of which steps count as the run's own, for every reader of step records
+    (the analysis, the gate, the live progress line; the whole-run scan applies it to timelines' flags)."""
+    steps = [r["step"] for r in records if isinstance(r.get("step"), int) and not isinstance(r.get("step"), bool)]
+    if not steps:
+        return []
+    first = min(steps)
+    return [r for r in records if r.get("step") != first and not r.get("profiled", False)]
+
+
 def read_metric_records(path: Path, *, within: Path | None = None, max_bad_lines_kept: int = 20) -> MetricRecords:
     """Every step record of a metrics file: JSON objects with an integer `step` and finite numbers. With
     `within` (the run directory) a file that resolves outside it is refused (InputRefused)."""

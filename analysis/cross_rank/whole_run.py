@@ -625,7 +625,8 @@ def _signal_values(fields: _Fields, steady: np.ndarray, offsets: np.ndarray) -> 
 
 
 def _steadiness(fields: _Fields, lowest: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(steady, profiled) masks of the block's records, and per step whether any rank profiled it."""
+    """(steady, profiled) masks of the block's records, and per step whether any rank profiled it. Steady is
+    traces/formats.py steady_step_records' rule (not the rank's first step, not profiled), on timeline flags."""
     present = fields.step >= 0
     not_first = present & (fields.flags & FLAG_FIRST == 0) & (fields.step != lowest[:, None])
     flagged = fields.flags & FLAG_PROFILED != 0

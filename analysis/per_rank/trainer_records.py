@@ -14,7 +14,8 @@ Memory, per rank over its recorded steps (MiB, the allocator's per-step peaks):
     leak_suspected when it is at least LEAK_MIN_MB_PER_STEP over at least LEAK_MIN_STEPS steps.
 Input wait: the trainer's `data_ms` (time to get the batch) per step, and its share of step_time_ms: the
 mean and the share over steady steps only, without the profiled steps (the profiler's own cost is in their
-step time) and the first INPUT_SKIP_STEPS (compilation, warm-up); `basis` says so. recorded_steps / data_ms
+step time) and the rank's first step (compilation, warm-up): traces/formats.py steady_step_records; `basis`
+says so. recorded_steps / data_ms
 keep every step.
 Profiling cost: the steady steps before the first window, inside the windows and after the last, compared
 (per_rank/profiling_cost.py).
@@ -28,15 +29,13 @@ from typing import Any
 
 import numpy as np
 from fleetscope.analysis.per_rank.profiling_cost import ProfilingCost, profiling_cost
-from fleetscope.traces.formats import MetricRecords, read_metric_records
+from fleetscope.traces.formats import MetricRecords, read_metric_records, steady_step_records
 from fleetscope.traces.layout import RunLayout
 from fleetscope.traces.safe_read import read_metadata
 
 LEAK_SKIP_STEPS = 2
 LEAK_MIN_STEPS = 4
 LEAK_MIN_MB_PER_STEP = 1.0
-INPUT_SKIP_STEPS = 1
-"""Step 0 (compilation, first batch, warm-up) is left out of the input share."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,7 +143,7 @@ def growth_slope(steps: list[int], values: list[float | None]) -> float | None:
 
 def input_evidence(records: list[dict[str, Any]]) -> InputEvidence | None:
     timed = [r for r in records if _number(r.get("data_ms")) is not None and _number(r.get("step_time_ms"))]
-    steady = [r for r in timed if int(r["step"]) >= INPUT_SKIP_STEPS and not r.get("profiled")]
+    steady = steady_step_records(timed)
     if not steady:
         return None
     data = np.asarray([r["data_ms"] for r in steady], dtype=np.float64)
@@ -152,7 +151,7 @@ def input_evidence(records: list[dict[str, Any]]) -> InputEvidence | None:
     left_out = len(timed) - len(steady)
     return InputEvidence(steps=len(steady), mean_data_ms=float(data.mean()), max_data_ms=float(data.max()),
                          data_pct=100.0 * float(data.sum()) / total if total > 0 else 0.0,
-                         basis=f"{len(steady)} steady steps; {left_out} left out (step 0 and profiled steps)",
+                         basis=f"{len(steady)} steady steps; {left_out} left out (the first step and profiled steps)",
                          recorded_steps=[int(r["step"]) for r in timed], data_ms=[float(r["data_ms"]) for r in timed])
 
 

@@ -51,6 +51,7 @@ from fleetscope.traces.environment import FINGERPRINT_FIELDS
 from fleetscope.traces.formats import read_metric_records
 from fleetscope.traces.jobfile import read_job_record
 from fleetscope.traces.layout import STEP_METRICS_RE, RunLayout
+from fleetscope.traces.validate import finite_number
 
 from fleetscope.traces.exit_status import EXIT_OK, EXIT_REFUSED, EXIT_REGRESSION  # noqa: F401 (compare.py, the CLI)
 DEFAULT_THRESHOLD_PCT = 5.0
@@ -246,7 +247,7 @@ def _step_values(lines: list[dict]) -> dict[str, float]:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+    return finite_number(value) is not None
 
 
 def run_values(run_dir: str | Path, steady: dict[int, list[dict]] | None = None) -> dict[str, float]:

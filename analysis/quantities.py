@@ -44,6 +44,8 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from fleetscope.traces.validate import finite_number
+
 BASIS_TRACE = "trace"
 BASIS_STEP_METRICS = "step metrics"
 SLOWEST_RANK = "slowest rank per step"
@@ -73,11 +75,8 @@ def is_share(metric_name: str) -> bool:
 
 
 def finite(value: object) -> float | None:
-    """A real, finite number as float; None for anything else (bools, NaN, inf, strings)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
+    """A real, finite number as float; None for anything else (traces/validate.py finite_number: the one check)."""
+    return finite_number(value)
 
 
 def pct_of(part: float | None, whole: float | None) -> float | None:

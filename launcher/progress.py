@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..traces.formats import read_metric_records, steady_step_records
 from ..traces.layout import STEP_METRICS_RE, RunLayout
+from ..traces.validate import finite_number
 
 RECENT_STEPS = 20
 """Steps the pace is the median of."""
@@ -85,9 +86,7 @@ def run_progress(layout: RunLayout, total_steps: int | None) -> RunProgress | No
 def _latest(rank: int, records: list[dict]) -> RankProgress:
     last = max(records, key=lambda r: r["step"])
     time = last.get("step_time_ms")
-    return RankProgress(rank=rank, step=last["step"],
-                        step_time_ms=float(time) if isinstance(time, (int, float)) and not isinstance(time, bool)
-                        else None)
+    return RankProgress(rank=rank, step=last["step"], step_time_ms=finite_number(time))
 
 
 def _note_steps(records: list[dict], per_step: dict[int, float], profiled: set[int]) -> None:
@@ -95,9 +94,9 @@ def _note_steps(records: list[dict], per_step: dict[int, float], profiled: set[i
     for), and the steps the profiler ran in."""
     profiled.update(record["step"] for record in records if record.get("profiled") is True)
     for record in steady_step_records(records):
-        time = record.get("step_time_ms")
-        if isinstance(time, (int, float)) and not isinstance(time, bool) and time >= 0:
-            per_step[record["step"]] = max(per_step.get(record["step"], 0.0), float(time))
+        time = finite_number(record.get("step_time_ms"))
+        if time is not None and time >= 0:
+            per_step[record["step"]] = max(per_step.get(record["step"], 0.0), time)
 
 
 def _pace_ms(per_step: dict[int, float], profiled: set[int]) -> float | None:

@@ -8,6 +8,7 @@ believed, and lists derived from one (missing ranks) keep at most MAX_LISTED_RAN
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -29,6 +30,23 @@ class UsageError(ValueError):
 def is_int(value: Any) -> bool:
     """A JSON integer (bools are not)."""
     return type(value) is int
+
+
+def finite_number(value: Any) -> float | None:
+    """A real, finite number as float; None for anything else (bools, NaN, inf, strings, None). The one
+    finiteness check of values read from records, reports and traces' args (numpy scalars count)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not _is_numpy_number(value):
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, ValueError, TypeError):   # an int too large for a float
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _is_numpy_number(value: Any) -> bool:
+    kind = type(value)
+    return kind.__module__ == "numpy" and hasattr(value, "dtype") and value.dtype.kind in "iuf"
 
 
 def is_finite_number(value: Any) -> bool:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleetscope.analysis.merge.tracks import GROUP_ANALYSIS, NO_EVENT, lay_out_track
+from fleetscope.traces.validate import finite_number
 
 if TYPE_CHECKING:
     from fleetscope.analysis.merge.flows import FlowPlan
@@ -125,8 +126,8 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
-        and abs(value) < 1e15
+    number = finite_number(value)
+    return number is not None and abs(number) < 1e15
 
 
 def plan_path_track(path: RankPath | None, clock_offset_ns: int, tracks: "RankTracks", operations: list[tuple],

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleetscope.analysis.per_rank.names import is_host_sync_call, is_tensor_read_op
+from fleetscope.traces.validate import finite_number
 
 if TYPE_CHECKING:
     from fleetscope.analysis.merge.window import GroupedEvents
@@ -207,4 +208,4 @@ def _int(value: Any) -> bool:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) < 1e300
+    return finite_number(value) is not None

@@ -21,6 +21,7 @@ from fleetscope.analysis.merge.sources import MergeProblem
 from fleetscope.traces.safe_read import read_metadata
 from fleetscope.analysis.merge.window import ReportView
 from fleetscope.traces.layout import RunLayout
+from fleetscope.traces.validate import finite_number
 
 ReportSource = Any
 """A `Report` (anything with `to_json()`), its JSON dict, a path to report.json, or None."""
@@ -130,7 +131,7 @@ def _idle_by_cause_us(rank_entry: dict) -> dict[str, float] | None:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return finite_number(value) is not None
 
 
 def _kept_others_waiting(instance: dict, min_lateness_us: Any) -> bool:

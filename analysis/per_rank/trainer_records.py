@@ -32,6 +32,7 @@ from fleetscope.analysis.per_rank.profiling_cost import ProfilingCost, profiling
 from fleetscope.traces.formats import MetricRecords, read_metric_records, steady_step_records
 from fleetscope.traces.layout import RunLayout
 from fleetscope.traces.safe_read import read_metadata
+from fleetscope.traces.validate import finite_number
 
 LEAK_SKIP_STEPS = 2
 LEAK_MIN_STEPS = 4
@@ -201,4 +202,4 @@ def read_rank_records(layout: RunLayout, rank: int, traced_steps: set[int]) -> R
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return finite_number(value)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -11,6 +10,19 @@ from ..traces.jsontext import strict_dumps
 from ..traces.outputs import guard_output
 from .exit_codes import EXIT_USAGE
 from .terminal_text import escape_controls
+
+
+THRESHOLD_DEFAULT_PCT = 5.0
+"""analysis/gate.py DEFAULT_THRESHOLD_PCT, kept here so that `--help` imports no analysis (a test holds them
+equal)."""
+
+
+def add_threshold_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--threshold PCT` of compare, tune and history: `what` says what the percent measures."""
+    from .commands import positive_number
+
+    parser.add_argument("--threshold", type=positive_number, default=THRESHOLD_DEFAULT_PCT, metavar="PCT",
+                        help=f"{what} (default {THRESHOLD_DEFAULT_PCT:g})")
 
 
 def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,8 +100,7 @@ def register_history(sub: argparse._SubParsersAction) -> None:
                                             "regressions marked")
     parser.add_argument("root", help="directory holding run directories (any depth)")
     parser.add_argument("--html", dest="html_out", help="write the trend page here (default ROOT/history.html)")
-    parser.add_argument("--threshold", type=float, default=5.0,
-                        help="percent that counts as a regression (default: 5)")
+    add_threshold_argument(parser, "percent that counts as a regression")
     parser.set_defaults(handler=handle_history)
 
 
@@ -99,9 +110,6 @@ def handle_history(args: argparse.Namespace) -> int:
     from ..analysis.render.history_html import render_history_html
     from ..traces.atomic import write_bytes_atomically
 
-    if not (math.isfinite(args.threshold) and args.threshold > 0):
-        print(f"fleetscope history: --threshold must be a finite number > 0, got {args.threshold}", file=sys.stderr)
-        return EXIT_USAGE
     if not Path(args.root).is_dir():
         print(f"fleetscope history: {args.root}: not a directory", file=sys.stderr)
         return EXIT_USAGE

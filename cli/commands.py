@@ -468,8 +468,7 @@ def register_compare(sub: argparse._SubParsersAction) -> None:
                         help="run directory (= --base BASE); a report.json compares trace step times")
     parser.add_argument("new", nargs="?", type=existing_input, help="run directory (= --new NEW) or report.json")
     cause_commands.add_gate_arguments(parser)
-    parser.add_argument("--threshold", type=positive_number, default=5.0,
-                        help="percent drop in throughput / rise in step time that fails (default 5)")
+    cause_commands.add_threshold_argument(parser, "percent drop in throughput / rise in step time that fails")
     parser.set_defaults(handler=handle_compare)
 
 

@@ -17,6 +17,7 @@ from ..trainer.config import ConfigError
 from ..traces.jobfile import now_iso, read_job_record, write_job_record
 from ..traces.layout import RunLayout
 from ..traces.validate import UsageError
+from .cause_commands import add_threshold_argument
 from .exit_codes import EXIT_FAILED, EXIT_OK
 
 _RULE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
@@ -34,17 +35,10 @@ def register_tune(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="a further trainer setting, applied after the finding's (repeatable; later wins)")
     parser.add_argument("--dry-run", action="store_true", help="print the exact command and spec; launch nothing")
-    parser.add_argument("--threshold", type=_positive, default=5.0,
-                        help="percent worse that the comparison calls a regression (default 5)")
+    add_threshold_argument(parser, "percent worse that the comparison calls a regression")
     parser.add_argument("--allow-env-change", action="store_true",
                         help="compare even if the environment fingerprints of the two runs differ")
     parser.set_defaults(handler=handle_tune)
-
-
-def _positive(text: str) -> float:
-    from .commands import positive_number
-
-    return positive_number(text)
 
 
 def handle_tune(args: argparse.Namespace) -> int:

@@ -85,3 +85,10 @@ def test_trainer_help_and_config_exit_0_without_a_traceback(argv):
     assert completed.returncode == 0, completed.stderr
     assert "Traceback" not in completed.stderr
     assert "--run-dir" in completed.stdout or "parallel.bucket_cap_mb: float = 25.0" in completed.stdout
+
+
+def test_the_threshold_default_is_the_gates():
+    from fleetscope.analysis.gate import DEFAULT_THRESHOLD_PCT
+    from fleetscope.cli.cause_commands import THRESHOLD_DEFAULT_PCT
+
+    assert THRESHOLD_DEFAULT_PCT == DEFAULT_THRESHOLD_PCT

@@ -84,7 +84,9 @@ def test_history_html_refuses_a_metrics_file(tmp_path, capsys):
 @pytest.mark.parametrize("threshold", ["inf", "nan", "-1"])
 def test_history_threshold_must_be_finite(tmp_path, threshold):
     (tmp_path / "runs").mkdir()
-    assert main(["history", str(tmp_path / "runs"), "--threshold", threshold]) == 2
+    with pytest.raises(SystemExit) as exit_info:        # refused by the argument's type, as compare's
+        main(["history", str(tmp_path / "runs"), "--threshold", threshold])
+    assert exit_info.value.code == 2
     assert not (tmp_path / "runs" / "history.html").exists()
 
 

@@ -211,25 +211,42 @@ def test_real_run_without_fault_has_no_imbalance_finding(ep_reports):
     assert data["moe"]["layers"][0]["split_tokens"] and data["moe"]["findings"] == []
 
 
-def test_a_configured_comm_kernel_pattern_counts_non_nccl_kernels_as_the_exchange(tmp_path):
-    """DeepEP-style dispatch kernels in the dispatch range: communication only with the pattern; rank 1's
-    starts 30 us after rank 0's, both end together."""
+def _dispatch_set(directory, kernel: str) -> None:
+    """Dispatch kernels named `kernel` in the dispatch range: rank 1's starts 30 us after rank 0's, both end
+    together."""
     for rank in (0, 1):
         builder = KinetoBuilder(rank=rank, world_size=2)
         builder.step(0, 0.0, 1000.0)
         builder.annotation(moe_range("dispatch", 0), 100.0, 50.0)
         builder.complete(moe_range("dispatch", 0), "gpu_user_annotation", 200.0, 100.0, pid=0, tid=20)
-        builder.kernel("deep_ep::intranode::dispatch<8, 768>", 200.0 + 30 * rank, 80.0 - 30 * rank,
-                       launch_ts=110.0, stream=20)
+        builder.kernel(kernel, 200.0 + 30 * rank, 80.0 - 30 * rank, launch_ts=110.0, stream=20)
         builder.kernel("sm90_xmma_gemm_bf16", 400.0, 100.0, launch_ts=160.0)
-        builder.write(tmp_path / f"rank{rank}.pt.trace.json")
+        builder.write(directory / f"rank{rank}.pt.trace.json")
+
+
+def _exchanged(report) -> bool:
+    rank0, rank1 = report.moe.layers[0].ranks
+    return rank0.dispatch_wait_ms == pytest.approx(0.030) and rank1.dispatch_wait_ms == 0.0 \
+        and report.ranks[0].comm_pct > 0
+
+
+def test_a_known_family_of_comm_kernels_is_the_exchange_by_default(tmp_path):
+    # DeepEP's kernels are a known family (names.KNOWN_COMM_KERNEL_FAMILIES): communication with no flag
+    _dispatch_set(tmp_path, "deep_ep::intranode::dispatch<8, 768>")
+    assert _exchanged(analyze(tmp_path, write_default_outputs=False, use_hta=False, use_cache=False))
+
+
+def test_a_configured_comm_kernel_pattern_counts_other_kernels_as_the_exchange(tmp_path):
+    _dispatch_set(tmp_path, "my_ep::fast_dispatch<8, 768>")
     plain = analyze(tmp_path, write_default_outputs=False, use_hta=False, use_cache=False)
     assert plain.moe.layers[0].ranks[0].dispatch_wait_ms is None and plain.ranks[0].comm_pct == 0
+    # named as a suspect, with the flag that counts it
+    hints = [note for note in plain.windows[0].notes if "look like communication" in note]
+    assert len(hints) == 1 and hints[0].startswith("ranks 0-1: ")        # one note for the ranks that share it
+    assert "my_ep::fast_dispatch" in hints[0] and "--comm-kernel-pattern 'my_ep::fast_dispatch'" in hints[0]
     custom = analyze(tmp_path, write_default_outputs=False, use_hta=False, use_cache=False,
-                     comm_kernel_pattern=r"deep_ep::.*dispatch")
-    rank0, rank1 = custom.moe.layers[0].ranks
-    assert rank0.dispatch_wait_ms == pytest.approx(0.030) and rank1.dispatch_wait_ms == 0.0
-    assert custom.ranks[0].comm_pct > 0
+                     comm_kernel_pattern=r"my_ep::.*dispatch")
+    assert _exchanged(custom)
     with pytest.raises(ValueError, match="comm_kernel_pattern"):
         analyze(tmp_path, write_default_outputs=False, comm_kernel_pattern="(")
 

@@ -73,16 +73,49 @@ def _one_job(results: list[RankResult]) -> tuple[list[RankResult], list[TraceFai
 
 
 def _number_unranked(results: list[RankResult]) -> tuple[list[RankResult], list[str]]:
+    """Traces that name no rank get the lowest free numbers in file-name order, one number per process:
+    traces of one process on one host whose times do not overlap (a `tensorboard_trace_handler` file per
+    profiling cycle) are that process's windows, split by time in _split_windows."""
     unranked = sorted((r for r in results if r.rank is None), key=lambda r: r.label)
     if not unranked:
         return results, []
     taken = {r.rank for r in results if r.rank is not None}
     free = (n for n in range(len(results) + len(taken)) if n not in taken)
-    renumbered = {id(r): r.with_placement(rank=next(free), rank_source=RANK_FROM_ORDER, window=r.window)
-                  for r in unranked}
-    note = (f"{len(unranked)} trace(s) name no rank (no rank in distributedInfo, no rank<N> in the file name): "
-            "numbered in file-name order")
-    return [renumbered.get(id(r), r) for r in results], [note]
+    renumbered, notes = {}, []
+    groups = _by_process(unranked)
+    for group in groups:
+        rank = next(free)
+        renumbered.update({id(r): r.with_placement(rank=rank, rank_source=RANK_FROM_ORDER, window=r.window)
+                           for r in group})
+        if len(group) > 1:
+            notes.append(f"{len(group)} traces of one process (host {group[0].host}, pid {group[0].process_id}) "
+                         f"are windows of one rank (rank {rank}): " + ", ".join(r.label for r in group[:4])
+                         + (" ..." if len(group) > 4 else ""))
+    notes.insert(0, f"{len(unranked)} trace(s) name no rank (no rank in distributedInfo, no rank<N> in the file "
+                    "name): numbered in file-name order" + ("" if len(groups) == len(unranked) else
+                                                             f", one number per process ({len(groups)})"))
+    return [renumbered.get(id(r), r) for r in results], notes
+
+
+def _by_process(unranked: list[RankResult]) -> list[list[RankResult]]:
+    """The traces grouped by process (host and pid, where the trace records a pid), in file-name order of their
+    first trace; traces of one process that overlap in time are different processes after all (a reused pid
+    cannot run twice at once), each its own group."""
+    groups: list[list[RankResult]] = []
+    by_key: dict[tuple[str, int], list[list[RankResult]]] = {}
+    for result in unranked:
+        key = (result.host, result.process_id) if result.process_id is not None else None
+        home = None
+        if key is not None:
+            home = next((g for g in by_key.get(key, []) if not any(_overlaps(r, result) for r in g)), None)
+        if home is None:
+            home = [result]
+            groups.append(home)
+            if key is not None:
+                by_key.setdefault(key, []).append(home)
+        else:
+            home.append(result)
+    return groups
 
 
 def _split_windows(results: list[RankResult]) -> Placement:

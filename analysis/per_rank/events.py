@@ -125,6 +125,8 @@ class TraceEvents:
     `record_param_comms` of newer PyTorch), -1 where none; None when no event has one."""
     dropped: dict[str, int] = field(default_factory=dict)
     """Events left out, by reason (negative duration, non-numeric time)."""
+    host_pid: int | None = None
+    """The process id of the trace's first host event (its `pid`): windows of one process share it."""
     omitted_host_ops: int = 0
     """`cpu_op` events not kept because the trace holds GPU activity: GPU-basis metrics never read host
     ops other than collectives and tensor reads (names.is_kept_host_op, which are kept), and they are most
@@ -407,6 +409,7 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
     sequence_rows: list[tuple[int, int]] = []
     copy_rows: list[tuple[int, int]] = []
     kernel_code, copy_code = int(Kind.KERNEL), int(Kind.GPU_MEMCPY)
+    host_pid = None
     for event in events:
         if event.ph != "X":
             if collect and type(event.name) is str:
@@ -464,6 +467,8 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
             tid = event.tid
             threads.append(tid if type(tid) is int and -int_limit <= tid <= int_limit else _thread_key(tid))
             devices.append(NO_ID)
+            if host_pid is None and type(event.pid) is int and 0 <= event.pid <= int_limit:
+                host_pid = event.pid
         correlation = args.correlation if args is not None else None
         correlations.append(correlation if type(correlation) is int and -int_limit <= correlation <= int_limit
                             else NO_ID)
@@ -492,6 +497,8 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
         table = _with_sequence(table, starts, sequence_rows, len(name_ids))
     if copy_rows:
         table = dataclasses.replace(table, copy_bytes=_sorted_column(starts, copy_rows, len(name_ids)))
+    if host_pid is not None:
+        table = dataclasses.replace(table, host_pid=host_pid)
     return dataclasses.replace(table, omitted_host_ops=omitted) if omitted else table
 
 

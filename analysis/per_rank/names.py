@@ -183,6 +183,8 @@ def short_kernel_name(name: str, limit: int = 80) -> str:
 
 def kernel_category(name: str) -> str:
     """The category of a GPU kernel or memory operation (KERNEL_CATEGORIES), by its name."""
+    if is_known_comm_kernel(name):
+        return CATEGORY_COMM
     folded = name.lower()
     for category, needles in _CATEGORY_RULES:
         if any(needle in folded for needle in needles):
@@ -345,22 +347,47 @@ def is_all_to_all_call(name: str, collective: str | None = None) -> bool:
 # --- communication kernels that are not NCCL's ------------------------------------------------------
 
 
+KNOWN_COMM_KERNEL_FAMILIES = (
+    ("DeepEP", r"deep_ep::|\b(?:internode|intranode|internode_ll)::\w*(?:dispatch|combine|notify)"),
+    ("NVSHMEM", r"nvshmem"),
+    ("PyTorch symmetric memory", r"symmetric_memory::|\bmultimem_\w*(?:all_reduce|all_gather|reduce)"),
+    ("MSCCL++", r"mscclpp"),
+    ("Transformer Engine userbuffers", r"userbuffers"),
+    ("custom all-reduce (vLLM, TensorRT-LLM)", r"cross_device_reduce|allreduce_fusion_kernel|customAllReduce"),
+)
+"""Communication kernels beyond NCCL/RCCL's, by family: (name, a regular expression searched in the kernel's
+name). They count as communication by default (comm_kernel_rule); `--comm-kernel-pattern` adds more."""
+_KNOWN_COMM = re.compile("|".join(f"(?:{pattern})" for _, pattern in KNOWN_COMM_KERNEL_FAMILIES))
+_COMM_LOOKING = re.compile(r"all_?to_?all|all_?reduce|all_?gather|reduce_?scatter|dispatch|combine|\bsend|\brecv"
+                           r"|broadcast|barrier", re.IGNORECASE)
+"""Words of communication in a kernel name: a kernel that has them and is in no known family gets a hint."""
+
+
+def is_known_comm_kernel(name: str) -> bool:
+    """A communication kernel of a family in KNOWN_COMM_KERNEL_FAMILIES (not NCCL's)."""
+    return _KNOWN_COMM.search(name) is not None
+
+
+def looks_like_comm_kernel(name: str) -> bool:
+    """A kernel whose name speaks of communication but that no rule counts as such (a hint, never a count)."""
+    return _COMM_LOOKING.search(name) is not None and not is_comm_kernel(name) and not is_known_comm_kernel(name)
+
+
 def custom_comm_kernel(pattern: str | None):
-    """`pattern` (a regular expression searched in kernel names, e.g. DeepEP-style `deep_ep::.*dispatch`) as
-    a predicate, or None without one. Raises ValueError naming the pattern when it is not a valid one."""
+    """Communication kernels that are not NCCL's: the known families (KNOWN_COMM_KERNEL_FAMILIES) and those
+    matching `pattern` (a regular expression searched in kernel names, e.g. `my_ep::.*dispatch`) when one is
+    given. Raises ValueError naming the pattern when it is not a valid one."""
     if not pattern:
-        return None
+        return is_known_comm_kernel
     try:
         compiled = re.compile(pattern)
     except re.error as error:
         raise ValueError(f"comm_kernel_pattern {pattern!r}: {error}") from None
-    return lambda name: compiled.search(name) is not None
+    return lambda name: is_known_comm_kernel(name) or compiled.search(name) is not None
 
 
 def comm_kernel_rule(pattern: str | None):
-    """What counts as a communication kernel: NCCL/RCCL kernels (is_comm_kernel), and those matching
-    `pattern` when one is given (custom_comm_kernel)."""
+    """What counts as a communication kernel: NCCL/RCCL kernels (is_comm_kernel), the known families of
+    others, and those matching `pattern` when one is given (custom_comm_kernel)."""
     custom = custom_comm_kernel(pattern)
-    if custom is None:
-        return is_comm_kernel
     return lambda name: is_comm_kernel(name) or custom(name)

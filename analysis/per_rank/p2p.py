@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from fleetscope.analysis.per_rank.events import Kind, TraceEvents
-from fleetscope.analysis.per_rank.names import P2P_RECV, P2P_SEND, is_comm_kernel, point_to_point_kind
+from fleetscope.analysis.per_rank.names import (P2P_RECV, P2P_SEND, is_all_to_all_call, is_comm_cpu_op, is_comm_kernel,
+                                                point_to_point_kind)
 from fleetscope.analysis.per_rank.steps import StepTiming
 from fleetscope.traces.formats import (P2P_MARKER_PREFIX, PP_BACKWARD, PP_FORWARD, PP_SCHEDULE_PREFIX,
                                        ScheduleMarker, parse_p2p_marker, parse_schedule_marker)
@@ -78,9 +79,12 @@ def point_to_point_kinds(events: TraceEvents) -> dict[int, str]:
     and per event only for NCCL SendRecv kernels (whose arg or launching op may say all-to-all)."""
     named = events.names_matching(lambda n: point_to_point_kind(n) is not None)
     kinds = {}
+    inside_all_to_all = _launched_inside_all_to_all(events, named & events.of_kind(Kind.KERNEL))
     for index in np.flatnonzero(named):
         name = events.names[events.name_id[index]]
         if is_comm_kernel(name):
+            if inside_all_to_all.get(int(index)):
+                continue
             message = events.message_of(int(index))
             launching = None
             if events.external_id is not None and events.external_id[index] >= 0:
@@ -91,6 +95,30 @@ def point_to_point_kinds(events: TraceEvents) -> dict[int, str]:
         if kind is not None:
             kinds[int(index)] = kind
     return kinds
+
+
+def _launched_inside_all_to_all(events: TraceEvents, kernels: np.ndarray) -> dict[int, bool]:
+    """Per SendRecv kernel, whether its launch call ran inside an all-to-all call on its thread (`nccl:all_to_all`,
+    `c10d::alltoall_base_`, `all_to_all_single`): the whole launching stack, not only the innermost op, which in
+    PyTorch 2.0-2.2 traces is a `record_param_comms` naming no collective. NCCL runs all-to-alls as SendRecv."""
+    calls = (events.of_kind(Kind.CPU_OP, Kind.USER_ANNOTATION)
+             & events.names_matching(lambda n: is_comm_cpu_op(n) and is_all_to_all_call(n)))
+    if not kernels.any() or not calls.any():
+        return {}
+    launched_at, threads = events.launch_start_us(kernels), events.launch_thread(kernels)
+    rows = np.flatnonzero(kernels)
+    found = {}
+    for thread in np.unique(threads).tolist():
+        mine = calls & (events.thread == thread)
+        if not mine.any():
+            continue
+        order = np.argsort(events.start_us[mine], kind="stable")
+        starts, reach = events.start_us[mine][order], np.maximum.accumulate(events.end_us[mine][order])
+        at = launched_at[threads == thread]
+        last = np.searchsorted(starts, at, side="right") - 1    # the latest call started by then
+        inside = (last >= 0) & (reach[np.clip(last, 0, None)] >= at)
+        found.update(zip(rows[threads == thread].tolist(), inside.tolist()))
+    return found
 
 
 def point_to_point_mask(events: TraceEvents) -> np.ndarray:

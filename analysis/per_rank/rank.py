@@ -7,6 +7,7 @@ travels back, which keeps the parent's memory flat in the number of ranks.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,8 @@ from fleetscope.analysis.per_rank.step_work import StepWork, measure_step_work
 from fleetscope.analysis.per_rank.kernels import KernelTotal, OpDuration, op_durations, top_kernels
 from fleetscope.analysis.per_rank.p2p import PointToPoint, find_point_to_point
 from fleetscope.analysis.per_rank.moe import MoeRankTimes, measure_moe
-from fleetscope.analysis.per_rank.names import comm_kernel_rule, custom_comm_kernel, is_launch_call
+from fleetscope.analysis.per_rank.names import (comm_kernel_rule, custom_comm_kernel, is_launch_call,
+                                                looks_like_comm_kernel)
 from fleetscope.analysis.per_rank.steps import StepTiming, find_steps
 from fleetscope.analysis.per_rank.utilization import (
     Utilization,
@@ -43,6 +45,7 @@ from fleetscope.analysis.per_rank.utilization import (
 )
 from fleetscope.traces.kineto import (
     TraceIdentity,
+    TraceReadError,
     decode_trace,
     decompress,
     distributed_rank,
@@ -96,6 +99,9 @@ class RankResult:
     moe: MoeRankTimes | None = None
     """MoE range times and all-to-all calls by layer (moe.py); None without MoE ranges."""
     remarks: list[str] = dataclasses.field(default_factory=list)
+    process_id: int | None = None
+    """The traced process's id (events.TraceEvents.host_pid): traces of one process on one host are windows of
+    one rank (cross_rank/placement.py)."""
     """Things about the file a reader should know (e.g. invalid UTF-8 that was replaced)."""
     from_cache: bool = False
     """Read from the parsed-trace cache (result_cache.py) instead of parsed."""
@@ -147,6 +153,10 @@ def decode_identified(path: Path, raw: bytes) -> tuple[TraceIdentity, DecodedTra
 def analyze_decoded(source: TraceSource, decoded: DecodedTrace, comm_kernel_pattern: str | None = None) -> RankResult:
     """analyze_bytes after the decode."""
     document, events, remarks = decoded.metadata, decoded.events, decoded.remarks
+    if len(events) and events.omitted_host_ops == 0 and not np.any(events.kind != int(Kind.OTHER)):
+        raise TraceReadError(source.path, "no torch.profiler events (no cpu_op, user_annotation, cuda_runtime or "
+                                          "kernel categories among its " + f"{len(events)} events): a Chrome trace "
+                                          "of another tool, not torch.profiler's")
     trace_rank, world_size = distributed_rank(document)
     rank, rank_source = _resolve_rank(source, trace_rank)
     steps, step_source = find_steps(events)
@@ -183,7 +193,8 @@ def analyze_decoded(source: TraceSource, decoded: DecodedTrace, comm_kernel_patt
         op_durations=op_durations(events),
         p2p=find_point_to_point(events, steps),
         moe=measure_moe(events, steps, collectives, is_comm, custom_comm_kernel(comm_kernel_pattern)),
-        remarks=remarks + _world_size_remarks(info) + launch_audit(events),
+        remarks=remarks + _world_size_remarks(info) + launch_audit(events) + comm_kernel_hints(events, is_comm),
+        process_id=events.host_pid,
     )
 
 
@@ -211,6 +222,38 @@ def launch_audit(events: TraceEvents) -> list[str]:
         return [f"{lost} of {count} launch calls have no GPU activity recorded (kernel records lost, e.g. CUPTI's "
                 "buffers capped): GPU busy time is undercounted and its idle overcounted"]
     return []
+
+
+COMM_HINT_SHARE = 0.01
+"""Kernels that look like communication get a hint when they hold at least this share of the GPU time."""
+COMM_HINTS_NAMED = 3
+
+
+def comm_kernel_hints(events: TraceEvents, is_comm) -> list[str]:
+    """Kernels whose names speak of communication (names.looks_like_comm_kernel) that no rule counts as such,
+    holding COMM_HINT_SHARE of the GPU time: named, with the flag that would count them."""
+    kernels = events.of_kind(Kind.KERNEL)
+    total = float(events.dur_us[kernels].sum())
+    if total <= 0:
+        return []
+    per_name = np.bincount(events.name_id[kernels], weights=events.dur_us[kernels], minlength=len(events.names))
+    suspects = [(float(per_name[i]), events.names[i]) for i in np.flatnonzero(per_name >= COMM_HINT_SHARE * total)
+                if looks_like_comm_kernel(events.names[i]) and not is_comm(events.names[i])]
+    if not suspects:
+        return []
+    suspects.sort(reverse=True)
+    # no figures in the text: the same kernels on every rank make one note for all of them (report/build.py)
+    named = "; ".join(name[:80] for _, name in suspects[:COMM_HINTS_NAMED])
+    pattern = "|".join(re.escape(_kernel_word(name)) for _, name in suspects[:COMM_HINTS_NAMED])
+    return [f"kernels that look like communication, each {COMM_HINT_SHARE:.0%} or more of the GPU time, are "
+            f"counted as compute: {named}; if they communicate, --comm-kernel-pattern '{pattern}' counts them as "
+            "communication"]
+
+
+def _kernel_word(name: str) -> str:
+    """The distinctive part of a kernel's name: its function's name without template arguments or parameters."""
+    base = name.split("<", 1)[0].split("(", 1)[0].strip()
+    return base.rsplit(" ", 1)[-1] or name[:60]
 
 
 def _world_size_remarks(info: object) -> list[str]:

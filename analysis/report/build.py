@@ -40,6 +40,7 @@ from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.per_rank.steps import STEP_SOURCE_CAPTURE, STEP_SOURCE_PROFILER, StepStats
 from fleetscope.analysis.quantities import (
     job_straggler,
+    step_ranges,
     trace_basis,
     trace_step_times,
 )
@@ -248,14 +249,24 @@ def _rank_report(result: RankResult) -> RankReport:
     )
 
 
+def _rank_remarks(results: list[RankResult]) -> list[str]:
+    """Each rank's remarks, one note per distinct remark naming every rank that has it ("ranks 0-7: ...")."""
+    ranks_of: dict[str, list[int]] = {}
+    for result in results:
+        for remark in result.remarks:
+            ranks_of.setdefault(remark, []).append(result.rank)
+    return [f"{'rank' if len(ranks) == 1 else 'ranks'} {step_ranges(sorted(set(ranks)))}: {remark}"
+            for remark, ranks in ranks_of.items()]
+
+
 def _window_notes(results: list[RankResult]) -> list[str]:
     notes = []
     step_sets = {r.rank: tuple(s.step for s in r.steps) for r in results}
     if len(set(step_sets.values())) > 1:
         detail = ", ".join(f"rank {rank}: {_step_range(steps)}" for rank, steps in sorted(step_sets.items()))
         notes.append(f"ranks recorded different steps ({detail}); collectives are matched by step")
+    notes += _rank_remarks(results)
     for result in results:
-        notes += [f"rank {result.rank}: {remark}" for remark in result.remarks]
         if not result.steps:
             notes.append(f"rank {result.rank}: no ProfilerStep#N or train_step annotations: no step times")
         elif result.step_source == STEP_SOURCE_CAPTURE:

@@ -1,0 +1,99 @@
+"""Trace shapes from the field, each built from the real format: windows of one worker without a rank, a Chrome
+trace of another tool, communication kernels of runtimes other than NCCL, JSON files kept beside the traces."""
+
+import json
+
+import pytest
+
+from fleetscope.analysis import analyze
+from fleetscope.analysis.per_rank.names import is_known_comm_kernel, kernel_category, looks_like_comm_kernel
+from test_analysis_helpers import KinetoBuilder
+
+
+def _worker_window(directory, index: int, *, pid: int, host: str = "node7", start_us: float = 0.0) -> None:
+    """One `tensorboard_trace_handler` file of a process that never set up distributed: no distributedInfo, the
+    worker name `<host>_<pid>` and a timestamp in the file name, the process's pid on every event."""
+    builder = KinetoBuilder(rank=None, world_size=None)
+    builder.step(index, start_us, 1000.0).op("aten::mm", start_us + 10, 500)
+    document = builder.document()
+    document.pop("distributedInfo", None)
+    document["host_name"] = host
+    for event in document["traceEvents"]:
+        event["pid"] = pid
+    (directory / f"{host}_{pid}.{1700000000 + index}.pt.trace.json").write_text(json.dumps(document))
+
+
+def test_windows_of_one_worker_are_windows_of_one_rank(tmp_path):
+    for index in range(3):
+        _worker_window(tmp_path, index, pid=4242, start_us=index * 10_000.0)
+    report = analyze(tmp_path, use_hta=False, write_default_outputs=False, use_cache=False)
+    assert report.analyzed_ranks == [0]
+    assert [(w.window, [r.rank for r in w.ranks]) for w in report.windows] == [(0, [0]), (1, [0]), (2, [0])]
+    assert any("3 traces of one process (host node7, pid 4242) are windows of one rank" in n for n in report.notes)
+
+
+def test_two_workers_at_the_same_time_stay_two_ranks(tmp_path):
+    _worker_window(tmp_path, 0, pid=4242)
+    _worker_window(tmp_path, 1, pid=4243)                      # another process, same host, same time
+    _worker_window(tmp_path, 2, pid=4242, host="node8")       # another host, same pid
+    report = analyze(tmp_path, use_hta=False, write_default_outputs=False, use_cache=False)
+    assert report.analyzed_ranks == [0, 1, 2]
+
+
+def test_a_chrome_trace_of_another_tool_is_said_to_be_one(tmp_path):
+    KinetoBuilder(rank=0, world_size=1).step(1, 0.0, 1000.0).op("aten::mm", 10, 500).write(tmp_path / "rank0.json")
+    other = {"traceEvents": [{"ph": "X", "name": "kernel_a", "cat": "instrumented", "ts": 0.0, "dur": 5.0,
+                              "pid": 1, "tid": 1},
+                             {"ph": "X", "name": "kernel_b", "cat": "instrumented", "ts": 6.0, "dur": 5.0,
+                              "pid": 1, "tid": 1}]}
+    (tmp_path / "kernels.trace.json").write_text(json.dumps(other))
+    report = analyze(tmp_path, use_hta=False, write_default_outputs=False, use_cache=False)
+    assert not report.complete and report.analyzed_ranks == [0]
+    assert [p.label for p in report.problems] == ["kernels.trace.json"]
+    assert "no torch.profiler events" in report.problems[0].reason
+
+
+@pytest.mark.parametrize("name", [
+    "void deep_ep::internode::dispatch<true, 8, 768>(int4*, float*)",      # DeepEP's namespaces
+    "void internode::combine<8, 768>(int4*)",
+    "void c10d::symmetric_memory::one_shot_all_reduce_kernel<float, 8>(float*)",
+    "nvshmemi_transfer_rma_nbi_kernel",
+    "void vllm::cross_device_reduce_1stage<__half, 8>(vllm::RankData*)",
+    "userbuffers_fp16_sum_inplace_gpu_rr_rs",
+])
+def test_known_communication_kernels_beyond_nccl_count_as_communication(name):
+    assert is_known_comm_kernel(name) and kernel_category(name) == "communication"
+    assert not looks_like_comm_kernel(name)
+
+
+@pytest.mark.parametrize("name", ["ampere_bf16_s16816gemm_bf16_128x128", "void at::native::index_elementwise_kernel",
+                                  "void at::native::reduce_kernel<512, 1>", "triton_poi_fused_add_0"])
+def test_compute_kernels_are_not_communication(name):
+    assert not is_known_comm_kernel(name) and not looks_like_comm_kernel(name)
+
+
+def test_all_to_alls_of_torch_2_1_are_collectives_by_their_launching_stack(tmp_path):
+    # PyTorch 2.0-2.2 shape (TorchRec DLRM traces): NCCL runs the all-to-all as SendRecv kernels, launched inside
+    # `nccl:all_to_all` > `c10d::alltoall_base_` > `record_param_comms`, and no arg names the collective; rank 1
+    # starts each all-to-all 400 us after rank 0, which waits for it inside the kernel
+    from fleetscope.analysis.per_rank.p2p import point_to_point_kinds
+    from fleetscope.analysis.per_rank.events import extract_events
+
+    for rank in (0, 1):
+        builder = KinetoBuilder(rank=rank, world_size=2)
+        late = 400.0 * rank
+        for step in (0, 1):
+            base = step * 5000.0
+            builder.step(step, base, 5000.0).op("aten::mm", base + 10, 900)
+            builder.kernel("sm90_xmma_gemm_bf16", base + 20, 1000.0, launch_ts=base + 15)
+            builder.annotation("nccl:all_to_all", base + 1000 + late, 60)
+            builder.op("c10d::alltoall_base_", base + 1005 + late, 50)
+            builder.op("record_param_comms", base + 1010 + late, 40)
+            builder.kernel("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t", base + 1100 + late, 1500.0 - late,
+                           launch_ts=base + 1020 + late, stream=20)
+        builder.write(tmp_path / f"rank{rank}.pt.trace.json")
+    events = extract_events(json.loads((tmp_path / "rank1.pt.trace.json").read_text()))
+    assert point_to_point_kinds(events) == {}                # no send or receive among them
+    report = analyze(tmp_path, use_hta=False, write_default_outputs=False, use_cache=False)
+    assert report.windows[0].ranks[0].collective_count == 2
+    assert "rank 1" in report.verdict and "straggler" in report.verdict

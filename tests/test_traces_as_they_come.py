@@ -97,3 +97,18 @@ def test_all_to_alls_of_torch_2_1_are_collectives_by_their_launching_stack(tmp_p
     report = analyze(tmp_path, use_hta=False, write_default_outputs=False, use_cache=False)
     assert report.windows[0].ranks[0].collective_count == 2
     assert "rank 1" in report.verdict and "straggler" in report.verdict
+
+
+def test_cuda_work_launched_but_not_recorded_is_said_first_not_read_as_a_cpu_job(tmp_path):
+    # 8 A100s in deviceProperties and launch calls, but no kernel events (CUPTI off, failed or capped)
+    builder = KinetoBuilder(rank=0, world_size=1).step(0, 0.0, 1000.0).op("aten::mm", 10, 500)
+    for index in range(20):
+        builder.complete("cudaLaunchKernel", "cuda_runtime", 20 + index * 10, 4.0,
+                         args={"correlation": 100 + index, "External id": 100 + index})
+    document = builder.document()
+    document["deviceProperties"] = [{"id": device, "name": "NVIDIA A100-SXM4-80GB"} for device in range(8)]
+    (tmp_path / "rank0.json").write_text(json.dumps(document))
+    report = analyze(tmp_path, use_hta=False, write_default_outputs=False, use_cache=False)
+    assert not report.complete
+    assert report.verdict.startswith("CUDA work was launched but not recorded on rank 0")
+    assert "partial: GPU activity not recorded" in report.verdict

@@ -99,6 +99,8 @@ class RankResult:
     moe: MoeRankTimes | None = None
     """MoE range times and all-to-all calls by layer (moe.py); None without MoE ranges."""
     remarks: list[str] = dataclasses.field(default_factory=list)
+    launch_audit: LaunchAudit | None = None
+    """Launch calls and how many have no GPU activity recorded (None: results cached before it was kept)."""
     process_id: int | None = None
     """The traced process's id (events.TraceEvents.host_pid): traces of one process on one host are windows of
     one rank (cross_rank/placement.py)."""
@@ -165,6 +167,7 @@ def analyze_decoded(source: TraceSource, decoded: DecodedTrace, comm_kernel_patt
     info = document.get("distributedInfo")
     collectives = find_collectives(events, steps, timeline.compute, is_comm)
     idle_gaps = find_idle_gaps(events, steps, timeline)
+    audit = launch_audit(events)
     return RankResult(
         label=source.label,
         path=str(source.path),
@@ -193,7 +196,8 @@ def analyze_decoded(source: TraceSource, decoded: DecodedTrace, comm_kernel_patt
         op_durations=op_durations(events),
         p2p=find_point_to_point(events, steps),
         moe=measure_moe(events, steps, collectives, is_comm, custom_comm_kernel(comm_kernel_pattern)),
-        remarks=remarks + _world_size_remarks(info) + launch_audit(events) + comm_kernel_hints(events, is_comm),
+        remarks=remarks + _world_size_remarks(info) + audit.remarks() + comm_kernel_hints(events, is_comm),
+        launch_audit=audit,
         process_id=events.host_pid,
     )
 
@@ -204,24 +208,46 @@ LOST_LAUNCHES_MIN = 10
 kernels still running when the profiler stopped."""
 
 
-def launch_audit(events: TraceEvents) -> list[str]:
-    """Whether the GPU side of the trace is whole: launch calls (names.HOST_LAUNCH_CALLS) whose correlation id no
-    recorded kernel, copy or fill carries. None recorded at all is CUDA work that ran unrecorded (CUPTI off or
-    failed), not a CPU job; many missing is records lost (CUPTI's buffers capped)."""
+@dataclass(frozen=True, kw_only=True)
+class LaunchAudit:
+    """Whether the GPU side of a trace is whole: launch calls (names.HOST_LAUNCH_CALLS, with a correlation id)
+    and how many of them no recorded kernel, copy or fill carries."""
+
+    launches: int
+    unrecorded: int
+
+    @property
+    def nothing_recorded(self) -> bool:
+        """CUDA work was launched and none of it recorded (CUPTI off or failed): not a CPU job."""
+        return self.launches > 0 and self.unrecorded == self.launches
+
+    @property
+    def records_lost(self) -> bool:
+        """Some of it unrecorded, beyond noise (CUPTI's buffers capped)."""
+        return not self.nothing_recorded and self.unrecorded >= LOST_LAUNCHES_MIN \
+            and self.unrecorded >= LOST_LAUNCHES_SHARE * self.launches
+
+    def remarks(self) -> list[str]:
+        if self.nothing_recorded:
+            return [f"{self.launches} CUDA launch calls but no GPU activity recorded: CUDA work ran and its kernels "
+                    "were not recorded (CUPTI off, failed or out of buffers); the figures are the host's side only, "
+                    "not a CPU job's"]
+        if self.records_lost:
+            return [f"{self.unrecorded} of {self.launches} launch calls have no GPU activity recorded (kernel records "
+                    "lost, e.g. CUPTI's buffers capped): GPU busy time is undercounted and its idle overcounted"]
+        return []
+
+
+def launch_audit(events: TraceEvents) -> LaunchAudit:
+    """The trace's LaunchAudit: launch calls whose correlation id no recorded GPU activity carries."""
     launches = events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_launch_call) & (events.correlation != NO_ID)
     count = int(np.count_nonzero(launches))
     if not count:
-        return []
+        return LaunchAudit(launches=0, unrecorded=0)
     gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
-    if not gpu.any():
-        return [f"{count} CUDA launch calls but no GPU activity recorded: CUDA work ran and its kernels were not "
-                "recorded (CUPTI off, failed or out of buffers); the figures are the host's side only, not a CPU "
-                "job's"]
-    lost = int(np.count_nonzero(~np.isin(events.correlation[launches], events.correlation[gpu])))
-    if lost >= LOST_LAUNCHES_MIN and lost >= LOST_LAUNCHES_SHARE * count:
-        return [f"{lost} of {count} launch calls have no GPU activity recorded (kernel records lost, e.g. CUPTI's "
-                "buffers capped): GPU busy time is undercounted and its idle overcounted"]
-    return []
+    lost = count if not gpu.any() else int(np.count_nonzero(~np.isin(events.correlation[launches],
+                                                                          events.correlation[gpu])))
+    return LaunchAudit(launches=count, unrecorded=lost)
 
 
 COMM_HINT_SHARE = 0.01

@@ -163,17 +163,18 @@ def build_report(*, source_path: str, source_kind: str, results: list[RankResult
     windows = [window for window, _ in built]
     summaries = _rank_summaries(windows)
     job_steps = list(trace_step_times(windows).values())
+    unrecorded = sorted({r.rank for r in results if r.launch_audit is not None and r.launch_audit.nothing_recorded})
     return Report(
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         source_path=source_path,
         source_kind=source_kind,
         world_size=world_size or _world_size(results),
-        complete=bool(results) and not failures and not missing,
+        complete=bool(results) and not failures and not missing and not unrecorded,
         problems=[Problem(label=f.label, reason=f.reason, window=f.window, rank=f.rank) for f in failures],
         missing=missing,
         notes=notes,
         missing_total=max(missing_total, len(missing)),
-        verdict=_overall_verdict(windows, summaries, failures, max(missing_total, len(missing))),
+        verdict=_overall_verdict(windows, summaries, failures, max(missing_total, len(missing)), unrecorded),
         step_time=StepStats.of(job_steps),
         step_time_basis=trace_basis(windows),
         ranks=summaries,
@@ -317,8 +318,13 @@ def _rank_summary(rank: int, reports: list[RankReport]) -> RankSummary:
 
 
 def _overall_verdict(windows: list[WindowReport], summaries: list[RankSummary],
-                     failures: list[TraceFailure], missing_total: int) -> str:
+                     failures: list[TraceFailure], missing_total: int, unrecorded: list[int] = ()) -> str:
     parts = []
+    if unrecorded:
+        # said first: every figure after it is the host's side only (rank.py LaunchAudit)
+        parts.append(f"CUDA work was launched but not recorded on {'rank' if len(unrecorded) == 1 else 'ranks'} "
+                     f"{step_ranges(unrecorded)} (CUPTI off, failed or out of buffers): what follows is the host's "
+                     "side only")
     if not summaries:
         parts.append("no trace could be analyzed")
     timed = [s for s in summaries if s.step_time is not None]
@@ -329,6 +335,8 @@ def _overall_verdict(windows: list[WindowReport], summaries: list[RankSummary],
               _pipeline_sentences(windows) or [_waited_for_sentence(windows)])
     if failures or missing_total:
         parts.append(f"partial: {len(failures)} unusable trace(s), {missing_total} missing rank trace(s)")
+    elif unrecorded:
+        parts.append("partial: GPU activity not recorded")
     return "; ".join(p for p in parts if p) + "."
 
 

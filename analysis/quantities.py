@@ -44,6 +44,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from fleetscope.traces.formats import STEP_SOURCE_CAPTURE
 from fleetscope.traces.validate import finite_number
 
 BASIS_TRACE = "trace"
@@ -105,6 +106,9 @@ def trace_basis(windows) -> str:
     steps = sorted({step for (_, step) in trace_step_times(windows)})
     if not steps:
         return f"{BASIS_TRACE}: no profiled steps"
+    sources = {rank.step_source for window in windows for rank in window.ranks if rank.steps}
+    if sources == {STEP_SOURCE_CAPTURE}:
+        return f"{BASIS_TRACE}, the whole capture as one step (no step markers), {SLOWEST_RANK}"
     return f"{BASIS_TRACE}, profiled steps {step_ranges(steps)}, {SLOWEST_RANK}"
 
 

@@ -28,6 +28,8 @@ from .validate import MAX_WORLD_SIZE
 
 STEP_MARKER_PREFIX = "ProfilerStep#"
 TRAIN_STEP = "train_step"
+STEP_SOURCE_CAPTURE = "whole capture"
+"""Where a trace's steps come from when it has no step markers: the whole capture as one step."""
 PHASES = (TRAIN_STEP, "forward", "backward", "optimizer_step")
 """record_function ranges the trainer emits inside every step (the first encloses the others)."""
 MLLOG_PREFIX = ":::MLLOG "

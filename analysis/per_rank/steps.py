@@ -8,15 +8,15 @@ import numpy as np
 from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
 from fleetscope.analysis.per_rank.intervals import Intervals, union
 from fleetscope.analysis.per_rank.names import PHASES, TRAIN_STEP, profiler_step_number
+from fleetscope.traces.formats import STEP_SOURCE_CAPTURE
 
 BOUND_HOST, BOUND_GPU = "host", "gpu"
 GPU_SPAN_ANNOTATED = "the GPU's ProfilerStep range"
 GPU_SPAN_LAUNCHED = "the kernels launched in the host's step"
 STEP_SOURCE_PROFILER = "ProfilerStep"
 STEP_SOURCE_TRAIN_STEP = "train_step"
-STEP_SOURCE_CAPTURE = "whole capture"
-"""A trace without step ranges (a benchmark, a profiler without `prof.step()`): its capture is taken as one
-step, numbered 0, so idle, stalls and findings still come out; the report says so."""
+# STEP_SOURCE_CAPTURE (traces/formats.py): a trace without step ranges (a benchmark, a profiler without
+# `prof.step()`) has its capture taken as one step, numbered 0, so idle, stalls and findings still come out
 DATA_LOADER_PREFIX = "enumerate(DataLoader)#"
 """torch.utils.data names the range of each batch fetch `enumerate(DataLoader)#<iterator>.__next__`."""
 

@@ -216,34 +216,42 @@ def _ranks_text(ranks: list[int]) -> str:
 
 
 def step_samples(run_dir: Path, steady: dict[int, list[dict]] | None = None) -> dict[str, np.ndarray]:
-    """Sample name -> one value per steady step of the run (module docstring); `steady`: the run's steady
-    records when already read (gate() passes them restricted to the shared ranks)."""
+    """Sample name -> one value per steady step of the run, in step order (module docstring): per step the
+    slowest rank's step time and data time and the largest peak memory, and the tokens every rank processed
+    (a step where some rank records none is left out of tokens: it would lower the step's); a sample no rank
+    recorded in a step is left out for that step. `steady`: the run's steady records when already read (gate()
+    passes them restricted to the shared ranks)."""
     if steady is None:
         steady = steady_metrics(RunLayout.at(run_dir))
-    by_step: dict[int, list[dict]] = {}
-    for lines in steady.values():
-        for line in lines:
-            by_step.setdefault(int(line["step"]), []).append(line)
-    samples: dict[str, list[float]] = {}
-    for step in sorted(by_step):
-        for name, value in _step_values(by_step[step]).items():
-            samples.setdefault(name, []).append(value)
-    return {name: np.asarray(values, dtype=np.float64) for name, values in samples.items()}
-
-
-def _step_values(lines: list[dict]) -> dict[str, float]:
-    """One step's samples from its ranks' records; a sample no rank recorded is left out."""
-    values = {}
+    lines = [line for rank_lines in steady.values() for line in rank_lines]
+    if not lines:
+        return {}
+    steps, slot = np.unique(np.fromiter((int(line["step"]) for line in lines), dtype=np.int64, count=len(lines)),
+                            return_inverse=True)
+    samples = {}
     for sample, record_field in ((STEP_TIME, "step_time_ms"), ("peak_memory_mb", "max_memory_allocated_mb"),
                                  ("data_time_ms", "data_ms")):
-        found = [r[record_field] for r in lines if _is_number(r.get(record_field))]
-        if found:
-            values[sample] = max(found)  # the slowest rank ends a synchronous step; the largest peak
-    tokens = [r["tokens_per_s"] * r["step_time_ms"] / 1e3 for r in lines
-              if _is_number(r.get("tokens_per_s")) and _is_number(r.get("step_time_ms"))]
-    if tokens and len(tokens) == len(lines):  # a rank without tokens would lower the step's: leave it out
-        values[TOKENS_PER_STEP] = sum(tokens)
-    return values
+        values = _column(lines, record_field)
+        known = ~np.isnan(values)
+        if known.any():
+            largest = np.full(steps.size, -np.inf)
+            np.maximum.at(largest, slot[known], values[known])
+            samples[sample] = largest[np.bincount(slot[known], minlength=steps.size) > 0]
+    tokens = _column(lines, "tokens_per_s") * _column(lines, "step_time_ms") / 1e3
+    known = ~np.isnan(tokens)
+    whole = np.bincount(slot[known], minlength=steps.size) == np.bincount(slot, minlength=steps.size)
+    if known.any() and whole.any():
+        samples[TOKENS_PER_STEP] = np.bincount(slot[known], weights=tokens[known], minlength=steps.size)[whole]
+    return samples
+
+
+def _column(lines: list[dict], record_field: str) -> np.ndarray:
+    """One field of every record as floats, NaN where it is not a finite number (traces/validate.py's rule,
+    inlined: this runs over every record of every run a history gates)."""
+    def value(line: dict) -> float:
+        found = line.get(record_field)
+        return found if (type(found) is float or type(found) is int) and math.isfinite(found) else math.nan
+    return np.fromiter((value(line) for line in lines), dtype=np.float64, count=len(lines))
 
 
 def _is_number(value: Any) -> bool:
@@ -274,11 +282,12 @@ def _rate(per_step: float | None, step_ms: float | None) -> float | None:
 
 def gate(base_runs: list[str | Path], new_runs: list[str | Path], *, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
          allow_env_change: bool = False, seed: int = DEFAULT_SEED, allow_different_jobs: bool = False,
-         read: SteadyReader | None = None) -> GateResult:
+         read: SteadyReader | None = None, samples: "SamplesOf | None" = None) -> GateResult:
     """Gate NEW against BASE (each a list of run directories); `GateResult.exit_code` is the CI answer. Runs of
     different jobs (job_identity.py) raise DifferentJobs (exit 2) unless `allow_different_jobs`. `read(run)`
     gives a run's steady records (read_steady_metrics; a caller gating the same runs many times, as history
-    does, passes one that reads each run once)."""
+    does, passes one that reads each run once); `samples(run, ranks)` its step samples over those ranks (the same
+    caller passes one that figures each run's once)."""
     if not isinstance(threshold_pct, (int, float)) or not math.isfinite(threshold_pct) or threshold_pct <= 0:
         raise ValueError(f"threshold_pct must be a finite number > 0, got {threshold_pct!r}")
     if not base_runs or not new_runs:
@@ -298,35 +307,41 @@ def gate(base_runs: list[str | Path], new_runs: list[str | Path], *, threshold_p
                           environment_differences=differences, refused=True, notes=notes)
     if differences:
         notes.append("environments differ (compared anyway, --allow-env-change): " + ", ".join(differences))
-    metrics, measured = gate_metrics(base_runs, new_runs, threshold_pct=threshold_pct, seed=seed, read=read)
+    metrics, measured = gate_metrics(base_runs, new_runs, threshold_pct=threshold_pct, seed=seed, read=read,
+                                     samples=samples)
     return GateResult(base_runs=names[0], new_runs=names[1], threshold_pct=threshold_pct, metrics=metrics,
                       environment_differences=differences, notes=notes + measured)
 
 
 def gate_metrics(base_runs: list[str | Path], new_runs: list[str | Path], *, threshold_pct: float,
-                 seed: int = DEFAULT_SEED, read: SteadyReader | None = None) -> tuple[list[MetricGate], list[str]]:
+                 seed: int = DEFAULT_SEED, read: SteadyReader | None = None,
+                 samples: "SamplesOf | None" = None) -> tuple[list[MetricGate], list[str]]:
     """Every gated metric of NEW against BASE, and notes (bad metrics files, ranks left out, metrics not
     gated); what gate() measures once the jobs and environments are checked."""
-    base, new, notes = _samples_of_runs(base_runs, new_runs, read or read_run_metrics)
+    base, new, notes = _samples_of_runs(base_runs, new_runs, read or read_run_metrics, samples)
     metrics = _metric_gates(base, new, threshold_pct, np.random.default_rng(seed))
     return metrics, notes + [f"{m.name}: not gated ({m.reason})" for m in metrics if not m.gated and m.reason]
 
 
 SteadyReader = Callable[[Path], tuple[dict[int, list[dict]], list[str]]]
 """A run directory -> its steady records and notes (read_run_metrics)."""
+SamplesOf = Callable[[Path, tuple[int, ...]], dict[str, np.ndarray]]
+"""A run directory and the ranks gated -> its step samples over those ranks (step_samples)."""
 
 
 def read_run_metrics(run: Path) -> tuple[dict[int, list[dict]], list[str]]:
     return read_steady_metrics(RunLayout.at(run))
 
 
-def _samples_of_runs(base_runs: list[str | Path], new_runs: list[str | Path], reader: SteadyReader) -> tuple[
+def _samples_of_runs(base_runs: list[str | Path], new_runs: list[str | Path], reader: SteadyReader,
+                     samples_of: SamplesOf | None = None) -> tuple[
         list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], list[str]]:
     """Each side's per-run samples over the shared ranks, and notes on bad metrics files and ranks left out."""
     runs = [*base_runs, *new_runs]
     read = [reader(Path(r)) for r in runs]
     steady, rank_notes = shared_ranks([s for s, _ in read], [str(r) for r in runs])
-    samples = [step_samples(Path(r), s) for r, s in zip(runs, steady)]
+    samples = [samples_of(Path(r), tuple(sorted(s))) if samples_of is not None else step_samples(Path(r), s)
+               for r, s in zip(runs, steady)]
     read_notes = [f"{run}: {note}" for run, (_, notes) in zip(runs, read) for note in notes]
     return samples[:len(base_runs)], samples[len(base_runs):], read_notes + rank_notes
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from fleetscope.analysis.gate import DEFAULT_SEED, DEFAULT_THRESHOLD_PCT, GATED, gate, read_run_metrics, run_values
+from fleetscope.analysis.gate import (DEFAULT_SEED, DEFAULT_THRESHOLD_PCT, GATED, gate, read_run_metrics, run_values,
+                                     step_samples)
 from fleetscope.analysis.job_identity import differences_text, identity_differences, job_identity
 from fleetscope.traces.jobfile import read_job_record
 from fleetscope.traces.layout import RunLayout
@@ -81,13 +82,19 @@ def history(root: str | Path, *, threshold_pct: float = DEFAULT_THRESHOLD_PCT, s
     entries = []
     identities = [job_identity(run) for run in runs]
     read = functools.lru_cache(maxsize=None)(read_run_metrics)   # each run's records once, for every gate it is in
+
+    @functools.lru_cache(maxsize=None)
+    def samples(run: Path, ranks: tuple[int, ...]) -> dict:   # each run's step samples once, for every gate
+        steady = read(run)[0]
+        return step_samples(run, {rank: steady[rank] for rank in ranks})
+
     for index, run in enumerate(runs):
         medians = run_values(run, read(Path(run))[0])  # the gate's values of a side of one run (tokens/s over its step time)
         regressions, note = [], ""
         same = [runs[i] for i in range(index) if not identity_differences([identities[i], identities[index]])]
         if same:
             result = gate(same[-BASELINE_RUNS:], [run], threshold_pct=threshold_pct, allow_env_change=True, seed=seed,
-                          read=read)
+                          read=read, samples=samples)
             regressions = [m.name for m in result.regressions]
         elif index:
             note = ("a different job from the runs before it, not gated: "

@@ -14,6 +14,7 @@ Writer and readers import these names, so they cannot disagree.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -221,6 +222,7 @@ and never beyond these bounds (over 100 days in ms, 10 PB in MiB, 10,000%): a li
 not written by a trainer, and would flip a comparison or reach advice."""
 
 
+@functools.lru_cache(maxsize=1024)
 def _magnitude_limit(key: str) -> float | None:
     if key == "tokens_per_s":
         return 1e12

@@ -452,3 +452,37 @@ def test_change_points_of_no_size_are_left_out_and_counted():
     text = "\n".join(_change_lines(section))
     assert "rank 1 at step 40: 1.00 -> 1.30" in text and "1 smaller than 1% of the step left out" in text
     assert "rank 0" not in text
+
+
+# --- hostile records: one record claiming a step far from the others (issue: 8 GiB for a 224-byte file) -------
+
+
+def test_a_record_claiming_step_2_31_is_named_and_left_out_not_allocated_for(tmp_path):
+    layout = write_run(tmp_path / "run", ranks=2, steps=50, slow=None)
+    with open(layout.timeline_file(1), "ab") as handle:   # one more record, 2^31 - 1 steps later
+        record = np.zeros(1, dtype=TIMELINE_DTYPE)
+        record["step"], record["start_us"], record["step_ms"] = 2**31 - 1, 1.8e15, 10.0
+        record["data_ms"] = record["first_collective_ms"] = record["exposed_comm_ms"] = np.nan
+        handle.write(record.tobytes())
+    section = whole_run_section(layout)
+    assert section.status == "ok" and section.last_step == 49
+    assert any("at steps 2147483647-2147483647" in note and "left out" in note for note in section.notes)
+
+
+def test_a_step_metrics_line_beyond_int32_is_left_out_with_a_note(tmp_path):
+    layout = RunLayout.at(tmp_path / "run")
+    layout.metrics_file(0).parent.mkdir(parents=True)
+    lines = [{"step": step, "rank": 0, "step_time_ms": 10.0} for step in [*range(20), 2**40]]
+    layout.metrics_file(0).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    section = whole_run_section(layout)
+    assert section.status == "ok" and section.last_step == 19
+    assert any("1 record(s) with a step beyond 2,147,483,647 left out" in note for note in section.notes)
+
+
+def test_the_profiling_cost_bootstrap_is_bounded_in_steps():
+    from fleetscope.analysis.per_rank.profiling_cost import MAX_BOOTSTRAP_STEPS, _thinned, median_difference
+
+    long_run = np.linspace(1.0, 2.0, 1_000_000)
+    assert _thinned(long_run).size <= MAX_BOOTSTRAP_STEPS and _thinned(long_run[:100]).size == 100
+    difference = median_difference([long_run * 1.1], [long_run])
+    assert difference.median_pct == pytest.approx(10.0, abs=0.01) and difference.low_pct <= 10.0 <= difference.high_pct

@@ -54,6 +54,8 @@ FLAG_FIRST = 2
 """The rank's first step of this process (warm-up, compilation): not a steady step."""
 FLUSH_EVERY = 64
 """Records buffered before a write: a crash loses at most this many steps of timing."""
+MAX_TIMELINE_STEP = 2**31 - 1
+"""The largest step a record holds (its `step` is an int32)."""
 MAX_STEP_MS = 1e9
 """A step time beyond ~11.6 days is not believed (a forged or damaged record)."""
 MAX_START_US = float(1 << 62) / 1e3

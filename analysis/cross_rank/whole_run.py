@@ -70,6 +70,7 @@ from fleetscope.traces.timeline import (
     MAGIC,
     MAX_START_US,
     MAX_STEP_MS,
+    MAX_TIMELINE_STEP,
     TIMELINE_DTYPE,
     last_of_each_step,
     read_timeline,
@@ -326,6 +327,10 @@ def _jsonl_source(layout: RunLayout, rank: int, path: Path, notes: list[str]) ->
         notes.append(f"{layout.relative(path)}: {metrics.bad_line_count} line(s) left out")
     usable = [r for r in metrics.records if isinstance(r.get("step_time_ms"), (int, float))
               and not isinstance(r.get("step_time_ms"), bool) and r["step_time_ms"] > 0]
+    beyond = sum(r["step"] > MAX_TIMELINE_STEP for r in usable)
+    if beyond:
+        notes.append(f"{layout.relative(path)}: {beyond} record(s) with a step beyond {MAX_TIMELINE_STEP:,} left out")
+        usable = [r for r in usable if r["step"] <= MAX_TIMELINE_STEP]
     if not usable:
         return None
     records = np.zeros(len(usable), dtype=TIMELINE_DTYPE)
@@ -799,6 +804,41 @@ def whole_run_section(layout: RunLayout | None, run_command_dir: str | None = No
         return _analyzed(layout, run_command_dir, check_records=True)
 
 
+MAX_STEP_GAP = 100_000
+"""Steps between two stretches of records beyond which they are not one run's: the per-step arrays span every step
+from the first to the last, so one record claiming step 2^31 beside steps 0-99 would cost gigabytes. A resumed
+or restarted run continues where it stopped; a gap of 100,000 steps with nothing recorded is not training."""
+
+
+def _within_one_span(sources: dict[int, _Source], notes: list[str]) -> dict[int, _Source]:
+    """The stretches of steps (every rank's runs of consecutive records) grouped where they lie within
+    MAX_STEP_GAP of each other; the group with the most records is kept, the others named and left out."""
+    runs = sorted((run[0], run[0] + run[2] - 1, run[2], rank) for rank, s in sources.items() for run in s.runs)
+    groups: list[list[tuple]] = []
+    for run in runs:
+        if groups and run[0] - max(r[1] for r in groups[-1]) <= MAX_STEP_GAP:
+            groups[-1].append(run)
+        else:
+            groups.append([run])
+    if len(groups) == 1:
+        return sources
+    kept = max(groups, key=lambda group: sum(r[2] for r in group))
+    for group in groups:
+        if group is not kept:
+            ranks = sorted({r[3] for r in group})
+            notes.append(f"{sum(r[2] for r in group)} record(s) of rank(s) {step_ranges(ranks)} at steps "
+                         f"{group[0][0]}-{max(r[1] for r in group)}, more than {MAX_STEP_GAP:,} steps from the run's "
+                         f"other steps ({kept[0][0]}-{max(r[1] for r in kept)}): not a step of this run, left out")
+    low, high = kept[0][0], max(r[1] for r in kept)
+    within = {}
+    for rank, source in sources.items():
+        runs_kept = [run for run in source.runs if low <= run[0] and run[0] + run[2] - 1 <= high]
+        if runs_kept:
+            within[rank] = dataclasses.replace(source, runs=runs_kept,
+                                               lowest_step=min(run[0] for run in runs_kept))
+    return within
+
+
 def _analyzed(layout: RunLayout, run_command_dir: str | None, check_records: bool) -> WholeRun | None:
     notes: list[str] = []
     sources = _sources(layout, notes, check_records)
@@ -806,6 +846,7 @@ def _analyzed(layout: RunLayout, run_command_dir: str | None, check_records: boo
         if not notes:
             return None
         return WholeRun(status=STATUS_NOT_RECORDED, reason="no usable timeline or step metrics", notes=notes)
+    sources = _within_one_span(sources, notes)
     first = min(run[0] for s in sources.values() for run in s.runs)
     last = max(run[0] + run[2] - 1 for s in sources.values() for run in s.runs)
     acc = _pass(sources, first, last)

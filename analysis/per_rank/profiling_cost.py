@@ -27,6 +27,10 @@ SLOWER_WARN_PCT = 3.0
 """Steps after the last window this much slower than before the first (interval above 0) are called out."""
 RESAMPLES = 1000
 CONFIDENCE = 0.95
+MAX_BOOTSTRAP_STEPS = 5000
+"""Steps of one run a bootstrap resamples at most: a longer run is thinned to this many by an even stride (the
+interval of a median over thousands of steps is already narrow; resampling a million steps 1,000 times would take
+minutes)."""
 MIN_STEPS = 3
 """Fewer steps than this in a phase: no comparison for it."""
 
@@ -72,11 +76,18 @@ def median_difference(groups: Sequence[Sequence[float]], reference: Sequence[Seq
     if not groups or not reference:
         return None
     rng = np.random.default_rng(seed)
-    sampled = _bootstrap_medians(groups, resamples, rng) / _bootstrap_medians(reference, resamples, rng)
+    sampled = (_bootstrap_medians([_thinned(g) for g in groups], resamples, rng)
+               / _bootstrap_medians([_thinned(g) for g in reference], resamples, rng))
     low, high = np.quantile(100.0 * (sampled - 1.0), [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
     point = float(np.median(np.concatenate(groups)) / np.median(np.concatenate(reference)))
     return Difference(median_pct=round(100.0 * (point - 1.0), 3), low_pct=round(float(low), 3),
                       high_pct=round(float(high), 3))
+
+
+def _thinned(values: np.ndarray) -> np.ndarray:
+    """At most MAX_BOOTSTRAP_STEPS of a run's step times, every k-th (the point estimate keeps all of them)."""
+    stride = -(-values.size // MAX_BOOTSTRAP_STEPS)
+    return values[::stride] if stride > 1 else values
 
 
 def _bootstrap_medians(groups: list[np.ndarray], resamples: int, rng: np.random.Generator) -> np.ndarray:

@@ -113,6 +113,22 @@ def test_step_done_with_the_loops_own_numbering_counts_on_instead_of_stopping_th
     assert notice.count("fleetscope: step_done(0) while step 3 is in progress") == 1 and "counts on from 3" in notice
 
 
+def test_a_loop_numbering_steps_beyond_int32_or_with_floats_is_never_stopped(monkeypatch, tmp_path, capsys):
+    # a timeline record holds an int32 step: a loop counting tokens as steps (past 2^31), or a float step, must
+    # run on; those steps are left out of the timeline, said once
+    _launched_here(monkeypatch, tmp_path, enabled=False)
+    windows = fs.windows(start_step=2**31 + 5)
+    for step in range(2**31 + 5, 2**31 + 8):
+        windows.step_done(step)
+    windows.close()
+    for start in (1.5,):
+        windows = fs.windows(start_step=0)
+        windows.step_done(0)
+        windows.step_done(start)
+        windows.close()
+    assert capsys.readouterr().err.count("cannot be kept in the step timeline") >= 1
+
+
 # --- real runs ------------------------------------------------------------------------------------------------------
 
 

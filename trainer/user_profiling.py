@@ -51,7 +51,7 @@ from typing import Any
 from ..traces.clock import record_clock_offset
 from ..traces.launch_env import LaunchedBy, launcher_rank, read_launch_environment, restart_attempt
 from ..traces.layout import RunLayout
-from ..traces.timeline import TimelineWriter
+from ..traces.timeline import MAX_TIMELINE_STEP, TimelineWriter
 from ..traces.writer import publish_trace
 from .config import ProfilerSchedule
 from .profiling import Window, WindowedProfiler, plan_windows
@@ -92,6 +92,7 @@ class StepTimeline:
         """The same moment on this rank's wall clock (`time.time_ns() / 1000`)."""
         self._data_ns: int | None = None
         self._first = True
+        self._warned = False
 
     def begin(self) -> None:
         """A step begins; its record starts here unless a previous step's end already set the start."""
@@ -99,8 +100,11 @@ class StepTimeline:
             self._set_boundary()
 
     def end(self, step: int, *, profiled: bool) -> None:
-        """Step `step` ends: its record, from the boundary to now (none when its start was not seen)."""
+        """Step `step` ends: its record, from the boundary to now (none when its start was not seen, nor for a
+        step number a record cannot hold: the loop's own numbering never raises in here)."""
         now_ns = time.perf_counter_ns()
+        if self._boundary_ns is not None and not self._recordable(step):
+            self._boundary_ns = None
         if self._boundary_ns is not None:
             step_ms = max(now_ns - self._boundary_ns, 1) / 1e6
             data_ms = min(self._data_ns / 1e6, step_ms) if self._data_ns is not None else math.nan
@@ -108,6 +112,16 @@ class StepTimeline:
                                 profiled=profiled, first=self._first)
             self._first = False
         self._set_boundary()
+
+    def _recordable(self, step: object) -> bool:
+        """An integer step a timeline record holds (0 to MAX_TIMELINE_STEP); said once when the loop's is not."""
+        if type(step) is int and 0 <= step <= MAX_TIMELINE_STEP:
+            return True
+        if not self._warned:
+            self._warned = True
+            print(f"fleetscope: step {step!r} cannot be kept in the step timeline (an integer from 0 to "
+                  f"{MAX_TIMELINE_STEP} is needed); such steps are left out of it", file=sys.stderr, flush=True)
+        return False
 
     def add_data_ns(self, elapsed_ns: int) -> None:
         """Time the loop spent on its input (`windows.phase("data")`), counted in the step that ends next."""

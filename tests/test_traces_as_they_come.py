@@ -112,3 +112,23 @@ def test_cuda_work_launched_but_not_recorded_is_said_first_not_read_as_a_cpu_job
     assert not report.complete
     assert report.verdict.startswith("CUDA work was launched but not recorded on rank 0")
     assert "partial: GPU activity not recorded" in report.verdict
+
+
+def test_a_huge_name_in_a_trace_is_bounded_in_every_output(tmp_path):
+    # a 2 MB kernel name (a 20 MB frame name in a 96 KB trace made advise print 40 MB): every output stays small
+    from fleetscope.analysis.advise import advise
+    from fleetscope.analysis.per_rank.events import MAX_NAME_CHARS
+    from fleetscope.analysis.render.terminal import render_terminal
+
+    builder = KinetoBuilder(rank=0, world_size=1).step(0, 0.0, 1000.0)
+    builder.kernel("void huge_kernel<" + "T" * 2_000_000 + ">", 20.0, 600.0, launch_ts=15.0)
+    builder.write(tmp_path / "rank0.json")
+    report = analyze(tmp_path, use_hta=False, write_default_outputs=False, use_cache=False)
+    assert len(report.to_json() if isinstance(report.to_json(), str) else json.dumps(report.to_json())) < 200_000
+    assert len(render_terminal(report)) < 200_000
+    assert all(len(k.name) <= MAX_NAME_CHARS + 40 for w in report.windows for k in w.top_kernels)
+    assert len(repr(advise(tmp_path))) < 200_000
+    from fleetscope.analysis.merge.run import merge
+
+    merge(tmp_path, tmp_path / "merged.pftrace", use_cache=False)
+    assert sum(path.stat().st_size for path in tmp_path.glob("merged*.pftrace")) < 200_000

@@ -138,3 +138,15 @@ def missing_below(world_size: int, present: set[int]) -> tuple[list[int], int]:
             listed.append(rank)
     total = world_size - len({r for r in present if is_int(r) and 0 <= r < world_size})
     return listed, total
+
+
+MAX_NAME_CHARS = 4096
+"""Every name a trace gives (events, ops, threads) is kept to this many characters, the rest counted: the one
+bound on names for every output (a kernel name of deep C++ templates runs to a few thousand characters; a 20 MB
+frame name in a 96 KB trace made advise print 40 MB). Names cut alike keep their own ids: nothing is merged."""
+
+
+def bounded_name(name: str) -> str:
+    if len(name) <= MAX_NAME_CHARS:
+        return name
+    return f"{name[:MAX_NAME_CHARS]}... ({len(name) - MAX_NAME_CHARS:,} more characters)"

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Union
 
 import msgspec
 import numpy as np
+from fleetscope.traces.validate import MAX_NAME_CHARS, bounded_name
 from fleetscope.analysis.per_rank.names import (
     COLLECTIVE_NAME_ARG,
     DTYPE_ARG,
@@ -421,7 +422,7 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
             name = event.name
             external = event.args.external_id if event.args is not None else None
             if type(external) is int and type(name) is str:
-                op_of_external[external] = name
+                op_of_external[external] = name if len(name) <= MAX_NAME_CHARS else bounded_name(name)
                 if event.args.input_dims:
                     dims_of_external[external] = event.args.input_dims
             kept = host_op_kept.get(name) if type(name) is str else False
@@ -724,7 +725,7 @@ def _add_thread_name(thread_names: dict[int, str], event: Any) -> None:
         key = _thread_key(event.tid)
         # Kineto may name a thread twice ("python3" and "pt_gloo_runloop"): keep the specific one.
         if key not in thread_names or thread_names[key].endswith(("(python3)", "(python)")):
-            thread_names[key] = name
+            thread_names[key] = bounded_name(name)
 
 
 def _to_table(name_index, name_ids, kinds, starts, durs, threads, devices, correlations,
@@ -734,7 +735,7 @@ def _to_table(name_index, name_ids, kinds, starts, durs, threads, devices, corre
     order = np.argsort(start, kind="stable")
     names = [""] * len(name_index)
     for name, index in name_index.items():
-        names[index] = name
+        names[index] = bounded_name(name)
     return TraceEvents(
         names=names,
         thread_names=thread_names,

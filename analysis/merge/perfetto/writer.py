@@ -19,6 +19,8 @@ from typing import IO, Sequence
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
 
+from fleetscope.traces.validate import bounded_name
+
 SLICE_BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
 SLICE_END = pb.TrackEvent.TYPE_SLICE_END
 INSTANT = pb.TrackEvent.TYPE_INSTANT
@@ -228,12 +230,13 @@ class SequenceWriter:
         if iid is None:
             iid = table[text] = len(table) + 1
             interned = packet.interned_data
+            shown = bounded_name(text)    # the one name bound (traces/validate.py): a 20 MB name stays 4 KB
             if table is self._names:
-                interned.event_names.add(iid=iid, name=text)
+                interned.event_names.add(iid=iid, name=shown)
             elif table is self._categories:
-                interned.event_categories.add(iid=iid, name=text)
+                interned.event_categories.add(iid=iid, name=shown)
             else:
-                interned.debug_annotation_names.add(iid=iid, name=text)
+                interned.debug_annotation_names.add(iid=iid, name=shown)
         return iid
 
     def _annotate(self, packet: pb.TracePacket, annotations: dict[str, object]) -> None:

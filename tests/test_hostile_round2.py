@@ -93,6 +93,17 @@ def test_history_threshold_must_be_finite(tmp_path, threshold):
 # --- escapes: nothing written where it does not belong ----------------------------------------------------
 
 
+@pytest.mark.parametrize("where", ["any_folder", "a_runs_window"])
+def test_gather_writes_a_manifest_only_into_a_run_directory(tmp_path, capsys, where):
+    layout = make_run(tmp_path / "run")
+    target = tmp_path / "folder" if where == "any_folder" else layout.traces_dir / "window0"
+    target.mkdir(exist_ok=True)
+    before = digests(target)
+    assert main(["gather", str(target)]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+    assert digests(target) == before and not (target / "manifest.json").exists()
+
+
 @pytest.mark.parametrize("kind", ["empty", "home_like", "traceless_run"])
 def test_postprocess_writes_nothing_into_a_directory_without_traces(tmp_path, capsys, kind):
     target = tmp_path / "target"

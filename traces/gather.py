@@ -21,7 +21,7 @@ from .kineto import TraceIdentity, TraceReadError, identify_trace, read_raw
 from .layout import TRACE_SUFFIX, WINDOW_RE, RunLayout, parse_trace_file_name
 from .manifest import Manifest, MissingRank, TraceProblem, TraceRecord, save_manifest, split_duplicates
 from .safe_read import InputRefused, entry_problem, read_metadata
-from .validate import MAX_LISTED_RANKS, checked_world_size, membership_problem, missing_below, rank_problem
+from .validate import MAX_LISTED_RANKS, UsageError, checked_world_size, membership_problem, missing_below, rank_problem
 
 _PARALLEL_THRESHOLD = 4
 
@@ -57,6 +57,10 @@ def gather(run_dir: str | Path, *, workers: int | None = None, inspector: TraceI
     layout = RunLayout.at(run_dir)
     if not layout.root.is_dir():
         raise FileNotFoundError(f"{layout.root}: run directory does not exist")
+    if not (layout.job_file.is_file() or layout.traces_dir.is_dir()):
+        # a manifest is written only where a run keeps its traces: never into any folder, nor a window of one
+        raise UsageError(f"{layout.root}: not a run directory (no job.json and no traces/ folder): nothing written; "
+                         "`fleetscope analyze DIR` reads a folder of traces in place")
     manifest = build_manifest(layout, workers=workers, inspector=inspector)
     save_manifest(manifest, layout)
     return manifest

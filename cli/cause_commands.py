@@ -72,7 +72,7 @@ def handle_gate(args: argparse.Namespace, base_runs: list[str], new_runs: list[s
 
     result = gate(base_runs, new_runs, threshold_pct=args.threshold, allow_env_change=args.allow_env_change,
                   seed=args.seed, allow_different_jobs=args.allow_different_jobs)
-    print(render_gate(result), end="", file=sys.stderr if result.refused else sys.stdout)
+    print(escape_controls(render_gate(result)), end="", file=sys.stderr if result.refused else sys.stdout)
     return result.exit_code
 
 

@@ -85,7 +85,7 @@ def report_submission(spec: JobSpec, plan: LaunchPlan, outcome: LaunchOutcome, *
     if not wait:
         return EXIT_OK
     status = wait_for_run(layout, on_change=print_state_change)
-    print(render_status(status))
+    print(escape_controls(render_status(status)))
     return exit_code(waited_verdict(status))
 
 
@@ -500,7 +500,7 @@ def handle_compare(args: argparse.Namespace) -> int:
     if refused is not None:
         return refused
     comparison = compare(base, new, threshold_pct=args.threshold, allow_different_jobs=args.allow_different_jobs)
-    print(render_comparison(comparison))
+    print(escape_controls(render_comparison(comparison)))
     return comparison.exit_code
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
+import shlex
 from pathlib import Path
 
 from ..traces.layout import RunLayout
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from .terminal_text import escape_controls
 
 FETCH_HINT = ("to get one, the perfetto package fleetscope depends on downloads the build it pins (SHA-256 "
               "checked, kept in ~/.local/share/perfetto) and prints its path: python -c 'from "
@@ -49,8 +51,9 @@ def handle_query(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     trace = merged_trace_of(Path(args.trace))
     if trace is None:
-        print(f"{args.trace}: no merged trace there (report/merged.perfetto-trace): fleetscope postprocess "
-              f"{args.trace} writes one for a run, fleetscope merge {args.trace} -o OUT for any folder of traces",
+        quoted = shlex.quote(str(args.trace))
+        print(f"{escape_controls(str(args.trace))}: no merged trace there (report/merged.perfetto-trace): fleetscope "
+              f"postprocess {quoted} writes one for a run, fleetscope merge {quoted} -o OUT for any folder of traces",
               file=sys.stderr)
         return EXIT_USAGE
     try:
@@ -76,6 +79,8 @@ def write_rows(rows: list[dict[str, str]], out, *, columns: list[str] | None = N
     """CSV with a header line, the header alone for no rows (nothing without columns either)."""
     fieldnames = columns or (list(rows[0]) if rows else [])
     if fieldnames:
-        writer = csv.DictWriter(out, fieldnames=fieldnames, lineterminator="\n")
+        writer = csv.DictWriter(out, fieldnames=[escape_controls(str(f)) for f in fieldnames], lineterminator="\n")
         writer.writeheader()
-        writer.writerows(rows)
+        # names in a trace are the run's files' text: a terminal never gets their control sequences
+        writer.writerows({escape_controls(str(k)): escape_controls(str(v)) if isinstance(v, str) else v
+                          for k, v in row.items()} for row in rows)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -49,7 +50,8 @@ def print_submitted(submission: Submission, layout: RunLayout, *, nodes: int, np
     print(f"fleetscope: submitted Slurm job {submission.job_id} ({submission.scheduler}, {nodes} node(s) x "
           f"{nproc_per_node}); {after}")
     print(f"  run directory: {layout.root}")
-    print(f"  follow it:     fleetscope status {layout.root}   |   fleetscope logs {layout.root}")
+    root = shlex.quote(str(layout.root))
+    print(f"  follow it:     fleetscope status {root}   |   fleetscope logs {root}")
 
 
 def print_state_change(label: str, status: SlurmJobStatus) -> None:

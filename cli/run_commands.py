@@ -10,6 +10,7 @@ from ..launcher.runs import cancel_run, log_files, run_status, scheduler_of_run
 from ..traces.fanout import fanout_states
 from ..traces.layout import RunLayout
 from .exit_codes import EXIT_FAILED, EXIT_OK, exit_code
+from .terminal_text import escape_controls
 from ..launcher.progress import run_progress
 from ..traces.jobfile import read_job_record
 from .render import render_fanouts, render_progress, render_status
@@ -24,7 +25,7 @@ def register_status(sub: argparse._SubParsersAction) -> None:
 
 def handle_status(args: argparse.Namespace) -> int:
     status = run_status(args.run_dir)
-    print(render_status(status))
+    print(escape_controls(render_status(status)))
     layout = RunLayout.at(args.run_dir)
     for line in render_progress(run_progress(layout, recorded_steps(layout))):
         print(line)

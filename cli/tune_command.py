@@ -19,6 +19,7 @@ from ..traces.layout import RunLayout
 from ..traces.validate import UsageError
 from .cause_commands import add_threshold_argument
 from .exit_codes import EXIT_FAILED, EXIT_OK
+from .terminal_text import escape_controls
 
 _RULE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 _FINDING_NUMBER = re.compile(r"[0-9]{1,9}")
@@ -171,7 +172,7 @@ def launch_and_wait(scheduler, plan, tuned_from: dict) -> bool:
             print_failed_job(layout, outcome.submission, post_ran=outcome.post is not None)
         return outcome.submission.succeeded
     status = wait_for_run(layout, on_change=print_state_change)
-    print(render_status(status))
+    print(escape_controls(render_status(status)))
     return waited_verdict(status) != Verdict.FAILED
 
 
@@ -183,7 +184,7 @@ def print_comparison(base: Path, new: Path, *, threshold_pct: float, allow_env_c
     # the relaunch changes the job on purpose (an EP degree, say): it is gated against its source all the same
     result = gate([base], [new], threshold_pct=threshold_pct, allow_env_change=allow_env_change,
                   allow_different_jobs=True)
-    print(render_gate(result), end="")
+    print(escape_controls(render_gate(result)), end="")
     if result.metrics:
         print("direction (new vs base):")
         print(render_directions(result, {m.name: direction(m) for m in result.metrics}), end="")

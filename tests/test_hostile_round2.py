@@ -557,3 +557,13 @@ def test_an_array_job_id_the_reader_refuses_is_refused_by_the_writer(job_id):
 
     with pytest.raises(ValueError):
         _job_id(job_id)
+
+
+def test_compare_prints_no_control_sequence_from_run_files(tmp_path, capsys):
+    # a run directory named with a terminal escape: compare names it escaped
+    base = make_recorded_run(tmp_path / "base")
+    new = make_recorded_run(tmp_path / "new").root.rename(tmp_path / "new\x1b[2J\x1b]0;owned\x07")
+    main(["compare", str(base.root), str(new)])
+    out = capsys.readouterr()
+    assert "\x1b" not in out.out + out.err and "\x07" not in out.out + out.err
+    assert "\\x1b[2J" in out.out + out.err

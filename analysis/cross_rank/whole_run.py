@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 import os
 import stat
 from concurrent.futures import ThreadPoolExecutor
@@ -1106,7 +1107,7 @@ class RecordSuggestion:
 
     def to_record(self, step: int) -> str:
         if not self.ended:
-            return f"fleetscope profile {self.run_dir} --steps {PROFILE_STEPS} records a window"
+            return f"fleetscope profile {shlex.quote(self.run_dir)} --steps {PROFILE_STEPS} records a window"
         skip = max(step - 1, 0)
         return (f"the job has ended: relaunch it with --profile skip_first={skip},wait=0,warmup=1,"
                 f"active={PROFILE_STEPS},repeat=1 to record steps {skip + 1}-{skip + PROFILE_STEPS}")

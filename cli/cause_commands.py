@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..traces.jsontext import strict_dumps
 from ..traces.outputs import guard_output
-from .exit_codes import EXIT_USAGE
+from .exit_codes import EXIT_OK, EXIT_PARTIAL, EXIT_USAGE
 from .terminal_text import escape_controls
 
 
@@ -140,7 +140,7 @@ def handle_advise(args: argparse.Namespace) -> int:
     print(escape_controls(render_advice(advice)), end="")
     if json_out:
         write_bytes_atomically((strict_dumps(dataclasses.asdict(advice), indent=2) + "\n").encode(), json_out)
-    return 0
+    return EXIT_OK if advice.complete else EXIT_PARTIAL
 
 
 REGISTRY = [register_history, register_advise]

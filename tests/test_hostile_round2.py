@@ -567,3 +567,10 @@ def test_compare_prints_no_control_sequence_from_run_files(tmp_path, capsys):
     out = capsys.readouterr()
     assert "\x1b" not in out.out + out.err and "\x07" not in out.out + out.err
     assert "\\x1b[2J" in out.out + out.err
+
+
+def test_advise_of_traces_it_cannot_read_says_so_and_exits_3(tmp_path, capsys):
+    (tmp_path / "rank0.pt.trace.json").write_text("garbage")
+    assert main(["advise", str(tmp_path)]) == 3
+    out = capsys.readouterr().out
+    assert "1 trace(s) could not be used" in out and "nothing to advise from the traces" in out

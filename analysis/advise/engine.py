@@ -104,6 +104,12 @@ def advise(path: str | Path) -> Advice:
             report = analyze(source, write_default_outputs=False, use_hta=False)
         except (FileNotFoundError, ValueError) as error:
             notes.append(f"no traces analyzed ({error}): advice from step metrics and configuration only")
+    if report is not None and report.problems:
+        unread = report.problems
+        notes.append(f"{len(unread)} trace(s) could not be used, so the advice rests on the rest"
+                     + ("" if report.analyzed_ranks else " (none was: there is nothing to advise from the traces)")
+                     + ": " + "; ".join(f"{p.label}: {p.reason}" for p in unread[:3])
+                     + (" ..." if len(unread) > 3 else ""))
     evidence = gather_evidence(layout, report)
     if evidence.step_ms is None:
         notes.append("no step time (no steady step metrics, no profiled steps in the traces): gains are not "
@@ -114,7 +120,8 @@ def advise(path: str | Path) -> Advice:
         notes.append(f"gains measured in the trace are scaled to the steady step: the profiled steps take "
                      f"{evidence.profiled_step_ms:.2f} ms, the steady ones {evidence.step_ms:.2f} ms "
                      f"({evidence.step_basis}; profiling lengthens a step)")
-    advice = dataclasses.replace(advise_evidence(evidence, str(path)), notes=notes)
+    advice = dataclasses.replace(advise_evidence(evidence, str(path)), notes=notes,
+                                 complete=report is None or not report.problems)
     if auditing():
         audit("advice", path, check_advice(advice, report))
     return advice

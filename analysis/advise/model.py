@@ -236,6 +236,8 @@ class Advice:
     never more than the step (overlapping findings count once)."""
     combined_gain_of_ms: float | None = None
     combined_gain_basis: str = ""
+    complete: bool = True
+    """Every trace it rests on could be read (False: some could not, or none was analyzed; the notes say which)."""
 
 
 UserCodeChange = Callable[[Finding], "str | None"]

@@ -87,6 +87,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
                             comm_kernel_pattern=comm_kernel_pattern, hta_views=views_in_parse)
     if on_parsed is not None:
         on_parsed(outcomes)
+    outcomes = [_profiler_trace_or_failure(outcome) for outcome in outcomes]
     placement = place_traces(inputs, outcomes)
     moe_records, moe_notes = load_moe_records_noted(inputs.layout, _record_ranks(placement.results, inputs.world_size))
     report = build_report(
@@ -116,6 +117,16 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         audit("report", json_out or path, check_report(report))
     _write_outputs(report, json_out, html_out)
     return report
+
+
+def _profiler_trace_or_failure(outcome):
+    """A parsed file with no torch.profiler event (a Chrome trace of another tool) is a problem of the analysis,
+    named as such (the merge still draws it)."""
+    if not isinstance(outcome, RankResult) or outcome.profiler_events:
+        return outcome
+    return TraceFailure(label=outcome.label, window=outcome.window, rank=outcome.rank,
+                        reason=f"no torch.profiler events (no cpu_op, user_annotation, cuda_runtime or kernel category "
+                               f"among its {outcome.event_count} events): a Chrome trace of another tool")
 
 
 def _with_run_step_time(report: Report, layout: RunLayout | None) -> None:

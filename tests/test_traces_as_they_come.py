@@ -132,3 +132,20 @@ def test_a_huge_name_in_a_trace_is_bounded_in_every_output(tmp_path):
 
     merge(tmp_path, tmp_path / "merged.pftrace", use_cache=False)
     assert sum(path.stat().st_size for path in tmp_path.glob("merged*.pftrace")) < 200_000
+
+
+def test_an_event_before_the_clocks_zero_is_left_out_of_the_merge_not_the_whole_trace(tmp_path):
+    # one event at ts -5 us with baseTimeNanoseconds 0 (or pushed there by a clock offset) lost the whole merged
+    # trace ("Value out of range"): it is left out and counted, the rest is written
+    from fleetscope.analysis.merge.run import merge
+
+    builder = KinetoBuilder(rank=0, world_size=1).step(0, 0.0, 1000.0).op("aten::mm", 10, 500)
+    builder.kernel("sm90_xmma_gemm_bf16", 20.0, 600.0, launch_ts=15.0)
+    document = builder.document()
+    document["baseTimeNanoseconds"] = 0
+    document["traceEvents"] += [{"ph": "X", "name": "early", "cat": "cpu_op", "ts": -5.0, "dur": 1.0, "pid": 1, "tid": 1},
+                                {"ph": "i", "name": "early", "cat": "x", "ts": -5.0, "pid": 1, "tid": 1, "s": "t"}]
+    (tmp_path / "rank0.json").write_text(json.dumps(document))
+    result = merge(tmp_path, tmp_path / "merged.pftrace", use_cache=False)
+    assert (tmp_path / "merged.pftrace").stat().st_size > 0 and not result.problems
+    assert any("2 events: event before the trace clock's zero" in note.reason for note in result.notes)

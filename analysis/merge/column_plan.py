@@ -26,6 +26,7 @@ from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.overlays import OverlayInputs, plan_overlays
 from fleetscope.analysis.merge.plan import (
     GPU_CATEGORIES,
+    MAX_WRITABLE_NS,
     OUT_OF_RANGE,
     PYTHON_FUNCTION_CATEGORY,
     WindowPlan,
@@ -140,6 +141,8 @@ def _slice_table(window: DecodedWindow, keep: np.ndarray, categories: list[str],
     durations = nanoseconds(dur_us, 0)
     if starts is None or durations is None:
         raise ColumnsRefused("a time too large for float64 nanoseconds")
+    if starts.size and (int(starts.min()) < 0 or int((starts + np.maximum(durations, 0)).max()) >= MAX_WRITABLE_NS - 1):
+        raise ColumnsRefused("an event outside the writable clock range (plan.py leaves it out, counted)")
     negative = durations < 0
     if negative.any():
         grouped.negative_durations += int(negative.sum())

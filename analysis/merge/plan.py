@@ -206,6 +206,9 @@ def _add_complete(event: dict, ident: int, grouped: GroupedEvents, clock: Window
         grouped.negative_durations += 1
         dur = 0
     start_ns = clock.shift_ns + round(ts * 1000)
+    if not (0 <= start_ns and start_ns + round(dur * 1000) < MAX_WRITABLE_NS):
+        grouped.skipped[OUTSIDE_CLOCK] += 1
+        return
     thread = thread_of(event)
     args = event.get("args")
     if category in GPU_CATEGORIES and thread not in grouped.gpu_threads:
@@ -225,6 +228,14 @@ def _add_complete(event: dict, ident: int, grouped: GroupedEvents, clock: Window
 
 _NUMBERS = (int, float)
 OUT_OF_RANGE = "event with a non-finite time or one beyond int64 nanoseconds"
+OUTSIDE_CLOCK = "event before the trace clock's zero or beyond 2^63 ns once placed on it (a merged trace's times are unsigned)"
+MAX_WRITABLE_NS = 2**63
+"""The one range every timestamp the merge writes must fall in: [0, MAX_WRITABLE_NS) (Perfetto's are uint64, and
+the engine reads them as int64). An event placed outside it is left out and counted, never the whole trace."""
+
+
+def writable_ns(ns: int) -> bool:
+    return 0 <= ns < MAX_WRITABLE_NS
 
 
 def _device_stream(args: Any, thread: tuple) -> tuple[Any, Any]:
@@ -239,6 +250,9 @@ def _add_instant(event: dict, ident: int, grouped: GroupedEvents, clock: WindowC
         return
     if not is_finite_number(ts):
         grouped.skipped[OUT_OF_RANGE] += 1
+        return
+    if not writable_ns(clock.to_ns(ts)):
+        grouped.skipped[OUTSIDE_CLOCK] += 1
         return
     if event.get("name") == MEMORY_EVENT_NAME and _add_memory_sample(event, grouped, clock.to_ns(ts)):
         return
@@ -268,6 +282,9 @@ def _add_counter(event: dict, grouped: GroupedEvents, clock: WindowClock) -> Non
     if not is_finite_number(ts):
         grouped.skipped[OUT_OF_RANGE] += 1
         return
+    if not writable_ns(clock.to_ns(ts)):
+        grouped.skipped[OUTSIDE_CLOCK] += 1
+        return
     name = _text(event.get("name"))
     for series, value in args.items():
         if is_finite_number(value):
@@ -280,6 +297,9 @@ def add_flow_fields(phase: str, ts: Any, flow_id: Any, binding_point: Any, categ
     """A flow event (`s`, `t`, `f`) from its fields (None or msgspec.UNSET where the trace has none)."""
     if not is_finite_number(ts) or flow_id is None or flow_id is UNSET:
         grouped.skipped["flow event without numeric ts or id"] += 1
+        return
+    if not writable_ns(clock.to_ns(ts)):
+        grouped.skipped[OUTSIDE_CLOCK] += 1
         return
     enclosing = phase != "f" or binding_point == "e"
     grouped.flow_events.append((phase, _text(None if category is UNSET else category), _hashable(flow_id),

@@ -94,6 +94,7 @@ from fleetscope.traces.atomic import atomic_output
 from fleetscope.traces.kineto import TraceReadError, decode_trace, decompress, distributed_rank, read_raw
 from fleetscope.analysis.merge.whole_run_counters import WHOLE_RUN_SEQUENCE_ID, WholeRunPlan, plan_whole_run, write_whole_run
 from fleetscope.traces.clock import read_clock_offsets
+from fleetscope.traces.validate import bounded_name
 from fleetscope.traces.layout import MERGED_TRACE
 
 _PREAMBLE_SEQUENCE_ID = 1
@@ -321,7 +322,7 @@ def _write_whole_run(session: "_MergeSession", plan: WholeRunPlan) -> None:
         first = min((r.step_ms[0][0] for r in plan.ranks if r.step_ms), default=0)
         write_preamble(session.stream, sequence_id=_PREAMBLE_SEQUENCE_ID, first_timestamp_ns=first)
         session.preamble_written = True
-    write_whole_run(SequenceWriter(stream=session.stream, sequence_id=WHOLE_RUN_SEQUENCE_ID), plan)
+    write_whole_run(SequenceWriter(stream=session.stream, sequence_id=WHOLE_RUN_SEQUENCE_ID, shown=bounded_name), plan)
 
 
 def _merge_ranks(session: "_MergeSession", sources: list[RankSource], handle: IO[bytes], destination: Path,
@@ -350,7 +351,7 @@ def _output_path(inputs: MergeInputs, out: str | Path | None) -> Path:
 
 def write_summaries(session: "_MergeSession", planned: PlannedOutput) -> list[RankSummaryCount]:
     """The summary of every rank of `planned.summary_of`, one rank at a time, after the ranks in full."""
-    writer = SequenceWriter(stream=session.stream, sequence_id=SUMMARY_SEQUENCE_ID)
+    writer = SequenceWriter(stream=session.stream, sequence_id=SUMMARY_SEQUENCE_ID, shown=bounded_name)
     in_full = {source.rank for source in planned.sources}
     counts = []
     for source in planned.summary_of:
@@ -393,7 +394,8 @@ class _MergeSession:
     """rank -> MoeMergeView (moe_overlays.py)."""
 
     def merge_rank(self, source: RankSource, progress: Callable[[RankMergeSummary], None] | None) -> RankMergeSummary:
-        emitter = _RankEmitter(writer=SequenceWriter(stream=self.stream, sequence_id=rank_sequence_id(source.rank)),
+        emitter = _RankEmitter(writer=SequenceWriter(stream=self.stream, sequence_id=rank_sequence_id(source.rank),
+                                                            shown=bounded_name),
                                json_writer=self.json_writer, pid=PROCESS_PID_BASE + source.rank,
                                event_args=self.options.event_args)
         tracks = RankTracks.for_rank(source.rank)

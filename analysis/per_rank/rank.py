@@ -45,7 +45,6 @@ from fleetscope.analysis.per_rank.utilization import (
 )
 from fleetscope.traces.kineto import (
     TraceIdentity,
-    TraceReadError,
     decode_trace,
     decompress,
     distributed_rank,
@@ -101,6 +100,9 @@ class RankResult:
     remarks: list[str] = dataclasses.field(default_factory=list)
     launch_audit: LaunchAudit | None = None
     """Launch calls and how many have no GPU activity recorded (None: results cached before it was kept)."""
+    profiler_events: bool = True
+    """The trace holds torch.profiler's events (a known Kineto category): False for a Chrome trace of another
+    tool, which the merge draws and the analysis names as no profiler trace (analyze.py)."""
     process_id: int | None = None
     """The traced process's id (events.TraceEvents.host_pid): traces of one process on one host are windows of
     one rank (cross_rank/placement.py)."""
@@ -155,10 +157,6 @@ def decode_identified(path: Path, raw: bytes) -> tuple[TraceIdentity, DecodedTra
 def analyze_decoded(source: TraceSource, decoded: DecodedTrace, comm_kernel_pattern: str | None = None) -> RankResult:
     """analyze_bytes after the decode."""
     document, events, remarks = decoded.metadata, decoded.events, decoded.remarks
-    if len(events) and events.omitted_host_ops == 0 and not np.any(events.kind != int(Kind.OTHER)):
-        raise TraceReadError(source.path, "no torch.profiler events (no cpu_op, user_annotation, cuda_runtime or "
-                                          "kernel categories among its " + f"{len(events)} events): a Chrome trace "
-                                          "of another tool, not torch.profiler's")
     trace_rank, world_size = distributed_rank(document)
     rank, rank_source = _resolve_rank(source, trace_rank)
     steps, step_source = find_steps(events)
@@ -199,6 +197,7 @@ def analyze_decoded(source: TraceSource, decoded: DecodedTrace, comm_kernel_patt
         remarks=remarks + _world_size_remarks(info) + audit.remarks() + comm_kernel_hints(events, is_comm),
         launch_audit=audit,
         process_id=events.host_pid,
+        profiler_events=events.omitted_host_ops > 0 or bool(np.any(events.kind != int(Kind.OTHER))),
     )
 
 

@@ -14,12 +14,10 @@ merged trace is one sequence, so a rank's interning table lives only while that 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import IO, Sequence
+from typing import IO, Callable, Sequence
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
-
-from fleetscope.traces.validate import bounded_name
 
 SLICE_BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
 SLICE_END = pb.TrackEvent.TYPE_SLICE_END
@@ -116,6 +114,8 @@ class SequenceWriter:
 
     stream: PacketStream | PacketCapture
     sequence_id: int
+    shown: Callable[[str], str] = str
+    """How an interned string is written (the merge passes its one name bound: a 20 MB name stays a few KB)."""
     _names: dict[str, int] = field(default_factory=dict)
     _categories: dict[str, int] = field(default_factory=dict)
     _annotation_names: dict[str, int] = field(default_factory=dict)
@@ -230,7 +230,7 @@ class SequenceWriter:
         if iid is None:
             iid = table[text] = len(table) + 1
             interned = packet.interned_data
-            shown = bounded_name(text)    # the one name bound (traces/validate.py): a 20 MB name stays 4 KB
+            shown = self.shown(text)
             if table is self._names:
                 interned.event_names.add(iid=iid, name=shown)
             elif table is self._categories:

@@ -636,10 +636,10 @@ class ConvVAE(nn.Module):
         self.posterior = nn.Linear(widths[-1] * self.bottom ** 2, 2 * latent)
         self.expand = nn.Linear(latent, widths[-1] * self.bottom ** 2)
         up = []
-        for w, w_next in zip(widths[::-1], (*widths[-2::-1], 32)):
+        for w, w_next in zip(widths[::-1], (*widths[-2::-1], widths[0] // 2)):
             up += [nn.ConvTranspose2d(w, w_next, 4, stride=2, padding=1), nn.BatchNorm2d(w_next), nn.ReLU(),
                    nn.Conv2d(w_next, w_next, 3, padding=1), nn.BatchNorm2d(w_next), nn.ReLU()]
-        self.decoder = nn.Sequential(*up, nn.Conv2d(32, 3, 3, padding=1))
+        self.decoder = nn.Sequential(*up, nn.Conv2d(widths[0] // 2, 3, 3, padding=1))
 
     def forward(self, x: torch.Tensor):
         mean, log_var = self.posterior(self.encoder(x).flatten(1)).chunk(2, -1)
@@ -675,7 +675,8 @@ def vae_validation_empty_cache(fixed: bool):
     every step (64 held-out images) that ends with torch.cuda.empty_cache(): the next step's activations and
     gradients come back through cudaMalloc. Fix: drop the empty_cache() call from the hook."""
     size = pick(128, 32)
-    model = ConvVAE(size).to(DEV, memory_format=torch.channels_last)
+    model = ConvVAE(size, (64, 128, 256, 512) if on_gpu() else (8, 16, 32, 64))
+    model = model.to(DEV, memory_format=torch.channels_last)
     opt = fused_adamw(model.parameters())
     images = torch.rand(pick(128, 4), 3, size, size, device=DEV).contiguous(memory_format=torch.channels_last)
     held_out = torch.rand(pick(64, 2), 3, size, size, device=DEV).contiguous(memory_format=torch.channels_last)
@@ -1084,10 +1085,11 @@ class Block2plus1D(nn.Module):
 
 
 def r2plus1d(classes: int, widths=(64, 128, 256, 512)) -> nn.Sequential:
-    layers: list[nn.Module] = [nn.Conv3d(3, 45, (1, 7, 7), (1, 2, 2), (0, 3, 3), bias=False), nn.BatchNorm3d(45),
-                               nn.ReLU(inplace=True), nn.Conv3d(45, widths[0], (3, 1, 1), padding=(1, 0, 0),
-                                                                bias=False), nn.BatchNorm3d(widths[0]),
-                               nn.ReLU(inplace=True)]
+    stem = widths[0] * 45 // 64
+    layers: list[nn.Module] = [nn.Conv3d(3, stem, (1, 7, 7), (1, 2, 2), (0, 3, 3), bias=False),
+                               nn.BatchNorm3d(stem), nn.ReLU(inplace=True),
+                               nn.Conv3d(stem, widths[0], (3, 1, 1), padding=(1, 0, 0), bias=False),
+                               nn.BatchNorm3d(widths[0]), nn.ReLU(inplace=True)]
     cin = widths[0]
     for i, width in enumerate(widths):
         layers += [Block2plus1D(cin, width, 1 if i == 0 else 2), Block2plus1D(width, width, 1)]
@@ -1099,7 +1101,8 @@ def healthy_r2plus1d_video_bf16(fixed: bool):
     """An R(2+1)D-18 action classifier on 24 clips of 16 frames at 112x112, channels_last_3d, bf16 autocast,
     cudnn.benchmark, fused AdamW: nothing planted."""
     torch.backends.cudnn.benchmark = True
-    model = r2plus1d(400).to(DEV, memory_format=torch.channels_last_3d)
+    model = r2plus1d(400, (64, 128, 256, 512) if on_gpu() else (16, 16, 32, 32))
+    model = model.to(DEV, memory_format=torch.channels_last_3d)
     opt = fused_adamw(model.parameters())
     frames, size = pick(16, 4), pick(112, 32)
     clips = torch.randn(pick(24, 2), 3, frames, size, size, device=DEV)

@@ -74,6 +74,8 @@ class Evidence:
     (per_rank/saving_reach.py), mean over ranks; None where no rank's trace can tell."""
     sync_dispatch_ms: float = 0.0
     """Host time per step in the data-dependent-shape ops that sync, outside the syncs (host_stalls.py)."""
+    pageable_copy_gpu_ms: float = 0.0
+    """GPU time per step of those copies (the copy itself), the same mean."""
     pageable_copy_mb: float | None = None
     """Megabytes those copies moved per step (their `bytes` args; 0 where the trace does not record them)."""
     pinned_copy_gbps: float = 0.0

@@ -101,6 +101,9 @@ class StepStalls:
     """Host time inside their copy calls."""
     pageable_copy_bytes: int = 0
     """Bytes those copies moved (the copies' `bytes` args; 0 where the trace does not record them)."""
+    pageable_copy_gpu_us: float = 0.0
+    """GPU time of those copies (the copy itself; the host's call also holds its wait for the GPU work queued
+    before it, which the stream would run first anyway)."""
     sync_dispatch_us: float = 0.0
     """Host time in the outermost data-dependent-shape ops that sync (names.is_dynamic_shape_op: boolean-mask
     indexing, its backward, masked_select, unique), outside their sync calls: the host work that keeping shapes
@@ -479,6 +482,7 @@ class _PageableCopies:
     call_end_us: np.ndarray
     thread: np.ndarray
     copied_bytes: np.ndarray
+    gpu_us: np.ndarray
 
     @classmethod
     def of(cls, events: TraceEvents) -> "_PageableCopies":
@@ -489,7 +493,7 @@ class _PageableCopies:
         sizes = (np.maximum(events.copy_bytes[copies], 0) if events.copy_bytes is not None
                  else np.zeros(starts.size, dtype=np.int64))
         return cls(call_start_us=starts[called], call_end_us=ends[called], thread=threads[called],
-                   copied_bytes=sizes[called])
+                   copied_bytes=sizes[called], gpu_us=events.dur_us[copies][called])
 
 
 def _frames(events: TraceEvents, calls: np.ndarray, inside: np.ndarray, what: str) -> list[HostFrame]:
@@ -542,6 +546,7 @@ def _step_stalls(events: TraceEvents, step: StepTiming, syncs: np.ndarray, reads
         pageable_copy_count=int(np.count_nonzero(paged)),
         pageable_copy_us=float((pageable.call_end_us - pageable.call_start_us)[paged].sum()),
         pageable_copy_bytes=int(pageable.copied_bytes[paged].sum()),
+        pageable_copy_gpu_us=float(pageable.gpu_us[paged].sum()),
         sync_dispatch_us=float(covered_between(dispatch, np.array([step.start_us]), np.array([step.end_us]))[0])
         if len(dispatch) else 0.0,
     )

@@ -157,7 +157,7 @@ def hta_key(raw: bytes, rank: int, step_names: tuple[str, ...], code_digest: str
 def hta_code_digest() -> str:
     """The source of the modules that compute a RankViews, and the versions of the libraries doing the work."""
     digest = hashlib.blake2b(digest_size=16)
-    for package in ("HolisticTraceAnalysis", "pandas", "numpy", "msgspec"):
+    for package in ("HolisticTraceAnalysis", "traceinsight", "pandas", "numpy", "msgspec"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             digest.update(f"{package}={importlib.metadata.version(package)}".encode())
     files: dict[str, Path] = {}

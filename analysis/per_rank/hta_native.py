@@ -23,11 +23,15 @@ that start by the end of the last step, then those host rows.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
+import importlib.util
 import operator
 import re
 from itertools import repeat
 from dataclasses import dataclass
 from operator import attrgetter
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -409,13 +413,41 @@ def step_filter_applies(own_names: frozenset[str], step_names: tuple[str, ...]) 
     return len(own_names | {s for s in step_names if STEP_PREFIX in s}) >= 2
 
 
+def _filter_keeps_stepless_ranks() -> bool:
+    return hta_generation() == "0.6"
+
+
+@functools.lru_cache(maxsize=1)
+def hta_generation() -> str:
+    """"0.6" where the `hta` package Python would import is traceinsight 0.6 or later, else "0.5" (also without
+    HTA: the native views then follow 0.5, the version the `hta` extra installs)."""
+    spec = importlib.util.find_spec("hta")
+    origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
+    for package in ("traceinsight", "HolisticTraceAnalysis"):
+        try:
+            distribution = importlib.metadata.distribution(package)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if origin is not None and Path(distribution.locate_file("hta/__init__.py")).resolve() != origin:
+            continue
+        numbers = [int(part) for part in re.findall(r"\d+", distribution.version)[:2]]
+        return "0.6" if numbers >= [0, 6] else "0.5"
+    return "0.5"
+
+
 def _step_filter(frame: dict[str, np.ndarray], is_gpu: np.ndarray, symbols: list[str]) -> np.ndarray:
     """Row positions HTA's _filter_irrelevant_gpu_kernels keeps, in its order, where it applies
     (step_filter_applies): GPU rows whose correlation a kept host row has (once per such host row), then
     host rows starting (aligned) by the latest step end (not aligned)."""
     cpu = np.flatnonzero(~is_gpu)
     steps = cpu[_step_rows(frame["name"][cpu], symbols, prefix_only=False)]
-    if not steps.size:
+    if _filter_keeps_stepless_ranks():
+        # HTA 0.6: a rank without host rows is kept whole; one without steps keeps its host rows up to their end
+        if not cpu.size:
+            return np.arange(is_gpu.size)
+        last_end = frame["end"][steps].max() if steps.size else frame["end"][cpu].max()
+        cpu = cpu[frame["ts"][cpu] <= last_end]
+    elif not steps.size:
         cpu = cpu[:0]
     else:
         cpu = cpu[frame["ts"][cpu] <= frame["end"][steps].max()]

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 import numpy as np
-from fleetscope.analysis.per_rank.hta_native import HtaRankFrame, inner_merge
+from fleetscope.analysis.per_rank.hta_native import HtaRankFrame, hta_generation, inner_merge
 
 Table = list[dict[str, Any]]
 
@@ -36,9 +36,17 @@ LAUNCH_DELAY_CUTOFF_US = 100
 MAX_LAUNCH_PAIRS = 20_000_000
 """HTA joins launches and kernels many-to-many on correlation: past this many pairs the view is refused."""
 
-_NCCL_KERNEL = re.compile(r"^nccl.*Kernel")
-_MEMORY_KERNEL = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
-_NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+KERNEL_RULES = {
+    # (communication, memory, not computation): HTA's get_kernel_type, regular expressions and all
+    "0.5": (re.compile(r"^nccl.*Kernel"), re.compile(r"(^Memcpy)|(^Memset)|(^dma)"),
+            re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")),
+    "0.6": (re.compile(r"(^nccl.*)|(^hip)|(^hccl)|(.*ncclKernel.*)"), re.compile(r"(^(hip)?Memcpy)|(^(hip)?Memset)|(^dma)"),
+            re.compile(r"(^nccl)|(.*Memcpy)|(.*Memset)|(.*dma)|(^.*Sync)|(^Stream Wait Event)|(cuda.*LaunchKernel)"
+                       r"|(^runFunction)|(^hip)|(^job_exe)|(^packet)|(^pe_exe)|(^cpum_exe_subgraph)|(^hccl)"
+                       r"|(^collective_subgraph_execution)")),
+}
+"""HTA 0.5 (holistictraceanalysis) and 0.6 (published as traceinsight: the same `hta` package) classify kernels
+differently (0.6 adds HIP, HCCL and MTIA names, and counts `Stream Wait Event` as no computation)."""
 
 
 class ViewError(Exception):
@@ -47,12 +55,14 @@ class ViewError(Exception):
 
 @functools.lru_cache(maxsize=65536)
 def kernel_type(name: str) -> str:
-    """HTA's get_kernel_type, regular expressions and all (classified once per distinct name)."""
-    if _NCCL_KERNEL.match(name):
+    """HTA's get_kernel_type, regular expressions and all, of the installed HTA (hta_generation; classified once
+    per distinct name)."""
+    communication, memory, not_computation = KERNEL_RULES[hta_generation()]
+    if communication.match(name):
         return COMMUNICATION
-    if _MEMORY_KERNEL.match(name):
+    if memory.match(name):
         return MEMORY
-    if not _NOT_COMPUTE.match(name):
+    if not not_computation.match(name):
         return COMPUTATION
     return OTHER
 

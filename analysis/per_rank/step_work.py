@@ -66,7 +66,7 @@ _PRECISION_NEEDLES = (
     # first match wins, on the lower-cased kernel name
     (PRECISION_FP8, ("e4m3", "e5m2", "fp8", "f8f8")),
     (PRECISION_TF32, ("tf32", "s1688", "s16816", "s884", "tensorop_s")),
-    (PRECISION_HALF, ("bf16", "f16", "fp16", "half", "hgemm", "h1688", "h16816", "h884", "bgemm")),
+    (PRECISION_HALF, ("bf16", "bfloat16", "f16", "fp16", "half", "hgemm", "h1688", "h16816", "h884", "bgemm")),
     (PRECISION_FP32, ("sgemm", "simt", "f32f32_f32f32", "gemm_f32", "fp32", "cf32")),
 )
 _FP32_CONV_NEEDLES = ("float", "f32", "fft", "winograd", "implicit_convolve_sgemm", "dgrad", "wgrad", "fprop")

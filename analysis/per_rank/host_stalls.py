@@ -217,17 +217,18 @@ def _gpu_idle_gaps(events: TraceEvents, spans: Intervals) -> IdleGaps:
     blocking = syncs | reads
     gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
     gaps = subtract(spans, union(Intervals(events.start_us[gpu], events.end_us[gpu])))
+    queued = queued_before(events, gpu, gaps)
     causes = gap_causes(gaps, Intervals(events.start_us[inputs], events.end_us[inputs]),
                         Intervals(events.start_us[host_comm], events.end_us[host_comm]),
                         Intervals(events.start_us[blocking], events.end_us[blocking] + SYNC_SLACK_US),
-                        queued_before=queued_before(events, gpu, gaps),
+                        queued_before=queued,
                         collecting=Intervals(events.start_us[collections], events.end_us[collections]),
                         allocating=Intervals(events.start_us[allocator], events.end_us[allocator]))
     code_of = {cause: code for code, cause in enumerate(GAP_CAUSES)}
     codes = np.fromiter(map(code_of.__getitem__, causes.tolist()), dtype=np.int8, count=len(causes))
     blocked = union(Intervals(events.start_us[blocking], events.end_us[blocking]))
     found = _sync_share_of_gaps(IdleGaps(basis=BASIS_GPU, starts_us=gaps.starts_us, ends_us=gaps.ends_us,
-                                         cause_codes=codes), blocked)
+                                         cause_codes=codes), blocked, queued)
     return _allocator_share_of_gaps(found, union(Intervals(events.start_us[allocator], events.end_us[allocator])))
 
 
@@ -256,28 +257,37 @@ def _allocator_share_of_gaps(gaps: IdleGaps, allocating: Intervals) -> IdleGaps:
                     cause_codes=codes[keep][order])
 
 
-def _sync_share_of_gaps(gaps: IdleGaps, blocked: Intervals) -> IdleGaps:
-    """A gap after a sync is the sync's for as long as the host waited in it, the rest the host's: without the
-    sync, the host's following work would have run while the GPU did the work it waited for, and no longer.
-    A gap after a short sync (a drained queue, `.item()` at a step's end) that lasts through a long host pause
-    (a collection, a checkpoint) is that pause's."""
-    sync_code, host_code = GAP_CAUSES.index(IDLE_SYNC), GAP_CAUSES.index(IDLE_HOST)
-    at_sync = np.flatnonzero(gaps.cause_codes == sync_code)
-    if not at_sync.size or not len(blocked):
+def _sync_share_of_gaps(gaps: IdleGaps, blocked: Intervals, queued: np.ndarray | None = None) -> IdleGaps:
+    """The GPU idle a sync costs: the host waited in it for the work queued before it (its lead over the GPU),
+    and once it returns the GPU idles while the host launches again, until the queue is rebuilt. So the gap after
+    a sync is the sync's for as long as the host waited in it, and what that wait leaves is charged to the
+    host-paced gaps that follow (the refill: gaps whose next work was not queued before them), until it is spent,
+    work was queued again, or a gap of another cause comes (a collection, a checkpoint's host work is that pause's).
+    The rest of each gap stays the host's. A host that never led the GPU (a host-bound step) waits in a sync for
+    almost nothing, and its syncs are charged almost nothing."""
+    sync_code, host_code, short_code = (GAP_CAUSES.index(c) for c in (IDLE_SYNC, IDLE_HOST, IDLE_SHORT))
+    if not np.any(gaps.cause_codes == sync_code) or not len(blocked):
         return gaps
-    slot = np.clip(np.searchsorted(blocked.starts_us, gaps.starts_us[at_sync], side="right") - 1, 0, None)
-    waited = blocked.ends_us[slot] - blocked.starts_us[slot]
-    lengths = gaps.ends_us[at_sync] - gaps.starts_us[at_sync]
-    split = at_sync[lengths > waited]
-    if not split.size:
-        return gaps
-    cut = gaps.starts_us[split] + waited[lengths > waited]
-    starts = np.concatenate([gaps.starts_us, cut])
-    ends = np.concatenate([gaps.ends_us, gaps.ends_us[split]])
-    ends[split] = cut
-    codes = np.concatenate([gaps.cause_codes, np.full(split.size, host_code, dtype=np.int8)])
-    order = np.argsort(starts, kind="stable")
-    return IdleGaps(basis=gaps.basis, starts_us=starts[order], ends_us=ends[order], cause_codes=codes[order])
+    queued = queued if queued is not None else np.zeros(len(gaps), dtype=bool)
+    starts, ends, codes = [], [], []
+    lead = 0.0
+    for index, (start, end, code) in enumerate(zip(gaps.starts_us.tolist(), gaps.ends_us.tolist(),
+                                                   gaps.cause_codes.tolist())):
+        if code == sync_code:
+            slot = max(int(np.searchsorted(blocked.starts_us, start, side="right")) - 1, 0)
+            lead = float(blocked.ends_us[slot] - blocked.starts_us[slot])
+        elif code not in (host_code, short_code) or queued[index]:
+            lead = 0.0                   # another cause, or the host is ahead again: the refill is over
+        if lead <= 0.0 or code not in (sync_code, host_code, short_code):
+            starts.append(start), ends.append(end), codes.append(code)
+            continue
+        taken = min(end - start, lead)
+        lead -= taken
+        starts.append(start), ends.append(start + taken), codes.append(sync_code)
+        if start + taken < end:
+            starts.append(start + taken), ends.append(end), codes.append(host_code if code == sync_code else code)
+    return IdleGaps(basis=gaps.basis, starts_us=np.asarray(starts, dtype=np.float64),
+                    ends_us=np.asarray(ends, dtype=np.float64), cause_codes=np.asarray(codes, dtype=np.int8))
 
 
 def queued_before(events: TraceEvents, gpu: np.ndarray, gaps: Intervals) -> np.ndarray:

@@ -1,5 +1,10 @@
-"""The commands' exit code of a launch's verdict; the numbers themselves are defined once, in
-traces/exit_status.py."""
+"""Exit codes scripts can trust (defined once, in traces/exit_status.py):
+
+  0  success (analysis: every expected rank analyzed)
+  1  the job or the command failed
+  2  bad usage or configuration (nothing was started)
+  3  partial result: some ranks or traces were missing or unreadable (the rest was processed)
+"""
 
 from __future__ import annotations
 

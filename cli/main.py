@@ -4,7 +4,8 @@
   while it runs   status, logs, cancel, profile (record a window now), hang (why it hung)
   after it ran    gather, collect-traces, postprocess (gather + analyze + merge), analyze, merge, query
   on Slurm        postprocess --slurm: parse-shard tasks of an array job, then reduce-shards
-  across runs     compare, history, advise, tune (apply a finding to a relaunch, then compare)
+  across runs     compare, history, advise, tune (apply a finding to a relaunch, then compare), diff (where
+                  the step's time moved between two runs or traces)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 
 from ..trainer.config import ConfigError
 from ..traces.validate import UsageError
-from . import cause_commands, commands, config_command, exit_codes, run_commands, tune_command
+from . import cause_commands, commands, config_command, diff_command, exit_codes, run_commands, tune_command
 from .exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 
@@ -25,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in [*commands.REGISTRY, *run_commands.REGISTRY, *cause_commands.REGISTRY, *tune_command.REGISTRY,
-                     *config_command.REGISTRY]:
+                     *config_command.REGISTRY, *diff_command.REGISTRY]:
         register(sub)
     return parser
 

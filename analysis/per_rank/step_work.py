@@ -555,7 +555,8 @@ def _garbage_collection(events: TraceEvents, in_steps: np.ndarray, count: int) -
 _GEMM_OPERANDS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2),
                   "aten::_scaled_mm": (0, 1)}
 """Per GEMM op, which of its inputs are the two matrices multiplied."""
-_INPUTS_MARK = " inputs "
+INPUTS_MARK = " inputs "
+_INPUTS_MARK = INPUTS_MARK
 
 
 def gemm_flops(op: str, dims: Any) -> float | None:

@@ -1,0 +1,45 @@
+"""`fleetscope diff A B`: where the step's time moved between two runs, trace directories or trace files."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from ..traces.jsontext import strict_dumps
+from ..traces.outputs import guard_output
+from .exit_codes import EXIT_OK, EXIT_PARTIAL
+from .terminal_text import escape_controls
+
+
+def register_diff(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("diff", help="where the step's time moved from A to B: each kernel, copy and fill, the "
+                                         "GPU idle and the overlap, per step, largest change first")
+    parser.add_argument("a", help="run directory, directory of traces or trace file (the before)")
+    parser.add_argument("b", help="the same for the after")
+    parser.add_argument("--json", dest="json_out", help="write the diff as JSON here")
+    parser.set_defaults(handler=handle_diff)
+
+
+def handle_diff(args: argparse.Namespace) -> int:
+    from ..analysis.diff import diff
+    from ..analysis.render.diff_terminal import render_diff
+    from ..traces.atomic import write_bytes_atomically
+
+    json_out = guard_output(args.json_out, analyzed=Path(args.a)) if args.json_out else None
+    result = diff(args.a, args.b)
+    print(escape_controls(render_diff(result)), end="")
+    if json_out:
+        document = {**dataclasses.asdict(result), "span_change_ms": result.span_change_ms,
+                    "report_change_ms": result.report_change_ms, "unexplained_ms": result.unexplained_ms,
+                    "items": [{**dataclasses.asdict(item), "change_ms": item.change_ms, "status": item.status}
+                              for item in result.items]}
+        write_bytes_atomically((strict_dumps(document, indent=2) + "\n").encode(), json_out)
+    if not (result.a.ranks and result.b.ranks):
+        print("fleetscope diff: a side has no GPU trace with profiled steps to partition", file=sys.stderr)
+        return EXIT_PARTIAL
+    return EXIT_PARTIAL if result.a.problems or result.b.problems else EXIT_OK
+
+
+REGISTRY = [register_diff]

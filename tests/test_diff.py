@@ -1,0 +1,61 @@
+"""`fleetscope diff` on pairs whose change is known (bench/planted/pairs.py, recorded on an H200: the same model on
+two ranks, rank 1 with twice the rows, or confined to a third of the GPU's SMs), and on a trace against itself."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fleetscope.analysis.diff import KIND_ACTIVITY, diff
+from fleetscope.analysis.per_rank.names import kernel_category
+from fleetscope.cli.main import main
+
+PAIRS = Path(__file__).parent / "fixtures" / "gpu" / "planted_pairs"
+
+
+def _pair(case: str):
+    traces = PAIRS / case / "traces"
+    planted = json.loads((PAIRS / case / "planted.json").read_text())
+    return diff(traces / "rank0.pt.trace.json.gz", traces / "rank1.pt.trace.json.gz"), planted
+
+
+@pytest.mark.parametrize("case", ["more_tokens", "slow_device"])
+def test_the_items_add_up_to_the_step_and_the_work_to_the_planted_change(case):
+    result, planted = _pair(case)
+    # the partition: activities - overlap + idle is the step span, exactly, on both sides and in the change
+    assert sum(item.change_ms for item in result.items) == pytest.approx(result.span_change_ms, abs=1e-9)
+    # rank 1's extra compute (timed in the program, profiler off) is what the GPU activities changed by (10%)
+    extra = planted["ranks"]["1"]["compute_ms"] - planted["ranks"]["0"]["compute_ms"]
+    work = sum(item.change_ms for item in result.items if item.kind == KIND_ACTIVITY)
+    assert work == pytest.approx(extra, rel=0.10)
+    # a synchronous pair: the faster rank waits, so its idle falls by about as much and the step barely moves
+    idle = next(item for item in result.items if item.kind == "GPU idle")
+    assert idle.change_ms < -0.8 * extra and abs(result.report_change_ms) < 0.2 * extra
+
+
+def test_a_slow_device_is_the_same_kernels_taking_longer_more_work_is_other_grids():
+    # the same kernels (names, grids, counts) on the slow device, its GEMMs the largest changes; twice the rows
+    # bring kernels on grids rank 0 never ran
+    slow, _ = _pair("slow_device")
+    top = [item for item in slow.items if item.kind == KIND_ACTIVITY][:5]
+    assert all(not item.status and item.a_count == item.b_count for item in top)
+    assert top[0].change_ms > 0 and top[1].change_ms > 0 and kernel_category(top[0].name) == "gemm"
+    more, _ = _pair("more_tokens")
+    assert any(item.status == "new" for item in more.items[:5])
+
+
+def test_a_trace_against_itself_changes_nothing():
+    trace = PAIRS / "more_tokens" / "traces" / "rank0.pt.trace.json.gz"
+    result = diff(trace, trace)
+    assert all(item.change_ms == 0 for item in result.items)
+    assert result.report_change_ms == 0 and result.unexplained_ms == 0
+
+
+def test_the_command_prints_and_writes_json(tmp_path, capsys):
+    traces = PAIRS / "more_tokens" / "traces"
+    assert main(["diff", str(traces / "rank0.pt.trace.json.gz"), str(traces / "rank1.pt.trace.json.gz"),
+                 "--json", str(tmp_path / "diff.json")]) == 0
+    out = capsys.readouterr().out
+    assert "GPU idle inside the steps" in out and "unexplained" in out
+    written = json.loads((tmp_path / "diff.json").read_text())
+    assert written["items"][0]["change_ms"] == pytest.approx(written["items"][0]["b_ms"] - written["items"][0]["a_ms"])

@@ -2,6 +2,8 @@
 
 `analyze(path)` is the entry point: it returns a `Report`; `render_terminal` turns one into terminal text,
 `render_html` into a self-contained HTML page. `compare(base, new)` checks a run against a baseline.
+`open_run(path)` gives a run's report, advice, event tables and whole-run series as objects (api.py);
+`diff(a, b)` where the step's time moved between two (diff.py).
 
 These names load their modules when first used: importing one small part of the package (as HTA's worker
 server and the merge's spawned workers do) no longer imports the whole analysis (a sixth of a second).
@@ -23,6 +25,10 @@ _EXPORTS = {
     "SCHEMA_VERSION": "fleetscope.analysis.report.model",
     "compare": "fleetscope.analysis.compare",
     "Comparison": "fleetscope.analysis.compare",
+    "open_run": "fleetscope.analysis.api",
+    "Run": "fleetscope.analysis.api",
+    "diff": "fleetscope.analysis.diff",
+    "TraceDiff": "fleetscope.analysis.diff",
 }
 __all__ = list(_EXPORTS)
 

@@ -59,3 +59,28 @@ def test_the_command_prints_and_writes_json(tmp_path, capsys):
     assert "GPU idle inside the steps" in out and "unexplained" in out
     written = json.loads((tmp_path / "diff.json").read_text())
     assert written["items"][0]["change_ms"] == pytest.approx(written["items"][0]["b_ms"] - written["items"][0]["a_ms"])
+
+
+def test_the_api_tour_in_the_docs_runs():
+    import subprocess
+    import sys
+
+    traces = PAIRS / "more_tokens" / "traces"
+    example = Path(__file__).resolve().parents[1] / "docs" / "examples" / "api_tour.py"
+    done = subprocess.run([sys.executable, str(example), str(traces / "rank0.pt.trace.json.gz"),
+                           str(traces / "rank1.pt.trace.json.gz")], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "step time: 12.76 ms (trace, profiled steps 3-5" in done.stdout and "GPU idle inside the steps" in done.stdout
+
+
+def test_the_api_gives_the_reports_numbers_and_the_event_table():
+    from fleetscope.analysis import open_run
+
+    run = open_run(PAIRS / "slow_device" / "traces")
+    assert run.ranks == [0, 1] and run.report.step_time.median_ms == pytest.approx(
+        sorted(run.step_times().values())[len(run.step_times()) // 2])
+    events = run.events(rank=1)
+    assert list(events.columns) == ["name", "kind", "start_us", "dur_us", "thread", "device", "correlation"]
+    assert (events["kind"] == "kernel").any() and events["start_us"].is_monotonic_increasing
+    with pytest.raises(LookupError, match="ranks: \\[0, 1\\]"):
+        run.events(rank=7)

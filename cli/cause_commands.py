@@ -73,7 +73,29 @@ def handle_gate(args: argparse.Namespace, base_runs: list[str], new_runs: list[s
     result = gate(base_runs, new_runs, threshold_pct=args.threshold, allow_env_change=args.allow_env_change,
                   seed=args.seed, allow_different_jobs=args.allow_different_jobs)
     print(escape_controls(render_gate(result)), end="", file=sys.stderr if result.refused else sys.stdout)
+    if result.regressions:
+        print_where_time_moved(base_runs[-1], new_runs[0])
     return result.exit_code
+
+
+WHERE_MOVED_ITEMS = 5
+
+
+def print_where_time_moved(base: str, new: str) -> None:
+    """After a regression: the largest changes of `fleetscope diff` between a base run and a new one, where both
+    hold GPU traces with profiled steps (nothing is said otherwise)."""
+    from ..analysis.diff import diff
+
+    try:
+        result = diff(base, new)
+    except (OSError, ValueError):
+        return
+    if not (result.a.ranks and result.b.ranks):
+        return
+    print(f"where the step's time moved ({base} -> {new}, traces; `fleetscope diff` for all of it):")
+    for item in result.items[:WHERE_MOVED_ITEMS]:
+        status = f" [{item.status}]" if item.status else ""
+        print(escape_controls(f"  {item.change_ms:+9.3f} ms  {item.name[:90]}{status}"))
 
 
 def environment_refusal(args: argparse.Namespace, runs: list[str]) -> int | None:

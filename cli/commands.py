@@ -501,6 +501,8 @@ def handle_compare(args: argparse.Namespace) -> int:
         return refused
     comparison = compare(base, new, threshold_pct=args.threshold, allow_different_jobs=args.allow_different_jobs)
     print(escape_controls(render_comparison(comparison)))
+    if comparison.exit_code == EXIT_FAILED:     # a regression: where the time went, from the traces
+        cause_commands.print_where_time_moved(str(base), str(new))
     return comparison.exit_code
 
 

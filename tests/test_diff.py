@@ -84,3 +84,14 @@ def test_the_api_gives_the_reports_numbers_and_the_event_table():
     assert (events["kind"] == "kernel").any() and events["start_us"].is_monotonic_increasing
     with pytest.raises(LookupError, match="ranks: \\[0, 1\\]"):
         run.events(rank=7)
+
+
+def test_a_regression_found_by_compare_names_where_the_time_moved(capsys):
+    # a bf16 MLP against an fp32 one (recorded on an H200): the fp32 GEMMs are new, the bf16 ones vanished
+    corpus = Path(__file__).parent / "fixtures" / "gpu" / "corpus"
+    assert main(["compare", str(corpus / "healthy_bf16_mlp"), str(corpus / "precision_fp32_mlp"),
+                 "--allow-different-jobs"]) == 1
+    out = capsys.readouterr().out
+    moved = out.split("where the step's time moved")[1].splitlines()[1:6]
+    assert "f32f32" in moved[0] and moved[0].strip().startswith("+") and "[new]" in moved[0]
+    assert any("[vanished]" in line for line in moved)

@@ -574,3 +574,10 @@ def test_advise_of_traces_it_cannot_read_says_so_and_exits_3(tmp_path, capsys):
     assert main(["advise", str(tmp_path)]) == 3
     out = capsys.readouterr().out
     assert "1 trace(s) could not be used" in out and "nothing to advise from the traces" in out
+
+
+def test_a_merge_selection_that_keeps_nothing_writes_nothing(tmp_path, capsys):
+    traces = REPO / "tests" / "fixtures" / "gpu" / "planted_pairs" / "slow_device" / "traces"
+    assert main(["merge", str(traces), "-o", str(tmp_path / "merged.pftrace"), "--steps", "999"]) == 1
+    assert "keeps no event of any rank: nothing written" in capsys.readouterr().err
+    assert not (tmp_path / "merged.pftrace").exists() and list(tmp_path.iterdir()) == []

@@ -267,6 +267,18 @@ def _matching_report(report_json: dict | None, inputs: MergeInputs, problems: li
     return None
 
 
+class EmptySelection(ValueError):
+    """A --steps / --time-range selection that keeps no event of any rank: nothing is written."""
+
+
+def _refuse_an_empty_selection(options: MergeOptions, summaries: list) -> None:
+    """Raises EmptySelection (the output's temporary file is then discarded) when a selection left nothing."""
+    if options.filters_events and summaries and not any(s.slice_count or s.instant_count for s in summaries):
+        what = (f"steps {sorted(options.steps)[:10]}" if options.steps is not None
+                else f"time range {options.time_window_s[0]:g}-{options.time_window_s[1]:g} s")
+        raise EmptySelection(f"the selection ({what}) keeps no event of any rank: nothing written")
+
+
 def _plans_focus(options: MergeOptions) -> bool:
     return options.focus is not None and options.ranks is None and options.shard_ranks is None
 
@@ -287,6 +299,7 @@ def _merge_file(inputs: MergeInputs, planned: "PlannedOutput", options: MergeOpt
                                     moe=moe_merge_views(inputs.run_layout, report_json, [s.rank for s in planned.sources])
                                     if options.overlays else {})
             summaries = _merge_ranks(session, planned.sources, handle, destination, progress)
+            _refuse_an_empty_selection(options, summaries)
             summary_counts = write_summaries(session, planned) if planned.summary_of else []
             if whole_run is not None:
                 _write_whole_run(session, whole_run)

@@ -149,3 +149,17 @@ def test_an_event_before_the_clocks_zero_is_left_out_of_the_merge_not_the_whole_
     result = merge(tmp_path, tmp_path / "merged.pftrace", use_cache=False)
     assert (tmp_path / "merged.pftrace").stat().st_size > 0 and not result.problems
     assert any("2 events: event before the trace clock's zero" in note.reason for note in result.notes)
+
+
+def test_a_lone_surrogate_in_a_name_loses_nothing(tmp_path):
+    # JSON may escape a lone surrogate ("\ud800"), which UTF-8 cannot encode: the cache entry, the report and the
+    # merged trace once failed on it and lost the whole rank
+    from fleetscope.analysis.merge.run import merge
+
+    builder = KinetoBuilder(rank=0, world_size=1).step(0, 0.0, 1000.0).op("aten::mm", 10, 500)
+    builder.kernel("sgemm_MARK", 20.0, 600.0, launch_ts=15.0)
+    (tmp_path / "rank0.json").write_text(json.dumps(builder.document()).replace("sgemm_MARK", "sgemm_\\ud800"))
+    report = analyze(tmp_path, use_hta=False, write_default_outputs=False, cache_dir=tmp_path / "cache")
+    assert report.complete and report.analyzed_ranks == [0]
+    assert any("\\ud800" in k.name for k in report.windows[0].top_kernels)
+    assert merge(tmp_path, tmp_path / "merged.pftrace", use_cache=False).problems == []

@@ -147,6 +147,13 @@ frame name in a 96 KB trace made advise print 40 MB). Names cut alike keep their
 
 
 def bounded_name(name: str) -> str:
+    """`name` within MAX_NAME_CHARS, and writable: a lone surrogate (JSON allows `\\ud800`, UTF-8 does not) is
+    kept as its escape, so no cache entry, report or merged trace fails on the name."""
+    if not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            name = name.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
     if len(name) <= MAX_NAME_CHARS:
         return name
     return f"{name[:MAX_NAME_CHARS]}... ({len(name) - MAX_NAME_CHARS:,} more characters)"

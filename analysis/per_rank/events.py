@@ -422,7 +422,7 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
             name = event.name
             external = event.args.external_id if event.args is not None else None
             if type(external) is int and type(name) is str:
-                op_of_external[external] = name if len(name) <= MAX_NAME_CHARS else bounded_name(name)
+                op_of_external[external] = name if len(name) <= MAX_NAME_CHARS and name.isascii() else bounded_name(name)
                 if event.args.input_dims:
                     dims_of_external[external] = event.args.input_dims
             kept = host_op_kept.get(name) if type(name) is str else False

@@ -51,6 +51,7 @@ from fleetscope.traces.environment import FINGERPRINT_FIELDS
 from fleetscope.traces.formats import read_metric_records
 from fleetscope.traces.jobfile import read_job_record
 from fleetscope.traces.layout import STEP_METRICS_RE, RunLayout
+from fleetscope.traces.timeline import FLAG_PROFILED, last_of_each_step, read_timeline
 from fleetscope.traces.validate import finite_number
 
 from fleetscope.traces.exit_status import EXIT_OK, EXIT_REFUSED, EXIT_REGRESSION  # noqa: F401 (compare.py, the CLI)
@@ -189,7 +190,29 @@ def read_steady_metrics(layout: RunLayout) -> tuple[dict[int, list[dict]], list[
         kept = steady_step_records(read.records) if read.records else []
         if kept:
             steady[int(match.group(1))] = kept
+    for rank in layout.timeline_ranks():
+        if rank not in steady:   # a user's program (fs.windows()) records timelines, no step metrics
+            kept = steady_step_records(_timeline_step_records(layout, rank, notes))
+            if kept:
+                steady[rank] = kept
     return steady, notes
+
+
+def _timeline_step_records(layout: RunLayout, rank: int, notes: list[str]) -> list[dict]:
+    """A rank's timeline as step records (step, rank, step_time_ms, data_ms where known, profiled): the same
+    fields the trainer's step metrics carry, so one rule of steadiness and one step time apply to both."""
+    path = layout.timeline_file(rank)
+    try:
+        timeline = read_timeline(path, within=layout.root, expected_rank=rank, memmap=False)
+    except (ValueError, OSError) as error:
+        notes.append(f"{layout.relative(path)}: not read: {str(error)[:200]}")
+        return []
+    records = timeline.records
+    records = records[last_of_each_step(np.asarray(records["step"], dtype=np.int64))]   # a resumed run: the last
+    return [{"step": int(step), "rank": rank, "step_time_ms": float(ms), "profiled": bool(flags & FLAG_PROFILED),
+             **({"data_ms": float(data)} if math.isfinite(data) else {})}
+            for step, ms, data, flags in zip(records["step"].tolist(), records["step_ms"].tolist(),
+                                             records["data_ms"].tolist(), records["flags"].tolist())]
 
 
 def has_step_metrics(path: str | Path) -> bool:

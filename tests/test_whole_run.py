@@ -486,3 +486,29 @@ def test_the_profiling_cost_bootstrap_is_bounded_in_steps():
     assert _thinned(long_run).size <= MAX_BOOTSTRAP_STEPS and _thinned(long_run[:100]).size == 100
     difference = median_difference([long_run * 1.1], [long_run])
     assert difference.median_pct == pytest.approx(10.0, abs=0.01) and difference.low_pct <= 10.0 <= difference.high_pct
+
+
+# --- a user's program records timelines, no step metrics: the gate and advise read them -------------------------
+
+
+def _user_program_run(root, step_ms: float, seed: int) -> RunLayout:
+    layout = RunLayout.at(root)
+    layout.metrics_dir.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    for rank in (0, 1):
+        times = step_ms * (1 + 0.02 * rng.standard_normal(60))
+        _write_with_writer(layout, rank, times, 1.7e15 + np.cumsum(times) * 1e3, np.zeros(60, dtype=bool))
+    return layout
+
+
+def test_a_user_programs_timelines_are_its_step_metrics_for_the_gate_and_advise(tmp_path):
+    from fleetscope.analysis.advise import advise
+    from fleetscope.analysis.gate import gate, steady_metrics
+
+    base = _user_program_run(tmp_path / "base", 100.0, seed=1)
+    slow = _user_program_run(tmp_path / "slow", 1000.0, seed=2)
+    steady = steady_metrics(base)
+    assert sorted(steady) == [0, 1] and len(steady[0]) == 59          # every step but the first
+    result = gate([base.root], [slow.root])
+    assert [m.name for m in result.regressions] == ["step_time_ms"]  # 10x slower is a regression
+    assert not any("no steady step metrics" in note for note in advise(base.root).notes)

@@ -228,7 +228,18 @@ def load_report_json(path: str | Path, *, within: Path | None = None) -> Report:
         data = json.loads(read_metadata(Path(path), within=within))
         if not isinstance(data, dict):
             raise ValueError(f"top level is {type(data).__name__}, expected an object")
+        if "schema_version" not in data:
+            raise _NotAReport("not a fleetscope report (no schema_version): give a run directory, a report.json "
+                              "that `fleetscope analyze` wrote, a directory of traces or a trace file")
         return Report.from_json(data)
+    except _NotAReport as error:
+        raise ValueError(f"{path}: cannot read report: {error}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: cannot read report: not JSON (line {error.lineno} column {error.colno})") from None
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as error:
         reason = error.reason if isinstance(error, InputRefused) else f"{type(error).__name__}: {error}"
         raise ValueError(f"{path}: cannot read report: {str(reason)[:300]}") from error
+
+
+class _NotAReport(ValueError):
+    """JSON that is no report at all (the message says what to give instead)."""

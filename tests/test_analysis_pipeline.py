@@ -136,11 +136,12 @@ def test_report_names_the_slow_stage_and_the_bubble(slow_runs, tmp_path, case, s
     assert pipeline.slowest_rank == slow_rank and pipeline.transfers == 16
     assert pipeline.unpaired == 0 and pipeline.theoretical_bubble_pct == pytest.approx(20.0)
     slow, fast = pipeline.ranks[slow_rank], pipeline.ranks[1 - slow_rank]
-    # 15 ms injected per micro-batch forward: the slow stage computes at least that much more per micro-batch,
-    # and the other stage waits for it in receives about 4 x 15 ms a step (tolerance 20%). Its share of the step
-    # depends on how fast this machine computes the rest, so only its order against the slow stage is asserted.
-    assert slow.compute_per_microbatch_ms - fast.compute_per_microbatch_ms > 13
-    assert fast.bubble_ms > 0.8 * 4 * 15 and fast.bubble_pct > slow.bubble_pct
+    # 15 ms injected per micro-batch forward: the slow stage computes more per micro-batch by about that, and the
+    # other stage waits for it in receives about 4 x 15 ms a step. Two stages sharing a loaded 2-core machine slow
+    # each other's compute by several ms (12.2 ms of the 15 was once seen), so what is asserted is what contention
+    # cannot make: a difference of at least half the injection, in the right direction, and the bubble's order.
+    assert slow.compute_per_microbatch_ms - fast.compute_per_microbatch_ms > 0.5 * 15
+    assert fast.bubble_ms > 0.5 * 4 * 15 and fast.bubble_pct > slow.bubble_pct
     assert f"stage {slow_rank} (rank {slow_rank}) is the slowest pipeline stage" in report.verdict
     assert "is the straggler" not in report.verdict
     matched = [i.name for i in window.stragglers.worst_instances]

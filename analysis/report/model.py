@@ -50,7 +50,8 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           the step, GPU time), input_wait_us (DataLoader fetch spans, host wall), launch_count,
                           launch_us (launch calls: kernels, graphs, async copies; host time in them),
                           pageable_copy_count, pageable_copy_us (copies from or to pageable host memory;
-                          host time inside their copy calls), pageable_copy_bytes (what they moved),
+                          host time inside their copy calls), pageable_copy_bytes (what they moved), pageable_copy_gpu_us
+                          (their GPU time: the copy itself),
                           sync_dispatch_us (host time in data-dependent-shape ops that sync, outside
                           the syncs: boolean-mask indexing and its backward, masked_select, unique)},
                           frames[] {frame, what ("sync" | "pageable copy"), count, us}: with_stack

@@ -21,14 +21,18 @@ from pathlib import Path
 import numpy as np
 
 from fleetscope.analysis.inputs.resolve import resolve_input
-from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, TraceEvents
+from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, Kind, TraceEvents
 from fleetscope.analysis.per_rank.intervals import Intervals, covered_us, union
 from fleetscope.analysis.per_rank.rank import read_decoded
 from fleetscope.analysis.per_rank.step_work import INPUTS_MARK
-from fleetscope.analysis.per_rank.steps import find_steps
+from fleetscope.analysis.per_rank.steps import find_steps, in_host_ranges
 from fleetscope.traces.kineto import TraceReadError, read_raw
 
 KIND_ACTIVITY, KIND_IDLE, KIND_OVERLAP = "GPU activity", "GPU idle", "overlap"
+KIND_HOST_CALL = "host call"
+"""A CUDA runtime or driver call of the host (launches, syncs, copies, cudaMalloc / cudaFree) inside the host's
+steps: the host side of a change (an allocator that gave memory back, a per-parameter optimizer's launches), shown
+beside the partition, never in it (the host's calls overlap the GPU's work)."""
 """What a DiffItem is: a kernel, copy or fill; the GPU idle inside the steps; the time activities overlap (it counts
 against the step: busy = activities - overlap)."""
 LISTED = 25
@@ -55,7 +59,7 @@ class DiffItem:
 
     @property
     def status(self) -> str:
-        if self.kind != KIND_ACTIVITY:
+        if self.kind not in (KIND_ACTIVITY, KIND_HOST_CALL):
             return ""
         return "new" if self.a_count == 0 else "vanished" if self.b_count == 0 else ""
 
@@ -79,6 +83,8 @@ class TraceDiff:
     b: Side
     items: list[DiffItem]
     """Largest |change| first: GPU activities, the GPU idle and the overlap, then "other activities" (the rest)."""
+    host_calls: list[DiffItem] = field(default_factory=list)
+    """KIND_HOST_CALL items, largest |change| first (not part of the partition)."""
 
     @property
     def span_change_ms(self) -> float:
@@ -102,6 +108,8 @@ class _Totals:
     """One side's sums over every rank's profiled steps, in us."""
 
     activity_us: dict[tuple[str, str], float] = field(default_factory=dict)
+    host_us: dict[str, float] = field(default_factory=dict)
+    host_count: dict[str, int] = field(default_factory=dict)
     activity_count: dict[tuple[str, str], int] = field(default_factory=dict)
     idle_us: float = 0.0
     overlap_us: float = 0.0
@@ -116,7 +124,7 @@ def diff(a: str | Path, b: str | Path) -> TraceDiff:
     ValueError for a side that holds no trace; traces that cannot be read are named in the side's problems."""
     totals = [_side_totals(Path(path)) for path in (a, b)]
     sides = [_side(str(path), t, _report_step_ms(Path(path))) for path, t in zip((a, b), totals)]
-    return TraceDiff(a=sides[0], b=sides[1], items=_items(*totals))
+    return TraceDiff(a=sides[0], b=sides[1], items=_items(*totals), host_calls=_host_items(*totals))
 
 
 def _report_step_ms(path: Path) -> float | None:
@@ -149,6 +157,11 @@ def _add_rank(totals: _Totals, events: TraceEvents) -> None:
     gpu = np.flatnonzero(events.of_kind(*GPU_ACTIVITY_KINDS))
     starts, ends = events.start_us[gpu], events.end_us[gpu]
     keys = _activity_keys(events, gpu)
+    calls = events.of_kind(Kind.CUDA_RUNTIME) & in_host_ranges(events.start_us, steps)
+    for row in np.flatnonzero(calls).tolist():
+        name = events.names[events.name_id[row]]
+        totals.host_us[name] = totals.host_us.get(name, 0.0) + float(events.dur_us[row])
+        totals.host_count[name] = totals.host_count.get(name, 0) + 1
     for step in steps:
         low, high = step.span_start_us, step.span_end_us
         clipped = np.clip(np.minimum(ends, high) - np.maximum(starts, low), 0.0, None)
@@ -178,6 +191,15 @@ def _side(label: str, totals: _Totals, report_step_ms: float | None) -> Side:
     return Side(label=label, ranks=totals.ranks, steps=totals.steps,
                 span_ms=totals.span_us / max(totals.steps, 1) / 1000.0, report_step_ms=report_step_ms,
                 problems=totals.problems)
+
+
+def _host_items(a: _Totals, b: _Totals) -> list[DiffItem]:
+    per_a, per_b = 1000.0 * max(a.steps, 1), 1000.0 * max(b.steps, 1)
+    items = [DiffItem(kind=KIND_HOST_CALL, name=name, a_ms=a.host_us.get(name, 0.0) / per_a,
+                      b_ms=b.host_us.get(name, 0.0) / per_b, a_count=a.host_count.get(name, 0) * 1000.0 / per_a,
+                      b_count=b.host_count.get(name, 0) * 1000.0 / per_b)
+             for name in set(a.host_us) | set(b.host_us)]
+    return sorted(items, key=lambda item: (-abs(item.change_ms), item.name))[:LISTED]
 
 
 def _items(a: _Totals, b: _Totals) -> list[DiffItem]:

@@ -34,7 +34,9 @@ def handle_diff(args: argparse.Namespace) -> int:
         document = {**dataclasses.asdict(result), "span_change_ms": result.span_change_ms,
                     "report_change_ms": result.report_change_ms, "unexplained_ms": result.unexplained_ms,
                     "items": [{**dataclasses.asdict(item), "change_ms": item.change_ms, "status": item.status}
-                              for item in result.items]}
+                              for item in result.items],
+                    "host_calls": [{**dataclasses.asdict(item), "change_ms": item.change_ms, "status": item.status}
+                                   for item in result.host_calls]}
         write_bytes_atomically((strict_dumps(document, indent=2) + "\n").encode(), json_out)
     if not (result.a.ranks and result.b.ranks):
         print("fleetscope diff: a side has no GPU trace with profiled steps to partition", file=sys.stderr)

@@ -95,3 +95,32 @@ def test_a_regression_found_by_compare_names_where_the_time_moved(capsys):
     moved = out.split("where the step's time moved")[1].splitlines()[1:6]
     assert "f32f32" in moved[0] and moved[0].strip().startswith("+") and "[new]" in moved[0]
     assert any("[vanished]" in line for line in moved)
+
+
+DIFF_PAIRS = Path(__file__).parent / "fixtures" / "gpu" / "diff_pairs"
+
+
+def _fp32_gemm(name: str) -> bool:
+    from fleetscope.analysis.per_rank.step_work import gemm_precision
+
+    return kernel_category(name) == "gemm" and gemm_precision(name) == "fp32"
+
+
+@pytest.mark.parametrize("program, planted_item, kind, tolerance", [
+    # fp32 GEMMs with TF32 off, fixed by bf16: the fp32 GEMM kernels vanish, their time the planted cost (10%)
+    ("precision_fp32_mlp", _fp32_gemm, "GPU activity", 0.10),
+    # a 256 MB batch copied from pageable memory, fixed by pinning: the pageable copy vanishes
+    ("pageable_copy_batch", lambda name: "Pageable" in name, "GPU activity", 0.10),
+    # empty_cache() every step: the GPU's idle while the host allocates falls; cudaMalloc / cudaFree vanish
+    ("allocator_churn_mlp", lambda name: "idle" in name, "GPU idle", 0.30),
+])
+def test_diff_names_the_planted_change_first_with_its_size(program, planted_item, kind, tolerance):
+    pair = DIFF_PAIRS / program
+    planted = json.loads((pair / "planted.json").read_text())["planted_ms_per_step"]
+    result = diff(pair / "as_written", pair / "fixed")
+    top = result.items[0]
+    assert top.kind == kind and planted_item(top.name) and top.change_ms < 0
+    same = sum(i.change_ms for i in result.items if i.kind == kind and planted_item(i.name))
+    assert -same == pytest.approx(planted, rel=tolerance)
+    if program == "allocator_churn_mlp":
+        assert {i.name: i.status for i in result.host_calls[:2]} == {"cudaMalloc": "vanished", "cudaFree": "vanished"}

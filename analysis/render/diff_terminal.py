@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 NAME_CHARS = 90
+HOST_CALLS_SHOWN = 5
 
 
 def render_diff(result) -> str:
@@ -25,6 +26,13 @@ def render_diff(result) -> str:
         status = f" [{item.status}]" if item.status else ""
         sign = " (counts against the step)" if item.kind == "overlap" else ""
         lines.append(f"  {item.change_ms:+9.3f}  {item.a_ms:8.3f}  {item.b_ms:8.3f}  {calls:>14}  {label}{shape}{status}{sign}")
+    moved = [item for item in result.host_calls if abs(item.change_ms) >= 0.001][:HOST_CALLS_SHOWN]
+    if moved:
+        lines.append("  host calls inside the steps (beside the partition: they overlap the GPU's work):")
+        for item in moved:
+            lines.append(f"  {item.change_ms:+9.3f}  {item.a_ms:8.3f}  {item.b_ms:8.3f}  "
+                         f"{f'{item.a_count:.0f} -> {item.b_count:.0f}':>14}  {item.name}"
+                         + (f" [{item.status}]" if item.status else ""))
     if result.unexplained_ms is not None:
         lines.append(f"  {result.unexplained_ms:+9.3f}  unexplained: the report's step time is the slowest rank's, the "
                      "items the mean rank's")

@@ -266,28 +266,39 @@ def _sync_share_of_gaps(gaps: IdleGaps, blocked: Intervals, queued: np.ndarray |
     The rest of each gap stays the host's. A host that never led the GPU (a host-bound step) waits in a sync for
     almost nothing, and its syncs are charged almost nothing."""
     sync_code, host_code, short_code = (GAP_CAUSES.index(c) for c in (IDLE_SYNC, IDLE_HOST, IDLE_SHORT))
-    if not np.any(gaps.cause_codes == sync_code) or not len(blocked):
+    codes = gaps.cause_codes
+    at_sync = np.flatnonzero(codes == sync_code)
+    if not at_sync.size or not len(blocked):
         return gaps
     queued = queued if queued is not None else np.zeros(len(gaps), dtype=bool)
-    starts, ends, codes = [], [], []
-    lead = 0.0
-    for index, (start, end, code) in enumerate(zip(gaps.starts_us.tolist(), gaps.ends_us.tolist(),
-                                                   gaps.cause_codes.tolist())):
-        if code == sync_code:
-            slot = max(int(np.searchsorted(blocked.starts_us, start, side="right")) - 1, 0)
-            lead = float(blocked.ends_us[slot] - blocked.starts_us[slot])
-        elif code not in (host_code, short_code) or queued[index]:
-            lead = 0.0                   # another cause, or the host is ahead again: the refill is over
-        if lead <= 0.0 or code not in (sync_code, host_code, short_code):
-            starts.append(start), ends.append(end), codes.append(code)
-            continue
-        taken = min(end - start, lead)
-        lead -= taken
-        starts.append(start), ends.append(start + taken), codes.append(sync_code)
-        if start + taken < end:
-            starts.append(start + taken), ends.append(end), codes.append(host_code if code == sync_code else code)
-    return IdleGaps(basis=gaps.basis, starts_us=np.asarray(starts, dtype=np.float64),
-                    ends_us=np.asarray(ends, dtype=np.float64), cause_codes=np.asarray(codes, dtype=np.int8))
+    paced = ((codes == host_code) | (codes == short_code)) & ~queued
+    lengths = gaps.ends_us - gaps.starts_us
+    slots = np.clip(np.searchsorted(blocked.starts_us, gaps.starts_us[at_sync], side="right") - 1, 0, None)
+    leads = blocked.ends_us[slots] - blocked.starts_us[slots]
+    taken = np.zeros(len(gaps))
+    # only the gaps right after each sync are walked (a Python loop over every gap of a rank costs seconds at scale)
+    for row, lead in zip(at_sync.tolist(), leads.tolist()):
+        taken[row] = min(float(lengths[row]), lead)
+        lead -= taken[row]
+        row += 1
+        while lead > 0.0 and row < len(gaps) and paced[row]:   # the refill, until another cause or the next sync
+            taken[row] = min(float(lengths[row]), lead)
+            lead -= taken[row]
+            row += 1
+    split = np.flatnonzero(taken > 0)
+    if not split.size:
+        return gaps
+    rest = taken[split] < lengths[split]
+    cut = gaps.starts_us[split] + taken[split]
+    starts = np.concatenate([gaps.starts_us, cut[rest]])
+    ends = np.concatenate([gaps.ends_us, gaps.ends_us[split][rest]])
+    ends[split] = cut
+    new_codes = codes.copy()
+    new_codes[split] = sync_code
+    remainder = np.where(codes[split][rest] == sync_code, host_code, codes[split][rest]).astype(np.int8)
+    new_codes = np.concatenate([new_codes, remainder])
+    order = np.argsort(starts, kind="stable")
+    return IdleGaps(basis=gaps.basis, starts_us=starts[order], ends_us=ends[order], cause_codes=new_codes[order])
 
 
 def queued_before(events: TraceEvents, gpu: np.ndarray, gaps: Intervals) -> np.ndarray:

@@ -124,3 +124,37 @@ def test_diff_names_the_planted_change_first_with_its_size(program, planted_item
     assert -same == pytest.approx(planted, rel=tolerance)
     if program == "allocator_churn_mlp":
         assert {i.name: i.status for i in result.host_calls[:2]} == {"cudaMalloc": "vanished", "cudaFree": "vanished"}
+
+
+def test_the_views_beside_the_partition_name_the_ops_and_the_collectives(tmp_path):
+    """fp32 -> bf16: the host ops whose GPU time fell are the matmuls; each view is sorted by its change; a
+    change's noise is never negative and is 0 for a trace against itself."""
+    pair = DIFF_PAIRS / "precision_fp32_mlp"
+    result = diff(pair / "as_written", pair / "fixed")
+    assert result.ops[0].name in ("aten::mm", "aten::addmm") and result.ops[0].change_ms < 0
+    assert all(abs(x.change_ms) >= abs(y.change_ms) for x, y in zip(result.ops, result.ops[1:]))
+    assert result.phases and all(item.noise_ms >= 0 for item in result.items)
+    assert result.span_change_ms == pytest.approx(sum(item.change_ms for item in result.items), abs=1e-6)
+    assert 0 < result.span_noise_ms < abs(result.span_change_ms)
+    same = diff(pair / "fixed", pair / "fixed")
+    assert all(item.change_ms == 0 for item in same.ops + same.phases + same.collectives)
+
+
+def test_collectives_are_keyed_by_op_and_counted_per_step():
+    ranks = Path(__file__).parent / "fixtures" / "public" / "hta" / "two_of_128_ranks"
+    result = diff(ranks / "sampled_rank-0.json.gz", ranks / "sampled_rank-1.json.gz")
+    assert result.collectives, "the sampled ranks' NCCL kernels are collectives"
+    top = result.collectives[0]
+    assert top.a_count > 0 and top.b_count > 0 and top.a_ms > 0
+
+
+def test_the_command_writes_an_html_page(tmp_path, capsys):
+    pair = DIFF_PAIRS / "pageable_copy_batch"
+    page = tmp_path / "diff.html"
+    assert main(["diff", str(pair / "as_written"), str(pair / "fixed"), "--html", str(page),
+                 "--json", str(tmp_path / "diff.json")]) == 0
+    text = page.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "Where the step's time moved" in text and "Pageable" in text
+    assert "GPU time by host op" in text
+    written = json.loads((tmp_path / "diff.json").read_text())
+    assert {"ops", "phases", "collectives", "span_noise_ms"} <= set(written)

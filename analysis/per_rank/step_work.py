@@ -208,11 +208,14 @@ def _fp32_conv_rows(events: TraceEvents, steps: list[StepTiming]) -> np.ndarray:
     if events.external_id is None or not kernels.any():
         return np.zeros(0, dtype=np.int64)
     rows = np.flatnonzero(kernels)[in_host_ranges(events.launch_start_us(kernels), steps)]
-    chosen = [row for row, external, name_id in zip(rows.tolist(), events.external_id[rows].tolist(),
-                                                   events.name_id[rows].tolist())
-              if "convolution" in events.op_of_external.get(int(external), "")
-              and _fp32_conv_kernel(events.names[name_id])]
-    return np.asarray(chosen, dtype=np.int64)
+    # judged once per distinct External id and kernel name (a conv net launches ~30k kernels of ~100 names)
+    externals, of_external = np.unique(events.external_id[rows], return_inverse=True)
+    convolution = np.fromiter(("convolution" in events.op_of_external.get(external, "") for external in externals.tolist()),
+                              dtype=bool, count=externals.size)
+    name_ids, of_name = np.unique(events.name_id[rows], return_inverse=True)
+    fp32 = np.fromiter((_fp32_conv_kernel(events.names[name_id]) for name_id in name_ids.tolist()), dtype=bool,
+                       count=name_ids.size)
+    return rows[convolution[of_external] & fp32[of_name]].astype(np.int64)
 
 
 def fp32_math_rows(events: TraceEvents, steps: list[StepTiming]) -> np.ndarray:

@@ -73,6 +73,19 @@ def test_the_api_tour_in_the_docs_runs():
     assert "step time: 12.76 ms (trace, profiled steps 3-5" in done.stdout and "GPU idle inside the steps" in done.stdout
 
 
+def test_import_fleetscope_gives_the_api_and_loads_nothing_heavy():
+    """`import fleetscope` is the API's front door; its names load their modules only when used."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fleetscope; heavy = [m for m in ('numpy', 'pandas', 'torch') if m in sys.modules]; "
+            "assert not heavy, heavy; from fleetscope.analysis import diff, open_run; "
+            "assert fleetscope.open_run is open_run and fleetscope.diff is diff; print(fleetscope.__all__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "open_run" in done.stdout
+
+
 def test_the_api_gives_the_reports_numbers_and_the_event_table():
     from fleetscope.analysis import open_run
 

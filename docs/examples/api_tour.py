@@ -9,11 +9,11 @@ the event table, as pandas), and the largest changes from the first to the secon
 
 import sys
 
-from fleetscope.analysis import diff, open_run
+import fleetscope
 
 
 def main(first: str, second: str) -> int:
-    run = open_run(first)
+    run = fleetscope.open_run(first)
     print("verdict:", run.report.verdict)
     print(f"step time: {run.report.step_time.median_ms:.2f} ms ({run.report.step_time_basis})")
     if run.advice.findings:
@@ -22,7 +22,7 @@ def main(first: str, second: str) -> int:
     events = run.events(rank=run.ranks[0])
     kernels = events[events["kind"] == "kernel"].groupby("name")["dur_us"].sum().nlargest(3)
     print("most GPU time:", "; ".join(f"{name[:50]} {us / 1000:.2f} ms" for name, us in kernels.items()))
-    change = diff(first, second)
+    change = fleetscope.diff(first, second)
     print(f"{second} against {first}: the mean step span {change.span_change_ms:+.2f} ms; largest changes:")
     for item in change.items[:3]:
         print(f"  {item.change_ms:+.3f} ms  {item.name[:60]} {item.status}")

@@ -135,3 +135,20 @@ def test_the_writer_refuses_a_fifo_at_once_rather_than_waiting_for_a_reader(tmp_
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_sparse_file_of_a_huge_size_is_read_up_to_the_bound(tmp_path, monkeypatch):
+    """A timeline claiming a terabyte (mostly holes) costs what the bound allows, not the file's size: the records
+    past it are named as left out, the holes (zero records) as impossible values."""
+    from fleetscope.traces import timeline as module
+
+    monkeypatch.setattr(module, "MAX_TIMELINE_RECORDS", 1 << 16)
+    monkeypatch.setattr(module, "VALIDATE_CHUNK", 1 << 12)
+    path = tmp_path / "rank0.timeline"
+    write_steps(path, 0, range(10))
+    with open(path, "r+b") as handle:
+        handle.truncate(1 << 40)
+    timeline = read_timeline(path, expected_rank=0)
+    assert list(timeline.records["step"]) == list(range(10))
+    assert any("the rest left out" in problem for problem in timeline.problems)
+    assert any("impossible values" in problem for problem in timeline.problems)

@@ -56,6 +56,11 @@ FLUSH_EVERY = 64
 """Records buffered before a write: a crash loses at most this many steps of timing."""
 MAX_TIMELINE_STEP = 2**31 - 1
 """The largest step a record holds (its `step` is an int32)."""
+MAX_TIMELINE_RECORDS = 1 << 25
+"""Records read from one file (1 GiB, a step a record for 33 million steps): a larger file, such as a sparse one of
+a huge size that is mostly holes, is read up to here and the rest named as left out, in bounded time and memory."""
+VALIDATE_CHUNK = 1 << 20
+"""Records checked at a time, so the temporaries of the checks stay a few tens of MB whatever the file holds."""
 MAX_STEP_MS = 1e9
 """A step time beyond ~11.6 days is not believed (a forged or damaged record)."""
 MAX_START_US = float(1 << 62) / 1e3
@@ -161,11 +166,16 @@ def read_timeline(path: Path, *, within: Path | None = None, expected_rank: int 
         timeline.problems.append(f"{path.name}: a partial last record ({partial} bytes) left out")
     if count == 0:
         return timeline
+    if count > MAX_TIMELINE_RECORDS:
+        timeline.problems.append(f"{path.name}: {count} records, more than the {MAX_TIMELINE_RECORDS} a timeline is "
+                                 f"read up to; the first {MAX_TIMELINE_RECORDS} read, the rest left out")
+        count = MAX_TIMELINE_RECORDS
     if memmap:
         records = np.memmap(path, dtype=TIMELINE_DTYPE, mode="r", offset=HEADER.size, shape=(count,))
     else:
         records = np.fromfile(path, dtype=TIMELINE_DTYPE, count=count, offset=HEADER.size)
-    valid = valid_records(records)
+    valid = np.concatenate([valid_records(records[start:start + VALIDATE_CHUNK])
+                            for start in range(0, count, VALIDATE_CHUNK)])
     if not valid.all():
         bad = int((~valid).sum())
         first = int(np.flatnonzero(~valid)[0])

@@ -6,6 +6,7 @@
   on Slurm        postprocess --slurm: parse-shard tasks of an array job, then reduce-shards
   across runs     compare, history, advise, tune (apply a finding to a relaunch, then compare), diff (where
                   the step's time moved between two runs or traces)
+  what-if         whatif (the job without its stragglers, simulated, from an op-level timeline)
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from collections.abc import Callable
 
 from ..trainer.config import ConfigError
 from ..traces.validate import UsageError
-from . import cause_commands, commands, config_command, diff_command, exit_codes, run_commands, tune_command
+from . import (cause_commands, commands, config_command, diff_command, exit_codes, run_commands, tune_command,
+               whatif_command)
 from .exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 
@@ -26,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in [*commands.REGISTRY, *run_commands.REGISTRY, *cause_commands.REGISTRY, *tune_command.REGISTRY,
-                     *config_command.REGISTRY, *diff_command.REGISTRY]:
+                     *config_command.REGISTRY, *diff_command.REGISTRY, *whatif_command.REGISTRY]:
         register(sub)
     return parser
 

@@ -195,3 +195,25 @@ def test_a_step_missing_an_op_is_refused_naming_it(tmp_path):
     keep[dropped] = False
     with pytest.raises(ModelError, match=r"step 25, DP rank 1, stage 2: backward-compute #3 is missing"):
         model_timeline(table.select(keep))
+
+
+def test_the_whatif_command_prints_the_figures_and_names_the_source(tmp_path, capsys):
+    from fleetscope.cli.main import main
+
+    out = tmp_path / "whatif.json"
+    assert main(["whatif", str(ARTIFACT / "trace-AR.csv.gz"), "--top", "2", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "trace-AR.csv.gz" in printed and "S            1.973" in printed
+    assert "rank 0 (DP 0, stage 0) 1.979" in printed and "M_W          100.2%" in printed
+    written = json.loads(out.read_text())
+    assert written["slowdown"] == pytest.approx(1.973, abs=1e-3) and written["workers_explaining"] == [0]
+
+
+def test_the_whatif_command_refuses_a_bad_file_without_a_traceback(tmp_path, capsys):
+    from fleetscope.cli.exit_codes import EXIT_FAILED
+    from fleetscope.cli.main import main
+
+    path = write_csv(tmp_path / "ops.csv", ["0,0,0,1,attention,0.1,0.2,0,-1,-1,-1"])
+    assert main(["whatif", str(path)]) == EXIT_FAILED
+    error = capsys.readouterr().err
+    assert error.startswith("fleetscope whatif: ") and "ops.csv" in error and "Traceback" not in error

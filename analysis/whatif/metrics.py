@@ -160,7 +160,7 @@ def _replica(modeled: ModeledTimeline, dp_rank: int) -> int:
 
 def _type_masks(modeled: ModeledTimeline) -> dict[str, np.ndarray]:
     names = np.array([ATTRIBUTION_NAME.get(OP_TYPES[t], OP_TYPES[t]) for t in modeled.model.node_type])
-    return {name: (names == name)[:, None, None] for name in np.unique(names)}
+    return {str(name): (names == name)[:, None, None] for name in np.unique(names)}
 
 
 def _largest_first(values: dict) -> dict:

@@ -1,0 +1,71 @@
+"""`fleetscope whatif PATH`: the job without its stragglers, by simulation (analysis/whatif), for an op-level
+timeline in the OSDI'25 straggler artifact's schema."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from ..traces.jsontext import strict_dumps
+from ..traces.outputs import guard_output
+from .exit_codes import EXIT_OK
+from .terminal_text import escape_controls
+
+
+def register_whatif(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("whatif", help="how fast the job would run without its stragglers (simulated): the "
+                                           "slowdown S, by op type, worker and stage, and M_W / M_S")
+    parser.add_argument("path", help="op-level timeline: the straggler artifact's table (.parquet with pyarrow, "
+                                     ".csv[.gz]) or its Chrome JSON timeline (.json[.gz])")
+    parser.add_argument("--top", type=int, default=5, help="how many op types and workers to list (default: 5)")
+    parser.add_argument("--ideal", choices=("mean", "median"), default="mean",
+                        help="a computation op type's ideal time: the mean over all its ops (default, the paper's) "
+                             "or the median")
+    parser.add_argument("--json", dest="json_out", help="write every figure as JSON here")
+    parser.set_defaults(handler=handle_whatif)
+
+
+def handle_whatif(args: argparse.Namespace) -> int:
+    from ..analysis.whatif.metrics import WhatIfConfig, what_if
+    from ..analysis.whatif.pipeline_model import model_timeline
+    from ..traces.atomic import write_bytes_atomically
+    from ..traces.op_timeline import read_op_timeline
+
+    json_out = guard_output(args.json_out, analyzed=Path(args.path)) if args.json_out else None
+    if Path(args.path).is_dir():
+        raise ValueError(f"{args.path}: a directory; whatif reads one op-level timeline file (run directories "
+                         "are not modeled yet)")
+    result = what_if(model_timeline(read_op_timeline(args.path)), WhatIfConfig(computation_statistic=args.ideal))
+    print(escape_controls(render_what_if(result, top=max(args.top, 1))), end="")
+    if json_out:
+        write_bytes_atomically((strict_dumps(dataclasses.asdict(result), indent=2) + "\n").encode(), json_out)
+    return EXIT_OK
+
+
+def render_what_if(result, *, top: int) -> str:
+    """The result as text: step times, S, the largest S_t and S_w, S by stage, M_W and M_S."""
+    workers = len(result.slowdown_by_worker)
+    explained = result.replayed_step_s / result.measured_step_s
+    lines = [
+        f"what-if by simulation: {result.source}",
+        f"  {result.steps} steps, {result.stages} pipeline stages x {result.dp_ranks} DP ranks = {workers} workers",
+        f"  step time    measured {result.measured_step_s:.3f} s, replayed {result.replayed_step_s:.3f} s "
+        f"({explained:.1%} of it from the modeled ops), ideal {result.ideal_step_s:.3f} s",
+        f"  S            {result.slowdown:.3f}  (replayed / ideal: without stragglers a step would take "
+        f"{1 - 1 / result.slowdown:.0%} less)",
+        "  S_t by op type   " + ", ".join(f"{name} {value:.3f}"
+                                          for name, value in list(result.slowdown_by_op_type.items())[:top]),
+        "  S_w by worker    " + ", ".join(f"rank {w.rank} (DP {w.dp_rank}, stage {w.stage}) {w.slowdown:.3f}"
+                                          for w in result.slowdown_by_worker[:top]),
+        "  S by stage       " + ", ".join(f"stage {stage} {value:.3f}"
+                                          for stage, value in sorted(result.slowdown_by_stage.items())),
+        f"  M_W          {result.worker_share_explained:.1%} of the slowdown is gone when the slowest "
+        f"{len(result.workers_explaining)} worker(s) (rank {', '.join(map(str, result.workers_explaining))}) "
+        "take ideal times",
+        f"  M_S          {result.stage_share_explained:.1%} is gone when the last stage ({result.stages - 1}) does",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+REGISTRY = [register_whatif]

@@ -512,3 +512,26 @@ def test_a_user_programs_timelines_are_its_step_metrics_for_the_gate_and_advise(
     result = gate([base.root], [slow.root])
     assert [m.name for m in result.regressions] == ["step_time_ms"]  # 10x slower is a regression
     assert not any("no steady step metrics" in note for note in advise(base.root).notes)
+
+
+def test_a_sparse_timeline_of_a_huge_size_costs_its_bound_not_its_size(tmp_path, monkeypatch):
+    """A timeline grown to a terabyte of holes, even with a last record forged to look like one run of steps, is
+    read checked up to the reader's bound: its real records are used and the rest named."""
+    from fleetscope.analysis.cross_rank import whole_run as module
+    from fleetscope.traces import timeline as timeline_module
+
+    monkeypatch.setattr(timeline_module, "MAX_TIMELINE_RECORDS", 1 << 14)
+    monkeypatch.setattr(module, "MAX_TIMELINE_RECORDS", 1 << 14)
+    layout = write_run(tmp_path / "run", ranks=4, steps=200, slow=None)
+    path = layout.timeline_file(2)
+    size = HEADER.size + (1 << 30) * TIMELINE_DTYPE.itemsize
+    forged = np.zeros(1, dtype=TIMELINE_DTYPE)
+    forged["step"], forged["start_us"], forged["step_ms"] = (1 << 30) - 1, 1.8e15, 100.0
+    with open(path, "r+b") as handle:
+        handle.truncate(size - TIMELINE_DTYPE.itemsize)
+        handle.seek(size - TIMELINE_DTYPE.itemsize)
+        handle.write(forged.tobytes())
+    section = whole_run_section(layout)
+    notes = "\n".join(section.notes)
+    assert "the rest left out" in notes
+    assert section.sources == {SOURCE_TIMELINE: [0, 1, 2, 3]}

@@ -144,6 +144,8 @@ class Timeline:
     records: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=TIMELINE_DTYPE))
     problems: list[str] = field(default_factory=list)
     """What was left out and why (a partial last record, records with impossible values)."""
+    record_index: np.ndarray | None = None
+    """Each record's index in the file where some were left out; None: records[i] is the file's record i."""
 
 
 def read_timeline(path: Path, *, within: Path | None = None, expected_rank: int | None = None,
@@ -182,6 +184,7 @@ def read_timeline(path: Path, *, within: Path | None = None, expected_rank: int 
         timeline.problems.append(f"{path.name}: {bad} record(s) with impossible values left out (first: record "
                                  f"{first}, step {int(records['step'][first])})")
         records = records[valid]
+        timeline.record_index = np.flatnonzero(valid)
     timeline.records = records
     return timeline
 

@@ -71,6 +71,7 @@ from fleetscope.traces.timeline import (
     MAGIC,
     MAX_START_US,
     MAX_STEP_MS,
+    MAX_TIMELINE_RECORDS,
     MAX_TIMELINE_STEP,
     TIMELINE_DTYPE,
     last_of_each_step,
@@ -265,7 +266,8 @@ def _timeline_source(layout: RunLayout, rank: int, notes: list[str]) -> _Source 
     if isinstance(records, np.memmap) and steps[-1] - steps[0] == steps.size - 1 and np.all(np.diff(steps) == 1):
         runs = [(int(steps[0]), 0, int(steps.size))]
     else:
-        runs = _runs_of(steps, _record_indices(path, records))
+        indices = timeline.record_index if timeline.record_index is not None else np.arange(steps.size)
+        runs = _runs_of(steps, indices)
     return _Source(rank=rank, runs=runs, path=path, identity=(info.st_dev, info.st_ino),
                    lowest_step=int(steps.min()))
 
@@ -286,7 +288,7 @@ def _unchecked_source(layout: RunLayout, rank: int) -> _Source | None:
     try:
         info = os.fstat(descriptor)
         count, partial = divmod(info.st_size - HEADER.size, TIMELINE_DTYPE.itemsize)
-        if not stat.S_ISREG(info.st_mode) or partial or count < 1:
+        if not stat.S_ISREG(info.st_mode) or partial or not 1 <= count <= MAX_TIMELINE_RECORDS:
             return None
         header = os.pread(descriptor, HEADER.size, 0)
         ends = (os.pread(descriptor, TIMELINE_DTYPE.itemsize, HEADER.size)
@@ -300,13 +302,6 @@ def _unchecked_source(layout: RunLayout, rank: int) -> _Source | None:
         return None
     return _Source(rank=rank, runs=[(first, 0, count)], path=path, identity=(info.st_dev, info.st_ino),
                    lowest_step=first, checked=False)
-
-
-def _record_indices(path: Path, valid: np.ndarray) -> np.ndarray:
-    """File record index of each valid record (read_timeline leaves damaged ones out)."""
-    count = (os.stat(path).st_size - HEADER.size) // TIMELINE_DTYPE.itemsize
-    every = np.fromfile(path, dtype=TIMELINE_DTYPE, count=count, offset=HEADER.size)
-    return np.flatnonzero(valid_records(every))[:valid.size]
 
 
 def _runs_of(steps: np.ndarray, indices: np.ndarray) -> list[tuple[int, int, int]]:

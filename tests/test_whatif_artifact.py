@@ -217,3 +217,15 @@ def test_the_whatif_command_refuses_a_bad_file_without_a_traceback(tmp_path, cap
     assert main(["whatif", str(path)]) == EXIT_FAILED
     error = capsys.readouterr().err
     assert error.startswith("fleetscope whatif: ") and "ops.csv" in error and "Traceback" not in error
+
+
+def test_a_json_collective_that_ended_before_its_last_peer_arrived_keeps_its_end_and_takes_no_time(tmp_path):
+    """The artifact's writer draws a collective from its last member's arrival, so a send finished before its
+    receive was posted has a negative dur (the SE timeline has such ops)."""
+    document = (b'[{"ph": "M", "name": "thread_name", "pid": 0, "tid": 1, "args": {"name": "PP rank 0, TP rank 0, pp"}},'
+                b'{"ph": "X", "name": "forward-send", "pid": 0, "tid": 1, "ts": 100.0, "dur": -4.0,'
+                b' "args": {"step": 1, "seq_id": 0, "mb_id": -1, "model_chunk": -1}}]')
+    path = tmp_path / "timeline.json"
+    path.write_bytes(document)
+    timeline = read_op_timeline(path)
+    assert timeline.start_s.tolist() == [96e-6] and timeline.duration_s.tolist() == [0.0]

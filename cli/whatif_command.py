@@ -23,23 +23,32 @@ def register_whatif(sub: argparse._SubParsersAction) -> None:
                         help="a computation op type's ideal time: the mean over all its ops (default, the paper's) "
                              "or the median")
     parser.add_argument("--json", dest="json_out", help="write every figure as JSON here")
+    parser.add_argument("--ideal-timeline", dest="ideal_out",
+                        help="write the simulated ideal here as the artifact's Chrome JSON (.json or .json.gz), to "
+                             "open in Perfetto beside the recorded timeline")
     parser.set_defaults(handler=handle_whatif)
 
 
 def handle_whatif(args: argparse.Namespace) -> int:
-    from ..analysis.whatif.metrics import WhatIfConfig, what_if
+    from ..analysis.whatif.metrics import WhatIfConfig, ideal_timeline, what_if
     from ..analysis.whatif.pipeline_model import model_timeline
     from ..traces.atomic import write_bytes_atomically
-    from ..traces.op_timeline import read_op_timeline
+    from ..traces.op_timeline import chrome_timeline_bytes, read_op_timeline
 
     json_out = guard_output(args.json_out, analyzed=Path(args.path)) if args.json_out else None
+    ideal_out = guard_output(args.ideal_out, analyzed=Path(args.path)) if args.ideal_out else None
     if Path(args.path).is_dir():
         raise ValueError(f"{args.path}: a directory; whatif reads one op-level timeline file (run directories "
                          "are not modeled yet)")
-    result = what_if(model_timeline(read_op_timeline(args.path)), WhatIfConfig(computation_statistic=args.ideal))
+    modeled = model_timeline(read_op_timeline(args.path))
+    config = WhatIfConfig(computation_statistic=args.ideal)
+    result = what_if(modeled, config)
     print(escape_controls(render_what_if(result, top=max(args.top, 1))), end="")
     if json_out:
         write_bytes_atomically((strict_dumps(dataclasses.asdict(result), indent=2) + "\n").encode(), json_out)
+    if ideal_out:
+        timeline = ideal_timeline(modeled, config)
+        write_bytes_atomically(chrome_timeline_bytes(timeline, compress=ideal_out.name.endswith(".gz")), ideal_out)
     return EXIT_OK
 
 

@@ -222,10 +222,28 @@ def test_the_whatif_command_refuses_a_bad_file_without_a_traceback(tmp_path, cap
 def test_a_json_collective_that_ended_before_its_last_peer_arrived_keeps_its_end_and_takes_no_time(tmp_path):
     """The artifact's writer draws a collective from its last member's arrival, so a send finished before its
     receive was posted has a negative dur (the SE timeline has such ops)."""
-    document = (b'[{"ph": "M", "name": "thread_name", "pid": 0, "tid": 1, "args": {"name": "PP rank 0, TP rank 0, pp"}},'
+    document = (b'[{"ph": "M", "name": "thread_name", "pid": 0, "tid": 1,'
+                b' "args": {"name": "PP rank 0, TP rank 0, pp"}},'
                 b'{"ph": "X", "name": "forward-send", "pid": 0, "tid": 1, "ts": 100.0, "dur": -4.0,'
                 b' "args": {"step": 1, "seq_id": 0, "mb_id": -1, "model_chunk": -1}}]')
     path = tmp_path / "timeline.json"
     path.write_bytes(document)
     timeline = read_op_timeline(path)
     assert timeline.start_s.tolist() == [96e-6] and timeline.duration_s.tolist() == [0.0]
+
+
+def test_the_ideal_timeline_is_the_artifacts_and_reads_back_as_its_own_ideal(tmp_path, capsys):
+    """`--ideal-timeline` writes the replayed ideal as the artifact's JSON: op for op the artifact's own ideal
+    timeline of ST, and read back it is a job without stragglers (S = 1, measured = ideal)."""
+    from fleetscope.analysis.whatif.metrics import measured_step_times
+    from fleetscope.cli.main import main
+
+    out = tmp_path / "ideal-ST.json.gz"
+    assert main(["whatif", str(ARTIFACT / "trace-ST.csv.gz"), "--ideal-timeline", str(out)]) == 0
+    ours = model_timeline(read_op_timeline(out))
+    theirs = model_timeline(read_op_timeline(ARTIFACT / "ideal-timeline-ST.json.gz"))
+    assert np.array_equal(ours.model.node_type, theirs.model.node_type)
+    assert np.allclose(ours.start_s, theirs.start_s, atol=1e-6) and np.allclose(ours.end_s, theirs.end_s, atol=1e-6)
+    again = what_if(ours)
+    assert again.slowdown == pytest.approx(1.0, abs=1e-9)
+    assert measured_step_times(ours) == pytest.approx(analyzed("ST")[1].ideal_step_s, rel=1e-6)

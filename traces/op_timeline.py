@@ -124,7 +124,8 @@ def _read_parquet(path: Path) -> pd.DataFrame:
 def _from_table(path: Path, frame: pd.DataFrame) -> OpTimeline:
     missing = [column for column in TABLE_COLUMNS if column not in frame.columns]
     if missing:
-        raise OpTimelineError(f"{path}: missing column(s) {', '.join(missing)} (the schema: {', '.join(TABLE_COLUMNS)})")
+        raise OpTimelineError(f"{path}: missing column(s) {', '.join(missing)} "
+                              f"(the schema: {', '.join(TABLE_COLUMNS)})")
     columns = {column: _integers(path, column, frame[column]) for column in
                ("dp_rank", "stage", "rank", "step", "seq_id", "mc", "mb_id")}
     return _checked(path, OpTimeline(
@@ -259,3 +260,35 @@ def _checked(path: Path, timeline: OpTimeline) -> OpTimeline:
         row = int(np.flatnonzero(timeline.duration_s < 0)[0])
         raise OpTimelineError(f"{path}: duration of op {row} is negative ({timeline.duration_s[row]} s)")
     return timeline
+
+
+JSON_CATEGORIES = ("compute", "pp-comm", "tp-comm", "dp-comm", "misc")
+"""The artifact's thread per rank and kind of op, in tid order."""
+_CATEGORY_OF_TYPE = {"forward-send": 1, "forward-recv": 1, "backward-send": 1, "backward-recv": 1,
+                     "params-all-gather": 3, "grads-reduce-scatter": 3, "separate-grads-all-reduce": 3,
+                     "layernorm-grads-all-reduce": 3, "embedding-grads-all-reduce": 3, "optimizer-clip-main-grad": 3}
+
+
+def chrome_timeline_bytes(timeline: OpTimeline, *, compress: bool) -> bytes:
+    """The timeline as the artifact's Chrome JSON (what read_op_timeline reads back), for Perfetto."""
+    category = np.array([_CATEGORY_OF_TYPE.get(name, 0) for name in OP_TYPES])[timeline.op_type]
+    tid = timeline.rank * JSON_CATEGORIES_PER_RANK + category
+    names = timeline.type_names()
+    events = [{"name": name, "cat": name, "ph": "X", "pid": pid, "tid": thread, "ts": ts, "dur": dur,
+               "args": {"step": step, "model_chunk": chunk, "mb_id": batch, "seq_id": seq}}
+              for name, pid, thread, ts, dur, step, chunk, batch, seq in zip(
+                  names.tolist(), timeline.dp_rank.tolist(), tid.tolist(), (timeline.start_s * 1e6).tolist(),
+                  (timeline.duration_s * 1e6).tolist(), timeline.step.tolist(), timeline.model_chunk.tolist(),
+                  timeline.micro_batch.tolist(), timeline.seq_id.tolist())]
+    workers = sorted(set(zip(timeline.rank.tolist(), timeline.dp_rank.tolist(), timeline.stage.tolist())))
+    for rank, dp_rank, stage in workers:
+        for index, kind in enumerate(JSON_CATEGORIES):
+            thread = rank * JSON_CATEGORIES_PER_RANK + index
+            events.append({"name": "thread_name", "ph": "M", "pid": dp_rank, "tid": thread,
+                           "args": {"name": f"PP rank {stage}, TP rank 0, {kind}"}})
+            events.append({"name": "thread_sort_index", "ph": "M", "pid": dp_rank, "tid": thread,
+                           "args": {"sort_index": thread}})
+    for dp_rank in sorted({worker[1] for worker in workers}):
+        events.append({"name": "process_name", "ph": "M", "pid": dp_rank, "args": {"name": f"DP rank [{dp_rank}]"}})
+    data = orjson.dumps(events)
+    return gzip.compress(data, compresslevel=6, mtime=0) if compress else data

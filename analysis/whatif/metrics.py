@@ -18,8 +18,8 @@ import math
 
 import numpy as np
 
-from ...traces.op_timeline import OP_TYPES
-from .pipeline_model import COMMUNICATION_TYPES, ModeledTimeline
+from ...traces.op_timeline import OP_TYPES, OpTimeline
+from .pipeline_model import COMMUNICATION_TYPES, ModeledTimeline, as_op_timeline
 from .simulate import replay, own_times
 
 ATTRIBUTION_NAME = {"forward-send": "forward-pp-comm", "forward-recv": "forward-pp-comm",
@@ -165,3 +165,12 @@ def _type_masks(modeled: ModeledTimeline) -> dict[str, np.ndarray]:
 
 def _largest_first(values: dict) -> dict:
     return dict(sorted(values.items(), key=lambda item: -item[1]))
+
+
+def ideal_timeline(modeled: ModeledTimeline, config: WhatIfConfig | None = None) -> OpTimeline:
+    """The replayed ideal as an op timeline; each op drawn over its own time (a collective from its transfer's
+    start), each step at the recorded step's start, to sit beside the recorded timeline."""
+    actual = own_times(modeled.model, modeled.start_s, modeled.end_s)
+    ideal = ideal_own_times(modeled, actual, config or WhatIfConfig())
+    end = replay(modeled.model, ideal).end_s
+    return as_op_timeline(modeled, end - ideal, end, source=f"ideal of {modeled.source}")

@@ -47,6 +47,10 @@ class ModeledTimeline:
     """The DP rank of each replica index."""
     worker_rank: np.ndarray
     """[stage, replica]: the global rank of that worker."""
+    step_start_s: np.ndarray
+    """Each step's first recorded start, in the timeline's own clock."""
+    node_micro_batch: np.ndarray
+    node_chunk: np.ndarray
     source: str
 
 
@@ -71,10 +75,25 @@ def model_timeline(timeline: OpTimeline) -> ModeledTimeline:
     end.reshape(-1)[slot] = start.reshape(-1)[slot] + timeline.duration_s
     chunk = np.zeros(shape[0], dtype=np.int64)
     chunk[node] = timeline.model_chunk
+    micro_batch = np.zeros(shape[0], dtype=np.int64)
+    micro_batch[node] = timeline.micro_batch
     model = _pipeline_model(keys, chunk, np.median(start, axis=(1, 2)), np.median(end, axis=(1, 2)), steps,
                             len(dp_ranks), timeline.source)
     return ModeledTimeline(model=model, start_s=start, end_s=end, dp_ranks=dp_ranks, worker_rank=worker_rank,
+                           step_start_s=step_start, node_micro_batch=micro_batch, node_chunk=chunk,
                            source=timeline.source)
+
+
+def as_op_timeline(modeled: ModeledTimeline, start_s: np.ndarray, end_s: np.ndarray, source: str) -> OpTimeline:
+    """[node, step, replica] times (from each step's start) as an op timeline, each step at its recorded start."""
+    model = modeled.model
+    node, step, replica = (axis.ravel() for axis in np.indices(start_s.shape))
+    stage = model.node_stage[node]
+    return OpTimeline(source=source, rank=modeled.worker_rank[stage, replica], dp_rank=modeled.dp_ranks[replica],
+                      stage=stage, step=model.steps[step], op_type=model.node_type[node], seq_id=model.node_seq[node],
+                      start_s=start_s.ravel() + modeled.step_start_s[step],
+                      duration_s=(end_s - start_s).ravel(), micro_batch=modeled.node_micro_batch[node],
+                      model_chunk=modeled.node_chunk[node])
 
 
 def _worker_ranks(timeline: OpTimeline, stages: int, replicas: int, replica: np.ndarray) -> np.ndarray:

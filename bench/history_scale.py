@@ -25,8 +25,11 @@ from fleetscope.analysis import gate as gate_module
 from fleetscope.analysis.history import history
 
 
-def loop_bootstrap(base_runs, new_runs, rng):
-    """The gate's bootstrap as it was: one Python iteration, two concatenations and two medians a resample."""
+def loop_bootstrap(base_runs, new_runs, draws):
+    """The gate's bootstrap as it was: one Python iteration, two concatenations and two medians a resample
+    (seeded as the gate is; `draws`, the gate's own resamples, is not used)."""
+    rng = np.random.default_rng(gate_module.DEFAULT_SEED)
+
     def resample(runs):
         chosen = rng.integers(0, len(runs), size=len(runs))
         return np.concatenate([rng.choice(runs[i], size=runs[i].size, replace=True) for i in chosen])

@@ -41,10 +41,11 @@ allow_env_change. A run without a fingerprint is compared, with a note.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from fleetscope.analysis.job_identity import DifferentJobs, differences_text, identity_differences, job_identity
@@ -344,7 +345,7 @@ def gate_metrics(base_runs: list[str | Path], new_runs: list[str | Path], *, thr
     """Every gated metric of NEW against BASE, and notes (bad metrics files, ranks left out, metrics not
     gated); what gate() measures once the jobs and environments are checked."""
     base, new, notes = _samples_of_runs(base_runs, new_runs, read or read_run_metrics, samples)
-    metrics = _metric_gates(base, new, threshold_pct, np.random.default_rng(seed))
+    metrics = _metric_gates(base, new, threshold_pct, seed)
     return metrics, notes + [f"{m.name}: not gated ({m.reason})" for m in metrics if not m.gated and m.reason]
 
 
@@ -372,9 +373,9 @@ def _samples_of_runs(base_runs: list[str | Path], new_runs: list[str | Path], re
 
 
 def _metric_gates(base: list[dict[str, np.ndarray]], new: list[dict[str, np.ndarray]], threshold_pct: float,
-                  rng: np.random.Generator) -> list[MetricGate]:
+                  seed: int) -> list[MetricGate]:
     """Every GATED metric; the step time first, as the rate and the part of the step are judged against it."""
-    draws = BootstrapDraws(rng)    # one set of resamples a side for all the metrics (module docstring, Noise)
+    draws = BootstrapDraws(seed)    # one set of resamples a side for all the metrics (module docstring, Noise)
     step_metric = GATED[0]
     step = _metric_gate(step_metric, base, new, threshold_pct, draws)
     step_ms = step.base_median
@@ -506,6 +507,7 @@ def _bootstrap_interval(base_runs: list[np.ndarray], new_runs: list[np.ndarray],
 
 RESAMPLED_VALUES_PER_CHUNK = 4_000_000
 """Values drawn at once for one side's resamples (bounds their memory on runs of many steps)."""
+SIDES = ("base", "new")
 
 
 @dataclass(frozen=True)
@@ -518,30 +520,35 @@ class Resamples:
 
 @dataclass(frozen=True)
 class BootstrapDraws:
-    """The resamples of one gate (module docstring, Noise): per side and set of run sizes, drawn from the gate's
-    seeded generator when a metric first needs them and kept for every metric of that side with those sizes."""
-    rng: np.random.Generator
+    """The resamples of a gate (module docstring, Noise). A side's are a function of the seed, the side and its
+    runs' numbers of steps alone: every metric with those steps, and every gate with runs of those lengths
+    (history's, one run against those before it), gets the same ones, drawn once while _drawn_chunk keeps them."""
+    seed: int
     count: int = BOOTSTRAP_RESAMPLES
-    drawn: dict[tuple[str, tuple[int, ...]], list[Resamples]] = field(default_factory=dict)
 
-    def of(self, side: str, sizes: tuple[int, ...]) -> list[Resamples]:
-        if (side, sizes) not in self.drawn:
-            self.drawn[side, sizes] = _draw(np.array(sizes), self.rng, self.count)
-        return self.drawn[side, sizes]
+    def of(self, side: str, sizes: tuple[int, ...]) -> Iterator[Resamples]:
+        per_chunk = max(1, RESAMPLED_VALUES_PER_CHUNK // max(max(sizes) * len(sizes), 1))
+        for index, done in enumerate(range(0, self.count, per_chunk)):
+            yield _drawn_chunk(self.seed, side, sizes, index, min(per_chunk, self.count - done))
 
 
-def _draw(sizes: np.ndarray, rng: np.random.Generator, count: int) -> list[Resamples]:
-    """`count` resamples of runs of these sizes, as arrays (no Python loop over resamples), in chunks."""
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    chunk = max(1, RESAMPLED_VALUES_PER_CHUNK // max(int(sizes.max()) * sizes.size, 1))
-    return [_draw_chunk(sizes, offsets, rng, min(chunk, count - done)) for done in range(0, count, chunk)]
+@functools.lru_cache(maxsize=4)     # 4 chunks of RESAMPLED_VALUES_PER_CHUNK int32 picks: 64 MB at most
+def _drawn_chunk(seed: int, side: str, sizes: tuple[int, ...], index: int, count: int) -> Resamples:
+    """Chunk `index` of a side's resamples, from its own seeded stream (read-only: it is shared)."""
+    rng = np.random.default_rng([seed, SIDES.index(side), index, len(sizes), *sizes])
+    lengths = np.array(sizes)
+    drawn = _draw_chunk(lengths, np.concatenate([[0], np.cumsum(lengths)[:-1]]), rng, count)
+    picks = drawn.picks.astype(np.int32 if lengths.sum() < 1 << 31 else np.int64)
+    for array in (picks, drawn.totals):
+        array.flags.writeable = False
+    return Resamples(picks, drawn.totals)
 
 
 def _draw_chunk(sizes: np.ndarray, offsets: np.ndarray, rng: np.random.Generator, count: int) -> Resamples:
     chosen = rng.integers(0, sizes.size, size=(count, sizes.size))     # the runs each resample draws
     if np.all(sizes == sizes[0]):       # runs of one length (the usual case): every resample has as many values
         length = int(sizes[0])
-        # 16-bit draws where they fit: the draws are most of a gate's time, and these are ~3x faster than int64
+        # 16-bit draws where they fit: ~3x faster than int64 ones
         steps = rng.integers(0, length, size=(count, sizes.size, length),
                              dtype=np.uint16 if length <= 1 << 16 else np.int64)
         return Resamples((offsets[chosen][:, :, None] + steps).reshape(-1), np.full(count, sizes.size * length))

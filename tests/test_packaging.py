@@ -16,6 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = ("cli", "launcher", "trainer", "traces", "analysis")
+TOP_PACKAGE_DIR = "cli/package/"
+"""`import fleetscope` itself: pyproject.toml maps the package `fleetscope` to this folder."""
 
 
 def _clean_copy(destination: Path) -> Path:
@@ -34,7 +36,8 @@ def source_modules() -> set[str]:
     modules = set()
     for package in PACKAGE_DIRS:
         for path in (ROOT / package).rglob("*.py"):
-            modules.add("fleetscope/" + path.relative_to(ROOT).as_posix())
+            relative = path.relative_to(ROOT).as_posix()
+            modules.add("fleetscope/" + relative.removeprefix(TOP_PACKAGE_DIR))
     return modules
 
 

@@ -328,8 +328,7 @@ def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGap
     launches = events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_launch_call)
     pageable = _PageableCopies.of(events)
     dispatch = _sync_dispatch(events, syncs)
-    per_step = [_step_stalls(events, step, syncs, reads, inputs, dtoh, dtoh_launch, launches, pageable, dispatch)
-                for step in steps]
+    per_step = _step_stalls(events, steps, syncs, reads, inputs, dtoh, dtoh_launch, launches, pageable, dispatch)
     idle_us, idle_count = _idle_totals(gaps)
     inside = in_host_ranges(events.start_us, steps)
     # a tensor read holds its sync: the sync calls (where recorded) are the host's blocked time, counted once
@@ -548,29 +547,51 @@ def _frames_of_calls(events: TraceEvents, starts: np.ndarray, ends: np.ndarray, 
     return [HostFrame(frame=events.names[name], what=what, count=int(count), us=us) for name, (count, us) in ranked]
 
 
-def _step_stalls(events: TraceEvents, step: StepTiming, syncs: np.ndarray, reads: np.ndarray,
+def _step_stalls(events: TraceEvents, steps: list[StepTiming], syncs: np.ndarray, reads: np.ndarray,
                  inputs: np.ndarray, dtoh: np.ndarray, dtoh_launch_us: np.ndarray, launches: np.ndarray,
-                 pageable: _PageableCopies, dispatch: Intervals) -> StepStalls:
-    inside = (events.start_us >= step.start_us) & (events.start_us < step.end_us)
-    copies = (dtoh_launch_us >= step.start_us) & (dtoh_launch_us < step.end_us)
-    paged = (pageable.call_start_us >= step.start_us) & (pageable.call_start_us < step.end_us)
-    return StepStalls(
-        step=step.step,
-        sync_count=int(np.count_nonzero(syncs & inside)),
-        sync_us=float(events.dur_us[syncs & inside].sum()),
-        tensor_reads=int(np.count_nonzero(reads & inside)),
-        dtoh_count=int(np.count_nonzero(copies)),
-        dtoh_us=float(events.dur_us[dtoh][copies].sum()),
-        input_wait_us=float(events.dur_us[inputs & inside].sum()),
-        launch_count=int(np.count_nonzero(launches & inside)),
-        launch_us=float(events.dur_us[launches & inside].sum()),
-        pageable_copy_count=int(np.count_nonzero(paged)),
-        pageable_copy_us=float((pageable.call_end_us - pageable.call_start_us)[paged].sum()),
-        pageable_copy_bytes=int(pageable.copied_bytes[paged].sum()),
-        pageable_copy_gpu_us=float(pageable.gpu_us[paged].sum()),
-        sync_dispatch_us=float(covered_between(dispatch, np.array([step.start_us]), np.array([step.end_us]))[0])
-        if len(dispatch) else 0.0,
-    )
+                 pageable: _PageableCopies, dispatch: Intervals) -> list[StepStalls]:
+    """Each step's stalls: every event is placed in its step once (a search over the steps' starts), then summed
+    per step, so the cost is linear in events whatever the number of steps."""
+    count = len(steps)
+    of_event = _step_index(events.start_us, steps)
+    of_copy = _step_index(dtoh_launch_us, steps)
+    of_paged = _step_index(pageable.call_start_us, steps)
+
+    def per_step(index: np.ndarray, mask: np.ndarray | None, values: np.ndarray | None) -> np.ndarray:
+        chosen = index >= 0 if mask is None else mask & (index >= 0)
+        weights = None if values is None else values[chosen]
+        return np.bincount(index[chosen], weights=weights, minlength=count)
+
+    dur = events.dur_us
+    dispatch_us = (covered_between(dispatch, np.array([s.start_us for s in steps]), np.array([s.end_us for s in steps]))
+                   if len(dispatch) else np.zeros(count))
+    columns = dict(
+        sync_count=per_step(of_event, syncs, None), sync_us=per_step(of_event, syncs, dur),
+        tensor_reads=per_step(of_event, reads, None),
+        dtoh_count=per_step(of_copy, None, None), dtoh_us=per_step(of_copy, None, dur[dtoh]),
+        input_wait_us=per_step(of_event, inputs, dur),
+        launch_count=per_step(of_event, launches, None), launch_us=per_step(of_event, launches, dur),
+        pageable_copy_count=per_step(of_paged, None, None),
+        pageable_copy_us=per_step(of_paged, None, pageable.call_end_us - pageable.call_start_us),
+        pageable_copy_bytes=per_step(of_paged, None, pageable.copied_bytes.astype(np.float64)),
+        pageable_copy_gpu_us=per_step(of_paged, None, pageable.gpu_us))
+    counted = {"sync_count", "tensor_reads", "dtoh_count", "launch_count", "pageable_copy_count", "pageable_copy_bytes"}
+    return [StepStalls(step=step.step, sync_dispatch_us=float(dispatch_us[i]),
+                       **{name: int(round(values[i])) if name in counted else float(values[i])
+                          for name, values in columns.items()})
+            for i, step in enumerate(steps)]
+
+
+def _step_index(times_us: np.ndarray, steps: list[StepTiming]) -> np.ndarray:
+    """Index (into `steps`) of the step whose host range [start, end) holds each time, -1 outside every step;
+    where ranges overlap, the latest-starting one."""
+    starts = np.asarray([s.start_us for s in steps], dtype=np.float64)
+    ends = np.asarray([s.end_us for s in steps], dtype=np.float64)
+    order = np.argsort(starts, kind="stable")
+    slot = np.searchsorted(starts[order], times_us, side="right") - 1
+    index = order[np.clip(slot, 0, None)] if order.size else np.zeros(np.shape(times_us), dtype=np.int64)
+    inside = (slot >= 0) & (times_us < ends[index]) if order.size else np.zeros(np.shape(times_us), dtype=bool)
+    return np.where(inside, index, -1)
 
 
 def _idle_totals(gaps: IdleGaps | None) -> tuple[dict[str, float], dict[str, int]]:

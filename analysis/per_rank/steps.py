@@ -101,10 +101,17 @@ class StepStats:
 def in_host_ranges(times_us: np.ndarray, steps: list[StepTiming]) -> np.ndarray:
     """Which times fall inside a step's host range [start_us, end_us): what "in the step" means for host events
     and for GPU work by its launch."""
-    inside = np.zeros(times_us.size, dtype=bool)
-    for step in steps:
-        inside |= (times_us >= step.start_us) & (times_us < step.end_us)
-    return inside
+    times_us = np.asarray(times_us)
+    if not steps:
+        return np.zeros(times_us.size, dtype=bool)
+    # A time is in some range starting at or before it iff the latest end among those ranges is after it: one
+    # search over the sorted starts (linear in the times, whatever the number of steps; ranges may overlap).
+    starts = np.asarray([s.start_us for s in steps], dtype=np.float64)
+    ends = np.asarray([s.end_us for s in steps], dtype=np.float64)
+    order = np.argsort(starts, kind="stable")
+    latest_end = np.maximum.accumulate(ends[order])
+    slot = np.searchsorted(starts[order], times_us, side="right") - 1
+    return (slot >= 0) & (times_us < latest_end[np.clip(slot, 0, None)])
 
 
 def find_steps(events: TraceEvents) -> tuple[list[StepTiming], str | None]:

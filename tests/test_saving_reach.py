@@ -56,3 +56,22 @@ def test_a_device_dependency_keeps_the_lead():
 
 def test_without_gpu_gaps_it_cannot_tell():
     assert step_saving_us(None, [_step(0.0, 1000.0)], np.array([1.0]), np.array([1.0])) is None
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_in_host_ranges_is_the_union_of_the_ranges_however_they_overlap(seed):
+    """One search over the sorted starts gives what a scan of every range gives, for overlapping, nested,
+    unsorted and empty ranges (seeded)."""
+    from fleetscope.analysis.per_rank.steps import in_host_ranges
+
+    rng = np.random.default_rng(seed)
+    starts = rng.uniform(0, 1000, 40)
+    lengths = rng.choice([0.0, 1.0, 30.0, 300.0], 40)
+    steps = [StepTiming(step=i, start_us=float(s), step_time_ms=float(n) / 1000.0, host_ms=float(n) / 1000.0)
+             for i, (s, n) in enumerate(zip(starts, lengths))]
+    times = np.concatenate([rng.uniform(-10, 1400, 2000), starts, starts + lengths])
+    brute = np.zeros(times.size, dtype=bool)
+    for step in steps:
+        brute |= (times >= step.start_us) & (times < step.end_us)
+    assert np.array_equal(in_host_ranges(times, steps), brute)
+    assert not in_host_ranges(times, []).any()

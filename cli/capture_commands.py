@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import sys
 import time
 from dataclasses import asdict
@@ -99,6 +100,12 @@ def handle_profile(args: argparse.Namespace) -> int:
     if ended:
         print(f"fleetscope profile: the job already ended ({ended}); nothing to profile", file=sys.stderr)
         return EXIT_FAILED
+    program = _user_program(layout)
+    if program:
+        print(f"fleetscope profile: this run is your own program ({program}), whose ranks profile the windows of "
+              "the schedule given at launch and read no on-demand request; launch it again with `--profile` "
+              "covering the steps you want (e.g. --profile wait=100,warmup=2,active=3,repeat=1)", file=sys.stderr)
+        return EXIT_USAGE
     problem = _ranks_problem(layout, args.ranks)
     if problem:
         print(f"fleetscope profile: {problem}", file=sys.stderr)
@@ -162,6 +169,19 @@ def _seconds_since_last_step(layout: RunLayout) -> float:
         return time.time() - layout.metrics_file(0).stat().st_mtime
     except OSError:
         return 0.0
+
+
+def _user_program(layout: RunLayout) -> str | None:
+    """The user program a run launched (job.json's `program`), shortened for a message; None for the trainer."""
+    try:
+        program = read_job_record(layout).get("program")
+    except ValueError:
+        return None
+    if not isinstance(program, dict):
+        return None
+    argv = program.get("argv")
+    words = [str(word) for word in argv] if isinstance(argv, list) else []
+    return escape_controls(shlex.join(words)[:120]) if words else "a user program"
 
 
 def _job_ended(layout: RunLayout) -> str | None:

@@ -581,3 +581,15 @@ def test_a_merge_selection_that_keeps_nothing_writes_nothing(tmp_path, capsys):
     assert main(["merge", str(traces), "-o", str(tmp_path / "merged.pftrace"), "--steps", "999"]) == 1
     assert "keeps no event of any rank: nothing written" in capsys.readouterr().err
     assert not (tmp_path / "merged.pftrace").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_profile_of_a_user_programs_run_is_refused_with_what_to_do(tmp_path, capsys):
+    """A user's program reads no on-demand request (its windows follow the launch's schedule): a request would
+    never be served, so none is written and the relaunch with --profile is named (exit 2)."""
+    layout = _running_job(tmp_path / "run")
+    layout.job_file.write_text(json.dumps({"status": "running", "world_size": 2,
+                                           "program": {"argv": ["python", "train.py", "--lr", "\x1b[31m1e-3"]}}))
+    assert main(["profile", str(layout.root)]) == 2
+    err = capsys.readouterr().err
+    assert "python train.py" in err and "--profile" in err and "\x1b" not in err
+    assert not layout.requests_dir.exists() or not any(layout.requests_dir.iterdir())

@@ -505,17 +505,16 @@ def _bootstrap_interval(base_runs: list[np.ndarray], new_runs: list[np.ndarray],
     return float(low), float(high)
 
 
-RESAMPLED_VALUES_PER_CHUNK = 4_000_000
-"""Values drawn at once for one side's resamples (bounds their memory on runs of many steps)."""
+RESAMPLED_VALUES_PER_CHUNK = 2_000_000
+"""Values drawn at once for one side's resamples (bounds their memory on runs of many steps: 16 MB of picks)."""
 SIDES = ("base", "new")
 
 
 @dataclass(frozen=True)
 class Resamples:
-    """Some of a side's bootstrap resamples: `picks` indexes the side's runs' values laid end to end, resample
-    after resample; `totals` is each resample's count of values."""
-    picks: np.ndarray
-    totals: np.ndarray
+    """Some of a side's bootstrap resamples, as matrices of picks (indexes into the side's runs' values laid end
+    to end), a resample a row; the rows of one matrix hold as many values."""
+    blocks: tuple[np.ndarray, ...]
 
 
 @dataclass(frozen=True)
@@ -532,30 +531,44 @@ class BootstrapDraws:
             yield _drawn_chunk(self.seed, side, sizes, index, min(per_chunk, self.count - done))
 
 
-@functools.lru_cache(maxsize=4)     # 4 chunks of RESAMPLED_VALUES_PER_CHUNK int32 picks: 64 MB at most
+@functools.lru_cache(maxsize=4)     # 4 chunks of RESAMPLED_VALUES_PER_CHUNK picks: 64 MB at most
 def _drawn_chunk(seed: int, side: str, sizes: tuple[int, ...], index: int, count: int) -> Resamples:
     """Chunk `index` of a side's resamples, from its own seeded stream (read-only: it is shared)."""
     rng = np.random.default_rng([seed, SIDES.index(side), index, len(sizes), *sizes])
     lengths = np.array(sizes)
     drawn = _draw_chunk(lengths, np.concatenate([[0], np.cumsum(lengths)[:-1]]), rng, count)
-    picks = drawn.picks.astype(np.int32 if lengths.sum() < 1 << 31 else np.int64)
-    for array in (picks, drawn.totals):
-        array.flags.writeable = False
-    return Resamples(picks, drawn.totals)
+    blocks = tuple(block.astype(np.intp, copy=False) for block in drawn.blocks)   # what take() indexes with
+    for block in blocks:
+        block.flags.writeable = False
+    return Resamples(blocks)
 
 
 def _draw_chunk(sizes: np.ndarray, offsets: np.ndarray, rng: np.random.Generator, count: int) -> Resamples:
     chosen = rng.integers(0, sizes.size, size=(count, sizes.size))     # the runs each resample draws
     if np.all(sizes == sizes[0]):       # runs of one length (the usual case): every resample has as many values
         length = int(sizes[0])
-        # 16-bit draws where they fit: ~3x faster than int64 ones
-        steps = rng.integers(0, length, size=(count, sizes.size, length),
-                             dtype=np.uint16 if length <= 1 << 16 else np.int64)
-        return Resamples((offsets[chosen][:, :, None] + steps).reshape(-1), np.full(count, sizes.size * length))
-    drawn = sizes[chosen]                                               # the steps each of them brings
-    run_of_value = np.repeat(chosen.ravel(), drawn.ravel())
-    picks = offsets[run_of_value] + (rng.random(run_of_value.size) * sizes[run_of_value]).astype(np.int64)
-    return Resamples(picks, drawn.sum(axis=1))
+        steps = rng.integers(0, length, size=(count, sizes.size, length), dtype=_step_dtype(length))
+        return Resamples(((offsets[chosen][:, :, None] + steps).reshape(count, -1),))
+    # runs of different lengths: the resamples that drew the same runs (in any order) hold as many values, and
+    # their steps are drawn as one matrix
+    times_drawn = (chosen[:, :, None] == np.arange(sizes.size)).sum(axis=1)
+    compositions, group = np.unique(times_drawn, axis=0, return_inverse=True)
+    rows = np.bincount(group.ravel(), minlength=len(compositions))
+    return Resamples(tuple(_same_runs_block(composition, int(count_of), sizes, offsets, rng)
+                           for composition, count_of in zip(compositions, rows)))
+
+
+def _same_runs_block(times_drawn: np.ndarray, rows: int, sizes: np.ndarray, offsets: np.ndarray,
+                     rng: np.random.Generator) -> np.ndarray:
+    """`rows` resamples that each drew run r times_drawn[r] times: run by run, as many steps from it."""
+    return np.concatenate([offsets[run] + rng.integers(0, sizes[run], size=(rows, times * sizes[run]),
+                                                       dtype=_step_dtype(int(sizes[run])))
+                           for run, times in enumerate(times_drawn) if times], axis=1)
+
+
+def _step_dtype(length: int) -> type:
+    """16-bit step draws where they fit: ~3x faster than int64 ones, and the draws are most of a gate's time."""
+    return np.uint16 if length <= 1 << 16 else np.int64
 
 
 def _resampled_medians(runs: list[np.ndarray], draws: BootstrapDraws, side: str) -> np.ndarray:
@@ -566,37 +579,15 @@ def _resampled_medians(runs: list[np.ndarray], draws: BootstrapDraws, side: str)
     if values.size == 1:                # every step the same (peak memory often is): so is every resample's median
         return np.full(draws.count, float(values[0]))
     ranks = ranks.astype(np.uint16 if values.size <= 1 << 16 else np.int64)
-    middles = [_middle_ranks(ranks.take(chunk.picks), chunk.totals)
-               for chunk in draws.of(side, tuple(run.size for run in runs))]
+    middles = [_middle_ranks(ranks.take(block)) for chunk in draws.of(side, tuple(run.size for run in runs))
+               for block in chunk.blocks]
     lower, upper = (np.concatenate(ends) for ends in zip(*middles))
     return (values[lower] + values[upper]) / 2.0
 
 
-def _middle_ranks(drawn: np.ndarray, totals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each resample's lower and upper middle rank (the same for an odd count): `drawn` holds the resamples one
-    after the other, `totals` their counts."""
-    if np.all(totals == totals[0]):
-        rows = drawn.reshape(totals.size, -1)
-        lower, upper = (rows.shape[1] - 1) // 2, rows.shape[1] // 2
-        parted = np.partition(rows, sorted({lower, upper}), axis=1)
-        return parted[:, lower], parted[:, upper]
-    return _row_middle_ranks(drawn, totals)
-
-
-def _row_middle_ranks(drawn: np.ndarray, totals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """_middle_ranks for resamples of different counts, by one partition of a matrix: each row is padded with
-    -1 before and a rank above all after, so that its own lower middle sits in the same column in every row
-    (and its upper middle in the next)."""
-    lower = (totals - 1) // 2
-    column = int(lower.max())
-    before = column - lower
-    width = int((before + totals).max())
-    matrix = np.full((totals.size, width), int(drawn.max()) + 1, dtype=np.int64)
-    matrix[np.arange(width)[None, :] < before[:, None]] = -1
-    rows = np.repeat(np.arange(totals.size), totals)
-    starts = np.concatenate([[0], np.cumsum(totals)[:-1]])
-    matrix[rows, before[rows] + np.arange(drawn.size) - starts[rows]] = drawn
-    kth = [column, column + 1] if column + 1 < width else [column]
-    parted = np.partition(matrix, kth, axis=1)
-    upper = parted[:, column + 1] if column + 1 < width else parted[:, column]
-    return parted[:, column], np.where(totals % 2 == 1, parted[:, column], upper)
+def _middle_ranks(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's lower and upper middle rank (the same for an odd count)."""
+    lower = (rows.shape[1] - 1) // 2
+    parted = np.partition(rows, lower, axis=1)      # one kth: numpy partitions at two ~10x slower
+    upper = parted[:, lower] if rows.shape[1] % 2 else parted[:, lower + 1:].min(axis=1)
+    return parted[:, lower], upper

@@ -17,19 +17,17 @@ def test_each_resample_median_is_the_median_of_the_values_it_drew(sizes):
     draws = BootstrapDraws(3, count=50)
     medians = _resampled_medians(runs, draws, "base")
     flat = np.concatenate(runs)
-    expected = []
-    for chunk in draws.of("base", tuple(sizes)):
-        starts = np.concatenate([[0], np.cumsum(chunk.totals)[:-1]])
-        expected += [np.median(flat[chunk.picks[s:s + t]]) for s, t in zip(starts, chunk.totals)]
+    expected = [np.median(flat[picks]) for chunk in draws.of("base", tuple(sizes)) for block in chunk.blocks
+                for picks in block]
     assert medians.tolist() == expected
 
 
 def test_the_resamples_depend_on_the_seed_the_side_and_the_run_lengths_alone():
     draws = BootstrapDraws(0, count=20)
     same = [next(draws.of("base", (10, 10))), next(BootstrapDraws(0, count=20).of("base", (10, 10)))]
-    assert same[0].picks.tolist() == same[1].picks.tolist()          # another metric, another gate: the same
-    assert next(draws.of("new", (10, 10))).picks.tolist() != same[0].picks.tolist()          # sides independent
-    assert next(BootstrapDraws(1, count=20).of("base", (10, 10))).picks.tolist() != same[0].picks.tolist()
+    assert same[0].blocks[0].tolist() == same[1].blocks[0].tolist()          # another metric, another gate: the same
+    assert next(draws.of("new", (10, 10))).blocks[0].tolist() != same[0].blocks[0].tolist()          # sides independent
+    assert next(BootstrapDraws(1, count=20).of("base", (10, 10))).blocks[0].tolist() != same[0].blocks[0].tolist()
 
 
 def test_a_constant_sample_needs_no_draws():

@@ -535,3 +535,13 @@ def test_a_sparse_timeline_of_a_huge_size_costs_its_bound_not_its_size(tmp_path,
     notes = "\n".join(section.notes)
     assert "the rest left out" in notes
     assert section.sources == {SOURCE_TIMELINE: [0, 1, 2, 3]}
+
+
+def test_records_of_ranks_beyond_the_world_size_are_named_and_not_counted(tmp_path):
+    """Timelines of ranks 4-5 in a job of world size 4 (left by another job in the folder, or forged) are not
+    ranks of this job: the section counts four and names the rest."""
+    layout = write_run(tmp_path / "run", ranks=6, steps=200, slow=None)
+    layout.job_file.write_text(json.dumps({"world_size": 4, "status": "completed"}))
+    section = whole_run_section(layout)
+    assert section.ranks == 4 and section.sources == {SOURCE_TIMELINE: [0, 1, 2, 3]}
+    assert any("at or beyond the job's world size 4 left out (ranks 4-5)" in note for note in section.notes)

@@ -842,12 +842,37 @@ def _analyzed(layout: RunLayout, run_command_dir: str | None, check_records: boo
         if not notes:
             return None
         return WholeRun(status=STATUS_NOT_RECORDED, reason="no usable timeline or step metrics", notes=notes)
+    sources = _within_world(sources, _world_size(layout), notes)
+    if not sources:
+        return WholeRun(status=STATUS_NOT_RECORDED, reason="no usable timeline or step metrics", notes=notes)
     sources = _within_one_span(sources, notes)
     first = min(run[0] for s in sources.values() for run in s.runs)
     last = max(run[0] + run[2] - 1 for s in sources.values() for run in s.runs)
     acc = _pass(sources, first, last)
     return _section(acc, sources, notes, RecordSuggestion(run_dir=run_command_dir or str(layout.root),
-                                                          ended=_job_ended(layout)))
+                                                          ended=_job_ended(layout),
+                                                          user_program=_is_user_program(layout)))
+
+
+def _world_size(layout: RunLayout) -> int | None:
+    """The job's world size as job.json records it; None where it records none (a folder of records alone)."""
+    try:
+        world = read_job_record(layout).get("world_size")
+    except ValueError:
+        return None
+    return world if type(world) is int and world > 0 else None
+
+
+def _within_world(sources: dict[int, _Source], world_size: int | None, notes: list[str]) -> dict[int, _Source]:
+    """The ranks of the job: records of ranks at or beyond its world size (left from another job in the same
+    folder, or forged) are named and left out, never counted as ranks of this one."""
+    if world_size is None:
+        return sources
+    beyond = sorted(rank for rank in sources if rank >= world_size)
+    if beyond:
+        notes.append(f"records of {len(beyond)} rank(s) at or beyond the job's world size {world_size} left out "
+                     f"(ranks {step_ranges(beyond)})")
+    return {rank: source for rank, source in sources.items() if rank < world_size}
 
 
 def _section(acc: _Accumulated, sources: dict[int, _Source], notes: list[str], run_dir: RecordSuggestion) -> WholeRun:
@@ -1099,13 +1124,24 @@ class RecordSuggestion:
 
     run_dir: str
     ended: bool
+    user_program: bool = False
+    """The run is a user's program, whose ranks read no on-demand request: only a relaunch records a window."""
 
     def to_record(self, step: int) -> str:
-        if not self.ended:
+        if not self.ended and not self.user_program:
             return f"fleetscope profile {shlex.quote(self.run_dir)} --steps {PROFILE_STEPS} records a window"
         skip = max(step - 1, 0)
-        return (f"the job has ended: relaunch it with --profile skip_first={skip},wait=0,warmup=1,"
+        why = "the job has ended" if self.ended else "your program reads no on-demand request"
+        return (f"{why}: relaunch it with --profile skip_first={skip},wait=0,warmup=1,"
                 f"active={PROFILE_STEPS},repeat=1 to record steps {skip + 1}-{skip + PROFILE_STEPS}")
+
+
+def _is_user_program(layout: RunLayout) -> bool:
+    """job.json records a user's program (its `program`), not fleetscope's trainer."""
+    try:
+        return isinstance(read_job_record(layout).get("program"), dict)
+    except ValueError:
+        return False
 
 
 def _job_ended(layout: RunLayout) -> bool:

@@ -284,10 +284,11 @@ def _is_number(value: Any) -> bool:
     return finite_number(value) is not None
 
 
-def run_values(run_dir: str | Path, steady: dict[int, list[dict]] | None = None) -> dict[str, float]:
+def run_values(run_dir: str | Path, steady: dict[int, list[dict]] | None = None,
+               samples: dict[str, np.ndarray] | None = None) -> dict[str, float]:
     """Gated metric -> the run's value on its own (a side of one run; what `history` prints); `steady`: its
-    steady records where the caller has read them."""
-    samples = step_samples(Path(run_dir), steady)
+    steady records where the caller has read them, `samples` their step_samples where it has figured them."""
+    samples = step_samples(Path(run_dir), steady) if samples is None else samples
     step = _pooled_median([samples[STEP_TIME]] if STEP_TIME in samples else [])
     values = {}
     for metric in GATED:

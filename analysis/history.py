@@ -89,7 +89,8 @@ def history(root: str | Path, *, threshold_pct: float = DEFAULT_THRESHOLD_PCT, s
         return step_samples(run, {rank: steady[rank] for rank in ranks})
 
     for index, run in enumerate(runs):
-        medians = run_values(run, read(Path(run))[0])  # the gate's values of a side of one run (tokens/s over its step time)
+        steady = read(Path(run))[0]   # the gate's values of a side of one run (tokens/s over its step time)
+        medians = run_values(run, steady, samples(run, tuple(sorted(steady))))
         regressions, note = [], ""
         same = [runs[i] for i in range(index) if not identity_differences([identities[i], identities[index]])]
         if same:

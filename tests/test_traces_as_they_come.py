@@ -163,3 +163,23 @@ def test_a_lone_surrogate_in_a_name_loses_nothing(tmp_path):
     assert report.complete and report.analyzed_ranks == [0]
     assert any("\\ud800" in k.name for k in report.windows[0].top_kernels)
     assert merge(tmp_path, tmp_path / "merged.pftrace", use_cache=False).problems == []
+
+
+def test_a_trace_of_another_job_in_the_folder_is_named_not_analyzed_with_this_one(tmp_path):
+    """Rank 1's file was recorded two years before ranks 0, 2 and 3 (another job's, left in the folder), and a
+    fifth file names another backend: neither is a rank of this job, each is named with why."""
+    day_ns = 86_400 * 10**9
+    for rank in range(4):
+        builder = KinetoBuilder(rank=rank, world_size=4)
+        if rank == 1:
+            builder.base_time_ns -= 730 * day_ns
+        builder.step(1, 0.0, 1000.0).op("aten::mm", 10, 500).write(tmp_path / f"rank{rank}.json")
+    other = KinetoBuilder(rank=2, world_size=4)
+    other.backend = "gloo" if other.backend != "gloo" else "nccl"
+    other.step(1, 0.0, 1000.0).op("aten::mm", 10, 500).write(tmp_path / "other_rank2.json")
+    report = analyze(tmp_path, use_hta=False, write_default_outputs=False, use_cache=False)
+    assert report.analyzed_ranks == [0, 2, 3]
+    reasons = {p.label.rsplit("/", 1)[-1]: p.reason for p in report.problems}
+    assert "recorded 730 days from the other traces" in reasons["rank1.json"]
+    assert "backend" in reasons["other_rank2.json"]
+    assert not report.complete

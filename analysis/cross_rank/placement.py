@@ -54,22 +54,63 @@ def place_foreign_traces(results: list[RankResult]) -> Placement:
     return placement
 
 
+MAX_JOB_SPAN_DAYS = 30
+"""Traces of one job were recorded within this many days of the job's median trace: one recorded years apart
+(another job's file in the same folder) is not a rank of this one, however its world size reads."""
+EPOCH_2000_US = 946_684_800e6
+"""A trace whose absolute start is before 2000 has no wall clock (relative times): its date says nothing."""
+
+
 def _one_job(results: list[RankResult]) -> tuple[list[RankResult], list[TraceFailure]]:
-    """The traces of one job: those that declare the majority world size (or none) with a rank below it;
-    the others (another job's traces, a rank beyond the world size) are named, not analyzed."""
-    sizes = [r.world_size for r in results if r.world_size]
-    if not sizes:
-        return results, []
-    expected = max(sorted(set(sizes)), key=sizes.count)
-    kept, strays = [], []
-    for result in results:
-        why = membership_problem(result.rank, result.world_size, expected)
-        if why is None:
-            kept.append(result)
-        else:
-            strays.append(TraceFailure(label=result.label, window=result.window, rank=result.rank,
-                                       reason=f"{why}: not analyzed"))
+    """The traces of one job: those that declare the majority world size (or none) with a rank below it, the
+    majority backend (or none), recorded within MAX_JOB_SPAN_DAYS of the others; the rest (another job's
+    traces, a rank beyond the world size) are named, not analyzed."""
+    kept, strays = results, []
+    for check in (_world_size_problem, _backend_problem, _date_problem):
+        judge = check(kept)
+        kept, strays = [r for r in kept if judge(r) is None], strays + [
+            TraceFailure(label=r.label, window=r.window, rank=r.rank, reason=f"{judge(r)}: not analyzed")
+            for r in kept if judge(r) is not None]
     return kept, strays
+
+
+def _majority(values: list):
+    return max(sorted(set(values)), key=values.count)
+
+
+def _world_size_problem(results: list[RankResult]):
+    sizes = [r.world_size for r in results if r.world_size]
+    expected = _majority(sizes) if sizes else None
+    return lambda r: None if expected is None else membership_problem(r.rank, r.world_size, expected)
+
+
+def _backend_problem(results: list[RankResult]):
+    backends = [r.backend for r in results if r.backend]
+    expected = _majority(backends) if backends else None
+    return lambda r: (None if expected is None or not r.backend or r.backend == expected else
+                      f"its backend {r.backend!r} is not the job's ({expected!r}): another job's trace")
+
+
+def _date_problem(results: list[RankResult]):
+    starts = {id(r): _absolute_start_us(r) for r in results}
+    dated = sorted(v for v in starts.values() if v is not None)
+    if len(dated) < 2:
+        return lambda r: None
+    middle = dated[len(dated) // 2]
+
+    def problem(r: RankResult) -> str | None:
+        start = starts.get(id(r))
+        if start is None or abs(start - middle) <= MAX_JOB_SPAN_DAYS * 86_400e6:
+            return None
+        return f"recorded {abs(start - middle) / 86_400e6:.0f} days from the other traces: another job's trace"
+    return problem
+
+
+def _absolute_start_us(result: RankResult) -> float | None:
+    if result.first_start_us is None:
+        return None
+    start = result.absolute_us(result.first_start_us)
+    return start if start >= EPOCH_2000_US else None
 
 
 def _number_unranked(results: list[RankResult]) -> tuple[list[RankResult], list[str]]:

@@ -20,11 +20,13 @@ the bad direction (a rise of step time, a drop of tokens/s). A part of the step 
 its rise in percent of the base's step time, not of itself: an input wait going from 0.3 to 0.5 ms in a 28 ms
 step costs 0.7% of the step, not 60%.
 
-Noise: a bootstrap of change_pct (BOOTSTRAP_RESAMPLES, seeded): each resample draws, per side, runs with
-replacement and then steps with replacement within each drawn run, and takes the pooled medians;
-interval = its 2.5th..97.5th percentiles. A side's resamples are drawn once per gate and serve every metric
-whose runs have the same numbers of steps (the usual case: every step records them all), as a bootstrap of
-steps does: each metric's interval is the same as with its own draws, up to the draws' randomness. tokens_per_s takes the step time's interval and each new run's
+Noise: a bootstrap of change_pct (BOOTSTRAP_RESAMPLES resamples a side): each resample draws, per side, runs
+with replacement and then steps with replacement within each drawn run, and takes the median of the values
+drawn (the mean of the middle two for an even count); change_pct pairs the i-th base and new resamples;
+interval = the 2.5th..97.5th percentiles of those changes. Seeded: a side's resamples are a function of the
+seed, the side and its runs' numbers of steps alone, so the metrics recorded at the same steps (the usual case)
+are judged on the same resampled steps, as a bootstrap of steps does, and history's gates of runs of one
+length draw them once (BootstrapDraws). tokens_per_s takes the step time's interval and each new run's
 change, converted through tokens per step (tokens per step are the job's batch, the same every step), so the
 noise rule judges the two alike: one is beyond the noise exactly when the other is. A metric regresses only
 when all three hold:

@@ -39,3 +39,16 @@ def test_the_interval_is_seeded():
     first = _bootstrap_interval(base, new, BootstrapDraws(0))
     assert first == _bootstrap_interval(base, new, BootstrapDraws(0))
     assert first[0] < 0 < first[1]
+
+
+def test_runs_of_different_lengths_are_drawn_with_replacement_then_their_steps():
+    draws = BootstrapDraws(0, count=4000)
+    blocks = [block for chunk in draws.of("base", (3, 5)) for block in chunk.blocks]
+    picks = np.concatenate([block.ravel() for block in blocks])
+    times_run0 = np.concatenate([(block < 3).sum(axis=1) // 3 for block in blocks])    # run 0 holds values 0..2
+    assert np.bincount(times_run0, minlength=3) / 4000 == pytest.approx([0.25, 0.5, 0.25], abs=0.03)
+    for block in blocks:        # every resample: two runs drawn, each bringing as many steps as it has
+        from_0, from_1 = (block < 3).sum(axis=1), (block >= 3).sum(axis=1)
+        assert (from_0 % 3 == 0).all() and (from_1 % 5 == 0).all() and (from_0 // 3 + from_1 // 5 == 2).all()
+    within_run = np.bincount(picks, minlength=8) / np.bincount(picks < 3, minlength=2)[[1, 1, 1, 0, 0, 0, 0, 0]]
+    assert within_run == pytest.approx(np.r_[[1 / 3] * 3, [1 / 5] * 5], abs=0.02)        # ~4 standard errors

@@ -23,9 +23,11 @@ MAY_IMPORT = {
 """Top-level packages each package may import besides itself (data flows launcher -> trainer -> traces
 -> analysis; only the CLI composes them)."""
 
-ANALYSIS_STAGES = {"quantities": -1, "inputs": 0, "per_rank": 1, "cross_rank": 2, "report": 3, "render": 4, "merge": 4}
+ANALYSIS_STAGES = {"quantities": -1, "inputs": 0, "per_rank": 1, "cross_rank": 2, "whatif": 2.5, "report": 3, "render": 4,
+                   "merge": 4}
 """Stage order inside analysis/: a stage imports only earlier stages (render and merge are peers and do
-not import each other); quantities.py, the one definition of every printed quantity, comes before them all;
+not import each other); whatif (the dependency model and its replay) builds on the cross-rank matching and
+comes before the report; quantities.py, the one definition of every printed quantity, comes before them all;
 the top-level modules (analyze, compare, synthetic) may import every stage."""
 
 

@@ -1,5 +1,6 @@
 """`fleetscope whatif PATH`: the job without its stragglers, by simulation (analysis/whatif), for an op-level
-timeline in the OSDI'25 straggler artifact's schema."""
+timeline in the OSDI'25 straggler artifact's schema, or a data-parallel job's Kineto traces (a run directory or a
+folder of traces)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from .terminal_text import escape_controls
 def register_whatif(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("whatif", help="how fast the job would run without its stragglers (simulated): the "
                                            "slowdown S, by op type, worker and stage, and M_W / M_S")
-    parser.add_argument("path", help="op-level timeline: the straggler artifact's table (.parquet with pyarrow, "
-                                     ".csv[.gz]) or its Chrome JSON timeline (.json[.gz])")
+    parser.add_argument("path", help="a run directory or folder of Kineto traces (data-parallel jobs), or an op-level "
+                                     "timeline: the straggler artifact's table (.parquet with pyarrow, .csv[.gz]) or "
+                                     "its Chrome JSON timeline (.json[.gz])")
     parser.add_argument("--top", type=int, default=5, help="how many op types and workers to list (default: 5)")
     parser.add_argument("--ideal", choices=("mean", "median"), default="mean",
                         help="a computation op type's ideal time: the mean over all its ops (default, the paper's) "
@@ -38,8 +40,9 @@ def handle_whatif(args: argparse.Namespace) -> int:
     json_out = guard_output(args.json_out, analyzed=Path(args.path)) if args.json_out else None
     ideal_out = guard_output(args.ideal_out, analyzed=Path(args.path)) if args.ideal_out else None
     if Path(args.path).is_dir():
-        raise ValueError(f"{args.path}: a directory; whatif reads one op-level timeline file (run directories "
-                         "are not modeled yet)")
+        if ideal_out:
+            raise ValueError("--ideal-timeline: written for op-level timelines only, not yet for traces")
+        return _what_if_of_traces(args.path, json_out, top=max(args.top, 1))
     modeled = model_timeline(read_op_timeline(args.path))
     config = WhatIfConfig(computation_statistic=args.ideal)
     result = what_if(modeled, config)
@@ -50,6 +53,39 @@ def handle_whatif(args: argparse.Namespace) -> int:
         timeline = ideal_timeline(modeled, config)
         write_bytes_atomically(chrome_timeline_bytes(timeline, compress=ideal_out.name.endswith(".gz")), ideal_out)
     return EXIT_OK
+
+
+def _what_if_of_traces(path: str, json_out: Path | None, *, top: int) -> int:
+    from ..analysis.whatif.trace_model import model_traces, read_rank_results
+    from ..analysis.whatif.trace_whatif import trace_what_if
+    from ..traces.atomic import write_bytes_atomically
+
+    results, notes = read_rank_results(path)
+    result = trace_what_if(model_traces(results, source=path))
+    print(escape_controls(render_trace_what_if(result, notes, top=top)), end="")
+    if json_out:
+        figures = {**dataclasses.asdict(result), "slowest_rank": result.slowest.rank}
+        write_bytes_atomically((strict_dumps(figures, indent=2) + "\n").encode(), json_out)
+    return EXIT_OK
+
+
+def render_trace_what_if(result, notes: list[str], *, top: int) -> str:
+    """A trace what-if as text: step times, S, S_w by rank and the slowest rank's what-if."""
+    slowest = result.slowest
+    lines = [
+        f"what-if by simulation: {result.source}",
+        f"  {len(result.steps)} steps, {result.ranks} data-parallel ranks",
+        f"  step time    measured {result.measured_step_ms:.1f} ms, replayed {result.replayed_step_ms:.1f} ms, "
+        f"ideal {result.ideal_step_ms:.1f} ms (every rank's compute at the ranks' lower median)",
+        f"  S            {result.slowdown:.3f}  (replayed / ideal)",
+        "  S_w by rank      " + ", ".join(f"rank {r.rank} {r.slowdown:.3f}" for r in result.by_rank[:top]),
+        f"  slowest rank {slowest.rank}: its compute {slowest.compute_ms:.1f} ms a step, its peers' "
+        f"{slowest.peers_compute_ms:.1f} ms; were it theirs, a step would take {slowest.what_if_step_ms:.1f} ms "
+        f"(replayed as recorded: {result.replayed_step_ms:.1f} ms)",
+    ]
+    lines += [f"  skipped      {why}" for why in result.skipped[:top]]
+    lines += [f"  note         {note}" for note in notes[:top]]
+    return "\n".join(lines) + "\n"
 
 
 def render_what_if(result, *, top: int) -> str:

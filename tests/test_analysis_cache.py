@@ -319,3 +319,29 @@ def test_the_import_scan_follows_statements_over_lines_and_skips_prose(tmp_path)
                      "fleetscope.analysis.per_rank.events", "fleetscope.analysis.per_rank.steps",
                      "fleetscope.analysis.per_rank.steps.find_steps", "fleetscope.analysis",
                      "fleetscope.analysis.sibling"}
+
+
+def test_under_umask_000_entries_stay_private_and_are_used(traces, tmp_path):
+    """A umask that grants everyone write would make every entry one the cache refuses to read: the cache was
+    written and never used. Entries are created 0o600 whatever the umask."""
+    cache = tmp_path / "cache"
+    previous = os.umask(0)
+    try:
+        analyze(traces, use_hta=False, cache_dir=cache)
+        second = analyze(traces, use_hta=False, cache_dir=cache)
+    finally:
+        os.umask(previous)
+    assert all(entry.stat().st_mode & 0o777 == 0o600 for entry in _entries(cache))
+    assert _hit_note(second).startswith(f"{RANKS} of {RANKS} trace(s) read from the parsed-trace cache")
+
+
+def test_a_planted_link_in_the_staging_name_is_removed_not_followed(tmp_path):
+    from fleetscope.traces.atomic import staging_path, write_bytes_atomically
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    destination = tmp_path / "out.json"
+    staging_path(destination).symlink_to(victim)
+    write_bytes_atomically(b"new", destination)
+    assert victim.read_text() == "keep" and destination.read_bytes() == b"new"
+    assert not staging_path(destination).exists()

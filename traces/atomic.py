@@ -18,14 +18,23 @@ def staging_path(destination: Path) -> Path:
     return destination.with_name(f".{destination.name}.{os.getpid()}.tmp")
 
 
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
 @contextmanager
-def atomic_output(destination: Path, *, fsync: bool = True) -> Iterator[IO[bytes]]:
+def atomic_output(destination: Path, *, fsync: bool = True, mode: int | None = None) -> Iterator[IO[bytes]]:
     """A binary handle whose content replaces `destination` when the block ends without an error;
-    on an error the destination is untouched and the temporary file removed."""
+    on an error the destination is untouched and the temporary file removed. `mode`: the file's permissions
+    whatever the umask (a private cache entry stays 0o600 under umask 000); None: the umask's default."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = staging_path(destination)
+    # A leftover or planted entry in the staging name is removed, never followed: the file is created anew.
+    staging.unlink(missing_ok=True)
     try:
-        with open(staging, "wb") as handle:
+        descriptor = os.open(staging, _CREATE_FLAGS, 0o666 if mode is None else mode)
+        with os.fdopen(descriptor, "wb") as handle:
+            if mode is not None:
+                os.fchmod(descriptor, mode)
             yield handle
             if fsync:
                 handle.flush()
@@ -35,7 +44,8 @@ def atomic_output(destination: Path, *, fsync: bool = True) -> Iterator[IO[bytes
         staging.unlink(missing_ok=True)
 
 
-def write_bytes_atomically(data: bytes, destination: Path) -> None:
-    """Replace `destination` with `data` (for small files: metadata, reports, cache entries)."""
-    with atomic_output(destination) as handle:
+def write_bytes_atomically(data: bytes, destination: Path, *, mode: int | None = None) -> None:
+    """Replace `destination` with `data` (for small files: metadata, reports, cache entries); `mode` as
+    atomic_output's."""
+    with atomic_output(destination, mode=mode) as handle:
         handle.write(data)

@@ -64,6 +64,11 @@ def default_cache_dir() -> Path:
     return Path(base).expanduser() / "fleetscope" / "analysis"
 
 
+PRIVATE_MODE = 0o600
+"""Cache entries are written readable and writable by their owner alone, whatever the umask: an entry others
+can write is never read (read_private_file), so under umask 000 the cache would be written and never used."""
+
+
 @dataclass(frozen=True)
 class ResultCache:
     directory: Path
@@ -94,7 +99,7 @@ class ResultCache:
         """Write the entry atomically; a failure (disk full, permissions) only costs the cache. A planted
         symlink in the entry's place is replaced by the rename, never followed."""
         with contextlib.suppress(OSError):
-            write_bytes_atomically(encode_entry(result), self.directory / f"{key}{ENTRY_SUFFIX}")
+            write_bytes_atomically(encode_entry(result), self.directory / f"{key}{ENTRY_SUFFIX}", mode=PRIVATE_MODE)
 
 
 def read_private_file(path: Path) -> bytes | None:

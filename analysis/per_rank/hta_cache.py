@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Union
 
 import msgspec
-from fleetscope.analysis.per_rank.cache import read_private_file, result_source_files
+from fleetscope.analysis.per_rank.cache import PRIVATE_MODE, read_private_file, result_source_files
 from fleetscope.analysis.per_rank.hta_native import UnfilteredFrame, frames_by_filter_key, step_filter_key
 from fleetscope.analysis.per_rank.hta_rank_views import (
     ENGINE_NATIVE,
@@ -85,7 +85,7 @@ def cached_rank_views(path: str | Path, rank: int, step_names: tuple[str, ...] =
         return cached
     result = rank_views(path, rank, step_names, raw=raw, engine=engine)
     with contextlib.suppress(OSError, NotImplementedError):  # a cache failure only costs the cache
-        write_bytes_atomically(encode_entry(result), entry)
+        write_bytes_atomically(encode_entry(result), entry, mode=PRIVATE_MODE)
     return result
 
 
@@ -130,7 +130,8 @@ def store_parsed_views(cache_dir: str | Path, raw: bytes, rank: int, unfiltered:
             except NotImplementedError:
                 return
         with contextlib.suppress(OSError, NotImplementedError):
-            write_bytes_atomically(computed[id(frame)], _parsed_entry(Path(cache_dir), raw, rank, key, code_digest))
+            write_bytes_atomically(computed[id(frame)], _parsed_entry(Path(cache_dir), raw, rank, key, code_digest),
+                                   mode=PRIVATE_MODE)
 
 
 def _parsed_entry(cache_dir: Path, raw: bytes, rank: int, filter_key: tuple[str, ...],

@@ -415,3 +415,16 @@ def test_a_step_lasts_its_own_duration_on_nanosecond_epoch_timestamps():
     assert source == "ProfilerStep"
     assert timing.step_time_ms == pytest.approx(35.115869, rel=0, abs=1e-9)
     assert (step["ts"] + step["dur"] - step["ts"]) / 1000 != pytest.approx(35.115869, rel=0, abs=1e-6)
+
+
+def test_a_2021_traces_kernels_are_drawn_on_their_gpu_stream_with_their_launch_arrows(work_root):
+    """2021-era Kineto names its categories `Kernel`, `Memcpy`, `Runtime`: the merge reads the parse's one category
+    table, so the 8,772 kernels are on a GPU stream track and each GPU activity has its launch arrow (none was)."""
+    from fleetscope.analysis.merge.perfetto.check import check_trace
+
+    outcome("kineto/resnet50_2021", work_root)
+    merged = check_trace(work_root / "kineto__resnet50_2021" / "merged.perfetto-trace")
+    kernels = [s for s in merged.slices if s.category == "Kernel"]
+    tracks = {merged.tracks[s.track_uuid].name for s in kernels}
+    assert len(kernels) == 8772 and tracks == {"GPU 0 stream 7"}
+    assert len(merged.arrows) >= 8772 + 312 + 12

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fleetscope.analysis.per_rank.events import HOST_CATEGORIES_BY_KIND, Kind
 from fleetscope.analysis.per_rank.names import is_host_sync_call, is_tensor_read_op
 from fleetscope.traces.validate import finite_number
 
@@ -36,7 +37,7 @@ EVIDENCE_CATEGORY = "fleetscope.evidence"
 HOST_STALL_FIELDS = ("sync_count", "sync_us", "tensor_reads", "dtoh_count", "dtoh_us", "input_wait_us")
 MAX_SYNC_MARKS = 10_000
 """Blocking calls marked per window (a trace with a sync per op would drown the track)."""
-SYNC_CATEGORIES = ("cuda_runtime", "cpu_op", "operator")
+SYNC_CATEGORIES = tuple(sorted(HOST_CATEGORIES_BY_KIND[Kind.CUDA_RUNTIME] | HOST_CATEGORIES_BY_KIND[Kind.CPU_OP]))
 
 
 @dataclass(frozen=True, kw_only=True)

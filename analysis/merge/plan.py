@@ -27,6 +27,7 @@ from msgspec import UNSET
 
 from fleetscope.traces.validate import MAX_TIME_US, is_finite_number
 from fleetscope.analysis.merge.flows import FlowPlan, plan_flows
+from fleetscope.analysis.per_rank.events import GPU_TRACK_CATEGORIES
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.overlays import OverlayInputs, plan_overlays
 from fleetscope.analysis.merge.perfetto.columnar import TrackEventColumns
@@ -53,7 +54,8 @@ from fleetscope.analysis.per_rank.names import (
     process_group_label,
 )
 
-GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "gpu_instant_event"})
+GPU_CATEGORIES = GPU_TRACK_CATEGORIES | {"gpu_instant_event"}
+"""The parse's GPU categories (per_rank/events.py, every Kineto generation) and GPU instants."""
 """Kineto categories of device activity; a (pid, tid) holding any of them is a GPU stream."""
 PYTHON_FUNCTION_CATEGORY = "python_function"
 MEMORY_EVENT_NAME = "[memory]"

@@ -74,7 +74,13 @@ _KIND_OF_CATEGORY = {
 GPU_ACTIVITY_KINDS = (Kind.KERNEL, Kind.GPU_MEMCPY, Kind.GPU_MEMSET)
 _GPU_TRACK_CODES = frozenset(int(k) for k in (*GPU_ACTIVITY_KINDS, Kind.GPU_USER_ANNOTATION))
 _KIND_CODE = {category: int(kind) for category, kind in _KIND_OF_CATEGORY.items()}
-_GPU_CATEGORY_NAMES = frozenset(("kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"))
+_GPU_CATEGORY_NAMES = frozenset(category for category, kind in _KIND_OF_CATEGORY.items() if kind in GPU_ACTIVITY_KINDS)
+GPU_TRACK_CATEGORIES = _GPU_CATEGORY_NAMES | {"gpu_user_annotation"}
+"""Categories of events that run on a GPU stream, in every Kineto generation (2021's `Kernel`, `Memcpy`, ...):
+the one table the parse and the merge read (the merge drew a 2021 trace's kernels as a host thread)."""
+HOST_CATEGORIES_BY_KIND = {kind: frozenset(c for c, k in _KIND_OF_CATEGORY.items() if k == kind)
+                           for kind in (Kind.CPU_OP, Kind.CUDA_RUNTIME)}
+"""The category names of host ops and runtime calls in every Kineto generation."""
 NO_ID = -1
 
 

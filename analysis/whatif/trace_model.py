@@ -4,17 +4,23 @@ a folder of traces), and the what-if it answers: how long would a step take were
 Per profiled step and rank, the ops are the rank's own time around the step's collectives:
   compute k     from the later of the step's start and the end of collective k-1 to the start of collective k
                 (the rank's arrival): its own work, idle host time included (a sleep or an input wait delays
-                the collective as much as a kernel does)
+                the collective as much as a kernel does). Where some rank issued collective k while k-1 was
+                still in flight (DDP's gradient buckets on gloo), nothing waited for k-1's end: compute k then
+                runs from the arrival at k-1, and k-1's end is waited for by the tail only
   collective k  matched across ranks by cross_rank/matching.py's keys; its transfer starts when the last rank
                 arrives and its own time is the shortest any rank spent in it (the last to arrive waited least):
                 each rank's own clock only, so no cross-host clock alignment is needed
-  tail          from the end of the last collective to the end of the rank's step (the optimizer)
-On each rank the ops form a chain; every collective spans all ranks (an OpGroup across replicas: the model's
+  tail          from the end of the last collective (and of every collective left in flight) to the end of the
+                rank's step (the optimizer)
+On each rank the ops form a chain (a fork where a collective is left in flight); every collective spans all ranks (an OpGroup across replicas: the model's
 replica axis is the rank). One model per step, since steps may issue different collectives (a window's last
 step, a step with a checkpoint).
 
-Limits: a collective issued while an earlier one is in flight (DDP's gradient buckets) is chained after it, so
-compute a rank did during a wait is not seen as its own; pipeline sends/receives are not modeled yet.
+Limits: collectives in flight together transfer independently (on one NCCL stream they cannot overlap, so their
+kernels never are); pipeline sends/receives are not modeled yet.
+
+Built from a run's traces (`read_rank_results`, the CLI) or from results already parsed, placed and matched
+(`model_window`: the report's, so nothing is parsed twice).
 """
 
 from __future__ import annotations
@@ -79,36 +85,57 @@ def read_rank_results(path: str | Path) -> tuple[list[RankResult], list[str]]:
 
 def model_traces(results: list[RankResult], source: str) -> TraceModel:
     """A model of every step all ranks of a window profiled; raises ModelError where nothing can be modeled."""
-    pipelined = [r.rank for r in results if r.p2p.calls]
+    pipelined = pipelined_ranks(results)
     if pipelined:
-        raise ModelError(f"{source}: ranks {pipelined[:8]} send or receive pipeline messages: only data-parallel "
-                         "jobs are modeled from traces so far")
+        raise ModelError(f"{source}: ranks {pipelined[:8]} {NOT_DATA_PARALLEL}")
     modeled, skipped = [], []
     for window, ranks in sorted(_by_window(results).items(), key=lambda item: (item[0] is None, item[0] or 0)):
-        for step in _common_steps(ranks):
-            try:
-                modeled.append(model_step(window, step, ranks))
-            except ModelError as error:
-                skipped.append(str(error))
+        steps, why = model_window(window, ranks)
+        modeled += steps
+        skipped += why.values()
     if not modeled:
         raise ModelError(f"{source}: no step could be modeled" + (f" ({skipped[0]})" if skipped else
                                                                    " (no step that every rank profiled)"))
     return TraceModel(source=source, steps=tuple(modeled), skipped=tuple(skipped))
 
 
+NOT_DATA_PARALLEL = "send or receive pipeline messages: only data-parallel jobs are modeled from traces so far"
+
+
+def pipelined_ranks(results: list[RankResult]) -> list[int]:
+    """Ranks that send or receive pipeline messages (their steps cannot be modeled yet)."""
+    return [r.rank for r in results if r.p2p.calls]
+
+
+def model_window(window: int | None, results: list[RankResult],
+                 steps: set[int] | None = None) -> tuple[list[StepModel], dict[int, str]]:
+    """One window's results, their collectives matched across ranks (cross_rank/matching.py): a model of each
+    step every rank profiled (only `steps` where given), and step -> why for each step left out."""
+    ranks = [r for r in results if r.rank is not None]
+    wanted = [step for step in _common_steps(ranks) if steps is None or step in steps]
+    modeled, skipped = [], {}
+    for step in wanted:
+        try:
+            modeled.append(model_step(window, step, ranks))
+        except ModelError as error:
+            skipped[step] = str(error)
+    return modeled, skipped
+
+
 def model_step(window: int | None, step: int, ranks: list[RankResult]) -> StepModel:
-    """The step's ops on every rank laid out on one chain model (module docstring); ModelError where the ranks
+    """The step's ops on every rank laid out on one model (module docstring); ModelError where the ranks
     issued different collectives."""
     ranks = sorted(ranks, key=lambda r: r.rank)
     names = _collective_names(window, step, ranks)
-    own = np.stack([_rank_own_times(r, step, len(names)) for r in ranks], axis=-1)[:, None, :]
+    in_flight = _issued_in_flight(ranks, step, len(names))
+    own = np.stack([_rank_own_times(r, step, in_flight) for r in ranks], axis=-1)[:, None, :]
     transfer = own[1::2].min(axis=2, keepdims=True)   # the last rank to arrive waited least
     own[1::2] = np.broadcast_to(transfer, own[1::2].shape)
     node_names = tuple(name for pair in zip([f"compute before {n}" for n in names], names) for name in pair)
     node_names += ("compute after the last collective" if names else "compute (no collectives)",)
     measured_ms = trace_step_times([_Window(window, [_OneStep(_step_of(r, step)) for r in ranks])])[(window, step)]
     return StepModel(window=window, step=step, ranks=tuple(r.rank for r in ranks),
-                     model=_chain_model(step, names, len(ranks)), own_s=own, node_names=node_names,
+                     model=_step_dependencies(step, in_flight, len(ranks)), own_s=own, node_names=node_names,
                      measured_s=measured_ms / 1e3)
 
 
@@ -161,25 +188,57 @@ def _collective_names(window: int | None, step: int, ranks: list[RankResult]) ->
     return orders[0]
 
 
-def _rank_own_times(result: RankResult, step: int, count: int) -> np.ndarray:
-    """[compute 0, collective 0, ..., compute K] of one rank, seconds; a collective's entry is its duration here
-    (model_step replaces it with the transfer time)."""
+def _issued_in_flight(ranks: list[RankResult], step: int, count: int) -> np.ndarray:
+    """[k]: some rank issued collective k while collective k-1 was still in flight (k = 0: False)."""
+    flags = np.zeros(count, dtype=bool)
+    for result in ranks:
+        calls = _calls_in(result, step)
+        flags[1:] |= result.collectives.start_us[calls][1:] < result.collectives.end_us[calls][:-1]
+    return flags
+
+
+def _tail_waits_for(in_flight: np.ndarray) -> np.ndarray:
+    """The collectives the tail waits for: the last one and every one whose successor was issued in flight."""
+    count = len(in_flight)
+    waited = np.zeros(count, dtype=bool)
+    if count:
+        waited[-1] = True
+        waited[:-1] = in_flight[1:]
+    return waited
+
+
+def _rank_own_times(result: RankResult, step: int, in_flight: np.ndarray) -> np.ndarray:
+    """[compute 0, collective 0, ..., compute K] of one rank, seconds: each compute from when what it waits for
+    ended (the previous collective's end, or its start where the next was issued in flight) to its own end (the
+    next arrival, or the step's end); a collective's entry is its duration here (model_step replaces it with the
+    transfer time)."""
     timing = _step_of(result, step)
     calls = _calls_in(result, step)
     starts, ends = result.collectives.start_us[calls], result.collectives.end_us[calls]
-    previous_end = np.concatenate([[timing.span_start_us], ends])
+    count = len(calls)
+    ready = np.empty(count + 1)
+    ready[0] = timing.span_start_us
+    ready[1:count] = np.where(in_flight[1:], starts[:-1], ends[:-1])
+    if count:
+        ready[count] = ends[_tail_waits_for(in_flight)].max()
+    ready = np.maximum(ready, timing.span_start_us)
     own = np.empty(2 * count + 1)
-    own[0:-1:2] = np.maximum(starts - np.maximum(previous_end[:-1], timing.span_start_us), 0.0)
+    own[0::2] = np.maximum(np.append(starts, timing.span_end_us) - ready, 0.0)
     own[1::2] = ends - starts
-    own[-1] = max(timing.span_end_us - max(previous_end[-1], timing.span_start_us), 0.0)
     return own / 1e6
 
 
-def _chain_model(step: int, names: list[str], ranks: int) -> DependencyModel:
-    nodes = 2 * len(names) + 1
-    node_type = np.tile([COMPUTE, COLLECTIVE], len(names) + 1)[:nodes]
+def _step_dependencies(step: int, in_flight: np.ndarray, ranks: int) -> DependencyModel:
+    """Node 2k: compute k; 2k+1: collective k; 2K: the tail. Collective k waits for compute k; compute k for
+    collective k-1, or for compute k-1 where collective k was issued in flight; the tail for _tail_waits_for."""
+    count = len(in_flight)
+    nodes = 2 * count + 1
+    node_type = np.tile([COMPUTE, COLLECTIVE], count + 1)[:nodes]
+    edges = [(2 * k, 2 * k + 1) for k in range(count)]
+    edges += [(2 * k - 2 if in_flight[k] else 2 * k - 1, 2 * k) for k in range(1, count)]
+    edges += [(2 * k + 1, 2 * count) for k in np.flatnonzero(_tail_waits_for(in_flight))]
     groups = [OpGroup(np.array([node]), collective=bool(node_type[node]), across_replicas=bool(node_type[node]))
               for node in range(nodes)]
     return build_model(node_stage=np.zeros(nodes, dtype=np.int64), node_type=node_type,
-                       node_seq=np.arange(nodes) // 2, edges=[(node, node + 1) for node in range(nodes - 1)],
-                       groups=groups, steps=np.array([step]), replicas=ranks, describe=lambda node: f"op {node}")
+                       node_seq=np.arange(nodes) // 2, edges=edges, groups=groups, steps=np.array([step]),
+                       replicas=ranks, describe=lambda node: f"op {node}")

@@ -111,6 +111,12 @@ def _what_if_step_s(step: StepModel, rank: int) -> float:
     return _step_time(step, peers_own_times(step, rank)) if rank in step.ranks else _step_time(step, step.own_s)
 
 
+def rank_saving_ms(step: StepModel, rank: int) -> float:
+    """How much shorter the replayed step is with `rank`'s compute at its peers' lower median, the rest as
+    recorded, ms (the report's what-if: analysis/quantities.py)."""
+    return (_step_time(step, step.own_s) - _what_if_step_s(step, rank)) * 1e3
+
+
 def _rank_what_if(modeled: TraceModel, rank: int, ideal_s: np.ndarray) -> RankWhatIf:
     put_back, own, peers, what_if = [], [], [], []
     for step in modeled.steps:

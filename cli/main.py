@@ -6,7 +6,8 @@
   on Slurm        postprocess --slurm: parse-shard tasks of an array job, then reduce-shards
   across runs     compare, history, advise, tune (apply a finding to a relaunch, then compare), diff (where
                   the step's time moved between two runs or traces)
-  what-if         whatif (the job without its stragglers, simulated, from an op-level timeline)
+  what-if         whatif (the job without its stragglers, simulated, from an op-level timeline or a run)
+  other tools'    split (one trace per rank of a file that fused several ranks)
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from collections.abc import Callable
 
 from ..trainer.config import ConfigError
 from ..traces.validate import UsageError
-from . import (cause_commands, commands, config_command, diff_command, exit_codes, run_commands, tune_command,
-               whatif_command)
+from . import (cause_commands, commands, config_command, diff_command, exit_codes, run_commands, split_command,
+               tune_command, whatif_command)
 from .exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 
@@ -28,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in [*commands.REGISTRY, *run_commands.REGISTRY, *cause_commands.REGISTRY, *tune_command.REGISTRY,
-                     *config_command.REGISTRY, *diff_command.REGISTRY, *whatif_command.REGISTRY]:
+                     *config_command.REGISTRY, *diff_command.REGISTRY, *whatif_command.REGISTRY,
+                     *split_command.REGISTRY]:
         register(sub)
     return parser
 

@@ -183,3 +183,66 @@ def test_a_trace_of_another_job_in_the_folder_is_named_not_analyzed_with_this_on
     assert "recorded 730 days from the other traces" in reasons["rank1.json"]
     assert "backend" in reasons["other_rank2.json"]
     assert not report.complete
+
+
+def _fuse_like_tracelens(documents: list[dict]) -> dict:
+    """Ranks fused as TraceLens's TraceFuse writes them: args.rank on every event, pid and correlation offset by
+    the rank, the originals kept as `<field>_raw`."""
+    fused = []
+    for rank, document in enumerate(documents):
+        for event in json.loads(json.dumps(document["traceEvents"])):
+            args = event.setdefault("args", {})
+            args["rank"] = rank
+            if isinstance(event.get("pid"), int):
+                args["pid_raw"], event["pid"] = event["pid"], event["pid"] + rank * 10**8
+            if "correlation" in args:
+                args["correlation_raw"], args["correlation"] = args["correlation"], args["correlation"] + rank * 10**7
+            fused.append(event)
+    return {"traceEvents": fused}
+
+
+def test_a_file_of_fused_ranks_is_refused_and_split_back_into_its_ranks(tmp_path, capsys):
+    """Four ranks fused into one file are not one rank (their steps and GPUs would be pooled): the analysis says
+    so with the command, `fleetscope split` writes one trace per rank with the offsets undone, and those
+    analyze as the four ranks they were."""
+    from fleetscope.cli.main import main
+    from test_analysis_helpers import gpu_rank
+
+    originals = tmp_path / "originals"
+    documents = []
+    for rank in range(4):
+        builder = gpu_rank(rank, world_size=4, nccl_start=600 - 100 * rank)
+        builder.write(originals / f"rank{rank}.json")
+        documents.append(builder.document())
+    fused = tmp_path / "fused"
+    fused.mkdir()
+    (fused / "merged_trace.json").write_text(json.dumps(_fuse_like_tracelens(documents)))
+    refused = analyze(fused, use_hta=False, write_default_outputs=False, use_cache=False)
+    assert refused.analyzed_ranks == [] and not refused.complete
+    reason = refused.problems[0].reason
+    assert "holds 4 ranks fused into one file (ranks 0-3)" in reason and "fleetscope split" in reason
+    split = tmp_path / "split"
+    assert main(["split", str(fused / "merged_trace.json"), "-o", str(split)]) == 0
+    assert sorted(p.name for p in split.iterdir()) == [f"rank{r}.pt.trace.json.gz" for r in range(4)]
+    again = analyze(split, use_hta=False, write_default_outputs=False, use_cache=False)
+    before = analyze(originals, use_hta=False, write_default_outputs=False, use_cache=False)
+    assert again.analyzed_ranks == [0, 1, 2, 3]
+    assert [(r.step_time, r.busy_pct, r.comm_pct) for r in again.ranks] == [(r.step_time, r.busy_pct, r.comm_pct)
+                                                                      for r in before.ranks]
+    assert again.step_time.median_ms == before.step_time.median_ms
+    assert main(["split", str(fused / "merged_trace.json"), "-o", str(split)]) == 2  # never over existing files
+
+
+def test_ranks_fused_by_process_name_are_found_too(tmp_path):
+    from fleetscope.traces.fused import fused_ranks, split_fused
+
+    events = []
+    for rank in range(2):
+        pid = 1000 + rank * 10**8
+        events += [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"RANK {rank} - CPU"}},
+                   {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": pid, "tid": 1, "ts": 10.0, "dur": 5.0}]
+    assert fused_ranks({"traceEvents": events}) == {1000: 0, 1000 + 10**8: 1}
+    parts = split_fused({"traceEvents": events})
+    assert sorted(parts) == [0, 1] and all(len(p["traceEvents"]) == 2 for p in parts.values())
+    assert parts[1]["distributedInfo"] == {"rank": 1, "world_size": 2}
+    assert fused_ranks({"traceEvents": events[:2]}) == {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,8 +44,11 @@ from fleetscope.analysis.per_rank.utilization import (
     build_timeline,
     measure_utilization,
 )
+from fleetscope.analysis.quantities import step_ranges
+from fleetscope.traces.fused import fused_ranks, may_be_fused
 from fleetscope.traces.kineto import (
     TraceIdentity,
+    TraceReadError,
     decode_trace,
     decompress,
     distributed_rank,
@@ -292,6 +296,7 @@ def read_decoded(path: Path, raw: bytes, *, with_hta_frame: bool = False) -> Dec
     explains files that cannot be used. `with_hta_frame`: also HTA's frame of a GPU trace from the same
     decoded events (fast decoder only; None where it cannot be built so, and HTA's stage decodes itself)."""
     data = decompress(raw, path)
+    _refuse_fused(path, data)
     decoded = decode_selectively(data)
     if decoded is not None:
         metadata, events = decoded
@@ -300,6 +305,22 @@ def read_decoded(path: Path, raw: bytes, *, with_hta_frame: bool = False) -> Dec
         return DecodedTrace(metadata, table, [], frame)
     document = decode_trace(raw, path)
     return DecodedTrace(document, extract_events(document), _generic_parse_remarks(data))
+
+
+def _refuse_fused(path: Path, data: bytes) -> None:
+    """A file that fused several ranks (traces/fused.py) is no rank's trace: read as one it would pool their
+    steps, GPUs and collectives. Raises TraceReadError naming its ranks and the command that splits it."""
+    if not may_be_fused(data):
+        return
+    try:
+        ranks = fused_ranks(decode_trace(data, path))
+    except TraceReadError:
+        return  # the readers below say what is wrong with it
+    if ranks:
+        shown = sorted(set(r for r in ranks.values() if r is not None) or ranks)
+        raise TraceReadError(path, f"holds {len(shown)} ranks fused into one file (ranks {step_ranges(shown)}), "
+                                   "not one rank's trace: split it with `fleetscope split "
+                                   f"{shlex.quote(str(path))} -o DIR` and analyze DIR")
 
 
 def _hta_frame(events: list) -> UnfilteredFrame | None:

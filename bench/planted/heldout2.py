@@ -17,82 +17,18 @@ each between two synchronizes, profiler off). The programs whose problem is on t
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import math
 import random
-import statistics
-import sys
-import time
-import traceback
 import zlib
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-DEV = "cuda"
-BF16 = torch.bfloat16
+from harness import BF16, autocast, dev, fused_adamw, on_gpu, pick, pinned, run_set
 
-
-def on_gpu() -> bool:
-    return DEV == "cuda"
-
-
-def pick(gpu: int, cpu: int) -> int:
-    """A size: `gpu` on CUDA, the small `cpu` in smoke mode."""
-    return gpu if on_gpu() else cpu
-
-
-def sync() -> None:
-    if on_gpu():
-        torch.cuda.synchronize()
-
-
-def autocast(enabled: bool = True) -> torch.autocast:
-    return torch.autocast(DEV, dtype=BF16, enabled=enabled)
-
-
-def pinned(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.pin_memory() if torch.cuda.is_available() else tensor
-
-
-def fused_adamw(params) -> torch.optim.AdamW:
-    return torch.optim.AdamW(params, lr=1e-4, fused=True)
-
-
-def timed(step, n: int = 7) -> float:
-    for _ in range(2):
-        step()
-    times = []
-    for _ in range(n):
-        sync()
-        start = time.perf_counter()
-        step()
-        sync()
-        times.append(1000 * (time.perf_counter() - start))
-    return statistics.median(times)
-
-
-def record(step, directory: Path, with_stack: bool = False) -> None:
-    extra = {}
-    if with_stack:
-        extra["experimental_config"] = torch.profiler._ExperimentalConfig(record_python_gc_info=True)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu() else [])
-    with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=2),
-                 on_trace_ready=tensorboard_trace_handler(str(directory), worker_name="rank0", use_gzip=True),
-                 record_shapes=True, with_stack=with_stack, **extra) as prof:
-        for _ in range(4):
-            step()
-            prof.step()
-    sync()
-
-
-# ------------------------------------------------------------------------------------------------ host_syncs
 
 def scatter_sum(values: torch.Tensor, index: torch.Tensor, dim_size: int | None = None) -> torch.Tensor:
     """Rows of `values` summed into `dim_size` rows by `index`; like torch_scatter, `dim_size` defaults to
@@ -135,19 +71,19 @@ def random_graph(nodes: int, degree: int) -> tuple[torch.Tensor, torch.Tensor]:
     src = torch.cat([torch.randint(nodes, (nodes * degree,)), torch.arange(nodes)])
     dst = torch.cat([torch.randint(nodes, (nodes * degree,)), torch.arange(nodes)])
     order = dst.argsort()
-    return src[order].to(DEV), dst[order].to(DEV)
+    return src[order].to(dev()), dst[order].to(dev())
 
 
 def gat_scatter_size_from_index(fixed: bool):
     """A 16-layer graph attention net whose scatter helper sizes its output from index.max() + 1 (torch_scatter's
     default): three device-to-host reads per layer. Fix: pass the node count (dim_size=x.shape[0])."""
     nodes, width, classes = pick(8_000, 500), 128, 16
-    layers = nn.ModuleList(GraphAttention(width, 4) for _ in range(16)).to(DEV, BF16)
-    head = nn.Linear(width, classes).to(DEV, BF16)
+    layers = nn.ModuleList(GraphAttention(width, 4) for _ in range(16)).to(dev(), BF16)
+    head = nn.Linear(width, classes).to(dev(), BF16)
     opt = fused_adamw(list(layers.parameters()) + list(head.parameters()))
     src, dst = random_graph(nodes, 15)
-    x = torch.randn(nodes, width, device=DEV, dtype=BF16)
-    labels = torch.randint(classes, (nodes,), device=DEV)
+    x = torch.randn(nodes, width, device=dev(), dtype=BF16)
+    labels = torch.randint(classes, (nodes,), device=dev())
 
     def step():
         h = x
@@ -184,15 +120,15 @@ def python_positions(batch_lengths: list[list[int]]) -> tuple[torch.Tensor, torc
                 row_keep.append(0.0 if i == 0 else 1.0)
         positions.append(row_positions)
         keep.append(row_keep)
-    return torch.tensor(positions, device=DEV), torch.tensor(keep, device=DEV)
+    return torch.tensor(positions, device=dev()), torch.tensor(keep, device=dev())
 
 
 def device_positions(batch_lengths: list[list[int]], seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    lengths = torch.tensor([n for row in batch_lengths for n in row], device=DEV)
+    lengths = torch.tensor([n for row in batch_lengths for n in row], device=dev())
     starts = lengths.cumsum(0) - lengths
     total = len(batch_lengths) * seq
-    document = torch.repeat_interleave(torch.arange(len(lengths), device=DEV), lengths, output_size=total)
-    positions = (torch.arange(total, device=DEV) - starts[document]).view(-1, seq)
+    document = torch.repeat_interleave(torch.arange(len(lengths), device=dev()), lengths, output_size=total)
+    positions = (torch.arange(total, device=dev()) - starts[document]).view(-1, seq)
     return positions, (positions != 0).float()
 
 
@@ -216,9 +152,9 @@ def packed_documents_python_positions(fixed: bool):
     token in Python lists (32k tokens) and then copied in. Fix: compute them on the device from the document
     lengths (cumsum, repeat_interleave)."""
     rows, seq, vocab, width = pick(16, 2), pick(2048, 256), pick(8192, 512), pick(1024, 64)
-    model = PackedTokenModel(vocab, seq, width, 2).to(DEV)
+    model = PackedTokenModel(vocab, seq, width, 2).to(dev())
     opt = fused_adamw(model.parameters())
-    tokens = torch.randint(vocab, (rows, seq + 1), device=DEV)
+    tokens = torch.randint(vocab, (rows, seq + 1), device=dev())
     rng, losses = random.Random(0), []
 
     def step():
@@ -241,10 +177,10 @@ def gru_cell_unrolled(fixed: bool):
     """A character-level GRU (hidden 256) run with nn.GRUCell in a Python loop over 96 time steps at batch 16, fp32:
     about ten small kernels a time step, forward and backward. Fix: nn.GRU over the whole sequence (cuDNN)."""
     vocab, embed_dim, hidden, steps, batch = 96, 128, 256, pick(96, 24), 16
-    embed, head = nn.Embedding(vocab, embed_dim).to(DEV), nn.Linear(hidden, vocab).to(DEV)
-    rnn = (nn.GRU(embed_dim, hidden, batch_first=True) if fixed else nn.GRUCell(embed_dim, hidden)).to(DEV)
+    embed, head = nn.Embedding(vocab, embed_dim).to(dev()), nn.Linear(hidden, vocab).to(dev())
+    rnn = (nn.GRU(embed_dim, hidden, batch_first=True) if fixed else nn.GRUCell(embed_dim, hidden)).to(dev())
     opt = fused_adamw([*embed.parameters(), *rnn.parameters(), *head.parameters()])
-    text = torch.randint(vocab, (batch, steps + 1), device=DEV)
+    text = torch.randint(vocab, (batch, steps + 1), device=dev())
 
     def step():
         x = embed(text[:, :-1])
@@ -322,12 +258,12 @@ class HandWrittenAdamW:
 def unet_hand_written_adamw(fixed: bool):
     """A segmentation U-Net (64 parameter tensors) trained with a hand-written AdamW that updates one parameter at
     a time: about eight small kernels per tensor. Fix: torch.optim.AdamW(fused=True)."""
-    model = UNet().to(DEV, memory_format=torch.channels_last)
+    model = UNet().to(dev(), memory_format=torch.channels_last)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True) if fixed \
         else HandWrittenAdamW(model.parameters())
     size = pick(128, 32)
-    images = torch.randn(16, 3, size, size, device=DEV).contiguous(memory_format=torch.channels_last)
-    masks = (torch.rand(16, 1, size, size, device=DEV) > 0.5).float()
+    images = torch.randn(16, 3, size, size, device=dev()).contiguous(memory_format=torch.channels_last)
+    masks = (torch.rand(16, 1, size, size, device=dev()) > 0.5).float()
 
     def step():
         with autocast():
@@ -375,9 +311,9 @@ def moe_empty_cache_in_forward(fixed: bool):
     torch.cuda.empty_cache() at the end of its forward to release the dispatch buffers. Fix: drop the call."""
     width, hidden, tokens = pick(1024, 64), pick(4096, 128), pick(8192, 256)
     model = nn.Sequential(*[HandWrittenMoE(width, hidden, 8, release_cache=not fixed) for _ in range(6)])
-    model = model.to(DEV, BF16)
+    model = model.to(dev(), BF16)
     opt = fused_adamw(model.parameters())
-    x = torch.randn(tokens, width, device=DEV, dtype=BF16)
+    x = torch.randn(tokens, width, device=dev(), dtype=BF16)
 
     def step():
         model(x).float().pow(2).mean().backward()
@@ -403,10 +339,10 @@ def fp32_conv1d_audio(fixed: bool):
     torch.backends.cuda.matmul.allow_tf32 = False
     channels = pick(512, 32)
     model = nn.Sequential(audio_encoder(channels), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(channels, 35))
-    model = model.to(DEV)
+    model = model.to(dev())
     opt = fused_adamw(model.parameters())
-    waves = torch.randn(pick(32, 4), 1, pick(32000, 8000), device=DEV)
-    labels = torch.randint(35, (waves.shape[0],), device=DEV)
+    waves = torch.randn(pick(32, 4), 1, pick(32000, 8000), device=dev())
+    labels = torch.randint(35, (waves.shape[0],), device=dev())
 
     def step():
         with autocast(enabled=fixed):
@@ -439,20 +375,20 @@ def vit_distill_pageable_teacher(fixed: bool):
     per-patch features cached in host memory: each step copies 77 MB of fp32 features (and the uint8 images) to
     the device from pageable memory. Fix: pin the host caches once and copy with non_blocking=True."""
     batch, image, teacher_width = pick(128, 4), pick(224, 64), pick(768, 64)
-    student = ViTStudent(pick(384, 64), 6, 6 if on_gpu() else 2, teacher_width, image, 16).to(DEV)
+    student = ViTStudent(pick(384, 64), 6, 6 if on_gpu() else 2, teacher_width, image, 16).to(dev())
     opt = fused_adamw(student.parameters())
     tokens = (image // 16) ** 2
     images = torch.randint(0, 256, (2, batch, 3, image, image), dtype=torch.uint8)
     teacher = torch.randn(2, batch, tokens, teacher_width)
     if fixed:
         images, teacher = pinned(images), pinned(teacher)
-    mean = torch.tensor([0.485, 0.456, 0.406], device=DEV).view(1, 3, 1, 1)
+    mean = torch.tensor([0.485, 0.456, 0.406], device=dev()).view(1, 3, 1, 1)
     count = iter(range(1 << 30))
 
     def step():
         i = next(count) % 2
-        x = images[i].to(DEV, non_blocking=fixed).float().div_(255).sub_(mean)
-        target = teacher[i].to(DEV, non_blocking=fixed)
+        x = images[i].to(dev(), non_blocking=fixed).float().div_(255).sub_(mean)
+        target = teacher[i].to(dev(), non_blocking=fixed)
         with autocast():
             predicted = student(x)
         F.smooth_l1_loss(predicted.float(), target).backward()
@@ -489,8 +425,8 @@ def lstm_gc_after_detach(fixed: bool):
     vocab, streams, chunk = pick(16384, 512), pick(64, 4), pick(128, 16)
     documents = tokenized_corpus(pick(20_000, 2_000), vocab)
     flat = [t for doc in documents for t in doc]
-    stream = torch.tensor(flat[: len(flat) // streams * streams], device=DEV).view(streams, -1)
-    model = WordLSTM(vocab, pick(512, 32), pick(1024, 64)).to(DEV)
+    stream = torch.tensor(flat[: len(flat) // streams * streams], device=dev()).view(streams, -1)
+    model = WordLSTM(vocab, pick(512, 32), pick(1024, 64)).to(dev())
     opt = fused_adamw(model.parameters())
     state, position, losses = None, 0, []
 
@@ -547,10 +483,10 @@ def diffusion_ema_on_host(fixed: bool):
     host: every step copies the whole state_dict to the CPU (124 MB) and averages it there. Fix: keep the EMA on the
     device (torch._foreach_lerp_ over the parameters, as timm's ModelEmaV3 does)."""
     dim, width, rows, decay = pick(1024, 64), pick(768, 64), pick(16384, 256), 0.999
-    model = NoisePredictor(dim, width, 6).to(DEV)
+    model = NoisePredictor(dim, width, 6).to(dev())
     opt = fused_adamw(model.parameters())
-    latents = torch.randn(rows, dim, device=DEV)
-    alphas_bar = torch.cumprod(1 - torch.linspace(1e-4, 0.02, 1000, device=DEV), 0)
+    latents = torch.randn(rows, dim, device=dev())
+    alphas_bar = torch.cumprod(1 - torch.linspace(1e-4, 0.02, 1000, device=dev()), 0)
     params = list(model.parameters())
     device_ema = [p.detach().clone() for p in params]
     host_ema = {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
@@ -565,7 +501,7 @@ def diffusion_ema_on_host(fixed: bool):
             average.lerp_(snapshot[name], 1 - decay)
 
     def step():
-        t = torch.randint(1000, (rows,), device=DEV)
+        t = torch.randint(1000, (rows,), device=dev())
         noise = torch.randn_like(latents)
         a = alphas_bar[t].unsqueeze(-1)
         noisy = a.sqrt() * latents + (1 - a).sqrt() * noise
@@ -638,15 +574,15 @@ def click_log_loader_no_workers(fixed: bool):
     dataset = ClickLogDataset(click_log_lines(pick(8192, 256)), buckets)
     workers = {"num_workers": 4, "persistent_workers": True} if fixed else {"num_workers": 0}
     batches = iter(torch.utils.data.DataLoader(dataset, batch_size=batch, **workers))
-    model = ClickModel(buckets, 64, pick(4096, 128)).to(DEV)
+    model = ClickModel(buckets, 64, pick(4096, 128)).to(dev())
     opt = fused_adamw(model.parameters())
     losses = []
 
     def step():
         dense, sparse, clicked = next(batches)
         with autocast():
-            logits = model(dense.to(DEV), sparse.to(DEV))
-        loss = F.binary_cross_entropy_with_logits(logits.float(), clicked.to(DEV))
+            logits = model(dense.to(dev()), sparse.to(dev()))
+        loss = F.binary_cross_entropy_with_logits(logits.float(), clicked.to(dev()))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -683,11 +619,11 @@ def bottleneck_resnet(classes: int) -> nn.Sequential:
 def healthy_bottleneck_resnet_bf16(fixed: bool):
     """A bottleneck ResNet (1x1-3x3-1x1 blocks, 64-1024 channels) on 256 images of 128x128, channels_last, bf16
     autocast, fused AdamW: nothing planted."""
-    model = bottleneck_resnet(1000).to(DEV, memory_format=torch.channels_last)
+    model = bottleneck_resnet(1000).to(dev(), memory_format=torch.channels_last)
     opt = fused_adamw(model.parameters())
     size = pick(128, 32)
-    images = torch.randn(pick(256, 4), 3, size, size, device=DEV).contiguous(memory_format=torch.channels_last)
-    labels = torch.randint(1000, (images.shape[0],), device=DEV)
+    images = torch.randn(pick(256, 4), 3, size, size, device=dev()).contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(1000, (images.shape[0],), device=dev())
 
     def step():
         with autocast():
@@ -715,11 +651,11 @@ def healthy_mlp_mixer_bf16(fixed: bool):
     activations, fused AdamW: large GEMMs back to back, nothing planted."""
     patches, width, batch = 256, pick(1024, 64), pick(128, 4)
     model = nn.Sequential(nn.Linear(768, width), *[MixerBlock(patches, width, 512, 4 * width) for _ in range(8)],
-                          nn.LayerNorm(width)).to(DEV, BF16)
-    head = nn.Linear(width, 1000).to(DEV, BF16)
+                          nn.LayerNorm(width)).to(dev(), BF16)
+    head = nn.Linear(width, 1000).to(dev(), BF16)
     opt = fused_adamw([*model.parameters(), *head.parameters()])
-    x = torch.randn(batch, patches, 768, device=DEV, dtype=BF16)
-    labels = torch.randint(1000, (batch,), device=DEV)
+    x = torch.randn(batch, patches, 768, device=dev(), dtype=BF16)
+    labels = torch.randint(1000, (batch,), device=dev())
 
     def step():
         F.cross_entropy(head(model(x).mean(1)).float(), labels).backward()
@@ -746,50 +682,5 @@ WITH_STACK = {"lstm_gc_after_detach"}
 """Programs profiled with Python stacks (and garbage collections)."""
 
 
-def restore_defaults() -> None:
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = True
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def run_program(name: str, causes: list[str], directory: Path) -> None:
-    torch.manual_seed(0)
-    build = globals()[name]
-    record(build(False), directory, with_stack=name in WITH_STACK)
-    step_ms = timed(build(False))
-    fixed_ms = timed(build(True)) if causes else step_ms
-    planted = {causes[0]: round(step_ms - fixed_ms, 3)} if causes else {}
-    (directory / "planted.json").write_text(json.dumps(
-        {"program": name, "causes": causes, "planted_ms_per_step": planted, "step_ms": round(step_ms, 3),
-         "fixed_step_ms": round(fixed_ms, 3), "healthy": not causes, "device":
-         torch.cuda.get_device_name() if on_gpu() else "cpu", "description": " ".join(build.__doc__.split()),
-         "torch": torch.__version__}, indent=1) + "\n")
-    print(f"{name}: step {step_ms:.2f} ms, fixed {fixed_ms:.2f} ms", flush=True)
-
-
-def main(out: Path, names: list[str] | None = None) -> int:
-    started = time.monotonic()
-    for name in names or PROGRAMS:
-        directory = out / name
-        directory.mkdir(parents=True, exist_ok=True)
-        try:
-            run_program(name, PROGRAMS[name], directory)
-        except Exception as error:  # one program's failure is reported, the rest still run
-            (directory / "error.txt").write_text(traceback.format_exc())
-            print(f"{name}: {error!r}", flush=True)
-        restore_defaults()
-    print(f"done in {time.monotonic() - started:.1f} s", flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("names", nargs="*", metavar="NAME", help="programs to run (default: all)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    args = parser.parse_intermixed_args()
-    if unknown := [name for name in args.names if name not in PROGRAMS]:
-        parser.error(f"unknown programs: {', '.join(unknown)}")
-    DEV = args.device
-    sys.exit(main(args.out, args.names))
+    run_set(__doc__, {globals()[name]: causes for name, causes in PROGRAMS.items()}, WITH_STACK)

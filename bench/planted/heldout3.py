@@ -20,78 +20,15 @@ torch.cuda.empty_cache) are skipped, so in smoke mode a fix may time the same as
 
 from __future__ import annotations
 
-import argparse
-import gc
 import io
-import json
 import math
-import statistics
-import sys
-import time
-import traceback
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-DEV = "cuda"
-BF16 = torch.bfloat16
-
-
-def on_gpu() -> bool:
-    return DEV == "cuda"
-
-
-def pick(gpu: int, cpu: int) -> int:
-    """A size: `gpu` on CUDA, the small `cpu` in smoke mode."""
-    return gpu if on_gpu() else cpu
-
-
-def sync() -> None:
-    if on_gpu():
-        torch.cuda.synchronize()
-
-
-def autocast(enabled: bool = True) -> torch.autocast:
-    return torch.autocast(DEV, dtype=BF16, enabled=enabled)
-
-
-def pinned(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.pin_memory() if torch.cuda.is_available() else tensor
-
-
-def fused_adamw(params) -> torch.optim.AdamW:
-    return torch.optim.AdamW(params, lr=1e-4, fused=True)
-
-
-def timed(step, n: int = 7) -> float:
-    for _ in range(2):
-        step()
-    times = []
-    for _ in range(n):
-        sync()
-        start = time.perf_counter()
-        step()
-        sync()
-        times.append(1000 * (time.perf_counter() - start))
-    return statistics.median(times)
-
-
-def record(step, directory: Path, with_stack: bool = False) -> None:
-    extra = {}
-    if with_stack:
-        extra["experimental_config"] = torch.profiler._ExperimentalConfig(record_python_gc_info=True)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu() else [])
-    with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=2),
-                 on_trace_ready=tensorboard_trace_handler(str(directory), worker_name="rank0", use_gzip=True),
-                 record_shapes=True, with_stack=with_stack, **extra) as prof:
-        for _ in range(4):
-            step()
-            prof.step()
-    sync()
+from harness import BF16, autocast, dev, fused_adamw, on_gpu, pick, pinned, run_set
 
 
 def conv1x1(cin: int, cout: int) -> nn.Sequential:
@@ -191,11 +128,11 @@ def pointnet_finite_checks(fixed: bool):
     stops the host until the GPU has caught up. Fix: the same check with torch._assert_async (no host read)."""
     clouds, points, parts = pick(32, 2), pick(2048, 128), 50
     check = check_finite_async if fixed else check_finite_blocking
-    model = PointNetSegmenter(parts, check).to(DEV)
+    model = PointNetSegmenter(parts, check).to(dev())
     opt = fused_adamw(model.parameters())
-    xyz = torch.randn(clouds, 3, points, device=DEV)
-    labels = torch.randint(parts, (clouds, points), device=DEV)
-    eye = torch.eye(64, device=DEV)
+    xyz = torch.randn(clouds, 3, points, device=dev())
+    labels = torch.randint(parts, (clouds, points), device=dev())
+    eye = torch.eye(64, device=dev())
 
     def step():
         with autocast():
@@ -260,8 +197,8 @@ def rays_in_python(pose: np.ndarray, image: np.ndarray, xs: np.ndarray, ys: np.n
         directions.append([c / norm for c in world])
         origins.append(origin)
         colours.append([c / 255.0 for c in image[y, x].tolist()])
-    return (torch.tensor(origins, device=DEV), torch.tensor(directions, device=DEV),
-            torch.tensor(colours, device=DEV))
+    return (torch.tensor(origins, device=dev()), torch.tensor(directions, device=dev()),
+            torch.tensor(colours, device=dev()))
 
 
 def rays_on_device(pose: torch.Tensor, image: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor, focal: float):
@@ -286,8 +223,8 @@ def nerf_python_ray_batch(fixed: bool):
     for v, a in enumerate(angles):
         poses[v, :, :3] = [[math.cos(a), 0, math.sin(a)], [0, 1, 0], [-math.sin(a), 0, math.cos(a)]]
         poses[v, :, 3] = [4 * math.sin(a), 0, 4 * math.cos(a)]
-    images_dev, poses_dev = torch.from_numpy(images).to(DEV), torch.from_numpy(poses).to(DEV)
-    model = NeRF(width).to(DEV)
+    images_dev, poses_dev = torch.from_numpy(images).to(dev()), torch.from_numpy(poses).to(dev())
+    model = NeRF(width).to(dev())
     opt = fused_adamw(model.parameters())
     losses = []
 
@@ -296,11 +233,11 @@ def nerf_python_ray_batch(fixed: bool):
         xs, ys = rng.integers(size, size=rays), rng.integers(size, size=rays)
         if fixed:
             origins, directions, target = rays_on_device(
-                poses_dev[v], images_dev[v], torch.from_numpy(xs).to(DEV), torch.from_numpy(ys).to(DEV), focal)
+                poses_dev[v], images_dev[v], torch.from_numpy(xs).to(dev()), torch.from_numpy(ys).to(dev()), focal)
         else:
             origins, directions, target = rays_in_python(poses[v], images[v], xs, ys, focal)
-        bins = torch.linspace(near, far, samples + 1, device=DEV)
-        depths = bins[:-1] + (bins[1] - bins[0]) * torch.rand(rays, samples, device=DEV)
+        bins = torch.linspace(near, far, samples + 1, device=dev())
+        depths = bins[:-1] + (bins[1] - bins[0]) * torch.rand(rays, samples, device=dev())
         points = origins.unsqueeze(1) + depths.unsqueeze(-1) * directions.unsqueeze(1)
         with autocast():
             density, rgb = model(points, directions)
@@ -370,10 +307,10 @@ def capsnet_dynamic_routing(fixed: bool):
     one by one from Python. Fix: capture the forward and backward in CUDA graphs (torch.cuda.make_graphed_callables
     on the module that computes the loss); the fused optimizer step stays eager."""
     batch = pick(128, 4)
-    model = CapsNetLoss(pick(32, 4)).to(DEV, BF16)
+    model = CapsNetLoss(pick(32, 4)).to(dev(), BF16)
     opt = fused_adamw(model.parameters())
-    images = torch.rand(batch, 1, 28, 28, device=DEV, dtype=BF16)
-    one_hot = F.one_hot(torch.randint(10, (batch,), device=DEV), 10).float()
+    images = torch.rand(batch, 1, 28, 28, device=dev(), dtype=BF16)
+    one_hot = F.one_hot(torch.randint(10, (batch,), device=dev()), 10).float()
     loss_fn = model
     if fixed and on_gpu():
         loss_fn = torch.cuda.make_graphed_callables(model, (images, one_hot))
@@ -486,10 +423,10 @@ def t5_fp32_highest_precision(fixed: bool):
     torch.set_float32_matmul_precision("high" if fixed else "highest")
     vocab, width, heads = pick(32128, 512), pick(512, 64), pick(8, 4)
     batch, source, target, depth = pick(32, 2), pick(512, 32), pick(128, 16), pick(6, 2)
-    model = T5(vocab, width, heads, pick(1024, 128), depth, source, target).to(DEV)
+    model = T5(vocab, width, heads, pick(1024, 128), depth, source, target).to(dev())
     opt = fused_adamw(model.parameters())
-    inputs = torch.randint(vocab, (batch, source), device=DEV)
-    labels = torch.randint(vocab, (batch, target + 1), device=DEV)
+    inputs = torch.randint(vocab, (batch, source), device=dev())
+    labels = torch.randint(vocab, (batch, target + 1), device=dev())
 
     def step():
         logits = model(inputs, labels[:, :-1])
@@ -595,16 +532,16 @@ def conformer_ctc_hand_written_sgd(fixed: bool):
     tensors one at a time, five small kernels each. Fix: torch.optim.SGD(nesterov=True, weight_decay=...,
     foreach=True), the same update."""
     mels, vocab, batch, frames = pick(80, 40), 32, pick(32, 2), pick(1000, 48)
-    model = ConformerCTC(mels, pick(512, 32), pick(12, 2), pick(8, 2), pick(31, 7), vocab).to(DEV, BF16)
+    model = ConformerCTC(mels, pick(512, 32), pick(12, 2), pick(8, 2), pick(31, 7), vocab).to(dev(), BF16)
     if fixed:
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, nesterov=True, weight_decay=1e-6,
                               foreach=True)
     else:
         opt = NesterovSGD(model.parameters(), lr=1e-3)
-    features = torch.randn(batch, frames, mels, device=DEV, dtype=BF16)
+    features = torch.randn(batch, frames, mels, device=dev(), dtype=BF16)
     steps_out = ((frames - 1) // 2 - 1) // 2
     target_lengths = torch.randint(steps_out // 4, steps_out // 2, (batch,)).tolist()
-    targets = torch.randint(1, vocab, (sum(target_lengths),), device=DEV)
+    targets = torch.randint(1, vocab, (sum(target_lengths),), device=dev())
     losses = []
 
     def step():
@@ -676,10 +613,10 @@ def vae_validation_empty_cache(fixed: bool):
     gradients come back through cudaMalloc. Fix: drop the empty_cache() call from the hook."""
     size = pick(128, 32)
     model = ConvVAE(size, (64, 128, 256, 512) if on_gpu() else (8, 16, 32, 64))
-    model = model.to(DEV, memory_format=torch.channels_last)
+    model = model.to(dev(), memory_format=torch.channels_last)
     opt = fused_adamw(model.parameters())
-    images = torch.rand(pick(128, 4), 3, size, size, device=DEV).contiguous(memory_format=torch.channels_last)
-    held_out = torch.rand(pick(64, 2), 3, size, size, device=DEV).contiguous(memory_format=torch.channels_last)
+    images = torch.rand(pick(128, 4), 3, size, size, device=dev()).contiguous(memory_format=torch.channels_last)
+    held_out = torch.rand(pick(64, 2), 3, size, size, device=dev()).contiguous(memory_format=torch.channels_last)
     validate = Validator(model, held_out, every=1, release_memory=not fixed)
 
     def step():
@@ -747,7 +684,7 @@ def caption_batch(batch: int, context: int, vocab: int) -> torch.Tensor:
     text = torch.randint(1, vocab - 1, (batch, context))
     text[torch.arange(context) >= lengths.unsqueeze(1)] = 0
     text[torch.arange(batch), lengths - 1] = vocab - 1
-    return text.to(DEV)
+    return text.to(dev())
 
 
 def clip_rollback_snapshot(fixed: bool):
@@ -761,13 +698,13 @@ def clip_rollback_snapshot(fixed: bool):
     widths = (32, 64, 128, 256) if on_gpu() else (8, 8, 16, 16)
     model = nn.ModuleDict({"image": ImageTower(widths, width),
                            "text": TextTower(vocab, context, width, depth, heads, width)})
-    model = model.to(DEV, memory_format=torch.channels_last)
-    logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07), device=DEV))
+    model = model.to(dev(), memory_format=torch.channels_last)
+    logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07), device=dev()))
     model.register_parameter("logit_scale", logit_scale)
     opt = fused_adamw(model.parameters())
-    images = torch.randn(batch, 3, image, image, device=DEV).contiguous(memory_format=torch.channels_last)
+    images = torch.randn(batch, 3, image, image, device=dev()).contiguous(memory_format=torch.channels_last)
     text = caption_batch(batch, context, vocab)
-    targets = torch.arange(batch, device=DEV)
+    targets = torch.arange(batch, device=dev())
     live = list(model.state_dict().values())
     last_good = {"device": [t.detach().clone() for t in live], "bytes": None}
     losses = []
@@ -861,14 +798,14 @@ def graphsage_sampler_in_process(fixed: bool):
     workers = {"num_workers": 6, "persistent_workers": True} if fixed else {"num_workers": 0}
     batches = iter(torch.utils.data.DataLoader(NeighbourSampler(indptr, indices, fanouts), batch_size=batch,
                                                shuffle=False, **workers))
-    x = torch.randn(nodes, features, device=DEV)
-    y = torch.randint(classes, (nodes,), device=DEV)
-    model = GraphSAGE(features, hidden, classes).to(DEV)
+    x = torch.randn(nodes, features, device=dev())
+    y = torch.randint(classes, (nodes,), device=dev())
+    model = GraphSAGE(features, hidden, classes).to(dev())
     opt = fused_adamw(model.parameters())
     losses = []
 
     def step():
-        seed, hop1, hop2 = (t.to(DEV) for t in next(batches))
+        seed, hop1, hop2 = (t.to(dev()) for t in next(batches))
         seed = seed.squeeze(1)
         with autocast():
             logits = model(x[seed], x[hop1], x[hop2])
@@ -910,13 +847,13 @@ def tcn_pageable_series(fixed: bool):
     archive = torch.randn(4 * batch, sensors, length + 1)
     if fixed:
         archive = pinned(archive)
-    model = temporal_conv_net(sensors, pick(256, 16), pick(8, 3)).to(DEV)
+    model = temporal_conv_net(sensors, pick(256, 16), pick(8, 3)).to(dev())
     opt = fused_adamw(model.parameters())
     count = iter(range(1 << 30))
 
     def step():
         i = next(count) % 4
-        window = archive[i * batch:(i + 1) * batch].to(DEV, non_blocking=fixed)
+        window = archive[i * batch:(i + 1) * batch].to(dev(), non_blocking=fixed)
         with autocast():
             predicted = model(window[..., :-1])
         F.mse_loss(predicted.float(), window[..., 1:]).backward()
@@ -989,10 +926,10 @@ def perceiver_eager_cross_attention(fixed: bool):
     F.scaled_dot_product_attention (a flash kernel) for every attention."""
     length, latents, width, heads = pick(8192, 256), pick(256, 16), pick(1024, 64), pick(8, 2)
     model = Perceiver(length, pick(256, 32), latents, width, heads, pick(6, 2), 100,
-                      attention_fused if fixed else attention_by_hand).to(DEV)
+                      attention_fused if fixed else attention_by_hand).to(dev())
     opt = fused_adamw(model.parameters())
-    data = torch.randint(256, (pick(32, 2), length), device=DEV)
-    labels = torch.randint(100, (data.shape[0],), device=DEV)
+    data = torch.randint(256, (pick(32, 2), length), device=dev())
+    labels = torch.randint(100, (data.shape[0],), device=dev())
 
     def step():
         with autocast():
@@ -1051,9 +988,9 @@ def healthy_mae_vit_bf16(fixed: bool):
     image = pick(224, 32)
     model = MaskedAutoencoder(image, 16, pick(768, 32), pick(12, 2), pick(12, 2), pick(512, 32), pick(8, 1),
                               pick(16, 2))
-    model = model.to(DEV)
+    model = model.to(dev())
     opt = fused_adamw(model.parameters())
-    images = torch.randn(pick(256, 4), 3, image, image, device=DEV)
+    images = torch.randn(pick(256, 4), 3, image, image, device=dev())
 
     def step():
         with autocast():
@@ -1102,12 +1039,12 @@ def healthy_r2plus1d_video_bf16(fixed: bool):
     cudnn.benchmark, fused AdamW: nothing planted."""
     torch.backends.cudnn.benchmark = True
     model = r2plus1d(400, (64, 128, 256, 512) if on_gpu() else (16, 16, 32, 32))
-    model = model.to(DEV, memory_format=torch.channels_last_3d)
+    model = model.to(dev(), memory_format=torch.channels_last_3d)
     opt = fused_adamw(model.parameters())
     frames, size = pick(16, 4), pick(112, 32)
-    clips = torch.randn(pick(24, 2), 3, frames, size, size, device=DEV)
+    clips = torch.randn(pick(24, 2), 3, frames, size, size, device=dev())
     clips = clips.contiguous(memory_format=torch.channels_last_3d)
-    labels = torch.randint(400, (clips.shape[0],), device=DEV)
+    labels = torch.randint(400, (clips.shape[0],), device=dev())
 
     def step():
         with autocast():
@@ -1136,54 +1073,5 @@ WITH_STACK = {"nerf_python_ray_batch"}
 """Programs profiled with Python stacks (and garbage collections)."""
 
 
-def restore_defaults() -> None:
-    """The process-wide settings as the next program expects them (a program may change them while it is built)."""
-    torch.set_float32_matmul_precision("highest")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = True
-    torch.backends.cudnn.benchmark = False
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def run_program(name: str, causes: list[str], directory: Path) -> None:
-    torch.manual_seed(0)
-    build = globals()[name]
-    record(build(False), directory, with_stack=name in WITH_STACK)
-    step_ms = timed(build(False))
-    fixed_ms = timed(build(True)) if causes else step_ms
-    planted = {causes[0]: round(step_ms - fixed_ms, 3)} if causes else {}
-    (directory / "planted.json").write_text(json.dumps(
-        {"program": name, "causes": causes, "planted_ms_per_step": planted, "step_ms": round(step_ms, 3),
-         "fixed_step_ms": round(fixed_ms, 3), "healthy": not causes, "device":
-         torch.cuda.get_device_name() if on_gpu() else "cpu", "description": " ".join(build.__doc__.split()),
-         "torch": torch.__version__}, indent=1) + "\n")
-    print(f"{name}: step {step_ms:.2f} ms, fixed {fixed_ms:.2f} ms", flush=True)
-
-
-def main(out: Path, names: list[str] | None = None) -> int:
-    started = time.monotonic()
-    for name in names or PROGRAMS:
-        directory = out / name
-        directory.mkdir(parents=True, exist_ok=True)
-        try:
-            run_program(name, PROGRAMS[name], directory)
-        except Exception as error:  # one program's failure is reported, the rest still run
-            (directory / "error.txt").write_text(traceback.format_exc())
-            print(f"{name}: {error!r}", flush=True)
-        restore_defaults()
-    print(f"done in {time.monotonic() - started:.1f} s", flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("names", nargs="*", metavar="NAME", help="programs to run (default: all)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    args = parser.parse_intermixed_args()
-    if unknown := [name for name in args.names if name not in PROGRAMS]:
-        parser.error(f"unknown programs: {', '.join(unknown)}")
-    DEV = args.device
-    sys.exit(main(args.out, args.names))
+    run_set(__doc__, {globals()[name]: causes for name, causes in PROGRAMS.items()}, WITH_STACK)

@@ -239,3 +239,34 @@ def test_an_arrow_between_slices_that_begin_together_is_drawn_only_when_its_star
     assert [note.reason for note in result.notes] == ([f"1 events: {reason}"] if end_thread_first else [])
     # the trace processor, where there is one, joins exactly the arrows the file holds (merge --verify)
     assert verify_outputs(result, engine=True) == []
+
+
+@pytest.mark.parametrize("folder", ["kineto/resnet50_2021", "hta/ns_resolution", "hta/cpu_only"])
+def test_epoch_microsecond_traces_are_planned_on_columns_with_the_same_bytes(tmp_path, monkeypatch, folder):
+    """Epoch-microsecond timestamps as JSON integers (2021's Kineto) or floats with sub-microsecond digits take the
+    columnar planner too (they fell back to the per-event one): an int's nanoseconds are figured exactly, a float's
+    as Python's float64 product, so both planners write the same bytes."""
+    source = Path(__file__).parent / "fixtures" / "public" / folder
+    refused = []
+    plan_columns = merge_run.plan_window_columns
+
+    def watched(*args):
+        try:
+            return plan_columns(*args)
+        except merge_run.ColumnsRefused as error:
+            refused.append(str(error))
+            raise
+
+    monkeypatch.setattr(merge_run, "plan_window_columns", watched)
+    columnar = _merged_bytes(source, tmp_path / "columnar.perfetto-trace", monkeypatch, per_event=False)
+    assert refused == []
+    per_event = _merged_bytes(source, tmp_path / "per-event.perfetto-trace", monkeypatch, per_event=True)
+    assert columnar == per_event
+
+
+def test_nanoseconds_of_epoch_ints_are_exact_and_of_floats_python_s():
+    from fleetscope.analysis.merge.window_decode import nanoseconds
+
+    values = [1623142623531625, 1712195495502094.565, 12.5, -3, 0.0005]
+    assert nanoseconds(values, 7).tolist() == [7 + round(v * 1000) for v in values]
+    assert nanoseconds([float("nan")], 0) is None and nanoseconds([1e300], 0) is None

@@ -27,7 +27,8 @@ from fleetscope.analysis.per_rank.names import (
 from fleetscope.traces.validate import MAX_TIME_US
 
 EXACT_TIME_US = float(2**53) / 1000
-"""Below this, a timestamp's nanoseconds are the same whether figured from an int or its float64."""
+"""Below this, a timestamp's nanoseconds are the same whether figured from an int or its float64; at or above it an
+int timestamp is converted exactly (nanoseconds)."""
 _UNSET = msgspec.UNSET
 
 
@@ -188,17 +189,24 @@ def as_event_dict(event: Any) -> dict[str, Any]:
 
 
 def nanoseconds(values_us: list, shift_ns: int) -> np.ndarray | None:
-    """`shift_ns + round(value * 1000)` of each value as int64 (Python's rounding: half to even), the values
-    in range (|value| < MAX_TIME_US); None when one is out of range, or too large for float64 to give the
-    exact result an int would."""
+    """`shift_ns + round(value * 1000)` of each value as int64, exactly as plan.py figures it in Python (an int
+    value times 1000 exactly; a float one as float64's product, rounded half to even); None when a value is not
+    finite or the result does not fit int64 (the caller then leaves the window to plan.py)."""
     floats = np.fromiter(values_us, dtype=np.float64, count=len(values_us))
     if not len(floats):
         return np.zeros(0, dtype=np.int64)
-    if not np.abs(floats).max() < EXACT_TIME_US:
-        return None
+    magnitude = np.abs(floats)
+    if not magnitude.max() < MAX_TIME_US / 2 or not (-(2**61) < shift_ns < 2**61):
+        return None  # NaN, infinities, or a sum that could pass int64
     scaled = np.rint(floats * 1000.0).astype(np.int64)
-    if not (-(2**62) < shift_ns < 2**62):
-        return None
+    large = np.flatnonzero(magnitude >= EXACT_TIME_US)
+    if large.size:
+        # epoch microseconds as JSON integers (2021-era traces, some exporters): their float64 has lost the
+        # nanoseconds an int keeps; floats are exact as they are (Python multiplies the same float64)
+        exact = [(index, value * 1000) for index in large.tolist() if type(value := values_us[index]) is int]
+        if exact:
+            positions, values = zip(*exact)
+            scaled[list(positions)] = np.array(values, dtype=np.int64)
     return scaled + np.int64(shift_ns)
 
 

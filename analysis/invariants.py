@@ -9,7 +9,9 @@ test). Each rule returns human-readable violations ("windows[0].causes.findings[
   shares                  percentages within [0, 100]; busy + idle = 100 per rank and window; critical-path
                           segment shares sum to 1 per step, and a window's by-rank shares to 1; the ranks'
                           shares of the waiting sum to 1;
-  what-if                 0 <= caused wait <= step - floor, projected = step - caused wait >= floor;
+  what-if                 0 <= caused wait <= step - floor; floor <= projected <= step (a what-if is never below
+                          the step's own compute nor above the step), and projected = step - caused wait on the
+                          arithmetic basis (quantities.py "what-if");
   waiting                 a rank's waiting per step is the union of its waits that the instance details place
                           (quantities.py "waiting": concurrent collectives count once, never their sum); the
                           waiting a rank caused, and each what-if's, at most the union of its lateness
@@ -41,7 +43,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
-from fleetscope.analysis.quantities import job_straggler, trace_step_times, union_by_step_us
+from fleetscope.analysis.quantities import (WHAT_IF_ARITHMETIC, WHAT_IF_REPLAYED, job_straggler, trace_step_times,
+                                           union_by_step_us)
 from fleetscope.analysis.report.model import Report
 
 LOG_ENV = "FLEETSCOPE_INVARIANTS_LOG"
@@ -156,11 +159,18 @@ def _what_ifs(report: Report) -> list[str]:
                 if step.caused_wait_ms < -TOLERANCE_MS or step.caused_wait_ms > step.step_time_ms - step.floor_ms + TOLERANCE_MS:
                     problems.append(f"{where}: caused wait {step.caused_wait_ms:.3f} ms outside [0, step "
                                     f"{step.step_time_ms:.3f} - floor {step.floor_ms:.3f}] ms")
-                if abs(step.projected_step_ms - (step.step_time_ms - step.caused_wait_ms)) > 1e-3:
+                arithmetic = step.basis == WHAT_IF_ARITHMETIC
+                if arithmetic and abs(step.projected_step_ms - (step.step_time_ms - step.caused_wait_ms)) > 1e-3:
                     problems.append(f"{where}: projected {step.projected_step_ms:.3f} ms != step - caused wait")
                 if step.projected_step_ms < step.floor_ms - TOLERANCE_MS:
                     problems.append(f"{where}: projected {step.projected_step_ms:.3f} ms below its floor "
                                     f"{step.floor_ms:.3f} ms")
+                if step.projected_step_ms > step.step_time_ms + TOLERANCE_MS:
+                    problems.append(f"{where}: projected {step.projected_step_ms:.3f} ms above the step "
+                                    f"{step.step_time_ms:.3f} ms")
+                if step.basis not in (WHAT_IF_ARITHMETIC, WHAT_IF_REPLAYED):
+                    problems.append(f"{where}: basis {step.basis!r} is none of {WHAT_IF_REPLAYED!r}, "
+                                    f"{WHAT_IF_ARITHMETIC!r}")
     return problems
 
 

@@ -29,7 +29,15 @@ stands out               a rank's lateness, when its mean signed lateness vs pee
                          spread and (3+ ranks) the other ranks'; only then is it named a straggler, with a
                          confidence bounded by its steps and ranks (low below 4 steps, high from 8 steps of 3+
                          ranks). stragglers.py `significance`, `straggler_confidence`.
-what-if                  the step's time less the waiting a rank caused in it: never below the compute floor.
+what-if                  of a late rank in a step: the step's time less what replaying it through its dependency
+                         model (analysis/whatif: each rank's compute between the step's collectives, each
+                         collective's transfer from its last arrival) saves with that rank's compute at its peers'
+                         lower median, everything else as recorded (WHAT_IF_REPLAYED). The saving, not the
+                         replayed time itself: what the model does not hold (a collective that ends past its
+                         step's range, launch gaps) stays as measured. Where the model cannot hold the step (ranks
+                         issued different collectives, pipeline sends/receives), the step's time less the waiting
+                         the rank caused in it (WHAT_IF_ARITHMETIC), said so with the reason. Either kept within
+                         [compute floor, step]. `replayed_what_if_ms`, `bounded_what_if_ms`, `what_if_text`.
 gain                     ms per step a change could save, never more than the step it is taken from less that
                          step's floor; its percentage is of a denominator printed beside it (`Gain`).
 percentage metrics       (`*_pct`): compared in percentage points, never as a relative change (`is_share`).
@@ -187,6 +195,31 @@ def clamp_caused_wait_ms(caused_ms: float, step_ms: float, floor_ms: float | Non
     """The waiting a rank caused in a step, clamped to [0, step - floor] (module docstring)."""
     floor = min(max(floor_ms or 0.0, 0.0), step_ms)
     return float(min(max(caused_ms, 0.0), max(step_ms - floor, 0.0)))
+
+
+WHAT_IF_REPLAYED = "replayed"
+WHAT_IF_ARITHMETIC = "arithmetic"
+"""The basis of a what-if (module docstring): the replayed step, or the step less the waiting caused."""
+
+
+def replayed_what_if_ms(step_ms: float, saving_ms: float) -> float:
+    """The step less the replay's saving (module docstring)."""
+    return step_ms - saving_ms
+
+
+def bounded_what_if_ms(what_if_ms: float, step_ms: float, floor_ms: float | None) -> float:
+    """A what-if within [compute floor, step] (module docstring): no change makes a step longer than it was, and
+    the others' own work stays."""
+    floor = min(max(floor_ms or 0.0, 0.0), step_ms)
+    return float(min(max(what_if_ms, floor), step_ms))
+
+
+def what_if_text(rank: int, basis: str, note: str = "") -> str:
+    """What a what-if is, printed beside its figure."""
+    if basis == WHAT_IF_REPLAYED:
+        return f"replayed without rank {rank}'s extra compute (its compute at its peers' lower median)"
+    reason = f"; not replayed: {note}" if note else ""
+    return f"were rank {rank} on time (the step less the waiting it caused{reason})"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
-from fleetscope.analysis import Report, analyze, load_report_json, render_html, render_terminal
+from fleetscope.analysis import SCHEMA_VERSION, Report, analyze, load_report_json, render_html, render_terminal
 from fleetscope.traces.gather import gather
 from fleetscope.traces.layout import RunLayout
 from test_analysis_helpers import KinetoBuilder, gpu_rank
@@ -132,11 +132,12 @@ def test_report_json_round_trips_and_is_strict_json(tmp_path):
     out = tmp_path / "out" / "report.json"
     report = analyze(tmp_path, json_out=out, use_hta=False)
     data = json.loads(out.read_text())
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == SCHEMA_VERSION == 2
     assert data["windows"][0]["ranks"][1]["utilization"]["overlap_pct"] == pytest.approx(50.0)  # 500-700 of 500-900
     assert Report.from_json(data).to_json() == report.to_json()
     with pytest.raises(ValueError, match="schema_version"):
         Report.from_json({**data, "schema_version": 99})
+    assert Report.from_json({**data, "schema_version": 1}).schema_version == 1    # read: its what-ifs arithmetic
 
 
 def test_html_is_self_contained_and_its_svg_parses(tmp_path):

@@ -1,6 +1,7 @@
 """Waits of collectives in flight together count once (analysis/quantities.py "waiting"): two DDP-like gradient
-buckets that both wait for one late rank are one wait, in the stragglers' figures, the what-if, the straggler's
-gain and the invariants that check them."""
+buckets that both wait for one late rank are one wait, in the stragglers' figures, the straggler's caused waiting
+and the invariants that check them; the what-if and the straggler's gain come from replaying the step
+(analysis/whatif: the step less what the replay saves without the late rank's extra compute)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ UNION_US = BUCKETS[1][0] + LATE_US - BUCKETS[0][0]
 """Rank 0 waits [3000, 7000) and [3500, 7500): 4500 us in all, not the 8000 us of the sum."""
 ON_TIME_RANK_END_US = 9_800.0
 """Rank 0's step ends here; rank 1's at STEP_US (the slowest rank's is the step's time)."""
+REPLAYED_US = BUCKETS[1][0] + (BUCKETS[1][1] - BUCKETS[1][0] - LATE_US) + (ON_TIME_RANK_END_US - BUCKETS[1][1])
+"""The what-if: rank 0's own timeline (its second bucket issued at 3.5 ms, transferred in 1.0 ms from the last
+arrival, then its 1.3 ms tail): 5.8 ms. The replay chains the buckets (10.5 ms as recorded, 6.3 ms with rank 1's
+compute at rank 0's): it saves 4.2 ms of the 10 ms step. The arithmetic's 10 - 4.5 = 5.5 ms went below rank 0's
+own work: the union of the two lateness stretches still counts the second bucket's 0.5 ms stagger, the one 4 ms
+delay seen again."""
 
 
 def _rank(rank: int) -> KinetoBuilder:
@@ -69,15 +76,17 @@ def test_two_buckets_waiting_for_one_late_rank_are_one_wait(trace_dir):
     for step in finding.what_if:
         assert step.step_time_ms == STEP_US / 1000
         assert step.caused_wait_ms == pytest.approx(UNION_US / 1000, abs=1e-9)
-        assert step.projected_step_ms == pytest.approx((STEP_US - UNION_US) / 1000, abs=1e-9)    # 5.5, not 2.0
+        assert step.basis == "replayed" and not step.not_replayed
+        assert step.projected_step_ms == pytest.approx(REPLAYED_US / 1000, abs=1e-9)   # 5.8: not 2.0 (sum), 5.5 (union)
         # the floor: rank 0's own work, its step less its waiting (9.8 - 4.5 ms)
         assert step.floor_ms == pytest.approx((ON_TIME_RANK_END_US - UNION_US) / 1000, abs=1e-9)
 
 
-def test_the_straggler_gain_is_the_union_and_stops_at_the_step_metrics_floor(trace_dir):
+def test_the_straggler_gain_is_the_replayed_saving_and_stops_at_the_step_metrics_floor(trace_dir):
     advice = advise(trace_dir)
     (finding,) = [f for f in advice.findings if f.rule == "straggler"]
-    assert finding.expected_gain_ms == pytest.approx(UNION_US / 1000, abs=1e-9)     # 4.5 ms/step, not 8.0
+    # 4.2 ms/step: the step less its replayed what-if (the union's 4.5 and the sum's 8.0 counted the stagger)
+    assert finding.expected_gain_ms == pytest.approx((STEP_US - REPLAYED_US) / 1000, abs=1e-9)
     assert finding.gain_of_ms == pytest.approx(STEP_US / 1000, abs=1e-9)
     # steady steps of 8 ms with 2 ms of exposed gradient communication: no step goes below 6 ms
     report = analyze(trace_dir, use_hta=False, write_default_outputs=False)

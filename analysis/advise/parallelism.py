@@ -36,7 +36,8 @@ _STRAGGLER_CHANGES = {
 def straggler(e: Evidence) -> Finding | None:
     """The rank the verdict names the straggler (analysis/quantities.py job_straggler: most waiting caused over
     all windows, consistently) when it causes >= STRAGGLER_SHARE of the waiting for a cause with a remedy. Its cause: its cause finding
-    in the window where it causes the largest share. Gain: the mean what-if saving over its steps in every
+    in the window where it causes the largest share. Gain: the mean what-if saving (the step less its what-if:
+    replayed, or arithmetic where the model cannot hold the step; quantities.py "what-if") over its steps in every
     window (causes.py, clamped to the step's compute floor, and to the step metrics' floor where the run has
     them: analysis/quantities.py "compute floor"), as a share of those steps' mean time. A host-side
     delay that is its DataLoader (INPUT_WAIT_SHARE of its lateness) gets data workers as the change; data
@@ -50,7 +51,8 @@ def straggler(e: Evidence) -> Finding | None:
         return None
     what_if = [(w, step) for f, w in own for step in f.what_if]
     floor = _metrics_floor_ms(e)
-    saved = [clamp_caused_wait_ms(step.caused_wait_ms, step.step_time_ms, max(step.floor_ms, floor)) for _, step in what_if]
+    saved = [clamp_caused_wait_ms(step.step_time_ms - step.projected_step_ms, step.step_time_ms,
+                                  max(step.floor_ms, floor)) for _, step in what_if]
     of_ms = float(np.mean([step.step_time_ms for _, step in what_if])) if what_if else None
     bounded = bounded_gain(float(np.mean(saved)) if saved else None, of_ms, _what_if_basis(what_if))
     windows = sorted({w for _, w in own}, key=lambda w: -1 if w is None else w)

@@ -39,8 +39,10 @@ ends when the last bucket is reduced, so phase times look alike (`phase_vs_peers
 arrival order at the bucket collectives still names the rank; `phase` is where its late instances were
 issued (collectives.py).
 
-What-if per step: projected_step_ms = the step's time (slowest rank's) minus the waiting it caused in that
-step, i.e. the step if this rank had arrived with the others and nothing else changed. The waiting caused at
+What-if per step, arithmetic (analysis/quantities.py "what-if"): projected_step_ms = the step's time (slowest
+rank's) minus the waiting it caused in that step, i.e. the step if this rank had arrived with the others and
+nothing else changed. The report replaces it with the step replayed (analysis/whatif/report_what_if.py) wherever
+the dependency model holds the step; caused_wait_ms stays the waiting measured. The waiting caused at
 an instance is its lateness minus what it inherited: where it was also last at its previous collective, the
 part of carried_us up to the lateness was already counted there (gloo spans end at different instants on
 different ranks, so one delay would otherwise count at every following collective). Per step those stretches
@@ -73,7 +75,7 @@ from fleetscope.analysis.cross_rank.stragglers import (
 )
 from fleetscope.analysis.per_rank.names import short_kernel_name
 from fleetscope.analysis.per_rank.rank import RankResult
-from fleetscope.analysis.quantities import clamp_caused_wait_ms
+from fleetscope.analysis.quantities import WHAT_IF_ARITHMETIC, WHAT_IF_REPLAYED, clamp_caused_wait_ms, what_if_text
 
 CAUSE_WORK = "work imbalance"
 CAUSE_SLOW_DEVICE = "slow device"
@@ -106,10 +108,15 @@ class StepWhatIf:
     """The union of this rank's lateness stretches at the step's instances where it was last (less what it
     inherited), clamped to [0, step_time_ms - floor_ms] (analysis/quantities.py: clamp_caused_wait_ms)."""
     projected_step_ms: float
-    """step_time_ms - caused_wait_ms (module docstring): never below floor_ms."""
+    """The step's what-if on `basis` (analysis/quantities.py "what-if"): replayed, or step_time_ms -
+    caused_wait_ms; within [floor_ms, step_time_ms]."""
     floor_ms: float = 0.0
     """The step's compute floor (analysis/quantities.py): the larger of what its other ranks computed between its
     collectives and their step time less their waiting; 0 when not known."""
+    basis: str = WHAT_IF_ARITHMETIC
+    """quantities.WHAT_IF_REPLAYED or WHAT_IF_ARITHMETIC (reports before schema 2: arithmetic)."""
+    not_replayed: str = ""
+    """On the arithmetic basis in a report that replays: why the model could not hold the step."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -594,8 +601,17 @@ def explain(f: StragglerCause) -> str:
                      f"({f.phase_vs_peers_pct:+.1f}%: the all-reduces equalize it, phase times cannot tell)"
                      if abs(f.phase_vs_peers_pct) < EQUALIZED_PCT else
                      f"; its backward time is {f.phase_vs_peers_pct:+.1f}% vs the peers'")
-    if f.what_if:
-        before = float(np.mean([w.step_time_ms for w in f.what_if]))
-        after = float(np.mean([w.projected_step_ms for w in f.what_if]))
-        sentence += f"; were it on time, those steps would take {after:.2f} ms instead of {before:.2f} ms (mean)"
+    for basis in (WHAT_IF_REPLAYED, WHAT_IF_ARITHMETIC):
+        steps = [w for w in f.what_if if w.basis == basis]
+        if steps:
+            before = float(np.mean([w.step_time_ms for w in steps]))
+            after = float(np.mean([w.projected_step_ms for w in steps]))
+            notes = sorted({w.not_replayed for w in steps if w.not_replayed})
+            note = notes[0] + (f" (and {len(notes) - 1} other reasons)" if len(notes) > 1 else "") if notes else ""
+            sentence += (f"; {what_if_text(f.rank, basis, note)}, {_count_steps(len(steps))} would take "
+                         f"{after:.2f} ms instead of {before:.2f} ms (mean)")
     return sentence
+
+
+def _count_steps(count: int) -> str:
+    return "the step it was late in" if count == 1 else f"the {count} steps it was late in"

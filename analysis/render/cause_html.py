@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from fleetscope.analysis.cross_rank.critical_path import SEGMENT_KINDS_TEXT, CriticalPaths, PathSegment, StepPath
+from fleetscope.analysis.quantities import what_if_text
 from fleetscope.analysis.render.html_table import table as _table
 from fleetscope.analysis.report.model import Report
 
@@ -12,6 +13,15 @@ TOP_SEGMENTS = 3
 """Segments shown per step (the longest); the whole chain is one click away, in a <details>."""
 TOP_SHARES = 8
 """(rank, kind) rows of the time-on-path table shown before the rest."""
+
+
+def _what_if_steps(finding) -> str:
+    """Each step's what-if, grouped under its basis (quantities.what_if_text)."""
+    groups: dict[str, list[str]] = {}
+    for w in finding.what_if:
+        label = what_if_text(finding.rank, w.basis, w.not_replayed)
+        groups.setdefault(label, []).append(f"step {w.step}: {w.step_time_ms:.2f} -> {w.projected_step_ms:.2f} ms")
+    return "; ".join(f"{label}: {', '.join(steps)}" for label, steps in groups.items())
 
 
 def _ms(value_us: float | None) -> str:
@@ -28,8 +38,7 @@ def cause_section(report: Report) -> str:
             rows.append([label, str(f.rank), f.cause, f"{100 * f.wait_share:.0f}", str(f.late_instances),
                          _ms(f.mean_lateness_us), _ms(f.mean_extra_compute_us), _ms(f.mean_extra_idle_us),
                          _ms(f.mean_carried_us), ratio, f.phase or "-"])
-            what_if = "; ".join(f"step {w.step}: {w.step_time_ms:.2f} -> {w.projected_step_ms:.2f} ms"
-                                for w in f.what_if)
+            what_if = _what_if_steps(f)
             notes.append(f"window {label}, rank {f.rank}: {f.explanation}" + (f" ({what_if})" if what_if else ""))
     if not rows:
         return ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fleetscope.analysis.cross_rank.critical_path import SEGMENT_KINDS_TEXT
+from fleetscope.analysis.quantities import what_if_text
 from fleetscope.analysis.report.model import Report
 
 
@@ -14,7 +15,8 @@ def cause_lines(report: Report) -> str:
         for finding in window.causes.findings:
             lines.append(f"window {label}: {finding.cause}: {finding.explanation}")
             lines += [f"  step {w.step}: {w.step_time_ms:.2f} ms, {w.caused_wait_ms:.2f} ms of it waiting for "
-                      f"rank {finding.rank} -> {w.projected_step_ms:.2f} ms were it on time" for w in finding.what_if]
+                      f"rank {finding.rank} -> {w.projected_step_ms:.2f} ms "
+                      f"{what_if_text(finding.rank, w.basis, w.not_replayed)}" for w in finding.what_if]
     return "Causes\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
 
 PATH_STEPS_SHOWN = 4

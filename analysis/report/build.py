@@ -44,6 +44,7 @@ from fleetscope.analysis.quantities import (
     trace_basis,
     trace_step_times,
 )
+from fleetscope.analysis.whatif.report_what_if import with_replayed_what_ifs
 from fleetscope.analysis.report.model import (
     MissingTrace,
     Problem,
@@ -214,7 +215,9 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
         bandwidth=collective_bandwidth(results, aligned, link_peak_gbps, list(moe_records)),
         pipeline=analyze_pipeline(results),
         notes=_window_notes(results),
-        causes=find_causes(results, aligned, stragglers, clock, routing=uneven_routing_hints(list(moe_records))),
+        causes=with_replayed_what_ifs(
+            find_causes(results, aligned, stragglers, clock, routing=uneven_routing_hints(list(moe_records))),
+            window, results),
         critical_path=paths,
         collective_matching=matching,
     )

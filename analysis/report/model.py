@@ -1,8 +1,10 @@
 """The analysis report: typed dataclasses, and their JSON form (`schema_version` below).
 
-JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`, `_pct`).
+JSON schema (version 2; version 1 is read too: its what-ifs are all on the arithmetic basis, which is what a
+what-if without `basis` reads as). Times carry their unit in the field name (`_us`, `_ms`, `_pct`).
 
-    schema_version        int, bumped on any incompatible change
+    schema_version        int, bumped on any incompatible change (2: a straggler's what_if[].projected_step_ms comes
+                          from replaying the step, where the dependency model holds it)
     created_at            ISO 8601 UTC
     source_path           the analyzed path; source_kind: "run_dir" | "trace_dir" | "trace_file"
     world_size            int | null: from job.json / distributedInfo
@@ -137,8 +139,14 @@ JSON schema (version 1). Times carry their unit in the field name (`_us`, `_ms`,
                           T ms)": the largest of them), expected_slowdown_us, concentrated_kernels[] ("name
                           (Rx, +T ms)": where the same kernels' slow-down sits in a few of them, causes.py),
                           clock_uncertainty_us, phase, phase_vs_peers_pct, data_loader_excess_ms, what_if[] {step, step_time_ms,
-                          caused_wait_ms (clamped to the step less floor_ms), projected_step_ms, floor_ms (what
-                          its peers computed between the step's collectives: no what-if goes below it)}, routing ("uneven routing: expert E (layer L) on
+                          caused_wait_ms (the waiting it caused, measured: clamped to the step less floor_ms),
+                          projected_step_ms (quantities.py "what-if": on basis "replayed", the step less what
+                          replaying it through its dependency model saves with this rank's compute at its peers'
+                          lower median; on
+                          "arithmetic", step_time_ms - caused_wait_ms; within [floor_ms, step_time_ms]), floor_ms
+                          (what its peers computed between the step's collectives: no what-if goes below it),
+                          basis ("replayed" | "arithmetic"), not_replayed (why an arithmetic step was not
+                          replayed: pipeline sends/receives, ranks that issued different collectives)}, routing ("uneven routing: expert E (layer L) on
                           rank R" where the MoE section names a hot expert the rank holds; "" otherwise),
                           explanation, significance (as in stragglers), has_gpu, host_peers[] (the window's
                           other ranks on its host)}}: why each rank causing >= 20% of the waiting whose
@@ -310,7 +318,9 @@ from fleetscope.analysis.cross_rank.outcome import JobOutcome
 from fleetscope.analysis.per_rank.steps import StepStats, StepTiming
 from fleetscope.analysis.per_rank.utilization import Utilization
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)
+"""Versions from_json reads: version 1 differs only in its what-ifs' basis (all arithmetic)."""
 
 
 
@@ -449,7 +459,7 @@ class Report:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Report":
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_SCHEMA_VERSIONS:
             raise ValueError(f"report schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
         return _build(cls, data)
 

@@ -30,7 +30,9 @@ test). Each rule returns human-readable violations ("windows[0].causes.findings[
                           denominator, the combined gain at most the step, overlaps named both ways, the
                           straggler finding's rank the verdict's, its confidence no higher than its significance
                           allows, and no node remedy (--exclude, nvidia-smi) for a CPU rank, nor --exclude for a
-                          rank whose host runs other ranks.
+                          rank whose host runs other ranks; no advice to rebalance the router unless the MoE
+                          section names a hot expert;
+  whole run               every change point printed moved its rank's level by MIN_CHANGE_LEVEL or more.
 """
 
 from __future__ import annotations
@@ -65,7 +67,20 @@ def check_report(report: Report) -> list[str]:
     problems += _utilization_sums(report) + _path_shares(report) + _what_ifs(report)
     problems += _step_time(report) + _verdict_rank(report) + _idle_by_cause(report) + _wait_unions(report)
     problems += _verdicts_name_one_rank(report) + _named_stands_out(report) + _outcome_first(report)
+    problems += _sized_changes(report)
     return problems
+
+
+def _sized_changes(report: Report) -> list[str]:
+    """A whole-run change point the report prints moved its rank's level by MIN_CHANGE_LEVEL or more ("rank 0 at
+    step 302: 1.00 -> 1.00" is no change)."""
+    from fleetscope.analysis.cross_rank.whole_run import MIN_CHANGE_LEVEL
+
+    whole = report.whole_run
+    changes = getattr(whole, "changes", None) or []
+    return [f"whole_run.changes[{index}]: rank {c.rank} at step {c.step} moved {c.level_before:.3f} -> "
+            f"{c.level_after:.3f}, less than {MIN_CHANGE_LEVEL}: no change"
+            for index, c in enumerate(changes) if abs(c.level_after - c.level_before) < MIN_CHANGE_LEVEL - 1e-12]
 
 
 def _outcome_first(report: Report) -> list[str]:
@@ -354,6 +369,7 @@ def check_advice(advice: Any, report: Report | None) -> list[str]:
     combined, of_ms = getattr(advice, "combined_gain_ms", None), getattr(advice, "combined_gain_of_ms", None)
     if combined is not None and (of_ms is None or combined > of_ms + TOLERANCE_MS or combined < 0):
         problems.append(f"combined gain {combined:.3f} ms outside [0, the step {of_ms}]")
+    problems += _advice_within_moe(advice, report)
     top = job_straggler(report.windows) if report is not None else None
     for f in advice.findings:
         if report is not None and f.rule == "straggler" and (top is None or f.ranks != [top.rank]):
@@ -395,6 +411,21 @@ def _straggler_confidence(finding: Any, report: Report) -> list[str]:
         return [f"straggler finding: confidence {finding.confidence} beyond what its significance allows "
                 f"({best or 'none: it does not stand out'})"]
     return []
+
+
+MOE_BALANCE_WORDS = ("load-balancing loss", "router bias", "router_aux_loss_coef", "router_bias_update_rate")
+"""What a change says when it asks to rebalance the router."""
+
+
+def _advice_within_moe(advice: Any, report: Report | None) -> list[str]:
+    """Advice to rebalance the router only where the MoE section names a hot expert: the demo's first advice said
+    "raise the router's load-balancing loss" beside "no expert received >= 1.5x the mean tokens"."""
+    if report is None:
+        return []
+    hot = bool(getattr(report.moe, "findings", None))
+    return [f"finding {index} ({f.rule}): asks to rebalance the router, but the MoE section names no hot expert"
+            for index, f in enumerate(advice.findings, 1)
+            if not hot and (f.rule == "moe_load_balance" or any(word in str(f.change) for word in MOE_BALANCE_WORDS))]
 
 
 def audit(kind: str, path: str | Path, problems: list[str]) -> None:

@@ -16,7 +16,7 @@ from fleetscope.analysis.render.cause_terminal import cause_lines, critical_path
 from fleetscope.analysis.render.pipeline_section import pipeline_text
 from fleetscope.analysis.render.moe_text import moe_section
 from fleetscope.analysis.render.whole_run_text import whole_run_text
-from fleetscope.analysis.quantities import profiled_excess_pct
+from fleetscope.analysis.quantities import profiled_excess_pct, step_ranges
 from fleetscope.analysis.report.model import Report, WindowReport
 
 MAX_RANK_ROWS = 32
@@ -216,8 +216,23 @@ def _oracle_line(oracle: dict[str, dict]) -> str:
 
 def _problems(report: Report) -> str:
     lines = [f"{p.label}: {p.reason}" for p in report.problems]
-    lines += [f"rank {m.rank} window {_w(m.window)}: no trace" for m in report.missing]
+    lines += _missing_lines(report)
     return _listed("Problems (the analysis is partial)", lines)
+
+
+def _missing_lines(report: Report) -> list[str]:
+    """Missing rank traces as one line per window, the ranks as ranges; those beyond the listed ones counted."""
+    by_window: dict = {}
+    for m in report.missing:
+        by_window.setdefault(m.window, []).append(m.rank)
+    lines = []
+    for window, ranks in by_window.items():
+        where = "" if window is None else f" in window {window}"
+        lines.append(f"no trace{where} for {len(ranks)} rank(s): {step_ranges(ranks)}")
+    unlisted = report.missing_total - len(report.missing)
+    if unlisted > 0:
+        lines.append(f"and {unlisted} more rank trace(s) missing, not listed ({report.missing_total} in all)")
+    return lines
 
 
 def _listed(title: str, lines: list[str]) -> str:

@@ -14,13 +14,15 @@ from ..launcher.progress import RECENT_STEPS, RunProgress
 from ..launcher.scheduler import RunStatus, Submission
 from ..launcher.schedulers.local import RecordedRunStatus, duration_text
 from ..launcher.schedulers.slurm import SlurmJobStatus, SlurmRunStatus
+from ..traces.exit_status import EXIT_HUNG, EXIT_PREEMPTED
 from ..traces.fanout import FanoutState
+from ..traces.jobfile import read_job_record
 from .terminal_text import escape_controls
 from ..traces.layout import RunLayout, fanout_task_log
 
 
 def print_failed_job(layout: RunLayout, submission: Submission, *, post_ran: bool) -> None:
-    print(f"\nfleetscope: the job FAILED ({submission.detail})", file=sys.stderr)
+    print(f"\nfleetscope: {_ending(layout, submission)} ({submission.detail})", file=sys.stderr)
     for order, failure in enumerate(submission.failures):
         first = " [failed first]" if order == 0 and len(submission.failures) > 1 else ""
         print(f"  rank {failure.rank}{first}: {failure_text(failure)}", file=sys.stderr)
@@ -32,6 +34,22 @@ def print_failed_job(layout: RunLayout, submission: Submission, *, post_ran: boo
         print("  traces written before the failure are kept and were gathered.", file=sys.stderr)
     elif not recorded_anything(layout):
         print("  no step finished and no trace was written: nothing to gather, analyze or merge.", file=sys.stderr)
+
+
+def _ending(layout: RunLayout, submission: Submission) -> str:
+    """How the job ended, in the words its report and `status` use: cancelled on request, stopped by the hang
+    watchdog, else failed."""
+    try:
+        recorded = read_job_record(layout).get("status")
+    except ValueError:
+        recorded = None
+    if recorded == "cancelled":
+        return "the job was CANCELLED"
+    if submission.failures and all(f.exitcode == EXIT_PREEMPTED for f in submission.failures):
+        return "the job STOPPED on request (its ranks saved a checkpoint: exit code 75)"
+    if any(f.exitcode == EXIT_HUNG for f in submission.failures):
+        return "the job HUNG (the hang watchdog stopped it)"
+    return "the job FAILED"
 
 
 def print_outputs(outputs: dict[str, Path]) -> None:

@@ -209,3 +209,25 @@ def test_launches_without_recorded_kernels_are_said_to_be_lost_not_a_cpu_job(tmp
     whole.step(1, 0, 1000.0).kernel("gemm", 20, 50.0, launch_ts=10)
     whole.write(tmp_path / "c" / "rank0.json.gz")
     assert analyze_trace(TraceSource(path=tmp_path / "c" / "rank0.json.gz", label="c", window=None)).remarks == []
+
+
+@pytest.mark.parametrize("recorded, codes, words", [
+    ("failed", [1, 1], "the job FAILED"),
+    ("cancelled", [75, 75], "the job was CANCELLED"),
+    ("failed", [86, 86], "the job HUNG (the hang watchdog stopped it)"),
+    ("failed", [75, 75], "the job STOPPED on request"),
+])
+def test_the_launch_names_how_the_job_ended_as_its_report_does(tmp_path, capsys, recorded, codes, words):
+    """A cancelled or hung job's launch summary said "the job FAILED" under a report that said CANCELLED / HUNG."""
+    from fleetscope.cli.render import print_failed_job
+    from fleetscope.launcher.failures import RankFailure
+    from fleetscope.launcher.scheduler import Submission
+    from fleetscope.traces.layout import RunLayout
+
+    layout = RunLayout.at(tmp_path / "run")
+    layout.root.mkdir()
+    layout.job_file.write_text(json.dumps({"status": recorded, "world_size": 2}))
+    failures = [RankFailure(rank=rank, exitcode=code, message="") for rank, code in enumerate(codes)]
+    submission = Submission(scheduler="local", finished=True, detail="torchrun exit code 1", failures=failures)
+    print_failed_job(layout, submission, post_ran=True)
+    assert f"fleetscope: {words}" in capsys.readouterr().err

@@ -347,7 +347,7 @@ def register_merge(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--args", action="store_true", help="keep each event's args (larger output)")
     parser.add_argument("--json-trace", dest="json_trace", nargs="?", const="", default=None, metavar="PATH",
                         help="also write the merged trace as Chrome JSON (a trace, not a report; default: none; "
-                             "PATH omitted: <run>/report/merged.trace.json.gz)")
+                             "PATH omitted: beside -o as NAME.trace.json.gz, or <run>/report/merged.trace.json.gz)")
     parser.add_argument("--json", dest="json_trace", nargs="?", const="", default=None,
                         help=argparse.SUPPRESS)  # older spelling of --json-trace (--json writes a report elsewhere)
     parser.add_argument("--workers", type=int, default=None,
@@ -422,6 +422,15 @@ def existing_input(text: str) -> str:
     return text
 
 
+def _json_beside(output: str | None, layout: RunLayout) -> Path:
+    """Where --json-trace without a path writes: beside -o's trace when -o is given (never into the run behind the
+    user's back), else the run's report/merged.trace.json.gz."""
+    if output is None:
+        return layout.merged_json
+    out = Path(output)
+    return out.with_name(out.name.removesuffix(".perfetto-trace").removesuffix(".pftrace") + ".trace.json.gz")
+
+
 def handle_merge(args: argparse.Namespace) -> int:
     from ..analysis.merge.run import merge
     from ..analysis.merge.perfetto.sql import find_trace_processor
@@ -434,8 +443,8 @@ def handle_merge(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
     output = guard_output(args.output or layout.merged_trace, analyzed=layout.root)
-    chrome_json = None if args.json_trace is None else guard_output(args.json_trace or layout.merged_json,
-                                                                    analyzed=layout.root)
+    chrome_json = None if args.json_trace is None else guard_output(
+        args.json_trace or _json_beside(args.output, layout), analyzed=layout.root)
     if args.shard_ranks is not None and (args.ranks is not None or chrome_json is not None):
         raise UsageError("--shard-ranks draws every rank: it cannot be combined with --ranks or --json-trace")
     options = dataclasses.replace(merge_selection(args, shard_ranks=args.shard_ranks), steps=args.steps,
@@ -457,6 +466,8 @@ def handle_merge(args: argparse.Namespace) -> int:
         print(f"verified: read back{f', and loaded in {engine}' if engine else ' (no trace processor found)'}")
     if result.ranks:
         print(f"open it at https://ui.perfetto.dev -> 'Open trace file' -> {result.outputs[0]}")
+    if chrome_json is not None and Path(chrome_json).is_file():
+        print(f"the same as Chrome JSON: {chrome_json}")
     if failures or not result.ranks:
         return EXIT_FAILED
     return EXIT_OK if not result.problems else EXIT_PARTIAL

@@ -281,3 +281,20 @@ def test_the_events_a_merge_left_out_are_one_line_per_reason_over_all_ranks():
         "  note: 1,508 events: phase 'B' not merged (4 rank(s): 0-2,7)",
         "  note: whole-run counters: the timeline of rank 3 is truncated",
     ]
+
+
+def test_a_json_trace_without_a_path_goes_beside_o_and_is_named(tmp_path, capsys):
+    """`merge RUN --json-trace -o elsewhere/m.perfetto-trace` wrote the JSON into the run's report/ and never said;
+    it goes beside -o's trace, and the command prints where."""
+    import shutil
+
+    from fleetscope.cli.main import main
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "gpu" / "h200-ddp-gloo-2rank", run)
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    out = tmp_path / "elsewhere" / "m.perfetto-trace"
+    assert main(["merge", str(run), "--json-trace", "-o", str(out)]) in (0, 3)
+    assert (tmp_path / "elsewhere" / "m.trace.json.gz").is_file()
+    assert f"the same as Chrome JSON: {tmp_path / 'elsewhere' / 'm.trace.json.gz'}" in capsys.readouterr().out
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before

@@ -222,6 +222,10 @@ def test_the_slow_rank_is_named_with_its_steps_size_and_lateness(tmp_path):
     assert {c.rank for c in section.changes} == {SLOW_RANK}
     assert [(w.first_step, w.last_step) for w in section.windows] == [(100, 102)]
     assert section.steady_steps == 1000 - 1 - 3 and "steady steps 1-99, 103-999" in section.basis
+    # the change point that starts the episode carries its size in the user's terms, not only the level
+    from fleetscope.analysis.render.whole_run_text import whole_run_text
+    assert f"at step {slow.from_step:,}: " in whole_run_text(section)
+    assert f"(starts its slow episode: {slow.signal} +{slow.excess_ms:.1f} ms" in whole_run_text(section)
     # once the job has ended, `profile` cannot reach it: the window to record is a relaunch's schedule
     from fleetscope.traces.jobfile import write_job_record
     write_job_record(layout, status="succeeded")
@@ -450,7 +454,7 @@ def test_change_points_of_no_size_are_left_out_and_counted():
     assert [c.rank for c in kept] == [1]
     section = WholeRun(status="ok", changes=kept, changes_total=1, changes_below_size=1)
     text = "\n".join(_change_lines(section))
-    assert "rank 1 at step 40: 1.00 -> 1.30" in text and "1 smaller than 1% of the step left out" in text
+    assert "rank 1 at step 40: 1.000 -> 1.300" in text and "1 smaller than 1% of the step left out" in text
     assert "rank 0" not in text
 
 

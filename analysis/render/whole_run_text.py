@@ -46,8 +46,22 @@ def _change_lines(section: WholeRun) -> list[str]:
              "noise-weighted mean of a rank's excesses over its peers' median in step time, input wait and arrival "
              "at the first collective (each signal weighted by 1 / its step-to-step noise on that rank), over the "
              f"median step time; 1.00 = level with its peers){smaller}"]
-    lines += [f"    rank {c.rank} at step {c.step:,}: {c.level_before:.2f} -> {c.level_after:.2f}" for c in shown]
+    lines += [f"    rank {c.rank} at step {c.step:,}: {c.level_before:.3f} -> {c.level_after:.3f}{_episode(section, c)}"
+              for c in shown]
     return lines
+
+
+def _episode(section: WholeRun, change) -> str:
+    """The slow episode a change point starts or ends, with its size in the user's terms: the level is a detection
+    statistic (signals weighted by their noise), so a rank 66% late at its first collective can move it by 0.01."""
+    for slow in section.slow_ranks:
+        if slow.rank != change.rank:
+            continue
+        if slow.from_step == change.step:
+            return f" (starts its slow episode: {slow.signal} +{slow.excess_ms:.1f} ms, +{slow.excess_pct:.0f}% of the step)"
+        if not slow.to_the_end and slow.to_step + 1 == change.step:
+            return f" (ends its slow episode: {slow.signal} +{slow.excess_ms:.1f} ms)"
+    return ""
 
 
 def _ms(value: float | None) -> str:

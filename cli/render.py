@@ -23,8 +23,10 @@ from ..traces.layout import RunLayout, fanout_task_log
 
 def print_failed_job(layout: RunLayout, submission: Submission, *, post_ran: bool) -> None:
     print(f"\nfleetscope: {_ending(layout, submission)} ({submission.detail})", file=sys.stderr)
+    # the hang watchdog stops the hung rank and those waiting for it alike: no exit order names the culprit
+    hung = any(f.exitcode == EXIT_HUNG for f in submission.failures)
     for order, failure in enumerate(submission.failures):
-        first = " [failed first]" if order == 0 and len(submission.failures) > 1 else ""
+        first = " [failed first]" if order == 0 and len(submission.failures) > 1 and not hung else ""
         print(f"  rank {failure.rank}{first}: {failure_text(failure)}", file=sys.stderr)
         if failure.log_path:
             print(f"    log: {failure.log_path}", file=sys.stderr)
@@ -161,6 +163,10 @@ def _failure_lines(failures: list[RankFailure]) -> list[str]:
     if not failures:
         return []
     first, *others = failures
+    if any(f.exitcode == EXIT_HUNG for f in failures):
+        # the hang watchdog stopped them all: which exited first says nothing of which hung (`fleetscope hang`)
+        return [_row("hung", f"the hang watchdog stopped rank(s) {', '.join(str(f.rank) for f in failures)} "
+                             f"({failure_text(first)}); which rank hung: fleetscope hang RUN_DIR")]
     lines = [_row("failed first", f"rank {first.rank}: {failure_text(first)}")]
     if first.log_path:
         lines.append(_row("its log", first.log_path))

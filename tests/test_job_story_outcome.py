@@ -59,6 +59,15 @@ def test_the_state_comes_from_the_record_and_the_hang_watchdogs_exit_status(tmp_
     assert job_outcome(_run(tmp_path, **record), None).state == state
 
 
+def test_a_hang_names_the_ranks_the_watchdog_stopped_never_one_as_first(tmp_path):
+    """The hang watchdog stops the rank that hung and the ranks waiting for it alike; the exit order named the
+    waiting rank 0 "stopped first" while the Flight Recorder said rank 1 never entered the collective."""
+    failures = [{"rank": 0, "exitcode": 86, "message": "exit code 86"}, {"rank": 1, "exitcode": 86, "message": "x"}]
+    outcome = job_outcome(_run(tmp_path, status="failed", returncode=1, failures=failures), None)
+    assert outcome.state == STATE_HUNG
+    assert "stopped first" not in outcome.sentence and "rank(s) 0, 1 stopped (exit code 86" in outcome.sentence
+
+
 def test_no_record_or_a_hostile_one_has_no_outcome(tmp_path):
     assert job_outcome(None, None) is None
     assert job_outcome(_run(tmp_path, status=["failed"], failures="x"), None) is None

@@ -111,8 +111,12 @@ def outcome_sentence(outcome: JobOutcome) -> str:
     then = (f"; then rank(s) {', '.join(map(str, outcome.then_failed))} (their peer was gone)"
             if outcome.then_failed else "")
     if outcome.state == STATE_HUNG:
+        # the hang watchdog stops every rank, the one that hung and those waiting for it, within moments of each
+        # other: which exited first says nothing about which hung (the Flight Recorder says that)
         why = f"{outcome.hang} (Flight Recorder)" if outcome.hang else "no Flight Recorder dump says where"
-        return f"The job HUNG: {why}; {who} stopped first{code}{then}."
+        stopped = sorted({r for r in [outcome.failed_first, *outcome.then_failed] if r is not None})
+        ranks = f"rank(s) {', '.join(map(str, stopped))}" if stopped else "its ranks"
+        return f"The job HUNG: {why}; {ranks} stopped{code}."
     return f"The job FAILED: {who} failed first{code}{error}{then}."
 
 

@@ -133,8 +133,9 @@ def failure_text(failure: RankFailure) -> str:
     return f"{message}{code}{more}"
 
 
-def render_progress(progress: RunProgress | None) -> list[str]:
-    """The run's progress from its step records (launcher/progress.py)."""
+def render_progress(progress: RunProgress | None, *, ended: bool = False) -> list[str]:
+    """The run's progress from its step records (launcher/progress.py); `ended`: the job has ended (no time left
+    to estimate, no window still to come)."""
     if progress is None:
         return [_row("progress", "no step finished yet (no step records)")]
     total = f" (the run's steps: 0-{progress.total_steps - 1})" if progress.total_steps else ""
@@ -145,11 +146,11 @@ def render_progress(progress: RunProgress | None) -> list[str]:
              _row("slowest rank", f"rank {slowest.rank}: at step {slowest.step}, its last step {time}")]
     if progress.pace_ms is not None:
         eta = progress.eta_s
-        left = f"; {duration_text(eta)} left at that pace" if eta is not None and eta > 0 else ""
+        left = f"; {duration_text(eta)} left at that pace" if eta is not None and eta > 0 and not ended else ""
         lines.append(_row("pace", f"{1000.0 / progress.pace_ms:.2f} steps/s ({progress.pace_ms:.2f} ms a step, median "
                                   f"of the last {RECENT_STEPS} unprofiled steps, slowest rank per step){left}"))
     if progress.profiled_steps:
-        lines.append(_row("profiler on", f"in steps {step_ranges(progress.profiled_steps)} so far"))
+        lines.append(_row("profiler on", f"in steps {step_ranges(progress.profiled_steps)}{'' if ended else ' so far'}"))
     shown = ", ".join(f"{r.rank}: {r.step_time_ms:.1f} ms" for r in progress.ranks[:LISTED_TASKS]
                       if r.step_time_ms is not None)
     if shown:

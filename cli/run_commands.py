@@ -12,7 +12,7 @@ from ..traces.layout import RunLayout
 from .exit_codes import EXIT_FAILED, EXIT_OK, exit_code
 from .terminal_text import escape_controls
 from ..launcher.progress import run_progress
-from ..traces.jobfile import read_job_record
+from ..traces.jobfile import FINAL_STATUSES, read_job_record
 from .render import render_fanouts, render_progress, render_status
 
 
@@ -27,7 +27,8 @@ def handle_status(args: argparse.Namespace) -> int:
     status = run_status(args.run_dir)
     print(escape_controls(render_status(status)))
     layout = RunLayout.at(args.run_dir)
-    for line in render_progress(run_progress(layout, recorded_steps(layout))):
+    ended = read_job_record(layout).get("status") in FINAL_STATUSES
+    for line in render_progress(run_progress(layout, recorded_steps(layout)), ended=ended):
         print(line)
     for line in render_fanouts(layout, fanout_states(layout)):
         print(line)

@@ -44,6 +44,11 @@ def test_status_prints_the_progress_and_names_a_records_problem(tmp_path, capsys
     assert "step 20 done on every rank (the run's steps: 0-49)" in out
     assert "20.00 steps/s (50.00 ms a step" in out and "1 s left at that pace" in out
     assert "in steps 5-6 so far" in out and "rank1.jsonl: not read" in out
+    # once the job has ended (here cancelled), no time is left and no window is still to come
+    write_job_record(layout, status="cancelled")
+    assert main(["status", str(layout.root)]) == 0
+    out = capsys.readouterr().out
+    assert "left at that pace" not in out and "in steps 5-6" in out and "so far" not in out
 
 
 def test_a_run_without_records_says_no_step_finished(tmp_path, capsys):

@@ -39,7 +39,9 @@ def installed_versions(venv: Path) -> dict[str, str]:
 def user_venv(tmp_path_factory) -> Path:
     venv = tmp_path_factory.mktemp("user-env") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    pip(venv, "install", "-q", *USER_ENVIRONMENT)
+    # --no-compile: the user's environment is the packages, not their bytecode (compiling torch's and
+    # transformers' thousands of modules was most of this setup on 2 cores)
+    pip(venv, "install", "-q", "--no-compile", *USER_ENVIRONMENT)
     return venv
 
 
@@ -61,7 +63,7 @@ def test_pip_would_change_neither_torch_nor_transformers(user_venv, source, tmp_
 
 def test_installed_it_imports_plans_a_user_script_and_gates_tensor_parallel(user_venv, source, tmp_path):
     before = installed_versions(user_venv)
-    pip(user_venv, "install", "-q", str(source))
+    pip(user_venv, "install", "-q", "--no-compile", str(source))
     after = installed_versions(user_venv)
     assert {name: after[name] for name in KEPT} == {name: before[name] for name in KEPT}
     python = str(user_venv / "bin" / "python")

@@ -471,6 +471,13 @@ def test_the_hang_report_round_trips_through_report_json(tmp_path):
     again = Report.from_json(json.loads(json.dumps(report.to_json())))
     assert again.capture == report.capture and again.capture.hang.late_rank_stacks.keys() == {1}
     assert "Hang (Flight Recorder)" in render_terminal(again) and "never entered" in capture_html(again)
+    # a crashed job's peers leave dumps too: that section is not titled a hang
+    from dataclasses import replace
+
+    from fleetscope.analysis.cross_rank.outcome import STATE_FAILED, JobOutcome
+    crashed = replace(again, outcome=JobOutcome(state=STATE_FAILED, failed_first=1, sentence="The job FAILED"))
+    assert "Hang (Flight Recorder)" not in render_terminal(crashed) + capture_html(crashed)
+    assert "Collectives when the job failed (Flight Recorder)" in capture_html(crashed)
 
 
 def test_profile_wait_notes_a_silent_job_and_gives_up_at_its_timeout(tmp_path):

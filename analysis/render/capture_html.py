@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from fleetscope.analysis.render.capture_text import render_hang
+from fleetscope.analysis.render.capture_text import flight_recorder_title, render_hang
 from fleetscope.analysis.render.html_table import table
 from fleetscope.analysis.report.model import Report
 
@@ -22,6 +22,7 @@ def capture_html(report: Report) -> str:
     if section.problems:
         parts.append("<ul>" + "".join(f"<li>{escape(p)}</li>" for p in section.problems) + "</ul>")
     if section.hang is not None:
-        parts.append(f"<h2>Hang (Flight Recorder)</h2><p>{escape(section.hang.verdict)}</p>"
-                     f"<pre>{escape(render_hang(section.hang))}</pre>")
+        title = flight_recorder_title(report)
+        parts.append(f"<h2>{escape(title)}</h2><p>{escape(section.hang.verdict)}</p>"
+                     f"<pre>{escape(render_hang(section.hang, title=title))}</pre>")
     return "".join(parts)

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from fleetscope.analysis.cross_rank.capture import CaptureSection
 from fleetscope.analysis.cross_rank.hang import HangReport
+from fleetscope.analysis.cross_rank.outcome import STATE_FAILED
 from fleetscope.analysis.report.model import Report
+
+HANG_TITLE = "Hang (Flight Recorder)"
+FAILURE_TITLE = "Collectives when the job failed (Flight Recorder)"
+"""A crashed job also leaves dumps (its peers were waiting when it died): they are no hang, and not titled one."""
+
+
+def flight_recorder_title(report: Report) -> str:
+    failed = report.outcome is not None and report.outcome.state == STATE_FAILED
+    return FAILURE_TITLE if failed else HANG_TITLE
 
 
 def capture_sections(report: Report) -> list[str]:
@@ -12,7 +22,8 @@ def capture_sections(report: Report) -> list[str]:
     section = report.capture
     if section is None:
         return []
-    return [text for text in (_windows(section), render_hang(section.hang) if section.hang else "") if text]
+    hang = render_hang(section.hang, title=flight_recorder_title(report)) if section.hang else ""
+    return [text for text in (_windows(section), hang) if text]
 
 
 def _windows(section: CaptureSection) -> str:
@@ -26,9 +37,9 @@ def _windows(section: CaptureSection) -> str:
     return "\n".join(lines)
 
 
-def render_hang(hang: HangReport) -> str:
+def render_hang(hang: HangReport, title: str = HANG_TITLE) -> str:
     """The hang report as plain text (what `fleetscope hang` prints)."""
-    lines = ["Hang (Flight Recorder)", f"  {hang.verdict}"]
+    lines = [title, f"  {hang.verdict}"]
     for marker in hang.detected_by:
         lines.append(f"  rank {marker['rank']} saw no progress for {marker['seconds']:.0f} s after "
                      f"{marker['step']} steps ({marker['at']})")

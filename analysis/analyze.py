@@ -39,7 +39,7 @@ from fleetscope.analysis.gate import steady_metrics
 from fleetscope.analysis.quantities import (PROFILED_UNREPRESENTATIVE_PCT, metrics_basis, metrics_step_time_ms,
                                            profiled_excess_pct)
 from fleetscope.analysis.report.model import Problem, Report
-from fleetscope.analysis.cross_rank.outcome import JobOutcome, job_outcome
+from fleetscope.analysis.cross_rank.outcome import OUTCOME_PROBLEM_LABEL, JobOutcome, job_outcome
 from fleetscope.traces.layout import RunLayout
 from fleetscope.traces.writer import write_bytes_atomically
 
@@ -152,7 +152,7 @@ def _with_outcome(report: Report, outcome: JobOutcome | None) -> None:
     if outcome is None or outcome.completed:
         return
     report.complete = False
-    report.problems.insert(0, Problem(label="job", reason=outcome.sentence))
+    report.problems.insert(0, Problem(label=OUTCOME_PROBLEM_LABEL, reason=outcome.sentence))
     report.verdict = f"{outcome.sentence} What follows is of the profiled steps before it: {report.verdict}"
 
 

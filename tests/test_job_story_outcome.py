@@ -105,6 +105,11 @@ def test_the_report_of_a_failed_job_leads_with_its_failure(tmp_path):
     assert '<span class="bad">failed</span>' in render_html(report)
     back = json.loads(json.dumps(report.to_json()))
     assert back["outcome"]["state"] == "failed" and back["complete"] is False
+    # advise says the job failed, and never counts the job's outcome as a trace that could not be used
+    from fleetscope.analysis.advise.engine import advise
+    notes = " ".join(advise(layout.root).notes)
+    assert "The job FAILED" in notes and "The advice rests on the profiled steps before it." in notes
+    assert "could not be used" not in notes
 
 
 def test_a_completed_job_reads_as_before(tmp_path):

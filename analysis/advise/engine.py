@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
+from fleetscope.analysis.cross_rank.outcome import OUTCOME_PROBLEM_LABEL
 from fleetscope.analysis.analyze import analyze, load_report_json
 from fleetscope.analysis.invariants import audit, auditing, check_advice
 from fleetscope.analysis.quantities import bounded_gain
@@ -104,8 +105,10 @@ def advise(path: str | Path) -> Advice:
             report = analyze(source, write_default_outputs=False, use_hta=False)
         except (FileNotFoundError, ValueError) as error:
             notes.append(f"no traces analyzed ({error}): advice from step metrics and configuration only")
-    if report is not None and report.problems:
-        unread = report.problems
+    unread = [p for p in report.problems if p.label != OUTCOME_PROBLEM_LABEL] if report is not None else []
+    if report is not None and report.outcome is not None and not report.outcome.completed:
+        notes.append(f"{report.outcome.sentence} The advice rests on the profiled steps before it.")
+    if unread:
         notes.append(f"{len(unread)} trace(s) could not be used, so the advice rests on the rest"
                      + ("" if report.analyzed_ranks else " (none was: there is nothing to advise from the traces)")
                      + ": " + "; ".join(f"{p.label}: {p.reason}" for p in unread[:3])

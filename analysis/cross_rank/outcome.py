@@ -18,6 +18,8 @@ from fleetscope.traces.jobfile import read_job_record
 from fleetscope.traces.layout import RunLayout
 
 STATE_COMPLETED, STATE_FAILED, STATE_HUNG = "completed", "failed", "hung"
+OUTCOME_PROBLEM_LABEL = "job"
+"""The label of the problem a job that did not complete puts first in its report (the job's, not a trace's)."""
 STATE_CANCELLED, STATE_RUNNING = "cancelled", "running"
 EXIT_MEANINGS = {
     EXIT_HUNG: "the hang watchdog stopped it: no step finished for observability.hang_timeout_s",

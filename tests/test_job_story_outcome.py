@@ -110,6 +110,15 @@ def test_the_report_of_a_failed_job_leads_with_its_failure(tmp_path):
     notes = " ".join(advise(layout.root).notes)
     assert "The job FAILED" in notes and "The advice rests on the profiled steps before it." in notes
     assert "could not be used" not in notes
+    # advice shown next to the verdict of a job that did not complete says what it rests on
+    from dataclasses import replace
+
+    from fleetscope.analysis.report.model import TopFinding
+    advised = replace(report, advice=[TopFinding(rule="gradient_buckets", title="t", gain="g", change="c",
+                                                 confidence="low")])
+    cut = "this advice rests on the profiled steps before the job FAILED"
+    assert f"({cut}: its gains are theirs)" in render_terminal(advised)
+    assert cut[1:] in render_html(advised)
 
 
 def test_a_completed_job_reads_as_before(tmp_path):

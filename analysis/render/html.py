@@ -20,7 +20,7 @@ from fleetscope.analysis.render.cause_html import cause_section, critical_path_s
 from fleetscope.analysis.render.pipeline_section import pipeline_html
 from fleetscope.analysis.render.moe_html import moe_section
 from fleetscope.analysis.render.whole_run_html import whole_run_html
-from fleetscope.analysis.render.terminal import matching_sentence
+from fleetscope.analysis.render.terminal import advice_cut_short, matching_sentence
 from fleetscope.analysis.report.model import RankSummary, Report, WindowReport
 
 HTA_ROWS_SHOWN = 20
@@ -109,7 +109,9 @@ def _advice(report: Report) -> str:
         f"<li><b>{escape(f.title)}</b> [{escape(f.rule)}; confidence {escape(f.confidence)}; {escape(f.gain)}]"
         + (f" (overlaps {escape(', '.join(f.overlaps))}: not additive)" if f.overlaps else "")
         + f"<br>change: <code>{escape(f.change)}</code></li>" for f in report.advice)
-    return f"<p><b>Advice</b> (fleetscope advise RUN gives the evidence):</p><ol id=\"advice\">{items}</ol>"
+    cut = advice_cut_short(report)
+    note = f'<p class="note">{escape(cut[0].upper() + cut[1:])}.</p>' if cut else ""
+    return f"<p><b>Advice</b> (fleetscope advise RUN gives the evidence):</p><ol id=\"advice\">{items}</ol>{note}"
 
 
 def _problem_pointer(report: Report) -> str:

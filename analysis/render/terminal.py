@@ -69,7 +69,18 @@ def _header(report: Report) -> str:
         lines.append(f"  change: {finding.change}")
     if report.advice:
         lines.append("  (fleetscope advise RUN: the evidence; fleetscope tune RUN --apply RULE: try it)")
+        cut = advice_cut_short(report)
+        if cut:
+            lines.append(f"  ({cut})")
     return "\n".join(lines)
+
+
+def advice_cut_short(report: Report) -> str:
+    """What the advice rests on when the job did not complete ("" when it did)."""
+    outcome = report.outcome
+    if outcome is None or outcome.completed:
+        return ""
+    return f"this advice rests on the profiled steps before the job {report.state}: its gains are theirs"
 
 
 def step_time_text(report: Report) -> str:

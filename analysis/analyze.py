@@ -40,6 +40,8 @@ from fleetscope.analysis.quantities import (PROFILED_UNREPRESENTATIVE_PCT, metri
                                            profiled_excess_pct)
 from fleetscope.analysis.report.model import Problem, Report
 from fleetscope.analysis.cross_rank.outcome import OUTCOME_PROBLEM_LABEL, JobOutcome, job_outcome
+from fleetscope.traces.jobfile import read_job_record
+from fleetscope.traces.own_traces import recorded_uncollected_hint
 from fleetscope.traces.layout import RunLayout
 from fleetscope.traces.writer import write_bytes_atomically
 
@@ -111,6 +113,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     report.whole_run = whole_run_section(inputs.layout)
     _with_run_step_time(report, inputs.layout)
     _with_outcome(report, job_outcome(inputs.layout, report.capture.hang if report.capture else None))
+    report.notes += _uncollected_note(inputs.layout)
     if advisor is not None:
         report.advice = list(advisor(inputs.layout.root if inputs.layout is not None else Path(path), report))
     if auditing():
@@ -143,6 +146,17 @@ def _with_run_step_time(report: Report, layout: RunLayout | None) -> None:
         report.verdict = (f"The profiled steps ({profiled:.2f} ms) are {excess:.0f}% slower than the run's steady "
                           f"steps ({run_ms:.2f} ms, step metrics): what follows is of the profiled steps. "
                           + report.verdict)
+
+
+def _uncollected_note(layout: RunLayout | None) -> list[str]:
+    """The Kineto traces a user's program wrote outside the run, as its launch recorded them (own_traces.py)."""
+    if layout is None:
+        return []
+    try:
+        hint = recorded_uncollected_hint(read_job_record(layout))
+    except ValueError:
+        return []
+    return [hint] if hint else []
 
 
 def _with_outcome(report: Report, outcome: JobOutcome | None) -> None:

@@ -5,6 +5,7 @@ that `--dry-run` runs as the real launch does."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -121,6 +122,9 @@ def test_new_traces_without_collect_traces_are_named_with_the_flag_that_files_th
     assert "--collect-traces 'tb/*.pt.trace.json'" in hint[0]
     command = f"fleetscope collect-traces {run} 'tb/*.pt.trace.json'"
     assert command in hint[0]
+    # recorded for the run's report, not only said in the launch's terminal
+    recorded = json.loads((run / "job.json").read_text())["uncollected_traces"]
+    assert recorded.startswith("found 1 new Kineto trace(s)") and command in recorded
     collected = fleetscope("collect-traces", str(run), "tb/*.pt.trace.json", cwd=job)  # the command it names
     assert collected.returncode == 0 and "collected 1 trace(s)" in collected.stdout, collected.stdout
     assert len(published(run)) == 1
@@ -223,3 +227,21 @@ def test_resume_passes_the_run_directory_check_in_a_dry_run(tmp_path, capsys):
     run = existing_run(tmp_path)
     assert main(["launch", "--dry-run", "--resume", "--device", "cpu", "--run-dir", str(run)]) == 0
     assert "torch.distributed.run" in capsys.readouterr().out
+
+
+def test_the_report_carries_the_uncollected_traces_hint_the_launch_recorded(tmp_path):
+    """A teammate opening the report sees what the launch's terminal said: the traces the program wrote
+    outside the run, and the command that files them."""
+    from fleetscope.analysis import analyze
+    from fleetscope.traces.jobfile import write_job_record
+    from fleetscope.traces.own_traces import UNCOLLECTED_FIELD
+    from hostile_runs import make_run
+
+    layout = make_run(tmp_path / "run")
+    hint = "found 2 new Kineto trace(s) this job wrote in /w/tb, not filed into the run: rerun with ..."
+    write_job_record(layout, status="succeeded", **{UNCOLLECTED_FIELD: hint})
+    report = analyze(layout.root, use_hta=False, write_default_outputs=False, use_cache=False)
+    assert hint in report.notes
+    write_job_record(layout, **{UNCOLLECTED_FIELD: ["not", "a", "string"]})
+    assert not any("Kineto" in note for note in analyze(layout.root, use_hta=False, write_default_outputs=False,
+                                                        use_cache=False).notes)

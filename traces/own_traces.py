@@ -117,6 +117,17 @@ def suggested_glob(paths: list[Path], base: Path) -> str:
     return str(prefix / name) if str(prefix) != "." else name
 
 
+UNCOLLECTED_FIELD = "uncollected_traces"
+"""job.json's field holding the hint uncollected_traces_hint printed, so that the run's report carries it too."""
+MAX_HINT_CHARS = 2000
+
+
+def recorded_uncollected_hint(record: dict) -> str | None:
+    """The hint a launch recorded in job.json (UNCOLLECTED_FIELD), bounded; None where there is none."""
+    hint = record.get(UNCOLLECTED_FIELD)
+    return hint[:MAX_HINT_CHARS] if isinstance(hint, str) and hint else None
+
+
 def uncollected_traces_hint(workdir: Path, run_dir: Path, span: JobSpan) -> list[str]:
     """Lines naming the Kineto traces a program wrote under `workdir` during the job, outside the run
     directory, with the exact flag (and command) that files them; no lines when there are none."""

@@ -18,7 +18,7 @@ from ...trainer.config import ConfigError
 from ...traces.collect import Collection, collect_traces
 from ...traces.jobfile import now_iso, read_job_record, write_job_record
 from ...traces.layout import RunLayout
-from ...traces.own_traces import job_span, uncollected_traces_hint
+from ...traces.own_traces import UNCOLLECTED_FIELD, job_span, uncollected_traces_hint
 from ..failures import RankFailure, collect_failures, summary_failures
 from ..scheduler import Submission, Verdict, existing_outputs
 from ..spec import TRAINER_MODULE, JobSpec, spec_record  # noqa: F401  (TRAINER_MODULE: re-exported)
@@ -184,8 +184,11 @@ def report_program_traces(spec: JobSpec, layout: RunLayout) -> None:
     if entry.collect_glob:
         report_collection(collect_traces(entry.collect_glob, layout))
         return
-    for line in uncollected_traces_hint(Path(entry.workdir), layout.root, job_span(layout)):
+    hint = uncollected_traces_hint(Path(entry.workdir), layout.root, job_span(layout))
+    for line in hint:
         print(line, flush=True)
+    if hint:  # the run's report names them too, not only this terminal
+        write_job_record(layout, **{UNCOLLECTED_FIELD: hint[0].removeprefix("fleetscope: ")})
 
 
 def report_collection(collection: Collection) -> None:

@@ -22,6 +22,7 @@ from ..traces.validate import UsageError
 from . import (cause_commands, commands, config_command, diff_command, exit_codes, run_commands, split_command,
                tune_command, whatif_command)
 from .exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from .terminal_text import escape_controls
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     if words[:1] == ["train"]:  # one rank: the trainer parses every flag after `train` itself, --help too
         args = argparse.Namespace(command="train", handler=lambda _: commands.run_trainer(words[1:]))
     else:
+        hint = torchrun_words_hint(words)
+        if hint:
+            print(f"fleetscope launch: {escape_controls(hint)}", file=sys.stderr)
+            return EXIT_USAGE
         args = parser.parse_args(words)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
@@ -61,6 +66,27 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"fleetscope {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+TORCHRUN_ONLY_FLAGS = ("--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port",
+                       "--standalone", "--rdzv_backend", "--rdzv_endpoint", "--rdzv-backend", "--rdzv-endpoint",
+                       "--rdzv_id", "--max_restarts", "--max-restarts")
+"""torchrun's own flags (fleetscope's launch spells its counterparts --nproc-per-node and --nodes, and sets the
+rendezvous itself)."""
+
+
+def torchrun_words_hint(words: list[str]) -> str | None:
+    """What to write instead, for a launch given torchrun's flags before `--` (argparse would only print the
+    usage and "unrecognized arguments"); None when there are none."""
+    if words[:1] != ["launch"]:
+        return None
+    before = words[1:words.index("--")] if "--" in words else words[1:]
+    found = [w for w in before if w.split("=", 1)[0] in TORCHRUN_ONLY_FLAGS]
+    if not found:
+        return None
+    return (f"{', '.join(found)} {'is' if len(found) == 1 else 'are'} torchrun's: fleetscope runs torchrun itself "
+            "(rendezvous included); write `fleetscope launch --nproc-per-node N [--nodes M] -- python train.py "
+            "ARGS` (fleetscope launch --help lists its flags)")
 
 
 def _reader_gone() -> int:

@@ -298,3 +298,21 @@ def test_a_json_trace_without_a_path_goes_beside_o_and_is_named(tmp_path, capsys
     assert (tmp_path / "elsewhere" / "m.trace.json.gz").is_file()
     assert f"the same as Chrome JSON: {tmp_path / 'elsewhere' / 'm.trace.json.gz'}" in capsys.readouterr().out
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
+@pytest.mark.parametrize("argv", [["launch", "--nproc_per_node=2", "--standalone", "train.py"],
+                                  ["launch", "--nnodes", "2", "--", "python", "t.py"]])
+def test_torchruns_flags_given_to_launch_say_what_to_write_instead(argv, capsys):
+    """`fleetscope launch --nproc_per_node=2 --standalone train.py` got only argparse's usage line."""
+    from fleetscope.cli.main import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "torchrun's: fleetscope runs torchrun itself" in err and "--nproc-per-node N" in err
+
+
+def test_torchrun_flags_after_the_double_dash_belong_to_the_program():
+    from fleetscope.cli.main import torchrun_words_hint
+
+    assert torchrun_words_hint(["launch", "--nproc-per-node", "2", "--", "python", "t.py", "--nnodes", "3"]) is None
+    assert torchrun_words_hint(["analyze", "--standalone"]) is None

@@ -25,22 +25,27 @@ def register_diff(sub: argparse._SubParsersAction) -> None:
 
 def handle_diff(args: argparse.Namespace) -> int:
     from ..analysis.diff import diff
+    from ..analysis.render.diff_html import render_diff_html
     from ..analysis.render.diff_terminal import render_diff
     from ..traces.atomic import write_bytes_atomically
-
-    from ..analysis.render.diff_html import render_diff_html
 
     json_out = guard_output(args.json_out, analyzed=Path(args.a)) if args.json_out else None
     html_out = guard_output(args.html_out, analyzed=Path(args.a)) if args.html_out else None
     result = diff(args.a, args.b)
+    if not (result.a.ranks and result.b.ranks):
+        empty = [side.label for side in (result.a, result.b) if not side.ranks]
+        print(f"fleetscope diff: {escape_controls(' and '.join(empty))}: no GPU trace with profiled steps to "
+              "partition (diff partitions the GPU's time; for CPU runs, compare their steps with `fleetscope "
+              "compare`)", file=sys.stderr)
+        for side, name in ((result.a, "A"), (result.b, "B")):
+            for problem in side.problems:
+                print(f"  problem ({name}): {escape_controls(problem)}", file=sys.stderr)
+        return EXIT_PARTIAL
     print(escape_controls(render_diff(result)), end="")
     if json_out:
         write_bytes_atomically((strict_dumps(diff_document(result), indent=2) + "\n").encode(), json_out)
     if html_out:
         write_bytes_atomically(render_diff_html(result).encode(), html_out)
-    if not (result.a.ranks and result.b.ranks):
-        print("fleetscope diff: a side has no GPU trace with profiled steps to partition", file=sys.stderr)
-        return EXIT_PARTIAL
     return EXIT_PARTIAL if result.a.problems or result.b.problems else EXIT_OK
 
 

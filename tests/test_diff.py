@@ -171,3 +171,15 @@ def test_the_command_writes_an_html_page(tmp_path, capsys):
     assert "GPU time by host op" in text
     written = json.loads((tmp_path / "diff.json").read_text())
     assert {"ops", "phases", "collectives", "span_noise_ms"} <= set(written)
+
+
+def test_cpu_traces_are_refused_before_any_table(tmp_path, capsys):
+    """Two CPU runs have no GPU time to partition: the refusal comes alone, not after a table of zeros."""
+    from test_analysis_helpers import KinetoBuilder
+
+    for side in ("a", "b"):
+        KinetoBuilder(rank=0, world_size=1).step(1, 0.0, 1000.0).op("aten::mm", 10, 500).write(
+            tmp_path / side / "rank0.json")
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 3
+    captured = capsys.readouterr()
+    assert captured.out == "" and "no GPU trace with profiled steps to partition" in captured.err

@@ -374,6 +374,9 @@ def test_the_report_json_terminal_and_html_show_the_section(tmp_path):
     html = render_html(report)
     assert "<h2>Whole run</h2>" in html and html.count("<svg") >= 2 and "lateness (steady steps, mean)" in html
     assert ">step time</td>" in html and "excess % of the step before" in html
+    # the whole run's story is at the top too, beside the profiled steps' verdict
+    assert f"\nwhole run: {report.whole_run.verdict}" in text
+    assert f"<b>Whole run:</b> {report.whole_run.verdict}" in html
 
 
 def test_the_waiting_sentence_reaches_the_report_and_keeps_its_invariants(tmp_path):

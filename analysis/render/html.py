@@ -20,7 +20,7 @@ from fleetscope.analysis.render.cause_html import cause_section, critical_path_s
 from fleetscope.analysis.render.pipeline_section import pipeline_html
 from fleetscope.analysis.render.moe_html import moe_section
 from fleetscope.analysis.render.whole_run_html import whole_run_html
-from fleetscope.analysis.render.terminal import advice_cut_short, matching_sentence
+from fleetscope.analysis.render.terminal import advice_cut_short, matching_sentence, whole_run_headline
 from fleetscope.analysis.report.model import RankSummary, Report, WindowReport
 
 HTA_ROWS_SHOWN = 20
@@ -94,7 +94,9 @@ def _header(report: Report) -> str:
         step_line = (f"step time {report.run_step_time_ms:.2f} ms ({report.run_step_time_basis}); profiled "
                      + step_line.replace("step time: ", "steps ", 1)
                      + (f", {excess:+.0f}% over the run's" if excess is not None else ""))
-    return (f"<h1>fleetscope report</h1><p id=\"verdict\"><b>Verdict:</b> {escape(report.verdict)}</p>"
+    run_wide = whole_run_headline(report)
+    run_line = f"<p><b>Whole run:</b> {escape(run_wide)}</p>" if run_wide else ""
+    return (f"<h1>fleetscope report</h1><p id=\"verdict\"><b>Verdict:</b> {escape(report.verdict)}</p>{run_line}"
             f"{_advice(report)}<p>{escape(step_line)}</p>"
             f"<p class=\"note\">{escape(report.source_path)} ({escape(report.source_kind)}), {state}; world size "
             f"{report.world_size or '?'}, {len(report.ranks)} rank(s), {len(report.windows)} window(s); created "

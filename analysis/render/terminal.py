@@ -63,6 +63,9 @@ def _header(report: Report) -> str:
         + (f" | {step_time_text(report)}" if steps or report.run_step_time_ms is not None else ""),
         f"verdict: {report.verdict}",
     ]
+    run_wide = whole_run_headline(report)
+    if run_wide:
+        lines.append(f"whole run: {run_wide}")
     for index, finding in enumerate(report.advice, 1):
         lines.append(f"advice {index}: {finding.title} [{finding.rule}; confidence {finding.confidence}; {finding.gain}]"
                      + (f" (overlaps {', '.join(finding.overlaps)}: not additive)" if finding.overlaps else ""))
@@ -73,6 +76,14 @@ def _header(report: Report) -> str:
         if cut:
             lines.append(f"  ({cut})")
     return "\n".join(lines)
+
+
+def whole_run_headline(report: Report) -> str:
+    """The whole run's slow-rank verdict, beside the profiled steps' verdict at the top, where the timelines
+    found slow-rank episodes: the profiled steps may be a few, and a long run's story lies in every step
+    ("" where there is none)."""
+    section = report.whole_run
+    return section.verdict if section is not None and section.slow_ranks else ""
 
 
 def advice_cut_short(report: Report) -> str:

@@ -44,6 +44,7 @@ from fleetscope.analysis.quantities import (
     trace_basis,
     trace_step_times,
 )
+from fleetscope.analysis.whatif.ideal_steps import ideal_replay
 from fleetscope.analysis.whatif.report_what_if import with_replayed_what_ifs
 from fleetscope.analysis.report.model import (
     MissingTrace,
@@ -220,6 +221,7 @@ def _window_report(window: int | None, results: list[RankResult], hta: HtaRunner
             window, results),
         critical_path=paths,
         collective_matching=matching,
+        ideal_replay=ideal_replay(window, results, paths),
     )
     return report, moe_window(results, aligned, list(moe_records))
 

@@ -157,6 +157,11 @@ what-if without `basis` reads as). Times carry their unit in the field name (`_u
                           "data movement" | "work"), rank, collective, start_us (after the
                           path's start), duration_us, share}}, by_rank[] {rank, kind, duration_us, share}}:
                           the chain across ranks that set each step's end (critical_path.py)
+        ideal_replay      {steps[] {step, start_ns (the critical path's), measured_ms, ideal_ms (the step replayed
+                          with every rank's compute at the ranks' lower median), ops[] {rank, kind ("compute" |
+                          "collective": its transfer once every rank arrived), name, start_us, end_us (after the
+                          step's start)}}, skipped[]} | null: the ideal step the merged trace draws beside the
+                          recorded one (whatif/ideal_steps.py)
         hta               {status: ok|partial|skipped|failed, reason, tables {name: rows[]},
                           errors {analysis: message}, not_applicable {analysis: why}}; tables (HTA's
                           columns and units): temporal_breakdown, idle_time_breakdown,
@@ -297,6 +302,7 @@ from fleetscope.analysis.cross_rank.causes import CauseAnalysis
 from fleetscope.analysis.cross_rank.capture import CaptureSection
 from fleetscope.analysis.cross_rank.clock_align import ClockAlignment
 from fleetscope.analysis.cross_rank.critical_path import CriticalPaths
+from fleetscope.analysis.whatif.ideal_steps import IdealReplay
 from fleetscope.analysis.cross_rank.hta_views import HtaViews
 from fleetscope.analysis.cross_rank.matching import CollectiveMatching
 from fleetscope.analysis.cross_rank.pipeline import PipelineReport
@@ -382,6 +388,8 @@ class WindowReport:
     collective_matching: CollectiveMatching = field(default_factory=CollectiveMatching)
     """How the window's collective instances were matched across ranks, per process group
     (cross_rank/matching.py)."""
+    ideal_replay: IdealReplay | None = None
+    """The critical-path steps replayed with every rank's compute at the ranks' lower median (whatif/ideal_steps.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)

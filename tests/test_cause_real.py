@@ -98,7 +98,9 @@ def test_the_what_if_removes_at_least_the_sleep(report):
     assert [w["step"] for w in finding["what_if"]] == [2, 3, 4]
     for what_if in finding["what_if"]:
         assert what_if["caused_wait_ms"] >= WHAT_IF_TOLERANCE * STRAGGLE_MS
-        assert what_if["projected_step_ms"] == pytest.approx(what_if["step_time_ms"] - what_if["caused_wait_ms"])
+        # the step replayed with the sleeper's compute at its peer's (quantities.py "what-if") saves the sleep
+        assert what_if["basis"] == "replayed", what_if
+        assert what_if["step_time_ms"] - what_if["projected_step_ms"] >= WHAT_IF_TOLERANCE * STRAGGLE_MS
 
 
 def test_the_sleep_is_on_every_steps_critical_path(report):

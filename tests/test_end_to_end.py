@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 from helpers import fleetscope
 from fleetscope.analysis.merge.critical_path_overlays import PATH_TRACK_NAME
+from fleetscope.analysis.merge.ideal_overlays import IDEAL_TRACK_NAME
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 pytestmark = pytest.mark.slow
 
 WINDOWS = 2
 OVERLAY_TRACK = "fleetscope analysis"
-ANALYSIS_TRACKS = (OVERLAY_TRACK, PATH_TRACK_NAME)
+ANALYSIS_TRACKS = (OVERLAY_TRACK, PATH_TRACK_NAME, IDEAL_TRACK_NAME)
 """Tracks the merge draws from the analysis, not copied from the traces."""
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fleetscope.analysis.merge.critical_path_overlays import MAX_START_NS
+from fleetscope.analysis.merge.critical_path_overlays import MAX_START_NS, _is_int
 from fleetscope.analysis.merge.tracks import GROUP_ANALYSIS, NO_EVENT, lay_out_track
 from fleetscope.traces.validate import bounded_name, finite_number
 
@@ -72,10 +72,6 @@ def _step_slices(step: Any, rank: int) -> list[IdealSlice]:
 def _valid_op(op: Any) -> bool:
     return (isinstance(op, dict) and _is_int(op.get("rank")) and isinstance(op.get("name"), str)
             and all(_number(op.get(key)) is not None and 0 <= op[key] < MAX_OP_US for key in ("start_us", "end_us")))
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _number(value: Any) -> float | None:

@@ -119,6 +119,27 @@ def gpu_bound_steps_read_the_gpu(report, advice, traces):
     assert max(times) / min(times) < 1.03, times
 
 
+def rocm_gpu_bound_steps_read_the_kernels(report, advice, traces):
+    """An MI300X rank 99% busy: the host's ProfilerStep ranges (15.9-16.8 ms) end before the kernels they launch
+    do, and ROCm's own `ProfilerStep#N` GPU ranges last 16-18 us (a marker, not the step); each step is the span
+    of the kernels launched in it (~19 ms), bound by the GPU."""
+    (rank_row,) = report["windows"][0]["ranks"]
+    (events,) = traces.values()
+    marks = [e["dur"] / 1000.0 for e in events
+             if e.get("cat") == "gpu_user_annotation" and e["name"].startswith("ProfilerStep#")]
+    assert len(marks) == 3 and max(marks) < 0.1
+    for step in rank_row["steps"]:
+        assert step["bound"] == "gpu" and step["step_time_ms"] == step["gpu_ms"] > step["host_ms"] * 1.1, step
+    assert rank_row["steps"][0]["gpu_span_source"] == "the kernels launched in the host's step"
+
+
+def link_peak_of_the_named_gpu(report, advice, traces):
+    """The collectives' peak is the link of the GPU the trace names (MI300X: Infinity Fabric), not an NVLink."""
+    bandwidth = report["windows"][0]["bandwidth"]
+    assert bandwidth["peak_busbw_gbps"]["intra-node"] == 448.0
+    assert "Infinity Fabric" in bandwidth["peak_source"] and "MI300X" in bandwidth["peak_source"]
+
+
 def no_steps(report, advice, traces):
     """No step ranges: the whole capture is one step (0), from the first event to the last, and the report
     says so."""
@@ -211,8 +232,8 @@ def inductor_kernels_categorized(report, advice, traces):
 
 
 def hta_views_computed_where_stock_hta_cannot_load(report, advice, traces):
-    # stock HTA 0.5's loader raises on this trace under pandas 3 (a value over an int8 column's range in its own
-    # dtype narrowing); the native views do not narrow and compute every table
+    # stock HTA 0.5's loader raises on these traces under pandas 3 (a value over an int8 or int16 column's range
+    # in its own dtype narrowing); the native views do not narrow and compute every table
     status = hta_status(report)
     assert status["status"] == "ok", status
 
@@ -265,6 +286,10 @@ CASES: dict[str, Expected] = {
     "tracelens/mi300x_torch_compile": Expected(ranks=(0,), basis="gpu", rank_source="file order",
                                                hta_loads=False, facts=(
         no_steps, tensile_gemms_are_gemms, inductor_kernels_categorized,
+        hta_views_computed_where_stock_hta_cannot_load)),
+    "tracelens/mi300x_resnet_gpu_bound": Expected(ranks=(0,), basis="gpu", rank_source="distributedInfo",
+                                                  world_size=8, exit=EXIT_PARTIAL, missing=7, hta_loads=False, facts=(
+        steps_match_the_trace, rocm_gpu_bound_steps_read_the_kernels, link_peak_of_the_named_gpu,
         hta_views_computed_where_stock_hta_cannot_load)),
     "kineto/event_sync_before_fix": Expected(ranks=(0,), basis="gpu", rank_source="file order", facts=(
         no_steps, one_kernel)),

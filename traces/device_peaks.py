@@ -17,9 +17,11 @@ _PEAKS: tuple[tuple[tuple[str, ...], str, TFLOPS], ...] = (
     (("a10g",), "A10G", {"fp32": 31.2, "tf32": 62.5, "bf16/fp16": 125.0}),
     (("l40s",), "L40S", {"fp32": 91.6, "tf32": 183.0, "bf16/fp16": 362.1, "fp8": 733.0}),
     (("mi300x",), "MI300X", {"fp32": 163.4, "tf32": 653.7, "bf16/fp16": 1307.4, "fp8": 2614.9}),
+    (("v100",), "V100", {"fp32": 15.7, "bf16/fp16": 125.0}),
 )
-"""NVIDIA H100/H200, B200, A100, A10G and L40S datasheets and AMD's MI300X datasheet, without sparsity. H200 and
-H100 SXM share the compute (they differ in memory)."""
+"""NVIDIA H100/H200, B200, A100, A10G, L40S and V100 SXM2 datasheets and AMD's MI300X datasheet, without
+sparsity. H200 and H100 SXM share the compute (they differ in memory); the V100's half-precision peak is fp16
+(it has no bf16)."""
 BF16 = "bf16/fp16"
 
 
@@ -67,3 +69,31 @@ def pinned_copy_gbps(name: str) -> tuple[str, float]:
         if all(needle in folded for needle in needles):
             return link, rate
     return "", 0.0
+
+
+_PEER_LINKS: dict[str, tuple[str, float]] = {
+    # the device as _PEAKS lists it -> (its link to the other GPUs of its node, GB/s per direction)
+    "H200": ("NVLink 4 (18 links x 25 GB/s)", 450.0),
+    "H100 SXM": ("NVLink 4 (18 links x 25 GB/s)", 450.0),
+    "B200": ("NVLink 5 (18 links x 50 GB/s)", 900.0),
+    "A100": ("NVLink 3 (12 links x 25 GB/s)", 300.0),
+    "V100": ("NVLink 2 (6 links x 25 GB/s)", 150.0),
+    "MI300X": ("Infinity Fabric (7 links x 64 GB/s)", 448.0),
+    "H100 PCIe": ("PCIe Gen5 x16 (no NVLink bridge assumed)", 64.0),
+    "A10G": ("PCIe Gen4 x16", 32.0),
+    "L40S": ("PCIe Gen4 x16", 32.0),
+}
+"""The GPUs' links inside a node, per direction, from the vendors' datasheets (SXM / OAM parts, where a part
+comes in both): the peak a collective's bus bandwidth is compared with. An A100 whose name says PCIe gets its
+PCIe link (a bridge between two cards cannot be seen in the name)."""
+
+
+def peer_link(name: str) -> tuple[str, str, float]:
+    """(the device as listed, its link inside a node, GB/s per direction) for a device name; ("", "", 0.0) for
+    one not listed."""
+    device, _ = peak_tflops(name)
+    folded = name.lower()
+    if device == "A100" and "pcie" in folded:
+        return device, "PCIe Gen4 x16", 32.0
+    link, rate = _PEER_LINKS.get(device, ("", 0.0))
+    return (device, link, rate) if link else ("", "", 0.0)

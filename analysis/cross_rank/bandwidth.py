@@ -55,6 +55,7 @@ from fleetscope.analysis.per_rank.names import (
     REDUCE_SCATTER,
 )
 from fleetscope.analysis.per_rank.rank import RankResult
+from fleetscope.traces.device_peaks import peer_link
 
 INTRA_NODE, INTER_NODE = "intra-node", "inter-node"
 PEAK_BUSBW_GBPS = {INTRA_NODE: 450.0, INTER_NODE: 50.0}
@@ -185,7 +186,7 @@ def collective_bandwidth(results: list[RankResult], matrix: ArrivalMatrix | None
                          link_peak_gbps: float | None = None, moe_records: list[MoeRecord] = ()) -> Bandwidth:
     """The window's bandwidth rows from the clock-aligned arrival `matrix`; `moe_records`: the trainer's
     MoE records, preferred for the bytes per peer of the MoE token all-to-alls."""
-    peaks, peak_source = _peaks(link_peak_gbps)
+    peaks, peak_source = _peaks(link_peak_gbps, results)
     splits = _splits_by_key(results, list(moe_records))
     sizes = _with_split_sizes(_sizes_by_key(results), splits)
     if not sizes:
@@ -207,12 +208,23 @@ def collective_bandwidth(results: list[RankResult], matrix: ArrivalMatrix | None
                      instances=instances)
 
 
-def _peaks(override: float | None) -> tuple[dict[str, float], str]:
-    if override is None:
-        return dict(PEAK_BUSBW_GBPS), "; ".join(f"{scope}: {text}" for scope, text in PEAK_SOURCES.items())
-    if not override > 0:
-        raise ValueError(f"link_peak_gbps must be > 0, got {override}")
-    return {INTRA_NODE: override, INTER_NODE: override}, f"given: {override:g} GB/s for every link"
+def _peaks(override: float | None, results: list[RankResult]) -> tuple[dict[str, float], str]:
+    """The links' peaks: given, else the intra-node link of the GPU the traces name (one kind for every rank
+    that names one), else the assumed H100/H200 SXM node."""
+    if override is not None:
+        if not override > 0:
+            raise ValueError(f"link_peak_gbps must be > 0, got {override}")
+        return {INTRA_NODE: override, INTER_NODE: override}, f"given: {override:g} GB/s for every link"
+    links = {peer_link(r.device_name) for r in results if r.device_name}
+    peaks, sources = dict(PEAK_BUSBW_GBPS), dict(PEAK_SOURCES)
+    if len(links) == 1 and next(iter(links))[2] > 0:
+        device, link, rate = next(iter(links))
+        peaks[INTRA_NODE] = rate
+        sources[INTRA_NODE] = f"{link} of the {device} the traces name, {rate:g} GB/s per direction"
+    else:
+        sources[INTRA_NODE] += (" (assumed: the traces name GPUs of different kinds)" if len(links) > 1 else
+                                " (assumed: the traces name no GPU fleetscope knows)")
+    return peaks, "; ".join(f"{scope}: {text}" for scope, text in sources.items())
 
 
 def _sizes_by_key(results: list[RankResult]) -> dict[CollectiveKey, tuple[float, str, str | None, int]]:

@@ -11,9 +11,11 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from fleetscope.traces.device_peaks import device_name
 from fleetscope.traces.validate import world_size_problem
 
 from fleetscope.analysis.inputs.resolve import rank_from_name
@@ -107,6 +109,9 @@ class RankResult:
     profiler_events: bool = True
     """The trace holds torch.profiler's events (a known Kineto category): False for a Chrome trace of another
     tool, which the merge draws and the analysis names as no profiler trace (analyze.py)."""
+    device_name: str = ""
+    """The GPU's name in the trace's `deviceProperties` (the device most of its GPU work ran on); "" where the
+    trace names none."""
     process_id: int | None = None
     """The traced process's id (events.TraceEvents.host_pid): traces of one process on one host are windows of
     one rank (cross_rank/placement.py)."""
@@ -201,8 +206,15 @@ def analyze_decoded(source: TraceSource, decoded: DecodedTrace, comm_kernel_patt
         remarks=remarks + _world_size_remarks(info) + audit.remarks() + comm_kernel_hints(events, is_comm),
         launch_audit=audit,
         process_id=events.host_pid,
+        device_name=_main_device_name(events, document.get("deviceProperties")),
         profiler_events=events.omitted_host_ops > 0 or bool(np.any(events.kind != int(Kind.OTHER))),
     )
+
+
+def _main_device_name(events: TraceEvents, device_properties: Any) -> str:
+    devices = events.device[events.of_kind(*GPU_ACTIVITY_KINDS)]
+    devices = devices[devices >= 0]
+    return device_name(device_properties, int(np.bincount(devices).argmax()) if len(devices) else None)
 
 
 LOST_LAUNCHES_SHARE = 0.01

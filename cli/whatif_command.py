@@ -1,6 +1,6 @@
 """`fleetscope whatif PATH`: the job without its stragglers, by simulation (analysis/whatif), for an op-level
-timeline in the OSDI'25 straggler artifact's schema, or a data-parallel job's Kineto traces (a run directory or a
-folder of traces)."""
+timeline in the OSDI'25 straggler artifact's schema, or a data-parallel or pipeline-parallel job's Kineto traces
+(a run directory or a folder of traces)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .terminal_text import escape_controls
 def register_whatif(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("whatif", help="how fast the job would run without its stragglers (simulated): the "
                                            "slowdown S, by op type, worker and stage, and M_W / M_S")
-    parser.add_argument("path", help="a run directory or folder of Kineto traces (data-parallel jobs), or an op-level "
+    parser.add_argument("path", help="a run directory or folder of Kineto traces (data- or pipeline-parallel jobs), or an op-level "
                                      "timeline: the straggler artifact's table (.parquet with pyarrow, .csv[.gz]) or "
                                      "its Chrome JSON timeline (.json[.gz])")
     parser.add_argument("--top", type=int, default=5, help="how many op types and workers to list (default: 5)")
@@ -74,9 +74,12 @@ def render_trace_what_if(result, notes: list[str], *, top: int) -> str:
     slowest = result.slowest
     lines = [
         f"what-if by simulation: {result.source}",
-        f"  {len(result.steps)} steps, {result.ranks} data-parallel ranks",
+        f"  {len(result.steps)} steps, {result.ranks} "
+        + (f"pipeline stages, one a rank ({result.pipeline_steps} steps with sends and receives)"
+           if result.pipeline_steps else "data-parallel ranks"),
         f"  step time    measured {result.measured_step_ms:.1f} ms, replayed {result.replayed_step_ms:.1f} ms, "
-        f"ideal {result.ideal_step_ms:.1f} ms (every rank's compute at the ranks' lower median)",
+        f"ideal {result.ideal_step_ms:.1f} ms (every rank's compute at the ranks' lower median"
+        + (", a stage's in total" if result.pipeline_steps else "") + ")",
         f"  S            {result.slowdown:.3f}  (replayed / ideal)",
         "  S_w by rank      " + ", ".join(f"rank {r.rank} {r.slowdown:.3f}" for r in result.by_rank[:top]),
         f"  slowest rank {slowest.rank}: its compute {slowest.compute_ms:.1f} ms a step, its peers' "

@@ -17,7 +17,8 @@ from fleetscope.analysis.per_rank.parse import parse_traces
 from fleetscope.analysis.quantities import WHAT_IF_ARITHMETIC, WHAT_IF_REPLAYED
 from fleetscope.analysis.render.terminal import render_terminal
 from fleetscope.analysis.whatif.report_what_if import with_replayed_what_ifs
-from fleetscope.analysis.whatif.trace_model import NOT_DATA_PARALLEL
+from fleetscope.analysis.per_rank.names import P2P_SEND
+from fleetscope.analysis.per_rank.p2p import P2PCall
 from test_analysis_helpers import RUNLOOP_TID, KinetoBuilder
 
 STEP_START_US = (0.0, 20_000.0)
@@ -77,11 +78,12 @@ def test_a_step_the_model_cannot_hold_keeps_the_arithmetic_and_says_why(tmp_path
                     for w in f.what_if]) for f in causes.findings])
     results, _ = match_collectives(sorted(parse_traces(resolve_input(tmp_path / "straggled").sources),
                                           key=lambda r: r.rank))
-    # rank 1 as if it also sent a pipeline message: the model does not hold such steps yet
-    piped = [dataclasses.replace(r, p2p=dataclasses.replace(r.p2p, calls=[object()])) if r.rank == 1 else r
-             for r in results]
+    # rank 1 as if it also sent a pipeline message without a stage marker: its transfer cannot be matched
+    piped = [dataclasses.replace(r, p2p=dataclasses.replace(r.p2p, calls=[
+        P2PCall(step=s.step, kind=P2P_SEND, ordinal=0, start_us=s.start_us, end_us=s.start_us + 1.0)
+        for s in r.steps])) if r.rank == 1 else r for r in results]
     (finding,) = with_replayed_what_ifs(arithmetic, report.windows[0].window, piped).findings
     for step in finding.what_if:
-        assert step.basis == WHAT_IF_ARITHMETIC and NOT_DATA_PARALLEL in step.not_replayed
+        assert step.basis == WHAT_IF_ARITHMETIC and "names no peer or micro-batch" in step.not_replayed
         assert step.projected_step_ms == pytest.approx(step.step_time_ms - step.caused_wait_ms)
-    assert "not replayed: ranks [1] send or receive pipeline messages" in finding.explanation
+    assert "not replayed: " in finding.explanation and "its transfer cannot be matched" in finding.explanation

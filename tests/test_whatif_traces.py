@@ -12,7 +12,6 @@ import pytest
 from helpers import fleetscope, synthetic_run_dir
 
 from fleetscope.analysis.per_rank.collectives import CollectiveCalls
-from fleetscope.analysis.per_rank.p2p import PointToPoint
 from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.per_rank.steps import StepTiming
 from fleetscope.analysis.whatif.model import ModelError
@@ -87,14 +86,6 @@ def test_a_step_whose_ranks_issued_different_collectives_is_skipped_with_why():
     ranks = job()
     ranks[3] = rank_result(3, job_late_ms=LATE_MS, collectives=1)
     with pytest.raises(ModelError, match="rank 3 issued 1 collectives"):
-        model_traces(ranks, "synthetic")
-
-
-def test_pipeline_jobs_are_refused_by_name():
-    ranks = job()
-    ranks[0] = RankResult(**{**{f: getattr(ranks[0], f) for f in ranks[0].__dataclass_fields__},
-                             "p2p": PointToPoint(source="nccl", calls=[object()], compute=[], schedule=None)})
-    with pytest.raises(ModelError, match="pipeline"):
         model_traces(ranks, "synthetic")
 
 

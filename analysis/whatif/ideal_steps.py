@@ -17,20 +17,25 @@ from fleetscope.analysis.cross_rank.critical_path import CriticalPaths
 from fleetscope.analysis.per_rank.rank import RankResult
 
 from .simulate import replay
-from .trace_model import COMPUTE, StepModel, model_window, pipelined_ranks
+from .trace_model import StepModel, model_window
+from .trace_pipeline import COLLECTIVE, COMPUTE, TRANSFER
 from .trace_whatif import ideal_own_times
 
 MAX_RANKS_DRAWN = 256
 """Ranks whose ideal ops a step keeps (the report stays small at thousands of ranks; the merge draws the rest as
 their recorded steps only)."""
-OP_COMPUTE, OP_COLLECTIVE = "compute", "collective"
+OP_COMPUTE, OP_COLLECTIVE, OP_TRANSFER = "compute", "collective", "transfer"
+
+
+_OP_KIND = {COMPUTE: OP_COMPUTE, COLLECTIVE: OP_COLLECTIVE, TRANSFER: OP_TRANSFER}
 
 
 @dataclass(frozen=True, kw_only=True)
 class IdealOp:
     rank: int
     kind: str
-    """OP_COMPUTE or OP_COLLECTIVE (the transfer, once every rank has arrived)."""
+    """OP_COMPUTE, OP_COLLECTIVE (the transfer, once every rank has arrived) or OP_TRANSFER (a pipeline message,
+    once both sides have issued their call)."""
     name: str
     start_us: float
     """From the step's start, in the ideal replay."""
@@ -57,10 +62,10 @@ class IdealReplay:
 
 
 def ideal_replay(window: int | None, results: list[RankResult], paths: CriticalPaths) -> IdealReplay | None:
-    """The ideal replay of the window's critical-path steps; None where there is nothing to replay (no path,
-    a pipeline job: its sends and receives are not modeled)."""
+    """The ideal replay of the window's critical-path steps; None where there is nothing to replay (no path, no
+    step the model holds)."""
     starts = {path.step: path.start_ns for path in paths.steps if path.start_ns > 0}
-    if not starts or pipelined_ranks(results):
+    if not starts:
         return None
     modeled, skipped = model_window(window, results, set(starts))
     steps = [_ideal_step(model, starts[model.step]) for model in modeled if model.step in starts]
@@ -74,12 +79,13 @@ def _ideal_step(model: StepModel, start_ns: int) -> IdealStep:
     replayed = replay(model.model, own)
     ops = []
     for index, rank in enumerate(model.ranks[:MAX_RANKS_DRAWN]):
-        for node, name in enumerate(model.node_names):
-            end = float(replayed.end_s[node, 0, index])
-            compute = model.model.node_type[node] == COMPUTE
-            start = float(replayed.ready_s[node, 0, index]) if compute else end - float(own[node, 0, index])
+        nodes, replica = model.rank_cells(index)
+        for node in nodes:
+            end = float(replayed.end_s[node, 0, replica])
+            kind = int(model.model.node_type[node])
+            start = float(replayed.ready_s[node, 0, replica]) if kind == COMPUTE else end - float(own[node, 0, replica])
             if end > start:
-                ops.append(IdealOp(rank=rank, kind=OP_COMPUTE if compute else OP_COLLECTIVE, name=name,
+                ops.append(IdealOp(rank=rank, kind=_OP_KIND[kind], name=model.node_names[node],
                                    start_us=start * 1e6, end_us=end * 1e6))
     return IdealStep(step=model.step, start_ns=start_ns, measured_ms=model.measured_s * 1e3,
                      ideal_ms=float(replayed.step_time_s[0]) * 1e3, ops=ops)

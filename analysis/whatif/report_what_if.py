@@ -13,7 +13,7 @@ from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.quantities import (WHAT_IF_ARITHMETIC, WHAT_IF_REPLAYED, bounded_what_if_ms,
                                            replayed_what_if_ms)
 
-from .trace_model import NOT_DATA_PARALLEL, StepModel, model_window, pipelined_ranks
+from .trace_model import StepModel, model_window
 from .trace_whatif import rank_saving_ms
 
 NOT_IN_EVERY_RANK = "not every rank of the window profiled the step"
@@ -33,10 +33,6 @@ def with_replayed_what_ifs(causes: CauseAnalysis, window: int | None, results: l
 def _step_models(window: int | None, results: list[RankResult],
                  wanted: set[int]) -> tuple[dict[int, StepModel], dict[int, str]]:
     """step -> its model, and step -> why it has none."""
-    pipelined = pipelined_ranks(results)
-    if pipelined:
-        reason = f"ranks {pipelined[:8]} {NOT_DATA_PARALLEL}"
-        return {}, {step: reason for step in wanted}
     modeled, skipped = model_window(window, results, wanted)
     models = {model.step: model for model in modeled}
     return models, {step: skipped.get(step, NOT_IN_EVERY_RANK) for step in wanted if step not in models}

@@ -13,11 +13,14 @@ On each rank the ops form a chain; every collective spans all ranks (an OpGroup 
 replica axis is the rank). One model per step, since steps may issue different collectives (a window's last
 step, a step with a checkpoint).
 
+A step with pipeline sends and receives is laid out by trace_pipeline.py instead: every rank's own chain on one
+replica, joined by its transfers and collectives (StepModel.node_rank says which rank runs each node).
+
 Limits: a collective issued while an earlier one is in flight (DDP's gradient buckets) is chained after it, so
 compute a rank did during a wait is not seen as its own (letting such buckets transfer side by side made the
 replay of two buckets 0.5 ms apart match its measured step, 10.0 ms where the chain gives 10.5, but put the
 2-rank gloo ground truth's what-if at 217 ms against 256 ms measured without the fault, 0.85, where the chain
-gives 0.98-1.07: not done); pipeline sends/receives are not modeled yet.
+gives 0.98-1.07: not done); trace_pipeline.py says what its model does not hold.
 
 Built from a run's traces (`read_rank_results`, the CLI) or from results already parsed, placed and matched
 (`model_window`: the report's, so nothing is parsed twice).
@@ -40,15 +43,13 @@ from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.per_rank.steps import StepTiming
 
 from .model import DependencyModel, ModelError, OpGroup, build_model
-
-COMPUTE = 0
-COLLECTIVE = 1
-"""node_type of the model's nodes (the op timeline's types do not apply: a trace's ops are named by position)."""
+from .trace_pipeline import COLLECTIVE, COMPUTE, model_pipeline_step, pipelined
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class StepModel:
-    """One profiled step of one window on its dependency model; per-op arrays are [node, 1, rank index]."""
+    """One profiled step of one window on its dependency model; per-op arrays are [node, 1, rank index], or
+    [node, 1, 1] for a pipeline step (node_rank)."""
     window: int | None
     step: int
     ranks: tuple[int, ...]
@@ -58,10 +59,26 @@ class StepModel:
     node_names: tuple[str, ...]
     measured_s: float
     """The slowest rank's step time (quantities.py's trace step time)."""
+    node_rank: np.ndarray | None = None
+    """A pipeline step (trace_pipeline.py): the index into `ranks` of the rank each node runs on, all on one
+    replica; None: every node runs on every rank (the replica axis is the rank)."""
 
     @property
     def compute_nodes(self) -> np.ndarray:
         return self.model.node_type == COMPUTE
+
+    def rank_cells(self, index: int) -> tuple[np.ndarray, int]:
+        """(nodes, replica) of the rank at `index` of `ranks`: where its ops sit in the per-op arrays."""
+        if self.node_rank is None:
+            return np.arange(self.model.nodes), index
+        return np.flatnonzero(self.node_rank == index), 0
+
+    def compute_mask(self, index: int) -> np.ndarray:
+        """[node, 1, replica]: the compute ops of the rank at `index`."""
+        mask = np.zeros(self.own_s.shape, dtype=bool)
+        nodes, replica = self.rank_cells(index)
+        mask[nodes[self.compute_nodes[nodes]], :, replica] = True
+        return mask
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,9 +102,6 @@ def read_rank_results(path: str | Path) -> tuple[list[RankResult], list[str]]:
 
 def model_traces(results: list[RankResult], source: str) -> TraceModel:
     """A model of every step all ranks of a window profiled; raises ModelError where nothing can be modeled."""
-    pipelined = pipelined_ranks(results)
-    if pipelined:
-        raise ModelError(f"{source}: ranks {pipelined[:8]} {NOT_DATA_PARALLEL}")
     modeled, skipped = [], []
     for window, ranks in sorted(_by_window(results).items(), key=lambda item: (item[0] is None, item[0] or 0)):
         steps, why = model_window(window, ranks)
@@ -97,14 +111,6 @@ def model_traces(results: list[RankResult], source: str) -> TraceModel:
         raise ModelError(f"{source}: no step could be modeled" + (f" ({skipped[0]})" if skipped else
                                                                    " (no step that every rank profiled)"))
     return TraceModel(source=source, steps=tuple(modeled), skipped=tuple(skipped))
-
-
-NOT_DATA_PARALLEL = "send or receive pipeline messages: only data-parallel jobs are modeled from traces so far"
-
-
-def pipelined_ranks(results: list[RankResult]) -> list[int]:
-    """Ranks that send or receive pipeline messages (their steps cannot be modeled yet)."""
-    return [r.rank for r in results if r.p2p.calls]
 
 
 def model_window(window: int | None, results: list[RankResult],
@@ -123,16 +129,21 @@ def model_window(window: int | None, results: list[RankResult],
 
 
 def model_step(window: int | None, step: int, ranks: list[RankResult]) -> StepModel:
-    """The step's ops on every rank laid out on one chain model (module docstring); ModelError where the ranks
-    issued different collectives."""
+    """The step's ops on every rank laid out on one chain model, or a pipeline step's on trace_pipeline.py's
+    (module docstring); ModelError where the ranks issued different collectives or a transfer is unmatched."""
     ranks = sorted(ranks, key=lambda r: r.rank)
     names = _collective_names(window, step, ranks)
+    measured_ms = trace_step_times([_Window(window, [_OneStep(_step_of(r, step)) for r in ranks])])[(window, step)]
+    if pipelined(ranks, step):
+        layout = model_pipeline_step(window, step, ranks, names)
+        return StepModel(window=window, step=step, ranks=tuple(r.rank for r in ranks), model=layout.model,
+                         own_s=layout.own_s, node_names=layout.node_names, measured_s=measured_ms / 1e3,
+                         node_rank=layout.node_rank)
     own = np.stack([_rank_own_times(r, step, len(names)) for r in ranks], axis=-1)[:, None, :]
     transfer = own[1::2].min(axis=2, keepdims=True)   # the last rank to arrive waited least
     own[1::2] = np.broadcast_to(transfer, own[1::2].shape)
     node_names = tuple(name for pair in zip([f"compute before {n}" for n in names], names) for name in pair)
     node_names += ("compute after the last collective" if names else "compute (no collectives)",)
-    measured_ms = trace_step_times([_Window(window, [_OneStep(_step_of(r, step)) for r in ranks])])[(window, step)]
     return StepModel(window=window, step=step, ranks=tuple(r.rank for r in ranks),
                      model=_chain_model(step, names, len(ranks)), own_s=own, node_names=node_names,
                      measured_s=measured_ms / 1e3)

@@ -4,7 +4,9 @@ stragglers, and how much of that is each rank's doing?
   replayed     each step replayed with every op's recorded own time (what the model explains of the measured)
   ideal        every rank's compute op at the ranks' lower median for that op, collectives at their transfer
                times; the lower median, not the paper's mean: with the few ranks of a small job one straggler
-               would move a mean (or a two-rank median) halfway to itself
+               would move a mean (or a two-rank median) halfway to itself. A pipeline step's ranks run
+               different ops (each its stage's), so there each rank's compute is scaled to the ranks' lower
+               median of their compute per step (a stage's work by the other stages', op for op in proportion)
   S            replayed / ideal
   S_w          the ideal with one rank's recorded compute put back, over the ideal (the paper's S_w)
   what-if      of a rank: the replayed step with that rank's compute at its peers' lower median, the rest as
@@ -60,6 +62,8 @@ class TraceWhatIf:
     """Largest S_w first."""
     steps: tuple[StepReplay, ...]
     skipped: tuple[str, ...]
+    pipeline_steps: int = 0
+    """Of the steps, those with pipeline sends and receives (trace_pipeline.py: each rank a stage)."""
 
     @property
     def slowest(self) -> RankWhatIf:
@@ -81,26 +85,53 @@ def trace_what_if(modeled: TraceModel) -> TraceWhatIf:
                        measured_step_ms=float(np.mean([s.measured_s for s in modeled.steps]) * 1e3),
                        replayed_step_ms=float(replayed.mean() * 1e3), ideal_step_ms=float(ideal.mean() * 1e3),
                        slowdown=float(replayed.mean() / ideal.mean()), by_rank=tuple(by_rank), steps=steps,
-                       skipped=modeled.skipped)
+                       skipped=modeled.skipped,
+                       pipeline_steps=sum(step.node_rank is not None for step in modeled.steps))
 
 
 def ideal_own_times(step: StepModel) -> np.ndarray:
-    """Every rank's compute ops at the ranks' lower median, op by op; collectives as recorded."""
+    """Every rank's compute ops at the ranks' lower median, op by op (a pipeline step: each rank's scaled to the
+    ranks' lower median compute); transfers and collectives as recorded."""
     ideal = step.own_s.copy()
+    if step.node_rank is not None:
+        totals = _compute_totals(step)
+        target = float(np.quantile(totals, 0.5, method="lower"))
+        for index, total in enumerate(totals):
+            _scale_compute(step, ideal, index, target, total)
+        return ideal
     compute = step.compute_nodes
     ideal[compute] = np.quantile(step.own_s[compute], 0.5, axis=2, method="lower", keepdims=True)
     return ideal
 
 
 def peers_own_times(step: StepModel, rank: int) -> np.ndarray:
-    """The recorded own times with `rank`'s compute ops at its peers' lower median (its own where it has none)."""
+    """The recorded own times with `rank`'s compute ops at its peers' lower median (its own where it has none;
+    a pipeline step: scaled to its peers' lower median compute)."""
     index = step.ranks.index(rank)
-    peers = np.delete(step.own_s, index, axis=2)
     own = step.own_s.copy()
-    if peers.shape[2]:
-        compute = step.compute_nodes
-        own[compute, :, index] = np.quantile(peers[compute], 0.5, axis=2, method="lower")
+    if len(step.ranks) < 2:
+        return own
+    if step.node_rank is not None:
+        totals = _compute_totals(step)
+        target = float(np.quantile(np.delete(totals, index), 0.5, method="lower"))
+        _scale_compute(step, own, index, target, totals[index])
+        return own
+    peers = np.delete(step.own_s, index, axis=2)
+    compute = step.compute_nodes
+    own[compute, :, index] = np.quantile(peers[compute], 0.5, axis=2, method="lower")
     return own
+
+
+def _compute_totals(step: StepModel) -> np.ndarray:
+    """Each rank's compute in the step (s), in the order of `step.ranks`."""
+    return np.array([step.own_s[step.compute_mask(index)].sum() for index in range(len(step.ranks))])
+
+
+def _scale_compute(step: StepModel, own: np.ndarray, index: int, target: float, total: float) -> None:
+    """The compute ops of the rank at `index` scaled so that they sum to `target` (as they are without any)."""
+    if total > 0:
+        mask = step.compute_mask(index)
+        own[mask] = step.own_s[mask] * (target / total)
 
 
 def _step_time(step: StepModel, own_s: np.ndarray) -> float:
@@ -122,12 +153,12 @@ def _rank_what_if(modeled: TraceModel, rank: int, ideal_s: np.ndarray) -> RankWh
     for step in modeled.steps:
         if rank not in step.ranks:
             continue
-        index, compute = step.ranks.index(rank), step.compute_nodes
+        mask = step.compute_mask(step.ranks.index(rank))
         ideal = ideal_own_times(step)
-        ideal[compute, :, index] = step.own_s[compute, :, index]
+        ideal[mask] = step.own_s[mask]
         put_back.append(_step_time(step, ideal))
-        own.append(step.own_s[compute, 0, index].sum())
-        peers.append(peers_own_times(step, rank)[compute, 0, index].sum())
+        own.append(step.own_s[mask].sum())
+        peers.append(peers_own_times(step, rank)[mask].sum())
         what_if.append(_what_if_step_s(step, rank))
     present = [i for i, step in enumerate(modeled.steps) if rank in step.ranks]
     return RankWhatIf(rank=rank, slowdown=float(np.mean(put_back) / np.mean(ideal_s[present])),

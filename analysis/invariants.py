@@ -19,8 +19,8 @@ test). Each rule returns human-readable violations ("windows[0].causes.findings[
   step time               the report's step_time is quantities.trace_step_times' StepStats;
   verdict                 the rank the verdict names is quantities.job_straggler's; a verdict (the report's and
                           each window's) names one rank, whatever the sentence (straggler, most waited for,
-                          slowest steps); a window names a straggler only when its significance stands out
-                          (stragglers.py);
+                          slowest steps, compared with); a window names a straggler only when its significance
+                          stands out (stragglers.py);
   idle by cause           a rank's idle time by cause sums to no more than its idle time; on the GPU basis,
                           idle by cause + GPU busy inside the steps = the steps' span (the partition every
                           idle finding's gain is taken from);
@@ -303,7 +303,9 @@ def _verdict_rank(report: Report) -> list[str]:
 
 _BLAMED_RANK = re.compile(r"rank (\d+) (?:is the straggler|causes the most waiting|has the slowest steps|is the rank "
                           r"waited for most)|slowest rank: (\d+)|the others wait for rank (\d+)|the rank waited for "
-                          r"most, rank (\d+)")
+                          r"most, rank (\d+)|vs rank (\d+)|rank (\d+), the fastest")
+"""The ranks a verdict names in its step-time and collectives' sentences: as the one holding the others back, or
+as the one compared with ("+1.2% vs rank 0, the fastest" beside "rank 1 is the straggler" named two)."""
 
 
 def _verdicts_name_one_rank(report: Report) -> list[str]:

@@ -247,3 +247,25 @@ def test_a_rank_late_every_other_step_stands_out_by_its_late_steps():
     symmetric = np.array([10.0, -9.0, 12.0, -11.0, 9.0, -10.0, 11.0, -12.0]) * 1000
     assert _intermittent(symmetric, ranks=2) is None
     assert _intermittent(np.array([30.0, 31.0, -1.0]) * 1000, ranks=2) is None    # one early step: too few
+
+
+def test_even_step_times_beside_a_named_straggler_name_no_other_rank(tmp_path):
+    # the review's pair: rank 1 sleeps before its all-reduce every step, both ranks' steps end together; the
+    # verdict read "step times are even across ranks (..., +1.2% vs rank 0, the fastest); rank 1 is the straggler"
+    builders = [_cpu_rank(r, LATE_US if r == 1 else PEER_JITTER, world=2) for r in (0, 1)]
+    report = analyze(_write(tmp_path / "set", builders), use_hta=False, write_default_outputs=False)
+    assert "rank 1 is the straggler" in report.verdict and "even across ranks" in report.verdict
+    for verdict in (report.verdict, report.windows[0].stragglers.verdict):
+        assert set(re.findall(r"\brank (\d+)", verdict)) == {"1"}, verdict
+    assert check_report(report) == []
+    two = dataclasses.replace(report, verdict="step times are even across ranks (42.56 ms mean at most, +1.2% vs "
+                                              "rank 0, the fastest); rank 1 is the straggler: ...")
+    assert any("names ranks [0, 1]" in p for p in check_report(two))
+
+
+def test_two_ranks_slowest_steps_are_against_the_other_rank_not_a_second_name():
+    from fleetscope.analysis.cross_rank.stragglers import step_time_clause
+
+    clause = step_time_clause({0: 100.0, 1: 130.0}, collectives_name_a_rank=False)
+    assert clause.startswith("rank 1 has the slowest steps") and "vs the other rank" in clause
+    assert "rank 0" not in clause

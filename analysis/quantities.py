@@ -24,6 +24,10 @@ compute floor            of a step, for a late rank: the larger of what its othe
                          other rank's step time less its waiting in the step (its own work, which stays were
                          the late rank on time); with step metrics, also the steady step less its exposed
                          gradient communication (`metrics_floor_ms`). No what-if goes below it.
+own work                 of a rank in a step, step metrics: its step time less its exposed gradient communication
+                         (where it waits for a later rank); `status` names the rank with the most as the one the
+                         others wait for. traces/formats.py `own_work_ms`, there because launcher/ (the live
+                         status) may not import analysis/; `metrics_floor_ms` applies it to the job's medians.
 stands out               a rank's lateness, when its mean signed lateness vs peers per profiled step reaches the
                          one-sided Student t quantile at 5% / ranks against the larger of its own step-to-step
                          spread and (3+ ranks) the other ranks'; only then is it named a straggler, with a
@@ -52,7 +56,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from fleetscope.traces.formats import STEP_SOURCE_CAPTURE
+from fleetscope.traces.formats import STEP_SOURCE_CAPTURE, own_work_ms
 from fleetscope.traces.validate import finite_number
 
 BASIS_TRACE = "trace"
@@ -186,9 +190,7 @@ def union_by_step_us(steps, starts_us, ends_us) -> dict[int, float]:
 def metrics_floor_ms(step_ms: float | None, comm_exposed_ms: float | None) -> float | None:
     """The compute floor step metrics give: the steady step less its exposed gradient communication (which holds
     any waiting for a late rank), each the slowest rank's per step, median; None when either is unknown."""
-    if step_ms is None or comm_exposed_ms is None:
-        return None
-    return max(step_ms - max(comm_exposed_ms, 0.0), 0.0)
+    return own_work_ms(step_ms, comm_exposed_ms)
 
 
 def clamp_caused_wait_ms(caused_ms: float, step_ms: float, floor_ms: float | None) -> float:

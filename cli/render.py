@@ -10,7 +10,7 @@ from ..launcher.failures import RankFailure
 from ..launcher.runs import recorded_anything
 from ..analysis.cross_rank.outcome import exit_meaning
 from ..analysis.quantities import step_ranges
-from ..launcher.progress import RECENT_STEPS, RunProgress
+from ..launcher.progress import MEASURE_BEHIND, MEASURE_OWN_WORK, RECENT_STEPS, RunProgress
 from ..launcher.scheduler import RunStatus, Submission
 from ..launcher.schedulers.local import RecordedRunStatus, duration_text
 from ..launcher.schedulers.slurm import SlurmJobStatus, SlurmRunStatus
@@ -84,7 +84,8 @@ the same column ("failed first:" and "merged_trace:" are the longest labels)."""
 
 
 def _row(label: str, value: object) -> str:
-    return f"{label + ':':<{STATUS_LABEL_WIDTH}}{value}"
+    """`label:` padded to the value column; an empty label continues the row above."""
+    return f"{label + ':' if label else '':<{STATUS_LABEL_WIDTH}}{value}"
 
 
 def render_status(status: RunStatus) -> str:
@@ -140,10 +141,8 @@ def render_progress(progress: RunProgress | None, *, ended: bool = False) -> lis
         return [_row("progress", "no step finished yet (no step records)")]
     total = f" (the run's steps: 0-{progress.total_steps - 1})" if progress.total_steps else ""
     ahead = f"; the furthest rank is at step {progress.front_step}" if progress.front_step > progress.done_step else ""
-    slowest = progress.slowest
-    time = f"{slowest.step_time_ms:.2f} ms" if slowest.step_time_ms is not None else "no time recorded"
-    lines = [_row("progress", f"step {progress.done_step} done on every rank{total}{ahead}"),
-             _row("slowest rank", f"rank {slowest.rank}: at step {slowest.step}, its last step {time}")]
+    lines = [_row("progress", f"step {progress.done_step} done on every rank{total}{ahead}")]
+    lines += _slowest_lines(progress)
     if progress.pace_ms is not None:
         eta = progress.eta_s
         left = f"; {duration_text(eta)} left at that pace" if eta is not None and eta > 0 and not ended else ""
@@ -153,11 +152,44 @@ def render_progress(progress: RunProgress | None, *, ended: bool = False) -> lis
         lines.append(_row("profiler on", f"in steps {step_ranges(progress.profiled_steps)}{'' if ended else ' so far'}"))
     shown = ", ".join(f"{r.rank}: {r.step_time_ms:.1f} ms" for r in progress.ranks[:LISTED_TASKS]
                       if r.step_time_ms is not None)
+    more = f" (+{len(progress.ranks) - LISTED_TASKS} more)" if len(progress.ranks) > LISTED_TASKS else ""
     if shown:
-        more = f" (+{len(progress.ranks) - LISTED_TASKS} more)" if len(progress.ranks) > LISTED_TASKS else ""
         lines.append(_row("last step", f"per rank {shown}{more}"))
+    work = ", ".join(f"{r.rank}: {r.median(MEASURE_OWN_WORK):.1f} ms" for r in progress.ranks[:LISTED_TASKS]
+                     if r.own_work_ms)
+    if work and len(progress.ranks) > 1:
+        lines.append(_row("own work", f"per rank {work}{more} (median a step)"))
     lines += [_row("note", note) for note in progress.notes]
     return lines
+
+
+def _slowest_lines(progress: RunProgress) -> list[str]:
+    """Which rank the others wait for, with the measure that names it (launcher/progress.py)."""
+    slowest = progress.slowest
+    if slowest is None:
+        return []
+    rank = next(r for r in progress.ranks if r.rank == slowest.rank)
+    if slowest.measure == MEASURE_BEHIND:
+        return [_row("slowest rank", f"rank {rank.rank}, behind: at step {rank.step}, {slowest.steps_behind} "
+                                     f"steps behind the furthest rank (step {progress.front_step}); ranks in step "
+                                     "finish each step together, so it is stalled or not in step")]
+    count = len(_measured(rank, slowest.measure))
+    steps = f"last {count} unprofiled step(s)" if rank.steady else f"{count} recorded step(s), none unprofiled yet"
+    over = (f"{slowest.ms:.2f} ms a step against {slowest.others_ms:.2f} ms on the other ranks (median of each "
+            f"rank's {steps}), more than the other ranks' in {slowest.steps_over} of {slowest.steps_compared} "
+            "step(s)")
+    who = (f"rank {rank.rank}, the one the others wait for," if slowest.consistent
+           else f"no rank is consistently the one waited for; rank {rank.rank}")
+    if slowest.measure == MEASURE_OWN_WORK:
+        return [_row("slowest rank", f"{who} has the most own work: {over}"),
+                _row("", "own work: step time less the gradient communication the rank waited for (a synchronous "
+                         "job's ranks take about equal step times: the others' include their waiting for it)")]
+    return [_row("slowest rank", f"{who} has the longest step time: {over}; no rank recorded its gradient "
+                                 "communication, so a rank that waits for another is not told apart")]
+
+
+def _measured(rank, measure: str) -> dict[int, float]:
+    return (rank.own_work_ms if measure == MEASURE_OWN_WORK else rank.recent_step_ms) or {}
 
 
 def _failure_lines(failures: list[RankFailure]) -> list[str]:

@@ -2,8 +2,20 @@
 step): what `fleetscope status` shows of a job while it runs, on any scheduler.
 
   step          the last step every rank finished (the slowest rank's), and the most any rank finished;
-  step time     per rank, its last step's time; the slowest rank named (the one furthest behind, then the one
-                whose last step took longest);
+  step time     per rank, its last step's time;
+  slowest rank  the one the others wait for, by the first measure the records allow (its name is printed with it):
+                  behind     a rank BEHIND_STEPS or more steps behind the furthest (ranks of a synchronous job finish
+                             each step together, their records at most a step apart): stalled, or not in step;
+                  own work   the most own work a step (traces/formats.py own_work_ms: step time less the gradient
+                             communication it waited for), median of each rank's last RECENT_STEPS steady steps. In
+                             a synchronous data-parallel job every rank's step time is about equal, because the
+                             others wait for the straggler inside their steps (in their gradient collectives): the
+                             longest step time names a rank that waits about as often as the straggler.
+                             It is consistently the one waited for when its own work exceeds the other ranks'
+                             median in CONSISTENT_SHARE of the steps compared; otherwise none is said to be;
+                  step time  where no rank recorded its gradient communication (no DDP or FSDP2: one replica, TP,
+                             pipeline stages), the longest median step time, said to be a step time (the
+                             same count of steps over the others);
   pace          the median of the last RECENT_STEPS steps of the job (per step the slowest rank's time, steps
                 the profiler ran in left out), as steps per second, and the time left at that pace to the
                 run's last step (job.json's train.steps);
@@ -15,12 +27,24 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from ..traces.formats import read_metric_records, steady_step_records
+from ..traces.formats import own_work_ms, read_metric_records, steady_step_records
 from ..traces.layout import STEP_METRICS_RE, RunLayout
 from ..traces.validate import finite_number
 
 RECENT_STEPS = 20
-"""Steps the pace is the median of."""
+"""Steps the pace, and each rank's own work and step time, are the median of."""
+BEHIND_STEPS = 2
+"""A rank this many steps behind the furthest is named behind (module docstring)."""
+
+CONSISTENT_SHARE = 0.8
+"""A rank is consistently the one waited for when its value exceeds the other ranks' median in this share of the
+steps compared: a rank the others wait for does so in nearly every step, one of equal ranks in about half."""
+MIN_COMPARED_STEPS = 3
+"""Fewer steps compared name no rank as consistently waited for (with 2 equal ranks, 3 of 3 happens once in 8)."""
+
+MEASURE_BEHIND = "behind"
+MEASURE_OWN_WORK = "own work"
+MEASURE_STEP_TIME = "step time"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +53,41 @@ class RankProgress:
     step: int
     """The last step it finished."""
     step_time_ms: float | None
+    """Its last step's time."""
+    recent_step_ms: dict[int, float] = field(default_factory=dict)
+    """step -> step time of its last RECENT_STEPS steady steps (all its steps while none is steady)."""
+    own_work_ms: dict[int, float] | None = None
+    """step -> own work over the same steps (None: its gradient communication is not recorded in all of them)."""
+    steady: bool = True
+    """Those steps are steady ones (False: the rank has none yet, and they are all its steps)."""
+
+    def median(self, measure: str) -> float | None:
+        values = self.own_work_ms if measure == MEASURE_OWN_WORK else self.recent_step_ms
+        return statistics.median(values.values()) if values else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlowestRank:
+    """The rank the others wait for, and the measure that names it (module docstring)."""
+
+    rank: int
+    measure: str
+    """MEASURE_BEHIND, MEASURE_OWN_WORK or MEASURE_STEP_TIME."""
+    ms: float | None = None
+    """Its median of the measure; None when behind."""
+    others_ms: float | None = None
+    """The median over the other ranks of their medians of the same measure."""
+    steps_over: int = 0
+    """Of its recent steps that the other ranks also recorded, those in which its value exceeds their median."""
+    steps_compared: int = 0
+    steps_behind: int = 0
+
+    @property
+    def consistent(self) -> bool:
+        """Behind, or over the others in at least CONSISTENT_SHARE of at least MIN_COMPARED_STEPS steps."""
+        if self.measure == MEASURE_BEHIND:
+            return True
+        return self.steps_compared >= MIN_COMPARED_STEPS and self.steps_over >= CONSISTENT_SHARE * self.steps_compared
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,14 +110,45 @@ class RunProgress:
         return max(r.step for r in self.ranks)
 
     @property
-    def slowest(self) -> RankProgress:
-        return min(self.ranks, key=lambda r: (r.step, -(r.step_time_ms or 0.0), r.rank))
+    def slowest(self) -> SlowestRank | None:
+        """The rank the others wait for (module docstring); None with one rank."""
+        if len(self.ranks) < 2:
+            return None
+        behind = [r for r in self.ranks if self.front_step - r.step >= BEHIND_STEPS]
+        if behind:
+            rank = min(behind, key=lambda r: (r.step, r.rank))
+            return SlowestRank(rank=rank.rank, measure=MEASURE_BEHIND, steps_behind=self.front_step - rank.step)
+        if all(r.own_work_ms for r in self.ranks):
+            return _most(self.ranks, MEASURE_OWN_WORK)
+        if all(r.recent_step_ms for r in self.ranks):
+            return _most(self.ranks, MEASURE_STEP_TIME)
+        return None
 
     @property
     def eta_s(self) -> float | None:
         if self.total_steps is None or self.pace_ms is None:
             return None
         return max(self.total_steps - 1 - self.done_step, 0) * self.pace_ms / 1000.0
+
+
+def _most(ranks: list[RankProgress], measure: str) -> SlowestRank:
+    """The rank with the largest median of `measure`, and in how many of its steps it exceeds the others."""
+    top = max(ranks, key=lambda r: (r.median(measure), -r.rank))
+    others = [r for r in ranks if r is not top]
+    series = [_series(r, measure) for r in others]
+    over = compared = 0
+    for step, value in _series(top, measure).items():
+        peers = [s[step] for s in series if step in s]
+        if peers:
+            compared += 1
+            over += value > statistics.median(peers)
+    return SlowestRank(rank=top.rank, measure=measure, ms=top.median(measure),
+                       others_ms=statistics.median(r.median(measure) for r in others),
+                       steps_over=over, steps_compared=compared)
+
+
+def _series(rank: RankProgress, measure: str) -> dict[int, float]:
+    return (rank.own_work_ms if measure == MEASURE_OWN_WORK else rank.recent_step_ms) or {}
 
 
 def run_progress(layout: RunLayout, total_steps: int | None) -> RunProgress | None:
@@ -85,8 +175,20 @@ def run_progress(layout: RunLayout, total_steps: int | None) -> RunProgress | No
 
 def _latest(rank: int, records: list[dict]) -> RankProgress:
     last = max(records, key=lambda r: r["step"])
-    time = last.get("step_time_ms")
-    return RankProgress(rank=rank, step=last["step"], step_time_ms=finite_number(time))
+    steady = steady_step_records(records)
+    recent = sorted(steady or records, key=lambda r: r["step"])[-RECENT_STEPS:]
+    times = {r["step"]: t for r in recent if (t := _nonnegative(r.get("step_time_ms"))) is not None}
+    work = {r["step"]: own_work_ms(_nonnegative(r.get("step_time_ms")), finite_number(r.get("comm_exposed_ms")))
+            for r in recent}
+    known = {step: w for step, w in work.items() if w is not None}
+    return RankProgress(rank=rank, step=last["step"], step_time_ms=finite_number(last.get("step_time_ms")),
+                        recent_step_ms=times, own_work_ms=known if known and len(known) == len(work) else None,
+                        steady=bool(steady))
+
+
+def _nonnegative(value: object) -> float | None:
+    number = finite_number(value)
+    return number if number is not None and number >= 0 else None
 
 
 def _note_steps(records: list[dict], per_step: dict[int, float], profiled: set[int]) -> None:
@@ -94,8 +196,8 @@ def _note_steps(records: list[dict], per_step: dict[int, float], profiled: set[i
     for), and the steps the profiler ran in."""
     profiled.update(record["step"] for record in records if record.get("profiled") is True)
     for record in steady_step_records(records):
-        time = finite_number(record.get("step_time_ms"))
-        if time is not None and time >= 0:
+        time = _nonnegative(record.get("step_time_ms"))
+        if time is not None:
             per_step[record["step"]] = max(per_step.get(record["step"], 0.0), time)
 
 

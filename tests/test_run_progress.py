@@ -8,7 +8,8 @@ import json
 import pytest
 
 from fleetscope.cli.main import main
-from fleetscope.launcher.progress import run_progress
+from fleetscope.cli.render import render_progress
+from fleetscope.launcher.progress import MEASURE_BEHIND, MEASURE_OWN_WORK, MEASURE_STEP_TIME, run_progress
 from fleetscope.traces.jobfile import write_job_record
 from fleetscope.traces.layout import RunLayout
 
@@ -27,6 +28,7 @@ def test_progress_is_the_slowest_ranks_with_the_pace_of_recent_unprofiled_steps(
     _records(layout, 1, range(0, 38), 120.0, profiled=(10, 11))
     progress = run_progress(layout, total_steps=100)
     assert (progress.done_step, progress.front_step, progress.slowest.rank) == (37, 40, 1)
+    assert (progress.slowest.measure, progress.slowest.steps_behind) == (MEASURE_BEHIND, 3)
     assert progress.pace_ms == 120.0                 # per step the slowest rank's time, profiled steps left out
     assert progress.eta_s == pytest.approx(62 * 0.120)
     assert progress.profiled_steps == [10, 11]
@@ -57,6 +59,61 @@ def test_a_run_without_records_says_no_step_finished(tmp_path, capsys):
     write_job_record(layout, scheduler="local", status="running")
     assert main(["status", str(layout.root)]) == 0
     assert "no step finished yet" in capsys.readouterr().out
+
+
+def _synchronous(layout: RunLayout, own_work: dict[int, list[float]], step_ms: list[float],
+                 exposed: bool = True) -> None:
+    """Records of a synchronous data-parallel job: every rank's step takes the same time; the rest of a rank's step
+    beyond its own work is its gradient communication, which holds its waiting for the later rank. Rank 0's steps
+    are half a millisecond longer (where its wait falls)."""
+    layout.metrics_dir.mkdir(parents=True, exist_ok=True)
+    for rank, works in own_work.items():
+        lines = [dict(step=s, rank=rank, loss=1.0, step_time_ms=ms + 0.5 * (rank == 0), data_ms=0.2, forward_ms=work,
+                      backward_ms=ms - work, optimizer_ms=0.0, tokens_per_s=1.0, profiled=False,
+                      comm_exposed_ms=ms + 0.5 * (rank == 0) - work if exposed else None)
+                 for s, (work, ms) in enumerate(zip(works, step_ms))]
+        layout.metrics_file(rank).write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_the_slowest_rank_of_a_synchronous_job_is_the_one_with_the_most_own_work_not_the_longest_step(tmp_path):
+    # rank 1 computes 65 ms where rank 0 computes 25 ms; rank 0 waits 40 ms in its gradient all-reduce, so
+    # its step time ends up as long as rank 1's (here half a millisecond longer)
+    layout = RunLayout.at(tmp_path)
+    _synchronous(layout, {0: [25.0 + s % 3 for s in range(12)], 1: [65.0 - s % 2 for s in range(12)]}, [70.0] * 12)
+    slowest = run_progress(layout, total_steps=12).slowest
+    assert slowest.rank == 1
+    assert (slowest.measure, slowest.consistent) == (MEASURE_OWN_WORK, True)
+    assert (slowest.steps_over, slowest.steps_compared) == (11, 11)       # every step but the first (not steady)
+    assert slowest.ms == pytest.approx(64.0) and slowest.others_ms == pytest.approx(26.0)
+    lines = render_progress(run_progress(layout, total_steps=12), ended=True)
+    text = "\n".join(lines)
+    assert "rank 1, the one the others wait for, has the most own work: 64.00 ms a step against 26.00 ms" in text
+    assert "own work: step time less the gradient communication the rank waited for" in text
+
+
+def test_equal_ranks_name_no_rank_as_the_one_waited_for(tmp_path):
+    layout = RunLayout.at(tmp_path)
+    _synchronous(layout, {0: [30.0 + (s % 2) for s in range(12)], 1: [30.0 + ((s + 1) % 2) for s in range(12)]},
+                 [40.0] * 12)
+    progress = run_progress(layout, total_steps=12)
+    assert not progress.slowest.consistent
+    assert "slowest rank: no rank is consistently the one waited for; rank " in "\n".join(render_progress(progress))
+
+
+def test_without_gradient_communication_records_the_step_time_names_the_rank_and_says_so(tmp_path):
+    layout = RunLayout.at(tmp_path)
+    _synchronous(layout, {0: [30.0] * 6, 1: [30.0] * 6}, [40.0] * 6, exposed=False)
+    slowest = run_progress(layout, total_steps=6).slowest
+    assert (slowest.rank, slowest.measure) == (0, MEASURE_STEP_TIME)      # rank 0's steps are 0.5 ms longer
+    text = "\n".join(render_progress(run_progress(layout, total_steps=6)))
+    assert "has the longest step time" in text and "a rank that waits for another is not told apart" in text
+
+
+def test_one_rank_has_no_slowest_rank_line(tmp_path):
+    layout = RunLayout.at(tmp_path)
+    _records(layout, 0, range(0, 5), 10.0)
+    assert run_progress(layout, total_steps=5).slowest is None
+    assert not any(line.startswith("slowest rank") for line in render_progress(run_progress(layout, 5)))
 
 
 # --- cancel of a local run ----------------------------------------------------------------------------

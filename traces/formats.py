@@ -169,6 +169,16 @@ def steady_step_records(records: list[dict]) -> list[dict]:
     return [r for r in records if r.get("step") != first and not r.get("profiled", False)]
 
 
+def own_work_ms(step_ms: float | None, comm_exposed_ms: float | None) -> float | None:
+    """A step's own work from step metrics: its time less the gradient communication it waited for
+    (`comm_exposed_ms`, which holds any waiting for a later rank), never below 0; None when either is unknown.
+    In a synchronous data-parallel job every rank's step time is about the same: the rank the others wait for
+    is the one with the most own work. analysis/quantities.py's compute floor is this arithmetic."""
+    if step_ms is None or comm_exposed_ms is None:
+        return None
+    return max(step_ms - max(comm_exposed_ms, 0.0), 0.0)
+
+
 def read_metric_records(path: Path, *, within: Path | None = None, max_bad_lines_kept: int = 20) -> MetricRecords:
     """Every step record of a metrics file: JSON objects with an integer `step` and finite numbers. With
     `within` (the run directory) a file that resolves outside it is refused (InputRefused)."""

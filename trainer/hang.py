@@ -202,7 +202,7 @@ class HangWatchdog:
             self.dump("dump_requested")
 
     def _on_hang(self, stalled: float) -> None:
-        log.error("rank %d: no step completed for %.0f s after %d steps: dumping the Flight Recorder and "
+        log.error("rank %d: no step finished for %.0f s, so it stopped in step %d: dumping the Flight Recorder and "
                   "stopping the job", self._rank, stalled, self._steps_done)
         write_hang_marker(self._layout, HangMarker(rank=self._rank, step=self._steps_done, seconds=round(stalled, 1),
                                                    at=now_iso_ms()))

@@ -1,10 +1,10 @@
 """Why a job hung, from the ranks' Flight Recorder dumps (traces/flight_recorder.py).
 
 Per process group: the last collective each rank entered (its highest collective_seq_id) and completed
-(the recorder's pg_status; NCCL also marks entries `completed`), the collective the most advanced ranks wait
-in, the ranks that never entered it, and collectives whose type, sizes or dtypes differ across ranks at
-the same sequence number. Joined with who detected the hang, each waiting rank's recorded stack, each
-late rank's main-thread stack at dump time, the last profiled window and the tail of the ranks' logs.
+(the recorder's pg_status, given as a collective_seq_id; NCCL also marks entries `completed`), the collective
+the most advanced ranks wait in, the ranks that never entered it, and collectives whose type, sizes or dtypes
+differ across ranks at the same sequence number. Joined with who detected the hang, each waiting rank's recorded
+stack, each late rank's main-thread stack at dump time, the last profiled window and the tail of the ranks' logs.
 
 PyTorch's own analyzer (torch.distributed.flight_recorder.components.builder.build_collectives) runs on
 the same entries as a cross-check and its mismatch verdicts are listed; we go beyond it where it does not
@@ -204,11 +204,32 @@ def _listed(value: Any) -> list:
 
 
 def _completed(dump: dict, group: str, calls: list[Call]) -> int | None:
+    """The last collective the rank completed in `group`, as a collective sequence number (#N, like `Call.seq`)."""
     pg_status = dump.get("pg_status", {})
     status = pg_status.get(group) if isinstance(pg_status, dict) else None
     if isinstance(status, dict) and type(status.get("last_completed_collective")) is int:
-        return status["last_completed_collective"]
+        return _as_collective_seq(status, [e for e in dump["entries"] if _group_of(e)[0] == group])
     done = [c.seq for c in calls if c.state == "completed"]
+    return max(done) if done else None
+
+
+def _as_collective_seq(status: dict, entries: list[dict]) -> int | None:
+    """pg_status's last completed operation as a collective sequence number. The recorder's pg_status counts in
+    one of two numberings: NCCL its collectives (the entries' collective_seq_id), gloo every operation of the group
+    (their op_id: #16 was op 49 in a gloo run, so 'completed 48' read as '#48' after '#16' entered). The numbering
+    is the one in which last_enqueued_collective is the group's last entry; in op ids the answer is the last
+    collective at or before that op. None where neither matches or the op is no longer in the recorder's buffer."""
+    completed, enqueued = status["last_completed_collective"], status.get("last_enqueued_collective")
+    if not entries:
+        return completed
+    last = max(enumerate(entries), key=lambda i_e: (i_e[1].get("record_id") if type(i_e[1].get("record_id")) is int
+                                                    else -1, i_e[0]))[1]
+    if not last.get("is_p2p") and last["collective_seq_id"] == enqueued:
+        return completed
+    if type(last.get("op_id")) is not int or last["op_id"] != enqueued:
+        return None
+    done = [e["collective_seq_id"] for e in entries
+            if not e.get("is_p2p") and type(e.get("op_id")) is int and e["op_id"] <= completed]
     return max(done) if done else None
 
 

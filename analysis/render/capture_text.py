@@ -40,11 +40,11 @@ def _windows(section: CaptureSection) -> str:
 def render_hang(hang: HangReport, title: str = HANG_TITLE) -> str:
     """The hang report as plain text (what `fleetscope hang` prints)."""
     lines = [title, f"  {hang.verdict}"]
-    for marker in hang.detected_by:
-        lines.append(f"  rank {marker['rank']} saw no progress for {marker['seconds']:.0f} s after "
-                     f"{marker['step']} steps ({marker['at']})")
+    lines += [_stalled(marker) for marker in hang.detected_by]
     lines.append(f"  dumps: ranks {hang.dumped_ranks}" + (f"; MISSING ranks {hang.missing_dumps}" if hang.missing_dumps
                                                           else ""))
+    if hang.groups:
+        lines.append(f"  {COLLECTIVE_NUMBERS}")
     for group in hang.groups:
         lines.append(f"  process group {group.group} ({group.desc or '-'}, ranks {group.ranks}):")
         for member in group.members:
@@ -60,7 +60,8 @@ def render_hang(hang: HangReport, title: str = HANG_TITLE) -> str:
         lines.append(f"  rank {rank} was here instead (main thread, innermost first):")
         lines += [f"    {frame}" for frame in frames]
     if hang.last_steps:
-        lines.append("  last step with metrics: " + ", ".join(f"rank {r}: {s}" for r, s in hang.last_steps.items()))
+        lines.append("  last step with metrics: " + ", ".join(f"rank {r}: {s}" for r, s in hang.last_steps.items())
+                     + _metrics_lag(hang))
     if hang.last_window:
         lines.append(f"  last profiled window: {hang.last_window}")
     for rank, tail in hang.log_tails.items():
@@ -70,3 +71,29 @@ def render_hang(hang: HangReport, title: str = HANG_TITLE) -> str:
     lines += [f"  {line}" for line in hang.pytorch_analysis]
     lines += [f"  problem: {p}" for p in hang.problems]
     return "\n".join(lines)
+
+
+COLLECTIVE_NUMBERS = ("#N: a collective's number in its process group, counted alike on every rank by the Flight "
+                      "Recorder; a step issues several collectives, so #N is no step number")
+
+
+def _stalled(marker: dict) -> str:
+    """A hang watchdog's marker in steps: its `step` counts the steps the rank had finished (the next one's index)."""
+    done = marker["step"]
+    after = f"after step {done - 1}" if done > 0 else "before its first step finished"
+    return (f"  rank {marker['rank']}: no step finished for {marker['seconds']:.0f} s {after}, so it stopped in step "
+            f"{done} (its hang watchdog, {marker['at']})")
+
+
+def _metrics_lag(hang: HangReport) -> str:
+    """Why the step metrics end before the steps the watchdogs counted, where they do (one record, written late)."""
+    finished = {m["rank"]: m["step"] - 1 for m in hang.detected_by}
+    lags = {finished[r] - s for r, s in hang.last_steps.items() if r in finished}
+    if not lags or lags == {0}:
+        return ""
+    if lags == {1}:
+        last = {finished[r] for r in hang.last_steps if r in finished}
+        which = f"step {last.pop()}, finished before the hang," if len(last) == 1 else "the last step each finished"
+        return f" (metrics/rank<R>.jsonl: a step's line is written once the next step has run, so {which} has none)"
+    return (" (metrics/rank<R>.jsonl: a step's line is written once the next step has run; these end earlier than "
+            "the steps the watchdogs counted as finished)")

@@ -476,8 +476,12 @@ def _judged(summary: dict, change: float, interval: tuple[float, float], per_run
     beyond_noise = (interval[0] > 0) if sign > 0 else (interval[1] < 0)
     sustained = all(sign * c * factor >= threshold_pct for c in per_run)
     of_what = "" if scale is None else "of the step time"
-    reason = "better" if sign * change < 0 else _reason(large, beyond_noise, sustained, threshold_pct, of_what,
-                                                        change * factor)
+    if sign * change < 0:
+        # "better" only beyond the noise, as `direction` says "gain": a -0.2% inside -24..+119% is no finding
+        better_beyond = (interval[1] < 0) if sign > 0 else (interval[0] > 0)
+        reason = "better" if better_beyond and abs(change) >= PRACTICAL_CHANGE_PCT else "within the noise"
+    else:
+        reason = _reason(large, beyond_noise, sustained, threshold_pct, of_what, change * factor)
     return MetricGate(**summary, change_pct=change, interval_pct=interval, new_run_changes_pct=per_run, gated=True,
                       regression=large and beyond_noise and sustained,
                       step_cost_pct=None if scale is None else change * factor, reason=reason)

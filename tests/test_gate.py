@@ -236,3 +236,15 @@ def test_a_rank_missing_on_one_side_is_left_out_of_both(tmp_path):
     assert abs(_metric(result, "tokens_per_s").change_pct) < 2
     assert any("rank(s) 1 have no counterpart" in n for n in result.notes)
     assert any(n.startswith(f"{new}: metrics/rank1.jsonl: 1 bad line(s)") for n in result.notes)
+
+
+def test_an_improvement_inside_the_noise_is_not_called_better(tmp_path):
+    # the review's demo pair: step time -0.2% with an interval of -24..+119% was printed "better"
+    base = [_run(tmp_path, "b0", step_ms=100, noise_pct=30, seed=1)]
+    new = [_run(tmp_path, "n0", step_ms=99, noise_pct=30, seed=2)]
+    step = _metric(gate(base, new), "step_time_ms")
+    assert step.interval_pct[0] < 0 < step.interval_pct[1] and direction(step) == "unclear"
+    assert "better" not in step.reason and "noise" in step.reason
+    clear = [_run(tmp_path, "n1", step_ms=80, noise_pct=1, seed=3)]
+    faster = _metric(gate(base, clear), "step_time_ms")
+    assert direction(faster) == "gain" and faster.reason == "better"

@@ -10,7 +10,8 @@ import time
 from dataclasses import asdict
 
 from ..analysis.cross_rank.hang import analyze_hang
-from ..analysis.render.capture_text import render_hang
+from ..analysis.cross_rank.outcome import STATE_FAILED, job_outcome
+from ..analysis.render.capture_text import FAILURE_TITLE, HANG_TITLE, render_hang
 from ..traces.atomic import write_bytes_atomically
 from ..traces.capture import (
     MAX_REQUEST_RANKS,
@@ -212,7 +213,9 @@ def handle_hang(args: argparse.Namespace) -> int:
         print(f"fleetscope hang: {layout.root} is not a run directory and holds no Flight Recorder dump under "
               f"{layout.flight_recorder_dir}", file=sys.stderr)
         return EXIT_FAILED
-    print(escape_controls(render_hang(report)))
+    outcome = job_outcome(layout, report) if layout.is_run_dir() else None
+    failed = outcome is not None and outcome.state == STATE_FAILED   # its peers waited when it died: no hang
+    print(escape_controls(render_hang(report, title=FAILURE_TITLE if failed else HANG_TITLE)))
     if json_out:
         write_bytes_atomically((strict_dumps(asdict(report), indent=1) + "\n").encode(), json_out)
         print(f"json: {json_out}")

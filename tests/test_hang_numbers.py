@@ -81,3 +81,31 @@ def test_the_steps_the_watchdog_counted_and_the_last_metrics_agree_or_are_explai
     assert "after 4 steps" not in text
     assert f"last step with metrics: rank 0: {last_metrics}, rank 1: {last_metrics}{said}\n" in text
     assert "#N: a collective's number in its process group" in text and "so #N is no step number" in text
+
+
+def _crashed(tmp_path) -> RunLayout:
+    """The fixture's dumps as a crash leaves them: no watchdog fired; the waiting rank's collective ended in the
+    error of its peer's closed connection, which its recorder counts as completed."""
+    from fleetscope.traces.jobfile import write_job_record
+    layout = _hang_dir(tmp_path / "run")
+    for marker in layout.flight_recorder_dir.glob("hang.rank*.json"):
+        marker.unlink()
+    path = layout.flight_recorder_file(0)
+    dump = json.loads(path.read_text())
+    dump["pg_status"]["0"]["last_completed_collective"] = 18
+    path.write_text(json.dumps(dump))
+    write_job_record(layout, scheduler="local", status="failed",
+                     failures=[{"rank": 1, "exitcode": 1, "message": "InjectedFault: injected crash"}])
+    return layout
+
+
+def test_a_crashed_jobs_collectives_are_no_hang_and_a_collective_ended_without_its_peers_is_said_to_fail(
+        tmp_path, capsys):
+    from fleetscope.cli.main import main
+    layout = _crashed(tmp_path)
+    assert main(["hang", str(layout.root)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Collectives when the job failed (Flight Recorder)")
+    assert ("rank 0: last entered #18 gloo:broadcast [[16]] ['Float']; last completed #18 (ended without the ranks "
+            "that never entered it: it failed") in out
+    assert "rank 1: last entered #17" in out and "(ended without" not in out.split("rank 1: last entered")[1]

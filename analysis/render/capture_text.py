@@ -51,6 +51,9 @@ def render_hang(hang: HangReport, title: str = HANG_TITLE) -> str:
             call = member.last_entered
             entered = f"#{call.seq} {call.name} {call.input_sizes} {call.input_dtypes}" if call else "nothing"
             done = "-" if member.last_completed_seq is None else f"#{member.last_completed_seq}"
+            if _ended_without_peers(group, member):
+                done += (" (ended without the ranks that never entered it: it failed; the recorder counts that as "
+                         "completed)")
             lines.append(f"    rank {member.rank}: last entered {entered}; last completed {done}")
         if group.waiting_in is not None:
             lines.append(f"    waiting in #{group.waiting_in.seq} {group.waiting_in.name}, recorded at:")
@@ -75,6 +78,14 @@ def render_hang(hang: HangReport, title: str = HANG_TITLE) -> str:
 
 COLLECTIVE_NUMBERS = ("#N: a collective's number in its process group, counted alike on every rank by the Flight "
                       "Recorder; a step issues several collectives, so #N is no step number")
+
+
+def _ended_without_peers(group, member) -> bool:
+    """A waiting rank whose recorder marks the collective it waits in completed: its peers never entered, so it
+    ended in an error (a crashed peer's closed connection)."""
+    waiting = group.waiting_in
+    return (waiting is not None and member.rank in group.waiting_ranks and member.last_completed_seq is not None
+            and member.last_completed_seq >= waiting.seq)
 
 
 def _stalled(marker: dict) -> str:

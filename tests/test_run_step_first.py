@@ -46,3 +46,33 @@ def test_a_folder_of_traces_has_no_run_step_time(tmp_path):
     report = analyze(tmp_path / "traces", use_hta=False, write_default_outputs=False)
     assert report.run_step_time_ms is None and not report.verdict.startswith("The profiled steps")
     assert "step time median" in render_terminal(report).splitlines()[1]
+
+
+def test_the_header_carries_the_measured_profiling_cost_beside_the_profiled_steps(report):
+    # the review: "profiling cost inside +30% [+19, +56]" was printed 60 lines below a header built on those steps
+    report, _ = report
+    (records,) = [r for r in report.trainer.ranks if r.profiling is not None]
+    cost = records.profiling.inside_vs_before
+    shown = f"profiling cost {cost.median_pct:+.1f}% [{cost.low_pct:+.1f}, {cost.high_pct:+.1f}]"
+    assert shown in render_terminal(report).splitlines()[1]
+    assert shown in render_html(report).split('id="verdict"')[1].split("</p>", 2)[1]
+
+
+def test_profiled_steps_faster_than_the_run_read_under_it_not_a_negative_over(report):
+    import dataclasses
+
+    report, _ = report
+    faster = dataclasses.replace(report, run_step_time_ms=report.step_time.median_ms * 1.25)
+    header = render_terminal(faster).splitlines()[1]
+    assert "20% under the run's" in header and "-20% over" not in header
+
+
+def test_a_profiling_cost_not_measurable_says_why_not_too_few_of_thousands():
+    from fleetscope.analysis.per_rank.profiling_cost import profiling_cost
+    from fleetscope.analysis.render.evidence_text import profiling_line
+
+    # the first window is steps 1-3 (profiled), so no steady step lies before it; 2,000 steps after
+    records = [{"step": s, "step_time_ms": 50.0 + (s % 7), "profiled": 1 <= s <= 3} for s in range(2004)]
+    line = profiling_line(profiling_cost(records))
+    assert "too few steps (2000 steps)" not in line
+    assert "no steady step before the first window" in line

@@ -142,7 +142,8 @@ _PROFILING_HEADER = ["rank", "before: steps", "before: median ms", "inside: step
 def _profiling_row(records) -> list[str]:
     cost = records.profiling
     return [str(records.rank), str(len(cost.before.steps)), _f(cost.before.median_ms, 2), str(len(cost.inside.steps)),
-            difference_text(cost.inside_vs_before), str(len(cost.after.steps)), difference_text(cost.after_vs_before)]
+            difference_text(cost.inside_vs_before, cost.before), str(len(cost.after.steps)),
+            difference_text(cost.after_vs_before, cost.before)]
 
 
 def _records(report: Report) -> str:

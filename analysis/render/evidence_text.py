@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fleetscope.analysis.per_rank.names import PHASES
+from fleetscope.analysis.per_rank.profiling_cost import MIN_STEPS
 from fleetscope.analysis.report.model import Report, WindowReport
 
 BANDWIDTH_ROWS_SHOWN = 5
@@ -159,8 +160,14 @@ def compile_line(compiled) -> str:
             f"{len(compiled.recompiles)} recompiles, compiled in steps {compiled.steps_with_compilations or '-'}")
 
 
-def difference_text(difference) -> str:
+def difference_text(difference, before=None) -> str:
+    """A profiling-cost difference (median, 95% interval); unmeasured, why: too few steps on its own side, or
+    none to compare with before the first window (`before`: that Phase), which thousands of steps after it
+    cannot make up for."""
     if difference is None:
+        if before is not None and len(before.steps) < MIN_STEPS:
+            return ("not measured: no steady step before the first window" if not before.steps else
+                    f"not measured: fewer than {MIN_STEPS} steady steps before the first window")
         return "too few steps"
     return f"{difference.median_pct:+.1f}% [{difference.low_pct:+.1f}, {difference.high_pct:+.1f}]"
 
@@ -169,8 +176,24 @@ def profiling_line(cost) -> str:
     """Steady steps before the first window vs inside the windows and after the last (median, 95% interval)."""
     before = f"{cost.before.median_ms:.2f} ms" if cost.before.median_ms is not None else "-"
     return (f"before the first window {before} ({len(cost.before.steps)} steps); inside "
-            f"{difference_text(cost.inside_vs_before)} ({len(cost.inside.steps)} steps); after the last "
-            f"{difference_text(cost.after_vs_before)} ({len(cost.after.steps)} steps); excluded: {cost.excluded}")
+            f"{difference_text(cost.inside_vs_before, cost.before)} ({len(cost.inside.steps)} steps); after the last "
+            f"{difference_text(cost.after_vs_before, cost.before)} ({len(cost.after.steps)} steps); "
+            f"excluded: {cost.excluded}")
+
+
+def profiling_cost_headline(report: Report) -> str:
+    """The measured profiling cost, said in the header beside the profiled steps it inflates: the rank whose
+    windows cost most (inside them against its steady steps before the first, step metrics); "" where no rank
+    measured it."""
+    trainer = report.trainer
+    ranks = trainer.ranks if trainer is not None and trainer.status == "ok" else []
+    measured = [(r.rank, r.profiling.inside_vs_before) for r in ranks
+                if r.profiling is not None and r.profiling.inside_vs_before is not None]
+    if not measured:
+        return ""
+    rank, cost = max(measured, key=lambda item: (item[1].median_pct, -item[0]))
+    who = f"rank {rank}" if len(measured) == 1 else f"rank {rank}, the most of {len(measured)} ranks"
+    return f"profiling cost {difference_text(cost)} (the windows' steps vs the steady steps before them, {who})"
 
 
 def _records(report: Report) -> str:

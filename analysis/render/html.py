@@ -10,7 +10,6 @@ from typing import Any
 from fleetscope.analysis.render import open_in_perfetto as perfetto
 from fleetscope.analysis.render.open_in_perfetto import StepRanges
 from fleetscope.analysis.per_rank.collectives import step_label
-from fleetscope.analysis.quantities import profiled_excess_pct
 from fleetscope.analysis.per_rank.utilization import Utilization
 from fleetscope.analysis.render import html_table, svg
 from fleetscope.analysis.render.html_table import table as _table
@@ -20,7 +19,8 @@ from fleetscope.analysis.render.cause_html import cause_section, critical_path_s
 from fleetscope.analysis.render.pipeline_section import pipeline_html
 from fleetscope.analysis.render.moe_html import moe_section
 from fleetscope.analysis.render.whole_run_html import whole_run_html
-from fleetscope.analysis.render.terminal import advice_cut_short, matching_sentence, whole_run_headline
+from fleetscope.analysis.render.terminal import (advice_cut_short, matching_sentence, profiled_beside_run,
+                                                  whole_run_headline)
 from fleetscope.analysis.report.model import RankSummary, Report, WindowReport
 
 HTA_ROWS_SHOWN = 20
@@ -90,10 +90,9 @@ def _header(report: Report) -> str:
                  f"max {steps.max_ms:.2f} ms over {steps.count} steps ({report.step_time_basis or 'trace'})"
                  if steps else "no step annotations")
     if report.run_step_time_ms is not None:
-        excess = profiled_excess_pct(steps.median_ms if steps else None, report.run_step_time_ms)
+        beside = profiled_beside_run(report)
         step_line = (f"step time {report.run_step_time_ms:.2f} ms ({report.run_step_time_basis}); profiled "
-                     + step_line.replace("step time: ", "steps ", 1)
-                     + (f", {excess:+.0f}% over the run's" if excess is not None else ""))
+                     + step_line.replace("step time: ", "steps ", 1) + (f", {beside}" if beside else ""))
     run_wide = whole_run_headline(report)
     run_line = f"<p><b>Whole run:</b> {escape(run_wide)}</p>" if run_wide else ""
     return (f"<h1>fleetscope report</h1><p id=\"verdict\"><b>Verdict:</b> {escape(report.verdict)}</p>{run_line}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from fleetscope.analysis.cross_rank.matching import METHOD_ORDER, METHOD_SEQUENCE, CollectiveMatching
 from fleetscope.analysis.per_rank.collectives import step_label
 from fleetscope.analysis.render.capture_text import capture_sections
-from fleetscope.analysis.render.evidence_text import evidence_sections
+from fleetscope.analysis.render.evidence_text import evidence_sections, profiling_cost_headline
 from fleetscope.analysis.render.cause_terminal import cause_lines, critical_path_lines
 from fleetscope.analysis.render.pipeline_section import pipeline_text
 from fleetscope.analysis.render.moe_text import moe_section
@@ -101,9 +101,20 @@ def step_time_text(report: Report) -> str:
                 f"steps ({report.step_time_basis or 'trace'})" if steps else "")
     if report.run_step_time_ms is None:
         return "step time " + profiled.replace("profiled steps ", "", 1)
-    excess = profiled_excess_pct(steps.median_ms if steps else None, report.run_step_time_ms)
     run = f"step time {report.run_step_time_ms:.2f} ms ({report.run_step_time_basis})"
-    return run + (f"; {profiled}, {excess:+.0f}% over the run's" if profiled and excess is not None else "")
+    beside = profiled_beside_run(report)
+    return run + (f"; {profiled}" + (f", {beside}" if beside else "") if profiled else "")
+
+
+def profiled_beside_run(report: Report) -> str:
+    """How the profiled steps' median compares with the run's steady step, and the measured profiling cost,
+    said beside the profiled steps ("" where neither is known)."""
+    steps = report.step_time
+    excess = profiled_excess_pct(steps.median_ms if steps else None, report.run_step_time_ms)
+    parts = [] if excess is None else [f"{excess:+.0f}% over the run's" if excess >= 0 else
+                                       f"{-excess:.0f}% under the run's"]
+    cost = profiling_cost_headline(report)
+    return "; ".join(parts + ([cost] if cost else []))
 
 
 _COLUMNS = ("rank", "host", "steps", "mean ms", "median ms", "max ms", "busy %", "idle %", "comm %",

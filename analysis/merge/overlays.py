@@ -18,8 +18,8 @@ The analysis track holds
     collective (and how late), and a summary with the report's verdict as debug annotations;
   * hot-expert marks from the report's MoE findings (moe_overlays.py);
   * host-stall marks and per-step evidence counters from the report (evidence_overlays.py).
-A `critical path` track holds the report's critical-path segments on this rank (critical_path_overlays.py); a
-`what-if: ideal step` track its ops in the report's replay of those steps without stragglers (ideal_overlays.py).
+A `critical path` track holds the report's critical-path segments on this rank (critical_path_overlays.py); the
+report's replay of those steps without stragglers is a process of its own (ideal_overlays.py).
 Counters: `step time (ms)` and `idle (%)`, one sample at each step's start: the step's span as drawn (the
 report's step time), and the analysis's idle gaps inside it in percent of it. MoE runs also get
 `tokens: expert <E>` counters, one per local expert (moe_overlays.py).
@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleetscope.analysis.merge.critical_path_overlays import plan_path_track
-from fleetscope.analysis.merge.ideal_overlays import plan_ideal_track
 from fleetscope.analysis.merge.evidence_overlays import EVIDENCE_CATEGORY, sync_marks
 from fleetscope.analysis.merge.tracks import (
     FIRST_MADE_UP_IDENT,
@@ -127,8 +126,6 @@ def plan_overlays(grouped: "GroupedEvents", inputs: OverlayInputs, flows: "FlowP
     path_slices, _ = plan_path_track(report.critical_path if report is not None else None, context.clock.offset_ns,
                                      tracks, plan.operations, new_tracks, flows, FIRST_MADE_UP_IDENT)
     plan.slice_count += path_slices
-    plan.slice_count += plan_ideal_track(report.ideal if report is not None else None, context.clock.offset_ns,
-                                         tracks, plan.operations, new_tracks)
     if not slices and not instants:
         return plan
     _add_counter(STEP_TIME_TRACK, "ms", step_samples, tracks, plan, new_tracks)

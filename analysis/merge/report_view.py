@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from fleetscope.analysis.merge.critical_path_overlays import rank_path
-from fleetscope.analysis.merge.ideal_overlays import rank_ideal
 from fleetscope.analysis.merge.evidence_overlays import rank_evidence
 from fleetscope.analysis.merge.sources import MergeProblem
 from fleetscope.traces.safe_read import read_metadata
@@ -87,7 +86,6 @@ def report_view(report: dict | None, *, rank: int, window_key: int, first_window
     return ReportView(
         critical_path=rank_path(window.get("critical_path"), rank=rank, window_key=window_key,
                                 report_offset_ns=offset_ns),
-        ideal=rank_ideal(window.get("ideal_replay"), rank=rank, report_offset_ns=offset_ns),
         evidence=rank_evidence(window, _rank_entry(window.get("ranks"), rank), _rank_entry(trainer.get("ranks"), rank)),
         rank_summary=_rank_entry(report.get("ranks"), rank) if first_window else None,
         report_verdict=str(report.get("verdict") or ""),

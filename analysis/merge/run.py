@@ -9,7 +9,8 @@ writes ONE native Perfetto protobuf trace:
   `offsets_ns` when given, else the offsets the analysis report used, else `clock/rank<R>.json`;
 * arrows from CPU launches to GPU work and between ranks at the same collective instance
   (perfetto_flows.py); a `fleetscope analysis` track per rank with steps, idle gaps and straggler
-  marks, and step-time / idle / memory counters (perfetto_overlays.py);
+  marks, and step-time / idle / memory counters (perfetto_overlays.py); the report's ideal replay of the
+  critical-path steps as a process of its own, a thread per rank (ideal_overlays.py);
 * optionally the same events as Chrome JSON (merge_json.py).
 
 The trace is streamed: ranks are read one at a time (a rank's windows one after another, all into
@@ -27,6 +28,7 @@ import shutil
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping
@@ -34,6 +36,8 @@ from typing import IO, Any, Callable, Mapping
 from fleetscope.analysis.merge.chrome_json import ChromeJsonWriter
 from fleetscope.analysis.merge.flows import FlowPlan
 from fleetscope.analysis.merge.focus import FocusPlan
+from fleetscope.analysis.merge.ideal_overlays import (IDEAL_SEQUENCE_ID, IdealProcess, plan_ideal_process,
+                                                      write_ideal_process)
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.outputs import PlannedOutput, plan_merge_focus, planned_outputs
 from fleetscope.analysis.merge.summary import (
@@ -162,6 +166,11 @@ class MergeResult:
     """Counter samples of the whole run (whole_run_counters.py) in this file: every rank's timeline, binned."""
     whole_run_bounds_ns: tuple[int, int] | None = None
     """The first and last of those samples (merged clock)."""
+    ideal_slices: int = 0
+    """Slices of the ideal replay's process (ideal_overlays.py) in this file."""
+    ideal_threads: int = 0
+    """Its threads: one per rank with ideal ops."""
+    ideal_bounds_ns: tuple[int, int] | None = None
     focus: FocusPlan | None = None
     """The focus set of a default merge: which ranks are in full and why, and what was left out."""
     shards: list["MergeResult"] = field(default_factory=list)
@@ -231,8 +240,10 @@ def merge(
     files = planned_outputs(inputs, destination, options, focus)
     origin: list[int | None] = [None]
     whole_run = _whole_run_plan(inputs, options, notes)
+    ideal = _ideal_plan(inputs, report_json if options.overlays else None, options)
     results = [_merge_file(inputs, planned, options, report_json if options.overlays else None, problems, notes,
-                           origin, progress, whole_run=whole_run if planned is files[-1] else None)
+                           origin, progress, whole_run=whole_run if planned is files[-1] else None,
+                           ideal=ideal if planned is files[-1] else None)
                for planned in files]
     result = results[-1]
     shards = results[:-1] if options.shard_ranks is not None else []
@@ -255,6 +266,28 @@ def _whole_run_plan(inputs: MergeInputs, options: MergeOptions, notes: list[Merg
     plan = plan_whole_run(inputs.run_layout, set(offsets) | inputs.run_layout.ranks_with_records(), offsets)
     notes += [MergeProblem(reason=f"whole-run counters: {problem}") for problem in plan.problems]
     return plan if plan.ranks else None
+
+
+def _ideal_plan(inputs: MergeInputs, report_json: dict | None, options: MergeOptions) -> IdealProcess | None:
+    """The report's ideal replay as its own process, for the last file of the merge; on each rank's clock as its
+    own tracks are drawn (the rank's window offset: the report's unless offsets were given). None without a
+    replay, or for a merge of a time range (its slices would sit outside it)."""
+    if report_json is None or options.time_window_s is not None:
+        return None
+    sources = {source.rank: source for source in inputs.ranks}
+    windows = [(w.get("window"), w.get("ideal_replay")) for w in report_json.get("windows") or []
+               if isinstance(w, dict)]
+
+    def shift_ns(rank: int, window_key: Any) -> int | None:
+        source = sources.get(rank)
+        if source is None:
+            return None
+        reported = report_clock_offsets_ns(report_json, window_key)
+        merged = reported[rank] if source.clock_source != CLOCK_GIVEN and rank in reported else source.clock_offset_ns
+        return reported.get(rank, 0) - merged
+
+    plan = plan_ideal_process(windows, shift_ns, options.steps)
+    return plan if plan.slices else None
 
 
 def _matching_report(report_json: dict | None, inputs: MergeInputs, problems: list[MergeProblem]) -> dict | None:
@@ -286,7 +319,7 @@ def _plans_focus(options: MergeOptions) -> bool:
 def _merge_file(inputs: MergeInputs, planned: "PlannedOutput", options: MergeOptions, report_json: dict | None,
                 problems: list[MergeProblem], notes: list[MergeProblem], origin: list[int | None],
                 progress: Callable[[RankMergeSummary], None] | None, *,
-                whole_run: WholeRunPlan | None = None) -> MergeResult:
+                whole_run: WholeRunPlan | None = None, ideal: IdealProcess | None = None) -> MergeResult:
     """One output file: its ranks in full, then the summary of `planned.summary_of`; `origin` carries the
     time origin from file to file (shards count `time_window_s` from the same instant)."""
     started = time.perf_counter()
@@ -303,6 +336,8 @@ def _merge_file(inputs: MergeInputs, planned: "PlannedOutput", options: MergeOpt
             summary_counts = write_summaries(session, planned) if planned.summary_of else []
             if whole_run is not None:
                 _write_whole_run(session, whole_run)
+            if ideal is not None:
+                _write_ideal(session, ideal)
             session.stream.flush()
             origin[0] = session.origin_ns
         if json_writer is not None:
@@ -327,6 +362,9 @@ def _merge_file(inputs: MergeInputs, planned: "PlannedOutput", options: MergeOpt
         summary=summary_counts,
         whole_run_samples=whole_run.sample_count if whole_run is not None else 0,
         whole_run_bounds_ns=whole_run.bounds_ns if whole_run is not None else None,
+        ideal_slices=ideal.slice_count if ideal is not None else 0,
+        ideal_threads=len(ideal.slices) if ideal is not None else 0,
+        ideal_bounds_ns=ideal.bounds_ns if ideal is not None else None,
     )
 
 
@@ -336,6 +374,13 @@ def _write_whole_run(session: "_MergeSession", plan: WholeRunPlan) -> None:
         write_preamble(session.stream, sequence_id=_PREAMBLE_SEQUENCE_ID, first_timestamp_ns=first)
         session.preamble_written = True
     write_whole_run(SequenceWriter(stream=session.stream, sequence_id=WHOLE_RUN_SEQUENCE_ID, shown=bounded_name), plan)
+
+
+def _write_ideal(session: "_MergeSession", plan: IdealProcess) -> None:
+    if not session.preamble_written:
+        write_preamble(session.stream, sequence_id=_PREAMBLE_SEQUENCE_ID, first_timestamp_ns=plan.bounds_ns[0])
+        session.preamble_written = True
+    write_ideal_process(SequenceWriter(stream=session.stream, sequence_id=IDEAL_SEQUENCE_ID, shown=bounded_name), plan)
 
 
 def _merge_ranks(session: "_MergeSession", sources: list[RankSource], handle: IO[bytes], destination: Path,
@@ -657,25 +702,45 @@ class _PartOutcome:
 def merge_in_workers(session: _MergeSession, sources: list[RankSource], handle: IO[bytes], destination: Path,
                      progress: Callable[[RankMergeSummary], None] | None) -> list[RankMergeSummary]:
     """Merge `sources` in `session.options.worker_count` processes; parts are appended in rank order as they
-    finish, so memory stays one rank per worker and disk one part per finished-but-not-appended rank."""
+    finish, so memory stays one rank per worker and disk one part per finished-but-not-appended rank. A worker
+    that dies (killed by the system, out of memory) costs a second pool for the ranks not yet appended, then
+    this process: the merged trace is never lost to it, and the notes say so."""
     jobs = [_part_job(session, source, destination) for source in sources]
-    summaries = []
+    summaries: list[RankMergeSummary] = []
+
+    def take(job: _PartJob, outcome: _PartOutcome) -> None:
+        _append_part(job, handle, session.json_writer)
+        session.problems.extend(outcome.problems)
+        session.notes.extend(outcome.notes)
+        summaries.append(outcome.summary)
+        if progress is not None:
+            progress(outcome.summary)
+
     try:
-        with ProcessPoolExecutor(max_workers=min(session.options.worker_count, len(jobs)),
-                                 mp_context=_worker_context()) as pool:
-            for job, outcome in zip(jobs, pool.map(merge_part, jobs)):
-                _append_part(job, handle, session.json_writer)
-                session.problems.extend(outcome.problems)
-                session.notes.extend(outcome.notes)
-                summaries.append(outcome.summary)
-                if progress is not None:
-                    progress(outcome.summary)
+        for _attempt in range(WORKER_POOL_ATTEMPTS):
+            pending = jobs[len(summaries):]
+            if not pending:
+                break
+            try:
+                with ProcessPoolExecutor(max_workers=min(session.options.worker_count, len(pending)),
+                                         mp_context=_worker_context()) as pool:
+                    for job, outcome in zip(pending, pool.map(merge_part, pending)):
+                        take(job, outcome)
+            except BrokenProcessPool as error:
+                session.notes.append(MergeProblem(reason=f"a merge worker process ended unexpectedly ({error}); "
+                                                         f"{len(jobs) - len(summaries)} rank(s) merged again"))
+        for job in jobs[len(summaries):]:
+            take(job, merge_part(job))
     finally:
         for job in jobs:
             job.part_path.unlink(missing_ok=True)
             if job.json_part_path is not None:
                 job.json_part_path.unlink(missing_ok=True)
     return summaries
+
+
+WORKER_POOL_ATTEMPTS = 2
+"""Pools tried before the ranks left are merged in this process."""
 
 
 def _worker_context() -> multiprocessing.context.BaseContext:

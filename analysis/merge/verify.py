@@ -8,7 +8,8 @@ merge's counts (perfetto/sql.py). The critical-path tracks are checked too: the 
 chain across ranks, and every arrow that starts on a critical-path slice ends on one of another rank. Each
 rank's `fleetscope analysis` track is compared with the report (expectations.py): every `step N` slice lasts
 the report's step time, and the rank's `idle: <cause>` slices sum to its idle by cause where every gap is
-drawn. `verify_trace_file(path)` does the same for a file alone, with the read-back as the expectation
+drawn. The ideal replay's process (ideal_overlays.py) holds the slices and threads the merge wrote.
+`verify_trace_file(path)` does the same for a file alone, with the read-back as the expectation
 (without the report's figures).
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 
 from fleetscope.analysis.merge.critical_path_overlays import PATH_TRACK_NAME
 from fleetscope.analysis.merge.expectations import analysis_track_problems
+from fleetscope.analysis.merge.ideal_overlays import IDEAL_PROCESS_NAME
 from fleetscope.analysis.merge.perfetto.check import CROSS_RANK_FLOW_BIT, TraceCheck, check_trace
 from fleetscope.analysis.merge.perfetto.sql import (
     EngineExpectations,
@@ -39,15 +41,19 @@ def verify_merge(result: MergeResult, *, trace_processor: str | Path | None = No
     problems = list(check.problems)
     expected = expected_slices_by_process(result)
     processes = [p.name for p in check.processes()]
-    expected_processes = (([WHOLE_RUN_PROCESS_NAME] if result.whole_run_samples else [])
+    expected_processes = (([IDEAL_PROCESS_NAME] if result.ideal_slices else [])
+                          + ([WHOLE_RUN_PROCESS_NAME] if result.whole_run_samples else [])
                           + ([SUMMARY_PROCESS_NAME] if result.summary else []) + list(expected))
     if processes != expected_processes:
         problems.append(f"processes {_listed(processes)} != the merged ranks {_listed(expected_processes)}")
     problems += summary_problems(result, check) + flow_end_problems(result, check)
     found = check.slice_count_by_process()
     problems += [f"{name}: {found.get(name, 0)} slices in the file, the merge wrote {count}"
-                 for name, count in expected.items() if found.get(name, 0) != count]
+                 for name, count in {**expected, **_ideal_counts(result, "slices")}.items()
+                 if found.get(name, 0) != count]
     threads = check.thread_count_by_process()
+    problems += [f"{name}: {threads.get(name, 0)} threads in the file, the merge made {count}"
+                 for name, count in _ideal_counts(result, "threads").items() if threads.get(name, 0) != count]
     problems += [f"{s.process_name}: {threads.get(s.process_name, 0)} threads in the file, the merge made "
                  f"{s.thread_count}" for s in result.per_rank if s.files and threads.get(s.process_name, 0) != s.thread_count]
     if not any(s.clock_source == CLOCK_GIVEN for s in result.per_rank):
@@ -58,6 +64,13 @@ def verify_merge(result: MergeResult, *, trace_processor: str | Path | None = No
     if binary is not None:
         problems += check_with_trace_processor(result.output, binary, expected=merge_expectations(result, check)).problems
     return problems
+
+
+def _ideal_counts(result: MergeResult, what: str) -> dict[str, int]:
+    """The ideal replay's process -> its slices or threads as the merge wrote them (none without the process)."""
+    if not result.ideal_slices:
+        return {}
+    return {IDEAL_PROCESS_NAME: result.ideal_slices if what == "slices" else result.ideal_threads}
 
 
 def critical_path_problems(check: TraceCheck, tolerance_ns: int = 1000) -> list[str]:
@@ -174,9 +187,10 @@ def merge_expectations(result: MergeResult, check: TraceCheck) -> EngineExpectat
     lasts = [s.last_timestamp_ns for s in merged if s.last_timestamp_ns is not None]
     firsts += [c.first_ns for c in result.summary if c.first_ns is not None]
     lasts += [c.last_ns for c in result.summary if c.last_ns is not None]
-    if result.whole_run_bounds_ns is not None:
-        firsts.append(result.whole_run_bounds_ns[0])
-        lasts.append(result.whole_run_bounds_ns[1])
+    for bounds in (result.whole_run_bounds_ns, result.ideal_bounds_ns):
+        if bounds is not None:
+            firsts.append(bounds[0])
+            lasts.append(bounds[1])
     return EngineExpectations(
         slices_by_process={s.process_name: s.slice_count + s.overlay_slice_count + s.instant_count
                            + s.overlay_instant_count for s in merged},
@@ -197,13 +211,20 @@ def readback_expectations(check: TraceCheck) -> EngineExpectations:
     return EngineExpectations(
         slices_by_process={name: count for name, count in
                            (check.slice_count_by_process() + check.instant_count_by_process()).items()
-                           if name != SUMMARY_PROCESS_NAME},
-        threads_by_process=dict(check.thread_count_by_process()),
+                           if _engine_lists(name)},
+        threads_by_process={name: count for name, count in check.thread_count_by_process().items()
+                            if _engine_lists(name)},
         cross_rank_flows=cross_rank_arrows(check),
         arrows=len(check.arrows),
         counter_samples=sum(len(samples) for samples in check.counter_values.values()),
         time_bounds_ns=(min(timestamps), max(timestamps)) if timestamps else None,
     )
+
+
+def _engine_lists(process_name: str | None) -> bool:
+    """Whether perfetto/sql.py's counts list the process: the ranks' own (`rank R (host)`), not the summary, the
+    whole run or the ideal replay."""
+    return process_name is not None and process_name.startswith("rank ")
 
 
 def cross_rank_arrows(check: TraceCheck) -> dict[int, int]:

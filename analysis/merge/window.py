@@ -30,8 +30,6 @@ class ReportView:
     """`worst_instances[]` of the window where this rank arrived last."""
     critical_path: Any = None
     """This rank's segments of the window's critical path (critical_path_overlays.RankPath) or None."""
-    ideal: Any = None
-    """This rank's ops of the window's ideal step replay (ideal_overlays.RankIdeal) or None."""
     evidence: Any = None
     """Per-step evidence for counters and marks (evidence_overlays.RankEvidence) or None."""
 

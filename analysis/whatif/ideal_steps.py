@@ -5,8 +5,8 @@ model (trace_model.py) is replayed with every rank's compute at the ranks' lower
 collectives as recorded (trace_whatif.ideal_own_times: the ideal that S is measured against). Each rank's ops
 of that replay are kept with their times from the step's start: its compute from when it could start to its
 end, each collective's transfer from when the last rank arrived to its end. The merge places them at the
-step's start on its clock (the critical path's `start_ns`), on a `what-if: ideal step` track of each rank, so
-the recorded step and the one without stragglers sit side by side.
+step's start on its clock (the critical path's `start_ns`), in a process of its own with a thread per rank
+(merge/ideal_overlays.py), so the recorded steps and the ones without stragglers sit side by side.
 """
 
 from __future__ import annotations

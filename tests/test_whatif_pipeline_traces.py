@@ -123,11 +123,17 @@ def test_steps_the_model_cannot_hold_are_left_out_with_why():
 
 SLOW_STAGE_MS = 30.0
 """Sleep added to every micro-batch forward of stage 1 (faults.slow_stage): 4 micro-batches, 120 ms a step, about
-three times the healthy step (~50 ms on 2 loaded cores)."""
-WHAT_IF_TOLERANCE = 0.10
-"""Of the healthy step. The two stages' own CPU work differs (stage 0 holds the embedding, stage 1 the head and
-the loss) and the what-if scales stage 1's compute to stage 0's, so some of the difference stays: measured 51.4
-ms what-if against 51.2 ms healthy once (1.00), with the slow job at 194 ms."""
+two to three times the healthy step (50-110 ms on 2 loaded cores)."""
+SAVED_SHARE = 0.8
+"""The what-if must save at least this share of the injected sleep: every forward of the slower stage of a
+2-stage 1F1B pipeline is on the step's critical path."""
+WHAT_IF_TOLERANCE = 0.5
+"""Of the healthy step. Not the DDP test's 10%: the two stages' CPU work contends for 2 shared cores (and with other
+users' load), so the healthy job's stages run slower together than the slow job's stage 0 runs while stage 1
+sleeps, and the what-if scales stage 1 to that faster stage 0. Four pairs of runs at load 2.5-6 gave what-if /
+healthy 1.00, 0.81, 0.58, 0.97 (healthy 51-111 ms, slow 183-240 ms); the saving was 133-157 ms of the 120 ms
+injected (the slow stage's CPU contention went with it). The DDP test's cure, a sleep standing in for GPU work
+on every stage, needs a per-micro-batch sleep on every stage, which the trainer's faults do not offer."""
 
 
 def launch_pipeline(run_dir: Path, slow_ms: float) -> Path:
@@ -151,6 +157,9 @@ def test_the_slow_stage_made_like_the_other_runs_as_the_job_without_the_fault(tm
     healthy_ms = float(np.median([step.measured_ms for step in healthy.steps]))
     slow_ms = float(np.median([step.measured_ms for step in slow.steps]))
     what_if_ms = float(np.median([step.slowest_what_if_ms for step in slow.steps]))
-    assert slow.slowest.rank == 1 and not slow.skipped
-    assert slow_ms > healthy_ms + 2 * SLOW_STAGE_MS
-    assert what_if_ms == pytest.approx(healthy_ms, rel=WHAT_IF_TOLERANCE), (what_if_ms, healthy_ms, slow_ms)
+    replayed_ms = float(np.median([step.replayed_ms for step in slow.steps]))
+    figures = (what_if_ms, healthy_ms, slow_ms, replayed_ms)
+    assert slow.slowest.rank == 1 and not slow.skipped and slow.pipeline_steps == len(slow.steps)
+    assert replayed_ms == pytest.approx(slow_ms, rel=0.1), figures
+    assert replayed_ms - what_if_ms >= SAVED_SHARE * 4 * SLOW_STAGE_MS, figures
+    assert what_if_ms == pytest.approx(healthy_ms, rel=WHAT_IF_TOLERANCE), figures

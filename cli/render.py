@@ -134,18 +134,24 @@ def failure_text(failure: RankFailure) -> str:
     return f"{message}{code}{more}"
 
 
-def render_progress(progress: RunProgress | None, *, ended: bool = False) -> list[str]:
+def render_progress(progress: RunProgress | None, *, ended: bool = False, run_dir: str = "RUN_DIR",
+                    hang_timeout_s: float | None = None) -> list[str]:
     """The run's progress from its step records (launcher/progress.py); `ended`: the job has ended (no time left
-    to estimate, no window still to come)."""
+    to estimate, no window still to come, nothing stalled); `run_dir` as the suggested commands name it;
+    `hang_timeout_s`: the run's observability.hang_timeout_s (None: not recorded)."""
     if progress is None:
         return [_row("progress", "no step finished yet (no step records)")]
     total = f" (the run's steps: 0-{progress.total_steps - 1})" if progress.total_steps else ""
     ahead = f"; the furthest rank is at step {progress.front_step}" if progress.front_step > progress.done_step else ""
     lines = [_row("progress", f"step {progress.done_step} done on every rank{total}{ahead}")]
+    stalled = progress.stalled and not ended
+    if stalled:
+        lines.append(_row("stalled", _stalled_text(progress, run_dir, hang_timeout_s)))
     lines += _slowest_lines(progress)
     if progress.pace_ms is not None:
         eta = progress.eta_s
-        left = f"; {duration_text(eta)} left at that pace" if eta is not None and eta > 0 and not ended else ""
+        left = (f"; {duration_text(eta)} left at that pace" if eta is not None and eta > 0 and not ended
+                and not stalled else "")
         lines.append(_row("pace", f"{1000.0 / progress.pace_ms:.2f} steps/s ({progress.pace_ms:.2f} ms a step, median "
                                   f"of the last {RECENT_STEPS} unprofiled steps, slowest rank per step){left}"))
     if progress.profiled_steps:
@@ -161,6 +167,23 @@ def render_progress(progress: RunProgress | None, *, ended: bool = False) -> lis
         lines.append(_row("own work", f"per rank {work}{more} (median a step)"))
     lines += [_row("note", note) for note in progress.notes]
     return lines
+
+
+def _stalled_text(progress: RunProgress, run_dir: str, hang_timeout_s: float | None) -> str:
+    """A running job without a step record for many steps' time: what happens next, and the command to run then."""
+    age = progress.last_record_age_s
+    text = (f"no step recorded for {duration_text(age)}, where a step took about {progress.recent_step_ms:.0f} ms: "
+            "a rank may hang")
+    hang = f"`fleetscope hang {shlex.quote(run_dir)}` names the rank"
+    if hang_timeout_s is None:
+        return f"{text}; once its ranks dump their Flight Recorder, {hang}"
+    if hang_timeout_s == 0:
+        return (f"{text}; its hang watchdog is off (observability.hang_timeout_s=0): nothing will stop it; "
+                f"`fleetscope cancel {shlex.quote(run_dir)}` does")
+    left = hang_timeout_s - age
+    when = f", in about {duration_text(left)}" if left > 0 else ""
+    return (f"{text}; its hang watchdog stops the job after {duration_text(hang_timeout_s)} without a step "
+            f"(observability.hang_timeout_s){when}, then {hang}")
 
 
 def _slowest_lines(progress: RunProgress) -> list[str]:

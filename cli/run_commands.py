@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -28,7 +29,8 @@ def handle_status(args: argparse.Namespace) -> int:
     print(escape_controls(render_status(status)))
     layout = RunLayout.at(args.run_dir)
     ended = read_job_record(layout).get("status") in FINAL_STATUSES
-    for line in render_progress(run_progress(layout, recorded_steps(layout)), ended=ended):
+    for line in render_progress(run_progress(layout, recorded_steps(layout)), ended=ended, run_dir=args.run_dir,
+                                hang_timeout_s=recorded_hang_timeout(layout)):
         print(line)
     for line in render_fanouts(layout, fanout_states(layout)):
         print(line)
@@ -41,6 +43,17 @@ def recorded_steps(layout: RunLayout) -> int | None:
     train = spec.get("train") if isinstance(spec, dict) else None
     steps = train.get("steps") if isinstance(train, dict) else None
     return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
+
+
+def recorded_hang_timeout(layout: RunLayout) -> float | None:
+    """The run's observability.hang_timeout_s (job.json spec.train); None where the record does not say."""
+    spec = read_job_record(layout).get("spec")
+    train = spec.get("train") if isinstance(spec, dict) else None
+    observability = train.get("observability") if isinstance(train, dict) else None
+    value = observability.get("hang_timeout_s") if isinstance(observability, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
 
 
 def register_logs(sub: argparse._SubParsersAction) -> None:

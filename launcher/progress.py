@@ -19,12 +19,14 @@ step): what `fleetscope status` shows of a job while it runs, on any scheduler.
   pace          the median of the last RECENT_STEPS steps of the job (per step the slowest rank's time, steps
                 the profiler ran in left out), as steps per second, and the time left at that pace to the
                 run's last step (job.json's train.steps);
-  profiled      the steps the profiler ran in so far (their records say so), as ranges.
+  profiled      the steps the profiler ran in so far (their records say so), as ranges;
+  stalled       no step record for STALLED_PACES steps at the pace (at least MIN_STALLED_S): a rank may hang.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field
 
 from ..traces.formats import own_work_ms, read_metric_records, steady_step_records
@@ -39,8 +41,12 @@ BEHIND_STEPS = 2
 CONSISTENT_SHARE = 0.8
 """A rank is consistently the one waited for when its value exceeds the other ranks' median in this share of the
 steps compared: a rank the others wait for does so in nearly every step, one of equal ranks in about half."""
-MIN_COMPARED_STEPS = 3
-"""Fewer steps compared name no rank as consistently waited for (with 2 equal ranks, 3 of 3 happens once in 8)."""
+MIN_COMPARED_STEPS = 10
+"""Fewer steady steps compared name no rank as consistently waited for (of 2 equal ranks, one is over the other in
+8 of 10 steps about once in 20 reads)."""
+STALLED_PACES = 20
+"""No step record for this many steps at the recent pace (and MIN_STALLED_S) reads as stalled."""
+MIN_STALLED_S = 30.0
 
 MEASURE_BEHIND = "behind"
 MEASURE_OWN_WORK = "own work"
@@ -80,14 +86,17 @@ class SlowestRank:
     steps_over: int = 0
     """Of its recent steps that the other ranks also recorded, those in which its value exceeds their median."""
     steps_compared: int = 0
+    steady: bool = True
+    """Every rank's steps compared are steady ones (not the first, not profiled)."""
     steps_behind: int = 0
 
     @property
     def consistent(self) -> bool:
-        """Behind, or over the others in at least CONSISTENT_SHARE of at least MIN_COMPARED_STEPS steps."""
+        """Behind, or over the others in at least CONSISTENT_SHARE of at least MIN_COMPARED_STEPS steady steps."""
         if self.measure == MEASURE_BEHIND:
             return True
-        return self.steps_compared >= MIN_COMPARED_STEPS and self.steps_over >= CONSISTENT_SHARE * self.steps_compared
+        return (self.steady and self.steps_compared >= MIN_COMPARED_STEPS
+                and self.steps_over >= CONSISTENT_SHARE * self.steps_compared)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +108,20 @@ class RunProgress:
     """Median step time of the job's recent unprofiled steps (module docstring)."""
     profiled_steps: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    last_record_age_s: float | None = None
+    """Seconds since the newest step record was written (its file's modification time)."""
+
+    @property
+    def recent_step_ms(self) -> float:
+        """The pace, or before any step is steady the longest of the ranks' recent median step times."""
+        return self.pace_ms or max((r.median(MEASURE_STEP_TIME) or 0.0 for r in self.ranks), default=0.0)
+
+    @property
+    def stalled(self) -> bool:
+        """No step record for STALLED_PACES steps at `recent_step_ms`, and at least MIN_STALLED_S."""
+        if self.last_record_age_s is None:
+            return False
+        return self.last_record_age_s >= max(MIN_STALLED_S, STALLED_PACES * self.recent_step_ms / 1000.0)
 
     @property
     def done_step(self) -> int:
@@ -144,15 +167,17 @@ def _most(ranks: list[RankProgress], measure: str) -> SlowestRank:
             over += value > statistics.median(peers)
     return SlowestRank(rank=top.rank, measure=measure, ms=top.median(measure),
                        others_ms=statistics.median(r.median(measure) for r in others),
-                       steps_over=over, steps_compared=compared)
+                       steps_over=over, steps_compared=compared, steady=all(r.steady for r in ranks))
 
 
 def _series(rank: RankProgress, measure: str) -> dict[int, float]:
     return (rank.own_work_ms if measure == MEASURE_OWN_WORK else rank.recent_step_ms) or {}
 
 
-def run_progress(layout: RunLayout, total_steps: int | None) -> RunProgress | None:
-    """The run's progress (module docstring); None before any rank finished a step."""
+def run_progress(layout: RunLayout, total_steps: int | None, *, now: float | None = None) -> RunProgress | None:
+    """The run's progress (module docstring); None before any rank finished a step. `now`: the time the records'
+    age is taken at (default: the clock's)."""
+    newest = None
     latest: dict[int, RankProgress] = {}
     per_step: dict[int, float] = {}
     profiled: set[int] = set()
@@ -167,10 +192,20 @@ def run_progress(layout: RunLayout, total_steps: int | None) -> RunProgress | No
         if records:
             latest[rank] = _latest(rank, records)
             _note_steps(records, per_step, profiled)
+            newest = max(newest or 0.0, _modified(path))
     if not latest:
         return None
+    age = max((time.time() if now is None else now) - newest, 0.0) if newest else None
     return RunProgress(ranks=[latest[r] for r in sorted(latest)], total_steps=total_steps,
-                       pace_ms=_pace_ms(per_step, profiled), profiled_steps=sorted(profiled), notes=notes)
+                       pace_ms=_pace_ms(per_step, profiled), profiled_steps=sorted(profiled), notes=notes,
+                       last_record_age_s=age)
+
+
+def _modified(path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:   # removed since it was read: its age is not known
+        return 0.0
 
 
 def _latest(rank: int, records: list[dict]) -> RankProgress:

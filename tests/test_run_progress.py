@@ -4,6 +4,7 @@ rank, the pace and the time left, the steps the profiler ran in."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -114,6 +115,37 @@ def test_one_rank_has_no_slowest_rank_line(tmp_path):
     _records(layout, 0, range(0, 5), 10.0)
     assert run_progress(layout, total_steps=5).slowest is None
     assert not any(line.startswith("slowest rank") for line in render_progress(run_progress(layout, 5)))
+
+
+def test_a_few_or_unsteady_steps_name_no_rank_as_consistently_waited_for(tmp_path):
+    layout = RunLayout.at(tmp_path)
+    _synchronous(layout, {0: [25.0] * 6, 1: [65.0] * 6}, [70.0] * 6)      # 5 steady steps: too few to say
+    slowest = run_progress(layout, total_steps=6).slowest
+    assert (slowest.rank, slowest.steps_over, slowest.consistent) == (1, 5, False)
+
+
+def test_a_running_job_without_a_step_record_for_many_steps_is_said_to_be_stalled(tmp_path, capsys):
+    import os
+    import time
+    layout = RunLayout.at(tmp_path / "run")
+    layout.root.mkdir()
+    write_job_record(layout, scheduler="local", status="running",
+                     spec={"train": {"steps": 100, "observability": {"hang_timeout_s": 600.0}}})
+    _synchronous(layout, {0: [25.0] * 12, 1: [65.0] * 12}, [70.0] * 12)
+    assert main(["status", str(layout.root)]) == 0
+    assert "stalled" not in capsys.readouterr().out          # records written just now
+    old = time.time() - 90
+    for rank in (0, 1):
+        os.utime(layout.metrics_file(rank), (old, old))
+    assert main(["status", str(layout.root)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"stalled: +no step recorded for 9\d s, where a step took about 70 ms: a rank may hang; its "
+                     r"hang watchdog stops the job after 10 min without a step \(observability.hang_timeout_s\), "
+                     rf"in about 8 min, then `fleetscope hang {re.escape(str(layout.root))}` names the rank", out), out
+    assert "left at that pace" not in out
+    write_job_record(layout, status="failed")                # an ended job is not stalled: it ended
+    assert main(["status", str(layout.root)]) == 1           # the exit status of a failed run
+    assert "stalled" not in capsys.readouterr().out
 
 
 # --- cancel of a local run ----------------------------------------------------------------------------

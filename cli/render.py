@@ -134,16 +134,21 @@ def failure_text(failure: RankFailure) -> str:
     return f"{message}{code}{more}"
 
 
-def render_progress(progress: RunProgress | None, *, ended: bool = False, run_dir: str = "RUN_DIR",
-                    hang_timeout_s: float | None = None) -> list[str]:
+def render_progress(progress: RunProgress | None, *, ended: bool = False, succeeded: bool = False,
+                    run_dir: str = "RUN_DIR", hang_timeout_s: float | None = None) -> list[str]:
     """The run's progress from its step records (launcher/progress.py); `ended`: the job has ended (no time left
-    to estimate, no window still to come, nothing stalled); `run_dir` as the suggested commands name it;
-    `hang_timeout_s`: the run's observability.hang_timeout_s (None: not recorded)."""
+    to estimate, no window still to come, nothing stalled); `succeeded`: it ended so (every step's record written);
+    `run_dir` as the suggested commands name it; `hang_timeout_s`: the run's observability.hang_timeout_s (None: not
+    recorded)."""
     if progress is None:
         return [_row("progress", "no step finished yet (no step records)")]
     total = f" (the run's steps: 0-{progress.total_steps - 1})" if progress.total_steps else ""
     ahead = f"; the furthest rank is at step {progress.front_step}" if progress.front_step > progress.done_step else ""
-    lines = [_row("progress", f"step {progress.done_step} done on every rank{total}{ahead}")]
+    # the trainer writes a step's record once the next step has run (no device sync): a running or failed job's
+    # records may trail the steps it ran by one, which `hang` counts from its watchdogs
+    trails = "" if succeeded else ("; the records may trail the steps run by one (a step's record is written once the "
+                                   "next step has run)")
+    lines = [_row("progress", f"step {progress.done_step} done on every rank{total}{ahead}{trails}")]
     stalled = progress.stalled and not ended
     if stalled:
         lines.append(_row("stalled", _stalled_text(progress, run_dir, hang_timeout_s)))

@@ -28,8 +28,9 @@ def handle_status(args: argparse.Namespace) -> int:
     status = run_status(args.run_dir)
     print(escape_controls(render_status(status)))
     layout = RunLayout.at(args.run_dir)
-    ended = read_job_record(layout).get("status") in FINAL_STATUSES
-    for line in render_progress(run_progress(layout, recorded_steps(layout)), ended=ended, run_dir=args.run_dir,
+    recorded = read_job_record(layout).get("status")
+    for line in render_progress(run_progress(layout, recorded_steps(layout)), ended=recorded in FINAL_STATUSES,
+                                succeeded=recorded == "succeeded", run_dir=args.run_dir,
                                 hang_timeout_s=recorded_hang_timeout(layout)):
         print(line)
     for line in render_fanouts(layout, fanout_states(layout)):

@@ -148,6 +148,21 @@ def test_a_running_job_without_a_step_record_for_many_steps_is_said_to_be_stalle
     assert "stalled" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("status, trails", [("running", True), ("failed", True), ("succeeded", False)])
+def test_the_progress_says_the_records_may_trail_the_steps_run_unless_the_job_succeeded(tmp_path, capsys, status,
+                                                                                          trails):
+    # the trainer writes a step's record once the next step has run: `hang` counts one step more from its watchdogs
+    layout = RunLayout.at(tmp_path / "run")
+    layout.root.mkdir()
+    write_job_record(layout, scheduler="local", status=status, spec={"train": {"steps": 8}})
+    _records(layout, 0, range(0, 4), 50.0)
+    main(["status", str(layout.root)])
+    out = capsys.readouterr().out
+    assert "step 3 done on every rank (the run's steps: 0-7)" in out
+    assert ("; the records may trail the steps run by one (a step's record is written once the next step has run)"
+            in out) is trails
+
+
 # --- cancel of a local run ----------------------------------------------------------------------------
 
 

@@ -201,7 +201,7 @@ def _slowest_lines(progress: RunProgress) -> list[str]:
         return [_row("slowest rank", f"rank {rank.rank}, behind: at step {rank.step}, {slowest.steps_behind} "
                                      f"steps behind the furthest rank (step {progress.front_step}); ranks in step "
                                      "finish each step together, so it is stalled or not in step")]
-    count = len(_measured(rank, slowest.measure))
+    count = len(rank.series(slowest.measure))
     steps = f"last {count} unprofiled step(s)" if rank.steady else f"{count} recorded step(s), none unprofiled yet"
     over = (f"{slowest.ms:.2f} ms a step against {slowest.others_ms:.2f} ms on the other ranks (median of each "
             f"rank's {steps}), more than the other ranks' in {slowest.steps_over} of {slowest.steps_compared} "
@@ -214,10 +214,6 @@ def _slowest_lines(progress: RunProgress) -> list[str]:
                          "job's ranks take about equal step times: the others' include their waiting for it)")]
     return [_row("slowest rank", f"{who} has the longest step time: {over}; no rank recorded its gradient "
                                  "communication, so a rank that waits for another is not told apart")]
-
-
-def _measured(rank, measure: str) -> dict[int, float]:
-    return (rank.own_work_ms if measure == MEASURE_OWN_WORK else rank.recent_step_ms) or {}
 
 
 def _failure_lines(failures: list[RankFailure]) -> list[str]:

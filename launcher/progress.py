@@ -67,8 +67,12 @@ class RankProgress:
     steady: bool = True
     """Those steps are steady ones (False: the rank has none yet, and they are all its steps)."""
 
+    def series(self, measure: str) -> dict[int, float]:
+        """step -> its value of `measure` (MEASURE_OWN_WORK or MEASURE_STEP_TIME) over its recent steps."""
+        return (self.own_work_ms if measure == MEASURE_OWN_WORK else self.recent_step_ms) or {}
+
     def median(self, measure: str) -> float | None:
-        values = self.own_work_ms if measure == MEASURE_OWN_WORK else self.recent_step_ms
+        values = self.series(measure)
         return statistics.median(values.values()) if values else None
 
 
@@ -158,9 +162,9 @@ def _most(ranks: list[RankProgress], measure: str) -> SlowestRank:
     """The rank with the largest median of `measure`, and in how many of its steps it exceeds the others."""
     top = max(ranks, key=lambda r: (r.median(measure), -r.rank))
     others = [r for r in ranks if r is not top]
-    series = [_series(r, measure) for r in others]
+    series = [r.series(measure) for r in others]
     over = compared = 0
-    for step, value in _series(top, measure).items():
+    for step, value in top.series(measure).items():
         peers = [s[step] for s in series if step in s]
         if peers:
             compared += 1
@@ -168,10 +172,6 @@ def _most(ranks: list[RankProgress], measure: str) -> SlowestRank:
     return SlowestRank(rank=top.rank, measure=measure, ms=top.median(measure),
                        others_ms=statistics.median(r.median(measure) for r in others),
                        steps_over=over, steps_compared=compared, steady=all(r.steady for r in ranks))
-
-
-def _series(rank: RankProgress, measure: str) -> dict[int, float]:
-    return (rank.own_work_ms if measure == MEASURE_OWN_WORK else rank.recent_step_ms) or {}
 
 
 def run_progress(layout: RunLayout, total_steps: int | None, *, now: float | None = None) -> RunProgress | None:

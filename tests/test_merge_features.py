@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import multiprocessing
+import os
+import signal
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -12,6 +17,8 @@ import pytest
 from fleetscope.traces.clock import ClockOffset, write_clock_offset
 
 from fleetscope.analysis.analyze import analyze
+from fleetscope.analysis.inputs.resolve import resolve_input
+from fleetscope.analysis.per_rank.parse import parse_traces
 from fleetscope.analysis.merge.run import PROCESS_PID_BASE, merge
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.perfetto.check import CROSS_RANK_FLOW_BIT, check_trace
@@ -242,16 +249,75 @@ def test_worker_processes_write_the_same_trace_and_json(tmp_path):
     directory = tmp_path / "four"
     for rank in range(4):
         write_trace(directory / f"rank{rank}.json",
-                    kineto_document(rank, gpu_rank_events(shift_us=1.5 * rank), host=f"n{rank}"))
+                    kineto_document(rank, gpu_rank_events(shift_us=1.5 * rank), host=f"n{rank}", world_size=4))
     outputs = {}
     for workers in (1, 3):
         result = merge(directory, tmp_path / f"w{workers}.perfetto-trace",
                        options=MergeOptions(workers=workers, chrome_json=tmp_path / f"w{workers}.trace.json.gz",
                                             time_window_s=(0, 1)))
         outputs[workers] = (result.output.read_bytes(), load_json(result.chrome_json), result.slices_per_rank)
-    assert outputs[1] == outputs[3]
+    assert outputs[1] == outputs[3] and len(outputs[3][2]) == 4
     assert check_trace(tmp_path / "w3.perfetto-trace").ok
     assert not list(tmp_path.glob(".*part"))
+
+
+def _kill_a_worker_once_started(workers: int, killed: list[int]) -> threading.Thread:
+    """A thread that SIGKILLs one of this process's pool workers (as the out-of-memory killer would) once
+    `workers` of them run: a kill while the pool is still spawning one races CPython's own start-up handshake,
+    which is not what a worker killed at work looks like."""
+    def kill():
+        deadline = time.monotonic() + 60
+        while not killed and time.monotonic() < deadline:
+            try:
+                children = [c for c in multiprocessing.active_children() if c.pid]
+            except RuntimeError:  # the pool changed its children while they were listed
+                continue
+            if len(children) >= workers:
+                os.kill(children[0].pid, signal.SIGKILL)
+                killed.append(children[0].pid)
+                return
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=kill)
+    thread.start()
+    return thread
+
+
+def _four_ranks(directory: Path) -> Path:
+    for rank in range(4):
+        write_trace(directory / f"rank{rank}.json",
+                    kineto_document(rank, gpu_rank_events(shift_us=1.5 * rank), host=f"n{rank}", world_size=4))
+    return directory
+
+
+def test_a_killed_merge_worker_costs_a_second_pool_not_the_merged_trace(tmp_path):
+    """The ranks a killed merge worker had not delivered are merged again: the trace is the one an undisturbed
+    merge writes, and a note says so."""
+    directory = _four_ranks(tmp_path / "four")
+    options = dict(workers=2, time_window_s=(0, 1))
+    # the first merge also fills the parsed-trace cache: the second starts no parse workers, only merge ones
+    undisturbed = merge(directory, tmp_path / "calm.perfetto-trace", options=MergeOptions(**options))
+    killed: list[int] = []
+    killer = _kill_a_worker_once_started(options["workers"], killed)
+    result = merge(directory, tmp_path / "killed.perfetto-trace", options=MergeOptions(**options))
+    killer.join()
+    assert killed, "no worker process was seen"
+    assert result.output.read_bytes() == undisturbed.output.read_bytes()
+    assert any("merge worker process ended unexpectedly" in note.reason for note in result.notes)
+    assert not list(tmp_path.glob(".*part"))
+
+
+def test_a_killed_parse_worker_costs_a_second_pool_not_the_ranks(tmp_path):
+    """A parse worker killed mid-analysis: every trace is still parsed, to the same results."""
+    directory = _four_ranks(tmp_path / "four")
+    calm = parse_traces(resolve_input(directory).sources, cache=None, workers=2, fresh_workers=True)
+    killed: list[int] = []
+    killer = _kill_a_worker_once_started(2, killed)
+    disturbed = parse_traces(resolve_input(directory).sources, cache=None, workers=2, fresh_workers=True)
+    killer.join()
+    assert killed, "no worker process was seen"
+    assert [r.rank for r in disturbed] == [0, 1, 2, 3]
+    assert [(r.steps, r.event_count) for r in disturbed] == [(r.steps, r.event_count) for r in calm]
 
 
 def test_a_malformed_report_is_ignored_not_fatal(traces, tmp_path):

@@ -6,14 +6,14 @@ parsed-trace cache, so a trace is parsed once per content and its rules are appl
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import gc
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -67,8 +67,28 @@ def _parse_all(sources: list[TraceSource], workers: int | None, cache: ResultCac
     if len(sources) < PARALLEL_THRESHOLD or workers <= 1:
         return _with_progress(map(one, sources), len(sources), progress)
     context = multiprocessing.get_context("spawn") if fresh_workers else None
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        return _with_progress(pool.map(one, sources, chunksize=1), len(sources), progress)
+    results: list = []
+    for _attempt in range(WORKER_POOL_ATTEMPTS):
+        pending = sources[len(results):]
+        if not pending:
+            return results
+        # a worker that dies (killed by the system, out of memory) costs a second pool for the traces whose
+        # results had not arrived, then this process: the results are the same whoever computes them
+        with suppress(BrokenProcessPool), \
+                ProcessPoolExecutor(max_workers=min(workers, len(pending)), mp_context=context) as pool:
+            for result in pool.map(one, pending, chunksize=1):
+                results.append(result)
+                if progress is not None:
+                    progress(len(results), len(sources))
+    for source in sources[len(results):]:
+        results.append(one(source))
+        if progress is not None:
+            progress(len(results), len(sources))
+    return results
+
+
+WORKER_POOL_ATTEMPTS = 2
+"""Pools tried before the traces left are parsed in this process."""
 
 
 def offset_progress(progress: Progress | None, done_before: int, total: int) -> Progress | None:

@@ -592,6 +592,9 @@ def explain(f: StragglerCause) -> str:
         sentence += f" (that is {100 * f.explained_share:.0f}% of its lateness; also {', '.join(others)})"
     if f.routing and f.cause != CAUSE_WORK:
         sentence += f"; the MoE view shows {f.routing}"
+    if shares_cpu_host(f):
+        sentence += "; " + SHARED_CPU_HOST_TEXT.format(ranks=len(f.host_peers) + 1,
+                                                       carried=max(f.mean_carried_us, 0.0) / 1000)
     if f.cause == CAUSE_HOST and f.data_loader_excess_ms is not None and \
             f.data_loader_excess_ms >= max(DATA_LOADER_MENTION_MS, 0.1 * f.mean_lateness_us / 1000):
         sentence += f"; its DataLoader fetch takes {f.data_loader_excess_ms:.2f} ms per step more than its peers'"
@@ -611,6 +614,22 @@ def explain(f: StragglerCause) -> str:
             sentence += (f"; {what_if_text(f.rank, basis, note)}, {_count_steps(len(steps))} would take "
                          f"{after:.2f} ms instead of {before:.2f} ms (mean)")
     return sentence
+
+
+SHARED_CPU_HOST_TEXT = (
+    "all {ranks} ranks run on one host and share its CPU cores: contention there (the ranks' compute and "
+    "collective threads, other processes) can keep whichever rank falls behind consistently late (on average it leaves "
+    "a collective {carried:.2f} ms after its peers, so it starts what follows late), so this can be the "
+    "host's load rather than this rank's: no node or device to exclude; give each rank its own cores (taskset, "
+    "fewer ranks per host) and measure again")
+
+
+def shares_cpu_host(f: StragglerCause) -> bool:
+    """A CPU rank whose every peer runs on its host: a lateness not from more compute can be the ranks (and other
+    processes) contending for that host's cores; nothing about the rank itself needs it."""
+    ranks = f.significance.ranks if f.significance is not None else None
+    return (f.has_gpu is False and ranks is not None and len(f.host_peers) + 1 >= ranks >= 2
+            and f.cause in (CAUSE_HOST, CAUSE_NETWORK, CAUSE_UNEXPLAINED))
 
 
 def _count_steps(count: int) -> str:

@@ -11,7 +11,7 @@ from typing import Callable
 from fleetscope.traces.formats import MoeRecord
 from fleetscope.analysis.cross_rank.arrivals import arrival_matrix
 from fleetscope.analysis.cross_rank.bandwidth import collective_bandwidth
-from fleetscope.analysis.cross_rank.causes import find_causes
+from fleetscope.analysis.cross_rank.causes import find_causes, shares_cpu_host
 from fleetscope.analysis.cross_rank.critical_path import critical_paths
 from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset, align_clocks
 from fleetscope.analysis.cross_rank.hta_views import HtaViews, run_hta, skipped
@@ -406,8 +406,13 @@ def _waited_for_sentence(windows: list[WindowReport]) -> str:
 
 def _cause_clause(windows: list[WindowReport], rank: int) -> str:
     """", cause: X" when every window that classified the rank agrees on its cause (causes.py)."""
-    causes = {f.cause for w in windows for f in w.causes.findings if f.rank == rank}
-    return f"; cause: {causes.pop()}" if len(causes) == 1 else ""
+    found = [f for w in windows for f in w.causes.findings if f.rank == rank]
+    causes = {f.cause for f in found}
+    if len(causes) != 1:
+        return ""
+    shared = " (its peers share its host's CPU cores: this can be that host's contention)" \
+        if all(shares_cpu_host(f) for f in found) else ""
+    return f"; cause: {causes.pop()}{shared}"
 
 
 def _world_size(results: list[RankResult]) -> int | None:

@@ -2,6 +2,8 @@
 trace of another tool, communication kernels of runtimes other than NCCL, JSON files kept beside the traces."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -244,5 +246,36 @@ def test_ranks_fused_by_process_name_are_found_too(tmp_path):
     assert fused_ranks({"traceEvents": events}) == {1000: 0, 1000 + 10**8: 1}
     parts = split_fused({"traceEvents": events})
     assert sorted(parts) == [0, 1] and all(len(p["traceEvents"]) == 2 for p in parts.values())
-    assert parts[1]["distributedInfo"] == {"rank": 1, "world_size": 2}
+    # the file states no world size: the ranks it holds are not the job's (it need not hold them all)
+    assert parts[1]["distributedInfo"] == {"rank": 1}
+    stated = split_fused({"distributedInfo": {"backend": "nccl", "world_size": 8}, "traceEvents": events})
+    assert stated[1]["distributedInfo"] == {"backend": "nccl", "rank": 1, "world_size": 8}
     assert fused_ranks({"traceEvents": events[:2]}) == {}
+
+
+TRACEFUSE = Path(__file__).parent / "fixtures" / "tracefuse"
+TWO_OF_128 = Path(__file__).parent / "fixtures" / "public" / "hta" / "two_of_128_ranks"
+
+
+def test_a_file_tracelens_fused_is_refused_and_splits_into_the_ranks_it_was_made_of(tmp_path):
+    """TraceLens's own TraceFuse output of two real ranks (fixtures/tracefuse/README.md): refused as one rank,
+    and its split analyzes to exactly what the two original files give (steps, step times, busy, the straggler);
+    the world size, which the fused file does not state, is left unknown rather than taken as 2."""
+    from fleetscope.cli.main import main
+    fused = tmp_path / "fused"
+    fused.mkdir()
+    shutil.copy(TRACEFUSE / "two_of_128_ranks_fused.json.gz", fused)
+    refused = analyze(fused, use_hta=False, write_default_outputs=False, use_cache=False)
+    assert refused.analyzed_ranks == []
+    assert "holds 2 ranks fused into one file (ranks 0-1)" in refused.problems[0].reason
+    split = tmp_path / "split"
+    assert main(["split", str(fused / "two_of_128_ranks_fused.json.gz"), "-o", str(split)]) == 0
+    original = analyze(TWO_OF_128, use_hta=False, write_default_outputs=False, use_cache=False).to_json()
+    again = analyze(split, use_hta=False, write_default_outputs=False, use_cache=False).to_json()
+    assert again["world_size"] is None and original["world_size"] == 128
+
+    def per_rank(report):
+        return {row["rank"]: ([(s["step"], s["step_time_ms"]) for s in row["steps"]], row["utilization"]["busy_pct"])
+                for row in report["windows"][0]["ranks"]}
+    assert per_rank(again) == per_rank(original)
+    assert again["verdict"].split(";")[0] == original["verdict"].split(";")[0]

@@ -61,9 +61,8 @@ def split_fused(document: dict[str, Any]) -> dict[int, dict[str, Any]]:
         targets = [rank] if rank in parts else list(parts)
         for target in targets:
             parts[target].append(_restored(event))
-    world = max(parts) + 1
     header = {key: value for key, value in document.items() if key != "traceEvents"}
-    return {rank: {**header, "distributedInfo": _distributed_info(header.get("distributedInfo"), rank, world),
+    return {rank: {**header, "distributedInfo": _distributed_info(header.get("distributedInfo"), rank),
                    "traceEvents": part}
             for rank, part in sorted(parts.items())}
 
@@ -109,7 +108,10 @@ def _restored(event: dict) -> dict:
     return restored
 
 
-def _distributed_info(info: Any, rank: int, world: int) -> dict[str, Any]:
+def _distributed_info(info: Any, rank: int) -> dict[str, Any]:
+    """The file's own `distributedInfo` with this rank; its world size only where the file states one that holds
+    the rank. A fused file need not hold every rank of its job (TraceFuse writes no metadata at all), so the
+    number of ranks it holds is no world size: claiming one would call a partial set complete."""
     base = dict(info) if isinstance(info, dict) else {}
-    size = base.get("world_size")
-    return {**base, "rank": rank, "world_size": size if type(size) is int and size > rank else world}
+    size = base.pop("world_size", None)
+    return {**base, "rank": rank, **({"world_size": size} if type(size) is int and size > rank else {})}

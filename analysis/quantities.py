@@ -66,20 +66,37 @@ SLOWEST_RANK = "slowest rank per step"
 
 def step_ranges(steps: Iterable[int]) -> str:
     """2, 3, 4, 7, 9, 10 -> "2-4, 7, 9-10" (steps sorted, duplicates once)."""
-    ordered = sorted(set(int(s) for s in steps))
-    if not ordered:
+    runs: list[tuple[int, int]] = []
+    for step in sorted(set(int(s) for s in steps)):
+        if runs and step == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], step)
+        else:
+            runs.append((step, step))
+    return ranges_text(runs)
+
+
+def ranges_text(runs: list[tuple[int, int]]) -> str:
+    """Sorted, disjoint runs (first, last) -> "2-4, 7, 9-10": each run in full however long; more than 8 runs
+    read as the first 4, "...", the last 3 (the bound is on the runs printed, not on the numbers they hold)."""
+    if not runs:
         return "none"
-    parts, start, previous = [], ordered[0], ordered[0]
-    for step in ordered[1:] + [None]:
-        if step is not None and step == previous + 1:
-            previous = step
-            continue
-        parts.append(str(start) if start == previous else f"{start}-{previous}")
-        if step is not None:
-            start = previous = step
+    parts = [str(first) if first == last else f"{first}-{last}" for first, last in runs]
     if len(parts) > 8:
         parts = parts[:4] + ["..."] + parts[-3:]
     return ", ".join(parts)
+
+
+def absent_runs(size: int, present: Iterable[int]) -> list[tuple[int, int]]:
+    """The runs of 0..size-1 not in `present`: at most one more than the present numbers, whatever `size` a
+    file declares, so a declared world of a million ranks costs no more than the traces found."""
+    runs, start = [], 0
+    for number in sorted({int(p) for p in present if 0 <= int(p) < size}):
+        if number > start:
+            runs.append((start, number - 1))
+        start = number + 1
+    if start < size:
+        runs.append((start, size - 1))
+    return runs
 
 
 def is_share(metric_name: str) -> bool:

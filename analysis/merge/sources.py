@@ -20,7 +20,7 @@ from typing import Mapping
 
 from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset
 from fleetscope.analysis.cross_rank.matching import match_by_window
-from fleetscope.analysis.cross_rank.placement import place_traces
+from fleetscope.analysis.cross_rank.placement import Placement, place_traces
 from fleetscope.analysis.inputs.resolve import rank_from_name, resolve_input
 from fleetscope.analysis.inputs.sources import TraceFailure, TraceSource
 from fleetscope.analysis.per_rank.cache import ResultCache
@@ -30,6 +30,7 @@ from fleetscope.analysis.per_rank.names import P2P_RECV, P2P_SEND
 from fleetscope.analysis.per_rank.p2p import OUTSIDE_STEPS
 from fleetscope.analysis.per_rank.parse import parse_traces
 from fleetscope.analysis.per_rank.rank import RankResult
+from fleetscope.analysis.quantities import absent_runs, ranges_text, step_ranges
 from fleetscope.traces.layout import RunLayout
 
 CLOCK_GIVEN = "given"
@@ -179,12 +180,7 @@ def find_merge_inputs(path: str | Path, *, offsets_ns: Mapping[int, int] | None 
     placement = place_traces(inputs, outcomes)
     by_label = {source.label: source for source in inputs.sources}
     problems = [_failure_problem(f, by_label) for f in inputs.failures + placement.failures]
-    # the reason names no rank: problems that differ only by rank read as one line with rank ranges
-    problems += [MergeProblem(rank=m.rank, reason="no trace" + (f" in window {m.window}" if m.window is not None else ""))
-                 for m in placement.missing]
-    if placement.missing_total > len(placement.missing):
-        problems.append(MergeProblem(reason=f"{placement.missing_total} rank trace(s) missing in all; the first "
-                                            f"{len(placement.missing)} are listed"))
+    problems += _missing_problems(placement, inputs.world_size)
     problems += [MergeProblem(reason=f"clock offset not used: {p}") for p in inputs.clock_problems]
     offsets = {rank: (round(m.offset_us * 1000), CLOCK_FILE) for rank, m in inputs.measured_offsets.items()}
     offsets.update({rank: (int(offset), CLOCK_GIVEN) for rank, offset in dict(offsets_ns or {}).items()})
@@ -195,6 +191,27 @@ def find_merge_inputs(path: str | Path, *, offsets_ns: Mapping[int, int] | None 
     parsed = ParsedRanks(results=results, source_kind=inputs.kind, world_size=inputs.world_size,
                          measured_offsets=dict(inputs.measured_offsets))
     return MergeInputs(root=inputs.root, run_layout=inputs.layout, ranks=ranks, problems=problems, parsed=parsed)
+
+
+def _missing_problems(placement: Placement, declared: int | None) -> list[MergeProblem]:
+    """One problem per window lacking rank traces, its missing ranks as ranges in full ("2-127"): ranges come
+    from the ranks present, so a large declared world costs nothing and no rank is left unlisted."""
+    if not placement.missing:
+        return []
+    world = max([r.world_size for r in placement.results if r.world_size] + [declared or 0])
+    if world <= 0:      # no declared size: the listed ranks are all that is known
+        return [MergeProblem(reason=f"no trace: {len(placement.missing)} rank(s) "
+                                    f"({step_ranges(m.rank for m in placement.missing)})")]
+    present: dict[int | None, set[int]] = defaultdict(set)
+    for result in placement.results:
+        present[result.window].add(result.rank)
+    problems = []
+    for window in sorted({m.window for m in placement.missing}, key=lambda w: -1 if w is None else w):
+        runs = absent_runs(world, present[window])
+        count = sum(last - first + 1 for first, last in runs)
+        where = f" in window {window}" if window is not None else ""
+        problems.append(MergeProblem(reason=f"no trace{where}: {count} rank(s) ({ranges_text(runs)})"))
+    return problems
 
 
 def _failure_problem(failure: TraceFailure, by_label: dict[str, TraceSource]) -> MergeProblem:

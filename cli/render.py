@@ -134,21 +134,33 @@ def failure_text(failure: RankFailure) -> str:
     return f"{message}{code}{more}"
 
 
+def _stopped_row(stopped_in: dict[int, int], progress: RunProgress | None) -> str:
+    """Where the hang watchdogs stopped the job, beside the records' last step (they trail it)."""
+    steps = sorted(set(stopped_in.values()))
+    where = (f"step {steps[0]}" if len(steps) == 1 else
+             "; ".join(f"rank {rank}: step {step}" for rank, step in sorted(stopped_in.items())))
+    records = f"; the step records end at step {progress.done_step}" if progress is not None else ""
+    return _row("stopped in", f"{where} (the hang watchdog of rank(s) {step_ranges(stopped_in)}, as `hang` "
+                              f"reads it){records}")
+
+
 def render_progress(progress: RunProgress | None, *, ended: bool = False, succeeded: bool = False,
-                    run_dir: str = "RUN_DIR", hang_timeout_s: float | None = None) -> list[str]:
+                    run_dir: str = "RUN_DIR", hang_timeout_s: float | None = None,
+                    stopped_in: dict[int, int] | None = None) -> list[str]:
     """The run's progress from its step records (launcher/progress.py); `ended`: the job has ended (no time left
     to estimate, no window still to come, nothing stalled); `succeeded`: it ended so (every step's record written);
     `run_dir` as the suggested commands name it; `hang_timeout_s`: the run's observability.hang_timeout_s (None: not
-    recorded)."""
+    recorded); `stopped_in`: rank -> the step its hang watchdog says it stopped in (the markers `hang` reads)."""
+    stopped = [_stopped_row(stopped_in, progress)] if stopped_in else []
     if progress is None:
-        return [_row("progress", "no step finished yet (no step records)")]
+        return stopped + [_row("progress", "no step finished yet (no step records)")]
     total = f" (the run's steps: 0-{progress.total_steps - 1})" if progress.total_steps else ""
     ahead = f"; the furthest rank is at step {progress.front_step}" if progress.front_step > progress.done_step else ""
     # the trainer writes a step's record once the next step has run (no device sync): a running or failed job's
     # records may trail the steps it ran by one, which `hang` counts from its watchdogs
     trails = "" if succeeded else ("; the records may trail the steps run by one (a step's record is written once the "
                                    "next step has run)")
-    lines = [_row("progress", f"step {progress.done_step} done on every rank{total}{ahead}{trails}")]
+    lines = stopped + [_row("progress", f"step {progress.done_step} done on every rank{total}{ahead}{trails}")]
     stalled = progress.stalled and not ended
     if stalled:
         lines.append(_row("stalled", _stalled_text(progress, run_dir, hang_timeout_s)))

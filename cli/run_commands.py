@@ -10,6 +10,7 @@ from pathlib import Path
 from ..launcher.runs import cancel_run, log_files, run_status, scheduler_of_run
 from ..traces.fanout import fanout_states
 from ..traces.layout import RunLayout
+from ..traces.flight_recorder import read_dumps
 from .exit_codes import EXIT_FAILED, EXIT_OK, exit_code
 from .terminal_text import escape_controls
 from ..launcher.progress import run_progress
@@ -31,7 +32,8 @@ def handle_status(args: argparse.Namespace) -> int:
     recorded = read_job_record(layout).get("status")
     for line in render_progress(run_progress(layout, recorded_steps(layout)), ended=recorded in FINAL_STATUSES,
                                 succeeded=recorded == "succeeded", run_dir=args.run_dir,
-                                hang_timeout_s=recorded_hang_timeout(layout)):
+                                hang_timeout_s=recorded_hang_timeout(layout),
+                                stopped_in={m.rank: m.step for m in read_dumps(layout).markers}):
         print(line)
     for line in render_fanouts(layout, fanout_states(layout)):
         print(line)

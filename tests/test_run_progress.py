@@ -229,3 +229,11 @@ def test_cancel_stops_a_running_local_launch_and_it_ends_cancelled(tmp_path):
     assert launch.returncode != 0
     record = json.loads((run / "job.json").read_text())
     assert record["status"] == "cancelled" and "cancel_requested_at" in record
+
+
+def test_status_of_a_hung_job_gives_the_step_its_watchdogs_stopped_it_in_beside_the_records():
+    from fleetscope.cli.render import render_progress
+    lines = render_progress(None, ended=True, stopped_in={0: 5, 1: 5})
+    assert any("stopped in" in line and "step 5 (the hang watchdog of rank(s) 0-1, as `hang` reads it)" in line
+               for line in lines)
+    assert not any("stopped in" in line for line in render_progress(None, ended=True))

@@ -28,9 +28,10 @@ test). Each rule returns human-readable violations ("windows[0].causes.findings[
                           verdict starts with the outcome's sentence and its first problem is the job's;
   advice                  every gain in [0, its denominator], its percentage that share of the printed
                           denominator, the combined gain at most the step, overlaps named both ways, the
-                          straggler finding's rank the verdict's, its confidence no higher than its significance
-                          allows, and no node remedy (--exclude, nvidia-smi) for a CPU rank, nor --exclude for a
-                          rank whose host runs other ranks; no advice to rebalance the router unless the MoE
+                          straggler finding's rank the verdict's (the whole run's episode that stands out and
+                          cost the most, where the finding rests on the whole run), its confidence no higher
+                          than its significance allows, and no node remedy (--exclude, nvidia-smi) for a CPU
+                          rank, nor --exclude for a rank whose host runs other ranks; no advice to rebalance the router unless the MoE
                           section names a hot expert;
   whole run               every change point printed moved its rank's level by MIN_CHANGE_LEVEL or more.
 """
@@ -47,6 +48,7 @@ from typing import Any, Iterator
 import numpy as np
 from fleetscope.analysis.quantities import (WHAT_IF_ARITHMETIC, WHAT_IF_REPLAYED, job_straggler, trace_step_times,
                                            union_by_step_us)
+from fleetscope.analysis.cross_rank.whole_run import EVIDENCE_SOURCE, largest_episode
 from fleetscope.analysis.report.model import Report
 
 LOG_ENV = "FLEETSCOPE_INVARIANTS_LOG"
@@ -374,12 +376,34 @@ def check_advice(advice: Any, report: Report | None) -> list[str]:
     problems += _advice_within_moe(advice, report)
     top = job_straggler(report.windows) if report is not None else None
     for f in advice.findings:
-        if report is not None and f.rule == "straggler" and (top is None or f.ranks != [top.rank]):
+        if report is None or f.rule != "straggler":
+            continue
+        if f.evidence.get("source") == EVIDENCE_SOURCE:
+            problems += _whole_run_straggler(f, report)
+        elif top is None or f.ranks != [top.rank]:
             problems.append(f"straggler finding names rank(s) {f.ranks}, the verdict "
                             f"{'no rank' if top is None else f'rank {top.rank}'}")
-        if report is not None and f.rule == "straggler":
-            problems += _straggler_remedy(f, report) + _straggler_confidence(f, report)
+        else:
+            problems += _straggler_confidence(f, report)
+        problems += _straggler_remedy(f, report)
     return problems
+
+
+def _whole_run_straggler(finding: Any, report: Report) -> list[str]:
+    """A straggler finding resting on the whole run names the rank of its episode that stands out and cost the most
+    time (whole_run.py largest_episode), with a confidence no higher than that episode's significance allows."""
+    episodes = [s for s in (report.whole_run.slow_ranks if report.whole_run else [])
+                if s.significance is not None and s.significance.stands_out]
+    episode = largest_episode(episodes)
+    if episode is None or finding.ranks != [episode.rank]:
+        return [f"straggler finding rests on the whole run and names rank(s) {finding.ranks}, the whole run's episode "
+                f"that stands out {'none' if episode is None else f'rank {episode.rank}'}"]
+    allowed = episode.significance.confidence
+    if finding.confidence in CONFIDENCES and allowed in CONFIDENCES and \
+            CONFIDENCES.index(finding.confidence) > CONFIDENCES.index(allowed):
+        return [f"straggler finding: confidence {finding.confidence} beyond what the whole run's significance allows "
+                f"({allowed})"]
+    return []
 
 
 CONFIDENCES = ("low", "medium", "high")

@@ -44,6 +44,13 @@ what-if                  of a late rank in a step: the step's time less what rep
                          [compute floor, step]. `replayed_what_if_ms`, `bounded_what_if_ms`, `what_if_text`.
 gain                     ms per step a change could save, never more than the step it is taken from less that
                          step's floor; its percentage is of a denominator printed beside it (`Gain`).
+gain, whole run          of a rank the whole run finds slow (cross_rank/whole_run.py), ms per step: its excess
+                         over its peers' median in the signal that names it (input wait, arrival at the first
+                         collective, step time), median over the episode's steady steps (what the others wait for
+                         it each step), of the episode's steady step time (slowest rank per step, median), bounded
+                         as every gain. `whole_run_gain`.
+profiled window          named everywhere by `window_name` ("window 0 (profiled steps 1-4)"): the steps its trace
+                         recorded, the warm-up left out; windows that touch stay apart (`profiled_steps_text`).
 percentage metrics       (`*_pct`): compared in percentage points, never as a relative change (`is_share`).
 """
 
@@ -99,6 +106,21 @@ def absent_runs(size: int, present: Iterable[int]) -> list[tuple[int, int]]:
     return runs
 
 
+def window_name(window: int | None, steps: Iterable[int]) -> str:
+    """A profiled window as every section names it (module docstring)."""
+    return f"{'window' if window is None else f'window {window}'} (profiled steps {step_ranges(steps)})"
+
+
+def profiled_steps_text(steps_by_window: Iterable[Iterable[int]]) -> str:
+    """"1-4, 6-9": each window's steps as step_ranges gives them, in step order; two windows that touch stay two
+    ranges ("1-4, 5-8"), as the windows are named."""
+    windows = sorted((sorted(set(int(s) for s in steps)) for steps in steps_by_window), key=lambda s: s[:1])
+    parts = [part for steps in windows if steps for part in step_ranges(steps).split(", ")]
+    if not parts:
+        return "none"
+    return ", ".join(parts if len(parts) <= 8 else parts[:4] + ["..."] + parts[-3:])
+
+
 def is_share(metric_name: str) -> bool:
     """A percentage metric (`*_pct`): its change is told in points, not as a relative change."""
     return metric_name.endswith("_pct")
@@ -132,13 +154,17 @@ def trace_step_times(windows) -> dict[tuple[int | None, int], float]:
 
 def trace_basis(windows) -> str:
     """"trace, profiled steps 2-3, 6-7, slowest rank per step" (windows named when there are several)."""
-    steps = sorted({step for (_, step) in trace_step_times(windows)})
+    times = trace_step_times(windows)
+    steps = sorted({step for (_, step) in times})
     if not steps:
         return f"{BASIS_TRACE}: no profiled steps"
     sources = {rank.step_source for window in windows for rank in window.ranks if rank.steps}
     if sources == {STEP_SOURCE_CAPTURE}:
         return f"{BASIS_TRACE}, the whole capture as one step (no step markers), {SLOWEST_RANK}"
-    return f"{BASIS_TRACE}, profiled steps {step_ranges(steps)}, {SLOWEST_RANK}"
+    by_window: dict = defaultdict(list)
+    for window, step in times:
+        by_window[window].append(step)
+    return f"{BASIS_TRACE}, profiled steps {profiled_steps_text(by_window.values())}, {SLOWEST_RANK}"
 
 
 # -- step time, step metrics -------------------------------------------------------------------------
@@ -264,6 +290,11 @@ def bounded_gain(gain_ms: float | None, of_ms: float | None, basis: str, floor_m
         return None
     ceiling = max(of_ms - max(floor_ms, 0.0), 0.0)
     return Gain(ms=float(min(max(gain_ms, 0.0), ceiling)), of_ms=float(of_ms), basis=basis)
+
+
+def whole_run_gain(excess_ms: float | None, step_ms: float | None, basis: str, floor_ms: float = 0.0) -> Gain | None:
+    """The gain of a slow rank the whole run finds (module docstring "gain, whole run")."""
+    return bounded_gain(excess_ms, step_ms, basis, floor_ms)
 
 
 # -- who the others wait for -------------------------------------------------------------------------

@@ -552,3 +552,87 @@ def test_records_of_ranks_beyond_the_world_size_are_named_and_not_counted(tmp_pa
     section = whole_run_section(layout)
     assert section.ranks == 4 and section.sources == {SOURCE_TIMELINE: [0, 1, 2, 3]}
     assert any("at or beyond the job's world size 4 left out (ranks 4-5)" in note for note in section.notes)
+
+
+# -- issue 41: the advice rests on the whole run; windows named as everywhere; the episode that cost the most ---
+
+
+def _straggle_advice(layout):
+    """The advice of a 2-rank CPU run whose traces name no straggler (too few profiled steps), from its whole run."""
+    from fleetscope.analysis.advise import Evidence, advise_evidence
+    from fleetscope.analysis.advise.evidence import _whole_run_straggler
+    from fleetscope.analysis.invariants import check_advice
+
+    section = whole_run_section(layout)
+    report = Report(created_at="2026-12-01T00:00:00+00:00", source_path=str(layout.root), source_kind="run_dir",
+                    world_size=2, complete=True, whole_run=section)
+    evidence = Evidence(step_ms=section.step_time_ms, step_basis="step metrics, steady steps (test)", basis="cpu",
+                        whole_run_straggler=_whole_run_straggler(report))
+    advice = advise_evidence(evidence, str(layout.root))
+    assert check_advice(advice, report) == []
+    return section, [f for f in advice.findings if f.rule == "straggler"]
+
+
+def test_the_straggler_advice_rests_on_the_whole_run_when_it_proves_one(tmp_path):
+    # runs/strag of issue 41: rank 1 of 2 CPU ranks 40 ms late at its first collective in every step; the whole
+    # run found it over 10 steady steps, advise gave 0 findings (its rule read only the 2 profiled steps).
+    section, (finding,) = _straggle_advice(write_synchronous_run(
+        tmp_path, ranks=2, steps=14, straggler=1, signal="arrival", span=(1, 14), extra_ms=40.0))
+    (slow,) = section.slow_ranks
+    assert slow.significance.stands_out and slow.significance.steps == 13
+    assert finding.ranks == [1] and finding.evidence["source"] == "whole run (timeline)"
+    assert finding.evidence["steady_steps"] == 13 and "whole run, 13 steady steps" in finding.title
+    assert 0.8 * 40.0 <= finding.expected_gain_ms <= 1.05 * 40.0 and finding.gain_of_ms == slow.step_ms
+    assert finding.gain_basis.startswith("whole run: step metrics (timeline)")
+    # two ranks: one's lateness is the other's earliness, so never "high" (stragglers.py straggler_confidence)
+    assert finding.confidence == "medium"
+    assert "--exclude" not in finding.change and "nvidia-smi" not in finding.change
+
+
+def test_a_healthy_two_rank_run_gets_no_straggler_advice_from_its_whole_run(tmp_path):
+    for seed in range(10):
+        section, found = _straggle_advice(write_synchronous_run(tmp_path / f"{seed}", ranks=2, steps=14, seed=seed))
+        assert found == [] and section.slow_ranks == [], (seed, [f.title for f in found])
+
+
+def test_back_to_back_windows_are_two_windows_named_by_their_recorded_steps(tmp_path):
+    # ddp_windows.py with wait=0,warmup=1,active=4,repeat=2: the header said 2 windows, "profiled steps 1-4, 6-9";
+    # the whole run one "window (profiler on in steps 0-9)": each window's warm-up follows the other's last step.
+    from fleetscope.analysis.quantities import profiled_steps_text
+    from fleetscope.analysis.render.whole_run_text import whole_run_text
+    from fleetscope.traces.manifest import Manifest, TraceRecord, save_manifest
+
+    layout = write_run(tmp_path, ranks=2, steps=200, slow=None, windows=((0, 4), (5, 9)))
+    recorded = {0: [1, 2, 3, 4], 1: [6, 7, 8, 9]}
+    save_manifest(Manifest(run_dir=str(layout.root), created_at="2026-12-01T00:00:00+00:00", world_size=2, traces=[
+        TraceRecord(path=f"traces/window00{w}/rank{r}.json", rank=r, host="h", window=w, steps=steps, bytes=1,
+                    sha256="0" * 64, world_size=2) for w, steps in recorded.items() for r in range(2)]), layout)
+    section = whole_run_section(layout)
+    assert [(w.first_step, w.last_step, w.window, w.profiled_steps) for w in section.windows] == [
+        (0, 4, 0, [1, 2, 3, 4]), (5, 9, 1, [6, 7, 8, 9])]
+    text = whole_run_text(section)
+    assert "window 0 (profiled steps 1-4); profiler on in steps 0-4:" in text
+    assert "window 1 (profiled steps 6-9); profiler on in steps 5-9:" in text
+    # the header's basis keeps windows that touch apart, as their names do
+    assert profiled_steps_text(recorded.values()) == "1-4, 6-9"
+    assert profiled_steps_text([[1, 2, 3, 4], [5, 6, 7, 8]]) == "1-4, 5-8"
+
+
+def test_the_headline_names_the_episode_that_cost_the_most_time_and_says_so(tmp_path):
+    # ondemand of issue 41: "the largest" was a +7% episode over 247 steps beside a +37% one, by no stated measure.
+    # Here rank 3 is +20% over 300 steps (~6 s lost), rank 5 +60% over 40 steps (~2.4 s): the measure is the time
+    # lost (excess per step x steady steps), named in the verdict.
+    layout = write_run(tmp_path)
+    path = layout.timeline_file(5)
+    records = np.fromfile(path, dtype=TIMELINE_DTYPE, offset=HEADER.size)
+    records["step_ms"][700:740] *= 1.6
+    records["first_collective_ms"][700:740] = records["step_ms"][700:740] * 0.6
+    with open(path, "wb") as handle:
+        handle.write(HEADER.pack(MAGIC, TIMELINE_DTYPE.itemsize, 5))
+        records.tofile(handle)
+    section = whole_run_section(layout)
+    by_rank = {s.rank: s for s in section.slow_ranks}
+    assert set(by_rank) == {3, 5} and by_rank[5].excess_pct > 2 * by_rank[3].excess_pct
+    assert by_rank[3].time_lost_ms > by_rank[5].time_lost_ms
+    assert "the one that cost the most time (its excess per step x its steady steps): rank 3 " in section.verdict
+    assert f"x {by_rank[3].steps:,} steps = {by_rank[3].time_lost_ms / 1000:.2f} s lost" in section.verdict

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 from fleetscope.analysis.compare import steady_metrics
+from fleetscope.analysis.cross_rank.whole_run import largest_episode
 from fleetscope.analysis.job_identity import program_text
 from fleetscope.analysis.quantities import job_straggler, metrics_basis, metrics_step_time_ms
 from fleetscope.analysis.report.model import Report
@@ -52,10 +53,18 @@ def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
         **_host_evidence(report), **_step_work_evidence(report),
         stragglers=[f for w in windows for f in w.causes.findings],
         straggler_windows=[w.window for w in windows for _ in w.causes.findings],
-        job_straggler=job_straggler(windows),
+        job_straggler=job_straggler(windows), whole_run_straggler=_whole_run_straggler(report),
         config=train if isinstance(train, dict) else {}, program=program,
         moe=report.moe if report else None, rank_hosts={r.rank: r.host for r in (report.ranks if report else [])},
         cpus_per_rank=_cpus_per_rank(record))
+
+
+def _whole_run_straggler(report: Report | None):
+    """The whole run's episode the straggler advice rests on (Evidence.whole_run_straggler)."""
+    section = report.whole_run if report is not None else None
+    if section is None:
+        return None
+    return largest_episode([s for s in section.slow_ranks if s.significance is not None and s.significance.stands_out])
 
 
 def _cpus_per_rank(record: dict) -> int | None:

@@ -100,6 +100,10 @@ class Evidence:
     """The window of each of `stragglers`, in the same order."""
     job_straggler: JobStraggler | None = None
     """The rank the report's verdict names (analysis/quantities.py job_straggler)."""
+    whole_run_straggler: Any = None
+    """The whole run's slow-rank episode that stands out from its own step-to-step spread and cost the most time
+    (cross_rank/whole_run.py SlowRank, largest_episode), or None: every steady step of the run, where the
+    profiled steps may be too few to tell."""
     config: dict[str, Any] = field(default_factory=dict)
     """job.json spec.train: the trainer configuration of the run (empty for any other program)."""
     program: str = ""

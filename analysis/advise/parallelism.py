@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 from fleetscope.analysis.cross_rank.causes import CAUSE_HOST, CAUSE_SLOW_DEVICE, CAUSE_WORK
-from fleetscope.analysis.quantities import BASIS_STEP_METRICS, bounded_gain, clamp_caused_wait_ms, metrics_floor_ms, step_ranges
+from fleetscope.analysis.cross_rank.whole_run import EVIDENCE_SOURCE, SIGNAL_DATA
+from fleetscope.analysis.quantities import (BASIS_STEP_METRICS, SLOWEST_RANK, bounded_gain, clamp_caused_wait_ms,
+                                            metrics_floor_ms, step_ranges, whole_run_gain)
 
 from .moe.balance import balance_change
 from .input import RECOMMENDED_WORKERS, data_workers_change, data_workers_in_code, recommended_workers
@@ -33,8 +35,52 @@ _STRAGGLER_CHANGES = {
 }
 
 
+def _from_whole_run(e: Evidence, slow) -> Finding:
+    """The whole run's episode that stands out (Evidence.whole_run_straggler: its per-step excess over its peers
+    against its own step-to-step spread, the significance rule of the profiled steps, on every steady step of the
+    episode). Gain: analysis/quantities.py "gain, whole run", bounded by the steady steps' floor. The change: the
+    trace's cause for that rank where a window found one; else by the signal that names it (an input wait gets
+    data workers; a late arrival the rank's process and a window over those steps), never a GPU or node remedy
+    without a cause that calls for one."""
+    basis = (f"whole run: step metrics (timeline), the episode's steps {slow.from_step}-{slow.to_step} "
+             f"({slow.steps} steady), {SLOWEST_RANK}")
+    gain = whole_run_gain(slow.excess_ms, slow.step_ms, basis, _metrics_floor_ms(e))
+    own = [f for f in e.stragglers if f.rank == slow.rank and f.cause in _STRAGGLER_CHANGES]
+    top = max(own, key=lambda f: f.wait_share, default=None)
+    evidence = {"rank": slow.rank, "source": EVIDENCE_SOURCE, "steady_steps": slow.steps,
+                "from_step": slow.from_step, "to_step": slow.to_step, "signal": slow.signal,
+                "excess_ms": round(slow.excess_ms, 3), "lateness_t": round(slow.significance.t or 0.0, 2),
+                "needed_t": round(slow.significance.needed_t or 0.0, 2)}
+    change, kind = (_cause_change(top, e), top.cause) if top is not None else _signal_change(slow, e, evidence)
+    why = (f"over {slow.steps} steady steps ({slow.from_step}-{slow.to_step}) rank {slow.rank} was "
+           f"{slow.signal} by {slow.excess_ms:.1f} ms more than its peers' median each step, and stands out from "
+           f"its step-to-step spread ({slow.significance.evidence()}): the others wait for it"
+           + (f"; the profiled steps give the cause: {top.explanation}" if top is not None else ""))
+    return Finding(rule="straggler", title=f"rank {slow.rank} holds the others back ({kind}; whole run, "
+                                           f"{slow.steps} steady steps)", evidence=evidence,
+                   expected_gain_ms=gain.ms if gain else None, expected_gain_pct=gain.pct if gain else None,
+                   gain_of_ms=gain.of_ms if gain else None, gain_basis=gain.basis if gain else "",
+                   confidence=slow.significance.confidence, **change, why=why, recovers=_straggler_recovers(kind),
+                   ranks=[slow.rank], windows=[])
+
+
+def _signal_change(slow, e: Evidence, evidence: dict) -> tuple[dict, str]:
+    """The change for a whole-run straggler without a cause from the traces: by the signal that names it."""
+    if slow.signal == SIGNAL_DATA:
+        if e.setting("data", "num_workers", 0) < recommended_workers(e):
+            evidence["recommended_workers"] = recommended_workers(e)
+            return trainer_change(data_workers_change(e), note="its input pipeline is the delay"), "input wait"
+        return {"change": "its input pipeline is the delay although it has workers: more workers, or a faster "
+                          "source (local copy, pre-tokenized data)"}, "input wait"
+    look = CPU_SLOW_CHANGE if e.basis == "cpu" else (
+        f"find what rank {slow.rank} does before its first collective that its peers do not (its process, its "
+        f"host's load, its share of the work)")
+    return {"change": f"{look}; a window over those steps shows which ops take longer ({slow.to_record})"}, slow.signal
+
+
 def straggler(e: Evidence) -> Finding | None:
-    """The rank the verdict names the straggler (analysis/quantities.py job_straggler: most waiting caused over
+    """The rank the whole run proves the others wait for (`_from_whole_run`), where its timelines do; else the
+    rank the verdict names the straggler (analysis/quantities.py job_straggler: most waiting caused over
     all windows, consistently) when it causes >= STRAGGLER_SHARE of the waiting for a cause with a remedy. Its cause: its cause finding
     in the window where it causes the largest share. Gain: the mean what-if saving (the step less its what-if:
     replayed, or arithmetic where the model cannot hold the step; quantities.py "what-if") over its steps in every
@@ -42,6 +88,9 @@ def straggler(e: Evidence) -> Finding | None:
     them: analysis/quantities.py "compute floor"), as a share of those steps' mean time. A host-side
     delay that is its DataLoader (INPUT_WAIT_SHARE of its lateness) gets data workers as the change; data
     workers are never suggested when its DataLoader takes no longer than its peers'."""
+    slow = e.whole_run_straggler
+    if slow is not None and slow.significance is not None and slow.significance.stands_out:
+        return _from_whole_run(e, slow)
     job = e.job_straggler
     if job is None or not job.consistent or job.share < STRAGGLER_SHARE:
         return None             # the verdict names no straggler (no single rank the others wait for): neither does advise

@@ -448,6 +448,26 @@ def significance(m: ArrivalMatrix, row: int) -> Significance:
                         confidence=straggler_confidence(steps, ranks, t, needed) if stands_out else "")
 
 
+def series_significance(rank: int, lateness_us: np.ndarray, ranks: int) -> Significance:
+    """The test of the module docstring on a rank's signed lateness vs peers per step given directly (the whole
+    run's per-step excess of a slow rank, whole_run.py): against its own step-to-step spread, at the same level,
+    with the same confidence rule. Unknown steps (NaN) are left out."""
+    own = np.asarray(lateness_us, dtype=np.float64)
+    own = own[np.isfinite(own)]
+    steps = int(own.size)
+    mean = float(own.mean()) if steps else 0.0
+    if steps < 2:
+        return Significance(rank=rank, steps=steps, ranks=ranks, lateness_vs_peers_us=mean, spread_us=None)
+    spread = float(np.std(own, ddof=1))
+    t = min(mean / (spread / math.sqrt(steps)), T_SHOWN_MAX) if spread > 0 else (T_SHOWN_MAX if mean > 0 else 0.0)
+    needed = t_quantile(SIGNIFICANCE_ALPHA / max(ranks, 1), steps - 1)
+    stands_out = mean > 0 and t >= needed
+    return Significance(rank=rank, steps=steps, ranks=ranks, lateness_vs_peers_us=mean, spread_us=spread,
+                        spread_source=SPREAD_OWN, degrees_of_freedom=steps - 1, t=t, needed_t=needed,
+                        stands_out=stands_out,
+                        confidence=straggler_confidence(steps, ranks, t, needed) if stands_out else "")
+
+
 def _intermittent(own: np.ndarray, ranks: int) -> tuple[float, float, float, str, int] | None:
     """A rank late in some steps only (a pause every other step, a periodic checkpoint): the mean test above
     averages its late steps with its early ones. Without a straggler a rank's lateness is as large when it is

@@ -57,12 +57,14 @@ from pathlib import Path
 
 import numpy as np
 
-from fleetscope.analysis.quantities import BASIS_STEP_METRICS, SLOWEST_RANK, step_ranges
+from fleetscope.analysis.cross_rank.stragglers import Significance, series_significance
+from fleetscope.analysis.quantities import BASIS_STEP_METRICS, SLOWEST_RANK, step_ranges, window_name
 from fleetscope.traces.change_points import MIN_SEGMENT_STEPS, Segment, segment_levels
 from fleetscope.traces.clock import read_clock_offsets
 from fleetscope.traces.formats import read_metric_records
 from fleetscope.traces.jobfile import FINAL_STATUSES, read_job_record
 from fleetscope.traces.layout import RunLayout
+from fleetscope.traces.manifest import load_manifest
 from fleetscope.traces.safe_read import OPEN_FLAGS, entry_problem
 from fleetscope.traces.timeline import (
     FLAG_FIRST,
@@ -107,6 +109,8 @@ MAX_CHANGES_SHOWN = 200
 PROFILE_STEPS = 3
 """Steps the suggested `fleetscope profile` command records."""
 SOURCE_TIMELINE = "timeline"
+EVIDENCE_SOURCE = "whole run (timeline)"
+"""What a finding resting on this section names as its source (advise's straggler rule; invariants.py)."""
 SOURCE_JSONL = "step metrics (jsonl)"
 STATUS_OK = "ok"
 STATUS_NOT_RECORDED = "not recorded"
@@ -152,6 +156,24 @@ class SlowRank:
     windows: list[str]
     """Profiled windows whose steps it covers."""
     sentence: str
+    step_ms: float | None = None
+    """The episode's steady step time: median over its steady steps of the slowest rank's step_ms."""
+    significance: Significance | None = None
+    """Whether its per-step excess in `signal` stands out from its own step-to-step spread (stragglers.py
+    series_significance: the rule that names a straggler in the profiled steps, on the episode's steady steps)."""
+    to_record: str = ""
+    """How to record a window over its first steps (RecordSuggestion.to_record)."""
+
+    @property
+    def time_lost_ms(self) -> float:
+        """What it cost the run: its excess per step times its steady steps (the measure of `largest_episode`)."""
+        return self.excess_ms * self.steps
+
+
+def largest_episode(episodes: list[SlowRank]) -> SlowRank | None:
+    """The episode that cost the run the most time (time_lost_ms); a short large one and a long small one are
+    compared by what each cost, not by its size alone."""
+    return max(episodes, key=lambda e: (e.time_lost_ms, -e.rank, -e.from_step), default=None)
 
 
 MIN_CHANGE_LEVEL = 0.01
@@ -187,6 +209,14 @@ class WindowCheck:
     """Median of the steady steps from the previous window (or the start) to this one, same basis."""
     percentile_pct: float | None
     """Where median_ms falls among the run's steady step times."""
+    window: int | None = None
+    """The window's number in the run's manifest (None: the manifest does not list it)."""
+    profiled_steps: list[int] = field(default_factory=list)
+    """The steps its traces recorded, the warm-up left out (the manifest's; empty: not listed)."""
+
+    @property
+    def label(self) -> str:
+        return _window_text(self.first_step, self.last_step, self.window, self.profiled_steps)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -851,7 +881,8 @@ def _analyzed(layout: RunLayout, run_command_dir: str | None, check_records: boo
     acc = _pass(sources, first, last)
     return _section(acc, sources, notes, RecordSuggestion(run_dir=run_command_dir or str(layout.root),
                                                           ended=_job_ended(layout),
-                                                          user_program=_is_user_program(layout)))
+                                                          user_program=_is_user_program(layout)),
+                    _recorded_windows(layout))
 
 
 def _world_size(layout: RunLayout) -> int | None:
@@ -875,10 +906,11 @@ def _within_world(sources: dict[int, _Source], world_size: int | None, notes: li
     return {rank: source for rank, source in sources.items() if rank < world_size}
 
 
-def _section(acc: _Accumulated, sources: dict[int, _Source], notes: list[str], run_dir: RecordSuggestion) -> WholeRun:
+def _section(acc: _Accumulated, sources: dict[int, _Source], notes: list[str], run_dir: RecordSuggestion,
+             recorded: list[tuple[int | None, list[int]]]) -> WholeRun:
     steady = np.flatnonzero(~np.isnan(acc.slowest_ms))
     step_numbers = acc.first_step + steady
-    windows = _windows(acc)
+    windows = _windows(acc, recorded)
     with ThreadPoolExecutor(WORKERS) as pool:
         segments = dict(zip(acc.ranks, pool.map(lambda index: _segments(acc, index), range(len(acc.ranks)))))
     slow = [finding for index, rank in enumerate(acc.ranks)
@@ -934,12 +966,58 @@ def _median(values: np.ndarray) -> float | None:
     return float(np.median(values)) if values.size else None
 
 
-def _windows(acc: _Accumulated) -> list[tuple[int, int]]:
-    """Runs of consecutive profiled steps, as (first step, last step)."""
+@dataclass(frozen=True)
+class _Window:
+    first: int
+    last: int
+    window: int | None = None
+    steps: tuple[int, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return _window_text(self.first, self.last, self.window, self.steps)
+
+
+def _window_text(first: int, last: int, window: int | None, steps) -> str:
+    """The window's name as every section gives it (quantities.py window_name), then the steps the profiler was
+    on; only the latter where the manifest does not list the window."""
+    on = window_label(first, last)
+    return f"{window_name(window, steps)}; {on}" if steps else on
+
+
+def _windows(acc: _Accumulated, recorded: list[tuple[int | None, list[int]]]) -> list[_Window]:
+    """Runs of consecutive profiled steps, split where the manifest lists several windows in one run (back-to-back
+    windows: the second's warm-up follows the first's last step), each named by its recorded steps."""
     flagged = np.concatenate([[False], acc.profiled, [False]]).astype(np.int8)
     edges = np.diff(flagged)
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
-    return [(acc.first_step + int(a), acc.first_step + int(b)) for a, b in zip(starts, ends)]
+    found = []
+    for first, last in ((acc.first_step + int(a), acc.first_step + int(b)) for a, b in zip(starts, ends)):
+        inside = sorted((w for w in recorded if first <= w[1][0] <= last), key=lambda w: w[1][0])
+        start = first
+        for index, (number, steps) in enumerate(inside):
+            end = last if index == len(inside) - 1 else min(steps[-1], last)
+            if start <= end:
+                found.append(_Window(start, end, number, tuple(steps)))
+                start = end + 1
+        if not inside:
+            found.append(_Window(first, last))
+    return found
+
+
+def _recorded_windows(layout: RunLayout) -> list[tuple[int | None, list[int]]]:
+    """(window, its recorded steps, sorted) per window the manifest lists; none without a readable manifest (the
+    report names an unreadable one; the windows are then the timelines' runs of profiled steps)."""
+    if not layout.manifest_file.is_file():
+        return []
+    try:
+        manifest = load_manifest(layout)
+    except ValueError:
+        return []
+    steps: dict[int | None, set[int]] = {}
+    for record in manifest.traces:
+        steps.setdefault(record.window, set()).update(int(s) for s in record.steps)
+    return [(window, sorted(found)) for window, found in steps.items() if found]
 
 
 def window_label(first: int, last: int) -> str:
@@ -966,25 +1044,29 @@ class _Size:
 
 
 def _slow_ranks(acc: _Accumulated, index: int, source: _Source, segments: list[Segment],
-                windows: list[tuple[int, int]], run_dir: RecordSuggestion) -> list[SlowRank]:
+                windows: list[_Window], run_dir: RecordSuggestion) -> list[SlowRank]:
     found = []
     rank_last = segments[-1].end_step if segments else None
     raised = [s for s in segments if s.level >= 1.0 + SLOW_EXCESS * _smallest_share(acc.weights[index])
               and _long_or_clear(acc, index, s)]
     sized = [(s, _slow_size(acc, index, source, segments, s)[0]) for s in raised]
     for segment in _merged([(s, size.signal) for s, size in sized if size is not None], segments):
-        size, late = _slow_size(acc, index, source, segments, segment)
+        size, late, by_step = _slow_size(acc, index, source, segments, segment)
         if size is None:
             continue
         columns = _columns(acc, segment)
-        covered = [window_label(a, b) for a, b in windows if a <= segment.end_step and b >= segment.start_step]
+        significance = series_significance(source.rank, by_step[size.signal].astype(np.float64) * 1000.0,
+                                           len(acc.ranks))
+        covered = [w.label for w in windows if w.first <= segment.end_step and w.last >= segment.start_step]
         finding = SlowRank(rank=source.rank, from_step=segment.start_step, to_step=segment.end_step,
                            to_the_end=segment.end_step == rank_last, signal=size.signal, excess_ms=size.excess_ms,
                            baseline_ms=size.baseline_ms, excess_pct=100.0 * size.excess_ms / size.baseline_ms,
                            job_step_change_ms=size.job_step_change_ms, steps=segment.steps,
                            last_pct=_share_last(acc.last_rank[columns], index),
                            first_collective_last_pct=_share_last(acc.first_collective_last[columns], index),
-                           median_lateness_ms=_median(late), windows=covered, sentence="")
+                           median_lateness_ms=_median(late), windows=covered, sentence="",
+                           step_ms=_median(acc.slowest_ms[columns]), significance=significance,
+                           to_record=run_dir.to_record(segment.start_step))
         found.append(_with_slow_sentence(finding, run_dir))
     return found
 
@@ -997,11 +1079,13 @@ def _smallest_share(weights: np.ndarray) -> float:
 
 
 def _slow_size(acc: _Accumulated, index: int, source: _Source, segments: list[Segment],
-               segment: Segment) -> tuple[_Size | None, np.ndarray]:
-    """The segment's size when it is slow (None: not), and the rank's end lateness over it."""
-    excess, late = _rank_figures(acc, index, source, segment)
-    size = _size(acc, excess, segments, segment)
-    return (size if size is not None and size.excess_ms >= SLOW_EXCESS * size.baseline_ms else None), late
+               segment: Segment) -> tuple[_Size | None, np.ndarray, dict[str, np.ndarray]]:
+    """The segment's size when it is slow (None: not), the rank's end lateness over it and its excess per step
+    in each known signal."""
+    by_step, late = _rank_figures(acc, index, source, segment)
+    medians = {signal: m for signal, values in by_step.items() if (m := _median(values)) is not None}
+    size = _size(acc, medians, segments, segment)
+    return (size if size is not None and size.excess_ms >= SLOW_EXCESS * size.baseline_ms else None), late, by_step
 
 
 def _long_or_clear(acc: _Accumulated, index: int, segment: Segment) -> bool:
@@ -1056,9 +1140,9 @@ def _share_last(last: np.ndarray, index: int) -> float | None:
 
 
 def _rank_figures(acc: _Accumulated, index: int, source: _Source,
-                  segment: Segment) -> tuple[dict[str, float], np.ndarray]:
-    """Over the segment's steady steps: the rank's median excess per known signal, and its lateness per step
-    at the step end (its records read again: only raised segments' are)."""
+                  segment: Segment) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Over the segment's steady steps: the rank's excess per step in each signal (NaN: unknown), and its
+    lateness per step at the step end (its records read again: only raised segments' are)."""
     columns = _columns(acc, segment)
     block = np.zeros(segment.end_step + 1 - segment.start_step, dtype=TIMELINE_DTYPE)
     _read_block(source, segment.start_step, block)
@@ -1069,11 +1153,9 @@ def _rank_figures(acc: _Accumulated, index: int, source: _Source,
     values = {SIGNAL_STEP: np.where(steady, block["step_ms"], np.nan),
               SIGNAL_DATA: np.where(steady, block["data_ms"], np.nan),
               SIGNAL_ARRIVAL: (arrival_us - acc.earliest_arrival_us[columns]) / 1000.0}
-    medians = {signal: _median(_excess_ms(v.astype(np.float32), acc.order[signal][:, columns]))
-               for signal, v in values.items()}
+    excess = {signal: _excess_ms(v.astype(np.float32), acc.order[signal][:, columns]) for signal, v in values.items()}
     end_us = _aligned(start_us, block["step_ms"])
-    return ({signal: m for signal, m in medians.items() if m is not None},
-            (end_us - acc.earliest_end_us[columns]) / 1000.0)
+    return excess, (end_us - acc.earliest_end_us[columns]) / 1000.0
 
 
 def _merged(slow: list[tuple[Segment, str]], segments: list[Segment]) -> list[Segment]:
@@ -1103,6 +1185,9 @@ def _with_slow_sentence(finding: SlowRank, run_dir: RecordSuggestion) -> SlowRan
     parts = [f"rank {finding.rank} slow from step {finding.from_step:,} ({until}): {finding.signal} "
              f"{finding.excess_ms:+.1f} ms over its peers' median, {finding.excess_pct:+.0f}% of the median rank's "
              f"step time before the change ({finding.baseline_ms:.1f} ms; {finding.steps:,} steady steps)"]
+    if finding.significance is not None:
+        parts.append(("stands out" if finding.significance.stands_out else "does not stand out")
+                     + f" from its step-to-step spread ({finding.significance.evidence()})")
     if _everyone_waits(finding):
         parts.append(f"every rank's step time rose by ~{finding.job_step_change_ms:.0f} ms from step "
                      f"{finding.from_step:,}: they wait for rank {finding.rank}")
@@ -1158,17 +1243,18 @@ def _everyone_waits(finding: SlowRank) -> bool:
     return change is not None and change >= max(0.5 * finding.excess_ms, SLOW_EXCESS * finding.baseline_ms)
 
 
-def _window_checks(acc: _Accumulated, windows: list[tuple[int, int]]) -> list[WindowCheck]:
+def _window_checks(acc: _Accumulated, windows: list[_Window]) -> list[WindowCheck]:
     steady = acc.slowest_ms[~np.isnan(acc.slowest_ms)]
     ordered = np.sort(steady)
     checks, previous_end = [], acc.first_step - 1
-    for first, last in windows:
+    for first, last, number, steps in ((w.first, w.last, w.window, w.steps) for w in windows):
         window_ms = _median(acc.profiled_slowest_ms[first - acc.first_step:last - acc.first_step + 1])
         between = acc.slowest_ms[previous_end + 1 - acc.first_step:first - acc.first_step]
         percentile = (100.0 * np.searchsorted(ordered, window_ms) / ordered.size
                       if window_ms is not None and ordered.size else None)
         checks.append(WindowCheck(first_step=first, last_step=last, median_ms=window_ms,
-                                  between_median_ms=_median(between), percentile_pct=percentile))
+                                  between_median_ms=_median(between), percentile_pct=percentile,
+                                  window=number, profiled_steps=list(steps)))
         previous_end = last
     return checks
 
@@ -1191,11 +1277,14 @@ def _heatmap(acc: _Accumulated, total: str, count: str, quantity: str) -> Heatma
 def _with_sentences(section: WholeRun, acc: _Accumulated, steady: np.ndarray, run_dir: RecordSuggestion) -> WholeRun:
     drift = _drift_sentence(section.windows)
     representative = _representative_sentence(section.windows, run_dir, acc.first_step + acc.steps // 2)
-    if section.slow_ranks:
-        worst = max(section.slow_ranks, key=lambda s: s.excess_pct * s.steps)
+    worst = largest_episode(section.slow_ranks)
+    if worst is not None:
         ranks = len({s.rank for s in section.slow_ranks})
-        verdict = (f"{len(section.slow_ranks)} slow-rank episode(s) on {ranks} rank(s); the largest: rank {worst.rank} "
-                   f"{worst.signal} {worst.excess_pct:+.0f}% of the step time from step {worst.from_step:,}")
+        which = ("the one that cost the most time (its excess per step x its steady steps): "
+                 if len(section.slow_ranks) > 1 else "")
+        verdict = (f"{len(section.slow_ranks)} slow-rank episode(s) on {ranks} rank(s); {which}rank {worst.rank} {worst.signal} "
+                   f"{worst.excess_ms:+.1f} ms ({worst.excess_pct:+.0f}% of the step) x {worst.steps:,} steps = "
+                   f"{worst.time_lost_ms / 1000:.2f} s lost, from step {worst.from_step:,}")
     else:
         verdict = (f"no rank above its peers by {100 * SLOW_EXCESS:.0f}% of the step time or more (in step time, "
                    f"input wait or arrival at the first collective) for {MIN_SLOW_STEPS}+ steady steps in "
@@ -1216,7 +1305,7 @@ def _representative_sentence(windows: list[WindowCheck], run_dir: RecordSuggesti
     placed = [w for w in windows if w.percentile_pct is not None]
     if not placed:
         return f"no profiled step in the timelines: no window to compare; {run_dir.to_record(middle_step)}"
-    parts = [f"{window_label(w.first_step, w.last_step)}: {w.median_ms:.2f} ms, percentile "
+    parts = [f"{w.label}: {w.median_ms:.2f} ms, percentile "
              f"{w.percentile_pct:.0f} of the run's steady steps" for w in placed]
     typical = all(10.0 <= w.percentile_pct <= 90.0 for w in placed)
     return ("; ".join(parts) + (" (representative: within percentiles 10-90" if typical else

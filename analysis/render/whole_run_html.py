@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from fleetscope.analysis.cross_rank.whole_run import STATUS_OK, Heatmap, WholeRun, window_label
+from fleetscope.analysis.cross_rank.whole_run import STATUS_OK, Heatmap, WholeRun
 from fleetscope.analysis.render import svg
 from fleetscope.analysis.render.html_table import table
 from fleetscope.analysis.render.whole_run_text import whole_run_text
@@ -45,7 +45,7 @@ def _slow_table(section: WholeRun) -> str:
 
 
 def _window_table(section: WholeRun) -> str:
-    rows = [[window_label(w.first_step, w.last_step), _f(w.median_ms), _f(w.between_median_ms),
+    rows = [[w.label, _f(w.median_ms), _f(w.between_median_ms),
              _f(w.percentile_pct, 0)] for w in section.windows]
     if not rows:
         return ""

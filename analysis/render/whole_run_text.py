@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleetscope.analysis.cross_rank.whole_run import STATUS_OK, WholeRun, window_label
+from fleetscope.analysis.cross_rank.whole_run import STATUS_OK, WholeRun
 
 CHANGES_SHOWN = 8
 
@@ -26,7 +26,7 @@ def whole_run_text(section: WholeRun | None) -> str:
     ]
     lines += [f"  slow: {slow.sentence}" for slow in section.slow_ranks]
     lines += _change_lines(section)
-    lines += [f"  window ({window_label(w.first_step, w.last_step)}): {_ms(w.median_ms)} profiled, "
+    lines += [f"  {w.label if w.profiled_steps else f'window ({w.label})'}: {_ms(w.median_ms)} profiled, "
               f"{_ms(w.between_median_ms)} in the steady steps before it" for w in section.windows]
     lines += [f"  drift: {section.drift}", f"  representative: {section.representative}"]
     for heatmap in (section.step_time_map, section.lateness_map):

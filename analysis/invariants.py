@@ -48,7 +48,7 @@ from typing import Any, Iterator
 import numpy as np
 from fleetscope.analysis.quantities import (WHAT_IF_ARITHMETIC, WHAT_IF_REPLAYED, job_straggler, trace_step_times,
                                            union_by_step_us)
-from fleetscope.analysis.cross_rank.whole_run import EVIDENCE_SOURCE, largest_episode
+from fleetscope.analysis.cross_rank.whole_run import EVIDENCE_SOURCE, run_straggler
 from fleetscope.analysis.report.model import Report
 
 LOG_ENV = "FLEETSCOPE_INVARIANTS_LOG"
@@ -390,11 +390,9 @@ def check_advice(advice: Any, report: Report | None) -> list[str]:
 
 
 def _whole_run_straggler(finding: Any, report: Report) -> list[str]:
-    """A straggler finding resting on the whole run names the rank of its episode that stands out and cost the most
-    time (whole_run.py largest_episode), with a confidence no higher than that episode's significance allows."""
-    episodes = [s for s in (report.whole_run.slow_ranks if report.whole_run else [])
-                if s.significance is not None and s.significance.stands_out]
-    episode = largest_episode(episodes)
+    """A straggler finding resting on the whole run names the rank the whole run shows consistently late
+    (whole_run.py run_straggler), with a confidence no higher than that episode's significance allows."""
+    episode = run_straggler(report.whole_run)
     if episode is None or finding.ranks != [episode.rank]:
         return [f"straggler finding rests on the whole run and names rank(s) {finding.ranks}, the whole run's episode "
                 f"that stands out {'none' if episode is None else f'rank {episode.rank}'}"]

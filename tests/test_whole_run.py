@@ -589,6 +589,15 @@ def test_the_straggler_advice_rests_on_the_whole_run_when_it_proves_one(tmp_path
     assert "--exclude" not in finding.change and "nvidia-smi" not in finding.change
 
 
+def test_a_stretch_of_a_long_run_is_no_straggler_advice(tmp_path):
+    # ondemand of issue 41 (2,500 steps on a loaded host): 14 episodes on 2 ranks; one of 46 steps is a stretch
+    # of the run, not a rank the others wait for throughout.
+    section, found = _straggle_advice(write_synchronous_run(tmp_path, ranks=2, steps=400, straggler=1,
+                                                            signal="arrival", span=(150, 230)))
+    (slow,) = section.slow_ranks
+    assert slow.significance.stands_out and found == []
+
+
 def test_a_healthy_two_rank_run_gets_no_straggler_advice_from_its_whole_run(tmp_path):
     for seed in range(10):
         section, found = _straggle_advice(write_synchronous_run(tmp_path / f"{seed}", ranks=2, steps=14, seed=seed))

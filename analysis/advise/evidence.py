@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 from fleetscope.analysis.compare import steady_metrics
-from fleetscope.analysis.cross_rank.whole_run import largest_episode
+from fleetscope.analysis.cross_rank.whole_run import run_straggler
 from fleetscope.analysis.job_identity import program_text
 from fleetscope.analysis.quantities import job_straggler, metrics_basis, metrics_step_time_ms
 from fleetscope.analysis.report.model import Report
@@ -61,10 +61,7 @@ def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
 
 def _whole_run_straggler(report: Report | None):
     """The whole run's episode the straggler advice rests on (Evidence.whole_run_straggler)."""
-    section = report.whole_run if report is not None else None
-    if section is None:
-        return None
-    return largest_episode([s for s in section.slow_ranks if s.significance is not None and s.significance.stands_out])
+    return run_straggler(report.whole_run if report is not None else None)
 
 
 def _cpus_per_rank(record: dict) -> int | None:

@@ -101,8 +101,8 @@ class Evidence:
     job_straggler: JobStraggler | None = None
     """The rank the report's verdict names (analysis/quantities.py job_straggler)."""
     whole_run_straggler: Any = None
-    """The whole run's slow-rank episode that stands out from its own step-to-step spread and cost the most time
-    (cross_rank/whole_run.py SlowRank, largest_episode), or None: every steady step of the run, where the
+    """The rank the whole run shows consistently late (cross_rank/whole_run.py run_straggler: an episode over most
+    of its steady steps that stands out from its own spread), or None: every steady step of the run, where the
     profiled steps may be too few to tell."""
     config: dict[str, Any] = field(default_factory=dict)
     """job.json spec.train: the trainer configuration of the run (empty for any other program)."""

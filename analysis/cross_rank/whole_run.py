@@ -170,6 +170,21 @@ class SlowRank:
         return self.excess_ms * self.steps
 
 
+CONSISTENT_STEPS_SHARE = 0.5
+"""An episode covering at least this share of the run's steady steps shows its rank consistently late
+(`run_straggler`); a shorter one is a stretch of the run (on a loaded host, 14 such on 2 ranks of 2,500 steps),
+and a t inside a stretch the search picked for being high proves nothing about the run."""
+
+
+def run_straggler(section: WholeRun | None) -> SlowRank | None:
+    """The rank the whole run shows consistently late: of the episodes that stand out from their own spread and
+    cover CONSISTENT_STEPS_SHARE of the run's steady steps, the one that cost the most time (None: none)."""
+    if section is None or not section.steady_steps:
+        return None
+    return largest_episode([s for s in section.slow_ranks if s.significance is not None and s.significance.stands_out
+                            and s.steps >= CONSISTENT_STEPS_SHARE * section.steady_steps])
+
+
 def largest_episode(episodes: list[SlowRank]) -> SlowRank | None:
     """The episode that cost the run the most time (time_lost_ms); a short large one and a long small one are
     compared by what each cost, not by its size alone."""

@@ -68,7 +68,13 @@ def test_a_sustained_slowdown_fails_on_every_gated_metric(tmp_path):
     assert step.change_pct == pytest.approx(10.0, abs=1.0)           # 10% slower, 1% step noise
     assert step.interval_pct[0] > 5 and all(c > 5 for c in step.new_run_changes_pct)
     assert _metric(result, "tokens_per_s").change_pct == pytest.approx(-10.0, abs=1.0)
-    assert "REGRESSION" in render_gate(result)
+    table = render_gate(result)
+    assert "REGRESSION" in table
+    # the table says what the verdict says: a part of the step with its cost to the step, each run's change in %
+    (data_row,) = [line for line in table.splitlines() if line.startswith("data_time_ms")]
+    assert "+350.0% (+7.0% of the step time)" in data_row
+    (step_row,) = [line for line in table.splitlines() if line.startswith("step_time_ms")]
+    assert all(f"{c:+.1f}%" in step_row for c in step.new_run_changes_pct)
 
 
 def test_a_part_of_the_step_is_judged_by_what_it_costs_the_step(tmp_path):

@@ -22,8 +22,11 @@ def render_gate(result) -> str:
         rows = [("metric", "base", "new", "change", "95% interval", "each new run", "steps", "")]
         for m in result.metrics:
             interval = "-" if m.interval_pct is None else f"{m.interval_pct[0]:+.1f}..{m.interval_pct[1]:+.1f}%"
-            per_run = ",".join(f"{c:+.1f}" for c in m.new_run_changes_pct) or "-"
+            per_run = ",".join(f"{c:+.1f}%" for c in m.new_run_changes_pct) or "-"
             change = "-" if m.change_pct is None else f"{m.change_pct:+.1f}%"
+            if m.change_pct is not None and getattr(m, "step_cost_pct", None) is not None:
+                # a part of the step is judged by what its change costs the step: say both
+                change += f" ({m.step_cost_pct:+.1f}% of the step time)"
             mark = "REGRESSION" if m.regression else (m.reason if m.gated else "not gated")
             rows.append((m.name, _num(m.base_median), _num(m.new_median), change, interval, per_run,
                          f"{m.base_steps}/{m.new_steps}", mark))

@@ -255,6 +255,13 @@ def test_stationary_runs_report_no_slow_rank():
     assert changes <= 8
 
 
+def test_one_rank_has_no_peers_and_the_verdict_says_so_instead_of_comparing(tmp_path):
+    section = whole_run_section(write_run(tmp_path, ranks=1, steps=200, slow=None))
+    assert section.ranks == 1 and section.slow_ranks == []
+    assert section.verdict.startswith("one rank: no peers to compare it with (")
+    assert "peers by" not in section.verdict and "of 1 ranks" not in section.verdict
+
+
 def test_noisy_input_waits_and_arrivals_without_a_change_report_no_slow_rank():
     # 30 seeded synchronous runs of 8 ranks x 400 steps: heavy-tailed input waits (lognormal sigma 0.5),
     # arrivals at the first collective spread by the compute noise, step times carrying the slowest arrival.

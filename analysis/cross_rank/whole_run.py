@@ -1297,9 +1297,13 @@ def _with_sentences(section: WholeRun, acc: _Accumulated, steady: np.ndarray, ru
         ranks = len({s.rank for s in section.slow_ranks})
         which = ("the one that cost the most time (its excess per step x its steady steps): "
                  if len(section.slow_ranks) > 1 else "")
-        verdict = (f"{len(section.slow_ranks)} slow-rank episode(s) on {ranks} rank(s); {which}rank {worst.rank} {worst.signal} "
-                   f"{worst.excess_ms:+.1f} ms ({worst.excess_pct:+.0f}% of the step) x {worst.steps:,} steps = "
+        verdict = (f"{len(section.slow_ranks)} slow-rank episode(s) on {ranks} rank(s); {which}rank {worst.rank} "
+                   f"{worst.signal} {worst.excess_ms:+.1f} ms ({worst.excess_pct:+.0f}% of the step) x {worst.steps:,} steps = "
                    f"{worst.time_lost_ms / 1000:.2f} s lost, from step {worst.from_step:,}")
+    elif section.ranks == 1:
+        # slow ranks are found against their peers: one rank has none
+        verdict = (f"one rank: no peers to compare it with ({section.steady_steps:,} steady steps); its steps over the "
+                   "run are in the step-time series and the windows' checks")
     else:
         verdict = (f"no rank above its peers by {100 * SLOW_EXCESS:.0f}% of the step time or more (in step time, "
                    f"input wait or arrival at the first collective) for {MIN_SLOW_STEPS}+ steady steps in "

@@ -9,7 +9,7 @@ import torch
 from fleetscope.launcher.spec import JobSpec
 from fleetscope.traces.formats import microbatch_range, parse_microbatch_range
 from fleetscope.trainer.accumulation import gradient_sync
-from fleetscope.trainer.config import ConfigError, TrainConfig, apply_overrides
+from fleetscope.trainer.config import ConfigError, FaultConfig, TrainConfig, apply_overrides
 from fleetscope.trainer.parallel import ParallelDims, mixed_precision, reshard_block, set_prefetch
 from fleetscope.trainer.pipeline_parallel import rank_stages, stage_layer_ranges
 
@@ -51,6 +51,9 @@ def test_fsdp_shards_over_the_two_dimensional_mesh_under_hsdp():
     (["parallel.pp=2", "optim.accumulation_steps=2"], 2, "optim.accumulation_steps:"),
     (["parallel.pp=2", "checkpoint.every=2"], 2, "checkpoint.every:"),
     (["parallel.pp=2", "faults.slow_stage=2"], 2, "faults.slow_stage:"),
+    (["parallel.pp=2", "faults.stage_work_ms=-1"], 2, "faults.stage_work_ms:"),
+    (["parallel.pp=2", "faults.stage_work_ms=inf"], 2, "faults.stage_work_ms:"),
+    (["faults.stage_work_ms=10"], 2, "faults.stage_work_ms:"),  # per pipeline micro-batch: needs pp > 1
     (["optim.accumulation_steps=0"], 2, "optim.accumulation_steps:"),
     (["parallel.mode=fsdp", "parallel.reshard_to=3"], 4, "parallel.reshard_to:"),
     (["parallel.reduce_dtype=fp16"], 2, "parallel.reduce_dtype:"),
@@ -58,6 +61,12 @@ def test_fsdp_shards_over_the_two_dimensional_mesh_under_hsdp():
 def test_impossible_layouts_are_refused_before_any_process_group(assignments, world, field):
     with pytest.raises(ConfigError, match=field):
         JobSpec(train=config(*assignments), nproc_per_node=world)
+
+
+def test_stage_work_is_finite_even_when_built_without_the_overrides():
+    with pytest.raises(ConfigError, match="faults.stage_work_ms:"):
+        FaultConfig(stage_work_ms=float("nan"))
+    assert config("parallel.pp=2", "faults.stage_work_ms=40").faults.stage_work_ms == 40.0
 
 
 def test_stages_split_the_blocks_evenly_and_interleave_round_robin():

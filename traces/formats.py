@@ -52,6 +52,8 @@ INJECTED_HANG = INJECTED_PREFIX + "hang"
 """faults.hang_rank / hang_step: a rank that blocks forever before its step's collectives."""
 INJECTED_SLOW_STAGE = INJECTED_PREFIX + "slow_stage"
 """faults.slow_stage*: a sleep inside every micro-batch forward of one pipeline stage."""
+INJECTED_STAGE_WORK = INJECTED_PREFIX + "stage_work"
+"""faults.stage_work_ms: a sleep inside every micro-batch forward and backward of every pipeline stage."""
 MICROBATCH_PREFIX = "microbatch["
 """`microbatch[<i>]` ranges: one per micro-batch (gradient accumulation: its forward and backward; pipeline
 parallel: each of its stage forwards and backwards, inside a `pp_forward` / `pp_backward` range)."""

@@ -500,6 +500,12 @@ class FaultConfig:
     """Pipeline stage (parallel.pp > 1) whose every micro-batch forward sleeps `slow_stage_ms`; -1: none."""
     slow_stage_ms: float = 0.0
     """Delay per micro-batch forward of `slow_stage`."""
+    stage_work_ms: float = 0.0
+    """Sleep in every micro-batch forward and every micro-batch backward of every pipeline stage (parallel.pp > 1),
+    standing in for the device work a GPU stage runs while its host waits (0: off). On CPU the stages' own compute
+    shares the cores, and a sleeping stage (slow_stage) hands its core to the others, which then run faster than
+    in the job without it; a stage's work large beside its CPU compute keeps each stage's time its own, as on
+    GPUs: ground truth for the pipeline what-if."""
 
     def __post_init__(self) -> None:
         require(self.crash_step >= 0, "faults.crash_step", "must be >= 0")
@@ -520,6 +526,8 @@ class FaultConfig:
         require(self.hang_step >= 0, "faults.hang_step", f"must be >= 0, got {self.hang_step}")
         require(self.slow_stage >= -1, "faults.slow_stage", f"must be >= -1, got {self.slow_stage}")
         require(self.slow_stage_ms >= 0, "faults.slow_stage_ms", f"must be >= 0, got {self.slow_stage_ms}")
+        require(math.isfinite(self.stage_work_ms) and self.stage_work_ms >= 0, "faults.stage_work_ms",
+                f"must be finite and >= 0, got {self.stage_work_ms}")
         require(self.slow_phase == "none" or self.slow_phase_ms > 0, "faults.slow_phase_ms",
                  f"must be > 0 when faults.slow_phase is {self.slow_phase!r}")
         require(self.hot_expert >= -1, "faults.hot_expert", f"must be >= -1, got {self.hot_expert}")
@@ -612,6 +620,8 @@ class TrainConfig:
         require(self.faults.slow_stage < stages, "faults.slow_stage",
                 f"{self.faults.slow_stage} is not a pipeline stage (there are {stages})")
         if parallel.pp == 1:
+            require(self.faults.stage_work_ms == 0, "faults.stage_work_ms",
+                    "is per pipeline micro-batch: it needs parallel.pp > 1")
             return
         require(not (self.checkpoint.every or self.checkpoint.at_exit), "checkpoint.every",
                 "checkpoints of pipeline stages are not supported (parallel.pp > 1)")

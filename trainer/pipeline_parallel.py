@@ -29,8 +29,8 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
                                           ScheduleInterleaved1F1B)
 from torch.profiler import record_function
 
-from ..traces.formats import (INJECTED_SLOW_STAGE, PP_BACKWARD, PP_FORWARD, microbatch_range, p2p_marker,
-                              schedule_marker)
+from ..traces.formats import (INJECTED_SLOW_STAGE, INJECTED_STAGE_WORK, PP_BACKWARD, PP_FORWARD, microbatch_range,
+                              p2p_marker, schedule_marker)
 from .config import ConfigError, FaultConfig, TrainConfig
 from .fast_moe import install_fast_experts
 from .faults import install_layer_faults
@@ -114,21 +114,23 @@ def next_token_loss(logits_BSV: torch.Tensor, input_ids_BS: torch.Tensor) -> tor
 
 class TracedStage(PipelineStage):
     """A PipelineStage whose compute per micro-batch is marked in the trace (and, for the
-    faults.slow_stage drill, slowed)."""
+    faults.slow_stage drill, slowed; for faults.stage_work_ms, given work of its own in every forward and
+    backward)."""
 
-    def __init__(self, *args, slow_ms: float = 0.0, **kwargs):
+    def __init__(self, *args, slow_ms: float = 0.0, work_ms: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.slow_ms = slow_ms
+        self.work_ms = work_ms
 
     def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None, save_forward_output=True):
         with record_function(PP_FORWARD), record_function(microbatch_range(fwd_chunk_id)):
-            if self.slow_ms > 0:
-                with record_function(INJECTED_SLOW_STAGE):
-                    time.sleep(self.slow_ms / 1e3)
+            _sleep(INJECTED_STAGE_WORK, self.work_ms)
+            _sleep(INJECTED_SLOW_STAGE, self.slow_ms)
             return super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
 
     def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
         with record_function(PP_BACKWARD), record_function(microbatch_range(bwd_chunk_id)):
+            _sleep(INJECTED_STAGE_WORK, self.work_ms)
             return super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward,
                                               last_backward=last_backward)
 
@@ -144,6 +146,13 @@ class TracedStage(PipelineStage):
 
     def get_bwd_send_ops(self, bwd_chunk_id):
         return _marked(super().get_bwd_send_ops(bwd_chunk_id), "send", "backward", bwd_chunk_id)
+
+
+def _sleep(range_name: str, ms: float) -> None:
+    """A host sleep of `ms` inside its own trace range (none when `ms` is 0)."""
+    if ms > 0:
+        with record_function(range_name):
+            time.sleep(ms / 1e3)
 
 
 def _marked(ops: list, kind: str, direction: str, microbatch: int) -> list:
@@ -221,7 +230,8 @@ def build_pipeline(config: TrainConfig, *, dims: ParallelDims, mesh: DeviceMesh,
                              device=device)
         modules.append(module)
         stages.append(TracedStage(module, index, num_stages, device, group=group,
-                                  slow_ms=slow_stage_ms(config.faults, index)))
+                                  slow_ms=slow_stage_ms(config.faults, index),
+                                  work_ms=config.faults.stage_work_ms))
     del causal_lm
     schedule_class = SCHEDULES[parallel.pp_schedule]
     stage_arg = stages if schedule_class is ScheduleInterleaved1F1B else stages[0]

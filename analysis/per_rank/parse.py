@@ -185,7 +185,7 @@ def _analyzed_with_hta_views(source: TraceSource, raw: bytes, cache: ResultCache
     result = analyze_decoded(source, decoded, comm_kernel_pattern)
     if decoded.hta_frame is not None and result.rank is not None:
         # the views are a saving, not the result: whatever goes wrong, the HTA stage computes them itself
-        with contextlib.suppress(*_UNFORESEEN):
+        with suppress(*_UNFORESEEN):
             store_parsed_views(cache.directory, raw, result.rank, decoded.hta_frame, hta_code_digest())
     return result
 

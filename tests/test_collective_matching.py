@@ -209,3 +209,15 @@ def test_a_sequence_number_that_is_no_int64_is_none(tmp_path, value):
 def json_text(value) -> str:
     import json
     return json.dumps(value)
+
+
+def test_a_collectives_previous_end_is_the_last_one_ended_by_its_start_not_an_overlapping_bucket():
+    """DDP's gradient buckets overlap: bucket 2 starts while bucket 1 runs. Its gap, idle and carried lateness are
+    measured from the last collective that had ended (the previous step's), never from bucket 1's later end."""
+    from fleetscope.analysis.per_rank.collectives import _previous_ends
+
+    starts = np.array([0.0, 100.0, 110.0, 300.0])   # step end all-reduce, bucket 1, bucket 2 (overlaps 1), next
+    ends = np.array([50.0, 200.0, 180.0, 350.0])
+    assert _previous_ends(starts, ends).tolist() == [-np.inf, 50.0, 50.0, 200.0]
+    gaps = starts - _previous_ends(starts, ends)
+    assert (gaps[1:] >= 0).all()

@@ -579,7 +579,9 @@ def explain(f: StragglerCause) -> str:
         CAUSE_HOST: (f"is idle {f.mean_extra_idle_us / 1000:.2f} ms longer than its peers before each, not computing "
                      "more: host-side delay (launch gaps, syncs, input wait, CPU contention)"),
         CAUSE_NETWORK: (f"leaves the previous collective {f.mean_carried_us / 1000:.2f} ms after its peers: "
-                        "its data movement is slower (network / link)"),
+                        + ("its side of the exchange progresses more slowly (its ranks share one host: no network "
+                           "between them, its collective thread's share of the CPU)" if shares_cpu_host(f) else
+                           "its data movement is slower (network / link)")),
         CAUSE_CLOCK: (f"but the clock offset to its peers is uncertain by "
                       f"{'an unknown amount' if f.clock_uncertainty_us is None else f'{f.clock_uncertainty_us / 1000:.2f} ms'}: "
                       "too large to tell why"),

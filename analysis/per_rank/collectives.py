@@ -22,6 +22,8 @@ Point-to-point sends and receives are no collectives and are left out (p2p.py ke
 
 from __future__ import annotations
 
+import bisect
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,7 +75,8 @@ class CollectiveCalls:
     """Computation from the later of the previous collective's end and the start of the collective's step
     to the collective's start: what the rank did in its step before arriving (critical_path.py)."""
     previous_end_us: np.ndarray = field(default_factory=lambda: np.empty(0))
-    """End of the rank's previous collective (issue order); -inf for its first."""
+    """End of the rank's previous collective: the latest end, among those issued before it, at or before its start
+    (_previous_ends); -inf where none."""
     phases: tuple[str, ...] = ()
     """The phase (`forward`, `backward`, `optimizer_step`; "" for none) whose host range contains each
     collective's issue time: DDP's gradient-bucket all-reduces are issued inside `backward`."""
@@ -127,7 +130,7 @@ def _keyed(events: TraceEvents, mask: np.ndarray, issue_us: np.ndarray,
         counts[(step, name)] = ordinal + 1
         keys.append((int(step), name, ordinal))
     starts, ends = events.start_us[indices], events.end_us[indices]
-    previous_end = np.concatenate([[-np.inf], ends[:-1]])
+    previous_end = _previous_ends(starts, ends)
     lower = np.maximum(previous_end, _step_starts(step_of, steps))
     return CollectiveCalls(source=source, keys=keys, start_us=starts, end_us=ends,
                            interval_compute_us=covered_between(compute, previous_end, ends),
@@ -135,6 +138,21 @@ def _keyed(events: TraceEvents, mask: np.ndarray, issue_us: np.ndarray,
                            compute_before_us=covered_between(compute, np.minimum(lower, starts), starts),
                            previous_end_us=previous_end, phases=_phases_at(events, issue_us),
                            sequence=events.sequence_of(indices))
+
+
+def _previous_ends(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per collective (issue order), the latest end among the collectives issued before it that ended by its
+    start; -inf where none did. The one issued just before may still be running (DDP's gradient buckets
+    overlap): its end, after this start, would make the gap before this collective negative and its "carried"
+    lateness the other bucket's."""
+    previous = np.full(len(starts), -np.inf)
+    ended: list[float] = []
+    for index, (start, end) in enumerate(zip(starts.tolist(), ends.tolist())):
+        position = bisect.bisect_right(ended, start)
+        if position:
+            previous[index] = ended[position - 1]
+        bisect.insort(ended, end)
+    return previous
 
 
 def _step_starts(step_of: np.ndarray, steps: list[StepTiming]) -> np.ndarray:

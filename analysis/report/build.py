@@ -11,7 +11,7 @@ from typing import Callable
 from fleetscope.traces.formats import MoeRecord
 from fleetscope.analysis.cross_rank.arrivals import arrival_matrix
 from fleetscope.analysis.cross_rank.bandwidth import collective_bandwidth
-from fleetscope.analysis.cross_rank.causes import find_causes, shares_cpu_host
+from fleetscope.analysis.cross_rank.causes import CAUSE_NETWORK, find_causes, shares_cpu_host
 from fleetscope.analysis.cross_rank.critical_path import critical_paths
 from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset, align_clocks
 from fleetscope.analysis.cross_rank.hta_views import HtaViews, run_hta, skipped
@@ -410,9 +410,12 @@ def _cause_clause(windows: list[WindowReport], rank: int) -> str:
     causes = {f.cause for f in found}
     if len(causes) != 1:
         return ""
-    shared = " (its peers share its host's CPU cores: this can be that host's contention)" \
-        if all(shares_cpu_host(f) for f in found) else ""
-    return f"; cause: {causes.pop()}{shared}"
+    cause = causes.pop()
+    if not all(shares_cpu_host(f) for f in found):
+        return f"; cause: {cause}"
+    # ranks on one host exchange through its memory: "network" there is the collective's progress on its CPU
+    named = "late out of the previous collective" if cause == CAUSE_NETWORK else cause
+    return f"; cause: {named} (its peers share its host's CPU cores: this can be that host's contention)"
 
 
 def _world_size(results: list[RankResult]) -> int | None:

@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..analysis.merge.focus import FocusPlan
+from ..analysis.quantities import step_ranges
 
-MAX_LISTED = 12
-"""Rank numbers shown per line; the rest is counted."""
 _PEER_PREFIX = "process-group peer of rank "
 _HOST_PREFIX = "first rank of host "
 
@@ -47,7 +46,7 @@ def describe_notes(notes) -> list[str]:
             ranks.add(note.rank)
     lines = []
     for reason, (total, ranks) in by_reason.items():
-        where = f" ({len(ranks)} rank(s): {rank_ranges(sorted(ranks))})" if ranks else ""
+        where = f" ({len(ranks)} rank(s): {step_ranges(sorted(ranks))})" if ranks else ""
         lines.append(f"  note: {total:,} events: {reason}{where}" if total is not None else f"  note: {reason}{where}")
     return lines
 
@@ -60,8 +59,8 @@ def describe_focus(plan: FocusPlan) -> list[str]:
     lines = [f"size budget {megabytes(plan.budget_bytes)}: {len(plan.chosen)} of {total} ranks in full "
              f"(estimated {megabytes(plan.estimated_bytes)} with the summary of every rank)"]
     for reason, ranks in _by_reason(plan).items():
-        lines.append(f"  in full, {reason}: {rank_ranges(ranks)}")
-    lines.append(f"  left out (summary only): {len(plan.left_out)} ranks: {rank_ranges(plan.left_out)}")
+        lines.append(f"  in full, {reason}: {step_ranges(ranks)}")
+    lines.append(f"  left out (summary only): {len(plan.left_out)} ranks: {step_ranges(plan.left_out)}")
     if plan.over_budget:
         lines.append(f"  over the budget: {len(plan.over_budget)} more candidates "
                      f"({_kinds(c.reasons for c in plan.over_budget)})")
@@ -97,20 +96,6 @@ def _kinds(reason_lists) -> str:
     return ", ".join(f"{kind}: {count}" for kind, count in counts.items())
 
 
-def rank_ranges(ranks) -> str:
-    """`0-7,9,12-15`, at most MAX_LISTED runs, then how many ranks more."""
-    ordered = sorted(set(ranks))
-    runs: list[tuple[int, int]] = []
-    for rank in ordered:
-        if runs and rank == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], rank)
-        else:
-            runs.append((rank, rank))
-    shown = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:MAX_LISTED])
-    hidden = sum(b - a + 1 for a, b in runs[MAX_LISTED:])
-    return shown + (f" ... (+{hidden} more)" if hidden else "")
-
-
 def describe_problems(problems) -> list[str]:
     """One line per merge problem as words (rank, file, reason), never a Python repr; problems that share a
     reason and differ only by rank are one line with their count and rank ranges."""
@@ -125,5 +110,5 @@ def describe_problems(problems) -> list[str]:
             getattr(problem, "path", None)) if part)
         lines.append(f"problem: {where + ': ' if where else ''}{getattr(problem, 'reason', problem)}")
     for reason, ranks in by_reason.items():
-        lines.append(f"problem: {reason}: {len(ranks)} rank(s) ({rank_ranges(sorted(ranks))})")
+        lines.append(f"problem: {reason}: {len(ranks)} rank(s) ({step_ranges(sorted(ranks))})")
     return lines

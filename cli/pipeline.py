@@ -9,8 +9,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..analysis.quantities import step_ranges
 from ..traces.gather import gather
-from .merge_messages import rank_ranges
 from .progress import counting, progress_callback
 from ..traces.layout import RunLayout
 from ..traces.validate import missing_note
@@ -115,7 +115,7 @@ def describe_manifest(manifest) -> str:
             present = {t.rank for t in manifest.traces if t.window == window}
             every = [r for r in range(manifest.world_size) if r not in present]
             ranks = set(every) if len(every) == count else ranks
-        lines.append(f"  missing{where}: {count}{of} ranks ({rank_ranges(sorted(ranks))})")
+        lines.append(f"  missing{where}: {count}{of} ranks ({step_ranges(sorted(ranks))})")
     counted = missing_note(len(manifest.missing), manifest.missing_total)
     return "\n".join(lines + ([f"  missing: {counted}"] if counted else []))
 

@@ -278,7 +278,7 @@ def test_the_events_a_merge_left_out_are_one_line_per_reason_over_all_ranks():
              for rank, count in ((0, 3), (1, 4), (2, 1500), (7, 1))]
     notes.append(MergeProblem(reason="whole-run counters: the timeline of rank 3 is truncated"))
     assert describe_notes(notes) == [
-        "  note: 1,508 events: phase 'B' not merged (4 rank(s): 0-2,7)",
+        "  note: 1,508 events: phase 'B' not merged (4 rank(s): 0-2, 7)",
         "  note: whole-run counters: the timeline of rank 3 is truncated",
     ]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetscope.analysis.merge.ideal_overlays import IDEAL_PROCESS_NAME
 from fleetscope.analysis.merge.whole_run_counters import WHOLE_RUN_PROCESS_NAME
 from fleetscope.launcher.schedulers.slurm import query_job, wait_for_job
 from fleetscope.traces.layout import RunLayout, parse_trace_file_name
@@ -62,8 +63,9 @@ def assert_complete_run(run_dir: Path) -> None:
     assert layout.report_html.stat().st_size > 0
     names = merged_process_names(layout.merged_trace)
     assert {name.split(" (")[0] for name in names if name.startswith("rank ")} == {f"rank {rank}" for rank in range(WORLD_SIZE)}
-    # besides the ranks, at most the whole run's counters (from the timelines the ranks wrote on their nodes)
-    assert names - {n for n in names if n.startswith("rank ")} <= {WHOLE_RUN_PROCESS_NAME}
+    # besides the ranks, at most the whole run's counters (from the timelines the ranks wrote on their nodes) and
+    # the report's ideal replay of the critical-path steps
+    assert names - {n for n in names if n.startswith("rank ")} <= {WHOLE_RUN_PROCESS_NAME, IDEAL_PROCESS_NAME}
 
 
 def test_submitit_job_with_hostile_name_runs_2x2_and_leaves_a_complete_run(

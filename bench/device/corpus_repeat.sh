@@ -2,7 +2,8 @@
 # On the lent GPU: how much a planted program's measured cost moves from one recording to the next. Runs
 # bench/planted/corpus.py REPEATS times over the named programs (default: the ones whose gain missed the 25% bar)
 # and writes $OUT/repeat.json: per program and run, planted.json's costs and step times, and the profiled steps'
-# own durations (host ProfilerStep ranges) read from that run's trace.
+# own durations (host ProfilerStep ranges) read from that run's trace; and every recording's traces as
+# $OUT/repeat_traces.tar (repeatK/NAME/...).
 # Usage: bash bench/device/corpus_repeat.sh "$OUT" [REPEATS] [NAME ...]
 set -uo pipefail
 out="${1:?usage: corpus_repeat.sh OUT [REPEATS] [NAME ...]}"
@@ -42,4 +43,6 @@ for name in names:
     found[name] = runs
 target.write_text(json.dumps(found, indent=1) + "\n")
 PY
+# the traces themselves, so each recording's gains can be scored against that recording's own planted cost
+tar -cf "$out/repeat_traces.tar" --exclude='.compile_cache' --exclude='tmp' -C /tmp $(for run in $(seq 1 "$repeats"); do echo "repeat$run"; done)
 ls -la "$out"

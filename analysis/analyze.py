@@ -15,11 +15,12 @@ from fleetscope.traces.outputs import guard_output
 from fleetscope.traces.safe_read import InputRefused, read_metadata
 from fleetscope.analysis.cross_rank.capture import capture_section
 from fleetscope.analysis.cross_rank.placement import place_traces
-from fleetscope.analysis.cross_rank.moe import load_moe_records_noted
+from fleetscope.analysis.cross_rank.moe import moe_records_noted
 from fleetscope.analysis.cross_rank.records import trainer_evidence
 from fleetscope.analysis.cross_rank.whole_run import whole_run_section
 from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
 from fleetscope.analysis.cross_rank.hta_views import start_hta_workers
+from fleetscope.analysis.inputs.records import RunRecords
 from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
 from fleetscope.analysis.inputs.sources import TraceFailure, TraceSource
 from fleetscope.analysis.per_rank.cache import ResultCache, open_cache
@@ -40,7 +41,6 @@ from fleetscope.analysis.quantities import (PROFILED_UNREPRESENTATIVE_PCT, metri
                                            profiled_excess_pct)
 from fleetscope.analysis.report.model import Problem, Report
 from fleetscope.analysis.cross_rank.outcome import OUTCOME_PROBLEM_LABEL, JobOutcome, job_outcome
-from fleetscope.traces.jobfile import read_job_record
 from fleetscope.traces.own_traces import recorded_uncollected_hint
 from fleetscope.traces.layout import RunLayout
 from fleetscope.traces.writer import write_bytes_atomically
@@ -54,7 +54,7 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
             cache_dir: Path | None = None, link_peak_gbps: float | None = None,
             comm_kernel_pattern: str | None = None,
             on_parsed: Callable[[list[RankResult | TraceFailure]], None] | None = None,
-            advisor: Callable[[Path, Report], list] | None = None) -> Report:
+            advisor: Callable[[Path, Report], list] | None = None, records: RunRecords | None = None) -> Report:
     """Analyze a run directory, a directory of Kineto traces, or one trace file.
 
     Writes the JSON report to `json_out` and the HTML report to `html_out` when given. For a run directory,
@@ -77,9 +77,12 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     e.g. for the reduce step of a fanned-out parse to record that it parsed nothing.
     `advisor(root, report)` returns the findings shown next to the verdict (Report.advice; the CLI passes
     analysis/advise/'s top_findings, which this module cannot import: advise reads reports this writes).
+    `records`: the run directory's records (inputs/records.py) when the caller has read them (postprocess hands
+    the merge the same); read once here otherwise.
     """
     comm_kernel_rule(comm_kernel_pattern)  # an invalid pattern fails here, before any work
-    inputs = resolve_input(path)
+    inputs = resolve_input(path, records=records)
+    run = inputs.records
     json_out, html_out = _guarded_outputs(inputs, json_out, html_out, write_default_outputs)
     cache, cache_off = open_cache(cache_dir) if use_cache else (None, None)
     views_in_parse = use_hta and cache is not None and _hta_on_every_rank(inputs.sources, hta_ranks, hta_max_ranks)
@@ -91,7 +94,8 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         on_parsed(outcomes)
     outcomes = [_profiler_trace_or_failure(outcome) for outcome in outcomes]
     placement = place_traces(inputs, outcomes)
-    moe_records, moe_notes = load_moe_records_noted(inputs.layout, _record_ranks(placement.results, inputs.world_size))
+    moe_records, moe_notes = moe_records_noted(inputs.layout, run.moe if run is not None else {},
+                                               _record_ranks(placement.results, inputs.world_size))
     report = build_report(
         source_path=str(inputs.root),
         source_kind=inputs.kind,
@@ -106,14 +110,14 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         measured_offsets=inputs.measured_offsets,
         min_lateness_us=min_lateness_us,
         link_peak_gbps=link_peak_gbps,
-        trainer=trainer_evidence(inputs.layout, placement.results, inputs.world_size),
+        trainer=trainer_evidence(run, placement.results, inputs.world_size),
         moe_records=moe_records,
     )
-    report.capture = capture_section(inputs.layout, inputs.world_size)
-    report.whole_run = whole_run_section(inputs.layout)
+    report.capture = capture_section(run, inputs.world_size)
+    report.whole_run = whole_run_section(run)
     _with_run_step_time(report, inputs.layout)
-    _with_outcome(report, job_outcome(inputs.layout, report.capture.hang if report.capture else None))
-    report.notes += _uncollected_note(inputs.layout)
+    _with_outcome(report, job_outcome(run, report.capture.hang if report.capture else None))
+    report.notes += _uncollected_note(run)
     if advisor is not None:
         report.advice = list(advisor(inputs.layout.root if inputs.layout is not None else Path(path), report))
     if auditing():
@@ -148,14 +152,11 @@ def _with_run_step_time(report: Report, layout: RunLayout | None) -> None:
                           + report.verdict)
 
 
-def _uncollected_note(layout: RunLayout | None) -> list[str]:
+def _uncollected_note(run: RunRecords | None) -> list[str]:
     """The Kineto traces a user's program wrote outside the run, as its launch recorded them (own_traces.py)."""
-    if layout is None:
+    if run is None or run.job_problem:
         return []
-    try:
-        hint = recorded_uncollected_hint(read_job_record(layout))
-    except ValueError:
-        return []
+    hint = recorded_uncollected_hint(run.job)
     return [hint] if hint else []
 
 

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from ..analysis.cross_rank.hang import analyze_hang
 from ..analysis.cross_rank.outcome import STATE_FAILED, job_outcome
 from ..analysis.render.capture_text import FAILURE_TITLE, HANG_TITLE, render_hang
+from ..analysis.inputs.records import read_run_records
 from ..traces.atomic import write_bytes_atomically
 from ..traces.capture import (
     MAX_REQUEST_RANKS,
@@ -205,7 +206,8 @@ def no_hang_text(layout: RunLayout) -> str:
 def handle_hang(args: argparse.Namespace) -> int:
     layout = RunLayout.at(args.run_dir)
     json_out = guard_output(args.json_out, analyzed=layout.root) if args.json_out else None
-    report = analyze_hang(layout)
+    records = read_run_records(layout)
+    report = analyze_hang(records)
     if report is None and layout.is_run_dir():  # a healthy run: nothing hung, nothing failed
         print(no_hang_text(layout))
         return EXIT_OK
@@ -213,7 +215,7 @@ def handle_hang(args: argparse.Namespace) -> int:
         print(f"fleetscope hang: {layout.root} is not a run directory and holds no Flight Recorder dump under "
               f"{layout.flight_recorder_dir}", file=sys.stderr)
         return EXIT_FAILED
-    outcome = job_outcome(layout, report) if layout.is_run_dir() else None
+    outcome = job_outcome(records, report) if layout.is_run_dir() else None
     failed = outcome is not None and outcome.state == STATE_FAILED   # its peers waited when it died: no hang
     print(escape_controls(render_hang(report, title=FAILURE_TITLE if failed else HANG_TITLE)))
     if json_out:

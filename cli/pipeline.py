@@ -43,17 +43,20 @@ def postprocess(run_dir: str | Path, *, echo: bool = True, gather_traces: bool =
     parsed-trace cache of both analyze and merge (default: default_cache_dir()); `on_parsed(outcomes)`
     gets analyze's per-trace outcomes (analysis.analyze). `use_cache`, `use_hta`, `hta_oracle` and
     `link_peak_gbps` go to analyze, `use_cache` and `merge_options` (analysis.merge.options.MergeOptions) to merge."""
+    from ..analysis.inputs.records import read_run_records
+
     layout = RunLayout.at(run_dir)
     result = PostprocessResult(run_dir=layout.root)
     if gather_traces:
         _timed(result, "gather", lambda: _gather(layout, result, echo, cache_dir))
-    else:
-        _timed(result, "manifest", lambda: _read_manifest(layout, result))
+    records = read_run_records(layout)   # once, after gather wrote the manifest: analyze and merge share them
+    if not gather_traces:
+        _timed(result, "manifest", lambda: _read_manifest(records, result))
     analyze_options = {"use_cache": use_cache, "use_hta": use_hta, "hta_oracle": hta_oracle,
-                       "link_peak_gbps": link_peak_gbps}
+                       "link_peak_gbps": link_peak_gbps, "records": records}
     _timed(result, "analyze", lambda: _analyze(layout, result, echo, cache_dir, on_parsed, analyze_options))
     _timed(result, "merge", lambda: _merge(layout, result, echo, cache_dir,
-                                           {"use_cache": use_cache, "options": merge_options}))
+                                           {"use_cache": use_cache, "options": merge_options, "records": records}))
     return result
 
 
@@ -92,11 +95,12 @@ def _parsing_inspector(cache_dir: Path | None):
     return ParsingInspector(cache.directory) if cache is not None else None
 
 
-def _read_manifest(layout: RunLayout, result: PostprocessResult) -> None:
-    from ..traces.manifest import load_manifest
-
-    result.manifest_complete = load_manifest(layout).complete
-    result.outputs["manifest"] = layout.manifest_file
+def _read_manifest(records, result: PostprocessResult) -> None:
+    """The manifest as the run's records hold it (analysis/inputs/records.py); an unusable one fails this stage."""
+    if records.manifest is None:
+        raise ValueError(records.manifest_problem or f"{records.layout.manifest_file}: no manifest")
+    result.manifest_complete = records.manifest.complete
+    result.outputs["manifest"] = records.layout.manifest_file
 
 
 def describe_manifest(manifest) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetscope.analysis.inputs.records import read_run_records
 from fleetscope.analysis.cross_rank.capture import capture_section
 from fleetscope.analysis.cross_rank.hang import analyze_hang
 from fleetscope.analysis.render.capture_text import render_hang
@@ -231,7 +232,7 @@ def test_gather_copies_capture_records_and_expects_only_the_chosen_ranks(tmp_pat
     manifest = build_manifest(layout)
     assert [c.window for c in manifest.captures] == [0] and manifest.captures[0].ranks == [1]
     assert [(m.rank, m.window) for m in manifest.missing] == [(1, 0)]
-    section = capture_section(layout)
+    section = capture_section(read_run_records(layout))
     assert section.windows[0].kind == "requested" and "requested by" in section.windows[0].why
     from fleetscope.analysis.render.capture_html import capture_html
     from fleetscope.analysis.report.model import Report
@@ -278,7 +279,7 @@ def _hang_dir(tmp_path) -> RunLayout:
 
 
 def test_the_hang_report_names_the_late_rank_and_the_collective(tmp_path):
-    report = analyze_hang(_hang_dir(tmp_path))
+    report = analyze_hang(read_run_records(_hang_dir(tmp_path)))
     assert report.late_ranks == [1] and report.missing_dumps == []
     group = next(g for g in report.groups if g.desc == "default_pg")
     assert (group.waiting_ranks, group.waiting_in.seq, group.waiting_in.name) == ([0], 18, "gloo:broadcast")
@@ -296,7 +297,7 @@ def test_mismatched_collectives_and_missing_dumps_are_reported(tmp_path):
     entry = next(e for e in dump["entries"] if e["collective_seq_id"] == 5)
     entry["input_sizes"], entry["input_dtypes"] = [[7]], ["Double"]
     layout.flight_recorder_file(1).write_text(json.dumps(dump))
-    report = analyze_hang(layout, world_size=3)
+    report = analyze_hang(read_run_records(layout), world_size=3)
     mismatches = next(g for g in report.groups if g.desc == "default_pg").mismatches
     assert len(mismatches) == 1 and mismatches[0].startswith("#5: ") and "[[7]]" in mismatches[0]
     assert report.missing_dumps == [2] and "mismatched" in report.verdict
@@ -305,9 +306,9 @@ def test_mismatched_collectives_and_missing_dumps_are_reported(tmp_path):
 def test_unusable_dumps_are_listed_not_trusted(tmp_path):
     layout = _hang_dir(tmp_path)
     layout.flight_recorder_file(1).write_text(json.dumps({"rank": 0, "entries": []}))
-    report = analyze_hang(layout)
+    report = analyze_hang(read_run_records(layout))
     assert report.dumped_ranks == [0] and "does not match the file name" in report.problems[0]
-    assert analyze_hang(RunLayout.at(tmp_path / "empty")) is None
+    assert analyze_hang(read_run_records(RunLayout.at(tmp_path / "empty"))) is None
 
 
 def test_hang_command(tmp_path, capsys):
@@ -467,7 +468,7 @@ def test_the_hang_report_round_trips_through_report_json(tmp_path):
 
     layout = _hang_dir(tmp_path)
     report = Report(created_at="now", source_path=str(tmp_path), source_kind="run_dir", world_size=2, complete=True,
-                    capture=capture_section(layout))
+                    capture=capture_section(read_run_records(layout)))
     again = Report.from_json(json.loads(json.dumps(report.to_json())))
     assert again.capture == report.capture and again.capture.hang.late_rank_stacks.keys() == {1}
     assert "Hang (Flight Recorder)" in render_terminal(again) and "never entered" in capture_html(again)

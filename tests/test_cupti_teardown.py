@@ -8,6 +8,7 @@ import json
 import pytest
 from helpers import fleetscope
 
+from fleetscope.analysis.inputs.records import read_run_records
 from fleetscope.analysis.cross_rank.records import record_warnings
 from fleetscope.analysis.per_rank.profiling_cost import median_difference, profiling_cost
 from fleetscope.analysis.per_rank.trainer_records import read_rank_records
@@ -100,19 +101,19 @@ def write_metrics(tmp_path, rows) -> RunLayout:
 
 
 def test_a_run_slower_after_its_windows_is_warned_about_and_names_cupti(tmp_path):
-    records = read_rank_records(write_metrics(tmp_path, step_records(slower_after=0.2)), 0, set())
+    records = read_rank_records(read_run_records(write_metrics(tmp_path, step_records(slower_after=0.2))), 0, set())
     warnings = record_warnings(records)
     assert any("after the last profile window" in w and "TEARDOWN_CUPTI" in w for w in warnings), warnings
 
 
 def test_no_warning_when_steps_after_cost_what_steps_before_cost(tmp_path):
-    records = read_rank_records(write_metrics(tmp_path, step_records(slower_after=0.0)), 0, set())
+    records = read_rank_records(read_run_records(write_metrics(tmp_path, step_records(slower_after=0.0))), 0, set())
     assert not [w for w in record_warnings(records) if "profile window" in w]
     assert records.profiling.after_vs_before.low_pct <= 0 <= records.profiling.after_vs_before.high_pct
 
 
 def test_input_share_leaves_out_step_0_and_profiled_steps(tmp_path):
-    records = read_rank_records(write_metrics(tmp_path, step_records(slower_after=0.0)), 0, set())
+    records = read_rank_records(read_run_records(write_metrics(tmp_path, step_records(slower_after=0.0))), 0, set())
     assert records.input.mean_data_ms == pytest.approx(1.0)  # profiled steps wait 10 ms: left out
     assert records.input.steps == 60 - 1 - 10 and "left out" in records.input.basis
     assert len(records.input.recorded_steps) == 60

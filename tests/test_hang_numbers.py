@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from fleetscope.analysis.inputs.records import read_run_records
 from fleetscope.analysis.cross_rank.hang import analyze_hang
 from fleetscope.analysis.render.capture_text import render_hang
 from fleetscope.traces.layout import RunLayout
@@ -37,14 +38,14 @@ def _hang_dir(tmp_path, *, op_offset: int = 0, status_offset: int = 0) -> RunLay
 
 
 def _completed(layout: RunLayout) -> dict[int, int | None]:
-    group = next(g for g in analyze_hang(layout).groups if g.desc == "default_pg")
+    group = next(g for g in analyze_hang(read_run_records(layout)).groups if g.desc == "default_pg")
     return {m.rank: m.last_completed_seq for m in group.members}
 
 
 def test_gloo_counts_operations_and_the_report_gives_the_collective_number(tmp_path):
     layout = _hang_dir(tmp_path, op_offset=GLOO_OP_OFFSET, status_offset=GLOO_OP_OFFSET)
     assert _completed(layout) == {0: 17, 1: 17}          # op 50 is collective #17; rank 0 entered #18
-    text = render_hang(analyze_hang(layout))
+    text = render_hang(analyze_hang(read_run_records(layout)))
     assert "rank 0: last entered #18 gloo:broadcast" in text and "last completed #17" in text
     assert "#50" not in text
 
@@ -57,7 +58,7 @@ def test_a_status_counted_in_collectives_is_kept(tmp_path):
 def test_a_status_in_neither_numbering_is_not_printed_as_a_collective(tmp_path):
     layout = _hang_dir(tmp_path, op_offset=GLOO_OP_OFFSET, status_offset=7)
     assert _completed(layout) == {0: None, 1: None}
-    assert "last completed #24" not in render_hang(analyze_hang(layout))
+    assert "last completed #24" not in render_hang(analyze_hang(read_run_records(layout)))
 
 
 def _metrics(layout: RunLayout, last_step: int) -> None:
@@ -76,7 +77,7 @@ def _metrics(layout: RunLayout, last_step: int) -> None:
 def test_the_steps_the_watchdog_counted_and_the_last_metrics_agree_or_are_explained(tmp_path, last_metrics, said):
     layout = _hang_dir(tmp_path)                  # the watchdogs' markers: 4 steps done on each rank
     _metrics(layout, last_metrics)
-    text = render_hang(analyze_hang(layout))
+    text = render_hang(analyze_hang(read_run_records(layout)))
     assert "rank 0: no step finished for 6 s after step 3, so it stopped in step 4 (its hang watchdog" in text
     assert "after 4 steps" not in text
     assert f"last step with metrics: rank 0: {last_metrics}, rank 1: {last_metrics}{said}\n" in text

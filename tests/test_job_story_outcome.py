@@ -10,7 +10,9 @@ import pytest
 
 from fleetscope.analysis.analyze import analyze
 from fleetscope.analysis.cross_rank.outcome import (STATE_CANCELLED, STATE_COMPLETED, STATE_FAILED, STATE_HUNG,
-                                                    exit_meaning, job_outcome)
+                                                    exit_meaning)
+from fleetscope.analysis.cross_rank.outcome import job_outcome as _outcome_of_records
+from fleetscope.analysis.inputs.records import read_run_records
 from fleetscope.analysis.render.html import render_html
 from fleetscope.analysis.render.terminal import render_terminal
 from fleetscope.cli.render import failure_text
@@ -22,6 +24,12 @@ from test_analysis_helpers import KinetoBuilder
 
 CRASH = {"rank": 1, "exitcode": None, "message": "InjectedFault: injected crash on rank 1 at step 5\nmore"}
 PEER = {"rank": 0, "exitcode": None, "message": "RuntimeError: Connection closed by peer"}
+
+
+
+def job_outcome(layout, hang):
+    """The outcome of the run in `layout`, its records read first."""
+    return _outcome_of_records(read_run_records(layout) if layout is not None else None, hang)
 
 
 def _run(tmp_path, **record) -> RunLayout:

@@ -14,6 +14,7 @@ import torch
 
 from helpers import fleetscope, metrics, torchrun
 
+from fleetscope.analysis.inputs.records import read_run_records
 from fleetscope.trainer import user_profiling as fs
 from fleetscope.trainer.config import ConfigError, FaultConfig, TrainConfig, apply_overrides
 from fleetscope.trainer.profiling import plan_windows
@@ -186,7 +187,7 @@ def test_the_straggler_is_slow_exactly_from_slow_from_step_until_slow_until_step
 def test_the_whole_run_analysis_finds_the_straggle_within_two_steps(straggled):
     from fleetscope.analysis.cross_rank.whole_run import whole_run_section
 
-    section = whole_run_section(RunLayout.at(straggled))
+    section = whole_run_section(read_run_records(RunLayout.at(straggled)))
     assert [r.rank for r in section.slow_ranks] == [1], section.verdict
     found = section.slow_ranks[0]
     assert abs(found.from_step - SLOW_FROM) <= 2 and abs(found.to_step - (SLOW_UNTIL - 1)) <= 2

@@ -11,12 +11,13 @@ import pytest
 from fleetscope.analysis.cross_rank.whole_run import (
     SOURCE_JSONL,
     SOURCE_TIMELINE,
-    _analyzed,
     _excess_ms,
     _median_of,
     _order_statistics,
-    whole_run_section,
 )
+from fleetscope.analysis.cross_rank.whole_run import _analyzed as _analyzed_records
+from fleetscope.analysis.cross_rank.whole_run import whole_run_section as _section_of_records
+from fleetscope.analysis.inputs.records import read_run_records
 from fleetscope.analysis.invariants import check_report
 from fleetscope.analysis.render.html import render_html
 from fleetscope.analysis.render.terminal import render_terminal
@@ -25,6 +26,15 @@ from fleetscope.traces.change_points import ChangeDetector, segment_levels
 from fleetscope.traces.clock import ClockOffset, write_clock_offset
 from fleetscope.traces.layout import RunLayout
 from fleetscope.traces.timeline import FLAG_FIRST, FLAG_PROFILED, HEADER, MAGIC, TIMELINE_DTYPE, TimelineWriter
+
+def whole_run_section(layout, run_command_dir=None):
+    """The section of the run in `layout`, its records read first (None: no run directory)."""
+    return _section_of_records(read_run_records(layout) if layout is not None else None, run_command_dir)
+
+
+def _analyzed(layout, run_command_dir, check_records):
+    return _analyzed_records(read_run_records(layout), run_command_dir, check_records)
+
 
 NOISE = 0.05
 """Lognormal step-time noise of each rank: 5% a step."""
@@ -531,7 +541,7 @@ def test_a_user_programs_timelines_are_its_step_metrics_for_the_gate_and_advise(
 def test_a_sparse_timeline_of_a_huge_size_costs_its_bound_not_its_size(tmp_path, monkeypatch):
     """A timeline grown to a terabyte of holes, even with a last record forged to look like one run of steps, is
     read checked up to the reader's bound: its real records are used and the rest named."""
-    from fleetscope.analysis.cross_rank import whole_run as module
+    from fleetscope.analysis.inputs import timelines as module
     from fleetscope.traces import timeline as timeline_module
 
     monkeypatch.setattr(timeline_module, "MAX_TIMELINE_RECORDS", 1 << 14)

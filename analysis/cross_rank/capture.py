@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fleetscope.analysis.cross_rank.hang import HangReport, analyze_hang
-from fleetscope.traces.capture import CaptureRecord, read_capture_records
-from fleetscope.traces.manifest import load_manifest
-from fleetscope.traces.layout import RunLayout
+from fleetscope.analysis.inputs.records import RunRecords
+from fleetscope.traces.capture import CaptureRecord
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,28 +33,25 @@ class CaptureSection:
     problems: list[str] = field(default_factory=list)
 
 
-def capture_section(layout: RunLayout | None, world_size: int | None = None) -> CaptureSection | None:
-    """None when the run has neither unplanned windows nor Flight Recorder dumps (or `layout` is None)."""
-    if layout is None:
+def capture_section(run: RunRecords | None, world_size: int | None = None) -> CaptureSection | None:
+    """None when the run has neither unplanned windows nor Flight Recorder dumps (or `run` is None: no run
+    directory)."""
+    if run is None:
         return None
-    records, problems = _records(layout)
-    hang = analyze_hang(layout, world_size)
+    records, problems = _records(run)
+    hang = analyze_hang(run, world_size)
     if not records and hang is None and not problems:
         return None
     return CaptureSection(windows=[_window(r) for r in records], hang=hang, problems=problems)
 
 
-def _records(layout: RunLayout) -> tuple[list[CaptureRecord], list[str]]:
+def _records(run: RunRecords) -> tuple[list[CaptureRecord], list[str]]:
     """The manifest's records of unplanned windows (validated by its one reader), else the run's own
-    captures/ files (before gather, or when the manifest cannot be used)."""
-    if layout.manifest_file.is_file():
-        try:
-            captured = load_manifest(layout).captures
-        except ValueError:
-            captured = []  # the inputs stage names an unusable manifest; fall back to the records themselves
-        if captured:
-            return captured, []
-    return read_capture_records(layout)
+    captures/ files (before gather, or when the manifest cannot be used: the inputs stage names it)."""
+    captured = run.manifest.captures if run.manifest is not None else []
+    if captured:
+        return captured, []
+    return list(run.captures), list(run.capture_problems)
 
 
 def _window(record: CaptureRecord) -> CaptureWindow:

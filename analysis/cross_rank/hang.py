@@ -17,25 +17,17 @@ from __future__ import annotations
 
 import ast
 import logging
-import os
-import stat
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from fleetscope.traces.flight_recorder import Dumps, read_dumps
-from fleetscope.traces.formats import read_metric_records
-from fleetscope.traces.layout import STEP_METRICS_RE, WINDOW_RE, RunLayout
-from fleetscope.traces.manifest import load_manifest
-from fleetscope.traces.safe_read import entry_problem
+from fleetscope.analysis.inputs.records import RunRecords
+from fleetscope.traces.flight_recorder import Dumps
 from fleetscope.traces.validate import MAX_LISTED_RANKS, MAX_WORLD_SIZE
 
 LOG_TAIL_LINES = 3
-LOG_READ_BYTES = 64 * 1024
 FRAMES_SHOWN = 6
 TORCH_PATH = "/site-packages/torch/"
-MAX_LOG_FILES = 4096
 MAX_RANKS_TEXT = 1 << 16
 """A pg_config `ranks` string longer than this is not parsed (a job's own lists are far shorter)."""
 
@@ -99,9 +91,10 @@ class HangReport:
     problems: list[str] = field(default_factory=list)
 
 
-def analyze_hang(layout: RunLayout, world_size: int | None = None) -> HangReport | None:
-    """The hang report of a run directory; None when it holds no Flight Recorder dump."""
-    dumps = read_dumps(layout)
+def analyze_hang(records: RunRecords, world_size: int | None = None) -> HangReport | None:
+    """The hang report of a run directory (its records, inputs/records.py); None when it holds no Flight
+    Recorder dump."""
+    dumps = records.dumps
     if not dumps.by_rank:
         return None
     world = min(world_size or max([*dumps.by_rank, *(m.rank for m in dumps.markers)]) + 1, MAX_WORLD_SIZE)
@@ -118,9 +111,9 @@ def analyze_hang(layout: RunLayout, world_size: int | None = None) -> HangReport
         groups=groups, late_ranks=late, verdict=_verdict(groups, dumps),
         late_rank_stacks={r: _frames(dumps.by_rank[r].get("python_stack", []), innermost_last=True)
                           for r in late if r in dumps.by_rank},
-        last_steps=_last_steps(layout, world), last_window=_last_window(layout),
-        log_tails={r: _log_tail(layout, r) for r in late or sorted(dumps.by_rank)},
-        pytorch_analysis=pytorch_cross_check(dumps), problems=problems + _window_problems(layout),
+        last_steps=_last_steps(records, world), last_window=_last_window(records),
+        log_tails={r: _log_tail(records, r) for r in late or sorted(dumps.by_rank)},
+        pytorch_analysis=pytorch_cross_check(dumps), problems=problems + list(records.hang.window_problems),
     )
     return report
 
@@ -284,92 +277,43 @@ def _verdict(groups: list[GroupHang], dumps: Dumps) -> str:
     return "; ".join(parts)
 
 
-def _last_steps(layout: RunLayout, world: int) -> dict[int, int]:
+def _last_steps(records: RunRecords, world: int) -> dict[int, int]:
     steps = {}
-    for path in layout.step_metrics_files():
-        rank = int(STEP_METRICS_RE.match(path.name)["rank"])
-        if rank >= world:
+    for metrics in records.step_metrics:
+        if metrics.rank >= world or metrics.read is None:  # refused by the safe reader: no last step known
             continue
-        try:
-            records = read_metric_records(path, within=layout.root).records
-        except ValueError:  # refused by the safe reader (a symlink out of the run): no last step known
-            continue
-        if records:
-            steps[rank] = max(r["step"] for r in records)
+        if metrics.read.records:
+            steps[metrics.rank] = max(r["step"] for r in metrics.read.records)
     return steps
 
 
-def _windows(layout: RunLayout) -> tuple[list[tuple[int, Path]], list[str]]:
-    """The run's window folders (real directories inside the run), and why any window* entry is not one."""
-    windows, problems = [], []
-    if layout.traces_dir.is_symlink() or not layout.traces_dir.is_dir():
-        return windows, problems
-    for entry in sorted(layout.traces_dir.glob("window*")):
-        if not (match := WINDOW_RE.match(entry.name)):
-            continue
-        if entry.is_symlink() or not entry.is_dir():
-            problems.append(f"{layout.relative(entry)}: {'a symlink' if entry.is_symlink() else 'not a directory'}, "
-                            "not a window folder: not read")
-            continue
-        windows.append((int(match["index"]), entry))
-    return sorted(windows), problems
-
-
-def _window_problems(layout: RunLayout) -> list[str]:
-    return _windows(layout)[1]
-
-
-def _last_window(layout: RunLayout) -> str:
-    windows, _ = _windows(layout)
+def _last_window(records: RunRecords) -> str:
+    windows = records.hang.windows
     if not windows:
         return ""
-    index, directory = windows[-1]
-    steps = _window_steps(layout, index)
-    try:
-        files = sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
-    except OSError:
-        files = []
-    return f"{directory.name}{f' (steps {steps})' if steps else ''}: {len(files)} trace(s)"
+    last = windows[-1]
+    steps = _window_steps(records, last.index)
+    return f"{last.name}{f' (steps {steps})' if steps else ''}: {last.files} trace(s)"
 
 
-def _window_steps(layout: RunLayout, index: int) -> str:
+def _window_steps(records: RunRecords, index: int) -> str:
+    manifest = records.manifest
+    if manifest is None:
+        return ""
     try:
-        manifest = load_manifest(layout)
         steps = sorted({s for t in manifest.traces if t.window == index for s in t.steps})
         return f"{steps[0]}-{steps[-1]}" if steps else ""
-    except (OSError, ValueError, AttributeError, TypeError):
+    except (ValueError, AttributeError, TypeError):
         return ""
 
 
-def _log_tail(layout: RunLayout, rank: int) -> list[str]:
+def _log_tail(records: RunRecords, rank: int) -> list[str]:
     """The last lines of the run's logs that the trainer wrote for `rank` (`... rank<R> LEVEL ...`)."""
     marker = f" rank{rank} "
     lines = []
-    logs = layout.logs_dir
-    for path in sorted(logs.rglob("*.log"))[:MAX_LOG_FILES] if logs.is_dir() and not logs.is_symlink() else []:
-        text = _tail(path, layout)
+    for text in records.hang.log_tails:
         lines += [line.strip() for line in text.splitlines() if marker in line]
     return lines[-LOG_TAIL_LINES:]
-
-
-def _tail(path: Path, layout: RunLayout) -> str:
-    """The last LOG_READ_BYTES of a log: a regular file inside the run (lstat first, never a FIFO or a link
-    out of the run, opened with O_NOFOLLOW | O_NONBLOCK); "" for anything else."""
-    if entry_problem(path, within=layout.root) is not None or path.is_symlink():
-        return ""
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return ""
-    with os.fdopen(descriptor, "rb") as handle:
-        info = os.fstat(descriptor)
-        if not stat.S_ISREG(info.st_mode):
-            return ""
-        try:
-            handle.seek(max(0, info.st_size - LOG_READ_BYTES))
-            return handle.read(LOG_READ_BYTES).decode(errors="replace")
-        except OSError:
-            return ""
 
 
 def pytorch_cross_check(dumps: Dumps) -> list[str]:

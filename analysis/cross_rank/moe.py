@@ -25,13 +25,12 @@ Definitions (per MoE layer; "per step" = summed, then divided by the steps count
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
-from fleetscope.traces.formats import MOE_COMBINE, MOE_DISPATCH, MOE_SPLIT_SIZES_D2H, MoeRecord, read_moe_file
-from fleetscope.traces.safe_read import entry_problem
+from fleetscope.analysis.inputs.records import MoeFile, read_moe_files
+from fleetscope.traces.formats import MOE_COMBINE, MOE_DISPATCH, MOE_SPLIT_SIZES_D2H, MoeRecord
 from fleetscope.traces.layout import RunLayout
 
 from fleetscope.analysis.cross_rank.arrivals import ArrivalMatrix
@@ -158,21 +157,26 @@ def load_moe_records(layout: RunLayout | None, ranks: list[int]) -> list[MoeReco
 
 
 def load_moe_records_noted(layout: RunLayout | None, ranks: list[int]) -> tuple[list[MoeRecord], list[str]]:
-    """(every rank's well-formed MoE records, a note per file with lines or records left out). The records
-    of one job agree on the ep degree and the expert count: those that disagree with the first rank's
-    (another job's file, a damaged one) are left out and named."""
+    """moe_records_noted of the files in `layout`, read here: for a caller that holds no RunRecords (the merge
+    run alone)."""
+    if layout is None:
+        return [], []
+    return moe_records_noted(layout, read_moe_files(layout, layout.ranks_with_records()), ranks)
+
+
+def moe_records_noted(layout: RunLayout | None, files: dict[int, MoeFile],
+                      ranks: list[int]) -> tuple[list[MoeRecord], list[str]]:
+    """(every rank's well-formed MoE records, a note per file with lines or records left out), of the files
+    inputs/records.py read. The records of one job agree on the ep degree and the expert count: those that
+    disagree with the first rank's (another job's file, a damaged one) are left out and named."""
     if layout is None:
         return [], []
     found, notes = [], []
-    for rank in sorted(layout.ranks_with_records().intersection(ranks)):
-        path = layout.moe_file(rank)
-        if not os.path.lexists(path):
+    for rank in sorted(set(files).intersection(ranks)):
+        path, read = files[rank].path, files[rank].read
+        if read is None:
+            notes.append(f"{layout.relative(path)}: {files[rank].problem}")
             continue
-        problem = entry_problem(path, within=layout.root)
-        if problem:
-            notes.append(f"{layout.relative(path)}: {problem}")
-            continue
-        read = read_moe_file(path)
         if read.bad_line_count:
             notes.append(f"{layout.relative(path)}: {read.bad_line_count} bad line(s) skipped ({read.first_problem})")
         reference = found[0] if found else (read.records[0] if read.records else None)

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 
 from fleetscope.analysis.cross_rank.hang import HangReport
 from fleetscope.traces.exit_status import EXIT_HUNG
-from fleetscope.traces.jobfile import read_job_record
-from fleetscope.traces.layout import RunLayout
+from fleetscope.analysis.inputs.records import RunRecords
 
 STATE_COMPLETED, STATE_FAILED, STATE_HUNG = "completed", "failed", "hung"
 OUTCOME_PROBLEM_LABEL = "job"
@@ -57,14 +56,12 @@ class JobOutcome:
         return self.state in (STATE_COMPLETED, STATE_RUNNING)
 
 
-def job_outcome(layout: RunLayout | None, hang: HangReport | None) -> JobOutcome | None:
-    """The outcome of the job in `layout` (module docstring); None without a job record that says."""
-    if layout is None:
+def job_outcome(records: RunRecords | None, hang: HangReport | None) -> JobOutcome | None:
+    """The outcome of the job whose records are `records` (module docstring); None without a job record that
+    says (the inputs stage names an unreadable one)."""
+    if records is None:
         return None
-    try:
-        record = read_job_record(layout)
-    except ValueError:
-        return None   # the inputs stage names an unreadable record
+    record = records.job
     status = record.get("status")
     if not isinstance(status, str):
         return None

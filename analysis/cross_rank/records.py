@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from fleetscope.analysis.per_rank.profiling_cost import SLOWER_WARN_PCT, slower_after
 from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.per_rank.trainer_records import LEAK_SKIP_STEPS, RankRecords, read_rank_records
-from fleetscope.traces.layout import RunLayout
+from fleetscope.analysis.inputs.records import RunRecords
 
 STATUS_OK, STATUS_NONE = "ok", "not recorded"
 INPUT_WARN_PCT = 10.0
@@ -24,22 +24,22 @@ class TrainerEvidence:
     warnings: list[str] = field(default_factory=list)
 
 
-def trainer_evidence(layout: RunLayout | None, results: list[RankResult], world_size: int | None) -> TrainerEvidence:
-    """Read every rank's records; a trace directory (no run layout) has none."""
-    if layout is None:
+def trainer_evidence(run: RunRecords | None, results: list[RankResult], world_size: int | None) -> TrainerEvidence:
+    """Every rank's records (inputs/records.py); a trace directory (no run records) has none."""
+    if run is None:
         return TrainerEvidence(status=STATUS_NONE, reason="not a run directory: no trainer records next to the traces")
     traced: dict[int, set[int]] = {}
     for result in results:
         traced.setdefault(result.rank, set()).update(s.step for s in result.steps)
     expected = range(world_size) if world_size else sorted(traced)
-    present = layout.ranks_with_records()
+    present = run.record_ranks
     found = [records for rank in sorted(present.intersection(expected))
-             if (records := read_rank_records(layout, rank, traced.get(rank, set()))) is not None]
+             if (records := read_rank_records(run, rank, traced.get(rank, set()))) is not None]
     have = {records.rank for records in found}
     missing = [rank for rank in expected if rank not in have]
     if not found:
         return TrainerEvidence(status=STATUS_NONE, missing_ranks=missing,
-                               reason=f"no metrics/rank<R>.jsonl or .compile.json in {layout.metrics_dir}")
+                               reason=f"no metrics/rank<R>.jsonl or .compile.json in {run.layout.metrics_dir}")
     return TrainerEvidence(status=STATUS_OK, ranks=found, missing_ranks=missing,
                            warnings=[w for records in found for w in record_warnings(records)])
 

@@ -50,34 +50,24 @@ import dataclasses
 import math
 import shlex
 import os
-import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from fleetscope.analysis.cross_rank.stragglers import Significance, series_significance
 from fleetscope.analysis.quantities import BASIS_STEP_METRICS, SLOWEST_RANK, step_ranges, window_name
 from fleetscope.traces.change_points import MIN_SEGMENT_STEPS, Segment, segment_levels
-from fleetscope.traces.clock import read_clock_offsets
-from fleetscope.traces.formats import read_metric_records
-from fleetscope.traces.jobfile import FINAL_STATUSES, read_job_record
-from fleetscope.traces.layout import RunLayout
-from fleetscope.traces.manifest import load_manifest
-from fleetscope.traces.safe_read import OPEN_FLAGS, entry_problem
+from fleetscope.analysis.inputs.records import RunRecords, StepMetricsFile
+from fleetscope.analysis.inputs.timelines import TimelineSource, records_into, runs_of
+from fleetscope.traces.jobfile import FINAL_STATUSES
 from fleetscope.traces.timeline import (
     FLAG_FIRST,
     FLAG_PROFILED,
-    HEADER,
-    MAGIC,
     MAX_START_US,
     MAX_STEP_MS,
-    MAX_TIMELINE_RECORDS,
     MAX_TIMELINE_STEP,
     TIMELINE_DTYPE,
-    last_of_each_step,
-    read_timeline,
     valid_records,
 )
 
@@ -267,102 +257,14 @@ class WholeRun:
 # -- reading ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Source:
-    """One rank's records: `runs` of (first step, first record, count), later runs overriding earlier ones;
-    read from `path` (a timeline) or `records` (held in memory: a JSONL fallback)."""
-
-    rank: int
-    runs: list[tuple[int, int, int]]
-    path: Path | None = None
-    identity: tuple[int, int] | None = None
-    records: np.ndarray | None = None
-    offset_us: float | None = None
-    lowest_step: int = 0
-    checked: bool = True
-    """False: a timeline read without looking at its records (_unchecked_source); the pass checks each record
-    as it reads it (_check_records)."""
+_Source = TimelineSource
+"""One rank's records (inputs/timelines.py): a timeline's, or its step metrics' held in memory."""
 
 
-def _timeline_sources(layout: RunLayout, notes: list[str], check_records: bool) -> dict[int, _Source]:
-    found = {}
-    for rank in layout.timeline_ranks():
-        source = None if check_records else _unchecked_source(layout, rank)
-        source = source or _timeline_source(layout, rank, notes)
-        if source is not None:
-            found[rank] = source
-    return found
-
-
-def _timeline_source(layout: RunLayout, rank: int, notes: list[str]) -> _Source | None:
-    path = layout.timeline_file(rank)
-    try:
-        timeline = read_timeline(path, within=layout.root, expected_rank=rank)
-    except (ValueError, OSError) as error:
-        notes.append(f"{layout.relative(path)}: not used ({str(error).replace(str(path) + ': ', '')[:200]})")
-        return None
-    notes += [f"metrics/{problem}" for problem in timeline.problems]
-    records = timeline.records
-    if records.size == 0:
-        notes.append(f"{layout.relative(path)}: no valid record")
-        return None
-    info = os.stat(path)
-    steps = np.asarray(records["step"], dtype=np.int64)
-    if isinstance(records, np.memmap) and steps[-1] - steps[0] == steps.size - 1 and np.all(np.diff(steps) == 1):
-        runs = [(int(steps[0]), 0, int(steps.size))]
-    else:
-        indices = timeline.record_index if timeline.record_index is not None else np.arange(steps.size)
-        runs = _runs_of(steps, indices)
-    return _Source(rank=rank, runs=runs, path=path, identity=(info.st_dev, info.st_ino),
-                   lowest_step=int(steps.min()))
-
-
-def _unchecked_source(layout: RunLayout, rank: int) -> _Source | None:
-    """The rank's timeline with its records left for the pass to check (read_timeline's check of every record
-    costs a fifth of the analysis at 1,024 ranks), when it is a regular file (no symlink) of whole records
-    under this rank's header whose first record's step is >= 0 and whose last one's is count - 1 later: one
-    run of consecutive steps if every record is valid. None: read it checked (_timeline_source), which names
-    what is wrong."""
-    path = layout.timeline_file(rank)
-    if entry_problem(path, within=layout.root) is not None:
-        return None
-    try:
-        descriptor = os.open(path, OPEN_FLAGS)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(descriptor)
-        count, partial = divmod(info.st_size - HEADER.size, TIMELINE_DTYPE.itemsize)
-        if not stat.S_ISREG(info.st_mode) or partial or not 1 <= count <= MAX_TIMELINE_RECORDS:
-            return None
-        header = os.pread(descriptor, HEADER.size, 0)
-        ends = (os.pread(descriptor, TIMELINE_DTYPE.itemsize, HEADER.size)
-                + os.pread(descriptor, TIMELINE_DTYPE.itemsize, HEADER.size + (count - 1) * TIMELINE_DTYPE.itemsize))
-    finally:
-        os.close(descriptor)
-    if header != HEADER.pack(MAGIC, TIMELINE_DTYPE.itemsize, rank) or len(ends) != 2 * TIMELINE_DTYPE.itemsize:
-        return None
-    first, last = (int(step) for step in np.frombuffer(ends, dtype=TIMELINE_DTYPE)["step"])
-    if first < 0 or last - first != count - 1:
-        return None
-    return _Source(rank=rank, runs=[(first, 0, count)], path=path, identity=(info.st_dev, info.st_ino),
-                   lowest_step=first, checked=False)
-
-
-def _runs_of(steps: np.ndarray, indices: np.ndarray) -> list[tuple[int, int, int]]:
-    """Runs of consecutive steps at consecutive records; a repeated step (a resumed run) keeps its last record."""
-    last = last_of_each_step(steps)
-    steps, indices = steps[last], indices[last]
-    breaks = np.flatnonzero((np.diff(steps) != 1) | (np.diff(indices) != 1)) + 1
-    bounds = np.concatenate([[0], breaks, [steps.size]])
-    return [(int(steps[a]), int(indices[a]), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:])]
-
-
-def _jsonl_source(layout: RunLayout, rank: int, path: Path, notes: list[str]) -> _Source | None:
-    try:
-        metrics = read_metric_records(path, within=layout.root)
-    except (ValueError, OSError) as error:
-        notes.append(f"{layout.relative(path)}: not used ({str(error)[:200]})")
+def _jsonl_source(records: RunRecords, metrics_file: StepMetricsFile, notes: list[str]) -> _Source | None:
+    layout, path, rank, metrics = records.layout, metrics_file.path, metrics_file.rank, metrics_file.read
+    if metrics is None:
+        notes.append(f"{layout.relative(path)}: not used ({metrics_file.error[:200]})")
         return None
     if metrics.bad_line_count:
         notes.append(f"{layout.relative(path)}: {metrics.bad_line_count} line(s) left out")
@@ -382,21 +284,19 @@ def _jsonl_source(layout: RunLayout, rank: int, path: Path, notes: list[str]) ->
     records["data_ms"] = [r.get("data_ms") if isinstance(r.get("data_ms"), (int, float)) else math.nan for r in usable]
     records["first_collective_ms"] = records["exposed_comm_ms"] = math.nan
     steps = records["step"].astype(np.int64)
-    return _Source(rank=rank, runs=_runs_of(steps, np.arange(steps.size)), records=records,
+    return _Source(rank=rank, runs=runs_of(steps, np.arange(steps.size)), records=records,
                    lowest_step=int(steps.min()))
 
 
-def _sources(layout: RunLayout, notes: list[str], check_records: bool) -> dict[int, _Source]:
-    sources = _timeline_sources(layout, notes, check_records)
-    for path in layout.step_metrics_files():
-        rank = int(path.name[len("rank"):-len(".jsonl")])
-        if rank not in sources:
-            source = _jsonl_source(layout, rank, path, notes)
+def _sources(run: RunRecords, notes: list[str], check_records: bool) -> dict[int, _Source]:
+    sources = run.timelines.sources(notes, check_records=check_records) if run.timelines is not None else {}
+    for metrics_file in run.step_metrics:
+        if metrics_file.rank not in sources:
+            source = _jsonl_source(run, metrics_file, notes)
             if source is not None:
-                sources[rank] = source
-    offsets, problems = read_clock_offsets(layout)
-    notes += problems
-    return {rank: _with_offset(source, offsets) for rank, source in sorted(sources.items())}
+                sources[metrics_file.rank] = source
+    notes += run.clock_problems
+    return {rank: _with_offset(source, run.clock) for rank, source in sorted(sources.items())}
 
 
 def _with_offset(source: _Source, offsets: dict) -> _Source:
@@ -416,25 +316,9 @@ def _read_block(source: _Source, first: int, out: np.ndarray) -> None:
     for run_step, run_record, count in source.runs:
         low, high = max(first, run_step), min(stop, run_step + count)
         if low < high:
-            _records_into(source, run_record + (low - run_step), out[low - first:high - first])
+            records_into(source, run_record + (low - run_step), out[low - first:high - first])
 
 
-def _records_into(source: _Source, start: int, out: np.ndarray) -> None:
-    """Records start.. of the rank into `out`. A timeline's runs hold only records read_timeline found valid;
-    the file is the one it read (same device and inode), and only records it counted are read."""
-    if source.records is not None:
-        out[:] = source.records[start:start + out.size]
-        return
-    descriptor = os.open(source.path, OPEN_FLAGS)
-    try:
-        info = os.fstat(descriptor)
-        if (info.st_dev, info.st_ino) != source.identity:
-            raise ValueError(f"{source.path}: replaced while being read")
-        read = os.preadv(descriptor, [out.view(np.uint8)], HEADER.size + start * TIMELINE_DTYPE.itemsize)
-    finally:
-        os.close(descriptor)
-    if read < out.nbytes:
-        out["step"][read // TIMELINE_DTYPE.itemsize:] = -1  # cut short since: those steps are missing
 
 
 # -- one pass over the steps -----------------------------------------------------------------------------
@@ -834,15 +718,15 @@ def _bin(acc: _Accumulated, step_ms: np.ndarray, late_ms: np.ndarray, columns: s
 # -- findings --------------------------------------------------------------------------------------------
 
 
-def whole_run_section(layout: RunLayout | None, run_command_dir: str | None = None) -> WholeRun | None:
-    """None when `layout` is None or the run has neither timelines nor step metrics."""
-    if layout is None:
+def whole_run_section(records: RunRecords | None, run_command_dir: str | None = None) -> WholeRun | None:
+    """None when `records` is None (no run directory) or the run has neither timelines nor step metrics."""
+    if records is None:
         return None
     try:
-        return _analyzed(layout, run_command_dir, check_records=False)
+        return _analyzed(records, run_command_dir, check_records=False)
     except _Damaged:
         # a record that cannot be true: every timeline read again, checked, so that it is named and left out
-        return _analyzed(layout, run_command_dir, check_records=True)
+        return _analyzed(records, run_command_dir, check_records=True)
 
 
 MAX_STEP_GAP = 100_000
@@ -880,32 +764,29 @@ def _within_one_span(sources: dict[int, _Source], notes: list[str]) -> dict[int,
     return within
 
 
-def _analyzed(layout: RunLayout, run_command_dir: str | None, check_records: bool) -> WholeRun | None:
+def _analyzed(records: RunRecords, run_command_dir: str | None, check_records: bool) -> WholeRun | None:
     notes: list[str] = []
-    sources = _sources(layout, notes, check_records)
+    sources = _sources(records, notes, check_records)
     if not sources:
         if not notes:
             return None
         return WholeRun(status=STATUS_NOT_RECORDED, reason="no usable timeline or step metrics", notes=notes)
-    sources = _within_world(sources, _world_size(layout), notes)
+    sources = _within_world(sources, _world_size(records), notes)
     if not sources:
         return WholeRun(status=STATUS_NOT_RECORDED, reason="no usable timeline or step metrics", notes=notes)
     sources = _within_one_span(sources, notes)
     first = min(run[0] for s in sources.values() for run in s.runs)
     last = max(run[0] + run[2] - 1 for s in sources.values() for run in s.runs)
     acc = _pass(sources, first, last)
-    return _section(acc, sources, notes, RecordSuggestion(run_dir=run_command_dir or str(layout.root),
-                                                          ended=_job_ended(layout),
-                                                          user_program=_is_user_program(layout)),
-                    _recorded_windows(layout))
+    return _section(acc, sources, notes, RecordSuggestion(run_dir=run_command_dir or str(records.root),
+                                                          ended=_job_ended(records),
+                                                          user_program=_is_user_program(records)),
+                    _recorded_windows(records))
 
 
-def _world_size(layout: RunLayout) -> int | None:
+def _world_size(records: RunRecords) -> int | None:
     """The job's world size as job.json records it; None where it records none (a folder of records alone)."""
-    try:
-        world = read_job_record(layout).get("world_size")
-    except ValueError:
-        return None
+    world = records.job.get("world_size")
     return world if type(world) is int and world > 0 else None
 
 
@@ -1020,14 +901,11 @@ def _windows(acc: _Accumulated, recorded: list[tuple[int | None, list[int]]]) ->
     return found
 
 
-def _recorded_windows(layout: RunLayout) -> list[tuple[int | None, list[int]]]:
+def _recorded_windows(records: RunRecords) -> list[tuple[int | None, list[int]]]:
     """(window, its recorded steps, sorted) per window the manifest lists; none without a readable manifest (the
     report names an unreadable one; the windows are then the timelines' runs of profiled steps)."""
-    if not layout.manifest_file.is_file():
-        return []
-    try:
-        manifest = load_manifest(layout)
-    except ValueError:
+    manifest = records.manifest
+    if manifest is None:
         return []
     steps: dict[int | None, set[int]] = {}
     for record in manifest.traces:
@@ -1236,20 +1114,14 @@ class RecordSuggestion:
                 f"active={PROFILE_STEPS},repeat=1 to record steps {skip + 1}-{skip + PROFILE_STEPS}")
 
 
-def _is_user_program(layout: RunLayout) -> bool:
+def _is_user_program(records: RunRecords) -> bool:
     """job.json records a user's program (its `program`), not fleetscope's trainer."""
-    try:
-        return isinstance(read_job_record(layout).get("program"), dict)
-    except ValueError:
-        return False
+    return isinstance(records.job.get("program"), dict)
 
 
-def _job_ended(layout: RunLayout) -> bool:
+def _job_ended(records: RunRecords) -> bool:
     """job.json records a final status (or the record cannot be read: no running job to reach either)."""
-    try:
-        return read_job_record(layout).get("status") in FINAL_STATUSES
-    except ValueError:
-        return True
+    return bool(records.job_problem) or records.job.get("status") in FINAL_STATUSES
 
 
 def _everyone_waits(finding: SlowRank) -> bool:

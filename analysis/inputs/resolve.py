@@ -23,13 +23,13 @@ from fleetscope.analysis.inputs.sources import (
     TraceFailure,
     TraceSource,
 )
-from fleetscope.traces.clock import read_clock_offsets
+from fleetscope.analysis.inputs.records import RunRecords, read_run_records
 from fleetscope.traces.gather import build_manifest
 from fleetscope.traces.kineto import find_trace_like_entries
 from fleetscope.traces.safe_read import entry_problem
 from fleetscope.traces.validate import missing_note
 from fleetscope.traces.layout import WINDOW_RE, RunLayout
-from fleetscope.traces.manifest import TraceRecord, load_manifest
+from fleetscope.traces.manifest import TraceRecord
 from fleetscope.traces.outputs import is_own_output
 
 
@@ -51,10 +51,13 @@ class AnalysisInput:
     """Clock offsets from the run's clock/rank<R>.json files."""
     clock_problems: list[str] = field(default_factory=list)
     """Clock files that could not be used, as 'file: reason' (also in `notes`)."""
+    records: RunRecords | None = None
+    """What the run directory states besides its traces, read once (None: not a run directory)."""
 
 
-def resolve_input(path: str | Path) -> AnalysisInput:
-    """Find the traces behind `path`; raises FileNotFoundError / ValueError for a path that holds none."""
+def resolve_input(path: str | Path, *, records: RunRecords | None = None) -> AnalysisInput:
+    """Find the traces behind `path`; raises FileNotFoundError / ValueError for a path that holds none.
+    `records`: the run directory's records when the caller has read them (read here otherwise)."""
     root = Path(path).expanduser().absolute()
     if not root.exists():
         raise FileNotFoundError(f"{root}: no such file or directory")
@@ -64,19 +67,19 @@ def resolve_input(path: str | Path) -> AnalysisInput:
                              sources=[TraceSource(path=root, label=root.name, window=None)])
     layout = RunLayout.at(root)
     if layout.manifest_file.is_file() or layout.traces_dir.is_dir():
-        return _run_dir_input(layout)
+        return _run_dir_input(layout, records if records is not None else read_run_records(layout))
     return _trace_dir_input(root)
 
 
-def _run_dir_input(layout: RunLayout) -> AnalysisInput:
-    manifest, notes = _manifest_of(layout)
+def _run_dir_input(layout: RunLayout, run: RunRecords) -> AnalysisInput:
+    manifest, notes = _manifest_of(layout, run)
     records, superseded = _latest_attempts(manifest.traces)
     if superseded:
         notes.append(f"{len(superseded)} trace(s) from earlier attempts of a requeued job were not analyzed")
     notes += [n for n in [missing_note(len(manifest.missing), manifest.missing_total)] if n]
     sources = [record_source(r, layout.root) for r in records]
     failures = [TraceFailure(label=p.path, window=p.window, rank=p.rank, reason=p.reason) for p in manifest.problems]
-    clock_files, clock_problems = read_clock_offsets(layout)
+    clock_files, clock_problems = run.clock, list(run.clock_problems)
     return AnalysisInput(
         root=layout.root, kind=SOURCE_RUN_DIR, sources=sources, failures=failures,
         missing=[MissingTrace(rank=m.rank, window=m.window) for m in manifest.missing],
@@ -84,6 +87,7 @@ def _run_dir_input(layout: RunLayout) -> AnalysisInput:
         world_size=manifest.world_size, notes=notes + clock_problems, layout=layout, clock_problems=clock_problems,
         measured_offsets={rank: MeasuredOffset(offset_us=c.offset_us, uncertainty_us=c.uncertainty_us)
                           for rank, c in clock_files.items()},
+        records=run,
     )
 
 
@@ -95,17 +99,16 @@ def record_source(record: TraceRecord, run_dir: Path) -> TraceSource:
                        expected_sha256=record.sha256)
 
 
-def _manifest_of(layout: RunLayout):
+def _manifest_of(layout: RunLayout, run: RunRecords):
     """The run's manifest and notes about it: a manifest that cannot be used (truncated, damaged, of an
     unexpected shape) must not stop the analysis of intact traces, so traces/ is scanned instead."""
-    if not layout.manifest_file.exists() and not layout.manifest_file.is_symlink():
+    if not run.manifest_present:
         return build_manifest(layout), ["no manifest.json: traces were verified in memory "
                                         "(run `fleetscope gather` to write one)"]
-    try:
-        return load_manifest(layout), []
-    except ValueError as error:
-        return build_manifest(layout), [f"{error}; traces/ was scanned instead (run `fleetscope gather` to "
-                                        "write a new manifest)"]
+    if run.manifest is not None:
+        return run.manifest, []
+    return build_manifest(layout), [f"{run.manifest_problem}; traces/ was scanned instead (run `fleetscope gather` "
+                                    "to write a new manifest)"]
 
 
 def _latest_attempts(records: list[TraceRecord]) -> tuple[list[TraceRecord], list[TraceRecord]]:

@@ -98,6 +98,7 @@ from fleetscope.traces.atomic import atomic_output
 from fleetscope.traces.kineto import TraceReadError, decode_trace, decompress, distributed_rank, read_raw
 from fleetscope.analysis.merge.whole_run_counters import WHOLE_RUN_SEQUENCE_ID, WholeRunPlan, plan_whole_run, write_whole_run
 from fleetscope.traces.clock import read_clock_offsets
+from fleetscope.analysis.inputs.records import RunRecords
 from fleetscope.traces.validate import bounded_name
 from fleetscope.traces.layout import MERGED_TRACE
 
@@ -205,6 +206,7 @@ def merge(
     progress: Callable[[RankMergeSummary], None] | None = None,
     use_cache: bool = True,
     cache_dir: Path | None = None,
+    records: RunRecords | None = None,
 ) -> MergeResult:
     """Merge the traces under `path` into one Perfetto trace at `out`.
 
@@ -220,12 +222,13 @@ def merge(
     on the same parse (stages.py).
     `progress` is called after each rank. Each file's steps and collective instances come from the
     per-rank parse, through the parsed-trace cache (`use_cache`, `cache_dir`) as `analyze` uses it.
+    `records`: the run directory's records (inputs/records.py) when the caller has read them (postprocess).
     With `shard_ranks`, the result is the summary file's and `shards` holds one result per shard.
     """
     options = options or MergeOptions()
     started = time.perf_counter()
     cache = open_cache(cache_dir)[0] if use_cache else None
-    inputs = find_merge_inputs(path, offsets_ns=offsets_ns, cache=cache)
+    inputs = find_merge_inputs(path, offsets_ns=offsets_ns, cache=cache, records=records)
     destination = _output_path(inputs, out)
     problems, notes = list(inputs.problems), []
     if not inputs.ranks:   # nothing to draw: no file (an empty one would open as a trace of nothing)
@@ -259,7 +262,7 @@ def _whole_run_plan(inputs: MergeInputs, options: MergeOptions, notes: list[Merg
     for a folder of traces (no timelines) or when the merge keeps only some steps or a time range."""
     if inputs.run_layout is None or options.filters_events:
         return None
-    measured, _ = read_clock_offsets(inputs.run_layout)
+    measured = inputs.records.clock if inputs.records is not None else read_clock_offsets(inputs.run_layout)[0]
     offsets = {rank: round(offset.offset_us * 1000) for rank, offset in measured.items()}
     offsets.update({source.rank: source.clock_offset_ns for source in inputs.ranks   # as the ranks are drawn
                     if source.clock_source != CLOCK_NONE})

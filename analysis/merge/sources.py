@@ -21,6 +21,7 @@ from typing import Mapping
 from fleetscope.analysis.cross_rank.clock_align import MeasuredOffset
 from fleetscope.analysis.cross_rank.matching import match_by_window
 from fleetscope.analysis.cross_rank.placement import Placement, place_traces
+from fleetscope.analysis.inputs.records import RunRecords
 from fleetscope.analysis.inputs.resolve import rank_from_name, resolve_input
 from fleetscope.analysis.inputs.sources import TraceFailure, TraceSource
 from fleetscope.analysis.per_rank.cache import ResultCache
@@ -160,6 +161,8 @@ class MergeInputs:
     problems: list[MergeProblem] = field(default_factory=list)
     parsed: ParsedRanks | None = None
     """The per-rank results themselves; the merge lets go of them once its focus set is planned."""
+    records: RunRecords | None = None
+    """What the run directory states besides its traces (inputs/records.py), as read once."""
 
     @property
     def input_bytes(self) -> int:
@@ -171,9 +174,11 @@ class MergeInputs:
 
 
 def find_merge_inputs(path: str | Path, *, offsets_ns: Mapping[int, int] | None = None,
-                      cache: ResultCache | None = None, workers: int | None = None) -> MergeInputs:
-    """The traces under `path` grouped by rank, sorted by rank; `offsets_ns` overrides clock files."""
-    inputs = resolve_input(path)
+                      cache: ResultCache | None = None, workers: int | None = None,
+                      records: RunRecords | None = None) -> MergeInputs:
+    """The traces under `path` grouped by rank, sorted by rank; `offsets_ns` overrides clock files. `records`:
+    the run directory's records when the caller has read them (read here otherwise)."""
+    inputs = resolve_input(path, records=records)
     # after analyze (postprocess) this process holds HTA and the report's leftovers: spawned workers
     # read the cache entries without a copy of it each
     outcomes = parse_traces(inputs.sources, cache=cache, workers=workers, fresh_workers=True)
@@ -190,7 +195,8 @@ def find_merge_inputs(path: str | Path, *, offsets_ns: Mapping[int, int] | None 
         problems.append(MergeProblem(path=str(inputs.root), reason="no readable Kineto trace found"))
     parsed = ParsedRanks(results=results, source_kind=inputs.kind, world_size=inputs.world_size,
                          measured_offsets=dict(inputs.measured_offsets))
-    return MergeInputs(root=inputs.root, run_layout=inputs.layout, ranks=ranks, problems=problems, parsed=parsed)
+    return MergeInputs(root=inputs.root, run_layout=inputs.layout, ranks=ranks, problems=problems, parsed=parsed,
+                       records=inputs.records)
 
 
 def _missing_problems(placement: Placement, declared: int | None) -> list[MergeProblem]:

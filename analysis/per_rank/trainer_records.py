@@ -23,15 +23,13 @@ Profiling cost: the steady steps before the first window, inside the windows and
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from fleetscope.analysis.per_rank.profiling_cost import ProfilingCost, profiling_cost
-from fleetscope.traces.formats import MetricRecords, read_metric_records, steady_step_records
-from fleetscope.traces.layout import RunLayout
-from fleetscope.traces.safe_read import read_metadata
+from fleetscope.analysis.inputs.records import RunRecords
+from fleetscope.traces.formats import MetricRecords, steady_step_records
 from fleetscope.traces.validate import finite_number
 
 LEAK_SKIP_STEPS = 2
@@ -172,30 +170,31 @@ def compile_evidence(record: dict[str, Any], timed_steps: set[int]) -> CompileEv
     )
 
 
-def read_rank_records(layout: RunLayout, rank: int, traced_steps: set[int]) -> RankRecords | None:
-    """The evidence of one rank's record files; None when it has neither file."""
-    metrics_path, compile_path = layout.metrics_file(rank), layout.compile_file(rank)
-    if not metrics_path.is_file() and not compile_path.is_file():
+def read_rank_records(run: RunRecords, rank: int, traced_steps: set[int]) -> RankRecords | None:
+    """The evidence of one rank's record files (as inputs/records.py read them); None when it has neither."""
+    metrics, compiled_file = run.metrics_of(rank), run.compiles.get(rank)
+    metrics = metrics if metrics is not None and metrics.is_file else None
+    if metrics is None and compiled_file is None:
         return None
     problems, records = [], []
-    if metrics_path.is_file():
-        try:
-            read = read_metric_records(metrics_path, within=layout.root)
-        except ValueError as error:  # refused by the safe reader (a symlink out of the run)
-            problems.append(f"{metrics_path.name}: not read: {getattr(error, 'reason', error)}")
-            read = MetricRecords(path=metrics_path)
+    if metrics is not None:
+        read = metrics.read
+        if read is None:  # refused by the safe reader (a symlink out of the run)
+            problems.append(f"{metrics.path.name}: not read: {metrics.reason}")
+            read = MetricRecords(path=metrics.path)
         records = read.records
         if read.bad_lines:
-            problems.append(f"{metrics_path.name}: {len(read.bad_lines)} line(s) skipped "
+            problems.append(f"{metrics.path.name}: {len(read.bad_lines)} line(s) skipped "
                             f"(first: line {read.bad_lines[0][0]}, {read.bad_lines[0][1]})")
     profiled = {int(r["step"]) for r in records if r.get("profiled")}
     compiled = None
-    if compile_path.is_file():
+    if compiled_file is not None:
         try:
-            record = json.loads(read_metadata(compile_path, within=layout.root))
-            compiled = compile_evidence(record, profiled | traced_steps)
-        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as error:
-            problems.append(f"{compile_path.name}: unreadable ({error})")
+            if compiled_file.error:
+                raise ValueError(compiled_file.error)
+            compiled = compile_evidence(compiled_file.document, profiled | traced_steps)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as error:
+            problems.append(f"{compiled_file.path.name}: unreadable ({error})")
     return RankRecords(rank=rank, memory=memory_evidence(records) if records else None,
                        input=input_evidence(records) if records else None, compile=compiled,
                        profiling=profiling_cost(records) if records else None, problems=problems)

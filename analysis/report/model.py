@@ -289,6 +289,7 @@ steps.py (steps and phases), kernels.py (kernel totals).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import numbers
 import types
 import typing
@@ -471,6 +472,21 @@ class Report:
             raise ValueError(f"report schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
         return _build(cls, data)
 
+    @classmethod
+    def from_json_lenient(cls, data: Any) -> tuple["Report", list[str]]:
+        """The report as far as it parses, and a note per field that did not (lenient_build below): for a
+        reader that draws what it can, as the merge does. ValueError when `data` is no JSON object or the
+        report itself cannot be built (a top-level number that is not one)."""
+        notes: list[str] = []
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        if isinstance(data, dict) and version not in READABLE_SCHEMA_VERSIONS:
+            notes.append(f"schema_version {version!r} is not one this version reads "
+                         f"({', '.join(map(str, READABLE_SCHEMA_VERSIONS))}): read what parses")
+        try:
+            return lenient_build(cls, data, notes), notes
+        except UnreadableField as error:
+            raise ValueError(str(error)) from None
+
 
 def _build(cls: type, data: Any, where: str = "") -> Any:
     """A dataclass instance from its asdict() form, following the field type hints. A report.json is
@@ -478,12 +494,18 @@ def _build(cls: type, data: Any, where: str = "") -> Any:
     raises TypeError naming the field (load_report_json names the file)."""
     if not isinstance(data, dict):
         raise TypeError(f"{where or cls.__name__}: expected an object, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     values = {}
     for item in dataclasses.fields(cls):
         if item.name in data:
             values[item.name] = _convert(hints[item.name], data[item.name], f"{where}{item.name}")
     return cls(**values)
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A dataclass's resolved field types (resolving them is slow, and a report holds many of each)."""
+    return typing.get_type_hints(cls)
 
 
 _SCALARS = {bool: (bool, np.bool_), int: (numbers.Integral,), float: (numbers.Real,), str: (str,)}
@@ -528,3 +550,115 @@ def _is_scalar(hint: Any, value: Any) -> bool:
 def _require_type(value: Any, kind: type, where: str) -> None:
     if not isinstance(value, kind):
         raise TypeError(f"{where}: expected a {kind.__name__}, got {type(value).__name__}")
+
+
+# --- lenient reading: what parses, and a note for the rest ---------------------------------------------
+
+class UnreadableField(Exception):
+    """A value lenient_build cannot use; its message names the field (its path in the report) and why."""
+
+
+def lenient_build(cls: type, data: Any, notes: list[str], where: str = "") -> Any:
+    """A dataclass instance from its asdict() form as far as it parses, for readers that use what they can
+    of a report written by another version or by hand. A field that is unreadable takes its default, and
+    one that is missing or unreadable without a default its type's empty value (_empty_value); a list item
+    or dict entry that cannot be read is left out; each such repair is one line in `notes` (a missing field
+    with a default is none: fields added since the report was written have one). UnreadableField when the object itself cannot be
+    built: not an object, or a number field without a default is missing or unreadable."""
+    if not isinstance(data, dict):
+        raise UnreadableField(f"{where.rstrip('.') or cls.__name__}: expected an object, got {type(data).__name__}")
+    hints = _type_hints(cls)
+    values = {}
+    for item in dataclasses.fields(cls):
+        path = f"{where}{item.name}"
+        if item.name in data:
+            try:
+                values[item.name] = _lenient_convert(hints[item.name], data[item.name], path, notes)
+                continue
+            except UnreadableField as error:
+                reason = str(error)
+        elif _has_default(item):
+            continue                              # a field newer than the report: what its default is for
+        else:
+            reason = f"{path}: missing"
+        if _has_default(item):
+            notes.append(f"{reason}; left at its default")
+            continue
+        values[item.name] = _empty_value(hints[item.name], reason)
+        shown = "an empty section" if dataclasses.is_dataclass(values[item.name]) else repr(values[item.name])
+        notes.append(f"{reason}; read as {shown}")
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as error:      # a __post_init__ that refuses the values read
+        raise UnreadableField(f"{where.rstrip('.') or cls.__name__}: {error}") from None
+
+
+def _lenient_convert(hint: Any, value: Any, where: str, notes: list[str]) -> Any:
+    origin = typing.get_origin(hint)
+    if origin is list:
+        (item_hint,) = typing.get_args(hint)
+        _require_readable(value, list, where)
+        return _lenient_items(item_hint, value, where, notes)
+    if origin is dict:
+        return _lenient_dict(hint, value, where, notes)
+    if dataclasses.is_dataclass(hint):
+        return lenient_build(hint, value, notes, f"{where}.")
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(options) == 1 and value is not None:
+            return _lenient_convert(options[0], value, where, notes)
+    try:
+        return _convert(hint, value, where)
+    except (TypeError, ValueError) as error:
+        raise UnreadableField(str(error)) from None
+
+
+def _lenient_items(item_hint: Any, value: list, where: str, notes: list[str]) -> list:
+    items = []
+    for index, item in enumerate(value):
+        try:
+            items.append(_lenient_convert(item_hint, item, f"{where}[{index}]", notes))
+        except UnreadableField as error:
+            notes.append(f"{error}; item left out")
+    return items
+
+
+def _lenient_dict(hint: Any, value: Any, where: str, notes: list[str]) -> dict:
+    key_hint, value_hint = typing.get_args(hint)
+    _require_readable(value, dict, where)
+    entries = {}
+    for key, item in value.items():
+        try:
+            entries[int(key) if key_hint is int else key] = _lenient_convert(value_hint, item, f"{where}.{key}", notes)
+        except ValueError:
+            notes.append(f"{where}.{key}: not an integer key; entry left out")
+        except UnreadableField as error:
+            notes.append(f"{error}; entry left out")
+    return entries
+
+
+def _empty_value(hint: Any, reason: str) -> Any:
+    """What a field without a default reads as when missing or unreadable: None where it may be None, else an
+    empty list, dict, string or section. A number has no such value (0 would invent a rank, a step or a
+    count): UnreadableField."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint):
+        return None
+    if origin is list or hint is list:
+        return []
+    if origin is dict or hint is dict:
+        return {}
+    if hint is str:
+        return ""
+    if dataclasses.is_dataclass(hint):
+        return lenient_build(hint, {}, [])      # an empty section: its own missing fields are no news
+    raise UnreadableField(reason)
+
+
+def _has_default(item: dataclasses.Field) -> bool:
+    return item.default is not dataclasses.MISSING or item.default_factory is not dataclasses.MISSING
+
+
+def _require_readable(value: Any, kind: type, where: str) -> None:
+    if not isinstance(value, kind):
+        raise UnreadableField(f"{where}: expected a {kind.__name__}, got {type(value).__name__}")

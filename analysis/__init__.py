@@ -17,6 +17,7 @@ import types
 
 _EXPORTS = {
     "analyze": "fleetscope.analysis.analyze",
+    "AnalyzeOptions": "fleetscope.analysis.options",
     "load_report_json": "fleetscope.analysis.analyze",
     "write_report_json": "fleetscope.analysis.analyze",
     "render_html": "fleetscope.analysis.render.html",

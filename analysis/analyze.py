@@ -18,18 +18,16 @@ from fleetscope.analysis.cross_rank.placement import place_traces
 from fleetscope.analysis.cross_rank.moe import moe_records_noted
 from fleetscope.analysis.cross_rank.records import trainer_evidence
 from fleetscope.analysis.cross_rank.whole_run import whole_run_section
-from fleetscope.analysis.cross_rank.stragglers import DEFAULT_MIN_LATENESS_US
 from fleetscope.analysis.cross_rank.hta_views import start_hta_workers
 from fleetscope.analysis.inputs.records import RunRecords
 from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
 from fleetscope.analysis.inputs.sources import TraceFailure, TraceSource
 from fleetscope.analysis.per_rank.cache import ResultCache, open_cache
-from fleetscope.analysis.per_rank.names import comm_kernel_rule
 from fleetscope.analysis.per_rank.parse import Progress, parse_traces
 from fleetscope.analysis.per_rank.rank import RankResult
+from fleetscope.analysis.options import AnalyzeOptions, with_overrides
 from fleetscope.analysis.invariants import audit, auditing, check_report
 from fleetscope.analysis.report.build import (
-    DEFAULT_HTA_MAX_RANKS,
     HTA_RANKS_ALL,
     HTA_RANKS_AUTO,
     build_report,
@@ -46,15 +44,12 @@ from fleetscope.traces.layout import RunLayout
 from fleetscope.traces.writer import write_bytes_atomically
 
 
-def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: str | Path | None = None,
-            write_default_outputs: bool = True, use_hta: bool = True, hta_max_ranks: int = DEFAULT_HTA_MAX_RANKS,
-            hta_ranks: str | list[int] = HTA_RANKS_AUTO, hta_oracle: bool = False, workers: int | None = None,
-            min_lateness_us: float = DEFAULT_MIN_LATENESS_US, progress: Progress | None = None,
-            hta_progress: Progress | None = None, use_cache: bool = True,
-            cache_dir: Path | None = None, link_peak_gbps: float | None = None,
-            comm_kernel_pattern: str | None = None,
+def analyze(path: str | Path, options: AnalyzeOptions = AnalyzeOptions(), *, json_out: str | Path | None = None,
+            html_out: str | Path | None = None, write_default_outputs: bool = True,
+            progress: Progress | None = None, hta_progress: Progress | None = None,
             on_parsed: Callable[[list[RankResult | TraceFailure]], None] | None = None,
-            advisor: Callable[[Path, Report], list] | None = None, records: RunRecords | None = None) -> Report:
+            advisor: Callable[[Path, Report], list] | None = None, records: RunRecords | None = None,
+            **option_overrides) -> Report:
     """Analyze a run directory, a directory of Kineto traces, or one trace file.
 
     Writes the JSON report to `json_out` and the HTML report to `html_out` when given. For a run directory,
@@ -62,17 +57,12 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     report/report.html; nothing is ever written into a foreign trace directory unless asked.
     Raises FileNotFoundError / ValueError when `path` holds no traces at all; unusable traces are
     reported in `Report.problems` (and make `Report.complete` false), never raised.
-    HTA's views run on GPU windows unless `use_hta` is false, from fleetscope's own parse of each trace (no
-    HTA JSON loader): on `hta_ranks` auto (the ranks the report points at: slowest, waited for, fastest,
-    median, one per host; at most `hta_max_ranks` per window), all, or a list of ranks; `hta_oracle` also
-    runs stock HTA's analyzers there and records per table how far apart they are (HtaViews.oracle).
+    `options` (analysis/options.py) says what is computed and how: HTA's views, the parsed-trace cache, the
+    links' peak bandwidth, which kernels communicate; keyword arguments named as its fields (use_hta=False, ...)
+    override it, the older spelling of the same options. HTA's views run from fleetscope's own parse of each
+    trace (no HTA JSON loader); per-trace results, and HTA's views of each HTA rank, are kept in the parsed-trace
+    cache (per_rank/cache.py, per_rank/hta_cache.py).
     `progress(done, total)` as traces are parsed, `hta_progress(done, total)` as HTA ranks finish.
-    Per-trace results, and HTA's views of each HTA rank, are kept in the parsed-trace cache (per_rank/cache.py,
-    per_rank/hta_cache.py; `cache_dir`, default default_cache_dir()) unless `use_cache` is false.
-    `link_peak_gbps` replaces the table of peak bus bandwidths (cross_rank/bandwidth.py) that collective
-    bandwidth is compared with (CLI `--link-peak`).
-    Kernels whose names match the regular expression `comm_kernel_pattern` count as communication besides
-    NCCL's (e.g. DeepEP-style dispatch/combine kernels; CLI `--comm-kernel-pattern`, names.comm_kernel_rule).
     `on_parsed(outcomes)` gets the per-trace outcomes of the parse (RankResult.from_cache tells a cache hit),
     e.g. for the reduce step of a fanned-out parse to record that it parsed nothing.
     `advisor(root, report)` returns the findings shown next to the verdict (Report.advice; the CLI passes
@@ -80,16 +70,18 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
     `records`: the run directory's records (inputs/records.py) when the caller has read them (postprocess hands
     the merge the same); read once here otherwise.
     """
-    comm_kernel_rule(comm_kernel_pattern)  # an invalid pattern fails here, before any work
+    options = with_overrides(options, option_overrides)  # validated: an invalid pattern fails before any work
     inputs = resolve_input(path, records=records)
     run = inputs.records
     json_out, html_out = _guarded_outputs(inputs, json_out, html_out, write_default_outputs)
-    cache, cache_off = open_cache(cache_dir) if use_cache else (None, None)
-    views_in_parse = use_hta and cache is not None and _hta_on_every_rank(inputs.sources, hta_ranks, hta_max_ranks)
-    if use_hta and (hta_oracle or not views_in_parse):
+    cache, cache_off = open_cache(options.cache_dir) if options.use_cache else (None, None)
+    hta_ranks = options.hta_rank_choice
+    views_in_parse = (options.use_hta and cache is not None
+                      and _hta_on_every_rank(inputs.sources, hta_ranks, options.hta_max_ranks))
+    if options.use_hta and (options.hta_oracle or not views_in_parse):
         start_hta_workers()  # HTA's stage will need its workers: their server imports while the parse runs
-    outcomes = parse_traces(inputs.sources, workers=workers, progress=progress, cache=cache,
-                            comm_kernel_pattern=comm_kernel_pattern, hta_views=views_in_parse)
+    outcomes = parse_traces(inputs.sources, workers=options.workers, progress=progress, cache=cache,
+                            comm_kernel_pattern=options.comm_kernel_pattern, hta_views=views_in_parse)
     if on_parsed is not None:
         on_parsed(outcomes)
     outcomes = [_profiler_trace_or_failure(outcome) for outcome in outcomes]
@@ -105,17 +97,17 @@ def analyze(path: str | Path, *, json_out: str | Path | None = None, html_out: s
         missing_total=placement.missing_total,
         world_size=inputs.world_size,
         notes=inputs.notes + placement.notes + _cache_notes(cache, cache_off, outcomes) + moe_notes,
-        hta=hta_runner(hta_max_ranks, hta_ranks, hta_progress, _cache_directory(cache), oracle=hta_oracle)
-        if use_hta else no_hta,
+        hta=hta_runner(options.hta_max_ranks, hta_ranks, hta_progress, _cache_directory(cache),
+                       oracle=options.hta_oracle) if options.use_hta else no_hta,
         measured_offsets=inputs.measured_offsets,
-        min_lateness_us=min_lateness_us,
-        link_peak_gbps=link_peak_gbps,
+        min_lateness_us=options.min_lateness_us,
+        link_peak_gbps=options.link_peak_gbps,
         trainer=trainer_evidence(run, placement.results, inputs.world_size),
         moe_records=moe_records,
     )
     report.capture = capture_section(run, inputs.world_size)
     report.whole_run = whole_run_section(run)
-    _with_run_step_time(report, inputs.layout)
+    _with_run_step_time(report, run)
     _with_outcome(report, job_outcome(run, report.capture.hang if report.capture else None))
     report.notes += _uncollected_note(run)
     if advisor is not None:
@@ -136,10 +128,10 @@ def _profiler_trace_or_failure(outcome):
                                f"among its {outcome.event_count} events): a Chrome trace of another tool")
 
 
-def _with_run_step_time(report: Report, layout: RunLayout | None) -> None:
+def _with_run_step_time(report: Report, run: RunRecords | None) -> None:
     """The run's steady step time beside the profiled one; a verdict built on profiled steps much slower than
     the run's says so in its first sentence (quantities.PROFILED_UNREPRESENTATIVE_PCT)."""
-    steady = steady_metrics(layout) if layout is not None else {}
+    steady = steady_metrics(run) if run is not None else {}   # the step metrics read once (inputs/records.py)
     run_ms = metrics_step_time_ms(steady)
     if run_ms is None:
         return

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from fleetscope.analysis.advise.model import Advice
     from fleetscope.analysis.cross_rank.whole_run import WholeRun
+    from fleetscope.analysis.options import AnalyzeOptions
     from fleetscope.analysis.report.model import Report
 
 EVENT_COLUMNS = ("name", "kind", "start_us", "dur_us", "thread", "device", "correlation")
@@ -37,13 +38,16 @@ class Run:
     """A run directory, a directory of traces or one trace file (what `fleetscope analyze` takes)."""
 
     path: Path
+    options: "AnalyzeOptions | None" = None
+    """What the report computes (analysis/options.py); None: `fleetscope analyze`'s defaults with HTA's views off."""
 
     @functools.cached_property
     def report(self) -> "Report":
-        """The analysis of its traces, with its run records (as `fleetscope analyze` makes it; HTA's views off)."""
+        """The analysis of its traces, with its run records (as `fleetscope analyze` makes it)."""
         from fleetscope.analysis.analyze import analyze
+        from fleetscope.analysis.options import AnalyzeOptions
 
-        return analyze(self.path, write_default_outputs=False, use_hta=False)
+        return analyze(self.path, self.options or AnalyzeOptions(use_hta=False), write_default_outputs=False)
 
     @functools.cached_property
     def advice(self) -> "Advice":
@@ -95,9 +99,10 @@ class Run:
         }, columns=list(EVENT_COLUMNS))
 
 
-def open_run(path: str | Path) -> Run:
-    """A run, a directory of traces or a trace file; raises FileNotFoundError for a path that does not exist."""
+def open_run(path: str | Path, options: "AnalyzeOptions | None" = None) -> Run:
+    """A run, a directory of traces or a trace file, analyzed with `options` when its report is asked for;
+    raises FileNotFoundError for a path that does not exist."""
     resolved = Path(path).expanduser()
     if not resolved.exists():
         raise FileNotFoundError(f"{path}: no such run directory, trace directory or trace file")
-    return Run(resolved)
+    return Run(resolved, options)

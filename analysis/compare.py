@@ -13,7 +13,7 @@ refused unless allow_different_jobs.
 
 Gates: the gate's step metrics when both sides have them; else, with no steps to bootstrap (a report JSON, a
 trace folder), trace_step_time_ms, which regresses (exit code 1) when it rises by at least threshold_pct.
-Every other metric is reported, not gated. Exit codes are the gate's (gate.EXIT_*).
+Every other metric is reported, not gated. Exit codes are traces/exit_status.py's (the gate's too).
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ import numpy as np
 from fleetscope.analysis.analyze import analyze, load_report_json
 from fleetscope.analysis.gate import (  # the steady-step readers are re-exported: advise imports them here
     DEFAULT_THRESHOLD_PCT,
-    EXIT_OK,
-    EXIT_REGRESSION,
     GateResult,
     gate_metrics,
     read_steady_metrics,
@@ -36,6 +34,7 @@ from fleetscope.analysis.gate import (  # the steady-step readers are re-exporte
 from fleetscope.analysis.job_identity import DifferentJobs, differences_text, identity_differences, job_identity
 from fleetscope.analysis.quantities import is_share, metrics_basis
 from fleetscope.analysis.report.model import Report
+from fleetscope.traces.exit_status import EXIT_OK, EXIT_REGRESSION
 from fleetscope.traces.layout import REPORT_DIR, RunLayout
 from fleetscope.traces.validate import UsageError
 

@@ -2,7 +2,7 @@
 
 The one comparison of step metrics: `compare BASE NEW` is this gate with one run a side, `compare --base ...
 --new ...` with several, `tune` and `history` call it too; compare.py shows its step metrics beside a trace
-report's figures. The exit codes of every comparison are defined here (EXIT_*).
+report's figures. Its exit codes (EXIT_*) are traces/exit_status.py's, imported here for its callers.
 
 Samples: each run's steady steps (traces/formats.py steady_step_records: every step except each rank's first and the
 profiled ones), over the ranks every run has (a rank whose metrics file is missing or unreadable in one run

@@ -75,3 +75,23 @@ def test_in_host_ranges_is_the_union_of_the_ranges_however_they_overlap(seed):
         brute |= (times >= step.start_us) & (times < step.end_us)
     assert np.array_equal(in_host_ranges(times, steps), brute)
     assert not in_host_ranges(times, []).any()
+
+
+def _with_host(gaps: IdleGaps, ends, savings, host_ends, host_savings) -> float:
+    from fleetscope.analysis.per_rank.saving_reach import HostSaving
+    host = HostSaving(ends_us=np.array(host_ends, dtype=float), savings_us=np.array(host_savings, dtype=float))
+    return step_saving_us(gaps, [_step(0.0, 1000.0)], np.array(ends, dtype=float), np.array(savings, dtype=float),
+                          host=host)
+
+
+def test_launch_calls_the_change_removes_give_a_host_bound_step_its_saving():
+    # the GPU waits 100 us for the host's next launch (host-bound): the kernel's 30 us saved on the GPU are lost
+    # there, but removing its launch call (a 60 us call that blocked in the driver) makes the host, and so the
+    # next launch, 60 us earlier
+    gaps = _gaps((150.0, 250.0, IDLE_HOST))
+    assert _with_host(gaps, [100.0], [30.0], [], []) == pytest.approx(0.0)
+    assert _with_host(gaps, [100.0], [30.0], [40.0], [60.0]) == pytest.approx(60.0)
+    # never more than the gap plus the GPU's own lead: the GPU cannot start before the work ahead of it ends
+    assert _with_host(_gaps((150.0, 160.0, IDLE_HOST)), [100.0], [30.0], [40.0], [500.0]) == pytest.approx(40.0)
+    # a host saving after the step's last wait for the host reaches no gap: the GPU bounds the rest
+    assert _with_host(gaps, [], [], [300.0], [60.0]) == pytest.approx(0.0)

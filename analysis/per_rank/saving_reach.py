@@ -11,8 +11,12 @@ are a few microseconds) is ahead of it unprofiled; charging each gap its length 
 both regimes. A gap behind another stream's work (a device dependency) keeps it. Walking a step's GPU work
 and its idle gaps in time order (host_stalls.find_idle_gaps), what the GPU's timeline has gained at the step's
 end is the step's saving. So a host-bound step gains nothing from faster kernels before its host waits, and a
-step whose host syncs at its end gains all of it. Host time the GPU does not wait for is none of this (the rules
-that save host time bound their gain by the GPU's idle instead).
+step whose host syncs at its end gains all of it. A change that removes GPU work also removes its launches:
+the host time inside those launch calls (a few microseconds each, or far more where the call blocked in the
+driver) leaves the host's timeline, which then runs earlier by it, and a gap in which the GPU waited for the
+host gives the GPU back up to that lead (never more than the gap and the GPU's own lead: a kernel cannot start
+before the work ahead of it ends). Other host time the GPU does not wait for is none of this (the rules that
+save host time bound their gain by the GPU's idle instead).
 """
 
 from __future__ import annotations
@@ -42,14 +46,23 @@ _KIND_OF_CODE = np.array([_WAITED if cause in HOST_WAITED_CAUSES else _KEPT if c
                           for cause in GAP_CAUSES], dtype=np.int8)
 
 
+@dataclasses.dataclass(frozen=True)
+class HostSaving:
+    """Host time a change removes: `savings_us` of the host's own time, each ending at `ends_us`."""
+
+    ends_us: np.ndarray
+    savings_us: np.ndarray
+
+
 def step_saving_us(gaps: IdleGaps | None, steps: list[StepTiming], ends_us: np.ndarray,
                    savings_us: np.ndarray, queued: np.ndarray | None = None,
-                   waited: np.ndarray | None = None) -> float | None:
+                   waited: np.ndarray | None = None, host: HostSaving | None = None) -> float | None:
     """The mean per step of the saving that reaches each step's end when GPU activities ending at `ends_us` each
     run `savings_us` shorter (module docstring); None without GPU idle gaps to judge by. `queued`: per gap, the
     work after it had been launched before it began (host_stalls.queued_before): whatever the gap's cause, the
     GPU then waited on itself, not on a launch, and keeps its lead. `waited`: per gap, the host waited for the GPU
-    just before it whatever its cause says (after_blocking_copies)."""
+    just before it whatever its cause says (after_blocking_copies). `host`: the host time the change removes
+    with that GPU work (its launch calls)."""
     if gaps is None or gaps.basis != BASIS_GPU or not steps:
         return None
     kinds = _KIND_OF_CODE[gaps.cause_codes.astype(np.int64)]
@@ -59,27 +72,39 @@ def step_saving_us(gaps: IdleGaps | None, steps: list[StepTiming], ends_us: np.n
         kinds = np.where(waited, np.int8(_WAITED), kinds)
     total = 0.0
     for step in steps:
-        total += _gained_by_end(gaps, kinds, step.span_start_us, step.span_end_us, ends_us, savings_us)
+        total += _gained_by_end(gaps, kinds, step.span_start_us, step.span_end_us, ends_us, savings_us, host)
     return total / len(steps)
 
 
+_GPU_SAVING, _HOST_SAVING = -2, -1
+
+
 def _gained_by_end(gaps: IdleGaps, kinds: np.ndarray, start_us: float, end_us: float, ends_us: np.ndarray,
-                   savings_us: np.ndarray) -> float:
-    inside = (ends_us > start_us) & (ends_us <= end_us) & (savings_us > 0)
+                   savings_us: np.ndarray, host: HostSaving | None = None) -> float:
+    # (time, what: a saving that arrives on the GPU or the host, else the gap's kind; the saving or the gap's length)
+    moments = _savings_between(ends_us, savings_us, start_us, end_us, _GPU_SAVING)
+    if host is not None:
+        moments += _savings_between(host.ends_us, host.savings_us, start_us, end_us, _HOST_SAVING)
     mine = (gaps.starts_us >= start_us) & (gaps.starts_us < end_us)
-    # (time, -1 = a saving that arrives, else the gap's kind; the saving or the gap's length)
-    moments = sorted([(t, -1, s) for t, s in zip(ends_us[inside].tolist(), savings_us[inside].tolist())]
-                     + [(a, int(k), b - a) for a, b, k in zip(gaps.starts_us[mine].tolist(), gaps.ends_us[mine].tolist(),
-                                                             kinds[mine].tolist())])
+    moments += [(a, int(k), b - a) for a, b, k in zip(gaps.starts_us[mine].tolist(), gaps.ends_us[mine].tolist(),
+                                                      kinds[mine].tolist())]
     gpu_lead = host_lead = 0.0
-    for _, what, amount in moments:
-        if what < 0:
+    for _, what, amount in sorted(moments):
+        if what == _GPU_SAVING:
             gpu_lead += amount
+        elif what == _HOST_SAVING:
+            host_lead += amount
         elif what == _WAITED:
             host_lead = gpu_lead
         elif what == _PACED:
-            gpu_lead = max(host_lead, gpu_lead - amount)
+            gpu_lead = max(min(host_lead, gpu_lead + amount), gpu_lead - amount)
     return gpu_lead
+
+
+def _savings_between(ends_us: np.ndarray, savings_us: np.ndarray, start_us: float, end_us: float,
+                     what: int) -> list[tuple[float, int, float]]:
+    inside = (ends_us > start_us) & (ends_us <= end_us) & (savings_us > 0)
+    return [(t, what, s) for t, s in zip(ends_us[inside].tolist(), savings_us[inside].tolist())]
 
 
 def with_savings(work: StepWork | None, events: TraceEvents, steps: list[StepTiming],
@@ -99,8 +124,15 @@ def with_savings(work: StepWork | None, events: TraceEvents, steps: list[StepTim
                                                    events.dur_us[rows] * (1.0 - 1.0 / TENSOR_CORE_SPEEDUP), queued, waited)
     if work.score_pass_us and not work.fused_attention_us:
         rows = score_pass_rows(events, steps)
-        changes["score_saving_us"] = step_saving_us(gaps, steps, events.end_us[rows], events.dur_us[rows], queued, waited)
+        changes["score_saving_us"] = step_saving_us(gaps, steps, events.end_us[rows], events.dur_us[rows], queued, waited,
+                                                    launch_calls(events, rows))
     return dataclasses.replace(work, **changes) if changes else work
+
+
+def launch_calls(events: TraceEvents, rows: np.ndarray) -> HostSaving:
+    """The host time inside the launch calls of the GPU work at `rows` (none where no launch is recorded)."""
+    starts, ends = events.launch_start_us(rows), events.launch_end_us(rows)
+    return HostSaving(ends_us=ends, savings_us=np.clip(ends - starts, 0.0, None))
 
 
 def after_blocking_copies(events: TraceEvents, gaps: IdleGaps) -> np.ndarray:

@@ -8,19 +8,14 @@ from pathlib import Path
 
 from ..traces.jsontext import strict_dumps
 from ..traces.outputs import guard_output
-from .exit_codes import EXIT_OK, EXIT_PARTIAL, EXIT_USAGE
+from .argtypes import positive_number
+from .defaults import THRESHOLD_DEFAULT_PCT
+from .exit_codes import EXIT_OK, EXIT_PARTIAL, EXIT_REFUSED, EXIT_USAGE
 from .terminal_text import escape_controls
-
-
-THRESHOLD_DEFAULT_PCT = 5.0
-"""analysis/gate.py DEFAULT_THRESHOLD_PCT, kept here so that `--help` imports no analysis (a test holds them
-equal)."""
 
 
 def add_threshold_argument(parser: argparse.ArgumentParser, what: str) -> None:
     """`--threshold PCT` of compare, tune and history: `what` says what the percent measures."""
-    from .commands import positive_number
-
     parser.add_argument("--threshold", type=positive_number, default=THRESHOLD_DEFAULT_PCT, metavar="PCT",
                         help=f"{what} (default {THRESHOLD_DEFAULT_PCT:g})")
 
@@ -101,7 +96,7 @@ def print_where_time_moved(base: str, new: str) -> None:
 def environment_refusal(args: argparse.Namespace, runs: list[str]) -> int | None:
     """For a trace comparison of two run directories: EXIT_REFUSED (after saying what differs) when their
     environment fingerprints differ and --allow-env-change is absent; None to go on."""
-    from ..analysis.gate import EXIT_REFUSED, environment_check
+    from ..analysis.gate import environment_check
 
     runs = [p for p in runs if Path(p).is_dir()]
     if len(runs) < 2:
@@ -140,7 +135,7 @@ def handle_history(args: argparse.Namespace) -> int:
     print(escape_controls(render_history(result)), end="")
     write_bytes_atomically(render_history_html(result).encode(), out)
     print(f"trend page: {out}")
-    return 0
+    return EXIT_OK
 
 
 def register_advise(sub: argparse._SubParsersAction) -> None:

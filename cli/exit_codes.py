@@ -9,9 +9,11 @@
 from __future__ import annotations
 
 from ..launcher.scheduler import Verdict
-from ..traces.exit_status import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE
+from ..traces.exit_status import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL, EXIT_REFUSED,
+                                  EXIT_REGRESSION, EXIT_USAGE)
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "exit_code"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PARTIAL", "EXIT_REFUSED", "EXIT_REGRESSION",
+           "EXIT_USAGE", "exit_code"]
 
 _BY_VERDICT = {Verdict.OK: EXIT_OK, Verdict.FAILED: EXIT_FAILED, Verdict.PARTIAL: EXIT_PARTIAL}
 

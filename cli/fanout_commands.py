@@ -7,6 +7,7 @@ the records' format traces/fanout.py.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import secrets
@@ -37,6 +38,7 @@ from ..traces.fanout import (
 )
 from ..traces.layout import RunLayout, fanout_dir, fanout_task_log, parsed_trace_cache_dir, run_holding_traces
 from ..traces.validate import UsageError, is_inside
+from .defaults import SLURM_JOB_NAME, SLURM_TIME_MINUTES
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
 from .jobargs import slurm_minutes
 
@@ -57,19 +59,16 @@ def add_fanout_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--partition", default="", help="partition (default: the cluster's default)")
     group.add_argument("--account", default="", help="account to charge (default: the cluster's default)")
     group.add_argument("--qos", default="", help="quality of service (default: the cluster's default)")
-    group.add_argument("--time", dest="time_minutes", type=slurm_minutes, default=60, metavar="TIME",
+    group.add_argument("--time", dest="time_minutes", type=slurm_minutes, default=SLURM_TIME_MINUTES, metavar="TIME",
                        help="wall-time limit of each task and of the reduce, as sbatch takes it: minutes, "
-                            "HH:MM:SS, D-HH:MM (default: 60 minutes)")
+                            f"HH:MM:SS, D-HH:MM (default: {SLURM_TIME_MINUTES} minutes)")
     group.add_argument("--cpus-per-task", type=int, default=1, metavar="N", help="CPUs per task (default: 1)")
     group.add_argument("--mem", default="", help="memory per task, e.g. 16G (default: the cluster's default)")
-    group.add_argument("--job-name", default="fleetscope", help="Slurm job name (default: fleetscope)")
+    group.add_argument("--job-name", default=SLURM_JOB_NAME, help=f"Slurm job name (default: {SLURM_JOB_NAME})")
     group.add_argument("--sbatch-opt", dest="extra_sbatch", action="append", default=[], metavar="--OPTION=VALUE",
                        help="a further sbatch option (repeatable; default: none)")
     group.add_argument("--python", default=sys.executable,
                        help="python with fleetscope on every node (default: this interpreter)")
-    group.add_argument("--cache-dir", type=Path, default=None,
-                       help="parsed-trace cache on shared storage (default: $FLEETSCOPE_CACHE_DIR if set, "
-                            "else RUN/cache/parsed-traces)")
     group.add_argument("--no-wait", action="store_true", help="submit and return (default: wait and report)")
     group.add_argument("--dry-run", action="store_true", help="print the plan and the scripts; run nothing")
 
@@ -292,6 +291,7 @@ def handle_parse_shard(args: argparse.Namespace) -> int:
 
 def handle_reduce_shards(args: argparse.Namespace) -> int:
     from ..analysis.inputs.resolve import resolve_input
+    from .analysis_args import analyze_options_from_args
     from .pipeline import postprocess
 
     layout, cache = _checked_shard_inputs(args)
@@ -302,7 +302,8 @@ def handle_reduce_shards(args: argparse.Namespace) -> int:
         print(f"task {task.task} did not complete ({describe_keys(task.ranks)}): {task.reason}; log: "
               f"{task.log_path}; its traces are parsed here", file=sys.stderr)
     outcomes: list = []
-    post = postprocess(layout.root, gather_traces=False, cache_dir=cache.directory, on_parsed=outcomes.extend)
+    options = dataclasses.replace(analyze_options_from_args(args), cache_dir=cache.directory)  # the checked cache
+    post = postprocess(layout.root, options, gather_traces=False, on_parsed=outcomes.extend)
     counts = count_outcomes(outcomes)
     record = ReduceRecord(array_job_id=array_job_id, tasks=args.of, incomplete=incomplete, counts=counts,
                           outputs={name: str(path) for name, path in post.outputs.items()}, errors=post.errors,

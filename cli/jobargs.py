@@ -12,6 +12,7 @@ from ..launcher.spec import SCHEDULERS, JobSpec, SlurmOptions, UserEntry
 from ..launcher.untrusted import require_plain_text
 from ..traces import cupti
 from ..trainer.config import ConfigError, TrainConfig, add_train_arguments, apply_overrides, train_assignments
+from .defaults import SLURM_JOB_NAME, SLURM_TIME_MINUTES
 from .run_commands import int_at_least
 
 _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -36,11 +37,11 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--python", default=None, help="python on the nodes (default: this interpreter)")
     add_train_arguments(parser.add_argument_group("training (any field: --set section.field=value)"))
     slurm = parser.add_argument_group("slurm (submitit, torchx)")
-    slurm.add_argument("--job-name", default=None, help="Slurm job name (default: fleetscope)")
+    slurm.add_argument("--job-name", default=None, help=f"Slurm job name (default: {SLURM_JOB_NAME})")
     slurm.add_argument("--partition", default=None, help="partition (default: the cluster's default)")
     slurm.add_argument("--time", dest="time_minutes", type=slurm_minutes, default=None, metavar="TIME",
                        help="wall-time limit as sbatch takes it: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
-                            "D-HH:MM:SS (seconds round up to a minute) (default: 60 minutes)")
+                            f"D-HH:MM:SS (seconds round up to a minute) (default: {SLURM_TIME_MINUTES} minutes)")
     slurm.add_argument("--account", default=None, help="account to charge (default: the cluster's default)")
     slurm.add_argument("--qos", default=None, help="quality of service (default: the cluster's default)")
     slurm.add_argument("--cpus-per-task", type=int_at_least(1), default=None, metavar="N",

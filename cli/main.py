@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 from ..trainer.config import ConfigError
 from ..traces.validate import UsageError
-from . import (cause_commands, commands, config_command, diff_command, exit_codes, run_commands, split_command,
-               tune_command, whatif_command)
+from . import commands, exit_codes
+from .launch_commands import run_trainer
 from .exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from .terminal_text import escape_controls
 
@@ -29,9 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleetscope", description=f"{__doc__}\n{exit_codes.__doc__}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register in [*commands.REGISTRY, *run_commands.REGISTRY, *cause_commands.REGISTRY, *tune_command.REGISTRY,
-                     *config_command.REGISTRY, *diff_command.REGISTRY, *whatif_command.REGISTRY,
-                     *split_command.REGISTRY]:
+    for register in commands.REGISTRY:
         register(sub)
     return parser
 
@@ -40,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     words = sys.argv[1:] if argv is None else argv
     if words[:1] == ["train"]:  # one rank: the trainer parses every flag after `train` itself, --help too
-        args = argparse.Namespace(command="train", handler=lambda _: commands.run_trainer(words[1:]))
+        args = argparse.Namespace(command="train", handler=lambda _: run_trainer(words[1:]))
     else:
         hint = torchrun_words_hint(words)
         if hint:

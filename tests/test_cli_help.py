@@ -89,6 +89,20 @@ def test_trainer_help_and_config_exit_0_without_a_traceback(argv):
 
 def test_the_threshold_default_is_the_gates():
     from fleetscope.analysis.gate import DEFAULT_THRESHOLD_PCT
-    from fleetscope.cli.cause_commands import THRESHOLD_DEFAULT_PCT
+    from fleetscope.cli.defaults import THRESHOLD_DEFAULT_PCT
 
     assert THRESHOLD_DEFAULT_PCT == DEFAULT_THRESHOLD_PCT
+
+
+def test_the_cli_defaults_are_the_analysis_and_launcher_defaults():
+    import dataclasses
+
+    from fleetscope.analysis.merge.focus import DEFAULT_BUDGET_BYTES
+    from fleetscope.analysis.options import AnalyzeOptions
+    from fleetscope.cli import defaults
+    from fleetscope.launcher.fanout import FanoutConfig
+
+    assert defaults.DEFAULT_BUDGET_MB * 1_000_000 == DEFAULT_BUDGET_BYTES
+    assert defaults.HTA_RANKS_DEFAULT == AnalyzeOptions().hta_ranks
+    fanout = {f.name: f.default for f in dataclasses.fields(FanoutConfig)}
+    assert (fanout["job_name"], fanout["time_minutes"]) == (defaults.SLURM_JOB_NAME, defaults.SLURM_TIME_MINUTES)

@@ -12,7 +12,7 @@ from fleetscope.analysis.inputs.records import read_run_records
 from fleetscope.analysis.cross_rank.records import record_warnings
 from fleetscope.analysis.per_rank.profiling_cost import median_difference, profiling_cost
 from fleetscope.analysis.per_rank.trainer_records import read_rank_records
-from fleetscope.cli.commands import build_launch_parser
+from fleetscope.cli.launch_commands import build_launch_parser
 from fleetscope.cli.jobargs import job_spec_from_args
 from fleetscope.launcher.schedulers import scheduler_for
 from fleetscope.launcher.spec import JobSpec, SlurmOptions, UserEntry

@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 
-from fleetscope.cli.commands import build_launch_parser
+from fleetscope.cli.launch_commands import build_launch_parser
 from fleetscope.cli.jobargs import job_spec_from_args, slurm_minutes
 from fleetscope.cli.main import build_parser, main
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, fleetscope
 
-from fleetscope.cli.commands import build_launch_parser
+from fleetscope.cli.launch_commands import build_launch_parser
 from fleetscope.cli.jobargs import job_spec_from_args
 from fleetscope.launcher.schedulers.local import plan_local
 

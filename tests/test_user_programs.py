@@ -20,7 +20,7 @@ import pytest
 import torch
 from helpers import fleetscope
 
-from fleetscope.cli.commands import build_launch_parser
+from fleetscope.cli.launch_commands import build_launch_parser
 from fleetscope.cli.jobargs import job_spec_from_args
 from fleetscope.launcher.schedulers import scheduler_for
 from fleetscope.launcher.spec import JobSpec, SlurmOptions, UserEntry

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import re
 import types
 import typing
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..traces.layout import RunLayout
+from ..traces.validate import finite
 from ..trainer.config import ConfigError, add_train_arguments, apply_overrides, train_assignments
 from .runs import refuse_unusable_run_dir
 from .spec import JobSpec
@@ -168,18 +168,15 @@ def _value(hint: Any, value: Any, where: str) -> Any:
 
 def _scalar(hint: Any, value: Any, where: str) -> Any:
     if hint is float and type(value) in (int, float):
-        return _finite(value, where)
+        return _float_setting(value, where)
     if hint in (bool, int, str) and isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
         return value
     raise ConfigError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
 
 
-def _finite(value: int | float, where: str) -> float:
+def _float_setting(value: int | float, where: str) -> float:
     """A JSON number as a float setting: NaN, Infinity and integers beyond float range are no setting."""
-    try:
-        number = float(value)
-    except OverflowError:
-        number = math.inf
-    if not math.isfinite(number):
+    number = finite(value)
+    if number is None:
         raise ConfigError(f"{where}: expected a finite number, got {str(value)[:40]}")
     return number

@@ -18,7 +18,7 @@ from typing import Any
 
 from .layout import FANOUT_FORMAT, RunLayout, fanout_reduce_record, fanout_task_record, slurm_logs_dir
 from .safe_read import read_metadata
-from .validate import MAX_WORLD_SIZE, is_finite_number, is_inside, is_int
+from .validate import MAX_WORLD_SIZE, is_bounded_number, is_inside, is_int
 from .writer import write_bytes_atomically
 
 
@@ -79,7 +79,7 @@ class TaskRecord:
         for name in ("task", "tasks"):
             _require(is_int(data[name]) and 0 <= data[name] <= MAX_WORLD_SIZE, name,
                      f"not an integer from 0 to {MAX_WORLD_SIZE}")
-        _require(is_finite_number(data["seconds"]), "seconds", "not a finite number")
+        _require(is_bounded_number(data["seconds"]), "seconds", "not a finite number")
         return cls(**{**data, "ranks": _shard_keys(data["ranks"], "ranks"), "counts": _counts(data["counts"])})
 
 
@@ -120,7 +120,7 @@ class ReduceRecord:
         for name, kind in (("outputs", str), ("seconds", float)):
             values = data[name]
             _require(isinstance(values, dict) and all(
-                isinstance(v, str) if kind is str else is_finite_number(v) for v in values.values()), name,
+                isinstance(v, str) if kind is str else is_bounded_number(v) for v in values.values()), name,
                 f"not an object of {'paths' if kind is str else 'seconds'}")
         _require(isinstance(data["errors"], list) and all(isinstance(e, str) for e in data["errors"]), "errors",
                  "not a list of text")

@@ -8,21 +8,22 @@ tools cannot read.
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
+from .validate import finite
 
-def without_nonfinite(value: Any) -> Any:
-    """`value` with every non-finite float (at any depth of dicts, lists and tuples) replaced by None."""
+
+def json_safe(value: Any) -> Any:
+    """`value` with every float that is not finite (at any depth of dicts, lists and tuples) replaced by None."""
     if isinstance(value, float):
-        return value if math.isfinite(value) else None
+        return value if finite(value) is not None else None
     if isinstance(value, dict):
-        return {key: without_nonfinite(item) for key, item in value.items()}
+        return {key: json_safe(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [without_nonfinite(item) for item in value]
+        return [json_safe(item) for item in value]
     return value
 
 
 def strict_dumps(value: Any, **options: Any) -> str:
-    """json.dumps of `value` after `finite`, with allow_nan=False."""
-    return json.dumps(without_nonfinite(value), allow_nan=False, **options)
+    """json.dumps of `value` after `json_safe`, with allow_nan=False."""
+    return json.dumps(json_safe(value), allow_nan=False, **options)

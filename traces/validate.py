@@ -32,9 +32,10 @@ def is_int(value: Any) -> bool:
     return type(value) is int
 
 
-def finite_number(value: Any) -> float | None:
-    """A real, finite number as float; None for anything else (bools, NaN, inf, strings, None). The one
-    finiteness check of values read from records, reports and traces' args (numpy scalars count)."""
+def finite(value: Any) -> float | None:
+    """A real, finite number as float; None for anything else (bools, NaN, inf, strings, None, an int beyond
+    float range). THE finiteness check of every value read from records, reports, settings and traces' args
+    (numpy scalars count); vectorised numpy code masks arrays with np.isfinite instead."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not _is_numpy_number(value):
         return None
     try:
@@ -49,10 +50,16 @@ def _is_numpy_number(value: Any) -> bool:
     return kind.__module__ == "numpy" and hasattr(value, "dtype") and value.dtype.kind in "iuf"
 
 
-def is_finite_number(value: Any) -> bool:
-    """A finite int or float (not bool) that fits the int64-nanosecond clock range."""
+def is_bounded_number(value: Any) -> bool:
+    """An int or float (not bool) inside the int64-nanosecond clock range: NaN and inf are outside it, so this
+    needs no finiteness check of its own (it runs once per trace event)."""
     kind = type(value)
-    return (kind is int or kind is float) and value - value == 0 and -MAX_TIME_US < value < MAX_TIME_US
+    return (kind is int or kind is float) and -MAX_TIME_US < value < MAX_TIME_US
+
+
+finite_number = finite
+is_finite_number = is_bounded_number
+"""Old names, kept for the analysis/merge/ readers until they import `finite` / `is_bounded_number`."""
 
 
 def world_size_problem(value: Any) -> str | None:
@@ -91,7 +98,7 @@ def membership_problem(rank: Any, declared_world_size: Any, world_size: int | No
 
 
 def clock_offset_problem(offset_us: Any, uncertainty_us: Any) -> str | None:
-    if not is_finite_number(offset_us) or not is_finite_number(uncertainty_us) or uncertainty_us < 0:
+    if not is_bounded_number(offset_us) or not is_bounded_number(uncertainty_us) or uncertainty_us < 0:
         return "offset or uncertainty is not a finite number"
     if abs(offset_us) > MAX_CLOCK_OFFSET_US or uncertainty_us > MAX_CLOCK_OFFSET_US:
         return (f"offset {offset_us:.0f} us is beyond {MAX_CLOCK_OFFSET_US / 3600e6:g} hour: "

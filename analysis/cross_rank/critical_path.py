@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from fleetscope.analysis.cross_rank.arrivals import ArrivalMatrix
 from fleetscope.analysis.per_rank.rank import RankResult
+from fleetscope.traces.validate import finite
 
 SEGMENT_COMPUTE = "compute"
 SEGMENT_IDLE = "host gap"
@@ -144,7 +145,7 @@ def _step_path(step: int, m: ArrivalMatrix, by_rank: dict[int, RankResult],
         arrival = min(float(m.start_us[q_row, c]), end)
         segments.append((SEGMENT_TRANSFER, m.ranks[q_row], label, arrival, end - arrival))
         rank = m.ranks[q_row]
-        begin = max(_finite(m.previous_end_us, q_row, c), windows.get(rank, (arrival, arrival))[0])
+        begin = max(_known_or_never(m.previous_end_us, q_row, c), windows.get(rank, (arrival, arrival))[0])
         begin = min(begin, arrival)
         before = m.compute_before_us if m.compute_before_us is not None else m.interval_compute_us
         compute = min(float(np.nan_to_num(before[q_row, c])), arrival - begin)
@@ -157,9 +158,10 @@ def _step_path(step: int, m: ArrivalMatrix, by_rank: dict[int, RankResult],
     return _assemble(step, segments, t, path_end, m.base_time_ns, span)
 
 
-def _finite(values: np.ndarray | None, row: int, column: int) -> float:
-    value = float(values[row, column]) if values is not None else float("nan")
-    return value if np.isfinite(value) else -np.inf
+def _known_or_never(values: np.ndarray | None, row: int, column: int) -> float:
+    """The value at (row, column); -inf (before anything) where there is none or it is not finite."""
+    value = finite(values[row, column]) if values is not None else None
+    return -np.inf if value is None else value
 
 
 def _assemble(step: int, raw: list[tuple[str, int, str, float, float]], path_start: float,

@@ -564,7 +564,7 @@ def lenient_build(cls: type, data: Any, notes: list[str], where: str = "") -> An
     one that is missing or unreadable without a default its type's empty value (_empty_value); a list item
     or dict entry that cannot be read is left out; each such repair is one line in `notes` (a missing field
     with a default is none: fields added since the report was written have one). UnreadableField when the object itself cannot be
-    built: not an object, or a number field without a default is missing or unreadable."""
+    built: not an object, or a number field (not a flag) without a default is missing or unreadable."""
     if not isinstance(data, dict):
         raise UnreadableField(f"{where.rstrip('.') or cls.__name__}: expected an object, got {type(data).__name__}")
     hints = _type_hints(cls)
@@ -639,8 +639,8 @@ def _lenient_dict(hint: Any, value: Any, where: str, notes: list[str]) -> dict:
 
 def _empty_value(hint: Any, reason: str) -> Any:
     """What a field without a default reads as when missing or unreadable: None where it may be None, else an
-    empty list, dict, string or section. A number has no such value (0 would invent a rank, a step or a
-    count): UnreadableField."""
+    empty list, dict, string or section; a flag reads False (not stated, so not set). A number has no such
+    value (0 would invent a rank, a step or a count): UnreadableField."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint):
         return None
@@ -650,6 +650,8 @@ def _empty_value(hint: Any, reason: str) -> Any:
         return {}
     if hint is str:
         return ""
+    if hint is bool:
+        return False
     if dataclasses.is_dataclass(hint):
         return lenient_build(hint, {}, [])      # an empty section: its own missing fields are no news
     raise UnreadableField(reason)

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from fleetscope.analysis import analyze
+from fleetscope.analysis.cross_rank.critical_path import CriticalPaths
+from fleetscope.analysis.report.model import lenient_build
 from fleetscope.analysis.merge.critical_path_overlays import PATH_TRACK_NAME, rank_path
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.perfetto.check import check_trace
@@ -31,6 +33,11 @@ WITH rank_track AS (
   SELECT pt.id AS track_id, p.pid - {PROCESS_PID_BASE} AS rank, pt.name AS track
   FROM process_track pt JOIN process p USING (upid) WHERE p.name LIKE 'rank %'
 )"""
+
+
+def path_of(section: dict) -> CriticalPaths:
+    """The typed critical path the merge reads of a hand-written section (what parses of it)."""
+    return lenient_build(CriticalPaths, section, [])
 
 
 def expected_path_slices(report) -> list[tuple[int, int, str, int, int, int]]:
@@ -165,8 +172,9 @@ def test_a_report_without_the_data_draws_nothing_and_does_not_fail(tmp_path):
     names = {t.name for t in check.tracks.values()}
     assert PATH_TRACK_NAME not in names and "data loader (ms)" not in names and "peak allocated (MiB)" not in names
     assert "fleetscope analysis" in names
-    shares = rank_path({"steps": [{"step": 3, "start_ns": 10, "segments": [
-        {"rank": 0, "kind": "work", "duration_us": 2.0, "share": "most"}]}]}, rank=0, window_key=0, report_offset_ns=0)
+    shares = rank_path(path_of({"steps": [{"step": 3, "length_us": 2.0, "start_ns": 10, "segments": [
+        {"rank": 0, "kind": "work", "collective": "", "start_us": 0.0, "duration_us": 2.0, "share": float("nan")}]}]}),
+        rank=0, window_key=0, report_offset_ns=0)
     assert [(s.start_ns, s.end_ns, s.annotations["share_pct"]) for s in shares.slices] == [(10, 2010, 0.0)]
 
 
@@ -174,16 +182,17 @@ def test_the_path_moves_with_the_clock_offset_the_merge_removes():
     """Segments are on the report's clock; a merge that removes another offset from a rank moves them with
     that rank's events."""
     section = {"steps": [{"step": 4, "start_ns": 10_000, "length_us": 3.0, "segments": [
-        {"kind": "compute", "rank": 1, "collective": "c #0", "duration_us": 1.0, "share": 1 / 3},
-        {"kind": "data movement", "rank": 1, "collective": "c #0", "duration_us": 1.0, "share": 1 / 3},
-        {"kind": "work", "rank": 0, "collective": "c #0", "duration_us": 1.0, "share": 1 / 3}]}]}
-    rank1 = rank_path(section, rank=1, window_key=0, report_offset_ns=500)
-    rank0 = rank_path(section, rank=0, window_key=0, report_offset_ns=0)
+        {"kind": "compute", "rank": 1, "collective": "c #0", "start_us": 0.0, "duration_us": 1.0, "share": 1 / 3},
+        {"kind": "data movement", "rank": 1, "collective": "c #0", "start_us": 1.0, "duration_us": 1.0, "share": 1 / 3},
+        {"kind": "work", "rank": 0, "collective": "c #0", "start_us": 2.0, "duration_us": 1.0, "share": 1 / 3}]}]}
+    rank1 = rank_path(path_of(section), rank=1, window_key=0, report_offset_ns=500)
+    rank0 = rank_path(path_of(section), rank=0, window_key=0, report_offset_ns=0)
     assert [(s.start_ns, s.end_ns, s.kind) for s in rank1.slices] == [(10_000, 11_000, "compute"),
                                                                       (11_000, 12_000, "data movement")]
     assert rank1.slices[1].flows_out == rank0.slices[0].flows_in and len(rank0.slices[0].flows_in) == 1
     assert rank0.slices[0].annotations["waited_for_rank"] == 1 and rank1.report_offset_ns == 500
-    assert rank_path({"steps": [{"step": 4, "segments": []}]}, rank=0, window_key=0, report_offset_ns=0) is None
+    assert rank_path(path_of({"steps": [{"step": 4, "length_us": 0.0, "segments": []}]}), rank=0, window_key=0,
+                     report_offset_ns=0) is None
     assert json.dumps(rank0.slices[0].annotations)
 
 

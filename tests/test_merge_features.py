@@ -120,12 +120,15 @@ def test_idle_gaps_carry_the_analysis_causes(tmp_path):
 def test_report_marks_the_straggler_at_its_collective(traces, tmp_path):
     report = {
         "verdict": "the others wait for rank 1 at collectives.",
-        "ranks": [{"rank": 1, "host": "node1", "busy_pct": 40.0, "idle_pct": 60.0, "step_time": {"mean_ms": 1.0}}],
+        "ranks": [{"rank": 1, "host": "node1", "windows": 1, "span_us": 100.0, "busy_pct": 40.0, "idle_pct": 60.0,
+                   "step_time": {"mean_ms": 1.0}}],
         "windows": [{"window": 0, "ranks": [{}, {}], "stragglers": {
             "verdict": "rank 1 is last at 1 of 1 collectives", "waited_for_rank": 1, "slowest_rank": 1,
-            "by_wait": [{"rank": 1, "times_last": 1, "caused_wait_us": 7.5}],
+            "min_lateness_us": 5.0, "by_wait": [{"rank": 1, "collectives": 1, "times_last": 1, "last_pct": 100.0, "caused_wait_us": 7.5,
+                         "waited_us": 0.0, "score": 1.0}],
             "worst_instances": [{"step": 3, "name": "nccl:AllReduce", "ordinal": 0, "last_rank": 1,
-                                 "lateness_us": 7.5, "participants": 2}]}}],
+                                 "lateness_us": 7.5, "participants": 2, "extra_compute_us": 0.0,
+                                 "arrival_spread_us": 7.5, "end_spread_us": 0.0}]}}],
     }
     check = check_trace(merge(traces, tmp_path / "out.perfetto-trace", report=report).output)
     marks = {(check.process_of(i.track_uuid).name, i.name): i for i in check.instants
@@ -217,7 +220,8 @@ def test_run_directory_report_json_is_used_by_default(tmp_path):
     for rank in (0, 1):
         write_trace(layout.trace_file(0, rank, "h"), kineto_document(rank, gpu_rank_events(), host="h"))
     layout.report_dir.mkdir(parents=True)
-    layout.report_json.write_text(json.dumps({"verdict": "all fine", "ranks": [{"rank": 0}], "windows": []}))
+    layout.report_json.write_text(json.dumps({"verdict": "all fine", "ranks": [{"rank": 0, "windows": 1, "span_us": 1.0}],
+                                              "windows": []}))
     check = check_trace(merge(layout.root).output)
     summaries = [i for i in check.instants if i.name == "rank summary"]
     assert [i.annotations["verdict"] for i in summaries] == ["all fine"]

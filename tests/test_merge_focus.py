@@ -25,6 +25,7 @@ from fleetscope.analysis.merge.focus import FULL_BYTES_PER_EVENT
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.perfetto.sql import run_query
 from fleetscope.analysis.merge.report_view import report_named_ranks
+from fleetscope.analysis.report.model import Report
 from fleetscope.analysis.merge.run import merge
 from fleetscope.analysis.merge.stages import STAGES_NOTE
 from fleetscope.analysis.merge.summary import SUMMARY_PROCESS_NAME
@@ -97,28 +98,42 @@ def test_without_a_report_the_slowest_median_step_is_named():
     assert fallback_named(facts_32_ranks()) == [NamedRank(rank=5, reason=REASON_SLOWEST_NO_REPORT)]
 
 
+def read(report: dict) -> Report:
+    """The typed report the merge reads from a hand-written one (what parses of it)."""
+    return Report.from_json_lenient(report)[0]
+
+
+def cause_finding(rank, cause: str) -> dict:
+    figures = ("explained_share", "wait_share", "late_instances", "median_lateness_us", "mean_lateness_us",
+               "mean_extra_compute_us", "mean_extra_idle_us", "mean_carried_us", "ops_compared")
+    return {"rank": rank, "cause": cause, **dict.fromkeys(figures, 0)}
+
+
 def test_named_ranks_of_a_report():
     report = {
-        "capture": {"hang": {"late_ranks": [9]}},
+        "capture": {"hang": {"dumped_ranks": [], "missing_dumps": [], "detected_by": [], "dump_reasons": {},
+                             "groups": [], "late_ranks": [9], "verdict": ""}},
         "windows": [{
-            "ranks": [{"rank": 0}, {"rank": 1}],
+            "window": 0,
+            "ranks": [{"rank": 0, "event_count": 1, "collective_count": 0},
+                      {"rank": 1, "event_count": 1, "collective_count": 0}],
             "stragglers": {"waited_for_rank": 3, "slowest_rank": 3},
-            "causes": {"findings": [{"rank": 3, "cause": "host-side delay"}, {"rank": "x"}]},
-            "critical_path": {"by_rank": [{"rank": 3, "share": 0.5}, {"rank": 7, "share": 0.3},
-                                          {"rank": 7, "share": 0.3}, {"rank": 2, "share": 0.0}]},
+            "causes": {"findings": [cause_finding(3, "host-side delay"), cause_finding("x", "network")]},
+            "critical_path": {"by_rank": [{"rank": r, "kind": "compute", "duration_us": 1.0, "share": share}
+                                          for r, share in ((3, 0.5), (7, 0.3), (7, 0.3), (2, 0.0))]},
         }],
-        "moe": {"findings": [{"layer": 1, "expert": 6, "ranks": [12, 13]}]},
+        "moe": {"findings": [{"layer": 1, "expert": 6, "tokens_vs_mean": 3.0, "ranks": [12, 13], "sentence": ""}]},
     }
-    assert report_named_ranks(report) == [
+    assert report_named_ranks(read(report)) == [
         (9, "hang: never entered the collective the others wait in"),
         (3, WAITED), (3, "straggler: slowest step time"), (3, CAUSE),
         (7, "critical path"), (3, "critical path"),
         (12, "hot expert 6 of layer 1"), (13, "hot expert 6 of layer 1"),
     ]
-    assert report_named_ranks({"windows": "not a list", "moe": None}) == []
+    assert report_named_ranks(read({"windows": "not a list", "moe": None})) == []
     hostile = {"windows": [{"ranks": [{}, {}], "stragglers": {"waited_for_rank": True, "slowest_rank": "3"},
                             "causes": {"findings": [{"rank": None}]}, "critical_path": {"by_rank": [{"rank": 1}]}}]}
-    assert report_named_ranks(hostile) == []
+    assert report_named_ranks(read(hostile)) == []
 
 
 def test_rank_ranges_are_short():

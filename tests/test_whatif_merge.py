@@ -18,6 +18,8 @@ from fleetscope.analysis.merge.perfetto.check import check_trace
 from fleetscope.analysis.merge.perfetto.sql import find_trace_processor, run_query
 from fleetscope.analysis.merge.run import merge
 from fleetscope.analysis.merge.verify import verify_merge
+from fleetscope.analysis.report.model import UnreadableField, lenient_build
+from fleetscope.analysis.whatif.ideal_steps import IdealReplay
 from fleetscope.cli.main import main
 
 RUN = Path(__file__).parent / "fixtures" / "gpu" / "h200-ddp-gloo-2rank"
@@ -76,20 +78,30 @@ SELECT p.name AS process, t.name AS thread, COUNT(*) AS slices FROM slice s
 """
 
 
+def replay_of(section) -> IdealReplay | None:
+    """What the merge reads of a hand-written `ideal_replay` section (None: nothing parses)."""
+    try:
+        return lenient_build(IdealReplay, section, [])
+    except UnreadableField:
+        return None
+
+
 def test_a_hostile_replay_section_draws_nothing_and_raises_nothing():
     good_op = {"rank": 0, "kind": "compute", "name": "compute", "start_us": 0.0, "end_us": 5.0}
-    for section in (None, [], {"steps": "x"}, {"steps": [None, {"step": True, "start_ns": 1, "ops": [good_op]}]},
-                    {"steps": [{"step": 1, "start_ns": MAX_START_NS, "ops": [good_op]}]},
-                    {"steps": [{"step": 1, "start_ns": 10, "ops": [{**good_op, "end_us": float("nan")},
-                                                                    {**good_op, "start_us": -1.0}, "op"]}]}):
-        assert report_ideal_slices(section) == {}, section
-    section = {"steps": [{"step": 1, "start_ns": 10, "ops": [good_op, {**good_op, "rank": 1}, {**good_op, "rank": 7}]}]}
-    drawn = report_ideal_slices(section, window=0)
+    timed = {"measured_ms": 1.0, "ideal_ms": 1.0}
+    for section in (None, [], {"steps": "x"}, {"steps": [None, {"step": True, "start_ns": 1, **timed, "ops": [good_op]}]},
+                    {"steps": [{"step": 1, "start_ns": MAX_START_NS, **timed, "ops": [good_op]}]},
+                    {"steps": [{"step": 1, "start_ns": 10, **timed, "ops": [{**good_op, "end_us": float("nan")},
+                                                                             {**good_op, "start_us": -1.0}, "op"]}]}):
+        assert report_ideal_slices(replay_of(section)) == {}, section
+    section = {"steps": [{"step": 1, "start_ns": 10, **timed,
+                          "ops": [good_op, {**good_op, "rank": 1}, {**good_op, "rank": 7}]}]}
+    drawn = report_ideal_slices(replay_of(section), window=0)
     assert {rank: [(s.start_ns, s.end_ns) for s in pieces] for rank, pieces in drawn.items()} == \
         {0: [(10, 5010)], 1: [(10, 5010)], 7: [(10, 5010)]}
     json.dumps([s.annotations for pieces in drawn.values() for s in pieces])
     # each rank moved by its own shift; a rank the merge does not hold is left out; --steps keeps its steps only
-    plan = plan_ideal_process([(0, section)], lambda rank, window: {0: 0, 1: -4}.get(rank))
+    plan = plan_ideal_process([(0, replay_of(section))], lambda rank, window: {0: 0, 1: -4}.get(rank))
     assert {rank: [(s.start_ns, s.end_ns) for s in pieces] for rank, pieces in plan.slices.items()} == \
         {0: [(10, 5010)], 1: [(6, 5006)]}
-    assert plan_ideal_process([(0, section)], lambda rank, window: 0, frozenset({2})).slices == {}
+    assert plan_ideal_process([(0, replay_of(section))], lambda rank, window: 0, frozenset({2})).slices == {}

@@ -27,6 +27,7 @@ from fleetscope.analysis.merge.tracks import GROUP_ANALYSIS, NO_EVENT, lay_out_t
 from fleetscope.traces.validate import finite_number
 
 if TYPE_CHECKING:
+    from fleetscope.analysis.cross_rank.critical_path import CriticalPaths, PathSegment, StepPath
     from fleetscope.analysis.merge.flows import FlowPlan
     from fleetscope.analysis.merge.tracks import RankTracks
 
@@ -67,35 +68,32 @@ def path_flow_id(window_key: int, step: int, crossing: int) -> int:
     return _CROSS_RANK_FLOW_BIT | (int.from_bytes(digest, "big") >> 1)
 
 
-def rank_path(critical_path: Any, *, rank: int, window_key: int, report_offset_ns: int) -> RankPath | None:
-    """This rank's segments of the window's `critical_path` section (report JSON); None without any."""
-    if not isinstance(critical_path, dict) or not isinstance(critical_path.get("steps"), list):
-        return None
+def rank_path(critical_path: "CriticalPaths", *, rank: int, window_key: int,
+              report_offset_ns: int) -> RankPath | None:
+    """This rank's segments of the window's critical path; None without any."""
     slices = []
-    for path in critical_path["steps"]:
+    for path in critical_path.steps:
         slices += _step_slices(path, rank, window_key)
     return RankPath(slices=slices, report_offset_ns=report_offset_ns) if slices else None
 
 
-def _step_slices(path: Any, rank: int, window_key: int) -> list[PathSlice]:
-    if not isinstance(path, dict) or not _is_int(path.get("step")) or not _is_int(path.get("start_ns")) \
-            or not 0 <= path["start_ns"] < MAX_START_NS:
+def _step_slices(path: "StepPath", rank: int, window_key: int) -> list[PathSlice]:
+    if not 0 <= path.start_ns < MAX_START_NS:
         return []
-    segments = [s for s in path.get("segments") or () if _valid_segment(s)] \
-        if isinstance(path.get("segments"), list) else []
-    step, cursor = path["step"], path["start_ns"]
+    segments = [s for s in path.segments if _valid_segment(s)]
+    step, cursor = path.step, path.start_ns
     mine: list[PathSlice] = []
     previous, previous_drawn = None, False
     for index, segment in enumerate(segments):
-        start, cursor = cursor, cursor + round(segment["duration_us"] * 1000)
-        crossed = previous is not None and previous["rank"] != segment["rank"]
+        start, cursor = cursor, cursor + round(segment.duration_us * 1000)
+        crossed = previous is not None and previous.rank != segment.rank
         flow = path_flow_id(window_key, step, index) if crossed else None
         if crossed and previous_drawn:
             mine[-1] = _with_flow_out(mine[-1], flow)
-        previous_drawn = segment["rank"] == rank and cursor > start
+        previous_drawn = segment.rank == rank and cursor > start
         if previous_drawn:
             notes = _annotations(step, segment, previous if crossed else None)
-            mine.append(PathSlice(start_ns=start, end_ns=cursor, kind=segment["kind"], annotations=notes,
+            mine.append(PathSlice(start_ns=start, end_ns=cursor, kind=segment.kind, annotations=notes,
                                   flows_in=(flow,) if flow is not None else ()))
         previous = segment
     return mine
@@ -106,23 +104,18 @@ def _with_flow_out(piece: PathSlice, flow_id: int) -> PathSlice:
                      flows_out=piece.flows_out + (flow_id,), flows_in=piece.flows_in)
 
 
-def _annotations(step: int, segment: dict, waited_on: dict | None) -> dict[str, Any]:
-    share = segment.get("share") if _is_number(segment.get("share")) else 0.0
+def _annotations(step: int, segment: "PathSegment", waited_on: "PathSegment | None") -> dict[str, Any]:
+    share = segment.share if _is_number(segment.share) else 0.0
     notes = {"step": step, "share_pct": round(100.0 * share, 3),
-             "duration_us": segment["duration_us"], "collective": str(segment.get("collective") or "")}
+             "duration_us": segment.duration_us, "collective": segment.collective}
     if waited_on is not None:
-        notes["waited_for_rank"] = waited_on["rank"]
-        notes["waited_at"] = str(waited_on.get("collective") or "")
+        notes["waited_for_rank"] = waited_on.rank
+        notes["waited_at"] = waited_on.collective
     return notes
 
 
-def _valid_segment(segment: Any) -> bool:
-    return (isinstance(segment, dict) and _is_int(segment.get("rank")) and isinstance(segment.get("kind"), str)
-            and _is_number(segment.get("duration_us")) and 0 <= segment["duration_us"] < MAX_SEGMENT_US)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _valid_segment(segment: "PathSegment") -> bool:
+    return _is_number(segment.duration_us) and 0 <= segment.duration_us < MAX_SEGMENT_US
 
 
 def _is_number(value: Any) -> bool:

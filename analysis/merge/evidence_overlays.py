@@ -1,8 +1,7 @@
 """The report's per-rank evidence in the merged trace (pure planning): per-step counters and host-stall
 marks on the `fleetscope analysis` track.
 
-Counters, one sample at the start of each drawn step that has a value (the report's JSON, schema in
-report/model.py):
+Counters, one sample at the start of each drawn step that has a value (the typed report, report/model.py):
   * `data loader (ms)`: windows[].ranks[].steps[].data_loader_ms (DataLoader fetch ranges of the trace);
   * `phase <name> (ms)`: the step's phases_ms (forward, backward, optimizer_step);
   * `host sync (ms)`, `tensor reads`, `D2H copies (ms)`: windows[].ranks[].host_stalls.steps[];
@@ -24,17 +23,21 @@ What the report lacks is not drawn: no counter without values, no marks without 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from fleetscope.analysis.per_rank.events import HOST_CATEGORIES_BY_KIND, Kind
 from fleetscope.analysis.per_rank.names import is_host_sync_call, is_tensor_read_op
 from fleetscope.traces.validate import finite_number
 
 if TYPE_CHECKING:
+    from fleetscope.analysis.cross_rank.bandwidth import Bandwidth
     from fleetscope.analysis.merge.window import GroupedEvents
+    from fleetscope.analysis.per_rank.host_stalls import StepStalls
+    from fleetscope.analysis.per_rank.steps import StepTiming
+    from fleetscope.analysis.per_rank.trainer_records import InputEvidence, MemoryEvidence, RankRecords
+    from fleetscope.analysis.report.model import RankReport, WindowReport
 
 EVIDENCE_CATEGORY = "fleetscope.evidence"
-HOST_STALL_FIELDS = ("sync_count", "sync_us", "tensor_reads", "dtoh_count", "dtoh_us", "input_wait_us")
 MAX_SYNC_MARKS = 10_000
 """Blocking calls marked per window (a trace with a sync per op would drown the track)."""
 SYNC_CATEGORIES = tuple(sorted(HOST_CATEGORIES_BY_KIND[Kind.CUDA_RUNTIME] | HOST_CATEGORIES_BY_KIND[Kind.CPU_OP]))
@@ -74,89 +77,90 @@ class RankEvidence:
                 if step in self.stalls]
 
 
-def rank_evidence(window: dict, rank_entry: dict | None, trainer_rank: dict | None) -> RankEvidence | None:
-    """From the report JSON: the window, this rank's `windows[].ranks[]` entry and its
-    `trainer.ranks[]` entry (each may be missing). None when there is nothing to draw."""
+def rank_evidence(window: "WindowReport | None", rank_entry: "RankReport | None",
+                  trainer_rank: "RankRecords | None") -> RankEvidence | None:
+    """From the report: the window, this rank's `windows[].ranks[]` entry and its `trainer.ranks[]` entry
+    (each may be missing). None when there is nothing to draw."""
     counters: list[StepCounter] = []
     stalls: dict[int, dict[str, Any]] = {}
     if rank_entry is not None:
-        counters += _step_counters(_dicts(rank_entry.get("steps")))
-        host = rank_entry.get("host_stalls")
-        stall_steps = _dicts(host.get("steps")) if isinstance(host, dict) else []
+        counters += _step_counters(rank_entry.steps)
+        stall_steps = rank_entry.host_stalls.steps if rank_entry.host_stalls is not None else []
         counters += _stall_counters(stall_steps)
-        stalls = {s["step"]: {k: s[k] for k in HOST_STALL_FIELDS if _number(s.get(k))} for s in stall_steps
-                  if _int(s.get("step")) and any(_number(s.get(k)) and s[k] > 0
-                                                 for k in ("sync_count", "tensor_reads", "dtoh_count"))}
+        stalls = {s.step: _stall_notes(s) for s in stall_steps
+                  if any(_number(count) and count > 0 for count in (s.sync_count, s.tensor_reads, s.dtoh_count))}
     if trainer_rank is not None:
-        counters += _memory_counters(trainer_rank.get("memory")) + _input_counters(trainer_rank.get("input"))
+        counters += _memory_counters(trainer_rank.memory) + _input_counters(trainer_rank.input)
     counters = [c for c in counters if c.values]
-    collectives = _bandwidth_marks(window.get("bandwidth"))
+    collectives = _bandwidth_marks(window.bandwidth if window is not None else None)
     if not (counters or stalls or collectives):
         return None
     return RankEvidence(counters=counters, stalls=stalls, collectives=collectives)
 
 
-_INSTANCE_FIELDS = ("bytes", "members", "moving_us", "wait_us", "algbw_gbps", "busbw_gbps", "peak_pct")
+def _stall_notes(stalls: "StepStalls") -> dict[str, Any]:
+    """The annotations of a `host stalls` mark: those of the step's figures that are numbers."""
+    figures = {"sync_count": stalls.sync_count, "sync_us": stalls.sync_us, "tensor_reads": stalls.tensor_reads,
+               "dtoh_count": stalls.dtoh_count, "dtoh_us": stalls.dtoh_us, "input_wait_us": stalls.input_wait_us}
+    return {name: value for name, value in figures.items() if _number(value)}
 
 
-def _bandwidth_marks(bandwidth: Any) -> dict[tuple, list[tuple[str, dict[str, Any]]]]:
-    if not isinstance(bandwidth, dict):
+def _bandwidth_marks(bandwidth: "Bandwidth | None") -> dict[tuple, list[tuple[str, dict[str, Any]]]]:
+    if bandwidth is None:
         return {}
-    rows = bandwidth.get("rows") if isinstance(bandwidth.get("rows"), list) else []
+    rows = bandwidth.rows
     marks: dict[tuple, list[tuple[str, dict[str, Any]]]] = {}
-    for instance in _dicts(bandwidth.get("instances")):
-        row = rows[instance["row"]] if _int(instance.get("row")) and 0 <= instance["row"] < len(rows) else None
-        if not isinstance(row, dict) or not (_int(instance.get("step")) and _int(instance.get("ordinal"))):
+    for instance in bandwidth.instances:
+        if not 0 <= instance.row < len(rows):
             continue
-        what = f"{row.get('collective')} {row.get('size_bucket')}"
-        notes = {k: instance[k] for k in _INSTANCE_FIELDS if _number(instance.get(k))}
-        notes.update({k: row[k] for k in ("scope", "group", "peak_busbw_gbps") if row.get(k) is not None})
+        row = rows[instance.row]
+        what = f"{row.collective} {row.size_bucket}"
+        figures = {"bytes": instance.bytes, "members": instance.members, "moving_us": instance.moving_us,
+                   "wait_us": instance.wait_us, "algbw_gbps": instance.algbw_gbps, "busbw_gbps": instance.busbw_gbps,
+                   "peak_pct": instance.peak_pct}
+        notes = {name: value for name, value in figures.items() if _number(value)}
+        notes.update({name: value for name, value in (("scope", row.scope), ("group", row.group),
+                                                      ("peak_busbw_gbps", row.peak_busbw_gbps)) if value is not None})
         found = [(f"bandwidth: {what}", notes)]
-        if row.get("slow") is True:
-            found.append((f"slow collective: {what}", {"verdict": str(row.get("verdict") or ""), **notes}))
-        marks[(instance["step"], str(instance.get("name")), instance["ordinal"])] = found
+        if row.slow is True:
+            found.append((f"slow collective: {what}", {"verdict": row.verdict, **notes}))
+        marks[(instance.step, instance.name, instance.ordinal)] = found
     return marks
 
 
-def _step_counters(steps: list[dict]) -> list[StepCounter]:
-    loader = _by_step(steps, lambda s: s.get("data_loader_ms"))
+def _step_counters(steps: "list[StepTiming]") -> list[StepCounter]:
+    loader = _by_step((s.step, s.data_loader_ms) for s in steps)
     phases: dict[str, dict[int, float]] = {}
     for entry in steps:
-        for phase, ms in (entry.get("phases_ms") or {}).items() if isinstance(entry.get("phases_ms"), dict) else ():
-            if _int(entry.get("step")) and _number(ms) and phase != "train_step":
-                phases.setdefault(str(phase), {})[entry["step"]] = float(ms)
+        for phase, ms in entry.phases_ms.items():
+            if _number(ms) and phase != "train_step":
+                phases.setdefault(str(phase), {})[entry.step] = float(ms)
     return [StepCounter(label="data loader (ms)", unit="ms", values=loader)] + [
         StepCounter(label=f"phase {phase} (ms)", unit="ms", values=values) for phase, values in sorted(phases.items())]
 
 
-def _stall_counters(steps: list[dict]) -> list[StepCounter]:
+def _stall_counters(steps: "list[StepStalls]") -> list[StepCounter]:
     return [
-        StepCounter(label="host sync (ms)", unit="ms", values=_by_step(steps, lambda s: _scaled(s.get("sync_us")))),
-        StepCounter(label="tensor reads", unit="count", values=_by_step(steps, lambda s: s.get("tensor_reads"))),
-        StepCounter(label="D2H copies (ms)", unit="ms", values=_by_step(steps, lambda s: _scaled(s.get("dtoh_us")))),
+        StepCounter(label="host sync (ms)", unit="ms", values=_by_step((s.step, _scaled(s.sync_us)) for s in steps)),
+        StepCounter(label="tensor reads", unit="count", values=_by_step((s.step, s.tensor_reads) for s in steps)),
+        StepCounter(label="D2H copies (ms)", unit="ms", values=_by_step((s.step, _scaled(s.dtoh_us)) for s in steps)),
     ]
 
 
-def _memory_counters(memory: Any) -> list[StepCounter]:
-    if not isinstance(memory, dict) or not isinstance(memory.get("steps"), list):
+def _memory_counters(memory: "MemoryEvidence | None") -> list[StepCounter]:
+    if memory is None:
         return []
     counters = []
-    for label, key in (("peak allocated (MiB)", "allocated_mb"), ("peak reserved (MiB)", "reserved_mb")):
-        values = memory.get(key)
-        if isinstance(values, list) and len(values) == len(memory["steps"]):
-            counters.append(StepCounter(label=label, unit="MiB", values={
-                step: float(value) for step, value in zip(memory["steps"], values) if _int(step) and _number(value)}))
+    for label, values in (("peak allocated (MiB)", memory.allocated_mb), ("peak reserved (MiB)", memory.reserved_mb)):
+        if len(values) == len(memory.steps):
+            counters.append(StepCounter(label=label, unit="MiB", values=_by_step(zip(memory.steps, values))))
     return counters
 
 
-def _input_counters(found: Any) -> list[StepCounter]:
-    if not isinstance(found, dict):
+def _input_counters(found: "InputEvidence | None") -> list[StepCounter]:
+    if found is None or len(found.recorded_steps) != len(found.data_ms):
         return []
-    steps, values = found.get("recorded_steps"), found.get("data_ms")
-    if not isinstance(steps, list) or not isinstance(values, list) or len(steps) != len(values):
-        return []
-    return [StepCounter(label="trainer data (ms)", unit="ms", values={
-        step: float(value) for step, value in zip(steps, values) if _int(step) and _number(value)})]
+    return [StepCounter(label="trainer data (ms)", unit="ms", values=_by_step(zip(found.recorded_steps, found.data_ms)))]
 
 
 def sync_marks(grouped: "GroupedEvents", ranges: list[tuple[int, int, int]]) -> list[tuple[int, str, dict]]:
@@ -187,25 +191,13 @@ def is_blocking(name: str, verdicts: dict[str, bool]) -> bool:
     return known
 
 
-def _by_step(steps: list[dict], value_of) -> dict[int, float]:
-    found = {}
-    for entry in steps:
-        value = value_of(entry)
-        if _int(entry.get("step")) and _number(value):
-            found[entry["step"]] = float(value)
-    return found
+def _by_step(values: Iterable[tuple[int, Any]]) -> dict[int, float]:
+    """step -> value, for the (step, value) pairs whose value is a finite number."""
+    return {step: float(value) for step, value in values if _number(value)}
 
 
 def _scaled(us: Any) -> float | None:
     return us / 1000.0 if _number(us) else None
-
-
-def _dicts(value: Any) -> list[dict]:
-    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
-
-
-def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _number(value: Any) -> bool:

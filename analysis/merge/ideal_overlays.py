@@ -10,13 +10,16 @@ times. A report without the replay (an older report, a window without a step the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from fleetscope.analysis.merge.critical_path_overlays import MAX_START_NS, _is_int
+from fleetscope.analysis.merge.critical_path_overlays import MAX_START_NS
 from fleetscope.analysis.merge.perfetto.writer import SequenceWriter, TrackSpec
 from fleetscope.analysis.merge.tracks import (MAX_LANE_ORDER, NO_EVENT, OP_BEGIN, OP_END, PROCESS_PID_BASE,
                                               nest_into_lanes)
 from fleetscope.traces.validate import bounded_name, finite_number
+
+if TYPE_CHECKING:
+    from fleetscope.analysis.whatif.ideal_steps import IdealOp, IdealReplay, IdealStep
 
 IDEAL_PROCESS_NAME = "what-if: ideal replay (all ranks)"
 IDEAL_PID = PROCESS_PID_BASE - 3
@@ -37,6 +40,7 @@ class IdealSlice:
     start_ns: int
     end_ns: int
     name: str
+    step: int
     annotations: dict[str, Any]
 
 
@@ -56,20 +60,19 @@ class IdealProcess:
         return (min(p.start_ns for p in pieces), max(p.end_ns for p in pieces)) if pieces else None
 
 
-def report_ideal_slices(replay: Any, *, window: Any = None) -> dict[int, list[IdealSlice]]:
-    """rank -> its ops of a window's `ideal_replay` section (report JSON) on the report's clock; {} without any."""
-    if not isinstance(replay, dict) or not isinstance(replay.get("steps"), list):
-        return {}
+def report_ideal_slices(replay: "IdealReplay | None", *, window: int | None = None) -> dict[int, list[IdealSlice]]:
+    """rank -> its ops of a window's ideal replay on the report's clock; {} without any."""
     found: dict[int, list[IdealSlice]] = {}
-    for step in replay["steps"]:
+    for step in replay.steps if replay is not None else []:
         for rank, piece in _step_slices(step, window):
             found.setdefault(rank, []).append(piece)
     return found
 
 
-def plan_ideal_process(windows: list[tuple[Any, Any]], shift_ns: Callable[[int, Any], int | None],
+def plan_ideal_process(windows: "list[tuple[int | None, IdealReplay | None]]",
+                       shift_ns: Callable[[int, int | None], int | None],
                        steps: frozenset[int] | None = None) -> IdealProcess:
-    """The ideal process of every (window key, `ideal_replay` section) of the report: each rank's slices moved
+    """The ideal process of every (window key, ideal replay) of the report: each rank's slices moved
     by `shift_ns(rank, window key)` (the report's clock offset less the one the merge removed; None: the rank is
     not in the merge, and is left out); only `steps` where given (the merge's --steps)."""
     plan = IdealProcess()
@@ -79,9 +82,9 @@ def plan_ideal_process(windows: list[tuple[Any, Any]], shift_ns: Callable[[int, 
             if shift is None or not 0 <= rank <= MAX_IDEAL_RANK:
                 continue
             plan.slices.setdefault(rank, []).extend(
-                IdealSlice(start_ns=p.start_ns + shift, end_ns=p.end_ns + shift, name=p.name,
+                IdealSlice(start_ns=p.start_ns + shift, end_ns=p.end_ns + shift, name=p.name, step=p.step,
                            annotations=p.annotations) for p in pieces
-                if steps is None or p.annotations["step"] in steps)
+                if steps is None or p.step in steps)
     plan.slices = {rank: pieces for rank, pieces in sorted(plan.slices.items()) if pieces}
     return plan
 
@@ -117,28 +120,26 @@ def write_ideal_process(writer: SequenceWriter, plan: IdealProcess) -> None:
                 writer.slice_end(operation[0], operation[2])
 
 
-def _step_slices(step: Any, window: Any) -> list[tuple[int, IdealSlice]]:
-    if not isinstance(step, dict) or not _is_int(step.get("step")) or not _is_int(step.get("start_ns")) \
-            or not 0 <= step["start_ns"] < MAX_START_NS or not isinstance(step.get("ops"), list):
+def _step_slices(step: "IdealStep", window: int | None) -> list[tuple[int, IdealSlice]]:
+    if not 0 <= step.start_ns < MAX_START_NS:
         return []
-    notes = {**({"window": window} if _is_int(window) else {}), "step": step["step"],
-             "recorded_step_ms": _number(step.get("measured_ms")), "ideal_step_ms": _number(step.get("ideal_ms")),
+    notes = {**({"window": window} if window is not None else {}), "step": step.step,
+             "recorded_step_ms": _number(step.measured_ms), "ideal_step_ms": _number(step.ideal_ms),
              "ideal": "every rank's compute at the ranks' lower median, collectives and transfers as recorded"}
     found = []
-    for op in step["ops"]:
+    for op in step.ops:
         if not _valid_op(op):
             continue
-        start = step["start_ns"] + round(op["start_us"] * 1000)
-        end = step["start_ns"] + round(op["end_us"] * 1000)
+        start = step.start_ns + round(op.start_us * 1000)
+        end = step.start_ns + round(op.end_us * 1000)
         if end > start:
-            found.append((op["rank"], IdealSlice(start_ns=start, end_ns=end, name=bounded_name(str(op["name"])),
-                                                 annotations={**notes, "kind": bounded_name(str(op.get("kind") or ""))})))
+            found.append((op.rank, IdealSlice(start_ns=start, end_ns=end, name=bounded_name(op.name), step=step.step,
+                                              annotations={**notes, "kind": bounded_name(op.kind)})))
     return found
 
 
-def _valid_op(op: Any) -> bool:
-    return (isinstance(op, dict) and _is_int(op.get("rank")) and isinstance(op.get("name"), str)
-            and all(_number(op.get(key)) is not None and 0 <= op[key] < MAX_OP_US for key in ("start_us", "end_us")))
+def _valid_op(op: "IdealOp") -> bool:
+    return all(_number(value) is not None and 0 <= value < MAX_OP_US for value in (op.start_us, op.end_us))
 
 
 def _number(value: Any) -> float | None:

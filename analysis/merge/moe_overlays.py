@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fleetscope.traces.formats import MoeRecord
 from fleetscope.traces.layout import RunLayout
 
-from fleetscope.analysis.cross_rank.moe import load_moe_records
+from fleetscope.analysis.cross_rank.moe import MoeFinding, load_moe_records
+
+if TYPE_CHECKING:
+    from fleetscope.analysis.report.model import Report
 
 MOE_CATEGORY = "fleetscope.moe"
 EXPERT_COUNTER_PREFIX = "tokens: expert "
@@ -31,8 +34,8 @@ class MoeMergeView:
 
     expert_tokens: dict[int, dict[int, float]] = field(default_factory=dict)
     """step -> local expert (global id) -> token copies it received in that step."""
-    findings: list[dict[str, Any]] = field(default_factory=list)
-    """The report's MoE findings about this rank (JSON form)."""
+    findings: list[MoeFinding] = field(default_factory=list)
+    """The report's MoE findings about this rank."""
 
     def counters(self, ranges: list[tuple[int, int, int]]) -> list[tuple[tuple, str, list[tuple[int, float]]]]:
         """(counter track key, unit, samples at step starts) per local expert, for the drawn steps."""
@@ -46,12 +49,17 @@ class MoeMergeView:
     def marks(self, anchor_ns: int | None) -> list[tuple[int, str, dict]]:
         if anchor_ns is None:
             return []
-        return [(anchor_ns, f"hot expert {f.get('expert')} (layer {f.get('layer')})",
-                 {key: f.get(key) for key in ("sentence", "tokens_vs_mean", "cost_ms_per_step", "holder_last_pct")
-                  if f.get(key) is not None}) for f in self.findings]
+        return [(anchor_ns, f"hot expert {f.expert} (layer {f.layer})", _finding_notes(f)) for f in self.findings]
 
 
-def moe_merge_views(layout: RunLayout | None, report: dict | None, ranks: list[int]) -> dict[int, MoeMergeView]:
+def _finding_notes(finding: MoeFinding) -> dict:
+    """A hot-expert mark's annotations: the finding's sentence and figures that it has."""
+    figures = {"sentence": finding.sentence, "tokens_vs_mean": finding.tokens_vs_mean,
+               "cost_ms_per_step": finding.cost_ms_per_step, "holder_last_pct": finding.holder_last_pct}
+    return {name: value for name, value in figures.items() if value is not None}
+
+
+def moe_merge_views(layout: RunLayout | None, report: "Report | None", ranks: list[int]) -> dict[int, MoeMergeView]:
     """rank -> its MoE overlay data; empty for runs without MoE records or findings."""
     records = load_moe_records(layout, ranks)
     findings = _findings(report)
@@ -80,15 +88,12 @@ def _local_expert_tokens(records: list[MoeRecord], rank: int) -> dict[int, dict[
     return {step: dict(per_expert) for step, per_expert in tokens.items()}
 
 
-def _findings(report: dict | None) -> tuple[int, list[dict]]:
-    moe = report.get("moe") if isinstance(report, dict) else None
-    if not isinstance(moe, dict):
+def _findings(report: "Report | None") -> tuple[int, list[MoeFinding]]:
+    if report is None or report.moe is None:
         return 1, []
-    findings = moe.get("findings")
-    ep = moe.get("ep") if isinstance(moe.get("ep"), int) else 1
-    return ep, [f for f in findings if isinstance(f, dict)] if isinstance(findings, list) else []
+    return report.moe.ep, report.moe.findings
 
 
-def _rank_findings(findings: tuple[int, list[dict]], rank: int) -> list[dict]:
+def _rank_findings(findings: tuple[int, list[MoeFinding]], rank: int) -> list[MoeFinding]:
     ep, found = findings
-    return [f for f in found if ep <= 1 or (isinstance(f.get("ranks"), list) and rank in f["ranks"])]
+    return [f for f in found if ep <= 1 or rank in f.ranks]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from fleetscope.analysis.merge.focus import (
     FULL_BYTES_PER_EVENT,
@@ -30,6 +30,9 @@ from fleetscope.analysis.merge.report_view import report_groups, report_named_ra
 from fleetscope.analysis.merge.sources import MergeInputs, RankSource
 from fleetscope.analysis.merge.stages import noted
 from fleetscope.analysis.merge.summary import estimated_summary_bytes
+
+if TYPE_CHECKING:
+    from fleetscope.analysis.report.model import Report
 
 PERFETTO_SUFFIX = ".perfetto-trace"
 SUMMARY_ONLY_NOTE = "summary only: not in the focus set (fleetscope merge --ranks all or --shard-ranks N draws it)"
@@ -91,8 +94,8 @@ def _sharded(sources: list[RankSource], destination: Path, per_file: int) -> lis
     return outputs + [PlannedOutput(path=summary_path(destination), sources=[], summary_of=list(sources), notes=notes)]
 
 
-def plan_merge_focus(inputs: MergeInputs, report: dict | None, config: FocusConfig,
-                     analysis: Callable[[], dict | None] | None = None) -> FocusPlan:
+def plan_merge_focus(inputs: MergeInputs, report: "Report | None", config: FocusConfig,
+                     analysis: "Callable[[], Report | None] | None" = None) -> FocusPlan:
     """The focus set of `inputs`, from the report's findings and the per-rank parse. Without a report,
     from `analysis()`'s (the cross-rank stages run by the merge, stages.py; called only when not every rank
     fits the budget), each reason saying so; without either, the rank with the slowest median step."""
@@ -117,7 +120,7 @@ def rank_facts(source: RankSource) -> RankFacts:
                                                         for _, start, end in m.steps))
 
 
-def merge_groups(sources: list[RankSource], report: dict | None) -> dict[str, list[int]]:
+def merge_groups(sources: list[RankSource], report: "Report | None") -> dict[str, list[int]]:
     """Process group label -> members: the groups the ranks' collectives name, and the report's."""
     groups: dict[str, set[int]] = {}
     for source in sources:

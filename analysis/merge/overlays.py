@@ -31,7 +31,7 @@ start, OverlayInputs.step_ranges): they choose events, not how a step is timed.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from fleetscope.analysis.merge.critical_path_overlays import plan_path_track
@@ -249,19 +249,23 @@ def _report_marks(report: ReportView | None, flows: "FlowPlan", ranges: list[Ste
         marks.append((anchor, "rank summary", _summary_notes(report)))
     if report.waited_for or report.slowest:
         what = "the others wait for this rank" if report.waited_for else "slowest steps"
-        marks.append((anchor, f"straggler: {what}", {"verdict": report.window_verdict, **(report.wait or {})}))
+        wait = asdict(report.wait) if report.wait is not None else {}
+        marks.append((anchor, f"straggler: {what}", {"verdict": report.window_verdict, **wait}))
     for instance in report.late_instances:
-        key = (instance.get("step"), instance.get("name"), instance.get("ordinal"))
+        key = (instance.step, instance.name, instance.ordinal)
         hit = flows.collectives.get(key)
         if hit is not None:
-            marks.append((hit.start_ns, f"arrived last: {key[1]} (step {key[0]} #{key[2]})", dict(instance)))
+            marks.append((hit.start_ns, f"arrived last: {key[1]} (step {key[0]} #{key[2]})", asdict(instance)))
     return marks
 
 
 def _summary_notes(report: ReportView) -> dict[str, Any]:
-    summary = dict(report.rank_summary or {})
-    step_time = summary.pop("step_time", None)
-    if isinstance(step_time, dict):
-        summary["mean_step_ms"] = step_time.get("mean_ms")
+    """The `rank summary` mark's annotations: the report's figures of the rank (its mean step time in place
+    of its step-time statistics) and verdict."""
+    rank = report.rank_summary
+    summary = {item.name: getattr(rank, item.name) for item in fields(rank) if item.name != "step_time"} \
+        if rank is not None else {}
+    if rank is not None and rank.step_time is not None:
+        summary["mean_step_ms"] = rank.step_time.mean_ms
     summary["verdict"] = report.report_verdict
     return {k: v for k, v in summary.items() if v is not None}

@@ -2,10 +2,10 @@
 
 The merge takes from it the straggler marks, the critical path (critical_path_overlays.py), the per-step
 evidence (evidence_overlays.py) and, when the caller gives no offsets, the clock offsets
-the analysis used, so the merged timeline and the report agree on who arrived when. Only the report's
-JSON form is read (the schema documented in report.py), so a `Report` object, its
-`to_json()` dict and a `report.json` file all work, and the merge does not depend on how the analysis
-computes anything. A run directory's `report/report.json` is used when no report is given.
+the analysis used, so the merged timeline and the report agree on who arrived when. It reads the typed
+`Report` (report/model.py): one given is used as it is; a JSON dict or a `report.json` file is read with
+`Report.from_json_lenient`, so a report of another version, or one partly wrong, gives what parses and a
+note per field that did not. A run directory's `report/report.json` is used when no report is given.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from fleetscope.analysis.merge.critical_path_overlays import rank_path
 from fleetscope.analysis.merge.evidence_overlays import rank_evidence
@@ -23,37 +23,65 @@ from fleetscope.analysis.merge.window import ReportView
 from fleetscope.traces.layout import RunLayout
 from fleetscope.traces.validate import finite_number
 
+if TYPE_CHECKING:
+    from fleetscope.analysis.cross_rank.stragglers import CollectiveInstance
+    from fleetscope.analysis.report.model import RankReport, Report, WindowReport
+
 ReportSource = Any
-"""A `Report` (anything with `to_json()`), its JSON dict, a path to report.json, or None."""
+"""A `Report`, its JSON dict, a path to report.json, or None."""
+MAX_PARSE_NOTES = 10
+"""Notes listed per report read leniently (a hand-written report may miss dozens of fields); the rest counted."""
 
 
-def load_report(source: ReportSource, layout: RunLayout | None, problems: list[MergeProblem]) -> dict | None:
-    """The report as a JSON dict; None when there is none (a bad file is a problem, not an error)."""
+def load_report(source: ReportSource, layout: RunLayout | None, problems: list[MergeProblem],
+                notes: list[MergeProblem]) -> "Report | None":
+    """The report; None when there is none. A file that cannot be read, or that is no report at all, is a
+    problem; each field a readable one did not parse is a note naming the file (never an error)."""
+    # imported here: a merge without a report (and its worker processes) never loads the report's model
+    from fleetscope.analysis.report.model import Report
+
     if source is None:
         if layout is None or not layout.report_json.is_file():
             return None
         source = layout.report_json
+    if isinstance(source, Report):
+        return source
     if hasattr(source, "to_json"):
-        return source.to_json()
+        return _parsed(source.to_json(), "analysis report", problems, notes)
     if isinstance(source, Mapping):
-        return dict(source)
+        return _parsed(dict(source), "analysis report", problems, notes)
     try:
         loaded = json.loads(read_metadata(Path(source)))
     except (OSError, ValueError, RecursionError) as error:
         problems.append(MergeProblem(path=str(source), reason=f"analysis report not used: {error}"))
         return None
-    if not isinstance(loaded, dict):
-        problems.append(MergeProblem(path=str(source), reason="analysis report not used: not a JSON object"))
+    return _parsed(loaded, str(source), problems, notes)
+
+
+def _parsed(data: Any, path: str, problems: list[MergeProblem], notes: list[MergeProblem]) -> "Report | None":
+    from fleetscope.analysis.report.model import Report
+
+    if not isinstance(data, dict):
+        problems.append(MergeProblem(path=path, reason="analysis report not used: not a JSON object"))
         return None
-    return loaded
+    try:
+        report, parse_notes = Report.from_json_lenient(data)
+    except (ValueError, RecursionError) as error:
+        problems.append(MergeProblem(path=path, reason=f"analysis report not used: {error}"))
+        return None
+    notes += [MergeProblem(path=path, reason=f"analysis report: {note}") for note in parse_notes[:MAX_PARSE_NOTES]]
+    if len(parse_notes) > MAX_PARSE_NOTES:
+        notes.append(MergeProblem(path=path, reason=f"analysis report: {len(parse_notes) - MAX_PARSE_NOTES} more "
+                                                    f"fields not read as written"))
+    return report
 
 
-def report_mismatch(report: dict | None, event_counts: Mapping[tuple[int | None, int], int]) -> str | None:
+def report_mismatch(report: "Report | None", event_counts: Mapping[tuple[int | None, int], int]) -> str | None:
     """Why `report` is not a report of the traces whose per-rank parse counted `event_counts` ((window, rank)
-    -> events), or None. Only what the report states is compared (windows[].ranks[] with an event_count):
+    -> events), or None. Only what the report states is compared (windows[].ranks[] with their event_count):
     a report that states nothing of its ranks is taken as it is."""
-    stated = {(w.get("window"), r["rank"]): r["event_count"] for w in _dicts(_dict(report).get("windows"))
-              for r in _dicts(w.get("ranks")) if _ints([r.get("rank")]) and _ints([r.get("event_count")])}
+    stated = {(w.window, r.rank): r.event_count for w in (report.windows if report is not None else [])
+              for r in w.ranks}
     if not stated:
         return None
     for (window, rank), count in sorted(stated.items(), key=lambda item: (str(item[0][0]), item[0][1])):
@@ -75,26 +103,29 @@ def _window_text(window: Any) -> str:
     return "-" if window is None else str(window)
 
 
-def report_view(report: dict | None, *, rank: int, window_key: int, first_window: bool) -> ReportView | None:
+def report_view(report: "Report | None", *, rank: int, window_key: int, first_window: bool) -> ReportView | None:
     """What the report says about `rank` in the window numbered `window_key`."""
     if report is None:
         return None
-    window = _dict(_window_entry(report.get("windows"), window_key))
-    stragglers = _dict(window.get("stragglers"))
-    trainer = _dict(report.get("trainer"))
+    window = _window_entry(report.windows, window_key)
     offset_ns = report_clock_offsets_ns(report, window_key).get(rank, 0)
+    trainer_rank = _rank_entry(report.trainer.ranks, rank) if report.trainer is not None else None
+    if window is None:
+        return ReportView(evidence=rank_evidence(None, None, trainer_rank),
+                          rank_summary=_rank_entry(report.ranks, rank) if first_window else None,
+                          report_verdict=report.verdict)
+    stragglers = window.stragglers
     return ReportView(
-        critical_path=rank_path(window.get("critical_path"), rank=rank, window_key=window_key,
-                                report_offset_ns=offset_ns),
-        evidence=rank_evidence(window, _rank_entry(window.get("ranks"), rank), _rank_entry(trainer.get("ranks"), rank)),
-        rank_summary=_rank_entry(report.get("ranks"), rank) if first_window else None,
-        report_verdict=str(report.get("verdict") or ""),
-        window_verdict=str(stragglers.get("verdict") or ""),
-        waited_for=stragglers.get("waited_for_rank") == rank,
-        slowest=stragglers.get("slowest_rank") == rank and len(_dicts(window.get("ranks"))) > 1,
-        wait=_rank_entry(stragglers.get("by_wait"), rank),
-        late_instances=[i for i in _dicts(stragglers.get("worst_instances"))
-                        if i.get("last_rank") == rank and _kept_others_waiting(i, stragglers.get("min_lateness_us"))],
+        critical_path=rank_path(window.critical_path, rank=rank, window_key=window_key, report_offset_ns=offset_ns),
+        evidence=rank_evidence(window, _rank_entry(window.ranks, rank), trainer_rank),
+        rank_summary=_rank_entry(report.ranks, rank) if first_window else None,
+        report_verdict=report.verdict,
+        window_verdict=stragglers.verdict,
+        waited_for=stragglers.waited_for_rank == rank,
+        slowest=stragglers.slowest_rank == rank and len(window.ranks) > 1,
+        wait=_rank_entry(stragglers.by_wait, rank),
+        late_instances=[i for i in stragglers.worst_instances
+                        if i.last_rank == rank and _kept_others_waiting(i, stragglers.min_lateness_us)],
     )
 
 
@@ -109,75 +140,61 @@ class StepFigures:
     """host_stalls.idle_by_cause_us (summed over the window's steps); None: no host_stalls."""
 
 
-def report_step_figures(report: dict | None, *, rank: int, window_key: int) -> StepFigures | None:
+def report_step_figures(report: "Report | None", *, rank: int, window_key: int) -> StepFigures | None:
     """The report's StepFigures of `rank` in the window numbered `window_key`; None without a report."""
     if report is None:
         return None
-    entry = _dict(_rank_entry(_dict(_window_entry(report.get("windows"), window_key)).get("ranks"), rank))
+    window = _window_entry(report.windows, window_key)
+    entry = _rank_entry(window.ranks, rank) if window is not None else None
     return StepFigures(step_times_ms=_step_times_ms(entry), idle_by_cause_us=_idle_by_cause_us(entry))
 
 
-def _step_times_ms(rank_entry: dict) -> dict[int, float]:
+def _step_times_ms(rank_entry: "RankReport | None") -> dict[int, float]:
     """step -> step_time_ms of a windows[].ranks[] entry (the span the merge draws each step with)."""
-    return {s["step"]: float(s["step_time_ms"]) for s in _dicts(rank_entry.get("steps"))
-            if _ints([s.get("step")]) and _number(s.get("step_time_ms"))}
+    if rank_entry is None:
+        return {}
+    return {s.step: float(s.step_time_ms) for s in rank_entry.steps if _number(s.step_time_ms)}
 
 
-def _idle_by_cause_us(rank_entry: dict) -> dict[str, float] | None:
-    """host_stalls.idle_by_cause_us of a windows[].ranks[] entry; None without host_stalls."""
-    stalls = rank_entry.get("host_stalls")
-    if not isinstance(stalls, dict) or not isinstance(stalls.get("idle_by_cause_us"), dict):
+def _idle_by_cause_us(rank_entry: "RankReport | None") -> dict[str, float] | None:
+    """host_stalls.idle_by_cause_us of a windows[].ranks[] entry; None without host_stalls, or with one that
+    measured no span (a report that states no idle figures: its idle by cause is empty, not zero)."""
+    if rank_entry is None or rank_entry.host_stalls is None or not rank_entry.host_stalls.steps_span_us > 0:
         return None
-    return {str(cause): float(us) for cause, us in stalls["idle_by_cause_us"].items() if _number(us)}
+    return {str(cause): float(us) for cause, us in rank_entry.host_stalls.idle_by_cause_us.items() if _number(us)}
 
 
 def _number(value: Any) -> bool:
     return finite_number(value) is not None
 
 
-def _kept_others_waiting(instance: dict, min_lateness_us: Any) -> bool:
+def _kept_others_waiting(instance: "CollectiveInstance", min_lateness_us: float) -> bool:
     """The instance's last rank was late enough to count as such in the report (ranks arriving together
     have a "last" one too, by ordering noise, and are not marked)."""
-    lateness = instance.get("lateness_us")
-    if not isinstance(lateness, (int, float)):
-        return False
-    threshold = min_lateness_us if isinstance(min_lateness_us, (int, float)) else 0.0
-    return lateness >= threshold and lateness > 0
+    return instance.lateness_us >= min_lateness_us and instance.lateness_us > 0
 
 
-def _window_entry(windows: Any, window_key: int) -> dict | None:
-    windows = _dicts(windows)
+def _window_entry(windows: "list[WindowReport]", window_key: int) -> "WindowReport | None":
     for window in windows:
-        if window.get("window") == window_key:
+        if window.window == window_key:
             return window
-    unnumbered = [w for w in windows if w.get("window") is None]
+    unnumbered = [w for w in windows if w.window is None]
     return unnumbered[0] if len(unnumbered) == 1 else None
 
 
-def _dicts(value: Any) -> list[dict]:
-    """The dict items of a JSON list (a report written by another version may hold anything)."""
-    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+def _rank_entry(entries: list, rank: int) -> Any:
+    """The first of `entries` (dataclasses with a `rank`) about `rank`; None without one."""
+    return next((e for e in entries if e.rank == rank), None)
 
 
-def _dict(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-def _rank_entry(entries: Any, rank: int) -> dict | None:
-    return next((dict(e) for e in _dicts(entries) if e.get("rank") == rank), None)
-
-
-def report_clock_offsets_ns(report: dict | None, window_key: int) -> dict[int, int]:
+def report_clock_offsets_ns(report: "Report | None", window_key: int) -> dict[int, int]:
     """rank -> the clock offset (ns) the analysis used for this window (`windows[].clock.hosts[]`:
     measured at startup, or refined from collectives). Empty when the report has none."""
-    if report is None:
-        return {}
-    clock = _dict(_dict(_window_entry(report.get("windows"), window_key)).get("clock"))
+    window = _window_entry(report.windows, window_key) if report is not None else None
     offsets = {}
-    for host in _dicts(clock.get("hosts")):
-        offset_us, ranks = host.get("offset_us"), host.get("ranks")
-        if isinstance(offset_us, (int, float)) and not isinstance(offset_us, bool) and isinstance(ranks, list):
-            offsets.update({rank: round(offset_us * 1000) for rank in ranks if isinstance(rank, int)})
+    for host in window.clock.hosts if window is not None else []:
+        if _number(host.offset_us):
+            offsets.update({rank: round(host.offset_us * 1000) for rank in host.ranks})
     return offsets
 
 
@@ -186,47 +203,42 @@ MAX_NAMED_PER_KIND = 8
 MAX_CRITICAL_PATH_RANKS = 4
 
 
-def report_named_ranks(report: dict | None) -> list[tuple[int, str]]:
+def report_named_ranks(report: "Report | None") -> list[tuple[int, str]]:
     """(rank, reason) of every rank the report points at, most telling first: hang late ranks, the
     rank others wait for, the slowest rank, straggler causes, critical-path ranks, hot-expert holders
     (the merge's focus set, focus.py)."""
     if report is None:
         return []
-    hang = _dict(_dict(report.get("capture")).get("hang"))
+    hang = report.capture.hang if report.capture is not None else None
     named = _capped([(r, "hang: never entered the collective the others wait in")
-                     for r in _ints(hang.get("late_ranks"))])
-    windows = _dicts(report.get("windows"))
-    for key, reason in (("waited_for_rank", "straggler: the rank the others wait for"),
-                        ("slowest_rank", "straggler: slowest step time")):
-        named += [(rank, reason) for w in windows if len(_dicts(w.get("ranks"))) > 1
-                  for rank in _ints([_dict(w.get("stragglers")).get(key)])]
-    named += _capped([(rank, f"straggler cause: {f.get('cause') or 'unexplained'}") for w in windows
-                      for f in _dicts(_dict(w.get("causes")).get("findings")) for rank in _ints([f.get("rank")])])
-    named += [(rank, "critical path") for rank in _critical_path_ranks(windows)]
-    named += _capped([(rank, f"hot expert {f.get('expert')} of layer {f.get('layer')}")
-                      for f in _dicts(_dict(report.get("moe")).get("findings")) for rank in _ints(f.get("ranks"))])
+                     for r in (hang.late_ranks if hang is not None else [])])
+    windows = [w for w in report.windows if len(w.ranks) > 1]
+    named += [(w.stragglers.waited_for_rank, "straggler: the rank the others wait for") for w in windows
+              if w.stragglers.waited_for_rank is not None]
+    named += [(w.stragglers.slowest_rank, "straggler: slowest step time") for w in windows
+              if w.stragglers.slowest_rank is not None]
+    named += _capped([(f.rank, f"straggler cause: {f.cause or 'unexplained'}") for w in report.windows
+                      for f in w.causes.findings])
+    named += [(rank, "critical path") for rank in _critical_path_ranks(report.windows)]
+    named += _capped([(rank, f"hot expert {f.expert} of layer {f.layer}")
+                      for f in (report.moe.findings if report.moe is not None else []) for rank in f.ranks])
     return named
 
 
-def report_groups(report: dict | None) -> dict[str, list[int]]:
+def report_groups(report: "Report | None") -> dict[str, list[int]]:
     """Process group label -> member ranks the report knows (the hang view's groups)."""
-    hang = _dict(_dict(_dict(report or {}).get("capture")).get("hang"))
-    return {str(g.get("group")): _ints(g.get("ranks")) for g in _dicts(hang.get("groups")) if _ints(g.get("ranks"))}
+    hang = report.capture.hang if report is not None and report.capture is not None else None
+    return {g.group: list(g.ranks) for g in (hang.groups if hang is not None else []) if g.ranks}
 
 
-def _critical_path_ranks(windows: list[dict]) -> list[int]:
+def _critical_path_ranks(windows: "list[WindowReport]") -> list[int]:
     """Ranks with the largest summed share of the critical path, over the windows."""
     shares: dict[int, float] = {}
     for window in windows:
-        for entry in _dicts(_dict(window.get("critical_path")).get("by_rank")):
-            share = entry.get("share")
-            if _ints([entry.get("rank")]) and isinstance(share, (int, float)) and share > 0:
-                shares[entry["rank"]] = shares.get(entry["rank"], 0.0) + float(share)
+        for entry in window.critical_path.by_rank:
+            if entry.share > 0:
+                shares[entry.rank] = shares.get(entry.rank, 0.0) + float(entry.share)
     return sorted(shares, key=lambda r: (-shares[r], r))[:MAX_CRITICAL_PATH_RANKS]
-
-
-def _ints(value: Any) -> list[int]:
-    return [v for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, list) else []
 
 
 def _capped(named: list[tuple[int, str]]) -> list[tuple[int, str]]:

@@ -31,7 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Mapping
+from typing import IO, TYPE_CHECKING, Any, Callable, Mapping
 
 from fleetscope.analysis.merge.chrome_json import ChromeJsonWriter
 from fleetscope.analysis.merge.flows import FlowPlan
@@ -70,6 +70,9 @@ from fleetscope.analysis.merge.report_view import (
     report_view,
 )
 from fleetscope.analysis.merge.stages import merge_analysis
+
+if TYPE_CHECKING:
+    from fleetscope.analysis.report.model import Report
 from fleetscope.analysis.merge.sources import (
     CLOCK_GIVEN,
     CLOCK_NONE,
@@ -234,17 +237,17 @@ def merge(
     if not inputs.ranks:   # nothing to draw: no file (an empty one would open as a trace of nothing)
         return MergeResult(output=destination, ranks=[], slices_per_rank={}, output_bytes=0, input_bytes=0,
                            elapsed_s=time.perf_counter() - started, problems=problems)
-    report_json = load_report(report, inputs.run_layout, problems) if (
+    loaded = load_report(report, inputs.run_layout, problems, notes) if (
         options.overlays or _plans_focus(options)) else None
-    report_json = _matching_report(report_json, inputs, problems)
-    focus = plan_merge_focus(inputs, report_json, options.focus, analysis=lambda: merge_analysis(inputs)) \
+    loaded = _matching_report(loaded, inputs, problems)
+    focus = plan_merge_focus(inputs, loaded, options.focus, analysis=lambda: merge_analysis(inputs)) \
         if _plans_focus(options) else None
     inputs.parsed = None  # the per-rank results: every rank's file keeps what it draws (WindowModel)
     files = planned_outputs(inputs, destination, options, focus)
     origin: list[int | None] = [None]
     whole_run = _whole_run_plan(inputs, options, notes)
-    ideal = _ideal_plan(inputs, report_json if options.overlays else None, options)
-    results = [_merge_file(inputs, planned, options, report_json if options.overlays else None, problems, notes,
+    ideal = _ideal_plan(inputs, loaded if options.overlays else None, options)
+    results = [_merge_file(inputs, planned, options, loaded if options.overlays else None, problems, notes,
                            origin, progress, whole_run=whole_run if planned is files[-1] else None,
                            ideal=ideal if planned is files[-1] else None)
                for planned in files]
@@ -271,21 +274,20 @@ def _whole_run_plan(inputs: MergeInputs, options: MergeOptions, notes: list[Merg
     return plan if plan.ranks else None
 
 
-def _ideal_plan(inputs: MergeInputs, report_json: dict | None, options: MergeOptions) -> IdealProcess | None:
+def _ideal_plan(inputs: MergeInputs, report: "Report | None", options: MergeOptions) -> IdealProcess | None:
     """The report's ideal replay as its own process, for the last file of the merge; on each rank's clock as its
     own tracks are drawn (the rank's window offset: the report's unless offsets were given). None without a
     replay, or for a merge of a time range (its slices would sit outside it)."""
-    if report_json is None or options.time_window_s is not None:
+    if report is None or options.time_window_s is not None:
         return None
     sources = {source.rank: source for source in inputs.ranks}
-    windows = [(w.get("window"), w.get("ideal_replay")) for w in report_json.get("windows") or []
-               if isinstance(w, dict)]
+    windows = [(w.window, w.ideal_replay) for w in report.windows]
 
     def shift_ns(rank: int, window_key: Any) -> int | None:
         source = sources.get(rank)
         if source is None:
             return None
-        reported = report_clock_offsets_ns(report_json, window_key)
+        reported = report_clock_offsets_ns(report, window_key)
         merged = reported[rank] if source.clock_source != CLOCK_GIVEN and rank in reported else source.clock_offset_ns
         return reported.get(rank, 0) - merged
 
@@ -293,12 +295,12 @@ def _ideal_plan(inputs: MergeInputs, report_json: dict | None, options: MergeOpt
     return plan if plan.slices else None
 
 
-def _matching_report(report_json: dict | None, inputs: MergeInputs, problems: list[MergeProblem]) -> dict | None:
+def _matching_report(report: "Report | None", inputs: MergeInputs, problems: list[MergeProblem]) -> "Report | None":
     """The report, unless it states ranks or event counts other than the traces' (a report of other
     traces, or of these before they changed): then it is named a problem and not used."""
-    mismatch = report_mismatch(report_json, inputs.event_counts()) if report_json is not None else None
+    mismatch = report_mismatch(report, inputs.event_counts()) if report is not None else None
     if mismatch is None:
-        return report_json
+        return report
     problems.append(MergeProblem(reason=f"analysis report not used: it does not match the traces ({mismatch})"))
     return None
 
@@ -319,7 +321,7 @@ def _plans_focus(options: MergeOptions) -> bool:
     return options.focus is not None and options.ranks is None and options.shard_ranks is None
 
 
-def _merge_file(inputs: MergeInputs, planned: "PlannedOutput", options: MergeOptions, report_json: dict | None,
+def _merge_file(inputs: MergeInputs, planned: "PlannedOutput", options: MergeOptions, report: "Report | None",
                 problems: list[MergeProblem], notes: list[MergeProblem], origin: list[int | None],
                 progress: Callable[[RankMergeSummary], None] | None, *,
                 whole_run: WholeRunPlan | None = None, ideal: IdealProcess | None = None) -> MergeResult:
@@ -330,9 +332,9 @@ def _merge_file(inputs: MergeInputs, planned: "PlannedOutput", options: MergeOpt
     json_writer = ChromeJsonWriter(options.chrome_json) if options.chrome_json and planned.sources else None
     try:
         with atomic_output(destination, fsync=False) as handle, cyclic_gc_paused():
-            session = _MergeSession(stream=PacketStream(handle), options=options, report=report_json,
+            session = _MergeSession(stream=PacketStream(handle), options=options, report=report,
                                     json_writer=json_writer, problems=problems, notes=notes, origin_ns=origin[0],
-                                    moe=moe_merge_views(inputs.run_layout, report_json, [s.rank for s in planned.sources])
+                                    moe=moe_merge_views(inputs.run_layout, report, [s.rank for s in planned.sources])
                                     if options.overlays else {})
             summaries = _merge_ranks(session, planned.sources, handle, destination, progress)
             _refuse_an_empty_selection(options, summaries)
@@ -442,7 +444,7 @@ class _MergeSession:
 
     stream: PacketStream
     options: MergeOptions
-    report: dict | None
+    report: "Report | None"
     json_writer: ChromeJsonWriter | None
     problems: list[MergeProblem]
     notes: list[MergeProblem]
@@ -686,7 +688,8 @@ class _RankEmitter:
 class _PartJob:
     source: RankSource
     options: MergeOptions
-    report: dict | None
+    report: "Report | None"
+    """Pickled to each worker with the job: the typed report, as large as its JSON dict was."""
     origin_ns: int | None
     json_base_ns: int | None
     part_path: Path

@@ -3,20 +3,25 @@
 They are analyze's (report/build.py: collective matching, clock alignment, arrivals, stragglers, causes,
 critical path; the MoE view from the run's routing records; the hang view of a run directory), run on the
 per-rank results the merge's own parse gave (MergeInputs.parsed: no trace is read twice), without HTA's
-views, which the focus set does not read. Their report, as JSON, names the focus set's ranks the way a
-report on disk does (report_view.report_named_ranks); each reason then says where it came from
+views, which the focus set does not read. Their report names the focus set's ranks the way a report on
+disk does (report_view.report_named_ranks); each reason then says where it came from
 (STAGES_NOTE). A merge whose every rank fits its budget never runs them: the focus set is every rank.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fleetscope.analysis.merge.sources import MergeInputs
+
+if TYPE_CHECKING:
+    from fleetscope.analysis.report.model import Report
 
 STAGES_NOTE = "cross-rank stages run by merge"
 
 
-def merge_analysis(inputs: MergeInputs) -> dict | None:
-    """The report of `inputs`' per-rank results as JSON (report/model.py's schema); None without results."""
+def merge_analysis(inputs: MergeInputs) -> "Report | None":
+    """The report of `inputs`' per-rank results; None without results."""
     # imported here: the merge's worker processes, and a merge that has a report, never load these stages
     from fleetscope.analysis.cross_rank.capture import capture_section
     from fleetscope.analysis.cross_rank.moe import load_moe_records_noted
@@ -31,7 +36,7 @@ def merge_analysis(inputs: MergeInputs) -> dict | None:
                           failures=[], missing=[], world_size=parsed.world_size, notes=[], hta=no_hta,
                           measured_offsets=parsed.measured_offsets, moe_records=moe_records)
     report.capture = capture_section(inputs.run_layout, parsed.world_size)
-    return report.to_json()
+    return report
 
 
 def noted(reason: str) -> str:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.tracks import Slice
 from fleetscope.analysis.per_rank.collectives import CollectiveKey
+
+if TYPE_CHECKING:
+    from fleetscope.analysis.cross_rank.stragglers import CollectiveInstance, RankWait
+    from fleetscope.analysis.report.model import RankSummary
 
 StepRange = tuple[int, int, int]
 """(step, start_ns, end_ns)."""
@@ -16,17 +20,17 @@ StepRange = tuple[int, int, int]
 
 @dataclass(frozen=True, kw_only=True)
 class ReportView:
-    """What the analysis report says about one rank in one window (see merge_report.py)."""
+    """What the analysis report says about one rank in one window (report_view.py)."""
 
-    rank_summary: dict[str, Any] | None = None
+    rank_summary: "RankSummary | None" = None
     """The report's `ranks[]` entry; set for the rank's first window only."""
     report_verdict: str = ""
     window_verdict: str = ""
     waited_for: bool = False
     slowest: bool = False
-    wait: dict[str, Any] | None = None
+    wait: "RankWait | None" = None
     """This rank's `by_wait[]` entry in the window."""
-    late_instances: list[dict[str, Any]] = field(default_factory=list)
+    late_instances: "list[CollectiveInstance]" = field(default_factory=list)
     """`worst_instances[]` of the window where this rank arrived last."""
     critical_path: Any = None
     """This rank's segments of the window's critical path (critical_path_overlays.RankPath) or None."""

@@ -40,7 +40,6 @@ from fleetscope.analysis.quantities import (PROFILED_UNREPRESENTATIVE_PCT, metri
 from fleetscope.analysis.report.model import Problem, Report
 from fleetscope.analysis.cross_rank.outcome import OUTCOME_PROBLEM_LABEL, JobOutcome, job_outcome
 from fleetscope.traces.own_traces import recorded_uncollected_hint
-from fleetscope.traces.layout import RunLayout
 from fleetscope.traces.writer import write_bytes_atomically
 
 
@@ -107,7 +106,7 @@ def analyze(path: str | Path, options: AnalyzeOptions = AnalyzeOptions(), *, jso
     )
     report.capture = capture_section(run, inputs.world_size)
     report.whole_run = whole_run_section(run)
-    _with_run_step_time(report, inputs.layout)
+    _with_run_step_time(report, run)
     _with_outcome(report, job_outcome(run, report.capture.hang if report.capture else None))
     report.notes += _uncollected_note(run)
     if advisor is not None:
@@ -128,10 +127,10 @@ def _profiler_trace_or_failure(outcome):
                                f"among its {outcome.event_count} events): a Chrome trace of another tool")
 
 
-def _with_run_step_time(report: Report, layout: RunLayout | None) -> None:
+def _with_run_step_time(report: Report, run: RunRecords | None) -> None:
     """The run's steady step time beside the profiled one; a verdict built on profiled steps much slower than
     the run's says so in its first sentence (quantities.PROFILED_UNREPRESENTATIVE_PCT)."""
-    steady = steady_metrics(layout) if layout is not None else {}
+    steady = steady_metrics(run) if run is not None else {}   # the step metrics read once (inputs/records.py)
     run_ms = metrics_step_time_ms(steady)
     if run_ms is None:
         return

@@ -18,7 +18,6 @@ Every other metric is reported, not gated. Exit codes are traces/exit_status.py'
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,16 +29,19 @@ from fleetscope.analysis.gate import (  # the steady-step readers are re-exporte
     gate_metrics,
     read_steady_metrics,
     steady_metrics,
+    steady_metrics_at,
 )
 from fleetscope.analysis.job_identity import DifferentJobs, differences_text, identity_differences, job_identity
+from fleetscope.analysis.inputs.records import RunRecords, read_run_records
 from fleetscope.analysis.quantities import is_share, metrics_basis
 from fleetscope.analysis.report.model import Report
+from fleetscope.traces.formats import StepRecord
 from fleetscope.traces.exit_status import EXIT_OK, EXIT_REGRESSION
 from fleetscope.traces.layout import REPORT_DIR, RunLayout
-from fleetscope.traces.validate import UsageError
+from fleetscope.traces.validate import UsageError, finite
 
 __all__ = ["DEFAULT_THRESHOLD_PCT", "EXIT_OK", "EXIT_REGRESSION", "Comparison", "MetricDelta", "RankDelta", "compare",
-           "read_steady_metrics", "steady_metrics"]
+           "read_steady_metrics", "steady_metrics", "steady_metrics_at"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,8 +106,8 @@ class _Side:
     report: Report
     run_dir: Path | None
     """The run directory (None for a report JSON outside one)."""
-    steady: dict[int, list[dict]]
-    """Rank -> its steady step-metric lines (empty when the run has no metrics)."""
+    steady: dict[int, list[StepRecord]]
+    """Rank -> its steady step records (empty when the run has no metrics)."""
     notes: list[str] = field(default_factory=list)
     """Metrics files with bad lines or that could not be read."""
     identity: dict[str, str] = field(default_factory=dict)
@@ -116,7 +118,7 @@ def compare(base: str | Path, new: str | Path, *, threshold_pct: float = DEFAULT
             allow_different_jobs: bool = False) -> Comparison:
     """Compare two runs (run directories or report JSONs); `Comparison.exit_code` is the CI answer. Runs of
     different jobs (job_identity.py) raise DifferentJobs (exit 2) unless `allow_different_jobs`."""
-    if not isinstance(threshold_pct, (int, float)) or not math.isfinite(threshold_pct) or threshold_pct <= 0:
+    if not isinstance(threshold_pct, (int, float)) or finite(threshold_pct) is None or threshold_pct <= 0:
         raise UsageError(f"threshold_pct must be a finite number > 0, got {threshold_pct!r}")
     before, after = _load_side(Path(base)), _load_side(Path(new))
     differences = identity_differences([before.identity, after.identity])
@@ -156,22 +158,25 @@ def _step_gate(before: _Side, after: _Side, threshold_pct: float) -> GateResult 
 
 
 def _load_side(path: Path) -> _Side:
+    records: RunRecords | None = None
     if path.is_file():
         report = load_report_json(path)
         run_dir = path.parent.parent if path.parent.name == REPORT_DIR else None
     elif path.is_dir():
         layout = RunLayout.at(path)
+        records = read_run_records(layout)   # once: the analysis (where there is no report) and the steady steps
         report = (load_report_json(layout.report_json, within=layout.root) if layout.report_json.is_file()
-                  else analyze(path, write_default_outputs=False))
+                  else analyze(path, write_default_outputs=False, records=records))
         run_dir = path
     else:
         raise FileNotFoundError(f"{path}: no such run directory or report")
-    steady, notes = read_steady_metrics(RunLayout.at(run_dir)) if run_dir is not None else ({}, [])
+    steady, notes = (read_steady_metrics(records) if records is not None
+                     else steady_metrics_at(run_dir) if run_dir is not None else ({}, []))
     return _Side(str(path), report, run_dir, steady, notes, job_identity(run_dir, report.world_size))
 
 
-def _median_of(lines: list[dict], key: str) -> float | None:
-    values = [m[key] for m in lines if type(m.get(key)) in (int, float) and math.isfinite(m[key])]
+def _median_of(lines: list[StepRecord], key: str) -> float | None:
+    values = [getattr(m, key) for m in lines if getattr(m, key) is not None]
     return float(np.median(values)) if values else None
 
 

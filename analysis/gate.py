@@ -4,7 +4,7 @@ The one comparison of step metrics: `compare BASE NEW` is this gate with one run
 --new ...` with several, `tune` and `history` call it too; compare.py shows its step metrics beside a trace
 report's figures. Its exit codes (EXIT_*) are traces/exit_status.py's, imported here for its callers.
 
-Samples: each run's steady steps (traces/formats.py steady_step_records: every step except each rank's first and the
+Samples: each run's steady steps (traces/formats.py is_steady: every step except each rank's first and the
 profiled ones), over the ranks every run has (a rank whose metrics file is missing or unreadable in one run
 would otherwise drop that run's tokens: a false regression; the ranks left out are named in the notes), one
 value per step over the ranks that recorded it:
@@ -51,13 +51,13 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 from fleetscope.analysis.job_identity import DifferentJobs, differences_text, identity_differences, job_identity
-from fleetscope.traces.formats import steady_step_records
+from fleetscope.analysis.inputs.records import RunRecords, read_step_metrics_only
 from fleetscope.traces.environment import FINGERPRINT_FIELDS
-from fleetscope.traces.formats import read_metric_records
+from fleetscope.traces.formats import StepRecord, steady
 from fleetscope.traces.jobfile import read_job_record
-from fleetscope.traces.layout import STEP_METRICS_RE, RunLayout
-from fleetscope.traces.timeline import FLAG_PROFILED, last_of_each_step, read_timeline
-from fleetscope.traces.validate import finite_number
+from fleetscope.traces.layout import RunLayout
+from fleetscope.traces.timeline import FLAG_FIRST, FLAG_PROFILED, last_of_each_step, read_timeline
+from fleetscope.traces.validate import finite
 
 from fleetscope.traces.exit_status import EXIT_OK, EXIT_REFUSED, EXIT_REGRESSION  # noqa: F401 (compare.py, the CLI)
 DEFAULT_THRESHOLD_PCT = 5.0
@@ -174,38 +174,43 @@ def direction(metric: MetricGate) -> str:
 # -- reading the steady steps -------------------------------------------------------------------------
 
 
-def steady_metrics(layout: RunLayout) -> dict[int, list[dict]]:
-    """Rank -> its steady step records (the one rule of which steps count: traces/formats.py steady_step_records)."""
-    return read_steady_metrics(layout)[0]
+def steady_metrics(records: RunRecords) -> dict[int, list[StepRecord]]:
+    """Rank -> its steady step records (the one rule of which steps count: traces/formats.py is_steady)."""
+    return read_steady_metrics(records)[0]
 
 
-def read_steady_metrics(layout: RunLayout) -> tuple[dict[int, list[dict]], list[str]]:
-    """(rank -> its steady step records, notes naming every metrics file with bad lines or not read)."""
-    steady, notes = {}, []
-    for path in layout.step_metrics_files():
-        match = STEP_METRICS_RE.match(path.name)  # the file name, not its lines, says whose metrics they are
-        try:
-            read = read_metric_records(path, within=layout.root)
-        except ValueError as error:  # the safe reader's refusal (a FIFO, a symlink out, too large)
-            notes.append(f"{layout.relative(path)}: not read: {getattr(error, 'reason', error)}")
+def read_steady_metrics(records: RunRecords) -> tuple[dict[int, list[StepRecord]], list[str]]:
+    """(rank -> its steady step records, notes naming every metrics file with bad lines or not read), from a
+    run's records as read once (inputs/records.py)."""
+    layout, steady_by_rank, notes = records.layout, {}, []
+    for metrics in records.step_metrics:   # the file name, not its lines, says whose metrics they are
+        read = metrics.read
+        if read is None:  # the safe reader's refusal (a FIFO, a symlink out, too large)
+            notes.append(f"{layout.relative(metrics.path)}: not read: {metrics.reason}")
             continue
         if read.bad_line_count:
             first = "; ".join(f"line {n}: {why}" for n, why in read.bad_lines[:3])
-            notes.append(f"{layout.relative(path)}: {read.bad_line_count} bad line(s) skipped ({first})")
-        kept = steady_step_records(read.records) if read.records else []
+            notes.append(f"{layout.relative(metrics.path)}: {read.bad_line_count} bad line(s) skipped ({first})")
+        kept = steady(read.records)
         if kept:
-            steady[int(match.group(1))] = kept
+            steady_by_rank[metrics.rank] = kept
     for rank in layout.timeline_ranks():
-        if rank not in steady:   # a user's program (fs.windows()) records timelines, no step metrics
-            kept = steady_step_records(_timeline_step_records(layout, rank, notes))
+        if rank not in steady_by_rank:   # a user's program (fs.windows()) records timelines, no step metrics
+            kept = steady(_timeline_step_records(layout, rank, notes))
             if kept:
-                steady[rank] = kept
-    return steady, notes
+                steady_by_rank[rank] = kept
+    return steady_by_rank, notes
 
 
-def _timeline_step_records(layout: RunLayout, rank: int, notes: list[str]) -> list[dict]:
-    """A rank's timeline as step records (step, rank, step_time_ms, data_ms where known, profiled): the same
-    fields the trainer's step metrics carry, so one rule of steadiness and one step time apply to both."""
+def steady_metrics_at(run_dir: str | Path) -> tuple[dict[int, list[StepRecord]], list[str]]:
+    """read_steady_metrics of a run directory named by path (compare, history, the gate): its step metrics
+    alone are read, the rest of its records are not needed."""
+    return read_steady_metrics(read_step_metrics_only(RunLayout.at(run_dir)))
+
+
+def _timeline_step_records(layout: RunLayout, rank: int, notes: list[str]) -> list[StepRecord]:
+    """A rank's timeline as step records (step, rank, step_time_ms, data_ms where known, profiled, first of its
+    process): the fields the trainer's step metrics carry, so one rule of steadiness and one step time apply."""
     path = layout.timeline_file(rank)
     try:
         timeline = read_timeline(path, within=layout.root, expected_rank=rank, memmap=False)
@@ -214,18 +219,18 @@ def _timeline_step_records(layout: RunLayout, rank: int, notes: list[str]) -> li
         return []
     records = timeline.records
     records = records[last_of_each_step(np.asarray(records["step"], dtype=np.int64))]   # a resumed run: the last
-    return [{"step": int(step), "rank": rank, "step_time_ms": float(ms), "profiled": bool(flags & FLAG_PROFILED),
-             **({"data_ms": float(data)} if math.isfinite(data) else {})}
+    return [StepRecord(step=int(step), rank=rank, step_time_ms=finite(ms), data_ms=finite(data),
+                       profiled=bool(flags & FLAG_PROFILED), first_of_process=bool(flags & FLAG_FIRST))
             for step, ms, data, flags in zip(records["step"].tolist(), records["step_ms"].tolist(),
                                              records["data_ms"].tolist(), records["flags"].tolist())]
 
 
 def has_step_metrics(path: str | Path) -> bool:
     """A run directory with steady step metrics (what the gate measures); False for a report JSON."""
-    return Path(path).is_dir() and bool(steady_metrics(RunLayout.at(path)))
+    return Path(path).is_dir() and bool(steady_metrics_at(path)[0])
 
 
-def shared_ranks(steady: list[dict[int, list[dict]]], names: list[str]) -> tuple[list[dict[int, list[dict]]],
+def shared_ranks(steady: list[dict[int, list[StepRecord]]], names: list[str]) -> tuple[list[dict[int, list[StepRecord]]],
                                                                                  list[str]]:
     """Every run's steady steps over the ranks all runs with step metrics have, and notes naming those left
     out (a rank one run lacks would drop that run's tokens per step: a false regression)."""
@@ -243,18 +248,18 @@ def _ranks_text(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks[:20])) + (f" and {len(ranks) - 20} more" if len(ranks) > 20 else "")
 
 
-def step_samples(run_dir: Path, steady: dict[int, list[dict]] | None = None) -> dict[str, np.ndarray]:
+def step_samples(run_dir: Path, steady: dict[int, list[StepRecord]] | None = None) -> dict[str, np.ndarray]:
     """Sample name -> one value per steady step of the run, in step order (module docstring): per step the
     slowest rank's step time and data time and the largest peak memory, and the tokens every rank processed
     (a step where some rank records none is left out of tokens: it would lower the step's); a sample no rank
     recorded in a step is left out for that step. `steady`: the run's steady records when already read (gate()
     passes them restricted to the shared ranks)."""
     if steady is None:
-        steady = steady_metrics(RunLayout.at(run_dir))
+        steady = steady_metrics_at(run_dir)[0]
     lines = [line for rank_lines in steady.values() for line in rank_lines]
     if not lines:
         return {}
-    steps, slot = np.unique(np.fromiter((int(line["step"]) for line in lines), dtype=np.int64, count=len(lines)),
+    steps, slot = np.unique(np.fromiter((line.step for line in lines), dtype=np.int64, count=len(lines)),
                             return_inverse=True)
     samples = {}
     for sample, record_field in ((STEP_TIME, "step_time_ms"), ("peak_memory_mb", "max_memory_allocated_mb"),
@@ -273,20 +278,14 @@ def step_samples(run_dir: Path, steady: dict[int, list[dict]] | None = None) -> 
     return samples
 
 
-def _column(lines: list[dict], record_field: str) -> np.ndarray:
-    """One field of every record as floats, NaN where it is not a finite number (traces/validate.py's rule,
-    inlined: this runs over every record of every run a history gates)."""
-    def value(line: dict) -> float:
-        found = line.get(record_field)
-        return found if (type(found) is float or type(found) is int) and math.isfinite(found) else math.nan
-    return np.fromiter((value(line) for line in lines), dtype=np.float64, count=len(lines))
+def _column(lines: list[StepRecord], record_field: str) -> np.ndarray:
+    """One field of every record as floats, NaN where it is unknown (StepRecord holds finite numbers or None)."""
+    values = (getattr(line, record_field) for line in lines)
+    return np.fromiter((math.nan if value is None else value for value in values), dtype=np.float64,
+                       count=len(lines))
 
 
-def _is_number(value: Any) -> bool:
-    return finite_number(value) is not None
-
-
-def run_values(run_dir: str | Path, steady: dict[int, list[dict]] | None = None,
+def run_values(run_dir: str | Path, steady: dict[int, list[StepRecord]] | None = None,
                samples: dict[str, np.ndarray] | None = None) -> dict[str, float]:
     """Gated metric -> the run's value on its own (a side of one run; what `history` prints); `steady`: its
     steady records where the caller has read them, `samples` their step_samples where it has figured them."""
@@ -317,7 +316,7 @@ def gate(base_runs: list[str | Path], new_runs: list[str | Path], *, threshold_p
     gives a run's steady records (read_steady_metrics; a caller gating the same runs many times, as history
     does, passes one that reads each run once); `samples(run, ranks)` its step samples over those ranks (the same
     caller passes one that figures each run's once)."""
-    if not isinstance(threshold_pct, (int, float)) or not math.isfinite(threshold_pct) or threshold_pct <= 0:
+    if not isinstance(threshold_pct, (int, float)) or finite(threshold_pct) is None or threshold_pct <= 0:
         raise ValueError(f"threshold_pct must be a finite number > 0, got {threshold_pct!r}")
     if not base_runs or not new_runs:
         raise ValueError("gate: at least one base and one new run are needed")
@@ -352,14 +351,14 @@ def gate_metrics(base_runs: list[str | Path], new_runs: list[str | Path], *, thr
     return metrics, notes + [f"{m.name}: not gated ({m.reason})" for m in metrics if not m.gated and m.reason]
 
 
-SteadyReader = Callable[[Path], tuple[dict[int, list[dict]], list[str]]]
+SteadyReader = Callable[[Path], tuple[dict[int, list[StepRecord]], list[str]]]
 """A run directory -> its steady records and notes (read_run_metrics)."""
 SamplesOf = Callable[[Path, tuple[int, ...]], dict[str, np.ndarray]]
 """A run directory and the ranks gated -> its step samples over those ranks (step_samples)."""
 
 
-def read_run_metrics(run: Path) -> tuple[dict[int, list[dict]], list[str]]:
-    return read_steady_metrics(RunLayout.at(run))
+def read_run_metrics(run: Path) -> tuple[dict[int, list[StepRecord]], list[str]]:
+    return steady_metrics_at(run)
 
 
 def _samples_of_runs(base_runs: list[str | Path], new_runs: list[str | Path], reader: SteadyReader,

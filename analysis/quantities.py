@@ -10,7 +10,7 @@ step time, trace         per profiled step (a `ProfilerStep#N` or `train_step` r
 step time, step metrics  per steady step, the slowest rank's `step_time_ms`; the run's figure is the median over
                          steady steps. Steady steps: every step of a rank's metrics except its first (start-up,
                          compilation) and those recorded inside a profiler window (`profiled`: the profiler's own
-                         cost); traces/formats.py `steady_step_records`. `metrics_step_times`.
+                         cost); traces/formats.py `is_steady`, the one rule. `metrics_step_times`.
 waiting                  of a rank in a step: the time inside at least one of its waits at the step's
                          collectives (a wait: from its arrival to the last rank's), so collectives in flight
                          together (DDP's gradient buckets) count once: the union, never the sum. `union_us`,
@@ -56,15 +56,14 @@ percentage metrics       (`*_pct`): compared in percentage points, never as a re
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 import numpy as np
 
-from fleetscope.traces.formats import STEP_SOURCE_CAPTURE, own_work_ms
-from fleetscope.traces.validate import finite_number
+from fleetscope.traces.formats import STEP_SOURCE_CAPTURE, StepRecord, own_work_ms
+from fleetscope.traces.validate import finite
 
 BASIS_TRACE = "trace"
 BASIS_STEP_METRICS = "step metrics"
@@ -126,11 +125,6 @@ def is_share(metric_name: str) -> bool:
     return metric_name.endswith("_pct")
 
 
-def finite(value: object) -> float | None:
-    """A real, finite number as float; None for anything else (traces/validate.py finite_number: the one check)."""
-    return finite_number(value)
-
-
 def pct_of(part: float | None, whole: float | None) -> float | None:
     """100 x part / whole; None when either is unknown or whole is not positive."""
     if part is None or whole is None or not whole > 0:
@@ -170,20 +164,18 @@ def trace_basis(windows) -> str:
 # -- step time, step metrics -------------------------------------------------------------------------
 
 
-def metrics_step_times(steady: Mapping[int, list[dict]], key: str = "step_time_ms") -> dict[int, float]:
-    """step -> the slowest rank's value of `key` in that steady step (ms)."""
+def metrics_step_times(steady: Mapping[int, list[StepRecord]], key: str = "step_time_ms") -> dict[int, float]:
+    """step -> the slowest rank's value of the StepRecord field `key` in that steady step (ms)."""
     by_step: dict[int, float] = {}
     for records in steady.values():
         for record in records:
-            value = finite(record.get(key))
-            step = record.get("step")
-            if value is None or not isinstance(step, int):
-                continue
-            by_step[step] = max(by_step.get(step, value), value)
+            value = getattr(record, key)
+            if value is not None:
+                by_step[record.step] = max(by_step.get(record.step, value), value)
     return by_step
 
 
-def metrics_step_time_ms(steady: Mapping[int, list[dict]], key: str = "step_time_ms") -> float | None:
+def metrics_step_time_ms(steady: Mapping[int, list[StepRecord]], key: str = "step_time_ms") -> float | None:
     """The run's step time from step metrics: the median over steady steps of the slowest rank's value."""
     values = list(metrics_step_times(steady, key).values())
     return float(np.median(values)) if values else None
@@ -196,12 +188,12 @@ says so first (the profiler's own cost, or windows that caught unusual steps).""
 
 def profiled_excess_pct(profiled_ms: float | None, run_ms: float | None) -> float | None:
     """How much slower the profiled steps are than the run's steady ones, in percent (None: either unknown)."""
-    if profiled_ms is None or run_ms is None or not run_ms > 0 or not math.isfinite(profiled_ms):
+    if profiled_ms is None or run_ms is None or not run_ms > 0 or finite(profiled_ms) is None:
         return None
     return 100.0 * (profiled_ms / run_ms - 1.0)
 
 
-def metrics_basis(steady: Mapping[int, list[dict]]) -> str:
+def metrics_basis(steady: Mapping[int, list[StepRecord]]) -> str:
     steps = metrics_step_times(steady)
     if not steps:
         return f"{BASIS_STEP_METRICS}: no steady steps"
@@ -286,7 +278,7 @@ class Gain:
 
 def bounded_gain(gain_ms: float | None, of_ms: float | None, basis: str, floor_ms: float = 0.0) -> Gain | None:
     """A gain no larger than its step less the step's floor, nor below 0; None when either is unknown."""
-    if gain_ms is None or of_ms is None or not of_ms > 0 or not math.isfinite(gain_ms):
+    if gain_ms is None or of_ms is None or not of_ms > 0 or finite(gain_ms) is None:
         return None
     ceiling = max(of_ms - max(floor_ms, 0.0), 0.0)
     return Gain(ms=float(min(max(gain_ms, 0.0), ceiling)), of_ms=float(of_ms), basis=basis)

@@ -29,9 +29,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from ..traces.formats import own_work_ms, read_metric_records, steady_step_records
+from ..traces.formats import StepRecord, own_work_ms, read_metric_records, steady
 from ..traces.layout import STEP_METRICS_RE, RunLayout
-from ..traces.validate import finite_number
 
 RECENT_STEPS = 20
 """Steps the pace, and each rank's own work and step time, are the median of."""
@@ -208,32 +207,30 @@ def _modified(path) -> float:
         return 0.0
 
 
-def _latest(rank: int, records: list[dict]) -> RankProgress:
-    last = max(records, key=lambda r: r["step"])
-    steady = steady_step_records(records)
-    recent = sorted(steady or records, key=lambda r: r["step"])[-RECENT_STEPS:]
-    times = {r["step"]: t for r in recent if (t := _nonnegative(r.get("step_time_ms"))) is not None}
-    work = {r["step"]: own_work_ms(_nonnegative(r.get("step_time_ms")), finite_number(r.get("comm_exposed_ms")))
-            for r in recent}
+def _latest(rank: int, records: list[StepRecord]) -> RankProgress:
+    last = max(records, key=lambda r: r.step)
+    steady_records = steady(records)
+    recent = sorted(steady_records or records, key=lambda r: r.step)[-RECENT_STEPS:]
+    times = {r.step: t for r in recent if (t := _nonnegative(r.step_time_ms)) is not None}
+    work = {r.step: own_work_ms(_nonnegative(r.step_time_ms), r.comm_exposed_ms) for r in recent}
     known = {step: w for step, w in work.items() if w is not None}
-    return RankProgress(rank=rank, step=last["step"], step_time_ms=finite_number(last.get("step_time_ms")),
+    return RankProgress(rank=rank, step=last.step, step_time_ms=last.step_time_ms,
                         recent_step_ms=times, own_work_ms=known if known and len(known) == len(work) else None,
-                        steady=bool(steady))
+                        steady=bool(steady_records))
 
 
-def _nonnegative(value: object) -> float | None:
-    number = finite_number(value)
+def _nonnegative(number: float | None) -> float | None:
     return number if number is not None and number >= 0 else None
 
 
-def _note_steps(records: list[dict], per_step: dict[int, float], profiled: set[int]) -> None:
-    """Per steady step (traces/formats.py steady_step_records) the slowest rank's time (what the job waits
-    for), and the steps the profiler ran in."""
-    profiled.update(record["step"] for record in records if record.get("profiled") is True)
-    for record in steady_step_records(records):
-        time = _nonnegative(record.get("step_time_ms"))
+def _note_steps(records: list[StepRecord], per_step: dict[int, float], profiled: set[int]) -> None:
+    """Per steady step (traces/formats.py is_steady) the slowest rank's time (what the job waits for), and the
+    steps the profiler ran in."""
+    profiled.update(record.step for record in records if record.profiled)
+    for record in steady(records):
+        time = _nonnegative(record.step_time_ms)
         if time is not None:
-            per_step[record["step"]] = max(per_step.get(record["step"], 0.0), time)
+            per_step[record.step] = max(per_step.get(record.step, 0.0), time)
 
 
 def _pace_ms(per_step: dict[int, float], profiled: set[int]) -> float | None:

@@ -13,6 +13,7 @@ from fleetscope.launcher.spec import JobSpec, UserEntry, spec_record
 from fleetscope.trainer.config import TrainConfig, apply_overrides
 from fleetscope.traces.jobfile import write_job_record
 from fleetscope.traces.layout import RunLayout
+from fleetscope.analysis.inputs.records import read_run_records
 from test_analysis_helpers import KinetoBuilder
 
 
@@ -33,7 +34,7 @@ def _user_run(root, *, compile_setting="none"):
 
 def test_a_user_programs_advice_is_a_code_change_and_reads_no_trainer_setting(tmp_path):
     layout = _user_run(tmp_path / "run", compile_setting="default")
-    evidence = gather_evidence(layout, None)
+    evidence = gather_evidence(read_run_records(layout), None)
     assert evidence.config == {} and evidence.program == "/opt/train.py"
     (finding,) = advise_evidence(evidence).findings
     assert finding.rule == "data_workers" and finding.apply is None

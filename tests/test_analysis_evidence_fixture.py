@@ -42,7 +42,7 @@ def test_host_stalls_of_each_profiled_step(report):
 def test_memory_and_compile_records_of_the_run(report):
     records = read_metric_records(FIXTURE / "metrics" / "rank0.jsonl").records
     memory = report["trainer"]["ranks"][0]["memory"]
-    assert memory["peak_allocated_mb"] == max(r["max_memory_allocated_mb"] for r in records)
+    assert memory["peak_allocated_mb"] == max(r.max_memory_allocated_mb for r in records)
     assert memory["fragmentation_mb"] == pytest.approx(memory["peak_reserved_mb"] - 11289.3759765625, abs=1.0)
     assert memory["leak_suspected"] is False
     compiled = report["trainer"]["ranks"][0]["compile"]

@@ -12,6 +12,7 @@ from fleetscope.analysis.per_rank.trainer_records import growth_slope, memory_ev
 from fleetscope.analysis.render.html import render_html
 from fleetscope.analysis.render.terminal import render_terminal
 from fleetscope.traces.formats import metric_line
+from fleetscope.traces.formats import parse_step_record
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gpu" / "h200-fsdp-1rank"   # traces steps 4 and 5
 LEAK_MB = 2.5
@@ -62,7 +63,7 @@ def test_memory_peaks_fragmentation_growth_and_retries(tmp_path):
 
 
 def test_no_growth_is_no_leak():
-    memory = memory_evidence([step_record(s, leak_mb=0.0) for s in range(8)])
+    memory = memory_evidence([parse_step_record(step_record(s, leak_mb=0.0))[0] for s in range(8)])
     assert memory.growth_mb_per_step == pytest.approx(0.0, abs=1e-9) and not memory.leak_suspected
 
 

@@ -30,7 +30,7 @@ def test_the_profiled_optimizer_step_holds_one_range_per_micro_batch():
 def test_metrics_count_every_micro_batch_and_the_report_reads_the_run():
     records = read_metric_records(FIXTURE / "metrics" / "rank0.jsonl").records
     for record in records:
-        assert record["tokens_per_s"] * record["step_time_ms"] / 1e3 == pytest.approx(
+        assert record.tokens_per_s * record.step_time_ms / 1e3 == pytest.approx(
             MICRO_BATCHES * BATCH * SEQ, rel=1e-6)
     report = analyze(FIXTURE, write_default_outputs=False, use_hta=False, use_cache=False)
     assert report.complete and [s.step for w in report.windows for r in w.ranks for s in r.steps] == [7]

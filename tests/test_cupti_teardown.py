@@ -19,6 +19,7 @@ from fleetscope.launcher.spec import JobSpec, SlurmOptions, UserEntry
 from fleetscope.traces import cupti
 from fleetscope.traces.layout import RunLayout
 from fleetscope.trainer.config import TrainConfig, apply_overrides
+from fleetscope.traces.formats import StepRecord, parse_step_record
 
 SLURM = SlurmOptions(job_name="t", time_minutes=10, gpus_per_node=2)
 
@@ -71,6 +72,10 @@ def test_the_rank_turns_the_default_off_below_cuda_12_6(cuda, expected):
     assert cupti.guard_rank_environment("12.4", users) == "1"
 
 
+def typed(lines: list[dict]) -> list[StepRecord]:
+    return [parse_step_record(line)[0] for line in lines]
+
+
 def step_records(*, slower_after: float, windows=((15, 20), (25, 30)), steps: int = 60) -> list[dict]:
     profiled = {s for start, end in windows for s in range(start, end)}
     last = max(profiled)
@@ -85,12 +90,12 @@ def step_records(*, slower_after: float, windows=((15, 20), (25, 30)), steps: in
 
 
 def test_profiling_cost_compares_before_inside_and_after():
-    cost = profiling_cost(step_records(slower_after=0.2))
+    cost = profiling_cost(typed(step_records(slower_after=0.2)))
     assert (cost.first_profiled_step, cost.last_profiled_step) == (15, 29)
     assert cost.before.steps == list(range(3, 15)) and len(cost.inside.steps) == 10 and cost.after.steps[0] == 30
     assert cost.after_vs_before.median_pct == pytest.approx(20.0, abs=1.0) and cost.after_vs_before.low_pct > 15
     assert cost.inside_vs_before.median_pct == pytest.approx(50.0, abs=1.0)
-    assert profiling_cost([r | {"profiled": False} for r in step_records(slower_after=0.0)]) is None
+    assert profiling_cost(typed([r | {"profiled": False} for r in step_records(slower_after=0.0)])) is None
 
 
 def write_metrics(tmp_path, rows) -> RunLayout:

@@ -228,10 +228,10 @@ def test_forged_metrics_lines(changes):
         path = Path(tmp) / "rank0.jsonl"
         path.write_text(json.dumps(record) + "\n")
         for kept in read_metric_records(path).records:
-            assert type(kept["step"]) is int and kept["step"] >= 0
-            assert "rank" not in kept or (type(kept["rank"]) is int and kept["rank"] >= 0)
+            assert type(kept.step) is int and kept.step >= 0
+            assert kept.rank is None or (type(kept.rank) is int and kept.rank >= 0)
             for name in ("step_time_ms", "data_ms", "tokens_per_s", "max_memory_allocated_mb", "mfu_pct"):
-                value = kept.get(name)
+                value = getattr(kept, name)
                 assert value is None or (type(value) in (int, float) and 0 <= value < 1e13 and math.isfinite(value))
 
 

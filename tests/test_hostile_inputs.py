@@ -753,13 +753,14 @@ def test_step_metrics_symlinked_out_of_the_run_are_not_read(tmp_path, capsys):
     """metrics/rank<R>.jsonl was read through the safe reader without a bound: a symlink to another run's
     metrics became this run's evidence (advise, compare, the report's trainer section)."""
     from fleetscope.analysis.compare import read_steady_metrics
+    from fleetscope.analysis.inputs.records import read_run_records
 
     layout = make_recorded_run(tmp_path / "run")
     elsewhere = tmp_path / "elsewhere.jsonl"
     elsewhere.write_text("".join(json.dumps({"step": s, "rank": 1, "step_time_ms": 1.0}) + "\n" for s in range(6)))
     layout.metrics_file(1).unlink()
     layout.metrics_file(1).symlink_to(elsewhere)
-    steady, notes = read_steady_metrics(layout)
+    steady, notes = read_steady_metrics(read_run_records(layout))
     assert list(steady) == [0] and any("rank1.jsonl: not read: resolves outside" in n for n in notes)
     make_run(layout.root, 2)
     report = analyze(layout.root, use_hta=False, write_default_outputs=False)

@@ -448,7 +448,7 @@ def test_a_forged_metrics_line_is_a_bad_line_with_its_reason(tmp_path, forged, w
     path = tmp_path / "rank0.jsonl"
     path.write_text(metric_line(good) + json.dumps({**good, "step": 2, **forged}) + "\n")
     read = read_metric_records(path)
-    assert [r["step"] for r in read.records] == [1] and read.bad_line_count == 1
+    assert [r.step for r in read.records] == [1] and read.bad_line_count == 1
     assert why in read.bad_lines[0][1]
 
 

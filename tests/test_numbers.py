@@ -28,6 +28,7 @@ from fleetscope.analysis.quantities import (
 from fleetscope.analysis.render.advice_terminal import render_advice
 from fleetscope.analysis.render.terminal import render_comparison, render_terminal
 from fleetscope.cli.main import main
+from fleetscope.analysis.inputs.records import read_run_records
 from test_analysis_helpers import KinetoBuilder
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -226,7 +227,7 @@ def test_step_time_means_the_same_in_compare_gate_and_advise(tmp_path):
     from fleetscope.analysis.compare import read_steady_metrics
     from fleetscope.traces.layout import RunLayout
 
-    steady = read_steady_metrics(RunLayout.at(run))[0]
+    steady = read_steady_metrics(read_run_records(RunLayout.at(run)))[0]
     assert metrics_step_time_ms(steady) == pytest.approx(120.0)
     step_time = next(m for m in compare(run, run).metrics if m.name == "step_time_ms")
     assert step_time.base == pytest.approx(120.0)

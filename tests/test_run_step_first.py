@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from fleetscope.analysis.analyze import analyze
-from fleetscope.analysis.gate import steady_metrics
+from fleetscope.analysis.gate import steady_metrics_at
 from fleetscope.analysis.quantities import metrics_step_time_ms
 from fleetscope.analysis.render.html import render_html
 from fleetscope.analysis.render.terminal import render_terminal
-from fleetscope.traces.layout import RunLayout
+from fleetscope.traces.formats import parse_step_record
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gpu" / "h200-small-evidence"
 
@@ -26,7 +26,7 @@ def report(tmp_path):
 
 def test_the_header_leads_with_the_runs_steady_step_time(report):
     report, run = report
-    steady_ms = metrics_step_time_ms(steady_metrics(RunLayout.at(run)))
+    steady_ms = metrics_step_time_ms(steady_metrics_at(run)[0])
     assert report.run_step_time_ms == pytest.approx(steady_ms) and report.run_step_time_basis.startswith("step metrics")
     assert report.step_time.median_ms > 1.5 * steady_ms          # the profiled steps of this H200 run are slower
     header = render_terminal(report).splitlines()[1]
@@ -73,6 +73,6 @@ def test_a_profiling_cost_not_measurable_says_why_not_too_few_of_thousands():
 
     # the first window is steps 1-3 (profiled), so no steady step lies before it; 2,000 steps after
     records = [{"step": s, "step_time_ms": 50.0 + (s % 7), "profiled": 1 <= s <= 3} for s in range(2004)]
-    line = profiling_line(profiling_cost(records))
+    line = profiling_line(profiling_cost([parse_step_record(r)[0] for r in records]))
     assert "too few steps (2000 steps)" not in line
     assert "no steady step before the first window" in line

@@ -16,6 +16,7 @@ from fleetscope.analysis.advise.evidence import gather_evidence
 from fleetscope.analysis.invariants import check_report
 from fleetscope.analysis.quantities import BASIS_STEP_METRICS, metrics_floor_ms, union_by_step_us, union_us
 from fleetscope.traces.layout import RunLayout
+from fleetscope.analysis.inputs.records import read_run_records
 from test_analysis_helpers import RUNLOOP_TID, KinetoBuilder
 
 STEP_US = 10_000.0
@@ -90,7 +91,7 @@ def test_the_straggler_gain_is_the_replayed_saving_and_stops_at_the_step_metrics
     assert finding.gain_of_ms == pytest.approx(STEP_US / 1000, abs=1e-9)
     # steady steps of 8 ms with 2 ms of exposed gradient communication: no step goes below 6 ms
     report = analyze(trace_dir, use_hta=False, write_default_outputs=False)
-    evidence = dataclasses.replace(gather_evidence(RunLayout.at(trace_dir), report), step_ms=8.0, comm_exposed_ms=2.0,
+    evidence = dataclasses.replace(gather_evidence(read_run_records(RunLayout.at(trace_dir)), report), step_ms=8.0, comm_exposed_ms=2.0,
                                    step_basis=f"{BASIS_STEP_METRICS}, steady steps 2-9 (8), slowest rank per step")
     (floored,) = [f for f in advise_evidence(evidence).findings if f.rule == "straggler"]
     assert floored.expected_gain_ms == pytest.approx(STEP_US / 1000 - 6.0, abs=1e-9)

@@ -527,11 +527,11 @@ def _user_program_run(root, step_ms: float, seed: int) -> RunLayout:
 
 def test_a_user_programs_timelines_are_its_step_metrics_for_the_gate_and_advise(tmp_path):
     from fleetscope.analysis.advise import advise
-    from fleetscope.analysis.gate import gate, steady_metrics
+    from fleetscope.analysis.gate import gate, steady_metrics_at
 
     base = _user_program_run(tmp_path / "base", 100.0, seed=1)
     slow = _user_program_run(tmp_path / "slow", 1000.0, seed=2)
-    steady = steady_metrics(base)
+    steady = steady_metrics_at(base.root)[0]
     assert sorted(steady) == [0, 1] and len(steady[0]) == 59          # every step but the first
     result = gate([base.root], [slow.root])
     assert [m.name for m in result.regressions] == ["step_time_ms"]  # 10x slower is a regression

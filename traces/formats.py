@@ -16,16 +16,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .jsontext import strict_dumps
 from .safe_read import read_metadata
-from .validate import MAX_WORLD_SIZE
+from .validate import MAX_WORLD_SIZE, finite
 
 STEP_MARKER_PREFIX = "ProfilerStep#"
 TRAIN_STEP = "train_step"
@@ -148,27 +150,114 @@ def mllog_line(event: dict[str, Any]) -> str:
     return MLLOG_PREFIX + strict_dumps(event, separators=(",", ":"))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRecord:
+    """One line of `metrics/rank<R>.jsonl` as the analysis reads it: one rank's step (trainer/metrics.py
+    StepMetrics writes the fields). A number that is absent, not a number or not finite is None; fields this
+    version does not know are ignored. `parse_step_record` is the one way a line becomes one."""
+
+    step: int
+    """Global training step."""
+    rank: int | None = None
+    profiled: bool = False
+    """The step ran inside a profiler window (its time includes the profiler's own cost)."""
+    first_of_process: bool = False
+    """The first step of its process (a resumed run's restart): set from a timeline's FLAG_FIRST; step
+    metrics do not carry it (their first step is the rank's lowest)."""
+    loss: float | None = None
+    step_time_ms: float | None = None
+    data_ms: float | None = None
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    optimizer_ms: float | None = None
+    tokens_per_s: float | None = None
+    max_memory_allocated_mb: float | None = None
+    max_memory_reserved_mb: float | None = None
+    tflops: float | None = None
+    mfu_pct: float | None = None
+    alloc_retries: int | None = None
+    ooms: int | None = None
+    comm_ms: float | None = None
+    comm_exposed_ms: float | None = None
+    comm_buckets: int | None = None
+    comm_mb: float | None = None
+    comm_last_bucket_mb: float | None = None
+    stop_agreement_ms: float | None = None
+    compiled_frames: int | None = None
+    fault_leaked_mb: float | None = None
+
+
+_STEP_RECORD_FIELDS = {f.name: f.type for f in dataclasses.fields(StepRecord)
+                       if f.name not in ("step", "rank", "profiled", "first_of_process")}
+MAX_STEP = 2**53
+"""Steps stay below this (exact as floats and int64); a larger one was not written by a trainer."""
+
+
+def parse_step_record(line: str | bytes | dict[str, Any]) -> tuple[StepRecord | None, str | None]:
+    """(the record, None), or (None, why the line is not one): a JSON object with an integer `step`, finite
+    numbers, a rank below MAX_WORLD_SIZE, and every time / size / share / count within its bound."""
+    if isinstance(line, dict):
+        data = line
+    else:
+        try:
+            data = json.loads(line)
+        except (ValueError, RecursionError) as error:
+            return None, f"not JSON ({type(error).__name__})"
+    why = _record_problem(data)
+    if why is not None:
+        return None, why
+    numbers = {name: _typed(data.get(name), kind) for name, kind in _STEP_RECORD_FIELDS.items()}
+    return StepRecord(step=data["step"], rank=data.get("rank"), profiled=data.get("profiled") is True,
+                      **numbers), None
+
+
+def _typed(value: Any, kind: str) -> float | int | None:
+    """A field's value as its declared type: counts as int, the rest as float; None where not a finite number."""
+    number = finite(value)
+    if number is None:
+        return None
+    return int(number) if kind == "int | None" else number
+
+
 @dataclass(frozen=True, kw_only=True)
 class MetricRecords:
     """The step records of one metrics file, and what was wrong with the lines that were not."""
 
     path: Path
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[StepRecord] = field(default_factory=list)
     bad_lines: list[tuple[int, str]] = field(default_factory=list)
     """(line number, why) of the first lines skipped."""
     bad_line_count: int = 0
     """How many lines were skipped in all."""
 
 
-def steady_step_records(records: list[dict]) -> list[dict]:
-    """One rank's steady step records: all but its first step (compilation, warm-up, the first batch) and those
-    the profiler ran in. The one rule of which steps count as the run's own, for every reader of step records
-    (the analysis, the gate, the live progress line; the whole-run scan applies it to timelines' flags)."""
-    steps = [r["step"] for r in records if isinstance(r.get("step"), int) and not isinstance(r.get("step"), bool)]
-    if not steps:
+def is_steady(step: Any, lowest_step: Any, profiled: Any, first_of_process: Any = False, *,
+              warmup_steps: int = 1) -> np.ndarray:
+    """THE rule of which steps count as a rank's steady steps (elementwise over numpy arrays). Every reader of
+    step records and timelines asks here: the report's run step time, the gate and compare, advise, the
+    whole-run scan, the profiling cost, the live progress line. A step is steady unless it is
+      - warm-up: one of the rank's first `warmup_steps` steps from its lowest (`lowest_step`): compilation,
+        CUDA graph recording, the allocator's first growth, the first batch. One by default; the profiling
+        cost, which compares medians to the percent, leaves out 3 (per_rank/profiling_cost.py);
+      - the first step of a process (`first_of_process`, a timeline's FLAG_FIRST): a resumed run warms up
+        again after its restart;
+      - profiled (`profiled`): it ran inside a profiler window, whose own cost is in its time.
+    Absent records (a timeline block's step -1) are below the lowest step, so never steady."""
+    step = np.asarray(step)
+    return ((step >= np.asarray(lowest_step) + warmup_steps) & ~np.asarray(profiled, dtype=bool)
+            & ~np.asarray(first_of_process, dtype=bool))
+
+
+def steady(records: Sequence[StepRecord], *, warmup_steps: int = 1) -> list[StepRecord]:
+    """One rank's steady step records, in their order (`is_steady`, its lowest step being the records')."""
+    if not records:
         return []
-    first = min(steps)
-    return [r for r in records if r.get("step") != first and not r.get("profiled", False)]
+    keep = is_steady(np.fromiter((r.step for r in records), dtype=np.int64, count=len(records)),
+                     min(r.step for r in records),
+                     np.fromiter((r.profiled for r in records), dtype=bool, count=len(records)),
+                     np.fromiter((r.first_of_process for r in records), dtype=bool, count=len(records)),
+                     warmup_steps=warmup_steps)
+    return [record for record, kept in zip(records, keep.tolist()) if kept]
 
 
 def own_work_ms(step_ms: float | None, comm_exposed_ms: float | None) -> float | None:
@@ -182,21 +271,15 @@ def own_work_ms(step_ms: float | None, comm_exposed_ms: float | None) -> float |
 
 
 def read_metric_records(path: Path, *, within: Path | None = None, max_bad_lines_kept: int = 20) -> MetricRecords:
-    """Every step record of a metrics file: JSON objects with an integer `step` and finite numbers. With
-    `within` (the run directory) a file that resolves outside it is refused (InputRefused)."""
+    """Every step record of a metrics file (parse_step_record). With `within` (the run directory) a file that
+    resolves outside it is refused (InputRefused)."""
     records, bad, count = [], [], 0
     data = read_metadata(path, within=within)  # the safe reader: a FIFO or a symlink loop is refused, never opened
     for number, raw in enumerate(data.splitlines(), start=1):
         if not raw.strip():
             continue
-        why = None
-        try:
-            record = json.loads(raw)
-        except (ValueError, RecursionError) as error:
-            why = f"not JSON ({type(error).__name__})"
-        else:
-            why = _record_problem(record)
-        if why is None:
+        record, why = parse_step_record(raw)
+        if record is not None:
             records.append(record)
             continue
         count += 1
@@ -211,8 +294,12 @@ def _record_problem(record: Any) -> str | None:
     step = record.get("step")
     if type(step) is not int or step < 0:
         return "no integer step"
-    if any(isinstance(v, float) and not math.isfinite(v) for v in record.values()):
+    if step >= MAX_STEP:
+        return f"step {_shown(step)} is beyond {MAX_STEP}"
+    if any(isinstance(v, float) and finite(v) is None for v in record.values()):
         return "a non-finite number"
+    if record.get("profiled") is not None and type(record["profiled"]) is not bool:
+        return f"profiled {_shown(record['profiled'])} is not true or false"
     rank = record.get("rank")
     if "rank" in record and not (type(rank) is int and 0 <= rank < MAX_WORLD_SIZE):
         return f"rank {_shown(rank)} is not a rank (an integer from 0 to {MAX_WORLD_SIZE - 1})"
@@ -419,6 +506,6 @@ def moe_record_problem(data: Any) -> str | None:
     if not 1 <= len(experts) <= MAX_EXPERTS:
         return f"tokens_per_expert has {len(experts)} entries (1..{MAX_EXPERTS})"
     d2h = data.get("split_sizes_d2h_ms")
-    if d2h is not None and not (type(d2h) in (int, float) and math.isfinite(d2h) and d2h >= 0):
+    if d2h is not None and not (type(d2h) in (int, float) and finite(d2h) is not None and d2h >= 0):
         return "split_sizes_d2h_ms is not a finite non-negative number"
     return None

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from fleetscope.analysis.cross_rank.outcome import OUTCOME_PROBLEM_LABEL
 from fleetscope.analysis.analyze import analyze, load_report_json
+from fleetscope.analysis.inputs.records import read_run_records, read_step_metrics_only
 from fleetscope.analysis.invariants import audit, auditing, check_advice
 from fleetscope.analysis.quantities import bounded_gain
 from fleetscope.analysis.render.advice_terminal import gain_text
@@ -96,13 +97,15 @@ def advise(path: str | Path) -> Advice:
     layout = RunLayout.at(source if source.is_dir() else source.parent)
     if not source.exists():
         raise FileNotFoundError(f"{path}: no such run directory, trace directory or trace file")
+    records = read_run_records(layout)   # once: the analysis (where there is no report) and the step metrics
     notes = []
     report = None
     if source.is_dir() and layout.report_json.is_file():
         report = load_report_json(layout.report_json, within=layout.root)
     else:
         try:
-            report = analyze(source, write_default_outputs=False, use_hta=False)
+            report = analyze(source, write_default_outputs=False, use_hta=False,
+                             records=records if source.is_dir() else None)
         except (FileNotFoundError, ValueError) as error:
             notes.append(f"no traces analyzed ({error}): advice from step metrics and configuration only")
     unread = [p for p in report.problems if p.label != OUTCOME_PROBLEM_LABEL] if report is not None else []
@@ -113,7 +116,7 @@ def advise(path: str | Path) -> Advice:
                      + ("" if report.analyzed_ranks else " (none was: there is nothing to advise from the traces)")
                      + ": " + "; ".join(f"{p.label}: {p.reason}" for p in unread[:3])
                      + (" ..." if len(unread) > 3 else ""))
-    evidence = gather_evidence(layout, report)
+    evidence = gather_evidence(records, report)
     if evidence.step_ms is None:
         notes.append("no step time (no steady step metrics, no profiled steps in the traces): gains are not "
                      "estimated as a share of the step")
@@ -132,7 +135,7 @@ def advise(path: str | Path) -> Advice:
 
 def top_findings(root: Path, report: Report) -> list[TopFinding]:
     """The advice the report shows next to its verdict: the same findings `advise` gives, largest gain first."""
-    advice = advise_evidence(gather_evidence(RunLayout.at(root), report), str(root))
+    advice = advise_evidence(gather_evidence(read_step_metrics_only(RunLayout.at(root)), report), str(root))
     return [TopFinding(rule=f.rule, title=f.title, gain=gain_text(f), change=f.change, confidence=f.confidence,
                        ranks=list(f.ranks), windows=list(f.windows), overlaps=list(f.overlaps))
             for f in advice.findings[:TOP_FINDINGS]]

@@ -6,24 +6,26 @@ from typing import Any
 
 import numpy as np
 from fleetscope.analysis.compare import steady_metrics
+from fleetscope.analysis.inputs.records import RunRecords
 from fleetscope.analysis.cross_rank.whole_run import run_straggler
 from fleetscope.analysis.job_identity import program_text
 from fleetscope.analysis.quantities import job_straggler, metrics_basis, metrics_step_time_ms
 from fleetscope.analysis.report.model import Report
+from fleetscope.traces.formats import StepRecord
 from fleetscope.traces.jobfile import read_job_record
-from fleetscope.traces.layout import RunLayout
 
 from .model import Evidence
 
 
-def gather_evidence(layout: RunLayout, report: Report | None) -> Evidence:
-    steady = steady_metrics(layout)
+def gather_evidence(records: RunRecords, report: Report | None) -> Evidence:
+    """`records`: the run directory's records as read once (inputs/records.py)."""
+    layout, steady = records.layout, steady_metrics(records)
 
     def per_step_max(key: str) -> float | None:   # the step-metrics rule of quantities.py, for every field
         return metrics_step_time_ms(steady, key)
 
     def total(key: str) -> int:
-        return int(sum(r.get(key) or 0 for lines in steady.values() for r in lines if isinstance(r.get(key), int)))
+        return int(sum(getattr(r, key) or 0 for lines in steady.values() for r in lines))
 
     record = read_job_record(layout)
     spec = record.get("spec")
@@ -83,7 +85,7 @@ def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _step_time(steady: dict, report: Report | None) -> dict[str, Any]:
+def _step_time(steady: dict[int, list[StepRecord]], report: Report | None) -> dict[str, Any]:
     """The run's step time from step metrics; without them (a folder of traces, a program that records none)
     the trace's (quantities.py), named as such."""
     step_ms = metrics_step_time_ms(steady)

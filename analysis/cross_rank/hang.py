@@ -283,7 +283,7 @@ def _last_steps(records: RunRecords, world: int) -> dict[int, int]:
         if metrics.rank >= world or metrics.read is None:  # refused by the safe reader: no last step known
             continue
         if metrics.read.records:
-            steps[metrics.rank] = max(r["step"] for r in metrics.read.records)
+            steps[metrics.rank] = max(r.step for r in metrics.read.records)
     return steps
 
 

@@ -5,7 +5,7 @@ Sources, per rank: `metrics/rank<R>.timeline` (traces/timeline.py), else its ste
 used is named in `notes` and the other ranks are analyzed.
 
 Definitions (steady steps and the slowest rank per step as analysis/quantities.py defines step time):
-  steady step          a rank's step that is not its first (FLAG_FIRST, or its lowest step) and not profiled
+  steady step          traces/formats.py is_steady: not the rank's first (FLAG_FIRST, or its lowest step), not profiled
   median step time     per step, the median over ranks of their steady step_ms
   peers' median        per step, the median of a value over the other ranks that know it (leaving the rank
                        out: of two ranks, the median of both would halve a straggler's excess)
@@ -58,6 +58,7 @@ import numpy as np
 from fleetscope.analysis.cross_rank.stragglers import Significance, series_significance
 from fleetscope.analysis.quantities import BASIS_STEP_METRICS, SLOWEST_RANK, step_ranges, window_name
 from fleetscope.traces.change_points import MIN_SEGMENT_STEPS, Segment, segment_levels
+from fleetscope.traces.formats import is_steady
 from fleetscope.analysis.inputs.records import RunRecords, StepMetricsFile
 from fleetscope.analysis.inputs.timelines import TimelineSource, records_into, runs_of
 from fleetscope.traces.jobfile import FINAL_STATUSES
@@ -268,20 +269,19 @@ def _jsonl_source(records: RunRecords, metrics_file: StepMetricsFile, notes: lis
         return None
     if metrics.bad_line_count:
         notes.append(f"{layout.relative(path)}: {metrics.bad_line_count} line(s) left out")
-    usable = [r for r in metrics.records if isinstance(r.get("step_time_ms"), (int, float))
-              and not isinstance(r.get("step_time_ms"), bool) and r["step_time_ms"] > 0]
-    beyond = sum(r["step"] > MAX_TIMELINE_STEP for r in usable)
+    usable = [r for r in metrics.records if r.step_time_ms is not None and r.step_time_ms > 0]
+    beyond = sum(r.step > MAX_TIMELINE_STEP for r in usable)
     if beyond:
         notes.append(f"{layout.relative(path)}: {beyond} record(s) with a step beyond {MAX_TIMELINE_STEP:,} left out")
-        usable = [r for r in usable if r["step"] <= MAX_TIMELINE_STEP]
+        usable = [r for r in usable if r.step <= MAX_TIMELINE_STEP]
     if not usable:
         return None
     records = np.zeros(len(usable), dtype=TIMELINE_DTYPE)
-    records["step"] = [r["step"] for r in usable]
-    records["flags"] = [FLAG_PROFILED if r.get("profiled") else 0 for r in usable]
+    records["step"] = [r.step for r in usable]
+    records["flags"] = [FLAG_PROFILED if r.profiled else 0 for r in usable]
     records["start_us"] = math.nan
-    records["step_ms"] = [r["step_time_ms"] for r in usable]
-    records["data_ms"] = [r.get("data_ms") if isinstance(r.get("data_ms"), (int, float)) else math.nan for r in usable]
+    records["step_ms"] = [r.step_time_ms for r in usable]
+    records["data_ms"] = [math.nan if r.data_ms is None else r.data_ms for r in usable]
     records["first_collective_ms"] = records["exposed_comm_ms"] = math.nan
     steps = records["step"].astype(np.int64)
     return _Source(rank=rank, runs=runs_of(steps, np.arange(steps.size)), records=records,
@@ -556,11 +556,12 @@ def _signal_values(fields: _Fields, steady: np.ndarray, offsets: np.ndarray) -> 
 
 def _steadiness(fields: _Fields, lowest: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(steady, profiled) masks of the block's records, and per step whether any rank profiled it. Steady is
-    traces/formats.py steady_step_records' rule (not the rank's first step, not profiled), on timeline flags."""
+    traces/formats.py is_steady on timeline flags; profiled: the records steady but for the profiler."""
     present = fields.step >= 0
-    not_first = present & (fields.flags & FLAG_FIRST == 0) & (fields.step != lowest[:, None])
+    first = fields.flags & FLAG_FIRST != 0
     flagged = fields.flags & FLAG_PROFILED != 0
-    return not_first & ~flagged, not_first & flagged, np.any(present & flagged, axis=0)
+    past_warmup = is_steady(fields.step, lowest[:, None], False, first)
+    return past_warmup & ~flagged, past_warmup & flagged, np.any(present & flagged, axis=0)
 
 
 def _noise_weights(sources: dict[int, _Source], ranks: list[int], first_step: int, width: int,

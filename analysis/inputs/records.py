@@ -34,7 +34,7 @@ MAX_LOG_FILES = 4096
 
 @dataclass(frozen=True, kw_only=True)
 class StepMetricsFile:
-    """One rank's `metrics/rank<R>.jsonl`: its records, or why it could not be read."""
+    """One rank's `metrics/rank<R>.jsonl`: its StepRecords (traces/formats.py), or why it could not be read."""
 
     rank: int
     path: Path
@@ -157,6 +157,12 @@ def read_job(layout: RunLayout) -> tuple[dict[str, Any], str]:
         return read_job_record(layout), ""
     except ValueError as error:
         return {}, str(error)
+
+
+def read_step_metrics_only(layout: RunLayout) -> RunRecords:
+    """The run's records with its step metrics alone read: for a caller that needs nothing else (the gate over
+    many runs, compare of a report's run directory)."""
+    return RunRecords(layout=layout, step_metrics=read_step_metrics(layout))
 
 
 def read_step_metrics(layout: RunLayout) -> tuple[StepMetricsFile, ...]:

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+from fleetscope.traces.formats import StepRecord, is_steady
 
 WARMUP_STEPS = 3
-"""Steps 0..2 are never steady (compilation, CUDA graph recording and warm-up)."""
+"""Steps 0..2 are never steady (compilation, CUDA graph recording and warm-up): a comparison of medians to the
+percent needs more warm-up left out than the one step traces/formats.py is_steady leaves out by default."""
 SLOWER_WARN_PCT = 3.0
 """Steps after the last window this much slower than before the first (interval above 0) are called out."""
 RESAMPLES = 1000
@@ -101,15 +102,16 @@ def _bootstrap_medians(groups: list[np.ndarray], resamples: int, rng: np.random.
     return medians
 
 
-def profiling_cost(records: Sequence[dict[str, Any]]) -> ProfilingCost | None:
+def profiling_cost(records: Sequence[StepRecord]) -> ProfilingCost | None:
     """One rank's before / inside / after comparison; None when no step was profiled or times are missing."""
-    timed = sorted((int(r["step"]), float(r["step_time_ms"]), bool(r.get("profiled"))) for r in records
-                   if isinstance(r.get("step_time_ms"), (int, float)) and isinstance(r.get("step"), int))
+    timed = sorted((r.step, r.step_time_ms, r.profiled) for r in records if r.step_time_ms is not None)
     profiled = [step for step, _, was_profiled in timed if was_profiled]
     if not profiled:
         return None
     first, last = profiled[0], profiled[-1]
-    steady = [(s, ms, p) for s, ms, p in timed if s >= WARMUP_STEPS]
+    # past warm-up: the steady steps and the profiled ones that would be steady were they not profiled
+    past_warmup = is_steady([s for s, _, _ in timed], 0, False, warmup_steps=WARMUP_STEPS).tolist()
+    steady = [point for point, kept in zip(timed, past_warmup) if kept]
     before = _phase([(s, ms) for s, ms, p in steady if s < first and not p])
     inside = _phase([(s, ms) for s, ms, p in steady if p])
     after = _phase([(s, ms) for s, ms, p in steady if s > last and not p])

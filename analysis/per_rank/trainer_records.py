@@ -14,7 +14,7 @@ Memory, per rank over its recorded steps (MiB, the allocator's per-step peaks):
     leak_suspected when it is at least LEAK_MIN_MB_PER_STEP over at least LEAK_MIN_STEPS steps.
 Input wait: the trainer's `data_ms` (time to get the batch) per step, and its share of step_time_ms: the
 mean and the share over steady steps only, without the profiled steps (the profiler's own cost is in their
-step time) and the rank's first step (compilation, warm-up): traces/formats.py steady_step_records; `basis`
+step time) and the rank's first step (compilation, warm-up): traces/formats.py is_steady; `basis`
 says so. recorded_steps / data_ms
 keep every step.
 Profiling cost: the steady steps before the first window, inside the windows and after the last, compared
@@ -29,8 +29,7 @@ from typing import Any
 import numpy as np
 from fleetscope.analysis.per_rank.profiling_cost import ProfilingCost, profiling_cost
 from fleetscope.analysis.inputs.records import RunRecords
-from fleetscope.traces.formats import MetricRecords, steady_step_records
-from fleetscope.traces.validate import finite_number
+from fleetscope.traces.formats import MetricRecords, StepRecord, steady
 
 LEAK_SKIP_STEPS = 2
 LEAK_MIN_STEPS = 4
@@ -100,14 +99,14 @@ class RankRecords:
     """Unreadable files or lines."""
 
 
-def memory_evidence(records: list[dict[str, Any]]) -> MemoryEvidence | None:
+def memory_evidence(records: list[StepRecord]) -> MemoryEvidence | None:
     """None when no record carries allocator statistics."""
-    records = sorted(records, key=lambda r: r["step"])
-    allocated = [_number(r.get("max_memory_allocated_mb")) for r in records]
-    reserved = [_number(r.get("max_memory_reserved_mb")) for r in records]
+    records = sorted(records, key=lambda r: r.step)
+    allocated = [r.max_memory_allocated_mb for r in records]
+    reserved = [r.max_memory_reserved_mb for r in records]
     if all(a is None for a in allocated):
         return None
-    steps = [int(r["step"]) for r in records]
+    steps = [r.step for r in records]
     peak_reserved, fragmentation = _fragmentation(allocated, reserved)
     slope = growth_slope(steps, allocated)
     return MemoryEvidence(
@@ -115,8 +114,8 @@ def memory_evidence(records: list[dict[str, Any]]) -> MemoryEvidence | None:
         peak_allocated_mb=max(a for a in allocated if a is not None), peak_reserved_mb=peak_reserved,
         fragmentation_mb=fragmentation,
         fragmentation_pct=100.0 * fragmentation / peak_reserved if fragmentation is not None and peak_reserved else None,
-        alloc_retries=sum(int(r.get("alloc_retries") or 0) for r in records),
-        ooms=sum(int(r.get("ooms") or 0) for r in records),
+        alloc_retries=sum(r.alloc_retries or 0 for r in records),
+        ooms=sum(r.ooms or 0 for r in records),
         growth_mb_per_step=slope,
         leak_suspected=slope is not None and slope >= LEAK_MIN_MB_PER_STEP,
     )
@@ -140,18 +139,18 @@ def growth_slope(steps: list[int], values: list[float | None]) -> float | None:
     return float(np.polyfit(x, y, 1)[0])
 
 
-def input_evidence(records: list[dict[str, Any]]) -> InputEvidence | None:
-    timed = [r for r in records if _number(r.get("data_ms")) is not None and _number(r.get("step_time_ms"))]
-    steady = steady_step_records(timed)
-    if not steady:
+def input_evidence(records: list[StepRecord]) -> InputEvidence | None:
+    timed = [r for r in records if r.data_ms is not None and r.step_time_ms]
+    kept = steady(timed)
+    if not kept:
         return None
-    data = np.asarray([r["data_ms"] for r in steady], dtype=np.float64)
-    total = float(sum(r["step_time_ms"] for r in steady))
-    left_out = len(timed) - len(steady)
-    return InputEvidence(steps=len(steady), mean_data_ms=float(data.mean()), max_data_ms=float(data.max()),
+    data = np.asarray([r.data_ms for r in kept], dtype=np.float64)
+    total = float(sum(r.step_time_ms for r in kept))
+    left_out = len(timed) - len(kept)
+    return InputEvidence(steps=len(kept), mean_data_ms=float(data.mean()), max_data_ms=float(data.max()),
                          data_pct=100.0 * float(data.sum()) / total if total > 0 else 0.0,
-                         basis=f"{len(steady)} steady steps; {left_out} left out (the first step and profiled steps)",
-                         recorded_steps=[int(r["step"]) for r in timed], data_ms=[float(r["data_ms"]) for r in timed])
+                         basis=f"{len(kept)} steady steps; {left_out} left out (the first step and profiled steps)",
+                         recorded_steps=[r.step for r in timed], data_ms=[r.data_ms for r in timed])
 
 
 def compile_evidence(record: dict[str, Any], timed_steps: set[int]) -> CompileEvidence:
@@ -186,7 +185,7 @@ def read_rank_records(run: RunRecords, rank: int, traced_steps: set[int]) -> Ran
         if read.bad_lines:
             problems.append(f"{metrics.path.name}: {len(read.bad_lines)} line(s) skipped "
                             f"(first: line {read.bad_lines[0][0]}, {read.bad_lines[0][1]})")
-    profiled = {int(r["step"]) for r in records if r.get("profiled")}
+    profiled = {r.step for r in records if r.profiled}
     compiled = None
     if compiled_file is not None:
         try:
@@ -199,6 +198,3 @@ def read_rank_records(run: RunRecords, rank: int, traced_steps: set[int]) -> Ran
                        input=input_evidence(records) if records else None, compile=compiled,
                        profiling=profiling_cost(records) if records else None, problems=problems)
 
-
-def _number(value: Any) -> float | None:
-    return finite_number(value)

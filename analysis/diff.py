@@ -32,6 +32,7 @@ from fleetscope.analysis.per_rank.rank import read_decoded
 from fleetscope.analysis.per_rank.step_work import INPUTS_MARK
 from fleetscope.analysis.per_rank.steps import find_steps, in_host_ranges
 from fleetscope.traces.kineto import TraceReadError, read_raw
+from fleetscope.traces.validate import finite
 
 KIND_ACTIVITY, KIND_IDLE, KIND_OVERLAP = "GPU activity", "GPU idle", "overlap"
 KIND_HOST_CALL = "host call"
@@ -265,7 +266,7 @@ def _collective_label(name: str, sizes, index: int) -> str:
     kind = sizes.collective[index] or name
     group = sizes.group[index]
     moved = float(sizes.bytes[index])
-    parts = [kind] + ([f"group {group}"] if group else []) + ([_bytes_text(moved)] if np.isfinite(moved) else [])
+    parts = [kind] + ([f"group {group}"] if group else []) + ([_bytes_text(moved)] if finite(moved) is not None else [])
     return ", ".join(parts)
 
 

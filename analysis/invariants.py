@@ -39,7 +39,6 @@ test). Each rule returns human-readable violations ("windows[0].causes.findings[
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from pathlib import Path
@@ -50,6 +49,7 @@ from fleetscope.analysis.quantities import (WHAT_IF_ARITHMETIC, WHAT_IF_REPLAYED
                                            union_by_step_us)
 from fleetscope.analysis.cross_rank.whole_run import EVIDENCE_SOURCE, run_straggler
 from fleetscope.analysis.report.model import Report
+from fleetscope.traces.validate import finite
 
 LOG_ENV = "FLEETSCOPE_INVARIANTS_LOG"
 """A directory: when set, every report and advice fleetscope writes is checked, and violations are appended
@@ -124,7 +124,7 @@ def _is_comparison(path: str) -> bool:
 
 def _non_negative(data: dict) -> Iterator[str]:
     for path, key, value in _numbers(data):
-        if _is_timed(key) and not _is_comparison(path) and (not math.isfinite(value) or value < -TOLERANCE_MS):
+        if _is_timed(key) and not _is_comparison(path) and (finite(value) is None or value < -TOLERANCE_MS):
             yield f"{path}: {value!r} (a time or share cannot be negative or infinite)"
 
 

@@ -13,7 +13,6 @@ The trainer writes JSON (not PyTorch's pickle) so that reading a run directory n
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 from .atomic import write_bytes_atomically
 from .safe_read import read_input, read_metadata
 from .layout import RunLayout
-from .validate import MAX_WORLD_SIZE
+from .validate import MAX_WORLD_SIZE, finite
 from .jsontext import strict_dumps
 
 MAX_DUMP_BYTES = 256 * 2**20
@@ -85,7 +84,7 @@ def _marker(data: Any, path: Path) -> HangMarker:
         raise ValueError(f"rank {rank!r} does not match the file name")
     if type(step) is not int or step < 0:
         raise ValueError(f"step {step!r} is not a step")
-    if type(seconds) not in (int, float) or not math.isfinite(seconds) or seconds < 0:
+    if type(seconds) not in (int, float) or finite(seconds) is None or seconds < 0:
         raise ValueError(f"seconds {seconds!r} is not a finite number of seconds")
     return HangMarker(rank=rank, step=step, seconds=float(seconds), at=str(data.get("at", ""))[:64])
 

@@ -26,6 +26,7 @@ import orjson
 import pandas as pd
 
 from .safe_read import read_input
+from .validate import finite
 
 OP_TYPES = ("forward-compute", "backward-compute", "forward-send", "forward-recv", "backward-send",
             "backward-recv", "params-all-gather", "grads-reduce-scatter", "separate-grads-all-reduce",
@@ -239,7 +240,7 @@ def _json_row(path: Path, number: int, event: dict, stage_of_thread: dict) -> tu
     times = []
     for field in ("ts", "dur"):
         value = event.get(field)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value):
+        if not isinstance(value, (int, float)) or finite(value) is None:
             raise OpTimelineError(f"{where}: {field} is {value!r}, not a finite number")
         times.append(value)
     optional = [args.get(field) for field in ("mb_id", "model_chunk")]

@@ -3,13 +3,13 @@ the rule's registry entry, and the gain and threshold helpers more than one fami
 
 from __future__ import annotations
 
-import math
 import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fleetscope.analysis.quantities import JobStraggler, bounded_gain
 from fleetscope.analysis.cross_rank.moe import MoeReport
+from fleetscope.traces.validate import finite
 
 STRAGGLER_SHARE = 0.5
 """A rank causing at least this share of the waiting is the straggler (parallelism); the bucket rules stay
@@ -172,7 +172,7 @@ def _same_kind(value: Any, default: Any) -> bool:
     if isinstance(default, bool) or isinstance(value, bool):
         return type(value) is type(default)
     if isinstance(default, (int, float)):
-        return type(value) in (int, float) and math.isfinite(value)
+        return type(value) in (int, float) and finite(value) is not None
     return isinstance(value, type(default))
 
 
@@ -298,5 +298,5 @@ def step_gain(evidence: Evidence, gain_ms: float | None) -> tuple[float | None, 
     """A gain against the run's step time (step metrics), bounded by it (analysis/quantities.py)."""
     bounded = bounded_gain(gain_ms, evidence.step_ms, evidence.step_basis)
     if bounded is None:
-        return (None if gain_ms is None or not math.isfinite(gain_ms) else max(gain_ms, 0.0)), None
+        return (None if gain_ms is None or finite(gain_ms) is None else max(gain_ms, 0.0)), None
     return bounded.ms, bounded.pct

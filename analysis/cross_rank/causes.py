@@ -76,6 +76,7 @@ from fleetscope.analysis.cross_rank.stragglers import (
 from fleetscope.analysis.per_rank.names import short_kernel_name
 from fleetscope.analysis.per_rank.rank import RankResult
 from fleetscope.analysis.quantities import WHAT_IF_ARITHMETIC, WHAT_IF_REPLAYED, clamp_caused_wait_ms, what_if_text
+from fleetscope.traces.validate import finite
 
 CAUSE_WORK = "work imbalance"
 CAUSE_SLOW_DEVICE = "slow device"
@@ -522,24 +523,24 @@ def _peer_compute_ms(m: ArrivalMatrix, row: int) -> dict[int, float]:
     first: dict[int, int] = {}   # each step's first collective: its interval reaches back into the step before
     for column, start in enumerate(starts):
         step = m.keys[column][0]
-        if np.isfinite(start) and (step not in first or start < starts[first[step]]):
+        if finite(start) is not None and (step not in first or start < starts[first[step]]):
             first[step] = column
     floors: dict[int, float] = {}
     for column, value in enumerate(medians):
         step = m.keys[column][0]
-        if np.isfinite(value) and value > 0 and first.get(step) != column:
+        if finite(value) is not None and value > 0 and first.get(step) != column:
             floors[step] = floors.get(step, 0.0) + float(value) / 1000.0
     return floors
 
 
 def _caused_us(m: ArrivalMatrix, terms: _Terms, late: np.ndarray, row: int) -> np.ndarray:
     """Per instance, the rank's lateness minus what it inherited from a previous instance it was also last at."""
-    column_ending_at = {float(end): column for column, end in enumerate(m.end_us[row]) if np.isfinite(end)}
+    column_ending_at = {float(end): column for column, end in enumerate(m.end_us[row]) if finite(end) is not None}
     previous = m.previous_end_us[row] if m.previous_end_us is not None else np.full(len(m.keys), np.nan)
     caused = terms.lateness_us.copy()
     for column in np.flatnonzero(late):
         before = column_ending_at.get(float(previous[column]))
-        if before is not None and late[before] and np.isfinite(terms.carried_us[column]):
+        if before is not None and late[before] and finite(terms.carried_us[column]) is not None:
             caused[column] -= float(np.clip(terms.carried_us[column], 0.0, terms.lateness_us[column]))
     return caused
 

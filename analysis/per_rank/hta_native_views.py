@@ -11,12 +11,12 @@ table equal to stock HTA's. A view HTA cannot compute (it raises) raises ViewErr
 from __future__ import annotations
 
 import functools
-import math
 import re
 from typing import Any
 
 import numpy as np
 from fleetscope.analysis.per_rank.hta_native import HtaRankFrame, hta_generation, inner_merge
+from fleetscope.traces.validate import finite
 
 Table = list[dict[str, Any]]
 
@@ -89,7 +89,7 @@ def python_scalar(value: Any) -> Any:
     """A JSON-safe scalar (NaN and infinities become None, anything else not JSON its text)."""
     if hasattr(value, "item") and callable(value.item):
         value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
+    if isinstance(value, float) and finite(value) is None:
         return None
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value

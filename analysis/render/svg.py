@@ -6,9 +6,10 @@ Every function takes plain data and returns an `<svg>` element as a string; ever
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from html import escape
+
+from fleetscope.traces.validate import finite
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#9c755f")
 _FONT = 'font-family="system-ui, sans-serif" font-size="11"'
@@ -76,8 +77,8 @@ def heatmap(row_labels: list[str], column_labels: list[str], values: list[list[f
         return ""
     label_w, cell_h = 80, _row_height(len(row_labels))
     cell_w = max(2.0, (width - label_w - 10) / len(column_labels))
-    finite = [v for row in values for v in row if v is not None and math.isfinite(v)]
-    low, high = (min(finite), max(finite)) if finite else (0.0, 1.0)
+    known = [v for row in values for v in row if finite(v) is not None]
+    low, high = (min(known), max(known)) if known else (0.0, 1.0)
     height = len(row_labels) * cell_h + 40
     parts = [_open(width, height)]
     for r, (label, row) in enumerate(zip(row_labels, values)):
@@ -101,7 +102,7 @@ def _row_height(rows: int) -> int:
 
 
 def _shade(value: float | None, low: float, high: float) -> str:
-    if value is None or not math.isfinite(value):
+    if finite(value) is None:
         return "#dddddd"
     t = 0.0 if high <= low else (value - low) / (high - low)
     light, dark = (222, 235, 247), (8, 48, 107)

@@ -261,6 +261,7 @@ def test_the_cache_key_covers_the_comm_kernel_pattern(tmp_path):
 
 
 def test_merge_view_counts_what_each_local_expert_received(tmp_path):
+    from fleetscope.analysis.inputs.records import read_run_records
     from fleetscope.analysis.merge.moe_overlays import moe_merge_views
     from fleetscope.analysis.report.model import Report
     from fleetscope.traces.layout import RunLayout
@@ -272,7 +273,7 @@ def test_merge_view_counts_what_each_local_expert_received(tmp_path):
         layout.moe_file(rank).write_text("".join(json.dumps(r.to_json()) + "\n" for r in records if r.rank == rank))
     report = {"moe": {"ep": 2, "findings": [{"layer": 0, "expert": 3, "ranks": [1], "sentence": "s",
                                              "tokens_vs_mean": 3.0, "cost_ms_per_step": 0.05}]}}
-    views = moe_merge_views(layout, Report.from_json_lenient(report)[0], [0, 1])
+    views = moe_merge_views(read_run_records(layout), Report.from_json_lenient(report)[0], [0, 1])
     assert views[0].expert_tokens == {0: {0: 80.0, 1: 60.0}, 1: {0: 80.0, 1: 60.0}}
     assert views[1].expert_tokens[1] == {2: 60.0, 3: 600.0}
     assert views[0].findings == [] and [m[1] for m in views[1].marks(5)] == ["hot expert 3 (layer 0)"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from fleetscope.analysis.inputs.records import read_run_records
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.perfetto.check import check_trace, iter_packets
 from fleetscope.analysis.merge.run import merge
@@ -104,7 +105,7 @@ def test_a_resumed_run_s_repeated_steps_are_drawn_once_from_the_later_attempt(tm
             writer.append(step=step, start_us=resumed_us + (step - 20) * STEP_MS * 1000, step_ms=STEP_MS,
                           first=step == 20)
         writer.close()
-    plan = plan_whole_run(layout, [0, 1], {})
+    plan = plan_whole_run(read_run_records(layout), [0, 1], {})
     for rank in plan.ranks:
         assert len(rank.step_ms) == 28   # steps 1-19 of the first attempt, 21-29 of the second
         assert max(value for _, value in rank.lateness_ms) == pytest.approx(LATE_MS if rank.rank == 1 else 0.0)

@@ -63,9 +63,6 @@ IO_ALLOWED = {
     # the parsed-trace caches: their own entries, and the source files their keys hash
     "per_rank/cache.py",
     "per_rank/hta_cache.py",
-    # load_moe_records(_noted)(layout, ...): for the merge run alone (merge/stages.py, merge/moe_overlays.py),
-    # which holds no RunRecords; analyze and postprocess use moe_records_noted on the records
-    "cross_rank/moe.py:load_moe_records_noted",
 }
 
 
@@ -90,4 +87,18 @@ def test_the_per_rank_and_cross_rank_stages_open_no_file():
     files = sorted((ROOT / "analysis" / "per_rank").glob("*.py")) + sorted((ROOT / "analysis" / "cross_rank").glob("*.py"))
     found = [call for path in files if path.relative_to(ROOT / "analysis").as_posix() not in IO_ALLOWED
              for call in _io_calls(path)]
+    assert not found, "\n".join(found)
+
+
+RECORD_READERS = {"load_manifest", "read_clock_offsets", "read_job_record", "read_metric_records", "read_moe_file",
+                  "read_moe_files", "read_dumps", "read_capture_records", "read_run_records", "step_metrics_files",
+                  "timeline_ranks", "ranks_with_records"}
+"""The readers of a run's record files (inputs/records.py calls each of them once)."""
+
+
+def test_the_merge_reads_the_run_s_records_only_through_run_records():
+    """merge/ takes MergeInputs.records (read once by inputs.resolve, or handed in by postprocess): none of its
+    modules calls a record file's reader."""
+    found = [call for path in sorted((ROOT / "analysis" / "merge").rglob("*.py")) for call in _io_calls(path)
+             if call.rsplit(": ", 1)[1].split("(")[0] in RECORD_READERS]
     assert not found, "\n".join(found)

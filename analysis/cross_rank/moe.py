@@ -29,7 +29,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
-from fleetscope.analysis.inputs.records import MoeFile, read_moe_files
+from fleetscope.analysis.inputs.records import MoeFile
 from fleetscope.traces.formats import MOE_COMBINE, MOE_DISPATCH, MOE_SPLIT_SIZES_D2H, MoeRecord
 from fleetscope.traces.layout import RunLayout
 
@@ -149,19 +149,6 @@ def uneven_routing_hints(records: list[MoeRecord]) -> dict[int, str]:
         where = f"layer {found[0]}" if len(found) == 1 else f"layers {', '.join(map(str, found))}"
         clauses[rank].append(f"expert {expert} ({where}) on rank {rank}")
     return {rank: "uneven routing: " + ", ".join(parts) for rank, parts in clauses.items()}
-
-
-def load_moe_records(layout: RunLayout | None, ranks: list[int]) -> list[MoeRecord]:
-    """Every rank's MoE records (none for a trace directory, or a run without MoE records)."""
-    return load_moe_records_noted(layout, ranks)[0]
-
-
-def load_moe_records_noted(layout: RunLayout | None, ranks: list[int]) -> tuple[list[MoeRecord], list[str]]:
-    """moe_records_noted of the files in `layout`, read here: for a caller that holds no RunRecords (the merge
-    run alone)."""
-    if layout is None:
-        return [], []
-    return moe_records_noted(layout, read_moe_files(layout, layout.ranks_with_records()), ranks)
 
 
 def moe_records_noted(layout: RunLayout | None, files: dict[int, MoeFile],

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fleetscope.traces.formats import MoeRecord
-from fleetscope.traces.layout import RunLayout
 
-from fleetscope.analysis.cross_rank.moe import MoeFinding, load_moe_records
+from fleetscope.analysis.cross_rank.moe import MoeFinding, moe_records_noted
+from fleetscope.analysis.inputs.records import RunRecords
 
 if TYPE_CHECKING:
     from fleetscope.analysis.report.model import Report
@@ -59,9 +59,10 @@ def _finding_notes(finding: MoeFinding) -> dict:
     return {name: value for name, value in figures.items() if value is not None}
 
 
-def moe_merge_views(layout: RunLayout | None, report: "Report | None", ranks: list[int]) -> dict[int, MoeMergeView]:
-    """rank -> its MoE overlay data; empty for runs without MoE records or findings."""
-    records = load_moe_records(layout, ranks)
+def moe_merge_views(run: RunRecords | None, report: "Report | None", ranks: list[int]) -> dict[int, MoeMergeView]:
+    """rank -> its MoE overlay data; empty for runs without MoE records or findings (`run` None: a folder of
+    traces). The files' notes are the report's (analyze names them), not the merge's."""
+    records = moe_records_noted(run.layout, run.moe, ranks)[0] if run is not None else []
     findings = _findings(report)
     views = {}
     for rank in ranks:

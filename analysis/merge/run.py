@@ -100,7 +100,6 @@ from fleetscope.analysis.per_rank.rank import base_time_ns_of
 from fleetscope.traces.atomic import atomic_output
 from fleetscope.traces.kineto import TraceReadError, decode_trace, decompress, distributed_rank, read_raw
 from fleetscope.analysis.merge.whole_run_counters import WHOLE_RUN_SEQUENCE_ID, WholeRunPlan, plan_whole_run, write_whole_run
-from fleetscope.traces.clock import read_clock_offsets
 from fleetscope.analysis.inputs.records import RunRecords
 from fleetscope.traces.validate import bounded_name
 from fleetscope.traces.layout import MERGED_TRACE
@@ -263,13 +262,13 @@ def merge(
 def _whole_run_plan(inputs: MergeInputs, options: MergeOptions, notes: list[MergeProblem]) -> WholeRunPlan | None:
     """Every rank's whole-run counters, for the last file of the merge (the summary's when there is one); none
     for a folder of traces (no timelines) or when the merge keeps only some steps or a time range."""
-    if inputs.run_layout is None or options.filters_events:
+    run = inputs.records
+    if run is None or options.filters_events:
         return None
-    measured = inputs.records.clock if inputs.records is not None else read_clock_offsets(inputs.run_layout)[0]
-    offsets = {rank: round(offset.offset_us * 1000) for rank, offset in measured.items()}
+    offsets = {rank: round(offset.offset_us * 1000) for rank, offset in run.clock.items()}
     offsets.update({source.rank: source.clock_offset_ns for source in inputs.ranks   # as the ranks are drawn
                     if source.clock_source != CLOCK_NONE})
-    plan = plan_whole_run(inputs.run_layout, set(offsets) | inputs.run_layout.ranks_with_records(), offsets)
+    plan = plan_whole_run(run, set(offsets) | run.record_ranks, offsets)
     notes += [MergeProblem(reason=f"whole-run counters: {problem}") for problem in plan.problems]
     return plan if plan.ranks else None
 
@@ -334,7 +333,7 @@ def _merge_file(inputs: MergeInputs, planned: "PlannedOutput", options: MergeOpt
         with atomic_output(destination, fsync=False) as handle, cyclic_gc_paused():
             session = _MergeSession(stream=PacketStream(handle), options=options, report=report,
                                     json_writer=json_writer, problems=problems, notes=notes, origin_ns=origin[0],
-                                    moe=moe_merge_views(inputs.run_layout, report, [s.rank for s in planned.sources])
+                                    moe=moe_merge_views(inputs.records, report, [s.rank for s in planned.sources])
                                     if options.overlays else {})
             summaries = _merge_ranks(session, planned.sources, handle, destination, progress)
             _refuse_an_empty_selection(options, summaries)

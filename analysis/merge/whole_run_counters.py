@@ -11,8 +11,10 @@ later record (as the whole-run analysis reads it), so lateness compares the same
 A long run is binned: at most `samples_per_rank` samples a rank (MAX_SAMPLES_TOTAL shared by every rank,
 never more than MAX_SAMPLES_PER_RANK), each the mean of its bin at the bin's first step; the tracks'
 description says how many steps a sample holds.
-Planning is pure; `write_whole_run` writes. Reading is one rank at a time (memory-mapped records): a first
-pass finds each step's earliest end over every rank, a second plans each rank's samples.
+Planning is pure; `write_whole_run` writes. The timelines are those the run's records list
+(RunRecords.timelines, inputs/records.py: listed once with the run's other records); their records are large,
+so they are read here one rank at a time (memory-mapped): a first pass finds each step's earliest end over
+every rank, a second plans each rank's samples.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 from fleetscope.analysis.merge.perfetto.columnar import TrackEventColumns, write_track_events
 from fleetscope.analysis.merge.perfetto.writer import COUNTER, SequenceWriter, TrackSpec
 from fleetscope.analysis.merge.tracks import OP_COUNTER, PROCESS_PID_BASE
-from fleetscope.traces.layout import RunLayout
+from fleetscope.analysis.inputs.records import RunRecords
 from fleetscope.traces.timeline import FLAG_FIRST, last_of_each_step, read_timeline
 
 WHOLE_RUN_PROCESS_NAME = "fleetscope whole run (every rank, every step)"
@@ -71,13 +73,14 @@ class WholeRunPlan:
         return (min(stamps), max(stamps)) if stamps else None   # every sample: a wall clock may step back
 
 
-def plan_whole_run(layout: RunLayout, ranks: Iterable[int], offsets_ns: Mapping[int, int]) -> WholeRunPlan:
-    """The counters of every rank of `ranks` that has a timeline; `offsets_ns`: each known clock offset, as the
-    merge subtracts it from the rank's timestamps (a rank without one is taken at 0, and its lateness track
-    says that it includes its host's clock skew)."""
+def plan_whole_run(run: RunRecords, ranks: Iterable[int], offsets_ns: Mapping[int, int]) -> WholeRunPlan:
+    """The counters of every rank of `ranks` that has a timeline in `run`'s listing; `offsets_ns`: each known
+    clock offset, as the merge subtracts it from the rank's timestamps (a rank without one is taken at 0, and
+    its lateness track says that it includes its host's clock skew)."""
     plan = WholeRunPlan()
-    paths = {rank: layout.timeline_file(rank) for rank in sorted(set(ranks))}
-    paths = {rank: path for rank, path in paths.items() if path.exists() or path.is_symlink()}
+    layout = run.layout
+    listed = set(run.timelines.ranks) if run.timelines is not None else set()
+    paths = {rank: layout.timeline_file(rank) for rank in sorted(listed.intersection(ranks))}
     if not paths:
         return plan
     earliest_end = _earliest_ends(paths, layout.root, offsets_ns, plan.problems)

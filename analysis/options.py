@@ -69,6 +69,8 @@ OPTION_NAMES = frozenset(field.name for field in dataclasses.fields(AnalyzeOptio
 def with_overrides(options: AnalyzeOptions, overrides: dict) -> AnalyzeOptions:
     """`options` with the keyword arguments of analyze()'s older spelling (use_hta=False, ...) applied; a name
     that is no field of AnalyzeOptions is a TypeError, as for any unknown keyword."""
+    if not isinstance(options, AnalyzeOptions):
+        raise TypeError(f"options must be AnalyzeOptions, got {type(options).__name__}")
     unknown = sorted(set(overrides) - OPTION_NAMES)
     if unknown:
         raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)} (AnalyzeOptions fields: "

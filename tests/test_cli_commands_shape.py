@@ -116,3 +116,43 @@ def test_the_exit_code_scan_finds_a_literal_it_should():
               "def helper(args) -> int | None:\n    def inner():\n        return 5\n    return None\n")
     assert [p.split(": ", 1)[1] for p in exit_code_literals(planted, source)] == [
         "EXIT_BAD = 4", "handle_x returns an int literal", "exit_code returns an int literal"]
+
+
+# --- one AnalyzeOptions from the flags; postprocess renders the HTML once ------------------------------------------
+
+
+def test_analyze_and_postprocess_build_the_same_options_from_the_same_flags(tmp_path):
+    from fleetscope.analysis.options import AnalyzeOptions
+    from fleetscope.cli.analysis_args import analyze_options_from_args
+
+    flags = ["--no-hta", "--hta-ranks", "0,3", "--no-cache", "--cache-dir", str(tmp_path), "--link-peak", "50",
+             "--comm-kernel-pattern", "dispatch"]
+    parser = build_parser()
+    built = [analyze_options_from_args(parser.parse_args([command, str(tmp_path), *flags]))
+             for command in ("analyze", "postprocess")]
+    assert built[0] == built[1] == AnalyzeOptions(use_hta=False, hta_ranks=(0, 3), use_cache=False, cache_dir=tmp_path,
+                                                  link_peak_gbps=50.0, comm_kernel_pattern="dispatch")
+    assert analyze_options_from_args(parser.parse_args(["analyze", str(tmp_path)])) == AnalyzeOptions()
+
+
+def test_postprocess_with_slurm_refuses_any_analysis_flag_but_the_cache(tmp_path, capsys):
+    (tmp_path / "traces").mkdir()
+    assert main(["postprocess", str(tmp_path), "--slurm", "--hta-ranks", "all", "--dry-run"]) == 2
+    assert "--hta-ranks: not with --slurm" in capsys.readouterr().err
+
+
+def test_postprocess_renders_the_html_report_once_with_the_merged_traces_steps(tmp_path, monkeypatch):
+    import shutil
+
+    from fleetscope.analysis.postprocess import StageEcho, postprocess
+    from fleetscope.analysis.render import html
+
+    run = tmp_path / "run"
+    shutil.copytree(PACKAGE / "tests" / "fixtures" / "gpu" / "h200-fsdp-1rank", run)
+    calls = []
+    render = html.render_html
+    monkeypatch.setattr(html, "render_html", lambda report, **kw: calls.append(kw) or render(report, **kw))
+    result = postprocess(run, echo=StageEcho(), use_hta=False, cache_dir=tmp_path / "cache")
+    assert result.errors == [] and "merged_trace" in result.outputs
+    assert len(calls) == 1 and calls[0]["trace_ranges"] is not None
+    assert (run / "report" / "report.html").is_file()

@@ -135,9 +135,13 @@ class RankSource:
     clock_offset_ns: int = 0
     """This rank's clock minus rank 0's; subtracted from its timestamps."""
     clock_source: str = CLOCK_NONE
+    profiler_trace: bool = True
+    """False: its files hold no torch.profiler event (a Chrome trace of another tool): drawn, never called a rank."""
 
     @property
     def process_name(self) -> str:
+        if not self.profiler_trace:
+            return f"trace {', '.join(f.path.name for f in self.files)} (not a torch.profiler trace)"
         return f"rank {self.rank} ({self.host})"
 
 
@@ -190,6 +194,7 @@ def find_merge_inputs(path: str | Path, *, offsets_ns: Mapping[int, int] | None 
     offsets = {rank: (round(m.offset_us * 1000), CLOCK_FILE) for rank, m in inputs.measured_offsets.items()}
     offsets.update({rank: (int(offset), CLOCK_GIVEN) for rank, offset in dict(offsets_ns or {}).items()})
     results = match_by_window(placement.results)
+    problems += other_tool_traces(results, by_label)
     ranks = _rank_sources(results, by_label, offsets)
     if not ranks:
         problems.append(MergeProblem(path=str(inputs.root), reason="no readable Kineto trace found"))
@@ -220,6 +225,18 @@ def _missing_problems(placement: Placement, declared: int | None) -> list[MergeP
     return problems
 
 
+def other_tool_traces(results: list[RankResult], by_label: dict[str, TraceSource]) -> list[MergeProblem]:
+    """A problem per file with no torch.profiler event, as analyze names it (its one rule), naming the file and
+    no rank: the merge still draws it (a viewer of any Chrome trace is useful), and its result is partial."""
+    if all(result.profiler_events for result in results):
+        return []
+    # imported here: only a merge of another tool's trace needs the analysis' module
+    from fleetscope.analysis.analyze import _profiler_trace_or_failure as profiler_trace_or_failure
+    failures = [f for f in map(profiler_trace_or_failure, results) if isinstance(f, TraceFailure)]
+    return [MergeProblem(path=str(by_label[f.label].path) if f.label in by_label else f.label, reason=f.reason)
+            for f in failures]
+
+
 def _failure_problem(failure: TraceFailure, by_label: dict[str, TraceSource]) -> MergeProblem:
     source = by_label.get(failure.label)
     path = str(source.path) if source is not None else failure.label
@@ -238,7 +255,8 @@ def _rank_sources(results: list[RankResult], by_label: dict[str, TraceSource],
         files = tuple(_trace_file(r, by_label) for r in placed)
         offset, clock_source = offsets.get(rank, (0, CLOCK_NONE))
         sources.append(RankSource(rank=rank, host=placed[0].host, files=files, clock_offset_ns=offset,
-                                  clock_source=clock_source))
+                                  clock_source=clock_source,
+                                  profiler_trace=any(result.profiler_events for result in placed)))
     return sources
 
 

@@ -24,6 +24,7 @@ from fleetscope.analysis.merge.expectations import analysis_track_problems
 from fleetscope.analysis.merge.ideal_overlays import IDEAL_PROCESS_NAME
 from fleetscope.analysis.merge.perfetto.check import CROSS_RANK_FLOW_BIT, TraceCheck, check_trace
 from fleetscope.analysis.merge.perfetto.sql import (
+    DRAWN_PROCESS_PREFIXES,
     EngineExpectations,
     check_with_trace_processor,
     find_trace_processor,
@@ -222,9 +223,9 @@ def readback_expectations(check: TraceCheck) -> EngineExpectations:
 
 
 def _engine_lists(process_name: str | None) -> bool:
-    """Whether perfetto/sql.py's counts list the process: the ranks' own (`rank R (host)`), not the summary, the
-    whole run or the ideal replay."""
-    return process_name is not None and process_name.startswith("rank ")
+    """Whether perfetto/sql.py's counts list the process: the drawn files' own (`rank R (host)`, or another
+    tool's trace), not the summary, the whole run or the ideal replay."""
+    return process_name is not None and process_name.startswith(DRAWN_PROCESS_PREFIXES)
 
 
 def cross_rank_arrows(check: TraceCheck) -> dict[int, int]:

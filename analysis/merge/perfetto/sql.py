@@ -106,13 +106,17 @@ def parse_csv_table(text: str) -> tuple[list[str], list[dict[str, str]]]:
     return list(reader.fieldnames or []), rows
 
 
+DRAWN_PROCESS_PREFIXES = ("rank ", "trace ")
+"""The processes of the files drawn in full: a rank's (`rank R (host)`), and a Chrome trace of another tool's
+(`trace NAME (not a torch.profiler trace)`, merge/sources.py)."""
+
 CHECK_SQL = """
 WITH owner AS (
   SELECT id AS track_id, upid FROM process_track
   UNION ALL
   SELECT tt.id, t.upid FROM thread_track tt JOIN thread t USING (utid)
 )
-SELECT 'process' AS kind, CAST(upid AS TEXT) AS a, name AS b, '' AS c FROM process WHERE name LIKE 'rank %'
+SELECT 'process' AS kind, CAST(upid AS TEXT) AS a, name AS b, '' AS c FROM process WHERE name LIKE 'rank %' OR name LIKE 'trace %'
 UNION ALL
 SELECT 'slices', CAST(o.upid AS TEXT), CAST(COUNT(*) AS TEXT), '' FROM slice s JOIN owner o ON s.track_id = o.track_id
   GROUP BY o.upid

@@ -8,14 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from fleetscope.analysis.cross_rank.whole_run import (
-    SOURCE_JSONL,
-    SOURCE_TIMELINE,
-    _excess_ms,
-    _median_of,
-    _order_statistics,
-)
-from fleetscope.analysis.cross_rank.whole_run import _analyzed as _analyzed_records
+from fleetscope.analysis.cross_rank.whole_run import SOURCE_JSONL, SOURCE_TIMELINE
+from fleetscope.analysis.cross_rank.whole_run.section import _analyzed as _analyzed_records
+from fleetscope.analysis.cross_rank.whole_run.statistics import _excess_ms, _median_of, _order_statistics
 from fleetscope.analysis.cross_rank.whole_run import whole_run_section as _section_of_records
 from fleetscope.analysis.inputs.records import read_run_records
 from fleetscope.analysis.invariants import check_report

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fleetscope.analysis.inputs.sources import TraceSource
-from fleetscope.analysis.merge.column_plan import ColumnsRefused, group_columns
+from fleetscope.analysis.merge.column_plan import group_columns
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.window import WindowClock
 from fleetscope.analysis.merge.window_decode import decode_window
@@ -85,10 +85,7 @@ def today(raw: bytes, path: Path) -> tuple[dict[str, float], TraceEvents]:
     analyze_decoded(TraceSource(path=path, label=path.name, window=0), DecodedTrace(metadata, table, [], None))
     times["analysis"] = clock.lap()
     window = decode_window(data)
-    try:
-        group_columns(window, WindowClock(base_ns=base_time_ns_of(metadata)), MergeOptions())
-    except ColumnsRefused:  # the merge plans this window event by event (plan.py): not timed here
-        return times, table
+    group_columns(window, WindowClock(base_ns=base_time_ns_of(metadata)), MergeOptions())
     times["merge"] = clock.lap()
     return times, table
 

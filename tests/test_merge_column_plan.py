@@ -1,9 +1,14 @@
-"""The merge's plan on columns (column_plan.py) against the per-event planner (plan.py): the same bytes."""
+"""The merge's planner (column_plan.py) against Perfetto's trace processor: every Kineto event of the input drawn
+once, with its arrows; its lane and flow rules on arrays against their references; and, where the per-event
+planner (plan.py) still runs (event args, the Chrome JSON, a file the columnar decoder does not take), the same
+bytes as the planner."""
 
 from __future__ import annotations
 
 import copy
+import gzip
 import json
+from collections import Counter
 import random
 from pathlib import Path
 
@@ -24,16 +29,22 @@ from fleetscope.analysis.merge.flows import (
     LAUNCH_FLOWS_LEFT_OUT,
     TRACE_FLOW_STEPS_LEFT_OUT,
     FlowPlan,
+    _SliceFinder,
     plan_trace_flows,
 )
 from fleetscope.analysis.merge.options import MergeOptions
+from fleetscope.analysis.merge.perfetto.sql import run_query
+from fleetscope.analysis.merge.plan import OUTSIDE_CLOCK
 from fleetscope.analysis.merge.perfetto.check import check_trace
 from fleetscope.analysis.merge.slice_table import SliceTable
 from fleetscope.analysis.merge.tracks import RankTracks
 from fleetscope.analysis.merge.verify import verify_outputs
 from fleetscope.analysis.merge.window import GroupedEvents
 
+from helpers import requires_trace_processor, trace_processor
+
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
+NEGATIVE_DURATION = "negative duration clamped to 0 (slice kept)"
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -64,16 +75,78 @@ def _merged_bytes(source: Path, out: Path, monkeypatch, *, per_event: bool, **op
     return out.read_bytes()
 
 
-@pytest.mark.parametrize("options", [{}, {"steps": frozenset({1})}, {"drop_python_functions": True},
-                                     {"overlays": False, "flows": False}])
-def test_columnar_plan_writes_the_per_event_planners_bytes(tmp_path, monkeypatch, options):
+def _kineto_events(source: Path) -> list[dict]:
+    opener = gzip.open if source.suffix == ".gz" else open
+    with opener(source, "rt") as handle:
+        return json.load(handle)["traceEvents"]
+
+
+def _drawn_in_input(events: list[dict]) -> Counter:
+    """(category, name) -> count of the slices and instants the merge draws of a Kineto trace (every complete
+    event and instant; an instant's category is dropped: '')."""
+    drawn = Counter((e.get("cat", ""), e["name"]) for e in events if e.get("ph") == "X")
+    drawn.update(("", e["name"]) for e in events if e.get("ph") in ("i", "I"))
+    return drawn
+
+
+def _drawn_in_engine(trace: Path) -> Counter:
+    rows = run_query(trace, "SELECT category, name, COUNT(*) AS n FROM slice WHERE category IS NULL "
+                            "OR category NOT LIKE 'fleetscope.%' GROUP BY category, name", trace_processor())
+    return Counter({(row["category"], row["name"]): int(row["n"]) for row in rows})
+
+
+GPU_WORK = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+def _arrows_in_input(events: list[dict]) -> Counter:
+    """Launch arrows (a GPU slice whose correlation id a host call has; no clock skew in these fixtures) and
+    the trace's own `fwdbwd` arrows (one per id with both ends)."""
+    host = {e["args"]["correlation"] for e in events if e.get("ph") == "X" and e.get("cat") not in GPU_WORK
+            and "correlation" in e.get("args", {})}
+    launches = sum(1 for e in events if e.get("ph") == "X" and e.get("cat") in GPU_WORK
+                   and e.get("args", {}).get("correlation") in host)
+    ends = Counter(e["id"] for e in events if e.get("ph") in ("s", "f") and e.get("cat") == "fwdbwd")
+    return Counter(launch=launches, fwdbwd=sum(1 for count in ends.values() if count >= 2))
+
+
+def _arrows_in_engine(trace: Path) -> Counter:
+    rows = run_query(trace, "SELECT so.category AS a, si.category AS b, COUNT(*) AS n FROM flow f "
+                            "JOIN slice so ON f.slice_out = so.id JOIN slice si ON f.slice_in = si.id GROUP BY a, b",
+                     trace_processor())
+    found = Counter()
+    for row in rows:
+        kind = "launch" if row["b"] in GPU_WORK else "fwdbwd" if (row["a"], row["b"]) == ("cpu_op", "cpu_op") else "other"
+        found[kind] += int(row["n"])
+    return found
+
+
+@requires_trace_processor
+@pytest.mark.parametrize("options", [{}, {"overlays": False, "flows": False}], ids=["default", "no-flows"])
+def test_every_kineto_event_is_drawn_once_with_its_arrows(tmp_path, options):
     source = FIXTURES / "h200-small-hf-eager-2steps.json.gz"
-    columnar = _merged_bytes(source, tmp_path / "columnar.perfetto-trace", monkeypatch, per_event=False, **options)
-    per_event = _merged_bytes(source, tmp_path / "per-event.perfetto-trace", monkeypatch, per_event=True, **options)
-    assert columnar == per_event
+    result = merge_run.merge(source, tmp_path / "out.perfetto-trace", options=MergeOptions(workers=1, **options),
+                             use_cache=False)
+    events = _kineto_events(source)
+    assert _drawn_in_engine(result.output) == _drawn_in_input(events)
+    expected = _arrows_in_input(events) if options.get("flows", True) else Counter()
+    assert _arrows_in_engine(result.output) == expected
+    assert verify_outputs(result, engine=True) == []
 
 
-def test_a_window_the_decoder_refuses_is_planned_event_by_event(tmp_path, monkeypatch):
+@requires_trace_processor
+@pytest.mark.parametrize("options", [{"steps": frozenset({1})}, {"time_window_s": (0.0, 0.05)}], ids=["step", "time"])
+def test_a_filtered_merge_draws_a_part_of_the_input_and_counts_the_rest(tmp_path, options):
+    source = FIXTURES / "h200-small-hf-eager-2steps.json.gz"
+    result = merge_run.merge(source, tmp_path / "out.perfetto-trace", options=MergeOptions(workers=1, **options),
+                             use_cache=False)
+    drawn, given = _drawn_in_engine(result.output), _drawn_in_input(_kineto_events(source))
+    assert drawn and all(count <= given[key] for key, count in drawn.items())
+    left_out = sum(given.values()) - sum(drawn.values())
+    assert left_out > 0 and sum(summary.filtered_count for summary in result.per_rank) == left_out
+    assert verify_outputs(result, engine=True) == []
+
+
+def test_a_file_the_columnar_decoder_refuses_is_planned_event_by_event(tmp_path, monkeypatch):
     trace = tmp_path / "rank0.pt.trace.json"
     trace.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": "1", "dur": 2, "pid": 1, "tid": 1},'
                      '{"ph": "X", "name": "b", "ts": 3, "dur": 2, "pid": 1, "tid": 1}]}')
@@ -82,6 +155,55 @@ def test_a_window_the_decoder_refuses_is_planned_event_by_event(tmp_path, monkey
     monkeypatch.setattr(merge_run, "plan_window", lambda *args: planned.append(1) or plan_window(*args))
     result = merge_run.merge(trace, tmp_path / "out.perfetto-trace", options=MergeOptions(workers=1), use_cache=False)
     assert planned and result.slice_count == 1
+
+
+def _edge_times_trace(path: Path, *, huge: bool) -> Path:
+    """Complete events the columnar planner once left to the per-event one: one before the trace clock's zero
+    and one beyond 2^63 ns once placed (left out, counted), a correlation id beyond int64 (its launch arrow
+    drawn) and one beyond 64 bits (no id: no arrow), and with `huge` a time beyond float64's exact nanoseconds that is still writable."""
+    events = [
+        {"ph": "X", "name": "step", "cat": "user_annotation", "ts": 1000, "dur": 500, "pid": 1, "tid": 1},
+        {"ph": "X", "name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 1010, "dur": 5, "pid": 1, "tid": 1,
+         "args": {"correlation": 2**63 + 5}},
+        {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 1020, "dur": 50, "pid": 0, "tid": 7,
+         "args": {"correlation": 2**63 + 5, "stream": 7, "device": 0}},
+        {"ph": "X", "name": "cudaMemcpyAsync", "cat": "cuda_runtime", "ts": 1200, "dur": 5, "pid": 1, "tid": 1,
+         "args": {"correlation": 2**64}},
+        {"ph": "X", "name": "Memcpy HtoD", "cat": "gpu_memcpy", "ts": 1210, "dur": 5, "pid": 0, "tid": 7,
+         "args": {"correlation": 2**64, "stream": 7, "device": 0}},
+        {"ph": "X", "name": "before zero", "cat": "cpu_op", "ts": -2_000_000_000, "dur": 5, "pid": 1, "tid": 1},
+        {"ph": "X", "name": "beyond 2^63", "cat": "cpu_op", "ts": 9_000_000_000_000_000, "dur": 9e15,
+         "pid": 1, "tid": 1},
+        {"ph": "X", "name": "negative", "cat": "cpu_op", "ts": 1100, "dur": -3, "pid": 1, "tid": 1},
+    ]
+    if huge:
+        events.append({"ph": "X", "name": "late", "cat": "cpu_op", "ts": 5_000_000_000_000_000, "dur": 1,
+                       "pid": 1, "tid": 2})
+    path.write_text(json.dumps({"schemaVersion": 1, "baseTimeNanoseconds": 1_000_000_000, "traceEvents": events}))
+    return path
+
+
+@requires_trace_processor
+@pytest.mark.parametrize("huge", [False, True])
+def test_events_outside_the_writable_clock_are_left_out_counted_on_columns(tmp_path, monkeypatch, huge):
+    trace = _edge_times_trace(tmp_path / "rank0.pt.trace.json", huge=huge)
+    monkeypatch.setattr(merge_run, "plan_window", None)   # the columnar planner takes every such window
+    result = merge_run.merge(trace, tmp_path / "out.perfetto-trace", options=MergeOptions(workers=1, overlays=False),
+                             use_cache=False)
+    drawn = {name for _, name in _drawn_in_engine(result.output)}
+    assert drawn == {"step", "cudaLaunchKernel", "gemm", "cudaMemcpyAsync", "Memcpy HtoD", "negative"} | (
+        {"late"} if huge else set())
+    assert _arrows_in_engine(result.output) == Counter(launch=1)
+    assert sorted(note.reason for note in result.notes) == [
+        f"1 events: {NEGATIVE_DURATION}", f"2 events: {OUTSIDE_CLOCK}"]
+
+
+@pytest.mark.parametrize("huge", [False, True])
+def test_the_per_event_fallback_leaves_out_the_same_events_in_the_same_bytes(tmp_path, monkeypatch, huge):
+    trace = _edge_times_trace(tmp_path / "rank0.pt.trace.json", huge=huge)
+    columnar = _merged_bytes(trace, tmp_path / "columnar.perfetto-trace", monkeypatch, per_event=False)
+    per_event = _merged_bytes(trace, tmp_path / "per-event.perfetto-trace", monkeypatch, per_event=True)
+    assert columnar == per_event
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -115,8 +237,16 @@ def _random_table(rng: random.Random) -> SliceTable:
                       correlations=np.zeros(count, dtype=np.int64), has_correlation=np.zeros(count, dtype=bool))
 
 
+def _grouped_slices(table: SliceTable, grouped: GroupedEvents) -> None:
+    """The table's slices as plan.py groups them (thread by first appearance, trace order)."""
+    for row in np.lexsort((np.arange(len(table.starts)), table.thread_ids)).tolist():
+        thread = table.threads[table.thread_ids[row]]
+        grouped.slices[thread].append((int(table.starts[row]), int(table.ends[row]), "a", "c",
+                                       int(table.idents[row]), None))
+
+
 @pytest.mark.parametrize("seed", range(3))
-def test_trace_flows_bound_on_arrays_are_the_per_event_bindings(seed):
+def test_trace_flows_bound_on_arrays_are_the_per_event_fallback_s_bindings(seed):
     rng = random.Random(seed)
     chains = left_out = 0
     for _ in range(300):
@@ -127,16 +257,19 @@ def test_trace_flows_bound_on_arrays_are_the_per_event_bindings(seed):
                                         rng.choice([1, 2, 3, "2", "x"]), rng.choice([(1, 1), (1, 2), (2, 7), (3, 3)]),
                                         rng.randint(-5, 70), rng.random() < 0.7))
         launch_flows = rng.choice([0, 4])
-        plans, tracks, sorted_threads = [], [], []
-        for bind in (plan_trace_flows, plan_trace_flows_on_columns):
-            each_table = copy.deepcopy(table)
+        plans, tracks = [], []
+        for per_event in (True, False):
+            each = copy.deepcopy(grouped)
             plan, rank_tracks = FlowPlan(launch_flow_count=launch_flows), RankTracks.for_rank(0)
-            bind(grouped, rank_tracks, plan, ColumnSliceFinder(each_table))
+            if per_event:
+                _grouped_slices(table, each)
+                plan_trace_flows(each, rank_tracks, plan, _SliceFinder(each))
+            else:
+                plan_trace_flows_on_columns(each, rank_tracks, plan, ColumnSliceFinder(copy.deepcopy(table)))
             plans.append((dict(plan.outgoing), dict(plan.terminating), plan.trace_flow_count,
                           plan.trace_flow_steps_left_out))
             tracks.append(rank_tracks.new_flow_id())
-            sorted_threads.append(each_table.sorted_threads)
-        assert plans[0] == plans[1] and tracks[0] == tracks[1] and sorted_threads[0] == sorted_threads[1]
+        assert plans[0] == plans[1] and tracks[0] == tracks[1]
         chains += plans[0][2]
         left_out += plans[0][3]
     assert chains > 100 and left_out > 5
@@ -241,25 +374,25 @@ def test_an_arrow_between_slices_that_begin_together_is_drawn_only_when_its_star
     assert verify_outputs(result, engine=True) == []
 
 
+@requires_trace_processor
 @pytest.mark.parametrize("folder", ["kineto/resnet50_2021", "hta/ns_resolution", "hta/cpu_only"])
-def test_epoch_microsecond_traces_are_planned_on_columns_with_the_same_bytes(tmp_path, monkeypatch, folder):
-    """Epoch-microsecond timestamps as JSON integers (2021's Kineto) or floats with sub-microsecond digits take the
-    columnar planner too (they fell back to the per-event one): an int's nanoseconds are figured exactly, a float's
-    as Python's float64 product, so both planners write the same bytes."""
+def test_epoch_microsecond_traces_are_drawn_in_full_on_columns(tmp_path, monkeypatch, folder):
+    """Epoch-microsecond timestamps as JSON integers (2021's Kineto) or floats with sub-microsecond digits: an
+    int's nanoseconds are figured exactly, a float's as Python's float64 product."""
     source = Path(__file__).parent / "fixtures" / "public" / folder
-    refused = []
-    plan_columns = merge_run.plan_window_columns
+    monkeypatch.setattr(merge_run, "plan_window", None)   # the columnar planner takes every such window
+    result = merge_run.merge(source, tmp_path / "out.perfetto-trace", options=MergeOptions(workers=1),
+                             use_cache=False)
+    given = Counter()
+    for path in sorted(source.glob("*.json*")):
+        given += _drawn_in_input(_kineto_events(path))
+    assert _drawn_in_engine(result.output) == given
+    assert verify_outputs(result, engine=True) == []
 
-    def watched(*args):
-        try:
-            return plan_columns(*args)
-        except merge_run.ColumnsRefused as error:
-            refused.append(str(error))
-            raise
 
-    monkeypatch.setattr(merge_run, "plan_window_columns", watched)
+def test_the_per_event_fallback_writes_the_planner_s_bytes_for_an_epoch_microsecond_trace(tmp_path, monkeypatch):
+    source = Path(__file__).parent / "fixtures" / "public" / "kineto" / "resnet50_2021"
     columnar = _merged_bytes(source, tmp_path / "columnar.perfetto-trace", monkeypatch, per_event=False)
-    assert refused == []
     per_event = _merged_bytes(source, tmp_path / "per-event.perfetto-trace", monkeypatch, per_event=True)
     assert columnar == per_event
 

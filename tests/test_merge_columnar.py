@@ -1,6 +1,7 @@
 """The columnar packet encoder (perfetto/columnar.py) writes the bytes the per-event writer writes:
 on rows made to hit every field and edge (varint widths, new names between chunks, flows, annotations,
-counters, the sequence's first packet), and on merges of real H200 traces."""
+counters, the sequence's first packet), and on merges of real H200 traces planned event by event (the merge's
+own planner, column_plan.py, is held to the trace processor in test_merge_column_plan.py)."""
 
 from __future__ import annotations
 
@@ -131,9 +132,12 @@ def merged_bytes(tmp_path: Path, name: str, *, per_event: bool, monkeypatch, **o
     return result.output
 
 
-@pytest.mark.parametrize("options", [{}, {"event_args": True}, {"steps": frozenset({1}), "overlays": False}],
-                         ids=["default", "event-args", "one-step-no-overlays"])
+@pytest.mark.parametrize("options", [{"event_args": True}, {"event_args": True, "steps": frozenset({1}),
+                                                            "overlays": False}],
+                         ids=["event-args", "event-args-one-step-no-overlays"])
 def test_a_real_merge_is_the_same_trace_either_way(tmp_path, monkeypatch, options):
+    """With event args the window is planned event by event (plan.py: the columns hold no args) and its
+    operations are encoded as columns (operation_columns) or packet by packet (the Chrome JSON's path)."""
     columnar = merged_bytes(tmp_path, "columnar.perfetto-trace", per_event=False, monkeypatch=monkeypatch, **options)
     per_event = merged_bytes(tmp_path, "per-event.perfetto-trace", per_event=True, monkeypatch=monkeypatch, **options)
     new, old = check_trace(columnar), check_trace(per_event)

@@ -9,7 +9,6 @@ slice finder and the communication slices of the table.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -24,7 +23,6 @@ from fleetscope.analysis.merge.flows import (
     in_begin_order,
     may_be_collective,
     plan_collective_flows,
-    plan_trace_flows,
 )
 from fleetscope.analysis.merge.slice_table import SliceTable
 from fleetscope.analysis.merge.tracks import emission_ranks
@@ -86,17 +84,14 @@ def communication_slices(table: SliceTable, on_gpu: np.ndarray) -> dict[int, Loc
 
 def plan_trace_flows_on_columns(grouped: "GroupedEvents", tracks: "RankTracks", plan: FlowPlan,
                                 finder: "ColumnSliceFinder") -> None:
-    """flows.plan_trace_flows with the ends bound and the chains formed on arrays: each thread's flow events
-    bound among its sorted slices by one search, each chain's ends ordered by one sort. A time beyond int64
-    goes to flows.plan_trace_flows (the same rules, event by event)."""
+    """The trace's own flows, each end bound to a slice of its thread (Chrome JSON's rules: the latest-starting
+    slice that encloses it, or for an `f` without `bp: e` the next slice to start), on arrays: each thread's
+    flow events bound among its sorted slices by one search, each chain's ends ordered by one sort. Flow
+    times are on the writable clock (plan.add_flow_fields), so they fit int64."""
     skip_covered = plan.launches_matched
     events = [event for event in grouped.flow_events
               if not (skip_covered and event[1] == LAUNCH_FLOWS_COVERED_CATEGORY)]
-    try:
-        times = np.array([event[4] for event in events], dtype=np.int64)
-    except OverflowError:
-        plan_trace_flows(grouped, tracks, plan, finder)
-        return
+    times = np.array([event[4] for event in events], dtype=np.int64)
     idents = _bound_idents(events, times, finder)
     bound = np.flatnonzero(idents >= 0)
     keys: dict[tuple, int] = {}
@@ -161,7 +156,8 @@ def _add_chains(key_rank: np.ndarray, times: np.ndarray, idents: np.ndarray, tra
 
 
 class ColumnSliceFinder:
-    """flows._SliceFinder on the table: a thread's slices sorted by (start, -end), trace order on ties."""
+    """The slices of a thread at a time, on the table: a thread's slices sorted by (start, -end), trace order
+    on ties."""
 
     def __init__(self, table: SliceTable, gpu_threads: dict[tuple, object] | None = None):
         self._table = table
@@ -170,17 +166,6 @@ class ColumnSliceFinder:
         thread_ranks = np.array([ranks[thread] for thread in table.threads], dtype=np.int64)
         self._row_ranks = thread_ranks[table.thread_ids] if len(table.threads) else np.zeros(0, dtype=np.int64)
         self._sorted: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._lists: dict[int, tuple[list[int], list[int], list[int]]] = {}
-
-    def _thread(self, thread: tuple) -> tuple[list[int], list[int], list[int]]:
-        index = self._thread_of.get(thread)
-        if index is None:
-            return [], [], []
-        found = self._lists.get(index)
-        if found is None:
-            starts, ends, idents = self._thread_arrays(thread)
-            found = self._lists[index] = (starts.tolist(), ends.tolist(), idents.tolist())
-        return found
 
     def _thread_arrays(self, thread: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         index = self._thread_of.get(thread)
@@ -226,25 +211,8 @@ class ColumnSliceFinder:
         """flows.Begin of each row."""
         return list(zip(self._table.starts[rows].tolist(), self._row_ranks[rows].tolist()))
 
-    def begin_of(self, ident: int) -> tuple[int, int]:
-        """flows.Begin of event `ident`'s slice."""
-        return self.begins(self.rows_of(np.array([ident], dtype=np.int64)))[0]
-
     def written_after(self, rows: np.ndarray, before: np.ndarray) -> np.ndarray:
         """Whether each of `rows` has its begin written after the begin of the row in `before` (flows.Begin
         compared on arrays)."""
         starts, ranks = self._table.starts, self._row_ranks
         return (starts[rows] > starts[before]) | ((starts[rows] == starts[before]) & (ranks[rows] > ranks[before]))
-
-    def enclosing(self, thread: tuple, ts_ns: int) -> int | None:
-        starts, ends, idents = self._thread(thread)
-        index = bisect_right(starts, ts_ns) - 1
-        for candidate in range(index, max(index - ENCLOSING_SEARCH_LIMIT, -1), -1):
-            if ends[candidate] >= ts_ns:
-                return idents[candidate]
-        return None
-
-    def next_starting(self, thread: tuple, ts_ns: int) -> int | None:
-        starts, _, idents = self._thread(thread)
-        index = bisect_left(starts, ts_ns)
-        return idents[index] if index < len(starts) else None

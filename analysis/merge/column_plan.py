@@ -1,10 +1,20 @@
-"""Planning one window from columns (pure): the same packets as plan.py, without a tuple per event.
+"""Planning one window (pure): THE merge planner, over arrays of the window's complete events.
 
-plan.py's rules, figured over arrays of the window's complete events (window_decode.SliceColumns):
-grouping per thread and the time filters are masks and sorts, launch flows a join on the correlation id,
-and every slice's begin and end an index into those arrays until the encoder's columns are built. What is
-rare (instants, counters, metadata, the trace's own flow events, the overlays) goes through plan.py's own
-functions, so each rule has one owner.
+Which planner runs when (merge/run.py `_plan_file`):
+  * this one, for every window the columnar decoder (window_decode.decode_window) takes: the default merge,
+    filtered merges (steps, time range, no python functions), any time the trace holds (an event before the
+    clock's zero or beyond 2^63 ns once placed is left out and counted, a time beyond float64's exact
+    nanoseconds is placed in Python integers), any correlation id;
+  * plan.py's per-event planner, the fallback, only where the columns cannot hold what is drawn: the events'
+    args (`--args` debug annotations, the Chrome JSON beside the output), and a file the columnar decoder does
+    not take (another shape, a value of another type, invalid UTF-8). The fallback writes the same bytes
+    (tests/test_merge_column_plan.py holds it to that where it remains).
+
+plan.py's rules, figured over arrays (window_decode.SliceColumns): grouping per thread and the time filters
+are masks and sorts, launch flows a join on the correlation id, and every slice's begin and end an index into
+those arrays until the encoder's columns are built. What is rare (instants, counters, metadata, the flow
+events' fields, the collective and point-to-point bindings, the overlays) goes through plan.py's, flows.py's
+and overlays.py's own functions, so each of those rules has one owner.
 
 Every order the per-event planner makes is kept, so the bytes are the same: threads by first appearance,
 a track's slices by (start, longest first, thread, trace order), each track's begins and ends in the order
@@ -15,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -28,6 +39,7 @@ from fleetscope.analysis.merge.plan import (
     GPU_CATEGORIES,
     MAX_WRITABLE_NS,
     OUT_OF_RANGE,
+    OUTSIDE_CLOCK,
     PYTHON_FUNCTION_CATEGORY,
     WindowPlan,
     add_flow_fields,
@@ -47,13 +59,9 @@ from fleetscope.analysis.per_rank.names import process_group_label
 from msgspec import UNSET
 
 
-class ColumnsRefused(Exception):
-    """The window holds a value the columnar planner does not take (the per-event planner then does)."""
-
-
 def plan_window_columns(window: DecodedWindow, tracks: RankTracks, context: WindowContext) -> WindowPlan:
-    """plan.plan_window's plan of `window`, with the operations as the encoder's columns (`plan.columns`).
-    Raises ColumnsRefused before it changes `tracks` when a value is out of what it takes."""
+    """The plan of `window` onto `tracks` (which it updates), with the operations as the encoder's columns
+    (`plan.columns`)."""
     table, grouped, add_covered = group_columns(window, context.clock, context.options)
     origin_ns = context.origin_ns if context.origin_ns is not None else table.first_ts_ns(grouped)
     overlay_inputs = OverlayInputs(steps=list(context.steps))
@@ -134,19 +142,10 @@ def _slice_table(window: DecodedWindow, keep: np.ndarray, categories: list[str],
                  clock: WindowClock, grouped: GroupedEvents) -> SliceTable:
     columns = window.slices
     kept = np.flatnonzero(keep)
-    every = len(kept) == len(keep)
-    pick = (lambda values: values) if every else (lambda values: [values[i] for i in kept.tolist()])
-    ts_us, dur_us = pick(columns.ts_us), pick(columns.dur_us)
-    starts = nanoseconds(ts_us, clock.shift_ns)
-    durations = nanoseconds(dur_us, 0)
-    if starts is None or durations is None:
-        raise ColumnsRefused("a time too large for float64 nanoseconds")
-    if starts.size and (int(starts.min()) < 0 or int((starts + np.maximum(durations, 0)).max()) >= MAX_WRITABLE_NS - 1):
-        raise ColumnsRefused("an event outside the writable clock range (plan.py leaves it out, counted)")
-    negative = durations < 0
-    if negative.any():
-        grouped.negative_durations += int(negative.sum())
-        durations[negative] = 0
+    starts, durations, writable = placed_times(_picked(columns.ts_us, kept), _picked(columns.dur_us, kept),
+                                               clock.shift_ns, grouped)
+    kept = kept if writable is None else kept[writable]
+    pick = partial(_picked, rows=kept)
     threads, thread_ids = _interned_threads(pick(columns.pids), pick(columns.tids))
     names, name_ids = _interned(pick(columns.names))
     args = pick(columns.args)
@@ -158,6 +157,48 @@ def _slice_table(window: DecodedWindow, keep: np.ndarray, categories: list[str],
     _note_gpu_threads(table, args, grouped)
     _note_groups(table, args, grouped)
     return table
+
+
+def _picked(values: list, rows: np.ndarray) -> list:
+    """values[rows] of a decoded column (a list), without a copy where every row is kept."""
+    return values if len(rows) == len(values) else [values[i] for i in rows.tolist()]
+
+
+_INT64_MAX = np.iinfo(np.int64).max
+_CORRELATION_MIN, _CORRELATION_END = -(2**63), 2**64
+
+
+def placed_times(ts_us: list, dur_us: list, shift_ns: int,
+                 grouped: GroupedEvents) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(start ns on the merged clock, duration ns, which events are kept: None for all) of complete events with
+    in-range times, placed as plan.py places one (`shift_ns + round(ts * 1000)`): a negative duration is
+    clamped to 0 and counted; an event outside [0, MAX_WRITABLE_NS) once placed is left out and counted
+    (OUTSIDE_CLOCK), never the whole window."""
+    negative = np.fromiter(dur_us, dtype=np.float64, count=len(dur_us)) < 0
+    grouped.negative_durations += int(negative.sum())
+    starts, durations = nanoseconds(ts_us, shift_ns), nanoseconds(dur_us, 0)
+    if starts is None or durations is None:
+        return _placed_times_exactly(ts_us, dur_us, negative, shift_ns, grouped)
+    durations[negative] = 0
+    # within nanoseconds' bounds a start plus a duration fits int64: only a start before zero is outside
+    writable = (starts >= 0) & (durations <= _INT64_MAX - np.maximum(starts, 0))
+    if writable.all():
+        return starts, durations, None
+    grouped.skipped[OUTSIDE_CLOCK] += int((~writable).sum())
+    return starts[writable], durations[writable], writable
+
+
+def _placed_times_exactly(ts_us: list, dur_us: list, negative: np.ndarray, shift_ns: int,
+                          grouped: GroupedEvents) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """placed_times in Python integers, for a window with a time beyond nanoseconds' float64 bounds (rare)."""
+    starts = [shift_ns + round(ts * 1000) for ts in ts_us]
+    durations = [0 if clamped else round(dur * 1000) for dur, clamped in zip(dur_us, negative.tolist())]
+    writable = np.array([0 <= start and start + duration < MAX_WRITABLE_NS
+                         for start, duration in zip(starts, durations)], dtype=bool)
+    grouped.skipped[OUTSIDE_CLOCK] += int((~writable).sum())
+    kept = writable.tolist()
+    return (np.array(list(compress(starts, kept)), dtype=np.int64),
+            np.array(list(compress(durations, kept)), dtype=np.int64), writable)
 
 
 def _interned(values: list) -> tuple[list, np.ndarray]:
@@ -182,14 +223,17 @@ def _interned_threads(pids: list, tids: list) -> tuple[list[tuple], np.ndarray]:
 
 
 def _correlations(args: list) -> tuple[np.ndarray, np.ndarray]:
-    """Each event's CUDA correlation id (an int, as plan.py takes it) and whether it has one."""
-    found = [a.correlation if a is not None and type(a.correlation) is int else None for a in args]
+    """Each event's CUDA correlation id (a 64-bit int, signed or unsigned, as plan.py takes it from the generic
+    reader, which reads a larger one as a float) and whether it has one. Flows join on equal ids only, so ids
+    beyond int64 are numbered by first appearance instead."""
+    found = [a.correlation if a is not None and type(a.correlation) is int and _CORRELATION_MIN <= a.correlation
+             < _CORRELATION_END else None for a in args]
     has = np.fromiter((c is not None for c in found), dtype=bool, count=len(found))
+    present = [c if c is not None else 0 for c in found]
     try:
-        values = np.array([c if c is not None else 0 for c in found], dtype=np.int64)
-    except OverflowError as error:
-        raise ColumnsRefused("a correlation id beyond int64") from error
-    return values, has
+        return np.array(present, dtype=np.int64), has
+    except OverflowError:
+        return _interned(present)[1], has
 
 
 def _note_gpu_threads(table: SliceTable, args: list, grouped: GroupedEvents) -> None:

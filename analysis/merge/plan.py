@@ -15,6 +15,12 @@ A Kineto window is a list of Chrome trace events. Planning turns it into
 
 A rank's windows are planned one after another against the same `RankTracks`, so all of them land
 in one process and reuse its tracks.
+
+The merge plans a window on columns (column_plan.py, the planner); `plan_window` is its fallback, run only
+where the columns cannot hold what is drawn: the events' args (debug annotations, the Chrome JSON) and a file
+the columnar decoder does not take. The functions for rare events here (instants, counters, metadata, flow
+event fields, the filters of rare events, track registration and naming) are the one owner of those rules:
+the columnar planner calls them.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ from fleetscope.analysis.merge.perfetto.writer import (
     TrackSpec,
     write_preamble,
 )
-from fleetscope.analysis.merge.column_plan import ColumnsRefused, plan_window_columns
+from fleetscope.analysis.merge.column_plan import plan_window_columns
 from fleetscope.analysis.merge.expectations import RankExpectations, rank_expectations, window_expectations
 from fleetscope.analysis.merge.plan import WindowPlan, plan_window
 from fleetscope.analysis.merge.window_decode import decode_window
@@ -525,13 +525,9 @@ class _MergeSession:
             return None
         self._check_rank(document, trace_file, source)
         context = self._window_context(document, trace_file, source, window_key, first_window=first_window)
-        plan = None
         if decoded is not None:
-            try:
-                plan, events = plan_window_columns(decoded, tracks, context), []
-            except ColumnsRefused:
-                document = decode_trace(raw, trace_file.path)
-        if plan is None:
+            plan, events = plan_window_columns(decoded, tracks, context), []
+        else:
             events = document["traceEvents"]
             plan = plan_window(events, tracks, context)
         if self.origin_ns is None:
@@ -543,8 +539,9 @@ class _MergeSession:
 
     @property
     def _plans_on_columns(self) -> bool:
-        """Windows are planned on columns (column_plan.py) unless the events' args are drawn (debug annotations
-        or the Chrome JSON's args), which the per-event planner copies from each event."""
+        """Windows are planned on columns (column_plan.py, the planner) unless the events' args are drawn (debug
+        annotations or the Chrome JSON's args), which only the per-event fallback (plan.py) copies from each
+        event; it also plans a file the columnar decoder does not take."""
         return self.json_writer is None and not self.options.event_args
 
     def _window_context(self, document: dict, trace_file: TraceFile, source: RankSource, window_key: int, *,

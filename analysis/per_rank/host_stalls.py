@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
-from fleetscope.analysis.per_rank.intervals import Intervals, covered_between, subtract, union, union_of
+from fleetscope.analysis.per_rank.intervals import Intervals, clip, covered_between, subtract, union, union_of
 from fleetscope.analysis.per_rank.names import (
     is_comm_cpu_op,
     is_device_to_host_copy,
@@ -59,7 +59,7 @@ from fleetscope.analysis.per_rank.names import (
 )
 from fleetscope.analysis.per_rank.step_work import ALLOCATOR_CALLS, compile_intervals
 from fleetscope.analysis.per_rank.steps import StepTiming, in_host_ranges
-from fleetscope.analysis.per_rank.utilization import BASIS_CPU, BASIS_GPU, Timeline
+from fleetscope.analysis.per_rank.utilization import BASIS_CPU, BASIS_GPU, Timeline, gpu_known_from_us
 
 IDLE_INPUT, IDLE_HOST_COMM, IDLE_SYNC = "input wait", "host collective", "host sync"
 IDLE_SHORT, IDLE_DEVICE, IDLE_HOST = "short gaps", "device dependency", "host busy elsewhere"
@@ -195,7 +195,7 @@ def find_idle_gaps(events: TraceEvents, steps: list[StepTiming], timeline: Timel
     if not steps:
         return None
     # each step's own span (the GPU's when it bounds the step: a host that runs ahead ends its range early)
-    spans = union(Intervals.of([s.span_start_us for s in steps], [s.span_end_us for s in steps]))
+    spans = measured_spans(events, steps, timeline.basis)
     if timeline.basis == BASIS_CPU:
         busy = union_of(timeline.compute, timeline.comm_busy)
         if not len(busy):
@@ -402,12 +402,19 @@ def _sync_dispatch(events: TraceEvents, syncs: np.ndarray) -> Intervals:
     return subtract(ops, waits)
 
 
-def _steps_partition(events: TraceEvents, steps: list[StepTiming]) -> tuple[float, float]:
-    """(union of the steps' spans, the GPU work inside it) in us; busy 0 on a CPU trace."""
+def measured_spans(events: TraceEvents, steps: list[StepTiming], basis: str) -> Intervals:
+    """The union of the steps' spans that idle and busy partition: on the GPU basis, from where the recorded GPU
+    timeline is known (utilization.gpu_known_from_us: before it the GPU ran work the trace does not hold)."""
     spans = union(Intervals.of([s.span_start_us for s in steps], [s.span_end_us for s in steps]))
+    return spans if basis == BASIS_CPU else clip(spans, gpu_known_from_us(events), float("inf"))
+
+
+def _steps_partition(events: TraceEvents, steps: list[StepTiming]) -> tuple[float, float]:
+    """(the steps' measured spans, the GPU work inside them) in us; busy 0 on a CPU trace."""
     gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
     if not gpu.any():
-        return spans.total_us, 0.0
+        return measured_spans(events, steps, BASIS_CPU).total_us, 0.0
+    spans = measured_spans(events, steps, BASIS_GPU)
     busy = union(Intervals(events.start_us[gpu], events.end_us[gpu]))
     inside = sum(float(covered_between(busy, np.array([a]), np.array([b]))[0])
                  for a, b in zip(spans.starts_us.tolist(), spans.ends_us.tolist()))

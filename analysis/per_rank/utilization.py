@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, Kind, TraceEvents
+from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
 from fleetscope.analysis.per_rank.intervals import (
     Intervals,
     clip,
@@ -166,12 +166,34 @@ def _gpu_span(events: TraceEvents, steps: list[StepTiming]) -> tuple[float, floa
         return float(events.start_us[gpu].min()), float(events.end_us[gpu].max())
     # a GPU-bound step's span starts with its own first kernel: before it the GPU ran the work of a step
     # launched before the window (its launches are not in the trace), which is no idle time
-    start = min(s.span_start_us for s in steps)
+    start = max(min(s.span_start_us for s in steps), gpu_known_from_us(events))
     last_end = max(s.end_us for s in steps)
     launched_in_steps = events.launch_start_us(gpu) < last_end
     ends = events.end_us[gpu][launched_in_steps]
     last_end = max(last_end, max(s.span_end_us for s in steps))
     return start, max(last_end, float(ends.max())) if ends.size else last_end
+
+
+QUEUED_US = 50.0
+"""A GPU activity that starts this long after its launch call returned waited in the queue behind other work."""
+
+
+def gpu_known_from_us(events: TraceEvents) -> float:
+    """Where the recorded GPU timeline starts being known: the first recorded GPU activity, when its launch is not
+    in the trace (made before the capture, whose records the profiler's warm-up drops) or when it waited in the
+    queue after its launch: either way the GPU was busy before it with work the trace does not hold, which is
+    no idle time. Otherwise -inf: the GPU was idle until that launch, and that idle counts. The one start of
+    every GPU-basis measure of idle (utilization here, the idle gaps of host_stalls.py)."""
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    if not gpu.any():
+        return float("-inf")
+    rows = np.flatnonzero(gpu)
+    first = int(rows[np.argmin(events.start_us[rows])])
+    launches = events.of_kind(Kind.CUDA_RUNTIME) & (events.correlation == events.correlation[first])
+    if events.correlation[first] == NO_ID or not launches.any():
+        return float(events.start_us[first])
+    waited = events.start_us[first] - events.launch_end_us(np.array([first]))[0]
+    return float(events.start_us[first]) if waited > QUEUED_US else float("-inf")
 
 
 def _cpu_timeline(events: TraceEvents) -> Timeline:

@@ -9,78 +9,50 @@ name, not once per event. Timestamps stay in the trace's own clock (microseconds
 from __future__ import annotations
 
 import dataclasses
-import enum
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from typing import Any
 
 import msgspec
 import numpy as np
 from fleetscope.traces.validate import MAX_NAME_CHARS, bounded_name
+from fleetscope.traces.kineto_schema import (
+    ABSENT,
+    COMPLETE,
+    CPU_OP_CATEGORY,
+    GPU_ACTIVITY_CATEGORIES,
+    GPU_ACTIVITY_KINDS,
+    GPU_TRACK_CATEGORIES,
+    GPU_TRACK_KIND_CODES,
+    HOST_CATEGORIES_BY_KIND,
+    INT64_MAX,
+    KIND_CODE_OF_CATEGORY,
+    METADATA,
+    MISSING_DURATION_US,
+    PARSE_COMPLETE_TYPES,
+    PARSE_OTHER_PHASES,
+    TIME_LIMIT_US,
+    Kind,
+    ParseArgs,
+    ParseComplete,
+    ParseDocument,
+    ParseDocumentWithShapes,
+    ParseMetadata,
+    UnknownPhaseEvent,
+    metadata_value,
+    time_problem,
+)
 from fleetscope.analysis.per_rank.names import (
-    COLLECTIVE_NAME_ARG,
-    DTYPE_ARG,
-    EXTERNAL_ID_ARG,
-    GROUP_SIZE_ARG,
-    IN_SPLIT_ARG,
-    OUT_SPLIT_ARG,
     ALL_TO_ALL_BASE_OP,
     CONCRETE_INPUTS_ARG,
-    INPUT_DIMS_ARG,
-    INPUT_TYPE_ARG,
-    IN_NELEMS_ARG,
-    OUT_NELEMS_ARG,
-    PROCESS_GROUP_DESCRIPTION_ARG,
-    PROCESS_GROUP_NAME_ARG,
-    SEQUENCE_ARG,
     is_kept_host_op,
     process_group_label,
 )
 
-
-class Kind(enum.IntEnum):
-    """What an event is, from its Kineto category."""
-
-    OTHER = 0
-    CPU_OP = 1
-    USER_ANNOTATION = 2
-    GPU_USER_ANNOTATION = 3
-    KERNEL = 4
-    GPU_MEMCPY = 5
-    GPU_MEMSET = 6
-    CUDA_RUNTIME = 7
-    PYTHON_FUNCTION = 8
-
-
-_KIND_OF_CATEGORY = {
-    "cpu_op": Kind.CPU_OP,
-    "operator": Kind.CPU_OP,
-    "user_annotation": Kind.USER_ANNOTATION,
-    "gpu_user_annotation": Kind.GPU_USER_ANNOTATION,
-    "kernel": Kind.KERNEL,
-    "gpu_memcpy": Kind.GPU_MEMCPY,
-    "gpu_memset": Kind.GPU_MEMSET,
-    "cuda_runtime": Kind.CUDA_RUNTIME,
-    "cuda_driver": Kind.CUDA_RUNTIME,
-    "python_function": Kind.PYTHON_FUNCTION,
-    # the category names of 2021-era Kineto traces (HTA still reads them)
-    "Operator": Kind.CPU_OP,
-    "Kernel": Kind.KERNEL,
-    "Memcpy": Kind.GPU_MEMCPY,
-    "Memset": Kind.GPU_MEMSET,
-    "Runtime": Kind.CUDA_RUNTIME,
-}
-
-GPU_ACTIVITY_KINDS = (Kind.KERNEL, Kind.GPU_MEMCPY, Kind.GPU_MEMSET)
-_GPU_TRACK_CODES = frozenset(int(k) for k in (*GPU_ACTIVITY_KINDS, Kind.GPU_USER_ANNOTATION))
-_KIND_CODE = {category: int(kind) for category, kind in _KIND_OF_CATEGORY.items()}
-_GPU_CATEGORY_NAMES = frozenset(category for category, kind in _KIND_OF_CATEGORY.items() if kind in GPU_ACTIVITY_KINDS)
-GPU_TRACK_CATEGORIES = _GPU_CATEGORY_NAMES | {"gpu_user_annotation"}
-"""Categories of events that run on a GPU stream, in every Kineto generation (2021's `Kernel`, `Memcpy`, ...):
-the one table the parse and the merge read (the merge drew a 2021 trace's kernels as a host thread)."""
-HOST_CATEGORIES_BY_KIND = {kind: frozenset(c for c, k in _KIND_OF_CATEGORY.items() if k == kind)
-                           for kind in (Kind.CPU_OP, Kind.CUDA_RUNTIME)}
-"""The category names of host ops and runtime calls in every Kineto generation."""
+__all__ = ["ABSENT", "GPU_ACTIVITY_KINDS", "GPU_TRACK_CATEGORIES", "HOST_CATEGORIES_BY_KIND", "Kind"]
+"""Defined by the schema (traces/kineto_schema.py, as are the phases and event Structs); the analysis reads
+them from here, with the table."""
+_KIND_CODE, _GPU_TRACK_CODES, _GPU_CATEGORY_NAMES = KIND_CODE_OF_CATEGORY, GPU_TRACK_KIND_CODES, GPU_ACTIVITY_CATEGORIES
 NO_ID = -1
 
 
@@ -207,130 +179,13 @@ class TraceEvents:
         return bool(self.of_kind(*GPU_ACTIVITY_KINDS).any())
 
 
-class _Absent:
-    """The value of a key the fast decoder did not find (told apart from an explicit JSON null: HTA's frame,
-    built from the same decode, takes a missing `stream` as -1 and an explicit null as not an integer)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-
-ABSENT = _Absent()
-"""A missing `dur` of a complete event, `stream` or `correlation` of its args (fast decoder only)."""
-
-
-class _Args(msgspec.Struct, gc=False):
-    """The few `args` fields the analysis reads; msgspec skips every other key without building it."""
-
-    correlation: Any = ABSENT
-    stream: Any = ABSENT
-    device: Any = None
-    name: Any = None
-    group_name: Any = msgspec.field(default=None, name=PROCESS_GROUP_NAME_ARG)
-    group_description: Any = msgspec.field(default=None, name=PROCESS_GROUP_DESCRIPTION_ARG)
-    collective: Any = msgspec.field(default=None, name=COLLECTIVE_NAME_ARG)
-    in_nelems: Any = msgspec.field(default=None, name=IN_NELEMS_ARG)
-    out_nelems: Any = msgspec.field(default=None, name=OUT_NELEMS_ARG)
-    dtype: Any = msgspec.field(default=None, name=DTYPE_ARG)
-    group_size: Any = msgspec.field(default=None, name=GROUP_SIZE_ARG)
-    in_split: Any = msgspec.field(default=None, name=IN_SPLIT_ARG)
-    out_split: Any = msgspec.field(default=None, name=OUT_SPLIT_ARG)
-    external_id: Any = msgspec.field(default=None, name=EXTERNAL_ID_ARG)
-    grid: Any = None
-    block: Any = None
-    sequence: Any = msgspec.field(default=None, name=SEQUENCE_ARG)
-    copy_bytes: Any = msgspec.field(default=None, name="bytes")
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_DIMS_ARG)
-    """Kept undecoded by the fast decoder: a kernel's launching op's input shapes are part of the kernel's
-    identity (_note_launch_shape); the generic path gives the parsed value."""
-
-
-_ARG_KEYS = dict(zip(_Args.__struct_fields__, _Args.__struct_encode_fields__))
+_ARG_KEYS = dict(zip(ParseArgs.__struct_fields__, ParseArgs.__struct_encode_fields__))
 """Attribute name -> the key it is read from in a trace's `args`."""
+_OTHER_PHASE_CLASS = {cls.ph: cls for cls in PARSE_OTHER_PHASES}
+COMPLETE_EVENT_TYPES = PARSE_COMPLETE_TYPES
 
-
-class _Phased(msgspec.Struct, gc=False, tag_field="ph"):
-    """The fast decoder's events, one class per phase (`ph` is the tag): a complete event decodes every
-    field the table reads, thread metadata what thread names need, every other phase (flow arrows are a
-    quarter of a GPU trace) only its name, category and times (what HTA's frame reads of every event:
-    hta_native.py), so their other values are never built."""
-
-
-class _Complete(_Phased, tag="X"):
-    ph: ClassVar[str] = "X"
-    name: Any = None
-    cat: Any = None
-    ts: Any = None
-    dur: Any = ABSENT
-    """ABSENT when the event has none: the table takes it as 0, HTA's frame leaves the event out."""
-    pid: Any = None
-    tid: Any = None
-    args: Union[_Args, None] = None
-
-
-class _Metadata(_Phased, tag="M"):
-    ph: ClassVar[str] = "M"
-    name: Any = None
-    cat: Any = None
-    ts: Any = None
-    dur: Any = None
-    tid: Any = None
-    args: Union[_Args, None] = None
-
-
-CHROME_PHASES = ("B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "V", "v", "R", "c",
-                 "(", ")")
-"""Phases of the Chrome trace event format besides X and M; an event of any other phase sends the file to
-the generic decoder (which skips it, as build_table does every phase but X and M)."""
-_OTHER_PHASES = tuple(
-    msgspec.defstruct(f"_Phase{index}", [("name", Any, None), ("cat", Any, None), ("ts", Any, None), ("dur", Any, None)],
-                      bases=(_Phased,), tag=phase,
-                      namespace={"ph": phase}, module=__name__)
-    for index, phase in enumerate(CHROME_PHASES))
-_AnyPhase = Union[(_Complete, _Metadata, *_OTHER_PHASES)]
-_OTHER_PHASE_CLASS = {cls.ph: cls for cls in _OTHER_PHASES}
-
-
-class _UnknownPhase(msgspec.Struct, gc=False):
-    """The generic path's event of a phase outside the format (or none): skipped like every phase but X and M."""
-
-    ph: ClassVar[str] = ""
-    name: Any = None
-    cat: Any = None
-
-
-class _Document(msgspec.Struct, gc=False):
-    traceEvents: list[_AnyPhase]
-    distributedInfo: Any = None
-    baseTimeNanoseconds: Any = None
-    host_name: Any = None
-    deviceProperties: Any = None
-
-
-class _ArgsWithShapes(_Args):
-    """_Args plus the record_shapes args, kept undecoded (every op has them) and decoded for
-    c10d::alltoall_base_ only: used for traces that hold such an op with those args (decode_selectively)."""
-
-    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=CONCRETE_INPUTS_ARG)
-    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_TYPE_ARG)
-
-
-class _CompleteWithShapes(_Complete, tag="X"):
-    args: Union[_ArgsWithShapes, None] = None
-
-
-COMPLETE_EVENT_TYPES = frozenset((_Complete, _CompleteWithShapes))
-"""The fast decoder's classes of a complete event (`"ph": "X"`)."""
-
-
-class _DocumentWithShapes(_Document):
-    traceEvents: list[Union[(_CompleteWithShapes, _Metadata, *_OTHER_PHASES)]]
-
-
-_DECODER = msgspec.json.Decoder(_Document)
-_DECODER_WITH_SHAPES = msgspec.json.Decoder(_DocumentWithShapes)
+_DECODER = msgspec.json.Decoder(ParseDocument)
+_DECODER_WITH_SHAPES = msgspec.json.Decoder(ParseDocumentWithShapes)
 _SHAPE_MARKERS = (ALL_TO_ALL_BASE_OP.encode(), CONCRETE_INPUTS_ARG.encode())
 TRACE_METADATA_KEYS = ("distributedInfo", "baseTimeNanoseconds", "host_name", "deviceProperties")
 
@@ -339,13 +194,13 @@ def decode_selectively(data: bytes) -> tuple[dict[str, Any], list[Any]] | None:
     """(metadata, events) of a trace's JSON bytes, decoding only the fields the analysis reads.
 
     None when this fast decoder cannot take the file (other shapes, integers beyond 64 bits, invalid
-    UTF-8, invalid JSON): the generic parser then decides, and explains what is wrong."""
+    UTF-8, invalid JSON, deep nesting): the generic parser then decides, and explains what is wrong."""
     decoder = _DECODER_WITH_SHAPES if all(marker in data for marker in _SHAPE_MARKERS) else _DECODER
     try:
         document = decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
-    return {key: getattr(document, key) for key in TRACE_METADATA_KEYS}, document.traceEvents
+    return {key: metadata_value(document, key) for key in TRACE_METADATA_KEYS}, document.traceEvents
 
 
 def events_from_document(document: dict[str, Any]) -> tuple[list[Any], int]:
@@ -362,14 +217,14 @@ def events_from_document(document: dict[str, Any]) -> tuple[list[Any], int]:
 
 def _event_of(raw: dict[str, Any]) -> Any:
     phase, name, cat = raw.get("ph"), raw.get("name"), raw.get("cat")
-    if phase == "X" or phase == "M":
+    if phase == COMPLETE or phase == METADATA:
         args = raw.get("args")
-        args = _Args(**{field: args.get(key) for field, key in _ARG_KEYS.items()}) if isinstance(args, dict) else None
-        if phase == "M":
-            return _Metadata(name=name, cat=cat, tid=raw.get("tid"), args=args)
-        return _Complete(name=name, cat=cat, ts=raw.get("ts"), dur=raw.get("dur", 0), pid=raw.get("pid"),
-                         tid=raw.get("tid"), args=args)
-    other = _OTHER_PHASE_CLASS.get(phase, _UnknownPhase) if type(phase) is str else _UnknownPhase
+        args = ParseArgs(**{field: args.get(key) for field, key in _ARG_KEYS.items()}) if isinstance(args, dict) else None
+        if phase == METADATA:
+            return ParseMetadata(name=name, cat=cat, tid=raw.get("tid"), args=args)
+        return ParseComplete(name=name, cat=cat, ts=raw.get("ts"), dur=raw.get("dur", MISSING_DURATION_US),
+                             pid=raw.get("pid"), tid=raw.get("tid"), args=args)
+    other = _OTHER_PHASE_CLASS.get(phase, UnknownPhaseEvent) if type(phase) is str else UnknownPhaseEvent
     return other(name=name, cat=cat)
 
 
@@ -398,7 +253,7 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
     name_ids, kinds, starts, durs, threads, devices, correlations = [], [], [], [], [], [], []
     thread_names: dict[int, str] = {}
     dropped: dict[str, int] = {}
-    code_of, gpu_codes, other, limit, int_limit = _KIND_CODE.get, _GPU_TRACK_CODES, int(Kind.OTHER), _TIME_LIMIT_US, _INT64_MAX
+    code_of, gpu_codes, other, limit, int_limit = _KIND_CODE.get, _GPU_TRACK_CODES, int(Kind.OTHER), TIME_LIMIT_US, INT64_MAX
     # Kineto writes device activity after host events: looking from the end finds it at once
     skip_host_ops = any(type(event.cat) is str and event.cat in _GPU_CATEGORY_NAMES for event in reversed(events))
     host_op_kept: dict[str, bool] = {}
@@ -416,15 +271,16 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
     sequence_rows: list[tuple[int, int]] = []
     copy_rows: list[tuple[int, int]] = []
     kernel_code, copy_code = int(Kind.KERNEL), int(Kind.GPU_MEMCPY)
+    complete, cpu_op = COMPLETE, CPU_OP_CATEGORY
     host_pid = None
     for event in events:
-        if event.ph != "X":
+        if event.ph != complete:
             if collect and type(event.name) is str:
                 seen(event.name)
-            if event.ph == "M" and event.name == "thread_name":
+            if event.ph == METADATA and event.name == "thread_name":
                 _add_thread_name(thread_names, event)
             continue
-        if skip_host_ops and event.cat == "cpu_op":
+        if skip_host_ops and event.cat == cpu_op:
             name = event.name
             external = event.args.external_id if event.args is not None else None
             if type(external) is int and type(name) is str:
@@ -440,8 +296,8 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
         start, dur = event.ts, event.dur
         if not (type(start) is float and type(dur) is float and 0.0 <= dur < limit and -limit < start < limit):
             if dur is ABSENT:
-                dur = 0
-            problem = _time_problem(start, dur)
+                dur = MISSING_DURATION_US
+            problem = time_problem(start, dur)
             if problem:
                 dropped[problem] = dropped.get(problem, 0) + 1
                 if collect and type(event.name) is str:
@@ -509,7 +365,7 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
     return dataclasses.replace(table, omitted_host_ops=omitted) if omitted else table
 
 
-def _note_group(args: _Args, row: int, group_index: dict[tuple, int], grouped_rows: list[tuple[int, int]]) -> None:
+def _note_group(args: ParseArgs, row: int, group_index: dict[tuple, int], grouped_rows: list[tuple[int, int]]) -> None:
     """Record event `row`'s process group (few events carry one: communication kernels and ops)."""
     if type(args.group_name) not in (str, int):
         return
@@ -523,7 +379,7 @@ def _note_group(args: _Args, row: int, group_index: dict[tuple, int], grouped_ro
     grouped_rows.append((row, index))
 
 
-def _note_message(args: _Args, row: int, index: dict[tuple, int], rows: list[tuple[int, int]]) -> None:
+def _note_message(args: ParseArgs, row: int, index: dict[tuple, int], rows: list[tuple[int, int]]) -> None:
     """Record event `row`'s collective message (in/out element counts, dtype, group size, split sizes)."""
     identity = (_str_or_none(args.collective), _int_or(args.in_nelems, NO_ID), _int_or(args.out_nelems, NO_ID),
                 _str_or_none(args.dtype), _int_or(args.group_size, NO_ID), _split_text(args.in_split),
@@ -539,7 +395,7 @@ HOST_TYPE_NAMES = {"float": "Float", "double": "Double", "c10::Half": "Half", "c
 """Host op `Input type` names (C++ type names) -> the dtype names of NCCL args (comm_bytes.DTYPE_BYTES)."""
 
 
-def _note_host_all_to_all(args: _Args, row: int, index: dict[tuple, int], rows: list[tuple[int, int]]) -> None:
+def _note_host_all_to_all(args: ParseArgs, row: int, index: dict[tuple, int], rows: list[tuple[int, int]]) -> None:
     """Record a c10d::alltoall_base_ op's message from its record_shapes args: output and input tensors'
     dims and type, output and input split sizes (names.ALL_TO_ALL_BASE_OP); nothing where they do not parse."""
     try:
@@ -589,7 +445,7 @@ def _message_column(index: dict[tuple, int], rows: list[tuple[int, int]], count:
     return messages, column
 
 
-def _note_launch_shape(args: _Args, op_dims: Any, row: int, index: dict[str, int], rows: list[tuple[int, int]],
+def _note_launch_shape(args: ParseArgs, op_dims: Any, row: int, index: dict[str, int], rows: list[tuple[int, int]],
                        slots: dict[tuple, int | None]) -> None:
     """Record kernel `row`'s launch shape: its grid and block (three non-negative ints each) and, where the
     trace has record_shapes, its launching op's input shapes (a persistent GEMM keeps its grid whatever the
@@ -622,7 +478,7 @@ def _shape_key(grid: Any, block: Any, op_dims: Any) -> tuple | None:
     return (tuple(grid), tuple(block) if block is not None else None, dims)
 
 
-def _shape_slot(args: _Args, op_dims: Any, index: dict[str, int]) -> int | None:
+def _shape_slot(args: ParseArgs, op_dims: Any, index: dict[str, int]) -> int | None:
     grid, block = _dims_text(args.grid), _dims_text(args.block)
     if grid is None:
         return None
@@ -714,17 +570,6 @@ def _group_column(group_index: dict[tuple, int], grouped_rows: list[tuple[int, i
     return labels, column
 
 
-def _time_problem(start: Any, dur: Any) -> str | None:
-    """Why an event's times cannot be used, or None when they can (ints are fine)."""
-    if not (_is_number(start) and _is_number(dur)):
-        return "missing or non-numeric ts/dur"
-    if dur < 0:
-        return "negative duration"
-    if not -_TIME_LIMIT_US < start < _TIME_LIMIT_US or dur > _TIME_LIMIT_US:
-        return "time beyond int64 nanoseconds"
-    return None
-
-
 def _add_thread_name(thread_names: dict[int, str], event: Any) -> None:
     name = event.args.name if event.args else None
     if isinstance(name, str):
@@ -760,20 +605,9 @@ def _to_table(name_index, name_ids, kinds, starts, durs, threads, devices, corre
     )
 
 
-def _is_number(value: Any) -> bool:
-    """A finite int or float (not bool); `v - v == 0` is false for NaN and infinities."""
-    kind = type(value)
-    return (kind is float or kind is int) and value - value == 0
-
-
-_INT64_MAX = 2**63 - 1
-_TIME_LIMIT_US = _INT64_MAX / 1000.0
-"""Times beyond this many microseconds cannot be nanoseconds of any real clock."""
-
-
 def _int_or(value: Any, default: int) -> int:
     """`value` if it is an int that fits int64 (bools excluded), else `default`."""
-    if type(value) is int and -_INT64_MAX <= value <= _INT64_MAX:
+    if type(value) is int and -INT64_MAX <= value <= INT64_MAX:
         return value
     return default
 
@@ -790,6 +624,6 @@ _INT32_MAX = 2**31 - 1
 
 def _thread_key(tid: Any) -> int:
     """Kineto tids are ints, or strings for its own pseudo-threads; strings get a stable negative key."""
-    if type(tid) is int and -_INT64_MAX <= tid <= _INT64_MAX:
+    if type(tid) is int and -INT64_MAX <= tid <= INT64_MAX:
         return tid
     return -zlib.crc32(str(tid).encode()) - 2

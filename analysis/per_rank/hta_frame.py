@@ -16,70 +16,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 import numpy as np
-
-HTA_ARGS = (
-    # (column, key in the event's args, default): HTA 0.5.0's default ParserConfig (ARGS_DEFAULT, v1.0.0)
-    ("stream", "stream", -1),
-    ("correlation", "correlation", -1),
-    ("bytes", "bytes", -1),
-    ("memory_bw_gbps", "memory bandwidth (GB/s)", 0.0),
-    ("wait_on_stream", "wait_on_stream", -1),
-    ("wait_on_cuda_event_record_corr_id", "wait_on_cuda_event_record_corr_id", -1),
-    ("input_dims", "Input Dims", "-1"),
-    ("input_type", "Input type", "-1"),
-    ("input_strides", "Input Strides", "-1"),
-    ("external_id", "External id", -1),
+from fleetscope.traces.kineto_schema import (
+    HTA_ARGS,
+    HTA_RAW_ARGS,
+    TRACE_SPAN_CATEGORY,
+    HtaArgs,
+    HtaDocument,
+    HtaEvent,
 )
-_RAW_ARGS = frozenset(("input_dims", "input_type", "input_strides"))
-"""Nested values (shape lists): kept as raw JSON while decoding, decoded in one call per column."""
+
+_RAW_ARGS = HTA_RAW_ARGS
 _MISSING = msgspec.UNSET
-
-
-class _HtaArgs(msgspec.Struct, gc=False):
-    """Defaults are HTA's (HTA_ARGS): an absent key reads as HTA's default, an explicit null as None."""
-
-    stream: Any = -1
-    correlation: Any = -1
-    bytes: Any = -1
-    memory_bw_gbps: Any = msgspec.field(default=0.0, name="memory bandwidth (GB/s)")
-    wait_on_stream: Any = -1
-    wait_on_cuda_event_record_corr_id: Any = -1
-    input_dims: Union[msgspec.Raw, msgspec.UnsetType] = msgspec.field(default=_MISSING, name="Input Dims")
-    input_type: Union[msgspec.Raw, msgspec.UnsetType] = msgspec.field(default=_MISSING, name="Input type")
-    input_strides: Union[msgspec.Raw, msgspec.UnsetType] = msgspec.field(default=_MISSING, name="Input Strides")
-    external_id: Any = msgspec.field(default=-1, name="External id")
-
-
-_NO_ARGS = _HtaArgs()
-
-
-class _HtaEvent(msgspec.Struct, gc=False):
-    cat: Any = None
-    name: Any = None
-    pid: Any = None
-    tid: Any = None
-    ts: Any = None
-    dur: Any = None
-    args: Union[_HtaArgs, None, msgspec.Raw] = None
-
-
-class _HtaDocument(msgspec.Struct, gc=False):
-    traceEvents: list[_HtaEvent]
-    schemaVersion: Any = _MISSING
-    distributedInfo: Any = _MISSING
-    deviceProperties: Any = _MISSING
-    baseTimeNanoseconds: Any = _MISSING
-    host_name: Any = _MISSING
-    displayTimeUnit: Any = _MISSING
-    traceName: Any = _MISSING
-    trace_id: Any = _MISSING
-
-
-_DECODER = msgspec.json.Decoder(_HtaDocument)
+_NO_ARGS = HtaArgs()
+_DECODER = msgspec.json.Decoder(HtaDocument)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,9 +51,9 @@ def decode_hta_frame(data: bytes) -> HtaFrame | None:
     file (another shape; the caller then uses HTA's own loader, which explains what is wrong)."""
     try:
         document = _DECODER.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
-    meta = {key: getattr(document, key) for key in _HtaDocument.__struct_fields__
+    meta = {key: getattr(document, key) for key in HtaDocument.__struct_fields__
             if key != "traceEvents" and getattr(document, key) is not _MISSING}
     columns = _columns(document.traceEvents)
     if columns is None:
@@ -109,7 +62,7 @@ def decode_hta_frame(data: bytes) -> HtaFrame | None:
     return HtaFrame(frame=frame, symbols=symbols, meta=meta)
 
 
-def _columns(events: list[_HtaEvent]):
+def _columns(events: list[HtaEvent]):
     """Per-column lists of the events HTA keeps, in trace order, and the dtype pandas gives the columns
     it infers over every event; None for time values the column-wise path does not reproduce
     (non-numeric): those files go to HTA's own loader."""
@@ -124,9 +77,9 @@ def _columns(events: list[_HtaEvent]):
     if kinds["ts"] not in ("int", "float") or kinds["dur"] not in ("int", "float"):
         return None
     index = [i for i, (s, d, c) in enumerate(zip(starts, durs, cats))
-             if d is not None and c is not None and s is not None and c != "Trace"]
+             if d is not None and c is not None and s is not None and c != TRACE_SPAN_CATEGORY]
     kept = list(map(events.__getitem__, index))
-    args = [a if type(a) is _HtaArgs else _NO_ARGS for a in map(_ARGS, kept)]
+    args = [a if type(a) is HtaArgs else _NO_ARGS for a in map(_ARGS, kept)]
     return (index, list(map(cats.__getitem__, index)), list(map(_NAME, kept)), list(map(_PID, kept)),
             list(map(_TID, kept)), list(map(starts.__getitem__, index)), list(map(durs.__getitem__, index)), args,
             kinds, len(events))

@@ -36,8 +36,15 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from fleetscope.analysis.per_rank.events import ABSENT, COMPLETE_EVENT_TYPES
 from fleetscope.analysis.per_rank.hta_frame import pandas_kind
+from fleetscope.traces.kineto_schema import (
+    ABSENT,
+    PARSE_COMPLETE_TYPES,
+    TRACE_SPAN_CATEGORY,
+    HtaRankArgs,
+    HtaRankDocument,
+    HtaRankEvent,
+)
 
 EVENT_SYNC_NAMES = ("Event Sync", "Context Sync")
 """Device synchronization rows: on stream -1 but GPU rows for HTA's filters."""
@@ -49,29 +56,10 @@ class NotComputable(Exception):
     """The native frame cannot reproduce HTA's for this file (its message says why)."""
 
 
-class _Args(msgspec.Struct, gc=False):
-    stream: Any = -1
-    correlation: Any = -1
-
-
-_NO_ARGS = _Args()
-
-
-class _Event(msgspec.Struct, gc=False):
-    cat: Any = None
-    name: Any = None
-    ts: Any = None
-    dur: Any = None
-    args: _Args | None | msgspec.Raw = None
-
-
-class _Document(msgspec.Struct, gc=False):
-    traceEvents: list[_Event]
-
-
-_DECODER = msgspec.json.Decoder(_Document)
-_TS, _DUR, _CAT, _NAME, _ARGS, _STREAM, _CORRELATION, _PH = map(
-    attrgetter, ("ts", "dur", "cat", "name", "args", "stream", "correlation", "ph"))
+_NO_ARGS = HtaRankArgs()
+_DECODER = msgspec.json.Decoder(HtaRankDocument)
+_TS, _DUR, _CAT, _NAME, _ARGS, _STREAM, _CORRELATION = map(
+    attrgetter, ("ts", "dur", "cat", "name", "args", "stream", "correlation"))
 # map + attrgetter walks the events in C: about twice as fast as comprehensions
 
 
@@ -109,7 +97,7 @@ def decode_rank_frame(data: bytes, step_names: tuple[str, ...] = ()) -> HtaRankF
     values this path does not reproduce (HTA's own loader then decides)."""
     try:
         events = _DECODER.decode(data).traceEvents
-    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as error:
         raise NotComputable(f"the trace does not decode as Kineto JSON: {str(error)[:200]}") from None
     return filtered_frame(unfiltered_frame(_columns(events)), step_names)
 
@@ -184,12 +172,12 @@ def frames_by_filter_key(unfiltered: UnfilteredFrame) -> dict[tuple[str, ...], H
     return frames
 
 
-def _columns(events: list[_Event]) -> dict[str, Any]:
+def _columns(events: list[HtaRankEvent]) -> dict[str, Any]:
     """The kept rows' raw values (lists) and the dtype kinds pandas would infer over every event."""
     starts, durs, cats = list(map(_TS, events)), list(map(_DUR, events)), list(map(_CAT, events))
     kinds, index = _kept_rows(starts, durs, cats)
     kept = list(map(events.__getitem__, index))
-    args = [a if type(a) is _Args else _NO_ARGS for a in map(_ARGS, kept)]
+    args = [a if type(a) is HtaRankArgs else _NO_ARGS for a in map(_ARGS, kept)]
     return {"index": np.asarray(index, dtype=np.int64), "cat": list(map(cats.__getitem__, index)),
             "name": list(map(_NAME, kept)), "ts": list(map(starts.__getitem__, index)),
             "dur": list(map(durs.__getitem__, index)), "stream": list(map(_STREAM, args)),
@@ -232,15 +220,15 @@ def _present_numbers(values: list, as_float: np.ndarray | None) -> np.ndarray:
 def _kept_categories(cats: list) -> np.ndarray:
     """Events whose cat is present and not `Trace`, judged once per distinct value."""
     try:
-        kept_of = {cat: cat is not None and cat != "Trace" for cat in set(cats)}
+        kept_of = {cat: cat is not None and cat != TRACE_SPAN_CATEGORY for cat in set(cats)}
     except TypeError:  # an unhashable category (a list or an object)
-        return _present(cats) & np.fromiter(map(operator.ne, cats, repeat("Trace")), dtype=bool, count=len(cats))
+        return _present(cats) & np.fromiter(map(operator.ne, cats, repeat(TRACE_SPAN_CATEGORY)), dtype=bool, count=len(cats))
     return np.fromiter(map(kept_of.__getitem__, cats), dtype=bool, count=len(cats))
 
 
 def parsed_columns(events: list[Any]) -> dict[str, Any]:
     """_columns of the events fleetscope's own parse decoded (events.decode_selectively: every phase with
-    its `ts`, `dur`, `cat` and `name`, a key it did not find as events.ABSENT), so one decode of a trace
+    its `ts`, `dur`, `cat` and `name`, a key it did not find as kineto_schema.ABSENT), so one decode of a trace
     serves both. NotComputable where the rows would differ from this module's decode: a row of another
     phase than X (only X events carry their args there). Every step is one call over a column (a map in C,
     numpy, a lookup per distinct value): the parse pays this once a rank, ~20 passes over 150k events."""
@@ -252,7 +240,7 @@ def parsed_columns(events: list[Any]) -> dict[str, Any]:
     rows = np.flatnonzero(keep)
     index = rows.tolist()
     kept = list(map(events.__getitem__, index))
-    if not set(map(type, kept)) <= COMPLETE_EVENT_TYPES:
+    if not set(map(type, kept)) <= PARSE_COMPLETE_TYPES:
         raise NotComputable("a row that is not a complete event")
     args = list(map(_ARGS, kept))
     if None in args:

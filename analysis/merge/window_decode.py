@@ -16,13 +16,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
-from typing import Any, ClassVar, Union
+from typing import Any
 
 import msgspec
 import numpy as np
-from fleetscope.analysis.per_rank.names import (
-    PROCESS_GROUP_DESCRIPTION_ARG,
-    PROCESS_GROUP_NAME_ARG,
+from fleetscope.traces.kineto_schema import (
+    FLOW_PHASES,
+    PLANNED_PHASES,
+    WindowComplete,
+    WindowDocument,
+    metadata_value,
 )
 from fleetscope.traces.validate import MAX_TIME_US
 
@@ -30,63 +33,7 @@ EXACT_TIME_US = float(2**53) / 1000
 """Below this, a timestamp's nanoseconds are the same whether figured from an int or its float64; at or above it an
 int timestamp is converted exactly (nanoseconds)."""
 _UNSET = msgspec.UNSET
-
-
-class _SliceArgs(msgspec.Struct, gc=False):
-    """The args a complete event's slice needs: the CUDA correlation, the device and stream of GPU work,
-    and the process group of a collective."""
-
-    correlation: Any = None
-    device: Any = _UNSET
-    stream: Any = _UNSET
-    group_name: Any = msgspec.field(default=_UNSET, name=PROCESS_GROUP_NAME_ARG)
-    group_description: Any = msgspec.field(default=None, name=PROCESS_GROUP_DESCRIPTION_ARG)
-
-
-class _Event(msgspec.Struct, gc=False, tag_field="ph"):
-    ph: ClassVar[str] = ""
-
-
-class _Complete(_Event, tag="X"):
-    ph: ClassVar[str] = "X"
-    ts: int | float | None = None
-    dur: int | float | None = 0
-    name: str = ""
-    cat: str = ""
-    pid: int | str = ""
-    tid: int | str = ""
-    args: _SliceArgs | None = None
-
-
-_OTHER_FIELDS = (("name", Any, _UNSET), ("cat", Any, _UNSET), ("ts", Any, _UNSET), ("pid", Any, _UNSET),
-                 ("tid", Any, _UNSET), ("id", Any, _UNSET), ("bp", Any, _UNSET), ("args", Any, _UNSET))
-"""Every field the per-event planner reads of a phase other than X (UNSET: the key is absent)."""
-PLANNED_PHASES = ("i", "I", "C", "M")
-FLOW_PHASES = ("s", "t", "f")
-OTHER_CHROME_PHASES = ("B", "E", "b", "n", "e", "P", "N", "O", "D", "V", "v", "R", "c", "(", ")")
-"""Phases of the Chrome format the merge does not draw: counted, never built."""
-_PLANNED = tuple(msgspec.defstruct(f"_Planned{index}", _OTHER_FIELDS, bases=(_Event,), tag=phase,
-                                   namespace={"ph": phase}, module=__name__)
-                 for index, phase in enumerate(PLANNED_PHASES))
-_FLOW_FIELDS = (("ts", Union[int, float]), ("id", Union[int, str]), ("bp", Any, _UNSET), ("cat", Any, _UNSET),
-                ("pid", Any, _UNSET), ("tid", Any, _UNSET))
-"""A flow event's time and id are required (every Kineto flow event has them; a trace without goes to the
-generic reader), so a decoded one is valid where its time is in range."""
-_FLOWS = tuple(msgspec.defstruct(f"_Flow{index}", _FLOW_FIELDS, bases=(_Event,), tag=phase, namespace={"ph": phase},
-                                 module=__name__)
-               for index, phase in enumerate(FLOW_PHASES))
-_UNDRAWN = tuple(msgspec.defstruct(f"_Undrawn{index}", [], bases=(_Event,), tag=phase, namespace={"ph": phase},
-                                   module=__name__)
-                 for index, phase in enumerate(OTHER_CHROME_PHASES))
-
-
-class _Window(msgspec.Struct, gc=False):
-    traceEvents: list[Union[(_Complete, *_PLANNED, *_FLOWS, *_UNDRAWN)]]
-    baseTimeNanoseconds: Any = None
-    distributedInfo: Any = None
-
-
-_DECODER = msgspec.json.Decoder(_Window)
+_DECODER = msgspec.json.Decoder(WindowDocument)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,7 +50,7 @@ class SliceColumns:
     pids: list
     tids: list
     args: list
-    """_SliceArgs or None per event."""
+    """kineto_schema.SliceArgs or None per event."""
 
 
 @dataclass(kw_only=True)
@@ -136,13 +83,14 @@ def decode_window(data: bytes) -> DecodedWindow | None:
     """The window of inflated trace JSON `data`, or None where the generic reader must take it."""
     try:
         window = _DECODER.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
     events = window.traceEvents
-    is_complete = [type(event) is _Complete for event in events]
+    is_complete = [type(event) is WindowComplete for event in events]
     completes = list(compress(events, is_complete))
     idents = np.flatnonzero(np.array(is_complete, dtype=bool))
-    decoded = DecodedWindow(base_time_ns=window.baseTimeNanoseconds, distributed_info=window.distributedInfo,
+    decoded = DecodedWindow(base_time_ns=metadata_value(window, "baseTimeNanoseconds"),
+                            distributed_info=metadata_value(window, "distributedInfo"),
                             event_count=len(events), slices=_slice_columns(completes, idents))
     if len(completes) != len(events):
         _sort_others(events, is_complete, decoded)
@@ -150,7 +98,7 @@ def decode_window(data: bytes) -> DecodedWindow | None:
     return decoded
 
 
-def _slice_columns(completes: list[_Complete], idents: np.ndarray) -> SliceColumns:
+def _slice_columns(completes: list[WindowComplete], idents: np.ndarray) -> SliceColumns:
     """Per-field lists of the complete events that have a time and a duration (not null)."""
     ts, dur = list(map(attrgetter("ts"), completes)), list(map(attrgetter("dur"), completes))
     timed = [t is not None and d is not None for t, d in zip(ts, dur)]

@@ -18,6 +18,7 @@ import msgspec
 import orjson
 
 from .formats import STEP_MARKER_PREFIX, parse_step_marker
+from .kineto_schema import IdentityDocument, metadata_value
 from .safe_read import InputRefused, read_input
 from .validate import checked_world_size, rank_problem
 from .layout import CHECKPOINTS_DIR, CLOCK_DIR, JOB_FILE, LOGS_DIR, MANIFEST_FILE, MEMORY_DIR, METRICS_DIR, REPORT_DIR
@@ -163,17 +164,7 @@ class TraceIdentity:
     event_count: int
 
 
-class _NamedEvent(msgspec.Struct, gc=False):
-    name: Any = None
-
-
-class _IdentifyingFields(msgspec.Struct, gc=False):
-    traceEvents: list[_NamedEvent]
-    distributedInfo: Any = None
-    host_name: Any = None
-
-
-_IDENTITY_DECODER = msgspec.json.Decoder(_IdentifyingFields)
+_IDENTITY_DECODER = msgspec.json.Decoder(IdentityDocument)
 
 
 def identify_trace(raw: bytes, path: Path) -> TraceIdentity:
@@ -187,7 +178,8 @@ def identify_trace(raw: bytes, path: Path) -> TraceIdentity:
         fields = _IDENTITY_DECODER.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return _identity_of(_document_of(data, path))
-    return identity_of_fields(distributed_info=fields.distributedInfo, host_name=fields.host_name,
+    return identity_of_fields(distributed_info=metadata_value(fields, "distributedInfo"),
+                              host_name=metadata_value(fields, "host_name"),
                               event_names=_distinct_names(fields.traceEvents),
                               event_count=len(fields.traceEvents))
 

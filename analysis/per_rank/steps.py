@@ -30,7 +30,9 @@ class StepTiming:
     CUDA queue ends its range long before its kernels do, and the GPU's span is then the step (`bound`).
     The GPU bounds the step when its busy time alone (the union of the step's GPU work) outlasts the host's
     range: a host-bound step's last kernels also end a little after the host's range, but the GPU was idle
-    for longer than that inside the step, waiting for launches."""
+    for longer than that inside the step, waiting for launches. It bounds it too when the step's first kernel
+    waited in the queue and started only after the host's range ended: the GPU was still busy with earlier
+    steps' work (the host far ahead, its launch calls blocked on the full queue)."""
 
     step: int
     """The step number (N of `ProfilerStep#N`; with only `train_step` ranges, their order in the trace)."""
@@ -138,6 +140,8 @@ def find_steps(events: TraceEvents) -> tuple[list[StepTiming], str | None]:
         gpu_ms = (gpu_end - gpu_start) / 1000.0 if gpu_start is not None else None
         busy_ms = busy_us / 1000.0 if busy_us is not None else None
         bound = BOUND_GPU if gpu_ms is not None and gpu_ms > host_ms and busy_ms > host_ms else BOUND_HOST
+        if _held_back_by_the_gpu(events, start + dur, host_ms, gpu_start, busy_ms):
+            bound = BOUND_GPU
         if source == STEP_SOURCE_CAPTURE and gpu_ms is not None:
             # the whole capture: the GPU's span, first recorded activity to last. Before it the GPU may have run
             # work queued before the capture (a host that runs ahead launches long before its kernels run), and
@@ -151,6 +155,29 @@ def find_steps(events: TraceEvents) -> tuple[list[StepTiming], str | None]:
             data_loader_ms=_phase_times_ms(events, {"data": loader}, start, start + dur).get("data")
             if loader.any() else None))
     return steps, source
+
+
+QUEUED_US = 50.0
+"""A GPU activity that starts this long after its launch call returned waited in the queue behind other work."""
+
+
+def _held_back_by_the_gpu(events: TraceEvents, host_end_us: float, host_ms: float, gpu_start_us: float | None,
+                          busy_ms: float | None) -> bool:
+    """The step's first kernel waited in the queue and started only after the host's range ended, and the step's
+    own GPU work takes at least half that range: the host ran ahead and its range stretched to the GPU's pace
+    (launch calls blocking on the full queue), so the GPU's span is the step's. A step that launches little
+    (its GPU busy with work from elsewhere) keeps its host range."""
+    if gpu_start_us is None or busy_ms is None or gpu_start_us < host_end_us or busy_ms < host_ms / 2:
+        return False
+    return _waited_in_queue(events, gpu_start_us)
+
+
+def _waited_in_queue(events: TraceEvents, start_us: float) -> bool:
+    """The GPU work starting at `start_us` waited in the queue after its launch (QUEUED_US): the GPU was busy with
+    earlier work. A step whose first kernel so started only after the host's range ended was held back by the
+    GPU, not the host (whose launch calls may even have blocked on the full queue, lengthening its range)."""
+    starting = events.of_kind(*GPU_ACTIVITY_KINDS) & (events.start_us == start_us)
+    return bool(np.any(events.start_us[starting] - events.launch_end_us(starting) > QUEUED_US))
 
 
 def _whole_gpu_span(events: TraceEvents) -> tuple[dict[int, tuple[float, float, float]], str]:

@@ -49,7 +49,7 @@ from fleetscope.analysis.per_rank.names import (
     is_comm_kernel,
     is_gloo_span,
 )
-from fleetscope.analysis.per_rank.steps import StepTiming
+from fleetscope.analysis.per_rank.steps import QUEUED_US, StepTiming
 
 BASIS_GPU = "gpu"
 BASIS_CPU = "cpu"
@@ -172,10 +172,6 @@ def _gpu_span(events: TraceEvents, steps: list[StepTiming]) -> tuple[float, floa
     ends = events.end_us[gpu][launched_in_steps]
     last_end = max(last_end, max(s.span_end_us for s in steps))
     return start, max(last_end, float(ends.max())) if ends.size else last_end
-
-
-QUEUED_US = 50.0
-"""A GPU activity that starts this long after its launch call returned waited in the queue behind other work."""
 
 
 def gpu_known_from_us(events: TraceEvents) -> float:

@@ -403,3 +403,19 @@ def test_nanoseconds_of_epoch_ints_are_exact_and_of_floats_python_s():
     values = [1623142623531625, 1712195495502094.565, 12.5, -3, 0.0005]
     assert nanoseconds(values, 7).tolist() == [7 + round(v * 1000) for v in values]
     assert nanoseconds([float("nan")], 0) is None and nanoseconds([1e300], 0) is None
+
+
+@pytest.mark.parametrize("event_args", [False, True])
+def test_the_planner_s_chrome_json_and_args_are_the_per_event_fallback_s(tmp_path, monkeypatch, event_args):
+    """The Chrome JSON beside the output (and with event args, the debug annotations) written from the columns:
+    the same files as the fallback writes event by event, arrows and made-up slices included."""
+    trace = _sync_edge_trace(tmp_path / "rank0.pt.trace.json")
+    written = []
+    for per_event in (False, True):
+        out = tmp_path / f"{per_event}.perfetto-trace"
+        chrome = tmp_path / f"{per_event}.trace.json.gz"
+        _merged_bytes(trace, out, monkeypatch, per_event=per_event, chrome_json=chrome, event_args=event_args)
+        with gzip.open(chrome, "rb") as handle:
+            written.append((out.read_bytes(), handle.read()))
+    assert written[0] == written[1]
+    assert b'"correlation"' in written[0][1] and b'"ph":"s"' in written[0][1]

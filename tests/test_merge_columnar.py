@@ -125,8 +125,10 @@ def test_a_negative_timestamp_is_refused_as_the_per_event_writer_refuses_it():
 
 
 def merged_bytes(tmp_path: Path, name: str, *, per_event: bool, monkeypatch, **options) -> Path:
+    """The merge of EAGER planned on columns, or by the per-event fallback written packet by packet."""
     with monkeypatch.context() as patch:
         if per_event:
+            patch.setattr(merge_run, "decode_window", lambda data: None)
             patch.setattr(merge_run, "operation_columns", lambda *args, **kwargs: None)
         result = merge_run.merge(EAGER, tmp_path / name, options=MergeOptions(workers=1, **options))
     return result.output
@@ -136,8 +138,8 @@ def merged_bytes(tmp_path: Path, name: str, *, per_event: bool, monkeypatch, **o
                                                             "overlays": False}],
                          ids=["event-args", "event-args-one-step-no-overlays"])
 def test_a_real_merge_is_the_same_trace_either_way(tmp_path, monkeypatch, options):
-    """With event args the window is planned event by event (plan.py: the columns hold no args) and its
-    operations are encoded as columns (operation_columns) or packet by packet (the Chrome JSON's path)."""
+    """With the events' args drawn, the planner's columns take them from the generic reader's events; the
+    per-event fallback (a file the columnar decoder refuses) writes the same packets one by one."""
     columnar = merged_bytes(tmp_path, "columnar.perfetto-trace", per_event=False, monkeypatch=monkeypatch, **options)
     per_event = merged_bytes(tmp_path, "per-event.perfetto-trace", per_event=True, monkeypatch=monkeypatch, **options)
     new, old = check_trace(columnar), check_trace(per_event)

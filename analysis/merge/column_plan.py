@@ -1,14 +1,14 @@
 """Planning one window (pure): THE merge planner, over arrays of the window's complete events.
 
 Which planner runs when (merge/run.py `_plan_file`):
-  * this one, for every window the columnar decoder (window_decode.decode_window) takes: the default merge,
-    filtered merges (steps, time range, no python functions), any time the trace holds (an event before the
-    clock's zero or beyond 2^63 ns once placed is left out and counted, a time beyond float64's exact
-    nanoseconds is placed in Python integers), any correlation id;
-  * plan.py's per-event planner, the fallback, only where the columns cannot hold what is drawn: the events'
-    args (`--args` debug annotations, the Chrome JSON beside the output), and a file the columnar decoder does
-    not take (another shape, a value of another type, invalid UTF-8). The fallback writes the same bytes
-    (tests/test_merge_column_plan.py holds it to that where it remains).
+  * this one, for every window the columnar decoder (window_decode.decode_window) takes: every option (steps,
+    time range, no python functions, no flows or overlays; the events' args and the Chrome JSON, written from
+    the columns with the args the generic reader gives: run._RankEmitter._emit_columns), any time the trace
+    holds (an event before the clock's zero or beyond 2^63 ns once placed is left out and counted, a time
+    beyond float64's exact nanoseconds is placed in Python integers), any 64-bit correlation id;
+  * plan.py's per-event planner, the fallback, only for a file the columnar decoder does not take (another
+    shape, a value of another type, invalid UTF-8), read by the generic reader. It writes the same bytes
+    (tests/test_merge_column_plan.py and test_merge_columnar.py hold it to that).
 
 plan.py's rules, figured over arrays (window_decode.SliceColumns): grouping per thread and the time filters
 are masks and sorts, launch flows a join on the correlation id, and every slice's begin and end an index into
@@ -88,7 +88,7 @@ def plan_window_columns(window: DecodedWindow, tracks: RankTracks, context: Wind
         plan.overlay_instant_count += overlay.instant_count
         plan.step_ranges = overlay.step_ranges
         plan.counter_sample_count += overlay.counter_sample_count
-    plan.columns = planned_columns(slice_ops, rare_ops, table, plan.flows)
+    plan.columns, plan.row_sources = planned_columns(slice_ops, rare_ops, table, plan.flows)
     return plan
 
 

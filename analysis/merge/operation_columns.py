@@ -7,6 +7,7 @@ looked at one by one. What a row carries is what the per-event emitter gives it 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from itertools import chain, compress
 from operator import itemgetter
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 _TYPE_OF_OPERATION = np.zeros(max(OP_END, OP_BEGIN, OP_INSTANT, OP_COUNTER) + 1, dtype=np.uint8)
 _TYPE_OF_OPERATION[[OP_END, OP_BEGIN, OP_INSTANT, OP_COUNTER]] = [SLICE_END, SLICE_BEGIN, INSTANT, COUNTER]
-_BEGIN_IDENT, _BEGIN_ANNOTATIONS = 6, 7
+_BEGIN_END, _BEGIN_IDENT, _BEGIN_ANNOTATIONS = 5, 6, 7
 _INSTANT_IDENT, _INSTANT_ANNOTATIONS = 5, 6
 
 
@@ -129,10 +130,21 @@ def event_args_of(events: list[Any], ident: int) -> dict | None:
 
 # --- a window planned on columns (column_plan.py) ---------------------------------------------------
 
-def planned_columns(slice_ops: "SliceOps", rare_ops: list[tuple], table: "SliceTable", flows: FlowPlan) -> TrackEventColumns:
+@dataclass(frozen=True, slots=True)
+class RowSources:
+    """What each row of a columnar plan's columns came from, for the Chrome JSON and the events' args."""
+
+    idents: np.ndarray
+    """int64 per row: the Kineto event's index in the trace (NO_EVENT or below: a made-up slice or mark)."""
+    ends_ns: np.ndarray
+    """int64 per row: a SLICE_BEGIN's end (0 elsewhere)."""
+
+
+def planned_columns(slice_ops: "SliceOps", rare_ops: list[tuple], table: "SliceTable",
+                    flows: FlowPlan) -> tuple[TrackEventColumns, RowSources]:
     """The encoder's columns of a columnar plan: the slices' begins and ends (`slice_ops`, in emission
     order), then the rare operations (instants, counters, overlays: plan.py's tuples), sorted by time
-    stably over that order, as plan.plan_window sorts its operations."""
+    stably over that order, as plan.plan_window sorts its operations; and each row's sources."""
     rows, begins = slice_ops.rows, slice_ops.begins
     rare = _RareOps.of(rare_ops)
     timestamps = np.concatenate([np.where(begins, table.starts[rows], table.ends[rows]), rare.timestamps])
@@ -144,6 +156,7 @@ def planned_columns(slice_ops: "SliceOps", rare_ops: list[tuple], table: "SliceT
     named = (kinds == OP_BEGIN) | (kinds == OP_INSTANT)
     begin_rows = np.flatnonzero(kinds == OP_BEGIN)
     slice_count = len(rows)
+    ends = np.concatenate([np.where(begins, table.ends[rows], 0), rare.ends_ns])[order]
     return TrackEventColumns(
         types=_TYPE_OF_OPERATION[kinds], timestamps_ns=timestamps[order],
         track_uuids=np.concatenate([slice_ops.uuids, rare.uuids])[order],
@@ -151,7 +164,19 @@ def planned_columns(slice_ops: "SliceOps", rare_ops: list[tuple], table: "SliceT
         counter_values=rare.values[order[kinds == OP_COUNTER] - slice_count],
         flows=_planned_flows(begin_rows, idents[begin_rows], flows),
         annotations=_rare_annotations(rare, order, slice_count),
-    )
+    ), RowSources(idents=idents, ends_ns=ends)
+
+
+def with_event_args(columns: TrackEventColumns, sources: RowSources, events: list[Any]) -> TrackEventColumns:
+    """`columns` with each Kineto event's args as its slice's or instant's debug annotations (the made-up
+    rows keep their own), as the per-event emitter gives them with event args."""
+    named = (columns.types == SLICE_BEGIN) | (columns.types == INSTANT)
+    annotations = dict(columns.annotations)
+    for row in np.flatnonzero(named & (sources.idents >= 0)).tolist():
+        args = event_args_of(events, int(sources.idents[row]))
+        if args:
+            annotations[row] = args
+    return dataclasses.replace(columns, annotations=annotations)
 
 
 def _texts(table: list[str], ids: np.ndarray, named: np.ndarray) -> np.ndarray:
@@ -174,6 +199,8 @@ class _RareOps:
     idents: np.ndarray
     values: np.ndarray
     """float64 counter value per row (0 where not a counter)."""
+    ends_ns: np.ndarray
+    """int64: a begin's end (0 where not a begin)."""
 
     @classmethod
     def of(cls, operations: list[tuple]) -> "_RareOps":
@@ -186,16 +213,18 @@ class _RareOps:
             raise ValueError(f"a planned timestamp or track uuid does not fit 64 bits: {error}") from error
         names, categories = np.empty(count, dtype=object), np.empty(count, dtype=object)
         idents, values = np.full(count, NO_EVENT, dtype=np.int64), np.zeros(count, dtype=np.float64)
+        ends = np.zeros(count, dtype=np.int64)
         for row, operation in enumerate(operations):
             kind = operation[1]
             if kind == OP_BEGIN:
                 names[row], categories[row], idents[row] = operation[3], operation[4], operation[_BEGIN_IDENT]
+                ends[row] = operation[_BEGIN_END]
             elif kind == OP_INSTANT:
                 names[row], categories[row], idents[row] = operation[3], operation[4], operation[_INSTANT_IDENT]
             elif kind == OP_COUNTER:
                 values[row] = operation[3]
         return cls(operations=operations, timestamps=timestamps, kinds=kinds, uuids=uuids, names=names,
-                   categories=categories, idents=idents, values=values)
+                   categories=categories, idents=idents, values=values, ends_ns=ends)
 
     def annotations_of(self, row: int) -> Any:
         """A made-up slice's or mark's own annotations (the Kineto events' are not drawn here: no event args)."""

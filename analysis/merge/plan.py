@@ -17,8 +17,8 @@ A rank's windows are planned one after another against the same `RankTracks`, so
 in one process and reuse its tracks.
 
 The merge plans a window on columns (column_plan.py, the planner); `plan_window` is its fallback, run only
-where the columns cannot hold what is drawn: the events' args (debug annotations, the Chrome JSON) and a file
-the columnar decoder does not take. The functions for rare events here (instants, counters, metadata, flow
+for a file the columnar decoder does not take (window_decode.decode_window: another shape, a value of another
+type, invalid UTF-8). The functions for rare events here (instants, counters, metadata, flow
 event fields, the filters of rare events, track registration and naming) are the one owner of those rules:
 the columnar planner calls them.
 """
@@ -97,6 +97,8 @@ class WindowPlan:
     """Events that could not be merged or had to be repaired, by reason."""
     columns: TrackEventColumns | None = None
     """The operations as the encoder's columns, time-sorted (column_plan.py); `operations` is then empty."""
+    row_sources: Any = None
+    """With `columns`: each row's Kineto event and a begin's end (operation_columns.RowSources)."""
 
     @property
     def first_ts_ns(self) -> int | None:

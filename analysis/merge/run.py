@@ -31,7 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, Mapping
+from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from fleetscope.analysis.merge.chrome_json import ChromeJsonWriter
 from fleetscope.analysis.merge.flows import FlowPlan
@@ -48,9 +48,12 @@ from fleetscope.analysis.merge.summary import (
     summary_process,
     write_rank_summary,
 )
-from fleetscope.analysis.merge.operation_columns import event_args_of, operation_columns
-from fleetscope.analysis.merge.perfetto.columnar import write_track_events
+from fleetscope.analysis.merge.operation_columns import RowSources, event_args_of, operation_columns, with_event_args
+from fleetscope.analysis.merge.perfetto.columnar import TrackEventColumns, write_track_events
 from fleetscope.analysis.merge.perfetto.writer import (
+    COUNTER,
+    INSTANT,
+    SLICE_BEGIN,
     PacketStream,
     SequenceWriter,
     TrackSpec,
@@ -514,19 +517,22 @@ class _MergeSession:
 
     def _plan_file(self, trace_file: TraceFile, source: RankSource, tracks: RankTracks, window_key: int,
                    *, first_window: bool) -> tuple[WindowPlan, list[Any]] | None:
-        """Read one window and plan it; returns the plan and the window's events (for their args; none when
-        planned on columns, which draws no event args)."""
+        """Read one window and plan it; returns the plan and the window's events as the generic reader gives
+        them (for their args: read only where they are drawn, or where the fallback plans the window)."""
         try:
             raw = read_raw(trace_file.path)
-            decoded = decode_window(decompress(raw, trace_file.path)) if self._plans_on_columns else None
+            decoded = decode_window(decompress(raw, trace_file.path))
             document = decoded.document if decoded is not None else decode_trace(raw, trace_file.path)
+            events = [] if decoded is not None and not self._draws_event_args else None
+            events = decode_trace(raw, trace_file.path)["traceEvents"] if events is None and decoded is not None \
+                else events
         except TraceReadError as error:
             self.problems.append(MergeProblem(path=str(trace_file.path), rank=source.rank, reason=error.reason))
             return None
         self._check_rank(document, trace_file, source)
         context = self._window_context(document, trace_file, source, window_key, first_window=first_window)
         if decoded is not None:
-            plan, events = plan_window_columns(decoded, tracks, context), []
+            plan = plan_window_columns(decoded, tracks, context)
         else:
             events = document["traceEvents"]
             plan = plan_window(events, tracks, context)
@@ -538,11 +544,10 @@ class _MergeSession:
         return plan, events
 
     @property
-    def _plans_on_columns(self) -> bool:
-        """Windows are planned on columns (column_plan.py, the planner) unless the events' args are drawn (debug
-        annotations or the Chrome JSON's args), which only the per-event fallback (plan.py) copies from each
-        event; it also plans a file the columnar decoder does not take."""
-        return self.json_writer is None and not self.options.event_args
+    def _draws_event_args(self) -> bool:
+        """Whether the events' args are drawn (debug annotations, or the Chrome JSON's args): the columns do
+        not hold them, so the window is read a second time by the generic reader for them."""
+        return self.json_writer is not None or self.options.event_args
 
     def _window_context(self, document: dict, trace_file: TraceFile, source: RankSource, window_key: int, *,
                         first_window: bool) -> WindowContext:
@@ -626,13 +631,48 @@ class _RankEmitter:
             self.writer.track(spec)
             if self.json_writer is not None:
                 self.json_writer.track(self.pid, spec.uuid, spec.name, spec.order, spec.is_counter)
-        columns = plan.columns
-        if columns is None and self.json_writer is None:
-            columns = operation_columns(plan.operations, plan.flows, events, event_args=self.event_args)
+        if plan.columns is not None:
+            self._emit_columns(plan.columns, plan.row_sources, events)
+            return
+        columns = None if self.json_writer is not None else \
+            operation_columns(plan.operations, plan.flows, events, event_args=self.event_args)
         if columns is not None:
             write_track_events(self.writer, columns)
         else:
             self._emit_each(plan, events)
+
+    def _emit_columns(self, columns: TrackEventColumns, sources: RowSources, events: list[Any]) -> None:
+        """A columnar plan: its columns (with the events' args as annotations where those are drawn), then
+        its Chrome JSON row by row, as _emit_each writes a per-event plan's."""
+        write_track_events(self.writer, with_event_args(columns, sources, events) if self.event_args else columns)
+        if self.json_writer is None:
+            return
+        named = iter(zip(columns.names, columns.categories))
+        values = iter(columns.counter_values.tolist())
+        rows = zip(columns.types.tolist(), columns.timestamps_ns.tolist(), columns.track_uuids.tolist(),
+                   sources.idents.tolist(), sources.ends_ns.tolist())
+        for row, (kind, ts, uuid, ident, end_ns) in enumerate(rows):
+            if kind == SLICE_BEGIN:
+                name, category = next(named)
+                args = columns.annotations.get(row) if ident < 0 else event_args_of(events, ident)
+                self._json_begin(columns.flows.of_row(row), uuid, name, category, ts, end_ns, args)
+            elif kind == INSTANT:
+                name, category = next(named)
+                args = columns.annotations.get(row) if ident < 0 else event_args_of(events, ident)
+                self.json_writer.instant(self.pid, uuid, name, category, ts, args)
+            elif kind == COUNTER:
+                self.json_writer.counter(self.pid, uuid, ts, next(values))
+
+    def _json_begin(self, flow_ids: tuple[Sequence[int], Sequence[int]], uuid: int, name: str, category: str,
+                    ts: int, end_ns: int, args: Any) -> None:
+        """A slice in the Chrome JSON, with its arrows' ends (collective ones are Perfetto's alone)."""
+        outgoing, terminating = flow_ids
+        self.json_writer.complete(self.pid, uuid, name, category, ts, end_ns, args)
+        for flow_id in outgoing:
+            if not flow_id & _COLLECTIVE_FLOW_BIT:
+                self.json_writer.flow(ends=False, flow_id=flow_id, pid=self.pid, uuid=uuid, ts_ns=ts)
+        for flow_id in terminating:
+            self.json_writer.flow(ends=True, flow_id=flow_id, pid=self.pid, uuid=uuid, ts_ns=ts)
 
     def _emit_each(self, plan: WindowPlan, events: list[Any]) -> None:
         """Event by event: with the Chrome JSON (which takes each event too), and the reference the
@@ -658,12 +698,7 @@ class _RankEmitter:
         self.writer.slice_begin(ts, uuid, name, category, flow_ids=outgoing, terminating_flow_ids=terminating,
                                 annotations=args if (self.event_args or ident <= NO_EVENT) else None)
         if self.json_writer is not None:
-            self.json_writer.complete(self.pid, uuid, name, category, ts, end_ns, args)
-            for flow_id in outgoing:
-                if not flow_id & _COLLECTIVE_FLOW_BIT:
-                    self.json_writer.flow(ends=False, flow_id=flow_id, pid=self.pid, uuid=uuid, ts_ns=ts)
-            for flow_id in terminating:
-                self.json_writer.flow(ends=True, flow_id=flow_id, pid=self.pid, uuid=uuid, ts_ns=ts)
+            self._json_begin((outgoing, terminating), uuid, name, category, ts, end_ns, args)
 
     @property
     def _needs_args(self) -> bool:

@@ -19,7 +19,8 @@ from fleetscope.analysis.cross_rank.moe import moe_records_noted
 from fleetscope.analysis.cross_rank.records import trainer_evidence
 from fleetscope.analysis.cross_rank.whole_run import whole_run_section
 from fleetscope.analysis.cross_rank.hta_views import start_hta_workers
-from fleetscope.analysis.inputs.records import RunRecords
+from fleetscope.analysis.inputs.records import RunRecords, read_step_metrics_only
+from fleetscope.traces.layout import RunLayout
 from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
 from fleetscope.analysis.inputs.sources import TraceFailure, TraceSource
 from fleetscope.analysis.per_rank.cache import ResultCache, open_cache
@@ -47,7 +48,7 @@ def analyze(path: str | Path, options: AnalyzeOptions = AnalyzeOptions(), *, jso
             html_out: str | Path | None = None, write_default_outputs: bool = True,
             progress: Progress | None = None, hta_progress: Progress | None = None,
             on_parsed: Callable[[list[RankResult | TraceFailure]], None] | None = None,
-            advisor: Callable[[Path, Report], list] | None = None, records: RunRecords | None = None,
+            advisor: Callable[[RunRecords, Report], list] | None = None, records: RunRecords | None = None,
             **option_overrides) -> Report:
     """Analyze a run directory, a directory of Kineto traces, or one trace file.
 
@@ -64,7 +65,7 @@ def analyze(path: str | Path, options: AnalyzeOptions = AnalyzeOptions(), *, jso
     `progress(done, total)` as traces are parsed, `hta_progress(done, total)` as HTA ranks finish.
     `on_parsed(outcomes)` gets the per-trace outcomes of the parse (RankResult.from_cache tells a cache hit),
     e.g. for the reduce step of a fanned-out parse to record that it parsed nothing.
-    `advisor(root, report)` returns the findings shown next to the verdict (Report.advice; the CLI passes
+    `advisor(records, report)` returns the findings shown next to the verdict (Report.advice; the CLI passes
     analysis/advise/'s top_findings, which this module cannot import: advise reads reports this writes).
     `records`: the run directory's records (inputs/records.py) when the caller has read them (postprocess hands
     the merge the same); read once here otherwise.
@@ -110,7 +111,8 @@ def analyze(path: str | Path, options: AnalyzeOptions = AnalyzeOptions(), *, jso
     _with_outcome(report, job_outcome(run, report.capture.hang if report.capture else None))
     report.notes += _uncollected_note(run)
     if advisor is not None:
-        report.advice = list(advisor(inputs.layout.root if inputs.layout is not None else Path(path), report))
+        root = inputs.layout.root if inputs.layout is not None else Path(path)
+        report.advice = list(advisor(run if run is not None else read_step_metrics_only(RunLayout.at(root)), report))
     if auditing():
         audit("report", json_out or path, check_report(report))
     _write_outputs(report, json_out, html_out)

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from fleetscope.analysis.cross_rank.outcome import OUTCOME_PROBLEM_LABEL
 from fleetscope.analysis.analyze import analyze, load_report_json
-from fleetscope.analysis.inputs.records import read_run_records, read_step_metrics_only
+from fleetscope.analysis.inputs.records import RunRecords, read_run_records
 from fleetscope.analysis.invariants import audit, auditing, check_advice
 from fleetscope.analysis.quantities import bounded_gain
 from fleetscope.analysis.render.advice_terminal import gain_text
@@ -133,9 +133,10 @@ def advise(path: str | Path) -> Advice:
     return advice
 
 
-def top_findings(root: Path, report: Report) -> list[TopFinding]:
-    """The advice the report shows next to its verdict: the same findings `advise` gives, largest gain first."""
-    advice = advise_evidence(gather_evidence(read_step_metrics_only(RunLayout.at(root)), report), str(root))
+def top_findings(records: RunRecords, report: Report) -> list[TopFinding]:
+    """The advice the report shows next to its verdict: the same findings `advise` gives, largest gain first, from
+    the records the analysis read (nothing is read again)."""
+    advice = advise_evidence(gather_evidence(records, report), str(records.layout.root))
     return [TopFinding(rule=f.rule, title=f.title, gain=gain_text(f), change=f.change, confidence=f.confidence,
                        ranks=list(f.ranks), windows=list(f.windows), overlaps=list(f.overlaps))
             for f in advice.findings[:TOP_FINDINGS]]

@@ -14,7 +14,7 @@ from fleetscope.analysis.report.model import Report
 from fleetscope.traces.formats import StepRecord
 from fleetscope.traces.jobfile import read_job_record
 
-from .model import Evidence
+from .model import TRACE_DATA_SOURCE, Evidence
 
 
 def gather_evidence(records: RunRecords, report: Report | None) -> Evidence:
@@ -42,7 +42,7 @@ def gather_evidence(records: RunRecords, report: Report | None) -> Evidence:
     return Evidence(
         **_step_time(steady, report),
         data_ms=trace_data_ms if trace_data_ms is not None else per_step_max("data_ms"),
-        data_source="trace DataLoader ranges" if trace_data_ms is not None else "step metrics data_ms",
+        data_source=TRACE_DATA_SOURCE if trace_data_ms is not None else "step metrics data_ms",
         comm_exposed_ms=per_step_max("comm_exposed_ms"), comm_buckets=per_step_max("comm_buckets"),
         comm_mb=per_step_max("comm_mb"), comm_last_bucket_mb=per_step_max("comm_last_bucket_mb"),
         trace_collectives_per_step=_trace_collectives_per_step(report), trace_allreduce_mb=_trace_allreduce_mb(report),

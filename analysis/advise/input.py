@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .model import Change, Evidence, Finding, Rule, settings_change, step_gain, trainer_change
+from .model import (TRACE_DATA_SOURCE, Change, Evidence, Finding, Rule, settings_change, step_gain, trace_gain,
+                    trainer_change)
 
 DATA_SHARE = 0.10
 """Data loading above this share of the step is worth moving to worker processes."""
@@ -40,7 +41,8 @@ def data_workers(e: Evidence) -> Finding | None:
     workers = e.setting("data", "num_workers", 0)
     if e.data_ms is None or not e.step_ms or workers > 0 or e.data_ms < DATA_SHARE * e.step_ms:
         return None
-    gain, pct = step_gain(e, e.data_ms)
+    # the trace's DataLoader ranges are profiled host work (lengthened as the step is); step metrics' data_ms is not
+    gain, pct = (trace_gain if e.data_source == TRACE_DATA_SOURCE else step_gain)(e, e.data_ms)
     return Finding(rule="data_workers", title="data loading stalls the step",
                    evidence={"data_ms": round(e.data_ms, 3), "data_source": e.data_source,
                              "step_ms": round(e.step_ms, 3), "num_workers": workers,

@@ -16,6 +16,10 @@ STRAGGLER_SHARE = 0.5
 silent then (communication): the exposed time is waiting for it."""
 
 
+TRACE_DATA_SOURCE = "trace DataLoader ranges"
+"""Evidence.data_source where data_ms is the trace's DataLoader fetch time (else the step metrics' data_ms)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Evidence:
     step_ms: float | None = None
@@ -159,6 +163,13 @@ class Evidence:
     """CPUs each rank has on its host (evidence.py _cpus_per_rank): Slurm's cpus_per_task, or a local run's
     launching machine's CPUs over its ranks; None where job.json does not tell."""
     """rank -> host, from the trace report (which ranks share a node)."""
+
+    @property
+    def trace_step_ms(self) -> float | None:
+        """The step the trace's per-step figures (idle %, ms per profiled step) were measured on: the profiled
+        step where known, else the step. A share of it turned into ms is a profiled quantity, which trace_gain
+        then scales to the steady step once."""
+        return self.profiled_step_ms or self.step_ms
 
     def setting(self, section: str, name: str, default: Any = None) -> Any:
         """A recorded setting; `default` also where job.json (written by anyone) holds something of another

@@ -69,13 +69,16 @@ def score(directory: Path) -> dict:
     row["right"] = bool(top) and top[0] in wanted[0] if len(causes) == 1 else \
         all(any(rule in rules for rule in top) for rules in wanted)
     row["gain_errors"], row["scaled_gain_errors"] = {}, {}
-    scale = _steady_scale(planted.get("step_ms"), advice.combined_gain_of_ms)
+    steady = _advised_at_steady_step(directory, planted.get("step_ms"), advice.combined_gain_of_ms)
+    rescored = [(f.rule, f.expected_gain_ms, f.expected_gain_pct) for f in steady.findings] if steady else ranked
     for cause, rules in zip(causes, wanted):
         planted_ms = (planted.get("planted_ms_per_step") or {}).get(cause)
         gains = [gain for rule, gain, _ in ranked if rule in rules and gain is not None]
+        scaled = [gain for rule, gain, _ in rescored if rule in rules and gain is not None]
         if planted_ms and planted_ms > 0 and gains:
             row["gain_errors"][cause] = _gain_error(cause, gains[0], planted_ms, ranked, rules, planted)
-            row["scaled_gain_errors"][cause] = _gain_error(cause, gains[0] * scale, planted_ms, ranked, rules, planted)
+            row["scaled_gain_errors"][cause] = _gain_error(cause, (scaled or gains)[0], planted_ms, rescored, rules,
+                                                           planted)
     return row
 
 
@@ -92,13 +95,23 @@ def _gain_error(cause: str, gain_ms: float, planted_ms: float, ranked: list, rul
     return abs(gain_ms - planted_ms) / planted_ms
 
 
-def _steady_scale(steady_ms: float | None, profiled_ms: float | None) -> float:
-    """What a fleetscope run does with a gain measured on profiled steps (advise/model.py profiled_scale): scale it
-    by the steady step over the profiled one where the profiled step is the longer; here the steady step is the
-    program's own unprofiled timing (planted.json step_ms)."""
+def _advised_at_steady_step(directory: Path, steady_ms: float | None, profiled_ms: float | None):
+    """The advice a fleetscope run gets, whose step metrics give the unprofiled step: the same evidence with the
+    program's own unprofiled timing (planted.json step_ms) as the run's step, through the advisor's own rules
+    (each decides what of its gain profiling lengthened: advise/model.py profiled_scale). None where the profiled
+    step is not the longer (nothing to scale)."""
     if not steady_ms or not profiled_ms or profiled_ms <= steady_ms:
-        return 1.0
-    return steady_ms / profiled_ms
+        return None
+    import dataclasses
+    from fleetscope.analysis.advise.engine import advise_evidence
+    from fleetscope.analysis.advise.evidence import gather_evidence
+    from fleetscope.analysis.analyze import analyze
+    from fleetscope.analysis.inputs.records import read_run_records
+    from fleetscope.traces.layout import RunLayout
+    report = analyze(directory, write_default_outputs=False, use_hta=False)
+    evidence = gather_evidence(read_run_records(RunLayout.at(directory)), report)
+    evidence = dataclasses.replace(evidence, step_ms=steady_ms, step_basis="the program's unprofiled timing")
+    return advise_evidence(evidence, str(directory))
 
 
 def measurable_causes(planted: dict) -> tuple[list[str], list[str]]:
@@ -145,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gains within {GAIN_TOLERANCE:.0%} of the planted cost: {sum(e <= GAIN_TOLERANCE for e in errors)} of the "
           f"{len(errors)} found ({planted_causes} planted causes in all)")
     scaled = [e for r in rows for e in r.get("scaled_gain_errors", {}).values()]
-    print(f"  the same gains scaled to the unprofiled step as a fleetscope run scales them (its steady step metrics): "
+    print(f"  the gains a fleetscope run gives, its steady step being the unprofiled one (the advisor rerun on it): "
           f"{sum(e <= GAIN_TOLERANCE for e in scaled)} of {len(scaled)}")
     print(f"programs the advisor could not read: {sum('error' in r for r in rows)}")
     if args.json:

@@ -11,6 +11,22 @@ import re
 from fleetscope.traces.formats import PHASES, TRAIN_STEP  # noqa: F401
 from fleetscope.traces.formats import STEP_MARKER_PREFIX as PROFILER_STEP_PREFIX  # noqa: F401
 from fleetscope.traces.formats import parse_step_marker as profiler_step_number  # noqa: F401
+from fleetscope.traces.kineto_schema import (  # noqa: F401  (the trace's arg keys: traces/ owns the format)
+    COLLECTIVE_NAME_ARG,
+    CONCRETE_INPUTS_ARG,
+    DTYPE_ARG,
+    EXTERNAL_ID_ARG,
+    GROUP_SIZE_ARG,
+    IN_NELEMS_ARG,
+    IN_SPLIT_ARG,
+    INPUT_DIMS_ARG,
+    INPUT_TYPE_ARG,
+    OUT_NELEMS_ARG,
+    OUT_SPLIT_ARG,
+    PROCESS_GROUP_DESCRIPTION_ARG,
+    PROCESS_GROUP_NAME_ARG,
+    SEQUENCE_ARG,
+)
 
 # Old NCCL builds name kernels ncclKernel_<Op>_..., current ones ncclDevKernel_<Op>_...;
 # RCCL keeps the NCCL names.
@@ -65,31 +81,10 @@ def point_to_point_kind(name: str, collective_arg: str | None = None, launching_
     return P2P_UNKNOWN
 
 
-PROCESS_GROUP_NAME_ARG = "Process Group Name"
-PROCESS_GROUP_DESCRIPTION_ARG = "Process Group Description"
-"""Kineto args naming the process group of a collective (on NCCL kernels and `record_param_comms`)."""
 _UNDESCRIBED_GROUPS = ("", "undefined")
-EXTERNAL_ID_ARG = "External id"
-"""Kineto's link from GPU activity (and its launch) to the host op that launched it."""
-COLLECTIVE_NAME_ARG = "Collective name"
-IN_NELEMS_ARG = "In msg nelems"
-OUT_NELEMS_ARG = "Out msg nelems"
-DTYPE_ARG = "dtype"
-GROUP_SIZE_ARG = "Group size"
-IN_SPLIT_ARG = "In split size"
-OUT_SPLIT_ARG = "Out split size"
-CONCRETE_INPUTS_ARG, INPUT_DIMS_ARG, INPUT_TYPE_ARG = "Concrete Inputs", "Input Dims", "Input type"
-"""Host op args of traces with record_shapes: c10d::alltoall_base_ lists its split sizes there (gloo and
-every backend), as `c10d::alltoall_base_(output, input, group, output_split_sizes, input_split_sizes, ...)`."""
 ALL_TO_ALL_BASE_OP = "c10d::alltoall_base_"
 """Kineto args describing a collective's message (on NCCL kernels and `record_param_comms`, PyTorch >= 2.3;
 gloo traces have none)."""
-SEQUENCE_ARG = "Seq"
-"""The process group's own sequence number of a collective (kSeqNum in PyTorch's profiler utils and Kineto's
-collective args; written by newer PyTorch on `record_param_comms` and copied onto its NCCL kernel, together
-with `Comms Id`, a hash of the group name, this number and the group's topology). Every member of the group
-numbers the same collective alike, so (group, sequence number) names an instance exactly
-(cross_rank/matching.py); gloo records neither."""
 
 
 def process_group_label(group_name: object, description: object) -> str | None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fleetscope.analysis.inputs import records as records_module
 from fleetscope.traces import clock as clock_module
+from fleetscope.traces import jobfile as jobfile_module
 from fleetscope.traces import manifest as manifest_module
 from fleetscope.traces.layout import RunLayout
 
@@ -46,10 +47,11 @@ def test_one_postprocess_parses_the_manifest_once_and_reads_the_clock_files_once
     manifests = _counted(monkeypatch, manifest_module, "load_manifest")
     clocks = _counted(monkeypatch, clock_module, "read_clock_offsets")
     step_metrics = _counted(monkeypatch, records_module, "read_step_metrics")
+    jobs = _counted(monkeypatch, jobfile_module, "read_job_record")
     result = pipeline.postprocess(run, echo=False, cache_dir=tmp_path / "cache", use_hta=False, gather_traces=False)
     assert result.complete, result.errors
     # the step metrics too: the report's run step time and the advice beside its verdict take the records read
-    assert (len(manifests), len(clocks), len(step_metrics)) == (1, 1, 1)
+    assert (len(manifests), len(clocks), len(step_metrics), len(jobs)) == (1, 1, 1, 1)
 
 
 IO_CALLS = {"open", "load", "memmap", "fromfile", "read_text", "read_bytes", "iterdir", "glob", "rglob", "is_file",

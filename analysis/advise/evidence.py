@@ -12,14 +12,13 @@ from fleetscope.analysis.job_identity import program_text
 from fleetscope.analysis.quantities import job_straggler, metrics_basis, metrics_step_time_ms
 from fleetscope.analysis.report.model import Report
 from fleetscope.traces.formats import StepRecord
-from fleetscope.traces.jobfile import read_job_record
 
 from .model import TRACE_DATA_SOURCE, Evidence
 
 
 def gather_evidence(records: RunRecords, report: Report | None) -> Evidence:
     """`records`: the run directory's records as read once (inputs/records.py)."""
-    layout, steady = records.layout, steady_metrics(records)
+    steady = steady_metrics(records)
 
     def per_step_max(key: str) -> float | None:   # the step-metrics rule of quantities.py, for every field
         return metrics_step_time_ms(steady, key)
@@ -27,7 +26,7 @@ def gather_evidence(records: RunRecords, report: Report | None) -> Evidence:
     def total(key: str) -> int:
         return int(sum(getattr(r, key) or 0 for lines in steady.values() for r in lines))
 
-    record = read_job_record(layout)
+    record = records.job   # job.json as read once (empty where the records hold none: a folder of traces)
     spec = record.get("spec")
     program = _program_of(record)
     train = spec.get("train") if isinstance(spec, dict) and not program else None

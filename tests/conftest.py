@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from helpers import check_in_engine, trace_processor
-from slurm_cluster import slurm_cluster  # noqa: F401  (session fixture: a real local Slurm cluster)
+from helpers.slurm_cluster import slurm_cluster  # noqa: F401  (session fixture: a real local Slurm cluster)
 
 MERGED_TRACE_GLOB = "*.perfetto-trace"
 
@@ -52,7 +52,7 @@ _engine_checked: dict = {}
 def merged_traces_pass_the_engine(request, tmp_path_factory):
     """After each test, every merged trace written under the session's temporary directories since the
     last check (by the test, its fixtures or the processes it ran: merge, postprocess, demo) is loaded
-    in Perfetto's trace processor and compared with its read-back (tests/helpers.py:check_in_engine).
+    in Perfetto's trace processor and compared with its read-back (tests/helpers/__init__.py:check_in_engine).
     Does nothing where no trace processor is found (tests/test_merge_verify.py skips with a reason)."""
     yield
     if trace_processor() is None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fleetscope.traces.gather import gather
 from fleetscope.traces.layout import RunLayout
-from test_analysis_helpers import KinetoBuilder
+from helpers.kineto import KinetoBuilder
 
 
 def good_rank(rank: int, world_size: int = 2) -> KinetoBuilder:

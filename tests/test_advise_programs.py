@@ -14,7 +14,7 @@ from fleetscope.trainer.config import TrainConfig, apply_overrides
 from fleetscope.traces.jobfile import write_job_record
 from fleetscope.traces.layout import RunLayout
 from fleetscope.analysis.inputs.records import read_run_records
-from test_analysis_helpers import KinetoBuilder
+from helpers.kineto import KinetoBuilder
 
 
 def _user_run(root, *, compile_setting="none"):

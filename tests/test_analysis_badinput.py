@@ -9,7 +9,7 @@ import pytest
 
 from fleetscope.analysis import analyze
 from fleetscope.analysis.per_rank.events import build_table, decode_selectively, extract_events
-from test_analysis_helpers import KinetoBuilder, gpu_rank
+from helpers.kineto import KinetoBuilder, gpu_rank
 
 GPU_FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 

@@ -17,7 +17,7 @@ from fleetscope.analysis.per_rank.names import collective_type
 from fleetscope.analysis.render.html import render_html
 from fleetscope.analysis.render.terminal import render_terminal
 
-from test_analysis_helpers import KinetoBuilder
+from helpers.kineto import KinetoBuilder
 
 NELEMS = 48 * 2**20          # bf16: 96 MiB, in the 64-256 MiB bucket
 ARRIVAL_US = {0: 300.0, 1: 500.0}

@@ -14,7 +14,7 @@ from fleetscope.analysis.per_rank.parse import parse_traces as analyze_sources
 from fleetscope.analysis.inputs.resolve import resolve_input
 from fleetscope.analysis.per_rank.cache import ENTRY_SUFFIX, ResultCache
 from fleetscope.cli.main import main
-from test_analysis_helpers import gpu_rank
+from helpers.kineto import gpu_rank
 
 RANKS = 3     # below the process-pool threshold: monkeypatched functions are seen by the workers' work
 
@@ -189,7 +189,7 @@ def test_an_entry_with_a_wrong_array_dtype_does_not_decode():
     import msgspec
 
     from fleetscope.analysis.per_rank.cache import decode_entry, encode_entry
-    from test_analysis_helpers import gpu_rank as build
+    from helpers.kineto import gpu_rank as build
 
     assert decode_entry(b"\xc1") is None
     entry = encode_entry(_one_result(build))

@@ -8,7 +8,7 @@ from fleetscope.analysis import analyze
 from fleetscope.analysis.compare import EXIT_OK, EXIT_REGRESSION, compare
 from fleetscope.analysis.render.terminal import render_comparison
 from fleetscope.traces.layout import RunLayout
-from test_analysis_helpers import KinetoBuilder
+from helpers.kineto import KinetoBuilder
 
 
 def _traces(directory, step_us):

@@ -9,7 +9,7 @@ from fleetscope.analysis.per_rank.names import kernel_category
 from fleetscope.analysis.render.html import render_html
 from fleetscope.analysis.render.terminal import render_terminal
 
-from test_analysis_helpers import KinetoBuilder
+from helpers.kineto import KinetoBuilder
 
 AUTOGRAD_TID = 4500
 

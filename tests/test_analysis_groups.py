@@ -19,7 +19,7 @@ import pytest
 from fleetscope.analysis import analyze
 from fleetscope.analysis.merge.run import merge
 from fleetscope.analysis.merge.perfetto.check import CROSS_RANK_FLOW_BIT, check_trace
-from test_analysis_helpers import BASE_TIME_NS, KinetoBuilder
+from helpers.kineto import BASE_TIME_NS, KinetoBuilder
 
 OFFSET_US = 37_000.0
 STEPS = (0.0, 1000.0)

@@ -20,7 +20,7 @@ from fleetscope.analysis.per_rank.intervals import Intervals
 from fleetscope.analysis.render.html import render_html
 from fleetscope.analysis.render.terminal import render_terminal
 
-from test_analysis_helpers import KinetoBuilder
+from helpers.kineto import KinetoBuilder
 
 DATALOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 

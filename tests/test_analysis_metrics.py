@@ -14,7 +14,7 @@ from fleetscope.analysis.cross_rank.stragglers import find_stragglers
 from fleetscope.analysis.cross_rank.causes import CAUSE_HOST, CAUSE_SLOW_DEVICE, CAUSE_WORK, find_causes
 from fleetscope.analysis.cross_rank.clock_align import ClockAlignment
 from fleetscope.analysis.per_rank.utilization import measure_utilization
-from test_analysis_helpers import RUNLOOP_TID, KinetoBuilder, gpu_rank
+from helpers.kineto import RUNLOOP_TID, KinetoBuilder, gpu_rank
 
 
 def _utilization(builder: KinetoBuilder):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO, torchrun
-from test_analysis_helpers import KinetoBuilder
+from helpers.kineto import KinetoBuilder
 
 from fleetscope.analysis import analyze, render_terminal
 from fleetscope.analysis.cross_rank.arrivals import arrival_matrix

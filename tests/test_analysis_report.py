@@ -10,7 +10,7 @@ import pytest
 from fleetscope.analysis import SCHEMA_VERSION, Report, analyze, load_report_json, render_html, render_terminal
 from fleetscope.traces.gather import gather
 from fleetscope.traces.layout import RunLayout
-from test_analysis_helpers import KinetoBuilder, gpu_rank
+from helpers.kineto import KinetoBuilder, gpu_rank
 
 
 def _cpu_rank(rank, *, world_size=2, step_ms=1.0, start_us=0.0):

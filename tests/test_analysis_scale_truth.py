@@ -10,7 +10,7 @@ import pytest
 
 from fleetscope.analysis import analyze
 from fleetscope.analysis.synthetic import TraceSetSpec, crc32_combine, make_trace_set
-from test_analysis_helpers import KinetoBuilder, gpu_rank
+from helpers.kineto import KinetoBuilder, gpu_rank
 
 FIXTURE_DIR = Path(__file__).parent / "fixtures" / "gpu"
 OFFSET_US = 37_000.0

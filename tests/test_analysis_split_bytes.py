@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_analysis_helpers import KinetoBuilder
+from helpers.kineto import KinetoBuilder
 
 from fleetscope.analysis.analyze import analyze
 from fleetscope.analysis.per_rank.comm_bytes import (

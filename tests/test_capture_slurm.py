@@ -1,4 +1,4 @@
-"""On-demand profiling of a job on the real local Slurm cluster (tests/slurm_cluster.py: nodes n1, n2):
+"""On-demand profiling of a job on the real local Slurm cluster (tests/helpers/slurm_cluster.py: nodes n1, n2):
 `fleetscope profile --ranks 1,2` while a submitit job of 2 nodes x 2 ranks runs; the window is agreed across
 both nodes, recorded by the chosen ranks only, published, gathered and analyzed by the post-processing job."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from fleetscope.launcher.schedulers.slurm import wait_for_job
 from fleetscope.traces.layout import RunLayout
-from slurm_cluster import SlurmCluster
+from helpers.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

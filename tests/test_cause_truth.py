@@ -27,7 +27,7 @@ from fleetscope.analysis.synthetic import (
     TraceSetSpec,
     make_trace_set,
 )
-from test_analysis_helpers import KinetoBuilder
+from helpers.kineto import KinetoBuilder
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gpu" / "h200-small-fleetscope-fast-2steps.json.gz"
 LATE_RANK = 2

@@ -27,7 +27,7 @@ from fleetscope.analysis.per_rank.parse import parse_traces
 from fleetscope.analysis.render.html import render_html
 from fleetscope.analysis.render.terminal import render_terminal
 from fleetscope.analysis.report.model import Report
-from test_analysis_helpers import KinetoBuilder
+from helpers.kineto import KinetoBuilder
 
 RANKS = 3
 LATE_RANK = 2          # arrives LATE_US after the others at every collective

@@ -13,7 +13,7 @@ from fleetscope.analysis.cross_rank.critical_path import (
 )
 from fleetscope.analysis.render.html import render_html
 from fleetscope.analysis.synthetic import LATE_EXTRA_WORK, TraceSetSpec, make_trace_set
-from test_analysis_helpers import KinetoBuilder
+from helpers.kineto import KinetoBuilder
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gpu" / "h200-small-fleetscope-fast-2steps.json.gz"
 NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"

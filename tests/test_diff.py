@@ -175,7 +175,7 @@ def test_the_command_writes_an_html_page(tmp_path, capsys):
 
 def test_cpu_traces_are_refused_before_any_table(tmp_path, capsys):
     """Two CPU runs have no GPU time to partition: the refusal comes alone, not after a table of zeros."""
-    from test_analysis_helpers import KinetoBuilder
+    from helpers.kineto import KinetoBuilder
 
     for side in ("a", "b"):
         KinetoBuilder(rank=0, world_size=1).step(1, 0.0, 1000.0).op("aten::mm", 10, 500).write(

@@ -186,7 +186,7 @@ def test_collect_traces_globs_over_hostile_trees(parts, capsys):
     import os
 
     from hostile_runs import make_run
-    from test_analysis_helpers import KinetoBuilder
+    from helpers.kineto import KinetoBuilder
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) / "work"

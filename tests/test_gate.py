@@ -13,7 +13,7 @@ from fleetscope.analysis.render.gate_terminal import render_gate, render_history
 from fleetscope.analysis.render.history_html import render_history_html
 from fleetscope.cli.main import main
 from fleetscope.traces.layout import RunLayout
-from test_analysis_helpers import KinetoBuilder
+from helpers.kineto import KinetoBuilder
 
 ENV = {"gpu_model": "NVIDIA H200", "gpu_count": 8, "driver": "580.1", "cuda": "13.0", "torch": "2.11.0",
        "nccl": "2.28.9", "transformers": "5.17.0", "fleetscope": "0.1.0", "python": "3.11.7"}

@@ -132,7 +132,7 @@ def test_postprocess_of_a_missing_path_or_a_file_is_one_line_and_exit_2(tmp_path
 
 
 def test_collect_traces_creates_no_run_directory(tmp_path):
-    from test_analysis_helpers import KinetoBuilder
+    from helpers.kineto import KinetoBuilder
 
     KinetoBuilder(rank=0, world_size=1).write(tmp_path / "prog" / "rank0_trace.json")
     assert main(["collect-traces", str(tmp_path / "nowhere"), str(tmp_path / "prog" / "*.json")]) == 2
@@ -143,7 +143,7 @@ def test_collect_traces_does_not_follow_symlinked_directories(tmp_path):
     import subprocess
     import sys
 
-    from test_analysis_helpers import KinetoBuilder
+    from helpers.kineto import KinetoBuilder
 
     prog = tmp_path / "prog"
     KinetoBuilder(rank=0, world_size=1).write(prog / "iteration_1" / "rank0_trace.json.gz")
@@ -172,7 +172,7 @@ def test_collect_traces_skips_fleetscope_traces_of_other_runs(tmp_path, capsys, 
 
 
 def test_collect_traces_never_replaces_a_runs_own_window(tmp_path, capsys):
-    from test_analysis_helpers import KinetoBuilder
+    from helpers.kineto import KinetoBuilder
 
     layout = make_run(tmp_path / "run")
     before = digests(layout.traces_dir)

@@ -20,7 +20,7 @@ from fleetscope.launcher.failures import RankFailure
 from fleetscope.traces.jobfile import write_job_record
 from fleetscope.traces.layout import RunLayout
 
-from test_analysis_helpers import KinetoBuilder
+from helpers.kineto import KinetoBuilder
 
 CRASH = {"rank": 1, "exitcode": None, "message": "InjectedFault: injected crash on rank 1 at step 5\nmore"}
 PEER = {"rank": 0, "exitcode": None, "message": "RuntimeError: Connection closed by peer"}

@@ -29,7 +29,7 @@ from fleetscope.analysis.render.advice_terminal import render_advice
 from fleetscope.analysis.render.terminal import render_comparison, render_terminal
 from fleetscope.cli.main import main
 from fleetscope.analysis.inputs.records import read_run_records
-from test_analysis_helpers import KinetoBuilder
+from helpers.kineto import KinetoBuilder
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 

@@ -1,6 +1,6 @@
 """Every per-step figure is per step, and the merged trace times steps and idle time as the report does.
 
-Hand-built traces (test_analysis_helpers.KinetoBuilder) with known steps, a gloo all-reduce between two
+Hand-built traces (tests/helpers/kineto.py KinetoBuilder) with known steps, a gloo all-reduce between two
 ProfilerSteps (outside both, like a trainer's stop-flag agreement) and idle gaps of known length; merged,
 read back, compared with the report's numbers exactly.
 """
@@ -18,7 +18,7 @@ from fleetscope.analysis.merge.run import merge
 from fleetscope.analysis.merge.verify import verify_merge
 from fleetscope.analysis.render.evidence_html import evidence_sections as evidence_sections_html
 from fleetscope.analysis.render.evidence_text import evidence_sections
-from test_analysis_helpers import BASE_TIME_NS, RUNLOOP_TID, T0_US, KinetoBuilder
+from helpers.kineto import BASE_TIME_NS, RUNLOOP_TID, T0_US, KinetoBuilder
 
 
 def at_ns(us: float) -> int:

@@ -1,4 +1,4 @@
-"""`fleetscope postprocess RUN --slurm` on the real local Slurm cluster (nodes n1, n2; tests/slurm_cluster.py):
+"""`fleetscope postprocess RUN --slurm` on the real local Slurm cluster (nodes n1, n2; tests/helpers/slurm_cluster.py):
 the per-rank parse runs as an array job whose tasks run on both nodes and fill the parsed-trace cache beside
 the run, then one reduce job builds the report and the merged trace from that cache without parsing a trace;
 its report equals a local `fleetscope analyze` of the same traces. A task cancelled before it ran is named
@@ -21,7 +21,7 @@ import pytest
 from fleetscope.launcher.fanout import shard_blocks
 from fleetscope.traces.layout import RunLayout, fanout_dir, fanout_task_log, parsed_trace_cache_dir, slurm_logs_dir
 from helpers import fleetscope, synthetic_run_dir
-from slurm_cluster import SlurmCluster
+from helpers.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

@@ -1,4 +1,4 @@
-"""Whole jobs on the real local Slurm cluster (two nodes n1, n2; see tests/slurm_cluster.py): the tiny MoE
+"""Whole jobs on the real local Slurm cluster (two nodes n1, n2; see tests/helpers/slurm_cluster.py): the tiny MoE
 with FSDP on gloo, 2 nodes x 2 ranks, through submitit, TorchX and the plain sbatch template; a crashing rank;
 a requeued job. Each test checks the files a user opens: traces of all ranks, manifest, report, merged trace.
 """
@@ -18,7 +18,7 @@ from fleetscope.analysis.merge.ideal_overlays import IDEAL_PROCESS_NAME
 from fleetscope.analysis.merge.whole_run_counters import WHOLE_RUN_PROCESS_NAME
 from fleetscope.launcher.schedulers.slurm import query_job, wait_for_job
 from fleetscope.traces.layout import RunLayout, parse_trace_file_name
-from slurm_cluster import REPO_ROOT, SlurmCluster
+from helpers.slurm_cluster import REPO_ROOT, SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

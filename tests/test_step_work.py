@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fleetscope.analysis.analyze import analyze
 
-from test_analysis_helpers import MAIN_TID, KinetoBuilder
+from helpers.kineto import MAIN_TID, KinetoBuilder
 
 BACKWARD_TID = 9
 

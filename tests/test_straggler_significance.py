@@ -28,7 +28,7 @@ from fleetscope.analysis.inputs.sources import TraceSource
 from fleetscope.analysis.invariants import check_advice, check_report
 from fleetscope.analysis.per_rank.parse import analyze_trace
 from fleetscope.analysis.quantities import JobStraggler
-from test_analysis_helpers import RUNLOOP_TID, KinetoBuilder
+from helpers.kineto import RUNLOOP_TID, KinetoBuilder
 
 STEP_US = 10_000.0
 MM_US = 2_000.0

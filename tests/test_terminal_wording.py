@@ -22,7 +22,7 @@ from fleetscope.launcher.schedulers.local import RecordedRunStatus, pass_stderr
 from fleetscope.traces.jobfile import write_job_record
 from fleetscope.traces.layout import RunLayout
 from helpers import requires_trace_processor
-from test_analysis_helpers import KinetoBuilder
+from helpers.kineto import KinetoBuilder
 from test_critical_path import jumping_path_set
 
 

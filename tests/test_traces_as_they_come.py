@@ -9,7 +9,7 @@ import pytest
 
 from fleetscope.analysis import analyze
 from fleetscope.analysis.per_rank.names import is_known_comm_kernel, kernel_category, looks_like_comm_kernel
-from test_analysis_helpers import KinetoBuilder
+from helpers.kineto import KinetoBuilder
 
 
 def _worker_window(directory, index: int, *, pid: int, host: str = "node7", start_us: float = 0.0) -> None:
@@ -208,7 +208,7 @@ def test_a_file_of_fused_ranks_is_refused_and_split_back_into_its_ranks(tmp_path
     so with the command, `fleetscope split` writes one trace per rank with the offsets undone, and those
     analyze as the four ranks they were."""
     from fleetscope.cli.main import main
-    from test_analysis_helpers import gpu_rank
+    from helpers.kineto import gpu_rank
 
     originals = tmp_path / "originals"
     documents = []

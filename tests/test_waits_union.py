@@ -17,7 +17,7 @@ from fleetscope.analysis.invariants import check_report
 from fleetscope.analysis.quantities import BASIS_STEP_METRICS, metrics_floor_ms, union_by_step_us, union_us
 from fleetscope.traces.layout import RunLayout
 from fleetscope.analysis.inputs.records import read_run_records
-from test_analysis_helpers import RUNLOOP_TID, KinetoBuilder
+from helpers.kineto import RUNLOOP_TID, KinetoBuilder
 
 STEP_US = 10_000.0
 LATE_US = 4_000.0

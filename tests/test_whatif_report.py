@@ -19,7 +19,7 @@ from fleetscope.analysis.render.terminal import render_terminal
 from fleetscope.analysis.whatif.report_what_if import with_replayed_what_ifs
 from fleetscope.analysis.per_rank.names import P2P_SEND
 from fleetscope.analysis.per_rank.p2p import P2PCall
-from test_analysis_helpers import RUNLOOP_TID, KinetoBuilder
+from helpers.kineto import RUNLOOP_TID, KinetoBuilder
 
 STEP_START_US = (0.0, 20_000.0)
 ARRIVALS_US = (3_000.0, 3_500.0)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 
 
 def free_port() -> int:
@@ -67,7 +67,7 @@ def check_in_engine(trace: Path, result=None) -> None:
     assert problems == [], f"{trace}: {problems}"
 
 
-SYNTHETIC_SOURCE = Path(__file__).parent / "fixtures" / "gpu" / "h200-small-fleetscope-fast-2steps.json.gz"
+SYNTHETIC_SOURCE = Path(__file__).parent.parent / "fixtures" / "gpu" / "h200-small-fleetscope-fast-2steps.json.gz"
 """A real H200 rank trace of fleetscope's trainer (2 steps): the source of synthetic run directories."""
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 START_SCRIPT = REPO_ROOT / "slurm" / "cluster" / "start"
 STOP_SCRIPT = REPO_ROOT / "slurm" / "cluster" / "stop"
 REQUIRE_ENV = "FLEETSCOPE_REQUIRE_SLURM"

@@ -1,4 +1,4 @@
-"""Hand-built Kineto traces for the analysis tests (with tests that the builder makes valid traces)."""
+"""Hand-built Kineto traces for the analysis tests (tests/test_traces_kineto_builder.py checks that the builder makes valid traces)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetscope.traces.kineto import distributed_rank, profiler_steps, read_trace
 
 PID = 4242
 MAIN_TID = 4242
@@ -102,15 +101,3 @@ def gpu_rank(rank: int, *, nccl_start: float = 600.0, kernel_name: str = "ncclDe
                        launch_ts=s + 50, stream=20)
         builder.kernel("Memcpy DtoH (Device -> Pinned)", s + 950, 30.0, launch_ts=s + 60, cat="gpu_memcpy")
     return builder
-
-
-def test_builder_writes_a_trace_that_fleetscope_reads(tmp_path):
-    path = gpu_rank(3, world_size=4).write(tmp_path / "rank3.json.gz")
-    document = read_trace(path)
-    assert distributed_rank(document) == (3, 4)
-    assert profiler_steps(document["traceEvents"]) == [1, 2]
-
-
-def test_builder_without_rank_leaves_out_distributed_info(tmp_path):
-    path = KinetoBuilder(rank=None).step(1, 0, 10).write(tmp_path / "a.json")
-    assert distributed_rank(read_trace(path)) == (None, None)

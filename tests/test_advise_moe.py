@@ -205,9 +205,9 @@ def test_a_run_without_moe_gets_no_moe_advice():
 
 
 def test_the_straggler_cause_of_a_hot_expert_rank_names_the_uneven_routing(tmp_path):
-    """Hand-built 2-rank traces (test_analysis_moe): rank 1 computes its experts 50 us longer before each
+    """Hand-built 2-rank traces (test_cross_rank_moe): rank 1 computes its experts 50 us longer before each
     combine and holds hot expert 3 in the records."""
-    from test_analysis_moe import _gloo_ep_rank, _records
+    from test_cross_rank_moe import _gloo_ep_rank, _records
 
     from fleetscope.analysis.cross_rank.arrivals import arrival_matrix
     from dataclasses import replace

@@ -27,7 +27,7 @@ of a running window and the scale its robust spread (never below MIN_SCALE), ref
 in scale units; one value's contribution is capped, so a lone spike never fires; it fires when the sum
 passes the threshold after `consecutive` steps beyond k in one direction.
 
-Measured (tests/test_whole_run.py, seeded lognormal noise of 5% a step): offline, a +20% level for steps
+Measured (tests/test_cross_rank_whole_run.py, seeded lognormal noise of 5% a step): offline, a +20% level for steps
 300-599 of 1,000 is located within 2 steps at 98% of change points (never more than 3 off), its size within
 2 points; stationary series of 1,000 or 100,000 steps got no split in 200 and 50 seeds. Online (defaults),
 a change of +30% or -25% fires on its first or second step in 200 of 200 seeds; +20% (4 noise scales) fires

@@ -5,7 +5,7 @@ Every decoder of a trace decodes with a Struct declared here: gather's identity 
 parse (analysis/per_rank/events.py), HTA's frames (hta_native.py, hta_frame.py) and the merge
 (merge/window_decode.py). They select different fields on purpose (msgspec builds only the fields a Struct
 names, so each reader pays only for what it reads): each selection is a named variant below, not a definition
-of its own. tests/test_one_decoder_schema.py keeps it that way.
+of its own. tests/test_traces_one_decoder_schema.py keeps it that way.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ HOT_EXPERT_MIN_RATIO = 1.5
 """An expert that receives at least this many times the mean expert's tokens in a layer is a finding.
 Unbiased: the tiny preset's router under ep=4 (4 ranks, all steps summed) gives 1.07-1.10, a single step
 at most 1.36; with faults.hot_expert (+4 logit) 2.0 of a possible 2.0 (top-2 of 4), and 8.0 in the H200
-fixture (top-2 of 16) (tests/test_analysis_moe.py)."""
+fixture (top-2 of 16) (tests/test_cross_rank_moe.py)."""
 STATUS_OK, STATUS_NOT_RECORDED = "ok", "not recorded"
 
 

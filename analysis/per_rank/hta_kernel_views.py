@@ -2,7 +2,7 @@
 HTA computes them, except that each kernel's type comes from one `get_kernel_type` call per distinct kernel
 name instead of a row-by-row `DataFrame.apply` (which is most of those views' cost in HTA: about 100 us per
 kernel, three times per rank). Same HTA helpers (`merge_kernel_intervals`, `_get_gpu_kernel_type_time`,
-`_aggr_gpu_kernel_time`), same order of operations, so the same numbers; tests/test_hta_fast_path.py
+`_aggr_gpu_kernel_time`), same order of operations, so the same numbers; tests/test_per_rank_hta_fast_path.py
 holds them equal to HTA's own calls.
 """
 

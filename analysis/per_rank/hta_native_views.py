@@ -4,7 +4,7 @@ Each function follows HTA's own steps (breakdown_analysis.py, communication_anal
 cuda_kernel_analysis.py, utils.merge_kernel_intervals), with pandas' operations replaced by the numpy
 calls pandas makes: `sort_values` is numpy's quicksort over the same values in the same order and dtype
 (tied rows then land where HTA's do: they change idle intervals and which zero-length overlaps appear),
-`round` is numpy's, describe's statistics are pandas' formulas. tests/test_hta_native.py holds every
+`round` is numpy's, describe's statistics are pandas' formulas. tests/test_per_rank_hta_native.py holds every
 table equal to stock HTA's. A view HTA cannot compute (it raises) raises ViewError here with the reason.
 """
 

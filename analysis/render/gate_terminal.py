@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-# duck-typed: a render module does not import the top-level gate.py / history.py (tests/test_layering.py)
+# duck-typed: a render module does not import the top-level gate.py / history.py (tests/test_docs_layering.py)
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:

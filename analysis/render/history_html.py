@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-# duck-typed: a render module does not import the top-level history.py (tests/test_layering.py)
+# duck-typed: a render module does not import the top-level history.py (tests/test_docs_layering.py)
 
 WIDTH, HEIGHT, MARGIN = 720, 180, 40
 LINE_COLOR, REGRESSION_COLOR = "#4e79a7", "#e15759"

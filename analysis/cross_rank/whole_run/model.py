@@ -35,7 +35,7 @@ MIN_SLOW_STEPS = 10
 SHORT_SLOW_STEPS = MIN_SEGMENT_STEPS
 """A shorter slow stretch (down to the shortest segment the search makes) counts when it stands SHORT_SIGMAS
 of the rank's step-to-step noise above its peers: a straggle of 8 steps is found, and a chance split near
-the run's edge, a few noise scales high, is not (1 of tests/test_whole_run.py's 50 stationary runs had one)."""
+the run's edge, a few noise scales high, is not (1 of tests/test_cross_rank_whole_run.py's 50 stationary runs had one)."""
 SHORT_SIGMAS = 5.0
 MAX_CHANGES_SHOWN = 200
 PROFILE_STEPS = 3

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from fleetscope.analysis.per_rank.parse import ParsingInspector
 from fleetscope.traces.kineto import TraceReadError, _identity_of, decode_trace, identify_trace
 from hostile_runs import good_rank
-from test_fuzz import byte_mutations, dumps, fuzz_settings, mutate_bytes, mutate_values, value_mutations
+from test_hostile_fuzz import byte_mutations, dumps, fuzz_settings, mutate_bytes, mutate_values, value_mutations
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 NAME = Path("rank2.json")

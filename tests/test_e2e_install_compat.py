@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_packaging import _clean_copy
+from test_e2e_packaging import _clean_copy
 
 pytestmark = pytest.mark.slow
 USER_ENVIRONMENT = ["torch==2.13.0", "transformers==5.20.0", "urllib3>=2,<3"]

@@ -1,5 +1,5 @@
 """The native HTA views against both HTA releases a user may have installed: 0.5 (`holistictraceanalysis`, what
-the test extra installs; tests/test_hta_native.py runs against it) and 0.6 (published as `traceinsight`: the same
+the test extra installs; tests/test_per_rank_hta_native.py runs against it) and 0.6 (published as `traceinsight`: the same
 `hta` package, other kernel rules and step filter). The 0.6 wheel (tests/fixtures/wheels) is unpacked beside the
 installed packages, first on the path, and the oracle tests run against it in a fresh process."""
 
@@ -28,6 +28,6 @@ def test_the_native_views_equal_hta_0_6s(tmp_path):
                                 env=env, capture_output=True, text=True, check=False)
     assert generation.stdout.split() == ["0.6", "0.6.1"], generation.stderr[-2000:]
     oracle = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow",
-                             str(REPO / "tests" / "test_hta_native.py")], env=env, capture_output=True, text=True,
+                             str(REPO / "tests" / "test_per_rank_hta_native.py")], env=env, capture_output=True, text=True,
                             check=False, cwd=REPO)
     assert oracle.returncode == 0, oracle.stdout[-4000:]

@@ -1,4 +1,4 @@
-"""The clock-offset estimate and its file (the multi-process measurement runs in test_analysis_real.py)."""
+"""The clock-offset estimate and its file (the multi-process measurement runs in test_e2e_analysis_real.py)."""
 
 import pytest
 

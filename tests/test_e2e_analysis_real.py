@@ -174,7 +174,7 @@ def test_injected_clock_skew_is_recovered_and_the_report_unchanged(gloo_run, tmp
     skewed = analyze(_skewed_copy(gloo_run, tmp_path / "skewed", with_clock_files=with_clock_files).root,
                      write_default_outputs=False)
     # gloo span ends on two busy cores agree only to a few ms (measured here: errors of 1.4-2.5 ms); the
-    # startup measurement is the precise source (NCCL kernel ends are: test_analysis_scale_truth.py)
+    # startup measurement is the precise source (NCCL kernel ends are: test_cross_rank_scale_truth.py)
     collectives_tolerance_us = 4000
     tolerances_us = []
     for window in skewed.windows:

@@ -16,6 +16,8 @@ from fleetscope.traces.clock import DEFAULT_ROUND_TRIPS, ClockOffset, read_clock
 from fleetscope.traces.gather import gather
 from fleetscope.traces.layout import RunLayout
 
+pytestmark = pytest.mark.slow
+
 LATE_RANK = 1
 LATE_MS = 40
 ACTIVE_STEPS = 3
@@ -88,7 +90,6 @@ def gloo_run(tmp_path_factory):
     return RunLayout.at(run_dir)
 
 
-@pytest.mark.slow
 def test_real_gloo_run_is_analyzed_completely(gloo_run):
     report = analyze(gloo_run.root)
     assert report.complete, render_terminal(report)
@@ -108,7 +109,6 @@ def test_real_gloo_run_is_analyzed_completely(gloo_run):
     assert gloo_run.report_json.is_file() and gloo_run.report_html.is_file()
 
 
-@pytest.mark.slow
 def test_real_gloo_run_finds_the_late_rank(gloo_run):
     report = analyze(gloo_run.root, write_default_outputs=False)
     for window in report.windows:
@@ -129,7 +129,6 @@ def test_real_gloo_run_finds_the_late_rank(gloo_run):
     assert f"rank {LATE_RANK} is the straggler" in report.verdict
 
 
-@pytest.mark.slow
 def test_real_clock_offsets_are_measured(gloo_run):
     offsets, problems = read_clock_offsets(gloo_run)
     assert problems == [] and sorted(offsets) == [0, 1]
@@ -167,7 +166,6 @@ def _lateness_by_instance(report):
             for w in report.windows for i in w.stragglers.worst_instances}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("with_clock_files", [True, False], ids=["measured", "from-collectives"])
 def test_injected_clock_skew_is_recovered_and_the_report_unchanged(gloo_run, tmp_path, with_clock_files):
     original = analyze(gloo_run.root, write_default_outputs=False)

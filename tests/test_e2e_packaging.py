@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = ("cli", "launcher", "trainer", "traces", "analysis")
 TOP_PACKAGE_DIR = "cli/package/"
@@ -41,7 +43,6 @@ def source_modules() -> set[str]:
     return modules
 
 
-@pytest.mark.slow
 def test_a_regular_wheel_holds_and_imports_every_module(tmp_path):
     source = _clean_copy(tmp_path / "src")  # a build/ folder left in the tree would leak old modules in
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",

@@ -12,8 +12,9 @@ from fleetscope.launcher.schedulers.torchx import plan_torchx_local, run_torchx_
 from fleetscope.trainer.config import TrainConfig, apply_overrides
 from fleetscope.traces.layout import RunLayout, parse_trace_file_name
 
+pytestmark = pytest.mark.slow
 
-@pytest.mark.slow
+
 def test_torchx_appdef_runs_on_local_cwd(tmp_path: Path) -> None:
     from torchx.specs import AppState
 

@@ -1,10 +1,10 @@
 """The merge's planner (column_plan.py) against Perfetto's trace processor: every Kineto event of the input drawn
-once, with its arrows; its lane and flow rules on arrays against their references; and, where the per-event
-planner (plan.py) still runs (event args, the Chrome JSON, a file the columnar decoder does not take), the same
-bytes as the planner."""
+once, with its arrows; its lane and flow rules on arrays against their references; and a file read by the
+generic reader (one the columnar decoder refuses: event_window.py) planned to the same bytes as when decoded."""
 
 from __future__ import annotations
 
+import bisect
 import copy
 import gzip
 import json
@@ -26,18 +26,19 @@ from fleetscope.analysis.merge.column_lanes import (
     track_codes,
 )
 from fleetscope.analysis.merge.flows import (
+    ENCLOSING_SEARCH_LIMIT,
+    LAUNCH_FLOWS_COVERED_CATEGORY,
     LAUNCH_FLOWS_LEFT_OUT,
     TRACE_FLOW_STEPS_LEFT_OUT,
     FlowPlan,
-    _SliceFinder,
-    plan_trace_flows,
+    in_begin_order,
 )
 from fleetscope.analysis.merge.options import MergeOptions
 from fleetscope.analysis.merge.perfetto.sql import run_query
 from fleetscope.analysis.merge.plan import OUTSIDE_CLOCK
 from fleetscope.analysis.merge.perfetto.check import check_trace
 from fleetscope.analysis.merge.slice_table import SliceTable
-from fleetscope.analysis.merge.tracks import RankTracks
+from fleetscope.analysis.merge.tracks import RankTracks, emission_ranks
 from fleetscope.analysis.merge.verify import verify_outputs
 from fleetscope.analysis.merge.window import GroupedEvents
 
@@ -67,9 +68,9 @@ def test_one_lane_order_is_the_nesting_loops_where_everything_nests(seed):
     assert single > 50
 
 
-def _merged_bytes(source: Path, out: Path, monkeypatch, *, per_event: bool, **options) -> bytes:
+def _merged_bytes(source: Path, out: Path, monkeypatch, *, generic_reader: bool, **options) -> bytes:
     with monkeypatch.context() as patched:
-        if per_event:
+        if generic_reader:
             patched.setattr(merge_run, "decode_window", lambda data: None)
         merge_run.merge(source, out, options=MergeOptions(workers=1, **options), use_cache=False)
     return out.read_bytes()
@@ -146,19 +147,21 @@ def test_a_filtered_merge_draws_a_part_of_the_input_and_counts_the_rest(tmp_path
     assert verify_outputs(result, engine=True) == []
 
 
-def test_a_file_the_columnar_decoder_refuses_is_planned_event_by_event(tmp_path, monkeypatch):
+def test_a_file_the_columnar_decoder_refuses_is_planned_from_the_generic_reader_s_events(tmp_path, monkeypatch):
     trace = tmp_path / "rank0.pt.trace.json"
     trace.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": "1", "dur": 2, "pid": 1, "tid": 1},'
-                     '{"ph": "X", "name": "b", "ts": 3, "dur": 2, "pid": 1, "tid": 1}]}')
-    planned = []
-    plan_window = merge_run.plan_window
-    monkeypatch.setattr(merge_run, "plan_window", lambda *args: planned.append(1) or plan_window(*args))
+                     '{"ph": "X", "name": "b", "ts": 3, "dur": 2, "pid": 1, "tid": 1}, 7]}')
+    read = []
+    window_of_events = merge_run.window_of_events
+    monkeypatch.setattr(merge_run, "window_of_events", lambda *args: read.append(1) or window_of_events(*args))
     result = merge_run.merge(trace, tmp_path / "out.perfetto-trace", options=MergeOptions(workers=1), use_cache=False)
-    assert planned and result.slice_count == 1
+    assert read and result.slice_count == 1
+    assert sorted(note.reason for note in result.notes) == ["1 events: complete event without numeric ts/dur",
+                                                            "1 events: not a JSON object"]
 
 
 def _edge_times_trace(path: Path, *, huge: bool) -> Path:
-    """Complete events the columnar planner once left to the per-event one: one before the trace clock's zero
+    """Complete events the columnar planner once left to a per-event one: one before the trace clock's zero
     and one beyond 2^63 ns once placed (left out, counted), a correlation id beyond int64 (its launch arrow
     drawn) and one beyond 64 bits (no id: no arrow), and with `huge` a time beyond float64's exact nanoseconds that is still writable."""
     events = [
@@ -187,7 +190,7 @@ def _edge_times_trace(path: Path, *, huge: bool) -> Path:
 @pytest.mark.parametrize("huge", [False, True])
 def test_events_outside_the_writable_clock_are_left_out_counted_on_columns(tmp_path, monkeypatch, huge):
     trace = _edge_times_trace(tmp_path / "rank0.pt.trace.json", huge=huge)
-    monkeypatch.setattr(merge_run, "plan_window", None)   # the columnar planner takes every such window
+    monkeypatch.setattr(merge_run, "window_of_events", None)   # the columnar decoder takes every such window
     result = merge_run.merge(trace, tmp_path / "out.perfetto-trace", options=MergeOptions(workers=1, overlays=False),
                              use_cache=False)
     drawn = {name for _, name in _drawn_in_engine(result.output)}
@@ -199,11 +202,11 @@ def test_events_outside_the_writable_clock_are_left_out_counted_on_columns(tmp_p
 
 
 @pytest.mark.parametrize("huge", [False, True])
-def test_the_per_event_fallback_leaves_out_the_same_events_in_the_same_bytes(tmp_path, monkeypatch, huge):
+def test_the_generic_reader_s_events_leave_out_the_same_events_in_the_same_bytes(tmp_path, monkeypatch, huge):
     trace = _edge_times_trace(tmp_path / "rank0.pt.trace.json", huge=huge)
-    columnar = _merged_bytes(trace, tmp_path / "columnar.perfetto-trace", monkeypatch, per_event=False)
-    per_event = _merged_bytes(trace, tmp_path / "per-event.perfetto-trace", monkeypatch, per_event=True)
-    assert columnar == per_event
+    columnar = _merged_bytes(trace, tmp_path / "columnar.perfetto-trace", monkeypatch, generic_reader=False)
+    generic_reader = _merged_bytes(trace, tmp_path / "generic-reader.perfetto-trace", monkeypatch, generic_reader=True)
+    assert columnar == generic_reader
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -237,16 +240,46 @@ def _random_table(rng: random.Random) -> SliceTable:
                       correlations=np.zeros(count, dtype=np.int64), has_correlation=np.zeros(count, dtype=bool))
 
 
-def _grouped_slices(table: SliceTable, grouped: GroupedEvents) -> None:
-    """The table's slices as plan.py groups them (thread by first appearance, trace order)."""
-    for row in np.lexsort((np.arange(len(table.starts)), table.thread_ids)).tolist():
+def _reference_trace_flows(table: SliceTable, grouped: GroupedEvents, plan: FlowPlan, tracks: RankTracks) -> None:
+    """Chrome JSON's binding of flow events, one event at a time: each end to the latest-starting slice of its
+    thread that encloses it (or, for an `f` without `bp: e`, the next slice to start), each chain's slices in
+    (time, slice) order, each once, drawn where Perfetto can join them (flows.in_begin_order)."""
+    by_thread: dict[tuple, list[tuple[int, int, int]]] = {}
+    for row in np.lexsort((np.arange(len(table.starts)), -table.ends, table.starts)).tolist():
         thread = table.threads[table.thread_ids[row]]
-        grouped.slices[thread].append((int(table.starts[row]), int(table.ends[row]), "a", "c",
-                                       int(table.idents[row]), None))
+        by_thread.setdefault(thread, []).append((int(table.starts[row]), int(table.ends[row]), int(table.idents[row])))
+    ranks = emission_ranks(table.threads, {})
+    begin_of = {ident: (start, ranks[thread]) for thread, rows in by_thread.items() for start, _, ident in rows}
+
+    def bound(thread: tuple, ts: int, enclosing: bool) -> int | None:
+        rows = by_thread.get(thread, [])
+        starts = [start for start, _, _ in rows]
+        if not enclosing:
+            index = bisect.bisect_left(starts, ts)
+            return rows[index][2] if index < len(rows) else None
+        index = bisect.bisect_right(starts, ts) - 1
+        return next((rows[i][2] for i in range(index, max(index - ENCLOSING_SEARCH_LIMIT, -1), -1)
+                     if rows[i][1] >= ts), None)
+
+    chains: dict[tuple, list[tuple[int, int]]] = {}
+    for _, category, flow_id, thread, ts, enclosing in grouped.flow_events:
+        ident = None if category == LAUNCH_FLOWS_COVERED_CATEGORY and plan.launches_matched else \
+            bound(thread, ts, enclosing)
+        if ident is not None:
+            chains.setdefault((category, flow_id), []).append((ts, ident))
+    for key in sorted(chains, key=str):
+        idents = list(dict.fromkeys(ident for _, ident in sorted(chains[key])))
+        idents = in_begin_order(idents, begin_of.__getitem__, plan) if len(idents) >= 2 else idents
+        if len(idents) >= 2:
+            flow_id = tracks.new_flow_id()
+            for ident in idents[:-1]:
+                plan.outgoing[ident].append(flow_id)
+            plan.terminating[idents[-1]].append(flow_id)
+            plan.trace_flow_count += 1
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_trace_flows_bound_on_arrays_are_the_per_event_fallback_s_bindings(seed):
+def test_trace_flows_bound_on_arrays_are_chrome_json_s_bindings(seed):
     rng = random.Random(seed)
     chains = left_out = 0
     for _ in range(300):
@@ -258,14 +291,12 @@ def test_trace_flows_bound_on_arrays_are_the_per_event_fallback_s_bindings(seed)
                                         rng.randint(-5, 70), rng.random() < 0.7))
         launch_flows = rng.choice([0, 4])
         plans, tracks = [], []
-        for per_event in (True, False):
-            each = copy.deepcopy(grouped)
+        for reference in (True, False):
             plan, rank_tracks = FlowPlan(launch_flow_count=launch_flows), RankTracks.for_rank(0)
-            if per_event:
-                _grouped_slices(table, each)
-                plan_trace_flows(each, rank_tracks, plan, _SliceFinder(each))
+            if reference:
+                _reference_trace_flows(table, grouped, plan, rank_tracks)
             else:
-                plan_trace_flows_on_columns(each, rank_tracks, plan, ColumnSliceFinder(copy.deepcopy(table)))
+                plan_trace_flows_on_columns(grouped, rank_tracks, plan, ColumnSliceFinder(copy.deepcopy(table)))
             plans.append((dict(plan.outgoing), dict(plan.terminating), plan.trace_flow_count,
                           plan.trace_flow_steps_left_out))
             tracks.append(rank_tracks.new_flow_id())
@@ -275,10 +306,10 @@ def test_trace_flows_bound_on_arrays_are_the_per_event_fallback_s_bindings(seed)
     assert chains > 100 and left_out > 5
 
 
-def _merged(source: Path, out: Path, monkeypatch, *, per_event: bool) -> merge_run.MergeResult:
-    """The merge of `source` by the columnar planner, or by the per-event one."""
+def _merged(source: Path, out: Path, monkeypatch, *, generic_reader: bool) -> merge_run.MergeResult:
+    """The merge of `source` decoded to columns, or read by the generic reader (the columnar decoder refused)."""
     with monkeypatch.context() as patched:
-        if per_event:
+        if generic_reader:
             patched.setattr(merge_run, "decode_window", lambda data: None)
         return merge_run.merge(source, out, options=MergeOptions(workers=1), use_cache=False)
 
@@ -317,10 +348,10 @@ def _sync_edge_trace(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("per_event", [False, True])
-def test_arrows_perfetto_cannot_join_in_begin_order_are_counted_not_drawn(tmp_path, monkeypatch, per_event):
+@pytest.mark.parametrize("generic_reader", [False, True])
+def test_arrows_perfetto_cannot_join_in_begin_order_are_counted_not_drawn(tmp_path, monkeypatch, generic_reader):
     trace = _sync_edge_trace(tmp_path / "rank0.pt.trace.json")
-    result = _merged(trace, tmp_path / "out.perfetto-trace", monkeypatch, per_event=per_event)
+    result = _merged(trace, tmp_path / "out.perfetto-trace", monkeypatch, generic_reader=generic_reader)
     check = check_trace(result.output)
     assert check.ok, check.problems
     assert verify_outputs(result) == []
@@ -333,9 +364,9 @@ def test_arrows_perfetto_cannot_join_in_begin_order_are_counted_not_drawn(tmp_pa
 
 def test_the_two_planners_draw_the_same_bytes_around_a_flow_left_out(tmp_path, monkeypatch):
     trace = _sync_edge_trace(tmp_path / "rank0.pt.trace.json")
-    columnar = _merged_bytes(trace, tmp_path / "columnar.perfetto-trace", monkeypatch, per_event=False)
-    per_event = _merged_bytes(trace, tmp_path / "per-event.perfetto-trace", monkeypatch, per_event=True)
-    assert columnar == per_event
+    columnar = _merged_bytes(trace, tmp_path / "columnar.perfetto-trace", monkeypatch, generic_reader=False)
+    generic_reader = _merged_bytes(trace, tmp_path / "generic-reader.perfetto-trace", monkeypatch, generic_reader=True)
+    assert columnar == generic_reader
 
 
 def _equal_begins_trace(path: Path, *, end_thread_first: bool, launch: bool) -> Path:
@@ -358,13 +389,13 @@ def _equal_begins_trace(path: Path, *, end_thread_first: bool, launch: bool) -> 
     return path
 
 
-@pytest.mark.parametrize("per_event", [False, True])
+@pytest.mark.parametrize("generic_reader", [False, True])
 @pytest.mark.parametrize("launch", [False, True])
 @pytest.mark.parametrize("end_thread_first", [False, True])
 def test_an_arrow_between_slices_that_begin_together_is_drawn_only_when_its_start_is_written_first(
-        tmp_path, monkeypatch, per_event, launch, end_thread_first):
+        tmp_path, monkeypatch, generic_reader, launch, end_thread_first):
     trace = _equal_begins_trace(tmp_path / "rank0.pt.trace.json", end_thread_first=end_thread_first, launch=launch)
-    result = _merged(trace, tmp_path / "out.perfetto-trace", monkeypatch, per_event=per_event)
+    result = _merged(trace, tmp_path / "out.perfetto-trace", monkeypatch, generic_reader=generic_reader)
     check = check_trace(result.output)
     assert check.ok, check.problems
     reason = LAUNCH_FLOWS_LEFT_OUT if launch else TRACE_FLOW_STEPS_LEFT_OUT
@@ -380,7 +411,7 @@ def test_epoch_microsecond_traces_are_drawn_in_full_on_columns(tmp_path, monkeyp
     """Epoch-microsecond timestamps as JSON integers (2021's Kineto) or floats with sub-microsecond digits: an
     int's nanoseconds are figured exactly, a float's as Python's float64 product."""
     source = Path(__file__).parent / "fixtures" / "public" / folder
-    monkeypatch.setattr(merge_run, "plan_window", None)   # the columnar planner takes every such window
+    monkeypatch.setattr(merge_run, "window_of_events", None)   # the columnar decoder takes every such window
     result = merge_run.merge(source, tmp_path / "out.perfetto-trace", options=MergeOptions(workers=1),
                              use_cache=False)
     given = Counter()
@@ -390,11 +421,11 @@ def test_epoch_microsecond_traces_are_drawn_in_full_on_columns(tmp_path, monkeyp
     assert verify_outputs(result, engine=True) == []
 
 
-def test_the_per_event_fallback_writes_the_planner_s_bytes_for_an_epoch_microsecond_trace(tmp_path, monkeypatch):
+def test_the_generic_reader_s_events_give_the_same_bytes_for_an_epoch_microsecond_trace(tmp_path, monkeypatch):
     source = Path(__file__).parent / "fixtures" / "public" / "kineto" / "resnet50_2021"
-    columnar = _merged_bytes(source, tmp_path / "columnar.perfetto-trace", monkeypatch, per_event=False)
-    per_event = _merged_bytes(source, tmp_path / "per-event.perfetto-trace", monkeypatch, per_event=True)
-    assert columnar == per_event
+    columnar = _merged_bytes(source, tmp_path / "columnar.perfetto-trace", monkeypatch, generic_reader=False)
+    generic_reader = _merged_bytes(source, tmp_path / "generic-reader.perfetto-trace", monkeypatch, generic_reader=True)
+    assert columnar == generic_reader
 
 
 def test_nanoseconds_of_epoch_ints_are_exact_and_of_floats_python_s():
@@ -406,15 +437,15 @@ def test_nanoseconds_of_epoch_ints_are_exact_and_of_floats_python_s():
 
 
 @pytest.mark.parametrize("event_args", [False, True])
-def test_the_planner_s_chrome_json_and_args_are_the_per_event_fallback_s(tmp_path, monkeypatch, event_args):
+def test_the_chrome_json_and_args_are_the_same_from_either_reader(tmp_path, monkeypatch, event_args):
     """The Chrome JSON beside the output (and with event args, the debug annotations) written from the columns:
-    the same files as the fallback writes event by event, arrows and made-up slices included."""
+    the same files whichever reader read the trace, arrows and made-up slices included."""
     trace = _sync_edge_trace(tmp_path / "rank0.pt.trace.json")
     written = []
-    for per_event in (False, True):
-        out = tmp_path / f"{per_event}.perfetto-trace"
-        chrome = tmp_path / f"{per_event}.trace.json.gz"
-        _merged_bytes(trace, out, monkeypatch, per_event=per_event, chrome_json=chrome, event_args=event_args)
+    for generic_reader in (False, True):
+        out = tmp_path / f"{generic_reader}.perfetto-trace"
+        chrome = tmp_path / f"{generic_reader}.trace.json.gz"
+        _merged_bytes(trace, out, monkeypatch, generic_reader=generic_reader, chrome_json=chrome, event_args=event_args)
         with gzip.open(chrome, "rb") as handle:
             written.append((out.read_bytes(), handle.read()))
     assert written[0] == written[1]

@@ -1,7 +1,7 @@
 """The columnar packet encoder (perfetto/columnar.py) writes the bytes the per-event writer writes:
 on rows made to hit every field and edge (varint widths, new names between chunks, flows, annotations,
-counters, the sequence's first packet), and on merges of real H200 traces planned event by event (the merge's
-own planner, column_plan.py, is held to the trace processor in test_merge_column_plan.py)."""
+counters, the sequence's first packet), and on merges of a real H200 trace (the merge's planner, column_plan.py,
+is held to the trace processor in test_merge_column_plan.py)."""
 
 from __future__ import annotations
 
@@ -124,12 +124,11 @@ def test_a_negative_timestamp_is_refused_as_the_per_event_writer_refuses_it():
             encoded([rows], columnar=columnar, started=True)
 
 
-def merged_bytes(tmp_path: Path, name: str, *, per_event: bool, monkeypatch, **options) -> Path:
-    """The merge of EAGER planned on columns, or by the per-event fallback written packet by packet."""
+def merged_bytes(tmp_path: Path, name: str, *, generic_reader: bool, monkeypatch, **options) -> Path:
+    """The merge of EAGER decoded to columns, or read by the generic reader (as a file the decoder refuses)."""
     with monkeypatch.context() as patch:
-        if per_event:
+        if generic_reader:
             patch.setattr(merge_run, "decode_window", lambda data: None)
-            patch.setattr(merge_run, "operation_columns", lambda *args, **kwargs: None)
         result = merge_run.merge(EAGER, tmp_path / name, options=MergeOptions(workers=1, **options))
     return result.output
 
@@ -138,10 +137,12 @@ def merged_bytes(tmp_path: Path, name: str, *, per_event: bool, monkeypatch, **o
                                                             "overlays": False}],
                          ids=["event-args", "event-args-one-step-no-overlays"])
 def test_a_real_merge_is_the_same_trace_either_way(tmp_path, monkeypatch, options):
-    """With the events' args drawn, the planner's columns take them from the generic reader's events; the
-    per-event fallback (a file the columnar decoder refuses) writes the same packets one by one."""
-    columnar = merged_bytes(tmp_path, "columnar.perfetto-trace", per_event=False, monkeypatch=monkeypatch, **options)
-    per_event = merged_bytes(tmp_path, "per-event.perfetto-trace", per_event=True, monkeypatch=monkeypatch, **options)
+    """With the events' args drawn, the planner's columns take them from the generic reader's events, whichever
+    reader gave the columns."""
+    columnar = merged_bytes(tmp_path, "columnar.perfetto-trace", generic_reader=False, monkeypatch=monkeypatch,
+                            **options)
+    per_event = merged_bytes(tmp_path, "generic.perfetto-trace", generic_reader=True, monkeypatch=monkeypatch,
+                             **options)
     new, old = check_trace(columnar), check_trace(per_event)
     assert new.ok, new.problems[:5]
     assert new.slices == old.slices and new.instants == old.instants
@@ -153,17 +154,12 @@ def test_a_real_merge_is_the_same_trace_either_way(tmp_path, monkeypatch, option
 @pytest.mark.parametrize("begin_idents", [[5, 8, 7, -1], [5, 5, 7, -1]], ids=["unique", "repeated"])
 def test_each_slice_begin_gets_the_flows_of_its_ident(begin_idents):
     from fleetscope.analysis.merge.flows import FlowPlan
-    from fleetscope.analysis.merge.operation_columns import operation_columns
-    from fleetscope.analysis.merge.tracks import OP_BEGIN, OP_END
+    from fleetscope.analysis.merge.operation_columns import _planned_flows
 
-    operations = []
-    for position, ident in enumerate(begin_idents):
-        operations += [(position * 10, OP_BEGIN, 1, f"s{position}", "", position * 10 + 5, ident, None),
-                       (position * 10 + 5, OP_END, 1)]
     flows = FlowPlan()
     flows.outgoing.update({5: [1, 2], 9: [3], 7: [6]})
     flows.terminating.update({7: [4], 5: [11]})
-    columns = operation_columns(operations, flows, [], event_args=False)
-    for row in range(0, len(operations), 2):
-        ident = operations[row][6]
-        assert columns.flows.of_row(row) == (list(flows.outgoing.get(ident, [])), list(flows.terminating.get(ident, [])))
+    rows = np.arange(0, 2 * len(begin_idents), 2)
+    columns = _planned_flows(rows, np.array(begin_idents, dtype=np.int64), flows)
+    for row, ident in zip(rows.tolist(), begin_idents):
+        assert columns.of_row(row) == (list(flows.outgoing.get(ident, [])), list(flows.terminating.get(ident, [])))

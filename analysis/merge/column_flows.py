@@ -2,9 +2,10 @@
 
 Launch flows, one per GPU slice, are a join of the slice table on the CUDA correlation id: the launches
 are the host slices with a correlation (the longest per id, the first in trace order on a tie), and each
-GPU slice takes the flow id of its launch in trace order, as flows.py numbers them. The trace's own flow
-events, the collectives and the point-to-point transfers are few: flows.py's functions bind them, given a
-slice finder and the communication slices of the table.
+GPU slice takes the next flow id of its launch in trace order. The trace's own flow events are bound to
+their threads' slices by searches on the sorted table (ColumnSliceFinder) and chained by sorts. The
+collectives and the point-to-point transfers are few: flows.py's functions bind them to the communication
+slices of the table.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ if TYPE_CHECKING:
 
 def plan_flows_on_columns(table: SliceTable, grouped: "GroupedEvents", tracks: "RankTracks",
                           context: "WindowContext", *, add_covered: Callable[[], None] | None = None) -> FlowPlan:
-    """flows.plan_flows for the slices of `table`; `add_covered` adds the flow events that repeat launch flows
-    (flows.py skips those where there are launch flows)."""
+    """The arrows of the slices of `table` (flows.py: launch, the trace's own, collective, point-to-point);
+    `add_covered` adds the flow events that repeat launch flows (`ac2g`), where there are none."""
     plan = FlowPlan()
     on_gpu = table.on_gpu(grouped)
     if context.options.flows:

@@ -1,6 +1,7 @@
-"""tracks.nest_into_lanes on arrays: which lane each slice of a track takes, and the order of its begins and ends.
+"""Which lane each slice of a track takes, and the order of its begins and ends: the lane rule's one owner.
 
-Slices come sorted by (start, -end). The nesting loop (`nest_codes`, the reference) puts slice i on the
+Slices come sorted by (start, -end). The nesting loop (`nest_codes`: the rule, which tracks.nest_into_lanes
+emits for the few made-up slices, and the reference the arrays are held to) puts slice i on the
 lowest lane whose innermost open slice contains it; on lane L the open slices at i's start are those of L
 that end after it (each lane's stack nests, so popping the ended ones from the top pops all of them), and
 the innermost is the latest begun. Most tracks nest on one lane (`_one_lane_codes`: one sort, checked).
@@ -14,8 +15,9 @@ import numpy as np
 
 
 def nest_codes(starts: list[int], ends: list[int]) -> tuple[list[int], list[int], int]:
-    """tracks.nest_into_lanes over slices sorted by (start, -end): the emission order as codes (i: slice i
-    begins, ~i: it ends), each slice's lane, and the lane count. The reference `lane_codes` is held to."""
+    """The lanes of slices sorted by (start, -end): the emission order as codes (i: slice i begins, ~i: it
+    ends), each slice's lane, and the lane count. Each slice goes on the lowest lane whose innermost open slice
+    contains it (or that has none open). The reference `lane_codes` is held to."""
     stacks: list[list[int]] = []
     codes: list[int] = []
     lanes = [0] * len(starts)

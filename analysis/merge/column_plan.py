@@ -1,24 +1,25 @@
 """Planning one window (pure): THE merge planner, over arrays of the window's complete events.
 
-Which planner runs when (merge/run.py `_plan_file`):
-  * this one, for every window the columnar decoder (window_decode.decode_window) takes: every option (steps,
-    time range, no python functions, no flows or overlays; the events' args and the Chrome JSON, written from
-    the columns with the args the generic reader gives: run._RankEmitter._emit_columns), any time the trace
-    holds (an event before the clock's zero or beyond 2^63 ns once placed is left out and counted, a time
-    beyond float64's exact nanoseconds is placed in Python integers), any 64-bit correlation id;
-  * plan.py's per-event planner, the fallback, only for a file the columnar decoder does not take (another
-    shape, a value of another type, invalid UTF-8), read by the generic reader. It writes the same bytes
-    (tests/test_merge_column_plan.py and test_merge_columnar.py hold it to that).
+It plans every window, under every option (steps, time range, no python functions, no flows or overlays; the
+events' args and the Chrome JSON, written from its columns: run._RankEmitter), whichever reader gave it:
+  * the columnar decoder (window_decode.decode_window), for every file it takes (Kineto's own);
+  * the generic reader (traces/kineto.py), for a file the decoder refuses (another shape, a value of another
+    type, invalid UTF-8): event_window.window_of_events sorts its events into the same columns, with plan.py's
+    rules for what a value of another type means. The same trace gives the same bytes either way
+    (tests/test_merge_column_plan.py).
+Any time the trace holds is taken: an event before the clock's zero or beyond 2^63 ns once placed is left out
+and counted, a time beyond float64's exact nanoseconds is placed in Python integers; any 64-bit correlation id.
 
-plan.py's rules, figured over arrays (window_decode.SliceColumns): grouping per thread and the time filters
-are masks and sorts, launch flows a join on the correlation id, and every slice's begin and end an index into
-those arrays until the encoder's columns are built. What is rare (instants, counters, metadata, the flow
-events' fields, the collective and point-to-point bindings, the overlays) goes through plan.py's, flows.py's
-and overlays.py's own functions, so each of those rules has one owner.
+The rules over arrays (window_decode.SliceColumns): grouping per thread and the time filters are masks and
+sorts, launch flows a join on the correlation id, and every slice's begin and end an index into those arrays
+until the encoder's columns are built. What is rare (instants, counters, metadata, the flow events' fields,
+the collective and point-to-point bindings, the overlays) goes through plan.py's, flows.py's and overlays.py's
+functions, each rule's one owner.
 
-Every order the per-event planner makes is kept, so the bytes are the same: threads by first appearance,
-a track's slices by (start, longest first, thread, trace order), each track's begins and ends in the order
-its lane nesting emits them, and the window's operations sorted by time stably over that emission order.
+The orders are fixed, so the same input always gives the same bytes: threads by first appearance, a track's
+slices by (start, longest first, thread, trace order), each track's begins and ends in the order its lane
+nesting emits them (column_lanes.py, held to tracks.nest_into_lanes's loop), and the window's operations
+sorted by time stably over that emission order.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def plan_window_columns(window: DecodedWindow, tracks: RankTracks, context: Wind
         grouped.filtered += table.keep_overlapping(spans)
         filter_rare_events(grouped, spans, overlay_inputs)
     register_tracks(table.nonempty_threads() | {t for t, i in grouped.instants.items() if i}, grouped, tracks)
-    plan = WindowPlan(new_tracks=[], operations=[], skipped=grouped.skipped, filtered_count=grouped.filtered,
+    plan = WindowPlan(new_tracks=[], skipped=grouped.skipped, filtered_count=grouped.filtered,
                       origin_ns=origin_ns)
     if grouped.negative_durations:
         plan.skipped["negative duration clamped to 0 (slice kept)"] += grouped.negative_durations
@@ -96,8 +97,8 @@ def plan_window_columns(window: DecodedWindow, tracks: RankTracks, context: Wind
 
 def group_columns(window: DecodedWindow, clock: WindowClock,
                   options: MergeOptions) -> tuple[SliceTable, GroupedEvents, Callable[[], None]]:
-    """The window's slices as a SliceTable (trace order), everything else grouped as plan.group_events does,
-    and the adding of each flow event that launch flows cover (`ac2g`: added only where there are none)."""
+    """The window's slices as a SliceTable (trace order), everything else grouped by plan.py's functions, and
+    the adding of each flow event that launch flows cover (`ac2g`: added only where there are none)."""
     grouped = GroupedEvents()
     columns = window.slices
     if window.complete_without_time:

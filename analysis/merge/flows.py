@@ -15,19 +15,21 @@ Three kinds, each attached to slices through Perfetto flow ids:
   module only finds the slice each was parsed from;
 * point-to-point flows: an arrow from each send to the receive that took its data (the pair the pipeline
   analysis makes from the stages' markers, cross_rank/pipeline.py), one flow id per transfer.
+
+Here: what a window's arrows are (FlowPlan), the collective and point-to-point bindings, the flow ids, and
+the rule of which arrow ends Perfetto can join (in_begin_order). The launch flows and the trace's own flows
+are found on the slice table's arrays, in column_flows.py.
 """
 
 from __future__ import annotations
 
 import hashlib
-from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
 
-from fleetscope.analysis.merge.tracks import emission_ranks
 from fleetscope.analysis.per_rank.names import (
     collective_name,
     is_comm_kernel,
@@ -36,7 +38,6 @@ from fleetscope.analysis.per_rank.names import (
 )
 
 if TYPE_CHECKING:
-    from fleetscope.analysis.merge.tracks import RankTracks
     from fleetscope.analysis.merge.window import GroupedEvents, WindowContext
 
 NO_STEP = -1
@@ -89,7 +90,7 @@ class FlowPlan:
     """Ends of the trace's own flows left out by in_begin_order."""
     launch_flows_left_out: int = 0
     """GPU slices whose begin is written before their launch's (in_begin_order's rule): no launch flow
-    (_plan_launch_flows, column_flows.launch_flows)."""
+    (column_flows.launch_flows)."""
 
     @property
     def launches_matched(self) -> bool:
@@ -109,19 +110,6 @@ TRACE_FLOW_STEPS_LEFT_OUT = ("flow ends not drawn: each bound to a slice that be
 LAUNCH_FLOWS_LEFT_OUT = ("launch arrows not drawn: the GPU work begins before the call that launched it (the trace's "
                          "host and device clocks disagree), or with it on a track written first (Perfetto joins a "
                          "flow's slices in the order their begins are written)")
-
-
-def plan_flows(grouped: "GroupedEvents", tracks: "RankTracks", context: "WindowContext") -> FlowPlan:
-    """Flow ids for the slices of one window (collective instances from `context.collectives`)."""
-    plan = FlowPlan()
-    located = _locate_slices(grouped)
-    launches = _launches_by_correlation(grouped, located)
-    if context.options.flows:
-        finder = _SliceFinder(grouped)
-        _plan_launch_flows(grouped, located, launches, tracks, plan, finder)
-        plan_trace_flows(grouped, tracks, plan, finder)
-    plan_collective_flows(located, grouped, context, plan)
-    return plan
 
 
 def plan_collective_flows(located: dict[int, "Located"], grouped: "GroupedEvents", context: "WindowContext",
@@ -177,78 +165,12 @@ class Located(NamedTuple):
     on_gpu: bool
 
 
-def _locate_slices(grouped: "GroupedEvents") -> dict[int, Located]:
-    """ident -> where its slice is, for the events flows can involve (correlated or communication)."""
-    located = {}
-    correlated = grouped.correlation_of
-    for thread, slices in grouped.slices.items():
-        on_gpu = grouped.is_gpu(thread)
-        for start, end, name, category, ident, _ in slices:
-            if ident in correlated or (name.startswith(COLLECTIVE_NAME_STARTS) and may_be_collective(name)):
-                located[ident] = Located(start, end, name, category, on_gpu)
-    return located
-
-
 COLLECTIVE_NAME_STARTS = ("nccl", "gloo", "c10d", "_c10d")
 """A cheap first test (every name the rules below accept starts so) before the rules themselves."""
 
 
 def may_be_collective(name: str) -> bool:
     return is_comm_kernel(name) or is_gloo_span(name) or name.startswith(_HOST_COLLECTIVE_PREFIXES)
-
-
-def _launches_by_correlation(grouped: "GroupedEvents", located: dict[int, Located]) -> dict[int, int]:
-    """correlation id -> ident of the CPU event that launched it (the longest, if several)."""
-    launches: dict[int, int] = {}
-    for ident, correlation in grouped.correlation_of.items():
-        where = located.get(ident)
-        if where is None or where.on_gpu:
-            continue
-        known = launches.get(correlation)
-        if known is None or _duration(located[known]) < _duration(where):
-            launches[correlation] = ident
-    return launches
-
-
-def _duration(where: Located) -> int:
-    return where.end_ns - where.start_ns
-
-
-def _plan_launch_flows(grouped: "GroupedEvents", located: dict[int, Located], launches: dict[int, int],
-                       tracks: "RankTracks", plan: FlowPlan, finder: "SliceFinder") -> None:
-    for ident in sorted(grouped.correlation_of):
-        where = located.get(ident)
-        launch = launches.get(grouped.correlation_of[ident])
-        if where is None or not where.on_gpu or launch is None:
-            continue
-        if finder.begin_of(ident) <= finder.begin_of(launch):
-            plan.launch_flows_left_out += 1
-            continue
-        flow_id = tracks.new_flow_id()
-        plan.outgoing[launch].append(flow_id)
-        plan.terminating[ident].append(flow_id)
-        plan.launch_flow_count += 1
-
-
-def plan_trace_flows(grouped: "GroupedEvents", tracks: "RankTracks", plan: FlowPlan, finder: "SliceFinder") -> None:
-    """The trace's own flows, each end bound by `finder` to a slice of its thread."""
-    chains: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
-    for phase, category, flow_id, thread, ts_ns, enclosing in grouped.flow_events:
-        if category == LAUNCH_FLOWS_COVERED_CATEGORY and plan.launches_matched:
-            continue
-        ident = finder.enclosing(thread, ts_ns) if enclosing else finder.next_starting(thread, ts_ns)
-        if ident is not None:
-            chains[(category, flow_id)].append((ts_ns, ident))
-    for key in sorted(chains, key=str):
-        idents = list(dict.fromkeys(ident for _, ident in sorted(chains[key])))
-        idents = in_begin_order(idents, finder.begin_of, plan) if len(idents) >= 2 else idents
-        if len(idents) < 2:
-            continue
-        flow_id = tracks.new_flow_id()
-        for ident in idents[:-1]:
-            plan.outgoing[ident].append(flow_id)
-        plan.terminating[idents[-1]].append(flow_id)
-        plan.trace_flow_count += 1
 
 
 Begin = tuple[int, int]
@@ -272,52 +194,6 @@ def in_begin_order(idents: list[int], begin_of: Callable[[int], Begin], plan: Fl
         latest = begin
     plan.trace_flow_steps_left_out += len(idents) - len(kept)
     return kept
-
-
-class SliceFinder(Protocol):
-    def enclosing(self, thread: tuple, ts_ns: int) -> int | None: ...
-
-    def next_starting(self, thread: tuple, ts_ns: int) -> int | None: ...
-
-    def begin_of(self, ident: int) -> Begin: ...
-
-
-class _SliceFinder:
-    """The slice of a thread at a time, for binding flow events (Chrome JSON's rules)."""
-
-    def __init__(self, grouped: "GroupedEvents"):
-        self._grouped = grouped
-        self._starts: dict[tuple, list[int]] = {}
-        self._begin_of: dict[int, Begin] | None = None
-
-    def _sorted(self, thread: tuple) -> tuple[list, list[int]]:
-        slices = self._grouped.slices.get(thread, [])
-        if thread not in self._starts:
-            slices.sort(key=lambda s: (s[0], -s[1]))
-            self._starts[thread] = [s[0] for s in slices]
-        return slices, self._starts[thread]
-
-    def enclosing(self, thread: tuple, ts_ns: int) -> int | None:
-        """The latest-starting slice of the thread that contains `ts_ns`."""
-        slices, starts = self._sorted(thread)
-        index = bisect_right(starts, ts_ns) - 1
-        for candidate in range(index, max(index - ENCLOSING_SEARCH_LIMIT, -1), -1):
-            if slices[candidate][1] >= ts_ns:
-                return slices[candidate][4]
-        return None
-
-    def next_starting(self, thread: tuple, ts_ns: int) -> int | None:
-        slices, starts = self._sorted(thread)
-        index = bisect_left(starts, ts_ns)
-        return slices[index][4] if index < len(slices) else None
-
-    def begin_of(self, ident: int) -> Begin:
-        """When the begin of event `ident`'s slice is written."""
-        if self._begin_of is None:
-            grouped = self._grouped
-            ranks = emission_ranks(grouped.slices, grouped.gpu_threads)
-            self._begin_of = {s[4]: (s[0], ranks[thread]) for thread, slices in grouped.slices.items() for s in slices}
-        return self._begin_of[ident]
 
 
 def _bind_collectives(located: dict[int, Located], grouped: "GroupedEvents", context: "WindowContext",

@@ -1,15 +1,16 @@
-"""A window's planned operations as the columns the Perfetto encoder takes (perfetto/columnar.py).
+"""A window's plan as the columns the Perfetto encoder takes (perfetto/columnar.py).
 
-The operations are the planner's tuples (tracks.py: OP_BEGIN, OP_END, OP_INSTANT, OP_COUNTER); each
-column is pulled out in one pass, and only the few rows that carry flows or debug annotations are
-looked at one by one. What a row carries is what the per-event emitter gives it (run.py).
+The slices' begins and ends come as indexes into the slice table (column_plan.py); the few other operations
+(instants, counters, overlays) as tuples (tracks.py: OP_BEGIN, OP_END, OP_INSTANT, OP_COUNTER). Only the rows
+that carry flows or debug annotations are looked at one by one. RowSources keeps what the Chrome JSON and the
+events' args need of each row (run.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from itertools import chain, compress
+from itertools import chain
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -39,31 +40,6 @@ _BEGIN_END, _BEGIN_IDENT, _BEGIN_ANNOTATIONS = 5, 6, 7
 _INSTANT_IDENT, _INSTANT_ANNOTATIONS = 5, 6
 
 
-def operation_columns(operations: list[tuple], flows: FlowPlan, events: list[Any], *,
-                      event_args: bool) -> TrackEventColumns | None:
-    """The operations as columns; None when a timestamp or uuid does not fit int64 / uint64 (the
-    per-event writer then says what is wrong)."""
-    count = len(operations)
-    kinds = np.fromiter(map(itemgetter(1), operations), dtype=np.int8, count=count)
-    try:
-        timestamps = np.fromiter(map(itemgetter(0), operations), dtype=np.int64, count=count)
-        uuids = np.fromiter(map(itemgetter(2), operations), dtype=np.uint64, count=count)
-    except (OverflowError, TypeError):
-        return None
-    named_ops = list(compress(operations, ((kinds == OP_BEGIN) | (kinds == OP_INSTANT)).tolist()))
-    counter_ops = compress(operations, (kinds == OP_COUNTER).tolist())
-    begins = _Rows.of(operations, kinds, OP_BEGIN, _BEGIN_IDENT)
-    instants = _Rows.of(operations, kinds, OP_INSTANT, _INSTANT_IDENT)
-    annotations = _annotations(begins, _BEGIN_ANNOTATIONS, begins.idents <= NO_EVENT, events, event_args)
-    annotations.update(_annotations(instants, _INSTANT_ANNOTATIONS, instants.idents == NO_EVENT, events, event_args))
-    return TrackEventColumns(
-        types=_TYPE_OF_OPERATION[kinds], timestamps_ns=timestamps, track_uuids=uuids,
-        names=list(map(itemgetter(3), named_ops)), categories=list(map(itemgetter(4), named_ops)),
-        counter_values=np.fromiter(map(itemgetter(3), counter_ops), dtype=np.float64),
-        flows=_flows(begins, flows), annotations=annotations,
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class _Rows:
     """The operations of one kind: their rows, the tuples and their idents."""
@@ -71,14 +47,6 @@ class _Rows:
     rows: np.ndarray
     operations: list[tuple]
     idents: np.ndarray
-
-    @classmethod
-    def of(cls, operations: list[tuple], kinds: np.ndarray, kind: int, ident_index: int) -> "_Rows":
-        selected = kinds == kind
-        chosen = list(compress(operations, selected.tolist()))
-        idents = np.fromiter(map(itemgetter(ident_index), chosen), dtype=np.int64, count=len(chosen))
-        return cls(rows=np.flatnonzero(selected), operations=chosen, idents=idents)
-
 
 def _flows(begins: _Rows, flows: FlowPlan) -> FlowColumns:
     """The flow ids of the slice begins (a slice's are the FlowPlan's under its ident), looked up per
@@ -109,19 +77,6 @@ def _entries(table: dict[int, list[int]], idents: np.ndarray, rows: np.ndarray,
     return entry_rows, ids[kept], np.full(len(entry_rows), terminating)
 
 
-def _annotations(chosen: _Rows, annotations_index: int, made_up: np.ndarray, events: list[Any],
-                 event_args: bool) -> dict[int, dict]:
-    """row -> debug annotations, as the per-event emitter gives them: a made-up row's own, and with
-    `event_args` each event's Kineto args."""
-    annotations = {}
-    for position in np.flatnonzero(made_up).tolist():
-        annotations[int(chosen.rows[position])] = chosen.operations[position][annotations_index]
-    if event_args:
-        for position in np.flatnonzero(~made_up).tolist():
-            annotations[int(chosen.rows[position])] = event_args_of(events, int(chosen.idents[position]))
-    return {row: value for row, value in annotations.items() if value}
-
-
 def event_args_of(events: list[Any], ident: int) -> dict | None:
     """A Kineto event's args as debug annotations (None when it has none)."""
     args = events[ident].get("args")
@@ -144,7 +99,7 @@ def planned_columns(slice_ops: "SliceOps", rare_ops: list[tuple], table: "SliceT
                     flows: FlowPlan) -> tuple[TrackEventColumns, RowSources]:
     """The encoder's columns of a columnar plan: the slices' begins and ends (`slice_ops`, in emission
     order), then the rare operations (instants, counters, overlays: plan.py's tuples), sorted by time
-    stably over that order, as plan.plan_window sorts its operations; and each row's sources."""
+    stably over that order; and each row's sources."""
     rows, begins = slice_ops.rows, slice_ops.begins
     rare = _RareOps.of(rare_ops)
     timestamps = np.concatenate([np.where(begins, table.starts[rows], table.ends[rows]), rare.timestamps])

@@ -1,41 +1,40 @@
-"""Planning one Kineto trace window as Perfetto track events (pure: no I/O).
+"""What planning one Kineto window gives (WindowPlan), and the rules for its few events (pure: no I/O).
 
 A Kineto window is a list of Chrome trace events. Planning turns it into
 
 * tracks: one per CPU thread and per GPU stream (and one per counter series), named for people:
-  CPU threads by their `thread_name` metadata, GPU streams as `GPU 0 stream 7`;
+  CPU threads by their `thread_name` metadata, GPU streams as `GPU 0 stream 7` (register_tracks);
 * lanes: Perfetto needs the slices of a track to nest properly, but Kineto tracks hold events that
   overlap without nesting (GPU annotations across kernels, Python functions across ops). Such an
   event goes to the first extra lane of its track where it nests, a track of its own named
   `<track> [overlap N]`, placed right under its track. The rule is deterministic (events taken by
   start time, longest first), so the same input always gives the same tracks;
-* operations: begin/end/instant/counter tuples in time order, with timestamps in nanoseconds on the
-  merged clock: `baseTimeNanoseconds + ts_us * 1000 - clock_offset_ns`;
-* flows (perfetto_flows.py) and the analysis overlay and counters (perfetto_overlays.py).
+* track events in time order, with timestamps in nanoseconds on the merged clock:
+  `baseTimeNanoseconds + ts_us * 1000 - clock_offset_ns`;
+* flows (flows.py, column_flows.py) and the analysis overlay and counters (overlays.py).
+
+The planner is column_plan.py: it plans every window, over arrays of its complete events (most of a trace).
+The window's few other events are planned by the functions here, their one owner, which it calls: instants
+and memory samples, counters, metadata (add_other_event, plan_instants, plan_counters), a flow event's fields
+(add_flow_fields), the time filters of those events (filter_rare_events, kept_spans), the writable clock range
+(MAX_WRITABLE_NS, OUTSIDE_CLOCK), and the tracks' order and names (register_tracks).
 
 A rank's windows are planned one after another against the same `RankTracks`, so all of them land
 in one process and reuse its tracks.
-
-The merge plans a window on columns (column_plan.py, the planner); `plan_window` is its fallback, run only
-for a file the columnar decoder does not take (window_decode.decode_window: another shape, a value of another
-type, invalid UTF-8). The functions for rare events here (instants, counters, metadata, flow
-event fields, the filters of rare events, track registration and naming) are the one owner of those rules:
-the columnar planner calls them.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from msgspec import UNSET
 
-from fleetscope.traces.validate import MAX_TIME_US, is_finite_number
-from fleetscope.analysis.merge.flows import FlowPlan, plan_flows
+from fleetscope.traces.validate import is_finite_number
+from fleetscope.analysis.merge.flows import FlowPlan
 from fleetscope.analysis.per_rank.events import GPU_TRACK_CATEGORIES
-from fleetscope.analysis.merge.options import MergeOptions
-from fleetscope.analysis.merge.overlays import OverlayInputs, plan_overlays
+from fleetscope.analysis.merge.overlays import OverlayInputs
 from fleetscope.analysis.merge.perfetto.columnar import TrackEventColumns
 from fleetscope.analysis.merge.perfetto.writer import TrackSpec
 from fleetscope.analysis.merge.tracks import (
@@ -48,17 +47,10 @@ from fleetscope.analysis.merge.tracks import (
     OP_INSTANT,
     PROFILER_TRACK,
     RankTracks,
-    Slice,
     TrackKey,
-    lay_out_track,
     track_key,
 )
 from fleetscope.analysis.merge.window import GroupedEvents, WindowClock, WindowContext
-from fleetscope.analysis.per_rank.names import (
-    PROCESS_GROUP_DESCRIPTION_ARG,
-    PROCESS_GROUP_NAME_ARG,
-    process_group_label,
-)
 
 GPU_CATEGORIES = GPU_TRACK_CATEGORIES | {"gpu_instant_event"}
 """The parse's GPU categories (per_rank/events.py, every Kineto generation) and GPU instants."""
@@ -75,10 +67,6 @@ class WindowPlan:
     """What one window adds to the merged trace, in emission order."""
 
     new_tracks: list[TrackSpec]
-    operations: list[tuple]
-    """Time-sorted: (ts_ns, OP_BEGIN, uuid, name, category, end_ns, ident, annotations),
-    (ts_ns, OP_END, uuid), (ts_ns, OP_INSTANT, uuid, name, category, ident, annotations),
-    (ts_ns, OP_COUNTER, uuid, value)."""
     flows: FlowPlan = field(default_factory=FlowPlan)
     slice_count: int = 0
     """Slices of Kineto events (overlay slices are counted in overlay_slice_count)."""
@@ -96,73 +84,20 @@ class WindowPlan:
     skipped: Counter = field(default_factory=Counter)
     """Events that could not be merged or had to be repaired, by reason."""
     columns: TrackEventColumns | None = None
-    """The operations as the encoder's columns, time-sorted (column_plan.py); `operations` is then empty."""
+    """The window's track events as the encoder's columns, time-sorted (column_plan.py)."""
     row_sources: Any = None
-    """With `columns`: each row's Kineto event and a begin's end (operation_columns.RowSources)."""
+    """Each row's Kineto event and a begin's end (operation_columns.RowSources)."""
 
     @property
     def first_ts_ns(self) -> int | None:
-        if self.columns is not None:
-            return int(self.columns.timestamps_ns[0]) if self.columns.row_count else None
-        return self.operations[0][0] if self.operations else None
+        return int(self.columns.timestamps_ns[0]) if self.columns is not None and self.columns.row_count else None
 
     @property
     def last_ts_ns(self) -> int | None:
-        if self.columns is not None:
-            return int(self.columns.timestamps_ns[-1]) if self.columns.row_count else None
-        return self.operations[-1][0] if self.operations else None
-
-
-def plan_window(events: list[Any], tracks: RankTracks, context: WindowContext) -> WindowPlan:
-    """Plan the events of one Kineto window onto `tracks` (which it updates)."""
-    grouped = group_events(events, context.clock, context.options)
-    origin_ns = context.origin_ns if context.origin_ns is not None else grouped.first_ts_ns()
-    overlay_inputs = OverlayInputs(steps=list(context.steps))
-    _apply_filters(grouped, context, overlay_inputs, origin_ns)
-    register_tracks({t for t, s in grouped.slices.items() if s} | {t for t, i in grouped.instants.items() if i},
-                    grouped, tracks)
-    plan = WindowPlan(new_tracks=[], operations=[], skipped=grouped.skipped, filtered_count=grouped.filtered,
-                      origin_ns=origin_ns)
-    if grouped.negative_durations:
-        plan.skipped["negative duration clamped to 0 (slice kept)"] += grouped.negative_durations
-    plan.flows = plan_flows(grouped, tracks, context)
-    plan.skipped.update(plan.flows.left_out())
-    _plan_slices(grouped, tracks, plan)
-    plan_instants(grouped, tracks, plan, plan.operations)
-    plan_counters(grouped, tracks, plan, plan.operations)
-    if context.options.overlays:
-        overlay = plan_overlays(grouped, overlay_inputs, plan.flows, tracks, context, plan.new_tracks)
-        plan.operations.extend(overlay.operations)
-        plan.overlay_slice_count += overlay.slice_count
-        plan.overlay_instant_count += overlay.instant_count
-        plan.step_ranges = overlay.step_ranges
-        plan.counter_sample_count += overlay.counter_sample_count
-    plan.operations.sort(key=_timestamp)
-    return plan
-
-
-def _timestamp(operation: tuple) -> int:
-    return operation[0]
+        return int(self.columns.timestamps_ns[-1]) if self.columns is not None and self.columns.row_count else None
 
 
 # --- grouping -------------------------------------------------------------------------------
-
-def group_events(events: list[Any], clock: WindowClock, options: MergeOptions = MergeOptions()) -> GroupedEvents:
-    grouped = GroupedEvents()
-    for ident, event in enumerate(events):
-        if not isinstance(event, dict):
-            grouped.skipped["not a JSON object"] += 1
-            continue
-        phase = event.get("ph")
-        if phase == "X":
-            _add_complete(event, ident, grouped, clock, options)
-        elif phase in ("s", "t", "f"):
-            add_flow_fields(phase, event.get("ts"), event.get("id"), event.get("bp"), event.get("cat"),
-                            event.get("pid", ""), event.get("tid", ""), grouped, clock)
-        else:
-            add_other_event(event, ident, grouped, clock)
-    return grouped
-
 
 def add_other_event(event: dict, ident: int, grouped: GroupedEvents, clock: WindowClock) -> None:
     """An instant, counter or metadata event (any other phase is counted as not merged)."""
@@ -184,59 +119,24 @@ def thread_of(event: dict) -> tuple:
 def _thread(pid: Any, tid: Any) -> tuple:
     if type(pid) in _PLAIN_IDS and type(tid) in _PLAIN_IDS:
         return (pid, tid)
-    return (_hashable(pid), _hashable(tid))
+    return (hashable_id(pid), hashable_id(tid))
 
 
 _PLAIN_IDS = (int, str)
 
 
-def _hashable(value: Any) -> Any:
+def hashable_id(value: Any) -> Any:
+    """A pid, tid or flow id as the merge keys it: an int or a string as it is, anything else as its text."""
     return value if isinstance(value, (int, str)) else str(value)
 
 
-def _text(value: Any) -> str:
+def text_of(value: Any) -> str:
+    """A name or category as drawn: a string as it is, None as "", anything else as its text."""
     return value if isinstance(value, str) else ("" if value is None else str(value))
 
 
-def _add_complete(event: dict, ident: int, grouped: GroupedEvents, clock: WindowClock, options: MergeOptions) -> None:
-    """The hot path of a merge (most events are complete events): kept free of helper calls."""
-    ts, dur = event.get("ts"), event.get("dur", 0)
-    if type(ts) not in _NUMBERS or type(dur) not in _NUMBERS:
-        grouped.skipped["complete event without numeric ts/dur"] += 1
-        return
-    if not (-MAX_TIME_US < ts < MAX_TIME_US and -MAX_TIME_US < dur < MAX_TIME_US):  # NaN fails every comparison
-        grouped.skipped[OUT_OF_RANGE] += 1
-        return
-    category = event.get("cat", "")
-    category = category if type(category) is str else _text(category)
-    if category == PYTHON_FUNCTION_CATEGORY and options.drop_python_functions:
-        grouped.filtered += 1
-        return
-    if dur < 0:
-        grouped.negative_durations += 1
-        dur = 0
-    start_ns = clock.shift_ns + round(ts * 1000)
-    if not (0 <= start_ns and start_ns + round(dur * 1000) < MAX_WRITABLE_NS):
-        grouped.skipped[OUTSIDE_CLOCK] += 1
-        return
-    thread = thread_of(event)
-    args = event.get("args")
-    if category in GPU_CATEGORIES and thread not in grouped.gpu_threads:
-        grouped.gpu_threads[thread] = _device_stream(args, thread)
-    if type(args) is dict:
-        correlation = args.get("correlation")
-        if type(correlation) is int:
-            grouped.correlation_of[ident] = correlation
-        if PROCESS_GROUP_NAME_ARG in args:
-            group = process_group_label(args[PROCESS_GROUP_NAME_ARG], args.get(PROCESS_GROUP_DESCRIPTION_ARG))
-            if group is not None:
-                grouped.group_of[ident] = group
-    name = event.get("name")
-    name = name if type(name) is str else _text(name)
-    grouped.slices[thread].append((start_ns, start_ns + round(dur * 1000), name, category, ident, None))
-
-
-_NUMBERS = (int, float)
+NOT_AN_OBJECT = "not a JSON object"
+FLOW_PHASES = ("s", "t", "f")
 OUT_OF_RANGE = "event with a non-finite time or one beyond int64 nanoseconds"
 OUTSIDE_CLOCK = "event before the trace clock's zero or beyond 2^63 ns once placed on it (a merged trace's times are unsigned)"
 MAX_WRITABLE_NS = 2**63
@@ -246,11 +146,6 @@ the engine reads them as int64). An event placed outside it is left out and coun
 
 def writable_ns(ns: int) -> bool:
     return 0 <= ns < MAX_WRITABLE_NS
-
-
-def _device_stream(args: Any, thread: tuple) -> tuple[Any, Any]:
-    args = args if isinstance(args, dict) else {}
-    return args.get("device", thread[0]), args.get("stream", thread[1])
 
 
 def _add_instant(event: dict, ident: int, grouped: GroupedEvents, clock: WindowClock) -> None:
@@ -266,7 +161,7 @@ def _add_instant(event: dict, ident: int, grouped: GroupedEvents, clock: WindowC
         return
     if event.get("name") == MEMORY_EVENT_NAME and _add_memory_sample(event, grouped, clock.to_ns(ts)):
         return
-    grouped.instants[thread_of(event)].append((clock.to_ns(ts), _text(event.get("name")), _text(event.get("cat")), ident))
+    grouped.instants[thread_of(event)].append((clock.to_ns(ts), text_of(event.get("name")), text_of(event.get("cat")), ident))
 
 
 def _add_memory_sample(event: dict, grouped: GroupedEvents, ts_ns: int) -> bool:
@@ -295,11 +190,11 @@ def _add_counter(event: dict, grouped: GroupedEvents, clock: WindowClock) -> Non
     if not writable_ns(clock.to_ns(ts)):
         grouped.skipped[OUTSIDE_CLOCK] += 1
         return
-    name = _text(event.get("name"))
+    name = text_of(event.get("name"))
     for series, value in args.items():
         if is_finite_number(value):
             label = name if len(args) == 1 else f"{name} {series}"
-            grouped.counters[(_hashable(event.get("pid", "")), label)].append((clock.to_ns(ts), float(value)))
+            grouped.counters[(hashable_id(event.get("pid", "")), label)].append((clock.to_ns(ts), float(value)))
 
 
 def add_flow_fields(phase: str, ts: Any, flow_id: Any, binding_point: Any, category: Any, pid: Any, tid: Any,
@@ -312,7 +207,7 @@ def add_flow_fields(phase: str, ts: Any, flow_id: Any, binding_point: Any, categ
         grouped.skipped[OUTSIDE_CLOCK] += 1
         return
     enclosing = phase != "f" or binding_point == "e"
-    grouped.flow_events.append((phase, _text(None if category is UNSET else category), _hashable(flow_id),
+    grouped.flow_events.append((phase, text_of(None if category is UNSET else category), hashable_id(flow_id),
                                 _thread("" if pid is UNSET else pid, "" if tid is UNSET else tid),
                                 clock.to_ns(ts), enclosing))
 
@@ -325,7 +220,7 @@ def _add_metadata(event: dict, grouped: GroupedEvents) -> None:
     if event.get("name") == "thread_name":
         grouped.thread_names[thread_of(event)].append(name.strip())
     elif event.get("name") == "process_name":
-        grouped.process_names[_hashable(event.get("pid", ""))] = name.strip()
+        grouped.process_names[hashable_id(event.get("pid", ""))] = name.strip()
 
 
 def best_thread_name(names: list[str], process_name: str | None) -> str | None:
@@ -336,18 +231,6 @@ def best_thread_name(names: list[str], process_name: str | None) -> str | None:
 
 
 # --- filters (options.steps, options.time_window_s) -------------------------------------------
-
-def _apply_filters(grouped: GroupedEvents, context: WindowContext, overlay_inputs: OverlayInputs,
-                   origin_ns: int | None) -> None:
-    spans = kept_spans(context, overlay_inputs, origin_ns)
-    if spans is None:
-        return
-    for thread, slices in grouped.slices.items():
-        kept = [s for s in slices if _overlaps(s[0], s[1], spans)]
-        grouped.filtered += len(slices) - len(kept)
-        grouped.slices[thread] = kept
-    filter_rare_events(grouped, spans, overlay_inputs)
-
 
 def filter_rare_events(grouped: GroupedEvents, spans: list[tuple[int, int]], overlay_inputs: OverlayInputs) -> None:
     """The time filters on the instants, counters and steps (everything but the slices)."""
@@ -420,18 +303,6 @@ def _track_name(key: TrackKey, thread: tuple, grouped: GroupedEvents) -> str:
     if kind == "cpu":
         return f"thread {tid}"
     return "PyTorch Profiler" if key == PROFILER_TRACK else f"{pid} {tid}".strip()
-
-
-def _plan_slices(grouped: GroupedEvents, tracks: RankTracks, plan: WindowPlan) -> None:
-    by_track: dict[TrackKey, list[Slice]] = defaultdict(list)
-    for thread, slices in grouped.slices.items():
-        by_track[track_key(thread, grouped.gpu_threads)] += slices
-    for key, slices in by_track.items():
-        if not slices:
-            continue
-        lane_count = lay_out_track(key, slices, tracks, plan.operations, plan.new_tracks)
-        plan.slice_count += len(slices)
-        plan.overlap_lane_count += lane_count - 1
 
 
 def plan_instants(grouped: GroupedEvents, tracks: RankTracks, plan: WindowPlan, operations: list[tuple]) -> None:

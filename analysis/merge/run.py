@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from fleetscope.analysis.merge.chrome_json import ChromeJsonWriter
-from fleetscope.analysis.merge.flows import FlowPlan
 from fleetscope.analysis.merge.focus import FocusPlan
 from fleetscope.analysis.merge.ideal_overlays import (IDEAL_SEQUENCE_ID, IdealProcess, plan_ideal_process,
                                                       write_ideal_process)
@@ -48,7 +47,7 @@ from fleetscope.analysis.merge.summary import (
     summary_process,
     write_rank_summary,
 )
-from fleetscope.analysis.merge.operation_columns import RowSources, event_args_of, operation_columns, with_event_args
+from fleetscope.analysis.merge.operation_columns import RowSources, event_args_of, with_event_args
 from fleetscope.analysis.merge.perfetto.columnar import TrackEventColumns, write_track_events
 from fleetscope.analysis.merge.perfetto.writer import (
     COUNTER,
@@ -60,8 +59,9 @@ from fleetscope.analysis.merge.perfetto.writer import (
     write_preamble,
 )
 from fleetscope.analysis.merge.column_plan import plan_window_columns
+from fleetscope.analysis.merge.event_window import window_of_events
 from fleetscope.analysis.merge.expectations import RankExpectations, rank_expectations, window_expectations
-from fleetscope.analysis.merge.plan import WindowPlan, plan_window
+from fleetscope.analysis.merge.plan import WindowPlan
 from fleetscope.analysis.merge.window_decode import decode_window
 from fleetscope.analysis.merge.moe_overlays import moe_merge_views
 from fleetscope.analysis.merge.report_view import (
@@ -87,15 +87,7 @@ from fleetscope.analysis.merge.sources import (
     find_merge_inputs,
     idle_gap_rows,
 )
-from fleetscope.analysis.merge.tracks import (
-    NO_EVENT,
-    OP_BEGIN,
-    OP_COUNTER,
-    OP_END,
-    OP_INSTANT,
-    PROCESS_PID_BASE,
-    RankTracks,
-)
+from fleetscope.analysis.merge.tracks import PROCESS_PID_BASE, RankTracks
 from fleetscope.analysis.merge.window import WindowClock, WindowContext
 from fleetscope.analysis.per_rank.cache import open_cache
 from fleetscope.analysis.per_rank.parse import cyclic_gc_paused
@@ -518,24 +510,22 @@ class _MergeSession:
     def _plan_file(self, trace_file: TraceFile, source: RankSource, tracks: RankTracks, window_key: int,
                    *, first_window: bool) -> tuple[WindowPlan, list[Any]] | None:
         """Read one window and plan it; returns the plan and the window's events as the generic reader gives
-        them (for their args: read only where they are drawn, or where the fallback plans the window)."""
+        them (for their args: read only where they are drawn, or where the columnar decoder refuses the file)."""
         try:
             raw = read_raw(trace_file.path)
-            decoded = decode_window(decompress(raw, trace_file.path))
-            document = decoded.document if decoded is not None else decode_trace(raw, trace_file.path)
-            events = [] if decoded is not None and not self._draws_event_args else None
-            events = decode_trace(raw, trace_file.path)["traceEvents"] if events is None and decoded is not None \
-                else events
+            decoded, refused = decode_window(decompress(raw, trace_file.path)), Counter()
+            generic = decode_trace(raw, trace_file.path) if decoded is None or self._draws_event_args else None
+            if decoded is None:   # a value of another type than Kineto writes: the generic reader's events
+                decoded, refused = window_of_events(generic)
         except TraceReadError as error:
             self.problems.append(MergeProblem(path=str(trace_file.path), rank=source.rank, reason=error.reason))
             return None
+        document = decoded.document
         self._check_rank(document, trace_file, source)
         context = self._window_context(document, trace_file, source, window_key, first_window=first_window)
-        if decoded is not None:
-            plan = plan_window_columns(decoded, tracks, context)
-        else:
-            events = document["traceEvents"]
-            plan = plan_window(events, tracks, context)
+        plan = plan_window_columns(decoded, tracks, context)
+        plan.skipped.update(refused)
+        events = generic["traceEvents"] if generic is not None else []
         if self.origin_ns is None:
             self.origin_ns = plan.origin_ns
         for reason, count in sorted(plan.skipped.items()):
@@ -546,7 +536,7 @@ class _MergeSession:
     @property
     def _draws_event_args(self) -> bool:
         """Whether the events' args are drawn (debug annotations, or the Chrome JSON's args): the columns do
-        not hold them, so the window is read a second time by the generic reader for them."""
+        not hold them, so the window is read a second time, by the generic reader, for them."""
         return self.json_writer is not None or self.options.event_args
 
     def _window_context(self, document: dict, trace_file: TraceFile, source: RankSource, window_key: int, *,
@@ -627,26 +617,20 @@ class _RankEmitter:
             self.json_writer.process(self.pid, spec.name, spec.order or 0)
 
     def emit(self, plan: WindowPlan, events: list[Any]) -> None:
+        """The window's tracks, its columns (with the events' args as annotations where those are drawn), then
+        its Chrome JSON row by row."""
         for spec in plan.new_tracks:
             self.writer.track(spec)
             if self.json_writer is not None:
                 self.json_writer.track(self.pid, spec.uuid, spec.name, spec.order, spec.is_counter)
-        if plan.columns is not None:
-            self._emit_columns(plan.columns, plan.row_sources, events)
-            return
-        columns = None if self.json_writer is not None else \
-            operation_columns(plan.operations, plan.flows, events, event_args=self.event_args)
-        if columns is not None:
-            write_track_events(self.writer, columns)
-        else:
-            self._emit_each(plan, events)
-
-    def _emit_columns(self, columns: TrackEventColumns, sources: RowSources, events: list[Any]) -> None:
-        """A columnar plan: its columns (with the events' args as annotations where those are drawn), then
-        its Chrome JSON row by row, as _emit_each writes a per-event plan's."""
+        columns, sources = plan.columns, plan.row_sources
         write_track_events(self.writer, with_event_args(columns, sources, events) if self.event_args else columns)
-        if self.json_writer is None:
-            return
+        if self.json_writer is not None:
+            self._json_rows(columns, sources, events)
+
+    def _json_rows(self, columns: TrackEventColumns, sources: RowSources, events: list[Any]) -> None:
+        """The Chrome JSON of the columns: a made-up slice's or mark's own annotations as its args, a Kineto
+        event's args as the trace has them."""
         named = iter(zip(columns.names, columns.categories))
         values = iter(columns.counter_values.tolist())
         rows = zip(columns.types.tolist(), columns.timestamps_ns.tolist(), columns.track_uuids.tolist(),
@@ -673,44 +657,6 @@ class _RankEmitter:
                 self.json_writer.flow(ends=False, flow_id=flow_id, pid=self.pid, uuid=uuid, ts_ns=ts)
         for flow_id in terminating:
             self.json_writer.flow(ends=True, flow_id=flow_id, pid=self.pid, uuid=uuid, ts_ns=ts)
-
-    def _emit_each(self, plan: WindowPlan, events: list[Any]) -> None:
-        """Event by event: with the Chrome JSON (which takes each event too), and the reference the
-        columnar encoder is held equal to."""
-        for operation in plan.operations:
-            kind = operation[1]
-            if kind == OP_END:
-                self.writer.slice_end(operation[0], operation[2])
-            elif kind == OP_BEGIN:
-                self._begin(operation, plan.flows, events)
-            elif kind == OP_INSTANT:
-                self._instant(operation, events)
-            elif kind == OP_COUNTER:
-                self.writer.counter(operation[0], operation[2], operation[3])
-                if self.json_writer is not None:
-                    self.json_writer.counter(self.pid, operation[2], operation[0], operation[3])
-
-    def _begin(self, operation: tuple, flows: FlowPlan, events: list[Any]) -> None:
-        ts, _, uuid, name, category, end_ns, ident, annotations = operation
-        outgoing = flows.outgoing.get(ident, ())
-        terminating = flows.terminating.get(ident, ())
-        args = annotations if ident <= NO_EVENT or not self._needs_args else event_args_of(events, ident)
-        self.writer.slice_begin(ts, uuid, name, category, flow_ids=outgoing, terminating_flow_ids=terminating,
-                                annotations=args if (self.event_args or ident <= NO_EVENT) else None)
-        if self.json_writer is not None:
-            self._json_begin((outgoing, terminating), uuid, name, category, ts, end_ns, args)
-
-    @property
-    def _needs_args(self) -> bool:
-        return self.event_args or self.json_writer is not None
-
-    def _instant(self, operation: tuple, events: list[Any]) -> None:
-        ts, _, uuid, name, category, ident, annotations = operation
-        args = annotations if ident == NO_EVENT or not self._needs_args else event_args_of(events, ident)
-        self.writer.instant(ts, uuid, name, category,
-                            annotations=args if (self.event_args or ident == NO_EVENT) else None)
-        if self.json_writer is not None:
-            self.json_writer.instant(self.pid, uuid, name, category, ts, args)
 
 
 # --- worker processes (options.worker_count > 1) -----------------------------------------------------

@@ -23,6 +23,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from fleetscope.analysis.merge.column_lanes import nest_codes
+
 from fleetscope.analysis.merge.perfetto.writer import TrackSpec
 
 MAX_LANE_ORDER = 63
@@ -199,29 +201,15 @@ def nest_into_lanes(slices: list[Slice], operations: list[tuple], *,
 
     Appends (ts_ns, OP_BEGIN, lane id, name, category, end_ns, ident, annotations) and
     (ts_ns, OP_END, lane id) to `operations`, in an order that is time-sorted within every lane.
-    Each slice goes to the first lane whose innermost open slice contains it (or that has none open);
-    `lane_id(n)` names lane n when it is first used.
+    Each slice goes to the first lane whose innermost open slice contains it (or that has none open):
+    column_lanes.nest_codes, the rule's one owner; `lane_id(n)` names lane n, in lane order.
     """
-    open_ends: list[list[int]] = []
-    ids: list[int] = []
-    for start, end, name, category, ident, annotations in slices:
-        lane = _first_nesting_lane(open_ends, ids, start, end, operations)
-        if lane == len(open_ends):
-            open_ends.append([])
-            ids.append(lane_id(lane))
-        open_ends[lane].append(end)
-        operations.append((start, OP_BEGIN, ids[lane], name, category, end, ident, annotations))
-    for lane, ends in enumerate(open_ends):
-        while ends:
-            operations.append((ends.pop(), OP_END, ids[lane]))
-    return len(open_ends)
-
-
-def _first_nesting_lane(open_ends: list[list[int]], ids: list[int], start: int, end: int,
-                        operations: list[tuple]) -> int:
-    for lane, ends in enumerate(open_ends):
-        while ends and ends[-1] <= start:
-            operations.append((ends.pop(), OP_END, ids[lane]))
-        if not ends or ends[-1] >= end:
-            return lane
-    return len(open_ends)
+    codes, lanes, lane_count = nest_codes([s[0] for s in slices], [s[1] for s in slices])
+    ids = [lane_id(lane) for lane in range(lane_count)]
+    for code in codes:
+        if code >= 0:
+            start, end, name, category, ident, annotations = slices[code]
+            operations.append((start, OP_BEGIN, ids[lanes[code]], name, category, end, ident, annotations))
+        else:
+            operations.append((slices[~code][1], OP_END, ids[lanes[~code]]))
+    return lane_count

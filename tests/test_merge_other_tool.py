@@ -43,3 +43,14 @@ def test_another_tool_s_trace_is_drawn_named_and_partial(tmp_path, capsys):
                       trace_processor())
     assert {row["name"] for row in names} == {"builtins.len"} | {f"step{i} (/train.py:{c})"
                                                                  for c in range(CALLS) for i in [c % 5]}
+
+
+def test_the_merge_names_another_tool_s_trace_as_analyze_does(tmp_path):
+    from fleetscope.analysis.analyze import analyze
+    from fleetscope.analysis.merge.run import merge
+
+    trace = write_viztracer_like(tmp_path / "traces" / "result.json")
+    analyzed = analyze(trace.parent, use_hta=False, use_cache=False)
+    merged = merge(trace.parent, tmp_path / "merged.perfetto-trace", use_cache=False)
+    assert [p.reason for p in analyzed.problems] == [p.reason for p in merged.problems]
+    assert [p.path for p in merged.problems] == [str(trace)] and merged.problems[0].rank is None

@@ -30,7 +30,7 @@ from fleetscope.analysis.per_rank.host_stalls import IdleGaps
 from fleetscope.analysis.per_rank.names import P2P_RECV, P2P_SEND
 from fleetscope.analysis.per_rank.p2p import OUTSIDE_STEPS
 from fleetscope.analysis.per_rank.parse import parse_traces
-from fleetscope.analysis.per_rank.rank import RankResult
+from fleetscope.analysis.per_rank.rank import RankResult, other_tool_trace_reason
 from fleetscope.analysis.quantities import absent_runs, ranges_text, step_ranges
 from fleetscope.traces.layout import RunLayout
 
@@ -226,15 +226,11 @@ def _missing_problems(placement: Placement, declared: int | None) -> list[MergeP
 
 
 def other_tool_traces(results: list[RankResult], by_label: dict[str, TraceSource]) -> list[MergeProblem]:
-    """A problem per file with no torch.profiler event, as analyze names it (its one rule), naming the file and
-    no rank: the merge still draws it (a viewer of any Chrome trace is useful), and its result is partial."""
-    if all(result.profiler_events for result in results):
-        return []
-    # imported here: only a merge of another tool's trace needs the analysis' module
-    from fleetscope.analysis.analyze import _profiler_trace_or_failure as profiler_trace_or_failure
-    failures = [f for f in map(profiler_trace_or_failure, results) if isinstance(f, TraceFailure)]
-    return [MergeProblem(path=str(by_label[f.label].path) if f.label in by_label else f.label, reason=f.reason)
-            for f in failures]
+    """A problem per file with no torch.profiler event, named as analyze names it (per_rank/rank.py), with the
+    file and no rank: the merge still draws it (a viewer of any Chrome trace is useful), and is partial."""
+    reasons = [(result, other_tool_trace_reason(result)) for result in results]
+    return [MergeProblem(path=str(by_label[r.label].path) if r.label in by_label else r.path, reason=reason)
+            for r, reason in reasons if reason is not None]
 
 
 def _failure_problem(failure: TraceFailure, by_label: dict[str, TraceSource]) -> MergeProblem:

@@ -130,6 +130,15 @@ class RankResult:
         return dataclasses.replace(self, rank=rank, rank_source=rank_source, window=window)
 
 
+def other_tool_trace_reason(result: RankResult) -> str | None:
+    """Why a parsed file is no torch.profiler trace (a Chrome trace of another tool), as analyze and the merge
+    name it; None for a profiler trace."""
+    if result.profiler_events:
+        return None
+    return (f"no torch.profiler events (no cpu_op, user_annotation, cuda_runtime or kernel category among its "
+            f"{result.event_count} events): a Chrome trace of another tool")
+
+
 @dataclass(frozen=True)
 class DecodedTrace:
     """A trace's metadata (`distributedInfo`, `baseTimeNanoseconds`, `host_name`), event table and remarks."""

@@ -157,8 +157,9 @@ def find_steps(events: TraceEvents) -> tuple[list[StepTiming], str | None]:
     return steps, source
 
 
-QUEUED_US = 50.0
-"""A GPU activity that starts this long after its launch call returned waited in the queue behind other work."""
+QUEUED_US = 500.0
+"""A GPU activity that starts this long after its launch call returned waited in the queue behind other work: ten
+times the longest launch latency of an idle GPU (a few to tens of us; a first launch that loads its module, more)."""
 
 
 def _held_back_by_the_gpu(events: TraceEvents, host_end_us: float, host_ms: float, gpu_start_us: float | None,

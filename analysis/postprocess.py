@@ -169,8 +169,9 @@ def _merge(layout: RunLayout, result: PostprocessResult, stages: _Stages, echo: 
 
     progress = _progress(echo, "merge", "ranks")
     per_rank = echo.merge_progress(progress) if progress is not None and echo.merge_progress is not None else None
+    # the Report the analysis just made, as it is (the merge reads report.json back only where there is none)
     merged = merge(layout.root, layout.merged_trace, progress=per_rank, cache_dir=options.cache_dir,
-                   use_cache=options.use_cache, options=merge_options, records=records)
+                   use_cache=options.use_cache, options=merge_options, records=records, report=stages.report)
     if merged.ranks:
         result.outputs["merged_trace"] = layout.merged_trace
         if layout.report_json.is_file():   # the report the merge drew its findings from

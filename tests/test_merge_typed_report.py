@@ -19,7 +19,8 @@ from test_critical_path import jumping_path_set
 MERGE = Path(__file__).resolve().parents[1] / "analysis" / "merge"
 READS_OF_OTHER_DATA: dict[str, frozenset[str]] = {
     # Kineto trace events and their args (trace JSON, not report JSON)
-    "plan.py": frozenset({"name", "device"}),
+    "plan.py": frozenset({"name"}),
+    "event_window.py": frozenset({"name", "device"}),
     # the merged trace read back: annotations of its own slices (verify compares them with the report's figures)
     "expectations.py": frozenset({"window", "step"}),
     "verify.py": frozenset({"step"}),

@@ -28,9 +28,6 @@ EVENT_KEYS = frozenset(("ph", "cat", "traceEvents"))
 
 KNOWN_ELSEWHERE = {
     # (module, what): why it is not in the schema yet. Each entry must still be found (the list only shrinks).
-    ("analysis/merge/plan.py", "phase set ('s', 't', 'f')"): "the merge planner's, under refactoring by its owner",
-    ("analysis/merge/plan.py", "phase set ('i', 'I')"): "the merge planner's, under refactoring by its owner",
-    ("analysis/merge/plan.py", "duration rule .get('dur', 0)"): "the merge planner's, under refactoring by its owner",
     ("analysis/synthetic.py", "category set ('kernel', 'gpu_memcpy', 'gpu_memset')"):
         "the synthetic trace writer's; to import GPU_ACTIVITY_CATEGORIES",
     ("analysis/synthetic.py", "duration rule .get('dur', 0)"):

@@ -19,9 +19,10 @@ from typing import Any, NamedTuple
 import numpy as np
 from msgspec import UNSET
 
-from fleetscope.analysis.merge.plan import FLOW_PHASES, NOT_AN_OBJECT, hashable_id, text_of
+from fleetscope.analysis.merge.plan import NOT_AN_OBJECT, hashable_id, text_of
 from fleetscope.analysis.merge.window_decode import DecodedWindow, SliceColumns
 from fleetscope.analysis.per_rank.names import PROCESS_GROUP_DESCRIPTION_ARG, PROCESS_GROUP_NAME_ARG
+from fleetscope.traces.kineto_schema import FLOW_PHASES, MISSING_DURATION_US
 
 _NUMBERS = (int, float)
 
@@ -72,7 +73,7 @@ def window_of_events(document: dict[str, Any]) -> tuple[DecodedWindow, Counter]:
             continue
         phase = event.get("ph")
         if phase == "X":
-            if type(event.get("ts")) in _NUMBERS and type(event.get("dur", 0)) in _NUMBERS:
+            if type(event.get("ts")) in _NUMBERS and type(event.get("dur", MISSING_DURATION_US)) in _NUMBERS:
                 completes.append((ident, event))
             else:
                 window.complete_without_time += 1
@@ -95,7 +96,7 @@ def _slice_columns(completes: list[tuple[int, dict]]) -> SliceColumns:
     events = [event for _, event in completes]
     return SliceColumns(
         idents=np.array([ident for ident, _ in completes], dtype=np.int64),
-        ts_us=[event["ts"] for event in events], dur_us=[event.get("dur", 0) for event in events],
+        ts_us=[event["ts"] for event in events], dur_us=[event.get("dur", MISSING_DURATION_US) for event in events],
         names=[text_of(event.get("name")) for event in events],
         categories=[text_of(event.get("cat", "")) for event in events],
         pids=[hashable_id(event.get("pid", "")) for event in events],

@@ -31,6 +31,7 @@ from typing import Any
 
 from msgspec import UNSET
 
+from fleetscope.traces.kineto_schema import INSTANT_PHASES
 from fleetscope.traces.validate import is_finite_number
 from fleetscope.analysis.merge.flows import FlowPlan
 from fleetscope.analysis.per_rank.events import GPU_TRACK_CATEGORIES
@@ -102,7 +103,7 @@ class WindowPlan:
 def add_other_event(event: dict, ident: int, grouped: GroupedEvents, clock: WindowClock) -> None:
     """An instant, counter or metadata event (any other phase is counted as not merged)."""
     phase = event.get("ph")
-    if phase in ("i", "I"):
+    if phase in INSTANT_PHASES:
         _add_instant(event, ident, grouped, clock)
     elif phase == "C":
         _add_counter(event, grouped, clock)
@@ -136,7 +137,6 @@ def text_of(value: Any) -> str:
 
 
 NOT_AN_OBJECT = "not a JSON object"
-FLOW_PHASES = ("s", "t", "f")
 OUT_OF_RANGE = "event with a non-finite time or one beyond int64 nanoseconds"
 OUTSIDE_CLOCK = "event before the trace clock's zero or beyond 2^63 ns once placed on it (a merged trace's times are unsigned)"
 MAX_WRITABLE_NS = 2**63

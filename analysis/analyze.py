@@ -25,7 +25,7 @@ from fleetscope.analysis.inputs.resolve import AnalysisInput, resolve_input
 from fleetscope.analysis.inputs.sources import TraceFailure, TraceSource
 from fleetscope.analysis.per_rank.cache import ResultCache, open_cache
 from fleetscope.analysis.per_rank.parse import Progress, parse_traces
-from fleetscope.analysis.per_rank.rank import RankResult
+from fleetscope.analysis.per_rank.rank import RankResult, other_tool_trace_reason
 from fleetscope.analysis.options import AnalyzeOptions, with_overrides
 from fleetscope.analysis.invariants import audit, auditing, check_report
 from fleetscope.analysis.report.build import (
@@ -121,12 +121,11 @@ def analyze(path: str | Path, options: AnalyzeOptions = AnalyzeOptions(), *, jso
 
 def _profiler_trace_or_failure(outcome):
     """A parsed file with no torch.profiler event (a Chrome trace of another tool) is a problem of the analysis,
-    named as such (the merge still draws it)."""
-    if not isinstance(outcome, RankResult) or outcome.profiler_events:
+    named as such (per_rank/rank.py other_tool_trace_reason; the merge still draws it)."""
+    reason = other_tool_trace_reason(outcome) if isinstance(outcome, RankResult) else None
+    if reason is None:
         return outcome
-    return TraceFailure(label=outcome.label, window=outcome.window, rank=outcome.rank,
-                        reason=f"no torch.profiler events (no cpu_op, user_annotation, cuda_runtime or kernel category "
-                               f"among its {outcome.event_count} events): a Chrome trace of another tool")
+    return TraceFailure(label=outcome.label, window=outcome.window, rank=outcome.rank, reason=reason)
 
 
 def _with_run_step_time(report: Report, run: RunRecords | None) -> None:

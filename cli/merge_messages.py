@@ -16,7 +16,10 @@ def describe_merge(result) -> list[str]:
     """Lines for a MergeResult (analysis/merge/run.py)."""
     if not result.ranks:
         return ["nothing merged: no trace could be read (the problems below say why); no file written"]
-    lines = [f"merged {len(result.ranks)} rank(s) in full into {len(result.outputs)} file(s):"]
+    others = sum(not summary.profiler_trace for summary in result.per_rank)
+    drawn = [f"{len(result.ranks) - others} rank(s) in full"] if len(result.ranks) > others else []
+    drawn += [f"{others} trace(s) of another tool (no torch.profiler events: drawn as they are)"] if others else []
+    lines = [f"merged {' and '.join(drawn)} into {len(result.outputs)} file(s):"]
     lines += [f"  {path} ({path.stat().st_size / 1e6:.1f} MB)" for path in result.outputs if path.is_file()]
     if result.summary:
         lines.append(f"  summary tracks of all {len(result.summary)} ranks (process 'fleetscope summary (every rank)')"

@@ -35,6 +35,7 @@ def test_another_tool_s_trace_is_drawn_named_and_partial(tmp_path, capsys):
     problem = f"{trace}: no torch.profiler events"
     assert problem in printed.out + printed.err and "a Chrome trace of another tool" in printed.out + printed.err
     assert "rank 0:" not in printed.out + printed.err
+    assert "merged 1 trace(s) of another tool" in printed.out and "rank(s) in full" not in printed.out.splitlines()[0]
     rows = run_query(out, "SELECT p.name AS process, COUNT(s.id) AS slices FROM slice s "
                           "JOIN thread_track tt ON s.track_id = tt.id JOIN thread USING (utid) "
                           "JOIN process p USING (upid) GROUP BY p.name", trace_processor())

@@ -138,6 +138,8 @@ class RankMergeSummary:
     """(window, step, start ns, end ns) of each step drawn on the analysis track, on the merged clock."""
     expected: RankExpectations = RankExpectations()
     """What the report says this rank's analysis track holds (expectations.py; verify.py compares)."""
+    profiler_trace: bool = True
+    """False: the process draws a Chrome trace of another tool (RankSource.profiler_trace), no rank."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -599,6 +601,7 @@ def _summary(source: RankSource, tracks: RankTracks, files: list[str], totals: C
         track_count=tracks.track_count, thread_count=tracks.thread_count, overlap_track_count=totals["overlaps"],
         filtered_count=totals["filtered"], clock_offset_ns=clock[0], clock_source=clock[1],
         first_timestamp_ns=bounds_ns[0], last_timestamp_ns=bounds_ns[1], step_ranges_ns=tuple(step_ranges),
+        profiler_trace=source.profiler_trace,
     )
 
 

@@ -38,6 +38,11 @@ class TimelineFiles:
     def of(cls, layout: RunLayout) -> "TimelineFiles":
         return cls(layout=layout, ranks=tuple(layout.timeline_ranks()))
 
+    def records_of(self, rank: int) -> np.ndarray:
+        """One rank's whole timeline, read and validated (raises OSError or ValueError naming the file): for a
+        reader that needs a rank's records at once (the merge's whole-run counters, bounded per rank)."""
+        return read_timeline(self.layout.timeline_file(rank), within=self.layout.root, expected_rank=rank).records
+
     def sources(self, notes: list[str], *, check_records: bool) -> dict[int, "TimelineSource"]:
         """Each usable timeline, opened and validated (every record checked with `check_records`, else left for
         the scan to check as it reads); a file that cannot be used is named in `notes`."""

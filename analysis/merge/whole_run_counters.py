@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -31,7 +30,8 @@ from fleetscope.analysis.merge.perfetto.columnar import TrackEventColumns, write
 from fleetscope.analysis.merge.perfetto.writer import COUNTER, SequenceWriter, TrackSpec
 from fleetscope.analysis.merge.tracks import OP_COUNTER, PROCESS_PID_BASE
 from fleetscope.analysis.inputs.records import RunRecords
-from fleetscope.traces.timeline import FLAG_FIRST, last_of_each_step, read_timeline
+from fleetscope.analysis.inputs.timelines import TimelineFiles
+from fleetscope.traces.timeline import FLAG_FIRST, last_of_each_step
 
 WHOLE_RUN_PROCESS_NAME = "fleetscope whole run (every rank, every step)"
 WHOLE_RUN_PID = PROCESS_PID_BASE - 2
@@ -78,15 +78,14 @@ def plan_whole_run(run: RunRecords, ranks: Iterable[int], offsets_ns: Mapping[in
     clock offset, as the merge subtracts it from the rank's timestamps (a rank without one is taken at 0, and
     its lateness track says that it includes its host's clock skew)."""
     plan = WholeRunPlan()
-    layout = run.layout
-    listed = set(run.timelines.ranks) if run.timelines is not None else set()
-    paths = {rank: layout.timeline_file(rank) for rank in sorted(listed.intersection(ranks))}
-    if not paths:
+    timelines = run.timelines
+    listed = sorted(set(timelines.ranks).intersection(ranks)) if timelines is not None else []
+    if not listed:
         return plan
-    earliest_end = _earliest_ends(paths, layout.root, offsets_ns, plan.problems)
-    per_rank = max(1, min(MAX_SAMPLES_PER_RANK, MAX_SAMPLES_TOTAL // (2 * len(paths))))
-    for rank, path in paths.items():
-        columns = _columns(path, rank, layout.root, offsets_ns.get(rank, 0), [])
+    earliest_end = _earliest_ends(timelines, listed, offsets_ns, plan.problems)
+    per_rank = max(1, min(MAX_SAMPLES_PER_RANK, MAX_SAMPLES_TOTAL // (2 * len(listed))))
+    for rank in listed:
+        columns = _columns(timelines, rank, offsets_ns.get(rank, 0), [])
         if columns is not None:
             samples = _rank_samples(rank, *columns, earliest_end, per_rank)
             plan.ranks.append(dataclasses.replace(samples, clock_known=rank == 0 or rank in offsets_ns))
@@ -139,10 +138,10 @@ def _uuid(rank: int, kind: int) -> int:
     return WHOLE_RUN_PROCESS_UUID + 1 + 2 * rank + kind
 
 
-def _columns(path: Path, rank: int, root: Path, offset_ns: int, problems: list[str]):
+def _columns(timelines: TimelineFiles, rank: int, offset_ns: int, problems: list[str]):
     """(steps, start_ns on the merged clock, step_ms) of the rank's steps after its first; None: unreadable."""
     try:
-        records = read_timeline(path, within=root, expected_rank=rank).records
+        records = timelines.records_of(rank)
     except (OSError, ValueError) as error:
         problems.append(f"rank {rank}: {error}")
         return None
@@ -155,12 +154,12 @@ def _columns(path: Path, rank: int, root: Path, offset_ns: int, problems: list[s
     return steps, start_ns, kept["step_ms"].astype(np.float64)
 
 
-def _earliest_ends(paths: Mapping[int, Path], root: Path, offsets_ns: Mapping[int, int],
+def _earliest_ends(timelines: TimelineFiles, ranks: list[int], offsets_ns: Mapping[int, int],
                    problems: list[str]) -> np.ndarray:
     """Per step, the earliest end (ns, merged clock) over every rank (int64 max where no rank has the step)."""
     earliest = np.full(0, np.iinfo(np.int64).max, dtype=np.int64)
-    for rank, path in paths.items():
-        columns = _columns(path, rank, root, offsets_ns.get(rank, 0), problems)
+    for rank in ranks:
+        columns = _columns(timelines, rank, offsets_ns.get(rank, 0), problems)
         if columns is None:
             continue
         steps, start_ns, step_ms = columns

@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 from fleetscope.analysis.per_rank.names import is_comm_kernel, profiler_step_number
+from fleetscope.traces.kineto_schema import GPU_ACTIVITY_CATEGORIES, MISSING_DURATION_US
 from fleetscope.traces.kineto import read_trace
 
 INSERTED_ALLREDUCE = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -44,7 +45,6 @@ LATE_HOST = "host"
 LATE_EXTRA_WORK = "extra work"
 LATE_SLOW_KERNELS = "slow kernels"
 LATE_CAUSES = (LATE_HOST, LATE_EXTRA_WORK, LATE_SLOW_KERNELS)
-_GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,7 +196,7 @@ def _with_extra_work(events: list[Any], late_us: float) -> list[Any]:
     """A kernel of late_us right where each communication kernel started; the collective starts after it."""
     changed = []
     for event in events:
-        if _is_comm_kernel_event(event) and event.get("dur", 0) > late_us:
+        if _is_comm_kernel_event(event) and event.get("dur", MISSING_DURATION_US) > late_us:
             device = (event.get("args") or {}).get("device", event.get("pid"))
             changed.append({"ph": "X", "cat": "kernel", "name": EXTRA_WORK_KERNEL, "pid": event.get("pid"),
                             "tid": EXTRA_WORK_STREAM, "ts": event["ts"], "dur": late_us,
@@ -233,14 +233,14 @@ def _slowed(source: list[Any], factor: float, allreduce_us: float) -> list[Any]:
 
 
 def _is_gpu_event(event: Any) -> bool:
-    return isinstance(event, dict) and event.get("ph") == "X" and event.get("cat") in _GPU_CATEGORIES
+    return isinstance(event, dict) and event.get("ph") == "X" and event.get("cat") in GPU_ACTIVITY_CATEGORIES
 
 
 def _delayed(events: list[Any], late_us: float) -> list[Any]:
     """The late rank: communication kernels start late_us later and end when they did."""
     delayed = []
     for event in events:
-        if _is_comm_kernel_event(event) and event.get("dur", 0) > late_us:
+        if _is_comm_kernel_event(event) and event.get("dur", MISSING_DURATION_US) > late_us:
             event = {**event, "ts": event["ts"] + late_us, "dur": event["dur"] - late_us}
         delayed.append(event)
     return delayed
@@ -271,7 +271,7 @@ def _step_gpu_ends(events: list[Any]) -> list[tuple[dict[str, Any], float, int]]
     steps = [e for e in events
              if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") == "user_annotation"
              and isinstance(e.get("name"), str) and profiler_step_number(e["name"]) is not None]
-    gpu = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in _GPU_CATEGORIES]
+    gpu = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in GPU_ACTIVITY_CATEGORIES]
     ends = []
     for step in sorted(steps, key=lambda e: e["ts"]):
         inside = [e for e in gpu if step["ts"] <= e["ts"] < step["ts"] + step["dur"]]

@@ -14,8 +14,8 @@ ranks drawn in full, wall time, peak RSS of the whole process tree (sum over the
 descendants, sampled every 0.1 s), and the trace processor's load time and peak RSS on the output; then
 the ratios default / all. `--ranks all` runs only for N <= `--all-up-to` (its merge time grows with N).
 `--one-rank TRACE`: one rank drawn in full (the trace copied alone into a scratch directory), merged with
-the columnar packet encoder and with the per-event writer it is held equal to, alternately `--repeat`
-times each, every merge in its own process after one warm-up merge that fills a private parsed-trace
+the columnar decoder (the default) and with the generic reader (the path of files the columnar decoder
+refuses: merge/event_window.py turns its events into the same columns), alternately `--repeat` times each, every merge in its own process after one warm-up merge that fills a private parsed-trace
 cache (so each measured merge is what a merge after `analyze` costs: read, plan, write). Reported per
 encoder: the median wall and CPU s of `merge()`, peak RSS, slices, us per slice, the median wall s of
 writing the planned packets (the part the encoder replaces; the rest is reading and planning), and the ratios.
@@ -192,10 +192,8 @@ def one_merge(traces: Path, out: Path, chrome_json: Path | None, workers: int, e
     from fleetscope.analysis.merge import run
     from fleetscope.analysis.merge.options import MergeOptions
 
-    if encoder in ("per-event", "columnar-writer"):  # the per-event planner (plan.py) the columnar one is held equal to
+    if encoder == "generic-decode":  # the generic reader's path into the one planner (event_window.py)
         run.decode_window = lambda data: None
-    if encoder == "per-event":  # the reference writer the columnar encoder is held equal to
-        run.operation_columns = lambda *args, **kwargs: None
     emit_s = _time_packet_writing(run) if encoder != BASELINE else [float("nan")]
     started, cpu_started = time.perf_counter(), _cpu_s()
     result = run.merge(traces, out, options=MergeOptions(chrome_json=chrome_json, workers=workers))
@@ -326,12 +324,12 @@ def _size(count: int) -> str:
     return f"{count}B"
 
 
-# --- one rank drawn in full: the columnar plan against the per-event planner and writer ------------------
+# --- one rank drawn in full: the columnar decoder against the generic reader, into the one planner ----------
 
-ENCODERS = ("per-event", "columnar-writer", "columnar-plan")
-"""per-event: plan.py's planner and SequenceWriter, one packet at a time; columnar-writer: plan.py's planner and
-the columnar encoder (perfetto/columnar.py); columnar-plan: the window decoded and planned on columns
-(window_decode.py, column_plan.py) and the columnar encoder, the default."""
+ENCODERS = ("generic-decode", "columnar-plan")
+"""generic-decode: the window read by the generic reader and turned into columns (event_window.py);
+columnar-plan: the window decoded on columns (window_decode.py), the default. Both are planned by
+column_plan.py and written by the columnar encoder: the bytes must be the same."""
 
 
 def run_one_rank(trace: Path, repeat: int, work: Path, baseline_rev: str | None = None) -> dict[str, list[dict]]:
@@ -355,7 +353,7 @@ def run_one_rank(trace: Path, repeat: int, work: Path, baseline_rev: str | None 
             runs[baseline.label].append(baseline.measure())
     reference = (work / "per-event.perfetto-trace").read_bytes()
     if any((work / f"{encoder}.perfetto-trace").read_bytes() != reference for encoder in ENCODERS):
-        raise RuntimeError("the columnar plan or encoder and the per-event writer wrote different traces")
+        raise RuntimeError("the columnar decoder and the generic reader gave different traces")
     return runs
 
 
@@ -436,7 +434,7 @@ def format_one_rank(rows: list[dict]) -> list[str]:
               f"{r['emit_s']:>9.3f} {r['emit_s'] / r['slices'] * 1e6:>8.2f} {r['peak_rss_mb']:>7.0f}MB "
               f"{_size(r['output_bytes']):>8}" for r in rows]
     by = {r["encoder"]: r for r in rows}
-    for before in ("per-event", "columnar-writer", *(e for e in by if e.startswith(BASELINE))):
+    for before in ("generic-decode", *(e for e in by if e.startswith(BASELINE))):
         lines.append(f"{before} / columnar-plan: wall {by[before]['wall_s'] / by['columnar-plan']['wall_s']:.2f}x, "
                      f"CPU {by[before]['cpu_s'] / by['columnar-plan']['cpu_s']:.2f}x")
     return lines

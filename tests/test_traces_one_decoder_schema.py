@@ -28,10 +28,6 @@ EVENT_KEYS = frozenset(("ph", "cat", "traceEvents"))
 
 KNOWN_ELSEWHERE = {
     # (module, what): why it is not in the schema yet. Each entry must still be found (the list only shrinks).
-    ("analysis/synthetic.py", "category set ('kernel', 'gpu_memcpy', 'gpu_memset')"):
-        "the synthetic trace writer's; to import GPU_ACTIVITY_CATEGORIES",
-    ("analysis/synthetic.py", "duration rule .get('dur', 0)"):
-        "the synthetic trace writer's; to import MISSING_DURATION_US",
     ("analysis/per_rank/hta_native_views.py",
      "category set ('kernel', 'Kernel', 'gpu_memset', 'Memset', 'gpu_memcpy', 'Memcpy', 'mtia_ccp_events')"):
         "HTA's own idle-kernel list (hta_native_views.py reproduces HTA), with a category Kineto's table lacks",

@@ -3,12 +3,13 @@
 msgspec decodes the trace into typed structs that hold only the fields the merge draws (complete events:
 name, category, time, duration, pid, tid and four args; flow events: their binding fields); every other
 key is skipped without being built. The complete events, most of a trace, then become numpy columns
-(`SliceColumns`); the other phases (instants, counters, metadata: a handful) become the dicts the
-per-event planner takes (plan.py), so both planners share one rule for them.
+(`SliceColumns`); the other phases (instants, counters, metadata: a handful) become the dicts whose rules
+plan.py owns.
 
 `decode_window` returns None where this decoder cannot take a file the way the generic reader does
-(another shape, a value of another type, invalid UTF-8, timestamps too large for float64 to hold their
-nanoseconds exactly): the merge then reads it as `traces.kineto.read_trace` does and plans it event by event (plan.py).
+(another shape, a value of another type, invalid UTF-8, nesting too deep): the merge then reads it as
+`traces.kineto.read_trace` does and event_window.py turns its events into the same columns, for the one
+planner (column_plan.py).
 """
 
 from __future__ import annotations

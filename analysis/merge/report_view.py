@@ -40,10 +40,11 @@ def load_report(source: ReportSource, layout: RunLayout | None, problems: list[M
     # imported here: a merge without a report (and its worker processes) never loads the report's model
     from fleetscope.analysis.report.model import Report
 
+    within = None
     if source is None:
         if layout is None or not layout.report_json.is_file():
             return None
-        source = layout.report_json
+        source, within = layout.report_json, layout.root   # the run's own report: it must stay inside the run
     if isinstance(source, Report):
         return source
     if hasattr(source, "to_json"):
@@ -51,7 +52,7 @@ def load_report(source: ReportSource, layout: RunLayout | None, problems: list[M
     if isinstance(source, Mapping):
         return _parsed(dict(source), "analysis report", problems, notes)
     try:
-        loaded = json.loads(read_metadata(Path(source)))
+        loaded = json.loads(read_metadata(Path(source), within=within))
     except (OSError, ValueError, RecursionError) as error:
         problems.append(MergeProblem(path=str(source), reason=f"analysis report not used: {error}"))
         return None

@@ -174,11 +174,16 @@ def _held_back_by_the_gpu(events: TraceEvents, host_end_us: float, host_ms: floa
 
 
 def _waited_in_queue(events: TraceEvents, start_us: float) -> bool:
-    """The GPU work starting at `start_us` waited in the queue after its launch (QUEUED_US): the GPU was busy with
-    earlier work. A step whose first kernel so started only after the host's range ended was held back by the
-    GPU, not the host (whose launch calls may even have blocked on the full queue, lengthening its range)."""
-    starting = events.of_kind(*GPU_ACTIVITY_KINDS) & (events.start_us == start_us)
-    return bool(np.any(events.start_us[starting] - events.launch_end_us(starting) > QUEUED_US))
+    """The GPU work starting at `start_us` waited in the queue after its launch (waited_in_queue): the GPU was
+    busy with earlier work. A step whose first kernel so started only after the host's range ended was held back
+    by the GPU, not the host (whose launch calls may even have blocked on the full queue, lengthening its range)."""
+    return waited_in_queue(events, events.of_kind(*GPU_ACTIVITY_KINDS) & (events.start_us == start_us))
+
+
+def waited_in_queue(events: TraceEvents, selected: np.ndarray) -> bool:
+    """Some selected GPU activity started QUEUED_US or more after its launch call returned: it waited behind
+    other work on the GPU (the one rule of it, for the steps' bound and utilization.gpu_known_from_us)."""
+    return bool(np.any(events.start_us[selected] - events.launch_end_us(selected) > QUEUED_US))
 
 
 def _whole_gpu_span(events: TraceEvents) -> tuple[dict[int, tuple[float, float, float]], str]:

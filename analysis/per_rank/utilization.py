@@ -49,7 +49,7 @@ from fleetscope.analysis.per_rank.names import (
     is_comm_kernel,
     is_gloo_span,
 )
-from fleetscope.analysis.per_rank.steps import QUEUED_US, StepTiming
+from fleetscope.analysis.per_rank.steps import StepTiming, waited_in_queue
 
 BASIS_GPU = "gpu"
 BASIS_CPU = "cpu"
@@ -188,8 +188,7 @@ def gpu_known_from_us(events: TraceEvents) -> float:
     launches = events.of_kind(Kind.CUDA_RUNTIME) & (events.correlation == events.correlation[first])
     if events.correlation[first] == NO_ID or not launches.any():
         return float(events.start_us[first])
-    waited = events.start_us[first] - events.launch_end_us(np.array([first]))[0]
-    return float(events.start_us[first]) if waited > QUEUED_US else float("-inf")
+    return float(events.start_us[first]) if waited_in_queue(events, np.array([first])) else float("-inf")
 
 
 def _cpu_timeline(events: TraceEvents) -> Timeline:

@@ -1,5 +1,5 @@
 """The first-time-user review's case, for real: a plain 2-rank gloo DDP script with two gradient buckets whose
-rank 1 sleeps 30 ms before every other step. Both buckets wait for the one late backward; counted once, the
+rank 1 sleeps SLEEP_MS before every other step. Both buckets wait for the one late backward; counted once, the
 waiting the sleep adds to what that rank causes is about the sleep and the slow-down the sleeping steps show
 against the quiet ones (summed, it came out near twice that). Quiet and sleeping steps alternate in one window:
 the load of a shared machine, which drifts over seconds and slows a rank's compute too, weighs on both alike.
@@ -17,10 +17,14 @@ from helpers import fleetscope
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "two_bucket_ddp.py"
-SLEEP_MS = 30.0
-TOLERANCE = 0.5
-"""Within 50% of the sleep: two ranks on a shared 2-core machine (load average 4-6
-while writing this) make a step 10-20 ms noisier either way; counting both buckets' waits gives about 100% more."""
+SLEEP_MS = 100.0
+"""Large next to a loaded 2-core machine's noise (a step 10-20 ms noisier either way, load average 4-6): with
+30 ms, the step-to-step spread of rank 1's lateness under load grew until it no longer stood out (no finding).
+Sleeping every other step, its lateness is about SLEEP_MS / 2 with a spread of about SLEEP_MS / 2 from the
+alternation itself, so its t over 16 steps tends to 4 (2.1 needed) as the sleep outgrows the load's noise; 8
+sleeping steps cost 0.8 s."""
+TOLERANCE = 0.3
+"""Within 30% of the sleep: the load's 10-20 ms either way; counting both buckets' waits gives about 100% more."""
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +70,9 @@ def test_the_straggler_gain_is_not_above_the_sleep_and_every_invariant_holds(run
 
     (finding,) = [f for f in advise(run_dir).findings if f.rule == "straggler"]
     assert finding.ranks == [1]
-    # over every step it was late in (quiet ones too, by a little): at most the sleep, never near twice it
-    assert 0.0 < finding.expected_gain_ms <= (1 + TOLERANCE) * SLEEP_MS
+    # over every step it was late in (quiet ones too, by a little): about half the sleep (half the steps sleep)
+    # plus that little, so at most the sleep; both buckets' waits summed give the sleep plus twice that little
+    assert SLEEP_MS / 4 < finding.expected_gain_ms <= SLEEP_MS, finding.expected_gain_ms
     # --check recomputes each step's waiting, and each what-if's, as the union of the waits the report places
     completed = fleetscope("analyze", "--check", str(run_dir))
     assert completed.returncode == 0 and "every invariant holds" in completed.stdout, completed.stdout[-3000:]

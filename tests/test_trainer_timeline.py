@@ -23,12 +23,17 @@ from fleetscope.traces.layout import RunLayout
 from fleetscope.traces.timeline import FLAG_FIRST, FLAG_PROFILED, read_timeline
 
 STEPS = 28
-SLOW_FROM, SLOW_UNTIL, STRAGGLE_MS = 8, 20, 40.0
+SLOW_FROM, SLOW_UNTIL, STRAGGLE_MS = 8, 20, 200.0
 """12 slow steps: over the whole-run analysis's 10-step minimum, so the finding does not rest on the stricter
-rule for shorter stretches, which a loaded 2-core machine's noise can defeat."""
+rule for shorter stretches, which a loaded 2-core machine's noise can defeat. 200 ms, about 4 quiet steps (45-50
+ms): the analysis weighs each signal's excess by 1 / its noise and sizes it by the median step time, so on a
+loaded 2-core machine (its steps 10-20 ms noisier either way) a 40 ms sleep moved rank 1's excess level by about
+its own step-to-step noise, and the search found no change (one episode over the whole run, sized 14 ms); 200 ms
+moves it by several noise scales. The 12 sleeps cost 2.4 s."""
 PROFILE = "wait=22,warmup=1,active=2"  # profiled steps 22-24: away from the slow steps
-TOLERANCE_MS = 15.0
-"""The straggler's extra time, measured against STRAGGLE_MS: a 2-core machine shared with other work."""
+TOLERANCE = 0.25
+"""Rank 1's lateness at the first collective, against STRAGGLE_MS: the sleep plus the difference between the
+two ranks' compute before that collective, which the load of a shared 2-core machine moves by 10-20 ms a step."""
 COMMON = ["-m", "fleetscope.trainer", "--device", "cpu", "--steps", str(STEPS), "--profile", PROFILE,
           "--set", "observability.clock_round_trips=0"]
 slow = pytest.mark.slow
@@ -137,7 +142,7 @@ def test_a_loop_numbering_steps_beyond_int32_or_with_floats_is_never_stopped(mon
 def straggled(tmp_path_factory):
     """2 gloo ranks of DDP; rank 1 sleeps STRAGGLE_MS in the forward phase of steps SLOW_FROM..SLOW_UNTIL - 1.
     Clock offsets are measured (the default): the straggle shows as rank 1's late arrival at the first gradient
-    all-reduce, which is compared across ranks on one clock."""
+    all-reduce, which is compared across ranks on one clock: both ranks under the same load at the same step."""
     run_dir = tmp_path_factory.mktemp("straggled")
     measured_clocks = [arg for arg in COMMON if arg not in ("--set", "observability.clock_round_trips=0")]
     completed = torchrun(2, *measured_clocks, "--parallel", "ddp", "--run-dir", str(run_dir),
@@ -170,30 +175,73 @@ def test_every_rank_writes_one_record_per_step_equal_to_its_step_metrics(straggl
         assert np.isfinite(first).all() and (first > 0).all() and (first <= records["step_ms"]).all()
 
 
+def _arrival_lateness_ms(run_dir: Path) -> np.ndarray:
+    """Per step, rank 1's arrival at the first collective less rank 0's, ms, on rank 0's clock (the run's
+    measured offsets): the two ranks of one step, under the same load."""
+    offsets = {rank: clock.offset_us for rank, clock in read_run_records(RunLayout.at(run_dir)).clock.items()}
+    arrival_us = []
+    for rank in (0, 1):
+        records = _timeline(run_dir, rank)
+        arrival_us.append(records["start_us"] - offsets.get(rank, 0.0) + records["first_collective_ms"] * 1e3)
+    return (arrival_us[1] - arrival_us[0]) / 1e3
+
+
 @slow
 def test_the_straggler_is_slow_exactly_from_slow_from_step_until_slow_until_step(straggled):
     records = _timeline(straggled, 1)
     slow_steps = list(range(SLOW_FROM, SLOW_UNTIL))
-    others = [s for s in range(1, STEPS) if s not in slow_steps and s not in _profiled_steps()]
     # The sleep is in the step's forward phase, never its data span: no step's data time carries it.
     data = records["data_ms"]
     assert all(data[s] < STRAGGLE_MS / 4 for s in range(1, STEPS)), data.tolist()
+    # a step that holds the sleep is at least the sleep long: load only lengthens it
     step_ms = records["step_ms"]
-    extra = statistics.median(step_ms[slow_steps]) - statistics.median(step_ms[others])
-    assert abs(extra - STRAGGLE_MS) <= TOLERANCE_MS, step_ms.tolist()
+    assert all(step_ms[s] >= STRAGGLE_MS for s in slow_steps), step_ms.tolist()
+    # late by about the sleep in exactly the slow steps; in the others, by what load does to one rank and not the
+    # other within a step (10-20 ms), far from half the sleep
+    late = _arrival_lateness_ms(straggled)
+    assert [s for s in range(1, STEPS) if late[s] > STRAGGLE_MS / 2] == slow_steps, late.tolist()
+    assert abs(statistics.median(late[slow_steps]) - STRAGGLE_MS) <= TOLERANCE * STRAGGLE_MS, late.tolist()
+
+
+def _late_by_the_load(straggled: Path, steps: range) -> bool:
+    """Whether rank 1 was late at the first collective in `steps` (steady ones: not the first, not profiled)
+    without the fault: by a median of at least SLOW_EXCESS of the median step time there, what the whole-run
+    analysis calls slow. A shared machine's load can do that to one rank for a while."""
+    from fleetscope.analysis.cross_rank.whole_run.model import SLOW_EXCESS
+
+    steady = [s for s in steps if s > 0 and s not in _profiled_steps()]
+    if not steady:
+        return False
+    late, step_ms = _arrival_lateness_ms(straggled), _timeline(straggled, 0)["step_ms"]
+    return statistics.median(late[steady]) >= SLOW_EXCESS * statistics.median(step_ms[steady])
 
 
 @slow
 def test_the_whole_run_analysis_finds_the_straggle_within_two_steps(straggled):
     from fleetscope.analysis.cross_rank.whole_run import whole_run_section
+    from fleetscope.analysis.cross_rank.whole_run.model import largest_episode
 
     section = whole_run_section(read_run_records(RunLayout.at(straggled)))
-    assert [r.rank for r in section.slow_ranks] == [1], section.verdict
-    found = section.slow_ranks[0]
-    assert abs(found.from_step - SLOW_FROM) <= 2 and abs(found.to_step - (SLOW_UNTIL - 1)) <= 2
-    # sized as the late arrival: the sleep plus the arrival's step-to-step noise on a loaded 2-core host
+    inside = range(SLOW_FROM + 2, SLOW_UNTIL - 2)  # the slow steps, but for the search's two steps either way
+    covering = [r for r in section.slow_ranks if r.from_step <= inside[-1] and r.to_step >= inside[0]]
+    assert [r.rank for r in covering] == [1], section.verdict  # rank 0 arrives first by the sleep there
+    found = covering[0]
+    # within two steps of the fault; or further, over steps where the load had made rank 1 late already (its
+    # arrival measured against rank 0's in the same steps): the analysis joins next slow stretches of one signal
+    late = _arrival_lateness_ms(straggled).round(1).tolist()
+    assert found.from_step >= SLOW_FROM - 2 or _late_by_the_load(straggled, range(found.from_step, SLOW_FROM)), \
+        (found, late)
+    assert found.to_step <= SLOW_UNTIL + 1 or _late_by_the_load(straggled, range(SLOW_UNTIL, found.to_step + 1)), \
+        (found, late)
+    assert found.from_step <= SLOW_FROM + 2 and found.to_step >= SLOW_UNTIL - 3, (found, late)
+    # sized as the late arrival (a median: the fault's 12 steps outnumber any stretch of load joined to them)
     assert found.signal == "late at the first collective"
-    assert abs(found.excess_ms - STRAGGLE_MS) <= 0.25 * STRAGGLE_MS
+    assert abs(found.excess_ms - STRAGGLE_MS) <= TOLERANCE * STRAGGLE_MS, (found, late)
+    assert found.significance is not None and found.significance.stands_out, found.significance
+    # The load can also make either rank late elsewhere for a while: a true (small) episode of this run; the
+    # search's false alarms on stationary series are counted in tests/test_cross_rank_whole_run.py. The fault's
+    # episode is the one the section puts first.
+    assert largest_episode(section.slow_ranks) == found, section.verdict
 
 
 @slow

@@ -110,7 +110,11 @@ def test_equal_stages_name_no_slow_stage(tmp_path):
 
 
 SCRIPT = str(REPO / "tests" / "dist_scripts" / "train_cases.py")
-PROFILED = "parallel.pp=2,data.batch_size=8,profiler.enabled=true,faults.slow_stage_ms=15"
+SLOW_STAGE_MS = 40.0
+"""Sleep per micro-batch forward of the slow stage: two stages sharing a loaded 2-core machine slow each other's
+compute by several ms a micro-batch (with 15 ms, 12.2 ms was once seen, 14.2 ms at load 4); 40 ms leaves the
+asserted half of it 20 ms clear of that. 5 steps x 4 micro-batches cost 0.8 s a case."""
+PROFILED = f"parallel.pp=2,data.batch_size=8,profiler.enabled=true,faults.slow_stage_ms={SLOW_STAGE_MS:g}"
 SLOW_CASES = {"slow_stage1_1f1b": f"{PROFILED},parallel.pp_schedule=1f1b,faults.slow_stage=1",
               "slow_stage0_gpipe": f"{PROFILED},parallel.pp_schedule=gpipe,faults.slow_stage=0"}
 
@@ -136,12 +140,12 @@ def test_report_names_the_slow_stage_and_the_bubble(slow_runs, tmp_path, case, s
     assert pipeline.slowest_rank == slow_rank and pipeline.transfers == 16
     assert pipeline.unpaired == 0 and pipeline.theoretical_bubble_pct == pytest.approx(20.0)
     slow, fast = pipeline.ranks[slow_rank], pipeline.ranks[1 - slow_rank]
-    # 15 ms injected per micro-batch forward: the slow stage computes more per micro-batch by about that, and the
-    # other stage waits for it in receives about 4 x 15 ms a step. Two stages sharing a loaded 2-core machine slow
-    # each other's compute by several ms (12.2 ms of the 15 was once seen), so what is asserted is what contention
-    # cannot make: a difference of at least half the injection, in the right direction, and the bubble's order.
-    assert slow.compute_per_microbatch_ms - fast.compute_per_microbatch_ms > 0.5 * 15
-    assert fast.bubble_ms > 0.5 * 4 * 15 and fast.bubble_pct > slow.bubble_pct
+    # SLOW_STAGE_MS injected per micro-batch forward: the slow stage computes more per micro-batch by about that,
+    # and the other stage waits for it in receives about 4 x SLOW_STAGE_MS a step. Contention between the two
+    # stages moves the difference by several ms, so what is asserted is what it cannot make: a difference of at
+    # least half the injection, in the right direction, and the bubble's order.
+    assert slow.compute_per_microbatch_ms - fast.compute_per_microbatch_ms > 0.5 * SLOW_STAGE_MS
+    assert fast.bubble_ms > 0.5 * 4 * SLOW_STAGE_MS and fast.bubble_pct > slow.bubble_pct
     assert f"stage {slow_rank} (rank {slow_rank}) is the slowest pipeline stage" in report.verdict
     assert "is the straggler" not in report.verdict
     matched = [i.name for i in window.stragglers.worst_instances]

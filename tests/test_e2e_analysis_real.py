@@ -19,7 +19,10 @@ from fleetscope.traces.layout import RunLayout
 pytestmark = pytest.mark.slow
 
 LATE_RANK = 1
-LATE_MS = 40
+LATE_MS = 150
+"""Rank 1's sleep before the explicit all-reduce: each instance's lateness is asserted within 0.6-2x of it, and
+two ranks on a loaded 2-core machine move one step's lateness by 10-20 ms either way (40 ms left 16 ms of room
+below); 12 steps cost 1.8 s."""
 ACTIVE_STEPS = 3
 WINDOWS = 2
 SKEW_MS = 37

@@ -153,3 +153,14 @@ def test_the_allocators_gaps_are_its_own_and_a_copys_sync_no_read(rows):
     # the Python work is named beside the allocator
     top = [rule for rule, _, _ in rows["churn_and_python_weights"]["findings"]][:3]
     assert {"allocator_churn", "host_work"} <= set(top), rows["churn_and_python_weights"]["findings"]
+
+
+def test_the_python_use_of_values_a_read_brought_to_the_host_is_the_syncs_cost():
+    # .tolist() of 2048 predictions compared in Python per micro-batch: the host work after each read is what
+    # reading nothing removes (the GPU idles through it); an .item() brings one value, whose use costs nothing
+    tolist = next(f for f in advise(CORPUS / "host_syncs_tolist_metric").findings if f.rule == "host_syncs")
+    planted_ms = _planted("host_syncs_tolist_metric")["planted_ms_per_step"]["host_syncs"]
+    assert tolist.evidence["value_use_ms_per_step"] >= 0.5 * planted_ms
+    assert tolist.expected_gain_ms == pytest.approx(planted_ms, rel=0.45)
+    item = next(f for f in advise(CORPUS / "host_syncs_item_per_layer").findings if f.rule == "host_syncs")
+    assert item.evidence["value_use_ms_per_step"] < 0.05

@@ -78,6 +78,9 @@ class Evidence:
     (per_rank/saving_reach.py), mean over ranks; None where no rank's trace can tell."""
     sync_dispatch_ms: float = 0.0
     """Host time per step in the data-dependent-shape ops that sync, outside the syncs (host_stalls.py)."""
+    value_use_saving_ms: float | None = None
+    """What no longer using the values the syncs read saves at the step's end (per_rank/saving_reach.py
+    value_use_saving_us), mean over ranks; None: cannot tell."""
     pageable_copy_gpu_ms: float = 0.0
     """GPU time per step of those copies (the copy itself), the same mean."""
     pageable_copy_mb: float | None = None

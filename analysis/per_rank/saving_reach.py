@@ -26,8 +26,8 @@ import dataclasses
 import numpy as np
 
 from fleetscope.analysis.per_rank.host_stalls import (GAP_CAUSES, IDLE_ALLOCATOR, IDLE_DEVICE, IDLE_SYNC,
-                                                      IdleGaps, queued_before)
-from fleetscope.analysis.per_rank.intervals import Intervals
+                                                      IdleGaps, queued_before, user_syncs)
+from fleetscope.analysis.per_rank.intervals import Intervals, covered_between, union
 from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, Kind, TraceEvents
 from fleetscope.analysis.per_rank.names import is_device_to_host_copy, is_pageable_copy
 from fleetscope.analysis.per_rank.step_work import TENSOR_CORE_SPEEDUP, StepWork, fp32_math_rows, score_pass_rows
@@ -110,8 +110,9 @@ def _savings_between(ends_us: np.ndarray, savings_us: np.ndarray, start_us: floa
 def with_savings(work: StepWork | None, events: TraceEvents, steps: list[StepTiming],
                  gaps: IdleGaps | None) -> StepWork | None:
     """`work` with the savings the rules read, as far as they reach the step's end: StepWork.fp32_saving_us (the
-    fp32 math TENSOR_CORE_SPEEDUP times faster) and StepWork.score_saving_us (the passes over a score matrix
-    gone, fused into one attention kernel)."""
+    fp32 math TENSOR_CORE_SPEEDUP times faster), StepWork.score_saving_us (the passes over a score matrix
+    gone, fused into one attention kernel) and StepWork.value_use_saving_us (the host's use of the values its syncs
+    read gone)."""
     if work is None or gaps is None:
         return work
     gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
@@ -126,6 +127,7 @@ def with_savings(work: StepWork | None, events: TraceEvents, steps: list[StepTim
         rows = score_pass_rows(events, steps)
         changes["score_saving_us"] = step_saving_us(gaps, steps, events.end_us[rows], events.dur_us[rows], queued, waited,
                                                     launch_calls(events, rows))
+    changes["value_use_saving_us"] = value_use_saving_us(events, steps, gaps, user_syncs(events))
     return dataclasses.replace(work, **changes) if changes else work
 
 
@@ -146,3 +148,119 @@ def after_blocking_copies(events: TraceEvents, gaps: IdleGaps) -> np.ndarray:
     ends = np.sort(events.end_us[copies])
     slot = np.clip(np.searchsorted(ends, gaps.starts_us), 0, ends.size - 1)
     return np.abs(ends[slot] - gaps.starts_us) < _AT_US
+
+
+READ_OPS = frozenset(("aten::item", "aten::_local_scalar_dense"))
+"""Host ops that read a device value and are kept on GPU traces (names.is_kept_host_op): `.item()`'s."""
+PYTHON_US_PER_VALUE = 0.1
+"""The most host time the program's use of one value read to the host takes: a Python loop over a `.tolist()`
+compares or sums each element in tens of nanoseconds. It bounds the host work right after a read that the read
+exists for (nothing consumes a value kept on the device)."""
+VALUE_BYTES = 8
+"""The widest common element: a read's bytes over it count its values from below."""
+
+
+def value_use_saving_us(events: TraceEvents, steps: list[StepTiming], gaps: IdleGaps | None,
+                        syncs: np.ndarray) -> float | None:
+    """What the program's use of the values its syncs read (`syncs`: host_stalls.user_syncs) costs at the end of
+    each step, mean per step: the host time right after each read, up to the next host event on its thread and
+    at most PYTHON_US_PER_VALUE per value read (a `.tolist()` looped over in Python), which reading nothing
+    removes. Walked with the waits gone too, less the waits alone (the module docstring's walk, with the gaps
+    the syncs left paced by the host's launches): the waits' own cost is the idle charged to the syncs
+    (host_stalls.py). None without GPU idle gaps or syncs."""
+    if gaps is None or gaps.basis != BASIS_GPU or not steps or not syncs.any():
+        return None
+    sync_code = GAP_CAUSES.index(IDLE_SYNC)
+    kinds = _KIND_OF_CODE[gaps.cause_codes.astype(np.int64)]
+    kinds = np.where(gaps.cause_codes == sync_code, np.int8(_PACED), kinds)
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    queued = queued_before(events, gpu, Intervals(gaps.starts_us, gaps.ends_us))
+    kinds = np.where(queued & (kinds == _PACED), np.int8(_KEPT), kinds)
+    at_us, until_us, wait_us, use_us = _reads(events, syncs)
+    if not use_us.any():
+        return 0.0
+    # the copies the reads made no longer hold the host: only other blocking copies (a checkpoint's) still do
+    reads = union(Intervals(at_us, np.maximum(until_us, at_us)))
+    in_read = covered_between(reads, gaps.starts_us, gaps.starts_us + _AT_US) > 0
+    waited = after_blocking_copies(events, gaps) & (gaps.cause_codes != sync_code) & ~in_read
+    kinds = np.where(waited, np.int8(_WAITED), kinds)
+    none = np.zeros(0)
+
+    def walk(savings_us: np.ndarray) -> float:
+        host = HostSaving(ends_us=at_us, savings_us=savings_us)
+        return sum(_gained_by_end(gaps, kinds, s.span_start_us, s.span_end_us, none, none, host)
+                   for s in steps) / len(steps)
+
+    return max(walk(wait_us + use_us) - walk(wait_us), 0.0)
+
+
+def _reads(events: TraceEvents, syncs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per sync call: (when its read began, when it ended, the host's wait in the call, the use of the values
+    read). The read: the tensor-read op around the call (`.item()`'s), else from the launch of the last copy to
+    the host on the thread since its previous sync (`.cpu()`, `.tolist()`: GPU traces keep few host ops, their
+    copies' launches always), else the call alone (an explicit synchronize). The use: value_use_saving_us."""
+    rows = np.flatnonzero(syncs)
+    at, until, wait = events.start_us[rows].copy(), events.end_us[rows].copy(), events.dur_us[rows].copy()
+    use = np.zeros(rows.size)
+    reading = events.of_kind(Kind.CPU_OP) & events.names_matching(lambda n: n in READ_OPS)
+    host = events.of_kind(Kind.CPU_OP, Kind.CUDA_RUNTIME)
+    copies = events.of_kind(Kind.GPU_MEMCPY) & events.names_matching(is_device_to_host_copy)
+    copy_at, copy_thread = events.launch_start_us(copies), events.launch_thread(copies)
+    copy_bytes = (np.maximum(events.copy_bytes[copies], 0).astype(np.float64) if events.copy_bytes is not None
+                  else np.zeros(int(np.count_nonzero(copies))))
+    for thread in np.unique(events.thread[rows]).tolist():
+        mine = np.flatnonzero(events.thread[rows] == thread)
+        mine = mine[np.argsort(events.start_us[rows[mine]], kind="stable")]
+        call_start, call_end = events.start_us[rows[mine]], events.end_us[rows[mine]]
+        ops = _outermost(events, np.flatnonzero(reading & (events.thread == thread)))
+        start = _read_starts(events, ops, call_start, call_end, np.sort(copy_at[copy_thread == thread]))
+        end = call_end.copy()
+        if ops.size:
+            slot = np.searchsorted(events.start_us[ops], call_start, side="right") - 1
+            held = (slot >= 0) & (events.end_us[ops[np.clip(slot, 0, None)]] >= call_end)
+            end[held] = np.maximum(end[held], events.end_us[ops[slot[held]]])
+        next_host = np.sort(events.start_us[host & (events.thread == thread)])
+        following = next_host[np.clip(np.searchsorted(next_host, end, side="left"), 0, next_host.size - 1)]
+        gap = np.where(following >= end, following - end, 0.0)
+        values = _bytes_launched(copy_at[copy_thread == thread], copy_bytes[copy_thread == thread], start, end) / VALUE_BYTES
+        at[mine], until[mine] = start, end
+        use[mine] = np.minimum(gap, values * PYTHON_US_PER_VALUE)
+    return at, until, wait, use
+
+
+def _read_starts(events: TraceEvents, ops: np.ndarray, call_start: np.ndarray, call_end: np.ndarray,
+                 copy_launches: np.ndarray) -> np.ndarray:
+    """Per sync call of one thread (sorted by start), where its read began (_reads; `ops`: the outermost read ops
+    of the thread)."""
+    start = call_start.copy()
+    previous_end = np.concatenate([[-np.inf], call_end[:-1]])
+    if copy_launches.size:
+        slot = np.searchsorted(copy_launches, call_start, side="right") - 1
+        launched = copy_launches[np.clip(slot, 0, None)]
+        read = (slot >= 0) & (launched > previous_end)
+        start[read] = launched[read]
+    if ops.size:
+        slot = np.searchsorted(events.start_us[ops], call_start, side="right") - 1
+        held = (slot >= 0) & (events.end_us[ops[np.clip(slot, 0, None)]] >= call_end)
+        start[held] = np.minimum(start[held], events.start_us[ops[slot[held]]])
+    return start
+
+
+def _outermost(events: TraceEvents, rows: np.ndarray) -> np.ndarray:
+    """Of ops on one thread, those no other of them encloses, sorted by start."""
+    if not rows.size:
+        return rows
+    rows = rows[np.argsort(events.start_us[rows], kind="stable")]
+    ends = events.end_us[rows]
+    reach = np.maximum.accumulate(ends)
+    nested = np.zeros(rows.size, dtype=bool)
+    nested[1:] = events.start_us[rows[1:]] < reach[:-1]
+    return rows[~nested]
+
+
+def _bytes_launched(at_us: np.ndarray, nbytes: np.ndarray, starts_us: np.ndarray, ends_us: np.ndarray) -> np.ndarray:
+    """Per interval, the bytes of the copies launched inside it."""
+    order = np.argsort(at_us, kind="stable")
+    total = np.concatenate([[0.0], np.cumsum(nbytes[order])])
+    sorted_at = at_us[order]
+    return total[np.searchsorted(sorted_at, ends_us, side="right")] - total[np.searchsorted(sorted_at, starts_us, side="left")]

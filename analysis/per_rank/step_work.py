@@ -127,6 +127,10 @@ class StepWork:
     score_saving_us: float | None = None
     """How much shorter the step would be without those passes, as far as it reaches the step's end
     (saving_reach.py); None where the idle gaps cannot tell or there are none."""
+    value_use_saving_us: float | None = None
+    """How much shorter the step would be without the host's use of the values its syncs read (a `.tolist()`
+    looped over in Python), as far as it reaches the step's end (saving_reach.value_use_saving_us); None where the
+    idle gaps cannot tell or nothing syncs."""
     gemm_tflops_by_precision: dict[str, float] = field(default_factory=dict)
     """Achieved TFLOP/s of the GEMMs whose shapes the trace records (record_shapes), by numeric type: their
     2*M*N*K (times the batch) over their kernels' time (module docstring)."""

@@ -85,7 +85,9 @@ what-if without `basis` reads as). Times carry their unit in the field name (`_u
                           of a shape softmax ran over), score_shapes, score_saving_us (those passes gone:
                           what reaches the step's end, saving_reach.py; null: cannot tell),
                           fp32_saving_us (the fp32 math 4x faster: what reaches the step's end, per step,
-                          saving_reach.py; null: cannot tell), pinned_copy_gbps (the trace's own large
+                          saving_reach.py; null: cannot tell), value_use_saving_us (the host's use of the
+                          values its syncs read gone: what reaches the step's end, saving_reach.py; null:
+                          cannot tell), pinned_copy_gbps (the trace's own large
                           pinned copies' rate; 0: none), host_link, host_link_gbps (the GPU's host link and
                           a pinned copy's rate over it, traces/device_peaks.py; "", 0: not listed);
                           step_work.py} | null (no steps or no GPU activity)

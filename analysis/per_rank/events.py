@@ -110,24 +110,44 @@ class TraceEvents:
     """`cpu_op` events not kept because the trace holds GPU activity: GPU-basis metrics never read host
     ops other than collectives and tensor reads (names.is_kept_host_op, which are kept), and they are most
     of a GPU trace's events."""
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Masks and orders the analyses ask for again and again (of_kind, _of_launch), computed once a table."""
 
     def __len__(self) -> int:
         return int(self.start_us.size)
 
     @property
     def end_us(self) -> np.ndarray:
-        return self.start_us + self.dur_us
+        """Read-only: computed once a table (the analyses read it ~80 times a rank)."""
+        end = self._memo.get("end_us")
+        if end is None:
+            end = self._memo["end_us"] = self.start_us + self.dur_us
+            end.flags.writeable = False
+        return end
 
     def names_matching(self, predicate) -> np.ndarray:
-        """Boolean mask over events whose name satisfies `predicate(name)`."""
-        by_id = np.fromiter((bool(predicate(n)) for n in self.names), dtype=bool, count=len(self.names))
-        return by_id[self.name_id] if len(self.names) else np.zeros(len(self), dtype=bool)
+        """Boolean mask over events whose name satisfies `predicate(name)`. The mask of a module-level function
+        (a name rule of names.py: a pure function of the name) is kept for the table's other readers."""
+        key = ("names", predicate) if "<" not in getattr(predicate, "__qualname__", "<") else None
+        mask = self._memo.get(key) if key is not None else None
+        if mask is None:
+            by_id = np.fromiter(map(bool, map(predicate, self.names)), dtype=bool, count=len(self.names))
+            mask = by_id[self.name_id] if len(self.names) else np.zeros(len(self), dtype=bool)
+            if key is None:
+                return mask
+            self._memo[key] = mask
+        return mask.copy()
 
     def of_kind(self, *kinds: Kind) -> np.ndarray:
-        # a lookup table over the int8 codes: several times faster than np.isin, called ~30 times a rank
-        wanted = np.zeros(256, dtype=bool)
-        wanted[np.asarray(kinds, dtype=np.int8).view(np.uint8)] = True
-        return wanted[np.asarray(self.kind, dtype=np.int8).view(np.uint8)]
+        # a lookup table over the int8 codes: several times faster than np.isin; called ~120 times a rank with
+        # a dozen distinct sets, so each set's mask is kept (a copy is returned: callers may change theirs)
+        key = ("kind", kinds)
+        mask = self._memo.get(key)
+        if mask is None:
+            wanted = np.zeros(256, dtype=bool)
+            wanted[np.asarray(kinds, dtype=np.int8).view(np.uint8)] = True
+            mask = self._memo[key] = wanted[np.asarray(self.kind, dtype=np.int8).view(np.uint8)]
+        return mask.copy()
 
     def launch_start_us(self, selected: np.ndarray) -> np.ndarray:
         """For the selected GPU events, when the host launched them (the `cuda_runtime` event with the
@@ -145,16 +165,23 @@ class TraceEvents:
 
     def _of_launch(self, selected: np.ndarray, column: np.ndarray, default: np.ndarray) -> np.ndarray:
         """`column` of each selected GPU event's launch call (matched by correlation id), else `default`."""
-        launches = self.of_kind(Kind.CUDA_RUNTIME) & (self.correlation != NO_ID)
-        if not launches.any():
+        launches, launch_ids = self._launches_by_correlation()
+        if not launch_ids.size:
             return default
-        launch_ids, values = self.correlation[launches], column[launches]
-        order = np.argsort(launch_ids, kind="stable")
-        launch_ids, values = launch_ids[order], values[order]
+        values = column[launches]
         wanted = self.correlation[selected]
         slot = np.clip(np.searchsorted(launch_ids, wanted), 0, launch_ids.size - 1)
         found = (launch_ids[slot] == wanted) & (wanted != NO_ID)
         return np.where(found, values[slot], default)
+
+    def _launches_by_correlation(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the rows of launch calls with a correlation id, ordered by it (stable), their ids in that order)."""
+        found = self._memo.get("launches")
+        if found is None:
+            launches = np.flatnonzero(self.of_kind(Kind.CUDA_RUNTIME) & (self.correlation != NO_ID))
+            launches = launches[np.argsort(self.correlation[launches], kind="stable")]
+            found = self._memo["launches"] = (launches, self.correlation[launches])
+        return found
 
     def message_of(self, index: int) -> tuple | None:
         """The message description of event `index` (see `messages`), when the trace records one."""

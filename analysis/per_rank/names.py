@@ -5,6 +5,7 @@ Every rule that decides from a name lives here, so the analyses agree with each 
 
 from __future__ import annotations
 
+import functools
 import re
 
 # The trainer's step markers and phase names are a record format: traces/formats.py owns them.
@@ -176,6 +177,12 @@ def short_kernel_name(name: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+_NAME_MEMO = 1 << 16
+"""Distinct names whose category is remembered: the per-rank passes ask for every kernel name many times, and
+every rank of a job launches the same kernels."""
+
+
+@functools.lru_cache(maxsize=_NAME_MEMO)
 def kernel_category(name: str) -> str:
     """The category of a GPU kernel or memory operation (KERNEL_CATEGORIES), by its name."""
     if is_known_comm_kernel(name):
@@ -358,6 +365,7 @@ _COMM_LOOKING = re.compile(r"all_?to_?all|all_?reduce|all_?gather|reduce_?scatte
 """Words of communication in a kernel name: a kernel that has them and is in no known family gets a hint."""
 
 
+@functools.lru_cache(maxsize=_NAME_MEMO)
 def is_known_comm_kernel(name: str) -> bool:
     """A communication kernel of a family in KNOWN_COMM_KERNEL_FAMILIES (not NCCL's)."""
     return _KNOWN_COMM.search(name) is not None

@@ -317,22 +317,23 @@ def host_syncs(e: Evidence) -> Finding | None:
 def pinned_copies(e: Evidence) -> Finding | None:
     """Host time inside copies from or to pageable memory (host_stalls.py: the copy call returns only when the
     copy is done, staged through a bounce buffer) over PAGEABLE_COPY_SHARE of the step: copy from pinned memory
-    with non_blocking=True. Gain: that host time less the same bytes at a pinned copy's rate (`_pinned_rate`),
-    which the GPU still spends on the copy; where neither the bytes nor the rate is known, the assumption
+    with non_blocking=True. Gain: that host time, less its wait for the GPU work queued before each copy, less the
+    same bytes at a pinned copy's rate (`_pinned_rate`), which the GPU still spends on the copy; where neither the bytes nor the rate is known, the assumption
     PAGEABLE_RECOVERABLE, said so."""
     copy_ms = e.pageable_copy_ms or 0.0
     if e.basis != "gpu" or not e.step_ms or copy_ms < PAGEABLE_COPY_SHARE * e.step_ms:
         return None
     rate_gbps, rate_source = _pinned_rate(e)
     megabytes = e.pageable_copy_mb or 0.0
-    # the copy's own time is its GPU time: the host's call also waits for the work queued before it on the
-    # stream, which a pinned, non-blocking copy waits for too (only the host stops waiting)
-    copying_ms = e.pageable_copy_gpu_ms if e.pageable_copy_gpu_ms > 0 else copy_ms
+    # the copy's own time is its call's, less the call's wait for the work queued before it on the stream, which
+    # a pinned, non-blocking copy waits for too (only the host stops waiting); the staging through the bounce
+    # buffer outside the DMA's own GPU time is the pageable copy's too
+    copying_ms = max(copy_ms - e.pageable_copy_queued_ms, 0.0)
     if rate_gbps > 0 and megabytes > 0:
         pinned_ms = megabytes / rate_gbps        # MB over GB/s is milliseconds
         recovered_ms = max(copying_ms - pinned_ms, 0.0)
-        basis = (f"{megabytes:.0f} MB per step move at {megabytes / copying_ms:.1f} GB/s now ({copying_ms:.2f} ms of "
-                 f"copying on the GPU); at about {rate_gbps:.0f} GB/s, {rate_source}, {pinned_ms:.2f} ms of copying is "
+        basis = (f"{megabytes:.0f} MB per step move at {megabytes / max(copying_ms, 1e-9):.1f} GB/s now ({copying_ms:.2f} "
+                 "ms of copying: the calls' time less their wait for work queued before them); at about {rate_gbps:.0f} GB/s, {rate_source}, {pinned_ms:.2f} ms of copying is "
                  "left")
     else:
         recovered_ms = PAGEABLE_RECOVERABLE * copying_ms
@@ -341,7 +342,9 @@ def pinned_copies(e: Evidence) -> Finding | None:
     gain, pct = trace_gain(e, recovered_ms)
     frames = e.stall_frames.get(FRAME_PAGEABLE_COPY, [])[:FRAMES_NAMED]
     evidence = {"pageable_copy_ms_per_step": round(copy_ms, 3), "pageable_copies_per_step": round(e.pageable_copies or 0.0, 1),
-                "pageable_copy_gpu_ms_per_step": round(copying_ms, 3), "pageable_copy_mb_per_step": round(megabytes, 1)}
+                "pageable_copy_gpu_ms_per_step": round(e.pageable_copy_gpu_ms, 3),
+                "pageable_copy_queued_ms_per_step": round(e.pageable_copy_queued_ms, 3),
+                "pageable_copy_mb_per_step": round(megabytes, 1)}
     if rate_gbps > 0:
         evidence["pinned_copy_gbps"] = round(rate_gbps, 1)
         evidence["pinned_rate_source"] = rate_source

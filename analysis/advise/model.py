@@ -83,6 +83,8 @@ class Evidence:
     value_use_saving_us), mean over ranks; None: cannot tell."""
     pageable_copy_gpu_ms: float = 0.0
     """GPU time per step of those copies (the copy itself), the same mean."""
+    pageable_copy_queued_ms: float = 0.0
+    """Host time per step in those copy calls while the GPU ran work queued before the copies, the same mean."""
     pageable_copy_mb: float | None = None
     """Megabytes those copies moved per step (their `bytes` args; 0 where the trace does not record them)."""
     pinned_copy_gbps: float = 0.0

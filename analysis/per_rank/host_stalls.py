@@ -104,6 +104,9 @@ class StepStalls:
     pageable_copy_gpu_us: float = 0.0
     """GPU time of those copies (the copy itself; the host's call also holds its wait for the GPU work queued
     before it, which the stream would run first anyway)."""
+    pageable_copy_queued_us: float = 0.0
+    """Host time inside those copy calls, before each copy began, while the GPU ran other work: the wait for the
+    work queued before the copy, which a pinned, non-blocking copy waits for on the GPU too."""
     sync_dispatch_us: float = 0.0
     """Host time in the outermost data-dependent-shape ops that sync (names.is_dynamic_shape_op: boolean-mask
     indexing, its backward, masked_select, unique), outside their sync calls: the host work that keeping shapes
@@ -510,6 +513,7 @@ class _PageableCopies:
     thread: np.ndarray
     copied_bytes: np.ndarray
     gpu_us: np.ndarray
+    queued_us: np.ndarray
 
     @classmethod
     def of(cls, events: TraceEvents) -> "_PageableCopies":
@@ -519,8 +523,12 @@ class _PageableCopies:
         threads = events.launch_thread(copies)
         sizes = (np.maximum(events.copy_bytes[copies], 0) if events.copy_bytes is not None
                  else np.zeros(starts.size, dtype=np.int64))
+        other = events.of_kind(*GPU_ACTIVITY_KINDS) & ~copies
+        before = np.clip(np.minimum(events.start_us[copies][called], ends[called]), starts[called], None)
+        queued = (covered_between(union(Intervals(events.start_us[other], events.end_us[other])), starts[called], before)
+                  if other.any() else np.zeros(before.size))
         return cls(call_start_us=starts[called], call_end_us=ends[called], thread=threads[called],
-                   copied_bytes=sizes[called], gpu_us=events.dur_us[copies][called])
+                   copied_bytes=sizes[called], gpu_us=events.dur_us[copies][called], queued_us=queued)
 
 
 def _frames(events: TraceEvents, calls: np.ndarray, inside: np.ndarray, what: str) -> list[HostFrame]:
@@ -581,7 +589,8 @@ def _step_stalls(events: TraceEvents, steps: list[StepTiming], syncs: np.ndarray
         pageable_copy_count=per_step(of_paged, None, None),
         pageable_copy_us=per_step(of_paged, None, pageable.call_end_us - pageable.call_start_us),
         pageable_copy_bytes=per_step(of_paged, None, pageable.copied_bytes.astype(np.float64)),
-        pageable_copy_gpu_us=per_step(of_paged, None, pageable.gpu_us))
+        pageable_copy_gpu_us=per_step(of_paged, None, pageable.gpu_us),
+        pageable_copy_queued_us=per_step(of_paged, None, pageable.queued_us))
     counted = {"sync_count", "tensor_reads", "dtoh_count", "launch_count", "pageable_copy_count", "pageable_copy_bytes"}
     return [StepStalls(step=step.step, sync_dispatch_us=float(dispatch_us[i]),
                        **{name: int(round(values[i])) if name in counted else float(values[i])

@@ -53,7 +53,8 @@ what-if without `basis` reads as). Times carry their unit in the field name (`_u
                           launch_us (launch calls: kernels, graphs, async copies; host time in them),
                           pageable_copy_count, pageable_copy_us (copies from or to pageable host memory;
                           host time inside their copy calls), pageable_copy_bytes (what they moved), pageable_copy_gpu_us
-                          (their GPU time: the copy itself),
+                          (their GPU time: the copy itself), pageable_copy_queued_us (host time in
+                          the calls before each copy began while the GPU ran work queued before it),
                           sync_dispatch_us (host time in data-dependent-shape ops that sync, outside
                           the syncs: boolean-mask indexing and its backward, masked_select, unique)},
                           frames[] {frame, what ("sync" | "pageable copy"), count, us}: with_stack

@@ -351,8 +351,12 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
             elif kind == copy_code and args is not None and type(args.copy_bytes) is int \
                     and 0 <= args.copy_bytes <= int_limit:
                 copy_rows.append((len(name_ids) - 1, args.copy_bytes))
-            threads.append(_int_or(args.stream if args else None, _int_or(event.tid, NO_ID)))
-            devices.append(_device_or(args.device if args else None, _device_or(event.pid, 0)))
+            # the stream and device from args where they are ints, else the tid and pid (_int_or, _device_or)
+            stream, device = (args.stream, args.device) if args is not None else (None, None)
+            threads.append(stream if type(stream) is int and -int_limit <= stream <= int_limit
+                           else _int_or(event.tid, NO_ID))
+            devices.append(device if type(device) is int and -_INT32_MAX <= device <= _INT32_MAX
+                           else _device_or(event.pid, 0))
         else:
             tid = event.tid
             threads.append(tid if type(tid) is int and -int_limit <= tid <= int_limit else _thread_key(tid))

@@ -77,11 +77,21 @@ def op_durations(events: TraceEvents) -> list[OpDuration]:
                  else np.full(int(chosen.sum()), -1, dtype=np.int64))
     keys = events.name_id[chosen].astype(np.int64) * (len(events.launch_shapes) + 1) + (shape_ids + 1)
     durations = events.dur_us[chosen]
-    order = np.argsort(keys, kind="stable")
+    order = np.lexsort((durations, keys))
     keys, durations = keys[order], durations[order]
-    bounds = np.flatnonzero(np.diff(keys)) + 1
+    firsts = np.flatnonzero(np.r_[True, np.diff(keys) != 0]) if keys.size else np.empty(0, dtype=np.int64)
+    counts = np.diff(np.r_[firsts, keys.size])
     shapes = [""] + list(events.launch_shapes)
     width = len(events.launch_shapes) + 1
-    return [OpDuration(name=events.names[int(group_keys[0]) // width], count=int(group.size),
-                       median_us=float(np.median(group)), launch_shape=shapes[int(group_keys[0]) % width])
-            for group_keys, group in zip(np.split(keys, bounds), np.split(durations, bounds)) if group.size]
+    return [OpDuration(name=events.names[key // width], count=count, median_us=median,
+                       launch_shape=shapes[key % width])
+            for key, count, median in zip(keys[firsts].tolist(), counts.tolist(),
+                                          _sorted_medians(durations, firsts, counts).tolist())]
+
+
+def _sorted_medians(values: np.ndarray, firsts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """np.median of each group of `values` (sorted within each group; group g is `counts[g]` values from
+    `firsts[g]`), in one pass: the middle value, or the mean of the two middle ones, as np.median takes them."""
+    upper = firsts + counts // 2
+    lower = np.where(counts % 2 == 1, upper, upper - 1)
+    return (values[lower] + values[upper]) / 2

@@ -132,10 +132,14 @@ class TraceEvents:
         mask = self._memo.get(key) if key is not None else None
         if mask is None:
             by_id = np.fromiter(map(bool, map(predicate, self.names)), dtype=bool, count=len(self.names))
-            mask = by_id[self.name_id] if len(self.names) else np.zeros(len(self), dtype=bool)
-            if key is None:
-                return mask
-            self._memo[key] = mask
+            ids_key = ("name ids", by_id.tobytes())  # rules that pick the same names pick the same events
+            mask = self._memo.get(ids_key)
+            if mask is None:
+                # most rules match no name of a trace: then no pass over the events
+                mask = by_id[self.name_id] if by_id.any() else np.zeros(len(self), dtype=bool)
+                self._memo[ids_key] = mask
+            if key is not None:
+                self._memo[key] = mask
         return mask.copy()
 
     def of_kind(self, *kinds: Kind) -> np.ndarray:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,11 @@ def test_the_python_use_of_values_a_read_brought_to_the_host_is_the_syncs_cost()
     assert tolist.expected_gain_ms == pytest.approx(planted_ms, rel=0.45)
     item = next(f for f in advise(CORPUS / "host_syncs_item_per_layer").findings if f.rule == "host_syncs")
     assert item.evidence["value_use_ms_per_step"] < 0.05
+
+
+def test_every_finding_of_every_program_is_written_out_in_full():
+    # a sentence assembled from pieces must hold no unformatted placeholder ("{rate_gbps:.0f}") or "None"
+    for directory in sorted(d for d in CORPUS.iterdir() if (d / "planted.json").is_file()):
+        for finding in advise(directory).findings:
+            for text in (finding.why, finding.change, finding.title):
+                assert not re.search(r"\{[a-z_]+(:[^}]*)?\}|\bNone\b", text), (directory.name, finding.rule, text)

@@ -40,14 +40,8 @@ def _launch_bound(e: Evidence, idle_ms: float) -> bool:
     DISPATCH_INTERVAL_FACTOR) and the launch calls themselves for most of it. How many launches a step makes says nothing by itself: a step of
     Python work, syncs or a per-parameter optimizer launches as often."""
     dispatch = e.idle_cause_ms.get("short gaps", 0.0) + e.launch_paced_idle_ms
-    inside = _dispatch_call_ms(e)
+    inside = e.launch_ms or 0.0
     return inside >= LAUNCH_EVIDENCE_SHARE * idle_ms or dispatch + inside >= 0.5 * idle_ms
-
-
-def _dispatch_call_ms(e: Evidence) -> float:
-    """Host time in launch calls that dispatch work: a copy from pageable memory is a launch call that returns
-    only when the copy is done (pinned_copies' evidence), no dispatch."""
-    return max((e.launch_ms or 0.0) - (e.pageable_copy_ms or 0.0), 0.0)
 
 
 def _other_host_causes(e: Evidence) -> list[str]:
@@ -61,6 +55,8 @@ def _other_host_causes(e: Evidence) -> list[str]:
         causes.append("allocator calls")
     if optimizer_impl(e) is not None:
         causes.append("a per-parameter optimizer")
+    if pinned_copies(e) is not None:   # a copy from pageable memory cannot be captured in a graph
+        causes.append("copies from pageable memory")
     return causes
 
 
@@ -94,7 +90,7 @@ def cuda_graphs(e: Evidence) -> Finding | None:
     if not _launch_bound(e, idle_ms) or _other_host_causes(e):
         return None
     mode = "default" if str(e.setting("parallel", "mode", "")).startswith("fsdp") else "reduce-overhead"
-    dispatch_ms = min(max(e.idle_cause_ms.get("short gaps", 0.0) + e.launch_paced_idle_ms, _dispatch_call_ms(e)), idle_ms)
+    dispatch_ms = min(max(e.idle_cause_ms.get("short gaps", 0.0) + e.launch_paced_idle_ms, (e.launch_ms or 0.0)), idle_ms)
     if activation_checkpointing(e) is not None:   # the recomputation's own dispatch is that finding's
         dispatch_ms = max(dispatch_ms - e.recompute_idle_ms, 0.0)
     gain, pct = trace_gain(e, dispatch_ms)
@@ -109,8 +105,8 @@ def cuda_graphs(e: Evidence) -> Finding | None:
                    why=f"the GPU is idle {e.idle_pct:.0f}% of the profiled steps ({idle_ms:.2f} ms per step) and the "
                        f"host spends {e.launch_ms or 0.0:.2f} ms of it inside {e.launches or 0.0:.0f} launch calls "
                        f"({e.idle_cause_ms.get('short gaps', 0.0):.2f} ms in short gaps between kernels); ruled out: "
-                       "host syncs, allocator calls and a per-parameter optimizer (none significant in the step). "
-                       "The host does little but dispatch; compiling fuses "
+                       "host syncs, allocator calls, a per-parameter optimizer and copies from pageable memory (none "
+                       "significant in the step). The host does little but dispatch; compiling fuses "
                        "kernels and " + ("CUDA graphs replay the launches without the host" if mode == "reduce-overhead"
                                          else "cuts launches (CUDA graphs need fixed parameter addresses, which FSDP "
                                               "does not keep)"))
@@ -333,8 +329,8 @@ def pinned_copies(e: Evidence) -> Finding | None:
         pinned_ms = megabytes / rate_gbps        # MB over GB/s is milliseconds
         recovered_ms = max(copying_ms - pinned_ms, 0.0)
         basis = (f"{megabytes:.0f} MB per step move at {megabytes / max(copying_ms, 1e-9):.1f} GB/s now ({copying_ms:.2f} "
-                 "ms of copying: the calls' time less their wait for work queued before them); at about {rate_gbps:.0f} GB/s, {rate_source}, {pinned_ms:.2f} ms of copying is "
-                 "left")
+                 "ms of copying: the calls' time less their wait for work queued before them); at about "
+                 f"{rate_gbps:.0f} GB/s, {rate_source}, {pinned_ms:.2f} ms of copying is left")
     else:
         recovered_ms = PAGEABLE_RECOVERABLE * copying_ms
         basis = (f"gain assumed: {PAGEABLE_RECOVERABLE:.0%} of the {copying_ms:.2f} ms of copying, as "

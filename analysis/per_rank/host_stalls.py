@@ -92,7 +92,8 @@ class StepStalls:
     dtoh_us: float
     input_wait_us: float
     launch_count: int = 0
-    """Launch calls (names.HOST_LAUNCH_CALLS: kernels, graphs, async copies and fills) the host made in the step."""
+    """Launch calls (names.HOST_LAUNCH_CALLS: kernels, graphs, async copies and fills) the host made in the step,
+    the pageable copies' calls left out (pageable_copy_count: the call is the copy, not launch overhead)."""
     launch_us: float = 0.0
     """Host time inside them: what replaying the step as a CUDA graph could save on the host."""
     pageable_copy_count: int = 0
@@ -331,7 +332,9 @@ def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGap
     launches = events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(is_launch_call)
     pageable = _PageableCopies.of(events)
     dispatch = _sync_dispatch(events, syncs)
-    per_step = _step_stalls(events, steps, syncs, reads, inputs, dtoh, dtoh_launch, launches, pageable, dispatch)
+    # a pageable copy's call is the copy (it returns when the copy is done), not launch overhead a graph replays
+    per_step = _step_stalls(events, steps, syncs, reads, inputs, dtoh, dtoh_launch, launches & ~pageable_copy_calls(events),
+                            pageable, dispatch)
     idle_us, idle_count = _idle_totals(gaps)
     inside = in_host_ranges(events.start_us, steps)
     # a tensor read holds its sync: the sync calls (where recorded) are the host's blocked time, counted once
@@ -529,6 +532,16 @@ class _PageableCopies:
                   if other.any() else np.zeros(before.size))
         return cls(call_start_us=starts[called], call_end_us=ends[called], thread=threads[called],
                    copied_bytes=sizes[called], gpu_us=events.dur_us[copies][called], queued_us=queued)
+
+
+def pageable_copy_calls(events: TraceEvents) -> np.ndarray:
+    """The host calls (matched by correlation id) of the copies from or to pageable memory."""
+    copies = events.of_kind(Kind.GPU_MEMCPY) & events.names_matching(is_pageable_copy) & (events.correlation != NO_ID)
+    calls = np.zeros(len(events), dtype=bool)
+    if copies.any():
+        runtime = events.of_kind(Kind.CUDA_RUNTIME) & (events.correlation != NO_ID)
+        calls[runtime] = np.isin(events.correlation[runtime], events.correlation[copies])
+    return calls
 
 
 def _frames(events: TraceEvents, calls: np.ndarray, inside: np.ndarray, what: str) -> list[HostFrame]:

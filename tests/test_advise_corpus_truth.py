@@ -173,3 +173,12 @@ def test_every_finding_of_every_program_is_written_out_in_full():
         for finding in advise(directory).findings:
             for text in (finding.why, finding.change, finding.title):
                 assert not re.search(r"\{[a-z_]+(:[^}]*)?\}|\bNone\b", text), (directory.name, finding.rule, text)
+
+
+@pytest.mark.parametrize("name", ["checkpoint_in_step_mlp", "checkpoint_in_step_conv"])
+def test_a_checkpoints_serialization_is_not_the_use_of_a_read(name):
+    # torch.save copies the tensors to the host and then serializes them: that host work is the checkpoint's
+    findings = {f.rule: f for f in advise(CORPUS / name).findings}
+    assert "checkpoint_in_step" in findings
+    syncs = findings.get("host_syncs")
+    assert syncs is None or syncs.evidence["value_use_ms_per_step"] == 0.0

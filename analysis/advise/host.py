@@ -268,8 +268,9 @@ def host_syncs(e: Evidence) -> Finding | None:
     # GPU also waits for the host elsewhere, the host work of the data-dependent-shape ops themselves (their
     # backward included), which static shapes remove, shortens the step too, up to that other idle.
     other_idle_ms = max(sum(e.idle_cause_ms.values()) - idle_ms, 0.0)
-    # and the program's use of the values read (a .tolist() looped over in Python), which reading nothing removes
-    use_ms = e.value_use_saving_ms or 0.0
+    # and the program's use of the values read (a .tolist() looped over in Python), which reading nothing removes;
+    # tensors copied to the host to be saved are serialized after their copies: that is checkpoint_in_step's
+    use_ms = 0.0 if checkpoint_in_step(e) is not None else e.value_use_saving_ms or 0.0
     lost_ms = idle_ms + min(e.sync_dispatch_ms + use_ms, other_idle_ms)
     dispatch_ms = e.idle_cause_ms.get("short gaps", 0.0) + e.launch_paced_idle_ms
     blocking = per_step >= SYNCS_INSIDE_STEP and dispatch_ms >= SYNC_SHARE * e.step_ms

@@ -9,6 +9,7 @@ is advised as a user would (`fleetscope advise DIR`: a folder of traces, no run 
   - two planted causes: both rules are among the top three findings;
   - healthy: no finding gains more than 5% of the step;
   - gain error: |gain - planted| / planted for each planted cause its rule found (the issue's bar: 25%);
+  - other findings: above 5% of the step, naming no planted cause and recovering none of its time;
     the total counts every planted cause, found or not (PER_SAMPLE_CAUSES: as shares of the step).
 A planted cause whose measured cost is under MEASURABLE_PCT of the step (or negative: the fix made the step no
 faster) is no problem in that program: it is left out of the program's causes (the row says so), and a
@@ -66,6 +67,7 @@ def score(directory: Path) -> dict:
         row["right"] = worst <= HEALTHY_MAX_PCT
         return row
     wanted = [RULE_OF_CAUSE.get(cause, {cause}) for cause in causes]
+    row["spurious"] = _spurious(findings, set().union(*wanted))
     row["right"] = bool(top) and top[0] in wanted[0] if len(causes) == 1 else \
         all(any(rule in rules for rule in top) for rules in wanted)
     row["gain_errors"], row["scaled_gain_errors"] = {}, {}
@@ -80,6 +82,13 @@ def score(directory: Path) -> dict:
             row["scaled_gain_errors"][cause] = _gain_error(cause, (scaled or gains)[0], planted_ms, rescored, rules,
                                                            planted)
     return row
+
+
+def _spurious(findings: list, planted_rules: set) -> list[str]:
+    """Findings above HEALTHY_MAX_PCT of the step that name no planted cause and recover no time a planted
+    cause's finding recovers (an overlapping finding is another reading of the same idle, not another problem)."""
+    return [f.rule for f in findings if (f.expected_gain_pct or 0.0) > HEALTHY_MAX_PCT and f.rule not in planted_rules
+            and not planted_rules.intersection(f.overlaps)]
 
 
 PER_SAMPLE_CAUSES = {"tiny_batch"}
@@ -160,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     scaled = [e for r in rows for e in r.get("scaled_gain_errors", {}).values()]
     print(f"  the gains a fleetscope run gives, its steady step being the unprofiled one (the advisor rerun on it): "
           f"{sum(e <= GAIN_TOLERANCE for e in scaled)} of {len(scaled)}")
+    spurious = [(r["program"], rule) for r in rows for rule in r.get("spurious", [])]
+    print(f"other findings above {HEALTHY_MAX_PCT:g}% of the step in programs with a planted cause (neither a planted "
+          f"cause's rule nor recovering its time): {len(spurious)}"
+          + (": " + ", ".join(f"{program} {rule}" for program, rule in spurious) if spurious else ""))
     print(f"programs the advisor could not read: {sum('error' in r for r in rows)}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=str))

@@ -7,6 +7,8 @@ with Python's cyclic collector paused as analyze's workers pause it; the medians
 ratio against today's path measured in the same rounds. Stages:
 
   inflate      traces/kineto.decompress (ISA-L)                                     every route
+  fused look   rank._refuse_fused (traces/fused.may_be_fused: the scan analyze makes of every trace's
+               bytes for several ranks fused into one file)                         today
   decode       today: events.decode_selectively (msgspec typed structs);
                polars: pl.read_json with a schema of the fields the table reads, the events exploded and unnested;
                duckdb: read_json of the same schema, unnested in SQL, fetched as Arrow
@@ -20,7 +22,8 @@ ratio against today's path measured in the same rounds. Stages:
   merge        today: merge/window_decode.decode_window + column_plan.group_columns (the merge's slice table,
                from its own decode of the inflated bytes); columnar: not built
 
-`cold parse` = inflate + decode + table + analysis: what `analyze` pays per rank without a cache hit;
+`cold parse` = inflate + fused look + decode + table + analysis: what `analyze` pays per rank without a cache
+hit, as the first rank a worker parses (the name rules' memos of names.py are emptied before each round);
 events/s per core = the trace's events (every phase) over it. The columnar readers are not dependencies: install
 them apart (`pip install --target DIR polars pyarrow duckdb`) and name DIR with --libs (they are left out when
 missing). Shapes default to real traces among the fixtures (see SHAPES).
@@ -47,9 +50,10 @@ from fleetscope.analysis.merge.window_decode import decode_window
 from fleetscope.analysis.per_rank.events import (_GPU_CATEGORY_NAMES, _GPU_TRACK_CODES, _KIND_CODE, NO_ID,
                                                  TraceEvents, _thread_key, build_table, decode_selectively)
 from fleetscope.analysis.per_rank.hta_native import parsed_columns, unfiltered_frame
+from fleetscope.analysis.per_rank import names
 from fleetscope.analysis.per_rank.names import is_kept_host_op
 from fleetscope.analysis.per_rank.parse import cyclic_gc_paused
-from fleetscope.analysis.per_rank.rank import DecodedTrace, analyze_decoded, base_time_ns_of
+from fleetscope.analysis.per_rank.rank import DecodedTrace, _refuse_fused, analyze_decoded, base_time_ns_of
 from fleetscope.traces.kineto import decompress, read_raw
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,16 +69,19 @@ SHAPES = {
 fixture (150k events, 39k python_function frames); cpu-op-heavy: HTA's V100 DDP trace (69k events, 24k cpu_op,
 15k runtime calls, 21k ac2g flow events); flow-heavy: Kineto's 2021 ResNet-50 (18k async flow events, 13k
 instants); cpu-only: HTA's host-ops-only trace (no device activity)."""
-STAGES = ("inflate", "decode", "table", "hta frame", "analysis", "merge")
-COLD = ("inflate", "decode", "table", "analysis")
+STAGES = ("inflate", "fused look", "decode", "table", "hta frame", "analysis", "merge")
+COLD = ("inflate", "fused look", "decode", "table", "analysis")
 
 
 # --- today's path ---------------------------------------------------------------------------------------------
 
 def today(raw: bytes, path: Path) -> tuple[dict[str, float], TraceEvents]:
+    _forget_names()
     times, clock = {}, _Clock()
     data = decompress(raw, path)
     times["inflate"] = clock.lap()
+    _refuse_fused(path, data)
+    times["fused look"] = clock.lap()
     metadata, events = decode_selectively(data)
     times["decode"] = clock.lap()
     table = build_table(events)
@@ -88,6 +95,12 @@ def today(raw: bytes, path: Path) -> tuple[dict[str, float], TraceEvents]:
     group_columns(window, WindowClock(base_ns=base_time_ns_of(metadata)), MergeOptions())
     times["merge"] = clock.lap()
     return times, table
+
+
+def _forget_names() -> None:
+    """Empty the name rules' memos (names.py), so that each round measures a worker's first rank."""
+    for rule in (names.kernel_category, names.is_known_comm_kernel):
+        getattr(rule, "cache_clear", lambda: None)()  # a checkout from before the memos has none
 
 
 # --- columnar routes --------------------------------------------------------------------------------------------
@@ -242,12 +255,12 @@ def print_shape(shape: str, path: Path, routes: list[str], repeat: int) -> None:
     base_table = sum(base[stage] for stage in ("inflate", "decode", "table"))
     for route in routes:
         stage_times = medians[route]
-        cells = [f"{stage_times[stage]:.3f}" if stage in stage_times else "-" if route == "today" else "not built"
-                 for stage in STAGES]
+        cells = [f"{stage_times[stage]:.3f}" if stage in stage_times
+                 else "-" if route == "today" or stage == "fused look" else "not built" for stage in STAGES]
         to_table = sum(stage_times[stage] for stage in ("inflate", "decode", "table"))
         print(f"| {route} | " + " | ".join(cells) + f" | {to_table:.3f} | {to_table / base_table:.2f}x | "
               f"{equal.get(route, 'reference')} |")
-    print(f"\ncold parse (inflate + decode + table + analysis), today: {base_cold:.3f} s = "
+    print(f"\ncold parse (inflate + fused look + decode + table + analysis), today: {base_cold:.3f} s = "
           f"{events / base_cold / 1e6:.2f} M events/s per core; with the HTA frame "
           f"{base_cold + base['hta frame']:.3f} s; the merge's own decode and slice table "
           + (f"{base['merge']:.3f} s" if "merge" in base else "refused (the per-event planner takes it)"))

@@ -116,6 +116,7 @@ def _host_evidence(report: Report | None) -> dict[str, Any]:
             "pageable_copy_mb": per_step("pageable_copy_bytes") / 1e6,
             "pageable_copy_gpu_ms": per_step("pageable_copy_gpu_us") / 1000.0,
             "pageable_copy_queued_ms": per_step("pageable_copy_queued_us") / 1000.0,
+            "pageable_copy_refill_ms": per_step("pageable_copy_refill_us") / 1000.0,
             "sync_dispatch_ms": per_step("sync_dispatch_us") / 1000.0,
             "stall_frames": _stall_frames(stalls), "idle_cause_ms": causes,
             "launch_paced_idle_ms": float(np.mean([h.launch_paced_idle_us / len(h.steps) for h in stalls])) / 1000.0,

@@ -83,6 +83,8 @@ class Evidence:
     value_use_saving_us), mean over ranks; None: cannot tell."""
     pageable_copy_gpu_ms: float = 0.0
     """GPU time per step of those copies (the copy itself), the same mean."""
+    pageable_copy_refill_ms: float = 0.0
+    """GPU idle per step right after those copies, up to their queued waits (the refill), the same mean."""
     pageable_copy_queued_ms: float = 0.0
     """Host time per step in those copy calls while the GPU ran work queued before the copies, the same mean."""
     pageable_copy_mb: float | None = None

@@ -108,6 +108,10 @@ class StepStalls:
     pageable_copy_queued_us: float = 0.0
     """Host time inside those copy calls, before each copy began, while the GPU ran other work: the wait for the
     work queued before the copy, which a pinned, non-blocking copy waits for on the GPU too."""
+    pageable_copy_refill_us: float = 0.0
+    """GPU idle right after those copies, each up to its queued wait: the call returned with the GPU's queue
+    drained, as after a sync, and the GPU waits while the host launches again; a host that was that far ahead
+    would have had the next work queued."""
     sync_dispatch_us: float = 0.0
     """Host time in the outermost data-dependent-shape ops that sync (names.is_dynamic_shape_op: boolean-mask
     indexing, its backward, masked_select, unique), outside their sync calls: the host work that keeping shapes
@@ -334,7 +338,7 @@ def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGap
     dispatch = _sync_dispatch(events, syncs)
     # a pageable copy's call is the copy (it returns when the copy is done), not launch overhead a graph replays
     per_step = _step_stalls(events, steps, syncs, reads, inputs, dtoh, dtoh_launch, launches & ~pageable_copy_calls(events),
-                            pageable, dispatch)
+                            pageable, dispatch, gaps)
     idle_us, idle_count = _idle_totals(gaps)
     inside = in_host_ranges(events.start_us, steps)
     # a tensor read holds its sync: the sync calls (where recorded) are the host's blocked time, counted once
@@ -507,6 +511,10 @@ def _launch_paced_idle_us(events: TraceEvents, gaps: IdleGaps | None, launches: 
     return float(lengths[paced].sum())
 
 
+_AT_GAP_US = 1e-3
+"""A gap starting this close to a copy's end follows it."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class _PageableCopies:
     """Pageable copies with their copy calls on the host (matched by correlation id)."""
@@ -517,6 +525,7 @@ class _PageableCopies:
     copied_bytes: np.ndarray
     gpu_us: np.ndarray
     queued_us: np.ndarray
+    gpu_end_us: np.ndarray
 
     @classmethod
     def of(cls, events: TraceEvents) -> "_PageableCopies":
@@ -531,7 +540,27 @@ class _PageableCopies:
         queued = (covered_between(union(Intervals(events.start_us[other], events.end_us[other])), starts[called], before)
                   if other.any() else np.zeros(before.size))
         return cls(call_start_us=starts[called], call_end_us=ends[called], thread=threads[called],
-                   copied_bytes=sizes[called], gpu_us=events.dur_us[copies][called], queued_us=queued)
+                   copied_bytes=sizes[called], gpu_us=events.dur_us[copies][called], queued_us=queued,
+                   gpu_end_us=events.end_us[copies][called])
+
+    def refill_us(self, gaps: "IdleGaps | None") -> np.ndarray:
+        """Per copy, the idle gap starting where it ended and the host-paced gaps after it, up to the copy's
+        queued wait (pageable_copy_refill_us; the refill _sync_share_of_gaps charges a sync)."""
+        refill = np.zeros(self.gpu_end_us.size)
+        if gaps is None or not len(gaps) or not refill.size:
+            return refill
+        paced = np.isin(gaps.cause_codes, [GAP_CAUSES.index(IDLE_HOST), GAP_CAUSES.index(IDLE_SHORT)])
+        lengths = gaps.ends_us - gaps.starts_us
+        slot = np.clip(np.searchsorted(gaps.starts_us, self.gpu_end_us - _AT_GAP_US), 0, len(gaps) - 1)
+        follows = np.abs(gaps.starts_us[slot] - self.gpu_end_us) < _AT_GAP_US
+        for index in np.flatnonzero(follows & (self.queued_us > 0)).tolist():
+            lead, row = float(self.queued_us[index]), int(slot[index])
+            while lead > 0.0 and row < len(gaps) and (paced[row] or row == slot[index]):
+                taken = min(float(lengths[row]), lead)
+                refill[index] += taken
+                lead -= taken
+                row += 1
+        return refill
 
 
 def pageable_copy_calls(events: TraceEvents) -> np.ndarray:
@@ -577,7 +606,7 @@ def _frames_of_calls(events: TraceEvents, starts: np.ndarray, ends: np.ndarray, 
 
 def _step_stalls(events: TraceEvents, steps: list[StepTiming], syncs: np.ndarray, reads: np.ndarray,
                  inputs: np.ndarray, dtoh: np.ndarray, dtoh_launch_us: np.ndarray, launches: np.ndarray,
-                 pageable: _PageableCopies, dispatch: Intervals) -> list[StepStalls]:
+                 pageable: _PageableCopies, dispatch: Intervals, gaps: IdleGaps | None = None) -> list[StepStalls]:
     """Each step's stalls: every event is placed in its step once (a search over the steps' starts), then summed
     per step, so the cost is linear in events whatever the number of steps."""
     count = len(steps)
@@ -603,7 +632,8 @@ def _step_stalls(events: TraceEvents, steps: list[StepTiming], syncs: np.ndarray
         pageable_copy_us=per_step(of_paged, None, pageable.call_end_us - pageable.call_start_us),
         pageable_copy_bytes=per_step(of_paged, None, pageable.copied_bytes.astype(np.float64)),
         pageable_copy_gpu_us=per_step(of_paged, None, pageable.gpu_us),
-        pageable_copy_queued_us=per_step(of_paged, None, pageable.queued_us))
+        pageable_copy_queued_us=per_step(of_paged, None, pageable.queued_us),
+        pageable_copy_refill_us=per_step(of_paged, None, pageable.refill_us(gaps)))
     counted = {"sync_count", "tensor_reads", "dtoh_count", "launch_count", "pageable_copy_count", "pageable_copy_bytes"}
     return [StepStalls(step=step.step, sync_dispatch_us=float(dispatch_us[i]),
                        **{name: int(round(values[i])) if name in counted else float(values[i])

@@ -55,6 +55,7 @@ what-if without `basis` reads as). Times carry their unit in the field name (`_u
                           host time inside their copy calls), pageable_copy_bytes (what they moved), pageable_copy_gpu_us
                           (their GPU time: the copy itself), pageable_copy_queued_us (host time in
                           the calls before each copy began while the GPU ran work queued before it),
+                          pageable_copy_refill_us (GPU idle right after them, up to that wait),
                           sync_dispatch_us (host time in data-dependent-shape ops that sync, outside
                           the syncs: boolean-mask indexing and its backward, masked_select, unique)},
                           frames[] {frame, what ("sync" | "pageable copy"), count, us}: with_stack

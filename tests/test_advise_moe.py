@@ -344,12 +344,13 @@ def test_a_forged_ep_degree_neither_spins_nor_advises(monkeypatch):
 
     balanced = [700.0, 700.0, 700.0, 700.0]
     moe = dataclasses.replace(_section(balanced, hot_ms=2.0, a2a_ms=14.0), ep=10**15)
-    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("advise spins on a forged ep"))
+    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("advise spins on a forged ep"))
     signal.alarm(10)
     try:
         rules = _rules(moe, hosts={0: "a", 1: "a", 2: "b", 3: "b"})
     finally:
         signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
     assert "moe_ep_degree" not in rules and "moe_expert_placement" not in rules
 
 

@@ -157,3 +157,12 @@ def test_a_rank_refusing_its_configuration_is_named_in_one_line_without_torchrun
     assert "Traceback" not in completed.stderr and "ChildFailedError" not in completed.stderr
     assert "nothing to gather, analyze or merge" in completed.stderr
     assert not (run / "manifest.json").exists() and not (run / "report").exists()
+
+
+def test_a_torchx_local_dry_run_leaves_the_callers_signal_handlers_as_they_were(tmp_path, capsys):
+    # TorchX's local scheduler installs SIGTERM/SIGINT handlers where it is created; fleetscope's own process
+    # keeps its own (a stray one outlived HTA's Pool.terminate and hung an analysis)
+    import signal
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    assert main(["launch", "--scheduler", "torchx_local", "--run-dir", str(tmp_path / "run"), "--dry-run"]) == 0
+    assert {sig: signal.getsignal(sig) for sig in before} == before

@@ -141,3 +141,20 @@ def test_a_second_analyze_reads_hta_and_parse_results_from_the_cache(files, tmp_
     assert {p.name: p.stat().st_ino for p in cache.iterdir()} == written
     assert [w.hta for w in second.windows] == [w.hta for w in first.windows]
     assert all(w.hta is not None and w.hta.status == "ok" for w in second.windows)
+
+
+def test_hta_runs_with_sigterms_default_action_and_the_programs_handler_comes_back():
+    # HTA ends its forked parse pool with SIGTERM: a worker that inherited a handler that does not exit (a
+    # trainer's stop flag, TorchX's local scheduler's) can outlive Pool.terminate and hang the load for ever
+    import signal
+    from fleetscope.analysis.per_rank.hta_rank import quietly
+
+    def keep_going(*_):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, keep_going)
+    try:
+        assert quietly(lambda: signal.getsignal(signal.SIGTERM)) == signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) is keep_going
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import signal
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -178,11 +180,29 @@ def _straggler_rows(frame, trace):
 
 
 def quietly(call: Callable[[], Any]) -> Any:
-    """Run `call` with HTA's prints and progress output kept off the user's terminal."""
+    """Run `call` with HTA's prints and progress output kept off the user's terminal, and SIGTERM's default
+    action while it runs (default_termination)."""
     sink = io.StringIO()
-    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), warnings.catch_warnings():
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), warnings.catch_warnings(), \
+            default_termination():
         warnings.simplefilter("ignore")
         return call()
+
+
+@contextlib.contextmanager
+def default_termination():
+    """SIGTERM's default action in the main thread for the duration: HTA parses ranks in a forked process pool and
+    ends it with SIGTERM (Pool.terminate), and a worker that inherits a Python handler from the program that
+    called fleetscope (TorchX's local scheduler installs one, a trainer's stop handler another) can outlive it,
+    leaving the load waiting on it for ever."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def one_line(error: BaseException) -> str:

@@ -11,8 +11,11 @@ The job is still TorchX's: `torchx status slurm://fleetscope/<job id>` works (wi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shlex
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -250,7 +253,7 @@ def plan_torchx_local(spec: JobSpec) -> TorchXLocalPlan:
     resources = dataclasses.replace(SlurmResources.from_spec(spec), gpus_per_node=0)
     layout = RunLayout.at(spec.train.run_dir)
     app = dataclasses.replace(build_appdef(spec, resources), name=safe_job_label(layout.root.name))  # app id: run's
-    with get_runner() as runner:
+    with _own_stop_signals(), get_runner() as runner:
         info = runner.dryrun(app, "local_cwd", cfg={"log_dir": str(torchx_local_logs_dir(layout))})
     return TorchXLocalPlan(spec=spec, app=app, dryrun_info=info, run_dir=layout.root)
 
@@ -260,9 +263,25 @@ def run_torchx_local(plan: TorchXLocalPlan, *, wait_interval_s: float = 1.0) -> 
     from torchx.runner import get_runner
 
     plan.run_dir.mkdir(parents=True, exist_ok=True)
-    with get_runner() as runner:
+    with _own_stop_signals(), get_runner() as runner:
         handle = runner.schedule(plan.dryrun_info)
         return runner.wait(handle, wait_interval=wait_interval_s)
+
+
+@contextlib.contextmanager
+def _own_stop_signals():
+    """TorchX's local scheduler installs its own SIGTERM and SIGINT handlers in the process that creates it (they
+    raise, to stop its replicas): keep them for the run it starts, and give the caller's back afterwards, so a
+    dry run changes nothing and the postprocess after a run (HTA's process pool) runs with the program's own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 class TorchXScheduler(SlurmScheduler):

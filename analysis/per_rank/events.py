@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import zlib
 from dataclasses import dataclass, field
+from types import FunctionType
 from typing import Any
 
 import msgspec
@@ -111,7 +112,8 @@ class TraceEvents:
     ops other than collectives and tensor reads (names.is_kept_host_op, which are kept), and they are most
     of a GPU trace's events."""
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-    """Masks and orders the analyses ask for again and again (of_kind, _of_launch), computed once a table."""
+    """What the analyses ask of the table again and again (end_us, of_kind, names_matching, the launch calls'
+    order), computed once a table."""
 
     def __len__(self) -> int:
         return int(self.start_us.size)
@@ -128,7 +130,8 @@ class TraceEvents:
     def names_matching(self, predicate) -> np.ndarray:
         """Boolean mask over events whose name satisfies `predicate(name)`. The mask of a module-level function
         (a name rule of names.py: a pure function of the name) is kept for the table's other readers."""
-        key = ("names", predicate) if "<" not in getattr(predicate, "__qualname__", "<") else None
+        rule = isinstance(predicate, FunctionType) and "<" not in predicate.__qualname__
+        key = ("names", predicate) if rule else None
         mask = self._memo.get(key) if key is not None else None
         if mask is None:
             by_id = np.fromiter(map(bool, map(predicate, self.names)), dtype=bool, count=len(self.names))

@@ -29,7 +29,7 @@ from fleetscope.analysis.per_rank.host_stalls import (GAP_CAUSES, IDLE_ALLOCATOR
                                                       IdleGaps, queued_before, user_syncs)
 from fleetscope.analysis.per_rank.intervals import Intervals, covered_between, union
 from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, Kind, TraceEvents
-from fleetscope.analysis.per_rank.names import is_device_to_host_copy, is_pageable_copy
+from fleetscope.analysis.per_rank.names import is_device_to_host_copy, is_pageable_copy, is_tensor_read_op
 from fleetscope.analysis.per_rank.step_work import TENSOR_CORE_SPEEDUP, StepWork, fp32_math_rows, score_pass_rows
 from fleetscope.analysis.per_rank.steps import StepTiming
 from fleetscope.analysis.per_rank.utilization import BASIS_GPU
@@ -150,8 +150,6 @@ def after_blocking_copies(events: TraceEvents, gaps: IdleGaps) -> np.ndarray:
     return np.abs(ends[slot] - gaps.starts_us) < _AT_US
 
 
-READ_OPS = frozenset(("aten::item", "aten::_local_scalar_dense"))
-"""Host ops that read a device value and are kept on GPU traces (names.is_kept_host_op): `.item()`'s."""
 PYTHON_US_PER_VALUE = 0.1
 """The most host time the program's use of one value read to the host takes: a Python loop over a `.tolist()`
 compares or sums each element in tens of nanoseconds. It bounds the host work right after a read that the read
@@ -196,13 +194,14 @@ def value_use_saving_us(events: TraceEvents, steps: list[StepTiming], gaps: Idle
 
 def _reads(events: TraceEvents, syncs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per sync call: (when its read began, when it ended, the host's wait in the call, the use of the values
-    read). The read: the tensor-read op around the call (`.item()`'s), else from the launch of the last copy to
+    read). The read: the tensor-read op around the call (names.is_tensor_read_op: `.item()`'s), else from the
+    launch of the last copy to
     the host on the thread since its previous sync (`.cpu()`, `.tolist()`: GPU traces keep few host ops, their
     copies' launches always), else the call alone (an explicit synchronize). The use: value_use_saving_us."""
     rows = np.flatnonzero(syncs)
     at, until, wait = events.start_us[rows].copy(), events.end_us[rows].copy(), events.dur_us[rows].copy()
     use = np.zeros(rows.size)
-    reading = events.of_kind(Kind.CPU_OP) & events.names_matching(lambda n: n in READ_OPS)
+    reading = events.of_kind(Kind.CPU_OP) & events.names_matching(is_tensor_read_op)
     host = events.of_kind(Kind.CPU_OP, Kind.CUDA_RUNTIME)
     copies = events.of_kind(Kind.GPU_MEMCPY) & events.names_matching(is_device_to_host_copy)
     copy_at, copy_thread = events.launch_start_us(copies), events.launch_thread(copies)

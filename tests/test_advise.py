@@ -7,6 +7,7 @@ import pytest
 
 from fleetscope.analysis.advise import Evidence, advise, advise_evidence
 from fleetscope.analysis.cross_rank.causes import CAUSE_HOST, CAUSE_SLOW_DEVICE, StepWhatIf, StragglerCause
+from fleetscope.analysis.per_rank.host_stalls import IDLE_ALLOCATOR
 from fleetscope.analysis.quantities import JobStraggler
 from fleetscope.analysis.render.advice_terminal import gain_text
 from fleetscope.cli.main import main
@@ -91,6 +92,17 @@ def test_gpu_idle_without_launches_is_host_work_not_cuda_graphs():
 def test_idle_after_syncs_asks_to_remove_them():
     finding = _rules(idle_cause_ms={"host sync": 15.0}, syncs=2.0, tensor_reads=24.0)["host_syncs"]
     assert ".item()" in finding.change and finding.expected_gain_ms == pytest.approx(15.0)
+
+
+def test_time_the_profiler_does_not_lengthen_is_not_scaled_to_the_steady_step():
+    # profiled steps 1.5x the steady one: what the host did around the calls shrinks with the step, the driver's
+    # time inside cudaMalloc/cudaFree and the recomputed GPU work do not
+    steady = dict(step_ms=100.0, profiled_step_ms=150.0, step_basis="step metrics, steps 3-9")
+    churn = _rules(**steady, allocator_calls=184.0, allocator_ms=20.0, allocator_idle_ms=12.0,
+                   idle_cause_ms={IDLE_ALLOCATOR: 18.0})["allocator_churn"]
+    assert churn.expected_gain_ms == pytest.approx(12.0 + 6.0 * 100.0 / 150.0)
+    recompute = _rules(**steady, recompute_ms=12.0, recompute_idle_ms=3.0)["activation_checkpointing"]
+    assert recompute.expected_gain_ms == pytest.approx(12.0 + 3.0 * 100.0 / 150.0)
 
 
 def test_exposed_ddp_communication_asks_for_smaller_buckets_unless_a_straggler_explains_it():

@@ -7,7 +7,7 @@ from __future__ import annotations
 from fleetscope.analysis.per_rank.host_stalls import IDLE_ALLOCATOR
 from fleetscope.analysis.per_rank.step_work import TENSOR_CORE_SPEEDUP, UPDATE_LOOP_LABEL
 
-from .model import Evidence, Finding, Rule, settings_change, trace_gain, trainer_change
+from .model import Evidence, Finding, Rule, profiled_scale, settings_change, step_gain, trace_gain, trainer_change
 
 FP32_GEMM_SHARE = 0.10
 """fp32 (SIMT) GEMM time above this share of the step: the matrix products could use the tensor cores."""
@@ -144,14 +144,17 @@ def allocator_churn(e: Evidence) -> Finding | None:
     cannot serve the step's sizes). Gain: the GPU idle gaps the host spent mostly inside them (host_stalls.py
     IDLE_ALLOCATOR: with the allocator's own host work around the calls), or the GPU idle while the host was
     inside them where that is more (a cudaFree waits for the device: the part of that wait the GPU is still
-    busy costs nothing), at least ALLOCATOR_SHARE."""
+    busy costs nothing), at least ALLOCATOR_SHARE. The GPU's idle inside the calls is the driver's (cudaFree
+    waiting for the device, then the driver's own work), which the profiler does not lengthen: it is not scaled
+    to the steady step, as host_syncs leaves its waits unscaled; the host work around the calls is."""
     calls_ms = e.allocator_ms or 0.0
     if e.basis != "gpu" or not e.step_ms or calls_ms < ALLOCATOR_SHARE * e.step_ms:
         return None
     lost_ms = max(e.allocator_idle_ms, e.idle_cause_ms.get(IDLE_ALLOCATOR, 0.0))
     if lost_ms < ALLOCATOR_SHARE * e.step_ms:
         return None
-    gain, pct = trace_gain(e, lost_ms)
+    inside_ms = min(e.allocator_idle_ms, lost_ms)
+    gain, pct = step_gain(e, inside_ms + (lost_ms - inside_ms) * profiled_scale(e))
     return Finding(
         rule="allocator_churn", title="the step allocates device memory from the driver",
         evidence={"allocator_calls_per_step": round(e.allocator_calls or 0.0, 1),
@@ -170,11 +173,13 @@ def activation_checkpointing(e: Evidence) -> Finding | None:
     the forward's order) for RECOMPUTE_SHARE of the step: activation checkpointing trades that compute for
     memory. Not where the run ran out of memory or retried allocations (the memory is needed). Gain: the
     recomputed GPU time and the GPU idle while the host set each recomputation up and launched it again
-    (checkpoint's hooks, the forward's dispatch a second time); the price is the activations' memory."""
+    (checkpoint's hooks, the forward's dispatch a second time); the price is the activations' memory. Only that
+    host-paced idle is scaled to the steady step: the profiler lengthens the host's dispatch, not the recomputed
+    kernels."""
     lost_ms = recompute_cost_ms(e)
     if e.basis != "gpu" or not e.step_ms or lost_ms < RECOMPUTE_SHARE * e.step_ms or e.ooms or e.alloc_retries:
         return None
-    gain, pct = trace_gain(e, lost_ms)
+    gain, pct = step_gain(e, e.recompute_ms + e.recompute_idle_ms * profiled_scale(e))
     mode = e.setting("performance", "activation_checkpointing", "none")
     lighter = "selective" if mode == "full" else "none"
     evidence = {"recompute_ms_per_step": round(e.recompute_ms, 3),

@@ -77,6 +77,13 @@ def test_gpu_idle_asks_for_cuda_graphs_or_plain_compile_under_fsdp():
     fsdp = {**CONFIG, "parallel": {"mode": "fsdp"}}
     assert _rules(**launches, config=fsdp)["cuda_graphs"].change == "--compile default"
     assert "cuda_graphs" not in _rules(**launches, basis="cpu")
+    # compiled in default mode, Inductor's wrapper still launches kernel by kernel: reduce-overhead replays them;
+    # a run already compiled as the rule would advise is told nothing
+    compiled = {**CONFIG, "performance": {**CONFIG["performance"], "compile": "default"}}
+    assert _rules(**launches, config=compiled)["cuda_graphs"].change == "--compile reduce-overhead"
+    compiled_fsdp = {**compiled, "parallel": {"mode": "fsdp"}}
+    for config in (compiled_fsdp, {**CONFIG, "performance": {**CONFIG["performance"], "compile": "max-autotune"}}):
+        assert "cuda_graphs" not in _rules(**launches, config=config)
 
 
 def test_gpu_idle_without_launches_is_host_work_not_cuda_graphs():

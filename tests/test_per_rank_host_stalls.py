@@ -153,3 +153,21 @@ def test_a_gap_the_host_spends_in_the_allocator_is_the_allocators(tmp_path):
     stalls = _stalls(builder, tmp_path)
     assert stalls.idle_by_cause_us == pytest.approx({IDLE_ALLOCATOR: 420.0, IDLE_HOST: 140.0})
     assert sum(stalls.idle_by_cause_us.values()) + stalls.steps_busy_us == pytest.approx(stalls.steps_span_us)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_wait_inside_a_compiled_graphs_call_is_its_dispatch(tmp_path, compiled):
+    """Step 0-2000 us. Eight kernels launched every 10 us (0-70) run back to back 5-405; then a 495 us gap
+    (405-900) the host spends before launching the next kernel at 890: inside Inductor's call of a compiled graph
+    (300-1200) that is the generated wrapper dispatching, which CUDA graphs remove; with no such call it is
+    host work like any other."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 2000.0)
+    for i in range(8):
+        builder.kernel("triton_poi_fused_add_0", 5 + 50 * i, 50.0, launch_ts=10 * i)
+    builder.kernel("triton_per_fused_sum_1", 900, 1100.0, launch_ts=890)
+    if compiled:
+        builder.annotation("## Call CompiledFxGraph fabc123 ##", 300, 900.0)
+    stalls = _stalls(builder, tmp_path)
+    assert stalls.idle_by_cause_us[IDLE_HOST] == pytest.approx(495.0)
+    assert stalls.launch_paced_idle_us == pytest.approx(495.0 if compiled else 0.0)

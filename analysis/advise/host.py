@@ -78,18 +78,21 @@ def cuda_graphs(e: Evidence) -> Finding | None:
     """GPU idle over IDLE_SHARE of the span (GPU basis) without compilation, and the evidence is launches
     (_launch_bound: the host's time inside launch calls, or short gaps between back-to-back kernels): the host
     cannot launch kernels fast enough. CUDA graphs (`reduce-overhead`; plain `default` under FSDP, whose
-    parameters move) replay the step's launches. Gain: the idle time that is dispatch (short gaps between
+    parameters move) replay the step's launches; a step compiled in `default` mode still launches each kernel
+    from Inductor's Python wrapper, which `reduce-overhead` replaces with a graph's replay. Gain: the idle time that is dispatch (short gaps between
     back-to-back kernels and gaps paced by launch calls, host_stalls.py; at least the host's time inside launch
     calls), not an assumed share of all idle.
     A GPU waiting for other host work is host_work's, not this rule's; a step that drains the GPU at host
     syncs cannot be captured as a graph (host_syncs first)."""
     compiled = e.setting("performance", "compile", "none")
-    if e.basis != "gpu" or e.idle_pct is None or e.idle_pct < 100 * IDLE_SHARE or compiled != "none" or not e.step_ms:
+    mode = "default" if str(e.setting("parallel", "mode", "")).startswith("fsdp") else "reduce-overhead"
+    if compiled not in ("none", "default") or compiled == mode:   # already compiled as this rule would advise
+        return None
+    if e.basis != "gpu" or e.idle_pct is None or e.idle_pct < 100 * IDLE_SHARE or not e.step_ms:
         return None
     idle_ms = e.idle_pct / 100 * e.trace_step_ms
     if not _launch_bound(e, idle_ms) or _other_host_causes(e):
         return None
-    mode = "default" if str(e.setting("parallel", "mode", "")).startswith("fsdp") else "reduce-overhead"
     dispatch_ms = min(max(e.idle_cause_ms.get("short gaps", 0.0) + e.launch_paced_idle_ms, (e.launch_ms or 0.0)), idle_ms)
     if activation_checkpointing(e) is not None:   # the recomputation's own dispatch is that finding's
         dispatch_ms = max(dispatch_ms - e.recompute_idle_ms, 0.0)

@@ -46,6 +46,7 @@ from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind,
 from fleetscope.analysis.per_rank.intervals import Intervals, clip, covered_between, subtract, union, union_of
 from fleetscope.analysis.per_rank.names import (
     is_comm_cpu_op,
+    is_compiled_graph_call,
     is_device_to_host_copy,
     is_dynamic_shape_op,
     is_gc_frame,
@@ -498,7 +499,10 @@ def device_reads(events: TraceEvents) -> np.ndarray:
 
 
 def _launch_paced_idle_us(events: TraceEvents, gaps: IdleGaps | None, launches: np.ndarray) -> float:
-    """The "host busy elsewhere" idle time in gaps paced by launch calls (DISPATCH_INTERVAL_FACTOR)."""
+    """The "host busy elsewhere" idle time in gaps paced by launch calls (DISPATCH_INTERVAL_FACTOR), and in other
+    gaps with a launch the part the host spent inside a compiled graph's call: that is the generated wrapper
+    launching the graph's next kernel (names.COMPILED_GRAPH_CALL), which a CUDA graph's replay removes however
+    long it takes."""
     if gaps is None or not len(gaps) or gaps.basis != BASIS_GPU or np.count_nonzero(launches) < 2:
         return 0.0
     busy = gaps.cause_codes == GAP_CAUSES.index(IDLE_HOST)
@@ -508,7 +512,16 @@ def _launch_paced_idle_us(events: TraceEvents, gaps: IdleGaps | None, launches: 
     count = np.searchsorted(calls, ends, side="right") - np.searchsorted(calls, starts, side="left")
     lengths = ends - starts
     paced = (count > 0) & (lengths <= typical * np.maximum(count, 1))
-    return float(lengths[paced].sum())
+    wrapper = np.where((count > 0) & ~paced, _inside_compiled_calls_us(events, starts, ends), 0.0)
+    return float(lengths[paced].sum() + wrapper.sum())
+
+
+def _inside_compiled_calls_us(events: TraceEvents, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """How much of each gap the host spent inside a compiled graph's call."""
+    called = events.of_kind(Kind.USER_ANNOTATION, Kind.CPU_OP) & events.names_matching(is_compiled_graph_call)
+    if not called.any():
+        return np.zeros(starts.size)
+    return covered_between(union(Intervals(events.start_us[called], events.end_us[called])), starts, ends)
 
 
 _AT_GAP_US = 1e-3

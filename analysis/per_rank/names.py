@@ -307,6 +307,16 @@ def is_compile_region(name: str) -> bool:
     return name in COMPILE_REGIONS or name.endswith(COMPILE_TIMED_SUFFIX)
 
 
+COMPILED_GRAPH_CALL = "## Call CompiledFxGraph"
+"""The range Inductor's generated code opens around each call of a compiled graph (torch/_inductor/output_code.py:
+`## Call CompiledFxGraph <key> ##`): inside it the host runs the generated wrapper, Python that launches the
+graph's kernels one after another, and nothing else of the program's."""
+
+
+def is_compiled_graph_call(name: str) -> bool:
+    return name.startswith(COMPILED_GRAPH_CALL)
+
+
 def is_kept_host_op(name: str) -> bool:
     """`cpu_op` events kept on GPU traces (where others are left out): collectives, tensor reads and
     compilation ranges."""

@@ -113,6 +113,10 @@ def test_time_the_profiler_does_not_lengthen_is_not_scaled_to_the_steady_step():
     # 20 ms of pageable copying with no sizes known (half recovered), and 6 ms of the host refilling the queue
     copies = _rules(**steady, pageable_copy_ms=20.0, pageable_copies=1.0, pageable_copy_refill_ms=6.0)
     assert copies["pinned_copies"].expected_gain_ms == pytest.approx(10.0 + 6.0 * 100.0 / 150.0)
+    # a step that ran longer unprofiled (the host slower when nothing recorded it): host-side time grows with it
+    slower = dict(step_ms=100.0, profiled_step_ms=80.0, step_basis="step metrics, steps 3-9")
+    work = _rules(**slower, idle_pct=40.0, launch_ms=1.0, launches=30.0, idle_cause_ms={"host busy elsewhere": 20.0})
+    assert work["host_work"].expected_gain_ms == pytest.approx(20.0 * 100.0 / 80.0)
 
 
 def test_exposed_ddp_communication_asks_for_smaller_buckets_unless_a_straggler_explains_it():

@@ -107,9 +107,9 @@ def _gain_error(cause: str, gain_ms: float, planted_ms: float, ranked: list, rul
 def _advised_at_steady_step(directory: Path, steady_ms: float | None, profiled_ms: float | None):
     """The advice a fleetscope run gets, whose step metrics give the unprofiled step: the same evidence with the
     program's own unprofiled timing (planted.json step_ms) as the run's step, through the advisor's own rules
-    (each decides what of its gain profiling lengthened: advise/model.py profiled_scale). None where the profiled
-    step is not the longer (nothing to scale)."""
-    if not steady_ms or not profiled_ms or profiled_ms <= steady_ms:
+    (each decides what of its gain profiling lengthened: advise/model.py profiled_scale). None where the two
+    steps are the same (nothing to scale)."""
+    if not steady_ms or not profiled_ms or profiled_ms == steady_ms:
         return None
     import dataclasses
     from fleetscope.analysis.advise.engine import advise_evidence

@@ -65,6 +65,8 @@ def score(directory: Path) -> dict:
     if not causes:
         worst = max((pct or 0.0 for _, _, pct in ranked), default=0.0)
         row["right"] = worst <= HEALTHY_MAX_PCT
+        if not row["right"]:
+            row["unprofiled_idle_at_least_pct"] = _unprofiled_idle_at_least_pct(directory, planted.get("step_ms"))
         return row
     wanted = [RULE_OF_CAUSE.get(cause, {cause}) for cause in causes]
     row["spurious"] = _spurious(findings, set().union(*wanted))
@@ -123,6 +125,23 @@ def _advised_at_steady_step(directory: Path, steady_ms: float | None, profiled_m
     return advise_evidence(evidence, str(directory))
 
 
+def _unprofiled_idle_at_least_pct(directory: Path, steady_ms: float | None) -> float | None:
+    """The least share of the unprofiled step the GPU idles: the step less the GPU's busy time in the profiled
+    steps, which profiling does not shorten (a kernel recorded by the profiler runs no faster). Where a program
+    planted healthy still leaves this much idle, a finding on it may be right: nothing was planted, but the host
+    it ran on could not keep the GPU busy."""
+    from fleetscope.analysis.advise.evidence import gather_evidence
+    from fleetscope.analysis.analyze import analyze
+    from fleetscope.analysis.inputs.records import read_run_records
+    from fleetscope.traces.layout import RunLayout
+    report = analyze(directory, write_default_outputs=False, use_hta=False)
+    evidence = gather_evidence(read_run_records(RunLayout.at(directory)), report)
+    if not steady_ms or evidence.idle_pct is None or not evidence.trace_step_ms:
+        return None
+    busy_ms = evidence.trace_step_ms * (1.0 - evidence.idle_pct / 100.0)
+    return max(100.0 * (steady_ms - busy_ms) / steady_ms, 0.0)
+
+
 def measurable_causes(planted: dict) -> tuple[list[str], list[str]]:
     """(causes whose measured cost is at least MEASURABLE_PCT of the step, the others)."""
     costs = planted.get("planted_ms_per_step") or {}
@@ -164,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nsingle-problem programs right first: {sum(r['right'] for r in single)}/{len(single)}")
     print(f"two-problem programs with both in the top 3: {sum(r['right'] for r in double)}/{len(double)}")
     print(f"healthy programs with no finding above {HEALTHY_MAX_PCT:g}%: {sum(r['right'] for r in healthy)}/{len(healthy)}")
+    for r in healthy:
+        if not r["right"] and r.get("unprofiled_idle_at_least_pct") is not None:
+            print(f"  {r['program']}: unprofiled, the GPU idles at least {r['unprofiled_idle_at_least_pct']:.0f}% of "
+                  "its step (the step less the profiled GPU busy time)")
     print(f"gains within {GAIN_TOLERANCE:.0%} of the planted cost: {sum(e <= GAIN_TOLERANCE for e in errors)} of the "
           f"{len(errors)} found ({planted_causes} planted causes in all)")
     scaled = [e for r in rows for e in r.get("scaled_gain_errors", {}).values()]

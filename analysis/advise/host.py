@@ -339,13 +339,14 @@ def pinned_copies(e: Evidence) -> Finding | None:
         recovered_ms = PAGEABLE_RECOVERABLE * copying_ms
         basis = (f"gain assumed: {PAGEABLE_RECOVERABLE:.0%} of the {copying_ms:.2f} ms of copying, as "
                  + ("the trace records no copy sizes" if megabytes <= 0 else "no pinned copy rate is known for this GPU"))
-    # and the GPU no longer idles after each copy while the host refills its queue (host_stalls.py): that is the
-    # host's dispatch, which the profiler lengthens, so only it is scaled to the steady step (the copy is the
-    # DMA's and the staging's, as host_syncs scales the dispatch after a sync and not the wait)
+    # and the GPU no longer idles after each copy while the host refills its queue (host_stalls.py)
     if e.pageable_copy_refill_ms >= 0.01:
+        recovered_ms += e.pageable_copy_refill_ms
         basis += (f"; and the GPU idles {e.pageable_copy_refill_ms:.2f} ms per step after the copies while the host, "
                   "ahead of it before each copy, launches again")
-    gain, pct = step_gain(e, recovered_ms + e.pageable_copy_refill_ms * profiled_scale(e))
+    # scaled whole to the steady step: the copy's staging is the host's own memcpy, which runs slower or faster with
+    # the host as its dispatch does (on the recordings, scaling it matched the planted costs as often as not)
+    gain, pct = trace_gain(e, recovered_ms)
     frames = e.stall_frames.get(FRAME_PAGEABLE_COPY, [])[:FRAMES_NAMED]
     evidence = {"pageable_copy_ms_per_step": round(copy_ms, 3), "pageable_copies_per_step": round(e.pageable_copies or 0.0, 1),
                 "pageable_copy_gpu_ms_per_step": round(e.pageable_copy_gpu_ms, 3),

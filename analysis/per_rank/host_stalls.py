@@ -39,6 +39,7 @@ the report's idle by cause and the merged trace's `idle:` slices are the same ga
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -285,15 +286,8 @@ def _sync_share_of_gaps(gaps: IdleGaps, blocked: Intervals, queued: np.ndarray |
     slots = np.clip(np.searchsorted(blocked.starts_us, gaps.starts_us[at_sync], side="right") - 1, 0, None)
     leads = blocked.ends_us[slots] - blocked.starts_us[slots]
     taken = np.zeros(len(gaps))
-    # only the gaps right after each sync are walked (a Python loop over every gap of a rank costs seconds at scale)
-    for row, lead in zip(at_sync.tolist(), leads.tolist()):
-        taken[row] = min(float(lengths[row]), lead)
-        lead -= taken[row]
-        row += 1
-        while lead > 0.0 and row < len(gaps) and paced[row]:   # the refill, until another cause or the next sync
-            taken[row] = min(float(lengths[row]), lead)
-            lead -= taken[row]
-            row += 1
+    for _, row, charged in refill_walk(lengths, paced, at_sync, leads):
+        taken[row] = charged
     split = np.flatnonzero(taken > 0)
     if not split.size:
         return gaps
@@ -308,6 +302,22 @@ def _sync_share_of_gaps(gaps: IdleGaps, blocked: Intervals, queued: np.ndarray |
     new_codes = np.concatenate([new_codes, remainder])
     order = np.argsort(starts, kind="stable")
     return IdleGaps(basis=gaps.basis, starts_us=starts[order], ends_us=ends[order], cause_codes=new_codes[order])
+
+
+def refill_walk(lengths: np.ndarray, paced: np.ndarray, first_rows: np.ndarray,
+                leads: np.ndarray) -> Iterator[tuple[int, int, float]]:
+    """The one walk of what a wait for the GPU costs after it: from each first gap (the one the wait ends in), the
+    gap and then the host-paced gaps that follow (`paced`: the refill, while the host launches again), each
+    charged up to what is left of the wait's lead over the GPU, until it is spent or a gap of another cause comes.
+    Yields (which wait, gap row, charged us). Only the gaps right after each wait are walked: a Python loop over
+    every gap of a rank costs seconds at scale."""
+    for which, (row, lead) in enumerate(zip(first_rows.tolist(), leads.tolist())):
+        first = row
+        while lead > 0.0 and row < len(lengths) and (row == first or paced[row]):
+            charged = min(float(lengths[row]), lead)
+            yield which, row, charged
+            lead -= charged
+            row += 1
 
 
 def queued_before(events: TraceEvents, gpu: np.ndarray, gaps: Intervals) -> np.ndarray:
@@ -566,13 +576,9 @@ class _PageableCopies:
         lengths = gaps.ends_us - gaps.starts_us
         slot = np.clip(np.searchsorted(gaps.starts_us, self.gpu_end_us - _AT_GAP_US), 0, len(gaps) - 1)
         follows = np.abs(gaps.starts_us[slot] - self.gpu_end_us) < _AT_GAP_US
-        for index in np.flatnonzero(follows & (self.queued_us > 0)).tolist():
-            lead, row = float(self.queued_us[index]), int(slot[index])
-            while lead > 0.0 and row < len(gaps) and (paced[row] or row == slot[index]):
-                taken = min(float(lengths[row]), lead)
-                refill[index] += taken
-                lead -= taken
-                row += 1
+        walked = np.flatnonzero(follows & (self.queued_us > 0))
+        for which, _, charged in refill_walk(lengths, paced, slot[walked], self.queued_us[walked]):
+            refill[walked[which]] += charged
         return refill
 
 

@@ -207,14 +207,15 @@ def test_a_real_run_with_slow_data_loading_on_rank_0(tmp_path, capsys):
     completed = fleetscope("launch", "--nproc-per-node", "2", "--run-dir", str(run_dir), "--parallel", "ddp",
                            "--device", "cpu",
                            "--steps", "10", "--profile", "wait=1,warmup=1,active=6,repeat=1",
-                           "--set", "faults.data_delay_rank=0", "--set", "faults.data_delay_ms=30")
+                           "--set", "faults.data_delay_rank=0", "--set", "faults.data_delay_ms=100")
     # 6 profiled steps: the straggler is named only when its lateness stands out from the steps' spread, and two
-    # ranks on a loaded 2-core machine make 3 steps too few to say so every time
+    # ranks on a loaded 2-core machine make 3 steps too few to say so every time; a 100 ms sleep (30 ms was not
+    # named once, with the suite and a busy loop beside it on 2 cores) stands out of any spread load makes
     assert completed.returncode == 0, completed.stderr[-4000:]
     rules = {f.rule: f for f in advise(run_dir).findings}
     data = rules["data_workers"]
     assert data.evidence["data_source"] == "trace DataLoader ranges"
-    assert data.evidence["data_ms"] == pytest.approx(30.0, abs=10.0)        # the 30 ms sleep, plus the fetch
+    assert 100.0 <= data.evidence["data_ms"] < 200.0, data.evidence        # the 100 ms sleep, plus the fetch
     straggler = rules["straggler"]
     assert straggler.evidence["rank"] == 0 and "input wait" in straggler.title
     assert main(["advise", str(run_dir), "--json", str(tmp_path / "advice.json")]) == 0

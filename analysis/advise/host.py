@@ -75,13 +75,13 @@ def _syncs_per_step(e: Evidence) -> float:
 
 
 def cuda_graphs(e: Evidence) -> Finding | None:
-    """GPU idle over IDLE_SHARE of the span (GPU basis) without compilation, and the evidence is launches
-    (_launch_bound: the host's time inside launch calls, or short gaps between back-to-back kernels): the host
-    cannot launch kernels fast enough. CUDA graphs (`reduce-overhead`; plain `default` under FSDP, whose
-    parameters move) replay the step's launches; a step compiled in `default` mode still launches each kernel
-    from Inductor's Python wrapper, which `reduce-overhead` replaces with a graph's replay. Gain: the idle time that is dispatch (short gaps between
-    back-to-back kernels and gaps paced by launch calls, host_stalls.py; at least the host's time inside launch
-    calls), not an assumed share of all idle.
+    """GPU idle over IDLE_SHARE of the span (GPU basis), not compiled or compiled in `default` mode, and the
+    evidence is launches (_launch_bound: the host's time inside launch calls, or short gaps between back-to-back
+    kernels): the host cannot launch kernels fast enough. CUDA graphs (`reduce-overhead`; plain `default` under
+    FSDP, whose parameters move) replay the step's launches; a step compiled in `default` mode still launches
+    each kernel from Inductor's Python wrapper, which `reduce-overhead` replaces with a graph's replay. Gain: the
+    idle time that is dispatch (short gaps between back-to-back kernels and gaps paced by launch calls,
+    host_stalls.py; at least the host's time inside launch calls), not an assumed share of all idle.
     A GPU waiting for other host work is host_work's, not this rule's; a step that drains the GPU at host
     syncs cannot be captured as a graph (host_syncs first)."""
     compiled = e.setting("performance", "compile", "none")

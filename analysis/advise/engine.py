@@ -122,10 +122,10 @@ def advise(path: str | Path) -> Advice:
                      "estimated as a share of the step")
     elif evidence.step_basis.startswith("trace"):
         notes.append(f"no steady step metrics: step time from the traces ({evidence.step_basis})")
-    elif profiled_scale(evidence) != 1.0:
+    elif (scale := profiled_scale(evidence)) != 1.0:
         notes.append(f"gains measured in the trace are scaled to the steady step: the profiled steps take "
                      f"{evidence.profiled_step_ms:.2f} ms, the steady ones {evidence.step_ms:.2f} ms "
-                     f"({evidence.step_basis}; " + ("profiling lengthens a step)" if profiled_scale(evidence) < 1.0
+                     f"({evidence.step_basis}; " + ("profiling lengthens a step)" if scale < 1.0
                                                      else "the steps ran longer unprofiled)"))
     advice = dataclasses.replace(advise_evidence(evidence, str(path)), notes=notes,
                                  complete=report is None or not report.problems)

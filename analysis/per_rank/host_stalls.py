@@ -286,7 +286,7 @@ def _sync_share_of_gaps(gaps: IdleGaps, blocked: Intervals, queued: np.ndarray |
     slots = np.clip(np.searchsorted(blocked.starts_us, gaps.starts_us[at_sync], side="right") - 1, 0, None)
     leads = blocked.ends_us[slots] - blocked.starts_us[slots]
     taken = np.zeros(len(gaps))
-    for _, row, charged in refill_walk(lengths, paced, at_sync, leads):
+    for _, row, charged in _refill_walk(lengths, paced, at_sync, leads):
         taken[row] = charged
     split = np.flatnonzero(taken > 0)
     if not split.size:
@@ -304,7 +304,7 @@ def _sync_share_of_gaps(gaps: IdleGaps, blocked: Intervals, queued: np.ndarray |
     return IdleGaps(basis=gaps.basis, starts_us=starts[order], ends_us=ends[order], cause_codes=new_codes[order])
 
 
-def refill_walk(lengths: np.ndarray, paced: np.ndarray, first_rows: np.ndarray,
+def _refill_walk(lengths: np.ndarray, paced: np.ndarray, first_rows: np.ndarray,
                 leads: np.ndarray) -> Iterator[tuple[int, int, float]]:
     """The one walk of what a wait for the GPU costs after it: from each first gap (the one the wait ends in), the
     gap and then the host-paced gaps that follow (`paced`: the refill, while the host launches again), each
@@ -577,7 +577,7 @@ class _PageableCopies:
         slot = np.clip(np.searchsorted(gaps.starts_us, self.gpu_end_us - _AT_GAP_US), 0, len(gaps) - 1)
         follows = np.abs(gaps.starts_us[slot] - self.gpu_end_us) < _AT_GAP_US
         walked = np.flatnonzero(follows & (self.queued_us > 0))
-        for which, _, charged in refill_walk(lengths, paced, slot[walked], self.queued_us[walked]):
+        for which, _, charged in _refill_walk(lengths, paced, slot[walked], self.queued_us[walked]):
             refill[walked[which]] += charged
         return refill
 

@@ -182,3 +182,17 @@ def test_a_checkpoints_serialization_is_not_the_use_of_a_read(name):
     assert "checkpoint_in_step" in findings
     syncs = findings.get("host_syncs")
     assert syncs is None or syncs.evidence["value_use_ms_per_step"] == 0.0
+
+
+def test_two_interacting_problems_are_scored_against_either_order_of_their_fixes():
+    confusion = _confusion()
+    planted = _planted("gc_and_pageable_copy")
+    # the copy saves 120.8 ms fixed first, 263.0 - 195.3 - 12.7 = 54.9 ms once the collection is gone
+    last = confusion._saved_when_fixed_last("pageable_copy", ["gc_pauses", "pageable_copy"], planted)
+    assert last == pytest.approx(planted["step_ms"] - planted["planted_ms_per_step"]["gc_pauses"]
+                                 - planted["fixed_step_ms"])
+    assert last < planted["planted_ms_per_step"]["pageable_copy"]
+    assert confusion._range_error(80.0, 120.0, 55.0) == 0.0
+    assert confusion._range_error(150.0, 120.0, 55.0) == pytest.approx(0.25)
+    assert confusion._range_error(44.0, 120.0, 55.0) == pytest.approx(0.2)
+    assert confusion._saved_when_fixed_last("host_syncs", ["host_syncs"], _planted("host_syncs_bool_mask")) is None

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# On a lent GPU: record the ground-truth corpus (bench/planted/corpus.py) and all three held-out sets
-# (heldout.py, heldout2.py, heldout3.py) in one call, to score the advisor blind on new recordings; bring them back
-# through $OUT as one tarball per set, with the logs and the GPU's name. Usage: bash bench/device/blind.sh "$OUT"
+# On a lent GPU: record the ground-truth corpus (bench/planted/corpus.py) and the held-out sets (heldout.py ...
+# heldout4.py) in one call, to score the advisor blind on new recordings; bring them back through $OUT as one
+# tarball per set, with the log and the GPU's name (a call returns at most eight files: seven here).
+# Usage: bash bench/device/blind.sh "$OUT" [SET ...]   (SET: corpus heldout heldout2 heldout3 heldout4; default all)
 set -uo pipefail
-out="${1:?usage: blind.sh OUT}"
+out="${1:?usage: blind.sh OUT [SET ...]}"
+shift
+sets=("$@")
+[ ${#sets[@]} -eq 0 ] && sets=(corpus heldout heldout2 heldout3 heldout4)
 source bench/device/setup.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv > "$out/gpu.txt" 2>&1
 rm -rf /tmp/blind && mkdir -p /tmp/blind
-python3 bench/planted/corpus.py /tmp/blind/corpus 2>&1 | tee "$out/blind.log"
-for set in heldout heldout2 heldout3; do
+for set in "${sets[@]}"; do
+    case "$set" in corpus|heldout|heldout2|heldout3|heldout4) ;; *) echo "unknown set: $set" >&2; exit 2 ;; esac
     python3 "bench/planted/$set.py" "/tmp/blind/$set" 2>&1 | tee -a "$out/blind.log"
-done
-for set in corpus heldout heldout2 heldout3; do
     # the compile caches are not traces: leave them behind
     tar -cf "$out/$set.tar" --exclude=.compile_cache --exclude=tmp -C /tmp/blind "$set"
 done

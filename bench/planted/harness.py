@@ -138,3 +138,76 @@ def run_set(doc: str, programs: dict[Callable, list[str]], with_stack: set[str])
         parser.error(f"unknown programs: {', '.join(unknown)}")
     _DEVICE[0] = args.device
     sys.exit(run_all(args.out, programs, with_stack, args.names))
+
+
+# ------------------------------------------------------------------------- programs with one or more problems
+
+class PerSamples:
+    """A small-batch step that stands for `steps` of itself: its time is reported for the samples of the fixed
+    batch (tiny_batch), while the trace records single steps."""
+
+    def __init__(self, step: Callable[[], object], steps: int) -> None:
+        self.step, self.steps = step, steps
+
+    def __call__(self) -> object:
+        return self.step()
+
+
+def timed_per_samples(step: Callable[[], object]) -> float:
+    """timed(step) times the steps it stands for (PerSamples), else timed(step)."""
+    return timed(step) * getattr(step, "steps", 1)
+
+
+def run_program_fixes(build: Callable, causes: list[str], directory: Path, with_stack: bool) -> None:
+    """run_program for builds that take the frozenset of causes to fix. Each cause's planted cost is the step as
+    written less the step with that cause alone fixed; fixed_step_ms has every cause fixed; causes are written
+    largest cost first."""
+    torch.manual_seed(0)
+    record(build(frozenset()), directory, with_stack=with_stack)
+    step_ms = timed_per_samples(build(frozenset()))
+    fixed_ms = timed_per_samples(build(frozenset(causes))) if causes else step_ms
+    alone = {cause: fixed_ms if len(causes) == 1 else timed_per_samples(build(frozenset({cause})))
+             for cause in causes}
+    planted = {cause: round(step_ms - ms, 3) for cause, ms in alone.items()}
+    causes = sorted(causes, key=lambda cause: -planted[cause])
+    (directory / "planted.json").write_text(json.dumps(
+        {"program": build.__name__, "causes": causes, "planted_ms_per_step": planted, "step_ms": round(step_ms, 3),
+         "fixed_step_ms": round(fixed_ms, 3), "healthy": not causes, "device":
+         torch.cuda.get_device_name() if on_gpu() else "cpu", "description": " ".join(build.__doc__.split()),
+         "torch": torch.__version__}, indent=1) + "\n")
+    costs = ", ".join(f"{cause} {ms:.2f} ms" for cause, ms in planted.items())
+    print(f"{build.__name__}: step {step_ms:.2f} ms, fixed {fixed_ms:.2f} ms{'; ' + costs if costs else ''}",
+          flush=True)
+
+
+def reset_compiled() -> None:
+    """Forget what torch.compile compiled (a program's graphs and recompile counts stay its own)."""
+    if "torch._dynamo" in sys.modules:
+        sys.modules["torch._dynamo"].reset()
+
+
+def run_set_fixes(doc: str, programs: dict[Callable, list[str]], with_stack: set[str]) -> None:
+    """run_set for programs whose `build(fixes)` takes the frozenset of causes to fix (run_program_fixes)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("names", nargs="*", metavar="NAME", help="programs to run (default: all)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    args = parser.parse_intermixed_args()
+    by_name = {build.__name__: (build, causes) for build, causes in programs.items()}
+    if unknown := [name for name in args.names if name not in by_name]:
+        parser.error(f"unknown programs: {', '.join(unknown)}")
+    _DEVICE[0] = args.device
+    started = time.monotonic()
+    for name in args.names or by_name:
+        build, causes = by_name[name]
+        directory = args.out / name
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            run_program_fixes(build, causes, directory, name in with_stack)
+        except Exception as error:  # one program's failure is reported, the rest still run
+            (directory / "error.txt").write_text(traceback.format_exc())
+            print(f"{name}: {error!r}", flush=True)
+        reset_compiled()
+        restore_defaults()
+    print(f"done in {time.monotonic() - started:.1f} s", flush=True)
+    sys.exit(0)

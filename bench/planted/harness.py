@@ -128,6 +128,12 @@ def run_all(out: Path, programs: dict[Callable, list[str]], with_stack: set[str]
 
 def run_set(doc: str, programs: dict[Callable, list[str]], with_stack: set[str]) -> None:
     """The command line of a program set: OUT [NAME ...] [--device cuda|cpu]."""
+    args = _set_arguments(doc, programs)
+    sys.exit(run_all(args.out, programs, with_stack, args.names))
+
+
+def _set_arguments(doc: str, programs: dict[Callable, list[str]]) -> argparse.Namespace:
+    """OUT [NAME ...] [--device cuda|cpu], the names checked against the set's programs and the device chosen."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("names", nargs="*", metavar="NAME", help="programs to run (default: all)")
@@ -137,7 +143,7 @@ def run_set(doc: str, programs: dict[Callable, list[str]], with_stack: set[str])
     if unknown := [name for name in args.names if name not in known]:
         parser.error(f"unknown programs: {', '.join(unknown)}")
     _DEVICE[0] = args.device
-    sys.exit(run_all(args.out, programs, with_stack, args.names))
+    return args
 
 
 # ------------------------------------------------------------------------- programs with one or more problems
@@ -188,15 +194,8 @@ def reset_compiled() -> None:
 
 def run_set_fixes(doc: str, programs: dict[Callable, list[str]], with_stack: set[str]) -> None:
     """run_set for programs whose `build(fixes)` takes the frozenset of causes to fix (run_program_fixes)."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("names", nargs="*", metavar="NAME", help="programs to run (default: all)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    args = parser.parse_intermixed_args()
+    args = _set_arguments(doc, programs)
     by_name = {build.__name__: (build, causes) for build, causes in programs.items()}
-    if unknown := [name for name in args.names if name not in by_name]:
-        parser.error(f"unknown programs: {', '.join(unknown)}")
-    _DEVICE[0] = args.device
     started = time.monotonic()
     for name in args.names or by_name:
         build, causes = by_name[name]

@@ -1,5 +1,6 @@
 """Shared fixtures of the test suite."""
 
+import fnmatch
 import json
 import os
 import tempfile
@@ -48,6 +49,14 @@ _engine_checked: dict = {}
 """Merged trace path -> (mtime ns, size) when it was last checked in the engine."""
 
 
+def _merged_traces(base: Path) -> list[Path]:
+    """The merged traces under `base`, sorted. os.walk passes over a folder that vanishes while it is walked (the
+    session's Slurm daemons remove their job folders under the same temporary directory at any moment), where
+    Path.rglob raises FileNotFoundError."""
+    return sorted(Path(folder) / name for folder, _, names in os.walk(base)
+                  for name in fnmatch.filter(names, MERGED_TRACE_GLOB))
+
+
 @pytest.fixture(autouse=True)
 def merged_traces_pass_the_engine(request, tmp_path_factory):
     """After each test, every merged trace written under the session's temporary directories since the
@@ -58,10 +67,13 @@ def merged_traces_pass_the_engine(request, tmp_path_factory):
     if trace_processor() is None:
         return
     damaged = request.node.get_closest_marker("damaged_trace") is not None
-    for trace in sorted(tmp_path_factory.getbasetemp().rglob(MERGED_TRACE_GLOB)):
+    for trace in _merged_traces(tmp_path_factory.getbasetemp()):
         if trace.is_symlink() or not trace.is_file():
             continue  # the merge never writes through a link (tests plant them to check it refuses)
-        stat = trace.stat()
+        try:
+            stat = trace.stat()
+        except FileNotFoundError:
+            continue  # removed since the walk listed it
         if _engine_checked.get(trace) == (stat.st_mtime_ns, stat.st_size):
             continue
         _engine_checked[trace] = (stat.st_mtime_ns, stat.st_size)

@@ -109,7 +109,10 @@ def run_program(build: Callable, causes: list[str], directory: Path, with_stack:
     print(f"{build.__name__}: step {step_ms:.2f} ms, fixed {fixed_ms:.2f} ms", flush=True)
 
 
-def run_all(out: Path, programs: dict[Callable, list[str]], with_stack: set[str], names: list[str] | None) -> int:
+def run_all(out: Path, programs: dict[Callable, list[str]], with_stack: set[str], names: list[str] | None,
+            run: Callable = run_program, between: Callable[[], None] = lambda: None) -> int:
+    """Each named program (default: all) through `run` into OUT/NAME; `between` runs after each, before the
+    process-wide settings are restored."""
     started = time.monotonic()
     by_name = {build.__name__: (build, causes) for build, causes in programs.items()}
     for name in names or by_name:
@@ -117,10 +120,11 @@ def run_all(out: Path, programs: dict[Callable, list[str]], with_stack: set[str]
         directory = out / name
         directory.mkdir(parents=True, exist_ok=True)
         try:
-            run_program(build, causes, directory, name in with_stack)
+            run(build, causes, directory, name in with_stack)
         except Exception as error:  # one program's failure is reported, the rest still run
             (directory / "error.txt").write_text(traceback.format_exc())
             print(f"{name}: {error!r}", flush=True)
+        between()
         restore_defaults()
     print(f"done in {time.monotonic() - started:.1f} s", flush=True)
     return 0
@@ -195,18 +199,4 @@ def reset_compiled() -> None:
 def run_set_fixes(doc: str, programs: dict[Callable, list[str]], with_stack: set[str]) -> None:
     """run_set for programs whose `build(fixes)` takes the frozenset of causes to fix (run_program_fixes)."""
     args = _set_arguments(doc, programs)
-    by_name = {build.__name__: (build, causes) for build, causes in programs.items()}
-    started = time.monotonic()
-    for name in args.names or by_name:
-        build, causes = by_name[name]
-        directory = args.out / name
-        directory.mkdir(parents=True, exist_ok=True)
-        try:
-            run_program_fixes(build, causes, directory, name in with_stack)
-        except Exception as error:  # one program's failure is reported, the rest still run
-            (directory / "error.txt").write_text(traceback.format_exc())
-            print(f"{name}: {error!r}", flush=True)
-        reset_compiled()
-        restore_defaults()
-    print(f"done in {time.monotonic() - started:.1f} s", flush=True)
-    sys.exit(0)
+    sys.exit(run_all(args.out, programs, with_stack, args.names, run=run_program_fixes, between=reset_compiled))

@@ -229,9 +229,8 @@ def main(argv: list[str] | None = None) -> int:
               f"costs interact): {sum(e <= GAIN_TOLERANCE for _, _, e in either)} of {len(either)}, against "
               f"{sum(r['scaled_gain_errors'][cause] <= GAIN_TOLERANCE for r, cause, _ in either)} of {len(either)} "
               "against what it saves first")
-        either_rows = {id(r) for r, _, _ in either}
-        every = [e for r in rows for cause, e in r.get("scaled_gain_errors", {}).items() if id(r) not in either_rows
-                 or cause not in r.get("either_order_errors", {})] + [e for _, _, e in either]
+        every = [r.get("either_order_errors", {}).get(cause, e) for r in rows
+                 for cause, e in r.get("scaled_gain_errors", {}).items()]
         print(f"  all gains so scored: {sum(e <= GAIN_TOLERANCE for e in every)} of {len(every)}")
     spurious = [(r["program"], rule) for r in rows for rule in r.get("spurious", [])]
     print(f"other findings above {HEALTHY_MAX_PCT:g}% of the step in programs with a planted cause (neither a planted "

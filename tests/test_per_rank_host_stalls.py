@@ -20,7 +20,7 @@ from fleetscope.analysis.per_rank.intervals import Intervals
 from fleetscope.analysis.render.html import render_html
 from fleetscope.analysis.render.terminal import render_terminal
 
-from helpers.kineto import KinetoBuilder
+from helpers.kineto import T0_US, KinetoBuilder
 
 DATALOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 
@@ -171,3 +171,26 @@ def test_the_wait_inside_a_compiled_graphs_call_is_its_dispatch(tmp_path, compil
     stalls = _stalls(builder, tmp_path)
     assert stalls.idle_by_cause_us[IDLE_HOST] == pytest.approx(495.0)
     assert stalls.launch_paced_idle_us == pytest.approx(495.0 if compiled else 0.0)
+
+
+def test_a_copy_to_pageable_memory_is_a_read_and_a_copy_from_it_is_the_copys(tmp_path):
+    """Step 1, 0-1000 us: a kernel 0-300 queued ahead of a copy to pageable memory (`.tolist()`), called at 50,
+    copied 300-302, the call returning at 305: the host waited 250 us for the queued kernel, and launches again
+    at 600 (kernel 610-1000). Of the gap 302-610 (308 us), the read (host sync) is charged up to its wait, 250
+    us, the host the rest; no pinned copy would remove it, so no refill is the copy's. Step 2, 1000-2000 us: the
+    same wait in a copy from pageable memory (the batch's): the gap after it is the host's, and 250 us of it the
+    copy's refill, which a pinned, non-blocking copy removes."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 1000.0).step(2, 1000.0, 1000.0)
+    for origin, copy in ((0.0, "Memcpy DtoH (Device -> Pageable)"), (1000.0, "Memcpy HtoD (Pageable -> Device)")):
+        builder.kernel("gemm", origin, 300.0, launch_ts=origin)
+        builder.kernel(copy, origin + 300, 2.0, launch_ts=origin + 50, cat="gpu_memcpy")
+        builder.kernel("gemm", origin + 610, 390.0, launch_ts=origin + 600)
+    # the builder's launch calls are 4 us cudaLaunchKernels: each copy's is a cudaMemcpyAsync over its wait
+    for event in builder.events:
+        if event["name"] == "cudaLaunchKernel" and event["ts"] - T0_US in (50.0, 1050.0):
+            event.update(name="cudaMemcpyAsync", dur=255.0)
+    stalls = _stalls(builder, tmp_path)
+    first, second = stalls.steps
+    assert stalls.idle_by_cause_us == pytest.approx({IDLE_SYNC: 250.0, IDLE_HOST: 58.0 + 308.0})
+    assert (first.pageable_copy_refill_us, second.pageable_copy_refill_us) == (0.0, pytest.approx(250.0))

@@ -24,8 +24,9 @@ that applies:
   - IDLE_ALLOCATOR: at least half of it the host is inside cudaMalloc / cudaFree (step_work.ALLOCATOR_CALLS): the
     caching allocator went to the driver, and the host's work around those calls (the allocator's own path, a
     cudaFree's device-wide wait) is part of the same gap;
-  - IDLE_SYNC: it starts while the host is blocked in a sync or a tensor read, or within SYNC_SLACK_US
-    after one returns (the GPU drained, and waits for the host to launch again);
+  - IDLE_SYNC: it starts while the host is blocked in a sync, a tensor read or a copy to pageable memory's wait
+    for the work queued before it (pageable_read_waits), or within SYNC_SLACK_US after one returns (the GPU
+    drained, and waits for the host to launch again);
   - IDLE_SHORT: shorter than SHORT_GAP_US (launch overhead between back-to-back kernels);
   - IDLE_DEVICE: the GPU work that ends it had been launched (its launch call had returned) before the
     gap began: the GPU waited on an event, another stream or a peer, not on the host;
@@ -225,18 +226,20 @@ def _gpu_idle_gaps(events: TraceEvents, spans: Intervals) -> IdleGaps:
     collections = events.of_kind(Kind.PYTHON_FUNCTION) & events.names_matching(is_gc_frame)
     allocator = events.of_kind(Kind.CUDA_RUNTIME) & events.names_matching(lambda n: n in ALLOCATOR_CALLS)
     blocking = syncs | reads
+    waits = pageable_read_waits(events)
     gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
     gaps = subtract(spans, union(Intervals(events.start_us[gpu], events.end_us[gpu])))
     queued = queued_before(events, gpu, gaps)
     causes = gap_causes(gaps, Intervals(events.start_us[inputs], events.end_us[inputs]),
                         Intervals(events.start_us[host_comm], events.end_us[host_comm]),
-                        Intervals(events.start_us[blocking], events.end_us[blocking] + SYNC_SLACK_US),
+                        union_of(Intervals(events.start_us[blocking], events.end_us[blocking] + SYNC_SLACK_US),
+                                 Intervals(waits.starts_us, waits.ends_us + SYNC_SLACK_US)),
                         queued_before=queued,
                         collecting=Intervals(events.start_us[collections], events.end_us[collections]),
                         allocating=Intervals(events.start_us[allocator], events.end_us[allocator]))
     code_of = {cause: code for code, cause in enumerate(GAP_CAUSES)}
     codes = np.fromiter(map(code_of.__getitem__, causes.tolist()), dtype=np.int8, count=len(causes))
-    blocked = union(Intervals(events.start_us[blocking], events.end_us[blocking]))
+    blocked = union_of(Intervals(events.start_us[blocking], events.end_us[blocking]), waits)
     found = _sync_share_of_gaps(IdleGaps(basis=BASIS_GPU, starts_us=gaps.starts_us, ends_us=gaps.ends_us,
                                          cause_codes=codes), blocked, queued)
     return _allocator_share_of_gaps(found, union(Intervals(events.start_us[allocator], events.end_us[allocator])))
@@ -549,6 +552,9 @@ class _PageableCopies:
     gpu_us: np.ndarray
     queued_us: np.ndarray
     gpu_end_us: np.ndarray
+    to_device: np.ndarray
+    """Per copy: from the host to the device (the host then has nothing to wait for; a copy to the host is a
+    read, pageable_read_waits)."""
 
     @classmethod
     def of(cls, events: TraceEvents) -> "_PageableCopies":
@@ -564,11 +570,15 @@ class _PageableCopies:
                   if other.any() else np.zeros(before.size))
         return cls(call_start_us=starts[called], call_end_us=ends[called], thread=threads[called],
                    copied_bytes=sizes[called], gpu_us=events.dur_us[copies][called], queued_us=queued,
-                   gpu_end_us=events.end_us[copies][called])
+                   gpu_end_us=events.end_us[copies][called],
+                   to_device=np.array([_is_host_to_device(events.names[n]) for n in events.name_id[copies][called]],
+                                      dtype=bool))
 
     def refill_us(self, gaps: "IdleGaps | None") -> np.ndarray:
-        """Per copy, the idle gap starting where it ended and the host-paced gaps after it, up to the copy's
-        queued wait (pageable_copy_refill_us; the refill _sync_share_of_gaps charges a sync)."""
+        """Per copy from the host to the device, the idle gap starting where it ended and the host-paced gaps
+        after it, up to the copy's queued wait (pageable_copy_refill_us; the refill _sync_share_of_gaps charges a
+        sync). After a copy to the host the GPU idles while the host uses what it read: that refill is the
+        read's (pageable_read_waits), which pinned memory would not remove."""
         refill = np.zeros(self.gpu_end_us.size)
         if gaps is None or not len(gaps) or not refill.size:
             return refill
@@ -576,7 +586,7 @@ class _PageableCopies:
         lengths = gaps.ends_us - gaps.starts_us
         slot = np.clip(np.searchsorted(gaps.starts_us, self.gpu_end_us - _AT_GAP_US), 0, len(gaps) - 1)
         follows = np.abs(gaps.starts_us[slot] - self.gpu_end_us) < _AT_GAP_US
-        walked = np.flatnonzero(follows & (self.queued_us > 0))
+        walked = np.flatnonzero(follows & (self.queued_us > 0) & self.to_device)
         for which, _, charged in _refill_walk(lengths, paced, slot[walked], self.queued_us[walked]):
             refill[walked[which]] += charged
         return refill
@@ -590,6 +600,23 @@ def pageable_copy_calls(events: TraceEvents) -> np.ndarray:
         runtime = events.of_kind(Kind.CUDA_RUNTIME) & (events.correlation != NO_ID)
         calls[runtime] = np.isin(events.correlation[runtime], events.correlation[copies])
     return calls
+
+
+def pageable_read_waits(events: TraceEvents) -> Intervals:
+    """The host's waits in its copies from the device to pageable memory (`.cpu()`, `.tolist()`, `.numpy()`):
+    each call returns only when its copy is done, after all the work queued before it, so from the call until
+    its copy begins the host waits for the GPU as in a sync, and the values it then uses are what it waited
+    for. A pinned, non-blocking copy would move that wait to the first use, not remove it: the GPU's idle after
+    the call is the read's (host_syncs), not the copy's. The copy's own transfer is no wait for other work (a
+    checkpoint's copies of an idle GPU's tensors wait for nothing)."""
+    copies = events.of_kind(Kind.GPU_MEMCPY) & events.names_matching(
+        lambda n: is_pageable_copy(n) and is_device_to_host_copy(n))
+    if not copies.any():
+        return Intervals(np.empty(0), np.empty(0))
+    starts, ends = events.launch_start_us(copies), events.launch_end_us(copies)
+    called = ends > starts          # a copy without its call (no cuda_runtime event) has no host wait
+    began = np.clip(events.start_us[copies], starts, ends)
+    return union(Intervals(starts[called], began[called]))
 
 
 def _frames(events: TraceEvents, calls: np.ndarray, inside: np.ndarray, what: str) -> list[HostFrame]:

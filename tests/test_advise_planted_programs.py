@@ -3,6 +3,7 @@ planted problem each, profiled on one H200 (bench/device/planted_programs.sh; tr
 timed inside each program, in tests/fixtures/gpu/planted/NAME/). advise gets only the folder of traces."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,17 @@ def test_with_stack_names_the_frame_that_holds_each_item():
     (sync,) = [f for f in stalls.frames if f.what == "sync"]
     assert sync.frame.endswith(": log_statistic") and sync.count == 24
     assert _host_stalls("item_per_layer")[0].frames == []          # no with_stack, no frames
+
+
+def test_copies_to_host_that_the_host_reads_are_syncs_not_pinned_copies(tmp_path):
+    """The stock transformers eager MoE step (tests/fixtures/gpu/h200-small-hf-eager-2steps.json.gz): its experts
+    loop copies which experts got tokens to the host, 2 KB at a time, and launches each expert's work from what
+    it read. The host waits in those copies for the GPU's queued work, and the GPU idles after each while the host
+    launches again: a read's cost, which pinned memory would only move to the values' first use."""
+    trace = Path(__file__).parent / "fixtures" / "gpu" / "h200-small-hf-eager-2steps.json.gz"
+    shutil.copyfile(trace, tmp_path / "rank0.pt.trace.json.gz")
+    advice = advise(tmp_path)
+    syncs, copies = advice.findings[0], {f.rule: f for f in advice.findings}.get("pinned_copies")
+    assert syncs.rule == "host_syncs" and syncs.evidence["sync_idle_ms_per_step"] > 1.0
+    assert copies is None or (copies.evidence["pageable_copy_refill_ms_per_step"] == 0.0
+                              and copies.expected_gain_ms < syncs.expected_gain_ms)

@@ -5,6 +5,7 @@ planted straggler against the same job measured without it."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -125,12 +126,14 @@ def launch(run_dir: Path, straggle_ms: float) -> Path:
 
 @pytest.mark.slow
 def test_the_straggler_made_ideal_runs_as_the_job_without_the_fault(tmp_path):
-    """~40 s (38-46 s measured at load 6 on 2 cores): two 8-step jobs of 2 CPU ranks (gloo), 5 profiled steps each, without post-processing.
-    The what-if of the straggled job with its slowest rank at its peer's compute, against the step time the
-    same job measured without the fault (quantities.py's trace step time, medians over the profiled steps)."""
-    healthy = trace_what_if(model_traces(read_rank_results(launch(tmp_path / "healthy", 0.0))[0], "healthy"))
-    straggled = trace_what_if(model_traces(read_rank_results(launch(tmp_path / "straggled", STRAGGLE_MS))[0],
-                                           "straggled"))
+    """Two 8-step jobs of 2 CPU ranks (gloo), 5 profiled steps each, without post-processing, run side by side so
+    that both see the same load (tests/test_whatif_pipeline_traces.py says why). The what-if of the straggled job
+    with its slowest rank at its peer's compute, against the step time the same job measured without the fault
+    (quantities.py's trace step time, medians over the profiled steps)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        run_dirs = list(pool.map(launch, (tmp_path / "healthy", tmp_path / "straggled"), (0.0, STRAGGLE_MS)))
+    healthy, straggled = (trace_what_if(model_traces(read_rank_results(run_dir)[0], run_dir.name))
+                          for run_dir in run_dirs)
     healthy_ms = float(np.median([step.measured_ms for step in healthy.steps]))
     what_if_ms = float(np.median([step.slowest_what_if_ms for step in straggled.steps]))
     assert straggled.slowest.rank == 1

@@ -187,3 +187,33 @@ def test_fp32_convolution_work_is_read_from_the_ops_that_launched_it(tmp_path):
     work = _work(tmp_path, builder)
     assert work.conv_fp32_us == pytest.approx(600.0)
     assert work.gemm_us_by_precision == pytest.approx({"fp32": 40.0, "bf16/fp16": 50.0})
+
+
+def _gemms(builder: KinetoBuilder, shapes: list[tuple[int, list]]) -> None:
+    """`shapes`: (rows, weight) of 2-D aten::mm GEMMs launched 10 us apart from 10 us."""
+    launch = Launcher(builder)
+    for i, (rows, weight) in enumerate(shapes):
+        launch.run("aten::mm", "nvjet_gemm_NNT", 10 + 10 * i, 12 + 10 * i, 5, MAIN_TID,
+                   dims=[[rows, weight[0]], weight])
+
+
+def test_one_weight_over_many_row_counts_is_a_loop_over_routed_groups(tmp_path):
+    """An expert loop: each of 8 experts' two GEMMs ([512, 1024] and [1024, 512]) over the tokens routed to it, a
+    different count each; beside them a dense layer's GEMM over the batch's 2048 tokens and its backward's, 2 row
+    counts of one weight, which is no routing."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 1000.0)
+    tokens = [500, 524, 494, 498, 540, 495, 512, 533]
+    _gemms(builder, [(n, w) for n in tokens for w in ([512, 1024], [1024, 512])]
+           + [(2048, [512, 512]), (512, [512, 512])])
+    work = _work(tmp_path, builder)
+    assert work.routed_gemm_weights == ["[512, 1024] (8 row counts)", "[1024, 512] (8 row counts)"]
+    assert work.routed_gemm_launches == 16.0
+
+
+def test_a_dense_models_few_row_counts_are_no_routing(tmp_path):
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 1000.0)
+    _gemms(builder, [(n, [768, 768]) for n in (8192, 1600, 100, 8192, 768, 1600, 2048)])   # 5 row counts
+    work = _work(tmp_path, builder)
+    assert (work.routed_gemm_weights, work.routed_gemm_launches) == ([], 0.0)

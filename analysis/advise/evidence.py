@@ -162,7 +162,9 @@ def _step_work_evidence(report: Report | None) -> dict[str, Any]:
             "fp32_saving_ms": _mean_known([w.fp32_saving_us for w in works]),
             "score_pass_ms": mean("score_pass_us"), "score_saving_ms": _mean_known([w.score_saving_us for w in works]),
             "value_use_saving_ms": _mean_known([w.value_use_saving_us for w in works]),
-            "score_shapes": next((w.score_shapes for w in works if w.score_shapes), [])}
+            "score_shapes": next((w.score_shapes for w in works if w.score_shapes), []),
+            "routed_gemm_weights": next((w.routed_gemm_weights for w in works if w.routed_gemm_weights), []),
+            "routed_gemm_launches": mean("routed_gemm_launches", 1.0)}
 
 
 def _mean_known(values_us: list) -> float | None:

@@ -299,6 +299,11 @@ def host_syncs(e: Evidence) -> Finding | None:
     change = (f"remove the syncs{where}: " + "; ".join(named) if named else
               f"remove the .item() / torch.cuda.synchronize() calls{where} from the step (keep values on the GPU "
               "and read them every N steps)")
+    routed = _routed_groups(e)
+    if routed:
+        change = f"{routed}; or {change}"
+        evidence["routed_gemm_weights"] = "; ".join(e.routed_gemm_weights)
+        evidence["routed_gemm_launches_per_step"] = round(e.routed_gemm_launches, 1)
     return Finding(rule="host_syncs", title="the step drains the GPU at host syncs",
                    evidence=evidence, expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
                    change=change + ("" if frames else "; with_stack traces name the frames"),
@@ -312,6 +317,23 @@ def host_syncs(e: Evidence) -> Finding | None:
                           f"{use_ms:.2f} ms per step while the GPU waits" if use_ms >= 0.01 else "")
                        + (f" (they also keep CUDA graphs from recovering the {dispatch_ms:.2f} ms per step the GPU "
                           "waits for launches)" if blocking and dispatch_ms > 0 else ""))
+
+
+def _routed_groups(e: Evidence) -> str:
+    """Where the step's GEMMs multiply one weight by many numbers of rows (step_work.routed_gemms) and it reads
+    counts or values from the GPU: the change that removes both the reads and the per-group launches, in the
+    program's terms; "" otherwise."""
+    if not e.routed_gemm_weights or not set(e.sync_op_ms) & ROUTING_READS:
+        return ""
+    return (f"the GEMMs over the weights {' and '.join(e.routed_gemm_weights)} run one group of rows at a time "
+            f"({e.routed_gemm_launches:.0f} launches a step), each group (an expert's tokens) counted on the host "
+            "first: run them as one grouped GEMM over offsets kept on the device (torch._grouped_mm; in "
+            "transformers, experts_implementation='grouped_mm'), or give each group a fixed capacity and batch "
+            "them, which removes the reads and the per-group launches")
+
+
+ROUTING_READS = frozenset(("aten::nonzero", "aten::masked_select", "aten::_local_scalar_dense", "aten::copy_"))
+"""Sync ops by which a loop over groups learns each group's rows (torch.where, a mask, .item(), .tolist())."""
 
 
 def pinned_copies(e: Evidence) -> Finding | None:

@@ -78,6 +78,11 @@ class Evidence:
     (per_rank/saving_reach.py), mean over ranks; None where no rank's trace can tell."""
     sync_dispatch_ms: float = 0.0
     """Host time per step in the data-dependent-shape ops that sync, outside the syncs (host_stalls.py)."""
+    routed_gemm_weights: list[str] = field(default_factory=list)
+    """Weights that GEMMs multiplied by many different numbers of rows (per_rank/step_work.py routed_gemms:
+    groups of rows counted on the host and launched one group at a time), from the first rank that has them."""
+    routed_gemm_launches: float = 0.0
+    """Their GEMM launches per step, mean over ranks."""
     value_use_saving_ms: float | None = None
     """What no longer using the values the syncs read saves at the step's end (per_rank/saving_reach.py
     value_use_saving_us), mean over ranks; None: cannot tell."""

@@ -161,6 +161,12 @@ class StepWork:
     """What a pinned copy over that link reaches (the table's figure)."""
     python_frames: bool = False
     """The trace holds Python frames (with_stack): work outside any op can be named, and collections seen."""
+    routed_gemm_weights: list[str] = field(default_factory=list)
+    """The weights ("[512, 1024]") that GEMMs in the steps multiplied by ROUTED_ROW_COUNTS or more different
+    numbers of rows (routed_gemms; record_shapes traces), most launches first, each with its count of row
+    counts ("[512, 1024] (49 row counts)")."""
+    routed_gemm_launches: float = 0.0
+    """GEMM launches over those weights per step."""
 
 
 def gemm_precision(name: str) -> str:
@@ -184,6 +190,7 @@ def measure_step_work(events: TraceEvents, steps: list[StepTiming], device_prope
                     **_optimizer(events, steps, in_steps, count), **_allocator(events, in_steps, count),
                     **_compilation(events, steps, in_steps, count), **_host_copies(events, steps, count),
                     **_attention(events, steps, count), **_recompute(events, steps, count),
+                    **routed_gemms(events, steps, count),
                     **_garbage_collection(events, in_steps, count), **_host_link(events, device_properties),
                     python_frames=bool(events.of_kind(Kind.PYTHON_FUNCTION).any()),
                     graph_launches=int(np.count_nonzero(events.of_kind(Kind.CUDA_RUNTIME) & in_steps
@@ -637,6 +644,49 @@ def _host_link(events: TraceEvents, device_properties: Any) -> dict:
     seconds = float(events.dur_us[pinned].sum()) / 1e6
     if seconds > 0:
         found["pinned_copy_gbps"] = float(events.copy_bytes[pinned].sum()) / seconds / 1e9
+    return found
+
+
+ROUTED_ROW_COUNTS = 8
+"""Distinct row counts of the GEMMs over one weight in the steps from which its rows are routed: a dense model
+multiplies a weight by a handful of row counts (the batch's tokens, a decoder's queries, the weight gradient's
+transposed product: at most 4 on the 64 recorded programs), a loop over experts by one per expert, layer and
+step (49 in the held-out Mixtral-style program), a loop over samples of different lengths by one per sample."""
+_ROW_OPERANDS = {"aten::mm": (0, 1), "aten::addmm": (1, 2)}
+"""Per 2-D GEMM op, its inputs (rows x k, k x n): the rows, and the weight they are multiplied by."""
+
+
+def routed_gemms(events: TraceEvents, steps: list[StepTiming], count: int) -> dict:
+    """StepWork.routed_gemm_weights and routed_gemm_launches: the GEMMs whose weight the steps multiply by
+    ROUTED_ROW_COUNTS or more numbers of rows. Each group of rows (an expert's tokens) was counted, then its
+    GEMMs launched on their own: a grouped GEMM over offsets kept on the device runs them in one launch.
+    Empty without record_shapes (no shapes to tell them by)."""
+    rows_by_weight: dict[tuple, set[int]] = {}
+    launches: dict[tuple, int] = {}
+    for weight, rows in _gemm_rows(events, steps):
+        rows_by_weight.setdefault(weight, set()).add(rows)
+        launches[weight] = launches.get(weight, 0) + 1
+    routed = sorted((w for w, seen in rows_by_weight.items() if len(seen) >= ROUTED_ROW_COUNTS),
+                    key=lambda w: -launches[w])
+    if not routed:
+        return {}
+    return {"routed_gemm_weights": [f"[{w[0]}, {w[1]}] ({len(rows_by_weight[w])} row counts)" for w in routed[:3]],
+            "routed_gemm_launches": sum(launches[w] for w in routed) / count}
+
+
+def _gemm_rows(events: TraceEvents, steps: list[StepTiming]) -> list[tuple[tuple, int]]:
+    """(weight shape, rows) of the 2-D GEMM kernels launched in the steps whose launching op's shapes the trace
+    records."""
+    found = []
+    for row, dims in _launch_inputs(events, steps):
+        operands = _ROW_OPERANDS.get(events.op_of_external.get(int(events.external_id[row]), ""))
+        if (operands is None or len(dims) <= max(operands)
+                or kernel_category(events.names[events.name_id[row]]) != CATEGORY_GEMM):
+            continue
+        a, b = dims[operands[0]], dims[operands[1]]
+        if (isinstance(a, list) and isinstance(b, list) and len(a) == len(b) == 2
+                and all(type(v) is int and v > 0 for v in a + b)):
+            found.append(((b[0], b[1]), a[0]))
     return found
 
 

@@ -45,6 +45,31 @@ def private_parsed_trace_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("FLEETSCOPE_CACHE_DIR", str(tmp_path_factory.mktemp("parsed-trace-cache")))
 
 
+MOE_EP_RUNS = {
+    "ep4_hot": ("parallel.ep=4", "faults.hot_expert=3"),
+    "ep2_dp2_hot": ("parallel.ep=2", "faults.hot_expert=2"),
+    "ep4_none": ("parallel.ep=4",),
+}
+"""The expert-parallel cases both the MoE analysis tests (tests/test_cross_rank_moe.py) and the MoE advice tests
+(tests/test_advise_moe.py) read: a hot expert on one rank, one replicated over two, none."""
+
+
+@pytest.fixture(scope="session")
+def moe_ep_runs(tmp_path_factory) -> Path:
+    """Real 4-rank gloo runs of the trainer (tiny qwen3_moe, 6 steps, steps 2-4 profiled with shapes, no
+    post-processing), one run directory per MOE_EP_RUNS case, launched once for every test that reads them."""
+    from helpers import fleetscope
+
+    out = tmp_path_factory.mktemp("moe-ep")
+    for name, overrides in MOE_EP_RUNS.items():
+        sets = [arg for item in (*overrides, "profiler.record_shapes=true") for arg in ("--set", item)]
+        completed = fleetscope("launch", "--run-dir", str(out / name), "--nproc-per-node", "4", "--device", "cpu",
+                               "--model", "qwen3_moe", "--preset", "tiny", "--steps", "6",
+                               "--profile", "wait=1,warmup=1,active=3", "--no-post", *sets)
+        assert completed.returncode == 0, f"{name}: {completed.stderr[-3000:]}"
+    return out
+
+
 _engine_checked: dict = {}
 """Merged trace path -> (mtime ns, size) when it was last checked in the engine."""
 

@@ -252,28 +252,17 @@ def test_the_h200_fixture_without_expert_parallelism_gets_balancing_without_a_ti
 
 # --- real gloo runs of the trainer (slow): one run per case, shared by the tests below ------------------
 
-RUNS = {"hot": ["parallel.ep=4", "faults.hot_expert=3"], "none": ["parallel.ep=4"]}
-
-
 @pytest.fixture(scope="module")
-def ep_runs(tmp_path_factory):
-    from helpers import fleetscope
-
-    out = tmp_path_factory.mktemp("advise-moe")
-    for name, overrides in RUNS.items():
-        sets = [arg for item in overrides + ["profiler.record_shapes=true"] for arg in ("--set", item)]
-        completed = fleetscope("launch", "--run-dir", str(out / name), "--nproc-per-node", "4", "--device", "cpu",
-                               "--model", "qwen3_moe", "--preset", "tiny", "--steps", "6",
-                               "--profile", "wait=1,warmup=1,active=3", "--no-post", *sets)
-        assert completed.returncode == 0, completed.stderr[-3000:]
-    return out
+def ep_runs(moe_ep_runs):
+    """The shared expert-parallel runs (conftest.moe_ep_runs), by the names these tests use."""
+    return {"hot": moe_ep_runs / "ep4_hot", "none": moe_ep_runs / "ep4_none"}
 
 
 @pytest.mark.slow
 def test_real_hot_expert_run_gets_balance_and_placement_advice_naming_expert_and_rank(ep_runs, tmp_path, capsys):
     from fleetscope.cli.main import main
 
-    rules = {f.rule: f for f in advise(ep_runs / "hot").findings}
+    rules = {f.rule: f for f in advise(ep_runs["hot"]).findings}
     balance, placement = rules["moe_load_balance"], rules["moe_expert_placement"]
     assert (balance.evidence["expert"], balance.evidence["ranks"]) == (3, "3")
     assert balance.title.startswith("uneven routing: expert 3 (layer ")
@@ -283,24 +272,24 @@ def test_real_hot_expert_run_gets_balance_and_placement_advice_naming_expert_and
     assert (placement.evidence["expert"], placement.evidence["ranks"]) == (3, "3")
     assert placement.change.startswith("replicate expert 3 on rank ")     # one expert per rank: no swap helps
     assert "moe_ep_degree" not in rules                                    # CPU trace: no EP-degree advice
-    assert main(["advise", str(ep_runs / "hot")]) == 0
+    assert main(["advise", str(ep_runs["hot"])]) == 0
     assert "uneven routing: expert 3" in capsys.readouterr().out
 
 
 @pytest.mark.slow
 def test_real_run_without_fault_gets_no_moe_advice(ep_runs):
-    assert [f.rule for f in advise(ep_runs / "none").findings if f.rule.startswith("moe_")] == []
+    assert [f.rule for f in advise(ep_runs["none"]).findings if f.rule.startswith("moe_")] == []
 
 
 @pytest.mark.slow
 def test_real_straggler_cause_of_the_hot_rank_names_the_uneven_routing(ep_runs):
     from fleetscope.analysis import analyze
 
-    report = analyze(ep_runs / "hot", use_hta=False, use_cache=False, write_default_outputs=False)
+    report = analyze(ep_runs["hot"], use_hta=False, use_cache=False, write_default_outputs=False)
     causes = [c for w in report.windows for c in w.causes.findings]
     assert all(c.routing == ("uneven routing: expert 3 (layers 0, 1) on rank 3" if c.rank == 3 else "") for c in causes)
     assert all(c.routing in c.explanation for c in causes)
-    clean = analyze(ep_runs / "none", use_hta=False, use_cache=False, write_default_outputs=False)
+    clean = analyze(ep_runs["none"], use_hta=False, use_cache=False, write_default_outputs=False)
     assert all(c.routing == "" for w in clean.windows for c in w.causes.findings)
 
 
@@ -314,11 +303,11 @@ def test_real_moe_all_to_all_bytes_from_the_records_and_from_the_traces_split_si
 
     from fleetscope.analysis import analyze
 
-    report = analyze(ep_runs / "hot", use_hta=False, use_cache=False, write_default_outputs=False)
+    report = analyze(ep_runs["hot"], use_hta=False, use_cache=False, write_default_outputs=False)
     window = report.windows[0]
     (row,) = [r for r in window.bandwidth.rows if r.collective == "all_to_all" and r.bucket_min_bytes == 2**18]
     records = [json.loads(line) for rank in range(4)
-               for line in (ep_runs / "hot" / "metrics" / f"rank{rank}.moe.jsonl").read_text().splitlines()]
+               for line in (ep_runs["hot"] / "metrics" / f"rank{rank}.moe.jsonl").read_text().splitlines()]
     profiled = [r for r in records if r["step"] in window.steps]
     assert all(sum(r["send_bytes"]) == 4 * 128 * 2 * 256 for r in profiled)
     combine = {}
@@ -330,7 +319,7 @@ def test_real_moe_all_to_all_bytes_from_the_records_and_from_the_traces_split_si
     assert row.total_bytes == 2 * forward                                     # backward moves as much again
     assert row.sender_max_over_mean == pytest.approx(2.0, abs=0.1)            # rank 3 returns ~2x the mean
     # without the records, the traces' own split sizes give the same bytes
-    shutil.copytree(ep_runs / "hot", tmp_path / "run", ignore=shutil.ignore_patterns("*.moe.jsonl", "report"))
+    shutil.copytree(ep_runs["hot"], tmp_path / "run", ignore=shutil.ignore_patterns("*.moe.jsonl", "report"))
     alone = analyze(tmp_path / "run", use_hta=False, use_cache=False, write_default_outputs=False)
     (trace_row,) = [r for r in alone.windows[0].bandwidth.rows if r.collective == "all_to_all"
                     and r.bucket_min_bytes == 2**18]

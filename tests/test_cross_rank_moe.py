@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import REPO, torchrun
+from helpers import REPO
 from helpers.kineto import KinetoBuilder
 
 from fleetscope.analysis import analyze, render_terminal
@@ -148,33 +148,25 @@ def test_h200_fixture_names_expert_3_hottest_in_every_layer():
 # --- real gloo runs of the trainer (slow) ------------------------------------------------------------
 
 RUNS = {
-    # name: (overrides, hot expert, ranks holding it)
-    "ep4_hot": (["parallel.ep=4", "faults.hot_expert=3"], 3, [3]),
-    "ep2_dp2_hot": (["parallel.ep=2", "faults.hot_expert=2"], 2, [1, 3]),
-    "ep4_none": (["parallel.ep=4"], None, None),
+    # conftest.MOE_EP_RUNS' case: (hot expert, ranks holding it)
+    "ep4_hot": (3, [3]),            # parallel.ep=4, faults.hot_expert=3
+    "ep2_dp2_hot": (2, [1, 3]),     # parallel.ep=2, faults.hot_expert=2
+    "ep4_none": (None, None),       # parallel.ep=4
 }
 HOT_RATIO_RANGE = (1.9, 2.0)
 """4 experts top-2 with a +4 logit on one: nearly every token picks it once, at most 2x the mean."""
 
 
 @pytest.fixture(scope="module")
-def ep_reports(tmp_path_factory):
-    out = tmp_path_factory.mktemp("moe-ep")
-    reports = {}
-    for name, (overrides, _, _) in RUNS.items():
-        sets = [arg for item in overrides for arg in ("--set", item)]
-        completed = torchrun(4, "-m", "fleetscope.trainer", "--run-dir", str(out / name), "--device", "cpu",
-                             "--model", "qwen3_moe", "--preset", "tiny", "--steps", "6",
-                             "--profile", "wait=1,warmup=1,active=3", *sets, timeout=600)
-        assert completed.returncode == 0, completed.stderr[-3000:]
-        reports[name] = analyze(out / name, use_hta=False, use_cache=False)
-    return reports
+def ep_reports(moe_ep_runs):
+    """The shared expert-parallel runs (conftest.moe_ep_runs: RUNS' cases), analyzed."""
+    return {name: analyze(moe_ep_runs / name, use_hta=False, use_cache=False) for name in RUNS}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n, (_, hot, _) in RUNS.items() if hot is not None])
+@pytest.mark.parametrize("name", [n for n, (hot, _) in RUNS.items() if hot is not None])
 def test_real_hot_expert_is_named_with_its_ranks_and_cost(ep_reports, name):
-    _, hot, holders = RUNS[name]
+    hot, holders = RUNS[name]
     moe = ep_reports[name].moe
     assert moe.status == "ok" and moe.num_experts == 4 and len(moe.layers) == 2
     assert [(f.layer, f.expert, f.ranks) for f in moe.findings] == [(0, hot, holders), (1, hot, holders)]

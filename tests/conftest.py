@@ -70,6 +70,22 @@ def moe_ep_runs(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def families_reference(tmp_path_factory) -> Path:
+    """The unsharded model every parallel layout is compared with: tests/dist_scripts/train_families.py on one
+    process with the whole global batch of 8 sequences, every family, REFERENCE_STEPS steps; one run for the
+    layout tests (tests/test_trainer_parallel.py, tests/test_trainer_expert_parallel.py). Its directory holds
+    one folder per family."""
+    from helpers import REFERENCE_STEPS, REPO, torchrun
+
+    out = tmp_path_factory.mktemp("families-reference") / "reference"
+    completed = torchrun(1, str(REPO / "tests" / "dist_scripts" / "train_families.py"), "--out", str(out),
+                         "--mode", "ddp", "--tp", "1", "--ep", "1", "--batch", "8",
+                         "--steps", str(REFERENCE_STEPS), timeout=900)
+    assert completed.returncode == 0, f"reference:\n{completed.stderr[-4000:]}"
+    return out
+
+
 _engine_checked: dict = {}
 """Merged trace path -> (mtime ns, size) when it was last checked in the engine."""
 

@@ -6,7 +6,7 @@ the MoE records."""
 from __future__ import annotations
 
 import pytest
-from helpers import REPO, mean_losses, torchrun
+from helpers import REFERENCE_STEPS, REPO, mean_losses, torchrun
 
 from fleetscope.traces.formats import MOE_RECORD_FIELDS, parse_moe_range, moe_range, read_moe_records
 from fleetscope.trainer.config import (ConfigError, FaultConfig, ModelConfig, ParallelConfig, TrainConfig,
@@ -23,7 +23,7 @@ STEPS = 5
 ONE_FAMILY = "qwen3_moe"
 # (processes, mode, ep, tp, sequences per data-parallel rank, families): a global batch of 8 in every layout.
 LAYOUTS = {
-    "reference": (1, "ddp", 1, 1, 8, ",".join(FAMILIES)),
+    "reference": (1, "ddp", 1, 1, 8, ",".join(FAMILIES)),    # conftest.families_reference
     "ep2": (2, "ddp", 2, 1, 4, ",".join(FAMILIES)),
     "ep2_fsdp": (2, "fsdp", 2, 1, 4, ",".join(FAMILIES)),
     "ep4": (4, "ddp", 4, 1, 2, ONE_FAMILY),
@@ -176,9 +176,13 @@ def test_moe_range_names_round_trip():
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, families_reference):
+    assert STEPS == REFERENCE_STEPS
     out = tmp_path_factory.mktemp("expert-parallel")
+    (out / "reference").symlink_to(families_reference, target_is_directory=True)
     for name, (nproc, mode, ep, tp, batch, families) in LAYOUTS.items():
+        if name == "reference":
+            continue
         completed = torchrun(nproc, SCRIPT, "--out", str(out / name), "--mode", mode, "--ep", str(ep),
                              "--tp", str(tp), "--batch", str(batch), "--steps", str(STEPS), "--families", families,
                              timeout=900)

@@ -8,7 +8,7 @@ reference is the same trainer on one process with the whole global batch of 8 se
 from __future__ import annotations
 
 import pytest
-from helpers import REPO, mean_losses, torchrun
+from helpers import REFERENCE_STEPS, REPO, mean_losses, torchrun
 
 from fleetscope.trainer.families import FAMILIES
 
@@ -18,7 +18,7 @@ SCRIPT = str(REPO / "tests" / "dist_scripts" / "train_families.py")
 STEPS = 5
 # (processes, mode, tp degree, sequences per data-parallel rank): a global batch of 8 in every layout.
 LAYOUTS = {
-    "reference": (1, "ddp", 1, 8),
+    "reference": (1, "ddp", 1, 8),    # conftest.families_reference
     "ddp": (2, "ddp", 1, 4),
     "fsdp": (2, "fsdp", 1, 4),
     "tp": (2, "tp", 2, 8),
@@ -30,9 +30,13 @@ TRAJECTORY_TOLERANCE = 5e-4
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, families_reference):
+    assert STEPS == REFERENCE_STEPS
     out = tmp_path_factory.mktemp("families")
+    (out / "reference").symlink_to(families_reference, target_is_directory=True)
     for name, (nproc, mode, tp, batch) in LAYOUTS.items():
+        if name == "reference":
+            continue
         completed = torchrun(nproc, SCRIPT, "--out", str(out / name), "--mode", mode, "--tp", str(tp),
                              "--batch", str(batch), "--steps", str(STEPS), timeout=900)
         assert completed.returncode == 0, f"{name}:\n{completed.stderr[-4000:]}"

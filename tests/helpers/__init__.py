@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent.parent
+REFERENCE_STEPS = 5
+"""Steps of the unsharded reference run the parallel layouts are compared with (conftest.families_reference)."""
 
 
 def free_port() -> int:

@@ -10,31 +10,22 @@ when each problem exists, and are judged again on programs this corpus does not 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
+from helpers import assert_set_score, confusion_module, scored_set
 
 from fleetscope.analysis import analyze
 from fleetscope.analysis.advise import advise
 
 CORPUS = Path(__file__).parent / "fixtures" / "gpu" / "corpus"
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _confusion():
-    spec = importlib.util.spec_from_file_location("confusion", REPO / "bench" / "planted" / "confusion.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def rows() -> dict[str, dict]:
-    confusion = _confusion()
-    return {d.name: confusion.score(d) for d in sorted(CORPUS.iterdir()) if (d / "planted.json").is_file()}
+    return scored_set(CORPUS)
 
 
 def _planted(name: str) -> dict:
@@ -42,14 +33,7 @@ def _planted(name: str) -> dict:
 
 
 def test_the_corpus_is_scored_as_measured(rows):
-    single = [r for r in rows.values() if len(r["causes"]) == 1]
-    double = [r for r in rows.values() if len(r["causes"]) == 2]
-    healthy = [r for r in rows.values() if not r["causes"]]
-    assert (len(single), len(double), len(healthy)) == (29, 6, 7)
-    assert not [r for r in rows.values() if "error" in r]
-    assert sum(r["right"] for r in single) >= 29, [(r["program"], r["top"]) for r in single if not r["right"]]
-    assert sum(r["right"] for r in double) >= 6, [(r["program"], r["findings"]) for r in double if not r["right"]]
-    assert sum(r["right"] for r in healthy) >= 7, [(r["program"], r["findings"]) for r in healthy if not r["right"]]
+    assert_set_score(rows, counts=(29, 6, 7), right=(29, 6, 7))
 
 
 @pytest.mark.parametrize("name", ["host_syncs_bool_mask", "host_syncs_item_per_layer", "host_syncs_tolist_metric",
@@ -185,7 +169,7 @@ def test_a_checkpoints_serialization_is_not_the_use_of_a_read(name):
 
 
 def test_two_interacting_problems_are_scored_against_either_order_of_their_fixes():
-    confusion = _confusion()
+    confusion = confusion_module()
     planted = _planted("gc_and_pageable_copy")
     # the copy saves 120.8 ms fixed first, 263.0 - 195.3 - 12.7 = 54.9 ms once the collection is gone
     last = confusion._saved_when_fixed_last("pageable_copy", ["gc_pauses", "pageable_copy"], planted)

@@ -6,36 +6,25 @@ falling, and the misses stay misses here until a rule designed from their mechan
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from helpers import assert_set_score, scored_set
 
 from fleetscope.analysis import analyze
 from fleetscope.analysis.advise import advise
 
 HELDOUT = Path(__file__).parent / "fixtures" / "gpu" / "heldout4"
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def rows() -> dict[str, dict]:
-    spec = importlib.util.spec_from_file_location("confusion", REPO / "bench" / "planted" / "confusion.py")
-    confusion = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(confusion)
-    return {d.name: confusion.score(d) for d in sorted(HELDOUT.iterdir()) if (d / "planted.json").is_file()}
+    return scored_set(HELDOUT)
 
 
 def test_the_held_out_set_is_scored_as_measured_blind(rows):
-    single = [r for r in rows.values() if len(r["causes"]) == 1]
-    double = [r for r in rows.values() if len(r["causes"]) == 2]
-    healthy = [r for r in rows.values() if not r["causes"]]
     # two of the three two-problem programs' second problem measured no cost on that host: scored as one-problem
-    assert (len(single), len(double), len(healthy)) == (11, 1, 2)
-    assert not [r for r in rows.values() if "error" in r]
-    assert sum(r["right"] for r in single) >= 10, [(r["program"], r["top"]) for r in single if not r["right"]]
-    assert sum(r["right"] for r in double) >= 1, [(r["program"], r["findings"]) for r in double if not r["right"]]
-    assert sum(r["right"] for r in healthy) >= 1, [(r["program"], r["findings"]) for r in healthy if not r["right"]]
+    assert_set_score(rows, counts=(11, 1, 2), right=(10, 1, 1))
 
 
 def test_an_expert_loop_is_told_to_run_its_experts_as_one_grouped_gemm():

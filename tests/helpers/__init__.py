@@ -89,3 +89,29 @@ def synthetic_run_dir(root: Path, ranks: int, *, ranks_per_host: int = 4, late_r
         path.rename(destination)
     staging.rmdir()
     return root
+
+
+def confusion_module():
+    """bench/planted/confusion.py, the scorer of the recorded program sets (a script, not a package module)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("confusion", REPO / "bench" / "planted" / "confusion.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def scored_set(folder: Path) -> dict[str, dict]:
+    """Each recorded program of a set (a folder per program with its planted.json), scored by confusion.py."""
+    confusion = confusion_module()
+    return {d.name: confusion.score(d) for d in sorted(folder.iterdir()) if (d / "planted.json").is_file()}
+
+
+def assert_set_score(rows: dict[str, dict], counts: tuple[int, int, int], right: tuple[int, int, int]) -> None:
+    """The set holds `counts` (one-problem, two-problem, healthy programs), every one read, and at least `right`
+    of each are right: the planted cause first, both causes in the top three, no finding above 5%."""
+    kinds = ([r for r in rows.values() if len(r["causes"]) == 1], [r for r in rows.values() if len(r["causes"]) == 2],
+             [r for r in rows.values() if not r["causes"]])
+    assert tuple(len(kind) for kind in kinds) == counts
+    assert not [r for r in rows.values() if "error" in r]
+    for kind, least in zip(kinds, right):
+        assert sum(r["right"] for r in kind) >= least, [(r["program"], r["findings"]) for r in kind if not r["right"]]

@@ -652,8 +652,6 @@ ROUTED_ROW_COUNTS = 8
 multiplies a weight by a handful of row counts (the batch's tokens, a decoder's queries, the weight gradient's
 transposed product: at most 4 on the 64 recorded programs), a loop over experts by one per expert, layer and
 step (49 in the held-out Mixtral-style program), a loop over samples of different lengths by one per sample."""
-_ROW_OPERANDS = {"aten::mm": (0, 1), "aten::addmm": (1, 2)}
-"""Per 2-D GEMM op, its inputs (rows x k, k x n): the rows, and the weight they are multiplied by."""
 
 
 def routed_gemms(events: TraceEvents, steps: list[StepTiming], count: int) -> dict:
@@ -676,10 +674,10 @@ def routed_gemms(events: TraceEvents, steps: list[StepTiming], count: int) -> di
 
 def _gemm_rows(events: TraceEvents, steps: list[StepTiming]) -> list[tuple[tuple, int]]:
     """(weight shape, rows) of the 2-D GEMM kernels launched in the steps whose launching op's shapes the trace
-    records."""
+    records: its two matrices (_GEMM_OPERANDS) rows x k and k x n, the second the weight."""
     found = []
     for row, dims in _launch_inputs(events, steps):
-        operands = _ROW_OPERANDS.get(events.op_of_external.get(int(events.external_id[row]), ""))
+        operands = _GEMM_OPERANDS.get(events.op_of_external.get(int(events.external_id[row]), ""))
         if (operands is None or len(dims) <= max(operands)
                 or kernel_category(events.names[events.name_id[row]]) != CATEGORY_GEMM):
             continue

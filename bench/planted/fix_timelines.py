@@ -63,7 +63,7 @@ def main() -> int:
     unknown = [name for name in args.names if name not in module.PROGRAMS]
     if unknown:
         parser.error(f"unknown programs of {args.set}: {', '.join(unknown)}")
-    harness._DEVICE[0] = args.device
+    harness.use_device(args.device)
     for name in args.names:
         directory = args.out / name
         directory.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,11 @@ def dev() -> str:
     return _DEVICE[0]
 
 
+def use_device(device: str) -> None:
+    """Build every program on `device` ("cuda", or "cpu" for the smoke mode)."""
+    _DEVICE[0] = device
+
+
 def on_gpu() -> bool:
     return dev() == "cuda"
 
@@ -146,7 +151,7 @@ def _set_arguments(doc: str, programs: dict[Callable, list[str]]) -> argparse.Na
     known = {build.__name__ for build in programs}
     if unknown := [name for name in args.names if name not in known]:
         parser.error(f"unknown programs: {', '.join(unknown)}")
-    _DEVICE[0] = args.device
+    use_device(args.device)
     return args
 
 

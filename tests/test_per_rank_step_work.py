@@ -211,6 +211,49 @@ def test_one_weight_over_many_row_counts_is_a_loop_over_routed_groups(tmp_path):
     assert work.routed_gemm_launches == 16.0
 
 
+def expert_loop(kernel_us: float) -> KinetoBuilder:
+    """One step, 0-800 us on the host: a dense GEMM over 2048 tokens (launched at 5), then 8 experts 60 us apart from 100,
+    each a GEMM over its tokens ([n, 512] x [512, 1024], launched at t) and a SiLU over [n, 1024] (at t + 30),
+    each kernel starting 5 us after its launch and running `kernel_us`; then a dense elementwise over
+    [2048, 512] at 700. Each of the loop's 16 launches is 30 us of host time after the one before it (the first:
+    95 us after the dense GEMM's)."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 800.0)
+    launch = Launcher(builder)
+    launch.run("aten::mm", "nvjet_gemm_NNT", 5, 10, 50, MAIN_TID, dims=[[2048, 512], [512, 512]])
+    free = 60.0   # when the GPU is done with the work queued so far: each kernel starts then or 5 us after its launch
+
+    def run(op: str, kernel: str, at: float, dims: list, dur: float) -> None:
+        nonlocal free
+        start = max(at + 5, free)
+        launch.run(op, kernel, at, start, dur, MAIN_TID, dims=dims)
+        free = start + dur
+
+    for i, n in enumerate([500, 524, 494, 498, 540, 495, 513, 533]):
+        t = 100 + 60 * i
+        run("aten::mm", "nvjet_gemm_NNT", t, [[n, 512], [512, 1024]], kernel_us)
+        run("aten::silu", "vectorized_elementwise_kernel<silu>", t + 30, [[n, 1024]], kernel_us)
+    run("aten::add", "vectorized_elementwise_kernel<add>", 700, [[2048, 512], [2048, 512]], 20)
+    return builder
+
+
+def test_a_host_paced_loop_over_routed_groups_costs_its_dispatch(tmp_path):
+    """The GPU waits for each of the loop's launches (5 us kernels, 25 us gaps): one grouped launch gives the
+    step back the loop's host time up to the GPU's idle in it, the 145 us wait for the dense op after it
+    included: 495 us of dispatch, each gap's wait at most its length."""
+    work = _work(tmp_path, expert_loop(kernel_us=5.0))
+    assert work.routed_gemm_weights == ["[512, 1024] (8 row counts)"]
+    assert 400.0 <= work.routed_loop_saving_us <= 545.0
+
+
+def test_a_gpu_bound_loop_over_routed_groups_costs_no_dispatch(tmp_path):
+    """The same loop with 100 us kernels: the host launches each long before the GPU reaches it, so its
+    dispatch is hidden and only the grouped GEMM's own speed could change the step."""
+    work = _work(tmp_path, expert_loop(kernel_us=100.0))
+    assert work.routed_gemm_weights == ["[512, 1024] (8 row counts)"]
+    assert work.routed_loop_saving_us == pytest.approx(0.0, abs=1.0)
+
+
 def test_a_dense_models_few_row_counts_are_no_routing(tmp_path):
     builder = KinetoBuilder(rank=0, world_size=1)
     builder.step(1, 0, 1000.0)

@@ -164,7 +164,8 @@ def _step_work_evidence(report: Report | None) -> dict[str, Any]:
             "value_use_saving_ms": _mean_known([w.value_use_saving_us for w in works]),
             "score_shapes": next((w.score_shapes for w in works if w.score_shapes), []),
             "routed_gemm_weights": next((w.routed_gemm_weights for w in works if w.routed_gemm_weights), []),
-            "routed_gemm_launches": mean("routed_gemm_launches", 1.0)}
+            "routed_gemm_launches": mean("routed_gemm_launches", 1.0),
+            "routed_loop_saving_ms": _mean_known([w.routed_loop_saving_us for w in works])}
 
 
 def _mean_known(values_us: list) -> float | None:

@@ -274,7 +274,11 @@ def host_syncs(e: Evidence) -> Finding | None:
     # and the program's use of the values read (a .tolist() looped over in Python), which reading nothing removes;
     # tensors copied to the host to be saved are serialized after their copies: that is checkpoint_in_step's
     use_ms = 0.0 if checkpoint_in_step(e) is not None else e.value_use_saving_ms or 0.0
-    lost_ms = idle_ms + min(e.sync_dispatch_ms + use_ms, other_idle_ms)
+    # a loop over routed groups counted by the reads: one grouped launch also removes each group's dispatch
+    # (saving_reach.routed_loop_saving_us, walked to the step's end), which holds the data-dependent ops' own
+    loop_ms = (e.routed_loop_saving_ms or 0.0) if _routed_groups(e) else 0.0
+    host_ms = max(min(e.sync_dispatch_ms + use_ms, other_idle_ms), loop_ms)
+    lost_ms = idle_ms + host_ms
     dispatch_ms = e.idle_cause_ms.get("short gaps", 0.0) + e.launch_paced_idle_ms
     blocking = per_step >= SYNCS_INSIDE_STEP and dispatch_ms >= SYNC_SHARE * e.step_ms
     if lost_ms < SYNC_SHARE * e.step_ms and not blocking:
@@ -283,12 +287,12 @@ def host_syncs(e: Evidence) -> Finding | None:
     # data-dependent ops', the program's use of the values read); the GPU's idle after a sync is the device
     # read's round trip (copy, completion, the host resuming), which the profiler does not lengthen the way it
     # lengthens host ops (bench/planted/CORPUS.md: scaled, it fell 42-55% short)
-    gain, pct = step_gain(e, idle_ms + min(e.sync_dispatch_ms + use_ms, other_idle_ms) * profiled_scale(e))
+    gain, pct = step_gain(e, idle_ms + host_ms * profiled_scale(e))
     frames = e.stall_frames.get(FRAME_SYNC, [])[:FRAMES_NAMED]
     ops = list(e.sync_op_ms)[:FRAMES_NAMED]
     evidence = {"sync_idle_ms_per_step": round(idle_ms, 3), "sync_op_ms_per_step": round(op_ms, 3),
                 "dynamic_shape_host_ms_per_step": round(e.sync_dispatch_ms, 3),
-                "value_use_ms_per_step": round(use_ms, 3),
+                "value_use_ms_per_step": round(use_ms, 3), **({"group_loop_ms_per_step": round(loop_ms, 3)} if loop_ms else {}),
                 "syncs_per_step": round(e.syncs or 0.0, 1), "tensor_reads_per_step": round(e.tensor_reads or 0.0, 1)}
     if ops:
         evidence["sync_ops"] = "; ".join(f"{op} {e.sync_op_ms[op]:.2f} ms" for op in ops)
@@ -313,6 +317,8 @@ def host_syncs(e: Evidence) -> Finding | None:
                        + (f"; the ops whose output size depends on the data, and their backward, hold the host "
                           f"{e.sync_dispatch_ms:.2f} ms per step besides the waits, while the GPU waits for the host "
                           f"{other_idle_ms:.2f} ms elsewhere" if e.sync_dispatch_ms >= 0.01 else "")
+                       + (f"; without the loop over groups, its dispatch of each group's ops (the GPU waiting for "
+                          f"them) gives the step {loop_ms:.2f} ms per step" if loop_ms >= 0.01 else "")
                        + (f"; the program's use of the values read (Python on a .tolist()'s elements) holds the host "
                           f"{use_ms:.2f} ms per step while the GPU waits" if use_ms >= 0.01 else "")
                        + (f" (they also keep CUDA graphs from recovering the {dispatch_ms:.2f} ms per step the GPU "

@@ -83,6 +83,9 @@ class Evidence:
     groups of rows counted on the host and launched one group at a time), from the first rank that has them."""
     routed_gemm_launches: float = 0.0
     """Their GEMM launches per step, mean over ranks."""
+    routed_loop_saving_ms: float | None = None
+    """What the loop over those groups costs at the step's end beyond its reads' idle (per_rank/saving_reach.py
+    routed_loop_saving_us), mean over ranks; None: cannot tell."""
     value_use_saving_ms: float | None = None
     """What no longer using the values the syncs read saves at the step's end (per_rank/saving_reach.py
     value_use_saving_us), mean over ranks; None: cannot tell."""

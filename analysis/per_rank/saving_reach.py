@@ -28,9 +28,10 @@ import numpy as np
 from fleetscope.analysis.per_rank.host_stalls import (GAP_CAUSES, IDLE_ALLOCATOR, IDLE_DEVICE, IDLE_SYNC,
                                                       IdleGaps, queued_before, user_syncs)
 from fleetscope.analysis.per_rank.intervals import Intervals, covered_between, union
-from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, Kind, TraceEvents
+from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
 from fleetscope.analysis.per_rank.names import is_device_to_host_copy, is_pageable_copy, is_tensor_read_op
-from fleetscope.analysis.per_rank.step_work import TENSOR_CORE_SPEEDUP, StepWork, fp32_math_rows, score_pass_rows
+from fleetscope.analysis.per_rank.step_work import (TENSOR_CORE_SPEEDUP, StepWork, fp32_math_rows, routed_loop_rows,
+                                                    score_pass_rows)
 from fleetscope.analysis.per_rank.steps import StepTiming
 from fleetscope.analysis.per_rank.utilization import BASIS_GPU
 
@@ -127,7 +128,11 @@ def with_savings(work: StepWork | None, events: TraceEvents, steps: list[StepTim
         rows = score_pass_rows(events, steps)
         changes["score_saving_us"] = step_saving_us(gaps, steps, events.end_us[rows], events.dur_us[rows], queued, waited,
                                                     launch_calls(events, rows))
-    changes["value_use_saving_us"] = value_use_saving_us(events, steps, gaps, user_syncs(events))
+    syncs = user_syncs(events)
+    changes["value_use_saving_us"] = value_use_saving_us(events, steps, gaps, syncs)
+    if work.routed_gemm_weights:
+        changes["routed_loop_saving_us"] = routed_loop_saving_us(events, steps, gaps, syncs,
+                                                                 routed_loop_rows(events, steps))
     return dataclasses.replace(work, **changes) if changes else work
 
 
@@ -158,6 +163,62 @@ VALUE_BYTES = 8
 """The widest common element: a read's bytes over it count its values from below."""
 
 
+def routed_loop_saving_us(events: TraceEvents, steps: list[StepTiming], gaps: IdleGaps,
+                          syncs: np.ndarray, rows: np.ndarray) -> float | None:
+    """What a loop over routed groups (`rows`: its kernels, step_work.routed_loop_rows) costs at the end of each
+    step, mean per step, beyond the idle its reads leave: one grouped launch per GEMM does the groups' work
+    without the host dispatching each group's ops, and without reading the counts. Each of the loop's kernels
+    takes its launch's host time with it: from the previous launch on its thread to its own launch's end, less
+    the sync calls in it. Walked with the syncs' waits gone too, less the waits alone (as value_use_saving_us).
+    None without GPU idle gaps or such kernels."""
+    if gaps.basis != BASIS_GPU or not steps or not rows.size:
+        return None
+    selected = np.zeros(len(events), dtype=bool)
+    selected[rows] = True
+    ends, threads = events.launch_end_us(selected), events.launch_thread(selected)
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    all_ends, all_threads = events.launch_end_us(gpu), events.launch_thread(gpu)
+    waits = union(Intervals(events.start_us[syncs], events.end_us[syncs]))
+    dispatch = np.zeros(ends.size)
+    for thread in np.unique(threads[threads != NO_ID]).tolist():
+        launched = np.unique(all_ends[all_threads == thread])
+        mine = np.flatnonzero(threads == thread)
+        slot = np.searchsorted(launched, ends[mine], side="left") - 1
+        previous = np.where(slot >= 0, launched[np.clip(slot, 0, None)], ends[mine])
+        dispatch[mine] = (ends[mine] - previous) - covered_between(waits, previous, ends[mine])
+    kinds = _walk_kinds(events, gaps, syncs)
+    none = np.zeros(0)
+    at_us, _, wait_us, _ = _reads(events, syncs) if syncs.any() else (none, none, none, none)
+
+    def walk(host: HostSaving) -> float:
+        return sum(_gained_by_end(gaps, kinds, s.span_start_us, s.span_end_us, none, none, host)
+                   for s in steps) / len(steps)
+
+    both = HostSaving(ends_us=np.concatenate([at_us, ends]), savings_us=np.concatenate([wait_us, np.clip(dispatch, 0.0, None)]))
+    return max(walk(both) - walk(HostSaving(ends_us=at_us, savings_us=wait_us)), 0.0)
+
+
+def _walk_kinds(events: TraceEvents, gaps: IdleGaps, syncs: np.ndarray) -> np.ndarray:
+    """The gaps' kinds for a walk in which the syncs are gone: the gaps they left are paced by the host's
+    launches, a gap behind queued work keeps the GPU's lead, one after a blocking copy other than the syncs'
+    reads still waits."""
+    sync_code = GAP_CAUSES.index(IDLE_SYNC)
+    kinds = _KIND_OF_CODE[gaps.cause_codes.astype(np.int64)]
+    kinds = np.where(gaps.cause_codes == sync_code, np.int8(_PACED), kinds)
+    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
+    queued = queued_before(events, gpu, Intervals(gaps.starts_us, gaps.ends_us))
+    kinds = np.where(queued & (kinds == _PACED), np.int8(_KEPT), kinds)
+    if syncs.any():
+        # the copies the reads made no longer hold the host: only other blocking copies (a checkpoint's) still do
+        at_us, until_us, _, _ = _reads(events, syncs)
+        reads = union(Intervals(at_us, np.maximum(until_us, at_us)))
+        in_read = covered_between(reads, gaps.starts_us, gaps.starts_us + _AT_US) > 0
+    else:
+        in_read = np.zeros(len(gaps), dtype=bool)
+    waited = after_blocking_copies(events, gaps) & (gaps.cause_codes != sync_code) & ~in_read
+    return np.where(waited, np.int8(_WAITED), kinds)
+
+
 def value_use_saving_us(events: TraceEvents, steps: list[StepTiming], gaps: IdleGaps | None,
                         syncs: np.ndarray) -> float | None:
     """What the program's use of the values its syncs read (`syncs`: host_stalls.user_syncs) costs at the end of
@@ -168,20 +229,10 @@ def value_use_saving_us(events: TraceEvents, steps: list[StepTiming], gaps: Idle
     (host_stalls.py). None without GPU idle gaps or syncs."""
     if gaps is None or gaps.basis != BASIS_GPU or not steps or not syncs.any():
         return None
-    sync_code = GAP_CAUSES.index(IDLE_SYNC)
-    kinds = _KIND_OF_CODE[gaps.cause_codes.astype(np.int64)]
-    kinds = np.where(gaps.cause_codes == sync_code, np.int8(_PACED), kinds)
-    gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
-    queued = queued_before(events, gpu, Intervals(gaps.starts_us, gaps.ends_us))
-    kinds = np.where(queued & (kinds == _PACED), np.int8(_KEPT), kinds)
-    at_us, until_us, wait_us, use_us = _reads(events, syncs)
+    at_us, _, wait_us, use_us = _reads(events, syncs)
     if not use_us.any():
         return 0.0
-    # the copies the reads made no longer hold the host: only other blocking copies (a checkpoint's) still do
-    reads = union(Intervals(at_us, np.maximum(until_us, at_us)))
-    in_read = covered_between(reads, gaps.starts_us, gaps.starts_us + _AT_US) > 0
-    waited = after_blocking_copies(events, gaps) & (gaps.cause_codes != sync_code) & ~in_read
-    kinds = np.where(waited, np.int8(_WAITED), kinds)
+    kinds = _walk_kinds(events, gaps, syncs)
     none = np.zeros(0)
 
     def walk(savings_us: np.ndarray) -> float:

@@ -167,6 +167,10 @@ class StepWork:
     counts ("[512, 1024] (49 row counts)")."""
     routed_gemm_launches: float = 0.0
     """GEMM launches over those weights per step."""
+    routed_loop_saving_us: float | None = None
+    """How much shorter the step would be with the loop over those groups gone (one grouped launch per GEMM,
+    nothing read to count the groups), beyond the idle its reads leave, as far as it reaches the step's end
+    (saving_reach.routed_loop_saving_us); None where the idle gaps cannot tell or there is no such loop."""
 
 
 def gemm_precision(name: str) -> str:
@@ -659,17 +663,58 @@ def routed_gemms(events: TraceEvents, steps: list[StepTiming], count: int) -> di
     ROUTED_ROW_COUNTS or more numbers of rows. Each group of rows (an expert's tokens) was counted, then its
     GEMMs launched on their own: a grouped GEMM over offsets kept on the device runs them in one launch.
     Empty without record_shapes (no shapes to tell them by)."""
-    rows_by_weight: dict[tuple, set[int]] = {}
-    launches: dict[tuple, int] = {}
-    for weight, rows in _gemm_rows(events, steps):
-        rows_by_weight.setdefault(weight, set()).add(rows)
-        launches[weight] = launches.get(weight, 0) + 1
+    rows_by_weight, launches = _rows_by_weight(events, steps)
     routed = sorted((w for w, seen in rows_by_weight.items() if len(seen) >= ROUTED_ROW_COUNTS),
                     key=lambda w: -launches[w])
     if not routed:
         return {}
     return {"routed_gemm_weights": [f"[{w[0]}, {w[1]}] ({len(rows_by_weight[w])} row counts)" for w in routed[:3]],
             "routed_gemm_launches": sum(launches[w] for w in routed) / count}
+
+
+def _rows_by_weight(events: TraceEvents, steps: list[StepTiming]) -> tuple[dict[tuple, set[int]], dict[tuple, int]]:
+    """Per GEMM weight of the steps, the numbers of rows it was multiplied by and its launches (_gemm_rows)."""
+    rows_by_weight: dict[tuple, set[int]] = {}
+    launches: dict[tuple, int] = {}
+    for weight, rows in _gemm_rows(events, steps):
+        rows_by_weight.setdefault(weight, set()).add(rows)
+        launches[weight] = launches.get(weight, 0) + 1
+    return rows_by_weight, launches
+
+
+def routed_loop_rows(events: TraceEvents, steps: list[StepTiming]) -> np.ndarray:
+    """The kernels of a loop over routed groups (routed_gemms), forward and backward: those whose launching op
+    has an input with one of the groups' row counts among its sizes (the group's GEMMs, its gather, activation,
+    scatter and casts, their gradients). A row count that is also a size of the dense GEMMs (a weight's, a
+    batch's) says nothing and is not one of them. Empty without routed GEMMs."""
+    rows_by_weight, _ = _rows_by_weight(events, steps)
+    routed = {w for w, seen in rows_by_weight.items() if len(seen) >= ROUTED_ROW_COUNTS}
+    counts = set().union(*(rows_by_weight[w] for w in routed)) if routed else set()
+    groups = set(counts)
+    for weight, seen in rows_by_weight.items():
+        if weight in routed:
+            counts -= set(weight)
+        else:
+            counts -= seen
+            # a weight gradient's product ([k, rows] x [rows, n]) has a group's rows as its second matrix's
+            if not set(weight) & groups:
+                counts -= set(weight)
+    if not counts:
+        return np.zeros(0, dtype=np.int64)
+    return np.asarray([row for row, dims in _launch_inputs(events, steps) if _sizes(dims) & counts], dtype=np.int64)
+
+
+def _sizes(dims: Any) -> set[int]:
+    """Every size in a launch label's input shapes, nested lists (a tensor list's shapes) included."""
+    found: set[int] = set()
+    pending = [dims]
+    while pending:
+        value = pending.pop()
+        if type(value) is int:
+            found.add(value)
+        elif isinstance(value, list):
+            pending.extend(value)
+    return found
 
 
 def _gemm_rows(events: TraceEvents, steps: list[StepTiming]) -> list[tuple[tuple, int]]:

@@ -94,7 +94,9 @@ what-if without `basis` reads as). Times carry their unit in the field name (`_u
                           a pinned copy's rate over it, traces/device_peaks.py; "", 0: not listed),
                           routed_gemm_weights[] (weights GEMMs multiplied by 8 or more numbers of rows:
                           groups of rows counted on the host, an expert loop), routed_gemm_launches (their
-                          GEMM launches per step); step_work.py} | null (no steps or no GPU activity)
+                          GEMM launches per step), routed_loop_saving_us (that loop's dispatch gone: what
+                          reaches the step's end beyond its reads' idle, saving_reach.py; null: cannot
+                          tell); step_work.py} | null (no steps or no GPU activity)
         top_kernels[]     {name, count, total_us, ranks, category}: kernels with the most GPU time, all ranks
                           summed; category as in gpu_time
         gpu_time          GpuTime, the window's ranks summed | null (no GPU activity): {total_us (kernel,

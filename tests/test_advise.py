@@ -119,6 +119,19 @@ def test_time_the_profiler_does_not_lengthen_is_not_scaled_to_the_steady_step():
     assert work["host_work"].expected_gain_ms == pytest.approx(20.0 * 100.0 / 80.0)
 
 
+def test_a_gain_that_recovers_idle_is_no_more_than_the_steady_steps_idle():
+    """Profiled 150 ms, 60% idle: the kernels are busy 60 ms, which the profiler does not lengthen; the steady
+    step is 100 ms, so it holds at most 40 ms of idle. 80 ms of dispatch scaled by the steps' ratio (53.3 ms)
+    would be more than the idle there is."""
+    steady = dict(step_ms=100.0, profiled_step_ms=150.0, step_basis="step metrics, steps 3-9", idle_pct=60.0)
+    assert _rules(**steady, launch_ms=80.0, launches=9000.0)["cuda_graphs"].expected_gain_ms == pytest.approx(40.0)
+    work = _rules(**steady, launch_ms=1.0, launches=30.0, idle_cause_ms={"host busy elsewhere": 75.0})
+    assert work["host_work"].expected_gain_ms == pytest.approx(40.0)
+    # where the idle the steady step holds is more, the steps' ratio alone scales it
+    light = dict(steady, idle_pct=50.0)
+    assert _rules(**light, launch_ms=30.0, launches=4000.0)["cuda_graphs"].expected_gain_ms == pytest.approx(20.0)
+
+
 def test_exposed_ddp_communication_asks_for_smaller_buckets_unless_a_straggler_explains_it():
     finding = _rules(exposed_comm_pct=30.0, comm_exposed_ms=30.0, overlap_pct=10.0)["gradient_buckets"]
     assert finding.change == "--set parallel.bucket_cap_mb=12.5" and finding.expected_gain_ms == 15.0

@@ -5,7 +5,8 @@ from __future__ import annotations
 from fleetscope.analysis.per_rank.host_stalls import FRAME_PAGEABLE_COPY, FRAME_SYNC, IDLE_GC
 
 from .gpu_work import activation_checkpointing, allocator_churn, optimizer_impl
-from .model import Change, Evidence, Finding, Rule, profiled_scale, step_gain, trace_gain, trainer_change
+from .model import (Change, Evidence, Finding, Rule, idle_gain, profiled_scale, steady_idle_ms, step_gain, trace_gain,
+                    trainer_change)
 
 IDLE_SHARE = 0.25
 """GPU idle above this share of the span (GPU basis) points at launch overhead."""
@@ -96,7 +97,7 @@ def cuda_graphs(e: Evidence) -> Finding | None:
     dispatch_ms = min(max(e.idle_cause_ms.get("short gaps", 0.0) + e.launch_paced_idle_ms, (e.launch_ms or 0.0)), idle_ms)
     if activation_checkpointing(e) is not None:   # the recomputation's own dispatch is that finding's
         dispatch_ms = max(dispatch_ms - e.recompute_idle_ms, 0.0)
-    gain, pct = trace_gain(e, dispatch_ms)
+    gain, pct = idle_gain(e, dispatch_ms)
     evidence = {"gpu_idle_pct": round(e.idle_pct, 1), "launch_ms_per_step": round(e.launch_ms or 0.0, 3),
                 "launches_per_step": round(e.launches or 0.0, 1), "compile": compiled,
                 "short_gap_idle_ms_per_step": round(e.idle_cause_ms.get("short gaps", 0.0), 3),
@@ -133,7 +134,7 @@ def host_work(e: Evidence) -> Finding | None:
     syncing = _syncs_per_step(e) >= SYNCS_INSIDE_STEP and host_syncs(e) is not None
     if busy_ms < (HOST_WORK_SHARE * idle_ms if syncing else HOST_WORK_STEP_SHARE * e.trace_step_ms):
         return None
-    gain, pct = trace_gain(e, busy_ms)
+    gain, pct = idle_gain(e, busy_ms)
     return Finding(rule="host_work", title="the GPU waits for host work that launches nothing",
                    evidence={"gpu_idle_pct": round(e.idle_pct, 1), "host_busy_idle_ms_per_step": round(busy_ms, 3),
                              "launch_ms_per_step": round(e.launch_ms or 0.0, 3),
@@ -215,7 +216,7 @@ def gc_pauses(e: Evidence) -> Finding | None:
     lost_ms = e.idle_cause_ms.get(IDLE_GC, 0.0)
     if e.basis != "gpu" or not e.step_ms or lost_ms < GC_SHARE * e.step_ms:
         return None
-    gain, pct = trace_gain(e, lost_ms)
+    gain, pct = idle_gain(e, lost_ms)
     return Finding(rule="gc_pauses", title="garbage collection pauses the step",
                    evidence={"gc_ms_per_step": round(e.gc_ms, 3), "collections_per_step": round(e.gc_count, 1),
                              "gc_idle_ms_per_step": round(lost_ms, 3)},
@@ -287,7 +288,8 @@ def host_syncs(e: Evidence) -> Finding | None:
     # data-dependent ops', the program's use of the values read); the GPU's idle after a sync is the device
     # read's round trip (copy, completion, the host resuming), which the profiler does not lengthen the way it
     # lengthens host ops (bench/planted/CORPUS.md: scaled, it fell 42-55% short)
-    gain, pct = step_gain(e, idle_ms + host_ms * profiled_scale(e))
+    bound = steady_idle_ms(e)
+    gain, pct = step_gain(e, min(idle_ms + host_ms * profiled_scale(e), float("inf") if bound is None else bound))
     frames = e.stall_frames.get(FRAME_SYNC, [])[:FRAMES_NAMED]
     ops = list(e.sync_op_ms)[:FRAMES_NAMED]
     evidence = {"sync_idle_ms_per_step": round(idle_ms, 3), "sync_op_ms_per_step": round(op_ms, 3),

@@ -132,6 +132,21 @@ def test_a_gain_that_recovers_idle_is_no_more_than_the_steady_steps_idle():
     assert _rules(**light, launch_ms=30.0, launches=4000.0)["cuda_graphs"].expected_gain_ms == pytest.approx(20.0)
 
 
+def test_a_foreach_optimizer_over_a_group_per_parameter_is_told_to_merge_its_groups():
+    """182 groups (layer-wise lr decay, a group per parameter): each foreach op is called once per group, 241
+    times a step, so the host spends 54.6 ms launching what runs 6 ms on the GPU. One or two calls a step is a
+    foreach optimizer as it should be, whatever its host time."""
+    grouped = dict(optimizer="AdamW", optimizer_impl="foreach", optimizer_host_ms=54.6, optimizer_launches=1333.0,
+                   optimizer_gpu_ms=6.0)
+    finding = _rules(**grouped, optimizer_foreach_calls=241.0)["optimizer_impl"]
+    assert finding.expected_gain_ms == pytest.approx(48.6)
+    assert "fewer parameter groups" in finding.change and "fused=True" in finding.change
+    assert finding.evidence["foreach_calls_per_step"] == 241.0
+    assert "optimizer_impl" not in _rules(**grouped, optimizer_foreach_calls=2.0)
+    # many groups whose launches the GPU's own time covers cost nothing
+    assert "optimizer_impl" not in _rules(**{**grouped, "optimizer_gpu_ms": 50.0}, optimizer_foreach_calls=241.0)
+
+
 def test_exposed_ddp_communication_asks_for_smaller_buckets_unless_a_straggler_explains_it():
     finding = _rules(exposed_comm_pct=30.0, comm_exposed_ms=30.0, overlap_pct=10.0)["gradient_buckets"]
     assert finding.change == "--set parallel.bucket_cap_mb=12.5" and finding.expected_gain_ms == 15.0

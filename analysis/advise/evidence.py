@@ -151,7 +151,8 @@ def _step_work_evidence(report: Report | None) -> dict[str, Any]:
         optimizer = {"optimizer": with_optimizer[0].optimizer, "optimizer_impl": with_optimizer[0].optimizer_impl,
                      "optimizer_host_ms": float(np.mean([w.optimizer_host_us for w in with_optimizer])) / 1000.0,
                      "optimizer_launches": float(np.mean([w.optimizer_launches for w in with_optimizer])),
-                     "optimizer_gpu_ms": float(np.mean([w.optimizer_gpu_us for w in with_optimizer])) / 1000.0}
+                     "optimizer_gpu_ms": float(np.mean([w.optimizer_gpu_us for w in with_optimizer])) / 1000.0,
+                     "optimizer_foreach_calls": float(np.mean([w.optimizer_foreach_calls for w in with_optimizer]))}
     return {"gemm_ms_by_precision": precision, "conv_fp32_ms": mean("conv_fp32_us"), **optimizer, "allocator_calls": mean("allocator_calls", 1.0),
             "allocator_ms": mean("allocator_us"), "allocator_idle_ms": mean("allocator_idle_us"), "compile_ms": mean("compile_us"),
             "compile_ids": max(w.compile_ids for w in works), "host_copies": mean("host_copies", 1.0),

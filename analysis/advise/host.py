@@ -55,7 +55,7 @@ def _other_host_causes(e: Evidence) -> list[str]:
     if allocator_churn(e) is not None:
         causes.append("allocator calls")
     if optimizer_impl(e) is not None:
-        causes.append("a per-parameter optimizer")
+        causes.append("an optimizer launched per parameter or per group")
     if pinned_copies(e) is not None:   # a copy from pageable memory cannot be captured in a graph
         causes.append("copies from pageable memory")
     return causes

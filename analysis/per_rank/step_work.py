@@ -99,6 +99,9 @@ class StepWork:
     """Launch calls the host made inside them per step."""
     optimizer_gpu_us: float = 0.0
     """GPU time of the work launched inside them per step."""
+    optimizer_foreach_calls: float = 0.0
+    """Calls per step of the foreach op called most inside them (`aten::_foreach_mul_`): torch.optim calls each
+    once per parameter group (and per device and dtype), so many calls are many groups."""
     allocator_calls: float = 0.0
     """cudaMalloc / cudaFree calls per step."""
     allocator_us: float = 0.0
@@ -280,7 +283,20 @@ def _optimizer(events: TraceEvents, steps: list[StepTiming], in_steps: np.ndarra
     name = events.names[events.name_id[ranges[0]]][len(OPTIMIZER_RANGE_PREFIX):]
     return {"optimizer": name.split(".")[0], "optimizer_impl": _implementation(kernel_names),
             "optimizer_host_us": float((ends - starts).sum()) / count, "optimizer_launches": launch_count / count,
-            "optimizer_gpu_us": float(events.dur_us[gpu][inside].sum()) / count}
+            "optimizer_gpu_us": float(events.dur_us[gpu][inside].sum()) / count,
+            "optimizer_foreach_calls": _foreach_calls(events, events.external_id[gpu][inside]) / count
+            if events.external_id is not None else 0.0}
+
+
+def _foreach_calls(events: TraceEvents, externals: np.ndarray) -> int:
+    """Calls of the foreach op called most among the ops that launched `externals` (each call counted once,
+    whatever its kernels)."""
+    calls: dict[str, int] = {}
+    for external in np.unique(externals[externals != NO_ID]).tolist():
+        op = events.op_of_external.get(int(external), "")
+        if op.startswith("aten::_foreach_"):
+            calls[op] = calls.get(op, 0) + 1
+    return max(calls.values(), default=0)
 
 
 UPDATE_OPS = frozenset({"aten::mul_", "aten::add_", "aten::sub_", "aten::div_", "aten::addcmul_", "aten::addcdiv_",

@@ -170,7 +170,8 @@ def test_no_update_loop_without_many_per_tensor_updates(tmp_path, kernel, launch
 
 def test_fp32_convolution_work_is_read_from_the_ops_that_launched_it(tmp_path):
     """Kernels of convolution ops in fp32 algorithms (FFT, a direct dgrad engine) count; a convolution's
-    bf16 kernel, a fp32 GEMM already counted by name, and a non-convolution op's float kernel do not."""
+    bf16 kernel, a fp32 GEMM already counted by name, a non-convolution op's float kernel and a depthwise
+    kernel whose name carries no type (the same under bf16 autocast) do not."""
     builder = KinetoBuilder(rank=0, world_size=1)
     builder.step(1, 0, 2000.0)
     launch = Launcher(builder)
@@ -184,6 +185,7 @@ def test_fp32_convolution_work_is_read_from_the_ops_that_launched_it(tmp_path):
                MAIN_TID)
     launch.run("aten::native_batch_norm", "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 512>", 900, 910,
                80, MAIN_TID)
+    launch.run("aten::convolution_backward", "dgrad2d_c1_k1_nhwc_specialized", 1000, 1010, 70, BACKWARD_TID)
     work = _work(tmp_path, builder)
     assert work.conv_fp32_us == pytest.approx(600.0)
     assert work.gemm_us_by_precision == pytest.approx({"fp32": 40.0, "bf16/fp16": 50.0})
@@ -260,3 +262,21 @@ def test_a_dense_models_few_row_counts_are_no_routing(tmp_path):
     _gemms(builder, [(n, [768, 768]) for n in (8192, 1600, 100, 8192, 768, 1600, 2048)])   # 5 row counts
     work = _work(tmp_path, builder)
     assert (work.routed_gemm_weights, work.routed_gemm_launches) == ([], 0.0)
+
+
+def test_a_score_matrix_is_a_softmax_over_a_gemms_product(tmp_path):
+    """Attention written out: a bmm of [32, 1024, 64] by [32, 64, 1024] makes 1024 x 1024 scores, softmax runs
+    over [4, 8, 1024, 1024] and a scaling pass reads them. Beside it attention pooling's softmax over
+    [4, 384, 4096, 2] (pairs of positions, weights from a convolution, which no GEMM made): no score matrix,
+    and its pass is none of the fused kernel's."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 2000.0)
+    launch = Launcher(builder)
+    launch.run("aten::bmm", "nvjet_gemm_bf16_TNN", 5, 10, 50, MAIN_TID, dims=[[32, 1024, 64], [32, 64, 1024]])
+    launch.run("aten::mul", "vectorized_elementwise_kernel<mul>", 70, 75, 30, MAIN_TID,
+               dims=[[4, 8, 1024, 1024], []])
+    launch.run("aten::_softmax", "cunn_SoftMaxForward", 110, 115, 40, MAIN_TID, dims=[[4, 8, 1024, 1024], [], []])
+    launch.run("aten::_softmax", "cunn_SoftMaxForward", 160, 165, 20, MAIN_TID, dims=[[4, 384, 4096, 2], [], []])
+    work = _work(tmp_path, builder)
+    assert work.score_shapes == ["[4,8,1024,1024]"]
+    assert work.score_pass_us == pytest.approx(70.0)

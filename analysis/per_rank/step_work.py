@@ -69,9 +69,11 @@ _PRECISION_NEEDLES = (
     (PRECISION_HALF, ("bf16", "bfloat16", "f16", "fp16", "half", "hgemm", "h1688", "h16816", "h884", "bgemm")),
     (PRECISION_FP32, ("sgemm", "simt", "f32f32_f32f32", "gemm_f32", "fp32", "cf32")),
 )
-_FP32_CONV_NEEDLES = ("float", "f32", "fft", "winograd", "implicit_convolve_sgemm", "dgrad", "wgrad", "fprop")
+_FP32_CONV_NEEDLES = ("float", "f32", "fft", "winograd", "implicit_convolve_sgemm")
 """Kernel names of fp32 convolution algorithms (cuDNN's templates name `float`; FFT and Winograd run only in fp32
-here): with the op launching them a convolution and no half or TF32 marker in the name."""
+here): with the op launching them a convolution and no half or TF32 marker in the name. A name without a type
+says nothing: cuDNN's depthwise kernels (`dgrad2d_c1_k1_nhwc_specialized`, `wgrad2d_c1_k1_nhwc`) run the same
+for bf16 inputs under autocast and use no tensor cores either way."""
 OPTIMIZER_RANGE_PREFIX = "Optimizer.step#"
 IMPL_FUSED, IMPL_FOREACH, IMPL_PER_PARAMETER = "fused", "foreach", "per-parameter"
 ALLOCATOR_CALLS = frozenset({"cudaMalloc", "cudaFree", "cudaMallocHost", "cudaFreeHost", "cudaHostAlloc",
@@ -428,14 +430,33 @@ SOFTMAX_OPS = frozenset(("aten::_softmax", "aten::softmax", "aten::_safe_softmax
 
 def _score_shapes(events: TraceEvents, steps: list[StepTiming]) -> list[str]:
     """The shapes softmax ran over in the steps (record_shapes traces), as compact text ("[4,16,2048,2048]"):
-    a score matrix has at least 3 dimensions."""
+    a score matrix has at least 3 dimensions, and its last two (queries x keys) are a GEMM's product (QK^T)
+    where the trace records the GEMMs' shapes. A softmax over weights no GEMM made (attention pooling's over a
+    conv's output, a router's over its logits' experts) is no attention a fused kernel replaces."""
+    inputs = _launch_inputs(events, steps)
+    products = _gemm_products(events, inputs)
     shapes: dict[str, float] = {}
-    for row, dims in _launch_inputs(events, steps):
+    for row, dims in inputs:
         if events.op_of_external.get(int(events.external_id[row]), "") in SOFTMAX_OPS and dims \
-                and isinstance(dims[0], list) and len(dims[0]) >= 3:
+                and isinstance(dims[0], list) and len(dims[0]) >= 3 \
+                and (not products or tuple(dims[0][-2:]) in products):
             text = json.dumps(dims[0], separators=(",", ":"))
             shapes[text] = shapes.get(text, 0.0) + float(events.dur_us[row])
     return sorted(shapes, key=lambda shape: -shapes[shape])
+
+
+def _gemm_products(events: TraceEvents, inputs: list[tuple[int, list]]) -> set[tuple]:
+    """(rows, columns) of the products of the GEMM kernels among `inputs` (their ops' two matrices,
+    _GEMM_OPERANDS: [.., m, k] x [.., k, n] makes m x n)."""
+    products: set[tuple] = set()
+    for row, dims in inputs:
+        operands = _GEMM_OPERANDS.get(events.op_of_external.get(int(events.external_id[row]), ""))
+        if operands is None or len(dims) <= max(operands):
+            continue
+        a, b = dims[operands[0]], dims[operands[1]]
+        if isinstance(a, list) and isinstance(b, list) and len(a) >= 2 and len(b) >= 2:
+            products.add((a[-2], b[-1]))
+    return products
 
 
 def score_pass_rows(events: TraceEvents, steps: list[StepTiming]) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fleetscope.analysis.per_rank.host_stalls import FRAME_PAGEABLE_COPY, FRAME_SYNC, IDLE_GC
 
 from .gpu_work import activation_checkpointing, allocator_churn, optimizer_impl
-from .model import (Change, Evidence, Finding, Rule, idle_gain, profiled_scale, steady_idle_ms, step_gain, trace_gain,
+from .model import (Change, Evidence, Finding, Rule, idle_gain, profiled_scale, idle_room_ms, step_gain, trace_gain,
                     trainer_change)
 
 IDLE_SHARE = 0.25
@@ -288,7 +288,7 @@ def host_syncs(e: Evidence) -> Finding | None:
     # data-dependent ops', the program's use of the values read); the GPU's idle after a sync is the device
     # read's round trip (copy, completion, the host resuming), which the profiler does not lengthen the way it
     # lengthens host ops (bench/planted/CORPUS.md: scaled, it fell 42-55% short)
-    bound = steady_idle_ms(e)
+    bound = idle_room_ms(e)
     gain, pct = step_gain(e, min(idle_ms + host_ms * profiled_scale(e), float("inf") if bound is None else bound))
     frames = e.stall_frames.get(FRAME_SYNC, [])[:FRAMES_NAMED]
     ops = list(e.sync_op_ms)[:FRAMES_NAMED]

@@ -325,7 +325,7 @@ def profiled_scale(evidence: Evidence) -> float:
     return steady / profiled
 
 
-def steady_idle_ms(evidence: Evidence) -> float | None:
+def idle_room_ms(evidence: Evidence) -> float | None:
     """The most GPU idle a steady step can hold: the steady step less the GPU's busy time in the profiled steps
     (the profiler lengthens the host's work, not the kernels'). None where the step is the profiled one (no
     step metrics) or the profiled idle is unknown."""
@@ -337,12 +337,12 @@ def steady_idle_ms(evidence: Evidence) -> float | None:
 
 def idle_gain(evidence: Evidence, gain_ms: float | None) -> tuple[float | None, float | None]:
     """A gain that recovers time the GPU waited, measured per profiled step: scaled to the steady step as
-    trace_gain does, and no more than the idle the steady step can hold (steady_idle_ms): a host-bound step
+    trace_gain does, and no more than the idle the steady step can hold (idle_room_ms): a host-bound step
     that profiling lengthened keeps its kernels' time, so its idle shrinks by more than the step's ratio."""
     if gain_ms is None:
         return step_gain(evidence, None)
     scaled = gain_ms * profiled_scale(evidence)
-    bound = steady_idle_ms(evidence)
+    bound = idle_room_ms(evidence)
     return step_gain(evidence, scaled if bound is None else min(scaled, bound))
 
 

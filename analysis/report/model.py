@@ -77,6 +77,8 @@ what-if without `basis` reads as). Times carry their unit in the field name (`_u
                           gemm_shaped_share, device (as traces/device_peaks.py lists it, or ""),
                           gemm_peak_pct_by_precision (achieved / the device's dense peak), optimizer (its
                           class), optimizer_impl ("fused" | "foreach" | "per-parameter" | ""), optimizer_host_us, optimizer_launches, optimizer_gpu_us,
+                          optimizer_foreach_calls (calls of its most-called foreach op per step: one per
+                          parameter group),
                           allocator_calls (cudaMalloc/cudaFree), allocator_us, allocator_idle_us (the GPU idle
                           while in them), compile_us (inside
                           torch.compile's ranges), compile_ids, host_copies (device-to-host copies by copy

@@ -214,10 +214,10 @@ def test_one_weight_over_many_row_counts_is_a_loop_over_routed_groups(tmp_path):
 
 
 def expert_loop(kernel_us: float) -> KinetoBuilder:
-    """One step, 0-800 us on the host: a dense GEMM over 2048 tokens (launched at 5), then 8 experts 60 us apart from 100,
-    each a GEMM over its tokens ([n, 512] x [512, 1024], launched at t) and a SiLU over [n, 1024] (at t + 30),
-    each kernel starting 5 us after its launch and running `kernel_us`; then a dense elementwise over
-    [2048, 512] at 700. Each of the loop's 16 launches is 30 us of host time after the one before it (the first:
+    """One step, 0-800 us on the host: a dense GEMM over 2048 tokens (launched at 5), then 8 experts 60 us apart
+    from 100, each a GEMM over its tokens ([n, 512] x [512, 1024], launched at t) and a SiLU over [n, 1024] (at
+    t + 30), each kernel running `kernel_us` from 5 us after its launch or when the GPU is done with the work
+    before it; then a dense elementwise over [2048, 512] at 700. Each of the loop's 16 launches is 30 us of host time after the one before it (the first:
     95 us after the dense GEMM's)."""
     builder = KinetoBuilder(rank=0, world_size=1)
     builder.step(1, 0, 800.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fleetscope.analysis.per_rank.host_stalls import FRAME_PAGEABLE_COPY, FRAME_SYNC, IDLE_GC
 
 from .gpu_work import activation_checkpointing, allocator_churn, optimizer_impl
-from .model import (Change, Evidence, Finding, Rule, idle_gain, profiled_scale, idle_room_ms, step_gain, trace_gain,
+from .model import (Change, Evidence, Finding, Rule, idle_gain, idle_room_ms, profiled_scale, step_gain, trace_gain,
                     trainer_change)
 
 IDLE_SHARE = 0.25
@@ -294,7 +294,8 @@ def host_syncs(e: Evidence) -> Finding | None:
     ops = list(e.sync_op_ms)[:FRAMES_NAMED]
     evidence = {"sync_idle_ms_per_step": round(idle_ms, 3), "sync_op_ms_per_step": round(op_ms, 3),
                 "dynamic_shape_host_ms_per_step": round(e.sync_dispatch_ms, 3),
-                "value_use_ms_per_step": round(use_ms, 3), **({"group_loop_ms_per_step": round(loop_ms, 3)} if loop_ms else {}),
+                "value_use_ms_per_step": round(use_ms, 3),
+                **({"group_loop_ms_per_step": round(loop_ms, 3)} if loop_ms else {}),
                 "syncs_per_step": round(e.syncs or 0.0, 1), "tensor_reads_per_step": round(e.tensor_reads or 0.0, 1)}
     if ops:
         evidence["sync_ops"] = "; ".join(f"{op} {e.sync_op_ms[op]:.2f} ms" for op in ops)

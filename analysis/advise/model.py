@@ -142,9 +142,9 @@ class Evidence:
     """Host wall time of the optimizer's ranges per profiled step, mean over ranks."""
     optimizer_launches: float | None = None
     optimizer_gpu_ms: float | None = None
+    """GPU time of the work the optimizer's ranges launched per profiled step."""
     optimizer_foreach_calls: float | None = None
     """Calls per step of the foreach op called most in the optimizer (per_rank/step_work.py), mean over ranks."""
-    """GPU time of the work the optimizer's ranges launched per profiled step."""
     allocator_calls: float | None = None
     """cudaMalloc / cudaFree calls per profiled step, mean over ranks."""
     allocator_ms: float | None = None

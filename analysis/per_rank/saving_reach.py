@@ -194,7 +194,8 @@ def routed_loop_saving_us(events: TraceEvents, steps: list[StepTiming], gaps: Id
         return sum(_gained_by_end(gaps, kinds, s.span_start_us, s.span_end_us, none, none, host)
                    for s in steps) / len(steps)
 
-    both = HostSaving(ends_us=np.concatenate([at_us, ends]), savings_us=np.concatenate([wait_us, np.clip(dispatch, 0.0, None)]))
+    both = HostSaving(ends_us=np.concatenate([at_us, ends]),
+                      savings_us=np.concatenate([wait_us, np.clip(dispatch, 0.0, None)]))
     return max(walk(both) - walk(HostSaving(ends_us=at_us, savings_us=wait_us)), 0.0)
 
 

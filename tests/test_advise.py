@@ -48,6 +48,14 @@ def test_data_loading_asks_for_workers_with_its_gain():
     assert "data_workers" not in _rules(data_ms=30.0, config={**CONFIG, "data": {"num_workers": 4}})
 
 
+def test_loading_the_gpu_waits_for_is_a_cause_below_the_loading_share():
+    # 7 ms of a 100 ms step loading data: under DATA_SHARE, but where the GPU stood idle for it the step pays it
+    assert "data_workers" in _rules(data_ms=7.0, idle_cause_ms={"input wait": 7.2})
+    # the same loading under the GPU's queue (no input-wait idle), or on a trace without the GPU's timeline
+    assert "data_workers" not in _rules(data_ms=7.0, idle_cause_ms={"input wait": 0.4})
+    assert "data_workers" not in _rules(data_ms=7.0, idle_cause_ms={"input wait": 7.2}, basis="cpu")
+
+
 def test_data_workers_fit_the_cpus_each_rank_has():
     # a 2-core host running 2 ranks: one worker each would already take every core the training needs
     assert _rules(data_ms=30.0, cpus_per_rank=1)["data_workers"].apply.train_args[1] == "data.num_workers=1"

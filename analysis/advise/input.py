@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from ..per_rank.host_stalls import IDLE_INPUT
 from .model import (TRACE_DATA_SOURCE, Change, Evidence, Finding, Rule, settings_change, step_gain, trace_gain,
                     trainer_change)
 
 DATA_SHARE = 0.10
 """Data loading above this share of the step is worth moving to worker processes."""
+INPUT_WAIT_SHARE = 0.05
+"""GPU idle waiting for the batch above this share of the step (the significance bar of the other idle rules):
+loading that the GPU's queue did not cover stalls the step, however small a share of it the loading is."""
 RECOMMENDED_WORKERS = 8
 """Workers per rank where the host has the CPUs for them: more seldom help one GPU's input pipeline."""
 
@@ -36,10 +40,14 @@ def _cpus_note(e: Evidence) -> str:
 
 
 def data_workers(e: Evidence) -> Finding | None:
-    """Data loading (median data_ms of the slowest rank) over DATA_SHARE of the step with no worker
-    processes: workers prefetch the next batches while the step runs, so up to data_ms per step is saved."""
+    """Data loading (median data_ms of the slowest rank) over DATA_SHARE of the step, or the GPU idle waiting for
+    it (host_stalls.py IDLE_INPUT) over INPUT_WAIT_SHARE, with no worker processes: workers prefetch the next
+    batches while the step runs, so up to data_ms per step is saved."""
     workers = e.setting("data", "num_workers", 0)
-    if e.data_ms is None or not e.step_ms or workers > 0 or e.data_ms < DATA_SHARE * e.step_ms:
+    if e.data_ms is None or not e.step_ms or workers > 0:
+        return None
+    waited_ms = min(e.idle_cause_ms.get(IDLE_INPUT, 0.0), e.data_ms) if e.basis == "gpu" else 0.0
+    if e.data_ms < DATA_SHARE * e.step_ms and waited_ms < INPUT_WAIT_SHARE * e.step_ms:
         return None
     # the trace's DataLoader ranges are profiled host work (lengthened as the step is); step metrics' data_ms is not
     gain, pct = (trace_gain if e.data_source == TRACE_DATA_SOURCE else step_gain)(e, e.data_ms)

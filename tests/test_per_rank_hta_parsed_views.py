@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import hta_parity_traces
 
 from fleetscope.analysis.analyze import analyze
 from fleetscope.analysis.per_rank.hta_cache import ENTRY_SUFFIX
@@ -24,7 +25,7 @@ from fleetscope.analysis.per_rank.hta_native import (
 )
 
 GPU = Path(__file__).resolve().parent / "fixtures" / "gpu"
-TRACES = sorted(GPU.rglob("*.json.gz"))
+TRACES = hta_parity_traces(GPU)
 COLUMNS = ("index", "cat", "name", "ts", "dur", "end", "stream", "correlation", "index_correlation", "iteration")
 STEP_NAMES_OF_KEY = {FILTERED: ("ProfilerStep#900", "ProfilerStep#901"), (): ()}
 

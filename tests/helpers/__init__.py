@@ -91,6 +91,14 @@ def synthetic_run_dir(root: Path, ranks: int, *, ranks_per_host: int = 4, late_r
     return root
 
 
+def hta_parity_traces(gpu_fixtures: Path) -> list[Path]:
+    """The GPU fixture traces the HTA oracle sweeps: all but the held-out sets (heldout4/, heldout5/, ...), which
+    the planted-program harness recorded with the same torch and profiler options as corpus/ (that sweep holds
+    their trace shapes) and which took most of the sweep's time."""
+    return sorted(path for path in gpu_fixtures.rglob("*.json.gz")
+                  if not path.relative_to(gpu_fixtures).parts[0].startswith("heldout"))
+
+
 def confusion_module():
     """bench/planted/confusion.py, the scorer of the recorded program sets (a script, not a package module)."""
     import importlib.util

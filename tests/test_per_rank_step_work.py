@@ -280,3 +280,29 @@ def test_a_score_matrix_is_a_softmax_over_a_gemms_product(tmp_path):
     work = _work(tmp_path, builder)
     assert work.score_shapes == ["[4,8,1024,1024]"]
     assert work.score_pass_us == pytest.approx(70.0)
+
+
+def host_paced_attention() -> KinetoBuilder:
+    """One step, 0-400 us on the host: attention written out over [4, 8, 1024, 1024] scores, its ops 40 us of host
+    work apart and their kernels 5-10 us long, so the GPU waits for each launch: the QK^T bmm (launched at 5),
+    a scaling mul (45) and a softmax (85) over the scores, the PV bmm (125); then an add over the output (300)."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 400.0)
+    launch = Launcher(builder)
+    scores = [4, 8, 1024, 1024]
+    launch.run("aten::bmm", "nvjet_gemm_bf16_TNN", 5, 10, 10, MAIN_TID, dims=[[32, 1024, 64], [32, 64, 1024]])
+    launch.run("aten::mul", "vectorized_elementwise_kernel<mul>", 45, 50, 5, MAIN_TID, dims=[scores, []])
+    launch.run("aten::_softmax", "cunn_SoftMaxForward", 85, 90, 5, MAIN_TID, dims=[scores, [], []])
+    launch.run("aten::bmm", "nvjet_gemm_bf16_TNN", 125, 130, 10, MAIN_TID, dims=[[32, 1024, 1024], [32, 1024, 64]])
+    launch.run("aten::add", "vectorized_elementwise_kernel<add>", 300, 305, 20, MAIN_TID,
+               dims=[[4, 1024, 512], [4, 1024, 512]])
+    return builder
+
+
+def test_a_fused_attention_gives_a_host_paced_step_the_passes_dispatch(tmp_path):
+    """The scaling and the softmax, gone into one fused kernel, take their host work with them (40 us each from
+    the launch before, not only their 4 us launch calls): every launch after them is 80 us earlier, and the GPU,
+    waiting for the host, with it; their 10 us of GPU time is lost in the gaps that wait for the host."""
+    work = _work(tmp_path, host_paced_attention())
+    assert work.score_shapes == ["[4,8,1024,1024]"] and work.score_pass_us == pytest.approx(10.0)
+    assert work.score_saving_us == pytest.approx(80.0, abs=2.0)

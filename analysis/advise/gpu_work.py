@@ -141,8 +141,9 @@ def eager_attention(e: Evidence) -> Finding | None:
     """Softmax kernels over SOFTMAX_SHARE of the step and no fused attention kernel in it: attention computed
     from a materialized score matrix (softmax(QK^T / sqrt(d) + mask) V written out). Gain: the passes over the
     score matrix that are no GEMM (step_work.py score_pass_rows: the softmax, scaling, masking, dropout and their
-    backward, told by the score matrix's shape among their inputs), which a fused kernel never makes, as far as
-    their time reaches the step's end (per_rank/saving_reach.py); the GEMMs stay (a fused kernel does that math).
+    backward, told by the score matrix's shape among their inputs), which a fused kernel never makes, with the host
+    work that dispatched them, as far as their time reaches the step's end (per_rank/saving_reach.py); the GEMMs
+    stay (a fused kernel does that math).
     Without record_shapes, an estimate stated in SCORE_PASSES: the softmax's time and as much again."""
     if e.basis != "gpu" or not e.step_ms or e.fused_attention_ms > 0 or e.softmax_ms < SOFTMAX_SHARE * e.step_ms:
         return None

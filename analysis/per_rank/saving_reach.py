@@ -15,8 +15,10 @@ step whose host syncs at its end gains all of it. A change that removes GPU work
 the host time inside those launch calls (a few microseconds each, or far more where the call blocked in the
 driver) leaves the host's timeline, which then runs earlier by it, and a gap in which the GPU waited for the
 host gives the GPU back up to that lead (never more than the gap and the GPU's own lead: a kernel cannot start
-before the work ahead of it ends). Other host time the GPU does not wait for is none of this (the rules that
-save host time bound their gain by the GPU's idle instead).
+before the work ahead of it ends). A change that removes ops, not only kernels (one fused kernel for a chain of
+passes), removes their host work too: from the launch before each to its own (dispatch_host_saving). Other host
+time the GPU does not wait for is none of this (the rules that save host time bound their gain by the GPU's idle
+instead).
 """
 
 from __future__ import annotations
@@ -112,8 +114,8 @@ def with_savings(work: StepWork | None, events: TraceEvents, steps: list[StepTim
                  gaps: IdleGaps | None) -> StepWork | None:
     """`work` with the savings the rules read, as far as they reach the step's end: StepWork.fp32_saving_us (the
     fp32 math TENSOR_CORE_SPEEDUP times faster), StepWork.score_saving_us (the passes over a score matrix
-    gone, fused into one attention kernel) and StepWork.value_use_saving_us (the host's use of the values its syncs
-    read gone)."""
+    gone, fused into one attention kernel, their ops' dispatch with them) and StepWork.value_use_saving_us (the
+    host's use of the values its syncs read gone)."""
     if work is None or gaps is None:
         return work
     gpu = events.of_kind(*GPU_ACTIVITY_KINDS)
@@ -127,19 +129,13 @@ def with_savings(work: StepWork | None, events: TraceEvents, steps: list[StepTim
     if work.score_pass_us and not work.fused_attention_us:
         rows = score_pass_rows(events, steps)
         changes["score_saving_us"] = step_saving_us(gaps, steps, events.end_us[rows], events.dur_us[rows], queued, waited,
-                                                    launch_calls(events, rows))
+                                                    dispatch_host_saving(events, rows, user_syncs(events)))
     syncs = user_syncs(events)
     changes["value_use_saving_us"] = value_use_saving_us(events, steps, gaps, syncs)
     if work.routed_gemm_weights:
         changes["routed_loop_saving_us"] = routed_loop_saving_us(events, steps, gaps, syncs,
                                                                  routed_loop_rows(events, steps))
     return dataclasses.replace(work, **changes) if changes else work
-
-
-def launch_calls(events: TraceEvents, rows: np.ndarray) -> HostSaving:
-    """The host time inside the launch calls of the GPU work at `rows` (none where no launch is recorded)."""
-    starts, ends = events.launch_start_us(rows), events.launch_end_us(rows)
-    return HostSaving(ends_us=ends, savings_us=np.clip(ends - starts, 0.0, None))
 
 
 def after_blocking_copies(events: TraceEvents, gaps: IdleGaps) -> np.ndarray:
@@ -173,6 +169,24 @@ def routed_loop_saving_us(events: TraceEvents, steps: list[StepTiming], gaps: Id
     None without GPU idle gaps or such kernels."""
     if gaps.basis != BASIS_GPU or not steps or not rows.size:
         return None
+    dispatch = dispatch_host_saving(events, rows, syncs)
+    kinds = _walk_kinds(events, gaps, syncs)
+    none = np.zeros(0)
+    at_us, _, wait_us, _ = _reads(events, syncs) if syncs.any() else (none, none, none, none)
+
+    def walk(host: HostSaving) -> float:
+        return sum(_gained_by_end(gaps, kinds, s.span_start_us, s.span_end_us, none, none, host)
+                   for s in steps) / len(steps)
+
+    both = HostSaving(ends_us=np.concatenate([at_us, dispatch.ends_us]),
+                      savings_us=np.concatenate([wait_us, dispatch.savings_us]))
+    return max(walk(both) - walk(HostSaving(ends_us=at_us, savings_us=wait_us)), 0.0)
+
+
+def dispatch_host_saving(events: TraceEvents, rows: np.ndarray, syncs: np.ndarray) -> HostSaving:
+    """The host time that dispatched the GPU work at `rows`: each launch's, from the previous launch on its thread
+    to its own launch's end (the op's work on the host, its launch call), less the sync calls in it. A change that
+    removes those ops (not only their kernels) removes that time from the host's timeline."""
     selected = np.zeros(len(events), dtype=bool)
     selected[rows] = True
     ends, threads = events.launch_end_us(selected), events.launch_thread(selected)
@@ -186,17 +200,7 @@ def routed_loop_saving_us(events: TraceEvents, steps: list[StepTiming], gaps: Id
         slot = np.searchsorted(launched, ends[mine], side="left") - 1
         previous = np.where(slot >= 0, launched[np.clip(slot, 0, None)], ends[mine])
         dispatch[mine] = (ends[mine] - previous) - covered_between(waits, previous, ends[mine])
-    kinds = _walk_kinds(events, gaps, syncs)
-    none = np.zeros(0)
-    at_us, _, wait_us, _ = _reads(events, syncs) if syncs.any() else (none, none, none, none)
-
-    def walk(host: HostSaving) -> float:
-        return sum(_gained_by_end(gaps, kinds, s.span_start_us, s.span_end_us, none, none, host)
-                   for s in steps) / len(steps)
-
-    both = HostSaving(ends_us=np.concatenate([at_us, ends]),
-                      savings_us=np.concatenate([wait_us, np.clip(dispatch, 0.0, None)]))
-    return max(walk(both) - walk(HostSaving(ends_us=at_us, savings_us=wait_us)), 0.0)
+    return HostSaving(ends_us=ends, savings_us=np.clip(dispatch, 0.0, None))
 
 
 def _walk_kinds(events: TraceEvents, gaps: IdleGaps, syncs: np.ndarray) -> np.ndarray:

@@ -306,3 +306,57 @@ def test_a_fused_attention_gives_a_host_paced_step_the_passes_dispatch(tmp_path)
     work = _work(tmp_path, host_paced_attention())
     assert work.score_shapes == ["[4,8,1024,1024]"] and work.score_pass_us == pytest.approx(10.0)
     assert work.score_saving_us == pytest.approx(80.0, abs=2.0)
+
+
+@pytest.mark.parametrize("name,precision", [
+    ("void cutlass::Kernel2<cutlass_75_tensorop_bf16_s1688gemm_bf16_64x64_nn_align1>", "bf16/fp16"),
+    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_nn", "bf16/fp16"),
+    ("ampere_fp16_s16816gemm_fp16_256x128_ldg8_f2f_stages_32x3_nt", "bf16/fp16"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>", "tf32"),
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32", "tf32"),
+    ("ampere_sgemm_128x64_nn", "fp32"),
+])
+def test_a_gemms_numeric_type_is_its_inputs_not_its_accumulator(name, precision):
+    """`s1688` / `s16816` name an fp32 accumulator: the math is TF32 only where no half input type is named."""
+    from fleetscope.analysis.per_rank.step_work import gemm_precision
+    assert gemm_precision(name) == precision
+
+
+def attention_with_gemms(head_dim: int, score_gemm_us: float) -> KinetoBuilder:
+    """One GPU-bound step: a projection GEMM [8192, 1024] x [1024, 1024] in 100 us (17.2 GFLOP: 172 TFLOP/s), then
+    attention over [4, 8, 1024, 1024] scores with `head_dim`: QK^T ([32, 1024, d] x [32, d, 1024]), a softmax
+    over the scores, PV ([32, 1024, 1024] x [32, 1024, d]), each GEMM `score_gemm_us` long."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 2000.0)
+    launch = Launcher(builder)
+    scores = [4, 8, 1024, 1024]
+    gemm = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn"
+    launch.run("aten::mm", gemm, 5, 10, 100, MAIN_TID, dims=[[8192, 1024], [1024, 1024]])
+    launch.run("aten::bmm", gemm, 15, 110, score_gemm_us, MAIN_TID, dims=[[32, 1024, head_dim], [32, head_dim, 1024]])
+    at = 110 + score_gemm_us
+    launch.run("aten::_softmax", "cunn_SoftMaxForward", 20, at, 40, MAIN_TID, dims=[scores, [], []])
+    launch.run("aten::bmm", gemm, 25, at + 40, score_gemm_us, MAIN_TID,
+               dims=[[32, 1024, 1024], [32, 1024, head_dim]])
+    return builder
+
+
+def test_score_gemms_slower_than_their_math_give_their_excess_to_a_fused_kernel(tmp_path):
+    """Each score GEMM does 2 x 32 x 1024 x 1024 x 64 = 4.3 GFLOP: at half the projection's 172 TFLOP/s that is
+    50 us, so GEMMs of 80 us (bound by writing and reading the scores) have 30 us each beyond their math, and the
+    GPU-bound step keeps all of it with the softmax's 40 us; GEMMs of 40 us have none."""
+    work = _work(tmp_path, attention_with_gemms(head_dim=64, score_gemm_us=80.0))
+    assert work.score_gemm_us == pytest.approx(160.0)
+    assert work.score_gemm_excess_us == pytest.approx(60.0, rel=0.01)
+    assert work.score_saving_us == pytest.approx(100.0, abs=1.0)
+    work = _work(tmp_path, attention_with_gemms(head_dim=64, score_gemm_us=40.0))
+    assert work.score_gemm_excess_us == pytest.approx(0.0) and work.score_saving_us == pytest.approx(40.0, abs=1.0)
+
+
+def test_a_linear_layer_as_wide_as_the_sequence_is_no_score_gemm(tmp_path):
+    """A projection of [4, 1024, 1024] activations by a [1024, 1024] weight has a score-like product, but its
+    weight has no batch: only products batched on both sides (bmm) are attention's."""
+    builder = attention_with_gemms(head_dim=64, score_gemm_us=80.0)
+    Launcher(builder).run("aten::mm", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn", 400, 500, 300, MAIN_TID,
+                          dims=[[4096, 1024], [1024, 1024]])
+    work = _work(tmp_path, builder)
+    assert work.score_gemm_us == pytest.approx(160.0)

@@ -162,6 +162,7 @@ def _step_work_evidence(report: Report | None) -> dict[str, Any]:
             "python_frames": any(w.python_frames for w in works), **_host_link_evidence(works),
             "fp32_saving_ms": _mean_known([w.fp32_saving_us for w in works]),
             "score_pass_ms": mean("score_pass_us"), "score_saving_ms": _mean_known([w.score_saving_us for w in works]),
+            "score_gemm_ms": mean("score_gemm_us"), "score_gemm_excess_ms": mean("score_gemm_excess_us"),
             "value_use_saving_ms": _mean_known([w.value_use_saving_us for w in works]),
             "score_shapes": next((w.score_shapes for w in works if w.score_shapes), []),
             "routed_gemm_weights": next((w.routed_gemm_weights for w in works if w.routed_gemm_weights), []),

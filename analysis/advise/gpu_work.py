@@ -142,16 +142,21 @@ def eager_attention(e: Evidence) -> Finding | None:
     from a materialized score matrix (softmax(QK^T / sqrt(d) + mask) V written out). Gain: the passes over the
     score matrix that are no GEMM (step_work.py score_pass_rows: the softmax, scaling, masking, dropout and their
     backward, told by the score matrix's shape among their inputs), which a fused kernel never makes, with the host
-    work that dispatched them, as far as their time reaches the step's end (per_rank/saving_reach.py); the GEMMs
-    stay (a fused kernel does that math).
+    work that dispatched them, and the GEMMs over the scores' time beyond their math at a fused kernel's rate
+    (step_work.py score_gemm_excess: a small head dimension leaves them writing and reading the scores), as far as
+    that time reaches the step's end (per_rank/saving_reach.py); their math stays (a fused kernel does it).
     Without record_shapes, an estimate stated in SCORE_PASSES: the softmax's time and as much again."""
     if e.basis != "gpu" or not e.step_ms or e.fused_attention_ms > 0 or e.softmax_ms < SOFTMAX_SHARE * e.step_ms:
         return None
     busy_share = 1.0 - (e.idle_pct or 0.0) / 100.0
     if e.score_pass_ms > 0:
-        saved_ms = e.score_saving_ms if e.score_saving_ms is not None else e.score_pass_ms * busy_share
+        removed_ms = e.score_pass_ms + e.score_gemm_excess_ms
+        saved_ms = e.score_saving_ms if e.score_saving_ms is not None else removed_ms * busy_share
+        gemms = (f", and the GEMMs over it {e.score_gemm_ms:.2f} ms, {e.score_gemm_excess_ms:.2f} ms of it beyond "
+                 "their math at half the program's GEMM rate (the scores written and read)"
+                 if e.score_gemm_excess_ms >= 0.01 else "")
         basis = (f"the passes over the score matrix ({', '.join(e.score_shapes) or 'its shape'}) that are no GEMM "
-                 f"take {e.score_pass_ms:.2f} ms per step, {saved_ms:.2f} ms of it on the step's critical path")
+                 f"take {e.score_pass_ms:.2f} ms per step{gemms}; {saved_ms:.2f} ms of that reaches the step's end")
     else:
         saved_ms = SCORE_PASSES * e.softmax_ms * busy_share
         basis = (f"gain assumed: {SCORE_PASSES:.0f}x the softmax's time, over the {busy_share:.0%} of the step the "
@@ -161,6 +166,8 @@ def eager_attention(e: Evidence) -> Finding | None:
         rule="eager_attention", title="attention runs on materialized scores (no fused attention kernel)",
         evidence={"softmax_ms_per_step": round(e.softmax_ms, 3), "fused_attention_ms_per_step": 0.0,
                   "score_pass_ms_per_step": round(e.score_pass_ms, 3),
+                  "score_gemm_ms_per_step": round(e.score_gemm_ms, 3),
+                  "score_gemm_excess_ms_per_step": round(e.score_gemm_excess_ms, 3),
                   **({"score_shapes": "; ".join(e.score_shapes)} if e.score_shapes else {})},
         expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
         change="compute attention with torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., "

@@ -71,8 +71,13 @@ class Evidence:
     score_pass_ms: float = 0.0
     """Non-GEMM passes over a score matrix per step (per_rank/step_work.py score_pass_rows), mean over ranks."""
     score_shapes: list[str] = field(default_factory=list)
+    score_gemm_ms: float = 0.0
+    """GEMMs over a score matrix per step (step_work.score_gemm_excess), the same mean."""
+    score_gemm_excess_ms: float = 0.0
+    """Of that, the time beyond their math at a fused kernel's rate, the same mean."""
     score_saving_ms: float | None = None
-    """What removing them saves at the step's end (saving_reach.py), mean over ranks; None: cannot tell."""
+    """What removing the passes and that excess saves at the step's end (saving_reach.py), mean over ranks; None:
+    cannot tell."""
     fp32_saving_ms: float | None = None
     """Per step, what the fp32 math run TENSOR_CORE_SPEEDUP times faster saves at the step's end
     (per_rank/saving_reach.py), mean over ranks; None where no rank's trace can tell."""

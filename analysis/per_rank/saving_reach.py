@@ -33,7 +33,7 @@ from fleetscope.analysis.per_rank.intervals import Intervals, covered_between, u
 from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
 from fleetscope.analysis.per_rank.names import is_device_to_host_copy, is_pageable_copy, is_tensor_read_op
 from fleetscope.analysis.per_rank.step_work import (TENSOR_CORE_SPEEDUP, StepWork, fp32_math_rows, routed_loop_rows,
-                                                    score_pass_rows)
+                                                    score_gemm_excess, score_pass_rows)
 from fleetscope.analysis.per_rank.steps import StepTiming
 from fleetscope.analysis.per_rank.utilization import BASIS_GPU
 
@@ -75,8 +75,18 @@ def step_saving_us(gaps: IdleGaps | None, steps: list[StepTiming], ends_us: np.n
         kinds = np.where(waited, np.int8(_WAITED), kinds)
     total = 0.0
     for step in steps:
-        total += _gained_by_end(gaps, kinds, step.span_start_us, step.span_end_us, ends_us, savings_us, host)
+        total += _gained_by_end(gaps, kinds, *gpu_span(step), ends_us, savings_us, host)
     return total / len(steps)
+
+
+def gpu_span(step: StepTiming) -> tuple[float, float]:
+    """Where a step's saving is walked: the GPU's span of the step (its work launched inside the host's range)
+    where the trace has one, since the walk moves the GPU's timeline; a host far ahead of the queue ends its range
+    long before the GPU runs that work (a GPU-bound step the host times as long as the GPU does). Else the span
+    that is the step time."""
+    if step.gpu_start_us is None or step.gpu_ms is None:
+        return step.span_start_us, step.span_end_us
+    return step.gpu_start_us, step.gpu_start_us + step.gpu_ms * 1000.0
 
 
 _GPU_SAVING, _HOST_SAVING = -2, -1
@@ -114,7 +124,7 @@ def with_savings(work: StepWork | None, events: TraceEvents, steps: list[StepTim
                  gaps: IdleGaps | None) -> StepWork | None:
     """`work` with the savings the rules read, as far as they reach the step's end: StepWork.fp32_saving_us (the
     fp32 math TENSOR_CORE_SPEEDUP times faster), StepWork.score_saving_us (the passes over a score matrix
-    gone, fused into one attention kernel, their ops' dispatch with them) and StepWork.value_use_saving_us (the
+    gone, fused into one attention kernel with the score GEMMs' excess, their ops' dispatch with them) and StepWork.value_use_saving_us (the
     host's use of the values its syncs read gone)."""
     if work is None or gaps is None:
         return work
@@ -127,8 +137,11 @@ def with_savings(work: StepWork | None, events: TraceEvents, steps: list[StepTim
         changes["fp32_saving_us"] = step_saving_us(gaps, steps, events.end_us[rows],
                                                    events.dur_us[rows] * (1.0 - 1.0 / TENSOR_CORE_SPEEDUP), queued, waited)
     if work.score_pass_us and not work.fused_attention_us:
-        rows = score_pass_rows(events, steps)
-        changes["score_saving_us"] = step_saving_us(gaps, steps, events.end_us[rows], events.dur_us[rows], queued, waited,
+        passes = score_pass_rows(events, steps)
+        gemms, excess = score_gemm_excess(events, steps)
+        rows = np.concatenate([passes, gemms])
+        savings = np.concatenate([events.dur_us[passes], excess])
+        changes["score_saving_us"] = step_saving_us(gaps, steps, events.end_us[rows], savings, queued, waited,
                                                     dispatch_host_saving(events, rows, user_syncs(events)))
     syncs = user_syncs(events)
     changes["value_use_saving_us"] = value_use_saving_us(events, steps, gaps, syncs)
@@ -175,7 +188,7 @@ def routed_loop_saving_us(events: TraceEvents, steps: list[StepTiming], gaps: Id
     at_us, _, wait_us, _ = _reads(events, syncs) if syncs.any() else (none, none, none, none)
 
     def walk(host: HostSaving) -> float:
-        return sum(_gained_by_end(gaps, kinds, s.span_start_us, s.span_end_us, none, none, host)
+        return sum(_gained_by_end(gaps, kinds, *gpu_span(s), none, none, host)
                    for s in steps) / len(steps)
 
     both = HostSaving(ends_us=np.concatenate([at_us, dispatch.ends_us]),
@@ -242,7 +255,7 @@ def value_use_saving_us(events: TraceEvents, steps: list[StepTiming], gaps: Idle
 
     def walk(savings_us: np.ndarray) -> float:
         host = HostSaving(ends_us=at_us, savings_us=savings_us)
-        return sum(_gained_by_end(gaps, kinds, s.span_start_us, s.span_end_us, none, none, host)
+        return sum(_gained_by_end(gaps, kinds, *gpu_span(s), none, none, host)
                    for s in steps) / len(steps)
 
     return max(walk(wait_us + use_us) - walk(wait_us), 0.0)

@@ -63,10 +63,13 @@ from fleetscope.traces.device_peaks import device_name, peak_tflops, pinned_copy
 PRECISION_FP32, PRECISION_TF32, PRECISION_HALF, PRECISION_FP8 = "fp32", "tf32", "bf16/fp16", "fp8"
 PRECISION_UNKNOWN = "unknown"
 _PRECISION_NEEDLES = (
-    # first match wins, on the lower-cased kernel name
+    # first match wins, on the lower-cased kernel name; the input type before the instruction shape: `s1688`
+    # names fp32 accumulation, TF32 only where no half type is named (`cutlass_75_tensorop_bf16_s1688gemm_bf16`,
+    # cuBLAS's `ampere_bf16_s16816gemm_bf16` multiply bf16)
     (PRECISION_FP8, ("e4m3", "e5m2", "fp8", "f8f8")),
-    (PRECISION_TF32, ("tf32", "s1688", "s16816", "s884", "tensorop_s")),
+    (PRECISION_TF32, ("tf32",)),
     (PRECISION_HALF, ("bf16", "bfloat16", "f16", "fp16", "half", "hgemm", "h1688", "h16816", "h884", "bgemm")),
+    (PRECISION_TF32, ("s1688", "s16816", "s884", "tensorop_s")),
     (PRECISION_FP32, ("sgemm", "simt", "f32f32_f32f32", "gemm_f32", "fp32", "cf32")),
 )
 _FP32_CONV_NEEDLES = ("float", "f32", "fft", "winograd", "implicit_convolve_sgemm")
@@ -129,9 +132,14 @@ class StepWork:
     """GPU time per step of the non-GEMM passes over a score matrix (score_pass_rows; record_shapes traces)."""
     score_shapes: list[str] = field(default_factory=list)
     """The score matrices' shapes ("[4,16,2048,2048]"), most softmax time first."""
+    score_gemm_us: float = 0.0
+    """GPU time per step of the GEMMs over a score matrix (QK^T, PV and their backward's: score_gemm_excess)."""
+    score_gemm_excess_us: float = 0.0
+    """Of that, the time beyond their math at a fused kernel's rate (score_gemm_excess): the scores written and
+    read by products too small in their head dimension to be bound by their math."""
     score_saving_us: float | None = None
-    """How much shorter the step would be without those passes, as far as it reaches the step's end
-    (saving_reach.py); None where the idle gaps cannot tell or there are none."""
+    """How much shorter the step would be without those passes and that excess, as far as it reaches the step's
+    end (saving_reach.py); None where the idle gaps cannot tell or there are none."""
     value_use_saving_us: float | None = None
     """How much shorter the step would be without the host's use of the values its syncs read (a `.tolist()`
     looped over in Python), as far as it reaches the step's end (saving_reach.value_use_saving_us); None where the
@@ -419,8 +427,11 @@ def _attention(events: TraceEvents, steps: list[StepTiming], count: int) -> dict
         elif "softmax" in folded:
             softmax += us
     rows = score_pass_rows(events, steps)
+    gemms, excess = score_gemm_excess(events, steps)
     return {"softmax_us": softmax / count, "fused_attention_us": fused / count,
             "score_pass_us": float(events.dur_us[rows].sum()) / count if rows.size else 0.0,
+            "score_gemm_us": float(events.dur_us[gemms].sum()) / count if gemms.size else 0.0,
+            "score_gemm_excess_us": float(excess.sum()) / count,
             "score_shapes": _score_shapes(events, steps)[:3]}
 
 
@@ -470,6 +481,63 @@ def score_pass_rows(events: TraceEvents, steps: list[StepTiming]) -> np.ndarray:
               if kernel_category(events.names[events.name_id[row]]) != CATEGORY_GEMM
               and any(isinstance(d, list) and json.dumps(d, separators=(",", ":")) in shapes for d in dims)]
     return np.asarray(chosen, dtype=np.int64)
+
+
+FUSED_ATTENTION_GEMM_SHARE = 0.5
+"""The share of the program's own GEMM rate (its other GEMMs', same numeric type) a fused attention kernel
+reaches on the score GEMMs' math: it also runs the softmax between its two products and recomputes the scores
+in its backward (FlashAttention-2 reports 50-73% of an A100's peak forward, less backward). An assumption."""
+
+
+def score_gemm_excess(events: TraceEvents, steps: list[StepTiming]) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, excess us) of the GEMM kernels over a score matrix launched in the steps: batched products whose
+    product or first operand is a score matrix (batch = its leading dims, queries x keys either way round):
+    QK^T and PV forward, dP, dV, dQ and dK backward. Each one's excess is its time beyond its math at
+    FUSED_ATTENTION_GEMM_SHARE of the rate the program's other GEMMs of its numeric type reach: with a small
+    head dimension these products write and read the scores, bound by memory, where a fused kernel does the
+    same math without them. Empty without record_shapes, a score matrix or other GEMMs to take the rate from."""
+    none = (np.zeros(0, dtype=np.int64), np.zeros(0))
+    scores = [json.loads(shape) for shape in _score_shapes(events, steps)]
+    keys = {(int(np.prod(s[:-2])), s[-2], s[-1]) for s in scores} | {(int(np.prod(s[:-2])), s[-1], s[-2])
+                                                                       for s in scores}
+    if not keys:
+        return none
+    ops: dict[int, list[int]] = {}
+    flops_of: dict[int, float] = {}
+    other_flops: dict[str, float] = {}
+    other_us: dict[str, float] = {}
+    for row, dims in _launch_inputs(events, steps):
+        name = events.names[events.name_id[row]]
+        op, external = events.op_of_external.get(int(events.external_id[row]), ""), int(events.external_id[row])
+        work = gemm_flops(op, dims) if kernel_category(name) == CATEGORY_GEMM else None
+        if work is None:
+            continue
+        if _over_scores(dims[_GEMM_OPERANDS[op][0]], dims[_GEMM_OPERANDS[op][1]], keys):
+            ops.setdefault(external, []).append(row)
+            flops_of[external] = work
+        else:
+            precision = gemm_precision(name)
+            other_us[precision] = other_us.get(precision, 0.0) + float(events.dur_us[row])
+            other_flops.setdefault(precision, 0.0)
+            other_flops[precision] += work
+    rows, excess = [], []
+    for external, kernels in ops.items():
+        precision = gemm_precision(events.names[events.name_id[kernels[0]]])
+        if not other_us.get(precision):
+            continue
+        rate = FUSED_ATTENTION_GEMM_SHARE * other_flops[precision] / other_us[precision]   # flop per us
+        spent = events.dur_us[kernels]
+        beyond = max(float(spent.sum()) - flops_of[external] / rate, 0.0)
+        rows.extend(kernels)
+        excess.extend((beyond * spent / max(float(spent.sum()), 1e-9)).tolist())
+    return np.asarray(rows, dtype=np.int64), np.asarray(excess, dtype=float)
+
+
+def _over_scores(a: Any, b: Any, keys: set[tuple]) -> bool:
+    """Whether a batched product [n, m, k] x [n, k, p] makes a score matrix (n, m, p) or reads one (n, m, k)."""
+    if not (isinstance(a, list) and isinstance(b, list) and len(a) == 3 and len(b) == 3):
+        return False
+    return (a[0], a[1], b[2]) in keys or (a[0], a[1], a[2]) in keys
 
 
 def _launch_inputs(events: TraceEvents, steps: list[StepTiming]) -> list[tuple[int, list]]:

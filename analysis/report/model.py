@@ -86,8 +86,10 @@ what-if without `basis` reads as). Times carry their unit in the field name (`_u
                           (forward work the backward ran again), recompute_idle_us (the GPU idle around it),
                           gc_us, gc_count (garbage collections, with_stack traces): per profiled step; python_frames (the trace has with_stack's);
                           score_pass_us (non-GEMM passes over a score matrix: kernels of ops with an input
-                          of a shape softmax ran over), score_shapes, score_saving_us (those passes gone:
-                          what reaches the step's end, saving_reach.py; null: cannot tell),
+                          of a shape softmax ran over), score_shapes, score_gemm_us (the GEMMs over a score
+                          matrix), score_gemm_excess_us (their time beyond their math at half the program's
+                          other GEMMs' rate, step_work.score_gemm_excess), score_saving_us (those passes and
+                          that excess gone: what reaches the step's end, saving_reach.py; null: cannot tell),
                           fp32_saving_us (the fp32 math 4x faster: what reaches the step's end, per step,
                           saving_reach.py; null: cannot tell), value_use_saving_us (the host's use of the
                           values its syncs read gone: what reaches the step's end, saving_reach.py; null:

@@ -205,3 +205,25 @@ def run_set_fixes(doc: str, programs: dict[Callable, list[str]], with_stack: set
     """run_set for programs whose `build(fixes)` takes the frozenset of causes to fix (run_program_fixes)."""
     args = _set_arguments(doc, programs)
     sys.exit(run_all(args.out, programs, with_stack, args.names, run=run_program_fixes, between=reset_compiled))
+
+
+def release_cached_memory() -> None:
+    """torch.cuda.empty_cache(), where there is a CUDA allocator to empty."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def device_synchronize() -> None:
+    """torch.cuda.synchronize(), where there is a GPU to wait for."""
+    if on_gpu():
+        torch.cuda.synchronize()
+
+
+def heads_of(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[B, S, W] -> [B, H, S, W / H]."""
+    b, s, w = x.shape
+    return x.view(b, s, heads, w // heads).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(1, 2).flatten(2)

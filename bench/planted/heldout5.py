@@ -41,16 +41,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from harness import BF16, PerSamples, autocast, dev, fused_adamw, on_gpu, pick, pinned, run_set_fixes
+from harness import (BF16, PerSamples, autocast, dev, fused_adamw, on_gpu, pick, pinned, release_cached_memory,
+                     run_set_fixes)
 
 Fixes = frozenset[str]
 Step = Callable[[], object]
-
-
-def release_cached_memory() -> None:
-    """torch.cuda.empty_cache(), where there is a CUDA allocator to empty."""
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def scratch_folder(prefix: str) -> tempfile.TemporaryDirectory:

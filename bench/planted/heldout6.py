@@ -33,32 +33,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from harness import BF16, autocast, dev, fused_adamw, on_gpu, pick, pinned, run_set_fixes
+from harness import (BF16, autocast, dev, device_synchronize, fused_adamw, heads_of, merge_heads, on_gpu, pick, pinned,
+                     release_cached_memory, run_set_fixes)
 
 Fixes = frozenset[str]
 Step = Callable[[], object]
-
-
-def release_cached_memory() -> None:
-    """torch.cuda.empty_cache(), where there is a CUDA allocator to empty."""
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def device_synchronize() -> None:
-    """torch.cuda.synchronize(), where there is a GPU to wait for."""
-    if on_gpu():
-        torch.cuda.synchronize()
-
-
-def heads_of(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """[B, S, W] -> [B, H, S, W / H]."""
-    b, s, w = x.shape
-    return x.view(b, s, heads, w // heads).transpose(1, 2)
-
-
-def merge_heads(x: torch.Tensor) -> torch.Tensor:
-    return x.transpose(1, 2).flatten(2)
 
 
 # ------------------------------------------------------------------------------------------------ host_syncs

@@ -61,26 +61,11 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset
 
-from harness import autocast, dev, fused_adamw, pick, pinned, run_set_fixes
+from harness import (autocast, dev, fused_adamw, heads_of, merge_heads, pick, pinned, release_cached_memory,
+                     run_set_fixes)
 
 Fixes = frozenset[str]
 Step = Callable[[], object]
-
-
-def release_cached_memory() -> None:
-    """torch.cuda.empty_cache(), where there is a CUDA allocator to empty."""
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def heads_of(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """[B, S, W] -> [B, H, S, W / H]."""
-    b, s, w = x.shape
-    return x.view(b, s, heads, w // heads).transpose(1, 2)
-
-
-def merge_heads(x: torch.Tensor) -> torch.Tensor:
-    return x.transpose(1, 2).flatten(2)
 
 
 def written_out_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

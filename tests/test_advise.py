@@ -265,3 +265,12 @@ def test_a_real_run_with_slow_data_loading_on_rank_0(tmp_path, capsys):
     assert shown == [(f.rule, gain_text(f)) for f in advise(run_dir).findings[:len(shown)]] and shown
     assert "rank 0 is the straggler" in report["verdict"] and straggler.ranks == [0]
     assert "advice 1: " in completed.stdout
+
+
+def test_attention_on_materialised_scores_is_costed_by_all_its_passes_not_the_softmax_alone():
+    # 3 ms of softmax in a 100 ms step is under SOFTMAX_SHARE; the 11 ms of passes over the scores the trace's
+    # shapes show (masking, scaling, dropout, their backward) are what a fused kernel removes
+    assert "eager_attention" not in _rules(softmax_ms=3.0)
+    finding = _rules(softmax_ms=3.0, score_pass_ms=11.0, score_shapes=["[128,8,256,256]"])["eager_attention"]
+    assert finding.expected_gain_ms == pytest.approx(11.0 * 0.95)
+    assert "eager_attention" not in _rules(softmax_ms=3.0, score_pass_ms=11.0, fused_attention_ms=4.0)

@@ -18,7 +18,8 @@ FOREACH_GROUP_CALLS = 8
 calls each once per group (and device and dtype); the recorded programs' foreach optimizers call each once or
 twice (1-2 groups), one with a group per parameter 241 times."""
 SOFTMAX_SHARE = 0.05
-"""Softmax kernels above this share of the step, with no fused attention kernel: attention on materialized scores."""
+"""Softmax kernels (or all the passes over the scores, where the trace records shapes) above this share of the
+step, with no fused attention kernel: attention on materialized scores worth fusing."""
 SCORE_PASSES = 2.0
 """The softmax's time is multiplied by this for the gain: an attention written by hand also scales and masks
 the score matrix in passes of their own (forward and backward), each about as long as the softmax (one read and
@@ -138,15 +139,19 @@ def _update_loop_finding(e: Evidence, host_ms: float, gpu_ms: float, gain: float
 
 
 def eager_attention(e: Evidence) -> Finding | None:
-    """Softmax kernels over SOFTMAX_SHARE of the step and no fused attention kernel in it: attention computed
-    from a materialized score matrix (softmax(QK^T / sqrt(d) + mask) V written out). Gain: the passes over the
+    """Softmax kernels, or with record_shapes the passes over the score matrix and the score GEMMs' excess, over
+    SOFTMAX_SHARE of the step and no fused attention kernel in it: attention computed from a materialized score
+    matrix (softmax(QK^T / sqrt(d) + mask) V written out). Gain: the passes over the
     score matrix that are no GEMM (step_work.py score_pass_rows: the softmax, scaling, masking, dropout and their
     backward, told by the score matrix's shape among their inputs), which a fused kernel never makes, with the host
     work that dispatched them, and the GEMMs over the scores' time beyond their math at a fused kernel's rate
     (step_work.py score_gemm_excess: a small head dimension leaves them writing and reading the scores), as far as
     that time reaches the step's end (per_rank/saving_reach.py); their math stays (a fused kernel does it).
     Without record_shapes, an estimate stated in SCORE_PASSES: the softmax's time and as much again."""
-    if e.basis != "gpu" or not e.step_ms or e.fused_attention_ms > 0 or e.softmax_ms < SOFTMAX_SHARE * e.step_ms:
+    if e.basis != "gpu" or not e.step_ms or e.fused_attention_ms > 0 or not e.softmax_ms:
+        return None
+    # the softmax is one of the passes a fused kernel removes: where the trace shows them all, they are the cost
+    if max(e.softmax_ms, e.score_pass_ms + e.score_gemm_excess_ms) < SOFTMAX_SHARE * e.step_ms:
         return None
     busy_share = 1.0 - (e.idle_pct or 0.0) / 100.0
     if e.score_pass_ms > 0:

@@ -4,6 +4,8 @@ import fnmatch
 import json
 import os
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,9 +18,50 @@ MERGED_TRACE_GLOB = "*.perfetto-trace"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "damaged_trace: the test damages a merged trace on purpose (no engine check)")
+    config.addinivalue_line("markers", "xdist_group(name): the pytest-xdist worker group (pytest_collection_modifyitems)")
     # Every report and advice fleetscope builds during the suite, in this process or any it starts, is checked
     # against analysis/invariants.py; the violations land here and fail the test that caused them.
-    os.environ.setdefault("FLEETSCOPE_INVARIANTS_LOG", tempfile.mkdtemp(prefix="fleetscope-invariants-"))
+    # Under pytest-xdist each worker keeps a log of its own, so a violation fails the test that caused it.
+    if "PYTEST_XDIST_WORKER" in os.environ or "FLEETSCOPE_INVARIANTS_LOG" not in os.environ:
+        os.environ["FLEETSCOPE_INVARIANTS_LOG"] = tempfile.mkdtemp(prefix="fleetscope-invariants-")
+
+
+SHARED_SESSION_FIXTURES = ("slurm_cluster", "families_reference", "moe_ep_runs")
+"""Session fixtures more than one test file reads: the files that read one run on one pytest-xdist worker, so the
+fixture is built once (and the Slurm daemons, which listen on fixed loopback ports, start once)."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`--dist loadgroup`, the default addopts), a test file runs on one worker, where its
+    module fixtures are built once; files that share one of SHARED_SESSION_FIXTURES run on the same worker."""
+    group_of: dict[str, str] = {}  # a file or a shared fixture -> the group it joined (union-find)
+
+    def root(name: str) -> str:
+        while group_of.get(name, name) != name:
+            name = group_of[name]
+        return name
+
+    for item in items:
+        file = item.nodeid.split("::")[0]
+        shared = [name for name in SHARED_SESSION_FIXTURES if name in getattr(item, "fixturenames", ())]
+        shared += ["slurm_cluster"] if item.get_closest_marker("slurm") is not None else []
+        for name in shared:
+            group_of[root(file)] = root(name)
+    weight: dict[str, float] = {}
+    for item in items:
+        group = root(item.nodeid.split("::")[0])
+        item.add_marker(pytest.mark.xdist_group(group))
+        weight[group] = weight.get(group, 0.0) + _expected_seconds(item)
+    # the longest groups first, so that no long group starts last while the other worker has nothing left
+    items.sort(key=lambda item: -weight[root(item.nodeid.split("::")[0])])
+
+
+def _expected_seconds(item) -> float:
+    """A rough weight for ordering the groups: real multi-process and Slurm runs take tens of seconds, the rest
+    well under one."""
+    if item.get_closest_marker("slurm") is not None:
+        return 30.0
+    return 15.0 if item.get_closest_marker("slow") is not None else 0.3
 
 
 _violations_read: dict = {}
@@ -90,12 +133,72 @@ _engine_checked: dict = {}
 """Merged trace path -> (mtime ns, size) when it was last checked in the engine."""
 
 
+@dataclass(frozen=True)
+class _ScannedFolder:
+    """One folder as last listed: its modification time, its sub-folders and the merged traces directly in it."""
+    mtime_ns: int
+    folders: tuple[str, ...]
+    traces: tuple[str, ...]
+
+
+_scanned: dict[str, _ScannedFolder] = {}
+"""Folder path -> what its last listing found. A folder whose modification time is unchanged has the same entries,
+so each check lists only the folders written since the last one (the session's temporary tree grows to tens of
+thousands of files; listing all of it after each of the suite's tests cost minutes)."""
+
+_RECENT_NS = 2_000_000_000
+"""A folder modified this recently is listed again next time: file systems stamp modification times coarsely (a
+clock tick), so a file added in the same tick as the listing would leave the time unchanged."""
+
+
+def _list_folder(folder: str) -> _ScannedFolder | None:
+    """`folder`'s sub-folders (links not followed; none in a virtual environment the suite built) and merged traces,
+    or None where it vanished or cannot be read (the session's Slurm daemons remove their job folders under the same
+    temporary directory at any moment)."""
+    folders, traces, virtual_environment = [], [], False
+    try:
+        mtime_ns = os.stat(folder).st_mtime_ns
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                virtual_environment |= entry.name == "pyvenv.cfg"
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(entry.path)
+                elif fnmatch.fnmatch(entry.name, MERGED_TRACE_GLOB):
+                    traces.append(entry.path)
+    except OSError:
+        return None
+    return _ScannedFolder(mtime_ns, () if virtual_environment else tuple(folders), tuple(traces))
+
+
+_finished: set[str] = set()
+"""Temporary folders of tests already checked (`tmp_path`): no merged trace is written there later, so they are
+not walked again."""
+
+
 def _merged_traces(base: Path) -> list[Path]:
-    """The merged traces under `base`, sorted. os.walk passes over a folder that vanishes while it is walked (the
-    session's Slurm daemons remove their job folders under the same temporary directory at any moment), where
-    Path.rglob raises FileNotFoundError."""
-    return sorted(Path(folder) / name for folder, _, names in os.walk(base)
-                  for name in fnmatch.filter(names, MERGED_TRACE_GLOB))
+    """The merged traces under `base`, sorted; folders unchanged since their last listing are not listed again."""
+    found, pending, now_ns = [], [str(base)], time.time_ns()
+    while pending:
+        folder = pending.pop()
+        if folder in _finished:
+            continue
+        try:
+            mtime_ns = os.stat(folder).st_mtime_ns
+        except OSError:
+            _scanned.pop(folder, None)
+            continue
+        scanned = _scanned.get(folder)
+        if scanned is None or scanned.mtime_ns != mtime_ns:
+            scanned = _list_folder(folder)
+            if scanned is None:
+                continue
+            if now_ns - scanned.mtime_ns > _RECENT_NS:
+                _scanned[folder] = scanned
+            else:
+                _scanned.pop(folder, None)
+        pending.extend(scanned.folders)
+        found.extend(scanned.traces)
+    return sorted(Path(trace) for trace in found)
 
 
 @pytest.fixture(autouse=True)
@@ -120,3 +223,5 @@ def merged_traces_pass_the_engine(request, tmp_path_factory):
         _engine_checked[trace] = (stat.st_mtime_ns, stat.st_size)
         if not damaged:
             check_in_engine(trace)
+    if isinstance(request.node.funcargs.get("tmp_path"), Path):
+        _finished.add(str(request.node.funcargs["tmp_path"]))

@@ -18,50 +18,9 @@ MERGED_TRACE_GLOB = "*.perfetto-trace"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "damaged_trace: the test damages a merged trace on purpose (no engine check)")
-    config.addinivalue_line("markers", "xdist_group(name): the pytest-xdist worker group (pytest_collection_modifyitems)")
     # Every report and advice fleetscope builds during the suite, in this process or any it starts, is checked
     # against analysis/invariants.py; the violations land here and fail the test that caused them.
-    # Under pytest-xdist each worker keeps a log of its own, so a violation fails the test that caused it.
-    if "PYTEST_XDIST_WORKER" in os.environ or "FLEETSCOPE_INVARIANTS_LOG" not in os.environ:
-        os.environ["FLEETSCOPE_INVARIANTS_LOG"] = tempfile.mkdtemp(prefix="fleetscope-invariants-")
-
-
-SHARED_SESSION_FIXTURES = ("slurm_cluster", "families_reference", "moe_ep_runs")
-"""Session fixtures more than one test file reads: the files that read one run on one pytest-xdist worker, so the
-fixture is built once (and the Slurm daemons, which listen on fixed loopback ports, start once)."""
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`--dist loadgroup`, the default addopts), a test file runs on one worker, where its
-    module fixtures are built once; files that share one of SHARED_SESSION_FIXTURES run on the same worker."""
-    group_of: dict[str, str] = {}  # a file or a shared fixture -> the group it joined (union-find)
-
-    def root(name: str) -> str:
-        while group_of.get(name, name) != name:
-            name = group_of[name]
-        return name
-
-    for item in items:
-        file = item.nodeid.split("::")[0]
-        shared = [name for name in SHARED_SESSION_FIXTURES if name in getattr(item, "fixturenames", ())]
-        shared += ["slurm_cluster"] if item.get_closest_marker("slurm") is not None else []
-        for name in shared:
-            group_of[root(file)] = root(name)
-    weight: dict[str, float] = {}
-    for item in items:
-        group = root(item.nodeid.split("::")[0])
-        item.add_marker(pytest.mark.xdist_group(group))
-        weight[group] = weight.get(group, 0.0) + _expected_seconds(item)
-    # the longest groups first, so that no long group starts last while the other worker has nothing left
-    items.sort(key=lambda item: -weight[root(item.nodeid.split("::")[0])])
-
-
-def _expected_seconds(item) -> float:
-    """A rough weight for ordering the groups: real multi-process and Slurm runs take tens of seconds, the rest
-    well under one."""
-    if item.get_closest_marker("slurm") is not None:
-        return 30.0
-    return 15.0 if item.get_closest_marker("slow") is not None else 0.3
+    os.environ.setdefault("FLEETSCOPE_INVARIANTS_LOG", tempfile.mkdtemp(prefix="fleetscope-invariants-"))
 
 
 _violations_read: dict = {}

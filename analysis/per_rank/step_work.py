@@ -415,7 +415,8 @@ _FUSED_ATTENTION = ("flash", "fmha", "sdpa", "efficient_attention", "attention_k
 def _attention(events: TraceEvents, steps: list[StepTiming], count: int) -> dict:
     """Softmax kernels vs fused attention kernels launched in the steps: attention computed from materialized
     scores runs softmax over them (and scales and masks them in passes of their own); a fused kernel never
-    writes them."""
+    writes them. Only softmax that can be attention's counts (_is_attention_softmax): where the trace records the
+    softmax ops' shapes, the softmax over a score matrix alone."""
     per_name = _kernel_us_by_name(events, steps)
     if not per_name:
         return {}
@@ -424,15 +425,35 @@ def _attention(events: TraceEvents, steps: list[StepTiming], count: int) -> dict
         folded = name.lower()
         if any(needle in folded for needle in _FUSED_ATTENTION):
             fused += us
-        elif "softmax" in folded:
+        elif _is_attention_softmax(folded):
             softmax += us
     rows = score_pass_rows(events, steps)
+    shaped = _shaped_softmax_rows(events, steps)
+    if shaped.size:
+        # the trace shows what each softmax ran over: the one over a score matrix is attention's, the rest
+        # (a router's over its experts, a pooling's, a Gumbel-softmax's over codes) no fused kernel replaces
+        softmax = sum(float(events.dur_us[row]) for row in rows.tolist()
+                      if _is_attention_softmax(events.names[events.name_id[row]].lower()))
     gemms, excess = score_gemm_excess(events, steps)
     return {"softmax_us": softmax / count, "fused_attention_us": fused / count,
             "score_pass_us": float(events.dur_us[rows].sum()) / count if rows.size else 0.0,
             "score_gemm_us": float(events.dur_us[gemms].sum()) / count if gemms.size else 0.0,
             "score_gemm_excess_us": float(excess.sum()) / count,
             "score_shapes": _score_shapes(events, steps)[:3]}
+
+
+def _is_attention_softmax(folded_name: str) -> bool:
+    """Whether a kernel (lower-cased name) can be attention's softmax: a softmax that is no log-softmax. A
+    log-softmax makes log-probabilities (cross-entropy over a vocabulary or classes, a KL term), never attention's
+    weights; a compiled kernel's name lists the ops it fused (triton_..._log_softmax_...)."""
+    return "softmax" in folded_name and "log_softmax" not in folded_name and "logsoftmax" not in folded_name
+
+
+def _shaped_softmax_rows(events: TraceEvents, steps: list[StepTiming]) -> np.ndarray:
+    """The softmax kernels launched in the steps (SOFTMAX_OPS) whose op's input shapes the trace records."""
+    return np.asarray([row for row, dims in _launch_inputs(events, steps)
+                       if events.op_of_external.get(int(events.external_id[row]), "") in SOFTMAX_OPS and dims],
+                      dtype=np.int64)
 
 
 SOFTMAX_OPS = frozenset(("aten::_softmax", "aten::softmax", "aten::_safe_softmax", "aten::_softmax_backward_data"))

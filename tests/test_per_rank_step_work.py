@@ -280,6 +280,22 @@ def test_a_score_matrix_is_a_softmax_over_a_gemms_product(tmp_path):
     work = _work(tmp_path, builder)
     assert work.score_shapes == ["[4,8,1024,1024]"]
     assert work.score_pass_us == pytest.approx(70.0)
+    assert work.softmax_us == pytest.approx(40.0)   # the pooling's softmax is no attention's
+
+
+def test_a_log_softmax_is_no_attentions_softmax(tmp_path):
+    """Without shapes, a step's softmax kernels are attention's unless they make log-probabilities: a
+    cross-entropy's log-softmax over the vocabulary (cunn_SoftMaxForward with the LogSoftMax epilogue) and a
+    compiled kernel that fused one (triton_..._log_softmax_...) are not counted; a plain softmax is."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 2000.0)
+    launch = Launcher(builder)
+    launch.run("aten::_softmax", "cunn_SoftMaxForward<4, float, float, float, SoftMaxForwardEpilogue>",
+               5, 10, 40, MAIN_TID)
+    launch.run("aten::_log_softmax", "cunn_SoftMaxForward<4, float, float, float, LogSoftMaxForwardEpilogue>",
+               60, 65, 300, MAIN_TID)
+    launch.run("Torch-Compiled Region", "triton_red_fused__log_softmax__softmax_add_exp_0", 400, 405, 500, MAIN_TID)
+    assert _work(tmp_path, builder).softmax_us == pytest.approx(40.0)
 
 
 def host_paced_attention() -> KinetoBuilder:

@@ -36,12 +36,13 @@ def gather_evidence(records: RunRecords, report: Report | None) -> Evidence:
         known = [v for v in values if v is not None]
         return float(np.mean(known)) if known else None
 
-    trace_data_ms = _trace_data_loader_ms(report)
+    trace_data_ms, loader_events, host_events = _trace_data_loader(report)
     windows = report.windows if report else []
     return Evidence(
         **_step_time(steady, report),
         data_ms=trace_data_ms if trace_data_ms is not None else per_step_max("data_ms"),
         data_source=TRACE_DATA_SOURCE if trace_data_ms is not None else "step metrics data_ms",
+        data_loader_events=loader_events, host_events=host_events,
         comm_exposed_ms=per_step_max("comm_exposed_ms"), comm_buckets=per_step_max("comm_buckets"),
         comm_mb=per_step_max("comm_mb"), comm_last_bucket_mb=per_step_max("comm_last_bucket_mb"),
         trace_collectives_per_step=_trace_collectives_per_step(report), trace_allreduce_mb=_trace_allreduce_mb(report),
@@ -201,16 +202,25 @@ def _program_of(record: dict) -> str:
     return program_text(entry) if isinstance(entry, dict) else ""
 
 
-def _trace_data_loader_ms(report: Report | None) -> float | None:
-    """Median over profiled steps of the slowest rank's DataLoader fetch time; None: the trace has none."""
-    by_step: dict[tuple[int | None, int], float] = {}
+def _trace_data_loader(report: Report | None) -> tuple[float | None, float | None, float | None]:
+    """Median over profiled steps of the slowest rank's DataLoader fetch time, and of the host events the profiler
+    recorded inside those fetches and in that rank's step (None where not counted); (None, None, None): the trace
+    has no DataLoader ranges."""
+    by_step: dict[tuple[int | None, int], tuple[float, int | None, int | None]] = {}
     for window in report.windows if report else []:
         for rank in window.ranks:
             for step in rank.steps:
-                if step.data_loader_ms is not None:
-                    key = (window.window, step.step)
-                    by_step[key] = max(by_step.get(key, 0.0), step.data_loader_ms)
-    return float(np.median(list(by_step.values()))) if by_step else None
+                key = (window.window, step.step)
+                if step.data_loader_ms is not None and step.data_loader_ms >= by_step.get(key, (-1.0,))[0]:
+                    by_step[key] = (step.data_loader_ms, step.data_loader_events, step.host_events)
+    if not by_step:
+        return None, None, None
+
+    def median(values: list) -> float | None:
+        return float(np.median(values)) if values and all(v is not None for v in values) else None
+
+    chosen = list(by_step.values())
+    return median([c[0] for c in chosen]), median([c[1] for c in chosen]), median([c[2] for c in chosen])
 
 
 def _trace_collectives_per_step(report: Report | None) -> float | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..per_rank.host_stalls import IDLE_INPUT
 from .model import (TRACE_DATA_SOURCE, Change, Evidence, Finding, Rule, settings_change, step_gain, trace_gain,
-                    trainer_change)
+                    trainer_change, unprofiled_range_ms)
 
 DATA_SHARE = 0.10
 """Data loading above this share of the step is worth moving to worker processes."""
@@ -49,18 +49,31 @@ def data_workers(e: Evidence) -> Finding | None:
     waited_ms = min(e.idle_cause_ms.get(IDLE_INPUT, 0.0), e.data_ms) if e.basis == "gpu" else 0.0
     if e.data_ms < DATA_SHARE * e.step_ms and waited_ms < INPUT_WAIT_SHARE * e.step_ms:
         return None
-    # the trace's DataLoader ranges are profiled host work (lengthened as the step is); step metrics' data_ms is not
-    gain, pct = (trace_gain if e.data_source == TRACE_DATA_SOURCE else step_gain)(e, e.data_ms)
+    # the trace's DataLoader ranges are profiled host work, lengthened by the profiler's cost per event recorded in
+    # them (a loader of numpy or Python records few); step metrics' data_ms is not profiled
+    unprofiled_ms = unprofiled_range_ms(e, e.data_ms, e.data_loader_events)
+    if e.data_source != TRACE_DATA_SOURCE:
+        gain, pct = step_gain(e, e.data_ms)
+    else:
+        gain, pct = trace_gain(e, e.data_ms) if unprofiled_ms is None else step_gain(e, unprofiled_ms)
     return Finding(rule="data_workers", title="data loading stalls the step",
                    evidence={"data_ms": round(e.data_ms, 3), "data_source": e.data_source,
                              "step_ms": round(e.step_ms, 3), "num_workers": workers,
                              "recommended_workers": recommended_workers(e),
+                             **({"unprofiled_data_ms": round(unprofiled_ms, 3),
+                                 "data_loader_events_per_step": round(e.data_loader_events or 0.0, 1),
+                                 "host_events_per_step": round(e.host_events or 0.0, 1)}
+                                if unprofiled_ms is not None and e.data_source == TRACE_DATA_SOURCE else {}),
                              **({"cpus_per_rank": e.cpus_per_rank} if e.cpus_per_rank is not None else {})},
                    expected_gain_ms=gain, expected_gain_pct=pct,
                    confidence="high" if e.data_ms >= 2 * DATA_SHARE * e.step_ms else "medium",
                    **trainer_change(data_workers_change(e), note=_cpus_note(e).strip(" ()")),
                    why=f"{e.data_ms:.1f} ms of each {e.step_ms:.1f} ms step is spent loading data in the training "
-                       "process; worker processes load the next batches while the GPU computes")
+                       "process; worker processes load the next batches while the GPU computes"
+                       + (f" (about {unprofiled_ms:.1f} ms without the profiler: the fetches hold "
+                          f"{e.data_loader_events or 0.0:.0f} of the {e.host_events or 0.0:.0f} events it recorded "
+                          "per step, and its cost is per event)"
+                          if unprofiled_ms is not None and e.data_source == TRACE_DATA_SOURCE else ""))
 
 
 RULES = (

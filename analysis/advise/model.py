@@ -35,6 +35,11 @@ class Evidence:
     steps), else the step metrics' data_ms: the metric's span also holds whatever else runs before the
     forward on the host (an injected straggler sleep does), the trace's range only the fetch."""
     data_source: str = ""
+    data_loader_events: float | None = None
+    """Host events the profiler recorded inside the DataLoader ranges of the steps data_ms comes from (median);
+    None: data_ms is not the trace's."""
+    host_events: float | None = None
+    """Host events the profiler recorded in those steps (median; per_rank/steps.py StepTiming.host_events)."""
     comm_exposed_ms: float | None = None
     comm_buckets: float | None = None
     """DDP gradient buckets all-reduced per step (step metrics, slowest rank, median over steps)."""
@@ -328,6 +333,29 @@ def profiled_scale(evidence: Evidence) -> float:
     if not steady or not profiled or evidence.step_basis.startswith("trace"):
         return 1.0
     return steady / profiled
+
+
+def unprofiled_range_ms(evidence: Evidence, range_ms: float, range_events: float | None) -> float | None:
+    """A profiled host range's length without the profiler: less its own events' share of what profiling added
+    to the step. The profiler's cost is per recorded event (an op, a runtime call, a Python function), so a
+    range of numpy or Python without ops (a loader's decoding, a sleep) is hardly lengthened while dispatch of
+    thousands of ops is: (profiled step - steady step) / the step's host events is each event's cost. None where
+    the steady step is unknown or no shorter than the profiled one, or the events are not counted."""
+    steady, profiled, events = evidence.step_ms, evidence.profiled_step_ms, evidence.host_events
+    if not steady or not profiled or evidence.step_basis.startswith("trace") or steady >= profiled \
+            or not events or range_events is None:
+        return None
+    per_event_ms = (profiled - steady) / events
+    if per_event_ms * 1000.0 > MAX_PROFILER_EVENT_US:
+        return None
+    return max(range_ms - range_events * per_event_ms, 0.0)
+
+
+MAX_PROFILER_EVENT_US = 50.0
+"""The most a recorded host event can cost under the profiler: bench/profiler_cost_results.md measured 0.3-4.7 us
+per event in isolation and 20-30 us per runtime call on the planted corpus's host. A step lengthened by more
+per event was lengthened by something else too (a slower first step, a loader whose time varies), which the
+events cannot apportion: unprofiled_range_ms then says nothing."""
 
 
 def idle_room_ms(evidence: Evidence) -> float | None:

@@ -57,6 +57,11 @@ class StepTiming:
     data_loader_ms: float | None = None
     """Summed wall time of the DataLoader's `enumerate(DataLoader)#...__next__` ranges that start in this
     step (fetching its batch on the host); None when the trace records none."""
+    host_events: int | None = None
+    """Host events the profiler recorded starting in the step's host range, every thread (ops, annotations,
+    runtime calls, Python functions): what the profiler's cost per recorded event lengthened."""
+    data_loader_events: int | None = None
+    """Of host_events, those starting inside the DataLoader ranges; None when the trace records none."""
 
     @property
     def end_us(self) -> float:
@@ -131,6 +136,7 @@ def find_steps(events: TraceEvents) -> tuple[list[StepTiming], str | None]:
         return [], None
     phase_masks = {phase: host_ranges & events.names_matching(lambda n, p=phase: n == p) for phase in PHASES}
     loader = host_ranges & events.names_matching(lambda n: n.startswith(DATA_LOADER_PREFIX))
+    recorded = events.of_kind(*HOST_EVENT_KINDS)
     gpu_spans, gpu_source = (_whole_gpu_span(events) if source == STEP_SOURCE_CAPTURE
                              else gpu_step_spans(events, windows))
     steps = []
@@ -153,8 +159,28 @@ def find_steps(events: TraceEvents) -> tuple[list[StepTiming], str | None]:
             gpu_span_source=gpu_source if gpu_ms is not None else "",
             bound=bound, phases_ms=_phase_times_ms(events, phase_masks, start, start + dur),
             data_loader_ms=_phase_times_ms(events, {"data": loader}, start, start + dur).get("data")
-            if loader.any() else None))
+            if loader.any() else None,
+            **_host_event_counts(events, recorded, loader, start, start + dur)))
     return steps, source
+
+
+HOST_EVENT_KINDS = (Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.CUDA_RUNTIME, Kind.PYTHON_FUNCTION)
+"""The host-side events the profiler records, each at a cost of its own."""
+
+
+def _host_event_counts(events: TraceEvents, recorded: np.ndarray, loader: np.ndarray, start_us: float,
+                       end_us: float) -> dict[str, int | None]:
+    """StepTiming.host_events and data_loader_events of the step whose host range is [start_us, end_us)."""
+    inside = recorded & (events.start_us >= start_us) & (events.start_us < end_us)
+    counts: dict[str, int | None] = {"host_events": int(inside.sum()), "data_loader_events": None}
+    ranges = loader & (events.start_us >= start_us) & (events.start_us < end_us)
+    if ranges.any():
+        fetching = union(Intervals(events.start_us[ranges], events.end_us[ranges]))
+        starts = events.start_us[inside]
+        slot = np.searchsorted(fetching.starts_us, starts, side="right") - 1
+        within = (slot >= 0) & (starts < fetching.ends_us[np.clip(slot, 0, None)])
+        counts["data_loader_events"] = int(within.sum()) - int(ranges.sum())   # not the ranges themselves
+    return counts
 
 
 QUEUED_US = 500.0

@@ -40,7 +40,9 @@ what-if without `basis` reads as). Times carry their unit in the field name (`_u
                           (gpu_ms where bound is "gpu", else host_ms: per_rank/steps.py), host_ms, gpu_start_us,
                           gpu_ms, gpu_busy_ms, gpu_span_source, bound ("host" | "gpu"),
                           phases_ms {train_step, forward, backward, optimizer_step},
-                          data_loader_ms (DataLoader fetch ranges; null: none)}, step_time (StepStats),
+                          data_loader_ms (DataLoader fetch ranges; null: none), host_events (host events
+                          recorded in the step), data_loader_events (of them, in the fetch ranges; null:
+                          none)}, step_time (StepStats),
                           utilization {basis, span_us, busy_us, idle_us, compute_us, comm_us, memory_us,
                           overlap_us, exposed_comm_us, idle_comm_us, busy_pct, idle_pct, comm_pct,
                           overlap_pct} | null,

@@ -51,11 +51,14 @@ def data_workers(e: Evidence) -> Finding | None:
         return None
     # the trace's DataLoader ranges are profiled host work, lengthened by the profiler's cost per event recorded in
     # them (a loader of numpy or Python records few); step metrics' data_ms is not profiled
-    unprofiled_ms = unprofiled_range_ms(e, e.data_ms, e.data_loader_events)
-    if e.data_source != TRACE_DATA_SOURCE:
+    from_trace = e.data_source == TRACE_DATA_SOURCE
+    unprofiled_ms = unprofiled_range_ms(e, e.data_ms, e.data_loader_events) if from_trace else None
+    if not from_trace:
         gain, pct = step_gain(e, e.data_ms)
+    elif unprofiled_ms is not None:
+        gain, pct = step_gain(e, unprofiled_ms)
     else:
-        gain, pct = trace_gain(e, e.data_ms) if unprofiled_ms is None else step_gain(e, unprofiled_ms)
+        gain, pct = trace_gain(e, e.data_ms)
     return Finding(rule="data_workers", title="data loading stalls the step",
                    evidence={"data_ms": round(e.data_ms, 3), "data_source": e.data_source,
                              "step_ms": round(e.step_ms, 3), "num_workers": workers,
@@ -63,7 +66,7 @@ def data_workers(e: Evidence) -> Finding | None:
                              **({"unprofiled_data_ms": round(unprofiled_ms, 3),
                                  "data_loader_events_per_step": round(e.data_loader_events or 0.0, 1),
                                  "host_events_per_step": round(e.host_events or 0.0, 1)}
-                                if unprofiled_ms is not None and e.data_source == TRACE_DATA_SOURCE else {}),
+                                if unprofiled_ms is not None else {}),
                              **({"cpus_per_rank": e.cpus_per_rank} if e.cpus_per_rank is not None else {})},
                    expected_gain_ms=gain, expected_gain_pct=pct,
                    confidence="high" if e.data_ms >= 2 * DATA_SHARE * e.step_ms else "medium",
@@ -73,7 +76,7 @@ def data_workers(e: Evidence) -> Finding | None:
                        + (f" (about {unprofiled_ms:.1f} ms without the profiler: the fetches hold "
                           f"{e.data_loader_events or 0.0:.0f} of the {e.host_events or 0.0:.0f} events it recorded "
                           "per step, and its cost is per event)"
-                          if unprofiled_ms is not None and e.data_source == TRACE_DATA_SOURCE else ""))
+                          if unprofiled_ms is not None else ""))
 
 
 RULES = (

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
+from fleetscope.analysis.per_rank.intervals import inside_any
 from fleetscope.analysis.per_rank.names import (
     CATEGORY_MEMORY,
     KERNEL_CATEGORIES,
@@ -106,24 +107,12 @@ _PHASE_LABELS = [PHASE_OUTSIDE, PHASE_OTHER, *PHASES]
 
 def _phase_of(events: TraceEvents, steps: list[StepTiming], times_us: np.ndarray) -> _Labels:
     codes = np.zeros(times_us.size, dtype=np.int64)
-    codes[_inside_any([s.start_us for s in steps], [s.end_us for s in steps], times_us)] = 1
+    codes[inside_any([s.start_us for s in steps], [s.end_us for s in steps], times_us)] = 1
     host = events.of_kind(Kind.USER_ANNOTATION, Kind.CPU_OP)
     for code, phase in enumerate(PHASES, start=2):   # train_step first: the phases inside it overwrite it
         mask = host & events.names_matching(lambda n, p=phase: n == p)
-        codes[_inside_any(events.start_us[mask], events.end_us[mask], times_us)] = code
+        codes[inside_any(events.start_us[mask], events.end_us[mask], times_us)] = code
     return _Labels(codes, _PHASE_LABELS)
-
-
-def _inside_any(starts_us, ends_us, times_us: np.ndarray) -> np.ndarray:
-    """Which times fall inside one of the ranges: a time is inside one of the ranges starting before it
-    when it is before the latest end among them."""
-    starts, ends = np.asarray(starts_us, dtype=np.float64), np.asarray(ends_us, dtype=np.float64)
-    if not starts.size:
-        return np.zeros(times_us.size, dtype=bool)
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], np.maximum.accumulate(ends[order])
-    slot = np.searchsorted(starts, times_us, side="right") - 1
-    return (slot >= 0) & (times_us < ends[np.clip(slot, 0, None)])
 
 
 def _range_of(events: TraceEvents, times_us: np.ndarray, threads: np.ndarray) -> _Labels:

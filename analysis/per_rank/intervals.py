@@ -139,3 +139,17 @@ def _covered_before(normalized: Intervals, times_us: np.ndarray) -> np.ndarray:
     slot = np.searchsorted(normalized.starts_us, times_us, side="right") - 1
     inside = np.clip(times_us - normalized.starts_us[np.clip(slot, 0, None)], 0, lengths[np.clip(slot, 0, None)])
     return np.where(slot >= 0, before[np.clip(slot, 0, None)] + inside, 0.0)
+
+
+def inside_any(starts_us, ends_us, times_us) -> np.ndarray:
+    """Which times fall inside one of the ranges [start, end) (they may overlap). A time is in some range
+    starting at or before it iff the latest end among those ranges is after it: one search over the sorted
+    starts, linear in the times whatever the number of ranges."""
+    times_us = np.asarray(times_us, dtype=np.float64)
+    starts, ends = np.asarray(starts_us, dtype=np.float64), np.asarray(ends_us, dtype=np.float64)
+    if not starts.size:
+        return np.zeros(times_us.shape, dtype=bool)
+    order = np.argsort(starts, kind="stable")
+    starts, latest_end = starts[order], np.maximum.accumulate(ends[order])
+    slot = np.searchsorted(starts, times_us, side="right") - 1
+    return (slot >= 0) & (times_us < latest_end[np.clip(slot, 0, None)])

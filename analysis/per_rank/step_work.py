@@ -428,8 +428,7 @@ def _attention(events: TraceEvents, steps: list[StepTiming], count: int) -> dict
         elif _is_attention_softmax(folded):
             softmax += us
     rows = score_pass_rows(events, steps)
-    shaped = _shaped_softmax_rows(events, steps)
-    if shaped.size:
+    if _softmax_shapes_recorded(events, steps):
         # the trace shows what each softmax ran over: the one over a score matrix is attention's, the rest
         # (a router's over its experts, a pooling's, a Gumbel-softmax's over codes) no fused kernel replaces
         softmax = sum(float(events.dur_us[row]) for row in rows.tolist()
@@ -449,11 +448,10 @@ def _is_attention_softmax(folded_name: str) -> bool:
     return "softmax" in folded_name and "log_softmax" not in folded_name and "logsoftmax" not in folded_name
 
 
-def _shaped_softmax_rows(events: TraceEvents, steps: list[StepTiming]) -> np.ndarray:
-    """The softmax kernels launched in the steps (SOFTMAX_OPS) whose op's input shapes the trace records."""
-    return np.asarray([row for row, dims in _launch_inputs(events, steps)
-                       if events.op_of_external.get(int(events.external_id[row]), "") in SOFTMAX_OPS and dims],
-                      dtype=np.int64)
+def _softmax_shapes_recorded(events: TraceEvents, steps: list[StepTiming]) -> bool:
+    """Whether the trace records the input shapes of a softmax op (SOFTMAX_OPS) launched in the steps."""
+    return any(events.op_of_external.get(int(events.external_id[row]), "") in SOFTMAX_OPS and dims
+               for row, dims in _launch_inputs(events, steps))
 
 
 SOFTMAX_OPS = frozenset(("aten::_softmax", "aten::softmax", "aten::_safe_softmax", "aten::_softmax_backward_data"))

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
-from fleetscope.analysis.per_rank.intervals import Intervals, union
+from fleetscope.analysis.per_rank.intervals import Intervals, inside_any, union
 from fleetscope.analysis.per_rank.names import PHASES, TRAIN_STEP, profiler_step_number
 from fleetscope.traces.formats import STEP_SOURCE_CAPTURE
 
@@ -108,17 +108,7 @@ class StepStats:
 def in_host_ranges(times_us: np.ndarray, steps: list[StepTiming]) -> np.ndarray:
     """Which times fall inside a step's host range [start_us, end_us): what "in the step" means for host events
     and for GPU work by its launch."""
-    times_us = np.asarray(times_us)
-    if not steps:
-        return np.zeros(times_us.size, dtype=bool)
-    # A time is in some range starting at or before it iff the latest end among those ranges is after it: one
-    # search over the sorted starts (linear in the times, whatever the number of steps; ranges may overlap).
-    starts = np.asarray([s.start_us for s in steps], dtype=np.float64)
-    ends = np.asarray([s.end_us for s in steps], dtype=np.float64)
-    order = np.argsort(starts, kind="stable")
-    latest_end = np.maximum.accumulate(ends[order])
-    slot = np.searchsorted(starts[order], times_us, side="right") - 1
-    return (slot >= 0) & (times_us < latest_end[np.clip(slot, 0, None)])
+    return inside_any([s.start_us for s in steps], [s.end_us for s in steps], times_us)
 
 
 def find_steps(events: TraceEvents) -> tuple[list[StepTiming], str | None]:
@@ -175,10 +165,7 @@ def _host_event_counts(events: TraceEvents, recorded: np.ndarray, loader: np.nda
     counts: dict[str, int | None] = {"host_events": int(inside.sum()), "data_loader_events": None}
     ranges = loader & (events.start_us >= start_us) & (events.start_us < end_us)
     if ranges.any():
-        fetching = union(Intervals(events.start_us[ranges], events.end_us[ranges]))
-        starts = events.start_us[inside]
-        slot = np.searchsorted(fetching.starts_us, starts, side="right") - 1
-        within = (slot >= 0) & (starts < fetching.ends_us[np.clip(slot, 0, None)])
+        within = inside_any(events.start_us[ranges], events.end_us[ranges], events.start_us[inside])
         counts["data_loader_events"] = int(within.sum()) - int(ranges.sum())   # not the ranges themselves
     return counts
 

@@ -148,14 +148,18 @@ def test_time_the_profiler_does_not_lengthen_is_not_scaled_to_the_steady_step():
 def test_a_gain_that_recovers_idle_is_no_more_than_the_steady_steps_idle():
     """Profiled 150 ms, 60% idle: the kernels are busy 60 ms, which the profiler does not lengthen; the steady
     step is 100 ms, so it holds at most 40 ms of idle. 80 ms of dispatch scaled by the steps' ratio (53.3 ms)
-    would be more than the idle there is."""
+    would be more than the idle there is. Each cause keeps its share of the 90 ms profiled idle: every cause's idle
+    shrinks as the step does, not the found one's alone."""
     steady = dict(step_ms=100.0, profiled_step_ms=150.0, step_basis="step metrics, steps 3-9", idle_pct=60.0)
-    assert _rules(**steady, launch_ms=80.0, launches=9000.0)["cuda_graphs"].expected_gain_ms == pytest.approx(40.0)
+    assert _rules(**steady, launch_ms=90.0, launches=9000.0)["cuda_graphs"].expected_gain_ms == pytest.approx(40.0)
+    assert _rules(**steady, launch_ms=80.0, launches=9000.0)["cuda_graphs"].expected_gain_ms == \
+        pytest.approx(40.0 * 80.0 / 90.0)
     work = _rules(**steady, launch_ms=1.0, launches=30.0, idle_cause_ms={"host busy elsewhere": 75.0})
-    assert work["host_work"].expected_gain_ms == pytest.approx(40.0)
-    # where the idle the steady step holds is more, the steps' ratio alone scales it
+    assert work["host_work"].expected_gain_ms == pytest.approx(40.0 * 75.0 / 90.0)
+    # a lighter step is scaled the same way: by the idle's ratio (25 ms steady of 75 profiled), which is below
+    # the steps' ratio wherever the kernels take any time (30 ms of launches scaled by the steps' ratio: 20 ms)
     light = dict(steady, idle_pct=50.0)
-    assert _rules(**light, launch_ms=30.0, launches=4000.0)["cuda_graphs"].expected_gain_ms == pytest.approx(20.0)
+    assert _rules(**light, launch_ms=30.0, launches=4000.0)["cuda_graphs"].expected_gain_ms == pytest.approx(10.0)
 
 
 def test_a_foreach_optimizer_over_a_group_per_parameter_is_told_to_merge_its_groups():

@@ -370,12 +370,19 @@ def idle_room_ms(evidence: Evidence) -> float | None:
 
 def idle_gain(evidence: Evidence, gain_ms: float | None) -> tuple[float | None, float | None]:
     """A gain that recovers time the GPU waited, measured per profiled step: scaled to the steady step as
-    trace_gain does, and no more than the idle the steady step can hold (idle_room_ms): a host-bound step
-    that profiling lengthened keeps its kernels' time, so its idle shrinks by more than the step's ratio."""
+    trace_gain does, and no more than its share of the idle the steady step can hold (idle_room_ms): a step
+    that profiling lengthened keeps its kernels' time, so its idle shrinks by more than the step's ratio, and
+    every cause's idle with it. Where the steady step is the shorter, that is the idle's ratio (steady idle /
+    profiled idle): a launch-bound gain keeps the launches' share of the steady idle, not the host work's beside
+    it too (bench/planted/CORPUS.md, "Each cause its share of the steady idle")."""
     if gain_ms is None:
         return step_gain(evidence, None)
     scaled = gain_ms * profiled_scale(evidence)
     bound = idle_room_ms(evidence)
+    profiled_idle_ms = (evidence.profiled_step_ms or 0.0) * (evidence.idle_pct or 0.0) / 100.0
+    if bound is not None and profiled_idle_ms > 0.0:
+        # the steady step's idle shrinks for every cause the profiled idle holds, each by its share of it
+        bound *= min(gain_ms / profiled_idle_ms, 1.0)
     return step_gain(evidence, scaled if bound is None else min(scaled, bound))
 
 

@@ -376,3 +376,25 @@ def test_a_linear_layer_as_wide_as_the_sequence_is_no_score_gemm(tmp_path):
                           dims=[[4096, 1024], [1024, 1024]])
     work = _work(tmp_path, builder)
     assert work.score_gemm_us == pytest.approx(160.0)
+
+
+def test_a_steps_host_events_count_the_ops_a_gpu_traces_table_leaves_out():
+    """A GPU trace's table keeps few host ops (events.py: most are never read), but the profiler recorded each,
+    at a cost of its own: StepTiming.host_events, which apportions that cost (advise/model.py
+    unprofiled_range_ms), counts them, and data_loader_events those inside the loader's ranges."""
+    from fleetscope.analysis.per_rank.events import extract_events
+    from fleetscope.analysis.per_rank.steps import find_steps
+    trace = KinetoBuilder().step(1, 0.0, 1000.0)
+    trace.annotation("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 10.0, 100.0)
+    for i in range(3):                                  # inside the loader's range
+        trace.op("aten::stack", 20.0 + 10 * i, 5.0)
+    for i in range(5):                                  # the model's ops, each launching a kernel
+        trace.op("aten::mm", 200.0 + 100 * i, 20.0)
+        trace.kernel("ampere_sgemm_128x64_nn", 210.0 + 100 * i, 50.0, launch_ts=205.0 + 100 * i)
+    trace.op("aten::mm", 1500.0, 20.0)                  # after the step: not its own
+    events = extract_events(trace.document())
+    assert events.omitted_host_ops == 9
+    (step,), _ = find_steps(events)
+    # 8 ops left out of the table, 5 launch calls, the loader's range and the step's own annotation
+    assert step.host_events == 8 + 5 + 1 + 1
+    assert step.data_loader_events == 3

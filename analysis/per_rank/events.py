@@ -111,6 +111,9 @@ class TraceEvents:
     """`cpu_op` events not kept because the trace holds GPU activity: GPU-basis metrics never read host
     ops other than collectives and tensor reads (names.is_kept_host_op, which are kept), and they are most
     of a GPU trace's events."""
+    omitted_host_op_start_us: np.ndarray | None = None
+    """The start of each of those ops (sorted; those with a numeric time): the profiler recorded them, each at a
+    cost of its own (steps.py StepTiming.host_events counts them). None where none was left out."""
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     """What the analyses ask of the table again and again (end_us, of_kind, names_matching, the launch calls'
     order), computed once a table."""
@@ -292,6 +295,7 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
     skip_host_ops = any(type(event.cat) is str and event.cat in _GPU_CATEGORY_NAMES for event in reversed(events))
     host_op_kept: dict[str, bool] = {}
     omitted = 0
+    omitted_starts: list[float] = []
     group_index: dict[tuple, int] = {}
     grouped_rows: list[tuple[int, int]] = []
     message_index: dict[tuple, int] = {}
@@ -326,6 +330,9 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
                 kept = host_op_kept[name] = is_kept_host_op(name)
             if not kept:
                 omitted += 1
+                start = event.ts
+                if type(start) is float and -limit < start < limit:
+                    omitted_starts.append(start)
                 continue
         start, dur = event.ts, event.dur
         if not (type(start) is float and type(dur) is float and 0.0 <= dur < limit and -limit < start < limit):
@@ -400,7 +407,10 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
         table = dataclasses.replace(table, copy_bytes=_sorted_column(starts, copy_rows, len(name_ids)))
     if host_pid is not None:
         table = dataclasses.replace(table, host_pid=host_pid)
-    return dataclasses.replace(table, omitted_host_ops=omitted) if omitted else table
+    if not omitted:
+        return table
+    return dataclasses.replace(table, omitted_host_ops=omitted,
+                               omitted_host_op_start_us=np.sort(np.asarray(omitted_starts, dtype=np.float64)))
 
 
 def _note_group(args: ParseArgs, row: int, group_index: dict[tuple, int], grouped_rows: list[tuple[int, int]]) -> None:

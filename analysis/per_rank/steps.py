@@ -162,10 +162,17 @@ def _host_event_counts(events: TraceEvents, recorded: np.ndarray, loader: np.nda
                        end_us: float) -> dict[str, int | None]:
     """StepTiming.host_events and data_loader_events of the step whose host range is [start_us, end_us)."""
     inside = recorded & (events.start_us >= start_us) & (events.start_us < end_us)
-    counts: dict[str, int | None] = {"host_events": int(inside.sum()), "data_loader_events": None}
+    # a GPU trace's table leaves most host ops out (events.py omitted_host_op_start_us); each was recorded
+    omitted = events.omitted_host_op_start_us
+    if omitted is not None:
+        lo, hi = np.searchsorted(omitted, [start_us, end_us], side="left")
+        omitted = omitted[lo:hi]
+    counts: dict[str, int | None] = {"host_events": int(inside.sum()) + (0 if omitted is None else int(omitted.size)),
+                                     "data_loader_events": None}
     ranges = loader & (events.start_us >= start_us) & (events.start_us < end_us)
     if ranges.any():
-        within = inside_any(events.start_us[ranges], events.end_us[ranges], events.start_us[inside])
+        starts = events.start_us[inside] if omitted is None else np.concatenate((events.start_us[inside], omitted))
+        within = inside_any(events.start_us[ranges], events.end_us[ranges], starts)
         counts["data_loader_events"] = int(within.sum()) - int(ranges.sum())   # not the ranges themselves
     return counts
 

@@ -112,6 +112,25 @@ def test_gpu_idle_asks_for_cuda_graphs_or_plain_compile_under_fsdp():
         assert "cuda_graphs" not in _rules(**launches, config=config)
 
 
+def test_a_launch_bound_step_is_also_told_what_a_larger_batch_saves_per_sample():
+    """A tiny batch (corpus tiny_batch_mlp: 4 samples a step, the GPU idle 93% of it): graphs replay the launches,
+    but the host's per-step time (dispatch, the loop's Python) also stays the same over a larger batch while the
+    GPU's busy time grows into it, so per sample the step can fall by up to its idle share; the GPU's wait for
+    input is per sample and stays."""
+    from fleetscope.analysis.advise.host import LARGER_BATCH_KEY, RULES
+    launch_bound = dict(idle_pct=90.0, launch_ms=30.0, launches=3000.0, idle_cause_ms={"short gaps": 60.0})
+    finding = _rules(**launch_bound)["cuda_graphs"]
+    assert finding.evidence[LARGER_BATCH_KEY] == pytest.approx(90.0)
+    rule = next(rule for rule in RULES if rule.name == "cuda_graphs")
+    assert "a larger batch per step: up to 90% less time per sample" in rule.change_in_user_code(finding)
+    # 20 ms of the 90 ms idle wait for input: 70% per sample
+    waiting = _rules(**{**launch_bound, "idle_cause_ms": {"short gaps": 60.0, "input wait": 20.0}})["cuda_graphs"]
+    assert waiting.evidence[LARGER_BATCH_KEY] == pytest.approx(70.0)
+    # the steady step's idle where the run gives it: profiled 150 ms, 135 of it idle (busy 15 ms); steady 100 ms
+    steady = _rules(**launch_bound, profiled_step_ms=150.0, step_basis="step metrics, steps 3-9")["cuda_graphs"]
+    assert steady.evidence[LARGER_BATCH_KEY] == pytest.approx(85.0)
+
+
 def test_gpu_idle_without_launches_is_host_work_not_cuda_graphs():
     # 40 ms idle per 100 ms step, 35 of it while the host was busy elsewhere, 1 ms in launch calls
     rules = _rules(idle_pct=40.0, launch_ms=1.0, launches=30.0, idle_cause_ms={"host busy elsewhere": 35.0})
@@ -125,6 +144,21 @@ def test_gpu_idle_without_launches_is_host_work_not_cuda_graphs():
 def test_idle_after_syncs_asks_to_remove_them():
     finding = _rules(idle_cause_ms={"host sync": 15.0}, syncs=2.0, tensor_reads=24.0)["host_syncs"]
     assert ".item()" in finding.change and finding.expected_gain_ms == pytest.approx(15.0)
+
+
+def test_the_python_use_of_values_read_keeps_its_time_on_the_steady_step():
+    """corpus host_syncs_tolist_metric: 8 .tolist() reads a step, their values compared in Python (1.05 ms a
+    step) up to the host's next recorded event, so the use records none: the profiler's cost per event leaves it
+    as it is (19.0 ms profiled, 17.4 steady over 480 events: 3.3 us an event). Scaled by the steps' ratio it fell
+    30% short of the 1.55 ms the fix saved."""
+    syncs = dict(syncs=8.0, value_use_saving_ms=1.05, idle_pct=60.0, launch_paced_idle_ms=10.6,
+                 idle_cause_ms={"host sync": 0.12, "host busy elsewhere": 11.0})
+    steady = dict(step_ms=17.4, profiled_step_ms=19.0, step_basis="step metrics, steps 3-9", host_events=480.0)
+    finding = _rules(**syncs, **steady)["host_syncs"]
+    assert finding.expected_gain_ms == pytest.approx(0.12 + 1.05)
+    # where the profiler's cost per event cannot be told (no count of the events), the steps' ratio, as before
+    ratio = _rules(**syncs, **{**steady, "host_events": None})["host_syncs"]
+    assert ratio.expected_gain_ms == pytest.approx(0.12 + 1.05 * 17.4 / 19.0)
 
 
 def test_time_the_profiler_does_not_lengthen_is_not_scaled_to_the_steady_step():

@@ -42,7 +42,8 @@ def gather_evidence(records: RunRecords, report: Report | None) -> Evidence:
         **_step_time(steady, report),
         data_ms=trace_data_ms if trace_data_ms is not None else per_step_max("data_ms"),
         data_source=TRACE_DATA_SOURCE if trace_data_ms is not None else "step metrics data_ms",
-        data_loader_events=loader_events, host_events=host_events,
+        data_loader_events=loader_events,
+        host_events=host_events if host_events is not None else _trace_host_events(report),
         comm_exposed_ms=per_step_max("comm_exposed_ms"), comm_buckets=per_step_max("comm_buckets"),
         comm_mb=per_step_max("comm_mb"), comm_last_bucket_mb=per_step_max("comm_last_bucket_mb"),
         trace_collectives_per_step=_trace_collectives_per_step(report), trace_allreduce_mb=_trace_allreduce_mb(report),
@@ -221,6 +222,21 @@ def _trace_data_loader(report: Report | None) -> tuple[float | None, float | Non
 
     chosen = list(by_step.values())
     return median([c[0] for c in chosen]), median([c[1] for c in chosen]), median([c[2] for c in chosen])
+
+
+def _trace_host_events(report: Report | None) -> float | None:
+    """Median over profiled steps of the host events the profiler recorded in the slowest rank's step
+    (StepTiming.host_events); None where not counted. A trace with DataLoader ranges takes its loader's rank's
+    (_trace_data_loader), whose events its fetches' share is of."""
+    by_step: dict[tuple[int | None, int], tuple[float, int | None]] = {}
+    for window in report.windows if report else []:
+        for rank in window.ranks:
+            for step in rank.steps:
+                key = (window.window, step.step)
+                if step.step_time_ms >= by_step.get(key, (-1.0,))[0]:
+                    by_step[key] = (step.step_time_ms, step.host_events)
+    counts = [events for _, events in by_step.values()]
+    return float(np.median(counts)) if counts and all(c is not None for c in counts) else None
 
 
 def _trace_collectives_per_step(report: Report | None) -> float | None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from fleetscope.analysis.per_rank.host_stalls import FRAME_PAGEABLE_COPY, FRAME_SYNC, IDLE_GC, IDLE_HOST, IDLE_SHORT
+from fleetscope.analysis.per_rank.host_stalls import (FRAME_PAGEABLE_COPY, FRAME_SYNC, IDLE_GC, IDLE_HOST, IDLE_INPUT,
+                                                     IDLE_SHORT)
 
 from .gpu_work import activation_checkpointing, allocator_churn, optimizer_impl
 from .model import (Change, Evidence, Finding, Rule, idle_gain, idle_room_ms, profiled_scale, step_gain, trace_gain,
-                    trainer_change)
+                    trainer_change, unprofiled_range_ms)
 
 IDLE_SHARE = 0.25
 """GPU idle above this share of the span (GPU basis) points at launch overhead."""
@@ -98,11 +99,13 @@ def cuda_graphs(e: Evidence) -> Finding | None:
     if activation_checkpointing(e) is not None:   # the recomputation's own dispatch is that finding's
         dispatch_ms = max(dispatch_ms - e.recompute_idle_ms, 0.0)
     gain, pct = idle_gain(e, dispatch_ms)
+    per_sample_pct = larger_batch_per_sample_pct(e, idle_ms)
     evidence = {"gpu_idle_pct": round(e.idle_pct, 1), "launch_ms_per_step": round(e.launch_ms or 0.0, 3),
                 "launches_per_step": round(e.launches or 0.0, 1), "compile": compiled,
                 "short_gap_idle_ms_per_step": round(e.idle_cause_ms.get("short gaps", 0.0), 3),
                 "syncs_per_step": round((e.syncs or 0.0) + (e.tensor_reads or 0.0), 1),
-                "allocator_calls_per_step": round(e.allocator_calls or 0.0, 1)}
+                "allocator_calls_per_step": round(e.allocator_calls or 0.0, 1),
+                LARGER_BATCH_KEY: round(per_sample_pct, 1)}
     return Finding(rule="cuda_graphs", title="the GPU waits for the host to launch kernels",
                    evidence=evidence, expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
                    **trainer_change(Change(train_args=("--compile", mode))),
@@ -113,7 +116,26 @@ def cuda_graphs(e: Evidence) -> Finding | None:
                        "significant in the step). The host does little but dispatch; compiling fuses "
                        "kernels and " + ("CUDA graphs replay the launches without the host" if mode == "reduce-overhead"
                                          else "cuts launches (CUDA graphs need fixed parameter addresses, which FSDP "
-                                              "does not keep)"))
+                                              "does not keep)")
+                       + f". A larger batch spreads the same per-step host time over more samples instead: up to "
+                         f"{per_sample_pct:.0f}% less time per sample, as the GPU's busy time grows to fill the step")
+
+
+LARGER_BATCH_KEY = "larger_batch_per_sample_pct"
+"""The evidence key of larger_batch_per_sample_pct's figure."""
+
+
+def larger_batch_per_sample_pct(e: Evidence, idle_ms: float) -> float:
+    """How much less time per sample a larger batch could take, in percent: a step whose GPU waits for the host's
+    per-step work (dispatch, the loop's and the optimizer's Python) takes about as long with more samples until
+    the GPU's busy time fills it, so per sample the step falls by up to its idle share; the GPU's wait for input
+    (IDLE_INPUT) is per sample and stays. The steady step's idle where the run gives it (idle_room_ms), the
+    profiled step's otherwise. An upper bound: kernels that already fill the GPU grow with the batch."""
+    input_share = min(e.idle_cause_ms.get(IDLE_INPUT, 0.0) / idle_ms, 1.0) if idle_ms > 0 else 0.0
+    room_ms = idle_room_ms(e)
+    if room_ms is not None and e.step_ms:
+        return 100.0 * room_ms * (1.0 - input_share) / e.step_ms
+    return 100.0 * max(idle_ms * (1.0 - input_share), 0.0) / e.trace_step_ms if e.trace_step_ms else 0.0
 
 
 def host_work(e: Evidence) -> Finding | None:
@@ -293,8 +315,15 @@ def host_syncs(e: Evidence) -> Finding | None:
     # data-dependent ops', the program's use of the values read); the GPU's idle after a sync is the device
     # read's round trip (copy, completion, the host resuming), which the profiler does not lengthen the way it
     # lengthens host ops (bench/planted/CORPUS.md: scaled, it fell 42-55% short)
+    # the use of the values read is the host's time up to its next recorded event: no event of its own, so the
+    # profiler's cost per event leaves it as it is where that cost can be told (unprofiled_range_ms)
+    use_part_ms = min(use_ms, host_ms) if host_ms > loop_ms else 0.0
+    unprofiled_use_ms = unprofiled_range_ms(e, use_part_ms, 0.0) if use_part_ms else None
+    scale = profiled_scale(e)
+    host_steady_ms = (host_ms - use_part_ms) * scale + \
+        (use_part_ms * scale if unprofiled_use_ms is None else unprofiled_use_ms)
     bound = idle_room_ms(e)
-    gain, pct = step_gain(e, min(idle_ms + host_ms * profiled_scale(e), float("inf") if bound is None else bound))
+    gain, pct = step_gain(e, min(idle_ms + host_steady_ms, float("inf") if bound is None else bound))
     frames = e.stall_frames.get(FRAME_SYNC, [])[:FRAMES_NAMED]
     ops = list(e.sync_op_ms)[:FRAMES_NAMED]
     evidence = {"sync_idle_ms_per_step": round(idle_ms, 3), "sync_op_ms_per_step": round(op_ms, 3),
@@ -422,8 +451,9 @@ RULES = (
     Rule(find=checkpoint_in_step, recovers="host-side time",
          change_is_code="where and how often the program saves is its own code"),
     Rule(find=cuda_graphs, recovers="host-side time",
-         in_user_code="torch.compile(model, mode='reduce-overhead') (CUDA graphs replay the step's launches; "
-                      "mode='default' where parameters move, as under FSDP)"),
+         in_user_code=lambda finding: "torch.compile(model, mode='reduce-overhead') (CUDA graphs replay the step's "
+                                      "launches; mode='default' where parameters move, as under FSDP)"
+                                      + _larger_batch_change(finding)),
     Rule(find=gc_pauses, recovers="host-side time",
          change_is_code="when the collector runs is the program's own code"),
     Rule(find=host_work, recovers="host-side time",
@@ -433,3 +463,12 @@ RULES = (
     Rule(find=pinned_copies, recovers="host-side time",
          change_is_code="the copies are the program's own: pinning their memory is a code change"),
 )
+
+
+def _larger_batch_change(finding: Finding) -> str:
+    """The batch alternative to a launch-bound step's graphs, in the program's terms (larger_batch_per_sample_pct)."""
+    pct = finding.evidence.get(LARGER_BATCH_KEY)
+    if not isinstance(pct, (int, float)) or isinstance(pct, bool) or pct < 1.0:
+        return ""
+    return (f"; or, where memory and the optimizer allow, a larger batch per step: up to {pct:.0f}% less time per "
+            "sample (the same per-step host time over more samples)")

@@ -39,7 +39,8 @@ class Evidence:
     """Host events the profiler recorded inside the DataLoader ranges of the steps data_ms comes from (median);
     None: data_ms is not the trace's."""
     host_events: float | None = None
-    """Host events the profiler recorded in those steps (median; per_rank/steps.py StepTiming.host_events)."""
+    """Host events the profiler recorded in the profiled steps (median; per_rank/steps.py StepTiming.host_events):
+    the loader's rank's steps where data_ms is the trace's, else the slowest rank's per step."""
     comm_exposed_ms: float | None = None
     comm_buckets: float | None = None
     """DDP gradient buckets all-reduced per step (step metrics, slowest rank, median over steps)."""
@@ -351,11 +352,13 @@ def unprofiled_range_ms(evidence: Evidence, range_ms: float, range_events: float
     return max(range_ms - range_events * per_event_ms, 0.0)
 
 
-MAX_PROFILER_EVENT_US = 50.0
-"""The most a recorded host event can cost under the profiler: bench/profiler_cost_results.md measured 0.3-4.7 us
-per event in isolation and 20-30 us per runtime call on the planted corpus's host. A step lengthened by more
-per event was lengthened by something else too (a slower first step, a loader whose time varies), which the
-events cannot apportion: unprofiled_range_ms then says nothing."""
+MAX_PROFILER_EVENT_US = 10.0
+"""The most the profiler can add per recorded host event, averaged over a step's events (every op counted, those
+a GPU trace's table leaves out too): bench/profiler_cost_results.md measured 0.3-4.7 us per event in isolation,
+and the held-out programs whose profiled step only the profiler lengthened 1.5-7 us (launch_bound_tiny_layers
+4.5 us over its 4,450 events). A step lengthened by more per event was lengthened by something else too (a
+collection, a compile, a loader whose time varies: the R3D's took 136 ms in one profiled step and 58 in the
+other, 16 us per event), which the events cannot apportion: unprofiled_range_ms then says nothing."""
 
 
 def idle_room_ms(evidence: Evidence) -> float | None:

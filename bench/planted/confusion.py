@@ -75,16 +75,18 @@ def score(directory: Path) -> dict:
     row["right"] = bool(top) and top[0] in wanted[0] if len(causes) == 1 else \
         all(any(rule in rules for rule in top) for rules in wanted)
     row["gain_errors"], row["scaled_gain_errors"] = {}, {}
-    steady = _advised_at_steady_step(directory, planted.get("step_ms"), advice.combined_gain_of_ms)
+    # a per-sample cause's step_ms is the time for the fixed batch's samples, not the traced step's
+    steady = None if PER_SAMPLE_CAUSES.intersection(causes) else \
+        _advised_at_steady_step(directory, planted.get("step_ms"), advice.combined_gain_of_ms)
     rescored = [(f.rule, f.expected_gain_ms, f.expected_gain_pct) for f in steady.findings] if steady else ranked
     for cause, rules in zip(causes, wanted):
         planted_ms = (planted.get("planted_ms_per_step") or {}).get(cause)
         gains = [gain for rule, gain, _ in ranked if rule in rules and gain is not None]
         scaled = [gain for rule, gain, _ in rescored if rule in rules and gain is not None]
         if planted_ms and planted_ms > 0 and gains:
-            row["gain_errors"][cause] = _gain_error(cause, gains[0], planted_ms, ranked, rules, planted)
-            row["scaled_gain_errors"][cause] = _gain_error(cause, (scaled or gains)[0], planted_ms, rescored, rules,
-                                                           planted)
+            row["gain_errors"][cause] = _gain_error(cause, gains[0], planted_ms, findings, rules, planted)
+            row["scaled_gain_errors"][cause] = _gain_error(cause, (scaled or gains)[0], planted_ms,
+                                                           steady.findings if steady else findings, rules, planted)
             if (saved_last := _saved_when_fixed_last(cause, causes, planted)) is not None:
                 row.setdefault("either_order_errors", {})[cause] = _range_error((scaled or gains)[0], planted_ms,
                                                                                 saved_last)
@@ -126,12 +128,15 @@ def _spurious(findings: list, planted_rules: set) -> list[str]:
 
 PER_SAMPLE_CAUSES = {"tiny_batch"}
 """Causes whose planted cost is per sample count, not per traced step (tiny_batch: the time for 256 samples, 64
-batch-4 steps against one batch-256 step): their gain is compared as a share of the step."""
+batch-4 steps against one batch-256 step): their gain is compared as a share of the step, the per-sample share
+the finding gives for a larger batch where it gives one (advise/host.py larger_batch_per_sample_pct)."""
 
 
-def _gain_error(cause: str, gain_ms: float, planted_ms: float, ranked: list, rules: set, planted: dict) -> float:
+def _gain_error(cause: str, gain_ms: float, planted_ms: float, findings: list, rules: set, planted: dict) -> float:
     if cause in PER_SAMPLE_CAUSES and planted.get("step_ms"):
-        pct = next(p for rule, gain, p in ranked if rule in rules and gain is not None)
+        from fleetscope.analysis.advise.host import LARGER_BATCH_KEY
+        found = next(f for f in findings if f.rule in rules and f.expected_gain_ms is not None)
+        pct = found.evidence.get(LARGER_BATCH_KEY, found.expected_gain_pct)
         planted_pct = 100.0 * planted_ms / planted["step_ms"]
         return abs((pct or 0.0) - planted_pct) / planted_pct
     return abs(gain_ms - planted_ms) / planted_ms

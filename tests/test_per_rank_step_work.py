@@ -368,6 +368,33 @@ def test_score_gemms_slower_than_their_math_give_their_excess_to_a_fused_kernel(
     assert work.score_gemm_excess_us == pytest.approx(0.0) and work.score_saving_us == pytest.approx(40.0, abs=1.0)
 
 
+def test_a_split_k_gemm_is_one_gemm_of_its_outputs_type(tmp_path):
+    """cuBLASLt splits the projection's K: one aten::mm launches a product that names no type (90 us) and a
+    reduction that names the output's bf16 (10 us). That is one GEMM of 17.2 GFLOP in 100 us, bf16: its FLOPs are
+    counted once, over both kernels' time, so the rate the score GEMMs are judged against is 172 TFLOP/s as in
+    the unsplit case (counted per kernel, the reduction alone made bf16's rate 1,720 TFLOP/s, and every score
+    GEMM's whole time excess)."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 2000.0)
+    ids = {"correlation": 50, "External id": 50}
+    builder.complete("aten::mm", "cpu_op", 1, 6.0, args={"External id": 50, "Input Dims": [[8192, 1024], [1024, 1024]]})
+    builder.complete("cudaLaunchKernel", "cuda_runtime", 2, 1.0, args=ids)
+    builder.complete("cudaLaunchKernel", "cuda_runtime", 4, 1.0, args={"correlation": 51, "External id": 50})
+    for name, start, dur, correlation in (("nvjet_sm90_tst_192x192_64x3_1x2_h_bz_coopB_splitK_NTN", 10, 90, 50),
+                                          ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>",
+                                           100, 10, 51)):
+        builder.complete(name, "kernel", start, dur, pid=0, tid=7,
+                         args={"device": 0, "stream": 7, "correlation": correlation, "External id": 50,
+                               "grid": [1, 1, 1], "block": [128, 1, 1]})
+    launch = Launcher(builder)
+    gemm = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn"
+    launch.run("aten::bmm", gemm, 15, 110, 80.0, MAIN_TID, dims=[[32, 1024, 64], [32, 64, 1024]])
+    launch.run("aten::_softmax", "cunn_SoftMaxForward", 20, 190, 40, MAIN_TID, dims=[[4, 8, 1024, 1024], [], []])
+    launch.run("aten::bmm", gemm, 25, 230, 80.0, MAIN_TID, dims=[[32, 1024, 1024], [32, 1024, 64]])
+    work = _work(tmp_path, builder)
+    assert work.score_gemm_excess_us == pytest.approx(60.0, rel=0.01)
+
+
 def test_a_linear_layer_as_wide_as_the_sequence_is_no_score_gemm(tmp_path):
     """A projection of [4, 1024, 1024] activations by a [1024, 1024] weight has a score-like product, but its
     weight has no batch: only products batched on both sides (bmm) are attention's."""

@@ -521,27 +521,29 @@ def score_gemm_excess(events: TraceEvents, steps: list[StepTiming]) -> tuple[np.
                                                                        for s in scores}
     if not keys:
         return none
-    ops: dict[int, list[int]] = {}
+    kernels_of: dict[int, list[int]] = {}
     flops_of: dict[int, float] = {}
-    other_flops: dict[str, float] = {}
-    other_us: dict[str, float] = {}
+    over_scores: set[int] = set()
     for row, dims in _launch_inputs(events, steps):
-        name = events.names[events.name_id[row]]
         op, external = events.op_of_external.get(int(events.external_id[row]), ""), int(events.external_id[row])
-        work = gemm_flops(op, dims) if kernel_category(name) == CATEGORY_GEMM else None
+        work = gemm_flops(op, dims) if kernel_category(events.names[events.name_id[row]]) == CATEGORY_GEMM else None
         if work is None:
             continue
+        kernels_of.setdefault(external, []).append(row)
+        flops_of[external] = work
         if _over_scores(dims[_GEMM_OPERANDS[op][0]], dims[_GEMM_OPERANDS[op][1]], keys):
-            ops.setdefault(external, []).append(row)
-            flops_of[external] = work
-        else:
-            precision = gemm_precision(name)
-            other_us[precision] = other_us.get(precision, 0.0) + float(events.dur_us[row])
-            other_flops.setdefault(precision, 0.0)
-            other_flops[precision] += work
+            over_scores.add(external)
+    precision_of = {external: _op_precision(events, rows) for external, rows in kernels_of.items()}
+    other_flops: dict[str, float] = {}
+    other_us: dict[str, float] = {}
+    for external, kernels in kernels_of.items():
+        if external not in over_scores:
+            precision = precision_of[external]
+            other_us[precision] = other_us.get(precision, 0.0) + float(events.dur_us[kernels].sum())
+            other_flops[precision] = other_flops.get(precision, 0.0) + flops_of[external]
     rows, excess = [], []
-    for external, kernels in ops.items():
-        precision = gemm_precision(events.names[events.name_id[kernels[0]]])
+    for external in over_scores:
+        kernels, precision = kernels_of[external], precision_of[external]
         if not other_us.get(precision):
             continue
         rate = FUSED_ATTENTION_GEMM_SHARE * other_flops[precision] / other_us[precision]   # flop per us
@@ -550,6 +552,17 @@ def score_gemm_excess(events: TraceEvents, steps: list[StepTiming]) -> tuple[np.
         rows.extend(kernels)
         excess.extend((beyond * spent / max(float(spent.sum()), 1e-9)).tolist())
     return np.asarray(rows, dtype=np.int64), np.asarray(excess, dtype=float)
+
+
+def _op_precision(events: TraceEvents, kernels: list[int]) -> str:
+    """The numeric type of an op's GEMM, from the first of its kernels whose name gives one: a split-K GEMM
+    launches its product (cuBLASLt's `nvjet_..._splitK` names no type) and a reduction that names its output's
+    (`splitKreduce_kernel<..., __nv_bfloat16, ...>`); the op's FLOPs and both kernels' time are one GEMM's."""
+    for row in kernels:
+        precision = gemm_precision(events.names[events.name_id[row]])
+        if precision != PRECISION_UNKNOWN:
+            return precision
+    return PRECISION_UNKNOWN
 
 
 def _over_scores(a: Any, b: Any, keys: set[tuple]) -> bool:
@@ -723,19 +736,21 @@ def _gemm_rates(events: TraceEvents, steps: list[StepTiming], device_properties:
     rows = rows[in_host_ranges(events.launch_start_us(gemm), steps)]
     if not rows.size:
         return {}
-    flops: dict[str, float] = {}
-    shaped_us: dict[str, float] = {}
-    counted: set[int] = set()
+    kernels_of: dict[int, list[int]] = {}
+    work_of: dict[int, float] = {}
     for row in rows.tolist():
         external, shape = int(events.external_id[row]), int(events.launch_shape_id[row])
         work = _op_flops(events, external, shape) if external != NO_ID and shape >= 0 else None
         if work is None:
             continue
-        precision = gemm_precision(events.names[events.name_id[row]])
-        shaped_us[precision] = shaped_us.get(precision, 0.0) + float(events.dur_us[row])
-        if external not in counted:
-            counted.add(external)
-            flops[precision] = flops.get(precision, 0.0) + work
+        kernels_of.setdefault(external, []).append(row)
+        work_of[external] = work
+    flops: dict[str, float] = {}
+    shaped_us: dict[str, float] = {}
+    for external, kernels in kernels_of.items():   # an op's FLOPs once, over all its kernels' time
+        precision = _op_precision(events, kernels)
+        shaped_us[precision] = shaped_us.get(precision, 0.0) + float(events.dur_us[kernels].sum())
+        flops[precision] = flops.get(precision, 0.0) + work_of[external]
     rates = {kind: flops[kind] / shaped_us[kind] / 1e6 for kind in flops if shaped_us.get(kind)}
     if not rates:
         return {}

@@ -395,6 +395,26 @@ def test_a_split_k_gemm_is_one_gemm_of_its_outputs_type(tmp_path):
     assert work.score_gemm_excess_us == pytest.approx(60.0, rel=0.01)
 
 
+def test_a_gemm_kernel_that_names_no_type_takes_its_ops_input_type(tmp_path):
+    """Hopper's cuBLASLt kernels (`nvjet_sm90_tst_...`) name no numeric type: with record_shapes, the op's inputs
+    do (`Input type` c10::BFloat16), so the GEMM's time and rate are bf16's and its efficiency is read against
+    bf16's peak. fp32 inputs say nothing (TF32 or not is the program's setting), nor do inputs that differ."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 1000.0)
+    for external, (types, start) in enumerate(((["c10::BFloat16", "c10::BFloat16"], 10),
+                                               (["float", "float"], 200), (["c10::BFloat16", "float"], 400)), 60):
+        ids = {"correlation": external, "External id": external}
+        builder.complete("aten::mm", "cpu_op", start - 9, 8.0,
+                         args={"External id": external, "Input Dims": [[8192, 1024], [1024, 1024]],
+                               "Input type": types})
+        builder.complete("cudaLaunchKernel", "cuda_runtime", start - 5, 1.0, args=ids)
+        builder.complete("nvjet_sm90_tst_192x192_64x4_1x2_h_bz_coopB_NNN", "kernel", start, 100.0, pid=0, tid=7,
+                         args={"device": 0, "stream": 7, **ids, "grid": [1, 1, 1], "block": [128, 1, 1]})
+    work = _work(tmp_path, builder)
+    assert work.gemm_us_by_precision == pytest.approx({"bf16/fp16": 100.0, "unknown": 200.0})
+    assert work.gemm_tflops_by_precision["bf16/fp16"] == pytest.approx(171.8, rel=0.01)   # 17.2 GFLOP in 100 us
+
+
 def test_a_linear_layer_as_wide_as_the_sequence_is_no_score_gemm(tmp_path):
     """A projection of [4, 1024, 1024] activations by a [1024, 1024] weight has a score-like product, but its
     weight has no batch: only products batched on both sides (bmm) are attention's."""

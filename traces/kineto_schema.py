@@ -215,6 +215,9 @@ class ParseArgs(msgspec.Struct, gc=False):
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_DIMS_ARG)
     """Kept undecoded by the fast decoder: a kernel's launching op's input shapes are part of the kernel's
     identity (events._note_launch_shape); the generic path gives the parsed value."""
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_TYPE_ARG)
+    """Kept undecoded: a GEMM op's input types tell its numeric type where its kernels' names do not
+    (events.TraceEvents.gemm_input_types); decoded for those ops only."""
 
 
 class ParseArgsWithShapes(ParseArgs):
@@ -222,7 +225,6 @@ class ParseArgsWithShapes(ParseArgs):
     c10d::alltoall_base_ only: used for traces that hold such an op with those args (events.decode_selectively)."""
 
     concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=CONCRETE_INPUTS_ARG)
-    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name=INPUT_TYPE_ARG)
 
 
 class PhasedEvent(msgspec.Struct, gc=False, tag_field="ph"):

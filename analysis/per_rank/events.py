@@ -46,6 +46,7 @@ from fleetscope.traces.kineto_schema import (
 from fleetscope.analysis.per_rank.names import (
     ALL_TO_ALL_BASE_OP,
     CONCRETE_INPUTS_ARG,
+    GEMM_OP_OPERANDS,
     is_kept_host_op,
     process_group_label,
 )
@@ -111,6 +112,10 @@ class TraceEvents:
     """`cpu_op` events not kept because the trace holds GPU activity: GPU-basis metrics never read host
     ops other than collectives and tensor reads (names.is_kept_host_op, which are kept), and they are most
     of a GPU trace's events."""
+    gemm_input_types: dict[int, str] = field(default_factory=dict)
+    """GPU traces with record_shapes: External id -> the numeric type of a GEMM op's inputs (`Input type`, the
+    first two tensors' when they agree: "c10::BFloat16", "float", ...), what its kernels compute where their
+    names do not say (step_work._op_precision)."""
     omitted_host_op_start_us: np.ndarray | None = None
     """The start of each of those ops (sorted; those with a numeric time): the profiler recorded them, each at a
     cost of its own (steps.py StepTiming.host_events counts them). None where none was left out."""
@@ -303,6 +308,7 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
     op_of_external: dict[int, str] = {}
     external_rows: list[tuple[int, int]] = []
     dims_of_external: dict[int, Any] = {}
+    types_of_external: dict[int, Any] = {}
     shape_index: dict[str, int] = {}
     shape_slots: dict[tuple, int | None] = {}
     shape_rows: list[tuple[int, int]] = []
@@ -325,6 +331,8 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
                 op_of_external[external] = name if len(name) <= MAX_NAME_CHARS and name.isascii() else bounded_name(name)
                 if event.args.input_dims:
                     dims_of_external[external] = event.args.input_dims
+                if name in GEMM_OP_OPERANDS and event.args.input_type:
+                    types_of_external[external] = event.args.input_type
             kept = host_op_kept.get(name) if type(name) is str else False
             if kept is None:
                 kept = host_op_kept[name] = is_kept_host_op(name)
@@ -399,6 +407,8 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
                       thread_names, dropped, groups, messages)
     if skip_host_ops:
         table = _with_externals(table, starts, op_of_external, external_rows, len(name_ids))
+        if types_of_external:
+            table = dataclasses.replace(table, gemm_input_types=_gemm_input_types(types_of_external))
     if shape_rows:
         table = _with_launch_shapes(table, starts, shape_index, shape_rows, len(name_ids))
     if sequence_rows:
@@ -600,6 +610,34 @@ def _with_externals(table: TraceEvents, starts: list, op_of_external: dict[int, 
         column[list(parsed_rows)] = ids
     order = np.argsort(np.asarray(starts, dtype=np.float64), kind="stable")
     return dataclasses.replace(table, op_of_external=op_of_external, external_id=column[order])
+
+
+def _gemm_input_types(types_of_external: dict[int, Any]) -> dict[int, str]:
+    """External id -> the one type a GEMM op's first two tensor inputs share; ops whose types do not parse or
+    differ are left out. One decode per distinct raw value (a model repeats a handful)."""
+    decoded: dict[bytes, str | None] = {}
+    found: dict[int, str] = {}
+    for external, raw in types_of_external.items():
+        key = bytes(raw) if isinstance(raw, msgspec.Raw) else None
+        value = decoded.get(key) if key is not None and key in decoded else _shared_type(raw)
+        if key is not None:
+            decoded[key] = value
+        if value is not None:
+            found[external] = value
+    return found
+
+
+def _shared_type(raw: Any) -> str | None:
+    try:
+        types = msgspec.json.decode(raw) if isinstance(raw, msgspec.Raw) else raw
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(types, list):
+        return None
+    tensors = [t for t in types if isinstance(t, str) and t]
+    if len(tensors) < 2 or len(set(tensors[:2])) != 1 or len(tensors[0]) > 64:
+        return None
+    return tensors[0]
 
 
 def _str_or_none(value: Any) -> str | None:

@@ -404,3 +404,8 @@ def comm_kernel_rule(pattern: str | None):
     others, and those matching `pattern` when one is given (custom_comm_kernel)."""
     custom = custom_comm_kernel(pattern)
     return lambda name: is_comm_kernel(name) or custom(name)
+
+
+GEMM_OP_OPERANDS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2),
+                    "aten::_scaled_mm": (0, 1)}
+"""Per GEMM op, which of its inputs are the two matrices multiplied."""

@@ -54,7 +54,8 @@ import re
 
 from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
 from fleetscope.analysis.per_rank.intervals import Intervals, clip, covered_between, union
-from fleetscope.analysis.per_rank.names import (CATEGORY_GEMM, FORWARD_ONLY_OPS, is_backward_op, is_compile_region,
+from fleetscope.analysis.per_rank.names import (CATEGORY_GEMM, FORWARD_ONLY_OPS, GEMM_OP_OPERANDS, is_backward_op,
+                                                is_compile_region,
                                                 is_device_to_host_copy, is_gc_frame, is_launch_call, is_pinned_host_copy,
                                                 kernel_category)
 from fleetscope.analysis.per_rank.steps import StepTiming, in_host_ranges
@@ -266,11 +267,23 @@ def _fp32_conv_kernel(name: str) -> bool:
 
 
 def _gemm_by_precision(events: TraceEvents, steps: list[StepTiming], count: int) -> dict[str, float]:
+    """GPU time of the GEMM kernels launched in the steps, per step, by the numeric type of the op that launched
+    them (_op_precision: its kernels' names, else its inputs' type), by the kernel's name where no op is known."""
+    gemm = events.of_kind(Kind.KERNEL) & events.names_matching(lambda n: kernel_category(n) == CATEGORY_GEMM)
+    rows = np.flatnonzero(gemm)
+    rows = rows[in_host_ranges(events.launch_start_us(gemm), steps)] if rows.size else rows
+    by_op: dict[int, list[int]] = {}
     totals: dict[str, float] = {}
-    for name, us in _kernel_us_by_name(events, steps).items():
-        if kernel_category(name) == CATEGORY_GEMM:
-            precision = gemm_precision(name)
-            totals[precision] = totals.get(precision, 0.0) + us / count
+    for row in rows.tolist():
+        external = int(events.external_id[row]) if events.external_id is not None else NO_ID
+        if external != NO_ID:
+            by_op.setdefault(external, []).append(row)
+        else:
+            precision = gemm_precision(events.names[events.name_id[row]])
+            totals[precision] = totals.get(precision, 0.0) + float(events.dur_us[row]) / count
+    for kernels in by_op.values():
+        precision = _op_precision(events, kernels)
+        totals[precision] = totals.get(precision, 0.0) + float(events.dur_us[kernels].sum()) / count
     return totals
 
 
@@ -557,12 +570,21 @@ def score_gemm_excess(events: TraceEvents, steps: list[StepTiming]) -> tuple[np.
 def _op_precision(events: TraceEvents, kernels: list[int]) -> str:
     """The numeric type of an op's GEMM, from the first of its kernels whose name gives one: a split-K GEMM
     launches its product (cuBLASLt's `nvjet_..._splitK` names no type) and a reduction that names its output's
-    (`splitKreduce_kernel<..., __nv_bfloat16, ...>`); the op's FLOPs and both kernels' time are one GEMM's."""
+    (`splitKreduce_kernel<..., __nv_bfloat16, ...>`); the op's FLOPs and both kernels' time are one GEMM's.
+    Where no kernel names one, the op's half or fp8 inputs (record_shapes: INPUT_TYPE_PRECISION) do."""
     for row in kernels:
         precision = gemm_precision(events.names[events.name_id[row]])
         if precision != PRECISION_UNKNOWN:
             return precision
-    return PRECISION_UNKNOWN
+    return INPUT_TYPE_PRECISION.get(events.gemm_input_types.get(int(events.external_id[kernels[0]]), ""),
+                                    PRECISION_UNKNOWN)
+
+
+INPUT_TYPE_PRECISION = {"c10::BFloat16": PRECISION_HALF, "c10::Half": PRECISION_HALF,
+                        "c10::Float8_e4m3fn": PRECISION_FP8, "c10::Float8_e5m2": PRECISION_FP8,
+                        "c10::Float8_e4m3fnuz": PRECISION_FP8, "c10::Float8_e5m2fnuz": PRECISION_FP8}
+"""A GEMM op's input type -> the math its kernels do. Not fp32 inputs: cuBLAS runs them as TF32 or fp32 by the
+program's settings, which the op does not record (the kernel's name must tell)."""
 
 
 def _over_scores(a: Any, b: Any, keys: set[tuple]) -> bool:
@@ -707,9 +729,7 @@ def _garbage_collection(events: TraceEvents, in_steps: np.ndarray, count: int) -
     return {"gc_us": spans.total_us / count, "gc_count": len(spans) / count}
 
 
-_GEMM_OPERANDS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2),
-                  "aten::_scaled_mm": (0, 1)}
-"""Per GEMM op, which of its inputs are the two matrices multiplied."""
+_GEMM_OPERANDS = GEMM_OP_OPERANDS
 INPUTS_MARK = " inputs "
 _INPUTS_MARK = INPUTS_MARK
 

@@ -630,7 +630,7 @@ def _gemm_input_types(types_of_external: dict[int, Any]) -> dict[int, str]:
 def _shared_type(raw: Any) -> str | None:
     try:
         types = msgspec.json.decode(raw) if isinstance(raw, msgspec.Raw) else raw
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     if not isinstance(types, list):
         return None

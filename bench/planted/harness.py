@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
@@ -51,6 +52,16 @@ def sync() -> None:
 
 def autocast(enabled: bool = True) -> torch.autocast:
     return torch.autocast(dev(), dtype=BF16, enabled=enabled)
+
+
+def mel_filterbank(rate: int, n_fft: int, mels: int, fmin: float, fmax: float) -> np.ndarray:
+    """Triangular filters equally spaced on the (HTK) mel scale: [mels, n_fft // 2 + 1]."""
+    to_mel, to_hz = (lambda f: 2595 * np.log10(1 + f / 700)), (lambda m: 700 * (10 ** (m / 2595) - 1))
+    edges = to_hz(np.linspace(to_mel(fmin), to_mel(fmax), mels + 2))[:, None]
+    bins = np.linspace(0, rate / 2, n_fft // 2 + 1)[None]
+    rising = (bins - edges[:-2]) / (edges[1:-1] - edges[:-2])
+    falling = (edges[2:] - bins) / (edges[2:] - edges[1:-1])
+    return np.maximum(0, np.minimum(rising, falling)).astype(np.float32)
 
 
 def pinned(tensor: torch.Tensor) -> torch.Tensor:

@@ -65,8 +65,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from harness import (PerSamples, autocast, dev, heads_of, merge_heads, on_gpu, pick, pinned, release_cached_memory,
-                     run_set_fixes)
+from harness import (PerSamples, autocast, dev, heads_of, mel_filterbank, merge_heads, on_gpu, pick, pinned,
+                     release_cached_memory, run_set_fixes)
 
 Fixes = frozenset[str]
 Step = Callable[[], object]
@@ -273,16 +273,6 @@ ALPHABET = " 'abcdefghijklmnopqrstuvwxyz"
 CHAR_IDS = {c: i + 1 for i, c in enumerate(ALPHABET)}  # 0 is the CTC blank
 
 
-def htk_mel_basis(rate: int, n_fft: int, mels: int, fmin: float, fmax: float) -> np.ndarray:
-    """Triangular filters equally spaced on the HTK mel scale: [mels, n_fft // 2 + 1]."""
-    to_mel, to_hz = (lambda f: 2595 * np.log10(1 + f / 700)), (lambda m: 700 * (10 ** (m / 2595) - 1))
-    edges = to_hz(np.linspace(to_mel(fmin), to_mel(fmax), mels + 2))[:, None]
-    bins = np.linspace(0, rate / 2, n_fft // 2 + 1)[None]
-    rising = (bins - edges[:-2]) / (edges[1:-1] - edges[:-2])
-    falling = (edges[2:] - bins) / (edges[2:] - edges[1:-1])
-    return np.maximum(0, np.minimum(rising, falling)).astype(np.float32)
-
-
 def made_up_words(count: int, rng: np.random.Generator) -> list[str]:
     consonants, vowels = "bcdfghjklmnprstvwz", "aeiou"
     return ["".join(rng.choice(list(consonants)) + rng.choice(list(vowels))
@@ -358,7 +348,7 @@ class FbankCollate:
     tensors (features [B, T, 80], frame counts, targets [B, S], target lengths)."""
 
     def __init__(self) -> None:
-        self.basis = htk_mel_basis(SPEECH_RATE, SPEECH_FFT, FBANKS, 0.0, 8000.0)
+        self.basis = mel_filterbank(SPEECH_RATE, SPEECH_FFT, FBANKS, 0.0, 8000.0)
         self.window = np.hanning(FRAME).astype(np.float32)
 
     def __call__(self, items: list[tuple[np.ndarray, str]]) -> tuple[torch.Tensor, ...]:

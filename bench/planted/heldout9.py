@@ -62,7 +62,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset
 
-from harness import PerSamples, autocast, dev, fused_adamw, heads_of, merge_heads, on_gpu, pick, run_set_fixes
+from harness import (PerSamples, autocast, dev, fused_adamw, heads_of, mel_filterbank, merge_heads, on_gpu, pick,
+                     run_set_fixes)
 
 Fixes = frozenset[str]
 Step = Callable[[], object]
@@ -596,16 +597,6 @@ class HiFiGANDiscriminators(nn.Module):
                 audio = F.avg_pool1d(audio, 4, 2, padding=2)
             outputs.append(d(audio))
         return outputs
-
-
-def mel_filterbank(rate: int, n_fft: int, mels: int, fmin: float, fmax: float) -> np.ndarray:
-    """Triangular filters equally spaced on the (HTK) mel scale: [mels, n_fft // 2 + 1]."""
-    to_mel, to_hz = (lambda f: 2595 * np.log10(1 + f / 700)), (lambda m: 700 * (10 ** (m / 2595) - 1))
-    edges = to_hz(np.linspace(to_mel(fmin), to_mel(fmax), mels + 2))[:, None]
-    bins = np.linspace(0, rate / 2, n_fft // 2 + 1)[None]
-    rising = (bins - edges[:-2]) / (edges[1:-1] - edges[:-2])
-    falling = (edges[2:] - bins) / (edges[2:] - edges[1:-1])
-    return np.maximum(0, np.minimum(rising, falling)).astype(np.float32)
 
 
 def periodic_hann(n: int) -> np.ndarray:

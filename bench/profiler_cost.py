@@ -1,5 +1,6 @@
-"""What torch.profiler adds to the host per event it records: the constants behind the estimate of a profiled
-step's length without the profiler (analysis/per_rank/replay.py PROFILER_COST).
+"""What torch.profiler adds to the host per event it records, in isolated loops: no constant that carries from
+host to host (its results), which is why advise estimates that cost from a trace's own launch calls
+(bench/profiler_cost_per_launch.py).
 
     python bench/profiler_cost.py OUT_DIR [--device cuda|cpu]
 

@@ -196,6 +196,24 @@ def test_a_gain_that_recovers_idle_is_no_more_than_the_steady_steps_idle():
     assert _rules(**light, launch_ms=30.0, launches=4000.0)["cuda_graphs"].expected_gain_ms == pytest.approx(10.0)
 
 
+def test_a_folder_of_traces_takes_the_profilers_cost_of_its_dispatch_ops_off_the_dispatch_idle():
+    """A trace alone (no steady step): 60 ms of dispatch idle in a 100 ms profiled step with 8,000 ops and runtime
+    calls recorded in it, on a host whose launch calls take 6 us as recorded: 3 us each (half a launch call) is
+    the profiler's, 24 ms; 36 ms is left. Where the run recorded its steady step, the idle is scaled by it
+    instead and nothing comes off twice; without a launch call to tell the host's speed, nothing comes off."""
+    trace = dict(step_ms=100.0, profiled_step_ms=100.0, step_basis="trace, profiled steps 2-3", idle_pct=70.0,
+                 launch_ms=20.0, launches=3000.0, idle_cause_ms={"short gaps": 10.0}, launch_paced_idle_ms=50.0,
+                 dispatch_ops=8000.0)
+    finding = _rules(**trace, launch_call_us=6.0)["cuda_graphs"]
+    assert finding.expected_gain_ms == pytest.approx(36.0)
+    assert finding.evidence["profiler_dispatch_ms_per_step"] == pytest.approx(24.0)
+    assert _rules(**trace, launch_call_us=None)["cuda_graphs"].expected_gain_ms == pytest.approx(60.0)
+    steady = dict(trace, step_ms=70.0, step_basis="step metrics, steps 3-9", launch_call_us=6.0)
+    kept = _rules(**steady)["cuda_graphs"]   # idle room 70 - 30 = 40 ms, the dispatch's share 60/70 of it
+    assert kept.expected_gain_ms == pytest.approx(40.0 * 60.0 / 70.0)
+    assert "profiler_dispatch_ms_per_step" not in kept.evidence
+
+
 def test_a_foreach_optimizer_over_a_group_per_parameter_is_told_to_merge_its_groups():
     """182 groups (layer-wise lr decay, a group per parameter): each foreach op is called once per group, 241
     times a step, so the host spends 54.6 ms launching what runs 6 ms on the GPU. One or two calls a step is a

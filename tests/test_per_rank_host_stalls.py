@@ -173,6 +173,28 @@ def test_the_wait_inside_a_compiled_graphs_call_is_its_dispatch(tmp_path, compil
     assert stalls.launch_paced_idle_us == pytest.approx(495.0 if compiled else 0.0)
 
 
+@pytest.mark.parametrize("ops", [20, 2])
+def test_a_gap_whose_ops_come_as_often_as_the_hosts_ops_do_is_dispatch(tmp_path, ops):
+    """Step 0-2000 us. Eight kernels launched every 10 us (0-70) run back to back 5-405; the next is launched at
+    600 (running 610-2000). In the 205 us gap 405-610 the host records `ops` ops before that one launch: twenty,
+    one every 10 us as its ops come, is eager dispatch (views and casts between launches launch nothing, and
+    cost the host as an op does); two is the host busy with work of its own. One launch in 205 us is no pace
+    by launches alone (the median launch interval is 10 us). dispatch_ops counts the ops recorded in the gap."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 2000.0)
+    for i in range(8):
+        builder.kernel("elementwise", 5 + 50 * i, 50.0, launch_ts=10 * i)
+    for ts in np.linspace(410.0, 590.0, ops):
+        builder.op("aten::view", float(ts), 2.0)
+    builder.kernel("gemm", 610, 1390.0, launch_ts=600)
+    stalls = _stalls(builder, tmp_path)
+    assert stalls.idle_by_cause_us[IDLE_HOST] == pytest.approx(205.0)
+    assert stalls.launch_paced_idle_us == pytest.approx(205.0 if ops == 20 else 0.0)
+    # the short gap 0-5 holds the step's range and the first launch call; the paced one, its ops and the call at 600
+    assert stalls.dispatch_ops == 2 + (ops + 1 if ops == 20 else 0)
+    assert stalls.launch_call_us == pytest.approx(4.0)
+
+
 def test_a_copy_to_pageable_memory_is_a_read_and_a_copy_from_it_is_the_copys(tmp_path):
     """Step 1, 0-1000 us: a kernel 0-300 queued ahead of a copy to pageable memory (`.tolist()`), called at 50,
     copied 300-302, the call returning at 305: the host waited 250 us for the queued kernel, and launches again

@@ -122,7 +122,15 @@ def _host_evidence(report: Report | None) -> dict[str, Any]:
             "sync_dispatch_ms": per_step("sync_dispatch_us") / 1000.0,
             "stall_frames": _stall_frames(stalls), "idle_cause_ms": causes,
             "launch_paced_idle_ms": float(np.mean([h.launch_paced_idle_us / len(h.steps) for h in stalls])) / 1000.0,
+            "dispatch_ops": float(np.mean([h.dispatch_ops / len(h.steps) for h in stalls])),
+            "launch_call_us": _median_launch_call_us(stalls),
             "sync_op_ms": _sync_op_ms(stalls)}
+
+
+def _median_launch_call_us(stalls: list) -> float | None:
+    """The ranks' median launch calls as recorded, their median; None where no rank launches."""
+    recorded = [h.launch_call_us for h in stalls if h.launch_call_us is not None]
+    return float(np.median(recorded)) if recorded else None
 
 
 def _sync_op_ms(stalls: list) -> dict[str, float]:

@@ -6,8 +6,8 @@ from fleetscope.analysis.per_rank.host_stalls import (FRAME_PAGEABLE_COPY, FRAME
                                                      IDLE_SHORT)
 
 from .gpu_work import activation_checkpointing, allocator_churn, optimizer_impl
-from .model import (Change, Evidence, Finding, Rule, idle_gain, idle_room_ms, profiled_scale, step_gain, trace_gain,
-                    trainer_change, unprofiled_range_ms)
+from .model import (Change, Evidence, Finding, Rule, idle_gain, idle_room_ms, profiled_scale, profiler_event_us,
+                    step_gain, trace_gain, trainer_change, unprofiled_dispatch_ms, unprofiled_range_ms)
 
 IDLE_SHARE = 0.25
 """GPU idle above this share of the span (GPU basis) points at launch overhead."""
@@ -95,7 +95,11 @@ def cuda_graphs(e: Evidence) -> Finding | None:
     idle_ms = e.idle_pct / 100 * e.trace_step_ms
     if not _launch_bound(e, idle_ms) or _other_host_causes(e):
         return None
-    dispatch_ms = min(max(e.idle_cause_ms.get("short gaps", 0.0) + e.launch_paced_idle_ms, (e.launch_ms or 0.0)), idle_ms)
+    profiled_dispatch_ms = e.idle_cause_ms.get("short gaps", 0.0) + e.launch_paced_idle_ms
+    # a folder of traces has no steady step to scale to: the profiler's own cost of the ops recorded in the
+    # dispatch gaps comes off instead (it lengthens dispatch most: thousands of events, each recorded)
+    profiler_ms = profiled_dispatch_ms - unprofiled_dispatch_ms(e, profiled_dispatch_ms)
+    dispatch_ms = min(max(profiled_dispatch_ms - profiler_ms, (e.launch_ms or 0.0)), idle_ms)
     if activation_checkpointing(e) is not None:   # the recomputation's own dispatch is that finding's
         dispatch_ms = max(dispatch_ms - e.recompute_idle_ms, 0.0)
     gain, pct = idle_gain(e, dispatch_ms)
@@ -106,12 +110,19 @@ def cuda_graphs(e: Evidence) -> Finding | None:
                 "syncs_per_step": round((e.syncs or 0.0) + (e.tensor_reads or 0.0), 1),
                 "allocator_calls_per_step": round(e.allocator_calls or 0.0, 1),
                 LARGER_BATCH_KEY: round(per_sample_pct, 1)}
+    profiler_note = ""
+    if profiler_ms > 0.0:
+        evidence["profiler_dispatch_ms_per_step"] = round(profiler_ms, 3)
+        profiler_note = (f"; of the {profiled_dispatch_ms:.2f} ms of dispatch idle, {profiler_ms:.2f} ms is the "
+                         f"profiler's own cost ({e.dispatch_ops:.0f} ops and runtime calls recorded in it, "
+                         f"~{profiler_event_us(e):.1f} us each: half this host's median launch call), not counted")
     return Finding(rule="cuda_graphs", title="the GPU waits for the host to launch kernels",
                    evidence=evidence, expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium",
                    **trainer_change(Change(train_args=("--compile", mode))),
                    why=f"the GPU is idle {e.idle_pct:.0f}% of the profiled steps ({idle_ms:.2f} ms per step) and the "
                        f"host spends {e.launch_ms or 0.0:.2f} ms of it inside {e.launches or 0.0:.0f} launch calls "
-                       f"({e.idle_cause_ms.get('short gaps', 0.0):.2f} ms in short gaps between kernels); ruled out: "
+                       f"({e.idle_cause_ms.get('short gaps', 0.0):.2f} ms in short gaps between kernels"
+                       f"{profiler_note}); ruled out: "
                        "host syncs, allocator calls, a per-parameter optimizer and copies from pageable memory (none "
                        "significant in the step). The host does little but dispatch; compiling fuses "
                        "kernels and " + ("CUDA graphs replay the launches without the host" if mode == "reduce-overhead"

@@ -124,6 +124,11 @@ class Evidence:
     launch_paced_idle_ms: float = 0.0
     """Of the "host busy elsewhere" idle per profiled step, the part in gaps paced by launch calls
     (host_stalls.py launch_paced_idle_us), mean over ranks: the host dispatching, not busy elsewhere."""
+    dispatch_ops: float = 0.0
+    """Ops, ranges and runtime calls recorded per profiled step inside the dispatch idle (short gaps and gaps
+    paced by launch calls; host_stalls.py dispatch_ops), mean over ranks."""
+    launch_call_us: float | None = None
+    """The median launch call as recorded (host_stalls.py launch_call_us), median over ranks; None without one."""
     stragglers: list[Any] = field(default_factory=list)
     """The report's straggler cause findings (causes.py), all windows."""
     straggler_windows: list[int | None] = field(default_factory=list)
@@ -359,6 +364,34 @@ and the held-out programs whose profiled step only the profiler lengthened 1.5-7
 4.5 us over its 4,450 events). A step lengthened by more per event was lengthened by something else too (a
 collection, a compile, a loader whose time varies: the R3D's took 136 ms in one profiled step and 58 in the
 other, 16 us per event), which the events cannot apportion: unprofiled_range_ms then says nothing."""
+
+
+def unprofiled_dispatch_ms(evidence: Evidence, dispatch_ms: float) -> float:
+    """The idle a trace's dispatch gaps (short gaps, gaps paced by launch calls) would hold unprofiled, where no
+    steady step tells it (a folder of traces): less the profiler's cost of the ops and runtime calls recorded in
+    them, at profiler_event_us each. Where the run recorded its steady step, idle_gain scales the measured idle
+    instead, and the idle is returned as it is."""
+    per_event_us = profiler_event_us(evidence)
+    if per_event_us is None or idle_room_ms(evidence) is not None:
+        return dispatch_ms
+    return max(dispatch_ms - evidence.dispatch_ops * per_event_us / 1000.0, 0.0)
+
+
+def profiler_event_us(evidence: Evidence) -> float | None:
+    """What the profiler adds per recorded op or runtime call on this trace's host, estimated as
+    PROFILER_EVENT_PER_LAUNCH_CALL x its median launch call as recorded; None without launches."""
+    if evidence.launch_call_us is None or evidence.launch_call_us <= 0.0:
+        return None
+    return PROFILER_EVENT_PER_LAUNCH_CALL * evidence.launch_call_us
+
+
+PROFILER_EVENT_PER_LAUNCH_CALL = 0.5
+"""The profiler's cost per recorded op or runtime call, as a share of the trace's median launch call: a host's
+speed sets both (the launch call as recorded includes CUPTI's callbacks). bench/profiler_cost_per_launch.py:
+over 18 host-bound programs of three hosts whose only cost under profiling is the profiler (launch calls of 4.2
+to 8.7 us), median 0.49, quartiles 0.39-0.52; with it a trace alone predicts the unprofiled step of the
+host-bound programs to a median 9% (the profiled step as it is: 28%). A fixed cost per event does not carry from
+host to host (bench/profiler_cost_results.md)."""
 
 
 def idle_room_ms(evidence: Evidence) -> float | None:

@@ -61,7 +61,7 @@ from fleetscope.analysis.per_rank.names import (
     is_tensor_read_op,
 )
 from fleetscope.analysis.per_rank.step_work import ALLOCATOR_CALLS, compile_intervals
-from fleetscope.analysis.per_rank.steps import StepTiming, in_host_ranges
+from fleetscope.analysis.per_rank.steps import StepTiming, in_host_ranges, recorded_op_starts
 from fleetscope.analysis.per_rank.utilization import BASIS_CPU, BASIS_GPU, Timeline, gpu_known_from_us
 
 IDLE_INPUT, IDLE_HOST_COMM, IDLE_SYNC = "input wait", "host collective", "host sync"
@@ -164,6 +164,13 @@ class HostStalls:
     DISPATCH_INTERVAL_FACTOR x its median launch interval: the GPU waits for the host to dispatch its next
     kernels (eager per-op overhead),
     not for other work; summed over the profiled steps."""
+    dispatch_ops: int = 0
+    """Ops, ranges and runtime calls recorded inside the short gaps and the gaps paced by launch calls, summed
+    over the profiled steps (the table's and those it leaves out): each lengthened that idle by the profiler's
+    cost of recording it."""
+    launch_call_us: float | None = None
+    """The median launch call as recorded (CUPTI's callbacks included); None without launches. The host's own
+    speed under the profiler, which sets its cost per recorded event too (advise/model.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -363,7 +370,9 @@ def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGap
     return HostStalls(steps=per_step, idle_by_cause_us=idle_us, idle_gaps_by_cause=idle_count, frames=frames,
                       steps_span_us=span, steps_busy_us=busy,
                       sync_ops=sync_ops(events, syncs & inside, launches),
-                      launch_paced_idle_us=_launch_paced_idle_us(events, gaps, launches))
+                      launch_paced_idle_us=_launch_paced_idle_us(events, gaps, launches),
+                      dispatch_ops=_dispatch_ops(events, gaps, launches),
+                      launch_call_us=float(np.median(events.dur_us[launches])) if launches.any() else None)
 
 
 def sync_ops(events: TraceEvents, syncs: np.ndarray, launches: np.ndarray) -> list[SyncOp]:
@@ -516,17 +525,53 @@ def _launch_paced_idle_us(events: TraceEvents, gaps: IdleGaps | None, launches: 
     gaps with a launch the part the host spent inside a compiled graph's call: that is the generated wrapper
     launching the graph's next kernel (names.COMPILED_GRAPH_CALL), which a CUDA graph's replay removes however
     long it takes."""
-    if gaps is None or not len(gaps) or gaps.basis != BASIS_GPU or np.count_nonzero(launches) < 2:
+    paced = _paced_gaps(events, gaps, launches)
+    if paced is None:
         return 0.0
+    starts, ends, is_paced, count = paced
+    wrapper = np.where((count > 0) & ~is_paced, _inside_compiled_calls_us(events, starts, ends), 0.0)
+    return float((ends - starts)[is_paced].sum() + wrapper.sum())
+
+
+def _paced_gaps(events: TraceEvents, gaps: IdleGaps | None,
+                launches: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The "host busy elsewhere" gaps (starts, ends), which of them are paced by launch calls, and the launch
+    calls in each; None where no gap or fewer than two launches."""
+    if gaps is None or not len(gaps) or gaps.basis != BASIS_GPU or np.count_nonzero(launches) < 2:
+        return None
     busy = gaps.cause_codes == GAP_CAUSES.index(IDLE_HOST)
     starts, ends = gaps.starts_us[busy], gaps.ends_us[busy]
-    calls = np.sort(events.start_us[launches])
-    typical = min(float(np.median(np.diff(calls))) * DISPATCH_INTERVAL_FACTOR, DISPATCH_INTERVAL_MAX_US)
+    count, by_launches = _paced_by(np.sort(events.start_us[launches]), starts, ends)
+    ops, by_ops = _paced_by(recorded_op_starts(events), starts, ends)
+    # a gap with a launch whose ops come as often as the host's ops do is dispatch too: the ops between its
+    # launches (views, casts, autograd's bookkeeping) launch nothing and cost the host as much each
+    return starts, ends, (count > 0) & (by_launches | (by_ops & (ops > 0))), count
+
+
+def _paced_by(calls: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per gap, the calls (sorted starts) inside it, and whether they pace it: at least one every
+    DISPATCH_INTERVAL_FACTOR x the median interval between the calls (at most DISPATCH_INTERVAL_MAX_US)."""
     count = np.searchsorted(calls, ends, side="right") - np.searchsorted(calls, starts, side="left")
-    lengths = ends - starts
-    paced = (count > 0) & (lengths <= typical * np.maximum(count, 1))
-    wrapper = np.where((count > 0) & ~paced, _inside_compiled_calls_us(events, starts, ends), 0.0)
-    return float(lengths[paced].sum() + wrapper.sum())
+    if calls.size < 2:
+        return count, np.zeros(starts.size, dtype=bool)
+    typical = min(float(np.median(np.diff(calls))) * DISPATCH_INTERVAL_FACTOR, DISPATCH_INTERVAL_MAX_US)
+    return count, (ends - starts) <= typical * np.maximum(count, 1)
+
+
+def _dispatch_ops(events: TraceEvents, gaps: IdleGaps | None, launches: np.ndarray) -> int:
+    """Ops, ranges and runtime calls recorded inside the dispatch gaps (short gaps and gaps paced by launch
+    calls), summed over the profiled steps: the events whose recording the profiler added to that idle."""
+    if gaps is None or not len(gaps) or gaps.basis != BASIS_GPU:
+        return 0
+    op_starts = recorded_op_starts(events)
+    short = gaps.cause_codes == GAP_CAUSES.index(IDLE_SHORT)
+    starts, ends = [gaps.starts_us[short]], [gaps.ends_us[short]]
+    paced = _paced_gaps(events, gaps, launches)
+    if paced is not None:
+        starts.append(paced[0][paced[2]])
+        ends.append(paced[1][paced[2]])
+    low, high = np.concatenate(starts), np.concatenate(ends)
+    return int((np.searchsorted(op_starts, high, side="left") - np.searchsorted(op_starts, low, side="left")).sum())
 
 
 def _inside_compiled_calls_us(events: TraceEvents, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

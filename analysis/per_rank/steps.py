@@ -158,6 +158,20 @@ HOST_EVENT_KINDS = (Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.CUDA_RUNTIME, Kind.P
 """The host-side events the profiler records, each at a cost of its own."""
 
 
+PROFILED_OP_KINDS = (Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.CUDA_RUNTIME)
+"""The host events the profiler records at an op's cost: ops, ranges and runtime calls; a Python frame under
+with_stack costs a fraction of one (bench/profiler_cost_results.md: 0.3 us against 0.6-4.3)."""
+
+
+def recorded_op_starts(events: TraceEvents) -> np.ndarray:
+    """The start of every op, range and runtime call the profiler recorded, sorted: the table's and those a GPU
+    trace's table leaves out (events.py omitted_host_op_start_us)."""
+    starts = events.start_us[events.of_kind(*PROFILED_OP_KINDS)]
+    if events.omitted_host_op_start_us is not None:
+        starts = np.concatenate((starts, events.omitted_host_op_start_us))
+    return np.sort(starts)
+
+
 def _host_event_counts(events: TraceEvents, recorded: np.ndarray, loader: np.ndarray, start_us: float,
                        end_us: float) -> dict[str, int | None]:
     """StepTiming.host_events and data_loader_events of the step whose host range is [start_us, end_us)."""

@@ -96,7 +96,7 @@ def test_cpus_per_rank_come_from_the_run_record():
 
 
 def test_gpu_idle_asks_for_cuda_graphs_or_plain_compile_under_fsdp():
-    launches = dict(idle_pct=40.0, launch_ms=20.0, launches=900.0)      # the host is inside launch calls
+    launches = dict(idle_pct=40.0, launch_ms=20.0, launch_idle_ms=20.0, launches=900.0)  # inside launch calls
     finding = _rules(**launches)["cuda_graphs"]
     assert finding.change == "--compile reduce-overhead"
     assert finding.expected_gain_ms == pytest.approx(20.0)          # half of 40% of a 100 ms step
@@ -185,15 +185,15 @@ def test_a_gain_that_recovers_idle_is_no_more_than_the_steady_steps_idle():
     would be more than the idle there is. Each cause keeps its share of the 90 ms profiled idle: every cause's idle
     shrinks as the step does, not the found one's alone."""
     steady = dict(step_ms=100.0, profiled_step_ms=150.0, step_basis="step metrics, steps 3-9", idle_pct=60.0)
-    assert _rules(**steady, launch_ms=90.0, launches=9000.0)["cuda_graphs"].expected_gain_ms == pytest.approx(40.0)
-    assert _rules(**steady, launch_ms=80.0, launches=9000.0)["cuda_graphs"].expected_gain_ms == \
+    assert _rules(**steady, launch_ms=90.0, launch_idle_ms=90.0, launches=9000.0)["cuda_graphs"].expected_gain_ms == pytest.approx(40.0)
+    assert _rules(**steady, launch_ms=80.0, launch_idle_ms=80.0, launches=9000.0)["cuda_graphs"].expected_gain_ms == \
         pytest.approx(40.0 * 80.0 / 90.0)
     work = _rules(**steady, launch_ms=1.0, launches=30.0, idle_cause_ms={"host busy elsewhere": 75.0})
     assert work["host_work"].expected_gain_ms == pytest.approx(40.0 * 75.0 / 90.0)
     # a lighter step is scaled the same way: by the idle's ratio (25 ms steady of 75 profiled), which is below
     # the steps' ratio wherever the kernels take any time (30 ms of launches scaled by the steps' ratio: 20 ms)
     light = dict(steady, idle_pct=50.0)
-    assert _rules(**light, launch_ms=30.0, launches=4000.0)["cuda_graphs"].expected_gain_ms == pytest.approx(10.0)
+    assert _rules(**light, launch_ms=30.0, launch_idle_ms=30.0, launches=4000.0)["cuda_graphs"].expected_gain_ms == pytest.approx(10.0)
 
 
 def test_a_folder_of_traces_takes_the_profilers_cost_of_its_dispatch_ops_off_the_dispatch_idle():
@@ -212,6 +212,22 @@ def test_a_folder_of_traces_takes_the_profilers_cost_of_its_dispatch_ops_off_the
     kept = _rules(**steady)["cuda_graphs"]   # idle room 70 - 30 = 40 ms, the dispatch's share 60/70 of it
     assert kept.expected_gain_ms == pytest.approx(40.0 * 60.0 / 70.0)
     assert "profiler_dispatch_ms_per_step" not in kept.evidence
+
+
+def test_the_idle_inside_cudnn_attentions_calls_is_told_to_fix_the_shapes_not_to_move_host_work():
+    """A 100 ms profiled step, 70% idle: 50 ms of it while the host was inside cuDNN attention's forward and
+    backward calls (a plan built per new sequence length), 15 ms of other host work. The ops' idle is found as
+    theirs, forward and backward together, with the change for cuDNN attention; host work keeps only its own 15
+    ms. A copy's long call is no op setup (pinned_copies reads copies)."""
+    trace = dict(step_ms=100.0, profiled_step_ms=100.0, step_basis="trace, profiled steps 2-3", idle_pct=70.0,
+                 launch_ms=1.0, launches=200.0, idle_cause_ms={"host busy elsewhere": 65.0})
+    held = {"aten::_cudnn_attention_backward": 30.0, "aten::_cudnn_attention_forward": 20.0}
+    rules = _rules(**trace, op_held_idle_ms=held)
+    assert rules["op_host_call"].expected_gain_ms == pytest.approx(50.0)
+    assert "cuDNN attention" in rules["op_host_call"].change and "pad" in rules["op_host_call"].change
+    assert rules["host_work"].expected_gain_ms == pytest.approx(15.0)
+    assert "op_host_call" not in _rules(**trace, op_held_idle_ms={"aten::copy_": 50.0})
+    assert "op_host_call" not in _rules(**trace, op_held_idle_ms={"aten::_cudnn_attention_forward": 5.0})
 
 
 def test_a_foreach_optimizer_over_a_group_per_parameter_is_told_to_merge_its_groups():

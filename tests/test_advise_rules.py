@@ -39,6 +39,8 @@ CASES = {
     "collecting garbage": dict(idle_pct=60.0, gc_ms=20.0, gc_count=1.0, idle_cause_ms={"garbage collection": 18.0}),
     "recompiling": dict(compile_ms=900.0, compile_ids=4),
     "hand-written attention": dict(idle_pct=5.0, softmax_ms=12.0),
+    "an op's long host call": dict(idle_pct=60.0, idle_cause_ms={"host busy elsewhere": 50.0},
+                                   op_held_idle_ms={"aten::_cudnn_attention_forward": 40.0}),
     "checkpoint each step": dict(idle_pct=90.0, host_copies=34.0, host_copy_ms=6.0,
                                  idle_cause_ms={"host busy elsewhere": 80.0}),
 }

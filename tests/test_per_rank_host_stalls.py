@@ -195,6 +195,26 @@ def test_a_gap_whose_ops_come_as_often_as_the_hosts_ops_do_is_dispatch(tmp_path,
     assert stalls.launch_call_us == pytest.approx(4.0)
 
 
+def test_the_idle_inside_an_ops_long_call_that_launches_is_that_ops(tmp_path):
+    """Step 0-10000 us. A kernel 0-100; then the host is inside `aten::scaled_dot_product_attention` (200-6200)
+    and, within it, `aten::_cudnn_attention_forward` (210-6190), which builds a plan and launches its kernel at
+    6100 (running 6200-7000); then `aten::normal_` on a CPU tensor (7050-9000, no launch) before the last kernel,
+    launched at 9050 (9100-10000). Of the 6100 us gap 100-6200, the 5980 us inside the innermost launching op's
+    call are that op's (both ops are left out of a GPU trace's table); the 2100 us gap 7000-9100 is host work: its
+    op launched nothing."""
+    builder = KinetoBuilder(rank=0, world_size=1)
+    builder.step(1, 0, 10000.0)
+    builder.kernel("gemm", 0, 100.0, launch_ts=0)
+    builder.op("aten::scaled_dot_product_attention", 200, 6000.0)
+    builder.op("aten::_cudnn_attention_forward", 210, 5980.0)
+    builder.kernel("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 6200, 800.0, launch_ts=6100)
+    builder.op("aten::normal_", 7050, 1950.0)
+    builder.kernel("gemm", 9100, 900.0, launch_ts=9050)
+    stalls = _stalls(builder, tmp_path)
+    assert stalls.idle_by_cause_us[IDLE_HOST] == pytest.approx(6100.0 + 2100.0)
+    assert stalls.op_held_idle_us == pytest.approx({"aten::_cudnn_attention_forward": 5980.0})
+
+
 def test_a_copy_to_pageable_memory_is_a_read_and_a_copy_from_it_is_the_copys(tmp_path):
     """Step 1, 0-1000 us: a kernel 0-300 queued ahead of a copy to pageable memory (`.tolist()`), called at 50,
     copied 300-302, the call returning at 305: the host waited 250 us for the queued kernel, and launches again

@@ -123,8 +123,20 @@ def _host_evidence(report: Report | None) -> dict[str, Any]:
             "stall_frames": _stall_frames(stalls), "idle_cause_ms": causes,
             "launch_paced_idle_ms": float(np.mean([h.launch_paced_idle_us / len(h.steps) for h in stalls])) / 1000.0,
             "dispatch_ops": float(np.mean([h.dispatch_ops / len(h.steps) for h in stalls])),
+            "launch_idle_ms": float(np.mean([h.launch_idle_us / len(h.steps) for h in stalls])) / 1000.0,
+            "op_held_idle_ms": _op_held_idle_ms(stalls),
             "launch_call_us": _median_launch_call_us(stalls),
             "sync_op_ms": _sync_op_ms(stalls)}
+
+
+def _op_held_idle_ms(stalls: list) -> dict[str, float]:
+    """Per op, the GPU idle per profiled step inside its long calls (host_stalls.py op_held_idle_us), mean over
+    ranks, largest first."""
+    totals: dict[str, float] = {}
+    for h in stalls:
+        for op, us in h.op_held_idle_us.items():
+            totals[op] = totals.get(op, 0.0) + us / 1000.0 / len(h.steps) / len(stalls)
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
 def _median_launch_call_us(stalls: list) -> float | None:

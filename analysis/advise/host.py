@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fleetscope.analysis.per_rank.events import LONG_HOST_OP_US
 from fleetscope.analysis.per_rank.host_stalls import (FRAME_PAGEABLE_COPY, FRAME_SYNC, IDLE_GC, IDLE_HOST, IDLE_INPUT,
                                                      IDLE_SHORT)
 
@@ -83,7 +84,8 @@ def cuda_graphs(e: Evidence) -> Finding | None:
     FSDP, whose parameters move) replay the step's launches; a step compiled in `default` mode still launches
     each kernel from Inductor's Python wrapper, which `reduce-overhead` replaces with a graph's replay. Gain: the
     idle time that is dispatch (short gaps between back-to-back kernels and gaps paced by launch calls,
-    host_stalls.py; at least the host's time inside launch calls), not an assumed share of all idle.
+    host_stalls.py; at least the host's time inside launch calls while the GPU is idle), not an assumed share of
+    all idle.
     A GPU waiting for other host work is host_work's, not this rule's; a step that drains the GPU at host
     syncs cannot be captured as a graph (host_syncs first)."""
     compiled = e.setting("performance", "compile", "none")
@@ -99,7 +101,8 @@ def cuda_graphs(e: Evidence) -> Finding | None:
     # a folder of traces has no steady step to scale to: the profiler's own cost of the ops recorded in the
     # dispatch gaps comes off instead (it lengthens dispatch most: thousands of events, each recorded)
     profiler_ms = profiled_dispatch_ms - unprofiled_dispatch_ms(e, profiled_dispatch_ms)
-    dispatch_ms = min(max(profiled_dispatch_ms - profiler_ms, (e.launch_ms or 0.0)), idle_ms)
+    # at least the host's time inside launch calls while the GPU waited (the calls while it runs cost nothing)
+    dispatch_ms = min(max(profiled_dispatch_ms - profiler_ms, e.launch_idle_ms), idle_ms)
     if activation_checkpointing(e) is not None:   # the recomputation's own dispatch is that finding's
         dispatch_ms = max(dispatch_ms - e.recompute_idle_ms, 0.0)
     gain, pct = idle_gain(e, dispatch_ms)
@@ -149,6 +152,56 @@ def larger_batch_per_sample_pct(e: Evidence, idle_ms: float) -> float:
     return 100.0 * max(idle_ms * (1.0 - input_share), 0.0) / e.trace_step_ms if e.trace_step_ms else 0.0
 
 
+def op_host_call(e: Evidence) -> Finding | None:
+    """The GPU idle while the host was inside one long call of an op that hands the GPU work (host_stalls.py
+    op_held_idle_us), for at least HOST_WORK_STEP_SHARE of the step: the op's own host side holds the GPU (cuDNN
+    building a plan or timing algorithms for a new shape, a library's setup), not the program's dispatch or its
+    work that launches nothing. Ops whose change is the same count together (forward and backward). Copies are
+    pinned_copies'. Gain: that idle."""
+    if e.basis != "gpu" or not e.op_held_idle_ms or not e.step_ms:
+        return None
+    by_change: dict[str, list[str]] = {}
+    for op in e.op_held_idle_ms:
+        if op not in COPY_OPS:
+            by_change.setdefault(_op_call_change(op), []).append(op)
+    if not by_change:
+        return None
+    change, ops = max(by_change.items(), key=lambda item: sum(e.op_held_idle_ms[op] for op in item[1]))
+    held_ms = sum(e.op_held_idle_ms[op] for op in ops)
+    if held_ms < HOST_WORK_STEP_SHARE * e.trace_step_ms:
+        return None
+    gain, pct = idle_gain(e, held_ms)
+    named = ", ".join(f"{op} {e.op_held_idle_ms[op]:.1f} ms" for op in ops[:FRAMES_NAMED + 1])
+    return Finding(rule="op_host_call", title="the GPU waits while the host is inside one op's call",
+                   evidence={"op_held_idle_ms_per_step": round(held_ms, 3), "ops": named,
+                             "launch_paced_idle_ms_per_step": round(e.launch_paced_idle_ms, 3)},
+                   expected_gain_ms=gain, expected_gain_pct=pct, confidence="medium", change=change,
+                   why=f"{held_ms:.2f} ms per profiled step of the GPU's idle falls inside calls of {named} that "
+                       f"lasted {LONG_HOST_OP_US / 1000:.0f} ms or more and launched GPU work: the op's own host "
+                       "side held the GPU, not dispatch (gaps paced by launches are not counted) nor work that "
+                       "launches nothing. A cost that comes with each new input shape is largest in a run's first "
+                       "steps: profile later steps to see whether it lasts")
+
+
+COPY_OPS = frozenset({"aten::copy_", "aten::_to_copy", "aten::to", "aten::_copy_from", "aten::_copy_from_and_resize"})
+"""Ops whose long call is a copy (pinned_copies reads those), not an op's own setup."""
+
+
+def _op_call_change(op: str) -> str:
+    """The change for an op whose host call holds the GPU, in the program's terms."""
+    if "cudnn_attention" in op:
+        return ("cuDNN attention builds an execution plan for each new input shape (sequence length, batch): pad "
+                "the sequences to a few fixed lengths, or run scaled_dot_product_attention on the flash or "
+                "memory-efficient backend (with torch.nn.attention.sdpa_kernel([SDPBackend.FLASH_ATTENTION, "
+                "SDPBackend.EFFICIENT_ATTENTION]): ...)")
+    if "convolution" in op:
+        return ("cuDNN chooses a convolution algorithm for each new input shape (and times them all with "
+                "torch.backends.cudnn.benchmark=True): keep the input shapes fixed (pad or bucket them), or set "
+                "torch.backends.cudnn.benchmark = False where they vary")
+    return (f"{op}'s host call holds the GPU: keep its input shapes fixed where a new shape makes the library set up "
+            "again (a plan, an autotune, a compile), or move the work it does on the host off the step")
+
+
 def host_work(e: Evidence) -> Finding | None:
     """GPU idle, and of it at least HOST_WORK_STEP_SHARE of the step "host busy elsewhere"
     that no other rule explains: not dispatch (gaps paced by launch calls are cuda_graphs'), not a checkpoint,
@@ -160,7 +213,8 @@ def host_work(e: Evidence) -> Finding | None:
     if checkpoint_in_step(e) is not None:
         return None  # the checkpoint's finding claims this host time
     idle_ms = e.idle_pct / 100 * e.trace_step_ms
-    busy_ms = e.idle_cause_ms.get("host busy elsewhere", 0.0) - e.launch_paced_idle_ms - _explained_host_ms(e)
+    busy_ms = (e.idle_cause_ms.get("host busy elsewhere", 0.0) - e.launch_paced_idle_ms - _explained_host_ms(e)
+               - sum(e.op_held_idle_ms.values()))   # the host inside an op's long call: op_host_call's
     # gaps paced by launch calls are dispatch (cuda_graphs', subtracted above); where the step syncs inside,
     # the host's dispatch after each sync looks like other work: there the rest must be most of the idle;
     # elsewhere a tenth of the step is a cause of its own, beside dispatch or alone
@@ -467,6 +521,8 @@ RULES = (
                                       + _larger_batch_change(finding)),
     Rule(find=gc_pauses, recovers="host-side time",
          change_is_code="when the collector runs is the program's own code"),
+    Rule(find=op_host_call, recovers="host-side time",
+         change_is_code="the op's input shapes and backend are the program's own code"),
     Rule(find=host_work, recovers="host-side time",
          change_is_code="no setting moves host work off the step: the finding's change is already a code change"),
     Rule(find=host_syncs, recovers="host syncs",

@@ -127,8 +127,14 @@ class Evidence:
     dispatch_ops: float = 0.0
     """Ops, ranges and runtime calls recorded per profiled step inside the dispatch idle (short gaps and gaps
     paced by launch calls; host_stalls.py dispatch_ops), mean over ranks."""
+    launch_idle_ms: float = 0.0
+    """The host's time per profiled step inside launch calls while the GPU was idle (host_stalls.py
+    launch_idle_us), mean over ranks."""
     launch_call_us: float | None = None
     """The median launch call as recorded (host_stalls.py launch_call_us), median over ranks; None without one."""
+    op_held_idle_ms: dict[str, float] = field(default_factory=dict)
+    """Per op, the GPU idle per profiled step while the host was inside one long call of it that handed the GPU
+    work (host_stalls.py op_held_idle_us), mean over ranks, largest first."""
     stragglers: list[Any] = field(default_factory=list)
     """The report's straggler cause findings (causes.py), all windows."""
     straggler_windows: list[int | None] = field(default_factory=list)

@@ -58,6 +58,22 @@ _KIND_CODE, _GPU_TRACK_CODES, _GPU_CATEGORY_NAMES = KIND_CODE_OF_CATEGORY, GPU_T
 NO_ID = -1
 
 
+LONG_HOST_OP_US = 1000.0
+"""A host op's call at least this long is kept (TraceEvents.long_host_ops) where a GPU trace's table leaves the op
+out: a millisecond inside one call is the host held by that op (a plan built, an autotune, a setup for a new
+shape), and there are few such calls."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostOpCalls:
+    """Calls of host ops: each one's name, span and thread (the table's thread key)."""
+
+    names: list[str]
+    start_us: np.ndarray
+    end_us: np.ndarray
+    thread: np.ndarray
+
+
 @dataclass(frozen=True, kw_only=True)
 class TraceEvents:
     """Complete events of one trace, one row per event, sorted by start time."""
@@ -119,6 +135,9 @@ class TraceEvents:
     omitted_host_op_start_us: np.ndarray | None = None
     """The start of each of those ops (sorted; those with a numeric time): the profiler recorded them, each at a
     cost of its own (steps.py StepTiming.host_events counts them). None where none was left out."""
+    long_host_ops: HostOpCalls | None = None
+    """Of those ops, the calls that lasted at least LONG_HOST_OP_US: what the host was inside while the GPU waited
+    (host_stalls.py op_held_idle_us). None where none was left out."""
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     """What the analyses ask of the table again and again (end_us, of_kind, names_matching, the launch calls'
     order), computed once a table."""
@@ -301,6 +320,7 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
     host_op_kept: dict[str, bool] = {}
     omitted = 0
     omitted_starts: list[float] = []
+    long_calls: list[tuple[str, float, float, Any]] = []
     group_index: dict[tuple, int] = {}
     grouped_rows: list[tuple[int, int]] = []
     message_index: dict[tuple, int] = {}
@@ -341,6 +361,8 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
                 start = event.ts
                 if type(start) is float and -limit < start < limit:
                     omitted_starts.append(start)
+                    if type(event.dur) is float and LONG_HOST_OP_US <= event.dur < limit and type(name) is str:
+                        long_calls.append((name, start, event.dur, event.tid))
                 continue
         start, dur = event.ts, event.dur
         if not (type(start) is float and type(dur) is float and 0.0 <= dur < limit and -limit < start < limit):
@@ -420,7 +442,21 @@ def build_table(events: list[Any], *, names_seen: set[str] | None = None) -> Tra
     if not omitted:
         return table
     return dataclasses.replace(table, omitted_host_ops=omitted,
-                               omitted_host_op_start_us=np.sort(np.asarray(omitted_starts, dtype=np.float64)))
+                               omitted_host_op_start_us=np.sort(np.asarray(omitted_starts, dtype=np.float64)),
+                               long_host_ops=_host_op_calls(long_calls))
+
+
+def _host_op_calls(calls: list[tuple[str, float, float, Any]]) -> HostOpCalls | None:
+    """The calls as columns (names bounded as the table's are), threads keyed as the table keys them."""
+    if not calls:
+        return None
+    limit = INT64_MAX
+    return HostOpCalls(
+        names=[name if len(name) <= MAX_NAME_CHARS and name.isascii() else bounded_name(name) for name, *_ in calls],
+        start_us=np.array([start for _, start, _, _ in calls], dtype=np.float64),
+        end_us=np.array([start + dur for _, start, dur, _ in calls], dtype=np.float64),
+        thread=np.array([tid if type(tid) is int and -limit <= tid <= limit else _thread_key(tid)
+                         for *_, tid in calls], dtype=np.int64))
 
 
 def _note_group(args: ParseArgs, row: int, group_index: dict[tuple, int], grouped_rows: list[tuple[int, int]]) -> None:

@@ -44,7 +44,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
-from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, NO_ID, Kind, TraceEvents
+from fleetscope.analysis.per_rank.events import GPU_ACTIVITY_KINDS, LONG_HOST_OP_US, NO_ID, Kind, TraceEvents
 from fleetscope.analysis.per_rank.intervals import Intervals, clip, covered_between, subtract, union, union_of
 from fleetscope.analysis.per_rank.names import (
     is_comm_cpu_op,
@@ -168,6 +168,13 @@ class HostStalls:
     """Ops, ranges and runtime calls recorded inside the short gaps and the gaps paced by launch calls, summed
     over the profiled steps (the table's and those it leaves out): each lengthened that idle by the profiler's
     cost of recording it."""
+    op_held_idle_us: dict[str, float] = field(default_factory=dict)
+    """Of the "host busy elsewhere" idle not paced by launch calls, the time the host spent inside one long call
+    (LONG_HOST_OP_US) of an op that hands the GPU work, by the innermost such op, summed over the profiled steps,
+    largest first (_op_held_idle_us)."""
+    launch_idle_us: float = 0.0
+    """The host's time inside launch calls (copies from pageable memory left out) while the GPU was idle in the
+    steps, summed over the profiled steps (_launch_idle_us)."""
     launch_call_us: float | None = None
     """The median launch call as recorded (CUPTI's callbacks included); None without launches. The host's own
     speed under the profiler, which sets its cost per recorded event too (advise/model.py)."""
@@ -372,6 +379,8 @@ def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGap
                       sync_ops=sync_ops(events, syncs & inside, launches),
                       launch_paced_idle_us=_launch_paced_idle_us(events, gaps, launches),
                       dispatch_ops=_dispatch_ops(events, gaps, launches),
+                      op_held_idle_us=_op_held_idle_us(events, gaps, launches),
+                      launch_idle_us=_launch_idle_us(events, gaps, launches & ~pageable_copy_calls(events)),
                       launch_call_us=float(np.median(events.dur_us[launches])) if launches.any() else None)
 
 
@@ -556,6 +565,67 @@ def _paced_by(calls: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[
         return count, np.zeros(starts.size, dtype=bool)
     typical = min(float(np.median(np.diff(calls))) * DISPATCH_INTERVAL_FACTOR, DISPATCH_INTERVAL_MAX_US)
     return count, (ends - starts) <= typical * np.maximum(count, 1)
+
+
+def _launch_idle_us(events: TraceEvents, gaps: IdleGaps | None, launches: np.ndarray) -> float:
+    """The host's time inside launch calls while the GPU was idle in the steps (GPU basis), summed over the
+    profiled steps: the launch overhead that holds the GPU back, where the calls while it runs cost nothing."""
+    if gaps is None or not len(gaps) or gaps.basis != BASIS_GPU or not launches.any():
+        return 0.0
+    calls = union(Intervals(events.start_us[launches], events.end_us[launches]))
+    return float(covered_between(calls, gaps.starts_us, gaps.ends_us).sum())
+
+
+def _op_held_idle_us(events: TraceEvents, gaps: IdleGaps | None, launches: np.ndarray) -> dict[str, float]:
+    """Of the "host busy elsewhere" idle not paced by launch calls, the part the host spent inside one call of an
+    op that hands the GPU work (a launch call inside it) and lasted at least LONG_HOST_OP_US, by the innermost
+    such op, summed over the profiled steps, largest first: the host held by that op's own host side (cuDNN
+    building a plan or autotuning for a new shape, a library's setup), not work of the program's that launches
+    nothing."""
+    paced = _paced_gaps(events, gaps, launches)
+    calls = _long_launching_calls(events, launches)
+    if paced is None or calls is None:
+        return {}
+    starts, ends, is_paced, _ = paced
+    starts, ends = starts[~is_paced], ends[~is_paced]
+    names, call_starts, call_ends = calls
+    held: dict[str, float] = {}
+    for name in set(names):
+        mine = np.array([n == name for n in names])
+        covered = float(covered_between(union(Intervals(call_starts[mine], call_ends[mine])), starts, ends).sum())
+        if covered > 0.0:
+            held[name] = covered
+    return dict(sorted(held.items(), key=lambda item: -item[1]))
+
+
+def _long_launching_calls(events: TraceEvents, launches: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray] | None:
+    """The innermost host op calls of at least LONG_HOST_OP_US that hold a launch call on their thread: those the
+    table keeps and those it leaves out (events.py long_host_ops). None where there is none."""
+    kept = np.flatnonzero(events.of_kind(Kind.CPU_OP) & (events.dur_us >= LONG_HOST_OP_US))
+    names = [events.names[i] for i in events.name_id[kept].tolist()]
+    starts, ends, threads = events.start_us[kept], events.end_us[kept], events.thread[kept]
+    if events.long_host_ops is not None:
+        names += events.long_host_ops.names
+        starts = np.concatenate((starts, events.long_host_ops.start_us))
+        ends = np.concatenate((ends, events.long_host_ops.end_us))
+        threads = np.concatenate((threads, events.long_host_ops.thread))
+    if not names:
+        return None
+    launching = np.zeros(len(names), dtype=bool)
+    for thread in np.unique(threads).tolist():
+        mine = threads == thread
+        at = np.sort(events.start_us[launches & (events.thread == thread)])
+        launching[mine] = np.searchsorted(at, ends[mine]) > np.searchsorted(at, starts[mine])
+    # innermost: ordered by thread, start and longest first, a call whose next call on its thread starts inside
+    # it holds that call (a thread's ops nest)
+    order = np.lexsort((-(ends - starts), starts, threads))
+    order = order[launching[order]]
+    if not order.size:
+        return None
+    holds = np.zeros(order.size, dtype=bool)
+    holds[:-1] = (threads[order][1:] == threads[order][:-1]) & (starts[order][1:] < ends[order][:-1])
+    inner = order[~holds]
+    return [names[i] for i in inner.tolist()], starts[inner], ends[inner]
 
 
 def _dispatch_ops(events: TraceEvents, gaps: IdleGaps | None, launches: np.ndarray) -> int:

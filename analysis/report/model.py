@@ -72,7 +72,10 @@ what-if without `basis` reads as). Times carry their unit in the field name (`_u
                           span, GPU basis), sync_ops[] {op, count, us}
                           (the op whose copy to the host preceded each sync), launch_paced_idle_us (of the
                           "host busy elsewhere" idle, the gaps paced by launch calls), dispatch_ops (ops, ranges
-                          and runtime calls recorded inside the short and launch-paced gaps), launch_call_us
+                          and runtime calls recorded inside the short and launch-paced gaps), op_held_idle_us {op: us} (of the
+                          "host busy elsewhere" idle not paced by launches, the time inside one call of at least
+                          1 ms of an op that launched GPU work, by the innermost such op), launch_idle_us (host
+                          time inside launch calls while the GPU was idle), launch_call_us
                           (the median launch call as recorded) | null (no launches)} | null (no steps),
                           step_work {steps, gemm_us_by_precision {fp32 | tf32 | bf16/fp16 | fp8 | unknown:
                           us per step}, conv_fp32_us (fp32 convolution kernels that are no GEMM by name: FFT,

@@ -261,6 +261,18 @@ def _paths(value, prefix=()):
     return found[:400]
 
 
+def _at(document, path):
+    """The value at `path`, or None where an earlier damage put something else on the way (a scalar where a
+    container was): nothing left to damage there."""
+    holder = document
+    for key in path:
+        try:
+            holder = holder[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return holder
+
+
 @fuzz_settings(40)
 @given(choices=st.lists(st.tuples(st.integers(0, 399), st.sampled_from(range(len(HOSTILE_VALUES)))),
                         min_size=1, max_size=3))
@@ -272,10 +284,9 @@ def test_advise_on_a_damaged_report(analyzed_run, choices, capsys):
         paths = [p for p, _ in _paths(document) if p]
         for index, value in choices:
             *parent, last = paths[index % len(paths)]
-            holder = document
-            for key in parent:
-                holder = holder[key]
-            holder[last] = HOSTILE_VALUES[value]
+            holder = _at(document, parent)
+            if isinstance(holder, dict) or (isinstance(holder, list) and isinstance(last, int) and last < len(holder)):
+                holder[last] = HOSTILE_VALUES[value]
         report_file.write_text(json.dumps(document))
         code = main(["advise", str(analyzed_run.root)])
         captured = capsys.readouterr()

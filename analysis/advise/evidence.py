@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -124,19 +125,11 @@ def _host_evidence(report: Report | None) -> dict[str, Any]:
             "launch_paced_idle_ms": float(np.mean([h.launch_paced_idle_us / len(h.steps) for h in stalls])) / 1000.0,
             "dispatch_ops": float(np.mean([h.dispatch_ops / len(h.steps) for h in stalls])),
             "launch_idle_ms": float(np.mean([h.launch_idle_us / len(h.steps) for h in stalls])) / 1000.0,
-            "op_held_idle_ms": _op_held_idle_ms(stalls),
+            # the GPU's idle inside each op's long calls (host_stalls.py op_held_idle_us)
+            "op_held_idle_ms": _per_op_ms(stalls, lambda h: h.op_held_idle_us.items()),
             "launch_call_us": _median_launch_call_us(stalls),
-            "sync_op_ms": _sync_op_ms(stalls)}
-
-
-def _op_held_idle_ms(stalls: list) -> dict[str, float]:
-    """Per op, the GPU idle per profiled step inside its long calls (host_stalls.py op_held_idle_us), mean over
-    ranks, largest first."""
-    totals: dict[str, float] = {}
-    for h in stalls:
-        for op, us in h.op_held_idle_us.items():
-            totals[op] = totals.get(op, 0.0) + us / 1000.0 / len(h.steps) / len(stalls)
-    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+            # each syncing op's host time (host_stalls.py sync_ops)
+            "sync_op_ms": _per_op_ms(stalls, lambda h: ((op.op, op.us) for op in h.sync_ops))}
 
 
 def _median_launch_call_us(stalls: list) -> float | None:
@@ -145,12 +138,13 @@ def _median_launch_call_us(stalls: list) -> float | None:
     return float(np.median(recorded)) if recorded else None
 
 
-def _sync_op_ms(stalls: list) -> dict[str, float]:
-    """Per syncing op, its host time per profiled step, mean over ranks (costliest first)."""
+def _per_op_ms(stalls: list, us_by_op: Callable[[Any], Iterable[tuple[str, float]]]) -> dict[str, float]:
+    """Per op, its microseconds over a rank's profiled steps (us_by_op of its stalls) as milliseconds per step,
+    mean over ranks, largest first."""
     totals: dict[str, float] = {}
     for h in stalls:
-        for op in h.sync_ops:
-            totals[op.op] = totals.get(op.op, 0.0) + op.us / 1000.0 / len(h.steps) / len(stalls)
+        for op, us in us_by_op(h):
+            totals[op] = totals.get(op, 0.0) + us / 1000.0 / len(h.steps) / len(stalls)
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 

@@ -374,12 +374,14 @@ def find_host_stalls(events: TraceEvents, steps: list[StepTiming], gaps: IdleGap
               + _frames_of_calls(events, pageable.call_start_us, pageable.call_end_us, pageable.thread, FRAME_PAGEABLE_COPY,
                                  in_host_ranges(pageable.call_start_us, steps)))
     span, busy = _steps_partition(events, steps)
+    op_starts = recorded_op_starts(events)
+    paced = _paced_gaps(events, gaps, launches, op_starts)
     return HostStalls(steps=per_step, idle_by_cause_us=idle_us, idle_gaps_by_cause=idle_count, frames=frames,
                       steps_span_us=span, steps_busy_us=busy,
                       sync_ops=sync_ops(events, syncs & inside, launches),
-                      launch_paced_idle_us=_launch_paced_idle_us(events, gaps, launches),
-                      dispatch_ops=_dispatch_ops(events, gaps, launches),
-                      op_held_idle_us=_op_held_idle_us(events, gaps, launches),
+                      launch_paced_idle_us=_launch_paced_idle_us(events, paced),
+                      dispatch_ops=_dispatch_ops(gaps, paced, op_starts),
+                      op_held_idle_us=_op_held_idle_us(events, paced, launches),
                       launch_idle_us=_launch_idle_us(events, gaps, launches & ~pageable_copy_calls(events)),
                       launch_call_us=float(np.median(events.dur_us[launches])) if launches.any() else None)
 
@@ -529,12 +531,11 @@ def device_reads(events: TraceEvents) -> np.ndarray:
     return held
 
 
-def _launch_paced_idle_us(events: TraceEvents, gaps: IdleGaps | None, launches: np.ndarray) -> float:
+def _launch_paced_idle_us(events: TraceEvents, paced: PacedGaps | None) -> float:
     """The "host busy elsewhere" idle time in gaps paced by launch calls (DISPATCH_INTERVAL_FACTOR), and in other
     gaps with a launch the part the host spent inside a compiled graph's call: that is the generated wrapper
     launching the graph's next kernel (names.COMPILED_GRAPH_CALL), which a CUDA graph's replay removes however
     long it takes."""
-    paced = _paced_gaps(events, gaps, launches)
     if paced is None:
         return 0.0
     starts, ends, is_paced, count = paced
@@ -542,8 +543,12 @@ def _launch_paced_idle_us(events: TraceEvents, gaps: IdleGaps | None, launches: 
     return float((ends - starts)[is_paced].sum() + wrapper.sum())
 
 
-def _paced_gaps(events: TraceEvents, gaps: IdleGaps | None,
-                launches: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+PacedGaps = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""The "host busy elsewhere" gaps' starts and ends, which are paced (dispatch), and the launch calls in each."""
+
+
+def _paced_gaps(events: TraceEvents, gaps: IdleGaps | None, launches: np.ndarray,
+                op_starts: np.ndarray) -> PacedGaps | None:
     """The "host busy elsewhere" gaps (starts, ends), which of them are paced by launch calls, and the launch
     calls in each; None where no gap or fewer than two launches."""
     if gaps is None or not len(gaps) or gaps.basis != BASIS_GPU or np.count_nonzero(launches) < 2:
@@ -551,7 +556,7 @@ def _paced_gaps(events: TraceEvents, gaps: IdleGaps | None,
     busy = gaps.cause_codes == GAP_CAUSES.index(IDLE_HOST)
     starts, ends = gaps.starts_us[busy], gaps.ends_us[busy]
     count, by_launches = _paced_by(np.sort(events.start_us[launches]), starts, ends)
-    ops, by_ops = _paced_by(recorded_op_starts(events), starts, ends)
+    ops, by_ops = _paced_by(op_starts, starts, ends)
     # a gap with a launch whose ops come as often as the host's ops do is dispatch too: the ops between its
     # launches (views, casts, autograd's bookkeeping) launch nothing and cost the host as much each
     return starts, ends, (count > 0) & (by_launches | (by_ops & (ops > 0))), count
@@ -576,13 +581,12 @@ def _launch_idle_us(events: TraceEvents, gaps: IdleGaps | None, launches: np.nda
     return float(covered_between(calls, gaps.starts_us, gaps.ends_us).sum())
 
 
-def _op_held_idle_us(events: TraceEvents, gaps: IdleGaps | None, launches: np.ndarray) -> dict[str, float]:
+def _op_held_idle_us(events: TraceEvents, paced: PacedGaps | None, launches: np.ndarray) -> dict[str, float]:
     """Of the "host busy elsewhere" idle not paced by launch calls, the part the host spent inside one call of an
     op that hands the GPU work (a launch call inside it) and lasted at least LONG_HOST_OP_US, by the innermost
     such op, summed over the profiled steps, largest first: the host held by that op's own host side (cuDNN
     building a plan or autotuning for a new shape, a library's setup), not work of the program's that launches
     nothing."""
-    paced = _paced_gaps(events, gaps, launches)
     calls = _long_launching_calls(events, launches)
     if paced is None or calls is None:
         return {}
@@ -590,8 +594,9 @@ def _op_held_idle_us(events: TraceEvents, gaps: IdleGaps | None, launches: np.nd
     starts, ends = starts[~is_paced], ends[~is_paced]
     names, call_starts, call_ends = calls
     held: dict[str, float] = {}
-    for name in set(names):
-        mine = np.array([n == name for n in names])
+    names = np.asarray(names, dtype=object)
+    for name in set(names.tolist()):
+        mine = names == name
         covered = float(covered_between(union(Intervals(call_starts[mine], call_ends[mine])), starts, ends).sum())
         if covered > 0.0:
             held[name] = covered
@@ -628,15 +633,13 @@ def _long_launching_calls(events: TraceEvents, launches: np.ndarray) -> tuple[li
     return [names[i] for i in inner.tolist()], starts[inner], ends[inner]
 
 
-def _dispatch_ops(events: TraceEvents, gaps: IdleGaps | None, launches: np.ndarray) -> int:
+def _dispatch_ops(gaps: IdleGaps | None, paced: PacedGaps | None, op_starts: np.ndarray) -> int:
     """Ops, ranges and runtime calls recorded inside the dispatch gaps (short gaps and gaps paced by launch
     calls), summed over the profiled steps: the events whose recording the profiler added to that idle."""
     if gaps is None or not len(gaps) or gaps.basis != BASIS_GPU:
         return 0
-    op_starts = recorded_op_starts(events)
     short = gaps.cause_codes == GAP_CAUSES.index(IDLE_SHORT)
     starts, ends = [gaps.starts_us[short]], [gaps.ends_us[short]]
-    paced = _paced_gaps(events, gaps, launches)
     if paced is not None:
         starts.append(paced[0][paced[2]])
         ends.append(paced[1][paced[2]])

@@ -490,10 +490,10 @@ def _score_shapes(events: TraceEvents, steps: list[StepTiming]) -> list[str]:
 
 def _gemm_products(events: TraceEvents, inputs: list[tuple[int, list]]) -> set[tuple]:
     """(rows, columns) of the products of the GEMM kernels among `inputs` (their ops' two matrices,
-    _GEMM_OPERANDS: [.., m, k] x [.., k, n] makes m x n)."""
+    GEMM_OP_OPERANDS: [.., m, k] x [.., k, n] makes m x n)."""
     products: set[tuple] = set()
     for row, dims in inputs:
-        operands = _GEMM_OPERANDS.get(events.op_of_external.get(int(events.external_id[row]), ""))
+        operands = GEMM_OP_OPERANDS.get(events.op_of_external.get(int(events.external_id[row]), ""))
         if operands is None or len(dims) <= max(operands):
             continue
         a, b = dims[operands[0]], dims[operands[1]]
@@ -544,7 +544,7 @@ def score_gemm_excess(events: TraceEvents, steps: list[StepTiming]) -> tuple[np.
             continue
         kernels_of.setdefault(external, []).append(row)
         flops_of[external] = work
-        if _over_scores(dims[_GEMM_OPERANDS[op][0]], dims[_GEMM_OPERANDS[op][1]], keys):
+        if _over_scores(dims[GEMM_OP_OPERANDS[op][0]], dims[GEMM_OP_OPERANDS[op][1]], keys):
             over_scores.add(external)
     precision_of = {external: _op_precision(events, rows) for external, rows in kernels_of.items()}
     other_flops: dict[str, float] = {}
@@ -729,14 +729,13 @@ def _garbage_collection(events: TraceEvents, in_steps: np.ndarray, count: int) -
     return {"gc_us": spans.total_us / count, "gc_count": len(spans) / count}
 
 
-_GEMM_OPERANDS = GEMM_OP_OPERANDS
 INPUTS_MARK = " inputs "
 _INPUTS_MARK = INPUTS_MARK
 
 
 def gemm_flops(op: str, dims: Any) -> float | None:
     """2*M*N*K (times the batch) of a GEMM op from its input shapes; None where they are not a GEMM's."""
-    operands = _GEMM_OPERANDS.get(op)
+    operands = GEMM_OP_OPERANDS.get(op)
     if operands is None or not isinstance(dims, list) or len(dims) <= max(operands):
         return None
     a, b = dims[operands[0]], dims[operands[1]]
@@ -878,10 +877,10 @@ def _sizes(dims: Any) -> set[int]:
 
 def _gemm_rows(events: TraceEvents, steps: list[StepTiming]) -> list[tuple[tuple, int]]:
     """(weight shape, rows) of the 2-D GEMM kernels launched in the steps whose launching op's shapes the trace
-    records: its two matrices (_GEMM_OPERANDS) rows x k and k x n, the second the weight."""
+    records: its two matrices (GEMM_OP_OPERANDS) rows x k and k x n, the second the weight."""
     found = []
     for row, dims in _launch_inputs(events, steps):
-        operands = _GEMM_OPERANDS.get(events.op_of_external.get(int(events.external_id[row]), ""))
+        operands = GEMM_OP_OPERANDS.get(events.op_of_external.get(int(events.external_id[row]), ""))
         if (operands is None or len(dims) <= max(operands)
                 or kernel_category(events.names[events.name_id[row]]) != CATEGORY_GEMM):
             continue
